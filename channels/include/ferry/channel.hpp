@@ -1,0 +1,128 @@
+// Typed channels: Sender<T> and Receiver<T>, created as a connected pair by channel<T>().
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "ferry/frame_channel.hpp"
+#include "ferry/type_name.hpp"
+
+namespace ferry {
+
+/// The result of a receive that may time out: a value, a timeout, or the end of the stream.
+template <class T>
+class RecvResult {
+ public:
+  RecvResult(ReadStatus status, std::optional<T> value) : status_(status), value_(std::move(value)) {}
+  /// True when a value arrived.
+  explicit operator bool() const noexcept { return value_.has_value(); }
+  bool has_value() const noexcept { return value_.has_value(); }
+  /// True when nothing arrived before the deadline (the channel is still open).
+  bool timed_out() const noexcept { return status_ == ReadStatus::Timeout; }
+  /// True when the sender closed the stream: no value will ever arrive.
+  bool closed() const noexcept { return status_ == ReadStatus::Closed; }
+  T& value() & { return value_.value(); }
+  T&& value() && { return std::move(value_).value(); }
+  T& operator*() & { return *value_; }
+  T* operator->() { return &*value_; }
+  /// The value as an optional (empty on timeout or end of stream).
+  std::optional<T> take() && { return std::move(value_); }
+
+ private:
+  ReadStatus status_;
+  std::optional<T> value_;
+};
+
+/// The sending end of a channel of T. Move-only; send() may be called from several
+/// threads. Destroying the Sender in the process that owns it closes the stream.
+template <class T>
+class Sender {
+ public:
+  Sender() = default;
+  explicit Sender(std::unique_ptr<detail::SenderCore> core) : core_(std::move(core)) {}
+
+  /// Sends `value`, blocking while the transport is full. Tensors inside travel as
+  /// handles. Throws ChannelClosed when the receiver is gone or this end was closed.
+  void send(const T& value) { core().send(value, Deadline::never()); }
+  /// Like send(), but gives up when the transport stays full for `timeout`; returns
+  /// whether the value was sent. A frame is never half sent.
+  bool send_for(const T& value, std::chrono::nanoseconds timeout) {
+    return core().send(value, Deadline::after(timeout));
+  }
+  /// Ends the stream: the receiver gets end-of-stream after the values sent before.
+  void close() {
+    if (core_) core_->close();
+  }
+  /// Releases this process's copy of the end without ending the stream; use it in a
+  /// forked child that does not use this end, so that the peer can see its death.
+  void detach() noexcept {
+    if (core_) core_->detach();
+  }
+  /// Makes the calling process the end's owner (whose destructor closes the stream).
+  void adopt() noexcept {
+    if (core_) core_->adopt();
+  }
+  bool is_open() const noexcept { return core_ && core_->is_open(); }
+  Transport transport() const { return core_->transport(); }
+  /// Access to the untyped core (transports and spawn use it).
+  detail::SenderCore& core() {
+    if (!core_) throw ChannelClosed("this Sender is empty (moved from or default-constructed)");
+    return *core_;
+  }
+
+ private:
+  std::unique_ptr<detail::SenderCore> core_;
+};
+
+/// The receiving end of a channel of T. Move-only; use it from one thread at a time.
+template <class T>
+class Receiver {
+ public:
+  Receiver() = default;
+  explicit Receiver(std::unique_ptr<detail::ReceiverCore> core) : core_(std::move(core)) {}
+
+  /// Waits for the next value; std::nullopt once the sender closed the stream. Throws
+  /// PeerDied when the sender vanished without closing, ProtocolError for a bad frame
+  /// (TypeMismatch when the sender sends another type).
+  std::optional<T> recv() { return std::move(receive(Deadline::never())).take(); }
+  /// Waits at most `timeout` for the next value.
+  RecvResult<T> recv_for(std::chrono::nanoseconds timeout) { return receive(Deadline::after(timeout)); }
+  /// Takes a value if one is ready, without waiting.
+  RecvResult<T> try_recv() { return receive(Deadline::now()); }
+  /// Closes this end; the sender's next send() raises ChannelClosed.
+  void close() noexcept {
+    if (core_) core_->close();
+  }
+  /// Same as close() (a receiver sends nothing when closing).
+  void detach() noexcept { close(); }
+  void adopt() noexcept {}
+  bool is_open() const noexcept { return core_ && core_->is_open(); }
+  Transport transport() const { return core_->transport(); }
+  detail::ReceiverCore& core() {
+    if (!core_) throw ChannelClosed("this Receiver is empty (moved from or default-constructed)");
+    return *core_;
+  }
+
+ private:
+  RecvResult<T> receive(const Deadline& deadline) {
+    T value{};
+    const ReadStatus status = core().receive(value, deadline);
+    if (status == ReadStatus::Frame) return RecvResult<T>(status, std::move(value));
+    return RecvResult<T>(status, std::nullopt);
+  }
+  std::unique_ptr<detail::ReceiverCore> core_;
+};
+
+/// Creates a connected Sender/Receiver pair over `transport`. Hand one end to another
+/// process (fork, or ferry::spawn) and keep the other.
+template <class T>
+std::pair<Sender<T>, Receiver<T>> channel(Transport transport, const ChannelOptions& options = {}) {
+  auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity);
+  return {Sender<T>(std::make_unique<detail::SenderCore>(std::move(writer), transport, options)),
+          Receiver<T>(std::make_unique<detail::ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(),
+                                                             type_name<T>()))};
+}
+
+}  // namespace ferry

@@ -1,0 +1,43 @@
+// A point in time after which a blocking call gives up.
+#pragma once
+
+#include <chrono>
+#include <ctime>
+
+namespace ferry {
+
+/// When a blocking operation stops waiting: never, now (poll once), or at a time point.
+class Deadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// Wait as long as it takes.
+  static Deadline never() { return Deadline(Clock::time_point::max()); }
+  /// Do not wait at all.
+  static Deadline now() { return Deadline(Clock::time_point::min()); }
+  /// Wait at most `timeout` from now.
+  static Deadline after(std::chrono::nanoseconds timeout) {
+    if (timeout <= std::chrono::nanoseconds::zero()) return now();
+    if (timeout > std::chrono::hours(24 * 365 * 100)) return never();
+    return Deadline(Clock::now() + timeout);
+  }
+
+  bool is_never() const { return at_ == Clock::time_point::max(); }
+  bool expired() const { return !is_never() && Clock::now() >= at_; }
+  /// Time left (zero when expired); meaningless for never().
+  std::chrono::nanoseconds remaining() const;
+  /// Time left as a timespec for ppoll/futex; nullptr-equivalent handled by callers.
+  timespec remaining_timespec() const;
+  Clock::time_point time_point() const { return at_; }
+
+ private:
+  explicit Deadline(Clock::time_point at) : at_(at) {}
+  Clock::time_point at_;
+};
+
+/// Waits until `fd` is ready for `events` (POLLIN/POLLOUT) or the deadline passes.
+/// Returns false on timeout; true when ready or when the fd reports an error or hang-up
+/// (the next read/write then says which). Retries on EINTR; throws SystemError otherwise.
+bool wait_for_fd(int fd, short events, const Deadline& deadline);
+
+}  // namespace ferry

@@ -1,0 +1,20 @@
+// ferry: typed channels between processes that move tensors without copying their bytes.
+// Include this one header to use all of it.
+#pragma once
+
+#include <cereal/types/map.hpp>
+#include <cereal/types/optional.hpp>
+#include <cereal/types/string.hpp>
+#include <cereal/types/unordered_map.hpp>
+#include <cereal/types/utility.hpp>
+#include <cereal/types/variant.hpp>
+#include <cereal/types/vector.hpp>
+#include <cereal/types/array.hpp>
+#include <cereal/types/tuple.hpp>
+
+#include "ferry/channel.hpp"
+#include "ferry/dtype.hpp"
+#include "ferry/error.hpp"
+#include "ferry/handle_cache.hpp"
+#include "ferry/tensor.hpp"
+#include "ferry/tensor_wire.hpp"

@@ -1,0 +1,128 @@
+// The untyped cores of a channel's two ends: a transport plus the connection's encoder or
+// decoder state. Sender<T> and Receiver<T> are thin typed wrappers around them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+
+#include "ferry/message_decoder.hpp"
+#include "ferry/message_encoder.hpp"
+#include "ferry/transport.hpp"
+
+namespace ferry {
+
+/// Settings of a channel.
+struct ChannelOptions {
+  /// Limits the receiver enforces on incoming frames.
+  FrameLimits limits{};
+  /// Bytes of the ring buffer (Transport::ShmRing).
+  std::size_t ring_capacity = std::size_t{1} << 20;
+  /// How long close() waits for the receiver to map storages it was sent by /proc path
+  /// (Transport::Pipe): the sender's fds must stay open until then.
+  std::chrono::milliseconds close_linger{10'000};
+};
+
+namespace detail {
+
+/// The sending end of a connection, without its message type.
+class SenderCore {
+ public:
+  SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options);
+  ~SenderCore();
+  SenderCore(const SenderCore&) = delete;
+  SenderCore& operator=(const SenderCore&) = delete;
+
+  /// Encodes and writes `message`; false when the deadline passed first.
+  template <class T>
+  bool send(const T& message, const Deadline& deadline) {
+    std::lock_guard lock(mutex_);
+    ensure_open();
+    const EncodedFrame* frame = nullptr;
+    try {
+      frame = &encoder_.encode(message);
+    } catch (...) {
+      encoder_.rollback();
+      throw;
+    }
+    return write_locked(*frame, deadline);
+  }
+  /// Sends the end-of-stream frame and releases the transport.
+  void close();
+  /// Releases this process's copy of the transport without ending the stream.
+  void detach() noexcept;
+  /// Makes the calling process the owner: its destructor will close() gracefully.
+  void adopt() noexcept { owner_ = ::getpid(); }
+  bool is_open() const noexcept { return open_; }
+  Transport transport() const noexcept { return transport_; }
+  FrameWriter& writer() noexcept { return *writer_; }
+  /// Storages the receiver leases from this end (for tests and statistics).
+  std::size_t tracked_storages();
+
+ private:
+  void ensure_open() const;
+  bool write_locked(const EncodedFrame& frame, const Deadline& deadline);
+
+  std::mutex mutex_;
+  std::unique_ptr<FrameWriter> writer_;
+  MessageEncoder encoder_;
+  Transport transport_;
+  ChannelOptions options_;
+  pid_t owner_;
+  bool open_ = true;
+};
+
+/// The receiving end of a connection, without its message type.
+class ReceiverCore {
+ public:
+  ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
+               std::string_view type_name);
+  ~ReceiverCore();
+  ReceiverCore(const ReceiverCore&) = delete;
+  ReceiverCore& operator=(const ReceiverCore&) = delete;
+
+  /// Waits for the next message and deserializes it into `out`. Returns Frame, Timeout or
+  /// Closed (end of stream). Throws PeerDied, ProtocolError (the channel is then broken).
+  template <class T>
+  ReadStatus receive(T& out, const Deadline& deadline) {
+    std::lock_guard lock(mutex_);
+    const ReadStatus status = next_locked(deadline);
+    if (status != ReadStatus::Frame) return status;
+    try {
+      out = decoder_.read<T>();
+    } catch (const ProtocolError& error) {
+      mark_broken(error.what());
+      throw;
+    }
+    return status;
+  }
+  void close() noexcept;
+  void detach() noexcept { close(); }
+  void adopt() noexcept {}
+  bool is_open() const noexcept { return open_; }
+  Transport transport() const noexcept { return transport_; }
+  FrameReader& reader() noexcept { return *reader_; }
+  /// Storages this end leases from the sender (for tests and statistics).
+  std::size_t leased();
+
+ private:
+  ReadStatus next_locked(const Deadline& deadline);
+  void mark_broken(const std::string& reason);
+
+  std::mutex mutex_;
+  std::unique_ptr<FrameReader> reader_;
+  MessageDecoder decoder_;
+  Transport transport_;
+  bool open_ = true;
+  std::string broken_;
+  FrameHeader header_;
+  std::vector<std::byte> payload_;
+  std::deque<UniqueFd> fds_;
+};
+
+}  // namespace detail
+}  // namespace ferry

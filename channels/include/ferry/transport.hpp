@@ -1,0 +1,81 @@
+// Transports: the byte-moving layer under typed channels. A transport moves whole frames
+// (and, where it can, file descriptors) from one FrameWriter to one FrameReader.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ferry/deadline.hpp"
+#include "ferry/frame.hpp"
+#include "ferry/unique_fd.hpp"
+
+namespace ferry {
+
+/// The kinds of channel ferry offers; pick one when creating a channel.
+enum class Transport {
+  Pipe,        ///< a pipe for frames (plus one for acknowledgements); storages by /proc/<pid>/fd
+  UnixSocket,  ///< a Unix stream socket; storages' memfds travel as SCM_RIGHTS
+  ShmRing,     ///< a ring buffer in shared memory (see ring transport)
+  InProcess,   ///< a queue between threads of one process; values are moved, not serialized
+};
+
+/// "pipe", "unix_socket", "shm_ring" or "in_process".
+std::string_view transport_name(Transport transport);
+
+/// Outcome of FrameReader::read.
+enum class ReadStatus {
+  Frame,    ///< a whole frame was read
+  Timeout,  ///< the deadline passed before a frame began
+  Closed,   ///< the peer closed its end cleanly (a Close frame) or this end was closed
+};
+
+/// The sending half of a transport.
+class FrameWriter {
+ public:
+  virtual ~FrameWriter() = default;
+  /// Whether memfds can travel with frames (else the receiver opens /proc/<pid>/fd/<n>).
+  virtual bool passes_fds() const = 0;
+  /// Writes one whole frame. Returns false when `deadline` passed before the first byte
+  /// went out; once a frame is started it is finished. Throws ChannelClosed when the
+  /// receiving end is gone.
+  virtual bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) = 0;
+  /// The highest sequence the reader acknowledged so far, without blocking (0: none).
+  virtual std::uint64_t acknowledged() { return 0; }
+  /// Waits until the reader acknowledged `sequence`; false when the deadline passed or
+  /// the reader is gone. Transports that pass fds need no acknowledgements: true at once.
+  virtual bool wait_acknowledged(std::uint64_t /*sequence*/, const Deadline& /*deadline*/) { return true; }
+  /// Releases this process's resources of the transport (fds, mappings).
+  virtual void close() noexcept = 0;
+  /// The descriptors of this end, for handing it to an exec'd process (may be empty).
+  virtual std::vector<int> descriptors() const { return {}; }
+};
+
+/// The receiving half of a transport.
+class FrameReader {
+ public:
+  virtual ~FrameReader() = default;
+  /// Reads one frame into `header` and `payload` (everything after the header) and
+  /// appends the fds that arrived to `fds`. Waits for the start of a frame until
+  /// `deadline`. Throws PeerDied when the peer vanished without closing, ProtocolError
+  /// when the bytes are not a valid frame.
+  virtual ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
+                          const Deadline& deadline) = 0;
+  /// Tells the writer that every frame up to `sequence` has been resolved.
+  virtual void acknowledge(std::uint64_t /*sequence*/) {}
+  virtual void close() noexcept = 0;
+  virtual std::vector<int> descriptors() const { return {}; }
+};
+
+/// Creates a connected writer/reader pair of `transport` (Pipe or UnixSocket here).
+std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(Transport transport,
+                                                                                   const FrameLimits& limits,
+                                                                                   std::size_t ring_capacity);
+
+}  // namespace ferry

@@ -1,0 +1,131 @@
+#include "ferry/frame_channel.hpp"
+
+#include <unistd.h>
+
+namespace ferry::detail {
+
+// ---- sender ------------------------------------------------------------------
+
+SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options)
+    : writer_(std::move(writer)),
+      encoder_(writer_->passes_fds() ? HandlePassing::FdPassing : HandlePassing::ProcFd),
+      transport_(transport),
+      options_(options),
+      owner_(::getpid()) {}
+
+SenderCore::~SenderCore() {
+  if (open_ && owner_ == ::getpid()) {
+    try {
+      close();
+    } catch (const Error&) {
+      // The receiver is gone; there is nobody left to tell.
+    }
+  }
+  writer_->close();
+}
+
+void SenderCore::ensure_open() const {
+  if (!open_) throw ChannelClosed("cannot send: this Sender was closed");
+}
+
+bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadline) {
+  if (encoder_.awaiting_acknowledgement()) encoder_.acknowledge(writer_->acknowledged());
+  bool written = false;
+  try {
+    written = writer_->write(frame.iovecs(), frame.fds, deadline);
+  } catch (const ChannelClosed&) {
+    encoder_.rollback();
+    open_ = false;
+    writer_->close();
+    throw;
+  } catch (...) {
+    encoder_.rollback();
+    throw;
+  }
+  if (!written) {
+    encoder_.rollback();
+    return false;
+  }
+  encoder_.commit();
+  return true;
+}
+
+void SenderCore::close() {
+  std::lock_guard lock(mutex_);
+  if (!open_) return;
+  open_ = false;
+  try {
+    const EncodedFrame& frame = encoder_.encode_close();
+    writer_->write(frame.iovecs(), frame.fds, Deadline::never());
+    encoder_.commit();
+    // Storages named by /proc path must outlive the receiver's open() of them.
+    if (encoder_.awaiting_acknowledgement()) {
+      writer_->wait_acknowledged(encoder_.newest_awaited_sequence(), Deadline::after(options_.close_linger));
+    }
+  } catch (...) {
+    writer_->close();
+    throw;
+  }
+  writer_->close();
+}
+
+void SenderCore::detach() noexcept {
+  std::lock_guard lock(mutex_);
+  open_ = false;
+  writer_->close();
+}
+
+std::size_t SenderCore::tracked_storages() {
+  std::lock_guard lock(mutex_);
+  return encoder_.tracked_storages();
+}
+
+// ---- receiver ----------------------------------------------------------------
+
+ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
+                           std::string_view type_name)
+    : reader_(std::move(reader)), decoder_(fingerprint, type_name), transport_(transport) {}
+
+ReceiverCore::~ReceiverCore() { close(); }
+
+void ReceiverCore::mark_broken(const std::string& reason) {
+  broken_ = reason;
+  decoder_.release_all();
+  fds_.clear();
+}
+
+ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
+  if (!broken_.empty()) {
+    throw ProtocolError("this Receiver is broken after an earlier protocol error: " + broken_);
+  }
+  if (!open_) return ReadStatus::Closed;
+  try {
+    const ReadStatus status = reader_->read(header_, payload_, fds_, deadline);
+    if (status == ReadStatus::Closed) decoder_.release_all();
+    if (status != ReadStatus::Frame) return status;
+    decoder_.decode(header_, payload_, fds_);
+    if (decoder_.wants_acknowledgement()) reader_->acknowledge(header_.sequence);
+    return status;
+  } catch (const ProtocolError& error) {
+    mark_broken(error.what());
+    throw;
+  } catch (const PeerDied&) {
+    decoder_.release_all();
+    throw;
+  }
+}
+
+void ReceiverCore::close() noexcept {
+  std::lock_guard lock(mutex_);
+  open_ = false;
+  decoder_.release_all();
+  fds_.clear();
+  reader_->close();
+}
+
+std::size_t ReceiverCore::leased() {
+  std::lock_guard lock(mutex_);
+  return decoder_.leased();
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,253 @@
+#include "ferry/stream_transport.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <mutex>
+
+#include "ferry/error.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::size_t kReadBufferBytes = 64 * 1024;
+constexpr std::size_t kMaxFdsPerRead = 253;  // SCM_MAX_FD
+
+[[noreturn]] void throw_receiver_gone() {
+  throw ChannelClosed("cannot send: the receiving end was closed or its process died");
+}
+
+}  // namespace
+
+void ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      ::sigemptyset(&ignore.sa_mask);
+      if (::sigaction(SIGPIPE, &ignore, nullptr) != 0) throw_errno("sigaction(SIGPIPE, SIG_IGN)");
+    }
+  });
+}
+
+// ---- writer ------------------------------------------------------------------
+
+StreamFrameWriter::StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket)
+    : stream_(std::move(stream)), acknowledgements_(std::move(acknowledgements)), is_socket_(is_socket) {}
+
+bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
+  if (!stream_) throw ChannelClosed("cannot send: this end of the channel is closed");
+  if (!deadline.is_never() && !wait_for_fd(stream_.get(), POLLOUT, deadline)) return false;
+
+  std::array<iovec, 8> pending{};
+  if (parts.size() > pending.size()) throw Error("a frame has too many parts");
+  std::copy(parts.begin(), parts.end(), pending.begin());
+  iovec* next = pending.data();
+  std::size_t count = parts.size();
+  bool fds_pending = !fds.empty();
+  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)> control{};
+  if (fds.size() > kMaxFdsPerRead) {
+    throw Error("a frame can pass at most " + std::to_string(kMaxFdsPerRead) + " storages by fd, not " +
+                std::to_string(fds.size()) + "; send fewer new storages per message");
+  }
+
+  while (count > 0) {
+    ssize_t written = 0;
+    if (is_socket_) {
+      msghdr message{};
+      message.msg_iov = next;
+      message.msg_iovlen = count;
+      if (fds_pending) {
+        message.msg_control = control.data();
+        message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+        cmsghdr* header = CMSG_FIRSTHDR(&message);
+        header->cmsg_level = SOL_SOCKET;
+        header->cmsg_type = SCM_RIGHTS;
+        header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
+      }
+      written = ::sendmsg(stream_.get(), &message, MSG_NOSIGNAL);
+    } else {
+      written = ::writev(stream_.get(), next, static_cast<int>(count));
+    }
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EPIPE || errno == ECONNRESET) throw_receiver_gone();
+      throw_errno(is_socket_ ? "sendmsg on a ferry socket" : "writev on a ferry pipe");
+    }
+    fds_pending = false;
+    auto left = static_cast<std::size_t>(written);
+    while (count > 0 && left >= next->iov_len) {
+      left -= next->iov_len;
+      ++next;
+      --count;
+    }
+    if (count > 0) {
+      next->iov_base = static_cast<char*>(next->iov_base) + left;
+      next->iov_len -= left;
+    }
+  }
+  return true;
+}
+
+std::uint64_t StreamFrameWriter::acknowledged() {
+  if (!acknowledgements_) return acknowledged_;
+  std::array<std::uint64_t, 512> records{};
+  while (true) {
+    const ssize_t got = ::read(acknowledgements_.get(), records.data(), sizeof records);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) break;
+      throw_errno("read of acknowledgements");
+    }
+    if (got == 0) {  // reader gone: the next write reports it
+      reader_gone_ = true;
+      break;
+    }
+    // Records are 8 bytes and pipe writes below PIPE_BUF are atomic, so none is split.
+    for (std::size_t i = 0; i < static_cast<std::size_t>(got) / sizeof(std::uint64_t); ++i) {
+      acknowledged_ = std::max(acknowledged_, records[i]);
+    }
+  }
+  return acknowledged_;
+}
+
+bool StreamFrameWriter::wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) {
+  if (!acknowledgements_) return true;
+  while (acknowledged() < sequence) {
+    if (reader_gone_ || !wait_for_fd(acknowledgements_.get(), POLLIN, deadline)) return false;
+  }
+  return true;
+}
+
+void StreamFrameWriter::close() noexcept {
+  stream_.reset();
+  acknowledgements_.reset();
+}
+
+std::vector<int> StreamFrameWriter::descriptors() const {
+  std::vector<int> out{stream_.get()};
+  if (acknowledgements_) out.push_back(acknowledgements_.get());
+  return out;
+}
+
+// ---- reader ------------------------------------------------------------------
+
+StreamFrameReader::StreamFrameReader(UniqueFd stream, UniqueFd acknowledgements, bool is_socket,
+                                     const FrameLimits& limits)
+    : stream_(std::move(stream)),
+      acknowledgements_(std::move(acknowledgements)),
+      is_socket_(is_socket),
+      limits_(limits),
+      buffer_(kReadBufferBytes) {}
+
+std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, std::deque<UniqueFd>& fds) {
+  while (true) {
+    ssize_t got = 0;
+    if (is_socket_) {
+      iovec vector{into, capacity};
+      alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)> control{};
+      msghdr message{};
+      message.msg_iov = &vector;
+      message.msg_iovlen = 1;
+      message.msg_control = control.data();
+      message.msg_controllen = control.size();
+      got = ::recvmsg(stream_.get(), &message, MSG_CMSG_CLOEXEC);
+      if (got >= 0) {
+        for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header)) {
+          if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+          const std::size_t n = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (std::size_t i = 0; i < n; ++i) {
+            int fd = -1;
+            std::memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof fd);
+            fds.emplace_back(fd);
+          }
+        }
+        if (message.msg_flags & MSG_CTRUNC) {
+          throw ProtocolError(
+              "file descriptors sent with a frame were dropped by the kernel (MSG_CTRUNC): this process has "
+              "reached its open-file limit (RLIMIT_NOFILE); raise it with `ulimit -n` or hold fewer tensors");
+        }
+      }
+    } else {
+      got = ::read(stream_.get(), into, capacity);
+    }
+    if (got >= 0) return static_cast<std::size_t>(got);
+    if (errno == EINTR) continue;
+    if (errno == ECONNRESET) return 0;
+    throw_errno(is_socket_ ? "recvmsg on a ferry socket" : "read on a ferry pipe");
+  }
+}
+
+ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
+                                   const Deadline& deadline) {
+  if (!stream_ || peer_closed_) return ReadStatus::Closed;
+  while (buffered() < sizeof(FrameHeader)) {
+    if (buffered() == 0 && !deadline.is_never() && !wait_for_fd(stream_.get(), POLLIN, deadline)) {
+      return ReadStatus::Timeout;
+    }
+    if (begin_ > 0) {  // keep the partial header at the front
+      std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
+      end_ -= begin_;
+      begin_ = 0;
+    }
+    const std::size_t got = receive(buffer_.data() + end_, buffer_.size() - end_, fds);
+    if (got == 0) {
+      throw PeerDied(buffered() == 0
+                         ? "the sending process died or dropped its end without closing the channel"
+                         : "the sending process died in the middle of a frame");
+    }
+    end_ += got;
+  }
+  std::memcpy(&header, buffer_.data() + begin_, sizeof header);
+  begin_ += sizeof header;
+  validate_header(header, limits_);
+
+  const std::uint64_t total = payload_bytes(header);
+  payload.resize(total);
+  const std::size_t from_buffer = std::min<std::uint64_t>(total, buffered());
+  if (from_buffer > 0) std::memcpy(payload.data(), buffer_.data() + begin_, from_buffer);
+  begin_ += from_buffer;
+  if (begin_ == end_) begin_ = end_ = 0;
+  for (std::size_t filled = from_buffer; filled < total;) {
+    const std::size_t got = receive(payload.data() + filled, total - filled, fds);
+    if (got == 0) throw PeerDied("the sending process died in the middle of a frame");
+    filled += got;
+  }
+  if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
+    peer_closed_ = true;
+    return ReadStatus::Closed;
+  }
+  return ReadStatus::Frame;
+}
+
+void StreamFrameReader::acknowledge(std::uint64_t sequence) {
+  if (!acknowledgements_) return;
+  while (::write(acknowledgements_.get(), &sequence, sizeof sequence) < 0) {
+    // A full pipe (EAGAIN) is fine: acknowledgements are cumulative and the next one
+    // carries this one. EPIPE: the sender is gone and needs none.
+    if (errno != EINTR) return;
+  }
+}
+
+void StreamFrameReader::close() noexcept {
+  stream_.reset();
+  acknowledgements_.reset();
+}
+
+std::vector<int> StreamFrameReader::descriptors() const {
+  std::vector<int> out{stream_.get()};
+  if (acknowledgements_) out.push_back(acknowledgements_.get());
+  return out;
+}
+
+}  // namespace ferry

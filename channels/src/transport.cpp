@@ -1,0 +1,56 @@
+#include "ferry/transport.hpp"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "ferry/error.hpp"
+#include "ferry/stream_transport.hpp"
+
+namespace ferry {
+namespace {
+
+std::pair<UniqueFd, UniqueFd> make_pipe(int flags) {
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC | flags) != 0) throw_errno("pipe2");
+  return {UniqueFd(ends[0]), UniqueFd(ends[1])};
+}
+
+}  // namespace
+
+std::string_view transport_name(Transport transport) {
+  switch (transport) {
+    case Transport::Pipe: return "pipe";
+    case Transport::UnixSocket: return "unix_socket";
+    case Transport::ShmRing: return "shm_ring";
+    case Transport::InProcess: return "in_process";
+  }
+  return "invalid";
+}
+
+std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(Transport transport,
+                                                                                   const FrameLimits& limits,
+                                                                                   std::size_t /*ring_capacity*/) {
+  switch (transport) {
+    case Transport::Pipe: {
+      ignore_sigpipe();
+      auto [data_read, data_write] = make_pipe(0);
+      auto [ack_read, ack_write] = make_pipe(O_NONBLOCK);
+      return {std::make_unique<StreamFrameWriter>(std::move(data_write), std::move(ack_read), false),
+              std::make_unique<StreamFrameReader>(std::move(data_read), std::move(ack_write), false, limits)};
+    }
+    case Transport::UnixSocket: {
+      int ends[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) throw_errno("socketpair");
+      UniqueFd writer_end(ends[0]);
+      UniqueFd reader_end(ends[1]);
+      return {std::make_unique<StreamFrameWriter>(std::move(writer_end), UniqueFd(), true),
+              std::make_unique<StreamFrameReader>(std::move(reader_end), UniqueFd(), true, limits)};
+    }
+    case Transport::ShmRing:
+    case Transport::InProcess: break;
+  }
+  throw Error("transport " + std::string(transport_name(transport)) + " is not available in this build yet");
+}
+
+}  // namespace ferry

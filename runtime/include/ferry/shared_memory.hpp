@@ -1,0 +1,61 @@
+// A sealed memfd segment mapped into this process: the memory behind Device::SharedCpu.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include "ferry/mapping.hpp"
+#include "ferry/unique_fd.hpp"
+
+namespace ferry {
+
+/// Identity of an open file: equal for every fd of the same memfd, in every process.
+struct FileIdentity {
+  std::uint64_t device = 0;
+  std::uint64_t inode = 0;
+  friend bool operator==(const FileIdentity&, const FileIdentity&) = default;
+};
+
+/// Hash for FileIdentity, for unordered containers.
+struct FileIdentityHash {
+  std::size_t operator()(const FileIdentity& id) const noexcept {
+    return std::hash<std::uint64_t>{}(id.inode * 0x9e3779b97f4a7c15ull ^ id.device);
+  }
+};
+
+/// Returns the identity of the file behind `fd`; throws SystemError.
+FileIdentity identify_fd(int fd);
+
+/// A memfd of a fixed size, sealed against shrinking and growing, mapped read-write.
+/// Its pages are reserved when it is created, so writing to it never raises SIGBUS.
+class SharedMemory {
+ public:
+  /// Creates a segment of `size` bytes (> 0). Throws OutOfSharedMemory when the pages
+  /// cannot be reserved and SystemError for other failures.
+  static SharedMemory create(std::size_t size);
+
+  /// Maps a segment received from another process after checking that `fd` is a memfd
+  /// sealed against shrinking and growing whose size is exactly `expected_size`.
+  /// Throws ProtocolError naming the failed check.
+  static SharedMemory open_received(UniqueFd fd, std::size_t expected_size);
+
+  std::byte* data() const noexcept { return static_cast<std::byte*>(mapping_.data()); }
+  std::size_t size() const noexcept { return size_; }
+  /// The memfd; valid as long as this object lives.
+  int fd() const noexcept { return fd_.get(); }
+  const FileIdentity& identity() const noexcept { return identity_; }
+
+ private:
+  SharedMemory(UniqueFd fd, Mapping mapping, std::size_t size, FileIdentity identity)
+      : fd_(std::move(fd)), mapping_(std::move(mapping)), size_(size), identity_(identity) {}
+
+  UniqueFd fd_;
+  Mapping mapping_;
+  std::size_t size_;
+  FileIdentity identity_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,15 @@
+#include "ferry/error.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+namespace ferry {
+
+SystemError::SystemError(const std::string& what, int code)
+    : Error(what + ": " + std::strerror(code)), code_(code) {}
+
+void throw_system_error(const std::string& what, int code) { throw SystemError(what, code); }
+
+void throw_errno(const std::string& what) { throw_system_error(what, errno); }
+
+}  // namespace ferry

@@ -1,0 +1,84 @@
+// The receiving side of one connection: checks a frame's type, resolves its handle table
+// to mapped storages (through the leases of this connection and the process-wide handle
+// cache), and deserializes the body.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/archive.hpp"
+#include "ferry/frame.hpp"
+#include "ferry/storage.hpp"
+#include "ferry/tensor_wire.hpp"
+#include "ferry/type_name.hpp"
+#include "ferry/unique_fd.hpp"
+
+namespace ferry {
+
+class MessageDecoder {
+ public:
+  /// The most slots a sender may lease to one receiver.
+  static constexpr std::uint32_t kMaxSlots = 1u << 20;
+
+  MessageDecoder(std::uint64_t expected_fingerprint, std::string_view expected_type_name)
+      : expected_fingerprint_(expected_fingerprint), expected_type_name_(expected_type_name) {}
+
+  /// Resolves a message frame: `payload` is everything after the header; the frame's fds
+  /// are taken from the front of `fds`. Throws TypeMismatch or ProtocolError.
+  void decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds);
+
+  /// Deserializes the body of the frame last decoded.
+  template <class T>
+  T read() {
+    T value{};
+    {
+      FrameInputArchive archive(body_, storages_);
+      archive(value);
+      if (archive.remaining() != 0) {
+        throw ProtocolError("message body has " + std::to_string(archive.remaining()) +
+                            " bytes left over after reading a " + std::string(type_name<T>()) +
+                            "; sender and receiver disagree on its layout");
+      }
+    }
+    storages_.clear();
+    return value;
+  }
+
+  /// True when the last frame named storages by /proc path, whose sender waits for an
+  /// acknowledgement to let them go.
+  bool wants_acknowledgement() const noexcept { return wants_acknowledgement_; }
+  /// Drops every lease (the channel is closing).
+  void release_all() noexcept;
+  /// Storages leased on this connection.
+  std::size_t leased() const noexcept;
+
+ private:
+  void check_type(const FrameHeader& header, std::span<const std::byte> name);
+  std::shared_ptr<Storage> map_received(UniqueFd fd, const HandleEntry& entry);
+  std::shared_ptr<Storage> open_proc_fd(const HandleEntry& entry);
+
+  std::uint64_t expected_fingerprint_;
+  std::string_view expected_type_name_;
+  std::string peer_type_name_;
+  // A lease keeps the memory of a storage the sender still holds. It owns the allocation,
+  // never the Storage object: if leases kept Storage objects alive, a storage passed back
+  // and forth between two processes would keep itself alive through both leases.
+  struct Lease {
+    std::shared_ptr<Allocation> allocation;
+    std::weak_ptr<Storage> storage;  // the receiver's Storage object while it lives
+    explicit operator bool() const noexcept { return allocation != nullptr; }
+  };
+  std::shared_ptr<Storage> resolve_lease(Lease& lease);
+
+  std::vector<Lease> leases_;  // by slot
+  std::vector<std::shared_ptr<Storage>> storages_;
+  std::span<const std::byte> body_;
+  bool wants_acknowledgement_ = false;
+};
+
+}  // namespace ferry

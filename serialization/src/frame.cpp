@@ -1,0 +1,52 @@
+#include "ferry/frame.hpp"
+
+#include <cstdio>
+#include <string>
+
+#include "ferry/error.hpp"
+
+namespace ferry {
+namespace {
+
+void check_limit(const char* field, std::uint64_t value, std::uint64_t limit) {
+  if (value > limit) {
+    throw ProtocolError(std::string("frame header field ") + field + " is " + std::to_string(value) +
+                        ", above the limit of " + std::to_string(limit));
+  }
+}
+
+}  // namespace
+
+void validate_header(const FrameHeader& header, const FrameLimits& limits) {
+  if (header.magic != kFrameMagic) {
+    throw ProtocolError("frame has a wrong magic number (0x" + [&] {
+      char text[9];
+      std::snprintf(text, sizeof text, "%08x", header.magic);
+      return std::string(text);
+    }() + "); the stream is corrupted or the peer is not a ferry channel");
+  }
+  if (header.version != kFrameVersion) {
+    throw ProtocolError("frame has wire version " + std::to_string(header.version) + ", this build speaks version " +
+                        std::to_string(kFrameVersion) + "; build both sides from the same ferry");
+  }
+  if (header.kind != static_cast<std::uint8_t>(FrameKind::Message) &&
+      header.kind != static_cast<std::uint8_t>(FrameKind::Close)) {
+    throw ProtocolError("frame has an unknown kind " + std::to_string(header.kind));
+  }
+  check_limit("body_bytes", header.body_bytes, limits.max_body_bytes);
+  check_limit("handle_count", header.handle_count, limits.max_handles);
+  check_limit("fd_count", header.fd_count, limits.max_fds);
+  check_limit("release_count", header.release_count, limits.max_releases);
+  check_limit("type_name_bytes", header.type_name_bytes, limits.max_type_name_bytes);
+  if (header.fd_count > header.handle_count) {
+    throw ProtocolError("frame header claims " + std::to_string(header.fd_count) + " fds for only " +
+                        std::to_string(header.handle_count) + " handles");
+  }
+}
+
+std::uint64_t payload_bytes(const FrameHeader& header) {
+  return std::uint64_t{header.type_name_bytes} + std::uint64_t{header.handle_count} * sizeof(HandleEntry) +
+         std::uint64_t{header.release_count} * sizeof(std::uint32_t) + header.body_bytes;
+}
+
+}  // namespace ferry

@@ -1,0 +1,59 @@
+#include "support/leak_check.hpp"
+
+#include <dirent.h>
+
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "ferry/handle_cache.hpp"
+
+namespace ferry::test {
+namespace {
+
+std::size_t count_entries(const char* path) {
+  DIR* dir = ::opendir(path);
+  if (dir == nullptr) return 0;
+  std::size_t count = 0;
+  while (const dirent* entry = ::readdir(dir)) {
+    const std::string name = entry->d_name;
+    if (name != "." && name != "..") ++count;
+  }
+  ::closedir(dir);
+  return count;
+}
+
+}  // namespace
+
+std::size_t count_open_fds() {
+  // opendir itself holds one fd while counting.
+  return count_entries("/proc/self/fd") - 1;
+}
+
+std::size_t count_dev_shm_entries() { return count_entries("/dev/shm"); }
+
+std::size_t count_ferry_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::size_t count = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.find("/memfd:ferry") != std::string::npos) ++count;
+  }
+  return count;
+}
+
+void LeakCheckedTest::SetUp() {
+  fds_before_ = count_open_fds();
+  shm_before_ = count_dev_shm_entries();
+}
+
+void LeakCheckedTest::TearDown() {
+  // Children may still be closing their ends; give the kernel a moment to settle.
+  for (int attempt = 0; attempt < 50 && count_open_fds() != fds_before_; ++attempt) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(count_open_fds(), fds_before_) << "file descriptors leaked";
+  EXPECT_EQ(count_dev_shm_entries(), shm_before_) << "/dev/shm entries leaked";
+}
+
+}  // namespace ferry::test

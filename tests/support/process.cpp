@@ -1,0 +1,72 @@
+#include "support/process.hpp"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <thread>
+
+namespace ferry::test {
+
+pid_t fork_child(const std::function<void()>& body) {
+  std::fflush(nullptr);
+  const pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    int status = 0;
+    try {
+      body();
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "child %d failed: %s\n", ::getpid(), error.what());
+      status = 1;
+    } catch (...) {
+      std::fprintf(stderr, "child %d failed with an unknown exception\n", ::getpid());
+      status = 1;
+    }
+    std::fflush(nullptr);
+    ::_exit(status);
+  }
+  return pid;
+}
+
+std::string ChildExit::describe() const {
+  if (exited) return "exited with status " + std::to_string(code);
+  return std::string("killed by signal ") + ::strsignal(signal);
+}
+
+ChildExit wait_child(pid_t pid, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  int status = 0;
+  while (true) {
+    const pid_t done = ::waitpid(pid, &status, WNOHANG);
+    if (done == pid) break;
+    if (done < 0) return ChildExit{};
+    if (std::chrono::steady_clock::now() > deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      std::fprintf(stderr, "child %d timed out and was killed\n", pid);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ChildExit result;
+  if (WIFEXITED(status)) {
+    result.exited = true;
+    result.code = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    result.signal = WTERMSIG(status);
+  }
+  return result;
+}
+
+bool child_succeeded(pid_t pid, std::chrono::milliseconds timeout) {
+  const ChildExit result = wait_child(pid, timeout);
+  if (result.exited && result.code == 0) return true;
+  std::fprintf(stderr, "child %d %s\n", pid, result.describe().c_str());
+  return false;
+}
+
+}  // namespace ferry::test

@@ -1,0 +1,44 @@
+// Helpers for tests that run code in real child processes.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <functional>
+#include <stdexcept>
+#include <string>
+
+namespace ferry::test {
+
+/// Thrown by CHILD_CHECK inside a child process; the child exits with status 1.
+struct ChildCheckFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+/// Checks `condition` in a forked child (gtest assertions do not reach the parent).
+#define CHILD_CHECK(condition)                                                                    \
+  do {                                                                                            \
+    if (!(condition)) {                                                                           \
+      throw ::ferry::test::ChildCheckFailed(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
+                                            ": CHILD_CHECK(" #condition ") failed");              \
+    }                                                                                             \
+  } while (false)
+
+/// Forks; the child runs `body` and exits 0, or 1 after printing an exception's message.
+pid_t fork_child(const std::function<void()>& body);
+
+/// How a child ended.
+struct ChildExit {
+  bool exited = false;
+  int code = -1;    ///< exit status when exited
+  int signal = 0;   ///< terminating signal otherwise
+  std::string describe() const;
+};
+
+/// Waits for `pid` (at most `timeout`, then kills it with SIGKILL and reports that).
+ChildExit wait_child(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+/// Waits for `pid` and returns true when it exited with status 0; prints why not.
+bool child_succeeded(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+}  // namespace ferry::test

@@ -1,0 +1,185 @@
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "ferry/tensor.hpp"
+#include "support/leak_check.hpp"
+
+namespace ferry {
+namespace {
+
+using test::LeakCheckedTest;
+
+std::vector<float> iota(std::size_t n) {
+  std::vector<float> values(n);
+  std::iota(values.begin(), values.end(), 0.0f);
+  return values;
+}
+
+class TensorTest : public LeakCheckedTest {};
+
+TEST_F(TensorTest, EmptyHasShapeStridesAndSizes) {
+  Tensor t = Tensor::empty({2, 3, 4}, DType::Float32);
+  EXPECT_TRUE(t.defined());
+  EXPECT_EQ(t.dim(), 3);
+  EXPECT_EQ(t.shape(), (Shape{2, 3, 4}));
+  EXPECT_EQ(t.strides(), (Shape{12, 4, 1}));
+  EXPECT_EQ(t.numel(), 24);
+  EXPECT_EQ(t.nbytes(), 96u);
+  EXPECT_TRUE(t.is_contiguous());
+  EXPECT_FALSE(t.is_shared());
+  EXPECT_EQ(t.device(), Device::Cpu);
+}
+
+TEST_F(TensorTest, ZerosOnEveryDeviceAndDType) {
+  for (Device device : {Device::Cpu, Device::SharedCpu}) {
+    for (int raw = 0; raw < kDTypeCount; ++raw) {
+      const auto dtype = static_cast<DType>(raw);
+      Tensor t = Tensor::zeros({5, 7}, dtype, device);
+      EXPECT_EQ(t.nbytes(), 35 * dtype_size(dtype));
+      const auto* bytes = static_cast<const unsigned char*>(t.data_ptr());
+      for (std::size_t i = 0; i < t.nbytes(); ++i) ASSERT_EQ(bytes[i], 0) << dtype_name(dtype);
+      EXPECT_EQ(t.is_shared(), device == Device::SharedCpu);
+    }
+  }
+}
+
+TEST_F(TensorTest, FromCopiesValuesAndChecksCount) {
+  Tensor t = Tensor::from(iota(6), {2, 3});
+  EXPECT_EQ(t.at<float>({1, 2}), 5.0f);
+  EXPECT_THROW(Tensor::from(iota(5), {2, 3}), Error);
+  Tensor one_d = Tensor::from({std::int64_t{4}, std::int64_t{5}});
+  EXPECT_EQ(one_d.dtype(), DType::Int64);
+  EXPECT_EQ(one_d.to_vector<std::int64_t>(), (std::vector<std::int64_t>{4, 5}));
+}
+
+TEST_F(TensorTest, TypedAccessChecksDTypeAndBounds) {
+  Tensor t = Tensor::zeros({2, 2}, DType::Int32);
+  EXPECT_THROW(t.data<float>(), Error);
+  EXPECT_THROW(t.at<std::int32_t>({2, 0}), Error);
+  EXPECT_THROW(t.at<std::int32_t>({0}), Error);
+  t.at<std::int32_t>({1, 1}) = 7;
+  EXPECT_EQ(t.data<std::int32_t>()[3], 7);
+}
+
+TEST_F(TensorTest, SliceSharesStorageWithOffsetAndStep) {
+  Tensor t = Tensor::from(iota(20), {4, 5});
+  Tensor rows = t.slice(0, 1, 3);
+  EXPECT_EQ(rows.shape(), (Shape{2, 5}));
+  EXPECT_EQ(rows.storage_offset(), 5);
+  EXPECT_TRUE(rows.shares_storage_with(t));
+  Tensor cols = t.slice(1, 0, 5, 2);
+  EXPECT_EQ(cols.shape(), (Shape{4, 3}));
+  EXPECT_EQ(cols.strides(), (Shape{5, 2}));
+  EXPECT_FALSE(cols.is_contiguous());
+  EXPECT_EQ(cols.at<float>({3, 2}), 19.0f);
+  cols.at<float>({0, 1}) = -1.0f;
+  EXPECT_EQ(t.at<float>({0, 2}), -1.0f);
+  EXPECT_EQ(t.slice(1, -2, 100).shape(), (Shape{4, 2}));
+  EXPECT_EQ(t.slice(0, 3, 1).numel(), 0);
+  EXPECT_THROW(t.slice(0, 0, 1, 0), Error);
+  EXPECT_THROW(t.slice(2, 0, 1), Error);
+}
+
+TEST_F(TensorTest, SelectRemovesDimension) {
+  Tensor t = Tensor::from(iota(24), {2, 3, 4});
+  Tensor s = t.select(1, 2);
+  EXPECT_EQ(s.shape(), (Shape{2, 4}));
+  EXPECT_EQ(s.at<float>({1, 3}), 23.0f);
+  EXPECT_EQ(t.select(-1, -1).at<float>({0, 0}), 3.0f);
+  EXPECT_THROW(t.select(0, 2), Error);
+}
+
+TEST_F(TensorTest, ViewAndReshape) {
+  Tensor t = Tensor::from(iota(12), {3, 4});
+  Tensor v = t.view({2, -1});
+  EXPECT_EQ(v.shape(), (Shape{2, 6}));
+  EXPECT_TRUE(v.shares_storage_with(t));
+  EXPECT_THROW(t.view({5, -1}), Error);
+  EXPECT_THROW(t.view({-1, -1}), Error);
+  Tensor transposed = t.transpose(0, 1);
+  EXPECT_THROW(transposed.view({12}), Error);
+  Tensor reshaped = transposed.reshape({12});
+  EXPECT_FALSE(reshaped.shares_storage_with(t));
+  EXPECT_EQ(reshaped.at<float>({1}), 4.0f);
+}
+
+TEST_F(TensorTest, TransposeContiguousClone) {
+  Tensor t = Tensor::from(iota(6), {2, 3});
+  Tensor tr = t.transpose(0, 1);
+  EXPECT_EQ(tr.shape(), (Shape{3, 2}));
+  EXPECT_EQ(tr.strides(), (Shape{1, 3}));
+  EXPECT_EQ(tr.at<float>({2, 1}), 5.0f);
+  Tensor dense = tr.contiguous();
+  EXPECT_TRUE(dense.is_contiguous());
+  EXPECT_EQ(dense.to_vector<float>(), (std::vector<float>{0, 3, 1, 4, 2, 5}));
+  EXPECT_TRUE(t.contiguous().shares_storage_with(t));
+  Tensor copy = t.clone();
+  EXPECT_FALSE(copy.shares_storage_with(t));
+  copy.at<float>({0, 0}) = 9.0f;
+  EXPECT_EQ(t.at<float>({0, 0}), 0.0f);
+  Tensor shared_copy = t.clone(Device::SharedCpu);
+  EXPECT_TRUE(shared_copy.is_shared());
+  EXPECT_EQ(shared_copy.to_vector<float>(), t.to_vector<float>());
+}
+
+TEST_F(TensorTest, ShareMemoryMovesStorageInPlaceForEveryView) {
+  Tensor t = Tensor::from(iota(8), {8});
+  Tensor view = t.slice(0, 2, 6);
+  const void* before = t.data_ptr();
+  t.share_memory();
+  EXPECT_TRUE(t.is_shared());
+  EXPECT_TRUE(view.is_shared());
+  EXPECT_NE(t.data_ptr(), before);
+  EXPECT_EQ(view.to_vector<float>(), (std::vector<float>{2, 3, 4, 5}));
+  view.at<float>({0}) = 42.0f;
+  EXPECT_EQ(t.at<float>({2}), 42.0f);
+  const void* after = t.data_ptr();
+  t.share_memory();  // already shared: no-op
+  EXPECT_EQ(t.data_ptr(), after);
+}
+
+TEST_F(TensorTest, FillAndCopyFrom) {
+  Tensor t = Tensor::empty({3, 4}, DType::Float64);
+  t.fill(2.5);
+  for (double v : t.to_vector<double>()) EXPECT_EQ(v, 2.5);
+  Tensor column = t.select(1, 0);
+  column.fill(-1.0);
+  EXPECT_EQ(t.at<double>({2, 0}), -1.0);
+  EXPECT_EQ(t.at<double>({2, 1}), 2.5);
+  Tensor other = Tensor::zeros({3}, DType::Float64);
+  other.copy_from(column);
+  EXPECT_EQ(other.to_vector<double>(), (std::vector<double>{-1, -1, -1}));
+  EXPECT_THROW(other.copy_from(t), Error);
+}
+
+TEST_F(TensorTest, EmptyTensorsNeedNoMemory) {
+  Tensor shared = Tensor::empty({0, 3}, DType::Float32, Device::SharedCpu);
+  EXPECT_EQ(shared.numel(), 0);
+  EXPECT_EQ(shared.data_ptr(), nullptr);
+  EXPECT_EQ(shared.storage()->nbytes(), 0u);
+  Tensor undefined;
+  EXPECT_FALSE(undefined.defined());
+  EXPECT_EQ(undefined.to_string(), "Tensor(undefined)");
+}
+
+TEST_F(TensorTest, InvalidShapesAreRejected) {
+  EXPECT_THROW(Tensor::empty({-1}, DType::Float32), Error);
+  EXPECT_THROW(Tensor::empty({std::int64_t{1} << 62, 8}, DType::Float32), Error);
+  EXPECT_THROW(Tensor::empty(Shape(kMaxDims + 1, 1), DType::Float32), Error);
+  auto storage = Storage::allocate(16, Device::Cpu);
+  EXPECT_THROW(Tensor::from_storage(storage, DType::Float32, {5}, {1}, 0), Error);
+  EXPECT_THROW(Tensor::from_storage(storage, DType::Float32, {2}, {4}, 0), Error);
+  EXPECT_THROW(Tensor::from_storage(storage, DType::Float32, {1}, {1}, 4), Error);
+  EXPECT_THROW(Tensor::from_storage(storage, DType::Float32, {2}, {-1}, 1), Error);
+  EXPECT_EQ(Tensor::from_storage(storage, DType::Float32, {2}, {3}, 0).numel(), 2);
+}
+
+TEST_F(TensorTest, HalfElements) {
+  Tensor t = Tensor::from(std::vector<Half>{Half(1.5f), Half(-2.0f)}, {2});
+  EXPECT_EQ(t.dtype(), DType::Float16);
+  EXPECT_EQ(static_cast<float>(t.at<Half>({1})), -2.0f);
+}
+
+}  // namespace
+}  // namespace ferry
