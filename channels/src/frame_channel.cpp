@@ -28,8 +28,11 @@ void SenderCore::ensure_open() const {
   if (!open_) throw ChannelClosed("cannot send: this Sender was closed");
 }
 
-bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadline) {
+void SenderCore::collect_acknowledgements() {
   if (encoder_.awaiting_acknowledgement()) encoder_.acknowledge(writer_->acknowledged());
+}
+
+bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadline) {
   bool written = false;
   try {
     written = writer_->write(frame.iovecs(), frame.fds, deadline);
@@ -55,18 +58,26 @@ void SenderCore::close() {
   if (!open_) return;
   open_ = false;
   try {
+    const Deadline linger = Deadline::after(options_.close_linger);
+    writer_->flush(linger);
     const EncodedFrame& frame = encoder_.encode_close();
     writer_->write(frame.iovecs(), frame.fds, Deadline::never());
     encoder_.commit();
     // Storages named by /proc path must outlive the receiver's open() of them.
     if (encoder_.awaiting_acknowledgement()) {
-      writer_->wait_acknowledged(encoder_.newest_awaited_sequence(), Deadline::after(options_.close_linger));
+      writer_->wait_acknowledged(encoder_.newest_awaited_sequence(), linger);
     }
   } catch (...) {
     writer_->close();
     throw;
   }
   writer_->close();
+}
+
+bool SenderCore::flush(const Deadline& deadline) {
+  std::lock_guard lock(mutex_);
+  ensure_open();
+  return writer_->flush(deadline);
 }
 
 void SenderCore::detach() noexcept {

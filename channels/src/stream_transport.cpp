@@ -44,29 +44,15 @@ void ignore_sigpipe() {
 StreamFrameWriter::StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket)
     : stream_(std::move(stream)), acknowledgements_(std::move(acknowledgements)), is_socket_(is_socket) {}
 
-bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
-  if (!stream_) throw ChannelClosed("cannot send: this end of the channel is closed");
-  if (!deadline.is_never() && !wait_for_fd(stream_.get(), POLLOUT, deadline)) return false;
-
-  std::array<iovec, 8> pending{};
-  if (parts.size() > pending.size()) throw Error("a frame has too many parts");
-  std::copy(parts.begin(), parts.end(), pending.begin());
-  iovec* next = pending.data();
-  std::size_t count = parts.size();
-  bool fds_pending = !fds.empty();
-  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)> control{};
-  if (fds.size() > kMaxFdsPerRead) {
-    throw Error("a frame can pass at most " + std::to_string(kMaxFdsPerRead) + " storages by fd, not " +
-                std::to_string(fds.size()) + "; send fewer new storages per message");
-  }
-
-  while (count > 0) {
+ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std::span<const int> fds, bool wait) {
+  while (true) {
     ssize_t written = 0;
     if (is_socket_) {
+      alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)> control{};
       msghdr message{};
-      message.msg_iov = next;
+      message.msg_iov = const_cast<iovec*>(parts);
       message.msg_iovlen = count;
-      if (fds_pending) {
+      if (!fds.empty()) {
         message.msg_control = control.data();
         message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
         cmsghdr* header = CMSG_FIRSTHDR(&message);
@@ -75,16 +61,66 @@ bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int>
         header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
         std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
       }
-      written = ::sendmsg(stream_.get(), &message, MSG_NOSIGNAL);
+      written = ::sendmsg(stream_.get(), &message, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
     } else {
-      written = ::writev(stream_.get(), next, static_cast<int>(count));
+      // The pipe's write end is non-blocking; a blocking write waits for room below.
+      written = ::writev(stream_.get(), parts, static_cast<int>(count));
+      if (written < 0 && errno == EAGAIN && wait) {
+        wait_for_fd(stream_.get(), POLLOUT, Deadline::never());
+        continue;
+      }
     }
+    if (written >= 0) return written;
+    if (errno == EINTR) continue;
+    if (errno == EPIPE || errno == ECONNRESET) throw_receiver_gone();
+    if (errno == EAGAIN) return -1;
+    throw_errno(is_socket_ ? "sendmsg on a ferry socket" : "writev on a ferry pipe");
+  }
+}
+
+bool StreamFrameWriter::flush_pending(const Deadline& deadline) {
+  std::size_t done = 0;
+  while (done < pending_.size()) {
+    const iovec part{pending_.data() + done, pending_.size() - done};
+    const ssize_t written = write_some(&part, 1, {}, deadline.is_never());
     if (written < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EPIPE || errno == ECONNRESET) throw_receiver_gone();
-      throw_errno(is_socket_ ? "sendmsg on a ferry socket" : "writev on a ferry pipe");
+      if (!wait_for_fd(stream_.get(), POLLOUT, deadline)) break;
+      continue;
     }
-    fds_pending = false;
+    done += static_cast<std::size_t>(written);
+  }
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
+  return pending_.empty();
+}
+
+bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
+  if (!stream_) throw ChannelClosed("cannot send: this end of the channel is closed");
+  if (fds.size() > kMaxFdsPerRead) {
+    throw Error("a frame can pass at most " + std::to_string(kMaxFdsPerRead) + " storages by fd, not " +
+                std::to_string(fds.size()) + "; send fewer new storages per message");
+  }
+  if (!pending_.empty() && !flush_pending(deadline)) return false;
+
+  std::array<iovec, 8> remaining{};
+  if (parts.size() > remaining.size()) throw Error("a frame has too many parts");
+  std::copy(parts.begin(), parts.end(), remaining.begin());
+  iovec* next = remaining.data();
+  std::size_t count = parts.size();
+  bool started = false;
+  const bool wait = deadline.is_never();
+  while (count > 0) {
+    const ssize_t written = write_some(next, count, started ? std::span<const int>() : fds, wait);
+    if (written < 0) {  // full, and a deadline applies
+      if (wait_for_fd(stream_.get(), POLLOUT, deadline)) continue;
+      if (!started) return false;
+      // Deadline passed mid-frame: keep the tail, so the stream never holds half a frame.
+      for (std::size_t i = 0; i < count; ++i) {
+        const auto* bytes = static_cast<const std::byte*>(next[i].iov_base);
+        pending_.insert(pending_.end(), bytes, bytes + next[i].iov_len);
+      }
+      return true;
+    }
+    started = true;
     auto left = static_cast<std::size_t>(written);
     while (count > 0 && left >= next->iov_len) {
       left -= next->iov_len;
@@ -191,38 +227,44 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
 ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
                                    const Deadline& deadline) {
   if (!stream_ || peer_closed_) return ReadStatus::Closed;
-  while (buffered() < sizeof(FrameHeader)) {
-    if (buffered() == 0 && !deadline.is_never() && !wait_for_fd(stream_.get(), POLLIN, deadline)) {
-      return ReadStatus::Timeout;
+  const bool timed = !deadline.is_never();
+  if (!in_frame_) {
+    while (buffered() < sizeof(FrameHeader)) {
+      if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+      if (begin_ > 0) {  // keep the partial header at the front
+        std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
+        end_ -= begin_;
+        begin_ = 0;
+      }
+      const std::size_t got = receive(buffer_.data() + end_, buffer_.size() - end_, fds);
+      if (got == 0) {
+        throw PeerDied(buffered() == 0
+                           ? "the sending process died or dropped its end without closing the channel"
+                           : "the sending process died in the middle of a frame");
+      }
+      end_ += got;
     }
-    if (begin_ > 0) {  // keep the partial header at the front
-      std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
-      end_ -= begin_;
-      begin_ = 0;
-    }
-    const std::size_t got = receive(buffer_.data() + end_, buffer_.size() - end_, fds);
-    if (got == 0) {
-      throw PeerDied(buffered() == 0
-                         ? "the sending process died or dropped its end without closing the channel"
-                         : "the sending process died in the middle of a frame");
-    }
-    end_ += got;
+    std::memcpy(&frame_header_, buffer_.data() + begin_, sizeof frame_header_);
+    begin_ += sizeof frame_header_;
+    validate_header(frame_header_, limits_);
+    const std::uint64_t total = payload_bytes(frame_header_);
+    frame_payload_.resize(total);
+    frame_filled_ = std::min<std::uint64_t>(total, buffered());
+    if (frame_filled_ > 0) std::memcpy(frame_payload_.data(), buffer_.data() + begin_, frame_filled_);
+    begin_ += frame_filled_;
+    if (begin_ == end_) begin_ = end_ = 0;
+    in_frame_ = true;
   }
-  std::memcpy(&header, buffer_.data() + begin_, sizeof header);
-  begin_ += sizeof header;
-  validate_header(header, limits_);
-
-  const std::uint64_t total = payload_bytes(header);
-  payload.resize(total);
-  const std::size_t from_buffer = std::min<std::uint64_t>(total, buffered());
-  if (from_buffer > 0) std::memcpy(payload.data(), buffer_.data() + begin_, from_buffer);
-  begin_ += from_buffer;
-  if (begin_ == end_) begin_ = end_ = 0;
-  for (std::size_t filled = from_buffer; filled < total;) {
-    const std::size_t got = receive(payload.data() + filled, total - filled, fds);
+  while (frame_filled_ < frame_payload_.size()) {
+    if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+    const std::size_t got =
+        receive(frame_payload_.data() + frame_filled_, frame_payload_.size() - frame_filled_, fds);
     if (got == 0) throw PeerDied("the sending process died in the middle of a frame");
-    filled += got;
+    frame_filled_ += got;
   }
+  in_frame_ = false;
+  header = frame_header_;
+  payload.swap(frame_payload_);
   if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
     peer_closed_ = true;
     return ReadStatus::Closed;

@@ -35,6 +35,8 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
     case Transport::Pipe: {
       ignore_sigpipe();
       auto [data_read, data_write] = make_pipe(0);
+      // Non-blocking write end: timed sends must not block inside writev.
+      if (::fcntl(data_write.get(), F_SETFL, O_NONBLOCK) != 0) throw_errno("fcntl(O_NONBLOCK) on a pipe");
       auto [ack_read, ack_write] = make_pipe(O_NONBLOCK);
       return {std::make_unique<StreamFrameWriter>(std::move(data_write), std::move(ack_read), false),
               std::make_unique<StreamFrameReader>(std::move(data_read), std::move(ack_write), false, limits)};

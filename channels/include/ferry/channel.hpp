@@ -47,10 +47,15 @@ class Sender {
   /// handles. Throws ChannelClosed when the receiver is gone or this end was closed.
   void send(const T& value) { core().send(value, Deadline::never()); }
   /// Like send(), but gives up when the transport stays full for `timeout`; returns
-  /// whether the value was sent. A frame is never half sent.
+  /// whether the value was accepted. A value is never half sent: one whose frame was
+  /// started when the time ran out is accepted, and the rest of its frame goes out with
+  /// the next send(), flush() or close().
   bool send_for(const T& value, std::chrono::nanoseconds timeout) {
     return core().send(value, Deadline::after(timeout));
   }
+  /// Finishes writing a value that send_for() accepted but could not finish; returns
+  /// false if the transport stayed full for `timeout`.
+  bool flush(std::chrono::nanoseconds timeout) { return core().flush(Deadline::after(timeout)); }
   /// Ends the stream: the receiver gets end-of-stream after the values sent before.
   void close() {
     if (core_) core_->close();

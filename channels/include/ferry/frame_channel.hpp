@@ -42,6 +42,7 @@ class SenderCore {
   bool send(const T& message, const Deadline& deadline) {
     std::lock_guard lock(mutex_);
     ensure_open();
+    collect_acknowledgements();
     const EncodedFrame* frame = nullptr;
     try {
       frame = &encoder_.encode(message);
@@ -51,6 +52,8 @@ class SenderCore {
     }
     return write_locked(*frame, deadline);
   }
+  /// Writes the tail of a frame that a timed send accepted but could not finish.
+  bool flush(const Deadline& deadline);
   /// Sends the end-of-stream frame and releases the transport.
   void close();
   /// Releases this process's copy of the transport without ending the stream.
@@ -65,6 +68,9 @@ class SenderCore {
 
  private:
   void ensure_open() const;
+  // Lets go of storages whose /proc path the receiver has opened (before encoding, so that
+  // their release is announced in this very frame).
+  void collect_acknowledgements();
   bool write_locked(const EncodedFrame& frame, const Deadline& deadline);
 
   std::mutex mutex_;

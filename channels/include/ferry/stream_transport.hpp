@@ -11,6 +11,10 @@ namespace ferry {
 /// Writes frames to a pipe or a stream socket. With a socket, the frame's fds travel as
 /// SCM_RIGHTS with its first byte; with a pipe, `acknowledgements` is the read end of the
 /// reader's acknowledgement pipe (non-blocking).
+///
+/// Timed writes never leave half a frame: a frame that was started when the deadline
+/// passed is accepted, and its unwritten tail is kept here and written before the next
+/// frame (or by close()). A timed write returns false only when no byte of it went out.
 class StreamFrameWriter final : public FrameWriter {
  public:
   StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket);
@@ -18,19 +22,28 @@ class StreamFrameWriter final : public FrameWriter {
   bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
   std::uint64_t acknowledged() override;
   bool wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) override;
+  /// Writes any pending frame tail, waiting until `deadline`; false if some is left.
+  bool flush(const Deadline& deadline) override { return flush_pending(deadline); }
   void close() noexcept override;
   std::vector<int> descriptors() const override;
 
  private:
+  // One write or sendmsg; returns bytes written, or -1 with errno (EAGAIN when full).
+  ssize_t write_some(const iovec* parts, std::size_t count, std::span<const int> fds, bool wait);
+  // Writes the tail of an earlier frame; false when the deadline passed first.
+  bool flush_pending(const Deadline& deadline);
+
   UniqueFd stream_;
   UniqueFd acknowledgements_;
   bool is_socket_;
+  std::vector<std::byte> pending_;  // unwritten tail of the last frame
   std::uint64_t acknowledged_ = 0;
   bool reader_gone_ = false;
 };
 
 /// Reads frames from a pipe or a stream socket, buffering so that a small frame costs one
-/// read system call. Enforces FrameLimits on every header before reading the rest.
+/// read system call. Enforces FrameLimits on every header before reading the rest. A
+/// timed read that ends in the middle of a frame keeps what it read and resumes there.
 class StreamFrameReader final : public FrameReader {
  public:
   StreamFrameReader(UniqueFd stream, UniqueFd acknowledgements, bool is_socket, const FrameLimits& limits);
@@ -50,6 +63,10 @@ class StreamFrameReader final : public FrameReader {
   bool is_socket_;
   FrameLimits limits_;
   bool peer_closed_ = false;
+  bool in_frame_ = false;             // header read, payload incomplete
+  FrameHeader frame_header_{};
+  std::vector<std::byte> frame_payload_;
+  std::size_t frame_filled_ = 0;
   std::vector<std::byte> buffer_;
   std::size_t begin_ = 0;
   std::size_t end_ = 0;

@@ -51,6 +51,9 @@ class FrameWriter {
   /// Waits until the reader acknowledged `sequence`; false when the deadline passed or
   /// the reader is gone. Transports that pass fds need no acknowledgements: true at once.
   virtual bool wait_acknowledged(std::uint64_t /*sequence*/, const Deadline& /*deadline*/) { return true; }
+  /// Finishes frames accepted by timed writes but not fully written yet; false if the
+  /// deadline passed first.
+  virtual bool flush(const Deadline& /*deadline*/) { return true; }
   /// Releases this process's resources of the transport (fds, mappings).
   virtual void close() noexcept = 0;
   /// The descriptors of this end, for handing it to an exec'd process (may be empty).

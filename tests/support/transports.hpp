@@ -1,0 +1,27 @@
+// The transports that carry frames between processes, for parameterized tests.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "ferry/transport.hpp"
+
+namespace ferry::test {
+
+/// Every inter-process transport this build offers.
+inline std::vector<Transport> interprocess_transports() { return {Transport::Pipe, Transport::UnixSocket}; }
+
+/// Test-name suffix for a transport ("Pipe", "UnixSocket", ...).
+inline std::string transport_test_name(const ::testing::TestParamInfo<Transport>& info) {
+  switch (info.param) {
+    case Transport::Pipe: return "Pipe";
+    case Transport::UnixSocket: return "UnixSocket";
+    case Transport::ShmRing: return "ShmRing";
+    case Transport::InProcess: return "InProcess";
+  }
+  return "Unknown";
+}
+
+}  // namespace ferry::test
