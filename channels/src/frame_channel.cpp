@@ -67,6 +67,8 @@ void SenderCore::close() {
     if (encoder_.awaiting_acknowledgement()) {
       writer_->wait_acknowledged(encoder_.newest_awaited_sequence(), linger);
     }
+  } catch (const ChannelClosed&) {
+    // The receiver already left: the stream is over either way.
   } catch (...) {
     writer_->close();
     throw;

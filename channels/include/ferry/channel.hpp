@@ -57,6 +57,7 @@ class Sender {
   /// false if the transport stayed full for `timeout`.
   bool flush(std::chrono::nanoseconds timeout) { return core().flush(Deadline::after(timeout)); }
   /// Ends the stream: the receiver gets end-of-stream after the values sent before.
+  /// Idempotent; does not throw when the receiver is already gone.
   void close() {
     if (core_) core_->close();
   }
