@@ -1,1 +1,148 @@
-int main(){}
+// Peers that die: SIGKILL on either side of a channel, over every transport. The survivor
+// must see a closed channel (never a hang, never SIGPIPE), and nothing may leak.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <thread>
+
+#include "ferry/ferry.hpp"
+#include "support/leak_check.hpp"
+#include "support/process.hpp"
+#include "support/transports.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+using test::fork_child;
+using test::wait_child;
+
+struct Payload {
+  std::int64_t index = 0;
+  Tensor data;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(index, data); }
+};
+
+class PeerDeathTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
+
+INSTANTIATE_TEST_SUITE_P(Transports, PeerDeathTest, ::testing::ValuesIn(test::interprocess_transports()),
+                         test::transport_test_name);
+
+TEST_P(PeerDeathTest, SenderKilledMidStreamIsPeerDiedForTheReceiver) {
+  auto [tx, rx] = channel<Payload>(GetParam());
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    rx.close();
+    tx.adopt();
+    Tensor shared = Tensor::zeros({4096}, DType::Float32, Device::SharedCpu);
+    for (std::int64_t i = 0;; ++i) {
+      tx.send(Payload{i, i % 3 == 0 ? Tensor::zeros({256}, DType::UInt8, Device::SharedCpu) : shared});
+    }
+  });
+  tx.detach();
+  std::int64_t received = 0;
+  for (; received < 200; ++received) ASSERT_TRUE(rx.recv().has_value());
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    while (rx.recv()) ++received;
+    FAIL() << "a killed sender must not look like a clean end of stream";
+  } catch (const PeerDied& error) {
+    EXPECT_NE(std::string(error.what()).find("died"), std::string::npos) << error.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  EXPECT_THROW(rx.recv(), PeerDied);  // stays dead
+  EXPECT_EQ(wait_child(child).signal, SIGKILL);
+  rx.close();
+}
+
+TEST_P(PeerDeathTest, ReceiverKilledMakesABlockedSenderFail) {
+  auto [tx, rx] = channel<std::vector<std::uint8_t>>(GetParam());
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    tx.detach();
+    for (int i = 0; i < 3; ++i) CHILD_CHECK(rx.recv().has_value());
+    ::pause();  // stop reading: the sender fills the transport and blocks
+  });
+  rx.close();
+  const std::vector<std::uint8_t> chunk(64 * 1024, 7);
+  std::thread killer([child] {
+    std::this_thread::sleep_for(200ms);
+    ::kill(child, SIGKILL);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(
+      {
+        while (true) tx.send(chunk);
+      },
+      ChannelClosed);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  killer.join();
+  EXPECT_EQ(wait_child(child).signal, SIGKILL);
+  EXPECT_FALSE(tx.is_open());
+}
+
+TEST_P(PeerDeathTest, ReceiverKilledWhileHoldingTensorsLeaksNothing) {
+  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [ready_tx, ready_rx] = channel<int>(GetParam());
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &ready_tx = ready_tx, &ready_rx = ready_rx] {
+    tx.detach();
+    ready_rx.close();
+    ready_tx.adopt();
+    std::vector<Payload> held;
+    for (int i = 0; i < 20; ++i) held.push_back(rx.recv().value());
+    ready_tx.send(1);
+    ::pause();
+  });
+  rx.close();
+  ready_tx.detach();
+  {
+    std::vector<Tensor> tensors;
+    for (int i = 0; i < 20; ++i) {
+      tensors.push_back(Tensor::zeros({1 << 16}, DType::Float32, Device::SharedCpu));
+      tx.send(Payload{i, tensors.back()});
+    }
+    ASSERT_EQ(ready_rx.recv().value(), 1);
+  }
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(wait_child(child).signal, SIGKILL);
+  EXPECT_THROW(
+      {
+        for (int i = 0; i < 100; ++i) tx.send(Payload{i, Tensor()});
+      },
+      ChannelClosed);
+  EXPECT_THROW(ready_rx.recv(), PeerDied);
+  tx.close();
+  ready_rx.close();
+  // The fixture checks that every fd this process opened is closed again.
+}
+
+TEST_P(PeerDeathTest, SenderKilledAfterSendingKeepsReceivedTensorsValid) {
+  auto [tx, rx] = channel<Payload>(GetParam());
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    rx.close();
+    tx.adopt();
+    Tensor t = Tensor::zeros({1024}, DType::Int32, Device::SharedCpu);
+    t.at<std::int32_t>({1023}) = 99;
+    tx.send(Payload{1, t});
+    ::pause();
+  });
+  tx.detach();
+  Payload got = rx.recv().value();
+  ::kill(child, SIGKILL);
+  EXPECT_EQ(wait_child(child).signal, SIGKILL);
+  // Our mapping keeps the memory alive after the sender's death.
+  EXPECT_EQ(got.data.at<std::int32_t>({1023}), 99);
+  got.data.at<std::int32_t>({0}) = 5;
+  EXPECT_THROW(rx.recv(), PeerDied);
+}
+
+TEST(PipeTransport, WritingToADeadReaderDoesNotRaiseSigpipe) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  rx.close();
+  EXPECT_THROW(tx.send(1), ChannelClosed);  // the process is still alive to see it
+}
+
+}  // namespace
+}  // namespace ferry
