@@ -1,1 +1,398 @@
-int main(){}
+// Frames that lie: every field a sender controls is corrupted in turn, and the receiver
+// must answer with a ProtocolError naming the field, keep running, close the fds it was
+// handed, and report itself broken afterwards.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "ferry/ferry.hpp"
+#include "support/leak_check.hpp"
+#include "support/transports.hpp"
+
+namespace ferry {
+namespace {
+
+struct Payload {
+  Tensor tensor;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(tensor); }
+};
+
+struct Other {
+  std::int32_t value = 0;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(value); }
+};
+
+// A raw writer connected to a typed Receiver<T>: the test writes whatever bytes it likes.
+template <class T>
+struct Wire {
+  explicit Wire(Transport transport) {
+    auto [raw_writer, reader] = make_transport(transport, FrameLimits{}, 0);
+    writer = std::move(raw_writer);
+    rx = Receiver<T>(
+        std::make_unique<detail::ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(), type_name<T>()));
+  }
+  void send(const std::vector<std::byte>& bytes, std::vector<int> fds = {}) {
+    iovec part{const_cast<std::byte*>(bytes.data()), bytes.size()};
+    writer->write({&part, 1}, fds, Deadline::never());
+  }
+  std::unique_ptr<FrameWriter> writer;
+  Receiver<T> rx;
+};
+
+// A valid frame for `message`, flattened, with offsets of its parts for patching.
+struct Frame {
+  std::vector<std::byte> bytes;
+  std::vector<int> fds;
+  std::size_t table_offset = 0;
+  std::size_t body_offset = 0;
+
+  FrameHeader header() const {
+    FrameHeader h;
+    std::memcpy(&h, bytes.data(), sizeof h);
+    return h;
+  }
+  void set_header(const FrameHeader& h) { std::memcpy(bytes.data(), &h, sizeof h); }
+  HandleEntry entry(std::size_t i) const {
+    HandleEntry e;
+    std::memcpy(&e, bytes.data() + table_offset + i * sizeof e, sizeof e);
+    return e;
+  }
+  void set_entry(std::size_t i, const HandleEntry& e) {
+    std::memcpy(bytes.data() + table_offset + i * sizeof e, &e, sizeof e);
+  }
+  template <class V>
+  void patch_body(std::size_t offset, V value) {
+    std::memcpy(bytes.data() + body_offset + offset, &value, sizeof value);
+  }
+};
+
+template <class T>
+Frame encode(const T& message, HandlePassing passing = HandlePassing::FdPassing) {
+  MessageEncoder encoder(passing);
+  const EncodedFrame& encoded = encoder.encode(message);
+  Frame frame;
+  for (const iovec& part : encoded.iovecs()) {
+    const auto* begin = static_cast<const std::byte*>(part.iov_base);
+    frame.bytes.insert(frame.bytes.end(), begin, begin + part.iov_len);
+  }
+  frame.fds.assign(encoded.fds.begin(), encoded.fds.end());
+  const FrameHeader h = frame.header();
+  frame.table_offset = sizeof(FrameHeader) + h.type_name_bytes;
+  frame.body_offset = frame.table_offset + h.handle_count * sizeof(HandleEntry) + h.release_count * 4;
+  encoder.commit();
+  return frame;
+}
+
+// Offsets inside the body of a Payload holding one 2-d tensor (see tensor_wire.cpp).
+constexpr std::size_t kDTypeAt = 1;
+constexpr std::size_t kShapeAt = 7;
+constexpr std::size_t kStridesAt = kShapeAt + 2 * 8;
+constexpr std::size_t kOffsetAt = kStridesAt + 2 * 8;
+constexpr std::size_t kHandleAt = kOffsetAt + 8;
+
+template <class T>
+void expect_protocol_error(Receiver<T>& rx, const std::string& needle) {
+  try {
+    rx.recv();
+    ADD_FAILURE() << "expected a ProtocolError mentioning '" << needle << "'";
+  } catch (const ProtocolError& error) {
+    EXPECT_NE(std::string(error.what()).find(needle), std::string::npos) << error.what();
+  }
+  // The channel reports itself broken from now on.
+  try {
+    rx.recv();
+    ADD_FAILURE() << "a broken receiver must keep failing";
+  } catch (const ProtocolError& error) {
+    EXPECT_NE(std::string(error.what()).find("broken"), std::string::npos) << error.what();
+  }
+}
+
+class HostileFrameTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {
+ protected:
+  Tensor tensor_ = Tensor::zeros({4, 8}, DType::Float32, Device::SharedCpu);
+  HandlePassing passing() const {
+    return GetParam() == Transport::UnixSocket ? HandlePassing::FdPassing : HandlePassing::ProcFd;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, HostileFrameTest, ::testing::ValuesIn(test::interprocess_transports()),
+                         test::transport_test_name);
+
+TEST_P(HostileFrameTest, ValidFrameIsAccepted) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  wire.send(frame.bytes, frame.fds);
+  auto got = wire.rx.recv();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->tensor.shape(), (Shape{4, 8}));
+}
+
+TEST_P(HostileFrameTest, WrongMagic) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.magic = 0xdeadbeef;
+  frame.set_header(h);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "magic");
+}
+
+TEST_P(HostileFrameTest, WrongVersion) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.version = 99;
+  frame.set_header(h);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "version");
+}
+
+TEST_P(HostileFrameTest, HugeBodyLengthIsRefusedBeforeReading) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.body_bytes = std::uint64_t{1} << 40;
+  frame.set_header(h);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "body_bytes");
+}
+
+TEST_P(HostileFrameTest, TruncatedBody) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.body_bytes -= 10;  // the archive runs out of bytes while reading the tensor
+  frame.set_header(h);
+  frame.bytes.resize(frame.bytes.size() - 10);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "truncated");
+}
+
+TEST_P(HostileFrameTest, LeftoverBodyBytes) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.body_bytes += 3;
+  frame.set_header(h);
+  frame.bytes.resize(frame.bytes.size() + 3);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "left over");
+}
+
+TEST_P(HostileFrameTest, StreamCutInTheMiddleOfAFrameIsPeerDeath) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  frame.bytes.resize(frame.bytes.size() / 2);
+  wire.send(frame.bytes, frame.fds);
+  wire.writer->close();
+  try {
+    wire.rx.recv();
+    ADD_FAILURE() << "expected PeerDied";
+  } catch (const PeerDied& error) {
+    EXPECT_NE(std::string(error.what()).find("middle of a frame"), std::string::npos) << error.what();
+  }
+}
+
+TEST_P(HostileFrameTest, HandleIndexOutOfRange) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  frame.patch_body(kHandleAt, std::uint32_t{5});
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "handle index 5");
+}
+
+TEST_P(HostileFrameTest, DTypeOutOfRange) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  frame.patch_body(kDTypeAt, std::uint8_t{200});
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "dtype");
+}
+
+TEST_P(HostileFrameTest, ShapeProductOverflows) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  frame.patch_body(kShapeAt, std::int64_t{1} << 40);
+  frame.patch_body(kShapeAt + 8, std::int64_t{1} << 40);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "overflows");
+}
+
+TEST_P(HostileFrameTest, OffsetBeyondTheStorage) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  frame.patch_body(kOffsetAt, std::int64_t{1});  // 32 elements from offset 1 end past the 128 bytes
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "storage has only 128 bytes");
+}
+
+TEST_P(HostileFrameTest, StrideBeyondTheStorage) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  frame.patch_body(kStridesAt, std::int64_t{1000});
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "storage has only 128 bytes");
+}
+
+TEST_P(HostileFrameTest, NegativeStride) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  frame.patch_body(kStridesAt + 8, std::int64_t{-1});
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "negative");
+}
+
+TEST_P(HostileFrameTest, HugeStrideOverflowsTheExtent) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  frame.patch_body(kStridesAt, std::int64_t{1} << 62);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "overflows");
+}
+
+TEST_P(HostileFrameTest, LeaseSlotThatWasNeverGranted) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  e.kind = static_cast<std::uint32_t>(HandleKind::Leased);
+  e.slot = 3;
+  frame.set_entry(0, e);
+  FrameHeader h = frame.header();
+  h.fd_count = 0;
+  frame.set_header(h);
+  wire.send(frame.bytes);
+  expect_protocol_error(wire.rx, "holds no lease");
+}
+
+TEST_P(HostileFrameTest, UnknownHandleKind) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  e.kind = 77;
+  frame.set_entry(0, e);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "unknown kind");
+}
+
+TEST_P(HostileFrameTest, SizeClaimLargerThanTheSegment) {
+  Wire<Payload> wire(GetParam());
+  // A storage this process has never seen, so the size check meets the real segment.
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  e.nbytes = 1 << 20;
+  frame.set_entry(0, e);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "bytes");
+}
+
+TEST_P(HostileFrameTest, ContainerSizeLie) {
+  Wire<std::vector<std::int64_t>> wire(GetParam());
+  Frame frame = encode(std::vector<std::int64_t>{1, 2, 3}, passing());
+  frame.patch_body(0, std::uint64_t{1} << 50);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "container size");
+}
+
+TEST_P(HostileFrameTest, BoolThatIsNeitherZeroNorOne) {
+  Wire<bool> wire(GetParam());
+  Frame frame = encode(true, passing());
+  frame.patch_body(0, std::uint8_t{7});
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "bool");
+}
+
+TEST_P(HostileFrameTest, TypeMismatchNamesBothTypes) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Other{42}, passing());
+  wire.send(frame.bytes, frame.fds);
+  try {
+    wire.rx.recv();
+    ADD_FAILURE() << "expected TypeMismatch";
+  } catch (const TypeMismatch& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find(std::string(type_name<Other>())), std::string::npos) << what;
+    EXPECT_NE(what.find(std::string(type_name<Payload>())), std::string::npos) << what;
+  }
+}
+
+TEST_P(HostileFrameTest, ProcessKeepsWorkingOnOtherChannelsAfterABadFrame) {
+  Wire<Payload> bad(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  frame.patch_body(kDTypeAt, std::uint8_t{99});
+  bad.send(frame.bytes, frame.fds);
+  EXPECT_THROW(bad.rx.recv(), ProtocolError);
+  auto [tx, rx] = channel<Payload>(GetParam());
+  tx.send(Payload{tensor_});
+  EXPECT_TRUE(rx.recv().has_value());
+}
+
+// ---- fds that lie (Unix socket only: the only transport that carries fds) ----------
+
+class HostileFdTest : public test::LeakCheckedTest {
+ protected:
+  Tensor tensor_ = Tensor::zeros({4, 8}, DType::Float32, Device::SharedCpu);
+};
+
+TEST_F(HostileFdTest, FdThatIsNotAMemfd) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  int pipe_ends[2];
+  ASSERT_EQ(::pipe2(pipe_ends, O_CLOEXEC), 0);
+  UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
+  wire.send(frame.bytes, {read_end.get()});
+  expect_protocol_error(wire.rx, "not a memfd");
+}
+
+TEST_F(HostileFdTest, MemfdWithoutSeals) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  UniqueFd unsealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_TRUE(unsealed);
+  ASSERT_EQ(::ftruncate(unsealed.get(), 128), 0);
+  wire.send(frame.bytes, {unsealed.get()});
+  expect_protocol_error(wire.rx, "not sealed");
+}
+
+TEST_F(HostileFdTest, SealedSegmentSmallerThanItClaims) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  SharedMemory small = SharedMemory::create(64);  // the frame claims 128 bytes
+  wire.send(frame.bytes, {small.fd()});
+  expect_protocol_error(wire.rx, "frame claims 128");
+}
+
+TEST_F(HostileFdTest, MoreFdsThanHandles) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  FrameHeader h = frame.header();
+  h.fd_count = 0;  // header says none, but one arrives with the frame
+  frame.set_header(h);
+  wire.send(frame.bytes, {frame.fds.at(0)});
+  expect_protocol_error(wire.rx, "fd");
+}
+
+TEST_F(HostileFdTest, FewerFdsThanTheHeaderClaims) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  wire.send(frame.bytes);  // the fd is missing
+  expect_protocol_error(wire.rx, "file descriptors");
+}
+
+TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {
+  Wire<Payload> wire(Transport::Pipe);
+  Frame frame = encode(Payload{tensor_}, HandlePassing::ProcFd);
+  HandleEntry e = frame.entry(0);
+  e.fd = 0;  // stdin: not the storage the frame names
+  e.inode += 1;
+  frame.set_entry(0, e);
+  wire.send(frame.bytes);
+  expect_protocol_error(wire.rx, "/proc/");
+}
+
+}  // namespace
+}  // namespace ferry
