@@ -1,0 +1,268 @@
+// Round-trip latency over the pipe and Unix socket transports, next to raw baselines
+// written here: a plain pipe / socket ping-pong of the same size, and a plain "pass one
+// memfd with SCM_RIGHTS, mmap it, munmap it" round trip. Names:
+//   roundtrip/raw/<transport>/bytes/<n>       plain write/read of n bytes and back
+//   roundtrip/raw/unix_socket/fd_mmap/<n>     memfd of n bytes passed, mapped, unmapped
+//   roundtrip/ferry/<transport>/bytes/<n>     Sender<std::vector<uint8_t>> of n bytes, echoed
+//   roundtrip/ferry/<transport>/tensor_new/<n>   a new shared tensor each time, 1-byte reply
+//   roundtrip/ferry/<transport>/tensor_same/<n>  the same shared tensor each time, 1-byte reply
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "ferry/mapping.hpp"
+#include "support/child_process.hpp"
+
+namespace ferry::bench {
+namespace {
+
+// ---- raw baselines ---------------------------------------------------------------
+
+void write_all(int fd, const void* data, std::size_t size) {
+  const auto* bytes = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::write(fd, bytes, size);
+    if (n <= 0) throw std::runtime_error("raw write failed");
+    bytes += n;
+    size -= static_cast<std::size_t>(n);
+  }
+}
+
+// Returns false at EOF before the first byte.
+bool read_all(int fd, void* data, std::size_t size) {
+  auto* bytes = static_cast<char*>(data);
+  std::size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, bytes + done, size - done);
+    if (n == 0 && done == 0) return false;
+    if (n <= 0) throw std::runtime_error("raw read failed");
+    done += static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+// Two one-way pipes or one socketpair, as (parent end, child end) for each direction.
+struct RawLink {
+  UniqueFd parent_out, parent_in, child_in, child_out;
+};
+
+RawLink make_raw_link(bool socket) {
+  RawLink link;
+  if (socket) {
+    int ends[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) throw std::runtime_error("socketpair");
+    link.parent_out.reset(ends[0]);
+    link.parent_in = link.parent_out.duplicate();
+    link.child_in.reset(ends[1]);
+    link.child_out = link.child_in.duplicate();
+  } else {
+    int down[2], up[2];
+    if (::pipe2(down, O_CLOEXEC) != 0 || ::pipe2(up, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
+    link.child_in.reset(down[0]);
+    link.parent_out.reset(down[1]);
+    link.parent_in.reset(up[0]);
+    link.child_out.reset(up[1]);
+  }
+  return link;
+}
+
+void raw_bytes_round_trip(benchmark::State& state, bool socket, std::size_t size) {
+  RawLink link = make_raw_link(socket);
+  std::vector<char> buffer(size, 'x');
+  {
+    ChildProcess child([&] {
+      link.parent_out.reset();
+      link.parent_in.reset();
+      std::vector<char> echo(size);
+      while (read_all(link.child_in.get(), echo.data(), size)) write_all(link.child_out.get(), echo.data(), size);
+    });
+    link.child_in.reset();
+    link.child_out.reset();
+    for (auto _ : state) {
+      write_all(link.parent_out.get(), buffer.data(), size);
+      read_all(link.parent_in.get(), buffer.data(), size);
+    }
+    link.parent_out.reset();  // EOF ends the child
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * size * 2));
+}
+
+void send_fd(int socket, int fd) {
+  char byte = 'f';
+  iovec part{&byte, 1};
+  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
+  msghdr message{};
+  message.msg_iov = &part;
+  message.msg_iovlen = 1;
+  message.msg_control = control.data();
+  message.msg_controllen = control.size();
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
+  if (::sendmsg(socket, &message, MSG_NOSIGNAL) != 1) throw std::runtime_error("sendmsg");
+}
+
+UniqueFd receive_fd(int socket) {
+  char byte = 0;
+  iovec part{&byte, 1};
+  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
+  msghdr message{};
+  message.msg_iov = &part;
+  message.msg_iovlen = 1;
+  message.msg_control = control.data();
+  message.msg_controllen = control.size();
+  if (::recvmsg(socket, &message, MSG_CMSG_CLOEXEC) <= 0) return UniqueFd();
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&message)), sizeof fd);
+  return UniqueFd(fd);
+}
+
+void raw_fd_mmap_round_trip(benchmark::State& state, std::size_t size) {
+  SharedMemory segment = SharedMemory::create(size);
+  RawLink link = make_raw_link(true);
+  {
+    ChildProcess child([&] {
+      link.parent_out.reset();
+      link.parent_in.reset();
+      while (UniqueFd fd = receive_fd(link.child_in.get())) {
+        Mapping mapping = Mapping::map_shared(fd.get(), size);
+        benchmark::DoNotOptimize(mapping.data());
+        mapping.reset();
+        fd.reset();
+        const char ack = 'a';
+        write_all(link.child_out.get(), &ack, 1);
+      }
+    });
+    link.child_in.reset();
+    link.child_out.reset();
+    char ack = 0;
+    for (auto _ : state) {
+      send_fd(link.parent_out.get(), segment.fd());
+      read_all(link.parent_in.get(), &ack, 1);
+    }
+    link.parent_out.reset();
+  }
+}
+
+// ---- ferry -----------------------------------------------------------------------
+
+struct TensorMessage {
+  Tensor tensor;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(tensor); }
+};
+
+void ferry_bytes_round_trip(benchmark::State& state, Transport transport, std::size_t size) {
+  using Bytes = std::vector<std::uint8_t>;
+  auto [ping_tx, ping_rx] = channel<Bytes>(transport);
+  auto [pong_tx, pong_rx] = channel<Bytes>(transport);
+  {
+    ChildProcess child([&] {
+      ping_tx.detach();
+      pong_rx.close();
+      pong_tx.adopt();
+      while (auto message = ping_rx.recv()) pong_tx.send(*message);
+      pong_tx.close();
+    });
+    ping_rx.close();
+    pong_tx.detach();
+    Bytes message(size, 1);
+    for (auto _ : state) {
+      ping_tx.send(message);
+      message = *pong_rx.recv();
+    }
+    ping_tx.close();
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * size * 2));
+}
+
+void ferry_tensor_round_trip(benchmark::State& state, Transport transport, bool new_storage, std::int64_t size) {
+  auto [ping_tx, ping_rx] = channel<TensorMessage>(transport);
+  auto [pong_tx, pong_rx] = channel<std::uint8_t>(transport);
+  {
+    ChildProcess child([&] {
+      ping_tx.detach();
+      pong_rx.close();
+      pong_tx.adopt();
+      while (auto message = ping_rx.recv()) pong_tx.send(static_cast<std::uint8_t>(message->tensor.numel() & 1));
+      pong_tx.close();
+    });
+    ping_rx.close();
+    pong_tx.detach();
+    // Creating a segment (memfd_create, fallocate, seal, mmap) and giving its pages back
+    // to the kernel are the allocator's costs, not the transport's: the new storages are
+    // made before the timed loop and freed after it. Making them inside the loop would
+    // also leave the peer idle for milliseconds, and a VM's idle vCPU wakes up slowly.
+    std::vector<Tensor> tensors;
+    const auto count = new_storage ? static_cast<std::size_t>(state.max_iterations) : 1;
+    for (std::size_t i = 0; i < count; ++i) tensors.push_back(Tensor::empty({size}, DType::UInt8, Device::SharedCpu));
+    std::size_t next = 0;
+    for (auto _ : state) {
+      ping_tx.send(TensorMessage{tensors[next]});
+      benchmark::DoNotOptimize(pong_rx.recv());
+      if (new_storage) ++next;
+    }
+    ping_tx.close();
+  }
+}
+
+// ---- registration ----------------------------------------------------------------
+
+std::string transport_label(Transport transport) { return std::string(transport_name(transport)); }
+
+// Each kept storage holds an fd in both processes: allow as many as the hard limit.
+void raise_fd_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+const bool registered = [] {
+  raise_fd_limit();
+  for (const bool socket : {false, true}) {
+    const std::string name = socket ? "unix_socket" : "pipe";
+    for (const std::int64_t size : {64, 4096, 65536, 1 << 20}) {
+      benchmark::RegisterBenchmark(("roundtrip/raw/" + name + "/bytes/" + std::to_string(size)).c_str(),
+                                   raw_bytes_round_trip, socket, static_cast<std::size_t>(size));
+    }
+  }
+  for (const std::int64_t size : {4096, 1 << 20, 64 << 20, 256 << 20}) {
+    benchmark::RegisterBenchmark(("roundtrip/raw/unix_socket/fd_mmap/" + std::to_string(size)).c_str(),
+                                 raw_fd_mmap_round_trip, static_cast<std::size_t>(size));
+  }
+  for (const Transport transport : {Transport::Pipe, Transport::UnixSocket}) {
+    const std::string name = transport_label(transport);
+    for (const std::int64_t size : {64, 4096, 65536, 1 << 20}) {
+      benchmark::RegisterBenchmark(("roundtrip/ferry/" + name + "/bytes/" + std::to_string(size)).c_str(),
+                                   ferry_bytes_round_trip, transport, static_cast<std::size_t>(size));
+    }
+    for (const std::int64_t size : {4096, 1 << 20, 64 << 20, 256 << 20}) {
+      // New segments of 64 MiB and more take milliseconds to create (outside the timing):
+      // a fixed number of iterations keeps the run short.
+      // A fixed number of iterations: every new storage stays alive until the loop ends.
+      const std::int64_t iterations = size >= (256 << 20) ? 10 : size >= (64 << 20) ? 40 : size >= (1 << 20) ? 300 : 1000;
+      benchmark::RegisterBenchmark(("roundtrip/ferry/" + name + "/tensor_new/" + std::to_string(size)).c_str(),
+                                   ferry_tensor_round_trip, transport, true, size)
+          ->Iterations(iterations);
+      benchmark::RegisterBenchmark(("roundtrip/ferry/" + name + "/tensor_same/" + std::to_string(size)).c_str(),
+                                   ferry_tensor_round_trip, transport, false, size);
+    }
+  }
+  return true;
+}();
+
+}  // namespace
+}  // namespace ferry::bench
