@@ -27,7 +27,9 @@ Storage::Storage(std::shared_ptr<Allocation> allocation, Device device, bool rec
     : allocation_(std::move(allocation)),
       device_(device),
       id_(g_next_storage_id.fetch_add(1, std::memory_order_relaxed)),
-      received_(received) {}
+      received_(received) {
+  shared_.store(allocation_ != nullptr && allocation_->shared_memory() != nullptr, std::memory_order_release);
+}
 
 Storage::~Storage() {
   if (sent_.load(std::memory_order_relaxed)) g_sent_storage_deaths.fetch_add(1, std::memory_order_release);
@@ -60,6 +62,7 @@ std::shared_ptr<Storage> Storage::adopt(std::shared_ptr<Allocation> allocation, 
 }
 
 void Storage::share_memory() {
+  if (shared_.load(std::memory_order_acquire)) return;  // the common case: no lock
   std::lock_guard lock(share_mutex_);
   if (device_.kind == DeviceKind::SharedCpu) return;
   if (device_.kind != DeviceKind::Cpu) {
@@ -74,6 +77,7 @@ void Storage::share_memory() {
   }
   allocation_ = std::move(shared);
   device_ = Device::SharedCpu;
+  shared_.store(allocation_ != nullptr, std::memory_order_release);
   if (allocation_ != nullptr) {
     if (auto self = weak_from_this().lock()) HandleCache::global().insert(shared_memory()->identity(), self);
   }

@@ -77,7 +77,7 @@ class Storage : public std::enable_shared_from_this<Storage> {
   const SharedMemory* shared_memory() const noexcept {
     return allocation_ ? allocation_->shared_memory() : nullptr;
   }
-  bool is_shared() const noexcept { return shared_memory() != nullptr; }
+  bool is_shared() const noexcept { return shared_.load(std::memory_order_acquire); }
   /// True when the storage was received from another process.
   bool received() const noexcept { return received_; }
 
@@ -103,6 +103,7 @@ class Storage : public std::enable_shared_from_this<Storage> {
   std::uint64_t id_;
   bool received_;
   std::atomic<bool> sent_{false};
+  std::atomic<bool> shared_{false};  // set once the allocation is shared memory
   std::mutex share_mutex_;
 };
 

@@ -1,0 +1,64 @@
+// The CPU cost of turning a message into a frame and back, without any transport: what
+// ferry adds to a round trip on top of the system calls of its transport.
+#include <benchmark/benchmark.h>
+#include <fcntl.h>
+
+#include <cstring>
+#include <deque>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace ferry::bench {
+namespace {
+
+struct TensorMessage {
+  Tensor tensor;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(tensor); }
+};
+
+// Encodes `message`, flattens the frame as a transport would, decodes and reads it back.
+template <class T>
+void encode_decode(benchmark::State& state, const T& message) {
+  MessageEncoder encoder(HandlePassing::FdPassing);
+  MessageDecoder decoder(type_fingerprint<T>(), type_name<T>());
+  std::deque<UniqueFd> fds;
+  std::vector<std::byte> bytes;
+  for (auto _ : state) {
+    const EncodedFrame& frame = encoder.encode(message);
+    bytes.clear();
+    for (const iovec& part : frame.iovecs()) {
+      const auto* begin = static_cast<const std::byte*>(part.iov_base);
+      bytes.insert(bytes.end(), begin, begin + part.iov_len);
+    }
+    for (const int fd : frame.fds) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    encoder.commit();
+    FrameHeader header;
+    std::memcpy(&header, bytes.data(), sizeof header);
+    validate_header(header, FrameLimits{});
+    decoder.decode(header, std::span<const std::byte>(bytes).subspan(sizeof header), fds);
+    benchmark::DoNotOptimize(decoder.read<T>());
+  }
+}
+
+void codec_bytes(benchmark::State& state) {
+  encode_decode(state, std::vector<std::uint8_t>(static_cast<std::size_t>(state.range(0)), 1));
+}
+
+void codec_tensor_leased(benchmark::State& state) {
+  encode_decode(state, TensorMessage{Tensor::zeros({1024}, DType::Float32, Device::SharedCpu)});
+}
+
+void codec_ten_tensors_leased(benchmark::State& state) {
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 10; ++i) tensors.push_back(Tensor::zeros({1024}, DType::Float32, Device::SharedCpu));
+  encode_decode(state, tensors);
+}
+
+BENCHMARK(codec_bytes)->Name("codec/bytes")->Arg(64)->Arg(4096);
+BENCHMARK(codec_tensor_leased)->Name("codec/tensor_leased");
+BENCHMARK(codec_ten_tensors_leased)->Name("codec/ten_tensors_leased");
+
+}  // namespace
+}  // namespace ferry::bench
