@@ -12,11 +12,31 @@
 
 namespace ferry::bench {
 
+namespace {
+
+void pin_to(int cpu) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  (void)::sched_setaffinity(0, sizeof set, &set);  // best effort: an unpinned run is still valid
+}
+
+}  // namespace
+
 ChildProcess::ChildProcess(const std::function<void()>& body) {
   std::fflush(nullptr);
+  cpu_set_t allowed;
+  const bool pin = ::sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) >= 2;
+  int first = -1, last = -1;
+  for (int cpu = 0; pin && cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    if (first < 0) first = cpu;
+    last = cpu;
+  }
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
+    if (pin) pin_to(last);
     int status = 0;
     try {
       body();
@@ -26,9 +46,15 @@ ChildProcess::ChildProcess(const std::function<void()>& body) {
     }
     ::_exit(status);
   }
+  if (pin) {
+    saved_affinity_ = allowed;
+    restore_affinity_ = true;
+    pin_to(first);
+  }
 }
 
 ChildProcess::~ChildProcess() {
+  if (restore_affinity_) (void)::sched_setaffinity(0, sizeof saved_affinity_, &saved_affinity_);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   int status = 0;
   while (::waitpid(pid_, &status, WNOHANG) == 0) {
