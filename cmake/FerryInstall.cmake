@@ -1,0 +1,19 @@
+# `cmake --install` puts the library, its headers and a CMake package in the prefix, so that
+# another project can use `find_package(ferry)` and link `ferry::ferry`.
+include(CMakePackageConfigHelpers)
+
+install(TARGETS ferry EXPORT ferryTargets
+        ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+        LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+foreach(layer runtime serialization channels)
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/ferry DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+endforeach()
+install(EXPORT ferryTargets NAMESPACE ferry:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ferry)
+
+configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/ferryConfig.cmake.in
+                              ${PROJECT_BINARY_DIR}/ferryConfig.cmake
+                              INSTALL_DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ferry)
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/ferryConfigVersion.cmake
+                                 COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/ferryConfig.cmake ${PROJECT_BINARY_DIR}/ferryConfigVersion.cmake
+        DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ferry)
