@@ -177,6 +177,44 @@ TEST_P(ChannelTest, SameStorageSentManyTimesIsMappedOnce) {
   EXPECT_TRUE(child_succeeded(child));
 }
 
+TEST_P(ChannelTest, EchoedStorageTravelsAsALeaseBothWays) {
+  auto [ping_tx, ping_rx] = channel<Batch>(GetParam());
+  auto [pong_tx, pong_rx] = channel<Batch>(GetParam());
+  const pid_t child = fork_child([&, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
+    ping_tx.detach();
+    pong_rx.close();
+    pong_tx.adopt();
+    const void* first = nullptr;
+    std::uint64_t first_id = 0;
+    while (auto batch = ping_rx.recv()) {
+      if (first == nullptr) {
+        first = batch->images.data_ptr();
+        first_id = batch->images.storage()->id();
+      }
+      // Dropped after each echo, yet the storage keeps its identity while the sender holds it.
+      CHILD_CHECK(batch->images.data_ptr() == first);
+      CHILD_CHECK(batch->images.storage()->id() == first_id);
+      pong_tx.send(*batch);
+    }
+    CHILD_CHECK(pong_tx.core().storages_passed() == 1);
+    pong_tx.close();
+  });
+  ping_rx.close();
+  pong_tx.detach();
+  Tensor shared = patterned(DType::Int32, {64}, 3);
+  for (int i = 0; i < 50; ++i) {
+    ping_tx.send(Batch{i, "", shared, {shared.slice(0, 1, 9)}});
+    auto back = pong_rx.recv();
+    ASSERT_TRUE(back.has_value());
+    EXPECT_EQ(back->images.storage(), shared.storage());  // our own storage came back
+    EXPECT_TRUE(back->extra.at(0).shares_storage_with(shared));
+  }
+  EXPECT_EQ(ping_tx.core().storages_passed(), 1u);
+  ping_tx.close();
+  EXPECT_FALSE(pong_rx.recv().has_value());
+  EXPECT_TRUE(child_succeeded(child));
+}
+
 TEST_P(ChannelTest, NewStorageEachTimeIsReleasedWhenTheSenderDropsIt) {
   auto [tx, rx] = channel<Batch>(GetParam());
   auto [reply_tx, reply_rx] = channel<int>(GetParam());

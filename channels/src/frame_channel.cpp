@@ -93,6 +93,11 @@ std::size_t SenderCore::tracked_storages() {
   return encoder_.tracked_storages();
 }
 
+std::uint64_t SenderCore::storages_passed() {
+  std::lock_guard lock(mutex_);
+  return encoder_.storages_passed();
+}
+
 // ---- receiver ----------------------------------------------------------------
 
 ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,

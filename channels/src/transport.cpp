@@ -28,6 +28,13 @@ std::string_view transport_name(Transport transport) {
   return "invalid";
 }
 
+Transport transport_from_name(std::string_view name) {
+  for (const Transport transport : {Transport::Pipe, Transport::UnixSocket, Transport::ShmRing, Transport::InProcess}) {
+    if (transport_name(transport) == name) return transport;
+  }
+  throw Error("unknown transport '" + std::string(name) + "'; use pipe, unix_socket, shm_ring or in_process");
+}
+
 std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(Transport transport,
                                                                                    const FrameLimits& limits,
                                                                                    std::size_t /*ring_capacity*/) {

@@ -35,6 +35,10 @@ Storage::~Storage() {
   if (sent_.load(std::memory_order_relaxed)) g_sent_storage_deaths.fetch_add(1, std::memory_order_release);
 }
 
+void Storage::announce_dropped() noexcept {
+  if (sent_.load(std::memory_order_relaxed)) g_sent_storage_deaths.fetch_add(1, std::memory_order_release);
+}
+
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
   switch (device.kind) {
     case DeviceKind::Cpu:

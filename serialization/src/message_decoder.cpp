@@ -106,8 +106,8 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
       wants_acknowledgement_ = true;
     }
     if (entry.slot >= leases_.size()) leases_.resize(entry.slot + 1);
-    leases_[entry.slot] = Lease{storage->shared_allocation(), storage};
-    storages_.push_back(std::move(storage));
+    leases_[entry.slot] = make_lease(storage);
+    storages_.push_back(resolve_lease(leases_[entry.slot]));
   }
   if (next_fd != frame_fds.size()) {
     throw ProtocolError("frame carries " + std::to_string(frame_fds.size()) + " fds but only " +
@@ -157,13 +157,35 @@ std::shared_ptr<Storage> MessageDecoder::open_proc_fd(const HandleEntry& entry) 
   return HandleCache::global().insert(claimed, storage);
 }
 
+MessageDecoder::Lease MessageDecoder::make_lease(const std::shared_ptr<Storage>& storage) {
+  Lease lease;
+  lease.allocation = storage->shared_allocation();
+  if (storage->received()) {
+    lease.core = storage;
+  } else {
+    lease.handle = storage;  // our own storage: hand out the creator's object while it lives
+  }
+  return lease;
+}
+
 std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
-  if (auto storage = lease.storage.lock()) return storage;
-  // The receiver dropped every view of it, but the sender still holds it: wrap the same
-  // mapping again (no fd, no mmap).
-  auto storage = Storage::adopt(lease.allocation, true);
-  lease.storage = storage;
-  return storage;
+  if (auto handle = lease.handle.lock()) return handle;
+  std::shared_ptr<Storage> handle;
+  if (lease.core) {
+    // A new handle on the same Storage object: same address, same id. When the user drops
+    // its last handle, the deleter announces it like a death, so that senders that track
+    // this storage release it (the core itself lives on in the lease).
+    handle = std::shared_ptr<Storage>(lease.core.get(), [core = lease.core](Storage*) mutable {
+      core->announce_dropped();
+      core.reset();
+    });
+  } else {
+    // Our own storage, dropped by every user here, but still held by the sender: wrap the
+    // same mapping again (no fd, no mmap).
+    handle = Storage::adopt(lease.allocation, true);
+  }
+  lease.handle = handle;
+  return handle;
 }
 
 void MessageDecoder::release_all() noexcept {

@@ -51,6 +51,12 @@ std::uint32_t MessageEncoder::take_slot() {
 }
 
 const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
+  // A storage of this frame that the receiver still leases keeps its slot even if the
+  // handle recorded for it died meanwhile (a receiver re-resolved it into a new handle on
+  // the same Storage): refresh the handle before dead entries are collected.
+  for (const auto& storage : storages_) {
+    if (auto it = sent_.find(storage->id()); it != sent_.end()) it->second.storage = storage;
+  }
   collect_dead_storages();
   const pid_t pid = passing_ == HandlePassing::ProcFd && !storages_.empty() ? ::getpid() : 0;
   for (const auto& storage : storages_) {
@@ -78,6 +84,7 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
       sent_.emplace(storage->id(), SentStorage{entry.slot, storage});
       new_storage_ids_.push_back(storage->id());
       storage->mark_sent();
+      ++storages_passed_;
     }
     entries_.push_back(entry);
   }
@@ -130,6 +137,7 @@ void MessageEncoder::commit() {
 void MessageEncoder::rollback() {
   // The receiver never saw the frame: forget the storages it introduced and give their
   // slots back; releases stay unannounced for the next frame.
+  storages_passed_ -= new_storage_ids_.size();
   for (const std::uint64_t id : new_storage_ids_) {
     if (auto it = sent_.find(id); it != sent_.end()) {
       free_slots_.push_back(it->second.slot);

@@ -65,6 +65,8 @@ class SenderCore {
   FrameWriter& writer() noexcept { return *writer_; }
   /// Storages the receiver leases from this end (for tests and statistics).
   std::size_t tracked_storages();
+  /// Storages passed by fd or /proc path so far (a repeat send of a leased one is not).
+  std::uint64_t storages_passed();
 
  private:
   void ensure_open() const;

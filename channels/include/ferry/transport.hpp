@@ -29,6 +29,9 @@ enum class Transport {
 /// "pipe", "unix_socket", "shm_ring" or "in_process".
 std::string_view transport_name(Transport transport);
 
+/// The transport called `name` (as transport_name() spells it); throws Error otherwise.
+Transport transport_from_name(std::string_view name);
+
 /// Outcome of FrameReader::read.
 enum class ReadStatus {
   Frame,    ///< a whole frame was read

@@ -65,14 +65,22 @@ class MessageDecoder {
   std::uint64_t expected_fingerprint_;
   std::string_view expected_type_name_;
   std::string peer_type_name_;
-  // A lease keeps the memory of a storage the sender still holds. It owns the allocation,
-  // never the Storage object: if leases kept Storage objects alive, a storage passed back
-  // and forth between two processes would keep itself alive through both leases.
+  // A lease keeps a storage the sender still holds. For a storage received from another
+  // process it owns the Storage object itself (the "core"), so that the storage keeps its
+  // identity across messages, and hands the user *handles*: shared_ptrs with their own
+  // control block that point at the core. The sender's encoder watches the handle, so the
+  // storage counts as dropped once the user dropped every handle, even though the lease
+  // still owns the core. For a storage that this process created itself (a tensor sent back
+  // to its creator), the lease owns only the allocation: owning the creator's Storage
+  // object would keep it alive through the lease and its release would never be
+  // announced, keeping both processes' leases alive forever.
   struct Lease {
     std::shared_ptr<Allocation> allocation;
-    std::weak_ptr<Storage> storage;  // the receiver's Storage object while it lives
+    std::shared_ptr<Storage> core;   // received storages only
+    std::weak_ptr<Storage> handle;   // what the user holds, while it lives
     explicit operator bool() const noexcept { return allocation != nullptr; }
   };
+  static Lease make_lease(const std::shared_ptr<Storage>& storage);
   std::shared_ptr<Storage> resolve_lease(Lease& lease);
 
   std::vector<Lease> leases_;  // by slot

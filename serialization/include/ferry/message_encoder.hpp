@@ -76,6 +76,9 @@ class MessageEncoder {
   std::uint64_t newest_awaited_sequence() const noexcept { return keepalive_.empty() ? 0 : keepalive_.back().first; }
   /// Storages the receiver currently leases from this sender, as far as it knows.
   std::size_t tracked_storages() const noexcept { return sent_.size(); }
+  /// Storages passed so far by fd or /proc path (not as leases): each cost the receiver
+  /// an fd and, unless it already mapped the segment, an mmap.
+  std::uint64_t storages_passed() const noexcept { return storages_passed_; }
 
  private:
   struct SentStorage {
@@ -91,6 +94,7 @@ class MessageEncoder {
   std::uint64_t next_sequence_ = 1;
   bool type_name_sent_ = false;
   std::uint64_t seen_deaths_ = 0;
+  std::uint64_t storages_passed_ = 0;
 
   std::unordered_map<std::uint64_t, SentStorage> sent_;  // by Storage::id()
   std::vector<std::uint32_t> unannounced_releases_;       // slots whose storage died

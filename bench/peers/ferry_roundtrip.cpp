@@ -1,0 +1,107 @@
+// ferry side of bench/peers/compare: the same round trips as torch_roundtrip.py
+// (parent -> child -> parent, the child sends the message back), over one transport.
+//
+// Usage: ferry_roundtrip TRANSPORT [ITERATIONS_SCALE]
+// Prints one JSON object: {"ferry/<transport>/<case>/<bytes>": [microseconds, ...], ...}
+// Cases (float32 tensors; the timed part starts before the tensor is created):
+//   same         the same shared tensor sent again and again
+//   new_shared   a new tensor allocated in shared memory each time (ferry's way)
+//   new_private  a new private (heap) tensor each time: send moves it into shared memory
+//   ten_small    a message of the same 10 shared tensors of 4 KiB each
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+
+namespace {
+
+using ferry::Device;
+using ferry::DType;
+using ferry::Tensor;
+using Message = std::vector<Tensor>;
+using Clock = std::chrono::steady_clock;
+
+int iterations_for(std::int64_t size, double scale) {
+  const int base = size <= (1 << 20) ? 200 : size <= (64 << 20) ? 8 : 4;
+  return std::max(2, static_cast<int>(base * scale));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  if (argc < 2) throw std::runtime_error("usage: ferry_roundtrip TRANSPORT [ITERATIONS_SCALE]");
+  const ferry::Transport transport = ferry::transport_from_name(argv[1]);
+  const double scale = argc > 2 ? std::stod(argv[2]) : 1.0;
+  const std::string prefix = "ferry/" + std::string(argv[1]) + "/";
+
+  auto [ping_tx, ping_rx] = ferry::channel<Message>(transport);
+  auto [pong_tx, pong_rx] = ferry::channel<Message>(transport);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ping_tx.detach();
+    pong_rx.close();
+    pong_tx.adopt();
+    while (auto message = ping_rx.recv()) pong_tx.send(*message);
+    pong_tx.close();
+    ::_exit(0);
+  }
+  ping_rx.close();
+  pong_tx.detach();
+
+  std::map<std::string, std::vector<double>> results;
+  auto measure = [&](const std::string& name, const std::function<Message()>& make, int count) {
+    std::vector<double> samples;
+    for (int i = 0; i <= count; ++i) {
+      const auto start = Clock::now();
+      {
+        Message message = make();
+        ping_tx.send(message);
+        Message back = pong_rx.recv().value();
+      }
+      const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+      if (i > 0) samples.push_back(us);  // the first one warms up the connection
+    }
+    results[prefix + name] = std::move(samples);
+  };
+
+  for (const std::int64_t size : {std::int64_t{4096}, std::int64_t{1} << 20, std::int64_t{64} << 20,
+                                  std::int64_t{256} << 20}) {
+    const int count = iterations_for(size, scale);
+    const std::string bytes = std::to_string(size);
+    Tensor same = Tensor::zeros({size / 4}, DType::Float32, Device::SharedCpu);
+    measure("same/" + bytes, [&] { return Message{same}; }, count);
+    measure("new_shared/" + bytes, [&] { return Message{Tensor::zeros({size / 4}, DType::Float32, Device::SharedCpu)}; },
+            count);
+    measure("new_private/" + bytes, [&] { return Message{Tensor::zeros({size / 4}, DType::Float32, Device::Cpu)}; },
+            count);
+  }
+  Message small;
+  for (int i = 0; i < 10; ++i) small.push_back(Tensor::zeros({1024}, DType::Float32, Device::SharedCpu));
+  measure("ten_small/40960", [&] { return small; }, iterations_for(4096, scale));
+
+  ping_tx.close();
+  int status = 0;
+  ::waitpid(child, &status, 0);
+
+  std::printf("{");
+  bool first = true;
+  for (const auto& [name, samples] : results) {
+    std::printf("%s\"%s\": [", first ? "" : ", ", name.c_str());
+    for (std::size_t i = 0; i < samples.size(); ++i) std::printf("%s%.3f", i ? ", " : "", samples[i]);
+    std::printf("]");
+    first = false;
+  }
+  std::printf("}\n");
+  return 0;
+} catch (const std::exception& error) {
+  std::fprintf(stderr, "ferry_roundtrip: %s\n", error.what());
+  return 1;
+}
