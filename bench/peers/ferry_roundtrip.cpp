@@ -5,8 +5,9 @@
 // Prints one JSON object: {"ferry/<transport>/<case>/<bytes>": [microseconds, ...], ...}
 // Cases (float32 tensors; the timed part starts before the tensor is created):
 //   same         the same shared tensor sent again and again
-//   new_shared   a new tensor allocated in shared memory each time (ferry's way)
-//   new_private  a new private (heap) tensor each time: send moves it into shared memory
+//   new_shared   a new tensor (Tensor::empty) allocated in shared memory each time: ferry's way
+//   new_private  a new private (heap) tensor (Tensor::empty) each time: send copies it into
+//                shared memory, as torch does
 //   ten_small    a message of the same 10 shared tensors of 4 KiB each
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -78,9 +79,9 @@ int main(int argc, char** argv) try {
     const std::string bytes = std::to_string(size);
     Tensor same = Tensor::zeros({size / 4}, DType::Float32, Device::SharedCpu);
     measure("same/" + bytes, [&] { return Message{same}; }, count);
-    measure("new_shared/" + bytes, [&] { return Message{Tensor::zeros({size / 4}, DType::Float32, Device::SharedCpu)}; },
+    measure("new_shared/" + bytes, [&] { return Message{Tensor::empty({size / 4}, DType::Float32, Device::SharedCpu)}; },
             count);
-    measure("new_private/" + bytes, [&] { return Message{Tensor::zeros({size / 4}, DType::Float32, Device::Cpu)}; },
+    measure("new_private/" + bytes, [&] { return Message{Tensor::empty({size / 4}, DType::Float32, Device::Cpu)}; },
             count);
   }
   Message small;

@@ -7,7 +7,7 @@ Prints one JSON object: {"torch/<strategy>/<case>/<bytes>": [microseconds, ...],
 Cases (the tensor is float32; the timed part starts before the tensor is created, so
 what torch must do to get a tensor into shared memory is counted):
   same        the same tensor sent again and again
-  new         a new private tensor each time (torch copies it into shared memory)
+  new         a new private tensor (torch.empty) each time: torch copies it into shared memory
   ten_small   a message (list) of the same 10 tensors of 4 KiB each
 """
 import json
@@ -60,7 +60,7 @@ def main():
         same = torch.zeros(size // 4, dtype=torch.float32)
         same.share_memory_()
         measure(f"torch/{strategy}/same/{size}", lambda: same, count)
-        measure(f"torch/{strategy}/new/{size}", lambda: torch.zeros(size // 4, dtype=torch.float32), count)
+        measure(f"torch/{strategy}/new/{size}", lambda: torch.empty(size // 4, dtype=torch.float32), count)
         del same
     small = [torch.zeros(1024, dtype=torch.float32) for _ in range(10)]
     for tensor in small:
