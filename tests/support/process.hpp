@@ -42,3 +42,10 @@ ChildExit wait_child(pid_t pid, std::chrono::milliseconds timeout = std::chrono:
 bool child_succeeded(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
 }  // namespace ferry::test
+
+namespace ferry::test {
+
+/// True when this process has no child processes at all (running or zombie).
+bool has_no_children();
+
+}  // namespace ferry::test
