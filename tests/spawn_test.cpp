@@ -116,6 +116,9 @@ FERRY_WORKER(report_pid_and_wait);
 
 void never_registered(WorkerContext&, int) {}
 
+void noexcept_worker(WorkerContext& context, Sender<int> out) noexcept { out.send(context.world_size()); }
+FERRY_WORKER(noexcept_worker);
+
 // ---- fixture -----------------------------------------------------------------------
 
 class SpawnTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<StartMethod> {
@@ -175,6 +178,13 @@ TEST_P(SpawnTest, SpawnByName) {
   ASSERT_TRUE(greeting.has_value());
   EXPECT_EQ(greeting->text, "by name");
   EXPECT_EQ(greeting->number, 7);
+  workers.join();
+}
+
+TEST_P(SpawnTest, NoexceptFunctionsAreWorkersToo) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  auto workers = spawn(options(), 1, noexcept_worker, std::move(tx));
+  EXPECT_EQ(rx.recv().value(), 1);
   workers.join();
 }
 
@@ -401,6 +411,28 @@ TEST(SpawnMethodTest, RequiresRegisteredFunctionsAndFreshEnds) {
   (void)rx.recv();
   expect_spawn_error([&, &rx = rx] { (void)spawn(opts, 1, wait_for_message, std::move(rx)); },
                      "already carried messages");
+}
+
+TEST(EndDescriptionTest, RebuildingAsAnotherTypeOrRoleIsATypeMismatch) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  const EndDescription sender = describe_end(tx);
+  EXPECT_EQ(sender.role, EndRole::Sender);
+  EXPECT_EQ(sender.fds.size(), 2u);
+  EXPECT_THROW((void)sender_from_description<float>(sender), TypeMismatch);
+  EXPECT_THROW((void)receiver_from_description<int>(sender), TypeMismatch);
+  // Neither attempt took the descriptors: the channel still works.
+  tx.send(5);
+  EXPECT_EQ(rx.recv().value(), 5);
+}
+
+TEST(EndDescriptionTest, TransportsCheckWhatTheyAreRebuiltFrom) {
+  try {
+    (void)reader_from_descriptors(Transport::InProcess, {}, FrameLimits{}, 0);
+    FAIL() << "an in_process end was rebuilt from descriptors";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("in_process"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW((void)writer_from_descriptors(Transport::UnixSocket, {}, FrameLimits{}, 0), ProtocolError);
 }
 
 TEST(SpawnForkTest, RunsLambdasWithCaptures) {

@@ -183,6 +183,8 @@ template <class R, class... P>
 struct FunctionTraits<R (*)(WorkerContext&, P...)> : std::true_type {
   using Values = std::tuple<std::decay_t<P>...>;
 };
+template <class R, class... P>
+struct FunctionTraits<R (*)(WorkerContext&, P...) noexcept> : FunctionTraits<R (*)(WorkerContext&, P...)> {};
 
 template <class... V>
 inline constexpr bool all_cross_exec = (crosses_exec<V> && ...);
