@@ -84,6 +84,10 @@ WorkerGroup::WorkerGroup(int world_size, const SpawnOptions& options) : options_
     throw SpawnError("cannot spawn " + std::to_string(world_size) + " workers: the number of workers must be at least 1");
   }
   if (options.termination_grace.count() < 0) throw SpawnError("SpawnOptions::termination_grace must not be negative");
+  if (options.parent_death_signal <= 0 || options.parent_death_signal >= NSIG) {
+    throw SpawnError("SpawnOptions::parent_death_signal must be a signal number (SIGKILL, SIGTERM ...), not " +
+                     std::to_string(options.parent_death_signal) + ": workers must never outlive their parent");
+  }
   if (options.start_method == StartMethod::Spawn && detail::recorded_arguments() == nullptr) throw_missing_init();
   struct sigaction current {};
   if (::sigaction(SIGCHLD, nullptr, &current) != 0) throw_errno("sigaction(SIGCHLD)");
