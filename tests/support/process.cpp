@@ -70,10 +70,6 @@ bool child_succeeded(pid_t pid, std::chrono::milliseconds timeout) {
   return false;
 }
 
-}  // namespace ferry::test
-
-namespace ferry::test {
-
 bool has_no_children() {
   siginfo_t info{};
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 && errno == ECHILD;

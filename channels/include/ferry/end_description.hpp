@@ -38,6 +38,8 @@ struct EndDescription {
 };
 
 namespace detail {
+// The untyped halves of describe_end / sender_from_description / receiver_from_description:
+// `fingerprint` and `type_name` are those of the end's message type.
 EndDescription describe_sender(SenderCore& core, std::uint64_t fingerprint, std::string_view type_name);
 EndDescription describe_receiver(ReceiverCore& core, std::uint64_t fingerprint, std::string_view type_name);
 std::unique_ptr<SenderCore> rebuild_sender(const EndDescription& description, std::uint64_t fingerprint,

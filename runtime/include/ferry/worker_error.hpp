@@ -30,10 +30,11 @@ enum class WorkerFailure {
 /// "worker 2 of 4 (pid 1234) failed: std::runtime_error: bad input".
 class WorkerFailed : public Error {
  public:
+  /// Everything known about the failure; what() is composed from it.
   struct Details {
-    int rank = -1;
-    int world_size = 0;
-    pid_t pid = -1;
+    int rank = -1;               ///< the failed worker's rank
+    int world_size = 0;          ///< the size of its group
+    pid_t pid = -1;              ///< its process id
     WorkerFailure failure = WorkerFailure::ExitCode;
     int exit_code = 0;           ///< the exit status (ExitCode, also set for Exception)
     int signal = 0;              ///< the signal (Signal)
@@ -42,6 +43,7 @@ class WorkerFailed : public Error {
     int terminated_siblings = 0; ///< how many other workers were still running and were terminated
   };
 
+  /// Builds the error and its message ("worker 2 of 4 (pid 1234) failed: ...").
   explicit WorkerFailed(Details details);
 
   int rank() const noexcept { return details_.rank; }
