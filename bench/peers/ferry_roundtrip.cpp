@@ -39,12 +39,13 @@ int iterations_for(std::int64_t size, double scale) {
 
 int main(int argc, char** argv) try {
   if (argc < 2) throw std::runtime_error("usage: ferry_roundtrip TRANSPORT [ITERATIONS_SCALE]");
-  const ferry::Transport transport = ferry::transport_from_name(argv[1]);
+  const auto transport = ferry::transport_from_name(argv[1]);
+  if (!transport) throw std::runtime_error("unknown transport '" + std::string(argv[1]) + "'");
   const double scale = argc > 2 ? std::stod(argv[2]) : 1.0;
   const std::string prefix = "ferry/" + std::string(argv[1]) + "/";
 
-  auto [ping_tx, ping_rx] = ferry::channel<Message>(transport);
-  auto [pong_tx, pong_rx] = ferry::channel<Message>(transport);
+  auto [ping_tx, ping_rx] = ferry::channel<Message>(*transport);
+  auto [pong_tx, pong_rx] = ferry::channel<Message>(*transport);
   const pid_t child = ::fork();
   if (child == 0) {
     ping_tx.detach();

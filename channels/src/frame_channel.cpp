@@ -11,9 +11,12 @@ SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport,
       encoder_(writer_->passes_fds() ? HandlePassing::FdPassing : HandlePassing::ProcFd),
       transport_(transport),
       options_(options),
-      owner_(::getpid()) {}
+      owner_(::getpid()) {
+  track();
+}
 
 SenderCore::~SenderCore() {
+  untrack();
   if (open_ && owner_ == ::getpid()) {
     try {
       close();
@@ -33,6 +36,7 @@ void SenderCore::collect_acknowledgements() {
 }
 
 bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadline) {
+  used_ = true;
   bool written = false;
   try {
     written = writer_->write(frame.iovecs(), frame.fds, deadline);
@@ -88,6 +92,11 @@ void SenderCore::detach() noexcept {
   writer_->close();
 }
 
+void SenderCore::abandon_in_child() noexcept {
+  open_ = false;
+  writer_->close();
+}
+
 std::size_t SenderCore::tracked_storages() {
   std::lock_guard lock(mutex_);
   return encoder_.tracked_storages();
@@ -101,10 +110,15 @@ std::uint64_t SenderCore::storages_passed() {
 // ---- receiver ----------------------------------------------------------------
 
 ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
-                           std::string_view type_name)
-    : reader_(std::move(reader)), decoder_(fingerprint, type_name), transport_(transport) {}
+                           std::string_view type_name, const ChannelOptions& options)
+    : reader_(std::move(reader)), decoder_(fingerprint, type_name), transport_(transport), options_(options) {
+  track();
+}
 
-ReceiverCore::~ReceiverCore() { close(); }
+ReceiverCore::~ReceiverCore() {
+  untrack();
+  close();
+}
 
 void ReceiverCore::mark_broken(const std::string& reason) {
   broken_ = reason;
@@ -117,6 +131,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     throw ProtocolError("this Receiver is broken after an earlier protocol error: " + broken_);
   }
   if (!open_) return ReadStatus::Closed;
+  used_ = true;
   try {
     const ReadStatus status = reader_->read(header_, payload_, fds_, deadline);
     if (status == ReadStatus::Closed) decoder_.release_all();
@@ -137,6 +152,22 @@ void ReceiverCore::close() noexcept {
   std::lock_guard lock(mutex_);
   open_ = false;
   decoder_.release_all();
+  fds_.clear();
+  reader_->close();
+}
+
+bool ReceiverCore::has_buffered_frame() {
+  std::lock_guard lock(mutex_);
+  return !open_ || !broken_.empty() || reader_->has_buffered_frame();
+}
+
+int ReceiverCore::readiness_fd() {
+  std::lock_guard lock(mutex_);
+  return open_ ? reader_->readiness_fd() : -1;
+}
+
+void ReceiverCore::abandon_in_child() noexcept {
+  open_ = false;
   fds_.clear();
   reader_->close();
 }

@@ -272,6 +272,16 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
   return ReadStatus::Frame;
 }
 
+bool StreamFrameReader::has_buffered_frame() const {
+  if (!stream_ || peer_closed_) return true;  // read() returns Closed at once
+  if (in_frame_) return frame_filled_ == frame_payload_.size();
+  if (buffered() < sizeof(FrameHeader)) return false;
+  FrameHeader header;
+  std::memcpy(&header, buffer_.data() + begin_, sizeof header);
+  if (header.magic != kFrameMagic) return true;  // read() reports the bad frame at once
+  return buffered() - sizeof header >= payload_bytes(header);
+}
+
 void StreamFrameReader::acknowledge(std::uint64_t sequence) {
   if (!acknowledgements_) return;
   while (::write(acknowledgements_.get(), &sequence, sizeof sequence) < 0) {

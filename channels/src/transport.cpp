@@ -16,6 +16,23 @@ std::pair<UniqueFd, UniqueFd> make_pipe(int flags) {
   return {UniqueFd(ends[0]), UniqueFd(ends[1])};
 }
 
+void expect_descriptors(Transport transport, const std::vector<UniqueFd>& fds, std::size_t count,
+                        const char* role) {
+  if (fds.size() != count) {
+    throw ProtocolError("a " + std::string(transport_name(transport)) + " " + role + " is rebuilt from " +
+                        std::to_string(count) + " descriptors, not " + std::to_string(fds.size()));
+  }
+}
+
+[[noreturn]] void throw_cannot_cross(Transport transport) {
+  if (transport == Transport::InProcess) {
+    throw Error("an in_process channel moves values between threads of one process and cannot reach another "
+                "process; create the channel with Transport::Pipe, UnixSocket or ShmRing");
+  }
+  throw Error("transport " + std::string(transport_name(transport)) +
+              " cannot be rebuilt in another process in this build");
+}
+
 }  // namespace
 
 std::string_view transport_name(Transport transport) {
@@ -28,11 +45,12 @@ std::string_view transport_name(Transport transport) {
   return "invalid";
 }
 
-Transport transport_from_name(std::string_view name) {
-  for (const Transport transport : {Transport::Pipe, Transport::UnixSocket, Transport::ShmRing, Transport::InProcess}) {
+std::optional<Transport> transport_from_name(std::string_view name) {
+  for (const Transport transport :
+       {Transport::Pipe, Transport::UnixSocket, Transport::ShmRing, Transport::InProcess}) {
     if (transport_name(transport) == name) return transport;
   }
-  throw Error("unknown transport '" + std::string(name) + "'; use pipe, unix_socket, shm_ring or in_process");
+  return std::nullopt;
 }
 
 std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(Transport transport,
@@ -60,6 +78,38 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
     case Transport::InProcess: break;
   }
   throw Error("transport " + std::string(transport_name(transport)) + " is not available in this build yet");
+}
+
+std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
+                                                     const FrameLimits& /*limits*/, std::size_t /*ring_capacity*/) {
+  switch (transport) {
+    case Transport::Pipe:  // data pipe's write end, acknowledgement pipe's read end
+      expect_descriptors(transport, fds, 2, "writer");
+      ignore_sigpipe();
+      return std::make_unique<StreamFrameWriter>(std::move(fds[0]), std::move(fds[1]), false);
+    case Transport::UnixSocket:
+      expect_descriptors(transport, fds, 1, "writer");
+      return std::make_unique<StreamFrameWriter>(std::move(fds[0]), UniqueFd(), true);
+    case Transport::ShmRing:
+    case Transport::InProcess: break;
+  }
+  throw_cannot_cross(transport);
+}
+
+std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
+                                                     const FrameLimits& limits, std::size_t /*ring_capacity*/) {
+  switch (transport) {
+    case Transport::Pipe:  // data pipe's read end, acknowledgement pipe's write end
+      expect_descriptors(transport, fds, 2, "reader");
+      ignore_sigpipe();
+      return std::make_unique<StreamFrameReader>(std::move(fds[0]), std::move(fds[1]), false, limits);
+    case Transport::UnixSocket:
+      expect_descriptors(transport, fds, 1, "reader");
+      return std::make_unique<StreamFrameReader>(std::move(fds[0]), UniqueFd(), true, limits);
+    case Transport::ShmRing:
+    case Transport::InProcess: break;
+  }
+  throw_cannot_cross(transport);
 }
 
 }  // namespace ferry

@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -67,6 +68,11 @@ bool child_succeeded(pid_t pid, std::chrono::milliseconds timeout) {
   if (result.exited && result.code == 0) return true;
   std::fprintf(stderr, "child %d %s\n", pid, result.describe().c_str());
   return false;
+}
+
+bool has_no_children() {
+  siginfo_t info{};
+  return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 && errno == ECHILD;
 }
 
 }  // namespace ferry::test

@@ -38,6 +38,9 @@ struct ChildExit {
 /// Waits for `pid` (at most `timeout`, then kills it with SIGKILL and reports that).
 ChildExit wait_child(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
+/// True when this process has no child processes at all (running or zombie).
+bool has_no_children();
+
 /// Waits for `pid` and returns true when it exited with status 0; prints why not.
 bool child_succeeded(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 

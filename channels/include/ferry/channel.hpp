@@ -128,7 +128,7 @@ std::pair<Sender<T>, Receiver<T>> channel(Transport transport, const ChannelOpti
   auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity);
   return {Sender<T>(std::make_unique<detail::SenderCore>(std::move(writer), transport, options)),
           Receiver<T>(std::make_unique<detail::ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(),
-                                                             type_name<T>()))};
+                                                             type_name<T>(), options))};
 }
 
 }  // namespace ferry

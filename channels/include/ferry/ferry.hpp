@@ -16,5 +16,8 @@
 #include "ferry/dtype.hpp"
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"
+#include "ferry/init.hpp"
+#include "ferry/select.hpp"
+#include "ferry/spawn.hpp"
 #include "ferry/tensor.hpp"
 #include "ferry/tensor_wire.hpp"

@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "ferry/live_ends.hpp"
 #include "ferry/message_decoder.hpp"
 #include "ferry/message_encoder.hpp"
 #include "ferry/transport.hpp"
@@ -30,7 +31,7 @@ struct ChannelOptions {
 namespace detail {
 
 /// The sending end of a connection, without its message type.
-class SenderCore {
+class SenderCore final : public LiveEnd {
  public:
   SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options);
   ~SenderCore();
@@ -63,10 +64,15 @@ class SenderCore {
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }
   FrameWriter& writer() noexcept { return *writer_; }
+  const ChannelOptions& options() const noexcept { return options_; }
+  /// True once a frame was (partly) written: the end's protocol state then lives in this
+  /// process and it cannot be rebuilt in another one from its descriptors.
+  bool used() const noexcept { return used_; }
   /// Storages the receiver leases from this end (for tests and statistics).
   std::size_t tracked_storages();
   /// Storages passed by fd or /proc path so far (a repeat send of a leased one is not).
   std::uint64_t storages_passed();
+  void abandon_in_child() noexcept override;
 
  private:
   void ensure_open() const;
@@ -82,13 +88,14 @@ class SenderCore {
   ChannelOptions options_;
   pid_t owner_;
   bool open_ = true;
+  bool used_ = false;
 };
 
 /// The receiving end of a connection, without its message type.
-class ReceiverCore {
+class ReceiverCore final : public LiveEnd {
  public:
   ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
-               std::string_view type_name);
+               std::string_view type_name, const ChannelOptions& options = {});
   ~ReceiverCore();
   ReceiverCore(const ReceiverCore&) = delete;
   ReceiverCore& operator=(const ReceiverCore&) = delete;
@@ -114,8 +121,18 @@ class ReceiverCore {
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }
   FrameReader& reader() noexcept { return *reader_; }
+  const ChannelOptions& options() const noexcept { return options_; }
+  /// True once a read was attempted: buffered bytes and leases then live in this process
+  /// and the end cannot be rebuilt in another one from its descriptors.
+  bool used() const noexcept { return used_; }
   /// Storages this end leases from the sender (for tests and statistics).
   std::size_t leased();
+  /// True when receive() would return at once without waiting for the peer to begin a
+  /// frame: a whole frame is buffered, or this end is closed or broken.
+  bool has_buffered_frame();
+  /// The descriptor to poll for more data (FrameReader::readiness_fd()); -1 when closed.
+  int readiness_fd();
+  void abandon_in_child() noexcept override;
 
  private:
   ReadStatus next_locked(const Deadline& deadline);
@@ -125,7 +142,9 @@ class ReceiverCore {
   std::unique_ptr<FrameReader> reader_;
   MessageDecoder decoder_;
   Transport transport_;
+  ChannelOptions options_;
   bool open_ = true;
+  bool used_ = false;
   std::string broken_;
   FrameHeader header_;
   std::vector<std::byte> payload_;

@@ -52,6 +52,8 @@ class StreamFrameReader final : public FrameReader {
   void acknowledge(std::uint64_t sequence) override;
   void close() noexcept override;
   std::vector<int> descriptors() const override;
+  bool has_buffered_frame() const override;
+  int readiness_fd() const override { return stream_.get(); }
 
  private:
   // Reads what is available (at least one byte, blocking) into `into`; returns 0 at EOF.

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -29,8 +30,8 @@ enum class Transport {
 /// "pipe", "unix_socket", "shm_ring" or "in_process".
 std::string_view transport_name(Transport transport);
 
-/// The transport called `name` (as transport_name() spells it); throws Error otherwise.
-Transport transport_from_name(std::string_view name);
+/// The transport whose transport_name() is `name`; std::nullopt when there is none.
+std::optional<Transport> transport_from_name(std::string_view name);
 
 /// Outcome of FrameReader::read.
 enum class ReadStatus {
@@ -77,11 +78,35 @@ class FrameReader {
   virtual void acknowledge(std::uint64_t /*sequence*/) {}
   virtual void close() noexcept = 0;
   virtual std::vector<int> descriptors() const { return {}; }
+
+  /// Readiness, for waiting on many readers at once (ferry::Selector). A reader is ready
+  /// when read() can return without waiting for the peer to begin a frame: a whole frame
+  /// (or the end of the stream) is already held in this process, or `readiness_fd()`
+  /// polls readable (bytes or a hang-up arrived).
+  ///
+  /// True when read() would return at once from what this process already holds: a whole
+  /// frame buffered in user space (poll() on the fd cannot see it), or this end closed.
+  virtual bool has_buffered_frame() const { return false; }
+  /// A descriptor that poll(POLLIN) reports ready when more of the stream (or the peer's
+  /// hang-up) arrived; -1 when the transport has none, in which case a Selector re-checks
+  /// has_buffered_frame() at short intervals.
+  virtual int readiness_fd() const { return -1; }
 };
 
 /// Creates a connected writer/reader pair of `transport` (Pipe or UnixSocket here).
 std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(Transport transport,
                                                                                    const FrameLimits& limits,
                                                                                    std::size_t ring_capacity);
+
+/// Rebuilds the writer of a `transport` in another process (one started by exec), from
+/// the descriptors that FrameWriter::descriptors() listed in the original process, in the
+/// same order, now inherited by this one. Takes ownership of `fds`. Throws Error for a
+/// transport that cannot cross processes (InProcess) and ProtocolError when `fds` does
+/// not fit the transport. A new transport adds its case in transport.cpp.
+std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
+                                                     const FrameLimits& limits, std::size_t ring_capacity);
+/// Rebuilds the reader of a `transport` from inherited descriptors (see writer_from_descriptors).
+std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
+                                                     const FrameLimits& limits, std::size_t ring_capacity);
 
 }  // namespace ferry

@@ -1,0 +1,80 @@
+// Describing a channel end so that a process started by exec can rebuild it from the
+// descriptors it inherited (ferry::spawn with StartMethod::Spawn does this for every end
+// it hands to a worker).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ferry/channel.hpp"
+
+namespace ferry {
+
+/// Which end of a channel a description is of.
+enum class EndRole : std::uint8_t { Sender = 1, Receiver = 2 };
+
+/// One channel end as plain data: its transport, the numbers of its descriptors (which
+/// the new process inherits at the same numbers), its options and its message type. A
+/// cereal-serializable value; the descriptors themselves must reach the other process by
+/// inheritance (fork + exec with FD_CLOEXEC cleared on exactly these).
+struct EndDescription {
+  EndRole role = EndRole::Sender;
+  Transport transport = Transport::Pipe;
+  std::uint64_t type_fingerprint = 0;
+  std::string type_name;
+  std::vector<std::int32_t> fds;  ///< FrameWriter/FrameReader::descriptors(), in order
+  ChannelOptions options;
+
+  template <class Archive>
+  void serialize(Archive& ar) {
+    auto linger = static_cast<std::int64_t>(options.close_linger.count());
+    auto ring = static_cast<std::uint64_t>(options.ring_capacity);
+    ar(role, transport, type_fingerprint, type_name, fds, options.limits.max_body_bytes, options.limits.max_handles,
+       options.limits.max_fds, options.limits.max_releases, options.limits.max_type_name_bytes, ring, linger);
+    options.close_linger = std::chrono::milliseconds(linger);
+    options.ring_capacity = static_cast<std::size_t>(ring);
+  }
+};
+
+namespace detail {
+// The untyped halves of describe_end / sender_from_description / receiver_from_description:
+// `fingerprint` and `type_name` are those of the end's message type.
+EndDescription describe_sender(SenderCore& core, std::uint64_t fingerprint, std::string_view type_name);
+EndDescription describe_receiver(ReceiverCore& core, std::uint64_t fingerprint, std::string_view type_name);
+std::unique_ptr<SenderCore> rebuild_sender(const EndDescription& description, std::uint64_t fingerprint,
+                                           std::string_view type_name);
+std::unique_ptr<ReceiverCore> rebuild_receiver(const EndDescription& description, std::uint64_t fingerprint,
+                                               std::string_view type_name);
+}  // namespace detail
+
+/// Describes `sender` (which must be open). The description does not own anything: the
+/// Sender keeps its descriptors until it is detached or closed.
+template <class T>
+EndDescription describe_end(Sender<T>& sender) {
+  return detail::describe_sender(sender.core(), type_fingerprint<T>(), type_name<T>());
+}
+
+/// Describes `receiver` (which must be open).
+template <class T>
+EndDescription describe_end(Receiver<T>& receiver) {
+  return detail::describe_receiver(receiver.core(), type_fingerprint<T>(), type_name<T>());
+}
+
+/// Rebuilds a Sender<T> from `description` in a process that inherited its descriptors;
+/// takes ownership of them (and marks them close-on-exec again). The calling process
+/// becomes the end's owner. Throws TypeMismatch when the description is of another type
+/// or of a receiver, Error when a descriptor is not open or the transport cannot cross
+/// processes.
+template <class T>
+Sender<T> sender_from_description(const EndDescription& description) {
+  return Sender<T>(detail::rebuild_sender(description, type_fingerprint<T>(), type_name<T>()));
+}
+
+/// Rebuilds a Receiver<T> from `description` (see sender_from_description).
+template <class T>
+Receiver<T> receiver_from_description(const EndDescription& description) {
+  return Receiver<T>(detail::rebuild_receiver(description, type_fingerprint<T>(), type_name<T>()));
+}
+
+}  // namespace ferry

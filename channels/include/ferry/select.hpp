@@ -1,0 +1,66 @@
+// Waiting on many receivers at once, of any message types, from one thread: the fan-in
+// of a collector that reads from many workers without a thread per channel.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <vector>
+
+#include "ferry/channel.hpp"
+
+namespace ferry {
+
+/// A set of receivers to wait on. add() returns an index that stays valid until
+/// remove(); wait() returns the index of a receiver that is ready: its recv() returns
+/// without waiting for the peer to *begin* a message (a whole frame is buffered, data or
+/// a hang-up arrived, or the end is closed). It may still wait for the rest of a frame
+/// that is arriving; try_recv() never waits and resumes a partial frame later.
+///
+/// A receiver that reached end-of-stream stays ready for ever: remove() it once its
+/// recv() returned std::nullopt (or threw). Ready receivers are served round-robin, so a
+/// busy one cannot starve the others. The Selector keeps references: a receiver must
+/// stay alive (it may be moved) while it is in the set. Use from one thread.
+///
+/// ```cpp
+/// ferry::Selector selector;
+/// for (auto& rx : results) selector.add(rx);
+/// while (!selector.empty()) {
+///   const std::size_t i = selector.wait();
+///   if (auto result = results[i].recv()) handle(*result);
+///   else selector.remove(i);                      // that worker closed its end
+/// }
+/// ```
+class Selector {
+ public:
+  /// Adds `receiver` to the set; returns its index (indices count up from 0 and are
+  /// never reused).
+  template <class T>
+  std::size_t add(Receiver<T>& receiver) {
+    return add_core(receiver.core());
+  }
+  /// Removes receiver `index` from the set (no effect when it was removed already).
+  void remove(std::size_t index);
+  /// Whether receiver `index` is in the set.
+  bool contains(std::size_t index) const noexcept;
+  /// The number of receivers in the set.
+  std::size_t size() const noexcept { return active_; }
+  bool empty() const noexcept { return active_ == 0; }
+
+  /// Waits until a receiver is ready; returns its index. Throws Error when the set is empty.
+  std::size_t wait();
+  /// Waits at most `timeout`; std::nullopt when no receiver became ready.
+  std::optional<std::size_t> wait_for(std::chrono::nanoseconds timeout);
+  /// Returns a ready receiver's index without waiting, if there is one.
+  std::optional<std::size_t> try_wait();
+
+ private:
+  std::size_t add_core(detail::ReceiverCore& core);
+  std::optional<std::size_t> wait_until(const Deadline& deadline);
+
+  std::vector<detail::ReceiverCore*> cores_;  // nullptr once removed
+  std::size_t active_ = 0;
+  std::size_t next_ = 0;  // where the round-robin scan starts
+};
+
+}  // namespace ferry

@@ -1,0 +1,316 @@
+// ferry::spawn: start worker processes, hand them channel ends and arguments, and
+// supervise them through the returned WorkerGroup.
+//
+//   void consume(ferry::WorkerContext& ctx, ferry::Receiver<Batch> in, int factor);
+//   FERRY_WORKER(consume);                          // needed only for StartMethod::Spawn
+//
+//   auto [tx, rx] = ferry::channel<Batch>(ferry::Transport::UnixSocket);
+//   auto workers = ferry::spawn(1, consume, std::move(rx), 3);
+//   tx.send(batch);
+//   tx.close();
+//   workers.join();                                  // throws WorkerFailed if a worker failed
+//
+// Layering: process supervision (WorkerGroup, init, the worker registry) lives in runtime/
+// and knows nothing of channels; this header adds what is channel-aware (handing over
+// ends, encoding arguments as a ferry frame), so it lives in channels/.
+#pragma once
+
+#include <cereal/types/string.hpp>
+#include <cereal/types/tuple.hpp>
+#include <cereal/types/vector.hpp>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "ferry/init.hpp"
+#include "ferry/message_decoder.hpp"
+#include "ferry/message_encoder.hpp"
+#include "ferry/tensor_wire.hpp"
+#include "ferry/worker_args.hpp"
+#include "ferry/worker_group.hpp"
+#include "ferry/worker_registry.hpp"
+
+namespace ferry {
+namespace detail {
+
+/// A worker's arguments as read back from its payload.
+struct DecodedPayload {
+  FrameHeader header;
+  std::vector<std::byte> rest;  // everything after the header
+  std::deque<UniqueFd> fds;     // the frame's tensor fds, inherited at their numbers
+};
+
+/// Writes `frame` (the encoded arguments of one worker) into a new memfd that the worker
+/// inherits: u32 fd count, the frame's fd numbers (i32 each), then the frame's bytes.
+UniqueFd write_payload(const EncodedFrame& frame);
+/// Reads a payload written by write_payload and takes ownership of its tensor fds.
+DecodedPayload read_payload(UniqueFd payload);
+
+/// Encodes `wire` (a tuple of wire values) into a payload for one worker; appends the
+/// descriptors the worker must inherit (its ends' and its tensors') to `inherited`.
+template <class WireTuple>
+UniqueFd encode_payload(const WireTuple& wire, std::vector<int>& inherited) {
+  MessageEncoder encoder(HandlePassing::FdPassing);
+  const EncodedFrame& frame = encoder.encode(wire);
+  inherited.insert(inherited.end(), frame.fds.begin(), frame.fds.end());
+  std::apply(
+      [&](const auto&... value) {
+        (
+            [&](const auto& one) {
+              using W = std::decay_t<decltype(one)>;
+              if constexpr (std::is_same_v<W, EndDescription>) {
+                inherited.insert(inherited.end(), one.fds.begin(), one.fds.end());
+              } else if constexpr (std::is_same_v<W, std::vector<EndDescription>>) {
+                for (const auto& end : one) inherited.insert(inherited.end(), end.fds.begin(), end.fds.end());
+              }
+            }(value),
+            ...);
+      },
+      wire);
+  return write_payload(frame);
+}
+
+/// Decodes a payload into the wire tuple WireTuple.
+template <class WireTuple>
+WireTuple decode_payload(UniqueFd payload) {
+  DecodedPayload decoded = read_payload(std::move(payload));
+  MessageDecoder decoder(type_fingerprint<WireTuple>(), type_name<WireTuple>());
+  decoder.decode(decoded.header, decoded.rest, decoded.fds);
+  return decoder.read<WireTuple>();
+}
+
+/// The registry's description of a worker taking P...: its argument types as text.
+template <class... P>
+std::string signature_of() {
+  return std::string(type_name<std::tuple<std::decay_t<P>...>>());
+}
+
+template <class R, class... P>
+RegisteredWorker make_registered_worker(std::string_view name, R (*function)(WorkerContext&, P...)) {
+  using Values = std::tuple<std::decay_t<P>...>;
+  using WireTuple = std::tuple<Wire<std::decay_t<P>>...>;
+  RegisteredWorker worker;
+  worker.name = std::string(name);
+  worker.identity = reinterpret_cast<FunctionIdentity>(function);
+  worker.signature = signature_of<P...>();
+  // In a re-executed program: decode the arguments, rebuild the ends, run.
+  worker.entry = [function](WorkerContext& context, UniqueFd payload) {
+    WireTuple wire = decode_payload<WireTuple>(std::move(payload));
+    Values values = std::apply(
+        [](auto&&... one) {
+          return Values(WireTraits<std::decay_t<P>>::from_wire(std::move(one))...);
+        },
+        std::move(wire));
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      function(context, static_cast<P&&>(std::get<I>(values))...);
+    }(std::index_sequence_for<P...>{});
+    close_worker_ends(values);
+  };
+  // In a forked child (spawn by name with StartMethod::Fork): the values are at hand.
+  worker.invoke = [function](WorkerContext& context, void* values_tuple) {
+    Values& values = *static_cast<Values*>(values_tuple);
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      function(context, static_cast<P&&>(std::get<I>(values))...);
+    }(std::index_sequence_for<P...>{});
+  };
+  return worker;
+}
+
+/// Starts every rank of `group` by fork(): worker r runs call(context, values) where
+/// `values` is a tuple of its own arguments, moved out of the child's copy of `stored`.
+template <class Stored, class Call>
+void start_forked_workers(WorkerGroup& group, Stored& stored, Call&& call) {
+  for (int rank = 0; rank < group.size(); ++rank) {
+    group.start_forked(rank, [&](WorkerContext& context) {
+      // In the child: drop every end this worker was not given, own the ones it was.
+      const std::vector<const LiveEnd*> keep = ends_of_rank(stored, rank);
+      abandon_live_ends_except(keep);
+      auto values = std::apply(
+          [&](auto&... arg) {
+            return std::tuple<WorkerValue<decltype(arg)>...>(
+                std::move(ArgTraits<std::decay_t<decltype(arg)>>::for_rank(arg, rank))...);
+          },
+          stored);
+      std::apply([](auto&... value) { (for_each_end(value, [](auto& end) { end.adopt(); }), ...); }, values);
+      call(context, values);
+      close_worker_ends(values);
+    });
+  }
+}
+
+/// The wire form, for a worker parameter of value type V, of the argument `value`.
+template <class V, class U>
+Wire<V> make_wire(U& value) {
+  if constexpr (holds_ends<V> || holds_ends<U>) {
+    static_assert(std::is_same_v<U, V>, "a channel end must be passed as exactly the worker parameter's type");
+    return WireTraits<V>::to_wire(value);
+  } else {
+    return Wire<V>(value);  // a copy, converted to the parameter's type
+  }
+}
+
+template <class Values, class Stored, std::size_t... I>
+auto wire_for_rank(Stored& stored, int rank, std::index_sequence<I...>) {
+  using WireTuple = std::tuple<Wire<std::tuple_element_t<I, Values>>...>;
+  return WireTuple(make_wire<std::tuple_element_t<I, Values>>(
+      ArgTraits<std::tuple_element_t<I, Stored>>::for_rank(std::get<I>(stored), rank))...);
+}
+
+/// Starts every rank of `group` by exec of this program, running registered worker
+/// `name`, whose parameters have the value types in the tuple `Values`.
+template <class Values, class Stored>
+void start_exec_workers(WorkerGroup& group, Stored& stored, std::string_view name) {
+  static_assert(std::tuple_size_v<Values> == std::tuple_size_v<Stored>,
+                "spawn() needs exactly one argument per worker parameter after the WorkerContext");
+  for (int rank = 0; rank < group.size(); ++rank) {
+    auto wire = wire_for_rank<Values>(stored, rank, std::make_index_sequence<std::tuple_size_v<Stored>>{});
+    std::vector<int> inherited;
+    UniqueFd payload = encode_payload(wire, inherited);
+    group.start_exec(rank, name, payload.get(), inherited);
+  }
+}
+
+template <class F>
+struct FunctionTraits : std::false_type {};
+template <class R, class... P>
+struct FunctionTraits<R (*)(WorkerContext&, P...)> : std::true_type {
+  using Values = std::tuple<std::decay_t<P>...>;
+};
+template <class R, class... P>
+struct FunctionTraits<R (*)(WorkerContext&, P...) noexcept> : FunctionTraits<R (*)(WorkerContext&, P...)> {};
+
+template <class... V>
+inline constexpr bool all_cross_exec = (crosses_exec<V> && ...);
+
+template <class Values>
+struct CrossesExec;
+template <class... V>
+struct CrossesExec<std::tuple<V...>> : std::bool_constant<all_cross_exec<V...>> {};
+
+/// Releases the parent's copies of handed-over ends when spawn() returns or fails.
+template <class Stored>
+struct HandedEnds {
+  Stored& stored;
+  int world_size;
+  ~HandedEnds() { release_handed_ends(stored, world_size); }
+};
+
+}  // namespace detail
+
+/// Registers `function` as a worker named `name`, so that a program re-executed by the
+/// spawn start method can run it. Use FERRY_WORKER / FERRY_WORKER_NAMED at namespace scope.
+template <class R, class... P>
+bool register_worker(std::string_view name, R (*function)(WorkerContext&, P...)) {
+  static_assert(detail::all_cross_exec<std::decay_t<P>...>,
+                "every parameter of a registered worker must be serializable with cereal (or be a channel end, a "
+                "vector of ends, or a Tensor-holding serializable type)");
+  return detail::register_worker_entry(detail::make_registered_worker(name, function));
+}
+
+/// Starts `n` workers. Each runs `fn(context, args...)` where `context` is its
+/// WorkerContext (rank, world size) and each argument is:
+///   - a Sender<T> / Receiver<T> (or a std::vector of them): handed over; the worker owns
+///     it, and the parent's copy is released (so end-of-stream and peer death work). An end
+///     belongs to one worker: with n > 1 pass ends through per_rank();
+///   - per_rank(std::vector<X>): worker r gets element r;
+///   - anything else: a copy for every worker (with StartMethod::Spawn it travels
+///     serialized with ferry's cereal archives; tensors inside travel as handles).
+/// A worker's ends are closed cleanly when `fn` returns. Channel ends the worker was not
+/// given are closed in it (fork), or never reach it (spawn).
+///
+/// `fn` is a callable (StartMethod::Fork only), a function registered with FERRY_WORKER,
+/// or the name of one. Arguments are moved into spawn(): pass ends with std::move.
+///
+/// Throws SpawnError before any process starts for n <= 0, an unregistered worker, a
+/// missing ferry::init (spawn method), an end shared by several workers, a closed or
+/// in_process end, or per_rank values that do not match n.
+template <class Fn, class... Args>
+WorkerGroup spawn(const SpawnOptions& options, int n, Fn&& fn, Args&&... args) {
+  using Stored = std::tuple<std::decay_t<Args>...>;
+  using F = std::decay_t<Fn>;
+  Stored stored(std::forward<Args>(args)...);
+  WorkerGroup group(n, options);
+  detail::HandedEnds<Stored> release{stored, n};
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (detail::validate_argument(std::get<I>(stored), I, n, options.start_method), ...);
+  }(std::index_sequence_for<Args...>{});
+
+  using WorkerValues = std::tuple<detail::WorkerValue<Args>...>;
+  constexpr bool by_name = std::is_convertible_v<const F&, std::string_view>;
+  if constexpr (by_name) {
+    const std::string_view name = fn;
+    const detail::RegisteredWorker& worker = detail::find_worker(name);
+    const std::string expected = std::string(type_name<WorkerValues>());
+    if (worker.signature != expected) {
+      throw SpawnError("worker '" + std::string(name) + "' takes the arguments " + worker.signature +
+                       " after its WorkerContext, but spawn() was given " + expected +
+                       "; pass values of exactly those types");
+    }
+    if (options.start_method == StartMethod::Fork) {
+      detail::start_forked_workers(group, stored, [&worker](WorkerContext& context, WorkerValues& values) {
+        worker.invoke(context, &values);
+      });
+    } else if constexpr (detail::CrossesExec<WorkerValues>::value) {
+      detail::start_exec_workers<WorkerValues>(group, stored, name);
+    } else {
+      throw SpawnError("the arguments " + expected + " cannot be serialized, so they cannot reach a worker started "
+                       "by the spawn start method");
+    }
+  } else {
+    static_assert(std::is_invocable_v<F&, WorkerContext&, detail::WorkerValue<Args>&&...> ||
+                      std::is_invocable_v<F&, WorkerContext&, detail::WorkerValue<Args>&...>,
+                  "a worker function is called as fn(WorkerContext&, args...) with one value per spawn() argument "
+                  "(the element type for per_rank arguments)");
+    if (options.start_method == StartMethod::Fork) {
+      detail::start_forked_workers(group, stored, [&fn](WorkerContext& context, WorkerValues& values) {
+        detail::invoke_with_values(fn, context, values, std::index_sequence_for<Args...>{});
+      });
+    } else if constexpr (detail::FunctionTraits<F>::value) {
+      using Values = typename detail::FunctionTraits<F>::Values;
+      const detail::RegisteredWorker* worker =
+          detail::find_worker(reinterpret_cast<detail::FunctionIdentity>(static_cast<F>(fn)));
+      if (worker == nullptr) {
+        throw SpawnError("the spawn start method runs workers by name, and this function is not registered; add "
+                         "FERRY_WORKER(function_name) at namespace scope in a source file of the program");
+      }
+      if constexpr (detail::CrossesExec<Values>::value) {
+        detail::start_exec_workers<Values>(group, stored, worker->name);
+      } else {
+        throw SpawnError("the worker's arguments cannot be serialized, so they cannot reach a worker started by the "
+                         "spawn start method");
+      }
+    } else {
+      throw SpawnError("the spawn start method runs workers by name, so it cannot run a lambda or function object; "
+                       "write the worker as a function, register it with FERRY_WORKER, and pass the function (or "
+                       "its name), or use StartMethod::Fork");
+    }
+  }
+  return group;
+}
+
+/// spawn() with default SpawnOptions (StartMethod::Fork).
+template <class Fn, class... Args>
+WorkerGroup spawn(int n, Fn&& fn, Args&&... args) {
+  return spawn(SpawnOptions{}, n, std::forward<Fn>(fn), std::forward<Args>(args)...);
+}
+
+}  // namespace ferry
+
+#define FERRY_DETAIL_CONCAT_INNER(a, b) a##b
+#define FERRY_DETAIL_CONCAT(a, b) FERRY_DETAIL_CONCAT_INNER(a, b)
+
+/// Registers a worker function under its own name (at namespace scope, in a source file):
+/// `void train(ferry::WorkerContext&, ferry::Receiver<Batch>); FERRY_WORKER(train);`
+#define FERRY_WORKER(function) FERRY_WORKER_NAMED(#function, function)
+
+/// Registers a worker function (or a captureless lambda, with a leading +) as `name`.
+#define FERRY_WORKER_NAMED(name, function)                                                         \
+  [[maybe_unused]] static const bool FERRY_DETAIL_CONCAT(ferry_registered_worker_, __COUNTER__) = \
+      ::ferry::register_worker(name, function)

@@ -1,0 +1,84 @@
+#include "ferry/spawn.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+
+namespace ferry::detail {
+namespace {
+
+void write_all(int fd, const void* data, std::size_t size) {
+  const auto* bytes = static_cast<const std::byte*>(data);
+  while (size > 0) {
+    const ssize_t written = ::write(fd, bytes, size);
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("write of a worker's argument payload");
+    }
+    bytes += written;
+    size -= static_cast<std::size_t>(written);
+  }
+}
+
+}  // namespace
+
+UniqueFd write_payload(const EncodedFrame& frame) {
+  UniqueFd fd(::memfd_create("ferry-worker-arguments", MFD_CLOEXEC));
+  if (!fd) throw_errno("memfd_create for a worker's argument payload");
+  const auto count = static_cast<std::uint32_t>(frame.fds.size());
+  write_all(fd.get(), &count, sizeof count);
+  for (const int number : frame.fds) {
+    const auto value = static_cast<std::int32_t>(number);
+    write_all(fd.get(), &value, sizeof value);
+  }
+  for (const iovec& part : frame.iovecs()) write_all(fd.get(), part.iov_base, part.iov_len);
+  return fd;
+}
+
+DecodedPayload read_payload(UniqueFd payload) {
+  struct stat st {};
+  if (::fstat(payload.get(), &st) != 0) throw_errno("fstat of the worker's argument payload");
+  std::vector<std::byte> bytes(static_cast<std::size_t>(st.st_size));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t got = ::pread(payload.get(), bytes.data() + done, bytes.size() - done, static_cast<off_t>(done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      throw_errno("read of the worker's argument payload");
+    }
+    if (got == 0) break;
+    done += static_cast<std::size_t>(got);
+  }
+  std::span<const std::byte> rest(bytes.data(), done);
+  auto take = [&](void* into, std::size_t size) {
+    if (rest.size() < size) throw ProtocolError("the worker's argument payload is truncated");
+    std::memcpy(into, rest.data(), size);
+    rest = rest.subspan(size);
+  };
+
+  DecodedPayload decoded;
+  std::uint32_t count = 0;
+  take(&count, sizeof count);
+  if (count > FrameLimits{}.max_fds) throw ProtocolError("the worker's argument payload names too many descriptors");
+  for (std::uint32_t i = 0; i < count; ++i) {
+    std::int32_t number = -1;
+    take(&number, sizeof number);
+    if (number < 0 || ::fcntl(number, F_GETFD) < 0) {
+      throw Error("descriptor " + std::to_string(number) + " of a tensor argument was not inherited by this worker");
+    }
+    decoded.fds.emplace_back(number);
+    if (::fcntl(number, F_SETFD, FD_CLOEXEC) != 0) throw_errno("fcntl(FD_CLOEXEC) on an inherited tensor");
+  }
+  take(&decoded.header, sizeof decoded.header);
+  validate_header(decoded.header, FrameLimits{});
+  if (payload_bytes(decoded.header) != rest.size()) {
+    throw ProtocolError("the worker's argument payload does not hold exactly one frame");
+  }
+  decoded.rest.assign(rest.begin(), rest.end());
+  return decoded;
+}
+
+}  // namespace ferry::detail

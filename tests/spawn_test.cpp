@@ -1,0 +1,450 @@
+// Worker processes with both start methods: arguments and channel ends reach the workers,
+// failures are reported with rank, cause and message, siblings are terminated, workers
+// die with their parent, and nothing (process, fd) is left behind.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <thread>
+
+#include "ferry/ferry.hpp"
+#include "support/leak_check.hpp"
+#include "support/process.hpp"
+
+namespace ferry {
+namespace spawn_test {
+
+using namespace std::chrono_literals;
+
+// ---- worker functions (registered: the spawn start method runs them by name) ---------
+
+struct Greeting {
+  int rank = -1;
+  int world_size = 0;
+  std::string text;
+  std::int64_t number = 0;
+  int pid = 0;
+  int start_method = -1;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(rank, world_size, text, number, pid, start_method); }
+};
+
+void greet(WorkerContext& context, Sender<Greeting> out, std::string text, std::int64_t number) {
+  out.send(Greeting{context.rank(), context.world_size(), text, number, static_cast<int>(::getpid()),
+                    static_cast<int>(context.start_method())});
+}
+FERRY_WORKER(greet);
+
+// Counts and sums what arrives until end of stream, then reports both.
+void count_until_closed(WorkerContext&, Receiver<int> in, Sender<std::int64_t> out) {
+  std::int64_t count = 0;
+  std::int64_t sum = 0;
+  while (auto value = in.recv()) {
+    ++count;
+    sum += *value;
+  }
+  out.send(count);
+  out.send(sum);
+}
+FERRY_WORKER(count_until_closed);
+
+// Writes rank + 100 into slot `rank` of a shared tensor that every worker was given.
+void write_rank(WorkerContext& context, Tensor shared) {
+  shared.at<std::int32_t>({context.rank()}) = context.rank() + 100;
+}
+FERRY_WORKER(write_rank);
+
+// Takes its end by reference and does not close it: spawn closes it when the worker returns.
+void send_and_forget(WorkerContext& context, Sender<int>& out) { out.send(context.rank()); }
+FERRY_WORKER(send_and_forget);
+
+[[noreturn]] void wait_for_ever() {
+  while (true) ::pause();
+}
+
+struct CustomFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+enum How : int { Throw = 0, ThrowCustom, ThrowInt, ExitThree, Segfault, KillSelf };
+
+// Rank `failing` fails in the way `how` says; the others wait until they are terminated.
+void fail_on_rank(WorkerContext& context, int failing, int how) {
+  if (context.rank() != failing) wait_for_ever();
+  switch (how) {
+    case Throw: throw std::runtime_error("rank " + std::to_string(context.rank()) + " gave up");
+    case ThrowCustom: throw CustomFailure("custom trouble");
+    case ThrowInt: throw 42;
+    case ExitThree: ::_exit(3);
+    case Segfault:
+      ::signal(SIGSEGV, SIG_DFL);  // no sanitizer handler: die by the signal itself
+      ::raise(SIGSEGV);
+      break;
+    case KillSelf: ::raise(SIGKILL); break;
+  }
+  wait_for_ever();
+}
+FERRY_WORKER(fail_on_rank);
+
+// Rank 1 ignores SIGTERM; rank 0 fails once the parent says so.
+void stubborn(WorkerContext& context, Sender<int> ready, Receiver<int> go) {
+  if (context.rank() == 1) {
+    ::signal(SIGTERM, SIG_IGN);
+    ready.send(1);
+    wait_for_ever();
+  }
+  ready.send(0);
+  (void)go.recv();
+  throw std::runtime_error("rank 0 fails on request");
+}
+FERRY_WORKER(stubborn);
+
+// Waits for one message, then returns.
+void wait_for_message(WorkerContext&, Receiver<int> in) { (void)in.recv(); }
+FERRY_WORKER(wait_for_message);
+
+// Tells the test its pid, then waits to be killed with its parent.
+void report_pid_and_wait(WorkerContext&, Sender<int> out) {
+  out.send(static_cast<int>(::getpid()));
+  wait_for_ever();
+}
+FERRY_WORKER(report_pid_and_wait);
+
+void never_registered(WorkerContext&, int) {}
+
+void noexcept_worker(WorkerContext& context, Sender<int> out) noexcept { out.send(context.world_size()); }
+FERRY_WORKER(noexcept_worker);
+
+// ---- fixture -----------------------------------------------------------------------
+
+class SpawnTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<StartMethod> {
+ protected:
+  SpawnOptions options(std::chrono::milliseconds grace = 5s) const {
+    SpawnOptions result;
+    result.start_method = GetParam();
+    result.termination_grace = grace;
+    return result;
+  }
+  void TearDown() override {
+    EXPECT_TRUE(test::has_no_children()) << "a worker process (or zombie) was left behind";
+    LeakCheckedTest::TearDown();
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(StartMethods, SpawnTest, ::testing::Values(StartMethod::Fork, StartMethod::Spawn),
+                         [](const auto& info) { return info.param == StartMethod::Fork ? "Fork" : "Spawn"; });
+
+template <class T>
+std::pair<std::vector<Sender<T>>, std::vector<Receiver<T>>> channels(int n, Transport transport = Transport::Pipe) {
+  std::vector<Sender<T>> senders;
+  std::vector<Receiver<T>> receivers;
+  for (int i = 0; i < n; ++i) {
+    auto [tx, rx] = channel<T>(transport);
+    senders.push_back(std::move(tx));
+    receivers.push_back(std::move(rx));
+  }
+  return {std::move(senders), std::move(receivers)};
+}
+
+// ---- arguments and ends ------------------------------------------------------------
+
+TEST_P(SpawnTest, WorkersGetRankWorldSizeAndArguments) {
+  auto [senders, receivers] = channels<Greeting>(3);
+  auto workers = spawn(options(), 3, greet, per_rank(std::move(senders)), std::string("hello"), 42);
+  std::vector<int> pids;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto greeting = receivers[rank].recv();
+    ASSERT_TRUE(greeting.has_value());
+    EXPECT_EQ(greeting->rank, rank);
+    EXPECT_EQ(greeting->world_size, 3);
+    EXPECT_EQ(greeting->text, "hello");
+    EXPECT_EQ(greeting->number, 42);
+    EXPECT_EQ(greeting->start_method, static_cast<int>(GetParam()));
+    EXPECT_EQ(greeting->pid, workers.pid(rank));
+    EXPECT_FALSE(receivers[rank].recv().has_value()) << "the worker's Sender closes when it returns";
+  }
+  workers.join();
+  for (int rank = 0; rank < 3; ++rank) EXPECT_TRUE(workers.exit_status(rank)->success());
+}
+
+TEST_P(SpawnTest, SpawnByName) {
+  auto [tx, rx] = channel<Greeting>(Transport::UnixSocket);
+  auto workers = spawn(options(), 1, "greet", std::move(tx), std::string("by name"), std::int64_t{7});
+  auto greeting = rx.recv();
+  ASSERT_TRUE(greeting.has_value());
+  EXPECT_EQ(greeting->text, "by name");
+  EXPECT_EQ(greeting->number, 7);
+  workers.join();
+}
+
+TEST_P(SpawnTest, NoexceptFunctionsAreWorkersToo) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  auto workers = spawn(options(), 1, noexcept_worker, std::move(tx));
+  EXPECT_EQ(rx.recv().value(), 1);
+  workers.join();
+}
+
+TEST_P(SpawnTest, EndOfStreamReachesTheWorkerAndResultsComeBack) {
+  for (const Transport transport : {Transport::Pipe, Transport::UnixSocket}) {
+    auto [to_worker, worker_in] = channel<int>(transport);
+    auto [worker_out, results] = channel<std::int64_t>(transport);
+    auto workers = spawn(options(), 1, count_until_closed, std::move(worker_in), std::move(worker_out));
+    for (int i = 1; i <= 1000; ++i) to_worker.send(i);
+    to_worker.close();
+    EXPECT_EQ(results.recv().value(), 1000);
+    EXPECT_EQ(results.recv().value(), 500500);
+    EXPECT_FALSE(results.recv().has_value());
+    workers.join();
+  }
+}
+
+TEST_P(SpawnTest, WorkerHoldsNoCopyOfEndsItWasNotGiven) {
+  // The parent keeps both ends of `kept`; if a worker held a copy of its sending end, the
+  // parent's receiver could not see the sender vanish.
+  auto [kept_tx, kept_rx] = channel<int>(Transport::Pipe);
+  auto [to_worker, worker_in] = channel<int>(Transport::Pipe);
+  auto workers = spawn(options(), 1, wait_for_message, std::move(worker_in));
+  kept_tx.detach();  // drop the only sending end without a Close frame
+  EXPECT_THROW((void)kept_rx.recv_for(30s), PeerDied);
+  to_worker.send(1);
+  workers.join();
+}
+
+TEST_P(SpawnTest, EndTakenByReferenceIsClosedWhenTheWorkerReturns) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  auto workers = spawn(options(), 1, send_and_forget, std::move(tx));
+  EXPECT_EQ(rx.recv().value(), 0);
+  EXPECT_FALSE(rx.recv().has_value());  // a clean end of stream, not PeerDied
+  workers.join();
+}
+
+TEST_P(SpawnTest, TensorArgumentIsSharedNotCopied) {
+  Tensor shared = Tensor::zeros({4}, DType::Int32, Device::SharedCpu);
+  auto workers = spawn(options(), 4, write_rank, shared);
+  workers.join();
+  EXPECT_EQ(shared.to_vector<std::int32_t>(), (std::vector<std::int32_t>{100, 101, 102, 103}));
+}
+
+TEST_P(SpawnTest, JoinWithTimeoutReportsWhetherWorkersFinished) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  auto workers = spawn(options(), 1, wait_for_message, std::move(rx));
+  EXPECT_FALSE(workers.join(20ms));  // it cannot finish before we send
+  EXPECT_EQ(workers.running(), 1);
+  tx.send(1);
+  EXPECT_TRUE(workers.join(60s));
+  EXPECT_EQ(workers.running(), 0);
+  workers.join();  // joining again is harmless
+}
+
+// ---- failures ------------------------------------------------------------------------
+
+WorkerFailed join_failure(WorkerGroup& workers) {
+  try {
+    workers.join();
+  } catch (const WorkerFailed& failure) {
+    return failure;
+  }
+  ADD_FAILURE() << "join() did not throw WorkerFailed";
+  return WorkerFailed({});
+}
+
+TEST_P(SpawnTest, ExceptionNamesRankTypeAndMessage) {
+  auto workers = spawn(options(), 3, fail_on_rank, 1, static_cast<int>(Throw));
+  const WorkerFailed failure = join_failure(workers);
+  EXPECT_EQ(failure.failure(), WorkerFailure::Exception);
+  EXPECT_EQ(failure.rank(), 1);
+  EXPECT_EQ(failure.pid(), workers.pid(1));
+  EXPECT_EQ(failure.exception_type(), "std::runtime_error");
+  EXPECT_EQ(failure.message(), "rank 1 gave up");
+  const std::string what = failure.what();
+  EXPECT_NE(what.find("worker 1 of 3"), std::string::npos) << what;
+  EXPECT_NE(what.find("std::runtime_error: rank 1 gave up"), std::string::npos) << what;
+  // The others were terminated, and join() keeps reporting the failure.
+  EXPECT_EQ(failure.details().terminated_siblings, 2);
+  for (const int rank : {0, 2}) {
+    ASSERT_TRUE(workers.exit_status(rank).has_value());
+    EXPECT_EQ(workers.exit_status(rank)->signal, SIGTERM);
+  }
+  EXPECT_THROW(workers.join(), WorkerFailed);
+}
+
+TEST_P(SpawnTest, ExceptionTypeIsDemangled) {
+  auto workers = spawn(options(), 1, fail_on_rank, 0, static_cast<int>(ThrowCustom));
+  const WorkerFailed failure = join_failure(workers);
+  EXPECT_EQ(failure.exception_type(), "ferry::spawn_test::CustomFailure");
+  EXPECT_EQ(failure.message(), "custom trouble");
+}
+
+TEST_P(SpawnTest, NonStandardExceptionIsReportedByType) {
+  auto workers = spawn(options(), 1, fail_on_rank, 0, static_cast<int>(ThrowInt));
+  const WorkerFailed failure = join_failure(workers);
+  EXPECT_EQ(failure.failure(), WorkerFailure::Exception);
+  EXPECT_EQ(failure.exception_type(), "int");
+}
+
+TEST_P(SpawnTest, ExitCodeIsReported) {
+  auto workers = spawn(options(), 2, fail_on_rank, 0, static_cast<int>(ExitThree));
+  const WorkerFailed failure = join_failure(workers);
+  EXPECT_EQ(failure.failure(), WorkerFailure::ExitCode);
+  EXPECT_EQ(failure.rank(), 0);
+  EXPECT_EQ(failure.exit_code(), 3);
+  EXPECT_NE(std::string(failure.what()).find("exited with status 3"), std::string::npos) << failure.what();
+}
+
+TEST_P(SpawnTest, SignalIsReportedByName) {
+  for (const auto& [how, signal, name] : {std::tuple{Segfault, SIGSEGV, "SIGSEGV"}, std::tuple{KillSelf, SIGKILL, "SIGKILL"}}) {
+    auto workers = spawn(options(), 2, fail_on_rank, 1, static_cast<int>(how));
+    const WorkerFailed failure = join_failure(workers);
+    EXPECT_EQ(failure.failure(), WorkerFailure::Signal);
+    EXPECT_EQ(failure.rank(), 1);
+    EXPECT_EQ(failure.signal(), signal);
+    EXPECT_NE(std::string(failure.what()).find(std::string("killed by signal ") + name), std::string::npos)
+        << failure.what();
+  }
+}
+
+TEST_P(SpawnTest, SiblingIgnoringSigtermIsKilledAfterTheGracePeriod) {
+  auto [ready_tx, ready_rx] = channels<int>(2);
+  auto [go_tx, go_rx] = channels<int>(2);
+  auto workers = spawn(options(100ms), 2, stubborn, per_rank(std::move(ready_tx)), per_rank(std::move(go_rx)));
+  EXPECT_EQ(ready_rx[0].recv().value(), 0);
+  EXPECT_EQ(ready_rx[1].recv().value(), 1);  // rank 1 ignores SIGTERM from now on
+  go_tx[0].send(1);
+  const WorkerFailed failure = join_failure(workers);
+  EXPECT_EQ(failure.rank(), 0);
+  EXPECT_EQ(failure.message(), "rank 0 fails on request");
+  ASSERT_TRUE(workers.exit_status(1).has_value());
+  EXPECT_EQ(workers.exit_status(1)->signal, SIGKILL);
+}
+
+TEST_P(SpawnTest, DestroyingAnUnjoinedGroupTerminatesItsWorkers) {
+  {
+    auto workers = spawn(options(), 2, fail_on_rank, -1, 0);  // both wait for ever
+    EXPECT_EQ(workers.running(), 2);
+  }
+  // TearDown checks that no process is left.
+}
+
+TEST_P(SpawnTest, WorkersDieWithTheirParentAndTheirPeersSeeIt) {
+  // The test process adopts orphans (child subreaper), so that it can see the workers of a
+  // killed middle process die.
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  auto [senders, receivers] = channels<int>(2);
+  const SpawnOptions spawn_options = options();
+  const pid_t middle = test::fork_child([&, &senders = senders, &receivers = receivers] {
+    for (auto& receiver : receivers) receiver.close();
+    auto workers = spawn(spawn_options, 2, report_pid_and_wait, per_rank(std::move(senders)));
+    wait_for_ever();
+  });
+  for (auto& sender : senders) sender.detach();
+  std::vector<pid_t> worker_pids;
+  for (auto& receiver : receivers) {
+    auto pid = receiver.recv_for(60s);
+    ASSERT_TRUE(pid.has_value());
+    worker_pids.push_back(*pid);
+  }
+  ASSERT_EQ(::kill(middle, SIGKILL), 0);
+  EXPECT_EQ(test::wait_child(middle).signal, SIGKILL);
+  // The workers' channels report their death (bounded: a hang here would be the bug).
+  for (auto& receiver : receivers) EXPECT_THROW((void)receiver.recv_for(60s), PeerDied);
+  for (const pid_t pid : worker_pids) {
+    const test::ChildExit exit = test::wait_child(pid, 60s);
+    EXPECT_FALSE(exit.exited);
+    EXPECT_EQ(exit.signal, SIGKILL) << "worker " << pid << " " << exit.describe();
+  }
+  ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
+}
+
+// ---- bad input: clear errors, and no process started ----------------------------------
+
+template <class Call>
+void expect_spawn_error(Call&& call, const std::string& expected) {
+  try {
+    call();
+    ADD_FAILURE() << "no SpawnError; expected one saying: " << expected;
+  } catch (const SpawnError& error) {
+    EXPECT_NE(std::string(error.what()).find(expected), std::string::npos) << error.what();
+  }
+  EXPECT_TRUE(test::has_no_children()) << "a process was started before the error";
+}
+
+TEST_P(SpawnTest, BadRequestsFailBeforeAnyProcessStarts) {
+  const SpawnOptions opts = options();
+  expect_spawn_error([&] { (void)spawn(opts, 0, fail_on_rank, 0, 0); }, "must be at least 1");
+  expect_spawn_error([&] { (void)spawn(opts, -2, fail_on_rank, 0, 0); }, "must be at least 1");
+  expect_spawn_error([&] { (void)spawn(opts, 1, "no_such_worker", 1); }, "no worker is registered as 'no_such_worker'");
+  expect_spawn_error([&] { (void)spawn(opts, 1, "fail_on_rank", std::string("x")); }, "takes the arguments");
+  expect_spawn_error([&] { (void)spawn(opts, 3, fail_on_rank, per_rank(std::vector<int>{1, 2}), 0); },
+                     "per_rank needs exactly one value per worker");
+  {
+    auto [tx, rx] = channel<int>(Transport::Pipe);
+    expect_spawn_error([&, &rx = rx] { (void)spawn(opts, 2, wait_for_message, std::move(rx)); },
+                       "would be shared by 2 workers");
+  }
+  {
+    auto [tx, rx] = channel<int>(Transport::Pipe);
+    rx.close();
+    expect_spawn_error([&, &rx = rx] { (void)spawn(opts, 1, wait_for_message, std::move(rx)); },
+                       "closed or empty channel end");
+  }
+  {
+    struct sigaction previous {};
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    ASSERT_EQ(::sigaction(SIGCHLD, &ignore, &previous), 0);
+    expect_spawn_error([&] { (void)spawn(opts, 1, fail_on_rank, 0, 0); }, "ignores SIGCHLD");
+    ASSERT_EQ(::sigaction(SIGCHLD, &previous, nullptr), 0);
+  }
+}
+
+TEST(SpawnMethodTest, RequiresRegisteredFunctionsAndFreshEnds) {
+  SpawnOptions opts;
+  opts.start_method = StartMethod::Spawn;
+  expect_spawn_error([&] { (void)spawn(opts, 1, never_registered, 1); }, "this function is not registered");
+  expect_spawn_error([&] { (void)spawn(opts, 1, [](WorkerContext&, int) {}, 1); }, "cannot run a lambda");
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  tx.send(1);
+  (void)rx.recv();
+  expect_spawn_error([&, &rx = rx] { (void)spawn(opts, 1, wait_for_message, std::move(rx)); },
+                     "already carried messages");
+}
+
+TEST(EndDescriptionTest, RebuildingAsAnotherTypeOrRoleIsATypeMismatch) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  const EndDescription sender = describe_end(tx);
+  EXPECT_EQ(sender.role, EndRole::Sender);
+  EXPECT_EQ(sender.fds.size(), 2u);
+  EXPECT_THROW((void)sender_from_description<float>(sender), TypeMismatch);
+  EXPECT_THROW((void)receiver_from_description<int>(sender), TypeMismatch);
+  // Neither attempt took the descriptors: the channel still works.
+  tx.send(5);
+  EXPECT_EQ(rx.recv().value(), 5);
+}
+
+TEST(EndDescriptionTest, TransportsCheckWhatTheyAreRebuiltFrom) {
+  try {
+    (void)reader_from_descriptors(Transport::InProcess, {}, FrameLimits{}, 0);
+    FAIL() << "an in_process end was rebuilt from descriptors";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("in_process"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW((void)writer_from_descriptors(Transport::UnixSocket, {}, FrameLimits{}, 0), ProtocolError);
+}
+
+TEST(SpawnForkTest, RunsLambdasWithCaptures) {
+  const std::string prefix = "from a lambda";
+  auto [senders, receivers] = channels<std::string>(2);
+  auto workers = spawn(2, [&prefix](WorkerContext& context, Sender<std::string> out) {
+    out.send(prefix + " " + std::to_string(context.rank()));
+  }, per_rank(std::move(senders)));
+  EXPECT_EQ(receivers[0].recv().value(), "from a lambda 0");
+  EXPECT_EQ(receivers[1].recv().value(), "from a lambda 1");
+  workers.join();
+}
+
+}  // namespace spawn_test
+}  // namespace ferry
