@@ -138,6 +138,18 @@ TEST_P(PeerDeathTest, SenderKilledAfterSendingKeepsReceivedTensorsValid) {
   EXPECT_THROW(rx.recv(), PeerDied);
 }
 
+TEST_P(PeerDeathTest, SenderDestroyedByAnExceptionIsNotACleanEndOfStream) {
+  auto [tx, rx] = channel<int>(GetParam());
+  try {
+    Sender<int> sender = std::move(tx);
+    sender.send(1);
+    throw std::runtime_error("stage failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(rx.recv().value(), 1);
+  EXPECT_THROW(rx.recv(), PeerDied);
+}
+
 TEST(PipeTransport, WritingToADeadReaderDoesNotRaiseSigpipe) {
   auto [tx, rx] = channel<int>(Transport::Pipe);
   rx.close();

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <exception>
+
 namespace ferry::detail {
 
 // ---- sender ------------------------------------------------------------------
@@ -17,7 +19,9 @@ SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport,
 
 SenderCore::~SenderCore() {
   untrack();
-  if (open_ && owner_ == ::getpid()) {
+  // Destroyed while an exception unwinds (a failing worker or stage): do not end the stream
+  // cleanly, so that the receiver sees the failure (PeerDied) instead of end-of-stream.
+  if (open_ && owner_ == ::getpid() && std::uncaught_exceptions() == 0) {
     try {
       close();
     } catch (const Error&) {

@@ -36,7 +36,9 @@ class RecvResult {
 };
 
 /// The sending end of a channel of T. Move-only; send() may be called from several
-/// threads. Destroying the Sender in the process that owns it closes the stream.
+/// threads. Destroying the Sender in the process that owns it closes the stream, unless it
+/// is destroyed by an exception unwinding the stack: then the receiver sees PeerDied, as
+/// it would for a crash, instead of a clean end of stream.
 template <class T>
 class Sender {
  public:
