@@ -36,7 +36,8 @@ endif()
 function(ferry_add_cuda_sources target)
   target_sources(${target} PRIVATE
     runtime/src/cuda/release_board.cpp
-    runtime/src/cuda/block_pool.cpp)
+    runtime/src/cuda/block_pool.cpp
+    serialization/src/cuda_handles.cpp)
   if(FERRY_HAS_CUDA)
     target_sources(${target} PRIVATE
       runtime/src/cuda/runtime.cpp
