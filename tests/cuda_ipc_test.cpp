@@ -65,7 +65,10 @@ unsigned long long mismatches(const Tensor& tensor, float expected) {
   return count;
 }
 
-class CudaIpcTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {
+// Tests that exercise the transport (how the release board reaches the receiver) run over
+// every transport (CudaIpcTest); the others run over a Unix socket (CudaIpcFixture), which
+// keeps the GPU check short: every test starts two CUDA processes.
+class CudaIpcFixture : public test::LeakCheckedTest {
  protected:
   // Forks the producer and the consumer, each with its ends of `link`, and waits for both.
   void run(Link& link, const std::function<void()>& producer, const std::function<void()>& consumer,
@@ -138,6 +141,8 @@ class CudaIpcTest : public test::LeakCheckedTest, public ::testing::WithParamInt
   }
 };
 
+class CudaIpcTest : public CudaIpcFixture, public ::testing::WithParamInterface<Transport> {};
+
 INSTANTIATE_TEST_SUITE_P(Transports, CudaIpcTest, ::testing::ValuesIn(test::interprocess_transports()),
                          test::transport_test_name);
 
@@ -207,9 +212,9 @@ TEST_P(CudaIpcTest, RepeatedSendsOpenTheBlockOnce) {
       });
 }
 
-TEST_P(CudaIpcTest, StoragesAreOffsetsInsideOneBlock) {
+TEST_F(CudaIpcFixture, StoragesAreOffsetsInsideOneBlock) {
   FERRY_SKIP_WITHOUT_GPU();
-  Link link(GetParam());
+  Link link(Transport::UnixSocket);
   run(
       link,
       [&] {
@@ -239,9 +244,9 @@ TEST_P(CudaIpcTest, StoragesAreOffsetsInsideOneBlock) {
       });
 }
 
-TEST_P(CudaIpcTest, ViewsOfOneStorageArriveAsViewsOfOneStorage) {
+TEST_F(CudaIpcFixture, ViewsOfOneStorageArriveAsViewsOfOneStorage) {
   FERRY_SKIP_WITHOUT_GPU();
-  Link link(GetParam());
+  Link link(Transport::UnixSocket);
   const Tensor host = Tensor::from(iota(32), {4, 8}, Device::Cpu);
   const std::vector<Tensor> host_views{host, host.slice(1, 2, 6), host.transpose(0, 1), host.select(0, 3),
                                        host.slice(0, 1, 4, 2)};
@@ -271,21 +276,21 @@ TEST_P(CudaIpcTest, ViewsOfOneStorageArriveAsViewsOfOneStorage) {
       });
 }
 
-TEST_P(CudaIpcTest, ReceiverWaitsForTheSendersSlowKernel) {
+TEST_F(CudaIpcFixture, ReceiverWaitsForTheSendersSlowKernel) {
   FERRY_SKIP_WITHOUT_GPU();
-  Link link(GetParam());
+  Link link(Transport::UnixSocket);
   check_event_ordering(link, false, false);
 }
 
-TEST_P(CudaIpcTest, ReceiverWaitsForASlowKernelOnTheSendersOwnStream) {
+TEST_F(CudaIpcFixture, ReceiverWaitsForASlowKernelOnTheSendersOwnStream) {
   FERRY_SKIP_WITHOUT_GPU();
-  Link link(GetParam());
+  Link link(Transport::UnixSocket);
   check_event_ordering(link, false, true);
 }
 
-TEST_P(CudaIpcTest, FallbackSynchronizesTheSender) {
+TEST_F(CudaIpcFixture, FallbackSynchronizesTheSender) {
   FERRY_SKIP_WITHOUT_GPU();
-  Link link(GetParam());
+  Link link(Transport::UnixSocket);
   check_event_ordering(link, true, false);
 }
 
@@ -337,9 +342,9 @@ TEST_P(CudaIpcTest, ProducerKeepsMemoryInLimboUntilTheConsumerLetsGo) {
       });
 }
 
-TEST_P(CudaIpcTest, ConsumerKilledWithSigkillDoesNotPinTheProducer) {
+TEST_F(CudaIpcFixture, ConsumerKilledWithSigkillDoesNotPinTheProducer) {
   FERRY_SKIP_WITHOUT_GPU();
-  Link link(GetParam());
+  Link link(Transport::UnixSocket);
   auto ready = channel<std::int64_t>(Transport::Pipe);   // producer -> test
   auto killed = channel<std::int64_t>(Transport::Pipe);  // test -> producer
   Sender<std::int64_t>& ready_tx = ready.first;
@@ -402,9 +407,9 @@ TEST_P(CudaIpcTest, ConsumerKilledWithSigkillDoesNotPinTheProducer) {
   killed_tx.close();
 }
 
-TEST_P(CudaIpcTest, AReceivedTensorIsNotResentButItsCloneIs) {
+TEST_F(CudaIpcFixture, AReceivedTensorIsNotResentButItsCloneIs) {
   FERRY_SKIP_WITHOUT_GPU();
-  Link link(GetParam());
+  Link link(Transport::UnixSocket);
   run(
       link,
       [&] {
