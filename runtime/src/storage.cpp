@@ -3,6 +3,7 @@
 #include <cstring>
 #include <new>
 
+#include "ferry/cuda/memory.hpp"
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"
 
@@ -54,8 +55,8 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
       return storage;
     }
     case DeviceKind::Cuda:
-      throw Error("Storage::allocate: CUDA storages are allocated by the CUDA allocator (" +
-                  device.to_string() + ")");
+      // Device memory comes from ferry's caching CUDA allocator (runtime/src/cuda/).
+      return std::shared_ptr<Storage>(new Storage(cuda::allocate(nbytes, device), device, false));
   }
   throw Error("Storage::allocate: invalid device kind");
 }
@@ -69,6 +70,7 @@ void Storage::share_memory() {
   if (shared_.load(std::memory_order_acquire)) return;  // the common case: no lock
   std::lock_guard lock(share_mutex_);
   if (device_.kind == DeviceKind::SharedCpu) return;
+  if (device_.kind == DeviceKind::Cuda) return;  // device memory is shared through CUDA IPC as it is
   if (device_.kind != DeviceKind::Cpu) {
     throw Error("share_memory: only CPU storages can be moved into shared memory, not " + device_.to_string());
   }

@@ -2,6 +2,7 @@
 
 #include <sstream>
 
+#include "ferry/cuda/memory.hpp"
 #include "ferry/view_bounds.hpp"
 
 namespace ferry {
@@ -87,6 +88,7 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   if (device.kind == DeviceKind::Cpu && tensor.storage_->nbytes() > 0) {
     std::memset(tensor.storage_->data(), 0, tensor.storage_->nbytes());
   }
+  if (device.kind == DeviceKind::Cuda) cuda::zero(*tensor.storage_);  // cudaMemset
   return tensor;
 }
 

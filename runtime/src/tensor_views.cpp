@@ -2,6 +2,7 @@
 // (contiguous, clone, copy_from).
 #include <algorithm>
 
+#include "ferry/cuda/memory.hpp"
 #include "ferry/tensor.hpp"
 
 namespace ferry {
@@ -99,8 +100,11 @@ void Tensor::copy_from(const Tensor& source) {
   if (source.shape_ != shape_ || source.dtype_ != dtype_) {
     throw Error("copy_from: source " + source.to_string() + " does not match destination " + to_string());
   }
-  if (!device().is_cpu() || !source.device().is_cpu()) throw Error("copy_from: only CPU tensors can be copied here");
   if (numel() == 0) return;
+  if (!device().is_cpu() || !source.device().is_cpu()) {
+    cuda::copy(*this, source);  // cudaMemcpy between the CPU and CUDA devices
+    return;
+  }
   copy_strided(static_cast<std::byte*>(data_ptr()), strides_, static_cast<const std::byte*>(source.data_ptr()),
                source.strides_, shape_, element_size());
 }

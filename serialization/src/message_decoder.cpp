@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "ferry/cuda_frame.hpp"
 #include "ferry/handle_cache.hpp"
 
 namespace ferry {
@@ -70,6 +71,7 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
   }
 
   std::size_t next_fd = 0;
+  std::size_t cuda_records = 0;
   storages_.reserve(header.handle_count);
   for (std::uint32_t i = 0; i < header.handle_count; ++i) {
     HandleEntry entry;
@@ -80,7 +82,15 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
         throw ProtocolError("handle " + std::to_string(i) + " refers to slot " + std::to_string(entry.slot) +
                             " which holds no lease");
       }
+      if (leases_[entry.slot].allocation->device().kind == DeviceKind::Cuda) {
+        throw ProtocolError("handle " + std::to_string(i) + " refers to the CUDA storage at slot " +
+                            std::to_string(entry.slot) + " as a plain lease");
+      }
       storages_.push_back(resolve_lease(leases_[entry.slot]));
+      continue;
+    }
+    if (kind == HandleKind::CudaIpc) {  // CUDA IPC: cuda_handles.cpp
+      storages_.push_back(resolve_cuda(entry, i, cuda_records++));
       continue;
     }
     if (kind != HandleKind::NewFd && kind != HandleKind::NewProcFd) {
@@ -109,6 +119,7 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
     leases_[entry.slot] = make_lease(storage);
     storages_.push_back(resolve_lease(leases_[entry.slot]));
   }
+  body_ = body_.subspan(cuda_records * sizeof(CudaHandleRecord));  // resolve_cuda checked the length
   if (next_fd != frame_fds.size()) {
     throw ProtocolError("frame carries " + std::to_string(frame_fds.size()) + " fds but only " +
                         std::to_string(next_fd) + " fd handles");

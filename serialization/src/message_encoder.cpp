@@ -12,15 +12,14 @@ void MessageEncoder::begin() {
   entries_.clear();
   fds_.clear();
   new_storage_ids_.clear();
+  cuda_begin_frame();
 }
 
 std::uint32_t MessageEncoder::add_storage(const std::shared_ptr<Storage>& storage) {
   for (std::size_t i = 0; i < storages_.size(); ++i) {
     if (storages_[i] == storage) return static_cast<std::uint32_t>(i);
   }
-  if (!storage->device().is_cpu()) {
-    throw Error("cannot send a " + storage->device().to_string() + " tensor: this build has no CUDA support");
-  }
+  if (storage->device().kind == DeviceKind::Cuda) return add_cuda_storage(storage);  // CUDA IPC: cuda_handles.cpp
   // Like torch's share_memory_(): a heap storage moves into shared memory once, in place.
   storage->share_memory();
   storages_.push_back(storage);
@@ -60,6 +59,10 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   collect_dead_storages();
   const pid_t pid = passing_ == HandlePassing::ProcFd && !storages_.empty() ? ::getpid() : 0;
   for (const auto& storage : storages_) {
+    if (storage->device().kind == DeviceKind::Cuda) {  // CUDA IPC: cuda_handles.cpp
+      entries_.push_back(cuda_entry(storage));
+      continue;
+    }
     HandleEntry entry;
     entry.nbytes = storage->nbytes();
     if (auto it = sent_.find(storage->id()); it != sent_.end()) {
@@ -101,7 +104,8 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   header_.fd_count = static_cast<std::uint32_t>(fds_.size());
   announced_release_count_ = unannounced_releases_.size();
   header_.release_count = static_cast<std::uint32_t>(announced_release_count_);
-  header_.body_bytes = body_.size();
+  const std::span<const std::byte> cuda_records = cuda_section();  // at the front of the body
+  header_.body_bytes = cuda_records.size() + body_.size();
 
   frame_ = EncodedFrame{};
   auto add = [this](const void* data, std::size_t size) {
@@ -113,6 +117,7 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   add(type_name_.data(), type_name_.size());
   add(entries_.data(), entries_.size() * sizeof(HandleEntry));
   add(unannounced_releases_.data(), announced_release_count_ * sizeof(std::uint32_t));
+  add(cuda_records.data(), cuda_records.size());
   add(body_.data(), body_.size());
   frame_.fds = fds_;
   frame_.sequence = next_sequence_;
@@ -132,6 +137,7 @@ void MessageEncoder::commit() {
                               unannounced_releases_.begin() + static_cast<std::ptrdiff_t>(announced_release_count_));
   ++next_sequence_;
   storages_.clear();
+  cuda_end_frame(true);
 }
 
 void MessageEncoder::rollback() {
@@ -146,6 +152,7 @@ void MessageEncoder::rollback() {
   }
   while (!keepalive_.empty() && keepalive_.back().first == next_sequence_) keepalive_.pop_back();
   storages_.clear();
+  cuda_end_frame(false);
 }
 
 void MessageEncoder::acknowledge(std::uint64_t sequence) {

@@ -13,6 +13,7 @@
 #include <cereal/types/tuple.hpp>
 
 #include "ferry/channel.hpp"
+#include "ferry/cuda.hpp"
 #include "ferry/dtype.hpp"
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"

@@ -57,8 +57,10 @@ class SharedMemoryAllocation final : public Allocation {
 /// views of one storage share it, and it dies with its last view.
 class Storage : public std::enable_shared_from_this<Storage> {
  public:
-  /// Allocates `nbytes` on `device` (Cpu or SharedCpu). Shared memory is registered in
-  /// the process's handle cache so that a storage sent back to us is recognised.
+  /// Allocates `nbytes` on `device`. Shared memory is registered in the process's handle
+  /// cache so that a storage sent back to us is recognised; CUDA memory comes from ferry's
+  /// caching device allocator (ferry/cuda/block_pool.hpp; CudaError when that fails, Error
+  /// in a build without CUDA).
   static std::shared_ptr<Storage> allocate(std::size_t nbytes, Device device);
   /// Wraps an allocation; several Storage objects may share one (a receiver's lease keeps
   /// the allocation, not the Storage, alive).
@@ -82,8 +84,9 @@ class Storage : public std::enable_shared_from_this<Storage> {
   bool received() const noexcept { return received_; }
 
   /// Moves a heap storage's bytes into a new shared segment, in place: every tensor that
-  /// views this storage follows. No-op when already shared. Not safe while another thread
-  /// reads or writes the storage's bytes.
+  /// views this storage follows. No-op when already shared, and for CUDA storages (which
+  /// travel through CUDA IPC as they are). Not safe while another thread reads or writes
+  /// the storage's bytes.
   void share_memory();
 
   /// Records that the storage went into a frame, so that its death is announced to the

@@ -98,8 +98,11 @@ class Tensor {
   /// This tensor when contiguous, else a contiguous copy on the same device.
   Tensor contiguous() const;
   /// A contiguous copy with its own storage, on `device` (default: the same device).
+  /// `clone(Device::Cpu)` of a CUDA tensor is how its elements are read on the host.
   Tensor clone(std::optional<Device> device = std::nullopt) const;
-  /// Copies the elements of `source` (same shape and dtype) into this tensor.
+  /// Copies the elements of `source` (same shape and dtype) into this tensor. Either may be
+  /// on a CUDA device: the copy then goes through cudaMemcpy on the current stream (see
+  /// ferry/cuda/runtime.hpp) and is finished when this returns.
   void copy_from(const Tensor& source);
   /// Moves the storage into shared memory in place, as torch's share_memory_(): every
   /// view of the storage follows. No-op when already shared. Returns *this.
@@ -154,6 +157,11 @@ void copy_strided(std::byte* destination, const Shape& destination_strides, cons
 
 template <class T>
 Tensor Tensor::from(std::span<const T> values, const Shape& shape, Device device) {
+  if (!device.is_cpu()) {  // device memory: fill a CPU tensor, then copy it over
+    Tensor tensor = empty(shape, dtype_of<T>, device);
+    tensor.copy_from(from(values, shape, Device::Cpu));
+    return tensor;
+  }
   Tensor tensor = empty(shape, dtype_of<T>, device);
   if (static_cast<std::size_t>(tensor.numel()) != values.size()) {
     throw Error("Tensor::from: " + std::to_string(values.size()) + " values do not fill shape of " +

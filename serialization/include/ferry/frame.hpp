@@ -6,7 +6,9 @@
 //   handle table          handle_count x HandleEntry (48 bytes each)
 //   released slots        release_count x uint32: leases the receiver drops before
 //                         resolving this frame's handles
-//   body                  body_bytes bytes: the cereal archive of the message
+//   body                  body_bytes bytes: the cereal archive of the message; when the
+//                         table has CudaIpc entries, the body starts with one
+//                         CudaHandleRecord per such entry, in table order (cuda_frame.hpp)
 //
 // fd_count file descriptors travel with the frame as SCM_RIGHTS ancillary data (Unix
 // socket), one per HandleKind::NewFd entry, in table order.
@@ -49,6 +51,7 @@ enum class HandleKind : std::uint32_t {
   NewFd = 1,      ///< a memfd passed with the frame (SCM_RIGHTS); the receiver leases it at `slot`
   NewProcFd = 2,  ///< a memfd the receiver opens at /proc/<pid>/fd/<fd>, checked against device/inode
   Leased = 3,     ///< a storage the receiver already leases at `slot`: no fd, no mmap
+  CudaIpc = 4,    ///< a CUDA storage, described by its CudaHandleRecord (cuda_frame.hpp); leased at `slot`
 };
 
 struct HandleEntry {

@@ -83,6 +83,12 @@ class MessageDecoder {
   static Lease make_lease(const std::shared_ptr<Storage>& storage);
   std::shared_ptr<Storage> resolve_lease(Lease& lease);
 
+  // CUDA storages (defined in serialization/src/cuda_handles.cpp): resolves the CudaIpc
+  // entry `index` with the `record`-th CUDA record of the frame; the events opened so far.
+  struct CudaReceiveState;
+  std::shared_ptr<Storage> resolve_cuda(const HandleEntry& entry, std::uint32_t index, std::size_t record);
+  std::shared_ptr<CudaReceiveState> cuda_;
+
   std::vector<Lease> leases_;  // by slot
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;

@@ -30,7 +30,7 @@ namespace ferry {
 
 /// A frame ready for a transport: byte parts in order and the fds to pass with it.
 struct EncodedFrame {
-  std::array<iovec, 5> parts{};
+  std::array<iovec, 6> parts{};
   std::size_t part_count = 0;
   std::span<const int> fds;
   std::uint64_t sequence = 0;
@@ -87,6 +87,17 @@ class MessageEncoder {
   };
   void begin();
   const EncodedFrame& finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name);
+
+  // CUDA storages (defined in serialization/src/cuda_handles.cpp): the connection's release
+  // boards and interprocess events, and the CUDA records of the frame being encoded.
+  struct CudaSendState;
+  std::uint32_t add_cuda_storage(const std::shared_ptr<Storage>& storage);
+  HandleEntry cuda_entry(const std::shared_ptr<Storage>& storage);
+  std::span<const std::byte> cuda_section() const noexcept;
+  void cuda_begin_frame() noexcept;
+  void cuda_end_frame(bool sent) noexcept;
+  std::shared_ptr<CudaSendState> cuda_;
+
   void collect_dead_storages();
   std::uint32_t take_slot();
 

@@ -1,0 +1,36 @@
+// The wire format of CUDA storages. A CUDA storage is a HandleKind::CudaIpc entry of the
+// handle table plus a CudaHandleRecord at the front of the body (one per CudaIpc entry, in
+// table order). The entry carries what every handle carries:
+//   slot     the lease slot of the storage on this connection (the receiver keeps the
+//            opened block mapped there until the sender announces the slot's release)
+//   nbytes   the storage's size
+//   pid      the producer's pid
+//   device   the producer's ordinal of the GPU (informative: the record's PCI bus id rules)
+// and the record the rest. Every frame that carries the storage repeats the record: a storage
+// sent again while leased costs no cudaIpcOpenMemHandle, only an event wait and a counter.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry {
+
+/// Bits of CudaHandleRecord::flags.
+inline constexpr std::uint32_t kCudaRecordHasEvent = 1;  ///< wait on event_handle before using the storage
+
+/// Everything about a CUDA storage that does not fit a HandleEntry.
+struct CudaHandleRecord {
+  std::byte memory_handle[64];  ///< cudaIpcMemHandle_t of the whole cudaMalloc block
+  std::byte event_handle[64];   ///< cudaIpcEventHandle_t recorded after the sender's last write
+  char pci_bus_id[16];          ///< the GPU (cudaDeviceGetPCIBusId), NUL-terminated
+  std::uint64_t block_id;       ///< the producer's name of the block, never reused by that process
+  std::uint64_t block_bytes;    ///< size of the block
+  std::uint64_t offset;         ///< the storage's byte offset in the block
+  std::uint32_t board_index;    ///< index, in the handle table, of the release board (a shared segment)
+  std::uint32_t counter;        ///< the counter of that board that this storage's holds are counted on
+  std::uint32_t flags;          ///< kCudaRecordHasEvent
+  std::uint32_t reserved;       ///< zero
+};
+static_assert(sizeof(CudaHandleRecord) == 184);
+
+}  // namespace ferry

@@ -1,0 +1,251 @@
+// CUDA storages on the wire (see cuda_frame.hpp). The sending side turns a producer's CUDA
+// storage into a CudaIpc handle entry plus a CudaHandleRecord: the IPC handle of its whole
+// block, its offset and size in it, the interprocess event recorded after the sender's
+// writes, and the counter of the connection's release board that the receiver releases.
+// The receiving side opens the block (once per process), makes its stream wait for the
+// event, and builds a Storage that views the producer's memory.
+//
+// Every CUDA transport in ferry today (pipe, Unix socket) stays on one host. A transport
+// that crosses hosts must refuse CUDA storages in add_cuda_storage(): IPC handles mean
+// nothing on another machine.
+#include <unistd.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "ferry/cuda.hpp"
+#include "ferry/cuda/block_pool.hpp"
+#include "ferry/cuda/ipc.hpp"
+#include "ferry/cuda_frame.hpp"
+#include "ferry/message_decoder.hpp"
+#include "ferry/message_encoder.hpp"
+
+namespace ferry {
+
+// ---- sending ---------------------------------------------------------------------------
+
+struct MessageEncoder::CudaSendState {
+  // The events outlive the connection as long as any of its boards does: receivers may still
+  // wait on them for frames in flight, and those frames hold counters of the boards.
+  std::shared_ptr<cuda::SendEvents> events = std::make_shared<cuda::SendEvents>();
+  cuda::ReleaseBoardSet boards{events};
+
+  // The frame being encoded.
+  struct Pending {
+    const Storage* storage;
+    std::shared_ptr<cuda::ReleaseBoard> board;
+    std::uint32_t counter;
+    std::uint32_t board_index;  // in the frame's handle table
+  };
+  std::vector<Pending> pending;                 // CUDA storages added to the frame
+  std::vector<CudaHandleRecord> records;        // one per CudaIpc entry, in table order
+  std::vector<std::pair<std::shared_ptr<cuda::ReleaseBoard>, std::uint32_t>> counted;  // +1s of this frame
+  std::vector<std::pair<int, std::optional<cuda::IpcHandle>>> events_recorded;        // by device
+
+  // The event that covers the sender's writes on `device`, recorded once per frame.
+  std::optional<cuda::IpcHandle> event_for(int device) {
+    for (const auto& [recorded_device, handle] : events_recorded) {
+      if (recorded_device == device) return handle;
+    }
+    events_recorded.emplace_back(device, events->record(device));
+    return events_recorded.back().second;
+  }
+};
+
+std::uint32_t MessageEncoder::add_cuda_storage(const std::shared_ptr<Storage>& storage) {
+  const std::string device = storage->device().to_string();
+  if (!cuda_built()) {
+    throw Error("cannot send a " + device + " tensor: this build of ferry has no CUDA support");
+  }
+  if (storage->received()) {
+    throw Error("cannot send a " + device +
+                " tensor that this process received from another process: CUDA lets only the process that "
+                "allocated device memory share it. Send a copy instead: tensor.clone()");
+  }
+  auto allocation = std::dynamic_pointer_cast<cuda::CudaAllocation>(storage->shared_allocation());
+  if (!allocation) {
+    throw Error("cannot send a " + device +
+                " storage that ferry's CUDA allocator did not make; allocate it with Tensor::empty(shape, dtype, "
+                "Device::Cuda(i))");
+  }
+  if (!cuda_) cuda_ = std::make_shared<CudaSendState>();
+  auto [board, counter] = allocation->hold_for(cuda_->boards);
+  // The board travels as an ordinary shared segment, ahead of the storages that use it.
+  const std::uint32_t board_index = add_storage(board->storage());
+  storages_.push_back(storage);
+  cuda_->pending.push_back(CudaSendState::Pending{storage.get(), std::move(board), counter, board_index});
+  return static_cast<std::uint32_t>(storages_.size() - 1);
+}
+
+HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) {
+  const CudaSendState::Pending* pending = nullptr;
+  for (const auto& candidate : cuda_->pending) {
+    if (candidate.storage == storage.get()) pending = &candidate;
+  }
+  if (pending == nullptr) throw Error("internal error: a CUDA storage of the frame was not added through add_storage");
+  const auto& allocation = static_cast<const cuda::CudaAllocation&>(*storage->allocation());
+  const int device = storage->device().index;
+
+  const cuda::BlockExport exported = cuda::export_allocation(allocation);
+  CudaHandleRecord record{};
+  std::memcpy(record.memory_handle, exported.memory_handle.data(), sizeof record.memory_handle);
+  std::memcpy(record.pci_bus_id, exported.pci_bus_id.data(), sizeof record.pci_bus_id);
+  record.block_id = exported.block_id;
+  record.block_bytes = exported.block_bytes;
+  record.offset = exported.offset;
+  record.board_index = pending->board_index;
+  record.counter = pending->counter;
+  if (const std::optional<cuda::IpcHandle> event = cuda_->event_for(device)) {
+    std::memcpy(record.event_handle, event->data(), sizeof record.event_handle);
+    record.flags |= kCudaRecordHasEvent;
+  }  // else: the sending stream was synchronized (fallback): nothing to wait for
+  cuda_->records.push_back(record);
+  // This frame is one more hold until the receiver resolves it (taken back if not sent).
+  pending->board->add(pending->counter, 1);
+  cuda_->counted.emplace_back(pending->board, pending->counter);
+
+  HandleEntry entry;
+  entry.kind = static_cast<std::uint32_t>(HandleKind::CudaIpc);
+  entry.nbytes = storage->nbytes();
+  entry.pid = static_cast<std::int32_t>(::getpid());
+  entry.device = static_cast<std::uint64_t>(device);
+  if (auto it = sent_.find(storage->id()); it != sent_.end()) {
+    entry.slot = it->second.slot;
+  } else {
+    entry.slot = take_slot();
+    sent_.emplace(storage->id(), SentStorage{entry.slot, storage});
+    new_storage_ids_.push_back(storage->id());
+    storage->mark_sent();
+    ++storages_passed_;
+  }
+  return entry;
+}
+
+std::span<const std::byte> MessageEncoder::cuda_section() const noexcept {
+  if (!cuda_ || cuda_->records.empty()) return {};
+  return std::as_bytes(std::span<const CudaHandleRecord>(cuda_->records));
+}
+
+void MessageEncoder::cuda_begin_frame() noexcept {
+  if (!cuda_) return;
+  cuda_->pending.clear();
+  cuda_->records.clear();
+  cuda_->counted.clear();
+  cuda_->events_recorded.clear();
+}
+
+void MessageEncoder::cuda_end_frame(bool sent) noexcept {
+  if (!cuda_) return;
+  if (!sent) {
+    for (const auto& [board, counter] : cuda_->counted) board->add(counter, -1);
+  }
+  cuda_->counted.clear();
+}
+
+// ---- receiving -------------------------------------------------------------------------
+
+struct MessageDecoder::CudaReceiveState {
+  cuda::ReceiveEvents events;
+  std::vector<std::pair<int, cuda::IpcHandle>> waited;  // in the frame being resolved
+
+  void wait(int device, const cuda::IpcHandle& handle) {
+    for (const auto& [waited_device, waited_handle] : waited) {
+      if (waited_device == device && waited_handle == handle) return;  // once per frame is enough
+    }
+    events.wait(device, handle);
+    waited.emplace_back(device, handle);
+  }
+};
+
+std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, std::uint32_t index,
+                                                      std::size_t record_number) {
+  const std::string handle = "CUDA handle " + std::to_string(index);
+  if (!cuda_built()) {
+    throw ProtocolError("the sender shares a CUDA tensor (" + handle +
+                        ") but this build of ferry has no CUDA support; build the receiver with the CUDA toolkit "
+                        "(FERRY_WITH_CUDA) or send CPU tensors");
+  }
+  if (body_.size() / sizeof(CudaHandleRecord) <= record_number) {
+    throw ProtocolError("frame body is too short for the CUDA record of handle " + std::to_string(index));
+  }
+  CudaHandleRecord record;
+  std::memcpy(&record, body_.data() + record_number * sizeof record, sizeof record);
+  if (!cuda_) cuda_ = std::make_shared<CudaReceiveState>();
+  if (record_number == 0) cuda_->waited.clear();  // a new frame
+
+  // Everything that needs no CUDA call is checked first.
+  if (entry.slot >= kMaxSlots) {
+    throw ProtocolError(handle + " asks for slot " + std::to_string(entry.slot) + ", above the limit of " +
+                        std::to_string(kMaxSlots));
+  }
+  if (entry.nbytes == 0) throw ProtocolError(handle + " has no bytes");
+  if (record.offset > record.block_bytes || entry.nbytes > record.block_bytes - record.offset) {
+    throw ProtocolError(handle + " claims " + std::to_string(entry.nbytes) + " bytes at offset " +
+                        std::to_string(record.offset) + " of a block of only " + std::to_string(record.block_bytes));
+  }
+  if (std::memchr(record.pci_bus_id, '\0', sizeof record.pci_bus_id) == nullptr) {
+    throw ProtocolError(handle + " has a PCI bus id without an end");
+  }
+  if (entry.pid <= 0) throw ProtocolError(handle + " names an invalid process " + std::to_string(entry.pid));
+  if (entry.pid == ::getpid()) {
+    throw ProtocolError(handle + " was sent by this very process: CUDA IPC only works between two processes");
+  }
+  if (record.board_index >= storages_.size()) {
+    throw ProtocolError(handle + " refers to release board " + std::to_string(record.board_index) +
+                        ", which is not an earlier handle of the frame");
+  }
+  const cuda::ReleaseBoardView board(storages_[record.board_index]->shared_allocation());
+  if (record.counter >= board.capacity()) {
+    throw ProtocolError(handle + " uses counter " + std::to_string(record.counter) + " of a release board of " +
+                        std::to_string(board.capacity()));
+  }
+  // This frame gave this process one hold on the counter: from here on, a failure gives it
+  // back, so that a broken frame cannot pin the producer's memory.
+  Lease* lease = entry.slot < leases_.size() && leases_[entry.slot] ? &leases_[entry.slot] : nullptr;
+  std::shared_ptr<cuda::ReceivedCudaRange> range;
+  if (lease != nullptr) {
+    range = std::dynamic_pointer_cast<cuda::ReceivedCudaRange>(lease->allocation);
+    if (!range || !range->is(entry.pid, record.block_id, record.offset, entry.nbytes)) {
+      board.release(record.counter);
+      throw ProtocolError(handle + " reuses slot " + std::to_string(entry.slot) + " for another storage before releasing it");
+    }
+  }
+  try {
+    cuda::BlockExport exported;
+    std::memcpy(exported.memory_handle.data(), record.memory_handle, sizeof record.memory_handle);
+    std::memcpy(exported.pci_bus_id.data(), record.pci_bus_id, sizeof record.pci_bus_id);
+    exported.block_id = record.block_id;
+    exported.block_bytes = record.block_bytes;
+    exported.offset = record.offset;
+    const int device = cuda::local_device(exported.pci_bus_id);
+    if (!range) range = cuda::open_received_range(exported, device, entry.nbytes, entry.pid);
+    if (record.flags & kCudaRecordHasEvent) {
+      cuda::IpcHandle event;
+      std::memcpy(event.data(), record.event_handle, sizeof record.event_handle);
+      cuda_->wait(device, event);
+    }
+    if (lease != nullptr) {
+      if (auto storage = lease->handle.lock()) {
+        board.release(record.counter);  // already held by that Storage
+        return storage;
+      }
+    }
+    // A new Storage, which keeps this frame's hold until it dies.
+    auto storage = Storage::adopt(cuda::hold_received_range(range, board, record.counter), true);
+    if (lease != nullptr) {
+      lease->handle = storage;
+    } else {
+      if (entry.slot >= leases_.size()) leases_.resize(entry.slot + 1);
+      // No core: owning the CUDA storage would hold the producer's memory (see Lease).
+      leases_[entry.slot] = Lease{range, nullptr, storage};
+    }
+    return storage;
+  } catch (const CudaError& error) {
+    board.release(record.counter);
+    throw ProtocolError("cannot map the CUDA storage of " + handle + " from process " + std::to_string(entry.pid) +
+                        ": " + error.what());
+  }
+}
+
+}  // namespace ferry
