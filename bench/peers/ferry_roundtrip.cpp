@@ -59,7 +59,8 @@ int main(int argc, char** argv) try {
   pong_tx.detach();
 
   std::map<std::string, std::vector<double>> results;
-  auto measure = [&](const std::string& name, const std::function<Message()>& make, int count) {
+  auto measure = [&, &ping_tx = ping_tx, &pong_rx = pong_rx](const std::string& name, const std::function<Message()>& make,
+                                                               int count) {
     std::vector<double> samples;
     for (int i = 0; i <= count; ++i) {
       const auto start = Clock::now();
