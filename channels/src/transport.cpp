@@ -4,7 +4,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <thread>
+
 #include "ferry/error.hpp"
+#include "ferry/ring_transport.hpp"
 #include "ferry/stream_transport.hpp"
 
 namespace ferry {
@@ -28,9 +31,15 @@ std::string_view transport_name(Transport transport) {
   return "invalid";
 }
 
-std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(Transport transport,
-                                                                                   const FrameLimits& limits,
-                                                                                   std::size_t /*ring_capacity*/) {
+std::chrono::nanoseconds default_ring_spin() {
+  // Spinning only pays when the peer can run at the same time, on another CPU.
+  static const std::chrono::nanoseconds spin =
+      std::thread::hardware_concurrency() > 1 ? std::chrono::microseconds(20) : std::chrono::nanoseconds::zero();
+  return spin;
+}
+
+std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(
+    Transport transport, const FrameLimits& limits, std::size_t ring_capacity, const RingTiming& ring_timing) {
   switch (transport) {
     case Transport::Pipe: {
       ignore_sigpipe();
@@ -49,10 +58,11 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
       return {std::make_unique<StreamFrameWriter>(std::move(writer_end), UniqueFd(), true),
               std::make_unique<StreamFrameReader>(std::move(reader_end), UniqueFd(), true, limits)};
     }
-    case Transport::ShmRing:
-    case Transport::InProcess: break;
+    case Transport::ShmRing: return make_ring_transport(ring_capacity, ring_timing, limits);
+    case Transport::InProcess:
+      throw Error("Transport::InProcess moves values, not frames: create it with ferry::channel<T>()");
   }
-  throw Error("transport " + std::string(transport_name(transport)) + " is not available in this build yet");
+  throw Error("unknown transport " + std::to_string(static_cast<int>(transport)));
 }
 
 }  // namespace ferry

@@ -125,7 +125,8 @@ class Receiver {
 /// process (fork, or ferry::spawn) and keep the other.
 template <class T>
 std::pair<Sender<T>, Receiver<T>> channel(Transport transport, const ChannelOptions& options = {}) {
-  auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity);
+  auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity,
+                                         RingTiming{options.ring_spin, options.peer_check_interval});
   return {Sender<T>(std::make_unique<detail::SenderCore>(std::move(writer), transport, options)),
           Receiver<T>(std::make_unique<detail::ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(),
                                                              type_name<T>()))};

@@ -4,6 +4,7 @@
 
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -22,7 +23,7 @@ namespace ferry {
 enum class Transport {
   Pipe,        ///< a pipe for frames (plus one for acknowledgements); storages by /proc/<pid>/fd
   UnixSocket,  ///< a Unix stream socket; storages' memfds travel as SCM_RIGHTS
-  ShmRing,     ///< a ring buffer in shared memory (see ring transport)
+  ShmRing,     ///< a ring buffer in a shared memfd (ring_transport.hpp); storages by /proc/<pid>/fd
   InProcess,   ///< a queue between threads of one process; values are moved, not serialized
 };
 
@@ -76,9 +77,24 @@ class FrameReader {
   virtual std::vector<int> descriptors() const { return {}; }
 };
 
-/// Creates a connected writer/reader pair of `transport` (Pipe or UnixSocket here).
-std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(Transport transport,
-                                                                                   const FrameLimits& limits,
-                                                                                   std::size_t ring_capacity);
+/// How long a waiting end of a shared-memory ring spins before it sleeps on its futex by
+/// default: 20 us where the machine has more than one CPU, 0 (sleep at once) otherwise.
+std::chrono::nanoseconds default_ring_spin();
+
+/// How the ends of a shared-memory ring (Transport::ShmRing) wait.
+struct RingTiming {
+  /// Time an end that has nothing to do (no frame, no room) spins before it sleeps.
+  std::chrono::nanoseconds spin = default_ring_spin();
+  /// How often an end checks that its peer still exists: a waiting end whose peer died
+  /// (or dropped its end) learns it within about this long, and a sending end checks at
+  /// most this often while it finds room.
+  std::chrono::milliseconds peer_check_interval{100};
+};
+
+/// Creates a connected writer/reader pair of `transport` (Pipe, UnixSocket or ShmRing;
+/// InProcess channels carry values, not frames, and are made by channel<T>()).
+/// `ring_capacity` and `ring_timing` apply to ShmRing only.
+std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(
+    Transport transport, const FrameLimits& limits, std::size_t ring_capacity, const RingTiming& ring_timing = {});
 
 }  // namespace ferry

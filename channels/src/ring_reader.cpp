@@ -1,0 +1,96 @@
+#include <algorithm>
+#include <atomic>
+#include <string>
+
+#include "ferry/error.hpp"
+#include "ferry/ring_transport.hpp"
+
+namespace ferry {
+
+RingFrameReader::RingFrameReader(std::shared_ptr<const RingSegment> segment, UniqueFd companion,
+                                 const RingTiming& timing, const FrameLimits& limits)
+    : end_(std::move(segment), std::move(companion), timing), limits_(limits) {
+  // A reader rebuilt from inherited descriptors continues where the stream is.
+  head_ = end_.header().head.load(std::memory_order_acquire);
+}
+
+std::uint64_t RingFrameReader::available() {
+  const std::uint64_t tail = end_.header().tail.load(std::memory_order_acquire);
+  const std::uint64_t count = tail - head_;
+  if (count > end_.capacity()) {
+    throw ProtocolError("the ring's shared write position (" + std::to_string(tail) + ") is outside " +
+                        std::to_string(head_) + ".." + std::to_string(head_ + end_.capacity()) +
+                        "; another process scribbled in the segment");
+  }
+  return count;
+}
+
+bool RingFrameReader::consume(std::uint64_t count) {
+  // Publish at most a quarter of the ring at a time, so that a writer streaming a large
+  // frame refills what was read while the rest is being copied.
+  count = std::min(count, end_.capacity() / 4);
+  if (header_filled_ < sizeof frame_header_) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(count, sizeof frame_header_ - header_filled_));
+    end_.copy_out(head_, reinterpret_cast<std::byte*>(&frame_header_) + header_filled_, n);
+    header_filled_ += n;
+    head_ += n;
+    count -= n;
+    if (header_filled_ == sizeof frame_header_) {
+      validate_header(frame_header_, limits_);
+      frame_payload_.resize(static_cast<std::size_t>(payload_bytes(frame_header_)));
+      payload_filled_ = 0;
+    }
+  }
+  if (header_filled_ == sizeof frame_header_) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(count, frame_payload_.size() - payload_filled_));
+    end_.copy_out(head_, frame_payload_.data() + payload_filled_, n);
+    payload_filled_ += n;
+    head_ += n;
+  }
+  RingHeader& header = end_.header();
+  header.head.store(head_, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  detail::RingEnd::wake(header.writer_sleeping);
+  return header_filled_ == sizeof frame_header_ && payload_filled_ == frame_payload_.size();
+}
+
+ReadStatus RingFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& /*fds*/,
+                                 const Deadline& deadline) {
+  if (!end_.is_open() || peer_closed_) return ReadStatus::Closed;
+  while (true) {
+    std::uint64_t count = available();
+    if (count == 0) {
+      const detail::WaitOutcome outcome = end_.wait(
+          end_.header().reader_sleeping, [&] { return available() > 0; }, deadline);
+      if (outcome == detail::WaitOutcome::Timeout) return ReadStatus::Timeout;
+      count = available();
+      if (count == 0) {  // PeerGone, and nothing left to drain
+        throw PeerDied(header_filled_ == 0
+                           ? "the sending process died or dropped its end of the ring without closing the channel"
+                           : "the sending process died in the middle of a frame");
+      }
+    }
+    if (!consume(count)) continue;
+    header = frame_header_;
+    payload.swap(frame_payload_);
+    header_filled_ = 0;
+    payload_filled_ = 0;
+    if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
+      peer_closed_ = true;
+      return ReadStatus::Closed;
+    }
+    return ReadStatus::Frame;
+  }
+}
+
+void RingFrameReader::acknowledge(std::uint64_t sequence) {
+  if (!end_.is_open()) return;
+  RingHeader& header = end_.header();
+  header.acknowledged.store(sequence, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  detail::RingEnd::wake(header.writer_sleeping);
+}
+
+void RingFrameReader::close() noexcept { end_.close(); }
+
+}  // namespace ferry
