@@ -266,7 +266,7 @@ TEST_F(RingTest, ReceiverKilledWhileTheSenderIsBlockedOnAFullRing) {
   ChannelOptions options = ring_options(4096);
   options.peer_check_interval = 50ms;
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, options);
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+  const pid_t child = fork_child([&tx = tx] {
     tx.detach();
     ::pause();  // never reads
   });
@@ -343,7 +343,7 @@ TEST_F(RingTest, SenderKilledBetweenFramesIsPeerDied) {
 
 TEST_F(RingTest, SendingToADeadReceiverFailsOnceItIsNoticed) {
   auto [tx, rx] = channel<int>(Transport::ShmRing, ring_options(4096));
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx] { tx.detach(); });
+  const pid_t child = fork_child([&tx = tx] { tx.detach(); });
   rx.close();
   ASSERT_TRUE(child_succeeded(child));
   // The first send checks the companion socket: the receiver is gone.

@@ -77,10 +77,10 @@ WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, co
     ~Awake() { word.store(0, std::memory_order_relaxed); }
   } awake{word};
   while (true) {
-    // Announce the sleep, then re-check: the fence pairs with the one the peer issues
-    // between publishing its position and looking at this word (ring_layout.hpp).
-    word.store(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    // Announce the sleep, then re-check. The store, the position loads in ready() and
+    // the peer's publishing store and load of this word are all sequentially consistent:
+    // either the peer sees the 1 and wakes us, or we see its new position.
+    word.store(1, std::memory_order_seq_cst);
     if (ready()) return WaitOutcome::Ready;
     const auto now = Deadline::Clock::now();
     if (now >= next_peer_check_ && peer_gone()) return ready() ? WaitOutcome::Ready : WaitOutcome::PeerGone;
@@ -92,8 +92,8 @@ WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, co
 }
 
 void RingEnd::wake(std::atomic<std::uint32_t>& word) {
-  if (word.load(std::memory_order_relaxed) == 0) return;
-  if (word.exchange(0, std::memory_order_relaxed) != 0) futex_wake(word, 1);
+  if (word.load(std::memory_order_seq_cst) == 0) return;
+  if (word.exchange(0, std::memory_order_seq_cst) != 0) futex_wake(word, 1);
 }
 
 void RingEnd::close() noexcept {

@@ -15,7 +15,7 @@ RingFrameReader::RingFrameReader(std::shared_ptr<const RingSegment> segment, Uni
 }
 
 std::uint64_t RingFrameReader::available() {
-  const std::uint64_t tail = end_.header().tail.load(std::memory_order_acquire);
+  const std::uint64_t tail = end_.header().tail.load(std::memory_order_seq_cst);
   const std::uint64_t count = tail - head_;
   if (count > end_.capacity()) {
     throw ProtocolError("the ring's shared write position (" + std::to_string(tail) + ") is outside " +
@@ -48,8 +48,7 @@ bool RingFrameReader::consume(std::uint64_t count) {
     head_ += n;
   }
   RingHeader& header = end_.header();
-  header.head.store(head_, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  header.head.store(head_, std::memory_order_seq_cst);  // seq_cst: pairs with a sleeping writer (wake)
   detail::RingEnd::wake(header.writer_sleeping);
   return header_filled_ == sizeof frame_header_ && payload_filled_ == frame_payload_.size();
 }
@@ -86,8 +85,7 @@ ReadStatus RingFrameReader::read(FrameHeader& header, std::vector<std::byte>& pa
 void RingFrameReader::acknowledge(std::uint64_t sequence) {
   if (!end_.is_open()) return;
   RingHeader& header = end_.header();
-  header.acknowledged.store(sequence, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  header.acknowledged.store(sequence, std::memory_order_seq_cst);
   detail::RingEnd::wake(header.writer_sleeping);
 }
 

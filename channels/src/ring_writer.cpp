@@ -51,7 +51,7 @@ RingFrameWriter::RingFrameWriter(std::shared_ptr<const RingSegment> segment, Uni
 
 std::uint64_t RingFrameWriter::room(bool refresh) {
   if (refresh) {
-    const std::uint64_t head = end_.header().head.load(std::memory_order_acquire);
+    const std::uint64_t head = end_.header().head.load(std::memory_order_seq_cst);
     if (head - head_seen_ > tail_ - head_seen_) {
       throw ProtocolError("the ring's shared read position (" + std::to_string(head) +
                           ") is outside what was written (" + std::to_string(head_seen_) + ".." +
@@ -64,8 +64,7 @@ std::uint64_t RingFrameWriter::room(bool refresh) {
 
 void RingFrameWriter::publish() {
   RingHeader& header = end_.header();
-  header.tail.store(tail_, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  header.tail.store(tail_, std::memory_order_seq_cst);  // seq_cst: pairs with a sleeping reader (wake)
   detail::RingEnd::wake(header.reader_sleeping);
 }
 
@@ -147,7 +146,7 @@ bool RingFrameWriter::flush(const Deadline& deadline) {
 
 std::uint64_t RingFrameWriter::acknowledged() {
   if (end_.is_open()) {
-    acknowledged_ = std::max(acknowledged_, end_.header().acknowledged.load(std::memory_order_acquire));
+    acknowledged_ = std::max(acknowledged_, end_.header().acknowledged.load(std::memory_order_seq_cst));
   }
   return acknowledged_;
 }

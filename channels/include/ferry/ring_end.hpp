@@ -69,8 +69,8 @@ class RingEnd {
   /// the deadline passed, PeerGone when the peer is gone and `ready()` is still false.
   WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
 
-  /// Wakes the peer if it sleeps on `word`. Call after publishing a position and a
-  /// sequentially consistent fence (the fence pairs with the sleeper's, see wait()).
+  /// Wakes the peer if it sleeps on `word`. Call after publishing a position with a
+  /// sequentially consistent store (it pairs with the sleeper's, see wait()).
   static void wake(std::atomic<std::uint32_t>& word);
 
   /// Drops this end's share of the mapping and its companion socket.

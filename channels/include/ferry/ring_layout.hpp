@@ -20,8 +20,9 @@
 //   frames of any size pass (up to FrameLimits), whatever the capacity.
 // - reader_sleeping / writer_sleeping: futex words. An end that found nothing to do
 //   (no data / no room / no acknowledgement) and spun for its spin budget stores 1 into
-//   its word, re-checks, and sleeps on the word. The peer, after publishing a position,
-//   issues a full fence and, if the word is 1, swaps it to 0 and wakes it. Each word lives
+//   its word, re-checks, and sleeps on the word. The peer publishes a position, then
+//   looks at the word (all four accesses sequentially consistent, so one of the two sees
+//   the other) and, if it is 1, swaps it to 0 and wakes the sleeper. Each word lives
 //   on the line its waker writes anyway, so the waker's check costs no cache miss; the
 //   sleeper writes it only on its slow path.
 // - The producer and consumer lines are 128 bytes apart so that the adjacent-line
