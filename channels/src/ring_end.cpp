@@ -1,6 +1,7 @@
 #include "ferry/ring_end.hpp"
 
 #include <poll.h>
+#include <time.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -10,32 +11,39 @@
 #include "ferry/futex.hpp"
 
 namespace ferry::detail {
+namespace {
+
+// CLOCK_MONOTONIC at the resolution of the scheduler tick, in nanoseconds.
+std::int64_t coarse_now() noexcept {
+  timespec now{};
+  // Cannot fail: the clock exists on every Linux since 2.6.32 and `now` is valid.
+  (void)::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
+}  // namespace
 
 RingEnd::RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing)
     : segment_(std::move(segment)),
       data_(segment_->data()),
       capacity_(segment_->capacity()),
       companion_(std::move(companion)),
-      timing_(timing) {}
+      timing_(timing),
+      spin_budget_(std::max(timing.spin, std::chrono::nanoseconds::zero())) {}
 
 void RingEnd::copy_in(std::uint64_t position, const std::byte* from, std::size_t size) const noexcept {
-  const std::size_t at = static_cast<std::size_t>(position & (capacity_ - 1));
-  const std::size_t first = std::min<std::size_t>(size, capacity_ - at);
-  std::memcpy(data_ + at, from, first);
-  if (first < size) std::memcpy(data_, from + first, size - first);
+  std::memcpy(at(position), from, size);  // contiguous: the data is mapped twice in a row
 }
 
 void RingEnd::copy_out(std::uint64_t position, std::byte* to, std::size_t size) const noexcept {
-  const std::size_t at = static_cast<std::size_t>(position & (capacity_ - 1));
-  const std::size_t first = std::min<std::size_t>(size, capacity_ - at);
-  std::memcpy(to, data_ + at, first);
-  if (first < size) std::memcpy(to + first, data_, size - first);
+  std::memcpy(to, at(position), size);
 }
 
 bool RingEnd::peer_gone() {
   if (peer_gone_) return true;
   if (!companion_) return peer_gone_ = true;
-  next_peer_check_ = Deadline::Clock::now() + timing_.peer_check_interval;
+  next_peer_check_ =
+      coarse_now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timing_.peer_check_interval).count();
   pollfd entry{companion_.get(), POLLRDHUP, 0};
   while (true) {
     const int rc = ::poll(&entry, 1, 0);
@@ -49,7 +57,7 @@ bool RingEnd::peer_gone() {
 
 bool RingEnd::peer_gone_lately() {
   if (peer_gone_) return true;
-  if (Deadline::Clock::now() < next_peer_check_) return false;
+  if (coarse_now() < next_peer_check_) return false;
   return peer_gone();
 }
 
@@ -60,15 +68,32 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
     if (peer_gone_lately() && !ready()) return WaitOutcome::PeerGone;
     return ready() ? WaitOutcome::Ready : WaitOutcome::Timeout;
   }
-  if (timing_.spin > std::chrono::nanoseconds::zero()) {
-    const auto stop = std::min(Deadline::Clock::now() + timing_.spin, deadline.time_point());
+  const auto start = Deadline::Clock::now();
+  if (spin_budget_ > std::chrono::nanoseconds::zero()) {
+    const auto stop = std::min(start + spin_budget_, deadline.time_point());
     for (unsigned i = 1;; ++i) {
       cpu_relax();
-      if (ready()) return WaitOutcome::Ready;
+      if (ready()) {
+        adapt_spin(Deadline::Clock::now() - start);
+        return WaitOutcome::Ready;
+      }
       if (i % 16 == 0 && Deadline::Clock::now() >= stop) break;
     }
   }
-  return sleep(word, ready, deadline);
+  const WaitOutcome outcome = sleep(word, ready, deadline);
+  if (outcome == WaitOutcome::Ready) adapt_spin(Deadline::Clock::now() - start);
+  return outcome;
+}
+
+void RingEnd::adapt_spin(std::chrono::nanoseconds waited) noexcept {
+  using std::chrono::nanoseconds;
+  if (timing_.spin <= nanoseconds::zero()) return;
+  if (waited <= timing_.spin) {
+    spin_budget_ = std::min(std::max(spin_budget_ * 2, nanoseconds(1000)), timing_.spin);
+  } else {
+    spin_budget_ /= 2;
+    if (spin_budget_ < nanoseconds(500)) spin_budget_ = nanoseconds::zero();
+  }
 }
 
 WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline) {
@@ -82,10 +107,9 @@ WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, co
     // either the peer sees the 1 and wakes us, or we see its new position.
     word.store(1, std::memory_order_seq_cst);
     if (ready()) return WaitOutcome::Ready;
-    const auto now = Deadline::Clock::now();
-    if (now >= next_peer_check_ && peer_gone()) return ready() ? WaitOutcome::Ready : WaitOutcome::PeerGone;
+    if (peer_gone_lately()) return ready() ? WaitOutcome::Ready : WaitOutcome::PeerGone;
     if (deadline.expired()) return WaitOutcome::Timeout;
-    auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(next_peer_check_ - now);
+    auto timeout = std::chrono::nanoseconds(next_peer_check_ - coarse_now());
     if (!deadline.is_never()) timeout = std::min(timeout, deadline.remaining());
     futex_wait(word, 1, std::max(timeout, std::chrono::nanoseconds(1000)));
   }

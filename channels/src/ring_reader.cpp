@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <string>
 
 #include "ferry/error.hpp"
@@ -25,6 +26,17 @@ std::uint64_t RingFrameReader::available() {
   return count;
 }
 
+void RingFrameReader::publish_head() noexcept {
+  RingHeader& header = end_.header();
+  header.head.store(head_, std::memory_order_seq_cst);  // seq_cst: pairs with a sleeping writer (wake)
+  try {
+    detail::RingEnd::wake(header.writer_sleeping);
+  } catch (const SystemError&) {
+    // FUTEX_WAKE fails only for a bad address, which a mapped ring never is; a writer
+    // that were not woken would still see the room at its next peer check.
+  }
+}
+
 bool RingFrameReader::consume(std::uint64_t count) {
   // Publish at most a quarter of the ring at a time, so that a writer streaming a large
   // frame refills what was read while the rest is being copied.
@@ -47,15 +59,16 @@ bool RingFrameReader::consume(std::uint64_t count) {
     payload_filled_ += n;
     head_ += n;
   }
-  RingHeader& header = end_.header();
-  header.head.store(head_, std::memory_order_seq_cst);  // seq_cst: pairs with a sleeping writer (wake)
-  detail::RingEnd::wake(header.writer_sleeping);
+  publish_head();
   return header_filled_ == sizeof frame_header_ && payload_filled_ == frame_payload_.size();
 }
 
-ReadStatus RingFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& /*fds*/,
-                                 const Deadline& deadline) {
+ReadStatus RingFrameReader::read_view(FrameHeader& header, std::span<const std::byte>& payload,
+                                      std::vector<std::byte>& buffer, std::deque<UniqueFd>& /*fds*/,
+                                      const Deadline& deadline) {
+  release();
   if (!end_.is_open() || peer_closed_) return ReadStatus::Closed;
+  bool whole_frame_possible = header_filled_ == 0;  // at a frame boundary
   while (true) {
     std::uint64_t count = available();
     if (count == 0) {
@@ -69,9 +82,30 @@ ReadStatus RingFrameReader::read(FrameHeader& header, std::vector<std::byte>& pa
                            : "the sending process died in the middle of a frame");
       }
     }
+    if (whole_frame_possible && count >= sizeof frame_header_) {
+      // The common case: the whole frame is in the ring. View it where it lies.
+      end_.copy_out(head_, reinterpret_cast<std::byte*>(&frame_header_), sizeof frame_header_);
+      validate_header(frame_header_, limits_);
+      const std::uint64_t total = sizeof frame_header_ + payload_bytes(frame_header_);
+      if (total <= count) {
+        header = frame_header_;
+        held_ = total;
+        if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
+          release();
+          peer_closed_ = true;
+          return ReadStatus::Closed;
+        }
+        payload = std::span<const std::byte>(end_.at(head_ + sizeof frame_header_),
+                                             static_cast<std::size_t>(total - sizeof frame_header_));
+        return ReadStatus::Frame;
+      }
+    }
+    // The frame arrives in pieces: copy it out as it comes.
+    whole_frame_possible = false;
     if (!consume(count)) continue;
     header = frame_header_;
-    payload.swap(frame_payload_);
+    buffer.swap(frame_payload_);
+    payload = buffer;
     header_filled_ = 0;
     payload_filled_ = 0;
     if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
@@ -82,6 +116,22 @@ ReadStatus RingFrameReader::read(FrameHeader& header, std::vector<std::byte>& pa
   }
 }
 
+void RingFrameReader::release() noexcept {
+  if (held_ == 0 || !end_.is_open()) return;
+  head_ += held_;
+  held_ = 0;
+  publish_head();
+}
+
+ReadStatus RingFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
+                                 const Deadline& deadline) {
+  std::span<const std::byte> view;
+  const ReadStatus status = read_view(header, view, payload, fds, deadline);
+  if (status == ReadStatus::Frame && view.data() != payload.data()) payload.assign(view.begin(), view.end());
+  release();
+  return status;
+}
+
 void RingFrameReader::acknowledge(std::uint64_t sequence) {
   if (!end_.is_open()) return;
   RingHeader& header = end_.header();
@@ -89,6 +139,9 @@ void RingFrameReader::acknowledge(std::uint64_t sequence) {
   detail::RingEnd::wake(header.writer_sleeping);
 }
 
-void RingFrameReader::close() noexcept { end_.close(); }
+void RingFrameReader::close() noexcept {
+  held_ = 0;
+  end_.close();
+}
 
 }  // namespace ferry

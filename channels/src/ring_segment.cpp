@@ -20,6 +20,20 @@ constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 // Not "ferry...": tests count tensor segments by the "/memfd:ferry" prefix in /proc/self/maps.
 constexpr const char* kSegmentName = "ring:ferry";
 
+// Maps the header and the data, then the data once more right after it, so that any
+// `capacity` bytes starting inside the data are contiguous in memory: a frame never has to
+// be split at the wrap point, and the reader can decode one in place.
+Mapping map_twice(int fd, std::uint64_t capacity) {
+  // The first mapping reaches past the end of the file; the part beyond is replaced below
+  // (and would raise SIGBUS if touched before).
+  Mapping mapping = Mapping::map_shared(fd, kRingHeaderBytes + 2 * capacity);
+  void* second = static_cast<std::byte*>(mapping.data()) + kRingHeaderBytes + capacity;
+  if (::mmap(second, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, kRingHeaderBytes) == MAP_FAILED) {
+    throw_errno("mmap of a ring's data a second time");
+  }
+  return mapping;
+}
+
 }  // namespace
 
 std::size_t ring_capacity_for(std::size_t requested) {
@@ -74,7 +88,7 @@ RingSegment RingSegment::create(std::size_t requested_capacity) {
   }
   // Neither end may ever shrink the segment under the other's mapping (SIGBUS).
   if (::fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0) throw_errno("fcntl(F_ADD_SEALS) on a ring");
-  Mapping mapping = Mapping::map_shared(fd.get(), size);
+  Mapping mapping = map_twice(fd.get(), capacity);
   // The fresh memfd is zero-filled: every atomic starts at 0. Start the header's lifetime.
   auto* header = new (mapping.data()) RingHeader{};
   header->magic = kRingMagic;
@@ -96,17 +110,21 @@ RingSegment RingSegment::attach(UniqueFd fd) {
   if (size < kRingHeaderBytes + kRingMinCapacity) {
     throw ProtocolError("a ring segment of " + std::to_string(size) + " bytes is too small to hold a ring");
   }
-  Mapping mapping = Mapping::map_shared(fd.get(), size);
-  const auto* header = static_cast<const RingHeader*>(mapping.data());
-  const std::uint64_t capacity = header->capacity;
-  if (header->magic != kRingMagic || header->version != kRingVersion || header->header_bytes != kRingHeaderBytes) {
-    throw ProtocolError("the ring segment has a wrong magic number, version or header size; it is corrupted or "
-                        "was made by another ferry build");
+  std::uint64_t capacity = 0;
+  {
+    const Mapping probe = Mapping::map_shared(fd.get(), kRingHeaderBytes);
+    const auto* header = static_cast<const RingHeader*>(probe.data());
+    if (header->magic != kRingMagic || header->version != kRingVersion || header->header_bytes != kRingHeaderBytes) {
+      throw ProtocolError("the ring segment has a wrong magic number, version or header size; it is corrupted or "
+                          "was made by another ferry build");
+    }
+    capacity = header->capacity;
   }
   if (!std::has_single_bit(capacity) || capacity + kRingHeaderBytes != size) {
     throw ProtocolError("the ring segment claims a capacity of " + std::to_string(capacity) +
                         " bytes, which does not match its size of " + std::to_string(size) + " bytes");
   }
+  Mapping mapping = map_twice(fd.get(), capacity);
   return RingSegment(std::move(fd), std::move(mapping), capacity);
 }
 

@@ -110,9 +110,14 @@ class ReceiverCore {
     try {
       out = decoder_.read<T>();
     } catch (const ProtocolError& error) {
+      reader_->release();
       mark_broken(error.what());
       throw;
+    } catch (...) {
+      reader_->release();
+      throw;
     }
+    reader_->release();  // the payload may lie in the transport's memory until decoded
     return status;
   }
   void close() noexcept;

@@ -51,6 +51,11 @@ class RingEnd {
   /// This end's copy of the capacity (a power of two).
   std::uint64_t capacity() const noexcept { return capacity_; }
 
+  /// Where stream position `position` lies in this process; the `capacity()` bytes from
+  /// there are contiguous (the data is mapped twice in a row).
+  std::byte* at(std::uint64_t position) const noexcept {
+    return data_ + static_cast<std::size_t>(position & (capacity_ - 1));
+  }
   /// Copies `size` (<= capacity) bytes to stream position `position`, wrapping around.
   void copy_in(std::uint64_t position, const std::byte* from, std::size_t size) const noexcept;
   /// Copies `size` (<= capacity) bytes from stream position `position`, wrapping around.
@@ -67,6 +72,12 @@ class RingEnd {
   /// `word` (the futex word this end sleeps on, see ring_layout.hpp) with a timeout so
   /// that the peer's liveness is checked every peer_check_interval. Returns Timeout when
   /// the deadline passed, PeerGone when the peer is gone and `ready()` is still false.
+  ///
+  /// The spin budget adapts, between 0 and RingTiming::spin: a wait that lasted longer
+  /// than RingTiming::spin (spinning could not have caught it) halves it, a shorter one
+  /// doubles it. On a machine where the peer rarely runs at the same time (more busy
+  /// processes than CPUs) spinning thus fades out instead of burning the budget on every
+  /// wait, and it comes back when the peer answers quickly again.
   WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
 
   /// Wakes the peer if it sleeps on `word`. Call after publishing a position with a
@@ -80,13 +91,18 @@ class RingEnd {
 
  private:
   WaitOutcome sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
+  // Adjusts the spin budget after a wait that took `waited`.
+  void adapt_spin(std::chrono::nanoseconds waited) noexcept;
 
   std::shared_ptr<const RingSegment> segment_;
   std::byte* data_ = nullptr;
   std::uint64_t capacity_ = 0;
   UniqueFd companion_;
   RingTiming timing_;
-  Deadline::Clock::time_point next_peer_check_ = Deadline::Clock::time_point::min();
+  std::chrono::nanoseconds spin_budget_;
+  // When the peer is due for its next check, on CLOCK_MONOTONIC_COARSE (nanoseconds): that
+  // clock costs a few nanoseconds to read, so a send can afford to look at it.
+  std::int64_t next_peer_check_ = 0;
   bool peer_gone_ = false;
 };
 

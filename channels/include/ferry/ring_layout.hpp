@@ -15,6 +15,8 @@
 //   head <= tail <= head + capacity holds; an end that reads a position breaking it (a
 //   process scribbling in the segment) raises ProtocolError. Each end keeps its own copy
 //   of its position and of the capacity and never trusts the shared copy of those.
+// - Each process maps the data twice in a row (RingSegment), so a frame that wraps around
+//   is still contiguous in memory and the reader decodes it where it lies.
 // - Frames (serialization/frame.hpp) follow each other in the stream with no padding; a
 //   frame larger than the free space is written in pieces as the reader makes room, so
 //   frames of any size pass (up to FrameLimits), whatever the capacity.

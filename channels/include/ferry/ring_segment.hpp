@@ -32,6 +32,8 @@ class RingSegment {
   ~RingSegment() = default;
 
   RingHeader& header() const noexcept { return *header_; }
+  /// The data, mapped twice in a row: data()[i] and data()[i + capacity()] are the same
+  /// byte, so `capacity()` bytes from any offset below capacity() are contiguous.
   std::byte* data() const noexcept { return data_; }
   /// Bytes of data; a power of two. This process's own copy, never re-read from the segment.
   std::uint64_t capacity() const noexcept { return capacity_; }

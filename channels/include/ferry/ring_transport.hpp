@@ -75,12 +75,22 @@ class RingFrameWriter final : public FrameWriter {
 /// The reading end of a ring. Enforces FrameLimits on every header before taking the
 /// rest of the frame; a timed read that ends in the middle of a frame keeps what it read
 /// and resumes there.
+///
+/// read_view() of a frame that lies whole in the ring (every frame no larger than the
+/// capacity, unless the writer is still streaming it) views it where it lies: no copy;
+/// the ring space is handed back to the writer by release(). A frame that arrives in
+/// pieces is copied out piece by piece instead. Every byte of a viewed frame is copied
+/// once into private memory by the decoder before it is checked or used, so a writer
+/// that scribbles on a frame being decoded gets it rejected, never an out-of-bounds read.
 class RingFrameReader final : public FrameReader {
  public:
   RingFrameReader(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing,
                   const FrameLimits& limits);
   ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
                   const Deadline& deadline) override;
+  ReadStatus read_view(FrameHeader& header, std::span<const std::byte>& payload, std::vector<std::byte>& buffer,
+                       std::deque<UniqueFd>& fds, const Deadline& deadline) override;
+  void release() noexcept override;
   void acknowledge(std::uint64_t sequence) override;
   void close() noexcept override;
   std::vector<int> descriptors() const override { return end_.descriptors(); }
@@ -92,10 +102,13 @@ class RingFrameReader final : public FrameReader {
   // Takes up to `count` available bytes into the frame being assembled and publishes the
   // new head; returns true when the frame is complete.
   bool consume(std::uint64_t count);
+  // Publishes head_ and wakes the writer if it waits for room.
+  void publish_head() noexcept;
 
   detail::RingEnd end_;
   FrameLimits limits_;
   std::uint64_t head_ = 0;  // bytes consumed (private: the shared copy is never read back)
+  std::uint64_t held_ = 0;  // bytes of a frame viewed in place, given back by release()
   bool peer_closed_ = false;
   FrameHeader frame_header_{};
   std::size_t header_filled_ = 0;

@@ -71,6 +71,18 @@ class FrameReader {
   /// when the bytes are not a valid frame.
   virtual ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
                           const Deadline& deadline) = 0;
+  /// Like read(), but a transport whose frames lie in memory it maps (the ring) may leave
+  /// the payload there: `payload` then views that memory, which the writer does not reuse
+  /// until release() is called. Otherwise the payload is read into `buffer` and viewed
+  /// there. Call release() when done with the payload, before the next read.
+  virtual ReadStatus read_view(FrameHeader& header, std::span<const std::byte>& payload,
+                               std::vector<std::byte>& buffer, std::deque<UniqueFd>& fds, const Deadline& deadline) {
+    const ReadStatus status = read(header, buffer, fds, deadline);
+    payload = buffer;
+    return status;
+  }
+  /// Gives the memory of the frame last returned by read_view() back to the writer.
+  virtual void release() noexcept {}
   /// Tells the writer that every frame up to `sequence` has been resolved.
   virtual void acknowledge(std::uint64_t /*sequence*/) {}
   virtual void close() noexcept = 0;
