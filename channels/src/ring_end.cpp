@@ -28,7 +28,7 @@ RingEnd::RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion,
       data_(segment_->data()),
       capacity_(segment_->capacity()),
       companion_(std::move(companion)),
-      timing_(timing),
+      timing_{timing.spin, std::max(timing.peer_check_interval, std::chrono::milliseconds(1))},
       spin_budget_(std::max(timing.spin, std::chrono::nanoseconds::zero())) {}
 
 void RingEnd::copy_in(std::uint64_t position, const std::byte* from, std::size_t size) const noexcept {
@@ -64,7 +64,7 @@ bool RingEnd::peer_gone_lately() {
 WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline) {
   if (ready()) return WaitOutcome::Ready;
   if (peer_gone_) return WaitOutcome::PeerGone;
-  if (deadline.expired() || deadline.time_point() == Deadline::Clock::time_point::min()) {
+  if (deadline.expired()) {  // a poll (try_recv, a zero timeout) or a deadline already past
     if (peer_gone_lately() && !ready()) return WaitOutcome::PeerGone;
     return ready() ? WaitOutcome::Ready : WaitOutcome::Timeout;
   }

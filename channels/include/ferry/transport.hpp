@@ -99,7 +99,7 @@ struct RingTiming {
   std::chrono::nanoseconds spin = default_ring_spin();
   /// How often an end checks that its peer still exists: a waiting end whose peer died
   /// (or dropped its end) learns it within about this long, and a sending end checks at
-  /// most this often while it finds room.
+  /// most this often while it finds room. At least 1 ms.
   std::chrono::milliseconds peer_check_interval{100};
 };
 
