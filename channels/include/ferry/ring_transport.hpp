@@ -4,9 +4,11 @@
 //
 // - Frames of any size: a frame that fits in the free space is copied in and published at
 //   once; a larger one (even one larger than the whole ring) is streamed through in pieces
-//   of at most a quarter of the capacity as the reader makes room. The reader publishes a
-//   frame as a message only once all of its bytes arrived, so a writer that dies
-//   mid-frame leaves a PeerDied, never half a message.
+//   as the reader makes room: the reader hands room back after every quarter of the
+//   capacity it copies, and the writer fills whatever is free once at least a quarter of
+//   the capacity (or the rest of the frame) is. The reader delivers a frame as a message
+//   only once all of its bytes arrived, so a writer that dies mid-frame leaves a
+//   PeerDied, never half a message.
 // - Waiting (no frame to read, no room to write): spin for RingTiming::spin, then sleep on
 //   a futex word in the segment. The peer wakes a sleeper with one futex system call after
 //   publishing; a waiting end that is not woken re-checks every
