@@ -88,14 +88,21 @@ bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> f
     tail_ += n;
   };
 
-  // The common case: the whole frame fits, and appears to the reader at once.
-  if (total <= room(false) || total <= room(true)) {
+  // A frame that fits in the ring appears to the reader at once, whole: the reader then
+  // decodes it in place. Wait for the room if need be.
+  if (total <= end_.capacity()) {
+    if (total > room(false) && total > room(true)) {
+      const detail::WaitOutcome outcome = end_.wait(
+          end_.header().writer_sleeping, [&] { return room(true) >= total; }, deadline);
+      if (outcome == detail::WaitOutcome::PeerGone) throw_receiver_gone();
+      if (outcome == detail::WaitOutcome::Timeout) return false;
+    }
     cursor.take(total, copy);
     publish();
     return true;
   }
 
-  // Stream the frame through in pieces as the reader makes room.
+  // A frame larger than the ring streams through in pieces as the reader makes room.
   std::size_t written = 0;
   while (written < total) {
     std::uint64_t free = room(true);

@@ -17,9 +17,10 @@
 //   of its position and of the capacity and never trusts the shared copy of those.
 // - Each process maps the data twice in a row (RingSegment), so a frame that wraps around
 //   is still contiguous in memory and the reader decodes it where it lies.
-// - Frames (serialization/frame.hpp) follow each other in the stream with no padding; a
-//   frame larger than the free space is written in pieces as the reader makes room, so
-//   frames of any size pass (up to FrameLimits), whatever the capacity.
+// - Frames (serialization/frame.hpp) follow each other in the stream with no padding. A
+//   frame no larger than the capacity is published whole; a larger one is written in
+//   pieces as the reader makes room, so frames of any size pass (up to FrameLimits),
+//   whatever the capacity.
 // - reader_sleeping / writer_sleeping: futex words. An end that found nothing to do
 //   (no data / no room / no acknowledgement) and spun for its spin budget stores 1 into
 //   its word, re-checks, and sleeps on the word. The peer publishes a position, then

@@ -2,13 +2,13 @@
 // in a memfd that both processes map, so a small frame crosses processes without a system
 // call while the peer is awake. Layout of the segment: ring_layout.hpp.
 //
-// - Frames of any size: a frame that fits in the free space is copied in and published at
-//   once; a larger one (even one larger than the whole ring) is streamed through in pieces
-//   as the reader makes room: the reader hands room back after every quarter of the
-//   capacity it copies, and the writer fills whatever is free once at least a quarter of
-//   the capacity (or the rest of the frame) is. The reader delivers a frame as a message
-//   only once all of its bytes arrived, so a writer that dies mid-frame leaves a
-//   PeerDied, never half a message.
+// - Frames of any size: a frame no larger than the ring is copied in and published at once,
+//   whole, when there is room for it (the reader then decodes it in place); a larger one is
+//   streamed through in pieces as the reader makes room: the reader hands room back after
+//   every quarter of the capacity it copies, and the writer fills whatever is free once at
+//   least a quarter of the capacity (or the rest of the frame) is. The reader delivers a
+//   frame as a message only once all of its bytes arrived, so a writer that dies
+//   mid-frame leaves a PeerDied, never half a message.
 // - Waiting (no frame to read, no room to write): spin for RingTiming::spin, then sleep on
 //   a futex word in the segment. The peer wakes a sleeper with one futex system call after
 //   publishing; a waiting end that is not woken re-checks every
@@ -42,8 +42,9 @@ namespace ferry {
 /// The writing end of a ring. One thread at a time (SenderCore serializes sends).
 ///
 /// Timed writes never leave half a frame: a write returns false only when no byte of the
-/// frame went out; a frame started before the deadline passed is accepted, and the part
-/// that did not fit is kept here and written by the next write, flush() or close.
+/// frame went out (a frame no larger than the ring goes out whole or not at all); a frame
+/// larger than the ring that was started before the deadline passed is accepted, and the
+/// part that did not fit is kept here and written by the next write, flush() or close.
 class RingFrameWriter final : public FrameWriter {
  public:
   /// `segment` is shared with the reader when both ends live in this process;
