@@ -115,9 +115,16 @@ WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, co
   }
 }
 
-void RingEnd::wake(std::atomic<std::uint32_t>& word) {
+void RingEnd::wake(std::atomic<std::uint32_t>& word) noexcept {
   if (word.load(std::memory_order_seq_cst) == 0) return;
-  if (word.exchange(0, std::memory_order_seq_cst) != 0) futex_wake(word, 1);
+  if (word.exchange(0, std::memory_order_seq_cst) == 0) return;
+  try {
+    futex_wake(word, 1);
+  } catch (const SystemError&) {
+    // FUTEX_WAKE fails only for an address outside our mappings, which a ring's word never
+    // is. Were it to fail, the sleeper would still notice at its next peer check: better
+    // than failing a send whose frame is already published.
+  }
 }
 
 void RingEnd::close() noexcept {

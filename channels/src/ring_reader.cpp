@@ -29,12 +29,7 @@ std::uint64_t RingFrameReader::available() {
 void RingFrameReader::publish_head() noexcept {
   RingHeader& header = end_.header();
   header.head.store(head_, std::memory_order_seq_cst);  // seq_cst: pairs with a sleeping writer (wake)
-  try {
-    detail::RingEnd::wake(header.writer_sleeping);
-  } catch (const SystemError&) {
-    // FUTEX_WAKE fails only for a bad address, which a mapped ring never is; a writer
-    // that were not woken would still see the room at its next peer check.
-  }
+  detail::RingEnd::wake(header.writer_sleeping);
 }
 
 bool RingFrameReader::consume(std::uint64_t count) {

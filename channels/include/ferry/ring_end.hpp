@@ -82,7 +82,7 @@ class RingEnd {
 
   /// Wakes the peer if it sleeps on `word`. Call after publishing a position with a
   /// sequentially consistent store (it pairs with the sleeper's, see wait()).
-  static void wake(std::atomic<std::uint32_t>& word);
+  static void wake(std::atomic<std::uint32_t>& word) noexcept;
 
   /// Drops this end's share of the mapping and its companion socket.
   void close() noexcept;
