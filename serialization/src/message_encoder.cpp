@@ -52,7 +52,6 @@ std::uint32_t MessageEncoder::take_slot() {
 
 const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
   collect_dead_storages();
-  const pid_t pid = passing_ == HandlePassing::ProcFd && !storages_.empty() ? ::getpid() : 0;
   for (const auto& storage : storages_) {
     HandleEntry entry;
     entry.nbytes = storage->nbytes();
@@ -67,7 +66,7 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
         fds_.push_back(segment->fd());
       } else {
         entry.kind = static_cast<std::uint32_t>(HandleKind::NewProcFd);
-        entry.pid = pid;
+        entry.pid = ::getpid();  // a system call: only for storages new to the receiver
         entry.fd = segment->fd();
         entry.device = segment->identity().device;
         entry.inode = segment->identity().inode;
