@@ -216,9 +216,8 @@ void BM_RingStreamBytes(benchmark::State& state) {
   const int batch = size <= 4096 ? 4096 : 64;
   const ScopedPin pin;
   const Bytes message(size, 7);
-  // Default waiting (adaptive spin, then the futex): a stream keeps both ends busy, and a
-  // spinning end would only take CPU time from its peer when they share a CPU.
-  ChannelOptions options;
+  // spinning:0 is the default waiting (adaptive spin, then the futex).
+  ChannelOptions options = state.range(1) != 0 ? ring_options(true, size) : ChannelOptions{};
   options.ring_capacity = std::max(options.ring_capacity, 4 * size);
   auto [to_child, child_in] = channel<Bytes>(Transport::ShmRing, options);
   auto [child_out, from_child] = channel<int>(Transport::ShmRing, options);
@@ -248,9 +247,8 @@ void BM_RingStreamBytes(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * batch * size));
 }
 BENCHMARK(BM_RingStreamBytes)
-    ->ArgNames({"bytes"})
-    ->Arg(64)
-    ->Arg(1 << 20)
+    ->ArgNames({"bytes", "spinning"})
+    ->ArgsProduct({{64, 1 << 20}, {0, 1}})
     ->UseRealTime()
     ->Repetitions(kRepetitions)
     ->ReportAggregatesOnly(true);
