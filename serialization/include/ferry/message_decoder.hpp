@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ferry/archive.hpp"
+#include "ferry/body_reader.hpp"
 #include "ferry/frame.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor_wire.hpp"
@@ -35,16 +36,7 @@ class MessageDecoder {
   /// Deserializes the body of the frame last decoded.
   template <class T>
   T read() {
-    T value{};
-    {
-      FrameInputArchive archive(body_, storages_);
-      archive(value);
-      if (archive.remaining() != 0) {
-        throw ProtocolError("message body has " + std::to_string(archive.remaining()) +
-                            " bytes left over after reading a " + std::string(type_name<T>()) +
-                            "; sender and receiver disagree on its layout");
-      }
-    }
+    T value = read_body<T>(body_, storages_);
     storages_.clear();
     return value;
   }
