@@ -175,6 +175,18 @@ TEST_F(TensorTest, InvalidShapesAreRejected) {
   EXPECT_EQ(Tensor::from_storage(storage, DType::Float32, {2}, {3}, 0).numel(), 2);
 }
 
+// Found by the body fuzz target: a shape with a zero extent has no elements whatever its
+// other extents are, but its row-major strides used to overflow int64 (undefined behaviour).
+TEST_F(TensorTest, ZeroElementShapeWhoseStridesOverflowIsRejected) {
+  const std::int64_t huge = std::int64_t{1} << 40;
+  EXPECT_THROW(Tensor::empty({0, huge, huge}, DType::Float32), Error);
+  EXPECT_THROW(Tensor::empty({0, 3}, DType::Float32).view({0, huge, huge}), Error);
+  // Large extents after the zero are fine as long as the strides fit.
+  Tensor wide = Tensor::empty({4, 0, huge}, DType::Float32);
+  EXPECT_EQ(wide.numel(), 0);
+  EXPECT_EQ(wide.strides(), (Shape{huge, huge, 1}));
+}
+
 TEST_F(TensorTest, HalfElements) {
   Tensor t = Tensor::from(std::vector<Half>{Half(1.5f), Half(-2.0f)}, {2});
   EXPECT_EQ(t.dtype(), DType::Float16);
