@@ -306,6 +306,29 @@ TEST_P(HostileFrameTest, BoolThatIsNeitherZeroNorOne) {
   expect_protocol_error(wire.rx, "bool");
 }
 
+// Found by the body fuzz target: cereal reports a std::variant index out of range with a
+// cereal::Exception, which escaped the receiver as an unknown exception and did not mark
+// the channel broken.
+TEST_P(HostileFrameTest, VariantIndexOutOfRange) {
+  using Either = std::variant<std::int32_t, Tensor, std::string>;
+  Wire<Either> wire(GetParam());
+  Frame frame = encode(Either{std::int32_t{5}}, passing());
+  frame.patch_body(0, std::int32_t{7});  // cereal writes the index as an int32 first
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "variant");
+}
+
+// Found by the body fuzz target: a tensor without elements whose other extents make its
+// strides overflow int64 (undefined behaviour before the fix).
+TEST_P(HostileFrameTest, ZeroElementTensorWhoseStridesOverflow) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{Tensor::zeros({0, 2, 2}, DType::Float32, Device::SharedCpu)}, passing());
+  frame.patch_body(kShapeAt + 8, std::int64_t{1} << 40);
+  frame.patch_body(kShapeAt + 16, std::int64_t{1} << 40);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "overflow");
+}
+
 TEST_P(HostileFrameTest, TypeMismatchNamesBothTypes) {
   Wire<Payload> wire(GetParam());
   Frame frame = encode(Other{42}, passing());
