@@ -112,6 +112,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     throw ProtocolError("this Receiver is broken after an earlier protocol error: " + broken_);
   }
   if (!open_) return ReadStatus::Closed;
+  if (!dead_.empty()) throw PeerDied(dead_);
   try {
     const ReadStatus status = reader_->read(header_, payload_, fds_, deadline);
     if (status == ReadStatus::Closed) decoder_.release_all();
@@ -122,8 +123,13 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   } catch (const ProtocolError& error) {
     mark_broken(error.what());
     throw;
-  } catch (const PeerDied&) {
+  } catch (const PeerDied& error) {
+    // The stream may still hold frames of the dead sender (a decode found it dead): never
+    // read them, and let the transport's fds go now.
+    dead_ = error.what();
     decoder_.release_all();
+    fds_.clear();
+    reader_->close();
     throw;
   }
 }

@@ -125,6 +125,7 @@ class ReceiverCore {
   Transport transport_;
   bool open_ = true;
   std::string broken_;
+  std::string dead_;  // why the peer is known dead (PeerDied is reported again)
   FrameHeader header_;
   std::vector<std::byte> payload_;
   std::deque<UniqueFd> fds_;

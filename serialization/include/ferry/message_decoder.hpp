@@ -30,7 +30,8 @@ class MessageDecoder {
       : expected_fingerprint_(expected_fingerprint), expected_type_name_(expected_type_name) {}
 
   /// Resolves a message frame: `payload` is everything after the header; the frame's fds
-  /// are taken from the front of `fds`. Throws TypeMismatch or ProtocolError.
+  /// are taken from the front of `fds`. Throws TypeMismatch or ProtocolError, and PeerDied
+  /// when a storage named by /proc path cannot be opened because its sender has exited.
   void decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds);
 
   /// Deserializes the body of the frame last decoded.
