@@ -109,7 +109,7 @@ void ReceiverCore::mark_broken(const std::string& reason) {
 
 ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   if (!broken_.empty()) {
-    throw ProtocolError("this Receiver is broken after an earlier protocol error: " + broken_);
+    throw ProtocolError("this Receiver is broken after an earlier error: " + broken_);
   }
   if (!open_) return ReadStatus::Closed;
   if (!dead_.empty()) throw PeerDied(dead_);
@@ -130,6 +130,11 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     decoder_.release_all();
     fds_.clear();
     reader_->close();
+    throw;
+  } catch (const std::exception& error) {
+    // Out of memory for a mapping, a failed system call: the frame is half consumed and
+    // half resolved, so the stream cannot be trusted any more either.
+    mark_broken(error.what());
     throw;
   }
 }

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
@@ -152,6 +153,12 @@ std::shared_ptr<Storage> MessageDecoder::open_proc_fd(const HandleEntry& entry) 
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   if (!fd) {
     const int error = errno;
+    if (error == EMFILE || error == ENFILE) {
+      throw ProtocolError("cannot open the sender's storage at " + path +
+                          ": this process has reached its open-file limit (RLIMIT_NOFILE" +
+                          (error == ENFILE ? std::string(", system-wide") : std::string()) +
+                          "); raise it with `ulimit -n` or hold fewer received tensors at once");
+    }
     // A sender killed after writing the frame takes its fds with it: that is a dead peer,
     // not a protocol violation.
     if (process_has_exited(entry.pid, kSenderExitGrace)) {
