@@ -47,6 +47,10 @@ SharedMemory SharedMemory::create(std::size_t size) {
   if (size > file_size_limit()) throw_file_size_limit(size);
   UniqueFd fd(::memfd_create("ferry", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw_errno("memfd_create");
+  // memfds are created with mode 0777. Only holders of the fd or of access to
+  // /proc/<pid>/fd (same user, or root) can reach one, but owner-only is the right default:
+  // a re-open through /proc by anyone but the owner is then refused.
+  if (::fchmod(fd.get(), S_IRUSR | S_IWUSR) != 0) throw_errno("fchmod(0600) of a new memfd");
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     if (errno == EFBIG) throw_file_size_limit(size);
     throw_errno("ftruncate of a new memfd to " + std::to_string(size) + " bytes");
