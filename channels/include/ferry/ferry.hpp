@@ -16,5 +16,6 @@
 #include "ferry/dtype.hpp"
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"
+#include "ferry/peer_credentials.hpp"
 #include "ferry/tensor.hpp"
 #include "ferry/tensor_wire.hpp"
