@@ -6,10 +6,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
+#include "support/process.hpp"
 #include "support/transports.hpp"
 
 namespace ferry {
@@ -95,17 +98,21 @@ constexpr std::size_t kStridesAt = kShapeAt + 2 * 8;
 constexpr std::size_t kOffsetAt = kStridesAt + 2 * 8;
 constexpr std::size_t kHandleAt = kOffsetAt + 8;
 
+// Receives are bounded so that a frame wrongly accepted fails the test instead of hanging
+// it on the next receive.
+constexpr std::chrono::seconds kRecvBound{20};
+
 template <class T>
 void expect_protocol_error(Receiver<T>& rx, const std::string& needle) {
   try {
-    rx.recv();
+    rx.recv_for(kRecvBound);
     ADD_FAILURE() << "expected a ProtocolError mentioning '" << needle << "'";
   } catch (const ProtocolError& error) {
     EXPECT_NE(std::string(error.what()).find(needle), std::string::npos) << error.what();
   }
   // The channel reports itself broken from now on.
   try {
-    rx.recv();
+    rx.recv_for(kRecvBound);
     ADD_FAILURE() << "a broken receiver must keep failing";
   } catch (const ProtocolError& error) {
     EXPECT_NE(std::string(error.what()).find("broken"), std::string::npos) << error.what();
@@ -306,6 +313,29 @@ TEST_P(HostileFrameTest, BoolThatIsNeitherZeroNorOne) {
   expect_protocol_error(wire.rx, "bool");
 }
 
+// Found by the body fuzz target: cereal reports a std::variant index out of range with a
+// cereal::Exception, which escaped the receiver as an unknown exception and did not mark
+// the channel broken.
+TEST_P(HostileFrameTest, VariantIndexOutOfRange) {
+  using Either = std::variant<std::int32_t, Tensor, std::string>;
+  Wire<Either> wire(GetParam());
+  Frame frame = encode(Either{std::int32_t{5}}, passing());
+  frame.patch_body(0, std::int32_t{7});  // cereal writes the index as an int32 first
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "variant");
+}
+
+// Found by the body fuzz target: a tensor without elements whose other extents make its
+// strides overflow int64 (undefined behaviour before the fix).
+TEST_P(HostileFrameTest, ZeroElementTensorWhoseStridesOverflow) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{Tensor::zeros({0, 2, 2}, DType::Float32, Device::SharedCpu)}, passing());
+  frame.patch_body(kShapeAt + 8, std::int64_t{1} << 40);
+  frame.patch_body(kShapeAt + 16, std::int64_t{1} << 40);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "overflow");
+}
+
 TEST_P(HostileFrameTest, TypeMismatchNamesBothTypes) {
   Wire<Payload> wire(GetParam());
   Frame frame = encode(Other{42}, passing());
@@ -329,6 +359,13 @@ TEST_P(HostileFrameTest, ProcessKeepsWorkingOnOtherChannelsAfterABadFrame) {
   auto [tx, rx] = channel<Payload>(GetParam());
   tx.send(Payload{tensor_});
   EXPECT_TRUE(rx.recv().has_value());
+}
+
+TEST_P(HostileFrameTest, HeaderClaimsFdsTheTransportDidNotCarry) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_});  // fd passing, but the fd is not sent
+  wire.send(frame.bytes);
+  expect_protocol_error(wire.rx, "1 file descriptors but 0 arrived");
 }
 
 // ---- fds that lie (Unix socket only: the only transport that carries fds) ----------
@@ -381,6 +418,108 @@ TEST_F(HostileFdTest, FewerFdsThanTheHeaderClaims) {
   Frame frame = encode(Payload{tensor_});
   wire.send(frame.bytes);  // the fd is missing
   expect_protocol_error(wire.rx, "file descriptors");
+}
+
+TEST_F(HostileFdTest, HeaderClaimsMoreFdsThanHandles) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  FrameHeader h = frame.header();
+  h.fd_count = 2;  // one handle
+  frame.set_header(h);
+  wire.send(frame.bytes, {frame.fds.at(0), frame.fds.at(0)});
+  expect_protocol_error(wire.rx, "claims 2 fds for only 1 handles");
+}
+
+TEST_F(HostileFdTest, FdsWithAFrameThatDeclaresNone) {
+  // Before the fix, these fds were queued silently (and handed to a later frame's
+  // handles): a peer could fill this process's fd table without declaring a single fd.
+  Wire<Other> wire(Transport::UnixSocket);
+  Frame frame = encode(Other{1});
+  UniqueFd a(::memfd_create("stray", MFD_CLOEXEC)), b(::memfd_create("stray", MFD_CLOEXEC));
+  ASSERT_TRUE(a && b);
+  wire.send(frame.bytes, {a.get(), b.get()});
+  expect_protocol_error(wire.rx, "declares 0 (fd_count)");
+}
+
+TEST_F(HostileFdTest, FdForAHandleThatIsLeased) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  MessageEncoder encoder(HandlePassing::FdPassing);
+  auto flatten = [&](const EncodedFrame& encoded) {
+    Frame frame;
+    for (const iovec& part : encoded.iovecs()) {
+      const auto* begin = static_cast<const std::byte*>(part.iov_base);
+      frame.bytes.insert(frame.bytes.end(), begin, begin + part.iov_len);
+    }
+    frame.fds.assign(encoded.fds.begin(), encoded.fds.end());
+    encoder.commit();
+    return frame;
+  };
+  Frame first = flatten(encoder.encode(Payload{tensor_}));
+  wire.send(first.bytes, first.fds);
+  ASSERT_TRUE(wire.rx.recv().has_value());
+  Frame second = flatten(encoder.encode(Payload{tensor_}));  // travels as a lease: no fd
+  FrameHeader h = second.header();
+  ASSERT_EQ(h.fd_count, 0u);
+  h.fd_count = 1;
+  second.set_header(h);
+  wire.send(second.bytes, {tensor_.storage()->shared_memory()->fd()});
+  expect_protocol_error(wire.rx, "frame carries 1 fds but only 0 fd handles");
+}
+
+TEST_F(HostileFdTest, MemfdSealedAgainstShrinkingOnly) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  UniqueFd half_sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_TRUE(half_sealed);
+  ASSERT_EQ(::ftruncate(half_sealed.get(), 128), 0);
+  ASSERT_EQ(::fcntl(half_sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  wire.send(frame.bytes, {half_sealed.get()});
+  expect_protocol_error(wire.rx, "not sealed");
+}
+
+// A sender that tries to shrink a segment after sending it cannot: ferry seals every
+// segment against shrinking and growing, and seals the seals. The receiver's mapping stays
+// readable; the most the sender can do is change the bytes (or punch holes, which read
+// back as zeros), as with any memory it shares.
+TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
+  auto [tx, rx] = channel<Payload>(Transport::UnixSocket);
+  auto [go_tx, go_rx] = channel<int>(Transport::UnixSocket);
+  const std::int64_t count = 64 * 1024;
+  const pid_t child = test::fork_child([&, &tx = tx, &rx = rx, &go_tx = go_tx, &go_rx = go_rx] {
+    tx.detach();
+    go_tx.detach();
+    Payload got = rx.recv().value();
+    CHILD_CHECK(go_rx.recv().value() == 1);  // the sender has tried its worst
+    const auto values = got.tensor.to_vector<std::int32_t>();  // reads every byte: no SIGBUS
+    CHILD_CHECK(static_cast<std::int64_t>(values.size()) == count);
+    for (const std::int32_t v : values) CHILD_CHECK(v == 7 || v == 0);
+  });
+  rx.close();
+  go_rx.close();
+  Tensor t = Tensor::empty({count}, DType::Int32, Device::SharedCpu);
+  t.fill(std::int32_t{7});
+  tx.send(Payload{t});
+  const int fd = t.storage()->shared_memory()->fd();
+  const auto size = static_cast<off_t>(t.storage()->nbytes());
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fd, 0), -1);
+  EXPECT_EQ(errno, EPERM) << "shrinking a sent segment must be refused by its seals";
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fd, size / 2), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fd, size * 2), -1);
+  EXPECT_EQ(errno, EPERM) << "growing is sealed too";
+  EXPECT_NE(::fcntl(fd, F_GET_SEALS) & F_SEAL_SEAL, 0) << "the seals themselves are sealed";
+  errno = 0;
+  EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);
+  EXPECT_EQ(errno, EPERM);
+  // Allowed by the seals: freeing the pages of the first half. They read back as zeros.
+  EXPECT_EQ(::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, size / 2), 0);
+  go_tx.send(1);
+  tx.close();
+  go_tx.close();
+  EXPECT_TRUE(test::child_succeeded(child));
 }
 
 TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {

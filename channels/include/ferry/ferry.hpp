@@ -20,5 +20,6 @@
 #include "ferry/init.hpp"
 #include "ferry/select.hpp"
 #include "ferry/spawn.hpp"
+#include "ferry/peer_credentials.hpp"
 #include "ferry/tensor.hpp"
 #include "ferry/tensor_wire.hpp"
