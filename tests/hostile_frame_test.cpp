@@ -9,6 +9,10 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
@@ -159,6 +163,38 @@ TEST_P(HostileFrameTest, WrongVersion) {
   expect_protocol_error(wire.rx, "version");
 }
 
+TEST_P(HostileFrameTest, UnknownFrameKind) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.kind = 9;
+  frame.set_header(h);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "unknown kind 9");
+}
+
+// Every count of the header is checked against FrameLimits before the rest of the frame
+// is read (or allocated).
+TEST_P(HostileFrameTest, HeaderCountsAboveTheirLimits) {
+  const FrameLimits limits;
+  const std::vector<std::pair<std::string, std::function<void(FrameHeader&)>>> lies = {
+      {"handle_count", [&](FrameHeader& h) { h.handle_count = limits.max_handles + 1; }},
+      {"fd_count", [&](FrameHeader& h) { h.fd_count = limits.max_fds + 1; }},
+      {"release_count", [&](FrameHeader& h) { h.release_count = limits.max_releases + 1; }},
+      {"type_name_bytes", [&](FrameHeader& h) { h.type_name_bytes = limits.max_type_name_bytes + 1; }},
+  };
+  for (const auto& [field, lie] : lies) {
+    SCOPED_TRACE(field);
+    Wire<Payload> wire(GetParam());
+    Frame frame = encode(Payload{tensor_}, passing());
+    FrameHeader h = frame.header();
+    lie(h);
+    frame.set_header(h);
+    wire.send(frame.bytes, frame.fds);
+    expect_protocol_error(wire.rx, "frame header field " + field);
+  }
+}
+
 TEST_P(HostileFrameTest, HugeBodyLengthIsRefusedBeforeReading) {
   Wire<Payload> wire(GetParam());
   Frame frame = encode(Payload{tensor_}, passing());
@@ -274,6 +310,41 @@ TEST_P(HostileFrameTest, LeaseSlotThatWasNeverGranted) {
   frame.set_header(h);
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, "holds no lease");
+}
+
+TEST_P(HostileFrameTest, SlotAboveTheLimit) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  e.slot = MessageDecoder::kMaxSlots;
+  frame.set_entry(0, e);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "above the limit");
+}
+
+TEST_P(HostileFrameTest, ReleaseOfASlotThatHoldsNoLease) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.release_count = 1;
+  frame.set_header(h);
+  const std::uint32_t slot = 7;
+  const auto* raw = reinterpret_cast<const std::byte*>(&slot);
+  frame.bytes.insert(frame.bytes.begin() + static_cast<std::ptrdiff_t>(frame.body_offset), raw, raw + sizeof slot);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "releases slot 7 which holds no lease");
+}
+
+TEST_P(HostileFrameTest, NewHandleInASlotThatIsStillLeased) {
+  Wire<Payload> wire(GetParam());
+  Frame first = encode(Payload{tensor_}, passing());
+  wire.send(first.bytes, first.fds);
+  ASSERT_TRUE(wire.rx.recv_for(kRecvBound).has_value());
+  // A second encoder knows nothing of the first: it hands another storage out at slot 0.
+  Tensor other = Tensor::zeros({4, 8}, DType::Float32, Device::SharedCpu);
+  Frame second = encode(Payload{other}, passing());
+  wire.send(second.bytes, second.fds);
+  expect_protocol_error(wire.rx, "reuses slot 0 before releasing it");
 }
 
 TEST_P(HostileFrameTest, UnknownHandleKind) {
