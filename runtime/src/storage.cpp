@@ -4,7 +4,7 @@
 #include <new>
 
 #include "ferry/error.hpp"
-#include "ferry/handle_cache.hpp"
+#include "ferry/shared_allocator.hpp"
 
 namespace ferry {
 namespace {
@@ -33,20 +33,15 @@ Storage::~Storage() {
   if (sent_.load(std::memory_order_relaxed)) g_sent_storage_deaths.fetch_add(1, std::memory_order_release);
 }
 
-std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
+std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bool zeroed) {
   switch (device.kind) {
-    case DeviceKind::Cpu:
-      return std::shared_ptr<Storage>(new Storage(std::make_unique<HeapAllocation>(nbytes), device, false));
-    case DeviceKind::SharedCpu: {
-      if (nbytes == 0) {
-        // Nothing to share: an empty storage needs no segment and travels without one.
-        return std::shared_ptr<Storage>(new Storage(nullptr, device, false));
-      }
-      auto storage = std::shared_ptr<Storage>(
-          new Storage(std::make_unique<SharedMemoryAllocation>(SharedMemory::create(nbytes)), device, false));
-      HandleCache::global().insert(storage->shared_memory()->identity(), storage);
+    case DeviceKind::Cpu: {
+      auto storage = std::shared_ptr<Storage>(new Storage(std::make_shared<HeapAllocation>(nbytes), device, false));
+      if (zeroed && nbytes > 0) std::memset(storage->data(), 0, nbytes);
       return storage;
     }
+    case DeviceKind::SharedCpu:
+      return allocate(nbytes, SharedAllocator::global(), zeroed);
     case DeviceKind::Cuda:
       throw Error("Storage::allocate: CUDA storages are allocated by the CUDA allocator (" +
                   device.to_string() + ")");
@@ -54,12 +49,21 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
   throw Error("Storage::allocate: invalid device kind");
 }
 
+std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, const SharedAllocator& pool, bool zeroed) {
+  // Nothing to share: an empty storage needs no block and travels without one.
+  std::shared_ptr<Allocation> block;
+  if (nbytes > 0) block = pool.allocate(nbytes, zeroed);
+  return std::shared_ptr<Storage>(new Storage(std::move(block), Device::SharedCpu, false));
+}
+
 std::shared_ptr<Storage> Storage::adopt(std::shared_ptr<Allocation> allocation, bool received) {
   const Device device = allocation ? allocation->device() : Device::Cpu;
   return std::shared_ptr<Storage>(new Storage(std::move(allocation), device, received));
 }
 
-void Storage::share_memory() {
+void Storage::share_memory() { share_memory(SharedAllocator::global()); }
+
+void Storage::share_memory(const SharedAllocator& pool) {
   std::lock_guard lock(share_mutex_);
   if (device_.kind == DeviceKind::SharedCpu) return;
   if (device_.kind != DeviceKind::Cpu) {
@@ -68,15 +72,11 @@ void Storage::share_memory() {
   const std::size_t size = nbytes();
   std::shared_ptr<Allocation> shared;
   if (size > 0) {
-    SharedMemory segment = SharedMemory::create(size);
-    std::memcpy(segment.data(), data(), size);
-    shared = std::make_shared<SharedMemoryAllocation>(std::move(segment));
+    shared = pool.allocate(size);
+    std::memcpy(shared->data(), data(), size);
   }
   allocation_ = std::move(shared);
   device_ = Device::SharedCpu;
-  if (allocation_ != nullptr) {
-    if (auto self = weak_from_this().lock()) HandleCache::global().insert(shared_memory()->identity(), self);
-  }
 }
 
 std::uint64_t sent_storage_deaths() noexcept { return g_sent_storage_deaths.load(std::memory_order_acquire); }

@@ -16,5 +16,6 @@
 #include "ferry/dtype.hpp"
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"
+#include "ferry/shared_allocator.hpp"
 #include "ferry/tensor.hpp"
 #include "ferry/tensor_wire.hpp"

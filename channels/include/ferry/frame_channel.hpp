@@ -7,11 +7,13 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "ferry/message_decoder.hpp"
 #include "ferry/message_encoder.hpp"
+#include "ferry/shared_allocator.hpp"
 #include "ferry/transport.hpp"
 
 namespace ferry {
@@ -25,6 +27,14 @@ struct ChannelOptions {
   /// How long close() waits for the receiver to map storages it was sent by /proc path
   /// (Transport::Pipe): the sender's fds must stay open until then.
   std::chrono::milliseconds close_linger{10'000};
+  /// Memory isolation between peers. Empty (the default): a storage travels from whatever
+  /// segment it lives in (usually one of the process-wide caching allocator's), so the
+  /// receiver maps whole segments that may also hold blocks sent to other peers. Set to a
+  /// pool (`SharedAllocator(settings)`, one per peer): the channel passes only segments of
+  /// that pool; a storage from anywhere else is copied into the pool for each send, and a
+  /// heap storage moves into the pool. Allocate tensors for this peer from the pool
+  /// (`Tensor::empty(shape, dtype, pool)`) to send them without a copy.
+  std::optional<SharedAllocator> pool;
 };
 
 namespace detail {
@@ -65,6 +75,10 @@ class SenderCore {
   FrameWriter& writer() noexcept { return *writer_; }
   /// Storages the receiver leases from this end (for tests and statistics).
   std::size_t tracked_storages();
+  /// Storages pinned because the receiver may still hold them (for tests and statistics).
+  std::size_t pinned_storages();
+  /// The pool of an isolated channel (ChannelOptions::pool), or empty.
+  const std::optional<SharedAllocator>& pool() const noexcept { return options_.pool; }
 
  private:
   void ensure_open() const;
@@ -114,6 +128,8 @@ class ReceiverCore {
   FrameReader& reader() noexcept { return *reader_; }
   /// Storages this end leases from the sender (for tests and statistics).
   std::size_t leased();
+  /// Segments this end leases from the sender (for tests and statistics).
+  std::size_t leased_segments();
 
  private:
   ReadStatus next_locked(const Deadline& deadline);

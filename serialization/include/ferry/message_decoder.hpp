@@ -1,6 +1,7 @@
-// The receiving side of one connection: checks a frame's type, resolves its handle table
-// to mapped storages (through the leases of this connection and the process-wide handle
-// cache), and deserializes the body.
+// The receiving side of one connection: checks a frame's type, maps the segments it
+// introduces (through the process-wide handle cache), resolves its handle table to storages
+// (blocks of leased segments), and deserializes the body. See message_encoder.hpp for the
+// lease protocol and holds.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,8 @@
 
 #include "ferry/archive.hpp"
 #include "ferry/frame.hpp"
+#include "ferry/return_board.hpp"
+#include "ferry/shared_segment.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor_wire.hpp"
 #include "ferry/type_name.hpp"
@@ -22,8 +25,10 @@ namespace ferry {
 
 class MessageDecoder {
  public:
-  /// The most slots a sender may lease to one receiver.
-  static constexpr std::uint32_t kMaxSlots = 1u << 20;
+  /// The most storage slots a sender may lease to one receiver.
+  static constexpr std::uint32_t kMaxSlots = ReturnBoard::kSlots;
+  /// The most segment slots a sender may lease to one receiver.
+  static constexpr std::uint32_t kMaxSegmentSlots = 1u << 20;
 
   MessageDecoder(std::uint64_t expected_fingerprint, std::string_view expected_type_name)
       : expected_fingerprint_(expected_fingerprint), expected_type_name_(expected_type_name) {}
@@ -49,25 +54,32 @@ class MessageDecoder {
     return value;
   }
 
-  /// True when the last frame named storages by /proc path, whose sender waits for an
+  /// True when the last frame named segments by /proc path, whose sender waits for an
   /// acknowledgement to let them go.
   bool wants_acknowledgement() const noexcept { return wants_acknowledgement_; }
-  /// Drops every lease (the channel is closing).
+  /// Drops every lease (the channel is closing). Blocks still used by tensors of this
+  /// process stay mapped, and are given back to the sender when those tensors die.
   void release_all() noexcept;
   /// Storages leased on this connection.
   std::size_t leased() const noexcept;
+  /// Segments leased on this connection.
+  std::size_t leased_segments() const noexcept;
 
  private:
   void check_type(const FrameHeader& header, std::span<const std::byte> name);
-  std::shared_ptr<Storage> map_received(UniqueFd fd, const HandleEntry& entry);
-  std::shared_ptr<Storage> open_proc_fd(const HandleEntry& entry);
+  SharedMemory open_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                            std::size_t& next_fd);
+  void add_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                   std::size_t& next_fd);
+  std::shared_ptr<Storage> resolve_new_block(const HandleEntry& entry, std::size_t index);
+  void claim_frame(std::uint64_t sequence, std::size_t index);
 
   std::uint64_t expected_fingerprint_;
   std::string_view expected_type_name_;
   std::string peer_type_name_;
-  // A lease keeps the memory of a storage the sender still holds. It owns the allocation,
-  // never the Storage object: if leases kept Storage objects alive, a storage passed back
-  // and forth between two processes would keep itself alive through both leases.
+  // A lease keeps a received block while the sender still holds its storage. It owns the
+  // allocation, never the Storage object: if leases kept Storage objects alive, a storage
+  // passed back and forth between two processes would keep itself alive through both.
   struct Lease {
     std::shared_ptr<Allocation> allocation;
     std::weak_ptr<Storage> storage;  // the receiver's Storage object while it lives
@@ -75,7 +87,10 @@ class MessageDecoder {
   };
   std::shared_ptr<Storage> resolve_lease(Lease& lease);
 
-  std::vector<Lease> leases_;  // by slot
+  std::vector<Lease> leases_;                              // by storage slot
+  std::vector<std::shared_ptr<SharedSegment>> segments_;   // by segment slot
+  std::shared_ptr<ReturnBoard> board_;
+  std::uint64_t registered_generation_ = ~std::uint64_t{0};  // fork generation we registered as holder in
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
   bool wants_acknowledgement_ = false;
