@@ -177,6 +177,7 @@ void SharedAllocator::Core::sync_fork_locked() {
   large_free_.clear();
   idle_.clear();
   total_bytes_ = bytes_in_use_ = blocks_in_use_ = 0;
+  hits_ = misses_ = segments_released_ = 0;
   generation_ = generation;
 }
 

@@ -109,6 +109,28 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
     segments_[slot] = nullptr;
   }
 
+  try {
+    resolve_tables(header, segment_table, table, frame_fds);
+  } catch (...) {
+    give_back_unresolved(table, header.handle_count);
+    throw;
+  }
+}
+
+void MessageDecoder::give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept {
+  // The sender pinned every new block of the frame for us. Blocks we leased give their
+  // slot back when they die; the others would stay pinned until this process exits.
+  if (!board_) return;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const auto entry = entry_at<HandleEntry>(table, i);
+    if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
+    if (entry.slot < leases_.size() && leases_[entry.slot]) continue;
+    board_->post_return(entry.slot);
+  }
+}
+
+void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const std::byte> segment_table,
+                                    std::span<const std::byte> table, std::vector<UniqueFd>& frame_fds) {
   std::size_t next_fd = 0;
   for (std::uint32_t i = 0; i < header.segment_count; ++i) {
     add_segment(entry_at<SegmentEntry>(segment_table, i), i, frame_fds, next_fd);
@@ -191,6 +213,10 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
   const auto role = static_cast<SegmentRole>(entry.role);
   if (role == SegmentRole::ReturnBoard) {
     if (board_) throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
+    if (entry.size != ReturnBoard::bytes()) {
+      throw ProtocolError("segment " + std::to_string(index) + " is a return board whose field size claims " +
+                          std::to_string(entry.size) + " bytes instead of " + std::to_string(ReturnBoard::bytes()));
+    }
     board_ = ReturnBoard::open_received(open_segment(entry, index, frame_fds, next_fd));
     return;
   }

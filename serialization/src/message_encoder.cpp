@@ -199,8 +199,15 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   if (!new_pins_.empty()) {
     ledger().pin(new_pins_, next_sequence_);
     if (!board_sent_) {
+      // First in the table, so that the receiver can give blocks back even when a later
+      // entry fails.
       const ReturnBoard& board = *ledger_->board();
+      const std::size_t segments = segment_entries_.size();
+      const std::size_t fds = fds_.size();
       add_segment_entry(SegmentRole::ReturnBoard, 0, board.fd(), ReturnBoard::bytes(), board.identity());
+      std::rotate(segment_entries_.begin(), segment_entries_.begin() + static_cast<std::ptrdiff_t>(segments),
+                  segment_entries_.end());
+      std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
       board_in_frame_ = true;
     }
   }

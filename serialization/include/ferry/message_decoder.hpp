@@ -73,6 +73,9 @@ class MessageDecoder {
                    std::size_t& next_fd);
   std::shared_ptr<Storage> resolve_new_block(const HandleEntry& entry, std::size_t index);
   void claim_frame(std::uint64_t sequence, std::size_t index);
+  void resolve_tables(const FrameHeader& header, std::span<const std::byte> segment_table,
+                      std::span<const std::byte> table, std::vector<UniqueFd>& frame_fds);
+  void give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept;
 
   std::uint64_t expected_fingerprint_;
   std::string_view expected_type_name_;
