@@ -28,14 +28,28 @@ struct Wire {
   std::vector<std::byte> payload;
   std::deque<UniqueFd> fds;
 
+  // Tables are not aligned in the payload (the type name before them has any length):
+  // entries are copied out, edited and copied back.
   template <class Entry>
-  Entry* entry(std::size_t offset_in_payload) {
-    return reinterpret_cast<Entry*>(payload.data() + offset_in_payload);
+  void edit(std::size_t offset_in_payload, const std::function<void(Entry&)>& change) {
+    Entry entry;
+    std::memcpy(&entry, payload.data() + offset_in_payload, sizeof entry);
+    change(entry);
+    std::memcpy(payload.data() + offset_in_payload, &entry, sizeof entry);
+  }
+  void edit_segment(std::size_t index, const std::function<void(SegmentEntry&)>& change) {
+    edit<SegmentEntry>(header.type_name_bytes + index * sizeof(SegmentEntry), change);
   }
   // The handle table starts after the type name and the segment table.
-  HandleEntry* handle(std::size_t index) {
-    return entry<HandleEntry>(header.type_name_bytes + header.segment_count * sizeof(SegmentEntry) +
-                              index * sizeof(HandleEntry));
+  void edit_handle(std::size_t index, const std::function<void(HandleEntry&)>& change) {
+    edit<HandleEntry>(header.type_name_bytes + header.segment_count * sizeof(SegmentEntry) +
+                          index * sizeof(HandleEntry),
+                      change);
+  }
+  HandleEntry handle(std::size_t index) {
+    HandleEntry entry;
+    edit_handle(index, [&](HandleEntry& e) { entry = e; });
+    return entry;
   }
 };
 
@@ -111,6 +125,24 @@ TEST_F(BlockWireTest, HundredSmallTensorsShareOneSegmentAndLaterOnesNeedNoFd) {
   EXPECT_EQ(loop.encoder_.tracked_segments(), 1u);
 }
 
+TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {
+  Loopback loop;
+  std::vector<Tensor> originals;
+  for (int i = 0; i < 40; ++i) originals.push_back(Tensor::zeros({64}, DType::Int64, Device::SharedCpu));
+  Message message;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int i = 0; i < 40; ++i) message.tensors.push_back(originals[(i * 7 + pass) % 40].slice(0, pass, 64));
+  }
+  for (int round = 0; round < 2; ++round) {
+    Message got = loop.round_trip(message);
+    EXPECT_EQ(loop.last_.handle_count, 40u);
+    for (std::size_t i = 0; i < 120; ++i) {
+      ASSERT_TRUE(got.tensors[i].shares_storage_with(got.tensors[(i + 40) % 120]) ==
+                  message.tensors[i].shares_storage_with(message.tensors[(i + 40) % 120]));
+    }
+  }
+}
+
 TEST_F(BlockWireTest, PinsFollowTheReturnBoard) {
   SharedAllocator pool;
   Loopback loop;
@@ -151,21 +183,20 @@ void expect_refused(const std::function<void(Wire&)>& tamper, const std::string&
 TEST_F(BlockWireTest, HostileBlockEntriesAreProtocolErrorsNamingTheField) {
   const std::uint64_t segment_bytes = SharedAllocator::global().settings().segment_bytes;
   // A block reaching past the end of its segment.
-  expect_refused([&](Wire& wire) { wire.handle(0)->offset = segment_bytes - 16; }, "offset");
-  expect_refused([&](Wire& wire) { wire.handle(0)->nbytes = segment_bytes + 1; }, "nbytes");
+  expect_refused([&](Wire& w) { w.edit_handle(0, [&](HandleEntry& e) { e.offset = segment_bytes - 16; }); }, "offset");
+  expect_refused([&](Wire& w) { w.edit_handle(0, [&](HandleEntry& e) { e.nbytes = segment_bytes + 1; }); }, "nbytes");
   // offset + nbytes overflowing 64 bits must not wrap around into the segment.
-  expect_refused([&](Wire& wire) { wire.handle(0)->offset = ~std::uint64_t{0} - 8; }, "offset");
-  expect_refused([&](Wire& wire) { wire.handle(0)->nbytes = 0; }, "nbytes");
-  expect_refused([&](Wire& wire) { wire.handle(0)->segment_slot = 7; }, "segment_slot");
-  expect_refused([&](Wire& wire) { wire.handle(0)->kind = 9; }, "kind");
+  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.offset = ~std::uint64_t{0} - 8; }); },
+                 "offset");
+  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.nbytes = 0; }); }, "nbytes");
+  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.segment_slot = 7; }); }, "segment_slot");
+  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.kind = 9; }); }, "kind");
   // A block smaller than the tensor that views it: the view check refuses it.
-  expect_refused([&](Wire& wire) { wire.handle(0)->nbytes = 64; }, "storage has only 64 bytes");
-  // A segment entry claiming another size than its memfd has.
+  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.nbytes = 64; }); },
+                 "storage has only 64 bytes");
   // A segment entry claiming another size than its memfd has (entry 0 is the return board).
-  expect_refused([&](Wire& wire) { wire.entry<SegmentEntry>(wire.header.type_name_bytes + sizeof(SegmentEntry))->size += 4096; },
-                 "bytes");
-  expect_refused([&](Wire& wire) { wire.entry<SegmentEntry>(wire.header.type_name_bytes)->size += 4096; },
-                 "return board");
+  expect_refused([&](Wire& w) { w.edit_segment(1, [](SegmentEntry& e) { e.size += 4096; }); }, "bytes");
+  expect_refused([&](Wire& w) { w.edit_segment(0, [](SegmentEntry& e) { e.size += 4096; }); }, "return board");
 }
 
 TEST_F(BlockWireTest, LeasedEntryWithAnotherSizeIsRefused) {
@@ -174,8 +205,8 @@ TEST_F(BlockWireTest, LeasedEntryWithAnotherSizeIsRefused) {
   message.tensors.push_back(Tensor::zeros({1024}, DType::Int32, Device::SharedCpu));
   loop.round_trip(message);
   Wire wire = loop.send(message);
-  ASSERT_EQ(wire.handle(0)->kind, static_cast<std::uint32_t>(HandleKind::Leased));
-  wire.handle(0)->nbytes = 1 << 20;
+  ASSERT_EQ(wire.handle(0).kind, static_cast<std::uint32_t>(HandleKind::Leased));
+  wire.edit_handle(0, [](HandleEntry& e) { e.nbytes = 1 << 20; });
   EXPECT_THROW(loop.receive(wire), ProtocolError);
 }
 

@@ -61,13 +61,23 @@ HoldLedger::HoldLedger() : board_(ReturnBoard::create()), generation_(fork_gener
 std::shared_ptr<HoldLedger> HoldLedger::create() {
   auto ledger = std::shared_ptr<HoldLedger>(new HoldLedger());
   Registry& reg = registry();
-  std::vector<std::shared_ptr<HoldLedger>> inherited;
+  std::vector<std::shared_ptr<HoldLedger>> dropped;
   {
     std::lock_guard lock(reg.mutex);
-    inherited = take_inherited_locked(reg);
+    dropped = take_inherited_locked(reg);
+    // Forget ledgers of closed channels whose receivers gave everything back, so that a
+    // program opening many channels keeps no stale boards mapped.
+    for (auto it = reg.ledgers.begin(); it != reg.ledgers.end();) {
+      if ((*it)->finished()) {
+        dropped.push_back(std::move(*it));
+        it = reg.ledgers.erase(it);
+      } else {
+        ++it;
+      }
+    }
     reg.ledgers.push_back(ledger);
   }
-  return ledger;  // `inherited` dies here, outside the lock
+  return ledger;  // `dropped` dies here, outside the lock
 }
 
 HoldLedger::~HoldLedger() = default;

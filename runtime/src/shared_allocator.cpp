@@ -83,6 +83,7 @@ class SharedAllocator::Core : public std::enable_shared_from_this<SharedAllocato
   void sync_fork_locked();
 
   SharedAllocatorSettings settings_;
+  std::size_t small_limit_;  // small_block_limit(settings_.segment_bytes)
   std::uint64_t generation_;
   std::list<Segment> segments_;
   std::list<Segment> abandoned_;  // inherited from the parent across fork(): never carved
@@ -154,7 +155,7 @@ class OwnedBlock final : public SharedBlock {
 }  // namespace
 
 SharedAllocator::Core::Core(const SharedAllocatorSettings& settings)
-    : settings_(settings), generation_(fork_generation()) {
+    : settings_(settings), small_limit_(small_block_limit(settings.segment_bytes)), generation_(fork_generation()) {
   validate(settings);
   register_fork_handlers();
   std::lock_guard lock(pools().mutex);
@@ -205,7 +206,7 @@ SharedAllocator::Core::Taken SharedAllocator::Core::carve_locked(Segment& segmen
 
 SharedAllocator::Core::Taken SharedAllocator::Core::take_cached_locked(std::size_t nbytes) {
   sync_fork_locked();
-  if (nbytes <= small_block_limit(settings_.segment_bytes)) {
+  if (nbytes <= small_limit_) {
     const SizeClass size_class = small_size_class(nbytes);
     if (size_class.index >= available_.size() || available_[size_class.index].empty()) return {};
     return carve_locked(*available_[size_class.index].front());
@@ -250,7 +251,7 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::allocate(std::size_t nbytes,
   bool small = false;
   {
     std::lock_guard lock(mutex);
-    small = nbytes <= small_block_limit(settings_.segment_bytes);
+    small = nbytes <= small_limit_;
     if (small) {
       size_class = small_size_class(nbytes);
       segment_bytes = settings_.segment_bytes;
@@ -364,6 +365,7 @@ void SharedAllocator::Core::configure(const SharedAllocatorSettings& settings) {
   std::lock_guard lock(mutex);
   sync_fork_locked();
   settings_ = settings;
+  small_limit_ = small_block_limit(settings.segment_bytes);
   enforce_limit_locked(released);
 }
 
@@ -380,10 +382,10 @@ void SharedAllocator::Core::trim() {
 SharedAllocator::SharedAllocator(const SharedAllocatorSettings& settings)
     : core_(std::make_shared<Core>(settings)) {}
 
-SharedAllocator SharedAllocator::global() {
+const SharedAllocator& SharedAllocator::global() {
   // Leaked on purpose: blocks may die during static destruction and must find their pool.
-  static auto* core = new std::shared_ptr<Core>(std::make_shared<Core>(SharedAllocatorSettings{}));
-  return SharedAllocator(*core);
+  static const auto* pool = new SharedAllocator(std::make_shared<Core>(SharedAllocatorSettings{}));
+  return *pool;
 }
 
 std::shared_ptr<SharedBlock> SharedAllocator::allocate(std::size_t nbytes, bool zeroed) const {

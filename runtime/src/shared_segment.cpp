@@ -25,9 +25,13 @@ SharedSegment::~SharedSegment() {
   if (sent_.load(std::memory_order_relaxed)) g_sent_segment_deaths.fetch_add(1, std::memory_order_release);
 }
 
-void SharedSegment::remember_storage(std::uint64_t offset, const std::shared_ptr<Storage>& storage) {
+void SharedSegment::remember_storages(std::span<const std::shared_ptr<Storage>> storages) {
   std::lock_guard lock(mutex_);
-  remembered_[offset] = Remembered{storage->nbytes(), storage};
+  for (const auto& storage : storages) {
+    Remembered& entry = remembered_[storage->shared_block()->offset()];
+    entry.nbytes = storage->nbytes();
+    entry.storage = storage;
+  }
   any_remembered_.store(true, std::memory_order_release);
 }
 

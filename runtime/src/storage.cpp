@@ -15,6 +15,17 @@ std::atomic<std::uint64_t> g_sent_storage_deaths{0};
 
 }  // namespace
 
+// Lets std::make_shared reach the private constructor: one allocation for the Storage and
+// its control block.
+struct Storage::Constructor : Storage {
+  Constructor(std::shared_ptr<Allocation> allocation, Device device, bool received)
+      : Storage(std::move(allocation), device, received) {}
+};
+
+std::shared_ptr<Storage> Storage::make(std::shared_ptr<Allocation> allocation, Device device, bool received) {
+  return std::make_shared<Constructor>(std::move(allocation), device, received);
+}
+
 HeapAllocation::HeapAllocation(std::size_t size) : size_(size) {
   if (size > 0) data_ = static_cast<std::byte*>(::operator new(size, kHeapAlignment));
 }
@@ -36,7 +47,7 @@ Storage::~Storage() {
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bool zeroed) {
   switch (device.kind) {
     case DeviceKind::Cpu: {
-      auto storage = std::shared_ptr<Storage>(new Storage(std::make_shared<HeapAllocation>(nbytes), device, false));
+      auto storage = make(std::make_shared<HeapAllocation>(nbytes), device, false);
       if (zeroed && nbytes > 0) std::memset(storage->data(), 0, nbytes);
       return storage;
     }
@@ -53,12 +64,12 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, const SharedAlloc
   // Nothing to share: an empty storage needs no block and travels without one.
   std::shared_ptr<Allocation> block;
   if (nbytes > 0) block = pool.allocate(nbytes, zeroed);
-  return std::shared_ptr<Storage>(new Storage(std::move(block), Device::SharedCpu, false));
+  return make(std::move(block), Device::SharedCpu, false);
 }
 
 std::shared_ptr<Storage> Storage::adopt(std::shared_ptr<Allocation> allocation, bool received) {
   const Device device = allocation ? allocation->device() : Device::Cpu;
-  return std::shared_ptr<Storage>(new Storage(std::move(allocation), device, received));
+  return make(std::move(allocation), device, received);
 }
 
 void Storage::share_memory() { share_memory(SharedAllocator::global()); }

@@ -67,19 +67,19 @@ namespace {
 
 // Bytes of a contiguous tensor of `shape`; throws Error naming the problem.
 std::size_t contiguous_bytes(const char* function, const Shape& shape, DType dtype) {
-  const std::string where = std::string(function) + ": ";
-  if (!is_valid_dtype(static_cast<std::uint8_t>(dtype))) throw Error(where + "invalid dtype");
+  auto fail = [function](const std::string& problem) { throw Error(std::string(function) + ": " + problem); };
+  if (!is_valid_dtype(static_cast<std::uint8_t>(dtype))) fail("invalid dtype");
   if (shape.size() > kMaxDims) {
-    throw Error(where + std::to_string(shape.size()) + " dimensions, more than " + std::to_string(kMaxDims));
+    fail(std::to_string(shape.size()) + " dimensions, more than " + std::to_string(kMaxDims));
   }
   std::int64_t count = 1;
   for (const std::int64_t extent : shape) {
-    if (extent < 0) throw Error(where + "negative size " + std::to_string(extent));
-    if (__builtin_mul_overflow(count, extent, &count)) throw Error(where + "element count overflows");
+    if (extent < 0) fail("negative size " + std::to_string(extent));
+    if (__builtin_mul_overflow(count, extent, &count)) fail("element count overflows");
   }
   std::size_t bytes = 0;
   if (__builtin_mul_overflow(static_cast<std::size_t>(count), dtype_size(dtype), &bytes)) {
-    throw Error(where + "byte size overflows");
+    fail("byte size overflows");
   }
   return bytes;
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "ferry/return_board.hpp"
@@ -12,6 +13,12 @@ namespace {
 
 // Mirrors MessageDecoder::kMaxSegmentSlots (serialization must not depend on the decoder).
 constexpr std::uint32_t kMaxSegmentSlots = 1u << 20;
+// Frames with more storages than this find repeated ones through a hash index.
+constexpr std::size_t kLinearSearchLimit = 16;
+
+std::size_t pointer_hash(const void* pointer) noexcept {
+  return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(pointer) >> 4) * 0x9e3779b97f4a7c15ull >> 20);
+}
 
 }  // namespace
 
@@ -23,6 +30,10 @@ MessageEncoder::~MessageEncoder() { closed(UniqueFd()); }
 void MessageEncoder::begin() {
   body_.clear();
   storages_.clear();
+  if (source_index_dirty_) {
+    std::fill(source_index_.begin(), source_index_.end(), std::pair<const Storage*, std::uint32_t>{nullptr, 0});
+    source_index_dirty_ = false;
+  }
   sources_.clear();
   segment_entries_.clear();
   entries_.clear();
@@ -39,10 +50,37 @@ HoldLedger& MessageEncoder::ledger() {
   return *ledger_;
 }
 
-std::uint32_t MessageEncoder::add_storage(const std::shared_ptr<Storage>& storage) {
-  for (std::size_t i = 0; i < sources_.size(); ++i) {
-    if (sources_[i] == storage.get()) return static_cast<std::uint32_t>(i);
+std::optional<std::uint32_t> MessageEncoder::find_source(const Storage* storage) {
+  if (sources_.size() <= kLinearSearchLimit) {
+    for (std::size_t i = 0; i < sources_.size(); ++i) {
+      if (sources_[i] == storage) return static_cast<std::uint32_t>(i);
+    }
+    return std::nullopt;
   }
+  const std::size_t mask = source_index_.size() - 1;
+  for (std::size_t at = pointer_hash(storage) & mask;; at = (at + 1) & mask) {
+    if (source_index_[at].second == 0) return std::nullopt;
+    if (source_index_[at].first == storage) return source_index_[at].second - 1;
+  }
+}
+
+void MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
+  if (sources_.size() <= kLinearSearchLimit) return;
+  if (source_index_.size() < 2 * sources_.size()) {
+    // Grow (or build) the index at a load of at most one half.
+    source_index_.assign(std::max<std::size_t>(64, std::bit_ceil(4 * sources_.size())), {nullptr, 0});
+    for (std::uint32_t i = 0; i < sources_.size(); ++i) index_source(sources_[i], i);
+    return;
+  }
+  const std::size_t mask = source_index_.size() - 1;
+  std::size_t at = pointer_hash(storage) & mask;
+  while (source_index_[at].second != 0) at = (at + 1) & mask;
+  source_index_[at] = {storage, index + 1};
+  source_index_dirty_ = true;
+}
+
+std::uint32_t MessageEncoder::add_storage(const std::shared_ptr<Storage>& storage) {
+  if (const auto found = find_source(storage.get())) return *found;
   if (!storage->device().is_cpu()) {
     throw Error("cannot send a " + storage->device().to_string() + " tensor: this build has no CUDA support");
   }
@@ -58,9 +96,17 @@ std::uint32_t MessageEncoder::add_storage(const std::shared_ptr<Storage>& storag
     // Like torch's share_memory_(): a heap storage moves into shared memory once, in place.
     storage->share_memory();
   }
+  const auto index = static_cast<std::uint32_t>(storages_.size());
   storages_.push_back(std::move(travelling));
   sources_.push_back(storage.get());
-  return static_cast<std::uint32_t>(storages_.size() - 1);
+  index_source(storage.get(), index);
+  return index;
+}
+
+void MessageEncoder::flush_remember_batch() {
+  if (remember_batch_.empty()) return;
+  remember_batch_.front()->shared_block()->segment()->remember_storages(remember_batch_);
+  remember_batch_.clear();
 }
 
 void MessageEncoder::collect_returned_slots() {
@@ -191,11 +237,16 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
     new_storage_ids_.push_back(storage->id());
     new_slots_.push_back(entry.slot);
     new_pins_.push_back(HoldLedger::Pin{entry.slot, storage->shared_allocation()});
-    // A block sent back to us (by a receiver that forwards it) resolves to this storage.
-    block->segment()->remember_storage(block->offset(), storage);
+    // A block sent back to us (by a receiver that forwards it) resolves to this storage;
+    // storages of one segment are remembered together, under one lock.
+    if (!remember_batch_.empty() && remember_batch_.front()->shared_block()->segment() != block->segment()) {
+      flush_remember_batch();
+    }
+    remember_batch_.push_back(storage);
     storage->mark_sent();
     entries_.push_back(entry);
   }
+  flush_remember_batch();
   if (!new_pins_.empty()) {
     ledger().pin(new_pins_, next_sequence_);
     if (!board_sent_) {

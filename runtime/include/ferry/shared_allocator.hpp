@@ -48,7 +48,7 @@ class SharedAllocator {
   /// A new, private pool (for isolation between peers: see ChannelOptions::pool).
   explicit SharedAllocator(const SharedAllocatorSettings& settings = {});
   /// The process-wide pool that Device::SharedCpu allocations come from.
-  static SharedAllocator global();
+  static const SharedAllocator& global();
 
   /// A block of at least `nbytes` (> 0) bytes, 64-byte aligned. With `zeroed`, its bytes
   /// are zero (fresh memory is zero already; a recycled block is cleared). Throws

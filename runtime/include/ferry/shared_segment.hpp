@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <unordered_map>
 
 #include "ferry/device.hpp"
@@ -45,9 +46,9 @@ class SharedSegment {
   /// announced to the channels that passed it (see sent_segment_deaths()).
   void mark_sent() noexcept { sent_.store(true, std::memory_order_relaxed); }
 
-  /// Remembers `storage`, a sent storage whose block lies at `offset` in this segment, so
-  /// that the block coming back (from a receiver that forwards it) resolves to it.
-  void remember_storage(std::uint64_t offset, const std::shared_ptr<Storage>& storage);
+  /// Remembers sent storages whose blocks lie in this segment, so that a block coming back
+  /// (from a receiver that forwards it) resolves to the storage that was sent.
+  void remember_storages(std::span<const std::shared_ptr<Storage>> storages);
   /// The live storage remembered for exactly this block, or nullptr.
   std::shared_ptr<Storage> find_storage(std::uint64_t offset, std::uint64_t nbytes);
 

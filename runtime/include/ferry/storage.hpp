@@ -76,7 +76,9 @@ class Storage : public std::enable_shared_from_this<Storage> {
   std::shared_ptr<Allocation> shared_allocation() const noexcept { return allocation_; }
 
  private:
+  struct Constructor;
   Storage(std::shared_ptr<Allocation> allocation, Device device, bool received);
+  static std::shared_ptr<Storage> make(std::shared_ptr<Allocation> allocation, Device device, bool received);
 
   std::shared_ptr<Allocation> allocation_;
   Device device_;

@@ -26,9 +26,8 @@ class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cere
       : OutputArchive(this), body_(body), encoder_(encoder) {}
 
   void save_bytes(const void* data, std::size_t size) {
-    const std::size_t old_size = body_.size();
-    body_.resize(old_size + size);
-    if (size > 0) std::memcpy(body_.data() + old_size, data, size);
+    const auto* bytes = static_cast<const std::byte*>(data);
+    body_.insert(body_.end(), bytes, bytes + size);
   }
   MessageEncoder& encoder() noexcept { return encoder_; }
 

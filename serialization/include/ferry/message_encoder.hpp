@@ -131,6 +131,9 @@ class MessageEncoder {
   void add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
                          const FileIdentity& identity);
   HoldLedger& ledger();
+  std::optional<std::uint32_t> find_source(const Storage* storage);
+  void index_source(const Storage* storage, std::uint32_t index);
+  void flush_remember_batch();
 
   HandlePassing passing_;
   std::optional<SharedAllocator> pool_;
@@ -163,6 +166,11 @@ class MessageEncoder {
   std::vector<std::byte> body_;
   std::vector<std::shared_ptr<Storage>> storages_;  // what travels (a copy, for isolation)
   std::vector<const Storage*> sources_;             // what the message named, by index
+  // Open-addressing index of sources_ (pointer -> table index), for frames with many
+  // storages; slots hold index + 1, 0 is empty.
+  std::vector<std::pair<const Storage*, std::uint32_t>> source_index_;
+  bool source_index_dirty_ = false;
+  std::vector<std::shared_ptr<Storage>> remember_batch_;  // new storages of one segment
   std::vector<SegmentEntry> segment_entries_;
   std::vector<HandleEntry> entries_;
   std::vector<int> fds_;
