@@ -66,10 +66,18 @@ std::optional<std::uint32_t> MessageEncoder::find_source(const Storage* storage)
 
 void MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
   if (sources_.size() <= kLinearSearchLimit) return;
-  if (source_index_.size() < 2 * sources_.size()) {
-    // Grow (or build) the index at a load of at most one half.
-    source_index_.assign(std::max<std::size_t>(64, std::bit_ceil(4 * sources_.size())), {nullptr, 0});
-    for (std::uint32_t i = 0; i < sources_.size(); ++i) index_source(sources_[i], i);
+  if (sources_.size() == kLinearSearchLimit + 1 || source_index_.size() < 2 * sources_.size()) {
+    // Build the index when the frame outgrows linear search (it then holds every source),
+    // and grow it at a load of one half.
+    source_index_.assign(std::max<std::size_t>({64, source_index_.size(), std::bit_ceil(4 * sources_.size())}),
+                         {nullptr, 0});
+    const std::size_t mask = source_index_.size() - 1;
+    for (std::uint32_t i = 0; i < sources_.size(); ++i) {
+      std::size_t at = pointer_hash(sources_[i]) & mask;
+      while (source_index_[at].second != 0) at = (at + 1) & mask;
+      source_index_[at] = {sources_[i], i + 1};
+    }
+    source_index_dirty_ = true;
     return;
   }
   const std::size_t mask = source_index_.size() - 1;
