@@ -4,6 +4,7 @@
 //   NewLargeTensor   a new 64 MiB shared tensor each step, written by the producer
 //   ResendOneTensor  the same loop re-sending one tensor (the cache-hit baseline)
 //   SmallTensors/N   N new 4 KiB tensors in one message
+//   SmallTensorsResent/N  the same N tensors in every message
 //   PingPong         a message without tensors: the transport's own round trip
 //
 // Run: build/release/bench/ferry_bench --benchmark_filter='Alloc'
@@ -144,6 +145,14 @@ void AllocSmallTensors(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * count);
 }
 
+void AllocSmallTensorsResent(benchmark::State& state) {
+  Pair pair(transport_of(state));
+  const Message message = new_small_tensors(state.range(1), 0);
+  for (int step = 0; step < kWarmupSteps; ++step) pair.round_trip(message);
+  for (auto _ : state) benchmark::DoNotOptimize(pair.round_trip(message));
+  state.SetItemsProcessed(state.iterations() * state.range(1));
+}
+
 void AllocPingPong(benchmark::State& state) {
   Pair pair(transport_of(state));
   for (int step = 0; step < kWarmupSteps; ++step) pair.round_trip(Message{});
@@ -156,6 +165,8 @@ BENCHMARK(AllocNewLargeTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations
 BENCHMARK(AllocResendOneTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(20)->Repetitions(5)
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(AllocSmallTensors)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1}, {1, 100}})
+    ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(AllocSmallTensorsResent)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1}, {1, 100}})
     ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(AllocPingPong)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(2000)->Repetitions(5)
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -10,9 +10,11 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/process_identity.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/size_classes.hpp"
 #include "ferry/tensor.hpp"
+#include "ferry/unique_fd.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 
@@ -62,6 +64,32 @@ TEST(SizeClassTest, LargeSegmentsRoundUpByAtMostAnEighth) {
     ASSERT_LE(bytes - n, n / 8 + 4096) << n;
   }
   EXPECT_THROW(large_segment_bytes(0), Error);
+}
+
+TEST(ProcessIdentityTest, LivenessFollowsTheProcessNotItsPid) {
+  const ProcessIdentity self = current_process();
+  EXPECT_EQ(self.pid, ::getpid());
+  EXPECT_GT(self.start_time, 0u);
+  EXPECT_TRUE(process_alive(self));
+  EXPECT_FALSE(process_alive(ProcessIdentity{self.pid, self.start_time + 1}));  // a reused pid
+  EXPECT_FALSE(process_alive(ProcessIdentity{0, 0}));
+
+  int ends[2];
+  ASSERT_EQ(::pipe(ends), 0);
+  const UniqueFd ready_read(ends[0]);
+  const UniqueFd ready_write(ends[1]);
+  const pid_t child = test::fork_child([&] {
+    const ProcessIdentity me = current_process();
+    CHILD_CHECK(me.pid == ::getpid() && me.pid != self.pid);  // recomputed after fork
+    CHILD_CHECK(::write(ready_write.get(), &me, sizeof me) == sizeof me);
+  });
+  ProcessIdentity child_identity;
+  ASSERT_EQ(::read(ready_read.get(), &child_identity, sizeof child_identity),
+            static_cast<ssize_t>(sizeof child_identity));
+  // Exited but not reaped yet (a zombie), or reaped: either way it no longer runs.
+  while (process_alive(child_identity)) std::this_thread::yield();
+  EXPECT_TRUE(test::child_succeeded(child));
+  EXPECT_FALSE(process_alive(child_identity));
 }
 
 TEST_F(SharedAllocatorTest, FreedSmallBlockComesBackForTheNextAllocation) {

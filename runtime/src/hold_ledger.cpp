@@ -50,7 +50,7 @@ bool reader_gone(const UniqueFd& probe) {
   while (true) {
     const int rc = ::poll(&entry, 1, 0);
     if (rc >= 0) return rc > 0 && (entry.revents & (POLLERR | POLLHUP)) != 0;
-    if (errno != EINTR) throw_errno("poll of a closed channel's stream");
+    if (errno != EINTR) return false;  // cannot tell: keep the pins
   }
 }
 
@@ -144,9 +144,10 @@ std::uint64_t HoldLedger::newest_pinned_sequence_locked() const {
 }
 
 void HoldLedger::collect(bool check_receivers) {
+  // In a forked child the ledger is the parent's: leave it (and its lock) alone.
+  if (!belongs_to_this_process()) return;
   std::vector<std::shared_ptr<Allocation>> dropped;
   std::lock_guard lock(mutex_);
-  if (!belongs_to_this_process()) return;
   scratch_.clear();
   board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
   for (const std::uint32_t slot : scratch_) {

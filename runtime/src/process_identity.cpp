@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <array>
@@ -115,10 +116,19 @@ ProcessIdentity current_process() {
   return cached->identity;
 }
 
-bool process_alive(const ProcessIdentity& process) {
+bool process_alive(const ProcessIdentity& process) noexcept {
   if (process.pid <= 0) return false;
-  const auto fields = read_stat(process.pid);
-  if (!fields) return false;
+  // kill(pid, 0) tells whether the pid exists at all (EPERM: it does, another user's).
+  if (::kill(process.pid, 0) != 0 && errno == ESRCH) return false;
+  std::optional<StatFields> fields;
+  try {
+    fields = read_stat(process.pid);
+  } catch (...) {
+    return true;  // exists but cannot be inspected: never reclaim from a live process
+  }
+  // Gone between the two calls, or hidden from us (/proc mounted with hidepid): only the
+  // first is a death, and a second kill() tells them apart.
+  if (!fields) return !(::kill(process.pid, 0) != 0 && errno == ESRCH);
   if (fields->start_time != process.start_time) return false;  // the pid was reused
   return fields->state != 'Z' && fields->state != 'X';           // zombie or dead: its memory is gone
 }

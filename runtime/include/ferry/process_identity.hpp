@@ -20,8 +20,10 @@ ProcessIdentity current_process();
 
 /// True while `process` runs: false once it has exited, even while it is a zombie that
 /// its parent has not reaped yet, and false when its pid now names another process.
-/// Reads /proc/<pid>/stat; opens and closes one file.
-bool process_alive(const ProcessIdentity& process);
+/// Conservative: a process that exists but cannot be inspected (another user's, or /proc
+/// mounted with hidepid) counts as running. Uses kill(pid, 0) and /proc/<pid>/stat;
+/// never throws.
+bool process_alive(const ProcessIdentity& process) noexcept;
 
 /// A number that every fork() increments in the child. State that belongs to the process
 /// that created it (free lists, holds on another process's memory) records the value at
