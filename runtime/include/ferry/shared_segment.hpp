@@ -32,10 +32,13 @@ class SharedSegment {
   SharedSegment(const SharedSegment&) = delete;
   SharedSegment& operator=(const SharedSegment&) = delete;
 
+  /// First byte of the segment in this process.
   std::byte* data() const noexcept { return memory_.data(); }
+  /// Size of the segment in bytes.
   std::size_t size() const noexcept { return memory_.size(); }
   /// The memfd (for passing the segment to another process).
   int fd() const noexcept { return memory_.fd(); }
+  /// Identity of the memfd: equal in every process that maps the segment.
   const FileIdentity& identity() const noexcept { return memory_.identity(); }
   /// Unique within this process for the process's lifetime (never reused).
   std::uint64_t id() const noexcept { return id_; }
@@ -80,8 +83,11 @@ std::uint64_t sent_segment_deaths() noexcept;
 class Allocation {
  public:
   virtual ~Allocation() = default;
+  /// First byte of the allocation (nullptr for an empty heap allocation).
   virtual std::byte* data() const noexcept = 0;
+  /// Bytes usable by the storage.
   virtual std::size_t size() const noexcept = 0;
+  /// Where the bytes live.
   virtual Device device() const noexcept = 0;
   /// The shared block behind this allocation, or nullptr when it is not shared memory.
   virtual const SharedBlock* shared_block() const noexcept { return nullptr; }
@@ -92,6 +98,7 @@ class Allocation {
 /// back to its free list, a received block is returned to the process that sent it.
 class SharedBlock : public Allocation {
  public:
+  /// The block of `size` bytes at `offset` in `segment` (the caller checked the bounds).
   SharedBlock(std::shared_ptr<SharedSegment> segment, std::size_t offset, std::size_t size)
       : segment_(std::move(segment)), offset_(offset), size_(size) {}
   std::byte* data() const noexcept override { return segment_->data() + offset_; }

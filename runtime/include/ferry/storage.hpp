@@ -48,8 +48,11 @@ class Storage : public std::enable_shared_from_this<Storage> {
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  /// First byte of the storage (nullptr when it has no bytes).
   std::byte* data() const noexcept { return allocation_ ? allocation_->data() : nullptr; }
+  /// Size of the storage in bytes (a shared block's requested size, not its class size).
   std::size_t nbytes() const noexcept { return allocation_ ? allocation_->size() : 0; }
+  /// Where the bytes live.
   Device device() const noexcept { return device_; }
   /// Unique within this process for the process's lifetime (never reused).
   std::uint64_t id() const noexcept { return id_; }
