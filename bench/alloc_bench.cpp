@@ -2,6 +2,7 @@
 // forked before timing; every step is a round trip: send, receiver touches, reply).
 //
 //   NewLargeTensor   a new 64 MiB shared tensor each step, written by the producer
+//   NewLargeTensorUncached  the same with max_cached_bytes = 0 (a new segment every step)
 //   ResendOneTensor  the same loop re-sending one tensor (the cache-hit baseline)
 //   SmallTensors/N   N new 4 KiB tensors in one message
 //   SmallTensorsResent/N  the same N tensors in every message
@@ -111,6 +112,15 @@ void AllocNewLargeTensor(benchmark::State& state) {
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kLargeBytes));
 }
 
+// The same loop with the cache switched off: every step creates, faults in and maps a new
+// segment (what a memfd-per-storage design pays).
+void AllocNewLargeTensorUncached(benchmark::State& state) {
+  const ferry::SharedAllocatorSettings saved = ferry::SharedAllocator::global().settings();
+  ferry::configure_shared_memory(ferry::SharedAllocatorSettings{saved.segment_bytes, 0});
+  AllocNewLargeTensor(state);
+  ferry::configure_shared_memory(saved);
+}
+
 void AllocResendOneTensor(benchmark::State& state) {
   Pair pair(transport_of(state));
   Tensor tensor = new_large_tensor(0);
@@ -160,9 +170,11 @@ void AllocPingPong(benchmark::State& state) {
 }
 
 // Medians of 5 repetitions; real time, since the receiver's work is in another process.
-BENCHMARK(AllocNewLargeTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(20)->Repetitions(5)
+BENCHMARK(AllocNewLargeTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(AllocResendOneTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(20)->Repetitions(5)
+BENCHMARK(AllocNewLargeTensorUncached)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
+    ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(AllocResendOneTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(AllocSmallTensors)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1}, {1, 100}})
     ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
