@@ -1,6 +1,8 @@
 // Frames that lie: every field a sender controls is corrupted in turn, and the receiver
 // must answer with a ProtocolError naming the field, keep running, close the fds it was
-// handed, and report itself broken afterwards.
+// handed, and report itself broken afterwards. Frames are wire version 2 (frame.hpp): the
+// first frame of a connection carries a segment table (the return board first, then the
+// tensor's segment) ahead of the handle table.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -44,12 +46,30 @@ struct Wire {
   Receiver<T> rx;
 };
 
-// A valid frame for `message`, flattened, with offsets of its parts for patching.
+// Index, in the segment table of a first frame, of the tensor's segment (the return board
+// leads the table), and of its fd among the frame's fds.
+constexpr std::size_t kDataSegment = 1;
+
+// A valid frame for `message`, flattened, with offsets of its parts for patching. It keeps
+// the encoder that made it (its segments and /proc paths stay valid, as a live sender's
+// would) and duplicates of the fds passed with it.
 struct Frame {
+  std::unique_ptr<MessageEncoder> encoder;
   std::vector<std::byte> bytes;
+  std::vector<UniqueFd> owned_fds;
   std::vector<int> fds;
+  std::size_t segment_offset = 0;
   std::size_t table_offset = 0;
   std::size_t body_offset = 0;
+
+  Frame() = default;
+  Frame(Frame&&) noexcept = default;
+  Frame& operator=(Frame&&) = delete;
+  ~Frame() {
+    // The test's receiver is done with the frame: whatever it did not resolve never will be,
+    // so the sender unpins it (as a channel does once its receiving end is gone).
+    if (encoder) encoder->receiver_gone();
+  }
 
   FrameHeader header() const {
     FrameHeader h;
@@ -57,6 +77,21 @@ struct Frame {
     return h;
   }
   void set_header(const FrameHeader& h) { std::memcpy(bytes.data(), &h, sizeof h); }
+  void locate() {
+    const FrameHeader h = header();
+    segment_offset = sizeof(FrameHeader) + h.type_name_bytes;
+    table_offset = segment_offset + h.segment_count * sizeof(SegmentEntry);
+    body_offset = table_offset + h.handle_count * sizeof(HandleEntry) +
+                  (std::size_t{h.release_count} + h.segment_release_count) * sizeof(std::uint32_t);
+  }
+  SegmentEntry segment(std::size_t i) const {
+    SegmentEntry e;
+    std::memcpy(&e, bytes.data() + segment_offset + i * sizeof e, sizeof e);
+    return e;
+  }
+  void set_segment(std::size_t i, const SegmentEntry& e) {
+    std::memcpy(bytes.data() + segment_offset + i * sizeof e, &e, sizeof e);
+  }
   HandleEntry entry(std::size_t i) const {
     HandleEntry e;
     std::memcpy(&e, bytes.data() + table_offset + i * sizeof e, sizeof e);
@@ -64,6 +99,17 @@ struct Frame {
   }
   void set_entry(std::size_t i, const HandleEntry& e) {
     std::memcpy(bytes.data() + table_offset + i * sizeof e, &e, sizeof e);
+  }
+  // Removes the segment table (and with it every fd the frame passes).
+  void drop_segments() {
+    FrameHeader h = header();
+    const auto begin = bytes.begin() + static_cast<std::ptrdiff_t>(segment_offset);
+    bytes.erase(begin, begin + static_cast<std::ptrdiff_t>(h.segment_count * sizeof(SegmentEntry)));
+    h.segment_count = 0;
+    h.fd_count = 0;
+    set_header(h);
+    fds.clear();
+    locate();
   }
   template <class V>
   void patch_body(std::size_t offset, V value) {
@@ -73,18 +119,20 @@ struct Frame {
 
 template <class T>
 Frame encode(const T& message, HandlePassing passing = HandlePassing::FdPassing) {
-  MessageEncoder encoder(passing);
-  const EncodedFrame& encoded = encoder.encode(message);
   Frame frame;
+  frame.encoder = std::make_unique<MessageEncoder>(passing);
+  const EncodedFrame& encoded = frame.encoder->encode(message);
   for (const iovec& part : encoded.iovecs()) {
     const auto* begin = static_cast<const std::byte*>(part.iov_base);
     frame.bytes.insert(frame.bytes.end(), begin, begin + part.iov_len);
   }
-  frame.fds.assign(encoded.fds.begin(), encoded.fds.end());
-  const FrameHeader h = frame.header();
-  frame.table_offset = sizeof(FrameHeader) + h.type_name_bytes;
-  frame.body_offset = frame.table_offset + h.handle_count * sizeof(HandleEntry) + h.release_count * 4;
-  encoder.commit();
+  // The encoder closes the return board's fd once the frame is committed: send duplicates.
+  for (const int fd : encoded.fds) {
+    frame.owned_fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    frame.fds.push_back(frame.owned_fds.back().get());
+  }
+  frame.locate();
+  frame.encoder->commit();
   return frame;
 }
 
@@ -258,13 +306,11 @@ TEST_P(HostileFrameTest, HugeStrideOverflowsTheExtent) {
 TEST_P(HostileFrameTest, LeaseSlotThatWasNeverGranted) {
   Wire<Payload> wire(GetParam());
   Frame frame = encode(Payload{tensor_}, passing());
+  frame.drop_segments();  // a frame naming only leases introduces no segment
   HandleEntry e = frame.entry(0);
   e.kind = static_cast<std::uint32_t>(HandleKind::Leased);
   e.slot = 3;
   frame.set_entry(0, e);
-  FrameHeader h = frame.header();
-  h.fd_count = 0;
-  frame.set_header(h);
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, "holds no lease");
 }
@@ -281,13 +327,44 @@ TEST_P(HostileFrameTest, UnknownHandleKind) {
 
 TEST_P(HostileFrameTest, SizeClaimLargerThanTheSegment) {
   Wire<Payload> wire(GetParam());
-  // A storage this process has never seen, so the size check meets the real segment.
+  // The block's size claim reaches one byte past the end of its (real) segment.
   Frame frame = encode(Payload{tensor_}, passing());
   HandleEntry e = frame.entry(0);
-  e.nbytes = 1 << 20;
+  e.nbytes = frame.segment(kDataSegment).size - e.offset + 1;
   frame.set_entry(0, e);
   wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "outside its segment");
+}
+
+TEST_P(HostileFrameTest, SegmentSizeClaimThatIsNotTheSegments) {
+  Wire<Payload> wire(GetParam());
+  // The segment table claims a larger segment than the memfd it names.
+  Frame frame = encode(Payload{tensor_}, passing());
+  SegmentEntry s = frame.segment(kDataSegment);
+  s.size += 4096;
+  frame.set_segment(kDataSegment, s);
+  wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "bytes");
+}
+
+TEST_P(HostileFrameTest, UnknownSegmentKind) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  SegmentEntry s = frame.segment(kDataSegment);
+  s.kind = 77;
+  frame.set_segment(kDataSegment, s);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "unknown kind");
+}
+
+TEST_P(HostileFrameTest, BlockInASegmentSlotThatWasNeverGranted) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  e.segment_slot = 9;
+  frame.set_entry(0, e);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "holds no segment lease");
 }
 
 TEST_P(HostileFrameTest, ContainerSizeLie) {
@@ -338,13 +415,20 @@ class HostileFdTest : public test::LeakCheckedTest {
   Tensor tensor_ = Tensor::zeros({4, 8}, DType::Float32, Device::SharedCpu);
 };
 
+// The frame's fds with the tensor segment's replaced by `fd` (the return board's is kept).
+std::vector<int> with_data_fd(const Frame& frame, int fd) {
+  std::vector<int> fds = frame.fds;
+  fds.at(kDataSegment) = fd;
+  return fds;
+}
+
 TEST_F(HostileFdTest, FdThatIsNotAMemfd) {
   Wire<Payload> wire(Transport::UnixSocket);
   Frame frame = encode(Payload{tensor_});
   int pipe_ends[2];
   ASSERT_EQ(::pipe2(pipe_ends, O_CLOEXEC), 0);
   UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
-  wire.send(frame.bytes, {read_end.get()});
+  wire.send(frame.bytes, with_data_fd(frame, read_end.get()));
   expect_protocol_error(wire.rx, "not a memfd");
 }
 
@@ -353,26 +437,51 @@ TEST_F(HostileFdTest, MemfdWithoutSeals) {
   Frame frame = encode(Payload{tensor_});
   UniqueFd unsealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(unsealed);
-  ASSERT_EQ(::ftruncate(unsealed.get(), 128), 0);
-  wire.send(frame.bytes, {unsealed.get()});
+  ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(frame.segment(kDataSegment).size)), 0);
+  wire.send(frame.bytes, with_data_fd(frame, unsealed.get()));
   expect_protocol_error(wire.rx, "not sealed");
+}
+
+TEST_F(HostileFdTest, ReturnBoardFdThatIsNotAMemfd) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  int pipe_ends[2];
+  ASSERT_EQ(::pipe2(pipe_ends, O_CLOEXEC), 0);
+  UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
+  std::vector<int> fds = frame.fds;
+  fds.at(0) = read_end.get();
+  wire.send(frame.bytes, fds);
+  expect_protocol_error(wire.rx, "not a memfd");
 }
 
 TEST_F(HostileFdTest, SealedSegmentSmallerThanItClaims) {
   Wire<Payload> wire(Transport::UnixSocket);
   Frame frame = encode(Payload{tensor_});
-  SharedMemory small = SharedMemory::create(64);  // the frame claims 128 bytes
-  wire.send(frame.bytes, {small.fd()});
-  expect_protocol_error(wire.rx, "frame claims 128");
+  const std::uint64_t claimed = frame.segment(kDataSegment).size;
+  SharedMemory small = SharedMemory::create(64);  // the frame claims a whole segment
+  wire.send(frame.bytes, with_data_fd(frame, small.fd()));
+  expect_protocol_error(wire.rx, "frame claims " + std::to_string(claimed));
 }
 
 TEST_F(HostileFdTest, MoreFdsThanHandles) {
   Wire<Payload> wire(Transport::UnixSocket);
   Frame frame = encode(Payload{tensor_});
   FrameHeader h = frame.header();
-  h.fd_count = 0;  // header says none, but one arrives with the frame
+  h.fd_count = 0;  // header says none, but they arrive with the frame
   frame.set_header(h);
-  wire.send(frame.bytes, {frame.fds.at(0)});
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "fd");
+}
+
+TEST_F(HostileFdTest, MoreFdsThanFdSegments) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  FrameHeader h = frame.header();
+  h.fd_count += 1;  // one fd more than the segment table has NewFd entries
+  frame.set_header(h);
+  std::vector<int> fds = frame.fds;
+  fds.push_back(frame.fds.at(kDataSegment));
+  wire.send(frame.bytes, fds);
   expect_protocol_error(wire.rx, "fd");
 }
 
@@ -386,10 +495,11 @@ TEST_F(HostileFdTest, FewerFdsThanTheHeaderClaims) {
 TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {
   Wire<Payload> wire(Transport::Pipe);
   Frame frame = encode(Payload{tensor_}, HandlePassing::ProcFd);
-  HandleEntry e = frame.entry(0);
-  e.fd = 0;  // stdin: not the storage the frame names
+  SegmentEntry e = frame.segment(kDataSegment);
+  ASSERT_EQ(e.kind, static_cast<std::uint32_t>(SegmentKind::NewProcFd));
+  e.fd = 0;  // stdin: not the segment the frame names
   e.inode += 1;
-  frame.set_entry(0, e);
+  frame.set_segment(kDataSegment, e);
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, "/proc/");
 }

@@ -23,9 +23,9 @@ FileIdentity identify_fd(int fd) {
   return FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
 }
 
-SharedMemory SharedMemory::create(std::size_t size) {
+SharedMemory SharedMemory::create(std::size_t size, const char* name) {
   if (size == 0) throw Error("SharedMemory::create: a segment needs at least one byte");
-  UniqueFd fd(::memfd_create("ferry", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw_errno("memfd_create");
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
     throw_errno("ftruncate of a new memfd to " + std::to_string(size) + " bytes");

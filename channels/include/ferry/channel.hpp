@@ -74,6 +74,9 @@ class Sender {
   }
   bool is_open() const noexcept { return core_ && core_->is_open(); }
   Transport transport() const { return core_->transport(); }
+  /// The pool of an isolated channel (ChannelOptions::pool): allocate tensors for this
+  /// peer from it to send them without a copy. Empty for a channel without isolation.
+  std::optional<SharedAllocator> pool() const { return core_ ? core_->pool() : std::nullopt; }
   /// Access to the untyped core (transports and spawn use it).
   detail::SenderCore& core() {
     if (!core_) throw ChannelClosed("this Sender is empty (moved from or default-constructed)");
