@@ -73,7 +73,8 @@ std::unique_ptr<SenderCore> rebuild_sender(const EndDescription& description, st
   std::vector<UniqueFd> fds = claim(description, EndRole::Sender, fingerprint, type_name);
   const ChannelOptions& options = description.options;
   return std::make_unique<SenderCore>(
-      writer_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity),
+      writer_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
+                              RingTiming{options.ring_spin, options.peer_check_interval}),
       description.transport, options);
 }
 
@@ -82,7 +83,8 @@ std::unique_ptr<ReceiverCore> rebuild_receiver(const EndDescription& description
   std::vector<UniqueFd> fds = claim(description, EndRole::Receiver, fingerprint, type_name);
   const ChannelOptions& options = description.options;
   return std::make_unique<ReceiverCore>(
-      reader_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity),
+      reader_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
+                              RingTiming{options.ring_spin, options.peer_check_interval}),
       description.transport, fingerprint, type_name, options);
 }
 

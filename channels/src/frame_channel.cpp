@@ -151,10 +151,16 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   if (!open_) return ReadStatus::Closed;
   used_ = true;
   try {
-    const ReadStatus status = reader_->read(header_, payload_, fds_, deadline);
+    std::span<const std::byte> payload;
+    const ReadStatus status = reader_->read_view(header_, payload, payload_, fds_, deadline);
     if (status == ReadStatus::Closed) decoder_.release_all();
     if (status != ReadStatus::Frame) return status;
-    decoder_.decode(header_, payload_, fds_);
+    try {
+      decoder_.decode(header_, payload, fds_);
+    } catch (...) {
+      reader_->release();
+      throw;
+    }
     if (decoder_.wants_acknowledgement()) reader_->acknowledge(header_.sequence);
     return status;
   } catch (const ProtocolError& error) {

@@ -4,7 +4,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <thread>
+
 #include "ferry/error.hpp"
+#include "ferry/ring_transport.hpp"
 #include "ferry/stream_transport.hpp"
 
 namespace ferry {
@@ -53,9 +56,15 @@ std::optional<Transport> transport_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(Transport transport,
-                                                                                   const FrameLimits& limits,
-                                                                                   std::size_t /*ring_capacity*/) {
+std::chrono::nanoseconds default_ring_spin() {
+  // Spinning only pays when the peer can run at the same time, on another CPU.
+  static const std::chrono::nanoseconds spin =
+      std::thread::hardware_concurrency() > 1 ? std::chrono::microseconds(20) : std::chrono::nanoseconds::zero();
+  return spin;
+}
+
+std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(
+    Transport transport, const FrameLimits& limits, std::size_t ring_capacity, const RingTiming& ring_timing) {
   switch (transport) {
     case Transport::Pipe: {
       ignore_sigpipe();
@@ -74,14 +83,16 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
       return {std::make_unique<StreamFrameWriter>(std::move(writer_end), UniqueFd(), true),
               std::make_unique<StreamFrameReader>(std::move(reader_end), UniqueFd(), true, limits)};
     }
-    case Transport::ShmRing:
-    case Transport::InProcess: break;
+    case Transport::ShmRing: return make_ring_transport(ring_capacity, ring_timing, limits);
+    case Transport::InProcess:
+      throw Error("Transport::InProcess moves values, not frames: create it with ferry::channel<T>()");
   }
-  throw Error("transport " + std::string(transport_name(transport)) + " is not available in this build yet");
+  throw Error("unknown transport " + std::to_string(static_cast<int>(transport)));
 }
 
 std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
-                                                     const FrameLimits& /*limits*/, std::size_t /*ring_capacity*/) {
+                                                     const FrameLimits& /*limits*/, std::size_t /*ring_capacity*/,
+                                                     const RingTiming& ring_timing) {
   switch (transport) {
     case Transport::Pipe:  // data pipe's write end, acknowledgement pipe's read end
       expect_descriptors(transport, fds, 2, "writer");
@@ -90,14 +101,19 @@ std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::v
     case Transport::UnixSocket:
       expect_descriptors(transport, fds, 1, "writer");
       return std::make_unique<StreamFrameWriter>(std::move(fds[0]), UniqueFd(), true);
-    case Transport::ShmRing:
+    case Transport::ShmRing: {  // the ring's memfd, this end's companion socket
+      expect_descriptors(transport, fds, 2, "writer");
+      auto segment = std::make_shared<const RingSegment>(RingSegment::attach(std::move(fds[0])));
+      return std::make_unique<RingFrameWriter>(std::move(segment), std::move(fds[1]), ring_timing);
+    }
     case Transport::InProcess: break;
   }
   throw_cannot_cross(transport);
 }
 
 std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
-                                                     const FrameLimits& limits, std::size_t /*ring_capacity*/) {
+                                                     const FrameLimits& limits, std::size_t /*ring_capacity*/,
+                                                     const RingTiming& ring_timing) {
   switch (transport) {
     case Transport::Pipe:  // data pipe's read end, acknowledgement pipe's write end
       expect_descriptors(transport, fds, 2, "reader");
@@ -106,7 +122,11 @@ std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::v
     case Transport::UnixSocket:
       expect_descriptors(transport, fds, 1, "reader");
       return std::make_unique<StreamFrameReader>(std::move(fds[0]), UniqueFd(), true, limits);
-    case Transport::ShmRing:
+    case Transport::ShmRing: {  // the ring's memfd, this end's companion socket
+      expect_descriptors(transport, fds, 2, "reader");
+      auto segment = std::make_shared<const RingSegment>(RingSegment::attach(std::move(fds[0])));
+      return std::make_unique<RingFrameReader>(std::move(segment), std::move(fds[1]), ring_timing, limits);
+    }
     case Transport::InProcess: break;
   }
   throw_cannot_cross(transport);

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "ferry/frame_channel.hpp"
+#include "ferry/in_process_channel.hpp"
 #include "ferry/type_name.hpp"
 
 namespace ferry {
@@ -44,27 +45,55 @@ class Sender {
  public:
   Sender() = default;
   explicit Sender(std::unique_ptr<detail::SenderCore> core) : core_(std::move(core)) {}
+  /// The sending end of a Transport::InProcess channel.
+  explicit Sender(detail::InProcessSender<T> local) : local_(std::move(local)) {}
 
   /// Sends `value`, blocking while the transport is full. Tensors inside travel as
   /// handles. Throws ChannelClosed when the receiver is gone or this end was closed.
-  void send(const T& value) { core().send(value, Deadline::never()); }
+  void send(const T& value) {
+    if (local_) {
+      local_.send(T(value), Deadline::never());
+      return;
+    }
+    core().send(value, Deadline::never());
+  }
+  /// Like send(const T&); an InProcess channel moves `value` instead of copying it.
+  void send(T&& value) {
+    if (local_) {
+      local_.send(std::move(value), Deadline::never());
+      return;
+    }
+    core().send(value, Deadline::never());
+  }
   /// Like send(), but gives up when the transport stays full for `timeout`; returns
   /// whether the value was accepted. A value is never half sent: one whose frame was
   /// started when the time ran out is accepted, and the rest of its frame goes out with
   /// the next send(), flush() or close().
   bool send_for(const T& value, std::chrono::nanoseconds timeout) {
+    if (local_) return local_.send(T(value), Deadline::after(timeout));
+    return core().send(value, Deadline::after(timeout));
+  }
+  /// Like send_for(const T&); an InProcess channel moves `value` when it accepts it (and
+  /// leaves it untouched otherwise).
+  bool send_for(T&& value, std::chrono::nanoseconds timeout) {
+    if (local_) return local_.send(std::move(value), Deadline::after(timeout));
     return core().send(value, Deadline::after(timeout));
   }
   /// Finishes writing a value that send_for() accepted but could not finish; returns
-  /// false if the transport stayed full for `timeout`.
-  bool flush(std::chrono::nanoseconds timeout) { return core().flush(Deadline::after(timeout)); }
+  /// false if the transport stayed full for `timeout`. (InProcess: nothing to finish.)
+  bool flush(std::chrono::nanoseconds timeout) {
+    if (local_) return true;
+    return core().flush(Deadline::after(timeout));
+  }
   /// Ends the stream: the receiver gets end-of-stream after the values sent before.
   /// Idempotent; does not throw when the receiver is already gone.
   void close() {
+    if (local_) local_.close();
     if (core_) core_->close();
   }
   /// Releases this process's copy of the end without ending the stream; use it in a
   /// forked child that does not use this end, so that the peer can see its death.
+  /// (InProcess: no effect; the stream ends when the Sender is closed or destroyed.)
   void detach() noexcept {
     if (core_) core_->detach();
   }
@@ -72,19 +101,24 @@ class Sender {
   void adopt() noexcept {
     if (core_) core_->adopt();
   }
-  bool is_open() const noexcept { return core_ && core_->is_open(); }
-  Transport transport() const { return core_->transport(); }
+  bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
+  Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }
   /// The pool of an isolated channel (ChannelOptions::pool): allocate tensors for this
-  /// peer from it to send them without a copy. Empty for a channel without isolation.
+  /// peer from it to send them without a copy. Empty for a channel without isolation (and
+  /// for an InProcess channel, whose values are moved, never serialized).
   std::optional<SharedAllocator> pool() const { return core_ ? core_->pool() : std::nullopt; }
-  /// Access to the untyped core (transports and spawn use it).
+  /// Access to the untyped core (transports and spawn use it); InProcess channels have none.
   detail::SenderCore& core() {
-    if (!core_) throw ChannelClosed("this Sender is empty (moved from or default-constructed)");
+    if (!core_) {
+      throw ChannelClosed(local_ ? "an InProcess Sender has no frame core"
+                                 : "this Sender is empty (moved from or default-constructed)");
+    }
     return *core_;
   }
 
  private:
   std::unique_ptr<detail::SenderCore> core_;
+  detail::InProcessSender<T> local_;
 };
 
 /// The receiving end of a channel of T. Move-only; use it from one thread at a time.
@@ -93,6 +127,8 @@ class Receiver {
  public:
   Receiver() = default;
   explicit Receiver(std::unique_ptr<detail::ReceiverCore> core) : core_(std::move(core)) {}
+  /// The receiving end of a Transport::InProcess channel.
+  explicit Receiver(detail::InProcessReceiver<T> local) : local_(std::move(local)) {}
 
   /// Waits for the next value; std::nullopt once the sender closed the stream. Throws
   /// PeerDied when the sender vanished without closing, ProtocolError for a bad frame
@@ -104,33 +140,50 @@ class Receiver {
   RecvResult<T> try_recv() { return receive(Deadline::now()); }
   /// Closes this end; the sender's next send() raises ChannelClosed.
   void close() noexcept {
+    if (local_) local_.close();
     if (core_) core_->close();
   }
   /// Same as close() (a receiver sends nothing when closing).
   void detach() noexcept { close(); }
   void adopt() noexcept {}
-  bool is_open() const noexcept { return core_ && core_->is_open(); }
-  Transport transport() const { return core_->transport(); }
+  bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
+  Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }
+  /// Access to the untyped core (transports and spawn use it); InProcess channels have none.
   detail::ReceiverCore& core() {
-    if (!core_) throw ChannelClosed("this Receiver is empty (moved from or default-constructed)");
+    if (!core_) {
+      throw ChannelClosed(local_ ? "an InProcess Receiver has no frame core"
+                                 : "this Receiver is empty (moved from or default-constructed)");
+    }
     return *core_;
   }
 
  private:
   RecvResult<T> receive(const Deadline& deadline) {
+    if (local_) {
+      std::optional<T> value;
+      const ReadStatus status = local_.receive(value, deadline);
+      return RecvResult<T>(status, std::move(value));
+    }
     T value{};
     const ReadStatus status = core().receive(value, deadline);
     if (status == ReadStatus::Frame) return RecvResult<T>(status, std::move(value));
     return RecvResult<T>(status, std::nullopt);
   }
   std::unique_ptr<detail::ReceiverCore> core_;
+  detail::InProcessReceiver<T> local_;
 };
 
 /// Creates a connected Sender/Receiver pair over `transport`. Hand one end to another
-/// process (fork, or ferry::spawn) and keep the other.
+/// process (fork, or ferry::spawn) and keep the other; an InProcess pair stays in this
+/// process (hand one end to another thread).
 template <class T>
 std::pair<Sender<T>, Receiver<T>> channel(Transport transport, const ChannelOptions& options = {}) {
-  auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity);
+  if (transport == Transport::InProcess) {
+    auto queue = std::make_shared<detail::InProcessQueue>(options.queue_capacity);
+    return {Sender<T>(detail::InProcessSender<T>(queue)), Receiver<T>(detail::InProcessReceiver<T>(queue))};
+  }
+  auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity,
+                                         RingTiming{options.ring_spin, options.peer_check_interval});
   return {Sender<T>(std::make_unique<detail::SenderCore>(std::move(writer), transport, options)),
           Receiver<T>(std::make_unique<detail::ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(),
                                                              type_name<T>(), options))};

@@ -23,8 +23,17 @@ namespace ferry {
 struct ChannelOptions {
   /// Limits the receiver enforces on incoming frames.
   FrameLimits limits{};
-  /// Bytes of the ring buffer (Transport::ShmRing).
+  /// Bytes of the ring buffer (Transport::ShmRing); rounded up to a power of two, at
+  /// least 4 KiB. Frames larger than the ring still pass: they stream through it.
   std::size_t ring_capacity = std::size_t{1} << 20;
+  /// How long a ring end with nothing to do spins before it sleeps on its futex
+  /// (Transport::ShmRing); 0 sleeps at once.
+  std::chrono::nanoseconds ring_spin = default_ring_spin();
+  /// How often a waiting ring end checks that its peer still exists: a peer that died is
+  /// reported (ChannelClosed / PeerDied) within about this long (Transport::ShmRing).
+  std::chrono::milliseconds peer_check_interval{100};
+  /// Values an InProcess channel holds before send() blocks (Transport::InProcess).
+  std::size_t queue_capacity = 1024;
   /// How long close() waits for the receiver to map storages it was sent by /proc path
   /// (Transport::Pipe): the sender's fds must stay open until then.
   std::chrono::milliseconds close_linger{10'000};
@@ -124,9 +133,14 @@ class ReceiverCore final : public LiveEnd {
     try {
       out = decoder_.read<T>();
     } catch (const ProtocolError& error) {
+      reader_->release();
       mark_broken(error.what());
       throw;
+    } catch (...) {
+      reader_->release();
+      throw;
     }
+    reader_->release();  // the payload may lie in the transport's memory until decoded
     return status;
   }
   void close() noexcept;

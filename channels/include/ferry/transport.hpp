@@ -4,6 +4,7 @@
 
 #include <sys/uio.h>
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -23,7 +24,7 @@ namespace ferry {
 enum class Transport {
   Pipe,        ///< a pipe for frames (plus one for acknowledgements); storages by /proc/<pid>/fd
   UnixSocket,  ///< a Unix stream socket; storages' memfds travel as SCM_RIGHTS
-  ShmRing,     ///< a ring buffer in shared memory (see ring transport)
+  ShmRing,     ///< a ring buffer in a shared memfd (ring_transport.hpp); storages by /proc/<pid>/fd
   InProcess,   ///< a queue between threads of one process; values are moved, not serialized
 };
 
@@ -79,6 +80,18 @@ class FrameReader {
   /// when the bytes are not a valid frame.
   virtual ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
                           const Deadline& deadline) = 0;
+  /// Like read(), but a transport whose frames lie in memory it maps (the ring) may leave
+  /// the payload there: `payload` then views that memory, which the writer does not reuse
+  /// until release() is called. Otherwise the payload is read into `buffer` and viewed
+  /// there. Call release() when done with the payload, before the next read.
+  virtual ReadStatus read_view(FrameHeader& header, std::span<const std::byte>& payload,
+                               std::vector<std::byte>& buffer, std::deque<UniqueFd>& fds, const Deadline& deadline) {
+    const ReadStatus status = read(header, buffer, fds, deadline);
+    payload = buffer;
+    return status;
+  }
+  /// Gives the memory of the frame last returned by read_view() back to the writer.
+  virtual void release() noexcept {}
   /// Tells the writer that every frame up to `sequence` has been resolved.
   virtual void acknowledge(std::uint64_t /*sequence*/) {}
   virtual void close() noexcept = 0;
@@ -98,10 +111,25 @@ class FrameReader {
   virtual int readiness_fd() const { return -1; }
 };
 
-/// Creates a connected writer/reader pair of `transport` (Pipe or UnixSocket here).
-std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(Transport transport,
-                                                                                   const FrameLimits& limits,
-                                                                                   std::size_t ring_capacity);
+/// How long a waiting end of a shared-memory ring spins before it sleeps on its futex by
+/// default: 20 us where the machine has more than one CPU, 0 (sleep at once) otherwise.
+std::chrono::nanoseconds default_ring_spin();
+
+/// How the ends of a shared-memory ring (Transport::ShmRing) wait.
+struct RingTiming {
+  /// Time an end that has nothing to do (no frame, no room) spins before it sleeps.
+  std::chrono::nanoseconds spin = default_ring_spin();
+  /// How often an end checks that its peer still exists: a waiting end whose peer died
+  /// (or dropped its end) learns it within about this long, and a sending end checks at
+  /// most this often while it finds room. At least 1 ms.
+  std::chrono::milliseconds peer_check_interval{100};
+};
+
+/// Creates a connected writer/reader pair of `transport` (Pipe, UnixSocket or ShmRing;
+/// InProcess channels carry values, not frames, and are made by channel<T>()).
+/// `ring_capacity` and `ring_timing` apply to ShmRing only.
+std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(
+    Transport transport, const FrameLimits& limits, std::size_t ring_capacity, const RingTiming& ring_timing = {});
 
 /// Rebuilds the writer of a `transport` in another process (one started by exec), from
 /// the descriptors that FrameWriter::descriptors() listed in the original process, in the
@@ -109,9 +137,11 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
 /// transport that cannot cross processes (InProcess) and ProtocolError when `fds` does
 /// not fit the transport. A new transport adds its case in transport.cpp.
 std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
-                                                     const FrameLimits& limits, std::size_t ring_capacity);
+                                                     const FrameLimits& limits, std::size_t ring_capacity,
+                                                     const RingTiming& ring_timing = {});
 /// Rebuilds the reader of a `transport` from inherited descriptors (see writer_from_descriptors).
 std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
-                                                     const FrameLimits& limits, std::size_t ring_capacity);
+                                                     const FrameLimits& limits, std::size_t ring_capacity,
+                                                     const RingTiming& ring_timing = {});
 
 }  // namespace ferry

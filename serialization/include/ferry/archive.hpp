@@ -26,6 +26,7 @@ class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cere
       : OutputArchive(this), body_(body), encoder_(encoder) {}
 
   void save_bytes(const void* data, std::size_t size) {
+    // insert, not resize + memcpy: no zero-filling of bytes that are overwritten at once.
     const auto* bytes = static_cast<const std::byte*>(data);
     body_.insert(body_.end(), bytes, bytes + size);
   }

@@ -1,0 +1,21 @@
+// Futex waits and wakes on 32-bit words in memory shared between processes.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace ferry {
+
+/// Sleeps while `word` holds `expected`, at most `timeout` (negative: no limit). Returns
+/// when woken, when the word no longer holds `expected`, on a signal or on timeout; the
+/// caller re-checks its condition in every case. The word may live in a MAP_SHARED mapping
+/// seen by other processes (the wait is not FUTEX_PRIVATE). Throws SystemError on errors
+/// other than those four outcomes.
+void futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout);
+
+/// Wakes up to `count` waiters of `word` in any process that maps it. Throws SystemError
+/// if the kernel refuses.
+void futex_wake(const std::atomic<std::uint32_t>& word, int count);
+
+}  // namespace ferry

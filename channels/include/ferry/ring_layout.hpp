@@ -1,0 +1,79 @@
+// The layout of a shared-memory ring segment (Transport::ShmRing).
+//
+// A ring is one memfd, sealed against shrinking and growing, of
+// kRingHeaderBytes + capacity bytes, mapped by the writing and the reading process:
+//
+//   offset    bytes  written by          contents
+//   0         128    the creator, once   setup line: magic, version, header_bytes, capacity
+//   128       128    the writer          producer line: tail; reader_sleeping
+//   256       128    the reader          consumer line: head, acknowledged; writer_sleeping
+//   384       3712   nobody              zero padding up to the data
+//   4096      capacity                   data: the byte stream of frames
+//
+// - tail: bytes the writer has published since the ring was created; head: bytes the
+//   reader has consumed. Byte n of the stream lives at data[n % capacity]. The invariant
+//   head <= tail <= head + capacity holds; an end that reads a position breaking it (a
+//   process scribbling in the segment) raises ProtocolError. Each end keeps its own copy
+//   of its position and of the capacity and never trusts the shared copy of those.
+// - Each process maps the data twice in a row (RingSegment), so a frame that wraps around
+//   is still contiguous in memory and the reader decodes it where it lies.
+// - Frames (serialization/frame.hpp) follow each other in the stream with no padding. A
+//   frame no larger than the capacity is published whole; a larger one is written in
+//   pieces as the reader makes room, so frames of any size pass (up to FrameLimits),
+//   whatever the capacity.
+// - reader_sleeping / writer_sleeping: futex words. An end that found nothing to do
+//   (no data / no room / no acknowledgement) and spun for its spin budget stores 1 into
+//   its word, re-checks, and sleeps on the word. The peer publishes a position, then
+//   looks at the word (all four accesses sequentially consistent, so one of the two sees
+//   the other) and, if it is 1, swaps it to 0 and wakes the sleeper. Each word lives
+//   on the line its waker writes anyway, so the waker's check costs no cache miss; the
+//   sleeper writes it only on its slow path.
+// - The producer and consumer lines are 128 bytes apart so that the adjacent-line
+//   prefetcher does not couple them.
+// - acknowledged: the highest frame sequence whose segments the reader has opened by
+//   /proc/<pid>/fd/<n> (SegmentKind::NewProcFd); the writer keeps those segments open
+//   until then.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace ferry {
+
+inline constexpr std::uint64_t kRingMagic = 0x474e495259525246ull;  // "FRRYRING"
+inline constexpr std::uint32_t kRingVersion = 1;
+inline constexpr std::size_t kRingHeaderBytes = 4096;
+inline constexpr std::size_t kRingLineBytes = 128;
+inline constexpr std::size_t kRingMinCapacity = 4096;
+inline constexpr std::size_t kRingMaxCapacity = std::size_t{1} << 40;
+
+/// The shared header at offset 0 of a ring segment (see the table above).
+struct RingHeader {
+  // Setup line: written by the creator before any other process maps the segment.
+  std::uint64_t magic;
+  std::uint32_t version;
+  std::uint32_t header_bytes;
+  std::uint64_t capacity;
+
+  // Producer line.
+  alignas(kRingLineBytes) std::atomic<std::uint64_t> tail;
+  std::atomic<std::uint32_t> reader_sleeping;
+
+  // Consumer line.
+  alignas(kRingLineBytes) std::atomic<std::uint64_t> head;
+  std::atomic<std::uint64_t> acknowledged;
+  std::atomic<std::uint32_t> writer_sleeping;
+};
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free && std::atomic<std::uint32_t>::is_always_lock_free,
+              "ring positions must be lock-free atomics to be shared between processes");
+static_assert(offsetof(RingHeader, tail) == kRingLineBytes);
+static_assert(offsetof(RingHeader, head) == 2 * kRingLineBytes);
+static_assert(sizeof(RingHeader) <= kRingHeaderBytes);
+
+/// The capacity a ring gets for a requested one: the next power of two, at least
+/// kRingMinCapacity. Throws Error above kRingMaxCapacity.
+std::size_t ring_capacity_for(std::size_t requested);
+
+}  // namespace ferry

@@ -1,0 +1,45 @@
+#include "ferry/futex.hpp"
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <ctime>
+
+#include "ferry/error.hpp"
+
+namespace ferry {
+namespace {
+
+static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) &&
+                  std::atomic<std::uint32_t>::is_always_lock_free,
+              "a futex word must be a plain lock-free 32-bit integer");
+
+long futex(const std::atomic<std::uint32_t>& word, int op, std::uint32_t value, const timespec* timeout) {
+  // The kernel only reads the word's address; it never writes through it for WAIT/WAKE.
+  auto* address = const_cast<std::uint32_t*>(reinterpret_cast<const std::uint32_t*>(&word));
+  return ::syscall(SYS_futex, address, op, value, timeout, nullptr, 0);
+}
+
+}  // namespace
+
+void futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec relative{};
+  const timespec* limit = nullptr;
+  if (timeout >= std::chrono::nanoseconds::zero()) {
+    relative.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000'000);
+    relative.tv_nsec = static_cast<long>(timeout.count() % 1'000'000'000);
+    limit = &relative;
+  }
+  if (futex(word, FUTEX_WAIT, expected, limit) == 0) return;
+  // EAGAIN: the word changed before we slept; ETIMEDOUT and EINTR: the caller re-checks.
+  if (errno == EAGAIN || errno == ETIMEDOUT || errno == EINTR) return;
+  throw_errno("futex(FUTEX_WAIT)");
+}
+
+void futex_wake(const std::atomic<std::uint32_t>& word, int count) {
+  if (futex(word, FUTEX_WAKE, static_cast<std::uint32_t>(count), nullptr) < 0) throw_errno("futex(FUTEX_WAKE)");
+}
+
+}  // namespace ferry

@@ -1,0 +1,143 @@
+#include "ferry/ring_end.hpp"
+
+#include <poll.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "ferry/error.hpp"
+#include "ferry/futex.hpp"
+
+namespace ferry::detail {
+namespace {
+
+// CLOCK_MONOTONIC at the resolution of the scheduler tick, in nanoseconds.
+std::int64_t coarse_now() noexcept {
+  timespec now{};
+  // Cannot fail: the clock exists on every Linux since 2.6.32 and `now` is valid.
+  (void)::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
+}  // namespace
+
+RingEnd::RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing)
+    : segment_(std::move(segment)),
+      data_(segment_->data()),
+      capacity_(segment_->capacity()),
+      companion_(std::move(companion)),
+      timing_{timing.spin, std::max(timing.peer_check_interval, std::chrono::milliseconds(1))},
+      spin_budget_(std::max(timing.spin, std::chrono::nanoseconds::zero())) {}
+
+void RingEnd::copy_in(std::uint64_t position, const std::byte* from, std::size_t size) const noexcept {
+  std::memcpy(at(position), from, size);  // contiguous: the data is mapped twice in a row
+}
+
+void RingEnd::copy_out(std::uint64_t position, std::byte* to, std::size_t size) const noexcept {
+  std::memcpy(to, at(position), size);
+}
+
+bool RingEnd::peer_gone() {
+  if (peer_gone_) return true;
+  if (!companion_) return peer_gone_ = true;
+  next_peer_check_ =
+      coarse_now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timing_.peer_check_interval).count();
+  pollfd entry{companion_.get(), POLLRDHUP, 0};
+  while (true) {
+    const int rc = ::poll(&entry, 1, 0);
+    if (rc >= 0) break;
+    if (errno != EINTR) throw_errno("poll of a ring's companion socket");
+  }
+  // Nothing is ever written to the companion socket: any event means the peer is gone.
+  peer_gone_ = (entry.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLIN)) != 0;
+  return peer_gone_;
+}
+
+bool RingEnd::peer_gone_lately() {
+  if (peer_gone_) return true;
+  if (coarse_now() < next_peer_check_) return false;
+  return peer_gone();
+}
+
+WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline) {
+  if (ready()) return WaitOutcome::Ready;
+  if (peer_gone_) return WaitOutcome::PeerGone;
+  if (deadline.expired()) {  // a poll (try_recv, a zero timeout) or a deadline already past
+    if (peer_gone_lately() && !ready()) return WaitOutcome::PeerGone;
+    return ready() ? WaitOutcome::Ready : WaitOutcome::Timeout;
+  }
+  const auto start = Deadline::Clock::now();
+  if (spin_budget_ > std::chrono::nanoseconds::zero()) {
+    const auto stop = std::min(start + spin_budget_, deadline.time_point());
+    for (unsigned i = 1;; ++i) {
+      cpu_relax();
+      if (ready()) {
+        adapt_spin(Deadline::Clock::now() - start);
+        return WaitOutcome::Ready;
+      }
+      if (i % 16 == 0 && Deadline::Clock::now() >= stop) break;
+    }
+  }
+  const WaitOutcome outcome = sleep(word, ready, deadline);
+  if (outcome == WaitOutcome::Ready) adapt_spin(Deadline::Clock::now() - start);
+  return outcome;
+}
+
+void RingEnd::adapt_spin(std::chrono::nanoseconds waited) noexcept {
+  using std::chrono::nanoseconds;
+  if (timing_.spin <= nanoseconds::zero()) return;
+  if (waited <= timing_.spin) {
+    spin_budget_ = std::min(std::max(spin_budget_ * 2, nanoseconds(1000)), timing_.spin);
+  } else {
+    spin_budget_ /= 2;
+    if (spin_budget_ < nanoseconds(500)) spin_budget_ = nanoseconds::zero();
+  }
+}
+
+WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline) {
+  struct Awake {  // leaves the word at 0 however the wait ends
+    std::atomic<std::uint32_t>& word;
+    ~Awake() { word.store(0, std::memory_order_relaxed); }
+  } awake{word};
+  while (true) {
+    // Announce the sleep, then re-check. The store, the position loads in ready() and
+    // the peer's publishing store and load of this word are all sequentially consistent:
+    // either the peer sees the 1 and wakes us, or we see its new position.
+    word.store(1, std::memory_order_seq_cst);
+    if (ready()) return WaitOutcome::Ready;
+    if (peer_gone_lately()) return ready() ? WaitOutcome::Ready : WaitOutcome::PeerGone;
+    if (deadline.expired()) return WaitOutcome::Timeout;
+    auto timeout = std::chrono::nanoseconds(next_peer_check_ - coarse_now());
+    if (!deadline.is_never()) timeout = std::min(timeout, deadline.remaining());
+    futex_wait(word, 1, std::max(timeout, std::chrono::nanoseconds(1000)));
+  }
+}
+
+void RingEnd::wake(std::atomic<std::uint32_t>& word) noexcept {
+  if (word.load(std::memory_order_seq_cst) == 0) return;
+  if (word.exchange(0, std::memory_order_seq_cst) == 0) return;
+  try {
+    futex_wake(word, 1);
+  } catch (const SystemError&) {
+    // FUTEX_WAKE fails only for an address outside our mappings, which a ring's word never
+    // is. Were it to fail, the sleeper would still notice at its next peer check: better
+    // than failing a send whose frame is already published.
+  }
+}
+
+void RingEnd::close() noexcept {
+  segment_.reset();
+  data_ = nullptr;
+  companion_.reset();
+}
+
+std::vector<int> RingEnd::descriptors() const {
+  std::vector<int> out;
+  if (segment_) out.push_back(segment_->fd());
+  if (companion_) out.push_back(companion_.get());
+  return out;
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,201 @@
+// Transport::InProcess: channels between threads of one process, on moodycamel's
+// BlockingConcurrentQueue. Values are moved, never serialized.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "support/leak_check.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+class InProcessTest : public test::LeakCheckedTest {};
+
+// Counts its copies, to show that a moved value is never copied or serialized.
+struct Tracked {
+  static inline std::atomic<int> copies{0};
+  int value = 0;
+  Tensor tensor;
+  Tracked() = default;
+  Tracked(int v, Tensor t) : value(v), tensor(std::move(t)) {}
+  Tracked(const Tracked& other) : value(other.value), tensor(other.tensor) { ++copies; }
+  Tracked& operator=(const Tracked& other) {
+    value = other.value;
+    tensor = other.tensor;
+    ++copies;
+    return *this;
+  }
+  Tracked(Tracked&&) noexcept = default;
+  Tracked& operator=(Tracked&&) noexcept = default;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(value, tensor); }
+};
+
+ChannelOptions queue_of(std::size_t capacity) {
+  ChannelOptions options;
+  options.queue_capacity = capacity;
+  return options;
+}
+
+TEST_F(InProcessTest, ValuesArriveInOrderThenEndOfStream) {
+  auto [tx, rx] = channel<std::string>(Transport::InProcess);
+  EXPECT_EQ(tx.transport(), Transport::InProcess);
+  EXPECT_EQ(rx.transport(), Transport::InProcess);
+  std::thread producer([&tx = tx] {
+    for (int i = 0; i < 10'000; ++i) tx.send("message " + std::to_string(i));
+    tx.close();
+  });
+  for (int i = 0; i < 10'000; ++i) {
+    auto value = rx.recv();
+    ASSERT_TRUE(value.has_value());
+    ASSERT_EQ(*value, "message " + std::to_string(i));
+  }
+  EXPECT_FALSE(rx.recv().has_value());
+  EXPECT_FALSE(rx.recv().has_value());  // stays at end of stream
+  EXPECT_TRUE(rx.try_recv().closed());
+  producer.join();
+  EXPECT_THROW(tx.send("late"), ChannelClosed);
+}
+
+TEST_F(InProcessTest, ValuesAreMovedNotCopiedAndTensorsAreTheSameObjects) {
+  auto [tx, rx] = channel<Tracked>(Transport::InProcess);
+  Tensor heap = Tensor::zeros({16}, DType::Float32);  // private heap memory: not moved to shared memory
+  const void* data = heap.data_ptr();
+  Tracked::copies = 0;
+  tx.send(Tracked{7, heap});
+  auto got = rx.recv();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(Tracked::copies.load(), 0);
+  EXPECT_EQ(got->value, 7);
+  EXPECT_EQ(got->tensor.data_ptr(), data);
+  EXPECT_TRUE(got->tensor.shares_storage_with(heap));
+  EXPECT_EQ(got->tensor.device(), Device::Cpu);
+  // A const value is copied once, into the queue.
+  const Tracked original{8, heap};
+  tx.send(original);
+  EXPECT_EQ(Tracked::copies.load(), 1);
+  EXPECT_EQ(rx.recv()->value, 8);
+}
+
+TEST_F(InProcessTest, RecvForTimesOutAndTryRecvDoesNotBlock) {
+  auto [tx, rx] = channel<int>(Transport::InProcess);
+  const auto start = std::chrono::steady_clock::now();
+  auto result = rx.recv_for(50ms);
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 45ms);
+  EXPECT_TRUE(result.timed_out());
+  EXPECT_TRUE(rx.try_recv().timed_out());
+  tx.send(5);
+  auto ready = rx.try_recv();
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(*ready, 5);
+  tx.close();
+  EXPECT_TRUE(rx.recv_for(1s).closed());
+  EXPECT_FALSE(tx.is_open());
+}
+
+TEST_F(InProcessTest, SendForTimesOutOnAFullQueue) {
+  auto [tx, rx] = channel<int>(Transport::InProcess, queue_of(4));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(tx.send_for(i, 1s));
+  int value = 4;
+  EXPECT_FALSE(tx.send_for(std::move(value), 20ms));
+  EXPECT_EQ(rx.recv().value(), 0);
+  EXPECT_TRUE(tx.send_for(4, 1s));
+  for (int i = 1; i <= 4; ++i) EXPECT_EQ(rx.recv().value(), i);
+  EXPECT_TRUE(tx.flush(1s));
+}
+
+TEST_F(InProcessTest, FullQueueBlocksTheSenderUntilTheReceiverTakesOne) {
+  auto [tx, rx] = channel<int>(Transport::InProcess, queue_of(2));
+  std::atomic<int> sent{0};
+  std::thread producer([&tx = tx, &sent] {
+    for (int i = 0; i < 100; ++i) {
+      tx.send(i);
+      sent = i + 1;
+    }
+    tx.close();
+  });
+  std::this_thread::sleep_for(50ms);
+  EXPECT_LE(sent.load(), 2);  // never more than the capacity ahead
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(rx.recv().value(), i);
+  EXPECT_FALSE(rx.recv().has_value());
+  producer.join();
+}
+
+TEST_F(InProcessTest, ClosedReceiverMakesSendFailAndWakesABlockedSender) {
+  auto [tx, rx] = channel<int>(Transport::InProcess, queue_of(1));
+  tx.send(1);
+  std::thread blocked([&tx = tx] { EXPECT_THROW(tx.send(2), ChannelClosed); });
+  std::this_thread::sleep_for(20ms);
+  rx.close();
+  blocked.join();
+  EXPECT_THROW(tx.send(3), ChannelClosed);
+  EXPECT_FALSE(tx.is_open());
+  EXPECT_FALSE(rx.is_open());
+  EXPECT_TRUE(rx.try_recv().closed());
+}
+
+TEST_F(InProcessTest, EndOfStreamWaitsForValuesFromEveryThread) {
+  auto [tx, rx] = channel<int>(Transport::InProcess, queue_of(64));
+  constexpr int kThreads = 4;
+  constexpr int kEach = 5'000;
+  std::vector<std::thread> producers;
+  for (int t = 0; t < kThreads; ++t) {
+    producers.emplace_back([&tx = tx, t] {
+      for (int i = 0; i < kEach; ++i) tx.send(t * kEach + i);
+    });
+  }
+  std::thread closer([&producers, &tx = tx] {
+    for (auto& producer : producers) producer.join();
+    tx.close();
+  });
+  std::vector<int> last(kThreads, -1);
+  int received = 0;
+  Receiver<int>& receiver = rx;
+  while (auto value = receiver.recv()) {
+    const int thread = *value / kEach;
+    EXPECT_LT(last[thread], *value % kEach);  // in order per sending thread
+    last[thread] = *value % kEach;
+    ++received;
+  }
+  closer.join();
+  EXPECT_EQ(received, kThreads * kEach);
+}
+
+TEST_F(InProcessTest, DestroyingTheSenderEndsTheStreamAndDestroyingTheReceiverDropsQueuedValues) {
+  auto [tx, rx] = channel<Tensor>(Transport::InProcess);
+  Tensor t = Tensor::zeros({4}, DType::Int32);
+  tx.send(t);
+  {
+    Sender<Tensor> moved = std::move(tx);
+    moved.send(t);
+  }
+  EXPECT_TRUE(rx.recv().has_value());
+  EXPECT_TRUE(rx.recv().has_value());
+  EXPECT_FALSE(rx.recv().has_value());
+
+  auto [tx2, rx2] = channel<Tensor>(Transport::InProcess);
+  tx2.send(t);
+  EXPECT_EQ(t.storage().use_count(), 2);  // t and the queued copy
+  { Receiver<Tensor> gone = std::move(rx2); }
+  EXPECT_EQ(t.storage().use_count(), 1);
+  EXPECT_THROW(tx2.send(t), ChannelClosed);
+}
+
+TEST_F(InProcessTest, EmptyEndsSayWhatIsWrong) {
+  Sender<int> empty;
+  EXPECT_FALSE(empty.is_open());
+  EXPECT_THROW(empty.send(1), ChannelClosed);
+  auto [tx, rx] = channel<int>(Transport::InProcess);
+  EXPECT_THROW(tx.core(), ChannelClosed);
+  EXPECT_THROW(rx.core(), ChannelClosed);
+  EXPECT_THROW(make_transport(Transport::InProcess, FrameLimits{}, 4096), Error);
+}
+
+}  // namespace
+}  // namespace ferry

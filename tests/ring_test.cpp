@@ -1,0 +1,431 @@
+// The shared-memory ring transport between real processes: ordering and integrity of many
+// frames of random sizes (around the wrap point and the capacity, and larger than the
+// ring), back-pressure, corrupted shared state, dead peers, idle CPU use, and rebuilding an
+// end from its descriptors.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "ferry/ferry.hpp"
+#include "ferry/mapping.hpp"
+#include "ferry/ring_transport.hpp"
+#include "support/leak_check.hpp"
+#include "support/process.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+using test::child_succeeded;
+using test::fork_child;
+using Bytes = std::vector<std::uint8_t>;
+using Numbered = std::pair<std::uint64_t, Bytes>;
+
+class RingTest : public test::LeakCheckedTest {};
+
+// Sanitizers slow the long tests down about tenfold; they run fewer frames there.
+#if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
+constexpr int kFrameScale = 10;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer) || __has_feature(address_sanitizer)
+constexpr int kFrameScale = 10;
+#else
+constexpr int kFrameScale = 1;
+#endif
+#else
+constexpr int kFrameScale = 1;
+#endif
+
+ChannelOptions ring_options(std::size_t capacity, std::chrono::nanoseconds spin = default_ring_spin()) {
+  ChannelOptions options;
+  options.ring_capacity = capacity;
+  options.ring_spin = spin;
+  return options;
+}
+
+// The shared header of the ring behind `reader`, mapped a second time, as another process
+// scribbling in the segment would see it.
+struct MappedHeader {
+  explicit MappedHeader(FrameReader& reader, std::size_t capacity)
+      : mapping(Mapping::map_shared(reader.descriptors().at(0), kRingHeaderBytes + capacity)) {}
+  RingHeader& header() const { return *static_cast<RingHeader*>(mapping.data()); }
+  std::byte* data() const { return static_cast<std::byte*>(mapping.data()) + kRingHeaderBytes; }
+  Mapping mapping;
+};
+
+std::uint8_t pattern(std::uint64_t index, std::size_t offset) {
+  return static_cast<std::uint8_t>(index * 31 + offset * 7);
+}
+
+// Message sizes that put frames around the capacity and the wrap point, and beyond the ring.
+std::size_t pick_size(std::mt19937_64& rng, std::size_t capacity) {
+  const auto roll = rng() % 100;
+  if (roll < 60) return rng() % 200;                                 // small frames
+  if (roll < 80) return capacity - 128 + rng() % 256;                // around the capacity
+  if (roll < 95) return rng() % capacity;                            // anywhere inside
+  return capacity + rng() % (2 * capacity);                          // larger than the ring
+}
+
+// The receiving child regenerates the sender's sizes from the same seed and checks every byte.
+void random_frames_round_trip(std::chrono::nanoseconds spin, int count) {
+  constexpr std::size_t kCapacity = 8192;
+  constexpr std::uint64_t kSeed = 20261130;
+  auto [tx, rx] = channel<Numbered>(Transport::ShmRing, ring_options(kCapacity, spin));
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    tx.detach();
+    std::mt19937_64 rng(kSeed);
+    for (int i = 0; i < count; ++i) {
+      auto got = rx.recv();
+      CHILD_CHECK(got.has_value());
+      CHILD_CHECK(got->first == static_cast<std::uint64_t>(i));
+      CHILD_CHECK(got->second.size() == pick_size(rng, kCapacity));
+      for (std::size_t j = 0; j < got->second.size(); ++j) CHILD_CHECK(got->second[j] == pattern(i, j));
+    }
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  std::mt19937_64 rng(kSeed);
+  Numbered message;
+  for (int i = 0; i < count; ++i) {
+    message.first = static_cast<std::uint64_t>(i);
+    message.second.resize(pick_size(rng, kCapacity));
+    for (std::size_t j = 0; j < message.second.size(); ++j) message.second[j] = pattern(i, j);
+    tx.send(message);
+  }
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child, 120s));
+}
+
+// 200 000 frames: a bounded stand-in for "millions" (about a second on two idle cores,
+// several when other work shares them).
+TEST_F(RingTest, RandomSizedFramesArriveInOrderAndIntactWhileSpinning) {
+  random_frames_round_trip(default_ring_spin(), 200'000 / kFrameScale);
+}
+
+// The same with no spinning at all: every wait goes through the futex.
+TEST_F(RingTest, RandomSizedFramesArriveInOrderAndIntactWhenSleeping) {
+  random_frames_round_trip(std::chrono::nanoseconds::zero(), 50'000 / kFrameScale);
+}
+
+TEST_F(RingTest, FrameMuchLargerThanTheRingStreamsThrough) {
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
+  Bytes big(16 << 20);
+  for (std::size_t j = 0; j < big.size(); ++j) big[j] = pattern(7, j);
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    tx.detach();
+    auto got = rx.recv();
+    CHILD_CHECK(got.has_value());
+    CHILD_CHECK(*got == big);
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  tx.send(big);
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+}
+
+TEST_F(RingTest, FullRingBlocksTheSenderAndNothingIsOverwritten) {
+  constexpr std::size_t kCapacity = 4096;
+  constexpr int kCount = 200;
+  auto [tx, rx] = channel<Numbered>(Transport::ShmRing, ring_options(kCapacity));
+  // The child reports how many sends returned, in memory shared with this process.
+  void* shared = ::mmap(nullptr, sizeof(std::atomic<int>), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  ASSERT_NE(shared, MAP_FAILED);
+  auto* sent = new (shared) std::atomic<int>(0);
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    rx.close();
+    tx.adopt();
+    for (int i = 0; i < kCount; ++i) {
+      tx.send(Numbered{static_cast<std::uint64_t>(i), Bytes(1000, pattern(i, 0))});
+      sent->store(i + 1);
+    }
+    tx.close();
+  });
+  tx.detach();
+  std::this_thread::sleep_for(200ms);
+  // Nobody read yet: at most what fits in the ring went out (about 4 frames of ~1 KiB).
+  EXPECT_LE(sent->load(), 5);
+  for (int i = 0; i < kCount; ++i) {
+    auto got = rx.recv();
+    ASSERT_TRUE(got.has_value());
+    ASSERT_EQ(got->first, static_cast<std::uint64_t>(i));
+    ASSERT_EQ(got->second, Bytes(1000, pattern(i, 0)));
+  }
+  EXPECT_FALSE(rx.recv().has_value());
+  EXPECT_TRUE(child_succeeded(child));
+  EXPECT_EQ(sent->load(), kCount);
+  ::munmap(shared, sizeof(std::atomic<int>));
+}
+
+TEST_F(RingTest, SendForGivesUpOnAFullRingAndResumesWhenThereIsRoom) {
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
+  int accepted = 0;
+  while (tx.send_for(Bytes(500, 9), 10ms)) ++accepted;
+  EXPECT_GE(accepted, 7);  // 4 KiB holds seven 500-byte messages with their headers
+  EXPECT_LE(accepted, 8);
+  auto first = rx.recv_for(1s);
+  ASSERT_TRUE(first);
+  EXPECT_EQ(*first, Bytes(500, 9));
+  EXPECT_TRUE(tx.send_for(Bytes(500, 10), 1s));
+  for (int i = 1; i < accepted; ++i) ASSERT_TRUE(rx.recv_for(1s)) << i;
+  auto last = rx.recv_for(1s);
+  ASSERT_TRUE(last);
+  EXPECT_EQ(*last, Bytes(500, 10));
+  EXPECT_TRUE(rx.try_recv().timed_out());
+}
+
+TEST_F(RingTest, TimedSendOfAFrameLargerThanTheRingIsNeverHalfSent) {
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
+  Bytes big(20000);
+  for (std::size_t j = 0; j < big.size(); ++j) big[j] = pattern(3, j);
+  // Accepted: the first part went out; the rest waits in the writer.
+  ASSERT_TRUE(tx.send_for(big, 20ms));
+  EXPECT_TRUE(rx.recv_for(20ms).timed_out());  // only part of it is in the ring
+  std::thread flusher([&tx = tx] { EXPECT_TRUE(tx.flush(10s)); });
+  auto got = rx.recv_for(10s);
+  flusher.join();
+  ASSERT_TRUE(got);
+  EXPECT_EQ(*got, big);
+}
+
+// ---- corrupted shared state --------------------------------------------------------
+
+TEST_F(RingTest, ScribbledWritePositionIsAProtocolError) {
+  auto [tx, rx] = channel<int>(Transport::ShmRing, ring_options(4096));
+  MappedHeader scribbler(rx.core().reader(), 4096);
+  tx.send(1);
+  scribbler.header().tail.store(1'000'000);
+  EXPECT_THROW(rx.recv(), ProtocolError);
+  EXPECT_THROW(rx.recv(), ProtocolError);  // broken for good
+}
+
+TEST_F(RingTest, ScribbledReadPositionIsAProtocolErrorForTheSender) {
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
+  MappedHeader scribbler(rx.core().reader(), 4096);
+  tx.send(Bytes(3000, 1));
+  scribbler.header().head.store(1'000'000);
+  EXPECT_THROW(tx.send(Bytes(3000, 2)), ProtocolError);  // needs room: reads the head
+}
+
+TEST_F(RingTest, ScribbledFrameLengthIsAProtocolError) {
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
+  MappedHeader scribbler(rx.core().reader(), 4096);
+  tx.send(Bytes(100, 1));
+  FrameHeader header;
+  std::memcpy(&header, scribbler.data(), sizeof header);
+  header.body_bytes = std::uint64_t{1} << 62;
+  std::memcpy(scribbler.data(), &header, sizeof header);
+  try {
+    rx.recv();
+    FAIL() << "a frame claiming 2^62 bytes was accepted";
+  } catch (const ProtocolError& error) {
+    EXPECT_NE(std::string(error.what()).find("body_bytes"), std::string::npos) << error.what();
+  }
+}
+
+TEST_F(RingTest, FrameLengthTooShortIsAProtocolErrorNotAnOverread) {
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
+  MappedHeader scribbler(rx.core().reader(), 4096);
+  tx.send(Bytes(100, 1));
+  tx.send(Bytes(100, 2));
+  FrameHeader header;
+  std::memcpy(&header, scribbler.data(), sizeof header);
+  header.body_bytes -= 60;  // the rest of the body is taken for the next frame's header
+  std::memcpy(scribbler.data(), &header, sizeof header);
+  EXPECT_THROW(rx.recv(), ProtocolError);
+}
+
+TEST_F(RingTest, ScribbledSegmentHeaderIsRefusedWhenAttaching) {
+  auto [tx, rx] = channel<int>(Transport::ShmRing, ring_options(4096));
+  MappedHeader scribbler(rx.core().reader(), 4096);
+  const int fd = rx.core().reader().descriptors().at(0);
+  EXPECT_NO_THROW(RingSegment::attach(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))));
+  scribbler.header().capacity = std::uint64_t{1} << 50;
+  EXPECT_THROW(RingSegment::attach(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))), ProtocolError);
+  scribbler.header().capacity = 4096;
+  scribbler.header().magic = 0;
+  EXPECT_THROW(RingSegment::attach(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))), ProtocolError);
+  scribbler.header().magic = kRingMagic;
+  // The ends keep their own copy of the capacity: the channel still works.
+  tx.send(5);
+  EXPECT_EQ(rx.recv().value(), 5);
+}
+
+// ---- dead peers ------------------------------------------------------------------------
+
+TEST_F(RingTest, ReceiverKilledWhileTheSenderIsBlockedOnAFullRing) {
+  ChannelOptions options = ring_options(4096);
+  options.peer_check_interval = 50ms;
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, options);
+  const pid_t child = fork_child([&tx = tx] {
+    tx.detach();
+    ::pause();  // never reads
+  });
+  rx.close();
+  std::atomic<bool> failed{false};
+  std::chrono::steady_clock::time_point failed_at;
+  std::thread sender([&, &tx = tx] {
+    try {
+      while (true) tx.send(Bytes(1000, 1));  // blocks once the ring is full
+    } catch (const ChannelClosed&) {
+      failed_at = std::chrono::steady_clock::now();
+      failed = true;
+    }
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(failed.load());
+  const auto killed_at = std::chrono::steady_clock::now();
+  ::kill(child, SIGKILL);
+  sender.join();
+  EXPECT_TRUE(failed.load());
+  EXPECT_LT(failed_at - killed_at, 2s);  // generous: detection takes about 50 ms
+  EXPECT_FALSE(tx.is_open());
+  test::wait_child(child);
+}
+
+TEST_F(RingTest, SenderKilledMidFrameIsPeerDiedNeverAMessage) {
+  constexpr std::size_t kCapacity = 4096;
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(kCapacity));
+  MappedHeader watcher(rx.core().reader(), kCapacity);
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    rx.close();
+    tx.adopt();
+    tx.send(Bytes(100, 1));
+    tx.send(Bytes(1 << 20, 2));  // blocks mid-frame: nobody reads
+  });
+  tx.detach();
+  // Wait until the child filled the ring with the start of the big frame.
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (watcher.header().tail.load() < kCapacity && std::chrono::steady_clock::now() < give_up) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_GE(watcher.header().tail.load(), kCapacity);
+  ::kill(child, SIGKILL);
+  test::wait_child(child);
+  auto first = rx.recv();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(*first, Bytes(100, 1));
+  try {
+    rx.recv();
+    FAIL() << "half a frame was delivered as a message";
+  } catch (const PeerDied& error) {
+    EXPECT_NE(std::string(error.what()).find("middle of a frame"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(rx.recv(), PeerDied);
+}
+
+TEST_F(RingTest, SenderKilledBetweenFramesIsPeerDied) {
+  ChannelOptions options = ring_options(4096);
+  options.peer_check_interval = 20ms;
+  auto [tx, rx] = channel<int>(Transport::ShmRing, options);
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    rx.close();
+    tx.adopt();
+    tx.send(1);
+    ::pause();
+  });
+  tx.detach();
+  EXPECT_EQ(rx.recv().value(), 1);
+  std::this_thread::sleep_for(20ms);
+  ::kill(child, SIGKILL);
+  EXPECT_THROW(rx.recv(), PeerDied);  // a blocked receive learns it within the check interval
+  test::wait_child(child);
+}
+
+TEST_F(RingTest, SendingToADeadReceiverFailsOnceItIsNoticed) {
+  auto [tx, rx] = channel<int>(Transport::ShmRing, ring_options(4096));
+  const pid_t child = fork_child([&tx = tx] { tx.detach(); });
+  rx.close();
+  ASSERT_TRUE(child_succeeded(child));
+  // The first send checks the companion socket: the receiver is gone.
+  EXPECT_THROW(tx.send(1), ChannelClosed);
+}
+
+// ---- waiting -------------------------------------------------------------------------
+
+double process_cpu_seconds() {
+  timespec now{};
+  ::clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &now);
+  return static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+}
+
+TEST_F(RingTest, IdleEndsBurnNoCpu) {
+  // One receiver waiting on an empty ring, one sender waiting on a full ring.
+  auto [idle_tx, idle_rx] = channel<int>(Transport::ShmRing, ring_options(4096));
+  auto [full_tx, full_rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
+  while (full_tx.send_for(Bytes(1000, 1), 10ms)) {
+  }
+  std::thread receiver([&idle_rx = idle_rx] { EXPECT_EQ(idle_rx.recv().value(), 42); });
+  std::thread sender([&full_tx = full_tx] { full_tx.send(Bytes(1000, 2)); });
+  std::this_thread::sleep_for(100ms);  // past the spin budget: both sleep now
+
+  const double before = process_cpu_seconds();
+  std::this_thread::sleep_for(1s);
+  const double burnt = process_cpu_seconds() - before;
+  // Spinning would burn about 2 s here; sleeping ends wake ~10 times a second to check
+  // their peer, which costs microseconds.
+  EXPECT_LT(burnt, 0.05) << "idle ends burnt " << burnt << " s of CPU in one second";
+  std::printf("CPU time of two idle ring ends across one second: %.6f s\n", burnt);
+
+  idle_tx.send(42);
+  while (full_rx.try_recv()) {
+  }
+  receiver.join();
+  sender.join();
+}
+
+TEST_F(RingTest, SleepingReceiverIsWokenBySend) {
+  auto [tx, rx] = channel<int>(Transport::ShmRing, ring_options(4096, std::chrono::nanoseconds::zero()));
+  auto [back_tx, back_rx] = channel<int>(Transport::ShmRing, ring_options(4096, std::chrono::nanoseconds::zero()));
+  std::thread echo([&rx = rx, &back_tx = back_tx] {
+    while (auto value = rx.recv()) back_tx.send(*value + 1);
+    back_tx.close();
+  });
+  for (int i = 0; i < 2000; ++i) {
+    tx.send(i);
+    ASSERT_EQ(back_rx.recv().value(), i + 1);
+  }
+  tx.close();
+  EXPECT_FALSE(back_rx.recv().has_value());
+  echo.join();
+}
+
+// ---- descriptors ---------------------------------------------------------------------
+
+TEST_F(RingTest, AnEndRebuiltFromItsDescriptorsReadsTheStream) {
+  auto [writer, reader] = make_transport(Transport::ShmRing, FrameLimits{}, 4096);
+  const std::vector<int> fds = reader->descriptors();
+  ASSERT_EQ(fds.size(), 2u);  // the segment and the companion socket
+  EXPECT_EQ(writer->descriptors().size(), 2u);
+  // What an exec'd process would do with inherited copies of the descriptors.
+  RingFrameReader rebuilt(std::make_shared<const RingSegment>(RingSegment::attach(UniqueFd(::fcntl(fds[0], F_DUPFD_CLOEXEC, 0)))),
+                          UniqueFd(::fcntl(fds[1], F_DUPFD_CLOEXEC, 0)), RingTiming{}, FrameLimits{});
+  reader->close();
+  FrameHeader header;
+  header.kind = static_cast<std::uint8_t>(FrameKind::Message);
+  header.body_bytes = 5;
+  const char body[] = "hello";
+  const iovec parts[] = {{&header, sizeof header}, {const_cast<char*>(body), 5}};
+  ASSERT_TRUE(writer->write(parts, {}, Deadline::never()));
+  FrameHeader got;
+  std::vector<std::byte> payload;
+  std::deque<UniqueFd> fds_in;
+  ASSERT_EQ(rebuilt.read(got, payload, fds_in, Deadline::after(1s)), ReadStatus::Frame);
+  ASSERT_EQ(payload.size(), 5u);
+  EXPECT_EQ(std::memcmp(payload.data(), body, 5), 0);
+  writer->close();
+  EXPECT_THROW(rebuilt.read(got, payload, fds_in, Deadline::after(1s)), PeerDied);
+}
+
+}  // namespace
+}  // namespace ferry
