@@ -168,8 +168,8 @@ void ferry_bytes_round_trip(benchmark::State& state, Transport transport, std::s
   auto [ping_tx, ping_rx] = channel<Bytes>(transport);
   auto [pong_tx, pong_rx] = channel<Bytes>(transport);
   {
-    // (clang 14 cannot capture structured bindings: capture them by name.)
-    ChildProcess child([&ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
+    // Structured bindings are named explicitly: clang 14 cannot capture them implicitly.
+    ChildProcess child([&, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
       ping_tx.detach();
       pong_rx.close();
       pong_tx.adopt();
@@ -192,7 +192,8 @@ void ferry_tensor_round_trip(benchmark::State& state, Transport transport, bool 
   auto [ping_tx, ping_rx] = channel<TensorMessage>(transport);
   auto [pong_tx, pong_rx] = channel<std::uint8_t>(transport);
   {
-    ChildProcess child([&ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
+    // Structured bindings are named explicitly: clang 14 cannot capture them implicitly.
+    ChildProcess child([&, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
       ping_tx.detach();
       pong_rx.close();
       pong_tx.adopt();

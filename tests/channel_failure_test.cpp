@@ -2,6 +2,7 @@
 // must see a closed channel (never a hang, never SIGPIPE), and nothing may leak.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -151,6 +152,48 @@ TEST_P(PeerDeathTest, SenderDestroyedByAnExceptionIsNotACleanEndOfStream) {
   }
   EXPECT_EQ(rx.recv().value(), 1);
   EXPECT_THROW(rx.recv(), PeerDied);
+}
+
+// A sender killed after writing a frame but before the receiver mapped its storages: over a
+// pipe the storage is named by /proc/<pid>/fd/<n>, which died with the sender. That is a
+// dead peer (PeerDied), never a protocol error that blames the frame. Checked while the
+// sender is a zombie and after it was reaped.
+void expect_peer_died_after_sender_killed_post_send(Transport transport, bool reap_first) {
+  auto [tx, rx] = channel<Payload>(transport);
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    rx.close();
+    tx.adopt();
+    tx.send(Payload{1, Tensor::zeros({1024}, DType::Float32, Device::SharedCpu)});
+    ::kill(::getpid(), SIGKILL);
+  });
+  tx.detach();
+  if (reap_first) {
+    EXPECT_EQ(wait_child(child).signal, SIGKILL);
+  } else {
+    siginfo_t info{};
+    ASSERT_EQ(::waitid(P_PID, static_cast<id_t>(child), &info, WEXITED | WNOWAIT), 0);  // a zombie now
+  }
+  try {
+    auto got = rx.recv();  // the socket carried the fd itself: the message is intact
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->data.numel(), 1024);
+  } catch (const PeerDied& error) {
+    EXPECT_NE(std::string(error.what()).find("died"), std::string::npos) << error.what();
+  }
+  EXPECT_THROW(rx.recv(), PeerDied);
+  EXPECT_THROW(rx.recv(), PeerDied);  // stays dead
+  if (!reap_first) {
+    EXPECT_EQ(wait_child(child).signal, SIGKILL);
+  }
+  rx.close();
+}
+
+TEST_P(PeerDeathTest, SenderKilledAfterWritingIsPeerDiedWhileAZombie) {
+  expect_peer_died_after_sender_killed_post_send(GetParam(), false);
+}
+
+TEST_P(PeerDeathTest, SenderKilledAfterWritingIsPeerDiedOnceReaped) {
+  expect_peer_died_after_sender_killed_post_send(GetParam(), true);
 }
 
 TEST(PipeTransport, WritingToADeadReaderDoesNotRaiseSigpipe) {

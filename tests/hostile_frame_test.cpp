@@ -8,10 +8,17 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
+#include "support/process.hpp"
 #include "support/transports.hpp"
 
 namespace ferry {
@@ -143,17 +150,21 @@ constexpr std::size_t kStridesAt = kShapeAt + 2 * 8;
 constexpr std::size_t kOffsetAt = kStridesAt + 2 * 8;
 constexpr std::size_t kHandleAt = kOffsetAt + 8;
 
+// Receives are bounded so that a frame wrongly accepted fails the test instead of hanging
+// it on the next receive.
+constexpr std::chrono::seconds kRecvBound{20};
+
 template <class T>
 void expect_protocol_error(Receiver<T>& rx, const std::string& needle) {
   try {
-    rx.recv();
+    rx.recv_for(kRecvBound);
     ADD_FAILURE() << "expected a ProtocolError mentioning '" << needle << "'";
   } catch (const ProtocolError& error) {
     EXPECT_NE(std::string(error.what()).find(needle), std::string::npos) << error.what();
   }
   // The channel reports itself broken from now on.
   try {
-    rx.recv();
+    rx.recv_for(kRecvBound);
     ADD_FAILURE() << "a broken receiver must keep failing";
   } catch (const ProtocolError& error) {
     EXPECT_NE(std::string(error.what()).find("broken"), std::string::npos) << error.what();
@@ -198,6 +209,40 @@ TEST_P(HostileFrameTest, WrongVersion) {
   frame.set_header(h);
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "version");
+}
+
+TEST_P(HostileFrameTest, UnknownFrameKind) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.kind = 9;
+  frame.set_header(h);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "unknown kind 9");
+}
+
+// Every count of the header is checked against FrameLimits before the rest of the frame
+// is read (or allocated).
+TEST_P(HostileFrameTest, HeaderCountsAboveTheirLimits) {
+  const FrameLimits limits;
+  const std::vector<std::pair<std::string, std::function<void(FrameHeader&)>>> lies = {
+      {"handle_count", [&](FrameHeader& h) { h.handle_count = limits.max_handles + 1; }},
+      {"segment_count", [&](FrameHeader& h) { h.segment_count = limits.max_segments + 1; }},
+      {"fd_count", [&](FrameHeader& h) { h.fd_count = limits.max_fds + 1; }},
+      {"release_count", [&](FrameHeader& h) { h.release_count = limits.max_releases + 1; }},
+      {"segment_release_count", [&](FrameHeader& h) { h.segment_release_count = limits.max_releases + 1; }},
+      {"type_name_bytes", [&](FrameHeader& h) { h.type_name_bytes = limits.max_type_name_bytes + 1; }},
+  };
+  for (const auto& [field, lie] : lies) {
+    SCOPED_TRACE(field);
+    Wire<Payload> wire(GetParam());
+    Frame frame = encode(Payload{tensor_}, passing());
+    FrameHeader h = frame.header();
+    lie(h);
+    frame.set_header(h);
+    wire.send(frame.bytes, frame.fds);
+    expect_protocol_error(wire.rx, "frame header field " + field);
+  }
 }
 
 TEST_P(HostileFrameTest, HugeBodyLengthIsRefusedBeforeReading) {
@@ -315,6 +360,57 @@ TEST_P(HostileFrameTest, LeaseSlotThatWasNeverGranted) {
   expect_protocol_error(wire.rx, "holds no lease");
 }
 
+TEST_P(HostileFrameTest, SlotAboveTheLimit) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  e.slot = MessageDecoder::kMaxSlots;
+  frame.set_entry(0, e);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "above the limit");
+}
+
+TEST_P(HostileFrameTest, ReleaseOfASlotThatHoldsNoLease) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.release_count = 1;
+  frame.set_header(h);
+  const std::uint32_t slot = 7;
+  const auto* raw = reinterpret_cast<const std::byte*>(&slot);
+  frame.bytes.insert(frame.bytes.begin() + static_cast<std::ptrdiff_t>(frame.body_offset), raw, raw + sizeof slot);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "releases slot 7 which holds no lease");
+}
+
+TEST_P(HostileFrameTest, ReleaseOfASegmentSlotThatHoldsNoLease) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.segment_release_count = 1;
+  frame.set_header(h);
+  const std::uint32_t slot = 7;
+  const auto* raw = reinterpret_cast<const std::byte*>(&slot);
+  frame.bytes.insert(frame.bytes.begin() + static_cast<std::ptrdiff_t>(frame.body_offset), raw, raw + sizeof slot);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "releases segment slot 7 which holds no lease");
+}
+
+TEST_P(HostileFrameTest, NewHandleInASlotThatIsStillLeased) {
+  Wire<Payload> wire(GetParam());
+  Frame first = encode(Payload{tensor_}, passing());
+  wire.send(first.bytes, first.fds);
+  ASSERT_TRUE(wire.rx.recv_for(kRecvBound).has_value());
+  // A second encoder knows nothing of the first: it hands another storage out at slot 0.
+  // (Its segment table, a second return board and the segment at segment slot 0, which
+  // the receiver would refuse first, is dropped: the block names the leased segment.)
+  Tensor other = Tensor::zeros({4, 8}, DType::Float32, Device::SharedCpu);
+  Frame second = encode(Payload{other}, passing());
+  second.drop_segments();
+  wire.send(second.bytes, second.fds);
+  expect_protocol_error(wire.rx, "reuses slot 0 before releasing it");
+}
+
 TEST_P(HostileFrameTest, UnknownHandleKind) {
   Wire<Payload> wire(GetParam());
   Frame frame = encode(Payload{tensor_}, passing());
@@ -383,6 +479,29 @@ TEST_P(HostileFrameTest, BoolThatIsNeitherZeroNorOne) {
   expect_protocol_error(wire.rx, "bool");
 }
 
+// Found by the body fuzz target: cereal reports a std::variant index out of range with a
+// cereal::Exception, which escaped the receiver as an unknown exception and did not mark
+// the channel broken.
+TEST_P(HostileFrameTest, VariantIndexOutOfRange) {
+  using Either = std::variant<std::int32_t, Tensor, std::string>;
+  Wire<Either> wire(GetParam());
+  Frame frame = encode(Either{std::int32_t{5}}, passing());
+  frame.patch_body(0, std::int32_t{7});  // cereal writes the index as an int32 first
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "variant");
+}
+
+// Found by the body fuzz target: a tensor without elements whose other extents make its
+// strides overflow int64 (undefined behaviour before the fix).
+TEST_P(HostileFrameTest, ZeroElementTensorWhoseStridesOverflow) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{Tensor::zeros({0, 2, 2}, DType::Float32, Device::SharedCpu)}, passing());
+  frame.patch_body(kShapeAt + 8, std::int64_t{1} << 40);
+  frame.patch_body(kShapeAt + 16, std::int64_t{1} << 40);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "overflow");
+}
+
 TEST_P(HostileFrameTest, TypeMismatchNamesBothTypes) {
   Wire<Payload> wire(GetParam());
   Frame frame = encode(Other{42}, passing());
@@ -406,6 +525,13 @@ TEST_P(HostileFrameTest, ProcessKeepsWorkingOnOtherChannelsAfterABadFrame) {
   auto [tx, rx] = channel<Payload>(GetParam());
   tx.send(Payload{tensor_});
   EXPECT_TRUE(rx.recv().has_value());
+}
+
+TEST_P(HostileFrameTest, HeaderClaimsFdsTheTransportDidNotCarry) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_});  // fd passing, but the fds are not sent
+  wire.send(frame.bytes);
+  expect_protocol_error(wire.rx, std::to_string(frame.header().fd_count) + " file descriptors but 0 arrived");
 }
 
 // ---- fds that lie (Unix socket only: the only transport that carries fds) ----------
@@ -490,6 +616,123 @@ TEST_F(HostileFdTest, FewerFdsThanTheHeaderClaims) {
   Frame frame = encode(Payload{tensor_});
   wire.send(frame.bytes);  // the fd is missing
   expect_protocol_error(wire.rx, "file descriptors");
+}
+
+TEST_F(HostileFdTest, HeaderClaimsMoreFdsThanHandles) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  FrameHeader h = frame.header();
+  const std::uint32_t segments = h.segment_count;  // the return board and the tensor's segment
+  h.fd_count = segments + 1;
+  frame.set_header(h);
+  std::vector<int> fds = frame.fds;
+  fds.push_back(frame.fds.at(kDataSegment));
+  wire.send(frame.bytes, fds);
+  expect_protocol_error(wire.rx, "claims " + std::to_string(segments + 1) + " fds for only " +
+                                     std::to_string(segments) + " segments");
+}
+
+TEST_F(HostileFdTest, FdsWithAFrameThatDeclaresNone) {
+  // Before the fix, these fds were queued silently (and handed to a later frame's
+  // handles): a peer could fill this process's fd table without declaring a single fd.
+  Wire<Other> wire(Transport::UnixSocket);
+  Frame frame = encode(Other{1});
+  UniqueFd a(::memfd_create("stray", MFD_CLOEXEC)), b(::memfd_create("stray", MFD_CLOEXEC));
+  ASSERT_TRUE(a && b);
+  wire.send(frame.bytes, {a.get(), b.get()});
+  expect_protocol_error(wire.rx, "declares 0 (fd_count)");
+}
+
+TEST_F(HostileFdTest, FdForAHandleThatIsLeased) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  MessageEncoder encoder(HandlePassing::FdPassing);
+  auto flatten = [&](const EncodedFrame& encoded) {
+    Frame frame;
+    for (const iovec& part : encoded.iovecs()) {
+      const auto* begin = static_cast<const std::byte*>(part.iov_base);
+      frame.bytes.insert(frame.bytes.end(), begin, begin + part.iov_len);
+    }
+    // Duplicates: the encoder closes its return board's fd once the frame is committed.
+    for (const int fd : encoded.fds) {
+      frame.owned_fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      frame.fds.push_back(frame.owned_fds.back().get());
+    }
+    frame.locate();
+    encoder.commit();
+    return frame;
+  };
+  Frame first = flatten(encoder.encode(Payload{tensor_}));
+  wire.send(first.bytes, first.fds);
+  ASSERT_TRUE(wire.rx.recv().has_value());
+  Frame second = flatten(encoder.encode(Payload{tensor_}));  // travels as a lease: no fd, no segment
+  FrameHeader h = second.header();
+  ASSERT_EQ(h.fd_count, 0u);
+  ASSERT_EQ(h.segment_count, 0u);
+  h.fd_count = 1;
+  second.set_header(h);
+  wire.send(second.bytes, {tensor_.storage()->shared_block()->segment()->fd()});
+  expect_protocol_error(wire.rx, "claims 1 fds for only 0 segments");
+  encoder.receiver_gone();  // the broken receiver will never give the first frame's block back
+}
+
+TEST_F(HostileFdTest, MemfdSealedAgainstShrinkingOnly) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  UniqueFd half_sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_TRUE(half_sealed);
+  ASSERT_EQ(::ftruncate(half_sealed.get(), static_cast<off_t>(frame.segment(kDataSegment).size)), 0);
+  ASSERT_EQ(::fcntl(half_sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  wire.send(frame.bytes, with_data_fd(frame, half_sealed.get()));
+  expect_protocol_error(wire.rx, "not sealed");
+}
+
+// A sender that tries to shrink a segment after sending it cannot: ferry seals every
+// segment against shrinking and growing, and seals the seals. The receiver's mapping stays
+// readable; the most the sender can do is change the bytes (or punch holes, which read
+// back as zeros), as with any memory it shares.
+TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
+  auto [tx, rx] = channel<Payload>(Transport::UnixSocket);
+  auto [go_tx, go_rx] = channel<int>(Transport::UnixSocket);
+  const std::int64_t count = 64 * 1024;
+  const pid_t child = test::fork_child([&, &tx = tx, &rx = rx, &go_tx = go_tx, &go_rx = go_rx] {
+    tx.detach();
+    go_tx.detach();
+    Payload got = rx.recv().value();
+    CHILD_CHECK(go_rx.recv().value() == 1);  // the sender has tried its worst
+    const auto values = got.tensor.to_vector<std::int32_t>();  // reads every byte: no SIGBUS
+    CHILD_CHECK(static_cast<std::int64_t>(values.size()) == count);
+    for (const std::int32_t v : values) CHILD_CHECK(v == 7 || v == 0);
+  });
+  rx.close();
+  go_rx.close();
+  Tensor t = Tensor::empty({count}, DType::Int32, Device::SharedCpu);
+  t.fill(std::int32_t{7});
+  tx.send(Payload{t});
+  const SharedBlock& block = *t.storage()->shared_block();
+  const int fd = block.segment()->fd();
+  const auto size = static_cast<off_t>(block.segment()->size());
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fd, 0), -1);
+  EXPECT_EQ(errno, EPERM) << "shrinking a sent segment must be refused by its seals";
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fd, size / 2), -1);
+  EXPECT_EQ(errno, EPERM);
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fd, size * 2), -1);
+  EXPECT_EQ(errno, EPERM) << "growing is sealed too";
+  EXPECT_NE(::fcntl(fd, F_GET_SEALS) & F_SEAL_SEAL, 0) << "the seals themselves are sealed";
+  errno = 0;
+  EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);
+  EXPECT_EQ(errno, EPERM);
+  // Allowed by the seals: freeing the pages of the first half of the tensor's block. They
+  // read back as zeros.
+  EXPECT_EQ(::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(block.offset()),
+                        static_cast<off_t>(t.storage()->nbytes() / 2)),
+            0);
+  go_tx.send(1);
+  tx.close();
+  go_tx.close();
+  EXPECT_TRUE(test::child_succeeded(child));
 }
 
 TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <numeric>
 
 #include "ferry/tensor.hpp"
@@ -173,6 +174,37 @@ TEST_F(TensorTest, InvalidShapesAreRejected) {
   EXPECT_THROW(Tensor::from_storage(storage, DType::Float32, {1}, {1}, 4), Error);
   EXPECT_THROW(Tensor::from_storage(storage, DType::Float32, {2}, {-1}, 1), Error);
   EXPECT_EQ(Tensor::from_storage(storage, DType::Float32, {2}, {3}, 0).numel(), 2);
+}
+
+// Found by the body fuzz target: a shape with a zero extent has no elements whatever its
+// other extents are, but its row-major strides used to overflow int64 (undefined behaviour).
+TEST_F(TensorTest, ZeroElementShapeWhoseStridesOverflowIsRejected) {
+  const std::int64_t huge = std::int64_t{1} << 40;
+  EXPECT_THROW(Tensor::empty({0, huge, huge}, DType::Float32), Error);
+  EXPECT_THROW(Tensor::empty({0, 3}, DType::Float32).view({0, huge, huge}), Error);
+  // Large extents after the zero are fine as long as the strides fit.
+  Tensor wide = Tensor::empty({4, 0, huge}, DType::Float32);
+  EXPECT_EQ(wide.numel(), 0);
+  EXPECT_EQ(wide.strides(), (Shape{huge, huge, 1}));
+}
+
+// Found by the body fuzz target: the stride of a dimension of size 1 is never applied, so a
+// valid view may carry any stride there (a received one does), and copying such a view
+// multiplied it by the element size: signed overflow, undefined behaviour.
+TEST_F(TensorTest, SizeOneDimensionsWithHugeStridesAreCopiedSafely) {
+  auto storage = Storage::allocate(16, Device::Cpu);
+  std::memcpy(storage->data(), std::vector<float>{1, 2, 3, 4}.data(), 16);
+  const std::int64_t huge = std::int64_t{1} << 62;
+  Tensor inner = Tensor::from_storage(storage, DType::Float32, {2, 1}, {2, huge}, 0);
+  EXPECT_FALSE(inner.is_contiguous());
+  EXPECT_EQ(inner.contiguous().to_vector<float>(), (std::vector<float>{1, 3}));
+  Tensor outer = Tensor::from_storage(storage, DType::Float32, {1, 2}, {huge, 2}, 1);
+  EXPECT_EQ(outer.contiguous().to_vector<float>(), (std::vector<float>{2, 4}));
+  // A slice that keeps one element never multiplies the stride by its step.
+  Tensor one = Tensor::from_storage(storage, DType::Float32, {4}, {1}, 0).slice(0, 1, 4, huge);
+  EXPECT_EQ(one.to_vector<float>(), (std::vector<float>{2}));
+  EXPECT_EQ(Tensor::from_storage(storage, DType::Float32, {1}, {huge}, 3).slice(0, 0, 1, 8).to_vector<float>(),
+            (std::vector<float>{4}));
 }
 
 TEST_F(TensorTest, HalfElements) {

@@ -146,10 +146,11 @@ void ReceiverCore::mark_broken(const std::string& reason) {
 
 ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   if (!broken_.empty()) {
-    throw ProtocolError("this Receiver is broken after an earlier protocol error: " + broken_);
+    throw ProtocolError("this Receiver is broken after an earlier error: " + broken_);
   }
   if (!open_) return ReadStatus::Closed;
   used_ = true;
+  if (!dead_.empty()) throw PeerDied(dead_);
   try {
     std::span<const std::byte> payload;
     const ReadStatus status = reader_->read_view(header_, payload, payload_, fds_, deadline);
@@ -166,8 +167,18 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   } catch (const ProtocolError& error) {
     mark_broken(error.what());
     throw;
-  } catch (const PeerDied&) {
+  } catch (const PeerDied& error) {
+    // The stream may still hold frames of the dead sender (a decode found it dead): never
+    // read them, and let the transport's fds go now.
+    dead_ = error.what();
     decoder_.release_all();
+    fds_.clear();
+    reader_->close();
+    throw;
+  } catch (const std::exception& error) {
+    // Out of memory for a mapping, a failed system call: the frame is half consumed and
+    // half resolved, so the stream cannot be trusted any more either.
+    mark_broken(error.what());
     throw;
   }
 }

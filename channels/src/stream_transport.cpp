@@ -265,6 +265,7 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
   in_frame_ = false;
   header = frame_header_;
   payload.swap(frame_payload_);
+  check_queued_fds(header, fds);
   if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
     peer_closed_ = true;
     return ReadStatus::Closed;
@@ -280,6 +281,20 @@ bool StreamFrameReader::has_buffered_frame() const {
   std::memcpy(&header, buffer_.data() + begin_, sizeof header);
   if (header.magic != kFrameMagic) return true;  // read() reports the bad frame at once
   return buffered() - sizeof header >= payload_bytes(header);
+}
+
+void StreamFrameReader::check_queued_fds(const FrameHeader& header, const std::deque<UniqueFd>& fds) const {
+  // The kernel delivers a frame's fds with the first byte of the sendmsg that carried them,
+  // and a recvmsg stops after the first message with fds. So once a frame is complete, the
+  // queue holds its own fds plus, when bytes of later frames are buffered, at most one more
+  // frame's worth. More means the peer sends fds no frame declares: refuse them instead of
+  // queueing them without bound (they would exhaust this process's fds).
+  if (!is_socket_) return;
+  const std::size_t allowed = header.fd_count + (buffered() > 0 ? kMaxFdsPerRead : 0);
+  if (fds.size() > allowed) {
+    throw ProtocolError("the peer sent " + std::to_string(fds.size()) + " fds but the frame declares " +
+                        std::to_string(header.fd_count) + " (fd_count); refusing fds that no frame accounts for");
+  }
 }
 
 void StreamFrameReader::acknowledge(std::uint64_t sequence) {

@@ -57,6 +57,8 @@ std::shared_ptr<ReturnBoard> ReturnBoard::open_received(SharedMemory memory) {
     throw ProtocolError("received return board has a wrong magic number or version; build both sides from the "
                         "same ferry");
   }
+  // A receiver never passes its board on: the mapping is all it needs, not an fd.
+  board->close_fd();
   return board;
 }
 

@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <string>
 
 #include "ferry/error.hpp"
@@ -14,6 +16,20 @@ namespace ferry {
 namespace {
 
 constexpr int kRequiredSeals = F_SEAL_SHRINK | F_SEAL_GROW;
+
+// This process's file size limit (RLIMIT_FSIZE) in bytes; UINT64_MAX when unlimited.
+std::uint64_t file_size_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_FSIZE, &limit) != 0) throw_errno("getrlimit(RLIMIT_FSIZE)");
+  return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(limit.rlim_cur);
+}
+
+[[noreturn]] void throw_file_size_limit(std::size_t size) {
+  throw OutOfSharedMemory("cannot create a shared segment of " + std::to_string(size) +
+                              " bytes: this process's file size limit (RLIMIT_FSIZE, `ulimit -f`) is " +
+                              std::to_string(file_size_limit()) + " bytes; raise it or send smaller tensors",
+                          EFBIG);
+}
 
 }  // namespace
 
@@ -25,14 +41,24 @@ FileIdentity identify_fd(int fd) {
 
 SharedMemory SharedMemory::create(std::size_t size, const char* name) {
   if (size == 0) throw Error("SharedMemory::create: a segment needs at least one byte");
+  // A memfd counts as a file for RLIMIT_FSIZE: growing it past the limit fails with EFBIG
+  // *and* sends SIGXFSZ, whose default action kills the process. Check first, so that the
+  // caller gets an exception instead.
+  if (size > file_size_limit()) throw_file_size_limit(size);
   UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw_errno("memfd_create");
+  // memfds are created with mode 0777. Only holders of the fd or of access to
+  // /proc/<pid>/fd (same user, or root) can reach one, but owner-only is the right default:
+  // a re-open through /proc by anyone but the owner is then refused.
+  if (::fchmod(fd.get(), S_IRUSR | S_IWUSR) != 0) throw_errno("fchmod(0600) of a new memfd");
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    if (errno == EFBIG) throw_file_size_limit(size);
     throw_errno("ftruncate of a new memfd to " + std::to_string(size) + " bytes");
   }
   // Reserve every page now: on a full tmpfs ftruncate succeeds and the first write would
   // fault with SIGBUS; posix_fallocate turns that into ENOSPC here.
   if (const int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size)); rc != 0) {
+    if (rc == EFBIG) throw_file_size_limit(size);
     if (rc == ENOSPC || rc == ENOMEM) {
       throw OutOfSharedMemory("cannot reserve " + std::to_string(size) +
                                   " bytes of shared memory (free memory or lower the tensor sizes)",

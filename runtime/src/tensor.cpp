@@ -1,5 +1,6 @@
 #include "ferry/tensor.hpp"
 
+#include <algorithm>
 #include <sstream>
 
 #include "ferry/cuda/memory.hpp"
@@ -22,7 +23,13 @@ Shape contiguous_strides(const Shape& shape) {
   std::int64_t running = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     strides[i] = running;
-    running *= std::max<std::int64_t>(shape[i], 1);
+    // Only a shape with a zero extent can get here with a product that overflows (the
+    // element count of any other shape was checked); its strides must still be numbers.
+    if (i > 0 && __builtin_mul_overflow(running, std::max<std::int64_t>(shape[i], 1), &running)) {
+      throw Error("the strides of a tensor of " + std::to_string(shape.size()) + " dimensions with sizes up to " +
+                  std::to_string(*std::max_element(shape.begin(), shape.end())) +
+                  " overflow 64 bits; use smaller sizes");
+    }
   }
   return strides;
 }

@@ -17,7 +17,9 @@ Tensor Tensor::slice(std::int64_t dim, std::int64_t start, std::int64_t end, std
   Tensor out = *this;
   out.offset_ = offset_ + first * strides_[d];
   out.shape_[d] = (last - first + step - 1) / step;
-  out.strides_[d] = strides_[d] * step;
+  // With two elements or more, stride * step stays inside the storage; with fewer the stride
+  // is never applied, and the product could overflow (a huge step, a received stride).
+  if (out.shape_[d] > 1) out.strides_[d] = strides_[d] * step;
   if (out.shape_[d] == 0) out.offset_ = offset_;
   return out;
 }

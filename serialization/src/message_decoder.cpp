@@ -3,15 +3,22 @@
 #include <fcntl.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 
 #include "ferry/cuda_frame.hpp"
 #include "ferry/handle_cache.hpp"
 #include "ferry/process_identity.hpp"
+#include "ferry/process_exit.hpp"
 
 namespace ferry {
 namespace {
+
+// How long a receiver that cannot open a sender's /proc fd waits for the sender's exit to
+// complete before calling the frame a lie (an exit closes the fds before the process
+// becomes a zombie).
+constexpr std::chrono::milliseconds kSenderExitGrace{200};
 
 std::string hex(std::uint64_t value) {
   char text[19];
@@ -205,6 +212,19 @@ SharedMemory MessageDecoder::open_segment(const SegmentEntry& entry, std::size_t
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   if (!fd) {
     const int error = errno;
+    if (error == EMFILE || error == ENFILE) {
+      throw ProtocolError("cannot open the sender's segment at " + path +
+                          ": this process has reached its open-file limit (RLIMIT_NOFILE" +
+                          (error == ENFILE ? std::string(", system-wide") : std::string()) +
+                          "); raise it with `ulimit -n` or hold fewer received segments at once");
+    }
+    // A sender killed after writing the frame takes its fds with it: that is a dead peer,
+    // not a protocol violation.
+    if (process_has_exited(entry.pid, kSenderExitGrace)) {
+      throw PeerDied("the sending process " + std::to_string(entry.pid) +
+                     " died before this receiver could map a segment it sent (" + path + ": " +
+                     std::strerror(error) + ")");
+    }
     throw ProtocolError("cannot open the sender's segment at " + path + " (" + std::strerror(error) +
                         "); the sender died or is not allowed to be read by this process (same user needed)");
   }

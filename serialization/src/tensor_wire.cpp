@@ -60,7 +60,11 @@ void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
     }
     if (count != 0) throw ProtocolError("tensor without storage claims " + std::to_string(count) + " elements");
     const Device device = raw_device == static_cast<std::uint8_t>(DeviceKind::SharedCpu) ? Device::SharedCpu : Device::Cpu;
-    tensor = Tensor::empty(shape, dtype, device);
+    try {
+      tensor = Tensor::empty(shape, dtype, device);  // no elements: allocates nothing
+    } catch (const Error& error) {
+      throw ProtocolError(std::string("received tensor without elements is invalid: ") + error.what());
+    }
     return;
   }
   Shape strides(ndim);

@@ -21,5 +21,6 @@
 #include "ferry/select.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/spawn.hpp"
+#include "ferry/peer_credentials.hpp"
 #include "ferry/tensor.hpp"
 #include "ferry/tensor_wire.hpp"

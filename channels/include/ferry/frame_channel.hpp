@@ -124,7 +124,9 @@ class ReceiverCore final : public LiveEnd {
   ReceiverCore& operator=(const ReceiverCore&) = delete;
 
   /// Waits for the next message and deserializes it into `out`. Returns Frame, Timeout or
-  /// Closed (end of stream). Throws PeerDied, ProtocolError (the channel is then broken).
+  /// Closed (end of stream). Throws PeerDied, ProtocolError, or another ferry::Error for a
+  /// local failure while reading a frame (mapping it, ...); after any error but PeerDied
+  /// the channel is broken and every later call throws ProtocolError saying why.
   template <class T>
   ReadStatus receive(T& out, const Deadline& deadline) {
     std::lock_guard lock(mutex_);
@@ -176,6 +178,7 @@ class ReceiverCore final : public LiveEnd {
   bool open_ = true;
   bool used_ = false;
   std::string broken_;
+  std::string dead_;  // why the peer is known dead (PeerDied is reported again)
   FrameHeader header_;
   std::vector<std::byte> payload_;
   std::deque<UniqueFd> fds_;

@@ -62,6 +62,9 @@ class StreamFrameReader final : public FrameReader {
   // Reads what is available (at least one byte, blocking) into `into`; returns 0 at EOF.
   std::size_t receive(std::byte* into, std::size_t capacity, std::deque<UniqueFd>& fds);
   std::size_t buffered() const noexcept { return end_ - begin_; }
+  // Throws ProtocolError when more fds are queued than the frame just read and the frames
+  // already buffered can account for.
+  void check_queued_fds(const FrameHeader& header, const std::deque<UniqueFd>& fds) const;
 
   UniqueFd stream_;
   UniqueFd acknowledgements_;

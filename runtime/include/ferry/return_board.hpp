@@ -32,8 +32,9 @@ class ReturnBoard {
 
   /// Creates a board (sender side). Throws OutOfSharedMemory or SystemError.
   static std::shared_ptr<ReturnBoard> create();
-  /// Adopts a board received from a sender, after checking its size and header. Throws
-  /// ProtocolError naming the failed check.
+  /// Adopts a board received from a sender, after checking its size and header, and closes
+  /// its fd (the receiver keeps only the mapping). Throws ProtocolError naming the failed
+  /// check.
   static std::shared_ptr<ReturnBoard> open_received(SharedMemory memory);
 
   ReturnBoard(const ReturnBoard&) = delete;

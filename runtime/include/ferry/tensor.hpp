@@ -154,7 +154,8 @@ class Tensor {
   bool defined_ = false;
 };
 
-/// Row-major strides of a contiguous tensor of `shape`.
+/// Row-major strides of a contiguous tensor of `shape`. Throws Error when a stride does
+/// not fit in 64 bits (only possible for a shape with a zero extent, e.g. {0, 2^40, 2^40}).
 Shape contiguous_strides(const Shape& shape);
 
 /// Copies the elements of a strided source into a strided destination of the same shape.

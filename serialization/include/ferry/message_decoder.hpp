@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ferry/archive.hpp"
+#include "ferry/body_reader.hpp"
 #include "ferry/frame.hpp"
 #include "ferry/return_board.hpp"
 #include "ferry/shared_segment.hpp"
@@ -34,22 +35,14 @@ class MessageDecoder {
       : expected_fingerprint_(expected_fingerprint), expected_type_name_(expected_type_name) {}
 
   /// Resolves a message frame: `payload` is everything after the header; the frame's fds
-  /// are taken from the front of `fds`. Throws TypeMismatch or ProtocolError.
+  /// are taken from the front of `fds`. Throws TypeMismatch or ProtocolError, and PeerDied
+  /// when a storage named by /proc path cannot be opened because its sender has exited.
   void decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds);
 
   /// Deserializes the body of the frame last decoded.
   template <class T>
   T read() {
-    T value{};
-    {
-      FrameInputArchive archive(body_, storages_);
-      archive(value);
-      if (archive.remaining() != 0) {
-        throw ProtocolError("message body has " + std::to_string(archive.remaining()) +
-                            " bytes left over after reading a " + std::string(type_name<T>()) +
-                            "; sender and receiver disagree on its layout");
-      }
-    }
+    T value = read_body<T>(body_, storages_);
     storages_.clear();
     return value;
   }

@@ -1,0 +1,159 @@
+// Writes the seed corpus of the fuzz targets: real frames and bodies produced by
+// MessageEncoder, with storages sized so that the harnesses resolve them to their own
+// segments (see fuzz_message.hpp). Deterministic: running it again gives the same files.
+// Usage: ferry_fuzz_seeds <corpus dir>   (writes <dir>/frame/* and <dir>/body/*)
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ferry/message_encoder.hpp"
+#include "fuzz_message.hpp"
+
+namespace ferry::fuzz {
+namespace {
+
+using Bytes = std::vector<std::byte>;
+
+Tensor shared_bytes(std::size_t bytes) { return Tensor::zeros({static_cast<std::int64_t>(bytes)}, DType::UInt8, Device::SharedCpu); }
+
+// Appends one encoded frame to `stream`. Segment entries named by /proc path are made
+// deterministic and point at the harness segment the i-th fd of the frame would be (the
+// harness rewrites pid, fd and identity), so both seed streams resolve alike.
+void append_frame(Bytes& stream, MessageEncoder& encoder, const EncodedFrame& encoded) {
+  const std::size_t start = stream.size();
+  for (const iovec& part : encoded.iovecs()) {
+    const auto* begin = static_cast<const std::byte*>(part.iov_base);
+    stream.insert(stream.end(), begin, begin + part.iov_len);
+  }
+  encoder.commit();
+  FrameHeader header;
+  std::memcpy(&header, stream.data() + start, sizeof header);
+  const std::size_t table = start + sizeof header + header.type_name_bytes;
+  for (std::uint32_t i = 0; i < header.segment_count; ++i) {
+    SegmentEntry entry;
+    std::memcpy(&entry, stream.data() + table + i * sizeof entry, sizeof entry);
+    if (entry.kind != static_cast<std::uint32_t>(::ferry::SegmentKind::NewProcFd)) continue;
+    entry.pid = 1;
+    entry.device = 0;
+    entry.inode = 0;
+    entry.fd = static_cast<std::int32_t>((header.sequence + i) % kFrameSegmentCount);
+    std::memcpy(stream.data() + table + i * sizeof entry, &entry, sizeof entry);
+  }
+}
+
+// A message with tensors everywhere: storages a (4096 B), b (256 B), c (65536 B), first
+// met in this order, each in a slab of its own size class: frame 1's segment table is the
+// return board, then a's, b's and c's slabs, which the harness resolves to its segments 1
+// (its return board), 2, 3 and 4.
+FuzzMessage rich_message(const Tensor& a, const Tensor& b, const Tensor& c) {
+  FuzzMessage m;
+  m.step = 42;
+  m.flag = true;
+  m.tag = "train";
+  m.tensor = a.view({32, 32});
+  m.tensors = {a.slice(0, 8, 1000, 3), b, Tensor(), Tensor::zeros({0, 5}, DType::Int16, Device::SharedCpu)};
+  m.named["pair"] = {b.select(0, 3), a.view({32, 32}).transpose(0, 1)};
+  m.named["empty"] = {};
+  m.either = c.view({4, 2048});
+  m.inner = {FuzzInner{"w", a.view({2, 512}), {1, 2, 3}}, FuzzInner{"", std::nullopt, {}}};
+  return m;
+}
+
+FuzzMessage plain_message() {
+  FuzzMessage m;
+  m.step = -7;
+  m.tag = std::string(40, 'x');
+  m.either = std::string("variant string");
+  m.named["k"] = {Tensor()};
+  m.inner = {FuzzInner{"only values", std::nullopt, {5, 6, 7, 8}}};
+  return m;
+}
+
+// A stream of three frames: new storages, then a lease reuse with a release and a new block
+// in a leased segment, then close.
+Bytes stream_of_frames(HandlePassing passing) {
+  Bytes stream;
+  MessageEncoder encoder(passing);
+  Tensor a = Tensor::zeros({1024}, DType::Float32, Device::SharedCpu);
+  Tensor c = Tensor::zeros({8192}, DType::Int64, Device::SharedCpu);
+  {
+    Tensor b = Tensor::zeros({64}, DType::Float32, Device::SharedCpu);
+    append_frame(stream, encoder, encoder.encode(rich_message(a, b, c)));
+  }  // b dies: frame 2 announces its release
+  FuzzMessage second = plain_message();
+  second.tensor = a;
+  second.tensors = {shared_bytes(256)};  // a new block in b's slab: no new segment
+  append_frame(stream, encoder, encoder.encode(second));
+  append_frame(stream, encoder, encoder.encode_close());
+  return stream;
+}
+
+Bytes single_frame(const FuzzMessage& message) {
+  Bytes stream;
+  MessageEncoder encoder(HandlePassing::FdPassing);
+  append_frame(stream, encoder, encoder.encode(message));
+  return stream;
+}
+
+// The body of `message`: the last body_bytes bytes of its frame.
+Bytes body_of(const FuzzMessage& message) {
+  Bytes frame;
+  MessageEncoder encoder(HandlePassing::FdPassing);
+  append_frame(frame, encoder, encoder.encode(message));
+  FrameHeader header;
+  std::memcpy(&header, frame.data(), sizeof header);
+  return Bytes(frame.end() - static_cast<std::ptrdiff_t>(header.body_bytes), frame.end());
+}
+
+// Storages met in table order 128, 4096, 100, 1, 65536 bytes (kBodyStorageBytes).
+FuzzMessage body_message() {
+  Tensor s128 = Tensor::zeros({4, 8}, DType::Float32, Device::SharedCpu);
+  Tensor s4096 = Tensor::zeros({16, 16, 8}, DType::Int16, Device::SharedCpu);
+  Tensor s100 = Tensor::zeros({100}, DType::UInt8, Device::SharedCpu);
+  Tensor s1 = Tensor::zeros({1}, DType::Bool, Device::SharedCpu);
+  Tensor s65536 = Tensor::zeros({128, 64}, DType::Float64, Device::SharedCpu);
+  FuzzMessage m;
+  m.step = 3;
+  m.tag = "body";
+  m.tensor = s128.transpose(0, 1);
+  m.tensors = {s4096.select(2, 7), s100.slice(0, 1, 100, 9), s1};
+  m.named["big"] = {s65536.slice(1, 0, 64, 2), s128};
+  m.either = s4096.view({256, 8});
+  m.inner = {FuzzInner{"n", s1.view({1, 1}), {9}}};
+  return m;
+}
+
+void write_file(const std::filesystem::path& path, const Bytes& bytes) {
+  std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!out) throw Error("cannot write " + path.string());
+  std::printf("%s (%zu bytes)\n", path.c_str(), bytes.size());
+}
+
+}  // namespace
+}  // namespace ferry::fuzz
+
+int main(int argc, char** argv) {
+  using namespace ferry::fuzz;
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
+    return 2;
+  }
+  const std::filesystem::path dir = argv[1];
+  ferry::Tensor a = ferry::Tensor::zeros({1024}, ferry::DType::Float32, ferry::Device::SharedCpu);
+  ferry::Tensor b = ferry::Tensor::zeros({64}, ferry::DType::Float32, ferry::Device::SharedCpu);
+  ferry::Tensor c = ferry::Tensor::zeros({8192}, ferry::DType::Int64, ferry::Device::SharedCpu);
+  write_file(dir / "frame" / "fd_stream", stream_of_frames(ferry::HandlePassing::FdPassing));
+  write_file(dir / "frame" / "proc_stream", stream_of_frames(ferry::HandlePassing::ProcFd));
+  write_file(dir / "frame" / "rich", single_frame(rich_message(a, b, c)));
+  write_file(dir / "frame" / "plain", single_frame(plain_message()));
+  write_file(dir / "body" / "tensors", body_of(body_message()));
+  write_file(dir / "body" / "rich", body_of(rich_message(a, b, c)));
+  write_file(dir / "body" / "plain", body_of(plain_message()));
+  return 0;
+}
