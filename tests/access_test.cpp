@@ -13,6 +13,7 @@
 #include <string>
 
 #include "ferry/ferry.hpp"
+#include "ferry/return_board.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 
@@ -73,7 +74,11 @@ TEST_F(AccessTest, SharedSegmentsAreOwnerOnly) {
   Tensor heap = Tensor::zeros({64}, DType::Float32);
   heap.share_memory();
   struct stat st {};
-  ASSERT_EQ(::fstat(heap.storage()->shared_memory()->fd(), &st), 0);
+  ASSERT_EQ(::fstat(heap.storage()->shared_block()->segment()->fd(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  // And a connection's return board, which its receiver maps read-write.
+  const auto board = ReturnBoard::create();
+  ASSERT_EQ(::fstat(board->fd(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
 }
 
@@ -145,7 +150,7 @@ TEST_F(AccessTest, AnotherUserCannotOpenSegmentsThroughProc) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a process as another user";
   Tensor t = Tensor::zeros({1024}, DType::Float32, Device::SharedCpu);
   const std::string path =
-      "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(t.storage()->shared_memory()->fd());
+      "/proc/" + std::to_string(::getpid()) + "/fd/" + std::to_string(t.storage()->shared_block()->segment()->fd());
   const pid_t child = fork_child([&] {
     become_nobody();
     errno = 0;

@@ -1,6 +1,7 @@
 // The CUDA parts that run without a GPU: release boards (the counters receivers release),
 // the caching block pool on host memory, the checks a receiver makes on CUDA handles before
 // any CUDA call, and the errors of a machine or build without CUDA. Built in every build.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -73,7 +74,7 @@ TEST(ReleaseBoardTest, ReceiverViewChecksTheSegmentAndReleases) {
   EXPECT_TRUE(board->released(counter));
 
   // Not a board: wrong magic, too small, not shared memory.
-  auto plain = Storage::allocate(4096, Device::SharedCpu);
+  auto plain = Storage::allocate(4096, Device::SharedCpu, true);  // zeroed: a recycled block may hold anything
   EXPECT_THROW(ReleaseBoardView{plain->shared_allocation()}, ProtocolError);
   auto tiny = Storage::allocate(16, Device::SharedCpu);
   EXPECT_THROW(ReleaseBoardView{tiny->shared_allocation()}, ProtocolError);
@@ -374,7 +375,7 @@ struct CudaFrame {
     entry.kind = static_cast<std::uint32_t>(HandleKind::CudaIpc);
     entry.slot = 1;
     entry.nbytes = 4096;
-    entry.pid = static_cast<std::int32_t>(::getppid());
+    record.pid = static_cast<std::int32_t>(::getppid());
     std::memset(record.memory_handle, 0x5a, sizeof record.memory_handle);
     std::strcpy(record.pci_bus_id, "0000:00:00.0");
     record.block_id = 7;
@@ -384,8 +385,10 @@ struct CudaFrame {
     record.counter = 3;
   }
 
-  // Bytes and fds of the frame: the encoder's frame for a tensor on the board, spliced.
-  std::pair<std::vector<std::byte>, std::vector<int>> build() const {
+  // Bytes and fds of the frame: the encoder's frame for a tensor on the board (wire version
+  // 2: segment table with the return board and the board's segment, then the board's block
+  // as handle 0), spliced. The fds are duplicates: the encoder closes its return board's fd.
+  std::pair<std::vector<std::byte>, std::vector<UniqueFd>> build() const {
     MessageEncoder encoder(HandlePassing::FdPassing);
     const Tensor on_board = Tensor::from_storage(board->storage(), DType::Float32, {16}, {1}, 0);
     const EncodedFrame& encoded = encoder.encode(Payload{on_board});
@@ -394,28 +397,33 @@ struct CudaFrame {
       const auto* begin = static_cast<const std::byte*>(part.iov_base);
       plain.insert(plain.end(), begin, begin + part.iov_len);
     }
-    std::vector<int> fds(encoded.fds.begin(), encoded.fds.end());
+    std::vector<UniqueFd> fds;
+    for (const int fd : encoded.fds) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
     FrameHeader header;
     std::memcpy(&header, plain.data(), sizeof header);
-    const std::size_t table_at = sizeof header + header.type_name_bytes;
-    const std::size_t body_at = table_at + header.handle_count * sizeof(HandleEntry);
+    const std::size_t table_at = sizeof header + header.type_name_bytes + header.segment_count * sizeof(SegmentEntry);
+    const std::size_t table_end = table_at + header.handle_count * sizeof(HandleEntry);
+    const std::size_t body_at =
+        table_end + (std::size_t{header.release_count} + header.segment_release_count) * sizeof(std::uint32_t);
     std::vector<std::byte> body(plain.begin() + static_cast<std::ptrdiff_t>(body_at), plain.end());
     const std::uint32_t handle = 1;
     std::memcpy(body.data() + body.size() - sizeof handle, &handle, sizeof handle);  // last field of the tensor
 
     header.handle_count = 2;
     header.body_bytes = body.size() + (with_record ? sizeof record : 0);
-    std::vector<std::byte> bytes(plain.begin(), plain.begin() + static_cast<std::ptrdiff_t>(body_at));
+    std::vector<std::byte> bytes(plain.begin(), plain.begin() + static_cast<std::ptrdiff_t>(table_end));
     std::memcpy(bytes.data(), &header, sizeof header);
     const auto* entry_bytes = reinterpret_cast<const std::byte*>(&entry);
     bytes.insert(bytes.end(), entry_bytes, entry_bytes + sizeof entry);
+    bytes.insert(bytes.end(), plain.begin() + static_cast<std::ptrdiff_t>(table_end),
+                 plain.begin() + static_cast<std::ptrdiff_t>(body_at));  // released slots (none)
     if (with_record) {
       const auto* record_bytes = reinterpret_cast<const std::byte*>(&record);
       bytes.insert(bytes.end(), record_bytes, record_bytes + sizeof record);
     }
     bytes.insert(bytes.end(), body.begin(), body.end());
     encoder.commit();
-    return {bytes, fds};
+    return {std::move(bytes), std::move(fds)};
   }
 };
 
@@ -427,7 +435,9 @@ class CudaHandleCheckTest : public test::LeakCheckedTest {
     auto [writer, reader] = make_transport(Transport::UnixSocket, FrameLimits{}, 0);
     Receiver<Payload> rx(std::make_unique<detail::ReceiverCore>(std::move(reader), Transport::UnixSocket,
                                                                 type_fingerprint<Payload>(), type_name<Payload>()));
-    auto [bytes, fds] = frame.build();
+    auto [bytes, owned_fds] = frame.build();
+    std::vector<int> fds;
+    for (const UniqueFd& fd : owned_fds) fds.push_back(fd.get());
     iovec part{bytes.data(), bytes.size()};
     writer->write({&part, 1}, fds, Deadline::never());
     try {
@@ -478,7 +488,7 @@ TEST_F(CudaHandleCheckTest, EveryFieldIsCheckedBeforeCudaIsCalled) {
   }
   {
     CudaFrame frame;
-    frame.entry.pid = static_cast<std::int32_t>(::getpid());
+    frame.record.pid = static_cast<std::int32_t>(::getpid());
     expect_refused(frame, "this very process");
   }
   {

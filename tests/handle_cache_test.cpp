@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "ferry/handle_cache.hpp"
+#include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
 #include "support/leak_check.hpp"
 
@@ -12,26 +13,37 @@ namespace {
 
 class HandleCacheTest : public test::LeakCheckedTest {};
 
+// A segment that is in no cache yet (the cache is tested with fake identities).
+std::shared_ptr<SharedSegment> new_segment() { return SharedSegment::create(4096, nullptr); }
+
 TEST_F(HandleCacheTest, NewSharedStorageIsFoundByItsIdentity) {
   auto storage = Storage::allocate(4096, Device::SharedCpu);
-  const FileIdentity identity = storage->shared_memory()->identity();
-  EXPECT_EQ(HandleCache::global().find(identity), storage);
-  EXPECT_EQ(identity, identify_fd(storage->shared_memory()->fd()));
+  const std::shared_ptr<SharedSegment>& segment = storage->shared_block()->segment();
+  const FileIdentity identity = segment->identity();
+  EXPECT_EQ(HandleCache::global().find(identity), segment);
+  EXPECT_EQ(identity, identify_fd(segment->fd()));
 }
 
 TEST_F(HandleCacheTest, HoldsWeakReferencesOnly) {
+  // A pool that caches nothing: the segment is unmapped as soon as its only block dies, and
+  // the cache must not have kept it alive.
+  SharedAllocatorSettings settings;
+  settings.max_cached_bytes = 0;
+  const SharedAllocator pool(settings);
   FileIdentity identity;
   {
-    auto storage = Storage::allocate(64, Device::SharedCpu);
-    identity = storage->shared_memory()->identity();
+    auto storage = Storage::allocate(64, pool);
+    identity = storage->shared_block()->segment()->identity();
+    ASSERT_NE(HandleCache::global().find(identity), nullptr);
   }
+  EXPECT_EQ(pool.stats().segments, 0u);
   EXPECT_EQ(HandleCache::global().find(identity), nullptr);
 }
 
 TEST_F(HandleCacheTest, ExistingLiveEntryWinsOverAnInsert) {
   HandleCache cache;
-  auto first = Storage::allocate(16, Device::Cpu);
-  auto second = Storage::allocate(16, Device::Cpu);
+  auto first = new_segment();
+  auto second = new_segment();
   const FileIdentity identity{1, 2};
   EXPECT_EQ(cache.insert(identity, first), first);
   EXPECT_EQ(cache.insert(identity, second), first);
@@ -41,15 +53,15 @@ TEST_F(HandleCacheTest, ExistingLiveEntryWinsOverAnInsert) {
 
 TEST_F(HandleCacheTest, DeadEntriesArePurgedAndTheLimitScalesWithLiveOnes) {
   HandleCache cache;
-  std::vector<std::shared_ptr<Storage>> live;
+  std::vector<std::shared_ptr<SharedSegment>> live;
   for (std::uint64_t i = 0; i < 100; ++i) {
-    live.push_back(Storage::allocate(8, Device::Cpu));
+    live.push_back(new_segment());
     cache.insert({0, i}, live.back());
   }
-  for (std::uint64_t i = 100; i < 128; ++i) cache.insert({0, i}, Storage::allocate(8, Device::Cpu));  // dead at once
+  for (std::uint64_t i = 100; i < 128; ++i) cache.insert({0, i}, new_segment());  // dead at once
   EXPECT_EQ(cache.size(), 128u);
   EXPECT_EQ(cache.limit(), 128u);
-  auto extra = Storage::allocate(8, Device::Cpu);
+  auto extra = new_segment();
   cache.insert({0, 1000}, extra);  // 129 entries > 128: the 28 dead ones go
   EXPECT_EQ(cache.size(), 101u);
   EXPECT_EQ(cache.limit(), 202u);
@@ -60,7 +72,7 @@ TEST_F(HandleCacheTest, DeadEntriesArePurgedAndTheLimitScalesWithLiveOnes) {
   EXPECT_EQ(cache.limit(), 128u);
 }
 
-TEST_F(HandleCacheTest, ConcurrentInsertsOfOneIdentityAgreeOnOneStorage) {
+TEST_F(HandleCacheTest, ConcurrentInsertsOfOneIdentityAgreeOnOneSegment) {
   HandleCache cache;
   constexpr int kThreads = 8;
   constexpr int kRounds = 2000;
@@ -70,10 +82,10 @@ TEST_F(HandleCacheTest, ConcurrentInsertsOfOneIdentityAgreeOnOneStorage) {
     threads.emplace_back([&, t] {
       for (int round = 0; round < kRounds; ++round) {
         const FileIdentity identity{7, static_cast<std::uint64_t>(round % 64)};
-        auto mine = Storage::allocate(8, Device::Cpu);
+        auto mine = new_segment();
         auto winner = cache.insert(identity, mine);
         auto found = cache.find(identity);
-        // While `winner` lives, every thread must see that same storage.
+        // While `winner` lives, every thread must see that same segment.
         if (found != winner) disagreements.fetch_add(1);
         if (t % 2 == 0 && round % 7 == 0) cache.purge();
       }

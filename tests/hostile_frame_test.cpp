@@ -1,6 +1,8 @@
 // Frames that lie: every field a sender controls is corrupted in turn, and the receiver
 // must answer with a ProtocolError naming the field, keep running, close the fds it was
-// handed, and report itself broken afterwards.
+// handed, and report itself broken afterwards. Frames are wire version 2 (frame.hpp): the
+// first frame of a connection carries a segment table (the return board first, then the
+// tensor's segment) ahead of the handle table.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
@@ -51,12 +53,30 @@ struct Wire {
   Receiver<T> rx;
 };
 
-// A valid frame for `message`, flattened, with offsets of its parts for patching.
+// Index, in the segment table of a first frame, of the tensor's segment (the return board
+// leads the table), and of its fd among the frame's fds.
+constexpr std::size_t kDataSegment = 1;
+
+// A valid frame for `message`, flattened, with offsets of its parts for patching. It keeps
+// the encoder that made it (its segments and /proc paths stay valid, as a live sender's
+// would) and duplicates of the fds passed with it.
 struct Frame {
+  std::unique_ptr<MessageEncoder> encoder;
   std::vector<std::byte> bytes;
+  std::vector<UniqueFd> owned_fds;
   std::vector<int> fds;
+  std::size_t segment_offset = 0;
   std::size_t table_offset = 0;
   std::size_t body_offset = 0;
+
+  Frame() = default;
+  Frame(Frame&&) noexcept = default;
+  Frame& operator=(Frame&&) = delete;
+  ~Frame() {
+    // The test's receiver is done with the frame: whatever it did not resolve never will be,
+    // so the sender unpins it (as a channel does once its receiving end is gone).
+    if (encoder) encoder->receiver_gone();
+  }
 
   FrameHeader header() const {
     FrameHeader h;
@@ -64,6 +84,21 @@ struct Frame {
     return h;
   }
   void set_header(const FrameHeader& h) { std::memcpy(bytes.data(), &h, sizeof h); }
+  void locate() {
+    const FrameHeader h = header();
+    segment_offset = sizeof(FrameHeader) + h.type_name_bytes;
+    table_offset = segment_offset + h.segment_count * sizeof(SegmentEntry);
+    body_offset = table_offset + h.handle_count * sizeof(HandleEntry) +
+                  (std::size_t{h.release_count} + h.segment_release_count) * sizeof(std::uint32_t);
+  }
+  SegmentEntry segment(std::size_t i) const {
+    SegmentEntry e;
+    std::memcpy(&e, bytes.data() + segment_offset + i * sizeof e, sizeof e);
+    return e;
+  }
+  void set_segment(std::size_t i, const SegmentEntry& e) {
+    std::memcpy(bytes.data() + segment_offset + i * sizeof e, &e, sizeof e);
+  }
   HandleEntry entry(std::size_t i) const {
     HandleEntry e;
     std::memcpy(&e, bytes.data() + table_offset + i * sizeof e, sizeof e);
@@ -71,6 +106,17 @@ struct Frame {
   }
   void set_entry(std::size_t i, const HandleEntry& e) {
     std::memcpy(bytes.data() + table_offset + i * sizeof e, &e, sizeof e);
+  }
+  // Removes the segment table (and with it every fd the frame passes).
+  void drop_segments() {
+    FrameHeader h = header();
+    const auto begin = bytes.begin() + static_cast<std::ptrdiff_t>(segment_offset);
+    bytes.erase(begin, begin + static_cast<std::ptrdiff_t>(h.segment_count * sizeof(SegmentEntry)));
+    h.segment_count = 0;
+    h.fd_count = 0;
+    set_header(h);
+    fds.clear();
+    locate();
   }
   template <class V>
   void patch_body(std::size_t offset, V value) {
@@ -80,18 +126,20 @@ struct Frame {
 
 template <class T>
 Frame encode(const T& message, HandlePassing passing = HandlePassing::FdPassing) {
-  MessageEncoder encoder(passing);
-  const EncodedFrame& encoded = encoder.encode(message);
   Frame frame;
+  frame.encoder = std::make_unique<MessageEncoder>(passing);
+  const EncodedFrame& encoded = frame.encoder->encode(message);
   for (const iovec& part : encoded.iovecs()) {
     const auto* begin = static_cast<const std::byte*>(part.iov_base);
     frame.bytes.insert(frame.bytes.end(), begin, begin + part.iov_len);
   }
-  frame.fds.assign(encoded.fds.begin(), encoded.fds.end());
-  const FrameHeader h = frame.header();
-  frame.table_offset = sizeof(FrameHeader) + h.type_name_bytes;
-  frame.body_offset = frame.table_offset + h.handle_count * sizeof(HandleEntry) + h.release_count * 4;
-  encoder.commit();
+  // The encoder closes the return board's fd once the frame is committed: send duplicates.
+  for (const int fd : encoded.fds) {
+    frame.owned_fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    frame.fds.push_back(frame.owned_fds.back().get());
+  }
+  frame.locate();
+  frame.encoder->commit();
   return frame;
 }
 
@@ -179,8 +227,10 @@ TEST_P(HostileFrameTest, HeaderCountsAboveTheirLimits) {
   const FrameLimits limits;
   const std::vector<std::pair<std::string, std::function<void(FrameHeader&)>>> lies = {
       {"handle_count", [&](FrameHeader& h) { h.handle_count = limits.max_handles + 1; }},
+      {"segment_count", [&](FrameHeader& h) { h.segment_count = limits.max_segments + 1; }},
       {"fd_count", [&](FrameHeader& h) { h.fd_count = limits.max_fds + 1; }},
       {"release_count", [&](FrameHeader& h) { h.release_count = limits.max_releases + 1; }},
+      {"segment_release_count", [&](FrameHeader& h) { h.segment_release_count = limits.max_releases + 1; }},
       {"type_name_bytes", [&](FrameHeader& h) { h.type_name_bytes = limits.max_type_name_bytes + 1; }},
   };
   for (const auto& [field, lie] : lies) {
@@ -301,13 +351,11 @@ TEST_P(HostileFrameTest, HugeStrideOverflowsTheExtent) {
 TEST_P(HostileFrameTest, LeaseSlotThatWasNeverGranted) {
   Wire<Payload> wire(GetParam());
   Frame frame = encode(Payload{tensor_}, passing());
+  frame.drop_segments();  // a frame naming only leases introduces no segment
   HandleEntry e = frame.entry(0);
   e.kind = static_cast<std::uint32_t>(HandleKind::Leased);
   e.slot = 3;
   frame.set_entry(0, e);
-  FrameHeader h = frame.header();
-  h.fd_count = 0;
-  frame.set_header(h);
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, "holds no lease");
 }
@@ -335,14 +383,30 @@ TEST_P(HostileFrameTest, ReleaseOfASlotThatHoldsNoLease) {
   expect_protocol_error(wire.rx, "releases slot 7 which holds no lease");
 }
 
+TEST_P(HostileFrameTest, ReleaseOfASegmentSlotThatHoldsNoLease) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  FrameHeader h = frame.header();
+  h.segment_release_count = 1;
+  frame.set_header(h);
+  const std::uint32_t slot = 7;
+  const auto* raw = reinterpret_cast<const std::byte*>(&slot);
+  frame.bytes.insert(frame.bytes.begin() + static_cast<std::ptrdiff_t>(frame.body_offset), raw, raw + sizeof slot);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "releases segment slot 7 which holds no lease");
+}
+
 TEST_P(HostileFrameTest, NewHandleInASlotThatIsStillLeased) {
   Wire<Payload> wire(GetParam());
   Frame first = encode(Payload{tensor_}, passing());
   wire.send(first.bytes, first.fds);
   ASSERT_TRUE(wire.rx.recv_for(kRecvBound).has_value());
   // A second encoder knows nothing of the first: it hands another storage out at slot 0.
+  // (Its segment table, a second return board and the segment at segment slot 0, which
+  // the receiver would refuse first, is dropped: the block names the leased segment.)
   Tensor other = Tensor::zeros({4, 8}, DType::Float32, Device::SharedCpu);
   Frame second = encode(Payload{other}, passing());
+  second.drop_segments();
   wire.send(second.bytes, second.fds);
   expect_protocol_error(wire.rx, "reuses slot 0 before releasing it");
 }
@@ -359,13 +423,44 @@ TEST_P(HostileFrameTest, UnknownHandleKind) {
 
 TEST_P(HostileFrameTest, SizeClaimLargerThanTheSegment) {
   Wire<Payload> wire(GetParam());
-  // A storage this process has never seen, so the size check meets the real segment.
+  // The block's size claim reaches one byte past the end of its (real) segment.
   Frame frame = encode(Payload{tensor_}, passing());
   HandleEntry e = frame.entry(0);
-  e.nbytes = 1 << 20;
+  e.nbytes = frame.segment(kDataSegment).size - e.offset + 1;
   frame.set_entry(0, e);
   wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "outside its segment");
+}
+
+TEST_P(HostileFrameTest, SegmentSizeClaimThatIsNotTheSegments) {
+  Wire<Payload> wire(GetParam());
+  // The segment table claims a larger segment than the memfd it names.
+  Frame frame = encode(Payload{tensor_}, passing());
+  SegmentEntry s = frame.segment(kDataSegment);
+  s.size += 4096;
+  frame.set_segment(kDataSegment, s);
+  wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "bytes");
+}
+
+TEST_P(HostileFrameTest, UnknownSegmentKind) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  SegmentEntry s = frame.segment(kDataSegment);
+  s.kind = 77;
+  frame.set_segment(kDataSegment, s);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "unknown kind");
+}
+
+TEST_P(HostileFrameTest, BlockInASegmentSlotThatWasNeverGranted) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  e.segment_slot = 9;
+  frame.set_entry(0, e);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "holds no segment lease");
 }
 
 TEST_P(HostileFrameTest, ContainerSizeLie) {
@@ -434,9 +529,9 @@ TEST_P(HostileFrameTest, ProcessKeepsWorkingOnOtherChannelsAfterABadFrame) {
 
 TEST_P(HostileFrameTest, HeaderClaimsFdsTheTransportDidNotCarry) {
   Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_});  // fd passing, but the fd is not sent
+  Frame frame = encode(Payload{tensor_});  // fd passing, but the fds are not sent
   wire.send(frame.bytes);
-  expect_protocol_error(wire.rx, "1 file descriptors but 0 arrived");
+  expect_protocol_error(wire.rx, std::to_string(frame.header().fd_count) + " file descriptors but 0 arrived");
 }
 
 // ---- fds that lie (Unix socket only: the only transport that carries fds) ----------
@@ -446,13 +541,20 @@ class HostileFdTest : public test::LeakCheckedTest {
   Tensor tensor_ = Tensor::zeros({4, 8}, DType::Float32, Device::SharedCpu);
 };
 
+// The frame's fds with the tensor segment's replaced by `fd` (the return board's is kept).
+std::vector<int> with_data_fd(const Frame& frame, int fd) {
+  std::vector<int> fds = frame.fds;
+  fds.at(kDataSegment) = fd;
+  return fds;
+}
+
 TEST_F(HostileFdTest, FdThatIsNotAMemfd) {
   Wire<Payload> wire(Transport::UnixSocket);
   Frame frame = encode(Payload{tensor_});
   int pipe_ends[2];
   ASSERT_EQ(::pipe2(pipe_ends, O_CLOEXEC), 0);
   UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
-  wire.send(frame.bytes, {read_end.get()});
+  wire.send(frame.bytes, with_data_fd(frame, read_end.get()));
   expect_protocol_error(wire.rx, "not a memfd");
 }
 
@@ -461,26 +563,51 @@ TEST_F(HostileFdTest, MemfdWithoutSeals) {
   Frame frame = encode(Payload{tensor_});
   UniqueFd unsealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(unsealed);
-  ASSERT_EQ(::ftruncate(unsealed.get(), 128), 0);
-  wire.send(frame.bytes, {unsealed.get()});
+  ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(frame.segment(kDataSegment).size)), 0);
+  wire.send(frame.bytes, with_data_fd(frame, unsealed.get()));
   expect_protocol_error(wire.rx, "not sealed");
+}
+
+TEST_F(HostileFdTest, ReturnBoardFdThatIsNotAMemfd) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  int pipe_ends[2];
+  ASSERT_EQ(::pipe2(pipe_ends, O_CLOEXEC), 0);
+  UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
+  std::vector<int> fds = frame.fds;
+  fds.at(0) = read_end.get();
+  wire.send(frame.bytes, fds);
+  expect_protocol_error(wire.rx, "not a memfd");
 }
 
 TEST_F(HostileFdTest, SealedSegmentSmallerThanItClaims) {
   Wire<Payload> wire(Transport::UnixSocket);
   Frame frame = encode(Payload{tensor_});
-  SharedMemory small = SharedMemory::create(64);  // the frame claims 128 bytes
-  wire.send(frame.bytes, {small.fd()});
-  expect_protocol_error(wire.rx, "frame claims 128");
+  const std::uint64_t claimed = frame.segment(kDataSegment).size;
+  SharedMemory small = SharedMemory::create(64);  // the frame claims a whole segment
+  wire.send(frame.bytes, with_data_fd(frame, small.fd()));
+  expect_protocol_error(wire.rx, "frame claims " + std::to_string(claimed));
 }
 
 TEST_F(HostileFdTest, MoreFdsThanHandles) {
   Wire<Payload> wire(Transport::UnixSocket);
   Frame frame = encode(Payload{tensor_});
   FrameHeader h = frame.header();
-  h.fd_count = 0;  // header says none, but one arrives with the frame
+  h.fd_count = 0;  // header says none, but they arrive with the frame
   frame.set_header(h);
-  wire.send(frame.bytes, {frame.fds.at(0)});
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "fd");
+}
+
+TEST_F(HostileFdTest, MoreFdsThanFdSegments) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  FrameHeader h = frame.header();
+  h.fd_count += 1;  // one fd more than the segment table has NewFd entries
+  frame.set_header(h);
+  std::vector<int> fds = frame.fds;
+  fds.push_back(frame.fds.at(kDataSegment));
+  wire.send(frame.bytes, fds);
   expect_protocol_error(wire.rx, "fd");
 }
 
@@ -495,10 +622,14 @@ TEST_F(HostileFdTest, HeaderClaimsMoreFdsThanHandles) {
   Wire<Payload> wire(Transport::UnixSocket);
   Frame frame = encode(Payload{tensor_});
   FrameHeader h = frame.header();
-  h.fd_count = 2;  // one handle
+  const std::uint32_t segments = h.segment_count;  // the return board and the tensor's segment
+  h.fd_count = segments + 1;
   frame.set_header(h);
-  wire.send(frame.bytes, {frame.fds.at(0), frame.fds.at(0)});
-  expect_protocol_error(wire.rx, "claims 2 fds for only 1 handles");
+  std::vector<int> fds = frame.fds;
+  fds.push_back(frame.fds.at(kDataSegment));
+  wire.send(frame.bytes, fds);
+  expect_protocol_error(wire.rx, "claims " + std::to_string(segments + 1) + " fds for only " +
+                                     std::to_string(segments) + " segments");
 }
 
 TEST_F(HostileFdTest, FdsWithAFrameThatDeclaresNone) {
@@ -521,20 +652,27 @@ TEST_F(HostileFdTest, FdForAHandleThatIsLeased) {
       const auto* begin = static_cast<const std::byte*>(part.iov_base);
       frame.bytes.insert(frame.bytes.end(), begin, begin + part.iov_len);
     }
-    frame.fds.assign(encoded.fds.begin(), encoded.fds.end());
+    // Duplicates: the encoder closes its return board's fd once the frame is committed.
+    for (const int fd : encoded.fds) {
+      frame.owned_fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+      frame.fds.push_back(frame.owned_fds.back().get());
+    }
+    frame.locate();
     encoder.commit();
     return frame;
   };
   Frame first = flatten(encoder.encode(Payload{tensor_}));
   wire.send(first.bytes, first.fds);
   ASSERT_TRUE(wire.rx.recv().has_value());
-  Frame second = flatten(encoder.encode(Payload{tensor_}));  // travels as a lease: no fd
+  Frame second = flatten(encoder.encode(Payload{tensor_}));  // travels as a lease: no fd, no segment
   FrameHeader h = second.header();
   ASSERT_EQ(h.fd_count, 0u);
+  ASSERT_EQ(h.segment_count, 0u);
   h.fd_count = 1;
   second.set_header(h);
-  wire.send(second.bytes, {tensor_.storage()->shared_memory()->fd()});
-  expect_protocol_error(wire.rx, "frame carries 1 fds but only 0 fd handles");
+  wire.send(second.bytes, {tensor_.storage()->shared_block()->segment()->fd()});
+  expect_protocol_error(wire.rx, "claims 1 fds for only 0 segments");
+  encoder.receiver_gone();  // the broken receiver will never give the first frame's block back
 }
 
 TEST_F(HostileFdTest, MemfdSealedAgainstShrinkingOnly) {
@@ -542,9 +680,9 @@ TEST_F(HostileFdTest, MemfdSealedAgainstShrinkingOnly) {
   Frame frame = encode(Payload{tensor_});
   UniqueFd half_sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(half_sealed);
-  ASSERT_EQ(::ftruncate(half_sealed.get(), 128), 0);
+  ASSERT_EQ(::ftruncate(half_sealed.get(), static_cast<off_t>(frame.segment(kDataSegment).size)), 0);
   ASSERT_EQ(::fcntl(half_sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
-  wire.send(frame.bytes, {half_sealed.get()});
+  wire.send(frame.bytes, with_data_fd(frame, half_sealed.get()));
   expect_protocol_error(wire.rx, "not sealed");
 }
 
@@ -570,8 +708,9 @@ TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
   Tensor t = Tensor::empty({count}, DType::Int32, Device::SharedCpu);
   t.fill(std::int32_t{7});
   tx.send(Payload{t});
-  const int fd = t.storage()->shared_memory()->fd();
-  const auto size = static_cast<off_t>(t.storage()->nbytes());
+  const SharedBlock& block = *t.storage()->shared_block();
+  const int fd = block.segment()->fd();
+  const auto size = static_cast<off_t>(block.segment()->size());
   errno = 0;
   EXPECT_EQ(::ftruncate(fd, 0), -1);
   EXPECT_EQ(errno, EPERM) << "shrinking a sent segment must be refused by its seals";
@@ -585,8 +724,11 @@ TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
   errno = 0;
   EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);
   EXPECT_EQ(errno, EPERM);
-  // Allowed by the seals: freeing the pages of the first half. They read back as zeros.
-  EXPECT_EQ(::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, size / 2), 0);
+  // Allowed by the seals: freeing the pages of the first half of the tensor's block. They
+  // read back as zeros.
+  EXPECT_EQ(::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(block.offset()),
+                        static_cast<off_t>(t.storage()->nbytes() / 2)),
+            0);
   go_tx.send(1);
   tx.close();
   go_tx.close();
@@ -596,10 +738,11 @@ TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
 TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {
   Wire<Payload> wire(Transport::Pipe);
   Frame frame = encode(Payload{tensor_}, HandlePassing::ProcFd);
-  HandleEntry e = frame.entry(0);
-  e.fd = 0;  // stdin: not the storage the frame names
+  SegmentEntry e = frame.segment(kDataSegment);
+  ASSERT_EQ(e.kind, static_cast<std::uint32_t>(SegmentKind::NewProcFd));
+  e.fd = 0;  // stdin: not the segment the frame names
   e.inode += 1;
-  frame.set_entry(0, e);
+  frame.set_segment(kDataSegment, e);
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, "/proc/");
 }

@@ -56,8 +56,9 @@ class ResourceLimitTest : public test::LeakCheckedTest, public ::testing::WithPa
 INSTANTIATE_TEST_SUITE_P(Transports, ResourceLimitTest, ::testing::ValuesIn(test::interprocess_transports()),
                          test::transport_test_name);
 
-// Every message brings a new storage, and the receiver keeps every message: each held
-// storage is one more open fd, until the receiver reaches RLIMIT_NOFILE. Over a Unix
+// Every message brings a new segment (its tensor is too large for a slab of the caching
+// allocator, so it gets a segment of its own), and the receiver keeps every message: each
+// held segment is one more open fd, until the receiver reaches RLIMIT_NOFILE. Over a Unix
 // socket the kernel then drops the fds of the next frame (MSG_CTRUNC); over a pipe the
 // open() of /proc/<pid>/fd/<n> fails with EMFILE. Either way: a clear error, then nothing
 // held open once the receiver lets go.
@@ -91,10 +92,13 @@ TEST_P(ResourceLimitTest, ReceiverAtItsOpenFileLimitGetsAClearError) {
     CHILD_CHECK(count_open_fds() == fds_before - own_fds);
   });
   rx.close();
+  // Larger than the largest slab block (an eighth of a slab): a segment per tensor.
+  const std::size_t elements = SharedAllocator::global().settings().segment_bytes / 8 / sizeof(std::int32_t) + 1024;
   std::vector<Tensor> alive;
   try {
     for (std::int32_t i = 0; i < 64; ++i) {
-      alive.push_back(Tensor::from(std::vector<std::int32_t>(256, i), {256}, Device::SharedCpu));
+      alive.push_back(Tensor::from(std::vector<std::int32_t>(elements, i), {static_cast<std::int64_t>(elements)},
+                                   Device::SharedCpu));
       tx.send(Payload{i, alive.back()});
     }
   } catch (const ChannelClosed&) {
@@ -130,12 +134,14 @@ TEST(SharedMemoryLimit, SegmentAboveTheFileSizeLimitIsOutOfSharedMemory) {
 
 // A heap tensor is moved into shared memory when it is sent; when that fails, send()
 // throws OutOfSharedMemory, nothing of the frame goes out, and the channel stays usable.
+// (The limit leaves room for a slab of the caching allocator, 2 MiB, where the small
+// tensor of the second send goes, but not for the 4 MiB segment of the large one.)
 TEST_P(ResourceLimitTest, SendThatCannotShareItsTensorFailsCleanly) {
   auto [tx, rx] = channel<Payload>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
-    set_soft_limit(RLIMIT_FSIZE, 1 << 20);
+    set_soft_limit(RLIMIT_FSIZE, 3 << 20);
     Tensor heap = Tensor::zeros({4 << 20}, DType::UInt8);  // private memory: fine
     try {
       tx.send(Payload{0, heap});

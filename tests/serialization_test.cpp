@@ -58,6 +58,7 @@ class Loopback {
     const std::span<const std::byte> payload(bytes.data() + sizeof header, bytes.size() - sizeof header);
     last_frame_bytes_ = bytes.size();
     last_fd_count_ = frame.fds.size();
+    last_handle_count_ = header.handle_count;
     decoder_.decode(header, payload, fds_);
     if (decoder_.wants_acknowledgement()) encoder_.acknowledge(header.sequence);
     return decoder_.read<T>();
@@ -68,6 +69,7 @@ class Loopback {
   std::deque<UniqueFd> fds_;
   std::size_t last_frame_bytes_ = 0;
   std::size_t last_fd_count_ = 0;
+  std::size_t last_handle_count_ = 0;
 };
 
 class SerializationTest : public test::LeakCheckedTest {};
@@ -89,9 +91,11 @@ TEST_F(SerializationTest, NestedTensorsEverywhereRoundTrip) {
   EXPECT_EQ(got.step, 7);
   EXPECT_EQ(got.tag, "train");
   EXPECT_EQ(got.images.at<float>({1, 2}), 3.5f);
-  // Three storages (images, the int tensor, the mask, the variant's tensor): views of
-  // images share one entry of the handle table.
-  EXPECT_EQ(loop.last_fd_count_, 4u);
+  // Four storages (images, the int tensor, the mask, the variant's tensor): views of
+  // images share one entry of the handle table. All four are small blocks of one shared
+  // segment, so two fds travel: the segment's and the connection's return board's.
+  EXPECT_EQ(loop.last_handle_count_, 4u);
+  EXPECT_EQ(loop.last_fd_count_, 2u);
   EXPECT_EQ(got.extra[0].at<float>({2}), 3.5f);
   EXPECT_EQ(got.extra[1].to_vector<int>(), (std::vector<int>{1, 2, 3}));
   EXPECT_EQ(got.named.at("mask").dtype(), DType::Bool);
@@ -109,7 +113,7 @@ TEST_F(SerializationTest, RepeatedStorageTravelsAsLeaseOnly) {
   Batch batch;
   batch.images = Tensor::zeros({1024}, DType::Float32, Device::SharedCpu);
   loop.round_trip(batch);
-  EXPECT_EQ(loop.last_fd_count_, 1u);
+  EXPECT_EQ(loop.last_fd_count_, 2u);  // the segment and the return board
   EXPECT_EQ(loop.encoder_.tracked_storages(), 1u);
   EXPECT_EQ(loop.decoder_.leased(), 1u);
   for (int i = 0; i < 10; ++i) {

@@ -10,7 +10,7 @@ namespace ferry::detail {
 
 SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options)
     : writer_(std::move(writer)),
-      encoder_(writer_->passes_fds() ? HandlePassing::FdPassing : HandlePassing::ProcFd),
+      encoder_(writer_->passes_fds() ? HandlePassing::FdPassing : HandlePassing::ProcFd, options.pool),
       transport_(transport),
       options_(options),
       owner_(::getpid()) {
@@ -47,6 +47,8 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
   } catch (const ChannelClosed&) {
     encoder_.rollback();
     open_ = false;
+    encoder_.receiver_gone();  // frames it did not resolve never will be: unpin them
+    encoder_.closed(UniqueFd());
     writer_->close();
     throw;
   } catch (...) {
@@ -75,9 +77,15 @@ void SenderCore::close() {
     if (encoder_.awaiting_acknowledgement()) {
       writer_->wait_acknowledged(encoder_.newest_awaited_sequence(), linger);
     }
+    // What the receiver holds stays pinned until it gives it back or exits; the probe
+    // tells when the receiving end is gone while frames are still unresolved.
+    encoder_.closed(writer_->liveness_probe());
   } catch (const ChannelClosed&) {
     // The receiver already left: the stream is over either way.
+    encoder_.receiver_gone();
+    encoder_.closed(UniqueFd());
   } catch (...) {
+    encoder_.closed(UniqueFd());
     writer_->close();
     throw;
   }
@@ -93,6 +101,7 @@ bool SenderCore::flush(const Deadline& deadline) {
 void SenderCore::detach() noexcept {
   std::lock_guard lock(mutex_);
   open_ = false;
+  encoder_.closed(UniqueFd());
   writer_->close();
 }
 
@@ -109,6 +118,11 @@ std::size_t SenderCore::tracked_storages() {
 std::uint64_t SenderCore::storages_passed() {
   std::lock_guard lock(mutex_);
   return encoder_.storages_passed();
+}
+
+std::size_t SenderCore::pinned_storages() {
+  std::lock_guard lock(mutex_);
+  return encoder_.pinned_storages();
 }
 
 // ---- receiver ----------------------------------------------------------------
@@ -196,6 +210,11 @@ void ReceiverCore::abandon_in_child() noexcept {
 std::size_t ReceiverCore::leased() {
   std::lock_guard lock(mutex_);
   return decoder_.leased();
+}
+
+std::size_t ReceiverCore::leased_segments() {
+  std::lock_guard lock(mutex_);
+  return decoder_.leased_segments();
 }
 
 }  // namespace ferry::detail

@@ -1,3 +1,5 @@
+#include <fcntl.h>
+
 #include <algorithm>
 #include <atomic>
 #include <string>
@@ -149,6 +151,12 @@ bool RingFrameWriter::flush(const Deadline& deadline) {
   pending_.clear();
   pending_done_ = 0;
   return true;
+}
+
+UniqueFd RingFrameWriter::liveness_probe() const {
+  const int companion = end_.is_open() ? end_.companion_fd() : -1;
+  if (companion < 0) return UniqueFd();
+  return UniqueFd(::fcntl(companion, F_DUPFD_CLOEXEC, 0));  // empty when dup fails: no probe
 }
 
 std::uint64_t RingFrameWriter::acknowledged() {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "ferry/storage.hpp"
+#include "ferry/shared_segment.hpp"
 
 namespace ferry {
 namespace {
@@ -15,21 +15,22 @@ HandleCache& HandleCache::global() {
   return *cache;
 }
 
-std::shared_ptr<Storage> HandleCache::find(const FileIdentity& identity) {
+std::shared_ptr<SharedSegment> HandleCache::find(const FileIdentity& identity) {
   std::lock_guard lock(mutex_);
   const auto it = entries_.find(identity);
   return it == entries_.end() ? nullptr : it->second.lock();
 }
 
-std::shared_ptr<Storage> HandleCache::insert(const FileIdentity& identity, const std::shared_ptr<Storage>& storage) {
+std::shared_ptr<SharedSegment> HandleCache::insert(const FileIdentity& identity,
+                                                   const std::shared_ptr<SharedSegment>& segment) {
   std::lock_guard lock(mutex_);
-  auto [it, inserted] = entries_.try_emplace(identity, storage);
+  auto [it, inserted] = entries_.try_emplace(identity, segment);
   if (!inserted) {
     if (auto existing = it->second.lock()) return existing;
-    it->second = storage;
+    it->second = segment;
   }
   if (entries_.size() > limit_) purge_locked();
-  return storage;
+  return segment;
 }
 
 std::size_t HandleCache::size() const {

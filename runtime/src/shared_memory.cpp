@@ -39,13 +39,13 @@ FileIdentity identify_fd(int fd) {
   return FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
 }
 
-SharedMemory SharedMemory::create(std::size_t size) {
+SharedMemory SharedMemory::create(std::size_t size, const char* name) {
   if (size == 0) throw Error("SharedMemory::create: a segment needs at least one byte");
   // A memfd counts as a file for RLIMIT_FSIZE: growing it past the limit fails with EFBIG
   // *and* sends SIGXFSZ, whose default action kills the process. Check first, so that the
   // caller gets an exception instead.
   if (size > file_size_limit()) throw_file_size_limit(size);
-  UniqueFd fd(::memfd_create("ferry", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw_errno("memfd_create");
   // memfds are created with mode 0777. Only holders of the fd or of access to
   // /proc/<pid>/fd (same user, or root) can reach one, but owner-only is the right default:

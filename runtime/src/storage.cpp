@@ -5,7 +5,7 @@
 
 #include "ferry/cuda/memory.hpp"
 #include "ferry/error.hpp"
-#include "ferry/handle_cache.hpp"
+#include "ferry/shared_allocator.hpp"
 
 namespace ferry {
 namespace {
@@ -15,6 +15,17 @@ std::atomic<std::uint64_t> g_next_storage_id{1};
 std::atomic<std::uint64_t> g_sent_storage_deaths{0};
 
 }  // namespace
+
+// Lets std::make_shared reach the private constructor: one allocation for the Storage and
+// its control block.
+struct Storage::Constructor : Storage {
+  Constructor(std::shared_ptr<Allocation> allocation, Device device, bool received)
+      : Storage(std::move(allocation), device, received) {}
+};
+
+std::shared_ptr<Storage> Storage::make(std::shared_ptr<Allocation> allocation, Device device, bool received) {
+  return std::make_shared<Constructor>(std::move(allocation), device, received);
+}
 
 HeapAllocation::HeapAllocation(std::size_t size) : size_(size) {
   if (size > 0) data_ = static_cast<std::byte*>(::operator new(size, kHeapAlignment));
@@ -29,7 +40,7 @@ Storage::Storage(std::shared_ptr<Allocation> allocation, Device device, bool rec
       device_(device),
       id_(g_next_storage_id.fetch_add(1, std::memory_order_relaxed)),
       received_(received) {
-  shared_.store(allocation_ != nullptr && allocation_->shared_memory() != nullptr, std::memory_order_release);
+  shared_.store(allocation_ != nullptr && allocation_->shared_block() != nullptr, std::memory_order_release);
 }
 
 Storage::~Storage() {
@@ -40,33 +51,40 @@ void Storage::announce_dropped() noexcept {
   if (sent_.load(std::memory_order_relaxed)) g_sent_storage_deaths.fetch_add(1, std::memory_order_release);
 }
 
-std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device) {
+std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bool zeroed) {
   switch (device.kind) {
-    case DeviceKind::Cpu:
-      return std::shared_ptr<Storage>(new Storage(std::make_unique<HeapAllocation>(nbytes), device, false));
-    case DeviceKind::SharedCpu: {
-      if (nbytes == 0) {
-        // Nothing to share: an empty storage needs no segment and travels without one.
-        return std::shared_ptr<Storage>(new Storage(nullptr, device, false));
-      }
-      auto storage = std::shared_ptr<Storage>(
-          new Storage(std::make_unique<SharedMemoryAllocation>(SharedMemory::create(nbytes)), device, false));
-      HandleCache::global().insert(storage->shared_memory()->identity(), storage);
+    case DeviceKind::Cpu: {
+      auto storage = make(std::make_shared<HeapAllocation>(nbytes), device, false);
+      if (zeroed && nbytes > 0) std::memset(storage->data(), 0, nbytes);
       return storage;
     }
-    case DeviceKind::Cuda:
+    case DeviceKind::SharedCpu:
+      return allocate(nbytes, SharedAllocator::global(), zeroed);
+    case DeviceKind::Cuda: {
       // Device memory comes from ferry's caching CUDA allocator (runtime/src/cuda/).
-      return std::shared_ptr<Storage>(new Storage(cuda::allocate(nbytes, device), device, false));
+      auto storage = make(cuda::allocate(nbytes, device), device, false);
+      if (zeroed) cuda::zero(*storage);  // cudaMemset
+      return storage;
+    }
   }
   throw Error("Storage::allocate: invalid device kind");
 }
 
-std::shared_ptr<Storage> Storage::adopt(std::shared_ptr<Allocation> allocation, bool received) {
-  const Device device = allocation ? allocation->device() : Device::Cpu;
-  return std::shared_ptr<Storage>(new Storage(std::move(allocation), device, received));
+std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, const SharedAllocator& pool, bool zeroed) {
+  // Nothing to share: an empty storage needs no block and travels without one.
+  std::shared_ptr<Allocation> block;
+  if (nbytes > 0) block = pool.allocate(nbytes, zeroed);
+  return make(std::move(block), Device::SharedCpu, false);
 }
 
-void Storage::share_memory() {
+std::shared_ptr<Storage> Storage::adopt(std::shared_ptr<Allocation> allocation, bool received) {
+  const Device device = allocation ? allocation->device() : Device::Cpu;
+  return make(std::move(allocation), device, received);
+}
+
+void Storage::share_memory() { share_memory(SharedAllocator::global()); }
+
+void Storage::share_memory(const SharedAllocator& pool) {
   if (shared_.load(std::memory_order_acquire)) return;  // the common case: no lock
   std::lock_guard lock(share_mutex_);
   if (device_.kind == DeviceKind::SharedCpu) return;
@@ -77,16 +95,12 @@ void Storage::share_memory() {
   const std::size_t size = nbytes();
   std::shared_ptr<Allocation> shared;
   if (size > 0) {
-    SharedMemory segment = SharedMemory::create(size);
-    std::memcpy(segment.data(), data(), size);
-    shared = std::make_shared<SharedMemoryAllocation>(std::move(segment));
+    shared = pool.allocate(size);
+    std::memcpy(shared->data(), data(), size);
   }
   allocation_ = std::move(shared);
   device_ = Device::SharedCpu;
   shared_.store(allocation_ != nullptr, std::memory_order_release);
-  if (allocation_ != nullptr) {
-    if (auto self = weak_from_this().lock()) HandleCache::global().insert(shared_memory()->identity(), self);
-  }
 }
 
 std::uint64_t sent_storage_deaths() noexcept { return g_sent_storage_deaths.load(std::memory_order_acquire); }

@@ -71,32 +71,48 @@ std::optional<std::string> view_bounds_problem(std::size_t storage_bytes, DType 
   return std::nullopt;
 }
 
-Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
-  if (!is_valid_dtype(static_cast<std::uint8_t>(dtype))) throw Error("Tensor::empty: invalid dtype");
+namespace {
+
+// Bytes of a contiguous tensor of `shape`; throws Error naming the problem.
+std::size_t contiguous_bytes(const char* function, const Shape& shape, DType dtype) {
+  auto fail = [function](const std::string& problem) { throw Error(std::string(function) + ": " + problem); };
+  if (!is_valid_dtype(static_cast<std::uint8_t>(dtype))) fail("invalid dtype");
   if (shape.size() > kMaxDims) {
-    throw Error("Tensor::empty: " + std::to_string(shape.size()) + " dimensions, more than " + std::to_string(kMaxDims));
+    fail(std::to_string(shape.size()) + " dimensions, more than " + std::to_string(kMaxDims));
   }
   std::int64_t count = 1;
   for (const std::int64_t extent : shape) {
-    if (extent < 0) throw Error("Tensor::empty: negative size " + std::to_string(extent));
-    if (__builtin_mul_overflow(count, extent, &count)) throw Error("Tensor::empty: element count overflows");
+    if (extent < 0) fail("negative size " + std::to_string(extent));
+    if (__builtin_mul_overflow(count, extent, &count)) fail("element count overflows");
   }
   std::size_t bytes = 0;
   if (__builtin_mul_overflow(static_cast<std::size_t>(count), dtype_size(dtype), &bytes)) {
-    throw Error("Tensor::empty: byte size overflows");
+    fail("byte size overflows");
   }
-  auto storage = Storage::allocate(bytes, device);
+  return bytes;
+}
+
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  auto storage = Storage::allocate(contiguous_bytes("Tensor::empty", shape, dtype), device);
   return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0, device);
 }
 
+Tensor Tensor::empty(const Shape& shape, DType dtype, const SharedAllocator& pool) {
+  auto storage = Storage::allocate(contiguous_bytes("Tensor::empty", shape, dtype), pool);
+  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0, Device::SharedCpu);
+}
+
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
-  Tensor tensor = empty(shape, dtype, device);
-  // New shared segments are already zero (fresh tmpfs pages); heap memory is not.
-  if (device.kind == DeviceKind::Cpu && tensor.storage_->nbytes() > 0) {
-    std::memset(tensor.storage_->data(), 0, tensor.storage_->nbytes());
-  }
-  if (device.kind == DeviceKind::Cuda) cuda::zero(*tensor.storage_);  // cudaMemset
-  return tensor;
+  // Fresh shared memory is zero already: only a recycled block or heap memory is cleared.
+  auto storage = Storage::allocate(contiguous_bytes("Tensor::zeros", shape, dtype), device, true);
+  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0, device);
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, const SharedAllocator& pool) {
+  auto storage = Storage::allocate(contiguous_bytes("Tensor::zeros", shape, dtype), pool, true);
+  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0, Device::SharedCpu);
 }
 
 Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,

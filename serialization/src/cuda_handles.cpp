@@ -26,10 +26,14 @@ namespace ferry {
 // ---- sending ---------------------------------------------------------------------------
 
 struct MessageEncoder::CudaSendState {
+  // Boards of an isolated channel come from its pool, so that they travel without a copy.
+  explicit CudaSendState(const std::optional<SharedAllocator>& pool)
+      : boards(events, cuda::kReleaseBoardCapacity, pool) {}
+
   // The events outlive the connection as long as any of its boards does: receivers may still
   // wait on them for frames in flight, and those frames hold counters of the boards.
   std::shared_ptr<cuda::SendEvents> events = std::make_shared<cuda::SendEvents>();
-  cuda::ReleaseBoardSet boards{events};
+  cuda::ReleaseBoardSet boards;
 
   // The frame being encoded.
   struct Pending {
@@ -69,13 +73,13 @@ std::uint32_t MessageEncoder::add_cuda_storage(const std::shared_ptr<Storage>& s
                 " storage that ferry's CUDA allocator did not make; allocate it with Tensor::empty(shape, dtype, "
                 "Device::Cuda(i))");
   }
-  if (!cuda_) cuda_ = std::make_shared<CudaSendState>();
+  if (!cuda_) cuda_ = std::make_shared<CudaSendState>(pool_);
   auto [board, counter] = allocation->hold_for(cuda_->boards);
-  // The board travels as an ordinary shared segment, ahead of the storages that use it.
+  // The board travels as an ordinary shared storage (a block of a leased segment), ahead of
+  // the storages that use it.
   const std::uint32_t board_index = add_storage(board->storage());
-  storages_.push_back(storage);
   cuda_->pending.push_back(CudaSendState::Pending{storage.get(), std::move(board), counter, board_index});
-  return static_cast<std::uint32_t>(storages_.size() - 1);
+  return append_storage(storage, storage.get());
 }
 
 HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) {
@@ -96,6 +100,8 @@ HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) 
   record.offset = exported.offset;
   record.board_index = pending->board_index;
   record.counter = pending->counter;
+  record.pid = static_cast<std::int32_t>(::getpid());
+  record.device = device;
   if (const std::optional<cuda::IpcHandle> event = cuda_->event_for(device)) {
     std::memcpy(record.event_handle, event->data(), sizeof record.event_handle);
     record.flags |= kCudaRecordHasEvent;
@@ -108,14 +114,16 @@ HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) 
   HandleEntry entry;
   entry.kind = static_cast<std::uint32_t>(HandleKind::CudaIpc);
   entry.nbytes = storage->nbytes();
-  entry.pid = static_cast<std::int32_t>(::getpid());
-  entry.device = static_cast<std::uint64_t>(device);
   if (auto it = sent_.find(storage->id()); it != sent_.end()) {
     entry.slot = it->second.slot;
   } else {
+    // A slot like any storage's, but never pinned and never given back on the return board:
+    // the release board's counter is the hold (see MessageEncoder::commit).
     entry.slot = take_slot();
+    slots_[entry.slot] = SlotInfo{SlotState::Leased, storage->id(), false};
     sent_.emplace(storage->id(), SentStorage{entry.slot, storage});
     new_storage_ids_.push_back(storage->id());
+    new_slots_.push_back(entry.slot);
     storage->mark_sent();
     ++storages_passed_;
   }
@@ -187,8 +195,8 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
   if (std::memchr(record.pci_bus_id, '\0', sizeof record.pci_bus_id) == nullptr) {
     throw ProtocolError(handle + " has a PCI bus id without an end");
   }
-  if (entry.pid <= 0) throw ProtocolError(handle + " names an invalid process " + std::to_string(entry.pid));
-  if (entry.pid == ::getpid()) {
+  if (record.pid <= 0) throw ProtocolError(handle + " names an invalid process " + std::to_string(record.pid));
+  if (record.pid == ::getpid()) {
     throw ProtocolError(handle + " was sent by this very process: CUDA IPC only works between two processes");
   }
   if (record.board_index >= storages_.size()) {
@@ -206,7 +214,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
   std::shared_ptr<cuda::ReceivedCudaRange> range;
   if (lease != nullptr) {
     range = std::dynamic_pointer_cast<cuda::ReceivedCudaRange>(lease->allocation);
-    if (!range || !range->is(entry.pid, record.block_id, record.offset, entry.nbytes)) {
+    if (!range || !range->is(record.pid, record.block_id, record.offset, entry.nbytes)) {
       board.release(record.counter);
       throw ProtocolError(handle + " reuses slot " + std::to_string(entry.slot) + " for another storage before releasing it");
     }
@@ -219,7 +227,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
     exported.block_bytes = record.block_bytes;
     exported.offset = record.offset;
     const int device = cuda::local_device(exported.pci_bus_id);
-    if (!range) range = cuda::open_received_range(exported, device, entry.nbytes, entry.pid);
+    if (!range) range = cuda::open_received_range(exported, device, entry.nbytes, record.pid);
     if (record.flags & kCudaRecordHasEvent) {
       cuda::IpcHandle event;
       std::memcpy(event.data(), record.event_handle, sizeof record.event_handle);
@@ -243,7 +251,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
     return storage;
   } catch (const CudaError& error) {
     board.release(record.counter);
-    throw ProtocolError("cannot map the CUDA storage of " + handle + " from process " + std::to_string(entry.pid) +
+    throw ProtocolError("cannot map the CUDA storage of " + handle + " from process " + std::to_string(record.pid) +
                         ": " + error.what());
   }
 }

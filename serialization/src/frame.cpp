@@ -35,18 +35,22 @@ void validate_header(const FrameHeader& header, const FrameLimits& limits) {
   }
   check_limit("body_bytes", header.body_bytes, limits.max_body_bytes);
   check_limit("handle_count", header.handle_count, limits.max_handles);
+  check_limit("segment_count", header.segment_count, limits.max_segments);
   check_limit("fd_count", header.fd_count, limits.max_fds);
   check_limit("release_count", header.release_count, limits.max_releases);
+  check_limit("segment_release_count", header.segment_release_count, limits.max_releases);
   check_limit("type_name_bytes", header.type_name_bytes, limits.max_type_name_bytes);
-  if (header.fd_count > header.handle_count) {
-    throw ProtocolError("frame header claims " + std::to_string(header.fd_count) + " fds for only " +
-                        std::to_string(header.handle_count) + " handles");
+  if (header.fd_count > header.segment_count) {
+    throw ProtocolError("frame header field fd_count claims " + std::to_string(header.fd_count) +
+                        " fds for only " + std::to_string(header.segment_count) + " segments");
   }
 }
 
 std::uint64_t payload_bytes(const FrameHeader& header) {
-  return std::uint64_t{header.type_name_bytes} + std::uint64_t{header.handle_count} * sizeof(HandleEntry) +
-         std::uint64_t{header.release_count} * sizeof(std::uint32_t) + header.body_bytes;
+  return std::uint64_t{header.type_name_bytes} + std::uint64_t{header.segment_count} * sizeof(SegmentEntry) +
+         std::uint64_t{header.handle_count} * sizeof(HandleEntry) +
+         (std::uint64_t{header.release_count} + header.segment_release_count) * sizeof(std::uint32_t) +
+         header.body_bytes;
 }
 
 }  // namespace ferry

@@ -9,6 +9,7 @@
 
 #include "ferry/cuda_frame.hpp"
 #include "ferry/handle_cache.hpp"
+#include "ferry/process_identity.hpp"
 #include "ferry/process_exit.hpp"
 
 namespace ferry {
@@ -23,6 +24,37 @@ std::string hex(std::uint64_t value) {
   char text[19];
   std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(value));
   return text;
+}
+
+// A block received on a connection. When it dies (its lease was released and no tensor of
+// this process views it any more), it gives its storage slot back to the sender through
+// the connection's return board, so that the sender's allocator may recycle it.
+class ReceivedBlock final : public SharedBlock {
+ public:
+  ReceivedBlock(std::shared_ptr<SharedSegment> segment, std::size_t offset, std::size_t nbytes,
+                std::shared_ptr<ReturnBoard> board, std::uint32_t slot)
+      : SharedBlock(std::move(segment), offset, nbytes),
+        board_(std::move(board)),
+        slot_(slot),
+        generation_(fork_generation()) {}
+  ~ReceivedBlock() override {
+    // A forked child's copy is not the holder the sender knows: only the receiver returns.
+    if (generation_ == fork_generation()) board_->post_return(slot_);
+  }
+  ReceivedBlock(const ReceivedBlock&) = delete;
+  ReceivedBlock& operator=(const ReceivedBlock&) = delete;
+
+ private:
+  std::shared_ptr<ReturnBoard> board_;
+  std::uint32_t slot_;
+  std::uint64_t generation_;
+};
+
+template <class Entry>
+Entry entry_at(std::span<const std::byte> table, std::size_t index) {
+  Entry entry;
+  std::memcpy(&entry, table.data() + index * sizeof entry, sizeof entry);
+  return entry;
 }
 
 }  // namespace
@@ -64,25 +96,63 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
     return part;
   };
   check_type(header, take(header.type_name_bytes));
+  const auto segment_table = take(std::size_t{header.segment_count} * sizeof(SegmentEntry));
   const auto table = take(std::size_t{header.handle_count} * sizeof(HandleEntry));
   const auto releases = take(std::size_t{header.release_count} * sizeof(std::uint32_t));
+  const auto segment_releases = take(std::size_t{header.segment_release_count} * sizeof(std::uint32_t));
   body_ = take(header.body_bytes);
 
   for (std::uint32_t i = 0; i < header.release_count; ++i) {
-    std::uint32_t slot = 0;
-    std::memcpy(&slot, releases.data() + i * sizeof slot, sizeof slot);
+    const auto slot = entry_at<std::uint32_t>(releases, i);
     if (slot >= leases_.size() || !leases_[slot]) {
       throw ProtocolError("frame releases slot " + std::to_string(slot) + " which holds no lease");
     }
     leases_[slot] = Lease{};
   }
+  for (std::uint32_t i = 0; i < header.segment_release_count; ++i) {
+    const auto slot = entry_at<std::uint32_t>(segment_releases, i);
+    if (slot >= segments_.size() || !segments_[slot]) {
+      throw ProtocolError("frame releases segment slot " + std::to_string(slot) + " which holds no lease");
+    }
+    segments_[slot] = nullptr;
+  }
 
+  try {
+    resolve_tables(header, segment_table, table, frame_fds);
+  } catch (...) {
+    give_back_unresolved(table, header.handle_count);
+    throw;
+  }
+}
+
+void MessageDecoder::give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept {
+  // The sender pinned every new block of the frame for us. Blocks we leased give their
+  // slot back when they die; the others would stay pinned until this process exits.
+  if (!board_) return;
+  for (std::uint32_t i = 0; i < count; ++i) {
+    const auto entry = entry_at<HandleEntry>(table, i);
+    if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
+    if (entry.slot < leases_.size() && leases_[entry.slot]) continue;
+    board_->post_return(entry.slot);
+  }
+}
+
+void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const std::byte> segment_table,
+                                    std::span<const std::byte> table, std::vector<UniqueFd>& frame_fds) {
   std::size_t next_fd = 0;
+  for (std::uint32_t i = 0; i < header.segment_count; ++i) {
+    add_segment(entry_at<SegmentEntry>(segment_table, i), i, frame_fds, next_fd);
+  }
+  if (next_fd != frame_fds.size()) {
+    throw ProtocolError("frame carries " + std::to_string(frame_fds.size()) + " fds but only " +
+                        std::to_string(next_fd) + " fd segments");
+  }
+
+  bool claimed = false;
   std::size_t cuda_records = 0;
   storages_.reserve(header.handle_count);
   for (std::uint32_t i = 0; i < header.handle_count; ++i) {
-    HandleEntry entry;
-    std::memcpy(&entry, table.data() + i * sizeof entry, sizeof entry);
+    const auto entry = entry_at<HandleEntry>(table, i);
     const auto kind = static_cast<HandleKind>(entry.kind);
     if (kind == HandleKind::Leased) {
       if (entry.slot >= leases_.size() || !leases_[entry.slot]) {
@@ -93,6 +163,11 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
         throw ProtocolError("handle " + std::to_string(i) + " refers to the CUDA storage at slot " +
                             std::to_string(entry.slot) + " as a plain lease");
       }
+      if (leases_[entry.slot].allocation->size() != entry.nbytes) {
+        throw ProtocolError("handle " + std::to_string(i) + " field nbytes claims " + std::to_string(entry.nbytes) +
+                            " bytes but the storage leased at slot " + std::to_string(entry.slot) + " has " +
+                            std::to_string(leases_[entry.slot].allocation->size()));
+      }
       storages_.push_back(resolve_lease(leases_[entry.slot]));
       continue;
     }
@@ -100,7 +175,7 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
       storages_.push_back(resolve_cuda(entry, i, cuda_records++));
       continue;
     }
-    if (kind != HandleKind::NewFd && kind != HandleKind::NewProcFd) {
+    if (kind != HandleKind::NewBlock) {
       throw ProtocolError("handle " + std::to_string(i) + " has an unknown kind " + std::to_string(entry.kind));
     }
     if (entry.slot >= kMaxSlots) {
@@ -111,92 +186,147 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
       throw ProtocolError("handle " + std::to_string(i) + " reuses slot " + std::to_string(entry.slot) +
                           " before releasing it");
     }
-    std::shared_ptr<Storage> storage;
-    if (kind == HandleKind::NewFd) {
-      if (next_fd >= frame_fds.size()) {
-        throw ProtocolError("frame has more fd handles than the " + std::to_string(frame_fds.size()) +
-                            " fds that came with it");
-      }
-      storage = map_received(std::move(frame_fds[next_fd++]), entry);
-    } else {
-      storage = open_proc_fd(entry);
-      wants_acknowledgement_ = true;
+    if (!claimed) {
+      claim_frame(header.sequence, i);
+      claimed = true;
     }
-    if (entry.slot >= leases_.size()) leases_.resize(entry.slot + 1);
-    leases_[entry.slot] = make_lease(storage);
-    storages_.push_back(resolve_lease(leases_[entry.slot]));
+    storages_.push_back(resolve_new_block(entry, i));
   }
   body_ = body_.subspan(cuda_records * sizeof(CudaHandleRecord));  // resolve_cuda checked the length
-  if (next_fd != frame_fds.size()) {
-    throw ProtocolError("frame carries " + std::to_string(frame_fds.size()) + " fds but only " +
-                        std::to_string(next_fd) + " fd handles");
-  }
 }
 
-std::shared_ptr<Storage> MessageDecoder::map_received(UniqueFd fd, const HandleEntry& entry) {
-  const FileIdentity identity = identify_fd(fd.get());
-  if (auto cached = HandleCache::global().find(identity)) {
-    if (cached->nbytes() != entry.nbytes) {
-      throw ProtocolError("received storage claims " + std::to_string(entry.nbytes) + " bytes but its segment has " +
-                          std::to_string(cached->nbytes()));
+SharedMemory MessageDecoder::open_segment(const SegmentEntry& entry, std::size_t index,
+                                          std::vector<UniqueFd>& frame_fds, std::size_t& next_fd) {
+  if (static_cast<SegmentKind>(entry.kind) == SegmentKind::NewFd) {
+    if (next_fd >= frame_fds.size()) {
+      throw ProtocolError("frame has more fd segments than the " + std::to_string(frame_fds.size()) +
+                          " fds that came with it");
     }
-    return cached;  // already mapped in this process: the new fd just closes
-  }
-  auto storage = Storage::adopt(
-      std::make_shared<SharedMemoryAllocation>(SharedMemory::open_received(std::move(fd), entry.nbytes)), true);
-  return HandleCache::global().insert(identity, storage);
-}
-
-std::shared_ptr<Storage> MessageDecoder::open_proc_fd(const HandleEntry& entry) {
-  const FileIdentity claimed{entry.device, entry.inode};
-  if (auto cached = HandleCache::global().find(claimed)) {
-    if (cached->nbytes() != entry.nbytes) {
-      throw ProtocolError("received storage claims " + std::to_string(entry.nbytes) + " bytes but its segment has " +
-                          std::to_string(cached->nbytes()));
-    }
-    return cached;
+    return SharedMemory::open_received(std::move(frame_fds[next_fd++]), entry.size);
   }
   if (entry.pid <= 0 || entry.fd < 0) {
-    throw ProtocolError("handle names an invalid process " + std::to_string(entry.pid) + " or fd " +
-                        std::to_string(entry.fd));
+    throw ProtocolError("segment " + std::to_string(index) + " names an invalid process " + std::to_string(entry.pid) +
+                        " or fd " + std::to_string(entry.fd));
   }
   const std::string path = "/proc/" + std::to_string(entry.pid) + "/fd/" + std::to_string(entry.fd);
   UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
   if (!fd) {
     const int error = errno;
     if (error == EMFILE || error == ENFILE) {
-      throw ProtocolError("cannot open the sender's storage at " + path +
+      throw ProtocolError("cannot open the sender's segment at " + path +
                           ": this process has reached its open-file limit (RLIMIT_NOFILE" +
                           (error == ENFILE ? std::string(", system-wide") : std::string()) +
-                          "); raise it with `ulimit -n` or hold fewer received tensors at once");
+                          "); raise it with `ulimit -n` or hold fewer received segments at once");
     }
     // A sender killed after writing the frame takes its fds with it: that is a dead peer,
     // not a protocol violation.
     if (process_has_exited(entry.pid, kSenderExitGrace)) {
       throw PeerDied("the sending process " + std::to_string(entry.pid) +
-                     " died before this receiver could map a storage it sent (" + path + ": " +
+                     " died before this receiver could map a segment it sent (" + path + ": " +
                      std::strerror(error) + ")");
     }
-    throw ProtocolError("cannot open the sender's storage at " + path + " (" + std::strerror(error) +
+    throw ProtocolError("cannot open the sender's segment at " + path + " (" + std::strerror(error) +
                         "); the sender died or is not allowed to be read by this process (same user needed)");
   }
-  if (identify_fd(fd.get()) != claimed) {
-    throw ProtocolError("the file at " + path + " is not the storage the frame names (fd reused?)");
+  if (identify_fd(fd.get()) != FileIdentity{entry.device, entry.inode}) {
+    throw ProtocolError("the file at " + path + " is not the segment the frame names (fd reused?)");
   }
-  auto storage = Storage::adopt(
-      std::make_shared<SharedMemoryAllocation>(SharedMemory::open_received(std::move(fd), entry.nbytes)), true);
-  return HandleCache::global().insert(claimed, storage);
+  return SharedMemory::open_received(std::move(fd), entry.size);
 }
 
-MessageDecoder::Lease MessageDecoder::make_lease(const std::shared_ptr<Storage>& storage) {
-  Lease lease;
-  lease.allocation = storage->shared_allocation();
-  if (storage->received()) {
-    lease.core = storage;
-  } else {
-    lease.handle = storage;  // our own storage: hand out the creator's object while it lives
+void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                                 std::size_t& next_fd) {
+  const auto kind = static_cast<SegmentKind>(entry.kind);
+  if (kind != SegmentKind::NewFd && kind != SegmentKind::NewProcFd) {
+    throw ProtocolError("segment " + std::to_string(index) + " has an unknown kind " + std::to_string(entry.kind));
   }
-  return lease;
+  if (kind == SegmentKind::NewProcFd) wants_acknowledgement_ = true;
+  const auto role = static_cast<SegmentRole>(entry.role);
+  if (role == SegmentRole::ReturnBoard) {
+    if (board_) throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
+    if (entry.size != ReturnBoard::bytes()) {
+      throw ProtocolError("segment " + std::to_string(index) + " is a return board whose field size claims " +
+                          std::to_string(entry.size) + " bytes instead of " + std::to_string(ReturnBoard::bytes()));
+    }
+    board_ = ReturnBoard::open_received(open_segment(entry, index, frame_fds, next_fd));
+    return;
+  }
+  if (role != SegmentRole::Data) {
+    throw ProtocolError("segment " + std::to_string(index) + " has an unknown role " + std::to_string(entry.role));
+  }
+  if (entry.slot >= kMaxSegmentSlots) {
+    throw ProtocolError("segment " + std::to_string(index) + " asks for segment slot " + std::to_string(entry.slot) +
+                        ", above the limit of " + std::to_string(kMaxSegmentSlots));
+  }
+  if (entry.slot < segments_.size() && segments_[entry.slot]) {
+    throw ProtocolError("segment " + std::to_string(index) + " reuses segment slot " + std::to_string(entry.slot) +
+                        " before releasing it");
+  }
+  // A segment already mapped in this process (received on another channel, or ours sent
+  // back) is not mapped again.
+  const FileIdentity identity = kind == SegmentKind::NewFd && next_fd < frame_fds.size()
+                                    ? identify_fd(frame_fds[next_fd].get())
+                                    : FileIdentity{entry.device, entry.inode};
+  std::shared_ptr<SharedSegment> segment = HandleCache::global().find(identity);
+  if (segment) {
+    if (segment->size() != entry.size) {
+      throw ProtocolError("segment " + std::to_string(index) + " field size claims " + std::to_string(entry.size) +
+                          " bytes but the segment has " + std::to_string(segment->size()));
+    }
+    if (kind == SegmentKind::NewFd) frame_fds[next_fd++].reset();  // already mapped: the new fd just closes
+  } else {
+    segment = HandleCache::global().insert(
+        identity, SharedSegment::adopt(open_segment(entry, index, frame_fds, next_fd)));
+  }
+  if (entry.slot >= segments_.size()) segments_.resize(std::size_t{entry.slot} + 1);
+  segments_[entry.slot] = std::move(segment);
+}
+
+void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
+  if (!board_) {
+    throw ProtocolError("handle " + std::to_string(index) +
+                        " names a new block but the sender never sent its return board");
+  }
+  // Register this process as a holder before holding anything: the sender keeps what it
+  // pinned for us as long as a registered holder lives.
+  const std::uint64_t generation = fork_generation();
+  if (registered_generation_ != generation) {
+    board_->register_holder(current_process());
+    registered_generation_ = generation;
+  }
+  if (!board_->claim_resolved(sequence)) {
+    throw ProtocolError("the sender gave up on frame " + std::to_string(sequence) +
+                        " (it saw this receiver as gone, or it closed the channel and its close linger passed) "
+                        "and may have recycled the memory it names");
+  }
+}
+
+std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& entry, std::size_t index) {
+  if (entry.segment_slot >= segments_.size() || !segments_[entry.segment_slot]) {
+    throw ProtocolError("handle " + std::to_string(index) + " field segment_slot names slot " +
+                        std::to_string(entry.segment_slot) + " which holds no segment lease");
+  }
+  const std::shared_ptr<SharedSegment>& segment = segments_[entry.segment_slot];
+  if (entry.nbytes == 0) throw ProtocolError("handle " + std::to_string(index) + " field nbytes is 0");
+  if (entry.offset > segment->size() || entry.nbytes > segment->size() - entry.offset) {
+    throw ProtocolError("handle " + std::to_string(index) + " fields offset " + std::to_string(entry.offset) +
+                        " and nbytes " + std::to_string(entry.nbytes) + " name a block outside its segment of " +
+                        std::to_string(segment->size()) + " bytes");
+  }
+  auto block = std::make_shared<ReceivedBlock>(segment, entry.offset, entry.nbytes, board_, entry.slot);
+  Lease lease;
+  // A block this process sent (and someone forwarded back) resolves to the storage it sent;
+  // the lease then holds only the block and a weak handle (see Lease).
+  std::shared_ptr<Storage> own = segment->find_storage(entry.offset, entry.nbytes);
+  if (own) {
+    lease.handle = own;
+  } else {
+    lease.core = Storage::adopt(block, true);
+  }
+  lease.allocation = std::move(block);
+  if (entry.slot >= leases_.size()) leases_.resize(std::size_t{entry.slot} + 1);
+  leases_[entry.slot] = std::move(lease);
+  return own ? own : resolve_lease(leases_[entry.slot]);
 }
 
 std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
@@ -211,8 +341,8 @@ std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
       core.reset();
     });
   } else {
-    // Our own storage, dropped by every user here, but still held by the sender: wrap the
-    // same mapping again (no fd, no mmap).
+    // A storage of our own, dropped by every user here, but still held by the sender: wrap
+    // the same block again (no fd, no mmap).
     handle = Storage::adopt(lease.allocation, true);
   }
   lease.handle = handle;
@@ -221,12 +351,18 @@ std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
 
 void MessageDecoder::release_all() noexcept {
   leases_.clear();
+  segments_.clear();
   storages_.clear();
 }
 
 std::size_t MessageDecoder::leased() const noexcept {
   return static_cast<std::size_t>(
       std::count_if(leases_.begin(), leases_.end(), [](const Lease& lease) { return static_cast<bool>(lease); }));
+}
+
+std::size_t MessageDecoder::leased_segments() const noexcept {
+  return static_cast<std::size_t>(std::count_if(segments_.begin(), segments_.end(),
+                                                [](const auto& segment) { return segment != nullptr; }));
 }
 
 }  // namespace ferry

@@ -3,37 +3,167 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "ferry/return_board.hpp"
 
 namespace ferry {
+namespace {
+
+// Mirrors MessageDecoder::kMaxSegmentSlots (serialization must not depend on the decoder).
+constexpr std::uint32_t kMaxSegmentSlots = 1u << 20;
+// Frames with more storages than this find repeated ones through a hash index.
+constexpr std::size_t kLinearSearchLimit = 16;
+
+std::size_t pointer_hash(const void* pointer) noexcept {
+  return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(pointer) >> 4) * 0x9e3779b97f4a7c15ull >> 20);
+}
+
+}  // namespace
+
+MessageEncoder::MessageEncoder(HandlePassing passing, std::optional<SharedAllocator> pool)
+    : passing_(passing), pool_(std::move(pool)) {}
+
+MessageEncoder::~MessageEncoder() { closed(UniqueFd()); }
 
 void MessageEncoder::begin() {
   body_.clear();
   storages_.clear();
+  if (source_index_dirty_) {
+    std::fill(source_index_.begin(), source_index_.end(), std::pair<const Storage*, std::uint32_t>{nullptr, 0});
+    source_index_dirty_ = false;
+  }
+  sources_.clear();
+  segment_entries_.clear();
   entries_.clear();
   fds_.clear();
   new_storage_ids_.clear();
+  new_slots_.clear();
+  new_segment_ids_.clear();
+  new_pins_.clear();
+  remember_batch_.clear();
+  board_in_frame_ = false;
   cuda_begin_frame();
 }
 
-std::uint32_t MessageEncoder::add_storage(const std::shared_ptr<Storage>& storage) {
-  for (std::size_t i = 0; i < storages_.size(); ++i) {
-    if (storages_[i] == storage) return static_cast<std::uint32_t>(i);
+HoldLedger& MessageEncoder::ledger() {
+  if (!ledger_) ledger_ = HoldLedger::create();
+  return *ledger_;
+}
+
+std::optional<std::uint32_t> MessageEncoder::find_source(const Storage* storage) {
+  if (sources_.size() <= kLinearSearchLimit) {
+    for (std::size_t i = 0; i < sources_.size(); ++i) {
+      if (sources_[i] == storage) return static_cast<std::uint32_t>(i);
+    }
+    return std::nullopt;
   }
+  const std::size_t mask = source_index_.size() - 1;
+  for (std::size_t at = pointer_hash(storage) & mask;; at = (at + 1) & mask) {
+    if (source_index_[at].second == 0) return std::nullopt;
+    if (source_index_[at].first == storage) return source_index_[at].second - 1;
+  }
+}
+
+void MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
+  if (sources_.size() <= kLinearSearchLimit) return;
+  if (sources_.size() == kLinearSearchLimit + 1 || source_index_.size() < 2 * sources_.size()) {
+    // Build the index when the frame outgrows linear search (it then holds every source),
+    // and grow it at a load of one half.
+    source_index_.assign(std::max<std::size_t>({64, source_index_.size(), std::bit_ceil(4 * sources_.size())}),
+                         {nullptr, 0});
+    const std::size_t mask = source_index_.size() - 1;
+    for (std::uint32_t i = 0; i < sources_.size(); ++i) {
+      std::size_t at = pointer_hash(sources_[i]) & mask;
+      while (source_index_[at].second != 0) at = (at + 1) & mask;
+      source_index_[at] = {sources_[i], i + 1};
+    }
+    source_index_dirty_ = true;
+    return;
+  }
+  const std::size_t mask = source_index_.size() - 1;
+  std::size_t at = pointer_hash(storage) & mask;
+  while (source_index_[at].second != 0) at = (at + 1) & mask;
+  source_index_[at] = {storage, index + 1};
+  source_index_dirty_ = true;
+}
+
+std::uint32_t MessageEncoder::append_storage(std::shared_ptr<Storage> travelling, const Storage* source) {
+  const auto index = static_cast<std::uint32_t>(storages_.size());
+  storages_.push_back(std::move(travelling));
+  sources_.push_back(source);
+  index_source(source, index);
+  return index;
+}
+
+std::uint32_t MessageEncoder::add_storage(const std::shared_ptr<Storage>& storage) {
+  if (const auto found = find_source(storage.get())) return *found;
   if (storage->device().kind == DeviceKind::Cuda) return add_cuda_storage(storage);  // CUDA IPC: cuda_handles.cpp
-  // Like torch's share_memory_(): a heap storage moves into shared memory once, in place.
-  storage->share_memory();
-  storages_.push_back(storage);
-  return static_cast<std::uint32_t>(storages_.size() - 1);
+  std::shared_ptr<Storage> travelling = storage;
+  if (pool_) {
+    // Isolation: only segments of the channel's pool may reach this receiver.
+    storage->share_memory(*pool_);
+    if (!pool_->owns(*storage->shared_block())) {
+      travelling = Storage::allocate(storage->nbytes(), *pool_);
+      std::memcpy(travelling->data(), storage->data(), storage->nbytes());
+    }
+  } else {
+    // Like torch's share_memory_(): a heap storage moves into shared memory once, in place.
+    storage->share_memory();
+  }
+  return append_storage(std::move(travelling), storage.get());
+}
+
+void MessageEncoder::flush_remember_batch() {
+  if (remember_batch_.empty()) return;
+  remember_batch_.front()->shared_block()->segment()->remember_storages(remember_batch_);
+  remember_batch_.clear();
+}
+
+void MessageEncoder::collect_returned_slots() {
+  if (!ledger_) return;
+  ledger_->collect(false);
+  returned_scratch_.clear();
+  ledger_->take_returned(returned_scratch_);
+  for (const std::uint32_t slot : returned_scratch_) {
+    if (slot >= slots_.size()) continue;
+    SlotInfo& info = slots_[slot];
+    if (!info.returned) continue;  // a CUDA slot is never given back on the board (a lying receiver)
+    switch (info.state) {
+      case SlotState::Free: continue;
+      case SlotState::Leased: sent_.erase(info.storage_id); break;  // the receiver dropped its leases
+      case SlotState::Dying: std::erase(unannounced_releases_, slot); break;
+      case SlotState::Released: break;  // the normal case
+    }
+    info = SlotInfo{};
+    free_slots_.push_back(slot);
+  }
 }
 
 void MessageEncoder::collect_dead_storages() {
   const std::uint64_t deaths = sent_storage_deaths();
-  if (deaths == seen_deaths_) return;
-  seen_deaths_ = deaths;
+  if (deaths == seen_storage_deaths_) return;
+  seen_storage_deaths_ = deaths;
   for (auto it = sent_.begin(); it != sent_.end();) {
     if (it->second.storage.expired()) {
       unannounced_releases_.push_back(it->second.slot);
+      slots_[it->second.slot].state = SlotState::Dying;
       it = sent_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void MessageEncoder::collect_dead_segments() {
+  const std::uint64_t deaths = sent_segment_deaths();
+  if (deaths == seen_segment_deaths_) return;
+  seen_segment_deaths_ = deaths;
+  for (auto it = sent_segments_.begin(); it != sent_segments_.end();) {
+    if (it->second.segment.expired()) {
+      unannounced_segment_releases_.push_back(it->second.slot);
+      it = sent_segments_.erase(it);
     } else {
       ++it;
     }
@@ -46,17 +176,68 @@ std::uint32_t MessageEncoder::take_slot() {
     free_slots_.pop_back();
     return slot;
   }
+  if (next_slot_ >= ReturnBoard::kSlots) {
+    throw Error("the receiver holds " + std::to_string(ReturnBoard::kSlots) +
+                " storages of this channel, the most one channel can track; let the receiver drop "
+                "tensors, or send fewer, larger ones");
+  }
+  slots_.resize(std::size_t{next_slot_} + 1);
   return next_slot_++;
 }
 
+void MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
+                                       const FileIdentity& identity) {
+  SegmentEntry entry;
+  entry.role = static_cast<std::uint32_t>(role);
+  entry.slot = slot;
+  entry.size = size;
+  if (passing_ == HandlePassing::FdPassing) {
+    entry.kind = static_cast<std::uint32_t>(SegmentKind::NewFd);
+    fds_.push_back(fd);
+  } else {
+    entry.kind = static_cast<std::uint32_t>(SegmentKind::NewProcFd);
+    entry.pid = ::getpid();
+    entry.fd = fd;
+    entry.device = identity.device;
+    entry.inode = identity.inode;
+  }
+  segment_entries_.push_back(entry);
+}
+
+std::uint32_t MessageEncoder::segment_slot_for(const std::shared_ptr<SharedSegment>& segment) {
+  if (const auto it = sent_segments_.find(segment->id()); it != sent_segments_.end()) return it->second.slot;
+  std::uint32_t slot = 0;
+  if (!free_segment_slots_.empty()) {
+    slot = free_segment_slots_.back();
+    free_segment_slots_.pop_back();
+  } else {
+    if (next_segment_slot_ >= kMaxSegmentSlots) {
+      throw Error("the receiver leases " + std::to_string(kMaxSegmentSlots) +
+                  " segments of this channel, the most one channel can track");
+    }
+    slot = next_segment_slot_++;
+  }
+  sent_segments_.emplace(segment->id(), SentSegment{slot, segment});
+  new_segment_ids_.push_back(segment->id());
+  segment->mark_sent();
+  add_segment_entry(SegmentRole::Data, slot, segment->fd(), segment->size(), segment->identity());
+  // /proc/<pid>/fd/<n> only works while our fd is open: keep the segment until the receiver
+  // acknowledges that it opened it.
+  if (passing_ == HandlePassing::ProcFd) keepalive_.emplace_back(next_sequence_, segment);
+  return slot;
+}
+
 const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
+  collect_returned_slots();
   // A storage of this frame that the receiver still leases keeps its slot even if the
-  // handle recorded for it died meanwhile (a receiver re-resolved it into a new handle on
-  // the same Storage): refresh the handle before dead entries are collected.
+  // reference recorded for it died meanwhile (a receiver re-resolved a storage it received
+  // into a new handle on the same Storage object): refresh it before dead entries are
+  // collected, so that an echoed storage travels as a lease.
   for (const auto& storage : storages_) {
-    if (auto it = sent_.find(storage->id()); it != sent_.end()) it->second.storage = storage;
+    if (const auto it = sent_.find(storage->id()); it != sent_.end()) it->second.storage = storage;
   }
   collect_dead_storages();
+  collect_dead_segments();
   for (const auto& storage : storages_) {
     if (storage->device().kind == DeviceKind::Cuda) {  // CUDA IPC: cuda_handles.cpp
       entries_.push_back(cuda_entry(storage));
@@ -64,31 +245,47 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
     }
     HandleEntry entry;
     entry.nbytes = storage->nbytes();
-    if (auto it = sent_.find(storage->id()); it != sent_.end()) {
+    if (const auto it = sent_.find(storage->id()); it != sent_.end()) {
       entry.kind = static_cast<std::uint32_t>(HandleKind::Leased);
       entry.slot = it->second.slot;
-    } else {
-      const SharedMemory* segment = storage->shared_memory();
-      entry.slot = take_slot();
-      if (passing_ == HandlePassing::FdPassing) {
-        entry.kind = static_cast<std::uint32_t>(HandleKind::NewFd);
-        fds_.push_back(segment->fd());
-      } else {
-        entry.kind = static_cast<std::uint32_t>(HandleKind::NewProcFd);
-        entry.pid = ::getpid();  // a system call: only for storages new to the receiver
-        entry.fd = segment->fd();
-        entry.device = segment->identity().device;
-        entry.inode = segment->identity().inode;
-        // /proc/<pid>/fd/<n> only works while our fd is open: keep the storage alive until
-        // the receiver acknowledges that it opened it.
-        keepalive_.emplace_back(next_sequence_, storage);
-      }
-      sent_.emplace(storage->id(), SentStorage{entry.slot, storage});
-      new_storage_ids_.push_back(storage->id());
-      storage->mark_sent();
-      ++storages_passed_;
+      entries_.push_back(entry);
+      continue;
     }
+    const SharedBlock* block = storage->shared_block();
+    entry.kind = static_cast<std::uint32_t>(HandleKind::NewBlock);
+    entry.segment_slot = segment_slot_for(block->segment());
+    entry.offset = block->offset();
+    entry.slot = take_slot();
+    slots_[entry.slot] = SlotInfo{SlotState::Leased, storage->id()};
+    sent_.emplace(storage->id(), SentStorage{entry.slot, storage});
+    new_storage_ids_.push_back(storage->id());
+    ++storages_passed_;
+    new_slots_.push_back(entry.slot);
+    new_pins_.push_back(HoldLedger::Pin{entry.slot, storage->shared_allocation()});
+    // A block sent back to us (by a receiver that forwards it) resolves to this storage;
+    // storages of one segment are remembered together, under one lock.
+    if (!remember_batch_.empty() && remember_batch_.front()->shared_block()->segment() != block->segment()) {
+      flush_remember_batch();
+    }
+    remember_batch_.push_back(storage);
+    storage->mark_sent();
     entries_.push_back(entry);
+  }
+  flush_remember_batch();
+  if (!new_pins_.empty()) {
+    ledger().pin(new_pins_, next_sequence_);
+    if (!board_sent_) {
+      // First in the table, so that the receiver can give blocks back even when a later
+      // entry fails.
+      const ReturnBoard& board = *ledger_->board();
+      const std::size_t segments = segment_entries_.size();
+      const std::size_t fds = fds_.size();
+      add_segment_entry(SegmentRole::ReturnBoard, 0, board.fd(), ReturnBoard::bytes(), board.identity());
+      std::rotate(segment_entries_.begin(), segment_entries_.begin() + static_cast<std::ptrdiff_t>(segments),
+                  segment_entries_.end());
+      std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
+      board_in_frame_ = true;
+    }
   }
 
   header_ = FrameHeader{};
@@ -99,10 +296,13 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   type_name_ = with_name ? name : std::string_view{};
   header_.flags = with_name ? kFrameHasTypeName : 0;
   header_.type_name_bytes = static_cast<std::uint32_t>(type_name_.size());
+  header_.segment_count = static_cast<std::uint32_t>(segment_entries_.size());
   header_.handle_count = static_cast<std::uint32_t>(entries_.size());
   header_.fd_count = static_cast<std::uint32_t>(fds_.size());
   announced_release_count_ = unannounced_releases_.size();
   header_.release_count = static_cast<std::uint32_t>(announced_release_count_);
+  announced_segment_release_count_ = unannounced_segment_releases_.size();
+  header_.segment_release_count = static_cast<std::uint32_t>(announced_segment_release_count_);
   const std::span<const std::byte> cuda_records = cuda_section();  // at the front of the body
   header_.body_bytes = cuda_records.size() + body_.size();
 
@@ -117,8 +317,10 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   };
   add(&header_, sizeof header_);
   add(type_name_.data(), type_name_.size());
+  add(segment_entries_.data(), segment_entries_.size() * sizeof(SegmentEntry));
   add(entries_.data(), entries_.size() * sizeof(HandleEntry));
   add(unannounced_releases_.data(), announced_release_count_ * sizeof(std::uint32_t));
+  add(unannounced_segment_releases_.data(), announced_segment_release_count_ * sizeof(std::uint32_t));
   add(cuda_records.data(), cuda_records.size());
   add(body_.data(), body_.size());
   frame_.fds = fds_;
@@ -133,32 +335,79 @@ const EncodedFrame& MessageEncoder::encode_close() {
 
 void MessageEncoder::commit() {
   if (header_.flags & kFrameHasTypeName) type_name_sent_ = true;
-  free_slots_.insert(free_slots_.end(), unannounced_releases_.begin(),
-                     unannounced_releases_.begin() + static_cast<std::ptrdiff_t>(announced_release_count_));
-  unannounced_releases_.erase(unannounced_releases_.begin(),
-                              unannounced_releases_.begin() + static_cast<std::ptrdiff_t>(announced_release_count_));
+  const auto releases = static_cast<std::ptrdiff_t>(announced_release_count_);
+  for (auto it = unannounced_releases_.begin(); it != unannounced_releases_.begin() + releases; ++it) {
+    if (slots_[*it].returned) {
+      slots_[*it].state = SlotState::Released;  // reusable once the receiver gives it back
+    } else {
+      // A CUDA slot: frames are ordered, so the receiver drops the lease before it resolves
+      // any later use of the slot, and it gives nothing back on the board.
+      slots_[*it] = SlotInfo{};
+      free_slots_.push_back(*it);
+    }
+  }
+  unannounced_releases_.erase(unannounced_releases_.begin(), unannounced_releases_.begin() + releases);
+  const auto segment_releases = static_cast<std::ptrdiff_t>(announced_segment_release_count_);
+  free_segment_slots_.insert(free_segment_slots_.end(), unannounced_segment_releases_.begin(),
+                             unannounced_segment_releases_.begin() + segment_releases);
+  unannounced_segment_releases_.erase(unannounced_segment_releases_.begin(),
+                                      unannounced_segment_releases_.begin() + segment_releases);
+  if (board_in_frame_) {
+    board_sent_ = true;
+    board_sequence_ = next_sequence_;
+    // The kernel holds the passed fd now; ours is no longer needed.
+    if (passing_ == HandlePassing::FdPassing) ledger_->board()->close_fd();
+  }
   ++next_sequence_;
   storages_.clear();
+  sources_.clear();
   cuda_end_frame(true);
 }
 
 void MessageEncoder::rollback() {
-  // The receiver never saw the frame: forget the storages it introduced and give their
-  // slots back; releases stay unannounced for the next frame.
+  // The receiver never saw the frame: forget the storages and segments it introduced and
+  // give their slots back; releases stay unannounced for the next frame.
   storages_passed_ -= new_storage_ids_.size();
-  for (const std::uint64_t id : new_storage_ids_) {
-    if (auto it = sent_.find(id); it != sent_.end()) {
-      free_slots_.push_back(it->second.slot);
-      sent_.erase(it);
+  for (const std::uint64_t id : new_storage_ids_) sent_.erase(id);
+  for (const std::uint32_t slot : new_slots_) {
+    slots_[slot] = SlotInfo{};
+    free_slots_.push_back(slot);
+  }
+  if (ledger_ && !new_slots_.empty()) ledger_->unpin(new_slots_);
+  for (const std::uint64_t id : new_segment_ids_) {
+    if (const auto it = sent_segments_.find(id); it != sent_segments_.end()) {
+      free_segment_slots_.push_back(it->second.slot);
+      sent_segments_.erase(it);
     }
   }
   while (!keepalive_.empty() && keepalive_.back().first == next_sequence_) keepalive_.pop_back();
+  board_in_frame_ = false;
+  new_slots_.clear();
+  new_storage_ids_.clear();
+  new_segment_ids_.clear();
   storages_.clear();
+  sources_.clear();
   cuda_end_frame(false);
 }
 
 void MessageEncoder::acknowledge(std::uint64_t sequence) {
   while (!keepalive_.empty() && keepalive_.front().first <= sequence) keepalive_.pop_front();
+  if (ledger_ && board_sent_ && board_sequence_ <= sequence) ledger_->board()->close_fd();
+}
+
+void MessageEncoder::add_holder(const ProcessIdentity& process) {
+  if (ledger_) ledger_->board()->register_holder(process);
+}
+
+void MessageEncoder::receiver_gone() {
+  if (ledger_) ledger_->receiver_gone();
+}
+
+void MessageEncoder::closed(UniqueFd probe) {
+  if (ledger_) {
+    ledger_->channel_closed(std::move(probe));
+    ledger_.reset();  // the process's registry keeps it while the receiver holds blocks
+  }
 }
 
 }  // namespace ferry

@@ -52,19 +52,32 @@ using ::ferry_fuzz::FuzzMessage;
 inline constexpr std::array<std::size_t, 5> kBodyStorageBytes = {128, 4096, 100, 1, 65536};
 
 /// Segments the frame target hands to the decoder as fds (see FrameHarness): the i-th fd
-/// of a frame with sequence s is a duplicate of segment (s + i) % kFrameSegmentCount.
-enum class SegmentKind { CachedShared, UncachedShared, UnsealedMemfd, NotAMemfd };
-struct SegmentSpec {
-  SegmentKind kind;
-  std::size_t bytes;
+/// of a frame with sequence s is a duplicate of segment (s + i) % kFrameSegmentCount, and
+/// the i-th segment entry named by /proc path is pointed at the same segment. Wire version
+/// 2: a frame's segment table starts with the connection's return board, then the data
+/// segments in the order the message first uses them; data segments of small storages are
+/// the caching allocator's slabs of kSegmentBytes.
+enum class SegmentSource {
+  ReturnBoard,     ///< a real return board (ReturnBoard::create)
+  CachedShared,    ///< a slab of this process's caching allocator (in the handle cache)
+  UncachedShared,  ///< a sealed memfd the decoder has never seen
+  UnsealedMemfd,   ///< a memfd without seals
+  NotAMemfd,       ///< a pipe
 };
-inline constexpr std::array<SegmentSpec, 6> kFrameSegments = {{
-    {SegmentKind::CachedShared, 128},
-    {SegmentKind::CachedShared, 4096},
-    {SegmentKind::UncachedShared, 256},
-    {SegmentKind::UncachedShared, 65536},
-    {SegmentKind::UnsealedMemfd, 128},
-    {SegmentKind::NotAMemfd, 0},
+struct SegmentSpec {
+  SegmentSource source;
+  std::size_t bytes;  ///< CachedShared: the size of the block allocated in it
+};
+/// The default SharedAllocatorSettings::segment_bytes: the size of a slab.
+inline constexpr std::size_t kSegmentBytes = std::size_t{2} << 20;
+inline constexpr std::array<SegmentSpec, 7> kFrameSegments = {{
+    {SegmentSource::CachedShared, 64},
+    {SegmentSource::ReturnBoard, 0},  // the first fd of frame 1: its return board
+    {SegmentSource::CachedShared, 4096},
+    {SegmentSource::UncachedShared, kSegmentBytes},
+    {SegmentSource::UncachedShared, kSegmentBytes},
+    {SegmentSource::UnsealedMemfd, kSegmentBytes},
+    {SegmentSource::NotAMemfd, 0},
 }};
 inline constexpr std::size_t kFrameSegmentCount = kFrameSegments.size();
 

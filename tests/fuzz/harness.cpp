@@ -41,8 +41,11 @@ void check_view(const Tensor& tensor) {
     harness_failure("a received tensor reaches outside its storage");
   }
   // Read every element of small tensors: AddressSanitizer checks heap storages bytewise.
+  // The copy goes to the heap: a shared one would come from the caching allocator, whose
+  // new segment (kept cached) would take the number of an fd the decoder closed and fail
+  // the fd oracle below.
   if (tensor.numel() <= 4096) {
-    const Tensor dense = tensor.contiguous();
+    const Tensor dense = tensor.clone(Device::Cpu);
     volatile std::uint8_t sink = 0;
     const auto* bytes = static_cast<const std::uint8_t*>(dense.data_ptr());
     for (std::size_t i = 0; i < dense.nbytes(); ++i) sink = sink ^ bytes[i];
@@ -81,20 +84,27 @@ UniqueFd checked(int fd, const char* what) {
 FrameHarness::FrameHarness() {
   for (const SegmentSpec& spec : kFrameSegments) {
     Segment segment;
-    switch (spec.kind) {
-      case SegmentKind::CachedShared:
-        segment.storage = Storage::allocate(spec.bytes, Device::SharedCpu);
-        segment.fd = checked(::fcntl(segment.storage->shared_memory()->fd(), F_DUPFD_CLOEXEC, 0), "dup of a segment");
+    switch (spec.source) {
+      case SegmentSource::ReturnBoard:
+        segment.board = ReturnBoard::create();
+        segment.fd = checked(::fcntl(segment.board->fd(), F_DUPFD_CLOEXEC, 0), "dup of a return board");
         break;
-      case SegmentKind::UncachedShared:
+      case SegmentSource::CachedShared: {
+        segment.storage = Storage::allocate(spec.bytes, Device::SharedCpu);
+        const SharedSegment& slab = *segment.storage->shared_block()->segment();
+        if (slab.size() != kSegmentBytes) harness_failure("a cached segment is not a slab of kSegmentBytes");
+        segment.fd = checked(::fcntl(slab.fd(), F_DUPFD_CLOEXEC, 0), "dup of a segment");
+        break;
+      }
+      case SegmentSource::UncachedShared:
         segment.uncached = std::make_unique<SharedMemory>(SharedMemory::create(spec.bytes));
         segment.fd = checked(::fcntl(segment.uncached->fd(), F_DUPFD_CLOEXEC, 0), "dup of a segment");
         break;
-      case SegmentKind::UnsealedMemfd:
+      case SegmentSource::UnsealedMemfd:
         segment.fd = checked(::memfd_create("fuzz-unsealed", MFD_CLOEXEC | MFD_ALLOW_SEALING), "memfd_create");
         if (::ftruncate(segment.fd.get(), static_cast<off_t>(spec.bytes)) != 0) harness_failure("ftruncate");
         break;
-      case SegmentKind::NotAMemfd: {
+      case SegmentSource::NotAMemfd: {
         int ends[2];
         if (::pipe2(ends, O_CLOEXEC) != 0) harness_failure("pipe2");
         segment.fd = UniqueFd(ends[0]);
@@ -108,20 +118,20 @@ FrameHarness::FrameHarness() {
   }
 }
 
-// /proc/<pid>/fd/<n> entries name descriptors by number: point them at the harness's own
-// segments (pid: this process, fd: segment n % count) so that no number from the input is
-// ever opened. The claimed identity becomes the segment's, unless `reserved` is non-zero:
-// then the input's identity stays, to exercise the mismatch check.
+// /proc/<pid>/fd/<n> segment entries name descriptors by number: point them at the
+// harness's own segments (pid: this process, fd: segment n % count) so that no number from
+// the input is ever opened. The claimed identity becomes the segment's, unless `reserved` is
+// non-zero: then the input's identity stays, to exercise the mismatch check.
 void FrameHarness::rewrite_proc_entries(std::vector<std::byte>& payload) const {
   FrameHeader header;
   std::memcpy(&header, payload.data(), sizeof header);
   const std::size_t table = sizeof header + header.type_name_bytes;
-  for (std::uint32_t i = 0; i < header.handle_count; ++i) {
-    const std::size_t at = table + std::size_t{i} * sizeof(HandleEntry);
-    if (at + sizeof(HandleEntry) > payload.size()) return;
-    HandleEntry entry;
+  for (std::uint32_t i = 0; i < header.segment_count; ++i) {
+    const std::size_t at = table + std::size_t{i} * sizeof(SegmentEntry);
+    if (at + sizeof(SegmentEntry) > payload.size()) return;
+    SegmentEntry entry;
     std::memcpy(&entry, payload.data() + at, sizeof entry);
-    if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewProcFd)) continue;
+    if (entry.kind != static_cast<std::uint32_t>(::ferry::SegmentKind::NewProcFd)) continue;
     const Segment& segment = segments_[static_cast<std::uint32_t>(entry.fd) % segments_.size()];
     if (entry.pid > 0) entry.pid = ::getpid();
     if (entry.fd >= 0) entry.fd = segment.fd.get();
@@ -166,6 +176,7 @@ std::size_t FrameHarness::run(std::span<const std::uint8_t> input) {
         const Segment& segment = segments_[(header.sequence + i) % segments_.size()];
         fds.emplace_back(checked(::fcntl(segment.fd.get(), F_DUPFD_CLOEXEC, 0), "dup of a segment"));
         handed.push_back(fds.back().get());
+
       }
       try {
         decoder.decode(header, std::span<const std::byte>(frame).subspan(sizeof header), fds);

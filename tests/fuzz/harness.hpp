@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "ferry/return_board.hpp"
 #include "ferry/shared_memory.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/unique_fd.hpp"
@@ -37,6 +38,7 @@ class FrameHarness {
     FileIdentity identity;
     std::shared_ptr<Storage> storage;  // keeps cached segments in the handle cache
     std::unique_ptr<SharedMemory> uncached;
+    std::shared_ptr<ReturnBoard> board;
     UniqueFd extra;                    // the write end of the pipe segment
   };
   void rewrite_proc_entries(std::vector<std::byte>& payload) const;

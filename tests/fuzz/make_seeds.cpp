@@ -20,8 +20,9 @@ using Bytes = std::vector<std::byte>;
 
 Tensor shared_bytes(std::size_t bytes) { return Tensor::zeros({static_cast<std::int64_t>(bytes)}, DType::UInt8, Device::SharedCpu); }
 
-// Appends one encoded frame to `stream`; ProcFd entries are made deterministic and point at
-// the harness segment whose size matches (the harness rewrites pid, fd and identity).
+// Appends one encoded frame to `stream`. Segment entries named by /proc path are made
+// deterministic and point at the harness segment the i-th fd of the frame would be (the
+// harness rewrites pid, fd and identity), so both seed streams resolve alike.
 void append_frame(Bytes& stream, MessageEncoder& encoder, const EncodedFrame& encoded) {
   const std::size_t start = stream.size();
   for (const iovec& part : encoded.iovecs()) {
@@ -32,24 +33,22 @@ void append_frame(Bytes& stream, MessageEncoder& encoder, const EncodedFrame& en
   FrameHeader header;
   std::memcpy(&header, stream.data() + start, sizeof header);
   const std::size_t table = start + sizeof header + header.type_name_bytes;
-  for (std::uint32_t i = 0; i < header.handle_count; ++i) {
-    HandleEntry entry;
+  for (std::uint32_t i = 0; i < header.segment_count; ++i) {
+    SegmentEntry entry;
     std::memcpy(&entry, stream.data() + table + i * sizeof entry, sizeof entry);
-    if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewProcFd)) continue;
+    if (entry.kind != static_cast<std::uint32_t>(::ferry::SegmentKind::NewProcFd)) continue;
     entry.pid = 1;
     entry.device = 0;
     entry.inode = 0;
-    for (std::size_t s = 0; s < kFrameSegmentCount; ++s) {
-      const bool shared = kFrameSegments[s].kind == SegmentKind::CachedShared ||
-                          kFrameSegments[s].kind == SegmentKind::UncachedShared;
-      if (shared && kFrameSegments[s].bytes == entry.nbytes) entry.fd = static_cast<std::int32_t>(s);
-    }
+    entry.fd = static_cast<std::int32_t>((header.sequence + i) % kFrameSegmentCount);
     std::memcpy(stream.data() + table + i * sizeof entry, &entry, sizeof entry);
   }
 }
 
 // A message with tensors everywhere: storages a (4096 B), b (256 B), c (65536 B), first
-// met in this order, which is the order the harness hands segments 1, 2, 3 to frame 1.
+// met in this order, each in a slab of its own size class: frame 1's segment table is the
+// return board, then a's, b's and c's slabs, which the harness resolves to its segments 1
+// (its return board), 2, 3 and 4.
 FuzzMessage rich_message(const Tensor& a, const Tensor& b, const Tensor& c) {
   FuzzMessage m;
   m.step = 42;
@@ -74,7 +73,8 @@ FuzzMessage plain_message() {
   return m;
 }
 
-// A stream of three frames: new storages, then a lease reuse with a release, then close.
+// A stream of three frames: new storages, then a lease reuse with a release and a new block
+// in a leased segment, then close.
 Bytes stream_of_frames(HandlePassing passing) {
   Bytes stream;
   MessageEncoder encoder(passing);
@@ -86,7 +86,7 @@ Bytes stream_of_frames(HandlePassing passing) {
   }  // b dies: frame 2 announces its release
   FuzzMessage second = plain_message();
   second.tensor = a;
-  second.tensors = {shared_bytes(256)};  // frame 2 hands segment 2 (256 B) first
+  second.tensors = {shared_bytes(256)};  // a new block in b's slab: no new segment
   append_frame(stream, encoder, encoder.encode(second));
   append_frame(stream, encoder, encoder.encode_close());
   return stream;

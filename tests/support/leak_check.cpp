@@ -7,7 +7,7 @@
 #include <string>
 #include <thread>
 
-#include "ferry/handle_cache.hpp"
+#include "ferry/shared_allocator.hpp"
 
 namespace ferry::test {
 namespace {
@@ -37,20 +37,26 @@ std::size_t count_ferry_mappings() {
   std::ifstream maps("/proc/self/maps");
   std::size_t count = 0;
   for (std::string line; std::getline(maps, line);) {
-    if (line.find("/memfd:ferry") != std::string::npos) ++count;
+    // Tensor segments are "/memfd:ferry (deleted)"; return boards are "/memfd:ferry-returns".
+    if (line.find("/memfd:ferry (deleted)") != std::string::npos) ++count;
   }
   return count;
 }
 
 void LeakCheckedTest::SetUp() {
+  release_cached_shared_memory();
   fds_before_ = count_open_fds();
   shm_before_ = count_dev_shm_entries();
 }
 
 void LeakCheckedTest::TearDown() {
-  // Children may still be closing their ends; give the kernel a moment to settle.
+  // Cached shared memory is not a leak: give it back first (this also collects the blocks
+  // that receivers returned or that dead receivers held). Children may still be closing
+  // their ends; give the kernel a moment to settle.
+  release_cached_shared_memory();
   for (int attempt = 0; attempt < 50 && count_open_fds() != fds_before_; ++attempt) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    release_cached_shared_memory();
   }
   EXPECT_EQ(count_open_fds(), fds_before_) << "file descriptors leaked";
   EXPECT_EQ(count_dev_shm_entries(), shm_before_) << "/dev/shm entries leaked";

@@ -11,12 +11,14 @@ namespace ferry::test {
 std::size_t count_open_fds();
 /// Number of entries in /dev/shm.
 std::size_t count_dev_shm_entries();
-/// Number of memory mappings of ferry memfds in this process (lines of /proc/self/maps
-/// that name "/memfd:ferry").
+/// Number of memory mappings of ferry's tensor segments in this process (lines of
+/// /proc/self/maps that name "/memfd:ferry"; return boards, "/memfd:ferry-returns", are
+/// not counted).
 std::size_t count_ferry_mappings();
 
 /// A fixture that records fds and /dev/shm entries in SetUp and checks in TearDown that
-/// both returned to their starting values.
+/// both returned to their starting values. Both first empty the shared-memory cache
+/// (release_cached_shared_memory()): cached segments hold fds, but are not leaks.
 class LeakCheckedTest : public ::testing::Test {
  protected:
   void SetUp() override;

@@ -103,6 +103,10 @@ class Sender {
   }
   bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
   Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }
+  /// The pool of an isolated channel (ChannelOptions::pool): allocate tensors for this
+  /// peer from it to send them without a copy. Empty for a channel without isolation (and
+  /// for an InProcess channel, whose values are moved, never serialized).
+  std::optional<SharedAllocator> pool() const { return core_ ? core_->pool() : std::nullopt; }
   /// Access to the untyped core (transports and spawn use it); InProcess channels have none.
   detail::SenderCore& core() {
     if (!core_) {

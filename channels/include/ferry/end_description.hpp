@@ -17,7 +17,9 @@ enum class EndRole : std::uint8_t { Sender = 1, Receiver = 2 };
 /// One channel end as plain data: its transport, the numbers of its descriptors (which
 /// the new process inherits at the same numbers), its options and its message type. A
 /// cereal-serializable value; the descriptors themselves must reach the other process by
-/// inheritance (fork + exec with FD_CLOEXEC cleared on exactly these).
+/// inheritance (fork + exec with FD_CLOEXEC cleared on exactly these). A pool
+/// (ChannelOptions::pool) cannot cross processes: an isolated end is rebuilt with a new,
+/// private pool of the same settings, so it stays isolated.
 struct EndDescription {
   EndRole role = EndRole::Sender;
   Transport transport = Transport::Pipe;
@@ -30,10 +32,21 @@ struct EndDescription {
   void serialize(Archive& ar) {
     auto linger = static_cast<std::int64_t>(options.close_linger.count());
     auto ring = static_cast<std::uint64_t>(options.ring_capacity);
+    bool isolated = options.pool.has_value();
+    const SharedAllocatorSettings pool_settings = isolated ? options.pool->settings() : SharedAllocatorSettings{};
+    auto pool_segment_bytes = static_cast<std::uint64_t>(pool_settings.segment_bytes);
+    auto pool_cached_bytes = static_cast<std::uint64_t>(pool_settings.max_cached_bytes);
     ar(role, transport, type_fingerprint, type_name, fds, options.limits.max_body_bytes, options.limits.max_handles,
-       options.limits.max_fds, options.limits.max_releases, options.limits.max_type_name_bytes, ring, linger);
+       options.limits.max_segments, options.limits.max_fds, options.limits.max_releases,
+       options.limits.max_type_name_bytes, ring, linger, isolated, pool_segment_bytes, pool_cached_bytes);
     options.close_linger = std::chrono::milliseconds(linger);
     options.ring_capacity = static_cast<std::size_t>(ring);
+    if (isolated && !options.pool) {  // loading: a new pool of the same settings
+      SharedAllocatorSettings settings;
+      settings.segment_bytes = static_cast<std::size_t>(pool_segment_bytes);
+      settings.max_cached_bytes = static_cast<std::size_t>(pool_cached_bytes);
+      options.pool.emplace(settings);
+    }
   }
 };
 

@@ -19,6 +19,7 @@
 #include "ferry/handle_cache.hpp"
 #include "ferry/init.hpp"
 #include "ferry/select.hpp"
+#include "ferry/shared_allocator.hpp"
 #include "ferry/spawn.hpp"
 #include "ferry/peer_credentials.hpp"
 #include "ferry/tensor.hpp"

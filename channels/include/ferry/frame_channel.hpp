@@ -7,12 +7,14 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "ferry/live_ends.hpp"
 #include "ferry/message_decoder.hpp"
 #include "ferry/message_encoder.hpp"
+#include "ferry/shared_allocator.hpp"
 #include "ferry/transport.hpp"
 
 namespace ferry {
@@ -35,6 +37,14 @@ struct ChannelOptions {
   /// How long close() waits for the receiver to map storages it was sent by /proc path
   /// (Transport::Pipe): the sender's fds must stay open until then.
   std::chrono::milliseconds close_linger{10'000};
+  /// Memory isolation between peers. Empty (the default): a storage travels from whatever
+  /// segment it lives in (usually one of the process-wide caching allocator's), so the
+  /// receiver maps whole segments that may also hold blocks sent to other peers. Set to a
+  /// pool (`SharedAllocator(settings)`, one per peer): the channel passes only segments of
+  /// that pool; a storage from anywhere else is copied into the pool for each send, and a
+  /// heap storage moves into the pool. Allocate tensors for this peer from the pool
+  /// (`Tensor::empty(shape, dtype, pool)`) to send them without a copy.
+  std::optional<SharedAllocator> pool;
 };
 
 namespace detail {
@@ -82,6 +92,10 @@ class SenderCore final : public LiveEnd {
   /// Storages passed by fd or /proc path so far (a repeat send of a leased one is not).
   std::uint64_t storages_passed();
   void abandon_in_child() noexcept override;
+  /// Storages pinned because the receiver may still hold them (for tests and statistics).
+  std::size_t pinned_storages();
+  /// The pool of an isolated channel (ChannelOptions::pool), or empty.
+  const std::optional<SharedAllocator>& pool() const noexcept { return options_.pool; }
 
  private:
   void ensure_open() const;
@@ -149,6 +163,8 @@ class ReceiverCore final : public LiveEnd {
   /// The descriptor to poll for more data (FrameReader::readiness_fd()); -1 when closed.
   int readiness_fd();
   void abandon_in_child() noexcept override;
+  /// Segments this end leases from the sender (for tests and statistics).
+  std::size_t leased_segments();
 
  private:
   ReadStatus next_locked(const Deadline& deadline);

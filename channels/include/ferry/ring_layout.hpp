@@ -30,8 +30,8 @@
 //   sleeper writes it only on its slow path.
 // - The producer and consumer lines are 128 bytes apart so that the adjacent-line
 //   prefetcher does not couple them.
-// - acknowledged: the highest frame sequence whose storages the reader has opened by
-//   /proc/<pid>/fd/<n> (HandleKind::NewProcFd); the writer keeps those storages alive
+// - acknowledged: the highest frame sequence whose segments the reader has opened by
+//   /proc/<pid>/fd/<n> (SegmentKind::NewProcFd); the writer keeps those segments open
 //   until then.
 #pragma once
 

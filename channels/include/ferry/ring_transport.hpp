@@ -20,10 +20,13 @@
 //   drained. A sender that finds room checks the companion at most once per
 //   peer_check_interval, so sends into a ring whose reader died succeed for at most about
 //   that long (or until the ring is full).
-// - Tensors: a ring cannot carry fds, so storages travel as HandleKind::NewProcFd (the
-//   reader opens /proc/<writer pid>/fd/<n>) and the reader acknowledges each such frame
-//   by storing its sequence in the segment's `acknowledged` field; the writer keeps those
-//   storages alive until then (MessageEncoder's keep-alive, HandlePassing::ProcFd).
+// - Tensors: a ring cannot carry fds, so new shared segments (and the return board) travel
+//   as SegmentKind::NewProcFd (the reader opens /proc/<writer pid>/fd/<n>) and the reader
+//   acknowledges each such frame by storing its sequence in the segment's `acknowledged`
+//   field; the writer keeps those segments open until then (MessageEncoder's keep-alive,
+//   HandlePassing::ProcFd). Blocks of leased segments need neither.
+// - A closed writer's liveness_probe() is a duplicate of its companion socket, so the
+//   sender's hold ledger can tell when the reader is gone (see HoldLedger).
 // - Both ends are created in one process (make_ring_transport) and reach another by
 //   fork, or by passing descriptors() to an exec'd process and rebuilding the end there
 //   with RingSegment::attach and the matching constructor below.
@@ -57,6 +60,10 @@ class RingFrameWriter final : public FrameWriter {
   bool flush(const Deadline& deadline) override;
   void close() noexcept override;
   std::vector<int> descriptors() const override { return end_.descriptors(); }
+  /// A duplicate of this end's companion socket: it reports POLLHUP once every process
+  /// holding the reader's side has dropped it or died (the hold ledger of a closed channel
+  /// polls it to unpin frames that nobody will ever read).
+  UniqueFd liveness_probe() const override;
 
  private:
   // Free bytes in the ring, re-reading the reader's head when `refresh`; throws

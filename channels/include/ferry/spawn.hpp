@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <tuple>
@@ -32,6 +33,7 @@
 #include "ferry/init.hpp"
 #include "ferry/message_decoder.hpp"
 #include "ferry/message_encoder.hpp"
+#include "ferry/process_identity.hpp"
 #include "ferry/tensor_wire.hpp"
 #include "ferry/worker_args.hpp"
 #include "ferry/worker_group.hpp"
@@ -53,12 +55,48 @@ UniqueFd write_payload(const EncodedFrame& frame);
 /// Reads a payload written by write_payload and takes ownership of its tensor fds.
 DecodedPayload read_payload(UniqueFd payload);
 
+/// The encoded arguments of one worker: the payload memfd, and the encoder that made the
+/// frame in it. The encoder keeps the frame's descriptors (tensor segments, the return
+/// board) open until the worker has inherited them. started() commits the frame; the
+/// encoder's hold ledger then keeps the tensors' blocks pinned until the worker gives them
+/// back or exits. Dropped without started() (the worker never started), the frame is
+/// rolled back and nothing stays pinned.
+class EncodedPayload {
+ public:
+  EncodedPayload(std::unique_ptr<MessageEncoder> encoder, UniqueFd fd)
+      : encoder_(std::move(encoder)), fd_(std::move(fd)) {}
+  EncodedPayload(EncodedPayload&&) noexcept = default;
+  EncodedPayload& operator=(EncodedPayload&&) = delete;
+  ~EncodedPayload() {
+    if (encoder_ && !started_) encoder_->rollback();
+  }
+  /// The payload memfd, for WorkerGroup::start_exec().
+  int fd() const noexcept { return fd_.get(); }
+  /// The worker `pid` was started and inherited the descriptors. Registers it as a holder
+  /// of the frame's blocks, so that they are unpinned when it exits, even before it read
+  /// them.
+  void started(pid_t pid) {
+    encoder_->commit();
+    started_ = true;
+    try {
+      if (const auto worker = identify_process(static_cast<std::int32_t>(pid))) encoder_->add_holder(*worker);
+    } catch (const Error&) {
+      // /proc cannot tell: the worker registers itself when it reads its arguments.
+    }
+  }
+
+ private:
+  std::unique_ptr<MessageEncoder> encoder_;
+  UniqueFd fd_;
+  bool started_ = false;
+};
+
 /// Encodes `wire` (a tuple of wire values) into a payload for one worker; appends the
 /// descriptors the worker must inherit (its ends' and its tensors') to `inherited`.
 template <class WireTuple>
-UniqueFd encode_payload(const WireTuple& wire, std::vector<int>& inherited) {
-  MessageEncoder encoder(HandlePassing::FdPassing);
-  const EncodedFrame& frame = encoder.encode(wire);
+EncodedPayload encode_payload(const WireTuple& wire, std::vector<int>& inherited) {
+  auto encoder = std::make_unique<MessageEncoder>(HandlePassing::FdPassing);
+  const EncodedFrame& frame = encoder->encode(wire);
   inherited.insert(inherited.end(), frame.fds.begin(), frame.fds.end());
   std::apply(
       [&](const auto&... value) {
@@ -74,7 +112,8 @@ UniqueFd encode_payload(const WireTuple& wire, std::vector<int>& inherited) {
             ...);
       },
       wire);
-  return write_payload(frame);
+  UniqueFd payload = write_payload(frame);
+  return EncodedPayload(std::move(encoder), std::move(payload));
 }
 
 /// Decodes a payload into the wire tuple WireTuple.
@@ -172,8 +211,9 @@ void start_exec_workers(WorkerGroup& group, Stored& stored, std::string_view nam
   for (int rank = 0; rank < group.size(); ++rank) {
     auto wire = wire_for_rank<Values>(stored, rank, std::make_index_sequence<std::tuple_size_v<Stored>>{});
     std::vector<int> inherited;
-    UniqueFd payload = encode_payload(wire, inherited);
-    group.start_exec(rank, name, payload.get(), inherited);
+    EncodedPayload payload = encode_payload(wire, inherited);
+    group.start_exec(rank, name, payload.fd(), inherited);
+    payload.started(group.pid(rank));
   }
 }
 

@@ -26,6 +26,9 @@ class StreamFrameWriter final : public FrameWriter {
   bool flush(const Deadline& deadline) override { return flush_pending(deadline); }
   void close() noexcept override;
   std::vector<int> descriptors() const override;
+  /// A duplicate of the stream: a pipe's write end reports POLLERR, a socket POLLHUP, once
+  /// the reader is gone.
+  UniqueFd liveness_probe() const override { return stream_ ? stream_.duplicate() : UniqueFd(); }
 
  private:
   // One write or sendmsg; returns bytes written, or -1 with errno (EAGAIN when full).

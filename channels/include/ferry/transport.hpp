@@ -63,6 +63,11 @@ class FrameWriter {
   virtual void close() noexcept = 0;
   /// The descriptors of this end, for handing it to an exec'd process (may be empty).
   virtual std::vector<int> descriptors() const { return {}; }
+  /// A new descriptor that poll() reports with POLLERR or POLLHUP once the reading end is
+  /// gone (closed in every process), or an empty one when the transport cannot tell. A
+  /// closed channel keeps it while frames it sent are unresolved, to unpin their memory
+  /// if nobody will ever read them.
+  virtual UniqueFd liveness_probe() const { return UniqueFd(); }
 };
 
 /// The receiving half of a transport.

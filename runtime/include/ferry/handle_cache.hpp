@@ -1,4 +1,4 @@
-// The process-wide cache of shared storages, keyed by the identity of their memfd.
+// The process-wide cache of shared segments, keyed by the identity of their memfd.
 #pragma once
 
 #include <cstddef>
@@ -10,25 +10,26 @@
 
 namespace ferry {
 
-class Storage;
+class SharedSegment;
 
-/// Maps the identity of a shared segment to the Storage that maps it in this process, so
-/// that a segment received many times (or sent back to its creator) is mapped once and all
-/// its views share memory. Holds weak references: the cache never keeps a storage alive.
-/// Dead entries are purged when the entry count passes a limit, which then becomes twice
-/// the live count (at least 128), as torch's SharedCache does. Thread-safe.
+/// Maps the identity of a shared segment to the SharedSegment that maps it in this
+/// process, so that a segment received on several channels (or sent back to the process
+/// that created it) is mapped once and all its blocks share memory. Holds weak references:
+/// the cache never keeps a segment alive. Dead entries are purged when the entry count
+/// passes a limit, which then becomes twice the live count (at least 128), as torch's
+/// SharedCache does. Thread-safe.
 class HandleCache {
  public:
   /// The cache of this process.
   static HandleCache& global();
 
-  /// The live storage mapped for `identity`, or nullptr.
-  std::shared_ptr<Storage> find(const FileIdentity& identity);
+  /// The live segment mapped for `identity`, or nullptr.
+  std::shared_ptr<SharedSegment> find(const FileIdentity& identity);
 
-  /// Records `storage` for `identity` unless a live storage is already recorded; returns
-  /// the storage the cache holds afterwards (the existing one wins, so concurrent
-  /// receivers of one segment end up sharing one storage).
-  std::shared_ptr<Storage> insert(const FileIdentity& identity, const std::shared_ptr<Storage>& storage);
+  /// Records `segment` for `identity` unless a live segment is already recorded; returns
+  /// the segment the cache holds afterwards (the existing one wins, so concurrent
+  /// receivers of one segment end up sharing one mapping).
+  std::shared_ptr<SharedSegment> insert(const FileIdentity& identity, const std::shared_ptr<SharedSegment>& segment);
 
   /// Entries held, live or dead (for tests and statistics).
   std::size_t size() const;
@@ -41,7 +42,7 @@ class HandleCache {
   void purge_locked();
 
   mutable std::mutex mutex_;
-  std::unordered_map<FileIdentity, std::weak_ptr<Storage>, FileIdentityHash> entries_;
+  std::unordered_map<FileIdentity, std::weak_ptr<SharedSegment>, FileIdentityHash> entries_;
   std::size_t limit_ = 128;
 };
 

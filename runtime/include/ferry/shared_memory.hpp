@@ -33,9 +33,10 @@ FileIdentity identify_fd(int fd);
 /// Its pages are reserved when it is created, so writing to it never raises SIGBUS.
 class SharedMemory {
  public:
-  /// Creates a segment of `size` bytes (> 0). Throws OutOfSharedMemory when the pages
-  /// cannot be reserved and SystemError for other failures.
-  static SharedMemory create(std::size_t size);
+  /// Creates a segment of `size` bytes (> 0). `name` is the memfd's name, shown in
+  /// /proc/<pid>/maps as "/memfd:<name>". Throws OutOfSharedMemory when the pages cannot
+  /// be reserved and SystemError for other failures.
+  static SharedMemory create(std::size_t size, const char* name = "ferry");
 
   /// Maps a segment received from another process after checking that `fd` is a memfd
   /// sealed against shrinking and growing whose size is exactly `expected_size`.
@@ -44,8 +45,11 @@ class SharedMemory {
 
   std::byte* data() const noexcept { return static_cast<std::byte*>(mapping_.data()); }
   std::size_t size() const noexcept { return size_; }
-  /// The memfd; valid as long as this object lives.
+  /// The memfd, or -1 after close_fd().
   int fd() const noexcept { return fd_.get(); }
+  /// Closes the memfd but keeps the mapping: the memory stays valid for this process, but
+  /// can no longer be passed to another one.
+  void close_fd() noexcept { fd_.reset(); }
   const FileIdentity& identity() const noexcept { return identity_; }
 
  private:

@@ -8,21 +8,11 @@
 #include <mutex>
 
 #include "ferry/device.hpp"
-#include "ferry/shared_memory.hpp"
+#include "ferry/shared_segment.hpp"
 
 namespace ferry {
 
-/// Owns the bytes behind a Storage. Subclasses: private heap memory, a shared memfd
-/// segment, and (with CUDA) device memory.
-class Allocation {
- public:
-  virtual ~Allocation() = default;
-  virtual std::byte* data() const noexcept = 0;
-  virtual std::size_t size() const noexcept = 0;
-  virtual Device device() const noexcept = 0;
-  /// The shared segment behind this allocation, or nullptr when it is not shared memory.
-  virtual const SharedMemory* shared_memory() const noexcept { return nullptr; }
-};
+class SharedAllocator;
 
 /// Heap memory private to this process, 64-byte aligned.
 class HeapAllocation final : public Allocation {
@@ -40,54 +30,49 @@ class HeapAllocation final : public Allocation {
   std::size_t size_ = 0;
 };
 
-/// A whole sealed memfd segment.
-class SharedMemoryAllocation final : public Allocation {
- public:
-  explicit SharedMemoryAllocation(SharedMemory segment) : segment_(std::move(segment)) {}
-  std::byte* data() const noexcept override { return segment_.data(); }
-  std::size_t size() const noexcept override { return segment_.size(); }
-  Device device() const noexcept override { return Device::SharedCpu; }
-  const SharedMemory* shared_memory() const noexcept override { return &segment_; }
-
- private:
-  SharedMemory segment_;
-};
-
 /// A contiguous block of bytes that tensors view. Always owned through std::shared_ptr;
 /// views of one storage share it, and it dies with its last view.
 class Storage : public std::enable_shared_from_this<Storage> {
  public:
-  /// Allocates `nbytes` on `device`. Shared memory is registered in the process's handle
-  /// cache so that a storage sent back to us is recognised; CUDA memory comes from ferry's
-  /// caching device allocator (ferry/cuda/block_pool.hpp; CudaError when that fails, Error
-  /// in a build without CUDA).
-  static std::shared_ptr<Storage> allocate(std::size_t nbytes, Device device);
-  /// Wraps an allocation; several Storage objects may share one (a receiver's lease keeps
-  /// the allocation, not the Storage, alive).
+  /// Allocates `nbytes` on `device`. Shared memory comes from the process's caching
+  /// allocator (SharedAllocator::global()); CUDA memory from ferry's caching device
+  /// allocator (ferry/cuda/block_pool.hpp; CudaError when that fails, Error in a build
+  /// without CUDA). With `zeroed`, the bytes are zero; otherwise their value is unspecified
+  /// (a recycled block keeps old contents).
+  static std::shared_ptr<Storage> allocate(std::size_t nbytes, Device device, bool zeroed = false);
+  /// Allocates `nbytes` of shared memory from `pool`.
+  static std::shared_ptr<Storage> allocate(std::size_t nbytes, const SharedAllocator& pool, bool zeroed = false);
+  /// Wraps an allocation; several Storage objects may share one (a storage sent back to
+  /// the process that created it, once the creator's Storage object died).
   static std::shared_ptr<Storage> adopt(std::shared_ptr<Allocation> allocation, bool received = false);
 
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
 
+  /// First byte of the storage (nullptr when it has no bytes).
   std::byte* data() const noexcept { return allocation_ ? allocation_->data() : nullptr; }
+  /// Size of the storage in bytes (a shared block's requested size, not its class size).
   std::size_t nbytes() const noexcept { return allocation_ ? allocation_->size() : 0; }
+  /// Where the bytes live.
   Device device() const noexcept { return device_; }
   /// Unique within this process for the process's lifetime (never reused).
   std::uint64_t id() const noexcept { return id_; }
-  /// The shared segment behind the storage, or nullptr.
-  const SharedMemory* shared_memory() const noexcept {
-    return allocation_ ? allocation_->shared_memory() : nullptr;
-  }
+  /// The shared block behind the storage (segment, offset, size), or nullptr.
+  const SharedBlock* shared_block() const noexcept { return allocation_ ? allocation_->shared_block() : nullptr; }
+  /// True once the storage lives in shared memory (lock-free: safe to ask while another
+  /// thread shares it).
   bool is_shared() const noexcept { return shared_.load(std::memory_order_acquire); }
   /// True when the storage was received from another process.
   bool received() const noexcept { return received_; }
 
-  /// Moves a heap storage's bytes into a new shared segment, in place: every tensor that
-  /// views this storage follows. No-op when already shared, and for CUDA storages (which
-  /// travel through CUDA IPC as they are). Not safe while another thread reads or writes
-  /// the storage's bytes.
+  /// Moves a heap storage's bytes into shared memory (a block of `pool`, by default the
+  /// process's caching allocator), in place: every tensor that views this storage
+  /// follows. No-op when already shared, and for CUDA storages (which travel through CUDA
+  /// IPC as they are). Not safe while another thread reads or writes the
+  /// storage's bytes.
   void share_memory();
+  void share_memory(const SharedAllocator& pool);
 
   /// Records that the storage went into a frame, so that its death is announced to the
   /// channels that track what their receivers hold (see sent_storage_deaths()).
@@ -102,7 +87,9 @@ class Storage : public std::enable_shared_from_this<Storage> {
   std::shared_ptr<Allocation> shared_allocation() const noexcept { return allocation_; }
 
  private:
+  struct Constructor;
   Storage(std::shared_ptr<Allocation> allocation, Device device, bool received);
+  static std::shared_ptr<Storage> make(std::shared_ptr<Allocation> allocation, Device device, bool received);
 
   std::shared_ptr<Allocation> allocation_;
   Device device_;

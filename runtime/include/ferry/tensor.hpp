@@ -14,6 +14,7 @@
 #include "ferry/device.hpp"
 #include "ferry/dtype.hpp"
 #include "ferry/error.hpp"
+#include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry {
@@ -35,8 +36,13 @@ class Tensor {
 
   /// A contiguous tensor of `shape` whose elements are not initialised.
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::Cpu);
+  /// A contiguous tensor of `shape` in shared memory from `pool` (for example the pool of
+  /// an isolated channel, see ChannelOptions::pool); its elements are not initialised.
+  static Tensor empty(const Shape& shape, DType dtype, const SharedAllocator& pool);
   /// A contiguous tensor of `shape` filled with zeros.
   static Tensor zeros(const Shape& shape, DType dtype, Device device = Device::Cpu);
+  /// A contiguous tensor of `shape` filled with zeros, in shared memory from `pool`.
+  static Tensor zeros(const Shape& shape, DType dtype, const SharedAllocator& pool);
   /// A contiguous tensor of `shape` holding a copy of `values` (row-major).
   template <class T>
   static Tensor from(std::span<const T> values, const Shape& shape, Device device = Device::Cpu);

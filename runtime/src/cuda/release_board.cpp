@@ -67,10 +67,13 @@ ReleaseBoard::ReleaseBoard(std::shared_ptr<Storage> storage, std::uint32_t capac
 
 ReleaseBoard::~ReleaseBoard() = default;
 
-std::shared_ptr<ReleaseBoard> ReleaseBoard::create(std::uint32_t capacity, std::shared_ptr<const void> keepalive) {
+std::shared_ptr<ReleaseBoard> ReleaseBoard::create(std::uint32_t capacity, std::shared_ptr<const void> keepalive,
+                                                   const std::optional<SharedAllocator>& pool) {
   if (capacity == 0) throw Error("ReleaseBoard::create: a board needs at least one counter");
   const std::size_t bytes = kReleaseBoardHeaderBytes + std::size_t{capacity} * sizeof(std::int64_t);
-  auto storage = Storage::allocate(bytes, Device::SharedCpu);  // fresh pages: every counter is 0
+  // Zeroed: a recycled block keeps old contents, and every counter and consumer entry must
+  // start at 0.
+  auto storage = Storage::allocate(bytes, pool ? *pool : SharedAllocator::global(), true);
   std::memcpy(storage->data(), &kReleaseBoardMagic, sizeof kReleaseBoardMagic);
   auto board = std::shared_ptr<ReleaseBoard>(new ReleaseBoard(std::move(storage), capacity, std::move(keepalive)));
   BoardRegistry& boards = registry();
@@ -202,15 +205,16 @@ ConsumerHold::~ConsumerHold() {
   if (board_) board_->free(counter_);
 }
 
-ReleaseBoardSet::ReleaseBoardSet(std::shared_ptr<const void> keepalive, std::uint32_t capacity)
-    : keepalive_(std::move(keepalive)), capacity_(capacity) {}
+ReleaseBoardSet::ReleaseBoardSet(std::shared_ptr<const void> keepalive, std::uint32_t capacity,
+                                 std::optional<SharedAllocator> pool)
+    : keepalive_(std::move(keepalive)), capacity_(capacity), pool_(std::move(pool)) {}
 
 ConsumerHold ReleaseBoardSet::acquire() {
   std::uint32_t counter = 0;
   for (const auto& board : boards_) {
     if (board->acquire(counter)) return ConsumerHold(board, counter);
   }
-  boards_.push_back(ReleaseBoard::create(capacity_, keepalive_));
+  boards_.push_back(ReleaseBoard::create(capacity_, keepalive_, pool_));
   if (!boards_.back()->acquire(counter)) throw Error("a new release board has no free counter");
   return ConsumerHold(boards_.back(), counter);
 }

@@ -1,13 +1,15 @@
-// The wire format of CUDA storages. A CUDA storage is a HandleKind::CudaIpc entry of the
-// handle table plus a CudaHandleRecord at the front of the body (one per CudaIpc entry, in
-// table order). The entry carries what every handle carries:
+// The wire format of CUDA storages (wire version 2, see frame.hpp). A CUDA storage is a
+// HandleKind::CudaIpc entry of the handle table plus a CudaHandleRecord at the front of the
+// body (one per CudaIpc entry, in table order; the header's body_bytes counts them). The
+// entry carries what every storage entry carries:
 //   slot     the lease slot of the storage on this connection (the receiver keeps the
 //            opened block mapped there until the sender announces the slot's release)
 //   nbytes   the storage's size
-//   pid      the producer's pid
-//   device   the producer's ordinal of the GPU (informative: the record's PCI bus id rules)
-// and the record the rest. Every frame that carries the storage repeats the record: a storage
-// sent again while leased costs no cudaIpcOpenMemHandle, only an event wait and a counter.
+// (its segment_slot and offset are unused: a CUDA storage lies in no shared segment) and the
+// record the rest, including the producer's pid and device ordinal, which version 1 kept in
+// its larger handle entries. Every frame that carries the storage repeats the record: a
+// storage sent again while leased costs no cudaIpcOpenMemHandle, only an event wait and a
+// counter.
 #pragma once
 
 #include <cstddef>
@@ -26,11 +28,13 @@ struct CudaHandleRecord {
   std::uint64_t block_id;       ///< the producer's name of the block, never reused by that process
   std::uint64_t block_bytes;    ///< size of the block
   std::uint64_t offset;         ///< the storage's byte offset in the block
-  std::uint32_t board_index;    ///< index, in the handle table, of the release board (a shared segment)
+  std::uint32_t board_index;    ///< index, in the handle table, of the release board (a shared storage)
   std::uint32_t counter;        ///< the counter of that board that this storage's holds are counted on
   std::uint32_t flags;          ///< kCudaRecordHasEvent
+  std::int32_t pid;             ///< the producer's pid (the process that allocated the block)
+  std::int32_t device;          ///< the producer's ordinal of the GPU (informative: pci_bus_id rules)
   std::uint32_t reserved;       ///< zero
 };
-static_assert(sizeof(CudaHandleRecord) == 184);
+static_assert(sizeof(CudaHandleRecord) == 192);
 
 }  // namespace ferry

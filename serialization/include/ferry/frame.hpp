@@ -1,17 +1,27 @@
 // The wire format of one frame. All integers are little-endian (native on the hosts ferry
 // supports: frames never leave the machine).
 //
-//   FrameHeader (48 bytes)
+//   FrameHeader (56 bytes)
 //   type name             type_name_bytes bytes (first message frame of a connection only)
-//   handle table          handle_count x HandleEntry (48 bytes each)
-//   released slots        release_count x uint32: leases the receiver drops before
-//                         resolving this frame's handles
+//   segment table         segment_count x SegmentEntry (48 bytes each): the shared segments
+//                         (and the connection's return board) this frame introduces
+//   handle table          handle_count x HandleEntry (32 bytes each): the message's storages,
+//                         each a block (segment slot, offset, size)
+//   released slots        release_count x uint32: storage leases the receiver drops
+//   released segments     segment_release_count x uint32: segment leases the receiver drops
 //   body                  body_bytes bytes: the cereal archive of the message; when the
-//                         table has CudaIpc entries, the body starts with one
-//                         CudaHandleRecord per such entry, in table order (cuda_frame.hpp)
+//                         handle table has CudaIpc entries, the body starts with one
+//                         CudaHandleRecord per such entry, in table order (cuda_frame.hpp),
+//                         and body_bytes counts them
 //
 // fd_count file descriptors travel with the frame as SCM_RIGHTS ancillary data (Unix
-// socket), one per HandleKind::NewFd entry, in table order.
+// socket), one per SegmentKind::NewFd entry, in table order. The receiver drops released
+// leases first, then maps new segments, then resolves the handle table.
+//
+// Version 2 (the caching allocator) replaced version 1, whose 48-byte handle entries each
+// named a whole memfd: a storage is now a block of a segment, segments travel once per
+// connection in their own table, and CUDA storages are CudaIpc entries of the same handle
+// table (their producer pid and device moved into the CUDA record).
 #pragma once
 
 #include <cstddef>
@@ -20,7 +30,8 @@
 namespace ferry {
 
 inline constexpr std::uint32_t kFrameMagic = 0x59525246;  // "FRRY"
-inline constexpr std::uint16_t kFrameVersion = 1;
+/// Version 2: storages are blocks of leased segments, with a return board per connection.
+inline constexpr std::uint16_t kFrameVersion = 2;
 
 /// What a frame carries.
 enum class FrameKind : std::uint8_t {
@@ -39,37 +50,70 @@ struct FrameHeader {
   std::uint64_t type_fingerprint = 0;
   std::uint64_t sequence = 0;  ///< 1, 2, 3 ... per connection
   std::uint32_t type_name_bytes = 0;
+  std::uint32_t segment_count = 0;
   std::uint32_t handle_count = 0;
   std::uint32_t fd_count = 0;
   std::uint32_t release_count = 0;
+  std::uint32_t segment_release_count = 0;
   std::uint64_t body_bytes = 0;
 };
-static_assert(sizeof(FrameHeader) == 48);
+static_assert(sizeof(FrameHeader) == 56);
+
+/// How a new segment reaches the receiver.
+enum class SegmentKind : std::uint32_t {
+  NewFd = 1,      ///< a memfd passed with the frame (SCM_RIGHTS)
+  NewProcFd = 2,  ///< a memfd the receiver opens at /proc/<pid>/fd/<fd>, checked against device/inode
+};
+
+/// What a new segment is for.
+enum class SegmentRole : std::uint32_t {
+  Data = 0,         ///< tensor memory: the receiver leases it at `slot` until the sender releases it
+  ReturnBoard = 1,  ///< the connection's return board (see ReturnBoard); sent once, `slot` unused
+};
+
+/// A segment the frame introduces. The receiver checks that it is a memfd sealed against
+/// shrinking and growing whose size is exactly `size`.
+struct SegmentEntry {
+  std::uint32_t kind = 0;  ///< SegmentKind
+  std::uint32_t role = 0;  ///< SegmentRole
+  std::uint32_t slot = 0;  ///< segment slot the receiver leases it at (Data)
+  std::int32_t pid = 0;    ///< NewProcFd: the sender's pid
+  std::uint64_t size = 0;  ///< bytes of the segment
+  std::int32_t fd = -1;    ///< NewProcFd: the sender's fd number
+  std::uint32_t reserved = 0;
+  std::uint64_t device = 0;  ///< NewProcFd: st_dev of the memfd
+  std::uint64_t inode = 0;   ///< NewProcFd: st_ino of the memfd
+};
+static_assert(sizeof(SegmentEntry) == 48);
 
 /// How one storage of a message reaches the receiver.
 enum class HandleKind : std::uint32_t {
-  NewFd = 1,      ///< a memfd passed with the frame (SCM_RIGHTS); the receiver leases it at `slot`
-  NewProcFd = 2,  ///< a memfd the receiver opens at /proc/<pid>/fd/<fd>, checked against device/inode
-  Leased = 3,     ///< a storage the receiver already leases at `slot`: no fd, no mmap
-  CudaIpc = 4,    ///< a CUDA storage, described by its CudaHandleRecord (cuda_frame.hpp); leased at `slot`
+  NewBlock = 1,  ///< a block of a leased segment; the receiver leases it at `slot` and gives the
+                 ///< slot back through the return board once it no longer holds the block
+  Leased = 2,    ///< a storage the receiver already leases at `slot`: only the slot travels
+  CudaIpc = 3,   ///< a CUDA storage of `nbytes`, leased at `slot`, described by its CudaHandleRecord
+                 ///< (cuda_frame.hpp); `segment_slot` and `offset` are unused (zero)
 };
 
+/// One storage: `nbytes` at `offset` in the segment leased at `segment_slot` (NewBlock), a
+/// storage already leased at `slot` (Leased), or a CUDA storage (CudaIpc). Resolving a
+/// NewBlock or Leased entry needs no fd, no mmap and no system call once the segment is
+/// leased. The receiver checks offset + nbytes against the segment's size.
 struct HandleEntry {
-  std::uint32_t kind = 0;
-  std::uint32_t slot = 0;
-  std::uint64_t nbytes = 0;
-  std::int32_t pid = 0;
-  std::int32_t fd = -1;
-  std::uint64_t device = 0;
-  std::uint64_t inode = 0;
-  std::uint64_t reserved = 0;
+  std::uint32_t kind = 0;          ///< HandleKind
+  std::uint32_t slot = 0;          ///< storage slot
+  std::uint32_t segment_slot = 0;  ///< NewBlock: the segment's slot
+  std::uint32_t reserved = 0;      ///< zero
+  std::uint64_t offset = 0;  ///< NewBlock: offset of the block in its segment
+  std::uint64_t nbytes = 0;  ///< size of the storage
 };
-static_assert(sizeof(HandleEntry) == 48);
+static_assert(sizeof(HandleEntry) == 32);
 
 /// Limits a receiver enforces on a header before it reads the rest of the frame.
 struct FrameLimits {
   std::uint64_t max_body_bytes = std::uint64_t{1} << 30;
   std::uint32_t max_handles = 1u << 16;
+  std::uint32_t max_segments = 1u << 16;
   std::uint32_t max_fds = 253;  // SCM_MAX_FD
   std::uint32_t max_releases = 1u << 20;
   std::uint32_t max_type_name_bytes = 4096;
@@ -79,7 +123,7 @@ struct FrameLimits {
 /// naming the field that failed.
 void validate_header(const FrameHeader& header, const FrameLimits& limits);
 
-/// Bytes that follow the header: type name, handle table, releases and body.
+/// Bytes that follow the header: type name, tables, releases and body.
 std::uint64_t payload_bytes(const FrameHeader& header);
 
 }  // namespace ferry

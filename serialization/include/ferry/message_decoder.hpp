@@ -1,6 +1,7 @@
-// The receiving side of one connection: checks a frame's type, resolves its handle table
-// to mapped storages (through the leases of this connection and the process-wide handle
-// cache), and deserializes the body.
+// The receiving side of one connection: checks a frame's type, maps the segments it
+// introduces (through the process-wide handle cache), resolves its handle table to storages
+// (blocks of leased segments), and deserializes the body. See message_encoder.hpp for the
+// lease protocol and holds.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,8 @@
 #include "ferry/archive.hpp"
 #include "ferry/body_reader.hpp"
 #include "ferry/frame.hpp"
+#include "ferry/return_board.hpp"
+#include "ferry/shared_segment.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor_wire.hpp"
 #include "ferry/type_name.hpp"
@@ -23,8 +26,10 @@ namespace ferry {
 
 class MessageDecoder {
  public:
-  /// The most slots a sender may lease to one receiver.
-  static constexpr std::uint32_t kMaxSlots = 1u << 20;
+  /// The most storage slots a sender may lease to one receiver.
+  static constexpr std::uint32_t kMaxSlots = ReturnBoard::kSlots;
+  /// The most segment slots a sender may lease to one receiver.
+  static constexpr std::uint32_t kMaxSegmentSlots = 1u << 20;
 
   MessageDecoder(std::uint64_t expected_fingerprint, std::string_view expected_type_name)
       : expected_fingerprint_(expected_fingerprint), expected_type_name_(expected_type_name) {}
@@ -42,38 +47,57 @@ class MessageDecoder {
     return value;
   }
 
-  /// True when the last frame named storages by /proc path, whose sender waits for an
+  /// True when the last frame named segments by /proc path, whose sender waits for an
   /// acknowledgement to let them go.
   bool wants_acknowledgement() const noexcept { return wants_acknowledgement_; }
-  /// Drops every lease (the channel is closing).
+  /// Drops every lease (the channel is closing). Blocks still used by tensors of this
+  /// process stay mapped, and are given back to the sender when those tensors die.
   void release_all() noexcept;
   /// Storages leased on this connection.
   std::size_t leased() const noexcept;
+  /// Segments leased on this connection.
+  std::size_t leased_segments() const noexcept;
 
  private:
   void check_type(const FrameHeader& header, std::span<const std::byte> name);
-  std::shared_ptr<Storage> map_received(UniqueFd fd, const HandleEntry& entry);
-  std::shared_ptr<Storage> open_proc_fd(const HandleEntry& entry);
+  SharedMemory open_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                            std::size_t& next_fd);
+  void add_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                   std::size_t& next_fd);
+  std::shared_ptr<Storage> resolve_new_block(const HandleEntry& entry, std::size_t index);
+  void claim_frame(std::uint64_t sequence, std::size_t index);
+  void resolve_tables(const FrameHeader& header, std::span<const std::byte> segment_table,
+                      std::span<const std::byte> table, std::vector<UniqueFd>& frame_fds);
+  void give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept;
 
   std::uint64_t expected_fingerprint_;
   std::string_view expected_type_name_;
   std::string peer_type_name_;
-  // A lease keeps a storage the sender still holds. For a storage received from another
-  // process it owns the Storage object itself (the "core"), so that the storage keeps its
-  // identity across messages, and hands the user *handles*: shared_ptrs with their own
-  // control block that point at the core. The sender's encoder watches the handle, so the
-  // storage counts as dropped once the user dropped every handle, even though the lease
-  // still owns the core. For a storage that this process created itself (a tensor sent back
-  // to its creator), the lease owns only the allocation: owning the creator's Storage
-  // object would keep it alive through the lease and its release would never be
-  // announced, keeping both processes' leases alive forever.
+  // A lease keeps a storage the sender still holds: its `allocation` is the receiver's hold
+  // on the memory (a ReceivedBlock, which gives the storage slot back through the return
+  // board when it dies, or an opened CUDA range).
+  //
+  // Identity. For a storage received from another process the lease also owns the Storage
+  // object itself (the "core"), so that the storage keeps its identity (same object, same
+  // id) across messages while the sender holds it, and hands the user *handles*: shared_ptrs
+  // with their own control block that point at the core and announce their last drop
+  // (Storage::announce_dropped). A sender that forwards the storage watches the handle, so
+  // the storage counts as dropped once the user dropped every handle, even though the lease
+  // still owns the core. The core owns the block, so the block is given back once the lease
+  // is released and every handle is gone.
+  //
+  // For a storage this process sent itself (a block coming back, found through the
+  // segment's remembered storages) the lease owns only its block and a weak handle on that
+  // storage: owning it would keep it alive through the lease, its release would never be
+  // announced, and two processes echoing a storage would keep each other's leases alive
+  // forever. CUDA leases have no core either (owning the Storage would hold the producer's
+  // memory).
   struct Lease {
     std::shared_ptr<Allocation> allocation;
     std::shared_ptr<Storage> core;   // received storages only
     std::weak_ptr<Storage> handle;   // what the user holds, while it lives
     explicit operator bool() const noexcept { return allocation != nullptr; }
   };
-  static Lease make_lease(const std::shared_ptr<Storage>& storage);
   std::shared_ptr<Storage> resolve_lease(Lease& lease);
 
   // CUDA storages (defined in serialization/src/cuda_handles.cpp): resolves the CudaIpc
@@ -82,7 +106,10 @@ class MessageDecoder {
   std::shared_ptr<Storage> resolve_cuda(const HandleEntry& entry, std::uint32_t index, std::size_t record);
   std::shared_ptr<CudaReceiveState> cuda_;
 
-  std::vector<Lease> leases_;  // by slot
+  std::vector<Lease> leases_;                              // by storage slot
+  std::vector<std::shared_ptr<SharedSegment>> segments_;   // by segment slot
+  std::shared_ptr<ReturnBoard> board_;
+  std::uint64_t registered_generation_ = ~std::uint64_t{0};  // fork generation we registered as holder in
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
   bool wants_acknowledgement_ = false;

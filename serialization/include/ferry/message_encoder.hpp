@@ -1,13 +1,29 @@
 // The sending side of one connection: turns a message into a frame, and remembers which
-// storages the receiver holds so that a storage is passed (fd, mmap) once and afterwards
-// referenced by its slot alone.
+// segments and storages the receiver holds, so that a segment is passed (fd, mmap) once,
+// a new storage in it travels as (segment slot, offset, size), and a storage sent again
+// travels as its slot alone.
 //
-// Lease protocol. The sender gives every storage it passes a slot; the receiver keeps the
-// mapped storage at that slot (a lease) until the sender announces, in a later frame, that
-// the slot is released. The sender announces a release once its own last reference to the
-// storage died, so the receiver never keeps mapped more than the sender keeps alive, and a
-// storage sent again while alive costs no fd passing and no mmap. Frames arrive in order,
-// so a slot reference always finds its lease.
+// Lease protocol. The sender gives every segment and every storage it passes a slot. The
+// receiver keeps the mapping of a segment, and the block of a storage, at its slot (a
+// lease) until the sender announces, in a later frame, that the slot is released. The
+// sender announces a release once its own last reference died, so the receiver never keeps
+// leased more than the sender keeps alive. Frames arrive in order, so a slot reference
+// always finds its lease.
+//
+// Holds. A storage's block may be recycled by its allocator once nobody uses it, so the
+// sender pins every storage it passed (HoldLedger) until the receiver gives its slot back
+// through the connection's return board: the receiver does so once it dropped the lease
+// and every tensor it built on the block. A storage slot is reused only after that.
+//
+// Identity. A storage received from another process keeps its identity (same Storage
+// object, same id) on the receiving side while the sender holds it, so a storage echoed back
+// and forth travels as a lease both ways (see MessageDecoder). The sender therefore refreshes
+// the weak reference of a leased storage that the frame carries again before it looks for
+// dead ones: a receiver's handle on such a storage may have died and been re-made meanwhile.
+//
+// CUDA storages (cuda_handles.cpp) take storage slots like the others (CudaIpc entries) but
+// are never pinned: the producer learns what receivers hold through release boards instead,
+// so their slots are reusable as soon as their release is announced.
 #pragma once
 
 #include <sys/uio.h>
@@ -16,21 +32,26 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "ferry/archive.hpp"
 #include "ferry/frame.hpp"
+#include "ferry/hold_ledger.hpp"
+#include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor_wire.hpp"
 #include "ferry/type_name.hpp"
+#include "ferry/unique_fd.hpp"
 
 namespace ferry {
 
 /// A frame ready for a transport: byte parts in order and the fds to pass with it.
 struct EncodedFrame {
-  std::array<iovec, 6> parts{};
+  std::array<iovec, 8> parts{};
   std::size_t part_count = 0;
   std::span<const int> fds;
   std::uint64_t sequence = 0;
@@ -38,7 +59,7 @@ struct EncodedFrame {
   std::span<const iovec> iovecs() const { return {parts.data(), part_count}; }
 };
 
-/// How storages reach the receiver on this connection.
+/// How segments reach the receiver on this connection.
 enum class HandlePassing {
   FdPassing,  ///< memfds travel with the frame (SCM_RIGHTS over a Unix socket)
   ProcFd,     ///< the receiver opens /proc/<sender pid>/fd/<n>; needs acknowledgements
@@ -46,7 +67,12 @@ enum class HandlePassing {
 
 class MessageEncoder {
  public:
-  explicit MessageEncoder(HandlePassing passing) : passing_(passing) {}
+  /// `pool`: when set, only segments of this pool are passed (isolation): a storage from
+  /// anywhere else is copied into a block of the pool for each send.
+  explicit MessageEncoder(HandlePassing passing, std::optional<SharedAllocator> pool = std::nullopt);
+  ~MessageEncoder();
+  MessageEncoder(const MessageEncoder&) = delete;
+  MessageEncoder& operator=(const MessageEncoder&) = delete;
 
   /// Encodes `message` into a frame. The frame stays valid until the next encode call.
   /// Call commit() once the transport sent it, or rollback() if it was not sent.
@@ -68,25 +94,56 @@ class MessageEncoder {
   /// the frame's handle table. Heap storages are moved into shared memory first.
   std::uint32_t add_storage(const std::shared_ptr<Storage>& storage);
 
-  /// The receiver has mapped the storages of every frame up to `sequence` (ProcFd only).
+  /// The receiver has mapped the segments of every frame up to `sequence` (ProcFd only).
   void acknowledge(std::uint64_t sequence);
-  /// True while storages are kept alive for frames the receiver has not acknowledged.
+  /// True while segments are kept open for frames the receiver has not acknowledged.
   bool awaiting_acknowledgement() const noexcept { return !keepalive_.empty(); }
   /// The newest sequence whose acknowledgement is awaited (0: none).
   std::uint64_t newest_awaited_sequence() const noexcept { return keepalive_.empty() ? 0 : keepalive_.back().first; }
   /// Storages the receiver currently leases from this sender, as far as it knows.
   std::size_t tracked_storages() const noexcept { return sent_.size(); }
-  /// Storages passed so far by fd or /proc path (not as leases): each cost the receiver
-  /// an fd and, unless it already mapped the segment, an mmap.
+  /// Storages passed so far as new ones (a NewBlock entry, or a CudaIpc entry that took a
+  /// new slot), not as leases of storages the receiver holds.
   std::uint64_t storages_passed() const noexcept { return storages_passed_; }
+  /// Segments the receiver currently leases from this sender, as far as it knows.
+  std::size_t tracked_segments() const noexcept { return sent_segments_.size(); }
+  /// Storages pinned because the receiver may still hold them.
+  std::size_t pinned_storages() const { return ledger_ ? ledger_->pinned() : 0; }
+
+  /// Registers `process` as a holder of what this encoder sent, as the receiver does when
+  /// it resolves its first frame: for a frame handed to a process that the sender starts
+  /// itself (spawn), so that the frame's blocks are unpinned once that process exited even
+  /// if it died before it read the frame. No-op before the first storage was sent.
+  void add_holder(const ProcessIdentity& process);
+  /// The receiving end is gone (a write failed): frames it did not resolve never will be.
+  void receiver_gone();
+  /// The channel closed. `probe` (may be empty) polls POLLERR/POLLHUP once the receiving
+  /// end is gone; the pins outlive the encoder until the receiver gives them back or exits.
+  void closed(UniqueFd probe);
 
  private:
+  enum class SlotState : std::uint8_t {
+    Free,      // unused
+    Leased,    // the receiver leases it; the storage lives here
+    Dying,     // the storage died here; release not announced yet
+    Released,  // release announced; waiting for the receiver to give the slot back
+  };
+  struct SlotInfo {
+    SlotState state = SlotState::Free;
+    std::uint64_t storage_id = 0;
+    bool returned = true;  // false for CUDA storages: the receiver gives nothing back on the board
+  };
   struct SentStorage {
     std::uint32_t slot;
     std::weak_ptr<Storage> storage;
   };
+  struct SentSegment {
+    std::uint32_t slot;
+    std::weak_ptr<SharedSegment> segment;
+  };
   void begin();
   const EncodedFrame& finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name);
+  std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
 
   // CUDA storages (defined in serialization/src/cuda_handles.cpp): the connection's release
   // boards and interprocess events, and the CUDA records of the frame being encoded.
@@ -98,30 +155,65 @@ class MessageEncoder {
   void cuda_end_frame(bool sent) noexcept;
   std::shared_ptr<CudaSendState> cuda_;
 
+  void collect_returned_slots();
   void collect_dead_storages();
+  void collect_dead_segments();
   std::uint32_t take_slot();
+  std::uint32_t segment_slot_for(const std::shared_ptr<SharedSegment>& segment);
+  void add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
+                         const FileIdentity& identity);
+  HoldLedger& ledger();
+  std::optional<std::uint32_t> find_source(const Storage* storage);
+  void index_source(const Storage* storage, std::uint32_t index);
+  void flush_remember_batch();
 
   HandlePassing passing_;
+  std::optional<SharedAllocator> pool_;
   std::uint64_t next_sequence_ = 1;
   bool type_name_sent_ = false;
-  std::uint64_t seen_deaths_ = 0;
+  std::uint64_t seen_storage_deaths_ = 0;
+  std::uint64_t seen_segment_deaths_ = 0;
   std::uint64_t storages_passed_ = 0;
 
-  std::unordered_map<std::uint64_t, SentStorage> sent_;  // by Storage::id()
+  std::unordered_map<std::uint64_t, SentStorage> sent_;  // by Storage::id(): leased storages
+  std::vector<SlotInfo> slots_;                           // by storage slot
   std::vector<std::uint32_t> unannounced_releases_;       // slots whose storage died
-  std::vector<std::uint32_t> free_slots_;                 // released and announced
+  std::vector<std::uint32_t> free_slots_;                 // given back by the receiver
   std::uint32_t next_slot_ = 0;
-  std::deque<std::pair<std::uint64_t, std::shared_ptr<Storage>>> keepalive_;  // ProcFd in flight
+
+  std::unordered_map<std::uint64_t, SentSegment> sent_segments_;  // by SharedSegment::id()
+  std::vector<std::uint32_t> unannounced_segment_releases_;
+  std::vector<std::uint32_t> free_segment_slots_;
+  std::uint32_t next_segment_slot_ = 0;
+
+  std::shared_ptr<HoldLedger> ledger_;  // created with the first storage sent
+  bool board_sent_ = false;
+  std::uint64_t board_sequence_ = 0;  // frame that carried the board (ProcFd: keep its fd until acknowledged)
+  // Segments named by /proc path stay open until the receiver acknowledges the frame.
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<SharedSegment>>> keepalive_;
+  std::vector<std::uint32_t> returned_scratch_;
 
   // The frame being encoded.
   FrameHeader header_;
   std::string_view type_name_;
   std::vector<std::byte> body_;
-  std::vector<std::shared_ptr<Storage>> storages_;
+  std::vector<std::shared_ptr<Storage>> storages_;  // what travels (a copy, for isolation)
+  std::vector<const Storage*> sources_;             // what the message named, by index
+  // Open-addressing index of sources_ (pointer -> table index), for frames with many
+  // storages; slots hold index + 1, 0 is empty.
+  std::vector<std::pair<const Storage*, std::uint32_t>> source_index_;
+  bool source_index_dirty_ = false;
+  std::vector<std::shared_ptr<Storage>> remember_batch_;  // new storages of one segment
+  std::vector<SegmentEntry> segment_entries_;
   std::vector<HandleEntry> entries_;
   std::vector<int> fds_;
   std::vector<std::uint64_t> new_storage_ids_;
+  std::vector<std::uint32_t> new_slots_;
+  std::vector<std::uint64_t> new_segment_ids_;
+  std::vector<HoldLedger::Pin> new_pins_;
+  bool board_in_frame_ = false;
   std::size_t announced_release_count_ = 0;
+  std::size_t announced_segment_release_count_ = 0;
   EncodedFrame frame_;
 };
 

@@ -1,9 +1,10 @@
 // Release boards: the shared counters through which the receivers of CUDA storages tell the
 // producer that they let them go. Plain host code (no CUDA calls), built in every build.
 //
-// A board is a sealed memfd segment (a SharedCpu storage) that a sending connection creates
-// on its first CUDA storage and passes like any shared storage, so the receiver maps it once
-// and keeps it mapped through its lease; both sides then only touch atomics in it.
+// A board is a SharedCpu storage (a block of a sealed memfd segment of the caching
+// allocator) that a sending connection creates on its first CUDA storage and passes like any
+// shared storage, so the receiver maps it once and keeps it through its lease; both sides
+// then only touch atomics in it.
 //
 //   header (64 bytes)   magic, and the pids of the processes that mapped the board
 //   counters            int64 each; one per (producer storage, connection)
@@ -23,8 +24,10 @@
 #include <memory>
 #include <mutex>
 #include <utility>
+#include <optional>
 #include <vector>
 
+#include "ferry/shared_allocator.hpp"
 #include "ferry/unique_fd.hpp"
 
 namespace ferry {
@@ -46,10 +49,13 @@ inline constexpr std::uint32_t kReleaseBoardCapacity = 4096;
 /// The producer's side of one board. Thread-safe.
 class ReleaseBoard {
  public:
-  /// Creates a board of `capacity` counters in a new shared segment. `keepalive` lives as
-  /// long as the board (the connection's interprocess events, which receivers may still
-  /// wait on while any of the board's counters is held).
-  static std::shared_ptr<ReleaseBoard> create(std::uint32_t capacity, std::shared_ptr<const void> keepalive = {});
+  /// Creates a board of `capacity` counters in a new, zeroed block of shared memory from
+  /// `pool` (default: the process's caching allocator; an isolated channel passes its own
+  /// pool, so the board travels without a copy). `keepalive` lives as long as the board (the
+  /// connection's interprocess events, which receivers may still wait on while any of the
+  /// board's counters is held).
+  static std::shared_ptr<ReleaseBoard> create(std::uint32_t capacity, std::shared_ptr<const void> keepalive = {},
+                                              const std::optional<SharedAllocator>& pool = std::nullopt);
   ~ReleaseBoard();
   ReleaseBoard(const ReleaseBoard&) = delete;
   ReleaseBoard& operator=(const ReleaseBoard&) = delete;
@@ -131,8 +137,9 @@ class ConsumerHold {
 /// The boards of one sending connection: one board, and another whenever all are full.
 class ReleaseBoardSet {
  public:
-  /// `keepalive` is given to every board (see ReleaseBoard::create).
-  explicit ReleaseBoardSet(std::shared_ptr<const void> keepalive = {}, std::uint32_t capacity = kReleaseBoardCapacity);
+  /// `keepalive` and `pool` are given to every board (see ReleaseBoard::create).
+  explicit ReleaseBoardSet(std::shared_ptr<const void> keepalive = {}, std::uint32_t capacity = kReleaseBoardCapacity,
+                           std::optional<SharedAllocator> pool = std::nullopt);
   /// A new hold: a zeroed counter on one of this connection's boards.
   ConsumerHold acquire();
   /// True when `board` belongs to this connection.
@@ -141,6 +148,7 @@ class ReleaseBoardSet {
  private:
   std::shared_ptr<const void> keepalive_;
   std::uint32_t capacity_;
+  std::optional<SharedAllocator> pool_;
   std::vector<std::shared_ptr<ReleaseBoard>> boards_;
 };
 

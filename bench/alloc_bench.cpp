@@ -1,0 +1,186 @@
+// The caching shared-memory allocator, measured between two processes (the receiver is
+// forked before timing; every step is a round trip: send, receiver touches, reply).
+//
+//   NewLargeTensor   a new 64 MiB shared tensor each step, written by the producer
+//   NewLargeTensorUncached  the same with max_cached_bytes = 0 (a new segment every step)
+//   ResendOneTensor  the same loop re-sending one tensor (the cache-hit baseline)
+//   SmallTensors/N   N new 4 KiB tensors in one message
+//   SmallTensorsResent/N  the same N tensors in every message
+//   PingPong         a message without tensors: the transport's own round trip
+//
+// Run: build/release/bench/ferry_bench --benchmark_filter='Alloc'
+// Arguments: transport (0 = Pipe, 1 = UnixSocket), then the tensor count for SmallTensors.
+#include <benchmark/benchmark.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <functional>
+
+#include "ferry/ferry.hpp"
+
+namespace {
+
+using ferry::Tensor;
+
+constexpr std::size_t kLargeBytes = std::size_t{64} << 20;
+constexpr std::int64_t kSmallElements = 1024;  // 4 KiB of float32
+constexpr int kWarmupSteps = 5;
+
+struct Message {
+  std::vector<Tensor> tensors;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(tensors); }
+};
+
+ferry::Transport transport_of(const benchmark::State& state) {
+  return state.range(0) == 0 ? ferry::Transport::Pipe : ferry::Transport::UnixSocket;
+}
+
+// Reads one byte of every page of every tensor: what a consumer of the data would fault in.
+std::int64_t touch(const Message& message) {
+  std::int64_t sum = 0;
+  for (const Tensor& tensor : message.tensors) {
+    const auto* bytes = static_cast<const unsigned char*>(tensor.data_ptr());
+    for (std::size_t i = 0; i < tensor.nbytes(); i += 4096) sum += bytes[i];
+  }
+  return sum;
+}
+
+// A producer connected to a forked receiver that touches every message and replies.
+class Pair {
+ public:
+  explicit Pair(ferry::Transport transport) {
+    auto [tx, rx] = ferry::channel<Message>(transport);
+    auto [reply_tx, reply_rx] = ferry::channel<std::int64_t>(transport);
+    std::fflush(nullptr);
+    child_ = ::fork();
+    if (child_ < 0) throw std::runtime_error("fork failed");
+    if (child_ == 0) {
+      int status = 0;
+      try {
+        tx.detach();
+        reply_rx.close();
+        reply_tx.adopt();
+        while (auto message = rx.recv()) reply_tx.send(touch(*message));
+        reply_tx.close();
+      } catch (const std::exception& error) {
+        std::fprintf(stderr, "receiver failed: %s\n", error.what());
+        status = 1;
+      }
+      ::_exit(status);
+    }
+    rx.close();
+    reply_tx.detach();
+    tx_ = std::move(tx);
+    reply_rx_ = std::move(reply_rx);
+  }
+  ~Pair() {
+    tx_.close();
+    int status = 0;
+    ::waitpid(child_, &status, 0);
+  }
+  Pair(const Pair&) = delete;
+  Pair& operator=(const Pair&) = delete;
+
+  std::int64_t round_trip(const Message& message) {
+    tx_.send(message);
+    return reply_rx_.recv().value();
+  }
+
+ private:
+  pid_t child_ = -1;
+  ferry::Sender<Message> tx_;
+  ferry::Receiver<std::int64_t> reply_rx_;
+};
+
+Tensor new_large_tensor(int step) {
+  Tensor tensor = Tensor::empty({static_cast<std::int64_t>(kLargeBytes)}, ferry::DType::UInt8, ferry::Device::SharedCpu);
+  std::memset(tensor.data_ptr(), step & 0xff, kLargeBytes);  // written by the producer
+  return tensor;
+}
+
+void AllocNewLargeTensor(benchmark::State& state) {
+  Pair pair(transport_of(state));
+  int step = 0;
+  for (; step < kWarmupSteps; ++step) pair.round_trip(Message{{new_large_tensor(step)}});
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(pair.round_trip(Message{{new_large_tensor(step++)}}));
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kLargeBytes));
+}
+
+// The same loop with the cache switched off: every step creates, faults in and maps a new
+// segment (what a memfd-per-storage design pays).
+void AllocNewLargeTensorUncached(benchmark::State& state) {
+  const ferry::SharedAllocatorSettings saved = ferry::SharedAllocator::global().settings();
+  ferry::configure_shared_memory(ferry::SharedAllocatorSettings{saved.segment_bytes, 0});
+  AllocNewLargeTensor(state);
+  ferry::configure_shared_memory(saved);
+}
+
+void AllocResendOneTensor(benchmark::State& state) {
+  Pair pair(transport_of(state));
+  Tensor tensor = new_large_tensor(0);
+  int step = 0;
+  for (; step < kWarmupSteps; ++step) pair.round_trip(Message{{tensor}});
+  for (auto _ : state) {
+    std::memset(tensor.data_ptr(), step++ & 0xff, kLargeBytes);  // the same write as above
+    benchmark::DoNotOptimize(pair.round_trip(Message{{tensor}}));
+  }
+  state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kLargeBytes));
+}
+
+Message new_small_tensors(std::int64_t count, int step) {
+  Message message;
+  message.tensors.reserve(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) {
+    Tensor tensor = Tensor::empty({kSmallElements}, ferry::DType::Float32, ferry::Device::SharedCpu);
+    *tensor.data<float>() = static_cast<float>(step);
+    message.tensors.push_back(std::move(tensor));
+  }
+  return message;
+}
+
+void AllocSmallTensors(benchmark::State& state) {
+  Pair pair(transport_of(state));
+  const std::int64_t count = state.range(1);
+  int step = 0;
+  for (; step < kWarmupSteps; ++step) pair.round_trip(new_small_tensors(count, step));
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(pair.round_trip(new_small_tensors(count, step++)));
+  }
+  state.SetItemsProcessed(state.iterations() * count);
+}
+
+void AllocSmallTensorsResent(benchmark::State& state) {
+  Pair pair(transport_of(state));
+  const Message message = new_small_tensors(state.range(1), 0);
+  for (int step = 0; step < kWarmupSteps; ++step) pair.round_trip(message);
+  for (auto _ : state) benchmark::DoNotOptimize(pair.round_trip(message));
+  state.SetItemsProcessed(state.iterations() * state.range(1));
+}
+
+void AllocPingPong(benchmark::State& state) {
+  Pair pair(transport_of(state));
+  for (int step = 0; step < kWarmupSteps; ++step) pair.round_trip(Message{});
+  for (auto _ : state) benchmark::DoNotOptimize(pair.round_trip(Message{}));
+}
+
+// Medians of 5 repetitions; real time, since the receiver's work is in another process.
+BENCHMARK(AllocNewLargeTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
+    ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(AllocNewLargeTensorUncached)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
+    ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(AllocResendOneTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
+    ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(AllocSmallTensors)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1}, {1, 100}})
+    ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(AllocSmallTensorsResent)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1}, {1, 100}})
+    ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(AllocPingPong)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(2000)->Repetitions(5)
+    ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace

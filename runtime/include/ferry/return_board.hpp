@@ -1,0 +1,85 @@
+// The return board of one connection: a small shared segment, created by the sender and
+// mapped by the receiver, through which the receiver tells the sender which storages it no
+// longer holds (so that their blocks can be recycled), which frames it has resolved, and
+// which processes hold what it received. Posting costs a few atomic operations and no
+// system call; the sender reads it when it next encodes a frame or needs memory.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ferry/process_identity.hpp"
+#include "ferry/shared_memory.hpp"
+
+namespace ferry {
+
+/// Layout (all words are 64-bit atomics, little-endian):
+///   header    (page 0)  magic, version, slot capacity, last resolved frame (bit 63: the
+///                       sender abandoned later frames), returns posted, holder processes
+///   summary   (page 1)  bit w set: word w of the bitmap may have bits set
+///   bitmap    (page 2+) bit s set: the receiver gave storage slot s back
+class ReturnBoard {
+ public:
+  /// Storage slots a board can track: the most storages one sender may lease to one
+  /// receiver at a time.
+  static constexpr std::uint32_t kSlots = 1u << 20;
+  /// Processes that can register as holders of what arrived on one connection.
+  static constexpr std::size_t kMaxHolders = 8;
+  /// Size in bytes of every board.
+  static std::size_t bytes() noexcept;
+
+  /// Creates a board (sender side). Throws OutOfSharedMemory or SystemError.
+  static std::shared_ptr<ReturnBoard> create();
+  /// Adopts a board received from a sender, after checking its size and header, and closes
+  /// its fd (the receiver keeps only the mapping). Throws ProtocolError naming the failed
+  /// check.
+  static std::shared_ptr<ReturnBoard> open_received(SharedMemory memory);
+
+  ReturnBoard(const ReturnBoard&) = delete;
+  ReturnBoard& operator=(const ReturnBoard&) = delete;
+
+  /// The memfd (-1 after close_fd()), for passing the board to the receiver.
+  int fd() const noexcept { return memory_.fd(); }
+  /// Closes the memfd once the receiver has it; the mapping stays.
+  void close_fd() noexcept { memory_.close_fd(); }
+  const FileIdentity& identity() const noexcept { return memory_.identity(); }
+
+  // ---- receiver side --------------------------------------------------------
+  /// Gives storage slot `slot` back to the sender. Lock-free; callable from any thread.
+  void post_return(std::uint32_t slot) noexcept;
+  /// Registers `process` as a holder: the sender keeps what it pinned for this connection
+  /// as long as any registered process lives. Ignored when kMaxHolders are registered.
+  void register_holder(const ProcessIdentity& process) noexcept;
+  /// Records that frames up to `sequence` are resolved (their storages are held by the
+  /// receiver from now on). False when the sender abandoned the frame.
+  bool claim_resolved(std::uint64_t sequence) noexcept;
+
+  // ---- sender side ----------------------------------------------------------
+  /// Appends to `out` the slots below `slot_limit` given back since the last call, and
+  /// clears them. Not thread-safe: one caller at a time (the sender's ledger).
+  void take_returns(std::uint32_t slot_limit, std::vector<std::uint32_t>& out) noexcept;
+  /// The last frame the receiver resolved (0: none).
+  std::uint64_t resolved() const noexcept;
+  /// Marks every frame after the last resolved one as abandoned (the sender recycles their
+  /// memory: a receiver that tries to resolve one later fails instead of reading it);
+  /// returns the last resolved frame.
+  std::uint64_t abandon_unresolved() noexcept;
+  /// The processes registered as holders (one still registering counts as alive: it is
+  /// returned with start_time 0 and `registering` set).
+  struct Holder {
+    ProcessIdentity process;
+    bool registering = false;
+  };
+  std::vector<Holder> holders() const;
+
+ private:
+  explicit ReturnBoard(SharedMemory memory) : memory_(std::move(memory)) {}
+  std::uint64_t* word(std::size_t byte_offset) const noexcept;
+
+  SharedMemory memory_;
+  std::uint64_t last_posted_ = 0;  // sender side: `posted` at the last take_returns
+};
+
+}  // namespace ferry

@@ -1,0 +1,86 @@
+// The caching allocator behind Device::SharedCpu: storages are blocks carved from larger
+// sealed memfd segments, and freed blocks are kept for reuse instead of being returned to
+// the kernel, so a pipeline that allocates a new tensor every step stops creating segments
+// and faulting pages after warm-up.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "ferry/shared_segment.hpp"
+
+namespace ferry {
+
+/// Limits of a caching shared-memory allocator.
+struct SharedAllocatorSettings {
+  /// Size of the segments that small blocks (up to an eighth of it; see
+  /// small_block_limit()) are carved from. A multiple of 4096, at least 64 KiB. Larger
+  /// requests get a segment of their own, rounded up by at most an eighth.
+  std::size_t segment_bytes = std::size_t{2} << 20;
+  /// Bytes of free blocks the allocator keeps mapped for reuse. When a block is freed and
+  /// the free bytes exceed this, segments without any block in use are released, least
+  /// recently used first. 0 releases every idle segment at once.
+  std::size_t max_cached_bytes = std::size_t{256} << 20;
+};
+
+/// What an allocator holds, from its point of view.
+struct SharedMemoryStats {
+  std::size_t segments = 0;         ///< segments mapped now
+  std::size_t segment_bytes = 0;    ///< their total size
+  std::size_t bytes_in_use = 0;     ///< size of the blocks in use (by this process or a receiver)
+  std::size_t bytes_cached = 0;     ///< segment_bytes - bytes_in_use: free, kept for reuse
+  std::size_t blocks_in_use = 0;    ///< blocks in use
+  std::uint64_t hits = 0;           ///< allocations served by a cached block
+  std::uint64_t misses = 0;         ///< allocations that had to create a segment
+  std::uint64_t segments_released = 0;  ///< segments given back to the kernel so far
+};
+
+/// A caching allocator of shared memory (a pool). The handle is cheap to copy; copies
+/// share the pool, which lives as long as a handle or a block of it does.
+///
+/// A block is never recycled while anyone may read it: its owner's storage holds it, and a
+/// channel that passed it keeps it pinned until the receiver gives it back (see README,
+/// "Caching shared-memory allocator"). Thread-safe. After fork(), the child starts with an
+/// empty pool: segments inherited from the parent are never carved again in the child.
+class SharedAllocator {
+ public:
+  /// A new, private pool (for isolation between peers: see ChannelOptions::pool).
+  explicit SharedAllocator(const SharedAllocatorSettings& settings = {});
+  /// The process-wide pool that Device::SharedCpu allocations come from.
+  static const SharedAllocator& global();
+
+  /// A block of at least `nbytes` (> 0) bytes, 64-byte aligned. With `zeroed`, its bytes
+  /// are zero (fresh memory is zero already; a recycled block is cleared). Throws
+  /// OutOfSharedMemory when no memory can be reserved, Error for a size of 0.
+  std::shared_ptr<SharedBlock> allocate(std::size_t nbytes, bool zeroed = false) const;
+
+  /// What the pool holds now.
+  SharedMemoryStats stats() const;
+  SharedAllocatorSettings settings() const;
+  /// Changes the limits. A new segment size applies to segments created from now on; a
+  /// lower cache limit releases idle segments at once. Throws Error for invalid settings.
+  void configure(const SharedAllocatorSettings& settings) const;
+  /// Collects blocks that receivers gave back (or that dead receivers held), then releases
+  /// every segment without a block in use, whatever the cache limit.
+  void trim() const;
+  /// True when `block` was carved by this pool.
+  bool owns(const SharedBlock& block) const noexcept;
+
+  friend bool operator==(const SharedAllocator& a, const SharedAllocator& b) noexcept { return a.core_ == b.core_; }
+
+  class Core;  // the pool's state; defined in shared_allocator.cpp
+
+ private:
+  explicit SharedAllocator(std::shared_ptr<Core> core) : core_(std::move(core)) {}
+  std::shared_ptr<Core> core_;
+};
+
+/// Statistics of the process-wide pool (SharedAllocator::global()).
+SharedMemoryStats shared_memory_stats();
+/// Changes the limits of the process-wide pool.
+void configure_shared_memory(const SharedAllocatorSettings& settings);
+/// Trims the process-wide pool: gives every idle segment back to the kernel.
+void release_cached_shared_memory();
+
+}  // namespace ferry

@@ -1,0 +1,253 @@
+#include "ferry/hold_ledger.hpp"
+
+#include <poll.h>
+#include <pthread.h>
+
+#include <algorithm>
+
+#include "ferry/error.hpp"
+#include "ferry/process_identity.hpp"
+
+namespace ferry {
+namespace {
+
+// The ledgers of this process. A ledger stays here until its channel closed and nothing is
+// pinned any more; in a forked child, the inherited ledgers belong to the parent and are
+// dropped without being read (their returns are the parent's to take).
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<HoldLedger>> ledgers;
+  std::uint64_t generation = 0;
+};
+
+Registry& registry() {
+  // Leaked on purpose: ledgers may be collected during static destruction.
+  static auto* instance = [] {
+    auto* created = new Registry();
+    // A fork while another thread holds the lock would leave it locked in the child.
+    const int rc = ::pthread_atfork([] { registry().mutex.lock(); }, [] { registry().mutex.unlock(); },
+                                    [] { registry().mutex.unlock(); });
+    if (rc != 0) throw_system_error("pthread_atfork", rc);
+    return created;
+  }();
+  return *instance;
+}
+
+// Takes the ledgers a forked child inherited out of the registry (caller holds the lock).
+std::vector<std::shared_ptr<HoldLedger>> take_inherited_locked(Registry& reg) {
+  std::vector<std::shared_ptr<HoldLedger>> inherited;
+  const std::uint64_t generation = fork_generation();
+  if (reg.generation != generation) {
+    inherited.swap(reg.ledgers);
+    reg.generation = generation;
+  }
+  return inherited;
+}
+
+bool reader_gone(const UniqueFd& probe) {
+  if (!probe) return false;
+  pollfd entry{probe.get(), POLLOUT, 0};
+  while (true) {
+    const int rc = ::poll(&entry, 1, 0);
+    if (rc >= 0) return rc > 0 && (entry.revents & (POLLERR | POLLHUP)) != 0;
+    if (errno != EINTR) return false;  // cannot tell: keep the pins
+  }
+}
+
+}  // namespace
+
+HoldLedger::HoldLedger() : board_(ReturnBoard::create()), generation_(fork_generation()) {}
+
+std::shared_ptr<HoldLedger> HoldLedger::create() {
+  auto ledger = std::shared_ptr<HoldLedger>(new HoldLedger());
+  Registry& reg = registry();
+  std::vector<std::shared_ptr<HoldLedger>> dropped;
+  {
+    std::lock_guard lock(reg.mutex);
+    dropped = take_inherited_locked(reg);
+    // Forget ledgers of closed channels whose receivers gave everything back, so that a
+    // program opening many channels keeps no stale boards mapped.
+    for (auto it = reg.ledgers.begin(); it != reg.ledgers.end();) {
+      if ((*it)->finished()) {
+        dropped.push_back(std::move(*it));
+        it = reg.ledgers.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    reg.ledgers.push_back(ledger);
+  }
+  return ledger;  // `dropped` dies here, outside the lock
+}
+
+HoldLedger::~HoldLedger() = default;
+
+bool HoldLedger::belongs_to_this_process() const noexcept { return generation_ == fork_generation(); }
+
+void HoldLedger::pin(std::span<Pin> pins, std::uint64_t sequence) {
+  std::lock_guard lock(mutex_);
+  for (Pin& pin : pins) {
+    if (pin.slot >= pins_.size()) pins_.resize(std::size_t{pin.slot} + 1);
+    Entry& entry = pins_[pin.slot];
+    if (entry.allocation == nullptr) ++pinned_;
+    entry.allocation = std::move(pin.allocation);
+    entry.sequence = sequence;
+  }
+}
+
+void HoldLedger::unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped) {
+  if (slot >= pins_.size() || pins_[slot].allocation == nullptr) return;
+  dropped.push_back(std::move(pins_[slot].allocation));
+  pins_[slot].allocation = nullptr;
+  --pinned_;
+}
+
+void HoldLedger::unpin(std::span<const std::uint32_t> slots) {
+  std::vector<std::shared_ptr<Allocation>> dropped;
+  std::lock_guard lock(mutex_);
+  for (const std::uint32_t slot : slots) unpin_locked(slot, dropped);
+  // `dropped` dies after the lock is released: a block's death may lock its allocator.
+}
+
+void HoldLedger::take_returned(std::vector<std::uint32_t>& out) {
+  std::lock_guard lock(mutex_);
+  out.insert(out.end(), returned_.begin(), returned_.end());
+  returned_.clear();
+}
+
+void HoldLedger::reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
+  const std::uint64_t resolved = board_->abandon_unresolved();
+  for (std::uint32_t slot = 0; slot < pins_.size(); ++slot) {
+    if (pins_[slot].allocation != nullptr && pins_[slot].sequence > resolved) {
+      unpin_locked(slot, dropped);
+      returned_.push_back(slot);
+    }
+  }
+}
+
+void HoldLedger::reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
+  board_->abandon_unresolved();
+  for (std::uint32_t slot = 0; slot < pins_.size(); ++slot) {
+    if (pins_[slot].allocation != nullptr) {
+      unpin_locked(slot, dropped);
+      returned_.push_back(slot);
+    }
+  }
+}
+
+std::uint64_t HoldLedger::newest_pinned_sequence_locked() const {
+  std::uint64_t newest = 0;
+  for (const Entry& entry : pins_) {
+    if (entry.allocation != nullptr) newest = std::max(newest, entry.sequence);
+  }
+  return newest;
+}
+
+void HoldLedger::collect(bool check_receivers) {
+  // In a forked child the ledger is the parent's: leave it (and its lock) alone.
+  if (!belongs_to_this_process()) return;
+  std::vector<std::shared_ptr<Allocation>> dropped;
+  std::lock_guard lock(mutex_);
+  scratch_.clear();
+  board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
+  for (const std::uint32_t slot : scratch_) {
+    if (slot < pins_.size() && pins_[slot].allocation != nullptr) {
+      unpin_locked(slot, dropped);
+      returned_.push_back(slot);
+    }
+  }
+  if (pinned_ == 0) {
+    probe_.reset();
+    return;
+  }
+  if (!check_receivers) return;
+  const auto holders = board_->holders();
+  const bool all_dead = !holders.empty() && std::none_of(holders.begin(), holders.end(), [](const auto& holder) {
+    return holder.registering || process_alive(holder.process);
+  });
+  if (all_dead) {
+    reclaim_all_locked(dropped);
+  } else if (receiver_gone_ || reader_gone(probe_)) {
+    receiver_gone_ = true;
+    // Nobody can resolve the frames still in flight; if nobody ever registered, nobody
+    // resolved any frame at all, so nobody holds anything.
+    if (holders.empty()) {
+      reclaim_all_locked(dropped);
+    } else {
+      reclaim_unresolved_locked(dropped);
+    }
+  }
+  if (probe_ && board_->resolved() >= newest_pinned_sequence_locked()) {
+    probe_.reset();  // every pinned frame is resolved: the holders decide from now on
+  }
+}
+
+void HoldLedger::receiver_gone() {
+  if (!belongs_to_this_process()) return;  // a forked child's copy: the pins are the parent's
+  {
+    std::lock_guard lock(mutex_);
+    receiver_gone_ = true;
+  }
+  collect(true);
+}
+
+void HoldLedger::channel_closed(UniqueFd probe) {
+  if (!belongs_to_this_process()) {
+    // A forked child's copy of the parent's ledger (a channel end the child abandoned): the
+    // pins are the parent's, and its lock may have been held by another thread at fork.
+    // Only this process's copy of the board's fd goes.
+    board_->close_fd();
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    channel_open_ = false;
+    if (pinned_ > 0 && !receiver_gone_) probe_ = std::move(probe);
+    // No frame will carry the board any more.
+    board_->close_fd();
+  }
+  collect(false);
+}
+
+std::size_t HoldLedger::pinned() const {
+  std::lock_guard lock(mutex_);
+  return pinned_;
+}
+
+bool HoldLedger::finished() const {
+  std::lock_guard lock(mutex_);
+  return !channel_open_ && pinned_ == 0;
+}
+
+void collect_returned_blocks(bool check_receivers) {
+  Registry& reg = registry();
+  std::vector<std::shared_ptr<HoldLedger>> inherited;
+  std::vector<std::shared_ptr<HoldLedger>> ledgers;
+  {
+    std::lock_guard lock(reg.mutex);
+    inherited = take_inherited_locked(reg);
+    ledgers = reg.ledgers;
+  }
+  for (const auto& ledger : ledgers) ledger->collect(check_receivers);
+  std::vector<std::shared_ptr<HoldLedger>> finished;
+  {
+    std::lock_guard lock(reg.mutex);
+    for (auto it = reg.ledgers.begin(); it != reg.ledgers.end();) {
+      if ((*it)->finished()) {
+        finished.push_back(std::move(*it));
+        it = reg.ledgers.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // `finished`, `ledgers` and `inherited` die here, outside the registry's lock.
+}
+
+std::size_t live_hold_ledgers() {
+  Registry& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  return reg.generation == fork_generation() ? reg.ledgers.size() : 0;
+}
+
+}  // namespace ferry

@@ -1,0 +1,143 @@
+#include "ferry/process_identity.hpp"
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <array>
+#include <exception>
+#include <atomic>
+#include <cerrno>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "ferry/error.hpp"
+#include "ferry/unique_fd.hpp"
+
+namespace ferry {
+namespace {
+
+std::atomic<std::uint64_t> g_fork_generation{0};
+
+void count_fork_in_child() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
+
+void register_fork_counter() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (const int rc = ::pthread_atfork(nullptr, nullptr, &count_fork_in_child); rc != 0) {
+      throw_system_error("pthread_atfork", rc);
+    }
+  });
+}
+
+// State and start time from the text of /proc/<pid>/stat: "pid (comm) S ppid ... starttime ...".
+// The command name may hold spaces and parentheses, so fields are counted after the last ')'.
+struct StatFields {
+  char state = '?';
+  std::uint64_t start_time = 0;
+};
+
+std::optional<StatFields> parse_stat(std::string_view text) {
+  const std::size_t close = text.rfind(')');
+  if (close == std::string_view::npos || close + 2 >= text.size()) return std::nullopt;
+  StatFields fields;
+  fields.state = text[close + 2];
+  // After ')' come fields 3 (state), 4, ...; starttime is field 22.
+  std::size_t position = close + 2;
+  for (int field = 3; field < 22; ++field) {
+    position = text.find(' ', position);
+    if (position == std::string_view::npos) return std::nullopt;
+    ++position;
+  }
+  std::uint64_t value = 0;
+  bool any = false;
+  for (; position < text.size() && text[position] >= '0' && text[position] <= '9'; ++position) {
+    value = value * 10 + static_cast<std::uint64_t>(text[position] - '0');
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  fields.start_time = value;
+  return fields;
+}
+
+// The fields of /proc/<pid>/stat, or nullopt when the process does not exist.
+std::optional<StatFields> read_stat(std::int32_t pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ENOENT || errno == ESRCH) return std::nullopt;
+    throw_errno("open " + path);
+  }
+  std::array<char, 1024> buffer{};
+  std::size_t filled = 0;
+  while (filled < buffer.size()) {
+    const ssize_t got = ::read(fd.get(), buffer.data() + filled, buffer.size() - filled);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == ESRCH) return std::nullopt;  // exited while we read
+      throw_errno("read " + path);
+    }
+    if (got == 0) break;
+    filled += static_cast<std::size_t>(got);
+  }
+  return parse_stat(std::string_view(buffer.data(), filled));
+}
+
+}  // namespace
+
+std::uint64_t fork_generation() noexcept {
+  // Registering can only fail for lack of memory at the first call; without it, forks
+  // would go unnoticed, so treat that as fatal rather than continue unsafely.
+  try {
+    register_fork_counter();
+  } catch (...) {
+    std::terminate();
+  }
+  return g_fork_generation.load(std::memory_order_relaxed);
+}
+
+ProcessIdentity current_process() {
+  struct Cached {
+    std::uint64_t generation;
+    ProcessIdentity identity;
+  };
+  static std::mutex mutex;
+  static std::optional<Cached> cached;
+  const std::uint64_t generation = fork_generation();
+  std::lock_guard lock(mutex);
+  if (cached && cached->generation == generation) return cached->identity;
+  const std::int32_t pid = ::getpid();
+  const auto fields = read_stat(pid);
+  if (!fields) throw Error("cannot read /proc/self/stat; ferry needs /proc to track the processes holding shared memory");
+  cached = Cached{generation, ProcessIdentity{pid, fields->start_time}};
+  return cached->identity;
+}
+
+std::optional<ProcessIdentity> identify_process(std::int32_t pid) {
+  if (pid <= 0) return std::nullopt;
+  const auto fields = read_stat(pid);
+  if (!fields) return std::nullopt;
+  return ProcessIdentity{pid, fields->start_time};
+}
+
+bool process_alive(const ProcessIdentity& process) noexcept {
+  if (process.pid <= 0) return false;
+  // kill(pid, 0) tells whether the pid exists at all (EPERM: it does, another user's).
+  if (::kill(process.pid, 0) != 0 && errno == ESRCH) return false;
+  std::optional<StatFields> fields;
+  try {
+    fields = read_stat(process.pid);
+  } catch (...) {
+    return true;  // exists but cannot be inspected: never reclaim from a live process
+  }
+  // Gone between the two calls, or hidden from us (/proc mounted with hidepid): only the
+  // first is a death, and a second kill() tells them apart.
+  if (!fields) return !(::kill(process.pid, 0) != 0 && errno == ESRCH);
+  if (fields->start_time != process.start_time) return false;  // the pid was reused
+  return fields->state != 'Z' && fields->state != 'X';           // zombie or dead: its memory is gone
+}
+
+}  // namespace ferry

@@ -1,0 +1,152 @@
+#include "ferry/return_board.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+
+#include "ferry/error.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::uint64_t kMagic = 0x5352555445525946;  // "FYRETURS"
+constexpr std::uint64_t kVersion = 1;
+constexpr std::uint64_t kAbandoned = std::uint64_t{1} << 63;
+constexpr std::uint64_t kRegistering = std::uint64_t{1} << 63;
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kBitmapWords = ReturnBoard::kSlots / 64;
+constexpr std::size_t kSummaryWords = kBitmapWords / 64;
+
+// Byte offsets of the fields.
+constexpr std::size_t kMagicAt = 0;
+constexpr std::size_t kVersionAt = 8;    // version << 32 | slot capacity
+constexpr std::size_t kResolvedAt = 16;
+constexpr std::size_t kPostedAt = 24;
+constexpr std::size_t kHoldersAt = 64;   // kMaxHolders x {pid word, start time}
+constexpr std::size_t kSummaryAt = kPage;
+constexpr std::size_t kBitmapAt = 2 * kPage;
+static_assert(kHoldersAt + ReturnBoard::kMaxHolders * 16 <= kPage);
+static_assert(kSummaryWords * 8 <= kPage);
+static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free, "shared-memory atomics must be lock-free");
+
+using Atomic = std::atomic_ref<std::uint64_t>;
+
+}  // namespace
+
+std::size_t ReturnBoard::bytes() noexcept { return kBitmapAt + kBitmapWords * 8; }
+
+std::uint64_t* ReturnBoard::word(std::size_t byte_offset) const noexcept {
+  return reinterpret_cast<std::uint64_t*>(memory_.data() + byte_offset);
+}
+
+std::shared_ptr<ReturnBoard> ReturnBoard::create() {
+  auto board = std::shared_ptr<ReturnBoard>(new ReturnBoard(SharedMemory::create(bytes(), "ferry-returns")));
+  *board->word(kMagicAt) = kMagic;
+  *board->word(kVersionAt) = kVersion << 32 | kSlots;
+  return board;  // the rest of a new memfd reads as zero
+}
+
+std::shared_ptr<ReturnBoard> ReturnBoard::open_received(SharedMemory memory) {
+  if (memory.size() != bytes()) {
+    throw ProtocolError("received return board has " + std::to_string(memory.size()) + " bytes, expected " +
+                        std::to_string(bytes()));
+  }
+  auto board = std::shared_ptr<ReturnBoard>(new ReturnBoard(std::move(memory)));
+  if (Atomic(*board->word(kMagicAt)).load(std::memory_order_relaxed) != kMagic ||
+      Atomic(*board->word(kVersionAt)).load(std::memory_order_relaxed) != (kVersion << 32 | kSlots)) {
+    throw ProtocolError("received return board has a wrong magic number or version; build both sides from the "
+                        "same ferry");
+  }
+  // A receiver never passes its board on: the mapping is all it needs, not an fd.
+  board->close_fd();
+  return board;
+}
+
+void ReturnBoard::post_return(std::uint32_t slot) noexcept {
+  if (slot >= kSlots) return;
+  const std::size_t w = slot / 64;
+  Atomic(*word(kBitmapAt + w * 8)).fetch_or(std::uint64_t{1} << (slot % 64), std::memory_order_release);
+  Atomic(*word(kSummaryAt + (w / 64) * 8)).fetch_or(std::uint64_t{1} << (w % 64), std::memory_order_release);
+  Atomic(*word(kPostedAt)).fetch_add(1, std::memory_order_release);
+}
+
+void ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
+  const auto pid = static_cast<std::uint64_t>(process.pid);
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    Atomic pid_word(*word(kHoldersAt + i * 16));
+    Atomic start_word(*word(kHoldersAt + i * 16 + 8));
+    std::uint64_t current = pid_word.load(std::memory_order_acquire);
+    if (current == pid && start_word.load(std::memory_order_relaxed) == process.start_time) return;
+    if (current != 0) continue;
+    if (!pid_word.compare_exchange_strong(current, pid | kRegistering, std::memory_order_acq_rel)) {
+      if (current == pid && start_word.load(std::memory_order_relaxed) == process.start_time) return;
+      continue;
+    }
+    start_word.store(process.start_time, std::memory_order_relaxed);
+    pid_word.store(pid, std::memory_order_release);
+    return;
+  }
+}
+
+bool ReturnBoard::claim_resolved(std::uint64_t sequence) noexcept {
+  Atomic resolved_word(*word(kResolvedAt));
+  std::uint64_t current = resolved_word.load(std::memory_order_acquire);
+  while (true) {
+    if (current & kAbandoned) return false;
+    if (current >= sequence) return true;
+    if (resolved_word.compare_exchange_weak(current, sequence, std::memory_order_acq_rel)) return true;
+  }
+}
+
+void ReturnBoard::take_returns(std::uint32_t slot_limit, std::vector<std::uint32_t>& out) noexcept {
+  const std::uint64_t posted = Atomic(*word(kPostedAt)).load(std::memory_order_acquire);
+  if (posted == last_posted_) return;
+  last_posted_ = posted;
+  const std::size_t words = (std::min<std::size_t>(slot_limit, kSlots) + 63) / 64;
+  const std::size_t summaries = (words + 63) / 64;
+  for (std::size_t i = 0; i < summaries; ++i) {
+    Atomic summary(*word(kSummaryAt + i * 8));
+    if (summary.load(std::memory_order_relaxed) == 0) continue;
+    std::uint64_t marked = summary.exchange(0, std::memory_order_acq_rel);
+    while (marked != 0) {
+      const std::size_t w = i * 64 + static_cast<std::size_t>(std::countr_zero(marked));
+      marked &= marked - 1;
+      std::uint64_t bits = Atomic(*word(kBitmapAt + w * 8)).exchange(0, std::memory_order_acq_rel);
+      while (bits != 0) {
+        out.push_back(static_cast<std::uint32_t>(w * 64 + static_cast<std::size_t>(std::countr_zero(bits))));
+        bits &= bits - 1;
+      }
+    }
+  }
+}
+
+std::uint64_t ReturnBoard::resolved() const noexcept {
+  return Atomic(*word(kResolvedAt)).load(std::memory_order_acquire) & ~kAbandoned;
+}
+
+std::uint64_t ReturnBoard::abandon_unresolved() noexcept {
+  Atomic resolved_word(*word(kResolvedAt));
+  std::uint64_t current = resolved_word.load(std::memory_order_acquire);
+  while (!(current & kAbandoned)) {
+    if (resolved_word.compare_exchange_weak(current, current | kAbandoned, std::memory_order_acq_rel)) break;
+  }
+  return current & ~kAbandoned;
+}
+
+std::vector<ReturnBoard::Holder> ReturnBoard::holders() const {
+  std::vector<Holder> out;
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    const std::uint64_t pid_word = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_acquire);
+    if (pid_word == 0) continue;
+    Holder holder;
+    holder.process.pid = static_cast<std::int32_t>(pid_word & 0x7fffffff);
+    holder.registering = (pid_word & kRegistering) != 0;
+    if (!holder.registering) {
+      holder.process.start_time = Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed);
+    }
+    out.push_back(holder);
+  }
+  return out;
+}
+
+}  // namespace ferry

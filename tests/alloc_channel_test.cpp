@@ -1,0 +1,384 @@
+// The caching allocator across processes, over every transport: recycled blocks travel
+// without new segments, a block is never recycled while a receiver holds it (even after the
+// channel closed), receivers killed while holding blocks are reclaimed without leaks, and
+// isolated channels pass only their own pool's segments.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "support/leak_check.hpp"
+#include "support/process.hpp"
+#include "support/transports.hpp"
+
+namespace ferry {
+namespace {
+
+using test::child_succeeded;
+using test::fork_child;
+
+constexpr std::size_t MiB = 1024 * 1024;
+
+struct Batch {
+  std::int64_t step = 0;
+  std::vector<Tensor> tensors;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(step, tensors); }
+};
+
+class AllocChannelTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
+
+INSTANTIATE_TEST_SUITE_P(Transports, AllocChannelTest, ::testing::ValuesIn(test::interprocess_transports()),
+                         test::transport_test_name);
+
+// A tensor of `elements` int32 from `pool`, every element `value`.
+Tensor filled(const SharedAllocator& pool, std::int64_t elements, std::int32_t value) {
+  Tensor t = Tensor::empty({elements}, DType::Int32, pool);
+  t.fill(value);
+  return t;
+}
+
+bool all_equal(const Tensor& t, std::int32_t value) {
+  const auto* data = t.data<std::int32_t>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    if (data[i] != value) return false;
+  }
+  return true;
+}
+
+TEST_P(AllocChannelTest, NewTensorsInRecycledBlocksNeedNoNewSegments) {
+  SharedAllocator pool;
+  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [reply_tx, reply_rx] = channel<int>(GetParam());
+  constexpr int kSteps = 60;
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
+    tx.detach();
+    reply_rx.close();
+    reply_tx.adopt();
+    for (int step = 0; step < kSteps; ++step) {
+      auto batch = rx.recv();
+      CHILD_CHECK(batch.has_value() && batch->step == step);
+      CHILD_CHECK(batch->tensors.size() == 11);
+      for (const Tensor& t : batch->tensors) CHILD_CHECK(all_equal(t, step));
+      // Segments stay leased; only a handful are ever needed.
+      CHILD_CHECK(rx.core().leased_segments() <= 4);
+      reply_tx.send(step);
+    }
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  reply_tx.detach();
+  SharedMemoryStats warm;
+  for (int step = 0; step < kSteps; ++step) {
+    if (step == 10) warm = pool.stats();
+    Batch batch{step, {filled(pool, MiB / 4, step)}};  // 1 MiB: a segment of its own
+    for (int i = 0; i < 10; ++i) batch.tensors.push_back(filled(pool, 1024, step));  // 4 KiB blocks
+    tx.send(batch);
+    ASSERT_EQ(reply_rx.recv().value(), step);
+  }
+  const SharedMemoryStats after = pool.stats();
+  EXPECT_EQ(after.misses, warm.misses) << "a steady pipeline created segments after warm-up";
+  EXPECT_EQ(after.segments, warm.segments);
+  EXPECT_GT(after.hits, warm.hits);
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+}
+
+TEST_P(AllocChannelTest, HundredSmallTensorsShareOneSegment) {
+  SharedAllocator pool;
+  auto [tx, rx] = channel<Batch>(GetParam());
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    tx.detach();
+    for (int round = 0; round < 3; ++round) {
+      auto batch = rx.recv();
+      CHILD_CHECK(batch.has_value() && batch->tensors.size() == 100);
+      for (std::size_t i = 0; i < 100; ++i) CHILD_CHECK(all_equal(batch->tensors[i], round * 100 + static_cast<int>(i)));
+      CHILD_CHECK(rx.core().leased_segments() == 1);
+      CHILD_CHECK(test::count_ferry_mappings() == 1);
+    }
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  for (int round = 0; round < 3; ++round) {
+    Batch batch{round, {}};
+    for (int i = 0; i < 100; ++i) batch.tensors.push_back(filled(pool, 1024, round * 100 + i));
+    tx.send(batch);
+  }
+  EXPECT_EQ(pool.stats().segments, 1u);
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+}
+
+TEST_P(AllocChannelTest, BlockIsNotRecycledWhileTheReceiverHoldsIt) {
+  SharedAllocator pool;
+  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [reply_tx, reply_rx] = channel<int>(GetParam());
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
+    tx.detach();
+    reply_rx.close();
+    reply_tx.adopt();
+    auto first = rx.recv();
+    CHILD_CHECK(first.has_value());
+    const Tensor kept = first->tensors.at(0);  // held by the user, across later messages
+    CHILD_CHECK(all_equal(kept, 7));
+    reply_tx.send(0);
+    for (int i = 1; i <= 200; ++i) {
+      auto batch = rx.recv();  // new tensors the producer wrote after it dropped `kept`
+      CHILD_CHECK(batch.has_value() && all_equal(batch->tensors.at(0), 9));
+      CHILD_CHECK(batch->tensors.at(0).data_ptr() != kept.data_ptr());
+    }
+    CHILD_CHECK(all_equal(kept, 7));
+    reply_tx.send(1);
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  reply_tx.detach();
+  const void* kept_address = nullptr;
+  {
+    Tensor first = filled(pool, 1024, 7);
+    kept_address = first.data_ptr();
+    tx.send(Batch{0, {first}});
+    ASSERT_EQ(reply_rx.recv().value(), 0);
+  }  // the producer's last reference to the first tensor dies here
+  for (int i = 1; i <= 200; ++i) {
+    Tensor next = filled(pool, 1024, 9);  // the same size class: the block would fit
+    EXPECT_NE(next.data_ptr(), kept_address) << "a block the receiver holds was recycled";
+    tx.send(Batch{i, {next}});
+    release_cached_shared_memory();  // collecting and trimming must not free it either
+  }
+  ASSERT_EQ(reply_rx.recv().value(), 1);
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+  // The child exited: every block came back.
+  pool.trim();
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+}
+
+TEST_P(AllocChannelTest, ReceivedStorageKeepsItsIdentityWhileLeasedAndItsBlockComesBackAfter) {
+  // Lease identity with segment leases: the receiver drops every tensor after each message,
+  // yet the storage stays the same Storage object (same id, same address) while the sender
+  // holds it; once the sender dropped it and announced the release, the receiver's block
+  // is given back and the sender's allocator may recycle it.
+  SharedAllocator pool;
+  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [reply_tx, reply_rx] = channel<int>(GetParam());
+  constexpr int kRounds = 20;
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
+    tx.detach();
+    reply_rx.close();
+    reply_tx.adopt();
+    const Storage* first = nullptr;
+    std::uint64_t first_id = 0;
+    const void* first_data = nullptr;
+    for (int round = 0; round < kRounds; ++round) {
+      auto batch = rx.recv();
+      CHILD_CHECK(batch.has_value() && batch->step == round);
+      const Tensor& t = batch->tensors.at(0);
+      CHILD_CHECK(all_equal(t, 5));
+      if (first == nullptr) {
+        first = t.storage().get();
+        first_id = t.storage()->id();
+        first_data = t.data_ptr();
+      }
+      CHILD_CHECK(t.storage().get() == first);
+      CHILD_CHECK(t.storage()->id() == first_id);
+      CHILD_CHECK(t.data_ptr() == first_data);
+      CHILD_CHECK(rx.core().leased() == 1);
+      reply_tx.send(round);
+    }  // every tensor of the storage is dropped here, after each round
+    auto last = rx.recv();  // releases the first storage's slot before resolving its own
+    CHILD_CHECK(last.has_value() && last->step == kRounds && all_equal(last->tensors.at(0), 6));
+    CHILD_CHECK(rx.core().leased() == 1);
+    reply_tx.send(kRounds);
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  reply_tx.detach();
+  {
+    const Tensor shared = filled(pool, 1024, 5);
+    for (int round = 0; round < kRounds; ++round) {
+      tx.send(Batch{round, {shared}});
+      ASSERT_EQ(reply_rx.recv().value(), round);
+    }
+    EXPECT_EQ(tx.core().storages_passed(), 1u) << "a storage the receiver leases travels as its slot";
+  }  // the sender's last reference dies: the next frame announces the release
+  const Tensor next = filled(pool, 1024, 6);
+  tx.send(Batch{kRounds, {next}});
+  ASSERT_EQ(reply_rx.recv().value(), kRounds);
+  release_cached_shared_memory();  // reads the return board
+  EXPECT_EQ(tx.core().pinned_storages(), 1u) << "the receiver gave the released block back";
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u);
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+}
+
+TEST_P(AllocChannelTest, ReceiverThatClosedTheChannelKeepsWhatItHolds) {
+  SharedAllocator pool;
+  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [reply_tx, reply_rx] = channel<int>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx,
+                                  &go_tx = go_tx, &go_rx = go_rx] {
+    tx.detach();
+    reply_rx.close();
+    reply_tx.adopt();
+    go_tx.detach();
+    auto batch = rx.recv();
+    CHILD_CHECK(batch.has_value());
+    CHILD_CHECK(!rx.recv().has_value());  // end of stream: every lease is dropped
+    rx.close();
+    reply_tx.send(0);
+    CHILD_CHECK(go_rx.recv().has_value());  // the producer allocated and wrote meanwhile
+    CHILD_CHECK(all_equal(batch->tensors.at(0), 5));
+  });
+  rx.close();
+  reply_tx.detach();
+  go_rx.close();
+  {
+    tx.send(Batch{0, {filled(pool, 4096, 5)}});
+    tx.close();
+  }
+  ASSERT_EQ(reply_rx.recv().value(), 0);
+  release_cached_shared_memory();  // the receiver lives: nothing it holds is reclaimed
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u);
+  std::vector<Tensor> others;
+  for (int i = 0; i < 20; ++i) others.push_back(filled(pool, 4096, 6));
+  go_tx.send(1);
+  EXPECT_TRUE(child_succeeded(child));
+}
+
+TEST_P(AllocChannelTest, KilledReceiverHoldingBlocksIsReclaimedWhenMemoryIsNeeded) {
+  SharedAllocatorSettings settings;
+  settings.max_cached_bytes = 0;  // idle segments go at once: reclaiming shows in `segments`
+  SharedAllocator pool(settings);
+  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [reply_tx, reply_rx] = channel<int>(GetParam());
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
+    tx.detach();
+    reply_rx.close();
+    reply_tx.adopt();
+    std::vector<Batch> held;
+    for (int i = 0; i < 5; ++i) held.push_back(rx.recv().value());
+    reply_tx.send(1);
+    while (true) ::pause();  // holds everything until killed
+  });
+  rx.close();
+  reply_tx.detach();
+  for (int i = 0; i < 5; ++i) tx.send(Batch{i, {filled(pool, 1024, i), filled(pool, MiB / 2, i)}});
+  ASSERT_EQ(reply_rx.recv().value(), 1);
+  // Every block is the receiver's alone now, pinned for it.
+  EXPECT_EQ(pool.stats().blocks_in_use, 10u);
+  EXPECT_EQ(tx.core().pinned_storages(), 10u);
+  ::kill(child, SIGKILL);
+  const test::ChildExit exit = test::wait_child(child);
+  ASSERT_EQ(exit.signal, SIGKILL);
+  // The channel is still open; the next allocation that finds no cached block collects
+  // the dead receiver's blocks before it creates a segment.
+  Tensor needs_memory = filled(pool, 3 * MiB / 4, 0);
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u);
+  EXPECT_EQ(pool.stats().segments, 1u);
+  EXPECT_EQ(tx.core().pinned_storages(), 0u);
+  tx.close();  // tolerates the dead receiver
+}
+
+TEST_P(AllocChannelTest, FramesAKilledReceiverNeverReadAreReclaimed) {
+  SharedAllocator pool;
+  ChannelOptions options;
+  options.peer_check_interval = std::chrono::milliseconds(5);  // ShmRing: notice the death soon
+  auto [tx, rx] = channel<Batch>(GetParam(), options);
+  const pid_t child = fork_child([&, &tx = tx] {
+    tx.detach();
+    while (true) ::pause();  // never reads
+  });
+  rx.close();
+  for (int i = 0; i < 3; ++i) tx.send(Batch{i, {filled(pool, 1024, i)}});
+  EXPECT_EQ(pool.stats().blocks_in_use, 3u);
+  ::kill(child, SIGKILL);
+  ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
+  // Nobody registered as a holder and nobody can read the frames: the failed send (or a
+  // failed close) gives their memory back. A pipe or socket fails the first send; a ring
+  // looks at its peer at most once per peer_check_interval while it finds room, so its
+  // sends may succeed (into the ring) for about that long.
+  bool failed = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  for (int i = 3; !failed && std::chrono::steady_clock::now() < deadline; ++i) {
+    try {
+      tx.send(Batch{i, {filled(pool, 1024, i)}});
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } catch (const ChannelClosed&) {
+      failed = true;
+    }
+  }
+  EXPECT_TRUE(failed) << "sending to a dead receiver kept succeeding";
+  pool.trim();
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+  EXPECT_EQ(pool.stats().segments, 0u);
+}
+
+TEST_P(AllocChannelTest, ClosedChannelReclaimsFramesOfAReceiverThatDiedBeforeReading) {
+  SharedAllocator pool;
+  ChannelOptions options;
+  // Pipe: close() waits up to close_linger for the receiver to open the segments named by
+  // /proc path; this receiver never will.
+  options.close_linger = std::chrono::milliseconds(20);
+  auto [tx, rx] = channel<Batch>(GetParam(), options);
+  const pid_t child = fork_child([&, &tx = tx] {
+    tx.detach();
+    while (true) ::pause();
+  });
+  rx.close();
+  tx.send(Batch{0, {filled(pool, 1024, 0)}});
+  tx.close();  // the receiver lives but never read the frame: its blocks stay pinned
+  pool.trim();
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u);
+  ::kill(child, SIGKILL);
+  ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
+  pool.trim();  // the closed channel's probe sees the reading end gone
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+  EXPECT_EQ(live_hold_ledgers(), 0u);
+}
+
+TEST_P(AllocChannelTest, IsolatedChannelPassesOnlyItsPoolsSegments) {
+  SharedAllocator pool;
+  ChannelOptions options;
+  options.pool = pool;
+  auto [tx, rx] = channel<Batch>(GetParam(), options);
+  auto [reply_tx, reply_rx] = channel<int>(GetParam());
+  Tensor foreign = filled(SharedAllocator::global(), 1024, 3);  // a block of the process-wide pool
+  const FileIdentity foreign_segment = foreign.storage()->shared_block()->segment()->identity();
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
+    tx.detach();
+    reply_rx.close();
+    reply_tx.adopt();
+    auto batch = rx.recv();
+    CHILD_CHECK(batch.has_value() && batch->tensors.size() == 2);
+    CHILD_CHECK(all_equal(batch->tensors[0], 3));
+    CHILD_CHECK(all_equal(batch->tensors[1], 4));
+    for (const Tensor& t : batch->tensors) {
+      CHILD_CHECK(t.storage()->shared_block()->segment()->identity() != foreign_segment);
+    }
+    CHILD_CHECK(rx.core().leased_segments() == 1);
+    batch->tensors[1].fill(std::int32_t{8});  // the pool's tensor travelled without a copy
+    reply_tx.send(1);
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  reply_tx.detach();
+  ASSERT_TRUE(tx.pool().has_value());
+  Tensor own = Tensor::empty({1024}, DType::Int32, *tx.pool());
+  own.fill(std::int32_t{4});
+  tx.send(Batch{0, {foreign, own}});
+  ASSERT_EQ(reply_rx.recv().value(), 1);
+  EXPECT_TRUE(all_equal(own, 8));
+  EXPECT_TRUE(all_equal(foreign, 3));
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,236 @@
+// Storages as blocks on the wire, in one process (encoder and decoder without a
+// transport): many small tensors share one segment, a new tensor in a leased segment
+// travels without fds, pins follow the return board, hostile block entries are refused,
+// and an isolated encoder passes only its pool's segments.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+
+#include <cereal/types/vector.hpp>
+#include <cstring>
+#include <functional>
+
+#include "ferry/message_decoder.hpp"
+#include "ferry/message_encoder.hpp"
+#include "support/leak_check.hpp"
+
+namespace ferry {
+namespace {
+
+struct Message {
+  std::vector<Tensor> tensors;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(tensors); }
+};
+
+// A frame as a transport would carry it: bytes, plus duplicates of the fds passed with it.
+struct Wire {
+  FrameHeader header;
+  std::vector<std::byte> payload;
+  std::deque<UniqueFd> fds;
+
+  // Tables are not aligned in the payload (the type name before them has any length):
+  // entries are copied out, edited and copied back.
+  template <class Entry>
+  void edit(std::size_t offset_in_payload, const std::function<void(Entry&)>& change) {
+    Entry entry;
+    std::memcpy(&entry, payload.data() + offset_in_payload, sizeof entry);
+    change(entry);
+    std::memcpy(payload.data() + offset_in_payload, &entry, sizeof entry);
+  }
+  void edit_segment(std::size_t index, const std::function<void(SegmentEntry&)>& change) {
+    edit<SegmentEntry>(header.type_name_bytes + index * sizeof(SegmentEntry), change);
+  }
+  // The handle table starts after the type name and the segment table.
+  void edit_handle(std::size_t index, const std::function<void(HandleEntry&)>& change) {
+    edit<HandleEntry>(header.type_name_bytes + header.segment_count * sizeof(SegmentEntry) +
+                          index * sizeof(HandleEntry),
+                      change);
+  }
+  HandleEntry handle(std::size_t index) {
+    HandleEntry entry;
+    edit_handle(index, [&](HandleEntry& e) { entry = e; });
+    return entry;
+  }
+};
+
+class Loopback {
+ public:
+  explicit Loopback(HandlePassing passing = HandlePassing::FdPassing,
+                    std::optional<SharedAllocator> pool = std::nullopt)
+      : encoder_(passing, std::move(pool)) {}
+
+  Wire send(const Message& message) {
+    const EncodedFrame& frame = encoder_.encode(message);
+    std::vector<std::byte> bytes;
+    for (const iovec& part : frame.iovecs()) {
+      const auto* begin = static_cast<const std::byte*>(part.iov_base);
+      bytes.insert(bytes.end(), begin, begin + part.iov_len);
+    }
+    Wire wire;
+    for (int fd : frame.fds) wire.fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    encoder_.commit();
+    std::memcpy(&wire.header, bytes.data(), sizeof wire.header);
+    wire.payload.assign(bytes.begin() + sizeof wire.header, bytes.end());
+    return wire;
+  }
+
+  Message receive(Wire& wire) {
+    validate_header(wire.header, FrameLimits{});
+    decoder_.decode(wire.header, wire.payload, wire.fds);
+    if (decoder_.wants_acknowledgement()) encoder_.acknowledge(wire.header.sequence);
+    return decoder_.read<Message>();
+  }
+
+  Message round_trip(const Message& message) {
+    Wire wire = send(message);
+    last_ = wire.header;
+    return receive(wire);
+  }
+
+  MessageEncoder encoder_;
+  MessageDecoder decoder_{type_fingerprint<Message>(), type_name<Message>()};
+  FrameHeader last_;
+};
+
+Message small_tensors(int count, int seed) {
+  Message message;
+  for (int i = 0; i < count; ++i) {
+    Tensor t = Tensor::empty({1024}, DType::Int32, Device::SharedCpu);  // 4 KiB
+    t.fill(std::int32_t{seed + i});
+    message.tensors.push_back(t);
+  }
+  return message;
+}
+
+class BlockWireTest : public test::LeakCheckedTest {};
+
+TEST_F(BlockWireTest, HundredSmallTensorsShareOneSegmentAndLaterOnesNeedNoFd) {
+  Loopback loop;
+  {
+    Message got = loop.round_trip(small_tensors(100, 0));
+    EXPECT_EQ(loop.last_.handle_count, 100u);
+    EXPECT_EQ(loop.last_.segment_count, 2u);  // one slab of 4 KiB blocks, and the return board
+    EXPECT_EQ(loop.last_.fd_count, 2u);
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(got.tensors[i].at<std::int32_t>({1023}), i);
+  }
+  for (int round = 1; round < 5; ++round) {
+    // Brand-new tensors, in recycled blocks: (segment slot, offset, size) only.
+    Message got = loop.round_trip(small_tensors(100, round * 1000));
+    EXPECT_EQ(loop.last_.handle_count, 100u);
+    EXPECT_EQ(loop.last_.segment_count, 0u);
+    EXPECT_EQ(loop.last_.fd_count, 0u);
+    for (int i = 0; i < 100; ++i) ASSERT_EQ(got.tensors[i].at<std::int32_t>({0}), round * 1000 + i);
+  }
+  EXPECT_EQ(loop.decoder_.leased_segments(), 1u);
+  EXPECT_EQ(loop.encoder_.tracked_segments(), 1u);
+}
+
+TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {
+  Loopback loop;
+  std::vector<Tensor> originals;
+  for (int i = 0; i < 40; ++i) originals.push_back(Tensor::zeros({64}, DType::Int64, Device::SharedCpu));
+  Message message;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int i = 0; i < 40; ++i) message.tensors.push_back(originals[(i * 7 + pass) % 40].slice(0, pass, 64));
+  }
+  for (int round = 0; round < 2; ++round) {
+    Message got = loop.round_trip(message);
+    EXPECT_EQ(loop.last_.handle_count, 40u);
+    for (std::size_t i = 0; i < 120; ++i) {
+      ASSERT_TRUE(got.tensors[i].shares_storage_with(got.tensors[(i + 40) % 120]) ==
+                  message.tensors[i].shares_storage_with(message.tensors[(i + 40) % 120]));
+    }
+  }
+}
+
+TEST_F(BlockWireTest, PinsFollowTheReturnBoard) {
+  SharedAllocator pool;
+  Loopback loop;
+  Message message;
+  message.tensors.push_back(Tensor::empty({256}, DType::Float32, pool));
+  Message got = loop.round_trip(message);
+  EXPECT_EQ(loop.encoder_.pinned_storages(), 1u);
+  message.tensors.clear();
+  got.tensors.clear();
+  // The sender's storage died: the next frame announces the release; the receiver drops
+  // its lease, its block dies and gives the slot back; the frame after that collects it.
+  loop.round_trip(Message{});
+  EXPECT_EQ(loop.decoder_.leased(), 0u);
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u);  // still pinned: the return is not read yet
+  loop.round_trip(Message{});
+  EXPECT_EQ(loop.encoder_.pinned_storages(), 0u);
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+}
+
+// Runs `tamper` on a fresh frame holding one new 4 KiB block and expects the decoder to
+// refuse it with a ProtocolError whose message names `field`.
+void expect_refused(const std::function<void(Wire&)>& tamper, const std::string& field) {
+  Loopback loop;
+  Message message;
+  message.tensors.push_back(Tensor::zeros({1024}, DType::Int32, Device::SharedCpu));
+  Wire wire = loop.send(message);
+  tamper(wire);
+  try {
+    loop.receive(wire);
+    ADD_FAILURE() << "a frame tampered in " << field << " was accepted";
+  } catch (const ProtocolError& error) {
+    EXPECT_NE(std::string(error.what()).find(field), std::string::npos) << error.what();
+  }
+  // A receiver broken by a bad frame leaves its channel; the sender sees its end gone.
+  loop.encoder_.receiver_gone();
+}
+
+TEST_F(BlockWireTest, HostileBlockEntriesAreProtocolErrorsNamingTheField) {
+  const std::uint64_t segment_bytes = SharedAllocator::global().settings().segment_bytes;
+  // A block reaching past the end of its segment.
+  expect_refused([&](Wire& w) { w.edit_handle(0, [&](HandleEntry& e) { e.offset = segment_bytes - 16; }); }, "offset");
+  expect_refused([&](Wire& w) { w.edit_handle(0, [&](HandleEntry& e) { e.nbytes = segment_bytes + 1; }); }, "nbytes");
+  // offset + nbytes overflowing 64 bits must not wrap around into the segment.
+  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.offset = ~std::uint64_t{0} - 8; }); },
+                 "offset");
+  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.nbytes = 0; }); }, "nbytes");
+  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.segment_slot = 7; }); }, "segment_slot");
+  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.kind = 9; }); }, "kind");
+  // A block smaller than the tensor that views it: the view check refuses it.
+  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.nbytes = 64; }); },
+                 "storage has only 64 bytes");
+  // A segment entry claiming another size than its memfd has (entry 0 is the return board).
+  expect_refused([&](Wire& w) { w.edit_segment(1, [](SegmentEntry& e) { e.size += 4096; }); }, "bytes");
+  expect_refused([&](Wire& w) { w.edit_segment(0, [](SegmentEntry& e) { e.size += 4096; }); }, "return board");
+}
+
+TEST_F(BlockWireTest, LeasedEntryWithAnotherSizeIsRefused) {
+  Loopback loop;
+  Message message;
+  message.tensors.push_back(Tensor::zeros({1024}, DType::Int32, Device::SharedCpu));
+  loop.round_trip(message);
+  Wire wire = loop.send(message);
+  ASSERT_EQ(wire.handle(0).kind, static_cast<std::uint32_t>(HandleKind::Leased));
+  wire.edit_handle(0, [](HandleEntry& e) { e.nbytes = 1 << 20; });
+  EXPECT_THROW(loop.receive(wire), ProtocolError);
+}
+
+TEST_F(BlockWireTest, IsolatedEncoderPassesOnlyItsPoolsSegments) {
+  SharedAllocator pool;
+  Loopback loop(HandlePassing::FdPassing, pool);
+  Tensor foreign = Tensor::from({1.0, 2.0, 3.0}, Device::SharedCpu);  // global pool
+  Tensor heap = Tensor::from({4.0, 5.0});
+  Tensor own = Tensor::empty({2}, DType::Float64, pool);
+  own.fill(6.0);
+  Message message{{foreign, foreign.slice(0, 1, 3), heap, own}};
+  Message got = loop.round_trip(message);
+  EXPECT_EQ(loop.last_.handle_count, 3u);  // views of one storage still share one entry
+  for (const Tensor& t : got.tensors) EXPECT_TRUE(pool.owns(*t.storage()->shared_block())) << t.to_string();
+  EXPECT_EQ(got.tensors[0].to_vector<double>(), (std::vector<double>{1.0, 2.0, 3.0}));
+  EXPECT_TRUE(got.tensors[0].shares_storage_with(got.tensors[1]));
+  EXPECT_EQ(got.tensors[1].to_vector<double>(), (std::vector<double>{2.0, 3.0}));
+  // The foreign storage was copied, not moved: it still lives in the global pool.
+  EXPECT_TRUE(SharedAllocator::global().owns(*foreign.storage()->shared_block()));
+  EXPECT_FALSE(got.tensors[0].shares_storage_with(foreign));
+  // A heap storage moved into the pool in place; a pool storage travelled as itself.
+  EXPECT_TRUE(pool.owns(*heap.storage()->shared_block()));
+  EXPECT_EQ(got.tensors[3].storage(), own.storage());
+}
+
+}  // namespace
+}  // namespace ferry

@@ -1,0 +1,296 @@
+// The caching shared-memory allocator in one process: size classes, reuse, statistics,
+// the cache limit, zeroing, threads and fork.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <random>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "ferry/process_identity.hpp"
+#include "ferry/shared_allocator.hpp"
+#include "ferry/size_classes.hpp"
+#include "ferry/tensor.hpp"
+#include "ferry/unique_fd.hpp"
+#include "support/leak_check.hpp"
+#include "support/process.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::size_t KiB = 1024;
+constexpr std::size_t MiB = 1024 * KiB;
+
+class SharedAllocatorTest : public test::LeakCheckedTest {};
+
+TEST(SizeClassTest, SmallClassesRoundUpByAtMostAQuarter) {
+  EXPECT_EQ(small_size_class(1).bytes, 64u);
+  EXPECT_EQ(small_size_class(64).bytes, 64u);
+  EXPECT_EQ(small_size_class(65).bytes, 128u);
+  EXPECT_EQ(small_size_class(4096).bytes, 4096u);
+  EXPECT_EQ(small_size_class(4097).bytes, 5120u);
+  EXPECT_EQ(small_size_class(8192).bytes, 8192u);
+  EXPECT_EQ(small_size_class(8193).bytes, 10240u);
+  std::uint32_t previous_index = 0;
+  std::size_t previous_bytes = 0;
+  for (std::size_t n = 1; n <= 300 * KiB; n += 37) {
+    const SizeClass size_class = small_size_class(n);
+    ASSERT_GE(size_class.bytes, n);
+    ASSERT_EQ(size_class.bytes % kBlockAlignment, 0u);
+    if (n > 4096) {
+      ASSERT_LE(size_class.bytes - n, size_class.bytes / 5 + 1) << n;
+    }
+    ASSERT_EQ(small_class_bytes(size_class.index), size_class.bytes);
+    // Indices grow with sizes, one per class.
+    if (size_class.bytes != previous_bytes) {
+      ASSERT_GE(size_class.index, previous_index);
+      previous_index = size_class.index;
+      previous_bytes = size_class.bytes;
+    }
+  }
+}
+
+TEST(SizeClassTest, LargeSegmentsRoundUpByAtMostAnEighth) {
+  EXPECT_EQ(small_block_limit(2 * MiB), 256 * KiB);
+  EXPECT_EQ(large_segment_bytes(64 * MiB), 64 * MiB);
+  EXPECT_EQ(large_segment_bytes(64 * MiB + 1), 72 * MiB);
+  for (std::size_t n = 256 * KiB + 1; n < 512 * MiB; n = n * 3 / 2 + 4093) {
+    const std::size_t bytes = large_segment_bytes(n);
+    ASSERT_GE(bytes, n);
+    ASSERT_EQ(bytes % 4096, 0u);
+    ASSERT_LE(bytes - n, n / 8 + 4096) << n;
+  }
+  EXPECT_THROW(large_segment_bytes(0), Error);
+}
+
+TEST(ProcessIdentityTest, LivenessFollowsTheProcessNotItsPid) {
+  const ProcessIdentity self = current_process();
+  EXPECT_EQ(self.pid, ::getpid());
+  EXPECT_GT(self.start_time, 0u);
+  EXPECT_TRUE(process_alive(self));
+  EXPECT_FALSE(process_alive(ProcessIdentity{self.pid, self.start_time + 1}));  // a reused pid
+  EXPECT_FALSE(process_alive(ProcessIdentity{0, 0}));
+
+  int ends[2];
+  ASSERT_EQ(::pipe(ends), 0);
+  const UniqueFd ready_read(ends[0]);
+  const UniqueFd ready_write(ends[1]);
+  const pid_t child = test::fork_child([&] {
+    const ProcessIdentity me = current_process();
+    CHILD_CHECK(me.pid == ::getpid() && me.pid != self.pid);  // recomputed after fork
+    CHILD_CHECK(::write(ready_write.get(), &me, sizeof me) == sizeof me);
+  });
+  ProcessIdentity child_identity;
+  ASSERT_EQ(::read(ready_read.get(), &child_identity, sizeof child_identity),
+            static_cast<ssize_t>(sizeof child_identity));
+  // Exited but not reaped yet (a zombie), or reaped: either way it no longer runs.
+  while (process_alive(child_identity)) std::this_thread::yield();
+  EXPECT_TRUE(test::child_succeeded(child));
+  EXPECT_FALSE(process_alive(child_identity));
+}
+
+TEST_F(SharedAllocatorTest, FreedSmallBlockComesBackForTheNextAllocation) {
+  SharedAllocator pool;
+  const void* first = nullptr;
+  {
+    auto block = pool.allocate(4000);
+    first = block->data();
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(first) % kBlockAlignment, 0u);
+    EXPECT_EQ(block->size(), 4000u);
+    EXPECT_TRUE(pool.owns(*block));
+    EXPECT_FALSE(SharedAllocator::global().owns(*block));
+  }
+  auto again = pool.allocate(3000);  // same class (4 KiB)
+  EXPECT_EQ(again->data(), first);
+  const SharedMemoryStats stats = pool.stats();
+  EXPECT_EQ(stats.misses, 1u);
+  EXPECT_EQ(stats.hits, 1u);
+  EXPECT_EQ(stats.segments, 1u);
+}
+
+TEST_F(SharedAllocatorTest, FreedLargeBlockComesBackWithItsSegment) {
+  SharedAllocator pool;
+  FileIdentity identity;
+  const void* address = nullptr;
+  {
+    auto block = pool.allocate(5 * MiB);
+    identity = block->segment()->identity();
+    address = block->data();
+    EXPECT_EQ(block->offset(), 0u);
+  }
+  auto again = pool.allocate(5 * MiB - 100);  // same rounded size
+  EXPECT_EQ(again->segment()->identity(), identity);
+  EXPECT_EQ(again->data(), address);
+  EXPECT_EQ(pool.stats().misses, 1u);
+  EXPECT_EQ(pool.stats().hits, 1u);
+}
+
+TEST_F(SharedAllocatorTest, StatsCountSegmentsBytesHitsAndMisses) {
+  SharedAllocator pool;
+  EXPECT_EQ(pool.stats().segments, 0u);
+  std::vector<std::shared_ptr<SharedBlock>> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(pool.allocate(1000));  // class 1 KiB, one slab
+  blocks.push_back(pool.allocate(3 * MiB));                          // a segment of its own
+  SharedMemoryStats stats = pool.stats();
+  EXPECT_EQ(stats.segments, 2u);
+  EXPECT_EQ(stats.segment_bytes, 2 * MiB + 3 * MiB);
+  EXPECT_EQ(stats.blocks_in_use, 4u);
+  EXPECT_EQ(stats.bytes_in_use, 3 * KiB + 3 * MiB);
+  EXPECT_EQ(stats.bytes_cached, stats.segment_bytes - stats.bytes_in_use);
+  EXPECT_EQ(stats.misses, 2u);
+  EXPECT_EQ(stats.hits, 2u);  // the second and third 1 KiB blocks came from the slab
+  blocks.clear();
+  stats = pool.stats();
+  EXPECT_EQ(stats.blocks_in_use, 0u);
+  EXPECT_EQ(stats.bytes_in_use, 0u);
+  EXPECT_EQ(stats.bytes_cached, 5 * MiB);  // under the default limit: kept for reuse
+  EXPECT_EQ(stats.segments_released, 0u);
+}
+
+TEST_F(SharedAllocatorTest, IdleSegmentsAreReleasedOverTheCacheLimitAndByTrim) {
+  SharedAllocatorSettings settings;
+  settings.max_cached_bytes = 2 * MiB;
+  SharedAllocator pool(settings);
+  std::vector<std::shared_ptr<SharedBlock>> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(pool.allocate(1 * MiB));
+  EXPECT_EQ(pool.stats().segments, 4u);
+  blocks.clear();
+  // Two idle 1 MiB segments fit under the limit; the two used least recently went.
+  EXPECT_EQ(pool.stats().segments, 2u);
+  EXPECT_EQ(pool.stats().segments_released, 2u);
+  pool.trim();
+  EXPECT_EQ(pool.stats().segments, 0u);
+  EXPECT_EQ(pool.stats().bytes_cached, 0u);
+
+  // With no cache at all, a segment goes as soon as its last block does, but not before.
+  pool.configure(SharedAllocatorSettings{settings.segment_bytes, 0});
+  auto a = pool.allocate(100);
+  auto b = pool.allocate(100);
+  a.reset();
+  EXPECT_EQ(pool.stats().segments, 1u);
+  b.reset();
+  EXPECT_EQ(pool.stats().segments, 0u);
+}
+
+TEST_F(SharedAllocatorTest, SegmentsHoldTheirFdsOnlyWhileMapped) {
+  const std::size_t fds_before = test::count_open_fds();
+  SharedAllocator pool;
+  {
+    auto a = pool.allocate(10);
+    auto b = pool.allocate(10 * MiB);
+    EXPECT_EQ(test::count_open_fds(), fds_before + 2);
+  }
+  EXPECT_EQ(test::count_open_fds(), fds_before + 2);  // cached
+  pool.trim();
+  EXPECT_EQ(test::count_open_fds(), fds_before);
+}
+
+TEST_F(SharedAllocatorTest, ZerosClearsARecycledBlock) {
+  SharedAllocator pool;
+  const void* address = nullptr;
+  {
+    Tensor dirty = Tensor::empty({1024}, DType::Int32, pool);
+    dirty.fill(std::int32_t{7});
+    address = dirty.data_ptr();
+  }
+  Tensor clean = Tensor::zeros({1024}, DType::Int32, pool);
+  ASSERT_EQ(clean.data_ptr(), address);  // the same block ...
+  for (std::int32_t value : clean.to_vector<std::int32_t>()) ASSERT_EQ(value, 0);  // ... cleared
+  EXPECT_TRUE(clean.is_shared());
+  EXPECT_EQ(clean.device(), Device::SharedCpu);
+}
+
+TEST_F(SharedAllocatorTest, DeviceSharedCpuAllocatesFromTheGlobalPool) {
+  const SharedMemoryStats before = shared_memory_stats();
+  Tensor t = Tensor::empty({100}, DType::Float32, Device::SharedCpu);
+  const SharedMemoryStats after = shared_memory_stats();
+  EXPECT_TRUE(SharedAllocator::global().owns(*t.storage()->shared_block()));
+  EXPECT_EQ(after.blocks_in_use, before.blocks_in_use + 1);
+  Tensor heap = Tensor::from({1.0f, 2.0f});
+  heap.share_memory();
+  EXPECT_TRUE(SharedAllocator::global().owns(*heap.storage()->shared_block()));
+  EXPECT_EQ(heap.to_vector<float>(), (std::vector<float>{1.0f, 2.0f}));
+}
+
+TEST_F(SharedAllocatorTest, InvalidSettingsAndSizesAreRejected) {
+  EXPECT_THROW(SharedAllocator(SharedAllocatorSettings{1000, 0}), Error);
+  EXPECT_THROW(SharedAllocator(SharedAllocatorSettings{32 * KiB, 0}), Error);
+  SharedAllocator pool;
+  EXPECT_THROW(pool.allocate(0), Error);
+  EXPECT_THROW(pool.configure(SharedAllocatorSettings{4097 * 16, 0}), Error);
+}
+
+TEST_F(SharedAllocatorTest, ManyThreadsAllocateAndFreeConcurrently) {
+  SharedAllocatorSettings settings;
+  settings.max_cached_bytes = 4 * MiB;  // makes threads release segments while others carve
+  SharedAllocator pool(settings);
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 2000;
+  std::vector<std::thread> threads;
+  std::atomic<int> corrupted{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937 random(static_cast<unsigned>(t));
+      std::vector<std::shared_ptr<SharedBlock>> held;
+      for (int round = 0; round < kRounds; ++round) {
+        const std::size_t sizes[] = {64, 1000, 4096, 20000, 300 * KiB, 1 * MiB};
+        const std::size_t size = sizes[random() % std::size(sizes)];
+        const SharedAllocator source = pool;  // handles are copies of one pool
+        auto block = source.allocate(size);
+        // Each thread stamps its blocks; a block handed to two owners would be overwritten.
+        std::memset(block->data(), t + 1, size);
+        held.push_back(std::move(block));
+        if (held.size() > 8 || random() % 2 == 0) {
+          const std::size_t victim = random() % held.size();
+          const auto* bytes = reinterpret_cast<const unsigned char*>(held[victim]->data());
+          if (bytes[0] != t + 1 || bytes[held[victim]->size() - 1] != t + 1) ++corrupted;
+          held.erase(held.begin() + static_cast<std::ptrdiff_t>(victim));
+        }
+      }
+      for (const auto& block : held) {
+        const auto* bytes = reinterpret_cast<const unsigned char*>(block->data());
+        if (bytes[0] != t + 1 || bytes[block->size() - 1] != t + 1) ++corrupted;
+      }
+    });
+  }
+  // The global pool, from other threads at the same time.
+  std::thread global_user([] {
+    for (int i = 0; i < kRounds; ++i) Tensor::empty({i % 500 + 1}, DType::Float64, Device::SharedCpu);
+  });
+  for (auto& thread : threads) thread.join();
+  global_user.join();
+  EXPECT_EQ(corrupted.load(), 0);
+  const SharedMemoryStats stats = pool.stats();
+  EXPECT_EQ(stats.blocks_in_use, 0u);
+  EXPECT_EQ(stats.bytes_in_use, 0u);
+  EXPECT_EQ(stats.hits + stats.misses, std::uint64_t{kThreads} * kRounds);
+  pool.trim();
+  EXPECT_EQ(pool.stats().segments, 0u);
+}
+
+TEST_F(SharedAllocatorTest, AForkedChildNeverCarvesTheParentsSegments) {
+  SharedAllocator pool;
+  auto parent_block = pool.allocate(4096);
+  std::memset(parent_block->data(), 1, 4096);
+  const FileIdentity parent_segment = parent_block->segment()->identity();
+  { auto freed = pool.allocate(4096); }  // a free block sits in the parent's slab
+  const pid_t child = test::fork_child([&] {
+    auto child_block = pool.allocate(4096);
+    CHILD_CHECK(child_block->segment()->identity() != parent_segment);  // a segment of its own
+    CHILD_CHECK(pool.stats().misses == 1 && pool.stats().segments == 1);
+    std::memset(child_block->data(), 2, 4096);
+    parent_block.reset();  // the parent's block, inherited: nothing goes back to a free list
+    CHILD_CHECK(pool.stats().blocks_in_use == 1);
+  });
+  ASSERT_TRUE(test::child_succeeded(child));
+  const auto* bytes = reinterpret_cast<const unsigned char*>(parent_block->data());
+  EXPECT_EQ(bytes[0], 1);
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u);
+  EXPECT_EQ(pool.stats().segments, 1u);
+}
+
+}  // namespace
+}  // namespace ferry
