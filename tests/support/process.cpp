@@ -12,6 +12,10 @@
 
 namespace ferry::test {
 
+void child_check_failed(const char* file, int line, const char* condition) {
+  throw ChildCheckFailed(std::string(file) + ":" + std::to_string(line) + ": CHILD_CHECK(" + condition + ") failed");
+}
+
 pid_t fork_child(const std::function<void()>& body) {
   std::fflush(nullptr);
   const pid_t pid = ::fork();

@@ -15,13 +15,13 @@ struct ChildCheckFailed : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Throws ChildCheckFailed naming the failed CHILD_CHECK (out of line: one call per check).
+[[noreturn]] void child_check_failed(const char* file, int line, const char* condition);
+
 /// Checks `condition` in a forked child (gtest assertions do not reach the parent).
-#define CHILD_CHECK(condition)                                                                    \
-  do {                                                                                            \
-    if (!(condition)) {                                                                           \
-      throw ::ferry::test::ChildCheckFailed(std::string(__FILE__) + ":" + std::to_string(__LINE__) + \
-                                            ": CHILD_CHECK(" #condition ") failed");              \
-    }                                                                                             \
+#define CHILD_CHECK(condition)                                                   \
+  do {                                                                           \
+    if (!(condition)) ::ferry::test::child_check_failed(__FILE__, __LINE__, #condition); \
   } while (false)
 
 /// Forks; the child runs `body` and exits 0, or 1 after printing an exception's message.
