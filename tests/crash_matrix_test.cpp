@@ -6,6 +6,9 @@
 // every round, once the caching shared-memory allocator gave its cached segments back (a
 // cache is not a leak; trimming also reclaims what a killed receiver held).
 //
+// The third column does the same to a worker started by ferry::spawn, whose WorkerGroup must
+// also report the death (WorkerFailed, naming SIGKILL).
+//
 // Seeded: set FERRY_CRASH_SEED to replay a run (the seed is printed). Bounded in time:
 // each column runs rounds for kColumnBudget, whatever the build's speed.
 #include <gtest/gtest.h>
@@ -55,32 +58,60 @@ std::uint64_t base_seed() {
   return seed;
 }
 
-// An endless stream as a real producer writes it: new shared tensors of random sizes,
-// tensors sent again (leases), heap tensors (moved to shared memory when sent), views of
-// earlier ones, and tensors dropped (their leases released in later frames).
-[[noreturn]] void produce_forever(Sender<Item>& tx, std::uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<Tensor> pool;
-  for (std::int64_t i = 0;; ++i) {
+// A stream as a real producer writes it: new shared tensors of random sizes, tensors sent
+// again (leases), heap tensors (moved to shared memory when sent), views of earlier ones,
+// and tensors dropped (their leases released in later frames).
+class ItemSource {
+ public:
+  explicit ItemSource(std::uint64_t seed) : rng_(seed) {}
+
+  Item next(std::int64_t sequence) {
     Item item;
-    item.sequence = i;
-    item.note = std::string(rng() % 64, 'n');
-    const std::int64_t elements = 1 + static_cast<std::int64_t>(rng() % 16384);
-    switch (rng() % 4) {
+    item.sequence = sequence;
+    item.note = std::string(rng_() % 64, 'n');
+    const std::int64_t elements = 1 + static_cast<std::int64_t>(rng_() % 16384);
+    switch (rng_() % 4) {
       case 0: item.main = Tensor::zeros({elements}, DType::Float32, Device::SharedCpu); break;
-      case 1: item.main = pool.empty() ? Tensor() : pool[rng() % pool.size()]; break;
+      case 1: item.main = pool_.empty() ? Tensor() : pool_[rng_() % pool_.size()]; break;
       case 2: item.main = Tensor::zeros({elements}, DType::UInt8); break;
       default: break;
     }
-    if (item.main.defined()) pool.push_back(item.main);
-    for (std::uint64_t v = rng() % 3; v > 0 && !pool.empty(); --v) {
-      const Tensor& base = pool[rng() % pool.size()];
+    if (item.main.defined()) pool_.push_back(item.main);
+    for (std::uint64_t v = rng_() % 3; v > 0 && !pool_.empty(); --v) {
+      const Tensor& base = pool_[rng_() % pool_.size()];
       item.views.push_back(base.slice(0, 0, std::max<std::int64_t>(1, base.size(0) / 2)));
     }
-    if (pool.size() > 8) pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(rng() % pool.size()));
-    tx.send(item);
+    if (pool_.size() > 8) pool_.erase(pool_.begin() + static_cast<std::ptrdiff_t>(rng_() % pool_.size()));
+    return item;
+  }
+
+ private:
+  std::mt19937_64 rng_;
+  std::vector<Tensor> pool_;
+};
+
+[[noreturn]] void produce_forever(Sender<Item>& tx, std::uint64_t seed) {
+  ItemSource source(seed);
+  for (std::int64_t i = 0;; ++i) tx.send(source.next(i));
+}
+
+// The worker of the spawned-worker column: sends every item back, keeps some of the
+// tensors it received for a while (mapped when it dies), and now and then adds a tensor
+// of its own. Registered, so that the spawn start method can run it too.
+void echo_items(WorkerContext&, Receiver<Item> in, Sender<Item> out, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<Tensor> held;
+  while (auto item = in.recv()) {
+    if (item->main.defined() && rng() % 4 == 0) held.push_back(item->main);
+    if (held.size() > 16) held.erase(held.begin());
+    if (rng() % 8 == 0) {
+      item->views.push_back(
+          Tensor::zeros({1 + static_cast<std::int64_t>(rng() % 4096)}, DType::Int32, Device::SharedCpu));
+    }
+    out.send(*item);
   }
 }
+FERRY_WORKER(echo_items);
 
 class CrashMatrixTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {
  protected:
@@ -198,13 +229,81 @@ TEST_P(CrashMatrixTest, ReceiverKilledAtRandomPoints) {
 }
 
 TEST_P(CrashMatrixTest, SpawnedWorkerKilledAtRandomPoints) {
-  // TODO(crash-matrix): ferry::spawn (worker processes and their supervision) is being
-  // written on another branch. Once it is merged, kill a spawned worker at random points of
-  // its input stream, and check that join() reports the worker's death (with its signal)
-  // within a bounded time, that the parent's channels to it report ChannelClosed, and that
-  // fds and /dev/shm entries return to their starting values, as the two columns above do.
-  GTEST_SKIP() << "ferry::spawn does not exist on this branch yet: the spawned-worker column of the "
-                  "crash matrix runs once spawn is merged";
+  // A worker started by ferry::spawn (fork or exec, alternating) echoes a stream of items
+  // with tensors; it is killed at a random point, sometimes before it read its arguments.
+  // Its group, and both channels to it, must report the death; nothing may stay pinned.
+  constexpr std::int64_t kInFlight = 4;  // items ahead of their echoes: no transport ever fills
+  run_column("spawned worker killed", [&](std::uint64_t seed) {
+    std::mt19937_64 rng(seed ^ 0xa11ce);
+    SpawnOptions options;
+    options.start_method = seed % 2 == 0 ? StartMethod::Fork : StartMethod::Spawn;
+    SCOPED_TRACE(std::string("start method ") + std::string(start_method_name(options.start_method)));
+    ChannelOptions channel_options;
+    channel_options.peer_check_interval = 20ms;  // a ring notices the death sooner: more rounds
+    auto [to_worker, worker_in] = channel<Item>(GetParam(), channel_options);
+    auto [worker_out, from_worker] = channel<Item>(GetParam(), channel_options);
+    WorkerGroup workers = spawn(options, 1, echo_items, std::move(worker_in), std::move(worker_out), seed);
+    const pid_t worker = workers.pid(0);
+
+    ItemSource source(seed);
+    const std::int64_t before_kill = rng() % 8 == 0 ? 0 : static_cast<std::int64_t>(rng() % 300);
+    std::int64_t sent = 0;
+    std::int64_t echoed = 0;
+    while (echoed < before_kill) {
+      for (; sent < echoed + kInFlight; ++sent) to_worker.send(source.next(sent));
+      auto echo = from_worker.recv();
+      ASSERT_TRUE(echo.has_value());
+      ASSERT_EQ(echo->sequence, echoed++) << "echoes lost or reordered";
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 2000));
+    ASSERT_EQ(::kill(worker, SIGKILL), 0);
+    const auto killed = Clock::now();
+
+    // The channel from the worker: the echoes already on their way, in order, then PeerDied.
+    try {
+      while (auto echo = from_worker.recv()) {
+        ASSERT_EQ(echo->sequence, echoed++) << "echoes lost or reordered";
+      }
+      ADD_FAILURE() << "a killed worker looked like a clean end of stream";
+    } catch (const PeerDied&) {
+      // What the parent must see.
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "a killed worker's channel must be PeerDied, not: " << error.what();
+    }
+    EXPECT_LT(Clock::now() - killed, kDetectionBound);
+    EXPECT_LE(echoed, sent);
+
+    // The channel to the worker: sends fail with ChannelClosed.
+    try {
+      while (Clock::now() - killed < kDetectionBound) to_worker.send(source.next(sent++));
+      ADD_FAILURE() << "sends to a killed worker kept succeeding";
+    } catch (const ChannelClosed&) {
+      // What the parent must see.
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "sending to a killed worker must be ChannelClosed, not: " << error.what();
+    }
+    EXPECT_LT(Clock::now() - killed, kDetectionBound);
+    EXPECT_FALSE(to_worker.is_open());
+
+    // The group: WorkerFailed naming the worker and the signal.
+    try {
+      const bool finished = workers.join(kDetectionBound);
+      ADD_FAILURE() << "join() did not report the killed worker (finished: " << finished << ")";
+    } catch (const WorkerFailed& failure) {
+      EXPECT_EQ(failure.failure(), WorkerFailure::Signal) << failure.what();
+      EXPECT_EQ(failure.signal(), SIGKILL) << failure.what();
+      EXPECT_EQ(failure.rank(), 0);
+      EXPECT_EQ(failure.pid(), worker);
+      EXPECT_NE(std::string(failure.what()).find("killed by signal SIGKILL"), std::string::npos) << failure.what();
+    }
+    EXPECT_LT(Clock::now() - killed, kDetectionBound);
+    ASSERT_TRUE(workers.exit_status(0).has_value());
+    EXPECT_EQ(workers.exit_status(0)->signal, SIGKILL);
+    EXPECT_EQ(workers.running(), 0);
+    EXPECT_TRUE(test::has_no_children()) << "the killed worker was not reaped";
+    to_worker.close();  // must not throw or wait for the dead worker's acknowledgements
+    from_worker.close();
+  });
 }
 
 }  // namespace

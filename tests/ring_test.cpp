@@ -263,10 +263,31 @@ TEST_F(RingTest, ScribbledSegmentHeaderIsRefusedWhenAttaching) {
 
 // ---- dead peers ------------------------------------------------------------------------
 
-TEST_F(RingTest, ReceiverKilledWhileTheSenderIsBlockedOnAFullRing) {
+// A sleeping end looks at its peer every peer_check_interval, so a death is noticed within
+// about that interval. The tests below use a small interval and a bound fifty times larger:
+// they check that the death is noticed while the end sleeps, not how fast.
+constexpr auto kPeerCheck = 20ms;
+constexpr auto kNoticeBound = 1s;
+
+ChannelOptions quick_check_options() {
   ChannelOptions options = ring_options(4096);
-  options.peer_check_interval = 50ms;
-  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, options);
+  options.peer_check_interval = kPeerCheck;
+  return options;
+}
+
+// Waits (at most 10 s) until `word` says that its end sleeps on the futex.
+bool wait_until_sleeping(const std::atomic<std::uint32_t>& word) {
+  const auto give_up = std::chrono::steady_clock::now() + 10s;
+  while (word.load() != 1) {
+    if (std::chrono::steady_clock::now() > give_up) return false;
+    std::this_thread::sleep_for(1ms);
+  }
+  return true;
+}
+
+TEST_F(RingTest, ReceiverKilledWhileTheSenderIsBlockedOnAFullRing) {
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, quick_check_options());
+  MappedHeader watcher(rx.core().reader(), 4096);
   const pid_t child = fork_child([&tx = tx] {
     tx.detach();
     ::pause();  // never reads
@@ -282,15 +303,81 @@ TEST_F(RingTest, ReceiverKilledWhileTheSenderIsBlockedOnAFullRing) {
       failed = true;
     }
   });
-  std::this_thread::sleep_for(100ms);
+  // The sender sleeps on the futex of a full ring, and keeps sleeping while the reader lives.
+  ASSERT_TRUE(wait_until_sleeping(watcher.header().writer_sleeping));
+  std::this_thread::sleep_for(5 * kPeerCheck);
   EXPECT_FALSE(failed.load());
+  EXPECT_EQ(watcher.header().writer_sleeping.load(), 1u);
+  EXPECT_GT(watcher.header().tail.load() - watcher.header().head.load(), 4096u - 1000u) << "the ring is not full";
   const auto killed_at = std::chrono::steady_clock::now();
-  ::kill(child, SIGKILL);
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
   sender.join();
-  EXPECT_TRUE(failed.load());
-  EXPECT_LT(failed_at - killed_at, 2s);  // generous: detection takes about 50 ms
+  ASSERT_TRUE(failed.load());
+  EXPECT_LT(failed_at - killed_at, kNoticeBound) << "peer_check_interval is " << kPeerCheck.count() << " ms";
   EXPECT_FALSE(tx.is_open());
-  test::wait_child(child);
+  EXPECT_EQ(test::wait_child(child).signal, SIGKILL);
+}
+
+TEST_F(RingTest, SenderKilledWhileTheReceiverSleepsOnTheFutexIsPeerDied) {
+  auto [tx, rx] = channel<int>(Transport::ShmRing, quick_check_options());
+  MappedHeader watcher(rx.core().reader(), 4096);
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    rx.close();
+    tx.adopt();
+    tx.send(1);
+    ::pause();
+  });
+  tx.detach();
+  EXPECT_EQ(rx.recv().value(), 1);
+  std::chrono::steady_clock::time_point killed_at;
+  bool slept = false;
+  std::thread killer([&] {
+    slept = wait_until_sleeping(watcher.header().reader_sleeping);
+    std::this_thread::sleep_for(3 * kPeerCheck);  // several peer checks found the sender alive
+    killed_at = std::chrono::steady_clock::now();
+    ::kill(child, SIGKILL);
+  });
+  try {
+    (void)rx.recv();
+    ADD_FAILURE() << "a killed sender must be PeerDied";
+  } catch (const PeerDied&) {
+    // What the sleeping receiver must see.
+  }
+  const auto noticed_at = std::chrono::steady_clock::now();
+  killer.join();
+  EXPECT_TRUE(slept) << "the receiver never slept on the futex";
+  EXPECT_LT(noticed_at - killed_at, kNoticeBound) << "peer_check_interval is " << kPeerCheck.count() << " ms";
+  EXPECT_THROW(rx.recv(), PeerDied);  // stays dead
+  EXPECT_EQ(test::wait_child(child).signal, SIGKILL);
+}
+
+TEST_F(RingTest, SendsIntoTheRingOfAKilledReceiverStopWithinTheCheckInterval) {
+  // The sender always finds room (a small frame every millisecond into a 64 KiB ring): it
+  // looks at its peer at most once per interval, so sends succeed for about that long.
+  ChannelOptions options = quick_check_options();
+  options.ring_capacity = 64 << 10;
+  auto [tx, rx] = channel<int>(Transport::ShmRing, options);
+  const pid_t child = fork_child([&tx = tx] {
+    tx.detach();
+    ::pause();
+  });
+  rx.close();
+  tx.send(0);
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  EXPECT_EQ(test::wait_child(child).signal, SIGKILL);
+  const auto killed_at = std::chrono::steady_clock::now();
+  int sent = 0;
+  try {
+    while (std::chrono::steady_clock::now() - killed_at < 10s) {
+      tx.send(++sent);
+      std::this_thread::sleep_for(1ms);
+    }
+    ADD_FAILURE() << "sends into the ring of a dead receiver kept succeeding";
+  } catch (const ChannelClosed&) {
+    // What the sender must see.
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, kNoticeBound) << sent << " sends succeeded";
+  EXPECT_FALSE(tx.is_open());
 }
 
 TEST_F(RingTest, SenderKilledMidFrameIsPeerDiedNeverAMessage) {

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "ferry/error.hpp"
+#include "ferry/shared_memory.hpp"
 
 namespace ferry {
 namespace {
@@ -73,19 +74,8 @@ RingSegment& RingSegment::operator=(RingSegment&& other) noexcept {
 RingSegment RingSegment::create(std::size_t requested_capacity) {
   const std::size_t capacity = ring_capacity_for(requested_capacity);
   const std::size_t size = kRingHeaderBytes + capacity;
-  UniqueFd fd(::memfd_create(kSegmentName, MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd) throw_errno("memfd_create for a ring");
-  if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
-    throw_errno("ftruncate of a new ring segment to " + std::to_string(size) + " bytes");
-  }
-  if (const int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size)); rc != 0) {
-    if (rc == ENOSPC || rc == ENOMEM) {
-      throw OutOfSharedMemory("cannot reserve " + std::to_string(size) +
-                                  " bytes of shared memory for a ring (free memory or ask for a smaller ring_capacity)",
-                              rc);
-    }
-    throw_system_error("posix_fallocate of a " + std::to_string(size) + "-byte ring segment", rc);
-  }
+  UniqueFd fd = create_reserved_memfd(size, kSegmentName, "a ring",
+                                      "ask for a smaller ChannelOptions::ring_capacity");
   // Neither end may ever shrink the segment under the other's mapping (SIGBUS).
   if (::fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0) throw_errno("fcntl(F_ADD_SEALS) on a ring");
   Mapping mapping = map_twice(fd.get(), capacity);

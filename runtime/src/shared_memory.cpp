@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "ferry/error.hpp"
 
@@ -24,11 +25,31 @@ std::uint64_t file_size_limit() {
   return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : static_cast<std::uint64_t>(limit.rlim_cur);
 }
 
-[[noreturn]] void throw_file_size_limit(std::size_t size) {
-  throw OutOfSharedMemory("cannot create a shared segment of " + std::to_string(size) +
+[[noreturn]] void throw_file_size_limit(std::size_t size, std::string_view what, std::string_view remedy) {
+  throw OutOfSharedMemory("cannot create " + std::string(what) + " of " + std::to_string(size) +
                               " bytes: this process's file size limit (RLIMIT_FSIZE, `ulimit -f`) is " +
-                              std::to_string(file_size_limit()) + " bytes; raise it or send smaller tensors",
+                              std::to_string(file_size_limit()) + " bytes; raise it or " + std::string(remedy),
                           EFBIG);
+}
+
+// posix_fallocate failed with `error` while reserving the pages of a new memfd.
+[[noreturn]] void throw_reservation_failure(std::size_t size, int error, std::string_view what,
+                                            std::string_view remedy) {
+  if (error == EFBIG) throw_file_size_limit(size, what, remedy);
+  const std::string segment = "cannot create " + std::string(what) + " of " + std::to_string(size) + " bytes: ";
+  if (error == ENOSPC) {
+    throw OutOfSharedMemory(segment + "no space left for shared memory (ENOSPC: the kernel will not commit more "
+                                      "memory to shared memory); free memory or " + std::string(remedy),
+                            error);
+  }
+  if (error == ENOMEM) {
+    throw OutOfSharedMemory(segment + "out of memory for shared memory (ENOMEM; a memory cgroup may be at its "
+                                      "limit); free memory or " + std::string(remedy),
+                            error);
+  }
+  throw_system_error("posix_fallocate of " + std::to_string(size) + " bytes of shared memory for " +
+                         std::string(what),
+                     error);
 }
 
 }  // namespace
@@ -39,33 +60,32 @@ FileIdentity identify_fd(int fd) {
   return FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
 }
 
-SharedMemory SharedMemory::create(std::size_t size, const char* name) {
-  if (size == 0) throw Error("SharedMemory::create: a segment needs at least one byte");
+UniqueFd create_reserved_memfd(std::size_t size, const char* name, std::string_view what, std::string_view remedy) {
+  if (size == 0) throw Error("cannot create " + std::string(what) + " of 0 bytes: a segment needs at least one byte");
   // A memfd counts as a file for RLIMIT_FSIZE: growing it past the limit fails with EFBIG
   // *and* sends SIGXFSZ, whose default action kills the process. Check first, so that the
   // caller gets an exception instead.
-  if (size > file_size_limit()) throw_file_size_limit(size);
+  if (size > file_size_limit()) throw_file_size_limit(size, what, remedy);
   UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd) throw_errno("memfd_create");
+  if (!fd) throw_errno("memfd_create for " + std::string(what));
   // memfds are created with mode 0777. Only holders of the fd or of access to
   // /proc/<pid>/fd (same user, or root) can reach one, but owner-only is the right default:
   // a re-open through /proc by anyone but the owner is then refused.
   if (::fchmod(fd.get(), S_IRUSR | S_IWUSR) != 0) throw_errno("fchmod(0600) of a new memfd");
   if (::ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
-    if (errno == EFBIG) throw_file_size_limit(size);
+    if (errno == EFBIG) throw_file_size_limit(size, what, remedy);
     throw_errno("ftruncate of a new memfd to " + std::to_string(size) + " bytes");
   }
-  // Reserve every page now: on a full tmpfs ftruncate succeeds and the first write would
-  // fault with SIGBUS; posix_fallocate turns that into ENOSPC here.
+  // Reserve every page now: when shared memory is short, ftruncate succeeds and the first
+  // write would fault with SIGBUS; posix_fallocate turns that into ENOSPC (or ENOMEM) here.
   if (const int rc = ::posix_fallocate(fd.get(), 0, static_cast<off_t>(size)); rc != 0) {
-    if (rc == EFBIG) throw_file_size_limit(size);
-    if (rc == ENOSPC || rc == ENOMEM) {
-      throw OutOfSharedMemory("cannot reserve " + std::to_string(size) +
-                                  " bytes of shared memory (free memory or lower the tensor sizes)",
-                              rc);
-    }
-    throw_system_error("posix_fallocate of " + std::to_string(size) + " bytes of shared memory", rc);
+    throw_reservation_failure(size, rc, what, remedy);
   }
+  return fd;
+}
+
+SharedMemory SharedMemory::create(std::size_t size, const char* name) {
+  UniqueFd fd = create_reserved_memfd(size, name, "a shared segment", "send smaller tensors");
   // A peer must never be able to shrink the segment under a mapping (SIGBUS).
   if (::fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0) {
     throw_errno("fcntl(F_ADD_SEALS) on a new memfd");

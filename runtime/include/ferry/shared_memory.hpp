@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string_view>
 
 #include "ferry/mapping.hpp"
 #include "ferry/unique_fd.hpp"
@@ -28,6 +29,14 @@ struct FileIdentityHash {
 
 /// Returns the identity of the file behind `fd`; throws SystemError.
 FileIdentity identify_fd(int fd);
+
+/// Creates an owner-only memfd of `size` bytes (> 0), shown as "/memfd:<name>", with every
+/// page reserved (posix_fallocate), so that writing to it never raises SIGBUS; the caller
+/// seals it. Errors name the segment as `what` ("a shared segment") and end with `remedy`
+/// ("send smaller tensors"). Throws OutOfSharedMemory when the pages cannot be reserved:
+/// the file size limit (EFBIG; checked first, since the kernel would also send SIGXFSZ),
+/// no space for shared memory (ENOSPC) or no memory (ENOMEM); SystemError otherwise.
+UniqueFd create_reserved_memfd(std::size_t size, const char* name, std::string_view what, std::string_view remedy);
 
 /// A memfd of a fixed size, sealed against shrinking and growing, mapped read-write.
 /// Its pages are reserved when it is created, so writing to it never raises SIGBUS.
