@@ -261,6 +261,64 @@ TEST_F(RingTest, ScribbledSegmentHeaderIsRefusedWhenAttaching) {
   EXPECT_EQ(rx.recv().value(), 5);
 }
 
+// Another process writes random bytes over the ring's header lines and data while a
+// sender and a receiver run. The receiver may get frames (whatever the bytes say), time
+// out, or get ProtocolError and stay broken; it must never fault or read outside the
+// segment (the ASan build checks that), and neither end may hang.
+TEST_F(RingTest, PeerScribblingWhileBothEndsRunNeverCrashesEitherEnd) {
+  constexpr std::size_t kCapacity = 4096;
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(kCapacity, 0ns));
+  MappedHeader shared(rx.core().reader(), kCapacity);
+  const pid_t scribbler = fork_child([&] {
+    std::mt19937_64 rng(20261130);
+    auto* bytes = static_cast<unsigned char*>(shared.mapping.data());
+    const auto until = std::chrono::steady_clock::now() + 300ms;
+    while (std::chrono::steady_clock::now() < until) {
+      // Mostly the positions and futex words, sometimes the frames in the data.
+      const std::size_t line = rng() % 4;
+      const std::size_t offset = line < 3 ? kRingLineBytes * (line) + rng() % 24 : kRingHeaderBytes + rng() % kCapacity;
+      bytes[offset] = static_cast<unsigned char>(rng());
+      if (rng() % 64 == 0) std::this_thread::sleep_for(50us);
+    }
+  });
+
+  std::atomic<bool> stop{false};
+  std::thread sender([&, &tx = tx] {
+    std::mt19937_64 rng(7);
+    try {
+      while (!stop.load()) tx.send_for(Bytes(rng() % 600, 0x5a), 20ms);
+    } catch (const ProtocolError&) {
+    } catch (const ChannelClosed&) {
+    }
+  });
+  int frames = 0;
+  bool broken = false;
+  const auto until = std::chrono::steady_clock::now() + 500ms;
+  while (std::chrono::steady_clock::now() < until) {
+    try {
+      auto got = rx.recv_for(20ms);
+      if (got.closed()) break;
+      if (got) ++frames;
+    } catch (const ProtocolError&) {
+      broken = true;
+      EXPECT_THROW(rx.recv_for(1ms), ProtocolError);  // broken for good
+      break;
+    }
+  }
+  rx.close();
+  stop = true;
+  sender.join();
+  try {
+    tx.close();  // the end-of-stream frame needs room, read from the scribbled positions
+  } catch (const ProtocolError&) {
+  }
+  EXPECT_FALSE(tx.is_open());
+  EXPECT_TRUE(child_succeeded(scribbler));
+  // Random bytes over the positions break the ring quickly; the count says how far it got.
+  RecordProperty("frames_before_break", frames);
+  EXPECT_TRUE(broken || frames > 0);
+}
+
 // ---- dead peers ------------------------------------------------------------------------
 
 // A sleeping end looks at its peer every peer_check_interval, so a death is noticed within

@@ -86,7 +86,8 @@ class Sender {
     return core().flush(Deadline::after(timeout));
   }
   /// Ends the stream: the receiver gets end-of-stream after the values sent before.
-  /// Idempotent; does not throw when the receiver is already gone.
+  /// Idempotent; does not throw when the receiver is already gone (only ProtocolError,
+  /// when another process corrupted a ShmRing's shared positions; the end is closed anyway).
   void close() {
     if (local_) local_.close();
     if (core_) core_->close();
