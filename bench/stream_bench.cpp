@@ -3,6 +3,9 @@
 // memfd with SCM_RIGHTS, mmap it, munmap it" round trip. Names:
 //   roundtrip/raw/<transport>/bytes/<n>       plain write/read of n bytes and back
 //   roundtrip/raw/unix_socket/fd_mmap/<n>     memfd of n bytes passed, mapped, unmapped
+//   roundtrip/raw/unix_socket/fd_mmap_new/<n> the same with a different memfd each time, all
+//                                             made before the loop as tensor_new's storages
+//                                             are (same number of live pages in the system)
 //   roundtrip/ferry/<transport>/bytes/<n>     Sender<std::vector<uint8_t>> of n bytes, echoed
 //   roundtrip/ferry/<transport>/tensor_new/<n>   a new shared tensor each time, 1-byte reply
 //   roundtrip/ferry/<transport>/tensor_same/<n>  the same shared tensor each time, 1-byte reply
@@ -128,8 +131,11 @@ UniqueFd receive_fd(int socket) {
   return UniqueFd(fd);
 }
 
-void raw_fd_mmap_round_trip(benchmark::State& state, std::size_t size) {
-  SharedMemory segment = SharedMemory::create(size);
+void raw_fd_mmap_round_trip(benchmark::State& state, std::size_t size, bool fresh) {
+  std::vector<SharedMemory> segments;
+  const auto count = fresh ? static_cast<std::size_t>(state.max_iterations) : 1;
+  for (std::size_t i = 0; i < count; ++i) segments.push_back(SharedMemory::create(size));
+  std::size_t next = 0;
   RawLink link = make_raw_link(true);
   {
     ChildProcess child([&] {
@@ -148,8 +154,9 @@ void raw_fd_mmap_round_trip(benchmark::State& state, std::size_t size) {
     link.child_out.reset();
     char ack = 0;
     for (auto _ : state) {
-      send_fd(link.parent_out.get(), segment.fd());
+      send_fd(link.parent_out.get(), segments[next].fd());
       read_all(link.parent_in.get(), &ack, 1);
+      if (fresh) ++next;
     }
     link.parent_out.reset();
   }
@@ -232,6 +239,13 @@ void raise_fd_limit() {
   }
 }
 
+// Rows that pass a new storage each time make all of them before the loop and keep them
+// alive until it ends; segments of 64 MiB and more take milliseconds to create, so these
+// rows run a fixed, smaller number of iterations.
+std::int64_t new_storage_iterations(std::int64_t size) {
+  return size >= (256 << 20) ? 10 : size >= (64 << 20) ? 40 : size >= (1 << 20) ? 300 : 1000;
+}
+
 const bool registered = [] {
   raise_fd_limit();
   for (const bool socket : {false, true}) {
@@ -243,7 +257,10 @@ const bool registered = [] {
   }
   for (const std::int64_t size : {4096, 1 << 20, 64 << 20, 256 << 20}) {
     benchmark::RegisterBenchmark(("roundtrip/raw/unix_socket/fd_mmap/" + std::to_string(size)).c_str(),
-                                 raw_fd_mmap_round_trip, static_cast<std::size_t>(size));
+                                 raw_fd_mmap_round_trip, static_cast<std::size_t>(size), false);
+    benchmark::RegisterBenchmark(("roundtrip/raw/unix_socket/fd_mmap_new/" + std::to_string(size)).c_str(),
+                                 raw_fd_mmap_round_trip, static_cast<std::size_t>(size), true)
+        ->Iterations(new_storage_iterations(size));
   }
   for (const Transport transport : {Transport::Pipe, Transport::UnixSocket}) {
     const std::string name = transport_label(transport);
@@ -252,13 +269,9 @@ const bool registered = [] {
                                    ferry_bytes_round_trip, transport, static_cast<std::size_t>(size));
     }
     for (const std::int64_t size : {4096, 1 << 20, 64 << 20, 256 << 20}) {
-      // New segments of 64 MiB and more take milliseconds to create (outside the timing):
-      // a fixed number of iterations keeps the run short.
-      // A fixed number of iterations: every new storage stays alive until the loop ends.
-      const std::int64_t iterations = size >= (256 << 20) ? 10 : size >= (64 << 20) ? 40 : size >= (1 << 20) ? 300 : 1000;
       benchmark::RegisterBenchmark(("roundtrip/ferry/" + name + "/tensor_new/" + std::to_string(size)).c_str(),
                                    ferry_tensor_round_trip, transport, true, size)
-          ->Iterations(iterations);
+          ->Iterations(new_storage_iterations(size));
       benchmark::RegisterBenchmark(("roundtrip/ferry/" + name + "/tensor_same/" + std::to_string(size)).c_str(),
                                    ferry_tensor_round_trip, transport, false, size);
     }
