@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ferry/error.hpp"
 #include "ferry/ring_transport.hpp"
@@ -76,11 +79,67 @@ detail::WaitOutcome RingFrameWriter::wait_for_room(std::uint64_t wanted, const D
       end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, deadline);
 }
 
+BodySpace* RingFrameWriter::body_space(const Deadline& deadline) {
+  lent_ = nullptr;
+  if (!end_.is_open() || !pending_.empty()) return nullptr;
+  lend_deadline_ = deadline;
+  return this;
+}
+
+std::span<std::byte> RingFrameWriter::lend(std::size_t bytes) {
+  if (!end_.is_open() || bytes > end_.capacity() - kRingBodyOffset) return {};
+  const std::uint64_t wanted = kRingBodyOffset + bytes;
+  if (room(false) < wanted && room(true) < wanted &&
+      end_.wait(
+          end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, lend_deadline_) !=
+          detail::WaitOutcome::Ready) {
+    return {};  // the body stays private; write() then reports the timeout or the dead reader
+  }
+  lent_ = end_.at(tail_) + kRingBodyOffset;
+  return {lent_, static_cast<std::size_t>(room(false) - kRingBodyOffset)};
+}
+
+bool RingFrameWriter::write_around_lent_body(std::span<const iovec> parts, const Deadline& deadline) {
+  const std::span<const iovec> front = parts.first(parts.size() - 1);
+  const std::size_t body = parts.back().iov_len;
+  std::size_t prefix = 0;
+  for (const iovec& part : front) prefix += part.iov_len;
+  // lend() made room for kRingBodyOffset + body bytes from here, contiguous in memory.
+  std::byte* const base = end_.at(tail_);
+  std::size_t gap = kRingBodyOffset - std::min(prefix, kRingBodyOffset);
+  if (prefix > kRingBodyOffset || (gap > 0 && gap < sizeof(RingSkip))) {
+    // The header and tables do not fit in front of the body with a gap record: move the
+    // body right behind them, or, without room for that, write the frame as usual.
+    if (prefix > kRingBodyOffset && room(true) < prefix + body) {
+      std::vector<std::byte> copy(base + kRingBodyOffset, base + kRingBodyOffset + body);
+      std::vector<iovec> moved(parts.begin(), parts.end());
+      moved.back().iov_base = copy.data();
+      return write(moved, {}, deadline);
+    }
+    std::memmove(base + prefix, base + kRingBodyOffset, body);
+    gap = 0;
+  }
+  if (gap > 0) {
+    const RingSkip skip{kRingSkipMagic, gap};
+    std::memcpy(base, &skip, sizeof skip);
+  }
+  std::byte* out = base + gap;
+  for (const iovec& part : front) {
+    std::memcpy(out, part.iov_base, part.iov_len);
+    out += part.iov_len;
+  }
+  tail_ += gap + prefix + body;
+  publish();
+  return true;
+}
+
 bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
   if (!end_.is_open()) throw ChannelClosed("cannot send: this end of the channel is closed");
   if (!fds.empty()) throw Error("a ring cannot carry file descriptors; storages travel by /proc path");
+  std::byte* const lent = std::exchange(lent_, nullptr);
   if (!pending_.empty() && !flush(deadline)) return false;
   if (end_.peer_gone_lately()) throw_receiver_gone();
+  if (lent != nullptr && !parts.empty() && parts.back().iov_base == lent) return write_around_lent_body(parts, deadline);
 
   std::size_t total = 0;
   for (const iovec& part : parts) total += part.iov_len;
