@@ -17,6 +17,13 @@ namespace {
   throw ChannelClosed("cannot send: the receiving end of the ring was closed or its process died");
 }
 
+[[noreturn, gnu::noinline, gnu::cold]] void throw_scribbled_head(std::uint64_t head, std::uint64_t from,
+                                                                 std::uint64_t to) {
+  throw ProtocolError("the ring's shared read position (" + std::to_string(head) + ") is outside what was written (" +
+                      std::to_string(from) + ".." + std::to_string(to) +
+                      "); another process scribbled in the segment");
+}
+
 // Walks the parts of a frame, copying them into the ring piece by piece.
 class PartCursor {
  public:
@@ -57,11 +64,7 @@ RingFrameWriter::RingFrameWriter(std::shared_ptr<const RingSegment> segment, Uni
 std::uint64_t RingFrameWriter::room(bool refresh) {
   if (refresh) {
     const std::uint64_t head = end_.header().head.load(std::memory_order_seq_cst);
-    if (head - head_seen_ > tail_ - head_seen_) {
-      throw ProtocolError("the ring's shared read position (" + std::to_string(head) +
-                          ") is outside what was written (" + std::to_string(head_seen_) + ".." +
-                          std::to_string(tail_) + "); another process scribbled in the segment");
-    }
+    if (head - head_seen_ > tail_ - head_seen_) throw_scribbled_head(head, head_seen_, tail_);
     head_seen_ = head;
   }
   return end_.capacity() - (tail_ - head_seen_);
@@ -143,11 +146,6 @@ bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> f
 
   std::size_t total = 0;
   for (const iovec& part : parts) total += part.iov_len;
-  PartCursor cursor(parts);
-  auto copy = [this](const std::byte* bytes, std::size_t n) {
-    end_.copy_in(tail_, bytes, n);
-    tail_ += n;
-  };
 
   // A frame that fits in the ring appears to the reader at once, whole: the reader then
   // decodes it in place. Wait for the room if need be.
@@ -158,12 +156,22 @@ bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> f
       if (outcome == detail::WaitOutcome::PeerGone) throw_receiver_gone();
       if (outcome == detail::WaitOutcome::Timeout) return false;
     }
-    cursor.take(total, copy);
+    std::byte* out = end_.at(tail_);  // `total` bytes from here are contiguous (mapped twice)
+    for (const iovec& part : parts) {
+      std::memcpy(out, part.iov_base, part.iov_len);
+      out += part.iov_len;
+    }
+    tail_ += total;
     publish();
     return true;
   }
 
   // A frame larger than the ring streams through in pieces as the reader makes room.
+  PartCursor cursor(parts);
+  auto copy = [this](const std::byte* bytes, std::size_t n) {
+    end_.copy_in(tail_, bytes, n);
+    tail_ += n;
+  };
   std::size_t written = 0;
   while (written < total) {
     std::uint64_t free = room(true);

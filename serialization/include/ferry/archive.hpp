@@ -50,11 +50,7 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
   /// lie; ProtocolError when fewer bytes remain. They may lie in memory the peer can still
   /// write (a ring): copy them out once, then check the copy.
   const std::byte* take(std::uint64_t count, std::size_t element_size = 1) {
-    if (count > remaining() / element_size) {
-      throw ProtocolError("message body is truncated: needed " + std::to_string(count) + " elements of " +
-                          std::to_string(element_size) + " bytes at offset " + std::to_string(position_) + " of " +
-                          std::to_string(body_.size()));
-    }
+    if (count > remaining() / element_size) throw_truncated(count, element_size);
     const std::byte* bytes = body_.data() + position_;
     position_ += static_cast<std::size_t>(count) * element_size;
     return bytes;
@@ -63,6 +59,9 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
   std::span<const std::shared_ptr<Storage>> storages() const noexcept { return storages_; }
 
  private:
+  // Out of line (archive.cpp), so that take() stays small enough to inline everywhere.
+  [[noreturn]] void throw_truncated(std::uint64_t count, std::size_t element_size) const;
+
   std::span<const std::byte> body_;
   std::size_t position_ = 0;
   std::span<const std::shared_ptr<Storage>> storages_;
