@@ -142,7 +142,9 @@ bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> f
   std::byte* const lent = std::exchange(lent_, nullptr);
   if (!pending_.empty() && !flush(deadline)) return false;
   if (end_.peer_gone_lately()) throw_receiver_gone();
-  if (lent != nullptr && !parts.empty() && parts.back().iov_base == lent) return write_around_lent_body(parts, deadline);
+  if (lent != nullptr && !parts.empty() && parts.back().iov_base == lent) {
+    return write_around_lent_body(parts, deadline);
+  }
 
   std::size_t total = 0;
   for (const iovec& part : parts) total += part.iov_len;

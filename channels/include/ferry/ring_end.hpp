@@ -81,9 +81,10 @@ class RingEnd {
   ///
   /// The spin budget adapts, between 0 and RingTiming::spin: a wait that lasted longer
   /// than RingTiming::spin (spinning could not have caught it) halves it, a shorter one
-  /// doubles it. A wait that ends within its first 16 spins reads no clock. On a machine where the peer rarely runs at the same time (more busy
+  /// doubles it. On a machine where the peer rarely runs at the same time (more busy
   /// processes than CPUs) spinning thus fades out instead of burning the budget on every
-  /// wait, and it comes back when the peer answers quickly again.
+  /// wait, and it comes back when the peer answers quickly again. A wait that ends within
+  /// its first 16 spins reads no clock.
   WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
 
   /// Wakes the peer if it sleeps on `word`. Call after publishing a position with a
