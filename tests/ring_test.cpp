@@ -280,12 +280,12 @@ TEST_F(RingTest, LentBodyWhoseHeaderNoLongerFitsWaitsForRoomAndArrivesIntact) {
   // A first frame, unread (its body lent too: it takes kRingBodyOffset + its body), leaves
   // room for the lent body and 100 bytes more: a 3000-byte header and tables do not fit in
   // front of the body, nor does the body move forward.
-  const std::size_t first = kCapacity - kRingBodyOffset - (kRingBodyOffset + kBody + 100);
-  ASSERT_TRUE(write_lent_frame(*writer, 0, first, 1));
+  constexpr std::size_t kFirst = kCapacity - kRingBodyOffset - (kRingBodyOffset + kBody + 100);
+  ASSERT_TRUE(write_lent_frame(*writer, 0, kFirst, 1));
   EXPECT_FALSE(write_lent_frame(*writer, 3000, kBody, 2, Deadline::after(20ms)));  // nothing went out
-  std::thread drain([&reader = reader, first] {
+  std::thread drain([&reader = reader] {
     std::this_thread::sleep_for(50ms);
-    expect_lent_frame(*reader, 0, first, 1);
+    expect_lent_frame(*reader, 0, kFirst, 1);
   });
   EXPECT_TRUE(write_lent_frame(*writer, 3000, kBody, 3));  // waits for the first to be read
   drain.join();

@@ -245,6 +245,7 @@ bool RingFrameWriter::wait_acknowledged(std::uint64_t sequence, const Deadline& 
 void RingFrameWriter::close() noexcept {
   pending_.clear();
   pending_done_ = 0;
+  lent_ = nullptr;
   end_.close();
 }
 
