@@ -1,7 +1,7 @@
 // The shared-memory ring transport between real processes: ordering and integrity of many
 // frames of random sizes (around the wrap point and the capacity, and larger than the
-// ring), back-pressure, corrupted shared state, dead peers, idle CPU use, and rebuilding an
-// end from its descriptors.
+// ring), large bodies serialized into lent ring space, back-pressure, corrupted shared
+// state, dead peers, idle CPU use, and rebuilding an end from its descriptors.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -198,6 +198,211 @@ TEST_F(RingTest, TimedSendOfAFrameLargerThanTheRingIsNeverHalfSent) {
   EXPECT_EQ(*got, big);
 }
 
+// ---- large bodies serialized straight into the ring --------------------------------------
+
+// Frames written around a body in lent ring space, at the transport level: `name_bytes`
+// of type name make the header and tables exactly 56 + name_bytes long.
+struct LentFrame {
+  FrameHeader header;
+  std::vector<char> name;
+};
+
+LentFrame lent_frame(std::size_t name_bytes, std::size_t body_bytes) {
+  LentFrame frame;
+  frame.header.flags = kFrameHasTypeName;
+  frame.header.type_name_bytes = static_cast<std::uint32_t>(name_bytes);
+  frame.header.body_bytes = body_bytes;
+  frame.name.resize(name_bytes);
+  for (std::size_t i = 0; i < name_bytes; ++i) frame.name[i] = static_cast<char>('a' + i % 26);
+  return frame;
+}
+
+// Reads one frame and checks its type name and body (pattern `seed`).
+void expect_lent_frame(FrameReader& reader, std::size_t name_bytes, std::size_t body_bytes, std::uint64_t seed) {
+  FrameHeader header;
+  std::span<const std::byte> payload;
+  std::vector<std::byte> buffer;
+  std::deque<UniqueFd> fds;
+  ASSERT_EQ(reader.read_view(header, payload, buffer, fds, Deadline::after(10s)), ReadStatus::Frame);
+  ASSERT_EQ(header.type_name_bytes, name_bytes);
+  ASSERT_EQ(payload.size(), name_bytes + body_bytes);
+  for (std::size_t i = 0; i < name_bytes; ++i) {
+    ASSERT_EQ(static_cast<char>(payload[i]), static_cast<char>('a' + i % 26)) << i;
+  }
+  for (std::size_t i = 0; i < body_bytes; ++i) {
+    ASSERT_EQ(static_cast<std::uint8_t>(payload[name_bytes + i]), pattern(seed, i)) << i;
+  }
+  reader.release();
+}
+
+// Lends space for a body of `body_bytes`, fills it and writes the frame around it.
+bool write_lent_frame(FrameWriter& writer, std::size_t name_bytes, std::size_t body_bytes, std::uint64_t seed,
+                      const Deadline& deadline = Deadline::never()) {
+  BodySpace* space = writer.body_space(deadline);
+  EXPECT_NE(space, nullptr);
+  if (space == nullptr) return false;
+  const std::span<std::byte> lent = space->lend(body_bytes);
+  EXPECT_GE(lent.size(), body_bytes);
+  if (lent.size() < body_bytes) return false;
+  for (std::size_t i = 0; i < body_bytes; ++i) lent[i] = static_cast<std::byte>(pattern(seed, i));
+  LentFrame frame = lent_frame(name_bytes, body_bytes);
+  std::vector<iovec> parts{{&frame.header, sizeof frame.header}};
+  if (name_bytes > 0) parts.push_back({frame.name.data(), name_bytes});
+  parts.push_back({lent.data(), body_bytes});
+  return writer.write(parts, {}, deadline);
+}
+
+// Every size of header and tables in front of a lent body: a gap record before them
+// (prefixes up to kRingBodyOffset - 16 bytes, and exactly kRingBodyOffset: no gap), a gap
+// too short for a record (the body moves back behind them), and more than was reserved
+// (the body moves forward). Frames of about a third of the ring wrap around it often.
+TEST_F(RingTest, HeaderAndTablesOfAnySizeGoInFrontOfALentBodyAcrossTheWrapPoint) {
+  constexpr std::size_t kCapacity = 64 << 10;
+  auto [writer, reader] = make_transport(Transport::ShmRing, FrameLimits{}, kCapacity);
+  const std::size_t header = sizeof(FrameHeader);
+  const std::size_t names[] = {0,   1,   kRingBodyOffset - header - 16, kRingBodyOffset - header - 15,
+                               kRingBodyOffset - header - 8, kRingBodyOffset - header - 1,
+                               kRingBodyOffset - header, kRingBodyOffset - header + 1, 3000};
+  std::uint64_t seed = 0;
+  for (int round = 0; round < 6; ++round) {
+    for (const std::size_t name : names) {
+      const std::size_t body = 20'000 + 333 * static_cast<std::size_t>(round);
+      ASSERT_TRUE(write_lent_frame(*writer, name, body, ++seed));
+      expect_lent_frame(*reader, name, body, seed);
+    }
+  }
+}
+
+TEST_F(RingTest, LentBodyWhoseHeaderNoLongerFitsWaitsForRoomAndArrivesIntact) {
+  constexpr std::size_t kCapacity = 64 << 10;
+  constexpr std::size_t kBody = 30'000;
+  auto [writer, reader] = make_transport(Transport::ShmRing, FrameLimits{}, kCapacity);
+  // A first frame, unread (its body lent too: it takes kRingBodyOffset + its body), leaves
+  // room for the lent body and 100 bytes more: a 3000-byte header and tables do not fit in
+  // front of the body, nor does the body move forward.
+  constexpr std::size_t kFirst = kCapacity - kRingBodyOffset - (kRingBodyOffset + kBody + 100);
+  ASSERT_TRUE(write_lent_frame(*writer, 0, kFirst, 1));
+  EXPECT_FALSE(write_lent_frame(*writer, 3000, kBody, 2, Deadline::after(20ms)));  // nothing went out
+  std::thread drain([&reader = reader] {
+    std::this_thread::sleep_for(50ms);
+    expect_lent_frame(*reader, 0, kFirst, 1);
+  });
+  EXPECT_TRUE(write_lent_frame(*writer, 3000, kBody, 3));  // waits for the first to be read
+  drain.join();
+  expect_lent_frame(*reader, 3000, kBody, 3);
+}
+
+TEST_F(RingTest, LargeMessageIsSerializedIntoTheRingBehindAGap) {
+  constexpr std::size_t kCapacity = 1 << 20;
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(kCapacity));
+  MappedHeader watcher(rx.core().reader(), kCapacity);
+  Bytes big(100'000);
+  for (std::size_t j = 0; j < big.size(); ++j) big[j] = pattern(5, j);
+  tx.send(big);
+  RingSkip skip;
+  std::memcpy(&skip, watcher.data(), sizeof skip);
+  EXPECT_EQ(skip.magic, kRingSkipMagic);
+  // The body (a size, then the bytes) ends the frame and starts kRingBodyOffset in.
+  EXPECT_EQ(watcher.header().tail.load(), kRingBodyOffset + 8 + big.size());
+  EXPECT_EQ(std::memcmp(watcher.data() + kRingBodyOffset + 8, big.data(), big.size()), 0);
+  // A small message goes in as before: right behind, no gap.
+  tx.send(Bytes(100, 3));
+  EXPECT_EQ(watcher.header().tail.load(), kRingBodyOffset + 8 + big.size() + sizeof(FrameHeader) + 8 + 100);
+  EXPECT_EQ(rx.recv().value(), big);
+  EXPECT_EQ(rx.recv().value(), Bytes(100, 3));
+}
+
+// Messages of many chunks: small ones, large ones serialized into the ring, ones that
+// outgrow the ring while being serialized (the body moves back into private memory) and
+// ones larger than the ring. The child checks every byte.
+using Chunked = std::pair<std::uint64_t, std::vector<Bytes>>;
+
+std::vector<std::size_t> pick_chunks(std::mt19937_64& rng, std::size_t capacity) {
+  const auto roll = rng() % 100;
+  if (roll < 30) return {rng() % 300};
+  if (roll < 70) return {FrameBody::kLendFrom + rng() % (capacity / 2)};
+  if (roll < 90) return std::vector<std::size_t>(1 + rng() % 12, 4096 + rng() % 4096);
+  return {capacity + rng() % capacity};
+}
+
+TEST_F(RingTest, LargeBodiesOfEveryKindArriveInOrderAndIntact) {
+  constexpr std::size_t kCapacity = 64 << 10;
+  constexpr std::uint64_t kSeed = 99;
+  const int count = 3000 / kFrameScale;
+  auto [tx, rx] = channel<Chunked>(Transport::ShmRing, ring_options(kCapacity));
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    tx.detach();
+    std::mt19937_64 rng(kSeed);
+    for (int i = 0; i < count; ++i) {
+      auto got = rx.recv();
+      CHILD_CHECK(got.has_value());
+      CHILD_CHECK(got->first == static_cast<std::uint64_t>(i));
+      const std::vector<std::size_t> sizes = pick_chunks(rng, kCapacity);
+      CHILD_CHECK(got->second.size() == sizes.size());
+      for (std::size_t c = 0; c < sizes.size(); ++c) {
+        CHILD_CHECK(got->second[c].size() == sizes[c]);
+        for (std::size_t j = 0; j < sizes[c]; ++j) CHILD_CHECK(got->second[c][j] == pattern(i + c, j));
+      }
+    }
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  std::mt19937_64 rng(kSeed);
+  for (int i = 0; i < count; ++i) {
+    Chunked message{static_cast<std::uint64_t>(i), {}};
+    for (const std::size_t size : pick_chunks(rng, kCapacity)) {
+      Bytes chunk(size);
+      for (std::size_t j = 0; j < size; ++j) chunk[j] = pattern(i + message.second.size(), j);
+      message.second.push_back(std::move(chunk));
+    }
+    tx.send(message);
+  }
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child, 120s));
+}
+
+// A message whose serialization kills its own process half-way, after its large first
+// part went into lent ring space.
+bool g_die_while_serializing = false;
+
+struct DiesWhileSerialized {
+  Bytes payload;
+  std::uint8_t end = 1;
+  template <class Archive>
+  void save(Archive& ar) const {
+    ar(payload);
+    if (g_die_while_serializing) ::raise(SIGKILL);
+    ar(end);
+  }
+  template <class Archive>
+  void load(Archive& ar) { ar(payload, end); }
+};
+
+TEST_F(RingTest, SenderKilledWhileSerializingIntoTheRingIsPeerDiedNeverAMessage) {
+  constexpr std::size_t kCapacity = 1 << 20;
+  ChannelOptions options = ring_options(kCapacity);
+  options.peer_check_interval = 20ms;
+  auto [tx, rx] = channel<DiesWhileSerialized>(Transport::ShmRing, options);
+  MappedHeader watcher(rx.core().reader(), kCapacity);
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    rx.close();
+    tx.adopt();
+    tx.send(DiesWhileSerialized{Bytes(100, 1)});
+    g_die_while_serializing = true;
+    tx.send(DiesWhileSerialized{Bytes(200'000, 2)});
+  });
+  tx.detach();
+  test::wait_child(child);
+  auto first = rx.recv();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->payload, Bytes(100, 1));
+  // The second body lies in the ring past the tail, never published.
+  const std::uint64_t tail = watcher.header().tail.load();
+  EXPECT_EQ(std::memcmp(watcher.data() + tail + kRingBodyOffset + 8, Bytes(200'000, 2).data(), 200'000), 0);
+  EXPECT_THROW(rx.recv(), PeerDied);
+  EXPECT_EQ(watcher.header().tail.load(), tail);
+}
+
 // ---- corrupted shared state --------------------------------------------------------
 
 TEST_F(RingTest, ScribbledWritePositionIsAProtocolError) {
@@ -243,6 +448,23 @@ TEST_F(RingTest, FrameLengthTooShortIsAProtocolErrorNotAnOverread) {
   header.body_bytes -= 60;  // the rest of the body is taken for the next frame's header
   std::memcpy(scribbler.data(), &header, sizeof header);
   EXPECT_THROW(rx.recv(), ProtocolError);
+}
+
+// A gap's record scribbled to a length below its own, past kRingBodyOffset, or past what
+// was published.
+TEST_F(RingTest, ScribbledGapIsAProtocolErrorNotAnOverread) {
+  constexpr std::size_t kCapacity = 1 << 20;
+  for (const std::uint64_t length : {std::uint64_t{8}, std::uint64_t{kRingBodyOffset + 16}, std::uint64_t{1} << 40}) {
+    auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(kCapacity));
+    MappedHeader scribbler(rx.core().reader(), kCapacity);
+    tx.send(Bytes(100'000, 1));
+    RingSkip skip;
+    std::memcpy(&skip, scribbler.data(), sizeof skip);
+    ASSERT_EQ(skip.magic, kRingSkipMagic);
+    skip.bytes = length;
+    std::memcpy(scribbler.data(), &skip, sizeof skip);
+    EXPECT_THROW(rx.recv(), ProtocolError) << length;
+  }
 }
 
 TEST_F(RingTest, ScribbledSegmentHeaderIsRefusedWhenAttaching) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "ferry/error.hpp"
 #include "ferry/futex.hpp"
@@ -30,14 +31,6 @@ RingEnd::RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion,
       companion_(std::move(companion)),
       timing_{timing.spin, std::max(timing.peer_check_interval, std::chrono::milliseconds(1))},
       spin_budget_(std::max(timing.spin, std::chrono::nanoseconds::zero())) {}
-
-void RingEnd::copy_in(std::uint64_t position, const std::byte* from, std::size_t size) const noexcept {
-  std::memcpy(at(position), from, size);  // contiguous: the data is mapped twice in a row
-}
-
-void RingEnd::copy_out(std::uint64_t position, std::byte* to, std::size_t size) const noexcept {
-  std::memcpy(to, at(position), size);
-}
 
 bool RingEnd::peer_gone() {
   if (peer_gone_) return true;
@@ -68,20 +61,31 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
     if (peer_gone_lately() && !ready()) return WaitOutcome::PeerGone;
     return ready() ? WaitOutcome::Ready : WaitOutcome::Timeout;
   }
-  const auto start = Deadline::Clock::now();
+  using Clock = Deadline::Clock;
+  std::optional<Clock::time_point> start;
   if (spin_budget_ > std::chrono::nanoseconds::zero()) {
-    const auto stop = std::min(start + spin_budget_, deadline.time_point());
+    // The clock is read every 16 rounds only, the first time after 16 of them: a peer that
+    // answers sooner (a ping-pong between two awake ends) costs no clock read at all.
+    Clock::time_point stop = Clock::time_point::max();
     for (unsigned i = 1;; ++i) {
       cpu_relax();
       if (ready()) {
-        adapt_spin(Deadline::Clock::now() - start);
+        adapt_spin(std::chrono::nanoseconds::zero());  // caught while spinning: spin on
         return WaitOutcome::Ready;
       }
-      if (i % 16 == 0 && Deadline::Clock::now() >= stop) break;
+      if (i % 16 != 0) continue;
+      const Clock::time_point now = Clock::now();
+      if (!start) {
+        start = now;
+        stop = std::min(now + spin_budget_, deadline.time_point());
+      } else if (now >= stop) {
+        break;
+      }
     }
   }
+  if (!start && timing_.spin > std::chrono::nanoseconds::zero()) start = Clock::now();
   const WaitOutcome outcome = sleep(word, ready, deadline);
-  if (outcome == WaitOutcome::Ready) adapt_spin(Deadline::Clock::now() - start);
+  if (outcome == WaitOutcome::Ready && start) adapt_spin(Clock::now() - *start);
   return outcome;
 }
 
@@ -112,6 +116,9 @@ WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, co
     auto timeout = std::chrono::nanoseconds(next_peer_check_ - coarse_now());
     if (!deadline.is_never()) timeout = std::min(timeout, deadline.remaining());
     futex_wait(word, 1, std::max(timeout, std::chrono::nanoseconds(1000)));
+    // Woken with work to do: return without announcing a sleep again, which would make
+    // a streaming peer pay a needless wake-up.
+    if (ready()) return WaitOutcome::Ready;
   }
 }
 

@@ -83,6 +83,7 @@ ReadStatus RingFrameReader::read_view(FrameHeader& header, std::span<const std::
                            : "the sending process died in the middle of a frame");
       }
     }
+    if (header_filled_ == 0 && count >= sizeof(RingSkip) && skip_gap(count)) continue;
     if (whole_frame_possible && count >= sizeof frame_header_) {
       // The common case: the whole frame is in the ring. View it where it lies.
       end_.copy_out(head_, reinterpret_cast<std::byte*>(&frame_header_), sizeof frame_header_);
@@ -115,6 +116,22 @@ ReadStatus RingFrameReader::read_view(FrameHeader& header, std::span<const std::
     }
     return ReadStatus::Frame;
   }
+}
+
+bool RingFrameReader::skip_gap(std::uint64_t count) {
+  RingSkip skip;
+  std::memcpy(&skip.magic, end_.at(head_), sizeof skip.magic);
+  if (skip.magic != kRingSkipMagic) return false;
+  end_.copy_out(head_, reinterpret_cast<std::byte*>(&skip), sizeof skip);
+  // A writer publishes a gap together with the frame behind it, and never a longer one.
+  if (skip.bytes < sizeof skip || skip.bytes > kRingBodyOffset || skip.bytes >= count) {
+    throw ProtocolError("the ring holds a gap of " + std::to_string(skip.bytes) + " bytes, outside " +
+                        std::to_string(sizeof skip) + ".." + std::to_string(kRingBodyOffset) +
+                        " or not followed by a frame among the " + std::to_string(count) +
+                        " bytes published; another process scribbled in the segment");
+  }
+  head_ += skip.bytes;
+  return true;
 }
 
 void RingFrameReader::release() noexcept {

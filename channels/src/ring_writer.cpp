@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ferry/error.hpp"
 #include "ferry/ring_transport.hpp"
@@ -12,6 +15,13 @@ namespace {
 
 [[noreturn]] void throw_receiver_gone() {
   throw ChannelClosed("cannot send: the receiving end of the ring was closed or its process died");
+}
+
+[[noreturn, gnu::noinline, gnu::cold]] void throw_scribbled_head(std::uint64_t head, std::uint64_t from,
+                                                                 std::uint64_t to) {
+  throw ProtocolError("the ring's shared read position (" + std::to_string(head) + ") is outside what was written (" +
+                      std::to_string(from) + ".." + std::to_string(to) +
+                      "); another process scribbled in the segment");
 }
 
 // Walks the parts of a frame, copying them into the ring piece by piece.
@@ -54,11 +64,7 @@ RingFrameWriter::RingFrameWriter(std::shared_ptr<const RingSegment> segment, Uni
 std::uint64_t RingFrameWriter::room(bool refresh) {
   if (refresh) {
     const std::uint64_t head = end_.header().head.load(std::memory_order_seq_cst);
-    if (head - head_seen_ > tail_ - head_seen_) {
-      throw ProtocolError("the ring's shared read position (" + std::to_string(head) +
-                          ") is outside what was written (" + std::to_string(head_seen_) + ".." +
-                          std::to_string(tail_) + "); another process scribbled in the segment");
-    }
+    if (head - head_seen_ > tail_ - head_seen_) throw_scribbled_head(head, head_seen_, tail_);
     head_seen_ = head;
   }
   return end_.capacity() - (tail_ - head_seen_);
@@ -76,19 +82,72 @@ detail::WaitOutcome RingFrameWriter::wait_for_room(std::uint64_t wanted, const D
       end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, deadline);
 }
 
+BodySpace* RingFrameWriter::body_space(const Deadline& deadline) {
+  lent_ = nullptr;
+  if (!end_.is_open() || !pending_.empty()) return nullptr;
+  lend_deadline_ = deadline;
+  return this;
+}
+
+std::span<std::byte> RingFrameWriter::lend(std::size_t bytes) {
+  if (!end_.is_open() || bytes > end_.capacity() - kRingBodyOffset) return {};
+  const std::uint64_t wanted = kRingBodyOffset + bytes;
+  if (room(false) < wanted && room(true) < wanted &&
+      end_.wait(
+          end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, lend_deadline_) !=
+          detail::WaitOutcome::Ready) {
+    return {};  // the body stays private; write() then reports the timeout or the dead reader
+  }
+  lent_ = end_.at(tail_) + kRingBodyOffset;
+  return {lent_, static_cast<std::size_t>(room(false) - kRingBodyOffset)};
+}
+
+bool RingFrameWriter::write_around_lent_body(std::span<const iovec> parts, const Deadline& deadline) {
+  const std::span<const iovec> front = parts.first(parts.size() - 1);
+  const std::size_t body = parts.back().iov_len;
+  std::size_t prefix = 0;
+  for (const iovec& part : front) prefix += part.iov_len;
+  // lend() made room for kRingBodyOffset + body bytes from here, contiguous in memory.
+  std::byte* const base = end_.at(tail_);
+  std::size_t gap = kRingBodyOffset - std::min(prefix, kRingBodyOffset);
+  if (prefix > kRingBodyOffset || (gap > 0 && gap < sizeof(RingSkip))) {
+    // The header and tables do not fit in front of the body with a gap record: move the
+    // body right behind them, or, without room for that, write the frame as usual.
+    if (prefix > kRingBodyOffset && room(true) < prefix + body) {
+      std::vector<std::byte> copy(base + kRingBodyOffset, base + kRingBodyOffset + body);
+      std::vector<iovec> moved(parts.begin(), parts.end());
+      moved.back().iov_base = copy.data();
+      return write(moved, {}, deadline);
+    }
+    std::memmove(base + prefix, base + kRingBodyOffset, body);
+    gap = 0;
+  }
+  if (gap > 0) {
+    const RingSkip skip{kRingSkipMagic, gap};
+    std::memcpy(base, &skip, sizeof skip);
+  }
+  std::byte* out = base + gap;
+  for (const iovec& part : front) {
+    std::memcpy(out, part.iov_base, part.iov_len);
+    out += part.iov_len;
+  }
+  tail_ += gap + prefix + body;
+  publish();
+  return true;
+}
+
 bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
   if (!end_.is_open()) throw ChannelClosed("cannot send: this end of the channel is closed");
   if (!fds.empty()) throw Error("a ring cannot carry file descriptors; storages travel by /proc path");
+  std::byte* const lent = std::exchange(lent_, nullptr);
   if (!pending_.empty() && !flush(deadline)) return false;
   if (end_.peer_gone_lately()) throw_receiver_gone();
+  if (lent != nullptr && !parts.empty() && parts.back().iov_base == lent) {
+    return write_around_lent_body(parts, deadline);
+  }
 
   std::size_t total = 0;
   for (const iovec& part : parts) total += part.iov_len;
-  PartCursor cursor(parts);
-  auto copy = [this](const std::byte* bytes, std::size_t n) {
-    end_.copy_in(tail_, bytes, n);
-    tail_ += n;
-  };
 
   // A frame that fits in the ring appears to the reader at once, whole: the reader then
   // decodes it in place. Wait for the room if need be.
@@ -99,12 +158,22 @@ bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> f
       if (outcome == detail::WaitOutcome::PeerGone) throw_receiver_gone();
       if (outcome == detail::WaitOutcome::Timeout) return false;
     }
-    cursor.take(total, copy);
+    std::byte* out = end_.at(tail_);  // `total` bytes from here are contiguous (mapped twice)
+    for (const iovec& part : parts) {
+      std::memcpy(out, part.iov_base, part.iov_len);
+      out += part.iov_len;
+    }
+    tail_ += total;
     publish();
     return true;
   }
 
   // A frame larger than the ring streams through in pieces as the reader makes room.
+  PartCursor cursor(parts);
+  auto copy = [this](const std::byte* bytes, std::size_t n) {
+    end_.copy_in(tail_, bytes, n);
+    tail_ += n;
+  };
   std::size_t written = 0;
   while (written < total) {
     std::uint64_t free = room(true);
@@ -176,6 +245,7 @@ bool RingFrameWriter::wait_acknowledged(std::uint64_t sequence, const Deadline& 
 void RingFrameWriter::close() noexcept {
   pending_.clear();
   pending_done_ = 0;
+  lent_ = nullptr;
   end_.close();
 }
 

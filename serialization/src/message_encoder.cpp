@@ -28,7 +28,7 @@ MessageEncoder::MessageEncoder(HandlePassing passing, std::optional<SharedAlloca
 MessageEncoder::~MessageEncoder() { closed(UniqueFd()); }
 
 void MessageEncoder::begin() {
-  body_.clear();
+  body_.reset(nullptr);
   storages_.clear();
   if (source_index_dirty_) {
     std::fill(source_index_.begin(), source_index_.end(), std::pair<const Storage*, std::uint32_t>{nullptr, 0});
@@ -322,7 +322,7 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   add(unannounced_releases_.data(), announced_release_count_ * sizeof(std::uint32_t));
   add(unannounced_segment_releases_.data(), announced_segment_release_count_ * sizeof(std::uint32_t));
   add(cuda_records.data(), cuda_records.size());
-  add(body_.data(), body_.size());
+  add(body_.bytes().data(), body_.size());
   frame_.fds = fds_;
   frame_.sequence = next_sequence_;
   return frame_;

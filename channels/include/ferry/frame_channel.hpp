@@ -65,7 +65,7 @@ class SenderCore final : public LiveEnd {
     collect_acknowledgements();
     const EncodedFrame* frame = nullptr;
     try {
-      frame = &encoder_.encode(message);
+      frame = &encoder_.encode(message, writer_->body_space(deadline));
     } catch (...) {
       encoder_.rollback();
       throw;

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -57,9 +58,14 @@ class RingEnd {
     return data_ + static_cast<std::size_t>(position & (capacity_ - 1));
   }
   /// Copies `size` (<= capacity) bytes to stream position `position`, wrapping around.
-  void copy_in(std::uint64_t position, const std::byte* from, std::size_t size) const noexcept;
+  /// Inline, so that copies of a known size (a frame header) compile to a few moves.
+  void copy_in(std::uint64_t position, const std::byte* from, std::size_t size) const noexcept {
+    std::memcpy(at(position), from, size);  // contiguous: the data is mapped twice in a row
+  }
   /// Copies `size` (<= capacity) bytes from stream position `position`, wrapping around.
-  void copy_out(std::uint64_t position, std::byte* to, std::size_t size) const noexcept;
+  void copy_out(std::uint64_t position, std::byte* to, std::size_t size) const noexcept {
+    std::memcpy(to, at(position), size);
+  }
 
   /// True when the peer's end is gone for good (asks the kernel: one poll system call).
   /// Sticky: once gone, always gone.
@@ -77,7 +83,8 @@ class RingEnd {
   /// than RingTiming::spin (spinning could not have caught it) halves it, a shorter one
   /// doubles it. On a machine where the peer rarely runs at the same time (more busy
   /// processes than CPUs) spinning thus fades out instead of burning the budget on every
-  /// wait, and it comes back when the peer answers quickly again.
+  /// wait, and it comes back when the peer answers quickly again. A wait that ends within
+  /// its first 16 spins reads no clock.
   WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
 
   /// Wakes the peer if it sleeps on `word`. Call after publishing a position with a

@@ -21,6 +21,12 @@
 //   frame no larger than the capacity is published whole; a larger one is written in
 //   pieces as the reader makes room, so frames of any size pass (up to FrameLimits),
 //   whatever the capacity.
+// - Gaps: a frame may be preceded by a gap that the reader skips, which starts with a
+//   RingSkip record giving its length (16 bytes to kRingBodyOffset). The writer leaves one
+//   when it lent ring space to the encoder for a large body (FrameWriter::body_space): the
+//   body was serialized at kRingBodyOffset past the tail, before the size of the frame's
+//   header and tables was known, and the header and tables are then written to end right
+//   where the body begins. A gap is published together with its frame, never alone.
 // - reader_sleeping / writer_sleeping: futex words. An end that found nothing to do
 //   (no data / no room / no acknowledgement) and spun for its spin budget stores 1 into
 //   its word, re-checks, and sleeps on the word. The peer publishes a position, then
@@ -47,6 +53,18 @@ inline constexpr std::size_t kRingHeaderBytes = 4096;
 inline constexpr std::size_t kRingLineBytes = 128;
 inline constexpr std::size_t kRingMinCapacity = 4096;
 inline constexpr std::size_t kRingMaxCapacity = std::size_t{1} << 40;
+
+inline constexpr std::uint64_t kRingSkipMagic = 0x50494b5359525246ull;  // "FRRYSKIP"
+/// Where a body serialized into lent ring space starts, past the tail: room for the
+/// frame's header and tables in front of it (the rest of those bytes is a gap).
+inline constexpr std::size_t kRingBodyOffset = 1024;
+
+/// The record at the start of a gap in the data (see the table above).
+struct RingSkip {
+  std::uint64_t magic = kRingSkipMagic;
+  std::uint64_t bytes = 0;  ///< length of the whole gap, this record included
+};
+static_assert(sizeof(RingSkip) == 16);
 
 /// The shared header at offset 0 of a ring segment (see the table above).
 struct RingHeader {

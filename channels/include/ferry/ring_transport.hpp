@@ -2,6 +2,10 @@
 // in a memfd that both processes map, so a small frame crosses processes without a system
 // call while the peer is awake. Layout of the segment: ring_layout.hpp.
 //
+// - Large bodies are written once: the writer lends the encoder free ring space for a body
+//   of FrameBody::kLendFrom bytes or more (body_space), the message is serialized straight
+//   into it, and the frame's header and tables are then written in front of it, after a gap
+//   (ring_layout.hpp). Nothing is published before the whole frame is in place.
 // - Frames of any size: a frame no larger than the ring is copied in and published at once,
 //   whole, when there is room for it (the reader then decodes it in place); a larger one is
 //   streamed through in pieces as the reader makes room: the reader hands room back after
@@ -48,12 +52,16 @@ namespace ferry {
 /// frame went out (a frame no larger than the ring goes out whole or not at all); a frame
 /// larger than the ring that was started before the deadline passed is accepted, and the
 /// part that did not fit is kept here and written by the next write, flush() or close.
-class RingFrameWriter final : public FrameWriter {
+class RingFrameWriter final : public FrameWriter, private BodySpace {
  public:
   /// `segment` is shared with the reader when both ends live in this process;
   /// `companion` is the writer's side of the companion socket pair.
   RingFrameWriter(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing);
   bool passes_fds() const override { return false; }
+  /// Lends ring space past the tail (at kRingBodyOffset) for the next frame's body, waiting
+  /// for room until `deadline` when the body outgrows what is free; null while the rest of
+  /// an earlier frame is pending.
+  BodySpace* body_space(const Deadline& deadline) override;
   bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
   std::uint64_t acknowledged() override;
   bool wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) override;
@@ -73,6 +81,11 @@ class RingFrameWriter final : public FrameWriter {
   void publish();
   // Waits for at least min(`wanted`, a quarter of the capacity) free bytes.
   detail::WaitOutcome wait_for_room(std::uint64_t wanted, const Deadline& deadline);
+  // BodySpace: free ring space from kRingBodyOffset past the tail, at least `bytes` of it.
+  std::span<std::byte> lend(std::size_t bytes) override;
+  // Writes a frame whose last part is the body in lent space: the other parts go in front
+  // of it, after a gap; the body moves only when they do not fit there.
+  bool write_around_lent_body(std::span<const iovec> parts, const Deadline& deadline);
 
   detail::RingEnd end_;
   std::uint64_t tail_ = 0;       // bytes written (private: the shared copy is never read back)
@@ -80,6 +93,8 @@ class RingFrameWriter final : public FrameWriter {
   std::uint64_t acknowledged_ = 0;
   std::vector<std::byte> pending_;  // unwritten rest of a frame accepted by a timed write
   std::size_t pending_done_ = 0;
+  Deadline lend_deadline_ = Deadline::never();  // of the send whose body may be lent space
+  std::byte* lent_ = nullptr;                   // where a lent body starts; null when none
 };
 
 /// The reading end of a ring. Enforces FrameLimits on every header before taking the
@@ -120,6 +135,9 @@ class RingFrameReader final : public FrameReader {
   bool consume(std::uint64_t count);
   // Publishes head_ and wakes the writer if it waits for room.
   void publish_head() noexcept;
+  // At a frame boundary with `count` bytes available: skips the gap that starts there, if
+  // one does (true); ProtocolError when its record is impossible.
+  bool skip_gap(std::uint64_t count);
 
   detail::RingEnd end_;
   FrameLimits limits_;

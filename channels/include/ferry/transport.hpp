@@ -16,6 +16,7 @@
 
 #include "ferry/deadline.hpp"
 #include "ferry/frame.hpp"
+#include "ferry/frame_body.hpp"
 #include "ferry/unique_fd.hpp"
 
 namespace ferry {
@@ -47,6 +48,10 @@ class FrameWriter {
   virtual ~FrameWriter() = default;
   /// Whether memfds can travel with frames (else the receiver opens /proc/<pid>/fd/<n>).
   virtual bool passes_fds() const = 0;
+  /// Memory this transport lends for the body of the frame about to be encoded for a
+  /// write with `deadline` (see BodySpace), or null when it lends none (the default). A
+  /// frame whose last part lies in it is then written around it, without copying it.
+  virtual BodySpace* body_space(const Deadline& /*deadline*/) { return nullptr; }
   /// Writes one whole frame. Returns false when `deadline` passed before the first byte
   /// went out; once a frame is started it is finished. Throws ChannelClosed when the
   /// receiving end is gone.

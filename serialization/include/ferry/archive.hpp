@@ -9,31 +9,29 @@
 #include <cstring>
 #include <memory>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <vector>
 
 #include "ferry/error.hpp"
+#include "ferry/frame_body.hpp"
 
 namespace ferry {
 
 class MessageEncoder;
 class Storage;
 
-/// Output archive: appends to `body`; tensors register their storages with `encoder`.
+/// Output archive: appends to `body` (which may lie in memory a transport lent, see
+/// FrameBody); tensors register their storages with `encoder`.
 class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cereal::AllowEmptyClassElision> {
  public:
-  FrameOutputArchive(std::vector<std::byte>& body, MessageEncoder& encoder)
-      : OutputArchive(this), body_(body), encoder_(encoder) {}
+  FrameOutputArchive(FrameBody& body, MessageEncoder& encoder) : OutputArchive(this), body_(body), encoder_(encoder) {}
 
-  void save_bytes(const void* data, std::size_t size) {
-    // insert, not resize + memcpy: no zero-filling of bytes that are overwritten at once.
-    const auto* bytes = static_cast<const std::byte*>(data);
-    body_.insert(body_.end(), bytes, bytes + size);
-  }
+  void save_bytes(const void* data, std::size_t size) { body_.append(data, size); }
   MessageEncoder& encoder() noexcept { return encoder_; }
 
  private:
-  std::vector<std::byte>& body_;
+  FrameBody& body_;
   MessageEncoder& encoder_;
 };
 
@@ -45,17 +43,25 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
       : InputArchive(this), body_(body), storages_(storages) {}
 
   void load_bytes(void* data, std::size_t size) {
-    if (size > remaining()) {
-      throw ProtocolError("message body is truncated: needed " + std::to_string(size) + " more bytes at offset " +
-                          std::to_string(position_) + " of " + std::to_string(body_.size()));
-    }
-    if (size > 0) std::memcpy(data, body_.data() + position_, size);
-    position_ += size;
+    const std::byte* bytes = take(size);
+    if (size > 0) std::memcpy(data, bytes, size);
+  }
+  /// Consumes the next `count` elements of `element_size` bytes and returns where they
+  /// lie; ProtocolError when fewer bytes remain. They may lie in memory the peer can still
+  /// write (a ring): copy them out once, then check the copy.
+  const std::byte* take(std::uint64_t count, std::size_t element_size = 1) {
+    if (count > remaining() / element_size) throw_truncated(count, element_size);
+    const std::byte* bytes = body_.data() + position_;
+    position_ += static_cast<std::size_t>(count) * element_size;
+    return bytes;
   }
   std::size_t remaining() const noexcept { return body_.size() - position_; }
   std::span<const std::shared_ptr<Storage>> storages() const noexcept { return storages_; }
 
  private:
+  // Out of line (archive.cpp), so that take() stays small enough to inline everywhere.
+  [[noreturn]] void throw_truncated(std::uint64_t count, std::size_t element_size) const;
+
   std::span<const std::byte> body_;
   std::size_t position_ = 0;
   std::span<const std::shared_ptr<Storage>> storages_;
@@ -104,6 +110,46 @@ inline void CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, SizeTag<T>& 
     throw ferry::ProtocolError("message body holds a container size of " + std::to_string(tag.size) +
                                " elements but only " + std::to_string(ar.remaining()) + " bytes remain");
   }
+}
+
+namespace detail {
+
+// Copies `count` elements of T from the input body into `out`, a vector or a string, with
+// one copy: assign() from a contiguous range of a trivially copyable type is a memmove into
+// fresh storage, where cereal's resize() would zero-fill every element first. A range not
+// aligned for T (a body's fields are packed) is read with resize() and memcpy instead.
+template <class T, class Container>
+void assign_elements(ferry::FrameInputArchive& ar, Container& out, std::uint64_t count) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  const std::byte* bytes = ar.take(count, sizeof(T));
+  const auto n = static_cast<std::size_t>(count);
+  if (reinterpret_cast<std::uintptr_t>(bytes) % alignof(T) == 0) {
+    const auto* first = reinterpret_cast<const T*>(bytes);
+    out.assign(first, first + n);
+  } else {
+    out.resize(n);
+    if (n > 0) std::memcpy(out.data(), bytes, n * sizeof(T));
+  }
+}
+
+}  // namespace detail
+
+// A vector of numbers and a string: copied once from the body (see detail::assign_elements),
+// same wire format as cereal's own (a size tag, then the elements' bytes). More specialized
+// than cereal's templates, so these are the ones chosen for ferry's input archive.
+template <class T, class A>
+inline std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>> CEREAL_LOAD_FUNCTION_NAME(
+    ferry::FrameInputArchive& ar, std::vector<T, A>& vector) {
+  size_type count = 0;
+  ar(make_size_tag(count));
+  detail::assign_elements<T>(ar, vector, count);
+}
+
+template <class CharT, class Traits, class Alloc>
+inline void CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, std::basic_string<CharT, Traits, Alloc>& string) {
+  size_type count = 0;
+  ar(make_size_tag(count));
+  detail::assign_elements<CharT>(ar, string, count);
 }
 
 template <class T>

@@ -75,10 +75,13 @@ class MessageEncoder {
   MessageEncoder& operator=(const MessageEncoder&) = delete;
 
   /// Encodes `message` into a frame. The frame stays valid until the next encode call.
-  /// Call commit() once the transport sent it, or rollback() if it was not sent.
+  /// Call commit() once the transport sent it, or rollback() if it was not sent. `space`
+  /// (may be null): where the transport lends memory for a large body (FrameBody); the
+  /// frame's last part then lies there.
   template <class T>
-  const EncodedFrame& encode(const T& message) {
+  const EncodedFrame& encode(const T& message, BodySpace* space = nullptr) {
     begin();
+    body_.reset(space);
     {
       FrameOutputArchive archive(body_, *this);
       archive(message);
@@ -196,7 +199,7 @@ class MessageEncoder {
   // The frame being encoded.
   FrameHeader header_;
   std::string_view type_name_;
-  std::vector<std::byte> body_;
+  FrameBody body_;
   std::vector<std::shared_ptr<Storage>> storages_;  // what travels (a copy, for isolation)
   std::vector<const Storage*> sources_;             // what the message named, by index
   // Open-addressing index of sources_ (pointer -> table index), for frames with many

@@ -1,0 +1,74 @@
+// The body of the frame being encoded, and the memory a transport may lend for it so that a
+// large body is written once, straight where the receiver reads it.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <vector>
+
+namespace ferry {
+
+/// Memory that a transport lends for the body of the frame being encoded (the shared-memory
+/// ring lends free ring space): a large body serialized there needs no second copy into the
+/// transport. Nothing in lent memory is visible to the receiver before the frame is written.
+class BodySpace {
+ public:
+  /// Writable memory for a body of at least `bytes` bytes; it starts where memory lent
+  /// earlier for the same frame starts (what was written there stays), and may be larger
+  /// than asked. Empty when the transport cannot lend that much now: the body then stays
+  /// in private memory. Valid until the frame is written or the next frame is started.
+  virtual std::span<std::byte> lend(std::size_t bytes) = 0;
+
+ protected:
+  ~BodySpace() = default;
+};
+
+/// A frame body under construction: the output archive appends to it. Bytes go into a
+/// private buffer, reused from frame to frame; a body given a BodySpace moves into lent
+/// memory once it reaches kLendFrom bytes (small bodies never do: the extra bookkeeping
+/// would cost more than the copy it saves).
+class FrameBody {
+ public:
+  static constexpr std::size_t kLendFrom = std::size_t{16} << 10;
+
+  /// Empties the body; `space` (may be null) lends memory once the body grows large.
+  void reset(BodySpace* space) noexcept {
+    data_ = own_.data();
+    size_ = 0;
+    capacity_ = own_.size();
+    space_ = space;
+    lent_ = false;
+    update_fast_end();
+  }
+  /// Appends `size` bytes.
+  void append(const void* bytes, std::size_t size) {
+    if (size > fast_end_ - size_) make_room(size);
+    if (size > 0) std::memcpy(data_ + size_, bytes, size);
+    size_ += size;
+  }
+  std::span<const std::byte> bytes() const noexcept { return {data_, size_}; }
+  std::size_t size() const noexcept { return size_; }
+  /// True when the body lies in memory lent by the BodySpace.
+  bool lent() const noexcept { return lent_; }
+
+ private:
+  // Makes room for `size` more bytes: moves into lent memory, grows it, or grows (or moves
+  // back into) the private buffer.
+  void make_room(std::size_t size);
+  // The size up to which append() needs no decision: the capacity, or just below kLendFrom
+  // while the body may still move into lent memory.
+  void update_fast_end() noexcept {
+    fast_end_ = space_ != nullptr && !lent_ && capacity_ >= kLendFrom ? kLendFrom - 1 : capacity_;
+  }
+
+  std::vector<std::byte> own_;  // the private buffer; its whole size is usable
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::size_t capacity_ = 0;
+  std::size_t fast_end_ = 0;
+  BodySpace* space_ = nullptr;
+  bool lent_ = false;
+};
+
+}  // namespace ferry

@@ -1,0 +1,186 @@
+// The byte path of plain messages in one process: FrameBody (a private buffer that moves
+// into memory a transport lends once the body is large) and the input archive's
+// single-copy reads of vectors of numbers and strings.
+#include <gtest/gtest.h>
+
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+#include <cstring>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "ferry/body_reader.hpp"
+#include "ferry/frame_body.hpp"
+#include "ferry/message_encoder.hpp"
+
+namespace ferry {
+namespace {
+
+std::vector<std::byte> pattern_bytes(std::size_t size, unsigned seed) {
+  std::vector<std::byte> bytes(size);
+  for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<std::byte>(i * 7 + seed);
+  return bytes;
+}
+
+// A BodySpace over a buffer of its own, lending at most `limit` bytes; counts calls.
+class FakeSpace : public BodySpace {
+ public:
+  explicit FakeSpace(std::size_t limit) : memory_(limit) {}
+  std::span<std::byte> lend(std::size_t bytes) override {
+    ++calls;
+    if (bytes > memory_.size()) return {};
+    return {memory_.data(), memory_.size()};
+  }
+  const std::byte* data() const { return memory_.data(); }
+  int calls = 0;
+
+ private:
+  std::vector<std::byte> memory_;
+};
+
+void append_all(FrameBody& body, const std::vector<std::byte>& bytes, std::size_t piece) {
+  for (std::size_t at = 0; at < bytes.size(); at += piece) {
+    body.append(bytes.data() + at, std::min(piece, bytes.size() - at));
+  }
+}
+
+bool same(std::span<const std::byte> got, const std::vector<std::byte>& want) {
+  return got.size() == want.size() && std::memcmp(got.data(), want.data(), want.size()) == 0;
+}
+
+TEST(FrameBodyTest, SmallBodyStaysPrivateAndIsReusedFrameAfterFrame) {
+  FakeSpace space(1 << 20);
+  FrameBody body;
+  const auto bytes = pattern_bytes(FrameBody::kLendFrom - 1, 1);
+  body.reset(&space);
+  append_all(body, bytes, 100);
+  EXPECT_FALSE(body.lent());
+  EXPECT_EQ(space.calls, 0);
+  EXPECT_TRUE(same(body.bytes(), bytes));
+  const std::byte* first = body.bytes().data();
+  body.reset(&space);
+  EXPECT_EQ(body.size(), 0u);
+  append_all(body, bytes, 1000);
+  EXPECT_EQ(body.bytes().data(), first);  // the private buffer is kept
+  EXPECT_TRUE(same(body.bytes(), bytes));
+}
+
+TEST(FrameBodyTest, LargeBodyMovesIntoLentMemoryWithWhatItHeld) {
+  FakeSpace space(1 << 20);
+  FrameBody body;
+  body.reset(&space);
+  const auto bytes = pattern_bytes(300'000, 2);
+  append_all(body, bytes, 5000);
+  EXPECT_TRUE(body.lent());
+  EXPECT_EQ(body.bytes().data(), space.data());
+  EXPECT_EQ(space.calls, 1);  // the space lent all it had at once
+  EXPECT_TRUE(same(body.bytes(), bytes));
+}
+
+TEST(FrameBodyTest, RefusedLendKeepsTheBodyPrivate) {
+  FakeSpace space(1000);  // less than any large body
+  FrameBody body;
+  body.reset(&space);
+  const auto bytes = pattern_bytes(100'000, 3);
+  append_all(body, bytes, 3000);
+  EXPECT_FALSE(body.lent());
+  EXPECT_EQ(space.calls, 1);  // asked once, then not again for this frame
+  EXPECT_TRUE(same(body.bytes(), bytes));
+}
+
+TEST(FrameBodyTest, BodyOutgrowingLentMemoryMovesBackIntoPrivateMemory) {
+  FakeSpace space(64 << 10);
+  FrameBody body;
+  body.reset(&space);
+  const auto bytes = pattern_bytes(200'000, 4);
+  append_all(body, bytes, 10'000);
+  EXPECT_FALSE(body.lent());
+  EXPECT_EQ(space.calls, 2);  // lent at 16 KiB, refused past 64 KiB
+  EXPECT_TRUE(same(body.bytes(), bytes));
+  // The next frame starts private again and may be lent again.
+  body.reset(&space);
+  append_all(body, pattern_bytes(20'000, 5), 20'000);
+  EXPECT_TRUE(body.lent());
+}
+
+TEST(FrameBodyTest, WithoutASpaceABodyOfAnySizeIsPrivate) {
+  FrameBody body;
+  body.reset(nullptr);
+  const auto bytes = pattern_bytes(1 << 20, 6);
+  append_all(body, bytes, 1 << 20);
+  EXPECT_FALSE(body.lent());
+  EXPECT_TRUE(same(body.bytes(), bytes));
+}
+
+// ---- input archive: vectors and strings copied once ------------------------------------
+
+struct Mixed {
+  std::uint8_t tag = 0;  // puts the next fields at odd offsets of the body
+  std::vector<float> floats;
+  std::vector<std::uint8_t> bytes;
+  std::string text;
+  std::vector<std::int64_t> empty;
+  std::vector<double> doubles;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(tag, floats, bytes, text, empty, doubles); }
+  bool operator==(const Mixed&) const = default;
+};
+
+std::vector<std::byte> encode_body(const Mixed& message) {
+  MessageEncoder encoder(HandlePassing::FdPassing);
+  const EncodedFrame& frame = encoder.encode(message);
+  const iovec& body = frame.iovecs().back();
+  const auto* begin = static_cast<const std::byte*>(body.iov_base);
+  std::vector<std::byte> out(begin, begin + body.iov_len);
+  encoder.rollback();
+  return out;
+}
+
+Mixed sample() {
+  Mixed message;
+  message.tag = 9;
+  message.floats.resize(1000);
+  std::iota(message.floats.begin(), message.floats.end(), 0.5f);
+  message.bytes.resize(70'000);
+  for (std::size_t i = 0; i < message.bytes.size(); ++i) message.bytes[i] = static_cast<std::uint8_t>(i * 13);
+  message.text = std::string(5000, 'x') + "end";
+  message.doubles = {1.25, -2.5, 1e300};
+  return message;
+}
+
+TEST(FrameBodyTest, VectorsAndStringsReadBackAtAnyAlignment) {
+  const Mixed message = sample();
+  const std::vector<std::byte> body = encode_body(message);
+  // The same body at every offset modulo 8 of a buffer: the float and double arrays are
+  // read both where they are aligned and where they are not.
+  std::vector<std::byte> buffer(body.size() + 16);
+  for (std::size_t shift = 0; shift < 8; ++shift) {
+    std::memcpy(buffer.data() + shift, body.data(), body.size());
+    const Mixed got = read_body<Mixed>(std::span<const std::byte>(buffer.data() + shift, body.size()), {});
+    EXPECT_EQ(got, message) << "body at offset " << shift;
+  }
+}
+
+TEST(FrameBodyTest, TruncatedVectorIsAProtocolErrorNotAnOverread) {
+  const std::vector<std::byte> body = encode_body(sample());
+  // Cut inside the float array, inside the byte array and inside the string.
+  for (const std::size_t cut : {std::size_t{30}, std::size_t{5000}, body.size() - 10}) {
+    std::vector<std::byte> truncated(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(cut));
+    EXPECT_THROW(read_body<Mixed>(truncated, {}), ProtocolError) << "cut at " << cut;
+  }
+}
+
+TEST(FrameBodyTest, ElementCountBeyondTheBodyIsAProtocolError) {
+  const std::vector<std::byte> body = encode_body(sample());
+  // The float array's count sits right after the one-byte tag. More elements than bytes
+  // left, and (the second) fewer elements than bytes but more than the bytes hold floats.
+  for (const std::uint64_t count : {std::uint64_t{1} << 61, std::uint64_t{body.size() - 9}}) {
+    std::vector<std::byte> lying = body;
+    std::memcpy(lying.data() + 1, &count, sizeof count);
+    EXPECT_THROW(read_body<Mixed>(lying, {}), ProtocolError) << count;
+  }
+}
+
+}  // namespace
+}  // namespace ferry
