@@ -9,7 +9,9 @@
 //   PingPong         a message without tensors: the transport's own round trip
 //
 // Run: build/release/bench/ferry_bench --benchmark_filter='Alloc'
-// Arguments: transport (0 = Pipe, 1 = UnixSocket), then the tensor count for SmallTensors.
+// Arguments: transport (0 = Pipe, 1 = UnixSocket, 2 = ShmRing with its default waiting),
+// then the tensor count for SmallTensors. The per-tensor cost of a message is the ratio of
+// SmallTensors/N to SmallTensors/1 of one transport (same run, medians).
 #include <benchmark/benchmark.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -36,7 +38,11 @@ struct Message {
 };
 
 ferry::Transport transport_of(const benchmark::State& state) {
-  return state.range(0) == 0 ? ferry::Transport::Pipe : ferry::Transport::UnixSocket;
+  switch (state.range(0)) {
+    case 0: return ferry::Transport::Pipe;
+    case 1: return ferry::Transport::UnixSocket;
+    default: return ferry::Transport::ShmRing;
+  }
 }
 
 // Reads one byte of every page of every tensor: what a consumer of the data would fault in.
@@ -176,11 +182,11 @@ BENCHMARK(AllocNewLargeTensorUncached)->ArgName("transport")->Arg(0)->Arg(1)->It
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(AllocResendOneTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(AllocSmallTensors)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1}, {1, 100}})
+BENCHMARK(AllocSmallTensors)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
     ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(AllocSmallTensorsResent)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1}, {1, 100}})
+BENCHMARK(AllocSmallTensorsResent)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
     ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(AllocPingPong)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(2000)->Repetitions(5)
+BENCHMARK(AllocPingPong)->ArgName("transport")->Arg(0)->Arg(1)->Arg(2)->Iterations(2000)->Repetitions(5)
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace
