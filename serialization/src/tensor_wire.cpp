@@ -24,9 +24,10 @@ void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Tensor& tensor
   archive(static_cast<std::uint8_t>(stored ? TensorState::Stored : TensorState::NoStorage),
           static_cast<std::uint8_t>(tensor.dtype()), static_cast<std::uint8_t>(tensor.device().kind),
           static_cast<std::uint32_t>(tensor.dim()));
-  for (const std::int64_t extent : tensor.shape()) archive(extent);
+  // Sizes and strides as blocks of int64 (what one archive() call per entry would write).
+  archive.save_bytes(tensor.shape().data(), tensor.shape().size() * sizeof(std::int64_t));
   if (!stored) return;
-  for (const std::int64_t stride : tensor.strides()) archive(stride);
+  archive.save_bytes(tensor.strides().data(), tensor.strides().size() * sizeof(std::int64_t));
   archive(tensor.storage_offset(), archive.encoder().add_storage(tensor.storage()));
 }
 
@@ -50,7 +51,10 @@ void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
                         std::to_string(kMaxDims));
   }
   const auto dtype = static_cast<DType>(raw_dtype);
-  Shape shape(ndim);
+  // Entry by entry: one memcpy of a variable size compiles to `rep movs`, whose start-up
+  // costs more than the few moves of a small shape.
+  Shape shape;
+  shape.resize_for_overwrite(ndim);
   for (std::int64_t& extent : shape) archive(extent);
   if (state == static_cast<std::uint8_t>(TensorState::NoStorage)) {
     std::int64_t count = 1;
@@ -67,7 +71,8 @@ void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
     }
     return;
   }
-  Shape strides(ndim);
+  Shape strides;
+  strides.resize_for_overwrite(ndim);
   for (std::int64_t& stride : strides) archive(stride);
   std::int64_t offset = 0;
   std::uint32_t handle = 0;

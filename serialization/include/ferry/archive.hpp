@@ -45,10 +45,8 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
       : InputArchive(this), body_(body), storages_(storages) {}
 
   void load_bytes(void* data, std::size_t size) {
-    if (size > remaining()) {
-      throw ProtocolError("message body is truncated: needed " + std::to_string(size) + " more bytes at offset " +
-                          std::to_string(position_) + " of " + std::to_string(body_.size()));
-    }
+    // Small enough to inline: a read of a scalar becomes a bounds check and a move.
+    if (size > remaining()) [[unlikely]] throw_truncated(size);
     if (size > 0) std::memcpy(data, body_.data() + position_, size);
     position_ += size;
   }
@@ -56,6 +54,11 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
   std::span<const std::shared_ptr<Storage>> storages() const noexcept { return storages_; }
 
  private:
+  [[noreturn, gnu::noinline, gnu::cold]] void throw_truncated(std::size_t size) const {
+    throw ProtocolError("message body is truncated: needed " + std::to_string(size) + " more bytes at offset " +
+                        std::to_string(position_) + " of " + std::to_string(body_.size()));
+  }
+
   std::span<const std::byte> body_;
   std::size_t position_ = 0;
   std::span<const std::shared_ptr<Storage>> storages_;
