@@ -13,6 +13,7 @@
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"
 #include "ferry/hold_ledger.hpp"
+#include "ferry/object_pool.hpp"
 #include "ferry/process_identity.hpp"
 #include "ferry/size_classes.hpp"
 
@@ -219,7 +220,8 @@ SharedAllocator::Core::Taken SharedAllocator::Core::take_cached_locked(std::size
 }
 
 std::shared_ptr<SharedBlock> SharedAllocator::Core::hand_out(const Taken& taken, std::size_t nbytes, bool zeroed) {
-  auto block = std::make_shared<OwnedBlock>(shared_from_this(), taken.segment, taken.index, generation_, nbytes);
+  auto block = std::allocate_shared<OwnedBlock>(detail::PoolAllocator<OwnedBlock>(), shared_from_this(), taken.segment,
+                                               taken.index, generation_, nbytes);
   if (zeroed && !taken.fresh) std::memset(block->data(), 0, nbytes);
   return block;
 }

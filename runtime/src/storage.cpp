@@ -5,6 +5,7 @@
 
 #include "ferry/cuda/memory.hpp"
 #include "ferry/error.hpp"
+#include "ferry/object_pool.hpp"
 #include "ferry/shared_allocator.hpp"
 
 namespace ferry {
@@ -16,15 +17,16 @@ std::atomic<std::uint64_t> g_sent_storage_deaths{0};
 
 }  // namespace
 
-// Lets std::make_shared reach the private constructor: one allocation for the Storage and
-// its control block.
+// Lets std::allocate_shared reach the private constructor: one allocation for the Storage
+// and its control block, from the thread's pool (a message makes storages by the hundred).
 struct Storage::Constructor : Storage {
   Constructor(std::shared_ptr<Allocation> allocation, Device device, bool received)
       : Storage(std::move(allocation), device, received) {}
 };
 
 std::shared_ptr<Storage> Storage::make(std::shared_ptr<Allocation> allocation, Device device, bool received) {
-  return std::make_shared<Constructor>(std::move(allocation), device, received);
+  return std::allocate_shared<Constructor>(detail::PoolAllocator<Constructor>(), std::move(allocation), device,
+                                           received);
 }
 
 HeapAllocation::HeapAllocation(std::size_t size) : size_(size) {
