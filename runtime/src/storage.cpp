@@ -13,6 +13,18 @@ namespace {
 
 constexpr std::align_val_t kHeapAlignment{64};
 std::atomic<std::uint64_t> g_next_storage_id{1};
+// Each thread takes ids in ranges: one atomic operation per kIdRange storages, not per storage.
+constexpr std::uint64_t kIdRange = 1024;
+
+std::uint64_t next_storage_id() noexcept {
+  constinit thread_local std::uint64_t next = 0;
+  constinit thread_local std::uint64_t end = 0;
+  if (next == end) {
+    next = g_next_storage_id.fetch_add(kIdRange, std::memory_order_relaxed);
+    end = next + kIdRange;
+  }
+  return next++;
+}
 std::atomic<std::uint64_t> g_sent_storage_deaths{0};
 
 }  // namespace
@@ -40,7 +52,7 @@ HeapAllocation::~HeapAllocation() {
 Storage::Storage(std::shared_ptr<Allocation> allocation, Device device, bool received)
     : allocation_(std::move(allocation)),
       device_(device),
-      id_(g_next_storage_id.fetch_add(1, std::memory_order_relaxed)),
+      id_(next_storage_id()),
       received_(received) {
   shared_.store(allocation_ != nullptr && allocation_->shared_block() != nullptr, std::memory_order_release);
 }

@@ -38,7 +38,6 @@ void MessageEncoder::begin() {
   segment_entries_.clear();
   entries_.clear();
   fds_.clear();
-  new_storage_ids_.clear();
   new_slots_.clear();
   new_segment_ids_.clear();
   new_pins_.clear();
@@ -117,8 +116,30 @@ std::uint32_t MessageEncoder::add_storage(const std::shared_ptr<Storage>& storag
 
 void MessageEncoder::flush_remember_batch() {
   if (remember_batch_.empty()) return;
-  remember_batch_.front()->shared_block()->segment()->remember_storages(remember_batch_);
+  (*remember_batch_.front())->shared_block()->segment()->remember_storages(remember_batch_);
   remember_batch_.clear();
+}
+
+void MessageEncoder::lease_slot(std::uint32_t slot, const std::shared_ptr<Storage>& storage, bool returned) {
+  leased_ids_.insert(storage->id(), slot);
+  leased_.push_back(slot);
+  SlotInfo& info = slots_[slot];
+  info.state = SlotState::Leased;
+  info.returned = returned;
+  info.leased_at = static_cast<std::uint32_t>(leased_.size() - 1);
+  info.storage_id = storage->id();
+  info.storage = storage;
+}
+
+void MessageEncoder::unlease_slot(std::uint32_t slot) noexcept {
+  SlotInfo& info = slots_[slot];
+  leased_ids_.erase(info.storage_id);
+  // Swap-remove: the last leased slot takes this one's place.
+  const std::uint32_t moved = leased_.back();
+  leased_[info.leased_at] = moved;
+  slots_[moved].leased_at = info.leased_at;
+  leased_.pop_back();
+  info.storage.reset();
 }
 
 void MessageEncoder::collect_returned_slots() {
@@ -132,7 +153,7 @@ void MessageEncoder::collect_returned_slots() {
     if (!info.returned) continue;  // a CUDA slot is never given back on the board (a lying receiver)
     switch (info.state) {
       case SlotState::Free: continue;
-      case SlotState::Leased: sent_.erase(info.storage_id); break;  // the receiver dropped its leases
+      case SlotState::Leased: unlease_slot(slot); break;  // the receiver dropped its leases
       case SlotState::Dying: std::erase(unannounced_releases_, slot); break;
       case SlotState::Released: break;  // the normal case
     }
@@ -145,13 +166,13 @@ void MessageEncoder::collect_dead_storages() {
   const std::uint64_t deaths = sent_storage_deaths();
   if (deaths == seen_storage_deaths_) return;
   seen_storage_deaths_ = deaths;
-  for (auto it = sent_.begin(); it != sent_.end();) {
-    if (it->second.storage.expired()) {
-      unannounced_releases_.push_back(it->second.slot);
-      slots_[it->second.slot].state = SlotState::Dying;
-      it = sent_.erase(it);
-    } else {
-      ++it;
+  // Backwards: unlease_slot() moves the last entry into the place of the one it removes.
+  for (std::size_t i = leased_.size(); i-- > 0;) {
+    const std::uint32_t slot = leased_[i];
+    if (slots_[slot].storage.expired()) {
+      unannounced_releases_.push_back(slot);
+      unlease_slot(slot);
+      slots_[slot].state = SlotState::Dying;
     }
   }
 }
@@ -163,6 +184,7 @@ void MessageEncoder::collect_dead_segments() {
   for (auto it = sent_segments_.begin(); it != sent_segments_.end();) {
     if (it->second.segment.expired()) {
       unannounced_segment_releases_.push_back(it->second.slot);
+      if (it->first == last_segment_id_) last_segment_id_ = 0;
       it = sent_segments_.erase(it);
     } else {
       ++it;
@@ -205,7 +227,13 @@ void MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot, int
 }
 
 std::uint32_t MessageEncoder::segment_slot_for(const std::shared_ptr<SharedSegment>& segment) {
-  if (const auto it = sent_segments_.find(segment->id()); it != sent_segments_.end()) return it->second.slot;
+  // The storages of a frame mostly lie in one segment (a slab of small blocks).
+  if (segment->id() == last_segment_id_) return last_segment_slot_;
+  if (const auto it = sent_segments_.find(segment->id()); it != sent_segments_.end()) {
+    last_segment_id_ = it->first;
+    last_segment_slot_ = it->second.slot;
+    return it->second.slot;
+  }
   std::uint32_t slot = 0;
   if (!free_segment_slots_.empty()) {
     slot = free_segment_slots_.back();
@@ -234,7 +262,7 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   // into a new handle on the same Storage object): refresh it before dead entries are
   // collected, so that an echoed storage travels as a lease.
   for (const auto& storage : storages_) {
-    if (const auto it = sent_.find(storage->id()); it != sent_.end()) it->second.storage = storage;
+    if (const auto slot = leased_ids_.find(storage->id())) slots_[*slot].storage = storage;
   }
   collect_dead_storages();
   collect_dead_segments();
@@ -245,9 +273,9 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
     }
     HandleEntry entry;
     entry.nbytes = storage->nbytes();
-    if (const auto it = sent_.find(storage->id()); it != sent_.end()) {
+    if (const auto slot = leased_ids_.find(storage->id())) {
       entry.kind = static_cast<std::uint32_t>(HandleKind::Leased);
-      entry.slot = it->second.slot;
+      entry.slot = *slot;
       entries_.push_back(entry);
       continue;
     }
@@ -256,18 +284,16 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
     entry.segment_slot = segment_slot_for(block->segment());
     entry.offset = block->offset();
     entry.slot = take_slot();
-    slots_[entry.slot] = SlotInfo{SlotState::Leased, storage->id()};
-    sent_.emplace(storage->id(), SentStorage{entry.slot, storage});
-    new_storage_ids_.push_back(storage->id());
+    lease_slot(entry.slot, storage, true);
     ++storages_passed_;
     new_slots_.push_back(entry.slot);
     new_pins_.push_back(HoldLedger::Pin{entry.slot, storage->shared_allocation()});
     // A block sent back to us (by a receiver that forwards it) resolves to this storage;
     // storages of one segment are remembered together, under one lock.
-    if (!remember_batch_.empty() && remember_batch_.front()->shared_block()->segment() != block->segment()) {
+    if (!remember_batch_.empty() && (*remember_batch_.front())->shared_block()->segment() != block->segment()) {
       flush_remember_batch();
     }
-    remember_batch_.push_back(storage);
+    remember_batch_.push_back(&storage);
     storage->mark_sent();
     entries_.push_back(entry);
   }
@@ -367,9 +393,9 @@ void MessageEncoder::commit() {
 void MessageEncoder::rollback() {
   // The receiver never saw the frame: forget the storages and segments it introduced and
   // give their slots back; releases stay unannounced for the next frame.
-  storages_passed_ -= new_storage_ids_.size();
-  for (const std::uint64_t id : new_storage_ids_) sent_.erase(id);
+  storages_passed_ -= new_slots_.size();
   for (const std::uint32_t slot : new_slots_) {
+    if (slots_[slot].state == SlotState::Leased) unlease_slot(slot);
     slots_[slot] = SlotInfo{};
     free_slots_.push_back(slot);
   }
@@ -377,13 +403,13 @@ void MessageEncoder::rollback() {
   for (const std::uint64_t id : new_segment_ids_) {
     if (const auto it = sent_segments_.find(id); it != sent_segments_.end()) {
       free_segment_slots_.push_back(it->second.slot);
+      if (id == last_segment_id_) last_segment_id_ = 0;
       sent_segments_.erase(it);
     }
   }
   while (!keepalive_.empty() && keepalive_.back().first == next_sequence_) keepalive_.pop_back();
   board_in_frame_ = false;
   new_slots_.clear();
-  new_storage_ids_.clear();
   new_segment_ids_.clear();
   storages_.clear();
   sources_.clear();
