@@ -30,10 +30,9 @@ MessageEncoder::~MessageEncoder() { closed(UniqueFd()); }
 void MessageEncoder::begin() {
   body_.clear();
   storages_.clear();
-  if (source_index_dirty_) {
-    std::fill(source_index_.begin(), source_index_.end(), std::pair<const Storage*, std::uint32_t>{nullptr, 0});
-    source_index_dirty_ = false;
-  }
+  // Empty the entries the last frame filled (not the whole table).
+  for (const std::uint32_t at : source_index_used_) source_index_[at] = {nullptr, 0};
+  source_index_used_.clear();
   sources_.clear();
   segment_entries_.clear();
   entries_.clear();
@@ -65,27 +64,29 @@ std::optional<std::uint32_t> MessageEncoder::find_source(const Storage* storage)
   }
 }
 
-void MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
-  if (sources_.size() <= kLinearSearchLimit) return;
-  if (sources_.size() == kLinearSearchLimit + 1 || source_index_.size() < 2 * sources_.size()) {
-    // Build the index when the frame outgrows linear search (it then holds every source),
-    // and grow it at a load of one half.
-    source_index_.assign(std::max<std::size_t>({64, source_index_.size(), std::bit_ceil(4 * sources_.size())}),
-                         {nullptr, 0});
-    const std::size_t mask = source_index_.size() - 1;
-    for (std::uint32_t i = 0; i < sources_.size(); ++i) {
-      std::size_t at = pointer_hash(sources_[i]) & mask;
-      while (source_index_[at].second != 0) at = (at + 1) & mask;
-      source_index_[at] = {sources_[i], i + 1};
-    }
-    source_index_dirty_ = true;
-    return;
-  }
+void MessageEncoder::place_source(const Storage* storage, std::uint32_t index) {
   const std::size_t mask = source_index_.size() - 1;
   std::size_t at = pointer_hash(storage) & mask;
   while (source_index_[at].second != 0) at = (at + 1) & mask;
   source_index_[at] = {storage, index + 1};
-  source_index_dirty_ = true;
+  source_index_used_.push_back(static_cast<std::uint32_t>(at));
+}
+
+void MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
+  if (sources_.size() <= kLinearSearchLimit) return;
+  if (source_index_.size() < 2 * sources_.size()) {
+    // Grow at a load of one half (the table is kept, empty, for the next frames).
+    source_index_.assign(std::max<std::size_t>(64, std::bit_ceil(4 * sources_.size())), {nullptr, 0});
+    source_index_used_.clear();
+    for (std::uint32_t i = 0; i < sources_.size(); ++i) place_source(sources_[i], i);
+    return;
+  }
+  if (sources_.size() == kLinearSearchLimit + 1) {
+    // The frame outgrew linear search: index every source so far (the table is empty).
+    for (std::uint32_t i = 0; i < sources_.size(); ++i) place_source(sources_[i], i);
+    return;
+  }
+  place_source(storage, index);
 }
 
 std::uint32_t MessageEncoder::append_storage(std::shared_ptr<Storage> travelling, const Storage* source) {

@@ -24,10 +24,9 @@ void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Tensor& tensor
   archive(static_cast<std::uint8_t>(stored ? TensorState::Stored : TensorState::NoStorage),
           static_cast<std::uint8_t>(tensor.dtype()), static_cast<std::uint8_t>(tensor.device().kind),
           static_cast<std::uint32_t>(tensor.dim()));
-  // Sizes and strides as blocks of int64 (what one archive() call per entry would write).
-  archive.save_bytes(tensor.shape().data(), tensor.shape().size() * sizeof(std::int64_t));
+  for (const std::int64_t extent : tensor.shape()) archive(extent);
   if (!stored) return;
-  archive.save_bytes(tensor.strides().data(), tensor.strides().size() * sizeof(std::int64_t));
+  for (const std::int64_t stride : tensor.strides()) archive(stride);
   archive(tensor.storage_offset(), archive.encoder().add_storage(tensor.storage()));
 }
 

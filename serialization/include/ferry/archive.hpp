@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ferry/byte_buffer.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry {
@@ -22,18 +23,13 @@ class Storage;
 /// Output archive: appends to `body`; tensors register their storages with `encoder`.
 class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cereal::AllowEmptyClassElision> {
  public:
-  FrameOutputArchive(std::vector<std::byte>& body, MessageEncoder& encoder)
-      : OutputArchive(this), body_(body), encoder_(encoder) {}
+  FrameOutputArchive(ByteBuffer& body, MessageEncoder& encoder) : OutputArchive(this), body_(body), encoder_(encoder) {}
 
-  void save_bytes(const void* data, std::size_t size) {
-    // insert, not resize + memcpy: no zero-filling of bytes that are overwritten at once.
-    const auto* bytes = static_cast<const std::byte*>(data);
-    body_.insert(body_.end(), bytes, bytes + size);
-  }
+  void save_bytes(const void* data, std::size_t size) { body_.append(data, size); }
   MessageEncoder& encoder() noexcept { return encoder_; }
 
  private:
-  std::vector<std::byte>& body_;
+  ByteBuffer& body_;
   MessageEncoder& encoder_;
 };
 

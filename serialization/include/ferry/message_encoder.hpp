@@ -167,6 +167,7 @@ class MessageEncoder {
   HoldLedger& ledger();
   std::optional<std::uint32_t> find_source(const Storage* storage);
   void index_source(const Storage* storage, std::uint32_t index);
+  void place_source(const Storage* storage, std::uint32_t index);
   void flush_remember_batch();
 
   HandlePassing passing_;
@@ -201,13 +202,13 @@ class MessageEncoder {
   // The frame being encoded.
   FrameHeader header_;
   std::string_view type_name_;
-  std::vector<std::byte> body_;
+  ByteBuffer body_;
   std::vector<std::shared_ptr<Storage>> storages_;  // what travels (a copy, for isolation)
   std::vector<const Storage*> sources_;             // what the message named, by index
   // Open-addressing index of sources_ (pointer -> table index), for frames with many
   // storages; slots hold index + 1, 0 is empty.
   std::vector<std::pair<const Storage*, std::uint32_t>> source_index_;
-  bool source_index_dirty_ = false;
+  std::vector<std::uint32_t> source_index_used_;  // entries of source_index_ this frame filled
   std::vector<const std::shared_ptr<Storage>*> remember_batch_;  // new storages (in storages_) of one segment
   std::vector<SegmentEntry> segment_entries_;
   std::vector<HandleEntry> entries_;
