@@ -15,6 +15,7 @@ namespace {
 constexpr std::uint32_t kMaxSegmentSlots = 1u << 20;
 // Frames with more storages than this find repeated ones through a hash index.
 constexpr std::size_t kLinearSearchLimit = 16;
+constexpr std::uint32_t kNoSlot = UINT32_MAX;
 
 std::size_t pointer_hash(const void* pointer) noexcept {
   return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(pointer) >> 4) * 0x9e3779b97f4a7c15ull >> 20);
@@ -262,22 +263,27 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   // reference recorded for it died meanwhile (a receiver re-resolved a storage it received
   // into a new handle on the same Storage object): refresh it before dead entries are
   // collected, so that an echoed storage travels as a lease.
-  for (const auto& storage : storages_) {
-    if (const auto slot = leased_ids_.find(storage->id())) slots_[*slot].storage = storage;
+  // The slots found here stay leased below: their storages are alive (in storages_).
+  leased_slots_.resize(storages_.size());
+  for (std::size_t i = 0; i < storages_.size(); ++i) {
+    const auto slot = leased_ids_.find(storages_[i]->id());
+    leased_slots_[i] = slot.value_or(kNoSlot);
+    if (slot) slots_[*slot].storage = storages_[i];
   }
   collect_dead_storages();
   collect_dead_segments();
-  for (const auto& storage : storages_) {
+  entries_.resize(storages_.size());
+  for (std::size_t i = 0; i < storages_.size(); ++i) {
+    const std::shared_ptr<Storage>& storage = storages_[i];
+    HandleEntry& entry = entries_[i];
     if (storage->device().kind == DeviceKind::Cuda) {  // CUDA IPC: cuda_handles.cpp
-      entries_.push_back(cuda_entry(storage));
+      entry = cuda_entry(storage);
       continue;
     }
-    HandleEntry entry;
     entry.nbytes = storage->nbytes();
-    if (const auto slot = leased_ids_.find(storage->id())) {
+    if (leased_slots_[i] != kNoSlot) {
       entry.kind = static_cast<std::uint32_t>(HandleKind::Leased);
-      entry.slot = *slot;
-      entries_.push_back(entry);
+      entry.slot = leased_slots_[i];
       continue;
     }
     const SharedBlock* block = storage->shared_block();
@@ -296,7 +302,6 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
     }
     remember_batch_.push_back(&storage);
     storage->mark_sent();
-    entries_.push_back(entry);
   }
   flush_remember_batch();
   if (!new_pins_.empty()) {

@@ -212,6 +212,7 @@ class MessageEncoder {
   std::vector<const std::shared_ptr<Storage>*> remember_batch_;  // new storages (in storages_) of one segment
   std::vector<SegmentEntry> segment_entries_;
   std::vector<HandleEntry> entries_;
+  std::vector<std::uint32_t> leased_slots_;  // by table index: the slot of a leased storage, or ~0
   std::vector<int> fds_;
   std::vector<std::uint32_t> new_slots_;
   std::vector<std::uint64_t> new_segment_ids_;
