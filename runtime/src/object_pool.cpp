@@ -24,14 +24,12 @@ constexpr std::size_t kClasses = kPooledBytesLimit / kGranule;
 // flight, at most 1024 * 256 bytes per class.
 constexpr std::uint32_t kMaxCachedPerClass = 1024;
 
-struct FreeBlock {
-  FreeBlock* next;
-};
-
 // Trivially destructible, so that it is usable until the thread's very end; `Reaper`
-// empties it when the thread exits and marks it closed.
+// empties it when the thread exits and marks it closed. A cache is an array of pointers
+// rather than a list threaded through the free blocks: taking a block reads no memory of
+// a block that has gone cold since it was freed.
 struct Caches {
-  FreeBlock* head[kClasses];
+  void** blocks[kClasses];  // kMaxCachedPerClass entries each, allocated at the first free
   std::uint32_t count[kClasses];
   bool reaper_registered;
   bool closed;
@@ -40,11 +38,10 @@ constinit thread_local Caches t_caches{};
 
 void release_all(Caches& caches) noexcept {
   for (std::size_t c = 0; c < kClasses; ++c) {
-    while (FreeBlock* block = caches.head[c]) {
-      caches.head[c] = block->next;
-      ::operator delete(block);
-    }
+    for (std::uint32_t i = 0; i < caches.count[c]; ++i) ::operator delete(caches.blocks[c][i]);
     caches.count[c] = 0;
+    delete[] caches.blocks[c];
+    caches.blocks[c] = nullptr;
   }
 }
 
@@ -64,11 +61,7 @@ void* pooled_allocate(std::size_t bytes) {
   if (kBypass || bytes == 0 || bytes > kPooledBytesLimit) return ::operator new(bytes);
   const std::size_t c = class_of(bytes);
   Caches& caches = t_caches;
-  if (FreeBlock* block = caches.head[c]) {
-    caches.head[c] = block->next;
-    --caches.count[c];
-    return block;
-  }
+  if (caches.count[c] > 0) return caches.blocks[c][--caches.count[c]];
   return ::operator new((c + 1) * kGranule);
 }
 
@@ -84,14 +77,18 @@ void pooled_free(void* memory, std::size_t bytes) noexcept {
     ::operator delete(memory);
     return;
   }
-  if (!caches.reaper_registered) {
-    caches.reaper_registered = true;
-    [[maybe_unused]] Reaper& reaper = t_reaper;  // first use: its destructor runs at thread exit
+  if (caches.blocks[c] == nullptr) [[unlikely]] {
+    if (!caches.reaper_registered) {
+      caches.reaper_registered = true;
+      [[maybe_unused]] Reaper& reaper = t_reaper;  // first use: its destructor runs at thread exit
+    }
+    caches.blocks[c] = new (std::nothrow) void*[kMaxCachedPerClass];
+    if (caches.blocks[c] == nullptr) {
+      ::operator delete(memory);
+      return;
+    }
   }
-  auto* block = static_cast<FreeBlock*>(memory);
-  block->next = caches.head[c];
-  caches.head[c] = block;
-  ++caches.count[c];
+  caches.blocks[c][caches.count[c]++] = memory;
 }
 
 }  // namespace ferry::detail
