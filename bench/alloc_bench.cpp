@@ -9,12 +9,16 @@
 //   PingPong         a message without tensors: the transport's own round trip
 //
 // Run: build/release/bench/ferry_bench --benchmark_filter='Alloc'
-// Arguments: transport (0 = Pipe, 1 = UnixSocket), then the tensor count for SmallTensors.
+// Arguments: transport (0 = Pipe, 1 = UnixSocket, 2 = ShmRing with its default waiting),
+// then the tensor count for SmallTensors. The per-tensor cost of a message is the ratio of
+// SmallTensors/N to SmallTensors/1 of one transport (same run, medians).
 #include <benchmark/benchmark.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <ctime>
 #include <cstring>
 #include <exception>
 #include <functional>
@@ -35,8 +39,27 @@ struct Message {
   void serialize(Archive& ar) { ar(tensors); }
 };
 
+// The receiver's answer: what it read, and the CPU time it has used so far (so that the
+// benchmark can report the receiver's CPU cost per message next to the sender's).
+struct Reply {
+  std::int64_t sum = 0;
+  std::int64_t cpu_ns = 0;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(sum, cpu_ns); }
+};
+
+std::int64_t thread_cpu_ns() {
+  timespec now{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+  return std::int64_t{now.tv_sec} * 1'000'000'000 + now.tv_nsec;
+}
+
 ferry::Transport transport_of(const benchmark::State& state) {
-  return state.range(0) == 0 ? ferry::Transport::Pipe : ferry::Transport::UnixSocket;
+  switch (state.range(0)) {
+    case 0: return ferry::Transport::Pipe;
+    case 1: return ferry::Transport::UnixSocket;
+    default: return ferry::Transport::ShmRing;
+  }
 }
 
 // Reads one byte of every page of every tensor: what a consumer of the data would fault in.
@@ -49,22 +72,28 @@ std::int64_t touch(const Message& message) {
   return sum;
 }
 
-// A producer connected to a forked receiver that touches every message and replies.
+// A producer connected to a forked receiver that touches every message, drops it and replies
+// (so a round trip holds the whole cost of a message on both sides).
 class Pair {
  public:
   explicit Pair(ferry::Transport transport) {
     auto [tx, rx] = ferry::channel<Message>(transport);
-    auto [reply_tx, reply_rx] = ferry::channel<std::int64_t>(transport);
+    auto [reply_tx, reply_rx] = ferry::channel<Reply>(transport);
     std::fflush(nullptr);
     child_ = ::fork();
     if (child_ < 0) throw std::runtime_error("fork failed");
     if (child_ == 0) {
+      ::prctl(PR_SET_NAME, "alloc-receiver");  // tells the processes apart in profiles (perf --comm)
       int status = 0;
       try {
         tx.detach();
         reply_rx.close();
         reply_tx.adopt();
-        while (auto message = rx.recv()) reply_tx.send(touch(*message));
+        while (auto message = rx.recv()) {
+          const std::int64_t sum = touch(*message);
+          message.reset();  // the receiver's whole cost of the message, before the reply
+          reply_tx.send(Reply{sum, thread_cpu_ns()});
+        }
         reply_tx.close();
       } catch (const std::exception& error) {
         std::fprintf(stderr, "receiver failed: %s\n", error.what());
@@ -87,13 +116,24 @@ class Pair {
 
   std::int64_t round_trip(const Message& message) {
     tx_.send(message);
-    return reply_rx_.recv().value();
+    const Reply reply = reply_rx_.recv().value();
+    peer_cpu_ns_ = reply.cpu_ns;
+    return reply.sum;
+  }
+  // Call after the warm-up: from then on the receiver's CPU time per iteration is counted
+  // as the "peer_cpu_us" counter (sender: Google Benchmark's CPU column).
+  void start_counting() { counted_from_ = peer_cpu_ns_; }
+  void report(benchmark::State& state) const {
+    state.counters["peer_cpu_us"] =
+        benchmark::Counter(static_cast<double>(peer_cpu_ns_ - counted_from_) / 1e3, benchmark::Counter::kAvgIterations);
   }
 
  private:
   pid_t child_ = -1;
   ferry::Sender<Message> tx_;
-  ferry::Receiver<std::int64_t> reply_rx_;
+  ferry::Receiver<Reply> reply_rx_;
+  std::int64_t peer_cpu_ns_ = 0;
+  std::int64_t counted_from_ = 0;
 };
 
 Tensor new_large_tensor(int step) {
@@ -106,9 +146,11 @@ void AllocNewLargeTensor(benchmark::State& state) {
   Pair pair(transport_of(state));
   int step = 0;
   for (; step < kWarmupSteps; ++step) pair.round_trip(Message{{new_large_tensor(step)}});
+  pair.start_counting();
   for (auto _ : state) {
     benchmark::DoNotOptimize(pair.round_trip(Message{{new_large_tensor(step++)}}));
   }
+  pair.report(state);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kLargeBytes));
 }
 
@@ -126,10 +168,12 @@ void AllocResendOneTensor(benchmark::State& state) {
   Tensor tensor = new_large_tensor(0);
   int step = 0;
   for (; step < kWarmupSteps; ++step) pair.round_trip(Message{{tensor}});
+  pair.start_counting();
   for (auto _ : state) {
     std::memset(tensor.data_ptr(), step++ & 0xff, kLargeBytes);  // the same write as above
     benchmark::DoNotOptimize(pair.round_trip(Message{{tensor}}));
   }
+  pair.report(state);
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * kLargeBytes));
 }
 
@@ -149,9 +193,11 @@ void AllocSmallTensors(benchmark::State& state) {
   const std::int64_t count = state.range(1);
   int step = 0;
   for (; step < kWarmupSteps; ++step) pair.round_trip(new_small_tensors(count, step));
+  pair.start_counting();
   for (auto _ : state) {
     benchmark::DoNotOptimize(pair.round_trip(new_small_tensors(count, step++)));
   }
+  pair.report(state);
   state.SetItemsProcessed(state.iterations() * count);
 }
 
@@ -159,14 +205,18 @@ void AllocSmallTensorsResent(benchmark::State& state) {
   Pair pair(transport_of(state));
   const Message message = new_small_tensors(state.range(1), 0);
   for (int step = 0; step < kWarmupSteps; ++step) pair.round_trip(message);
+  pair.start_counting();
   for (auto _ : state) benchmark::DoNotOptimize(pair.round_trip(message));
+  pair.report(state);
   state.SetItemsProcessed(state.iterations() * state.range(1));
 }
 
 void AllocPingPong(benchmark::State& state) {
   Pair pair(transport_of(state));
   for (int step = 0; step < kWarmupSteps; ++step) pair.round_trip(Message{});
+  pair.start_counting();
   for (auto _ : state) benchmark::DoNotOptimize(pair.round_trip(Message{}));
+  pair.report(state);
 }
 
 // Medians of 5 repetitions; real time, since the receiver's work is in another process.
@@ -176,11 +226,11 @@ BENCHMARK(AllocNewLargeTensorUncached)->ArgName("transport")->Arg(0)->Arg(1)->It
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(AllocResendOneTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(AllocSmallTensors)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1}, {1, 100}})
+BENCHMARK(AllocSmallTensors)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
     ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(AllocSmallTensorsResent)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1}, {1, 100}})
+BENCHMARK(AllocSmallTensorsResent)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
     ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(AllocPingPong)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(2000)->Repetitions(5)
+BENCHMARK(AllocPingPong)->ArgName("transport")->Arg(0)->Arg(1)->Arg(2)->Iterations(2000)->Repetitions(5)
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -188,6 +188,28 @@ TEST_F(SharedAllocatorTest, SegmentsHoldTheirFdsOnlyWhileMapped) {
   EXPECT_EQ(test::count_open_fds(), fds_before);
 }
 
+TEST_F(SharedAllocatorTest, BlocksOutliveTheirPoolsHandlesAndTakeItWithTheLastOne) {
+  const std::size_t fds_before = test::count_open_fds();
+  std::shared_ptr<SharedBlock> small;
+  std::shared_ptr<SharedBlock> large;
+  {
+    SharedAllocator pool;
+    const SharedAllocator copy = pool;  // NOLINT(performance-unnecessary-copy-initialization): a second handle
+    small = pool.allocate(100);
+    large = copy.allocate(3 * MiB);
+    auto freed = pool.allocate(100);  // back in the pool before the handles go
+  }
+  // The handles are gone; the blocks still work and keep their segments mapped.
+  std::memset(small->data(), 1, small->size());
+  std::memset(large->data(), 2, large->size());
+  EXPECT_EQ(test::count_open_fds(), fds_before + 2);
+  small.reset();
+  EXPECT_EQ(test::count_open_fds(), fds_before + 2);  // the pool lives on with its large block
+  large.reset();
+  // The last block took the pool, and the pool its segments (ASan: nothing leaks).
+  EXPECT_EQ(test::count_open_fds(), fds_before);
+}
+
 TEST_F(SharedAllocatorTest, ZerosClearsARecycledBlock) {
   SharedAllocator pool;
   const void* address = nullptr;

@@ -7,21 +7,11 @@
 
 namespace ferry {
 
-std::size_t dtype_size(DType dtype) {
-  switch (dtype) {
-    case DType::Bool:
-    case DType::UInt8:
-    case DType::Int8: return 1;
-    case DType::Int16:
-    case DType::Float16:
-    case DType::BFloat16: return 2;
-    case DType::Int32:
-    case DType::Float32: return 4;
-    case DType::Int64:
-    case DType::Float64: return 8;
-  }
+namespace detail {
+void throw_invalid_dtype(DType dtype) {
   throw Error("invalid dtype value " + std::to_string(static_cast<int>(dtype)));
 }
+}  // namespace detail
 
 std::string_view dtype_name(DType dtype) {
   switch (dtype) {

@@ -25,12 +25,14 @@ std::atomic<std::uint64_t> g_fork_generation{0};
 void count_fork_in_child() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
 
 void register_fork_counter() {
-  static std::once_flag once;
-  std::call_once(once, [] {
+  // A function-local static rather than std::call_once: after the first call this is a
+  // check of the guard variable, not a call (fork_generation() runs for every block).
+  [[maybe_unused]] static const bool registered = [] {
     if (const int rc = ::pthread_atfork(nullptr, nullptr, &count_fork_in_child); rc != 0) {
       throw_system_error("pthread_atfork", rc);
     }
-  });
+    return true;
+  }();
 }
 
 // State and start time from the text of /proc/<pid>/stat: "pid (comm) S ppid ... starttime ...".

@@ -65,8 +65,14 @@ std::shared_ptr<ReturnBoard> ReturnBoard::open_received(SharedMemory memory) {
 void ReturnBoard::post_return(std::uint32_t slot) noexcept {
   if (slot >= kSlots) return;
   const std::size_t w = slot / 64;
-  Atomic(*word(kBitmapAt + w * 8)).fetch_or(std::uint64_t{1} << (slot % 64), std::memory_order_release);
-  Atomic(*word(kSummaryAt + (w / 64) * 8)).fetch_or(std::uint64_t{1} << (w % 64), std::memory_order_release);
+  const std::uint64_t before =
+      Atomic(*word(kBitmapAt + w * 8)).fetch_or(std::uint64_t{1} << (slot % 64), std::memory_order_release);
+  // Whoever makes a bitmap word non-zero marks it in the summary; a post into a word that
+  // already has bits needs not (the sender takes the whole word once it sees the mark, and
+  // a word it emptied is marked again by the next post).
+  if (before == 0) {
+    Atomic(*word(kSummaryAt + (w / 64) * 8)).fetch_or(std::uint64_t{1} << (w % 64), std::memory_order_release);
+  }
   Atomic(*word(kPostedAt)).fetch_add(1, std::memory_order_release);
 }
 

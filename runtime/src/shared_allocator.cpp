@@ -13,6 +13,7 @@
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"
 #include "ferry/hold_ledger.hpp"
+#include "ferry/object_pool.hpp"
 #include "ferry/process_identity.hpp"
 #include "ferry/size_classes.hpp"
 
@@ -51,15 +52,24 @@ struct Segment {
 
 }  // namespace
 
-class SharedAllocator::Core : public std::enable_shared_from_this<SharedAllocator::Core> {
+// Lives while a SharedAllocator handle or a block of it does: handles share it through
+// a shared_ptr whose deleter calls handles_gone(), blocks are counted (live_blocks_) under
+// the pool's lock, which a block takes anyway, so a block costs no reference counting.
+class SharedAllocator::Core {
  public:
   explicit Core(const SharedAllocatorSettings& settings);
   ~Core();
   Core(const Core&) = delete;
   Core& operator=(const Core&) = delete;
+  /// A new pool, owned by the handles that share the returned pointer.
+  static std::shared_ptr<Core> create(const SharedAllocatorSettings& settings);
 
   std::shared_ptr<SharedBlock> allocate(std::size_t nbytes, bool zeroed);
+  // May delete the pool: the last block of a pool without handles.
   void release(Segment* segment, std::uint32_t index, std::uint64_t generation) noexcept;
+  void handles_gone() noexcept;
+  void release_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
+                      std::vector<std::shared_ptr<SharedSegment>>& released) noexcept;
   SharedMemoryStats stats();
   SharedAllocatorSettings settings();
   void configure(const SharedAllocatorSettings& settings);
@@ -96,6 +106,8 @@ class SharedAllocator::Core : public std::enable_shared_from_this<SharedAllocato
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
   std::uint64_t segments_released_ = 0;
+  std::size_t live_blocks_ = 0;  // OwnedBlocks alive, of every fork generation
+  bool handles_gone_ = false;
 };
 
 namespace {
@@ -134,10 +146,10 @@ void register_fork_handlers() {
 // A block handed out by a pool; goes back to the pool's free list when it dies.
 class OwnedBlock final : public SharedBlock {
  public:
-  OwnedBlock(std::shared_ptr<SharedAllocator::Core> core, Segment* segment, std::uint32_t index,
-             std::uint64_t generation, std::size_t nbytes)
+  OwnedBlock(SharedAllocator::Core* core, Segment* segment, std::uint32_t index, std::uint64_t generation,
+             std::size_t nbytes)
       : SharedBlock(segment->memory, std::size_t{index} * segment->block_bytes, nbytes),
-        core_(std::move(core)),
+        core_(core),
         segment_(segment),
         index_(index),
         generation_(generation) {}
@@ -146,7 +158,7 @@ class OwnedBlock final : public SharedBlock {
   OwnedBlock& operator=(const OwnedBlock&) = delete;
 
  private:
-  std::shared_ptr<SharedAllocator::Core> core_;
+  SharedAllocator::Core* core_;  // alive while this block is (see Core)
   Segment* segment_;
   std::uint32_t index_;
   std::uint64_t generation_;
@@ -165,6 +177,20 @@ SharedAllocator::Core::Core(const SharedAllocatorSettings& settings)
 SharedAllocator::Core::~Core() {
   std::lock_guard lock(pools().mutex);
   pools().cores.erase(this);
+}
+
+std::shared_ptr<SharedAllocator::Core> SharedAllocator::Core::create(const SharedAllocatorSettings& settings) {
+  return std::shared_ptr<Core>(new Core(settings), [](Core* core) { core->handles_gone(); });
+}
+
+void SharedAllocator::Core::handles_gone() noexcept {
+  bool unused = false;
+  {
+    std::lock_guard lock(mutex);
+    handles_gone_ = true;
+    unused = live_blocks_ == 0;
+  }
+  if (unused) delete this;  // otherwise the last block deletes it
 }
 
 void SharedAllocator::Core::sync_fork_locked() {
@@ -201,6 +227,7 @@ SharedAllocator::Core::Taken SharedAllocator::Core::carve_locked(Segment& segmen
   }
   bytes_in_use_ += segment.block_bytes;
   ++blocks_in_use_;
+  ++live_blocks_;  // the block hand_out() makes from this
   return taken;
 }
 
@@ -219,7 +246,14 @@ SharedAllocator::Core::Taken SharedAllocator::Core::take_cached_locked(std::size
 }
 
 std::shared_ptr<SharedBlock> SharedAllocator::Core::hand_out(const Taken& taken, std::size_t nbytes, bool zeroed) {
-  auto block = std::make_shared<OwnedBlock>(shared_from_this(), taken.segment, taken.index, generation_, nbytes);
+  std::shared_ptr<OwnedBlock> block;
+  try {
+    block = std::allocate_shared<OwnedBlock>(detail::PoolAllocator<OwnedBlock>(), this, taken.segment, taken.index,
+                                             generation_, nbytes);
+  } catch (...) {
+    release(taken.segment, taken.index, generation_);  // no block: the carved one goes back
+    throw;
+  }
   if (zeroed && !taken.fresh) std::memset(block->data(), 0, nbytes);
   return block;
 }
@@ -299,7 +333,19 @@ void SharedAllocator::Core::make_available_locked(Segment& segment) {
 
 void SharedAllocator::Core::release(Segment* segment, std::uint32_t index, std::uint64_t generation) noexcept {
   std::vector<std::shared_ptr<SharedSegment>> released;
-  std::lock_guard lock(mutex);
+  bool unused = false;
+  {
+    std::lock_guard lock(mutex);
+    unused = --live_blocks_ == 0 && handles_gone_;
+    release_locked(segment, index, generation, released);
+  }
+  // `released` unmaps before the pool goes, outside the lock.
+  released.clear();
+  if (unused) delete this;
+}
+
+void SharedAllocator::Core::release_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
+                                           std::vector<std::shared_ptr<SharedSegment>>& released) noexcept {
   sync_fork_locked();
   if (generation != generation_) return;  // a block of the parent's pool, in a forked child
   --segment->used;
@@ -316,7 +362,6 @@ void SharedAllocator::Core::release(Segment* segment, std::uint32_t index, std::
     segment->idle = true;
   }
   enforce_limit_locked(released);
-  // `released` unmaps after the lock is released (declared first, destroyed last).
 }
 
 void SharedAllocator::Core::enforce_limit_locked(std::vector<std::shared_ptr<SharedSegment>>& released) {
@@ -379,12 +424,11 @@ void SharedAllocator::Core::trim() {
 
 // ---- the handle ------------------------------------------------------------------
 
-SharedAllocator::SharedAllocator(const SharedAllocatorSettings& settings)
-    : core_(std::make_shared<Core>(settings)) {}
+SharedAllocator::SharedAllocator(const SharedAllocatorSettings& settings) : core_(Core::create(settings)) {}
 
 const SharedAllocator& SharedAllocator::global() {
   // Leaked on purpose: blocks may die during static destruction and must find their pool.
-  static const auto* pool = new SharedAllocator(std::make_shared<Core>(SharedAllocatorSettings{}));
+  static const auto* pool = new SharedAllocator(Core::create(SharedAllocatorSettings{}));
   return *pool;
 }
 

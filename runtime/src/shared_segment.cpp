@@ -25,9 +25,10 @@ SharedSegment::~SharedSegment() {
   if (sent_.load(std::memory_order_relaxed)) g_sent_segment_deaths.fetch_add(1, std::memory_order_release);
 }
 
-void SharedSegment::remember_storages(std::span<const std::shared_ptr<Storage>> storages) {
+void SharedSegment::remember_storages(std::span<const std::shared_ptr<Storage>* const> storages) {
   std::lock_guard lock(mutex_);
-  for (const auto& storage : storages) {
+  for (const std::shared_ptr<Storage>* sent : storages) {
+    const std::shared_ptr<Storage>& storage = *sent;
     Remembered& entry = remembered_[storage->shared_block()->offset()];
     entry.nbytes = storage->nbytes();
     entry.storage = storage;

@@ -5,6 +5,7 @@
 
 #include "ferry/cuda/memory.hpp"
 #include "ferry/error.hpp"
+#include "ferry/object_pool.hpp"
 #include "ferry/shared_allocator.hpp"
 
 namespace ferry {
@@ -12,19 +13,32 @@ namespace {
 
 constexpr std::align_val_t kHeapAlignment{64};
 std::atomic<std::uint64_t> g_next_storage_id{1};
+// Each thread takes ids in ranges: one atomic operation per kIdRange storages, not per storage.
+constexpr std::uint64_t kIdRange = 1024;
+
+std::uint64_t next_storage_id() noexcept {
+  constinit thread_local std::uint64_t next = 0;
+  constinit thread_local std::uint64_t end = 0;
+  if (next == end) {
+    next = g_next_storage_id.fetch_add(kIdRange, std::memory_order_relaxed);
+    end = next + kIdRange;
+  }
+  return next++;
+}
 std::atomic<std::uint64_t> g_sent_storage_deaths{0};
 
 }  // namespace
 
-// Lets std::make_shared reach the private constructor: one allocation for the Storage and
-// its control block.
+// Lets std::allocate_shared reach the private constructor: one allocation for the Storage
+// and its control block, from the thread's pool (a message makes storages by the hundred).
 struct Storage::Constructor : Storage {
   Constructor(std::shared_ptr<Allocation> allocation, Device device, bool received)
       : Storage(std::move(allocation), device, received) {}
 };
 
 std::shared_ptr<Storage> Storage::make(std::shared_ptr<Allocation> allocation, Device device, bool received) {
-  return std::make_shared<Constructor>(std::move(allocation), device, received);
+  return std::allocate_shared<Constructor>(detail::PoolAllocator<Constructor>(), std::move(allocation), device,
+                                           received);
 }
 
 HeapAllocation::HeapAllocation(std::size_t size) : size_(size) {
@@ -38,7 +52,7 @@ HeapAllocation::~HeapAllocation() {
 Storage::Storage(std::shared_ptr<Allocation> allocation, Device device, bool received)
     : allocation_(std::move(allocation)),
       device_(device),
-      id_(g_next_storage_id.fetch_add(1, std::memory_order_relaxed)),
+      id_(next_storage_id()),
       received_(received) {
   shared_.store(allocation_ != nullptr && allocation_->shared_block() != nullptr, std::memory_order_release);
 }

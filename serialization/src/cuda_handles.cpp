@@ -114,15 +114,13 @@ HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) 
   HandleEntry entry;
   entry.kind = static_cast<std::uint32_t>(HandleKind::CudaIpc);
   entry.nbytes = storage->nbytes();
-  if (auto it = sent_.find(storage->id()); it != sent_.end()) {
-    entry.slot = it->second.slot;
+  if (const auto slot = leased_ids_.find(storage->id())) {
+    entry.slot = *slot;
   } else {
     // A slot like any storage's, but never pinned and never given back on the return board:
     // the release board's counter is the hold (see MessageEncoder::commit).
     entry.slot = take_slot();
-    slots_[entry.slot] = SlotInfo{SlotState::Leased, storage->id(), false};
-    sent_.emplace(storage->id(), SentStorage{entry.slot, storage});
-    new_storage_ids_.push_back(storage->id());
+    lease_slot(entry.slot, storage, false);
     new_slots_.push_back(entry.slot);
     storage->mark_sent();
     ++storages_passed_;

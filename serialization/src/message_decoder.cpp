@@ -9,6 +9,7 @@
 
 #include "ferry/cuda_frame.hpp"
 #include "ferry/handle_cache.hpp"
+#include "ferry/object_pool.hpp"
 #include "ferry/process_identity.hpp"
 #include "ferry/process_exit.hpp"
 
@@ -313,7 +314,8 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
                         " and nbytes " + std::to_string(entry.nbytes) + " name a block outside its segment of " +
                         std::to_string(segment->size()) + " bytes");
   }
-  auto block = std::make_shared<ReceivedBlock>(segment, entry.offset, entry.nbytes, board_, entry.slot);
+  auto block = std::allocate_shared<ReceivedBlock>(detail::PoolAllocator<ReceivedBlock>(), segment, entry.offset,
+                                                  entry.nbytes, board_, entry.slot);
   Lease lease;
   // A block this process sent (and someone forwarded back) resolves to the storage it sent;
   // the lease then holds only the block and a weak handle (see Lease).
@@ -336,10 +338,13 @@ std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
     // A new handle on the same Storage object: same address, same id. When the user drops
     // its last handle, the deleter announces it like a death, so that senders that track
     // this storage release it (the core itself lives on in the lease).
-    handle = std::shared_ptr<Storage>(lease.core.get(), [core = lease.core](Storage*) mutable {
-      core->announce_dropped();
-      core.reset();
-    });
+    handle = std::shared_ptr<Storage>(
+        lease.core.get(),
+        [core = lease.core](Storage*) mutable {
+          core->announce_dropped();
+          core.reset();
+        },
+        detail::PoolAllocator<Storage>());
   } else {
     // A storage of our own, dropped by every user here, but still held by the sender: wrap
     // the same block again (no fd, no mmap).

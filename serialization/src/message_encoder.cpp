@@ -15,6 +15,7 @@ namespace {
 constexpr std::uint32_t kMaxSegmentSlots = 1u << 20;
 // Frames with more storages than this find repeated ones through a hash index.
 constexpr std::size_t kLinearSearchLimit = 16;
+constexpr std::uint32_t kNoSlot = UINT32_MAX;
 
 std::size_t pointer_hash(const void* pointer) noexcept {
   return static_cast<std::size_t>((reinterpret_cast<std::uintptr_t>(pointer) >> 4) * 0x9e3779b97f4a7c15ull >> 20);
@@ -30,15 +31,13 @@ MessageEncoder::~MessageEncoder() { closed(UniqueFd()); }
 void MessageEncoder::begin() {
   body_.reset(nullptr);
   storages_.clear();
-  if (source_index_dirty_) {
-    std::fill(source_index_.begin(), source_index_.end(), std::pair<const Storage*, std::uint32_t>{nullptr, 0});
-    source_index_dirty_ = false;
-  }
+  // Empty the entries the last frame filled (not the whole table).
+  for (const std::uint32_t at : source_index_used_) source_index_[at] = {nullptr, 0};
+  source_index_used_.clear();
   sources_.clear();
   segment_entries_.clear();
   entries_.clear();
   fds_.clear();
-  new_storage_ids_.clear();
   new_slots_.clear();
   new_segment_ids_.clear();
   new_pins_.clear();
@@ -66,27 +65,29 @@ std::optional<std::uint32_t> MessageEncoder::find_source(const Storage* storage)
   }
 }
 
-void MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
-  if (sources_.size() <= kLinearSearchLimit) return;
-  if (sources_.size() == kLinearSearchLimit + 1 || source_index_.size() < 2 * sources_.size()) {
-    // Build the index when the frame outgrows linear search (it then holds every source),
-    // and grow it at a load of one half.
-    source_index_.assign(std::max<std::size_t>({64, source_index_.size(), std::bit_ceil(4 * sources_.size())}),
-                         {nullptr, 0});
-    const std::size_t mask = source_index_.size() - 1;
-    for (std::uint32_t i = 0; i < sources_.size(); ++i) {
-      std::size_t at = pointer_hash(sources_[i]) & mask;
-      while (source_index_[at].second != 0) at = (at + 1) & mask;
-      source_index_[at] = {sources_[i], i + 1};
-    }
-    source_index_dirty_ = true;
-    return;
-  }
+void MessageEncoder::place_source(const Storage* storage, std::uint32_t index) {
   const std::size_t mask = source_index_.size() - 1;
   std::size_t at = pointer_hash(storage) & mask;
   while (source_index_[at].second != 0) at = (at + 1) & mask;
   source_index_[at] = {storage, index + 1};
-  source_index_dirty_ = true;
+  source_index_used_.push_back(static_cast<std::uint32_t>(at));
+}
+
+void MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
+  if (sources_.size() <= kLinearSearchLimit) return;
+  if (source_index_.size() < 2 * sources_.size()) {
+    // Grow at a load of one half (the table is kept, empty, for the next frames).
+    source_index_.assign(std::max<std::size_t>(64, std::bit_ceil(4 * sources_.size())), {nullptr, 0});
+    source_index_used_.clear();
+    for (std::uint32_t i = 0; i < sources_.size(); ++i) place_source(sources_[i], i);
+    return;
+  }
+  if (sources_.size() == kLinearSearchLimit + 1) {
+    // The frame outgrew linear search: index every source so far (the table is empty).
+    for (std::uint32_t i = 0; i < sources_.size(); ++i) place_source(sources_[i], i);
+    return;
+  }
+  place_source(storage, index);
 }
 
 std::uint32_t MessageEncoder::append_storage(std::shared_ptr<Storage> travelling, const Storage* source) {
@@ -117,8 +118,30 @@ std::uint32_t MessageEncoder::add_storage(const std::shared_ptr<Storage>& storag
 
 void MessageEncoder::flush_remember_batch() {
   if (remember_batch_.empty()) return;
-  remember_batch_.front()->shared_block()->segment()->remember_storages(remember_batch_);
+  (*remember_batch_.front())->shared_block()->segment()->remember_storages(remember_batch_);
   remember_batch_.clear();
+}
+
+void MessageEncoder::lease_slot(std::uint32_t slot, const std::shared_ptr<Storage>& storage, bool returned) {
+  leased_ids_.insert(storage->id(), slot);
+  leased_.push_back(slot);
+  SlotInfo& info = slots_[slot];
+  info.state = SlotState::Leased;
+  info.returned = returned;
+  info.leased_at = static_cast<std::uint32_t>(leased_.size() - 1);
+  info.storage_id = storage->id();
+  info.storage = storage;
+}
+
+void MessageEncoder::unlease_slot(std::uint32_t slot) noexcept {
+  SlotInfo& info = slots_[slot];
+  leased_ids_.erase(info.storage_id);
+  // Swap-remove: the last leased slot takes this one's place.
+  const std::uint32_t moved = leased_.back();
+  leased_[info.leased_at] = moved;
+  slots_[moved].leased_at = info.leased_at;
+  leased_.pop_back();
+  info.storage.reset();
 }
 
 void MessageEncoder::collect_returned_slots() {
@@ -132,7 +155,7 @@ void MessageEncoder::collect_returned_slots() {
     if (!info.returned) continue;  // a CUDA slot is never given back on the board (a lying receiver)
     switch (info.state) {
       case SlotState::Free: continue;
-      case SlotState::Leased: sent_.erase(info.storage_id); break;  // the receiver dropped its leases
+      case SlotState::Leased: unlease_slot(slot); break;  // the receiver dropped its leases
       case SlotState::Dying: std::erase(unannounced_releases_, slot); break;
       case SlotState::Released: break;  // the normal case
     }
@@ -145,13 +168,13 @@ void MessageEncoder::collect_dead_storages() {
   const std::uint64_t deaths = sent_storage_deaths();
   if (deaths == seen_storage_deaths_) return;
   seen_storage_deaths_ = deaths;
-  for (auto it = sent_.begin(); it != sent_.end();) {
-    if (it->second.storage.expired()) {
-      unannounced_releases_.push_back(it->second.slot);
-      slots_[it->second.slot].state = SlotState::Dying;
-      it = sent_.erase(it);
-    } else {
-      ++it;
+  // Backwards: unlease_slot() moves the last entry into the place of the one it removes.
+  for (std::size_t i = leased_.size(); i-- > 0;) {
+    const std::uint32_t slot = leased_[i];
+    if (slots_[slot].storage.expired()) {
+      unannounced_releases_.push_back(slot);
+      unlease_slot(slot);
+      slots_[slot].state = SlotState::Dying;
     }
   }
 }
@@ -163,6 +186,7 @@ void MessageEncoder::collect_dead_segments() {
   for (auto it = sent_segments_.begin(); it != sent_segments_.end();) {
     if (it->second.segment.expired()) {
       unannounced_segment_releases_.push_back(it->second.slot);
+      if (it->first == last_segment_id_) last_segment_id_ = 0;
       it = sent_segments_.erase(it);
     } else {
       ++it;
@@ -205,7 +229,13 @@ void MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot, int
 }
 
 std::uint32_t MessageEncoder::segment_slot_for(const std::shared_ptr<SharedSegment>& segment) {
-  if (const auto it = sent_segments_.find(segment->id()); it != sent_segments_.end()) return it->second.slot;
+  // The storages of a frame mostly lie in one segment (a slab of small blocks).
+  if (segment->id() == last_segment_id_) return last_segment_slot_;
+  if (const auto it = sent_segments_.find(segment->id()); it != sent_segments_.end()) {
+    last_segment_id_ = it->first;
+    last_segment_slot_ = it->second.slot;
+    return it->second.slot;
+  }
   std::uint32_t slot = 0;
   if (!free_segment_slots_.empty()) {
     slot = free_segment_slots_.back();
@@ -233,22 +263,27 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   // reference recorded for it died meanwhile (a receiver re-resolved a storage it received
   // into a new handle on the same Storage object): refresh it before dead entries are
   // collected, so that an echoed storage travels as a lease.
-  for (const auto& storage : storages_) {
-    if (const auto it = sent_.find(storage->id()); it != sent_.end()) it->second.storage = storage;
+  // The slots found here stay leased below: their storages are alive (in storages_).
+  leased_slots_.resize(storages_.size());
+  for (std::size_t i = 0; i < storages_.size(); ++i) {
+    const auto slot = leased_ids_.find(storages_[i]->id());
+    leased_slots_[i] = slot.value_or(kNoSlot);
+    if (slot) slots_[*slot].storage = storages_[i];
   }
   collect_dead_storages();
   collect_dead_segments();
-  for (const auto& storage : storages_) {
+  entries_.resize(storages_.size());
+  for (std::size_t i = 0; i < storages_.size(); ++i) {
+    const std::shared_ptr<Storage>& storage = storages_[i];
+    HandleEntry& entry = entries_[i];
     if (storage->device().kind == DeviceKind::Cuda) {  // CUDA IPC: cuda_handles.cpp
-      entries_.push_back(cuda_entry(storage));
+      entry = cuda_entry(storage);
       continue;
     }
-    HandleEntry entry;
     entry.nbytes = storage->nbytes();
-    if (const auto it = sent_.find(storage->id()); it != sent_.end()) {
+    if (leased_slots_[i] != kNoSlot) {
       entry.kind = static_cast<std::uint32_t>(HandleKind::Leased);
-      entry.slot = it->second.slot;
-      entries_.push_back(entry);
+      entry.slot = leased_slots_[i];
       continue;
     }
     const SharedBlock* block = storage->shared_block();
@@ -256,20 +291,17 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
     entry.segment_slot = segment_slot_for(block->segment());
     entry.offset = block->offset();
     entry.slot = take_slot();
-    slots_[entry.slot] = SlotInfo{SlotState::Leased, storage->id()};
-    sent_.emplace(storage->id(), SentStorage{entry.slot, storage});
-    new_storage_ids_.push_back(storage->id());
+    lease_slot(entry.slot, storage, true);
     ++storages_passed_;
     new_slots_.push_back(entry.slot);
     new_pins_.push_back(HoldLedger::Pin{entry.slot, storage->shared_allocation()});
     // A block sent back to us (by a receiver that forwards it) resolves to this storage;
     // storages of one segment are remembered together, under one lock.
-    if (!remember_batch_.empty() && remember_batch_.front()->shared_block()->segment() != block->segment()) {
+    if (!remember_batch_.empty() && (*remember_batch_.front())->shared_block()->segment() != block->segment()) {
       flush_remember_batch();
     }
-    remember_batch_.push_back(storage);
+    remember_batch_.push_back(&storage);
     storage->mark_sent();
-    entries_.push_back(entry);
   }
   flush_remember_batch();
   if (!new_pins_.empty()) {
@@ -367,9 +399,9 @@ void MessageEncoder::commit() {
 void MessageEncoder::rollback() {
   // The receiver never saw the frame: forget the storages and segments it introduced and
   // give their slots back; releases stay unannounced for the next frame.
-  storages_passed_ -= new_storage_ids_.size();
-  for (const std::uint64_t id : new_storage_ids_) sent_.erase(id);
+  storages_passed_ -= new_slots_.size();
   for (const std::uint32_t slot : new_slots_) {
+    if (slots_[slot].state == SlotState::Leased) unlease_slot(slot);
     slots_[slot] = SlotInfo{};
     free_slots_.push_back(slot);
   }
@@ -377,13 +409,13 @@ void MessageEncoder::rollback() {
   for (const std::uint64_t id : new_segment_ids_) {
     if (const auto it = sent_segments_.find(id); it != sent_segments_.end()) {
       free_segment_slots_.push_back(it->second.slot);
+      if (id == last_segment_id_) last_segment_id_ = 0;
       sent_segments_.erase(it);
     }
   }
   while (!keepalive_.empty() && keepalive_.back().first == next_sequence_) keepalive_.pop_back();
   board_in_frame_ = false;
   new_slots_.clear();
-  new_storage_ids_.clear();
   new_segment_ids_.clear();
   storages_.clear();
   sources_.clear();

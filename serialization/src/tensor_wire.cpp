@@ -50,7 +50,10 @@ void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
                         std::to_string(kMaxDims));
   }
   const auto dtype = static_cast<DType>(raw_dtype);
-  Shape shape(ndim);
+  // Entry by entry: one memcpy of a variable size compiles to `rep movs`, whose start-up
+  // costs more than the few moves of a small shape.
+  Shape shape;
+  shape.resize_for_overwrite(ndim);
   for (std::int64_t& extent : shape) archive(extent);
   if (state == static_cast<std::uint8_t>(TensorState::NoStorage)) {
     std::int64_t count = 1;
@@ -67,7 +70,8 @@ void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
     }
     return;
   }
-  Shape strides(ndim);
+  Shape strides;
+  strides.resize_for_overwrite(ndim);
   for (std::int64_t& stride : strides) archive(stride);
   std::int64_t offset = 0;
   std::uint32_t handle = 0;

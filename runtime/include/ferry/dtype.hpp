@@ -24,8 +24,18 @@ enum class DType : std::uint8_t {
 /// Number of DType values; a wire value at or above it is invalid.
 inline constexpr int kDTypeCount = 10;
 
-/// Size in bytes of one element of `dtype`.
-std::size_t dtype_size(DType dtype);
+namespace detail {
+[[noreturn]] void throw_invalid_dtype(DType dtype);
+}  // namespace detail
+
+/// Size in bytes of one element of `dtype`; throws Error for a value that is no DType.
+inline std::size_t dtype_size(DType dtype) {
+  // Inline: every view check and data_ptr() asks.
+  static constexpr std::uint8_t kSizes[kDTypeCount] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8};
+  const auto raw = static_cast<std::uint8_t>(dtype);
+  if (raw >= kDTypeCount) [[unlikely]] detail::throw_invalid_dtype(dtype);
+  return kSizes[raw];
+}
 
 /// Lower-case name of `dtype` ("float32", ...), for messages.
 std::string_view dtype_name(DType dtype);

@@ -51,7 +51,7 @@ class SharedSegment {
 
   /// Remembers sent storages whose blocks lie in this segment, so that a block coming back
   /// (from a receiver that forwards it) resolves to the storage that was sent.
-  void remember_storages(std::span<const std::shared_ptr<Storage>> storages);
+  void remember_storages(std::span<const std::shared_ptr<Storage>* const> storages);
   /// The live storage remembered for exactly this block, or nullptr.
   std::shared_ptr<Storage> find_storage(std::uint64_t offset, std::uint64_t nbytes);
 

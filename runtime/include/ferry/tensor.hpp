@@ -14,13 +14,11 @@
 #include "ferry/device.hpp"
 #include "ferry/dtype.hpp"
 #include "ferry/error.hpp"
+#include "ferry/shape.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry {
-
-/// Sizes (or strides) of a tensor, one entry per dimension.
-using Shape = std::vector<std::int64_t>;
 
 /// The most dimensions a tensor may have.
 inline constexpr std::size_t kMaxDims = 32;

@@ -41,6 +41,7 @@
 #include "ferry/archive.hpp"
 #include "ferry/frame.hpp"
 #include "ferry/hold_ledger.hpp"
+#include "ferry/id_slot_map.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor_wire.hpp"
@@ -104,7 +105,7 @@ class MessageEncoder {
   /// The newest sequence whose acknowledgement is awaited (0: none).
   std::uint64_t newest_awaited_sequence() const noexcept { return keepalive_.empty() ? 0 : keepalive_.back().first; }
   /// Storages the receiver currently leases from this sender, as far as it knows.
-  std::size_t tracked_storages() const noexcept { return sent_.size(); }
+  std::size_t tracked_storages() const noexcept { return leased_.size(); }
   /// Storages passed so far as new ones (a NewBlock entry, or a CudaIpc entry that took a
   /// new slot), not as leases of storages the receiver holds.
   std::uint64_t storages_passed() const noexcept { return storages_passed_; }
@@ -133,12 +134,10 @@ class MessageEncoder {
   };
   struct SlotInfo {
     SlotState state = SlotState::Free;
+    bool returned = true;        // false for CUDA storages: the receiver gives nothing back on the board
+    std::uint32_t leased_at = 0;  // Leased: index in leased_
     std::uint64_t storage_id = 0;
-    bool returned = true;  // false for CUDA storages: the receiver gives nothing back on the board
-  };
-  struct SentStorage {
-    std::uint32_t slot;
-    std::weak_ptr<Storage> storage;
+    std::weak_ptr<Storage> storage;  // Leased: the storage that lives here
   };
   struct SentSegment {
     std::uint32_t slot;
@@ -158,6 +157,9 @@ class MessageEncoder {
   void cuda_end_frame(bool sent) noexcept;
   std::shared_ptr<CudaSendState> cuda_;
 
+  // Slot `slot` (taken) is leased to `storage` / no longer leased (it must be Leased).
+  void lease_slot(std::uint32_t slot, const std::shared_ptr<Storage>& storage, bool returned);
+  void unlease_slot(std::uint32_t slot) noexcept;
   void collect_returned_slots();
   void collect_dead_storages();
   void collect_dead_segments();
@@ -168,6 +170,7 @@ class MessageEncoder {
   HoldLedger& ledger();
   std::optional<std::uint32_t> find_source(const Storage* storage);
   void index_source(const Storage* storage, std::uint32_t index);
+  void place_source(const Storage* storage, std::uint32_t index);
   void flush_remember_batch();
 
   HandlePassing passing_;
@@ -178,8 +181,9 @@ class MessageEncoder {
   std::uint64_t seen_segment_deaths_ = 0;
   std::uint64_t storages_passed_ = 0;
 
-  std::unordered_map<std::uint64_t, SentStorage> sent_;  // by Storage::id(): leased storages
-  std::vector<SlotInfo> slots_;                           // by storage slot
+  IdSlotMap leased_ids_;                              // Storage::id() -> slot, of leased storages
+  std::vector<std::uint32_t> leased_;                 // the slots in state Leased
+  std::vector<SlotInfo> slots_;                       // by storage slot
   std::vector<std::uint32_t> unannounced_releases_;       // slots whose storage died
   std::vector<std::uint32_t> free_slots_;                 // given back by the receiver
   std::uint32_t next_slot_ = 0;
@@ -188,6 +192,8 @@ class MessageEncoder {
   std::vector<std::uint32_t> unannounced_segment_releases_;
   std::vector<std::uint32_t> free_segment_slots_;
   std::uint32_t next_segment_slot_ = 0;
+  std::uint64_t last_segment_id_ = 0;  // the segment segment_slot_for() found last (0: none)
+  std::uint32_t last_segment_slot_ = 0;
 
   std::shared_ptr<HoldLedger> ledger_;  // created with the first storage sent
   bool board_sent_ = false;
@@ -205,12 +211,12 @@ class MessageEncoder {
   // Open-addressing index of sources_ (pointer -> table index), for frames with many
   // storages; slots hold index + 1, 0 is empty.
   std::vector<std::pair<const Storage*, std::uint32_t>> source_index_;
-  bool source_index_dirty_ = false;
-  std::vector<std::shared_ptr<Storage>> remember_batch_;  // new storages of one segment
+  std::vector<std::uint32_t> source_index_used_;  // entries of source_index_ this frame filled
+  std::vector<const std::shared_ptr<Storage>*> remember_batch_;  // new storages (in storages_) of one segment
   std::vector<SegmentEntry> segment_entries_;
   std::vector<HandleEntry> entries_;
+  std::vector<std::uint32_t> leased_slots_;  // by table index: the slot of a leased storage, or ~0
   std::vector<int> fds_;
-  std::vector<std::uint64_t> new_storage_ids_;
   std::vector<std::uint32_t> new_slots_;
   std::vector<std::uint64_t> new_segment_ids_;
   std::vector<HoldLedger::Pin> new_pins_;
