@@ -63,7 +63,18 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
   }
   using Clock = Deadline::Clock;
   std::optional<Clock::time_point> start;
-  if (spin_budget_ > std::chrono::nanoseconds::zero()) {
+  std::chrono::nanoseconds budget = spin_budget_;
+  if (budget == std::chrono::nanoseconds::zero() && timing_.spin > std::chrono::nanoseconds::zero() &&
+      ++waits_without_spin_ >= kSpinProbeEvery) {
+    // Spinning was given up (waits outlasted the budget). Waits that sleep also count the
+    // wake-up, which can exceed the budget on its own (a VM), so the budget could never
+    // come back from sleeping waits: try a full spin now and then instead. (Two processes
+    // that both sleep get placed on one CPU by the scheduler; spinning is also what
+    // spreads them out again.)
+    waits_without_spin_ = 0;
+    budget = timing_.spin;
+  }
+  if (budget > std::chrono::nanoseconds::zero()) {
     // The clock is read every 16 rounds only, the first time after 16 of them: a peer that
     // answers sooner (a ping-pong between two awake ends) costs no clock read at all.
     Clock::time_point stop = Clock::time_point::max();
@@ -77,7 +88,7 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
       const Clock::time_point now = Clock::now();
       if (!start) {
         start = now;
-        stop = std::min(now + spin_budget_, deadline.time_point());
+        stop = std::min(now + budget, deadline.time_point());
       } else if (now >= stop) {
         break;
       }
@@ -93,7 +104,7 @@ void RingEnd::adapt_spin(std::chrono::nanoseconds waited) noexcept {
   using std::chrono::nanoseconds;
   if (timing_.spin <= nanoseconds::zero()) return;
   if (waited <= timing_.spin) {
-    spin_budget_ = std::min(std::max(spin_budget_ * 2, nanoseconds(1000)), timing_.spin);
+    spin_budget_ = timing_.spin;  // the peer answers within the setting: spin for it
   } else {
     spin_budget_ /= 2;
     if (spin_budget_ < nanoseconds(500)) spin_budget_ = nanoseconds::zero();

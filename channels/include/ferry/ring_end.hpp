@@ -109,6 +109,10 @@ class RingEnd {
   UniqueFd companion_;
   RingTiming timing_;
   std::chrono::nanoseconds spin_budget_;
+  // With spin_budget_ at zero, one wait in kSpinProbeEvery still spins for the full setting
+  // (at most 1/8 of the setting per wait on average when the peer is never caught).
+  static constexpr std::uint32_t kSpinProbeEvery = 8;
+  std::uint32_t waits_without_spin_ = 0;
   // When the peer is due for its next check, on CLOCK_MONOTONIC_COARSE (nanoseconds): that
   // clock costs a few nanoseconds to read, so a send can afford to look at it.
   std::int64_t next_peer_check_ = 0;
