@@ -74,7 +74,7 @@ std::unique_ptr<SenderCore> rebuild_sender(const EndDescription& description, st
   const ChannelOptions& options = description.options;
   return std::make_unique<SenderCore>(
       writer_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
-                              RingTiming{options.ring_spin, options.peer_check_interval}),
+                              options.ring_timing()),
       description.transport, options);
 }
 
@@ -84,7 +84,7 @@ std::unique_ptr<ReceiverCore> rebuild_receiver(const EndDescription& description
   const ChannelOptions& options = description.options;
   return std::make_unique<ReceiverCore>(
       reader_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
-                              RingTiming{options.ring_spin, options.peer_check_interval}),
+                              options.ring_timing()),
       description.transport, fingerprint, type_name, options);
 }
 

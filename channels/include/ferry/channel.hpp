@@ -184,7 +184,7 @@ std::pair<Sender<T>, Receiver<T>> channel(Transport transport, const ChannelOpti
     return {Sender<T>(detail::InProcessSender<T>(queue)), Receiver<T>(detail::InProcessReceiver<T>(queue))};
   }
   auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity,
-                                         RingTiming{options.ring_spin, options.peer_check_interval});
+                                         options.ring_timing());
   return {Sender<T>(std::make_unique<detail::SenderCore>(std::move(writer), transport, options)),
           Receiver<T>(std::make_unique<detail::ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(),
                                                              type_name<T>(), options))};

@@ -45,6 +45,9 @@ struct ChannelOptions {
   /// heap storage moves into the pool. Allocate tensors for this peer from the pool
   /// (`Tensor::empty(shape, dtype, pool)`) to send them without a copy.
   std::optional<SharedAllocator> pool;
+
+  /// The ring's waiting settings (ring_spin, peer_check_interval) as the transport takes them.
+  RingTiming ring_timing() const noexcept { return RingTiming{ring_spin, peer_check_interval}; }
 };
 
 namespace detail {
