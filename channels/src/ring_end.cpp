@@ -1,6 +1,7 @@
 #include "ferry/ring_end.hpp"
 
 #include <poll.h>
+#include <sched.h>
 #include <time.h>
 
 #include <algorithm>
@@ -22,6 +23,23 @@ std::int64_t coarse_now() noexcept {
   return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
 }
 
+// The futex word of a ring end (ring_layout.hpp): 0 awake, 1 asleep, 2 + n woken by a peer
+// running on CPU n.
+constexpr std::uint32_t kSleeping = 1;
+constexpr std::uint32_t kWokenOnCpu = 2;
+
+std::uint32_t woken_word() noexcept {
+  const int cpu = ::sched_getcpu();  // a few nanoseconds (vDSO or rdpid); -1 if unsupported
+  return cpu >= 0 ? kWokenOnCpu + static_cast<std::uint32_t>(cpu) : 0;
+}
+
+Waker waker_of(std::uint32_t word) noexcept {
+  if (word < kWokenOnCpu) return Waker::Unknown;
+  const int cpu = ::sched_getcpu();
+  if (cpu < 0) return Waker::Unknown;
+  return word - kWokenOnCpu == static_cast<std::uint32_t>(cpu) ? Waker::SameCpu : Waker::OtherCpu;
+}
+
 }  // namespace
 
 RingEnd::RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing)
@@ -30,7 +48,7 @@ RingEnd::RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion,
       capacity_(segment_->capacity()),
       companion_(std::move(companion)),
       timing_{timing.spin, std::max(timing.peer_check_interval, std::chrono::milliseconds(1))},
-      spin_budget_(std::max(timing.spin, std::chrono::nanoseconds::zero())) {}
+      spin_(timing.spin) {}
 
 bool RingEnd::peer_gone() {
   if (peer_gone_) return true;
@@ -63,17 +81,7 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
   }
   using Clock = Deadline::Clock;
   std::optional<Clock::time_point> start;
-  std::chrono::nanoseconds budget = spin_budget_;
-  if (budget == std::chrono::nanoseconds::zero() && timing_.spin > std::chrono::nanoseconds::zero() &&
-      ++waits_without_spin_ >= kSpinProbeEvery) {
-    // Spinning was given up (waits outlasted the budget). Waits that sleep also count the
-    // wake-up, which can exceed the budget on its own (a VM), so the budget could never
-    // come back from sleeping waits: try a full spin now and then instead. (Two processes
-    // that both sleep get placed on one CPU by the scheduler; spinning is also what
-    // spreads them out again.)
-    waits_without_spin_ = 0;
-    budget = timing_.spin;
-  }
+  const std::chrono::nanoseconds budget = spin_.budget();
   if (budget > std::chrono::nanoseconds::zero()) {
     // The clock is read every 16 rounds only, the first time after 16 of them: a peer that
     // answers sooner (a ping-pong between two awake ends) costs no clock read at all.
@@ -81,7 +89,7 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
     for (unsigned i = 1;; ++i) {
       cpu_relax();
       if (ready()) {
-        adapt_spin(std::chrono::nanoseconds::zero());  // caught while spinning: spin on
+        spin_.caught();
         return WaitOutcome::Ready;
       }
       if (i % 16 != 0) continue;
@@ -94,24 +102,15 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
       }
     }
   }
-  if (!start && timing_.spin > std::chrono::nanoseconds::zero()) start = Clock::now();
-  const WaitOutcome outcome = sleep(word, ready, deadline);
-  if (outcome == WaitOutcome::Ready && start) adapt_spin(Clock::now() - *start);
+  if (!start && spin_.setting() > std::chrono::nanoseconds::zero()) start = Clock::now();
+  Waker waker = Waker::Unknown;
+  const WaitOutcome outcome = sleep(word, ready, deadline, waker);
+  if (outcome == WaitOutcome::Ready && start) spin_.slept(budget, Clock::now() - *start, waker);
   return outcome;
 }
 
-void RingEnd::adapt_spin(std::chrono::nanoseconds waited) noexcept {
-  using std::chrono::nanoseconds;
-  if (timing_.spin <= nanoseconds::zero()) return;
-  if (waited <= timing_.spin) {
-    spin_budget_ = timing_.spin;  // the peer answers within the setting: spin for it
-  } else {
-    spin_budget_ /= 2;
-    if (spin_budget_ < nanoseconds(500)) spin_budget_ = nanoseconds::zero();
-  }
-}
-
-WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline) {
+WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline,
+                           Waker& waker) {
   struct Awake {  // leaves the word at 0 however the wait ends
     std::atomic<std::uint32_t>& word;
     ~Awake() { word.store(0, std::memory_order_relaxed); }
@@ -120,22 +119,26 @@ WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, co
     // Announce the sleep, then re-check. The store, the position loads in ready() and
     // the peer's publishing store and load of this word are all sequentially consistent:
     // either the peer sees the 1 and wakes us, or we see its new position.
-    word.store(1, std::memory_order_seq_cst);
+    word.store(kSleeping, std::memory_order_seq_cst);
     if (ready()) return WaitOutcome::Ready;
     if (peer_gone_lately()) return ready() ? WaitOutcome::Ready : WaitOutcome::PeerGone;
     if (deadline.expired()) return WaitOutcome::Timeout;
     auto timeout = std::chrono::nanoseconds(next_peer_check_ - coarse_now());
     if (!deadline.is_never()) timeout = std::min(timeout, deadline.remaining());
-    futex_wait(word, 1, std::max(timeout, std::chrono::nanoseconds(1000)));
+    futex_wait(word, kSleeping, std::max(timeout, std::chrono::nanoseconds(1000)));
     // Woken with work to do: return without announcing a sleep again, which would make
     // a streaming peer pay a needless wake-up.
-    if (ready()) return WaitOutcome::Ready;
+    if (ready()) {
+      waker = waker_of(word.load(std::memory_order_relaxed));
+      return WaitOutcome::Ready;
+    }
   }
 }
 
 void RingEnd::wake(std::atomic<std::uint32_t>& word) noexcept {
-  if (word.load(std::memory_order_seq_cst) == 0) return;
-  if (word.exchange(0, std::memory_order_seq_cst) == 0) return;
+  if (word.load(std::memory_order_seq_cst) != kSleeping) return;
+  std::uint32_t sleeping = kSleeping;
+  if (!word.compare_exchange_strong(sleeping, woken_word(), std::memory_order_seq_cst)) return;
   try {
     futex_wake(word, 1);
   } catch (const SystemError&) {

@@ -13,6 +13,7 @@
 
 #include "ferry/deadline.hpp"
 #include "ferry/ring_segment.hpp"
+#include "ferry/spin_policy.hpp"
 #include "ferry/transport.hpp"
 #include "ferry/unique_fd.hpp"
 
@@ -78,17 +79,13 @@ class RingEnd {
   /// `word` (the futex word this end sleeps on, see ring_layout.hpp) with a timeout so
   /// that the peer's liveness is checked every peer_check_interval. Returns Timeout when
   /// the deadline passed, PeerGone when the peer is gone and `ready()` is still false.
-  ///
-  /// The spin budget adapts, between 0 and RingTiming::spin: a wait that lasted longer
-  /// than RingTiming::spin (spinning could not have caught it) halves it, a shorter one
-  /// doubles it. On a machine where the peer rarely runs at the same time (more busy
-  /// processes than CPUs) spinning thus fades out instead of burning the budget on every
-  /// wait, and it comes back when the peer answers quickly again. A wait that ends within
-  /// its first 16 spins reads no clock.
+  /// The spin budget adapts to how waits end (SpinPolicy). A wait that ends within its
+  /// first 16 spins reads no clock.
   WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
 
-  /// Wakes the peer if it sleeps on `word`. Call after publishing a position with a
-  /// sequentially consistent store (it pairs with the sleeper's, see wait()).
+  /// Wakes the peer if it sleeps on `word`, leaving in the word the CPU this thread runs
+  /// on. Call after publishing a position with a sequentially consistent store (it pairs
+  /// with the sleeper's, see wait()).
   static void wake(std::atomic<std::uint32_t>& word) noexcept;
 
   /// Drops this end's share of the mapping and its companion socket.
@@ -99,20 +96,15 @@ class RingEnd {
   int companion_fd() const noexcept { return companion_.get(); }
 
  private:
-  WaitOutcome sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
-  // Adjusts the spin budget after a wait that took `waited`.
-  void adapt_spin(std::chrono::nanoseconds waited) noexcept;
+  // Sleeps until ready() holds; `waker` tells who woke us (Unknown when nobody did).
+  WaitOutcome sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline, Waker& waker);
 
   std::shared_ptr<const RingSegment> segment_;
   std::byte* data_ = nullptr;
   std::uint64_t capacity_ = 0;
   UniqueFd companion_;
   RingTiming timing_;
-  std::chrono::nanoseconds spin_budget_;
-  // With spin_budget_ at zero, one wait in kSpinProbeEvery still spins for the full setting
-  // (at most 1/8 of the setting per wait on average when the peer is never caught).
-  static constexpr std::uint32_t kSpinProbeEvery = 8;
-  std::uint32_t waits_without_spin_ = 0;
+  SpinPolicy spin_;
   // When the peer is due for its next check, on CLOCK_MONOTONIC_COARSE (nanoseconds): that
   // clock costs a few nanoseconds to read, so a send can afford to look at it.
   std::int64_t next_peer_check_ = 0;

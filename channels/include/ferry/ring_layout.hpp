@@ -31,7 +31,9 @@
 //   (no data / no room / no acknowledgement) and spun for its spin budget stores 1 into
 //   its word, re-checks, and sleeps on the word. The peer publishes a position, then
 //   looks at the word (all four accesses sequentially consistent, so one of the two sees
-//   the other) and, if it is 1, swaps it to 0 and wakes the sleeper. Each word lives
+//   the other) and, if it is 1, swaps it to 2 + the CPU the waker runs on (0 if unknown)
+//   and wakes the sleeper, which so learns whether its peer runs on another CPU (its spin
+//   policy uses that: SpinPolicy) and sets the word back to 0. Each word lives
 //   on the line its waker writes anyway, so the waker's check costs no cache miss; the
 //   sleeper writes it only on its slow path.
 // - The producer and consumer lines are 128 bytes apart so that the adjacent-line

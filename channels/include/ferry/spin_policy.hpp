@@ -1,0 +1,61 @@
+// How long a waiting end of a shared-memory ring spins before it sleeps on its futex,
+// learned from how its earlier waits ended. Pure bookkeeping (no clock, no system call),
+// so that the rules can be tested on their own; RingEnd feeds it.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace ferry::detail {
+
+/// Who ended a wait that slept, as far as the sleeper can tell (the waker leaves the CPU it
+/// runs on in the futex word; see ring_layout.hpp).
+enum class Waker {
+  Unknown,   ///< no waker recorded: a timeout, or the condition held on a re-check
+  SameCpu,   ///< a peer running on the CPU this end runs on now: it could not run while we spun
+  OtherCpu,  ///< a peer running on another CPU: it runs alongside, so both ends spinning can meet
+};
+
+/// The spin budget of one ring end, between 0 and the setting.
+///
+/// Spinning pays only when the peer runs on another CPU at the same time and answers within
+/// the setting. The rules:
+/// - a wait that caught the peer while spinning keeps (or restores) the full setting;
+/// - a wait that spun its whole budget in vain halves it (below 500 ns: zero), so spinning
+///   fades out where the peer is slow or shares our CPU (more busy threads than CPUs);
+/// - a wait that did not spin (budget zero) and was woken by a peer on another CPU within
+///   kRestoreWithin settings restores the full setting: both ends run on their own CPUs
+///   and answer quickly, only the wake-ups made the waits long. (Measuring the wait from
+///   its start counts both ends' wake-ups, which on a VM can exceed the setting on their
+///   own; judged by time alone, two sleeping ends would never spin again.)
+/// - a wait that did not spin and was woken by a peer on our own CPU leaves the budget at
+///   zero: spinning would only have kept that peer from running;
+/// - a wait that did not spin and has no waker recorded restores the setting when it
+///   lasted at most the setting.
+class SpinPolicy {
+ public:
+  /// A wait that slept restores the budget (see above) when it lasted at most this many
+  /// settings.
+  static constexpr std::int64_t kRestoreWithin = 16;
+  /// Below this, a halved budget becomes zero.
+  static constexpr std::chrono::nanoseconds kMinimumBudget{500};
+
+  /// `setting`: the longest spin; zero or less never spins.
+  explicit SpinPolicy(std::chrono::nanoseconds setting) noexcept;
+
+  /// The budget for the next wait.
+  std::chrono::nanoseconds budget() const noexcept { return budget_; }
+  std::chrono::nanoseconds setting() const noexcept { return setting_; }
+
+  /// The wait caught the peer while spinning.
+  void caught() noexcept;
+  /// The wait slept after spinning `spun` (zero: it did not spin) and ended `waited` after
+  /// it started, woken by `waker`.
+  void slept(std::chrono::nanoseconds spun, std::chrono::nanoseconds waited, Waker waker) noexcept;
+
+ private:
+  std::chrono::nanoseconds setting_;
+  std::chrono::nanoseconds budget_;
+};
+
+}  // namespace ferry::detail

@@ -1,0 +1,34 @@
+#include "ferry/spin_policy.hpp"
+
+#include <algorithm>
+
+namespace ferry::detail {
+
+using std::chrono::nanoseconds;
+
+SpinPolicy::SpinPolicy(nanoseconds setting) noexcept
+    : setting_(std::max(setting, nanoseconds::zero())), budget_(setting_) {}
+
+void SpinPolicy::caught() noexcept { budget_ = setting_; }
+
+void SpinPolicy::slept(nanoseconds spun, nanoseconds waited, Waker waker) noexcept {
+  if (setting_ == nanoseconds::zero()) return;
+  if (spun > nanoseconds::zero()) {
+    // Spun in vain: the peer took longer than the budget, or could not run meanwhile.
+    budget_ /= 2;
+    if (budget_ < kMinimumBudget) budget_ = nanoseconds::zero();
+    return;
+  }
+  switch (waker) {
+    case Waker::OtherCpu:
+      if (waited <= setting_ * kRestoreWithin) budget_ = setting_;
+      break;
+    case Waker::SameCpu:
+      break;
+    case Waker::Unknown:
+      if (waited <= setting_) budget_ = setting_;
+      break;
+  }
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,152 @@
+// SpinPolicy: how long a waiting ring end spins, learned from how its waits end; and the
+// waker's CPU that RingEnd::wake leaves in the futex word for it.
+#include <gtest/gtest.h>
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <thread>
+
+#include "ferry/ring_end.hpp"
+#include "ferry/spin_policy.hpp"
+
+namespace ferry::detail {
+namespace {
+
+using namespace std::chrono_literals;
+using std::chrono::nanoseconds;
+
+constexpr nanoseconds kSetting = 20us;
+
+// Spins in vain until the budget is zero; returns how many waits that took.
+int fade_out(SpinPolicy& policy) {
+  int waits = 0;
+  while (policy.budget() > nanoseconds::zero()) {
+    policy.slept(policy.budget(), policy.budget() + 5us, Waker::OtherCpu);
+    ++waits;
+  }
+  return waits;
+}
+
+TEST(SpinPolicyTest, StartsWithTheFullSettingAndKeepsItWhileSpinsCatchThePeer) {
+  SpinPolicy policy(kSetting);
+  EXPECT_EQ(policy.budget(), kSetting);
+  for (int i = 0; i < 100; ++i) policy.caught();
+  EXPECT_EQ(policy.budget(), kSetting);
+}
+
+TEST(SpinPolicyTest, ASpinInVainHalvesTheBudgetAndItFadesToZero) {
+  SpinPolicy policy(kSetting);
+  policy.slept(kSetting, kSetting + 3us, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting / 2);
+  // 20 us -> 10 -> 5 -> 2.5 -> 1.25 -> 0.625 -> below 500 ns: zero.
+  EXPECT_EQ(fade_out(policy), 5);
+  EXPECT_EQ(policy.budget(), nanoseconds::zero());
+}
+
+TEST(SpinPolicyTest, ACatchRestoresTheFullSettingFromAnyBudget) {
+  SpinPolicy policy(kSetting);
+  policy.slept(kSetting, 1ms, Waker::Unknown);
+  policy.slept(kSetting / 2, 1ms, Waker::Unknown);
+  ASSERT_EQ(policy.budget(), kSetting / 4);
+  policy.caught();
+  EXPECT_EQ(policy.budget(), kSetting);
+}
+
+TEST(SpinPolicyTest, APeerOnAnotherCpuThatAnsweredSoonBringsSpinningBack) {
+  // Both ends asleep on a VM whose wake-ups take longer than the setting: every wait lasts
+  // several settings, yet both ends spinning would meet. A wake from another CPU within
+  // kRestoreWithin settings restores the budget.
+  SpinPolicy policy(kSetting);
+  fade_out(policy);
+  policy.slept(nanoseconds::zero(), kSetting * 7, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting);
+
+  fade_out(policy);
+  policy.slept(nanoseconds::zero(), kSetting * SpinPolicy::kRestoreWithin, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting);
+}
+
+TEST(SpinPolicyTest, APeerOnAnotherCpuThatTookLongLeavesTheBudgetAtZero) {
+  SpinPolicy policy(kSetting);
+  fade_out(policy);
+  policy.slept(nanoseconds::zero(), kSetting * SpinPolicy::kRestoreWithin + 1ns, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), nanoseconds::zero());
+}
+
+TEST(SpinPolicyTest, APeerOnOurOwnCpuNeverBringsSpinningBack) {
+  // Spinning would only have kept that peer from running, however soon it answered.
+  SpinPolicy policy(kSetting);
+  fade_out(policy);
+  for (int i = 0; i < 50; ++i) {
+    policy.slept(nanoseconds::zero(), 2us, Waker::SameCpu);
+    EXPECT_EQ(policy.budget(), nanoseconds::zero());
+  }
+}
+
+TEST(SpinPolicyTest, WithoutAWakerOnlyAWaitWithinTheSettingBringsSpinningBack) {
+  SpinPolicy policy(kSetting);
+  fade_out(policy);
+  policy.slept(nanoseconds::zero(), kSetting + 1ns, Waker::Unknown);
+  EXPECT_EQ(policy.budget(), nanoseconds::zero());
+  policy.slept(nanoseconds::zero(), kSetting, Waker::Unknown);
+  EXPECT_EQ(policy.budget(), kSetting);
+}
+
+TEST(SpinPolicyTest, ASpinInVainHalvesEvenWhenAPeerOnAnotherCpuAnsweredSoonAfter) {
+  // A peer that needs a little longer than the budget every time: spinning fades out
+  // instead of burning the setting on every wait.
+  SpinPolicy policy(kSetting);
+  policy.slept(kSetting, kSetting + 1us, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting / 2);
+}
+
+TEST(SpinPolicyTest, AZeroOrNegativeSettingNeverSpins) {
+  for (const nanoseconds setting : {nanoseconds::zero(), nanoseconds(-5)}) {
+    SpinPolicy policy(setting);
+    EXPECT_EQ(policy.budget(), nanoseconds::zero());
+    policy.caught();
+    policy.slept(nanoseconds::zero(), 1ns, Waker::OtherCpu);
+    policy.slept(nanoseconds::zero(), 1ns, Waker::Unknown);
+    EXPECT_EQ(policy.budget(), nanoseconds::zero());
+  }
+}
+
+// Runs `body` on a thread pinned to `cpu`.
+template <class F>
+void on_cpu(int cpu, F body) {
+  std::thread thread([&] {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    ASSERT_EQ(::sched_setaffinity(0, sizeof(set), &set), 0);
+    body();
+  });
+  thread.join();
+}
+
+TEST(RingWakeTest, AWakeLeavesTheWakersCpuInTheWordOfASleeper) {
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int tried = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE && tried < 4; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed)) continue;
+    ++tried;
+    std::atomic<std::uint32_t> word{1};  // "asleep"
+    on_cpu(cpu, [&] { RingEnd::wake(word); });
+    EXPECT_EQ(word.load(), 2u + static_cast<std::uint32_t>(cpu)) << "woken from CPU " << cpu;
+  }
+  EXPECT_GT(tried, 0);
+}
+
+TEST(RingWakeTest, AWakeLeavesAnAwakeOrAlreadyWokenWordAlone) {
+  for (const std::uint32_t value : {0u, 2u, 7u}) {
+    std::atomic<std::uint32_t> word{value};
+    RingEnd::wake(word);
+    EXPECT_EQ(word.load(), value);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::detail
