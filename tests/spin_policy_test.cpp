@@ -55,17 +55,36 @@ TEST(SpinPolicyTest, ACatchRestoresTheFullSettingFromAnyBudget) {
 }
 
 TEST(SpinPolicyTest, APeerOnAnotherCpuThatAnsweredSoonBringsSpinningBack) {
-  // Both ends asleep on a VM whose wake-ups take longer than the setting: every wait lasts
-  // several settings, yet both ends spinning would meet. A wake from another CPU within
-  // kRestoreWithin settings restores the budget.
+  // Both ends asleep: a wake from another CPU within kRestoreWithin settings makes the
+  // next wait spin as long as this one lasted, between one and kLongestProbe settings.
   SpinPolicy policy(kSetting);
   fade_out(policy);
-  policy.slept(nanoseconds::zero(), kSetting * 7, Waker::OtherCpu);
+  policy.slept(nanoseconds::zero(), kSetting / 4, Waker::OtherCpu);
   EXPECT_EQ(policy.budget(), kSetting);
 
   fade_out(policy);
+  policy.slept(nanoseconds::zero(), kSetting * 3, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting * 3);
+
+  fade_out(policy);
   policy.slept(nanoseconds::zero(), kSetting * SpinPolicy::kRestoreWithin, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting * SpinPolicy::kLongestProbe);
+}
+
+TEST(SpinPolicyTest, ALongProbeThatCatchesThePeerFallsBackToTheSetting) {
+  SpinPolicy policy(kSetting);
+  fade_out(policy);
+  policy.slept(nanoseconds::zero(), kSetting * 10, Waker::OtherCpu);
+  ASSERT_EQ(policy.budget(), kSetting * SpinPolicy::kLongestProbe);
+  policy.caught();
   EXPECT_EQ(policy.budget(), kSetting);
+}
+
+TEST(SpinPolicyTest, ALongProbeInVainFadesOutLikeAnyOtherSpin) {
+  SpinPolicy policy(kSetting);
+  fade_out(policy);
+  policy.slept(nanoseconds::zero(), kSetting * 10, Waker::OtherCpu);
+  EXPECT_EQ(fade_out(policy), 8);  // 80 us -> 40 -> 20 -> 10 -> 5 -> 2.5 -> 1.25 -> 0.625 -> zero
 }
 
 TEST(SpinPolicyTest, APeerOnAnotherCpuThatTookLongLeavesTheBudgetAtZero) {

@@ -21,7 +21,7 @@ void SpinPolicy::slept(nanoseconds spun, nanoseconds waited, Waker waker) noexce
   }
   switch (waker) {
     case Waker::OtherCpu:
-      if (waited <= setting_ * kRestoreWithin) budget_ = setting_;
+      if (waited <= setting_ * kRestoreWithin) budget_ = std::clamp(waited, setting_, setting_ * kLongestProbe);
       break;
     case Waker::SameCpu:
       break;

@@ -16,18 +16,21 @@ enum class Waker {
   OtherCpu,  ///< a peer running on another CPU: it runs alongside, so both ends spinning can meet
 };
 
-/// The spin budget of one ring end, between 0 and the setting.
+/// The spin budget of one ring end, between 0 and kLongestProbe settings.
 ///
 /// Spinning pays only when the peer runs on another CPU at the same time and answers within
 /// the setting. The rules:
-/// - a wait that caught the peer while spinning keeps (or restores) the full setting;
+/// - a wait that caught the peer while spinning sets the budget to the setting;
 /// - a wait that spun its whole budget in vain halves it (below 500 ns: zero), so spinning
 ///   fades out where the peer is slow or shares our CPU (more busy threads than CPUs);
 /// - a wait that did not spin (budget zero) and was woken by a peer on another CPU within
-///   kRestoreWithin settings restores the full setting: both ends run on their own CPUs
-///   and answer quickly, only the wake-ups made the waits long. (Measuring the wait from
-///   its start counts both ends' wake-ups, which on a VM can exceed the setting on their
-///   own; judged by time alone, two sleeping ends would never spin again.)
+///   kRestoreWithin settings spins again: both ends run on their own CPUs and answer
+///   quickly, only the wake-ups made the waits long. Measured from its start, a wait counts
+///   both ends' wake-ups, which on a VM can exceed the setting on their own; judged by time
+///   alone, two sleeping ends would never spin again. The next wait spins as long as this
+///   one lasted (at least the setting, at most kLongestProbe settings): when a sleeping
+///   peer's wake-up alone outlasts the setting, only a longer spin can catch its answer,
+///   and once one end catches, both stay awake and the setting suffices.
 /// - a wait that did not spin and was woken by a peer on our own CPU leaves the budget at
 ///   zero: spinning would only have kept that peer from running;
 /// - a wait that did not spin and has no waker recorded restores the setting when it
@@ -37,6 +40,8 @@ class SpinPolicy {
   /// A wait that slept restores the budget (see above) when it lasted at most this many
   /// settings.
   static constexpr std::int64_t kRestoreWithin = 16;
+  /// The longest spin, in settings, after a wake from another CPU (see above).
+  static constexpr std::int64_t kLongestProbe = 4;
   /// Below this, a halved budget becomes zero.
   static constexpr std::chrono::nanoseconds kMinimumBudget{500};
 
