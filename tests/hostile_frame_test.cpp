@@ -370,30 +370,28 @@ TEST_P(HostileFrameTest, SlotAboveTheLimit) {
   expect_protocol_error(wire.rx, "above the limit");
 }
 
-TEST_P(HostileFrameTest, ReleaseOfASlotThatHoldsNoLease) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+// Sends a frame that announces the release of storage slot 7 (or of segment slot 7), which
+// the receiver never leased, and expects the receiver to name it.
+void expect_unknown_release(Wire<Payload>& wire, Frame frame, bool segment_slot) {
   FrameHeader h = frame.header();
-  h.release_count = 1;
+  (segment_slot ? h.segment_release_count : h.release_count) = 1;
   frame.set_header(h);
   const std::uint32_t slot = 7;
   const auto* raw = reinterpret_cast<const std::byte*>(&slot);
   frame.bytes.insert(frame.bytes.begin() + static_cast<std::ptrdiff_t>(frame.body_offset), raw, raw + sizeof slot);
   wire.send(frame.bytes, frame.fds);
-  expect_protocol_error(wire.rx, "releases slot 7 which holds no lease");
+  expect_protocol_error(wire.rx, segment_slot ? "releases segment slot 7 which holds no lease"
+                                              : "releases slot 7 which holds no lease");
+}
+
+TEST_P(HostileFrameTest, ReleaseOfASlotThatHoldsNoLease) {
+  Wire<Payload> wire(GetParam());
+  expect_unknown_release(wire, encode(Payload{tensor_}, passing()), false);
 }
 
 TEST_P(HostileFrameTest, ReleaseOfASegmentSlotThatHoldsNoLease) {
   Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
-  FrameHeader h = frame.header();
-  h.segment_release_count = 1;
-  frame.set_header(h);
-  const std::uint32_t slot = 7;
-  const auto* raw = reinterpret_cast<const std::byte*>(&slot);
-  frame.bytes.insert(frame.bytes.begin() + static_cast<std::ptrdiff_t>(frame.body_offset), raw, raw + sizeof slot);
-  wire.send(frame.bytes, frame.fds);
-  expect_protocol_error(wire.rx, "releases segment slot 7 which holds no lease");
+  expect_unknown_release(wire, encode(Payload{tensor_}, passing()), true);
 }
 
 TEST_P(HostileFrameTest, NewHandleInASlotThatIsStillLeased) {
