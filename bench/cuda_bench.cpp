@@ -13,19 +13,17 @@
 // one timed round trip per iteration and reports the producer's clock as manual time.
 // Without a usable GPU each benchmark is skipped with the reason.
 #include <benchmark/benchmark.h>
-#include <sched.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "ferry/cuda.hpp"
 #include "ferry/ferry.hpp"
+#include "support/child_process.hpp"
 
 namespace ferry::bench {
 namespace {
@@ -52,42 +50,9 @@ struct Report {
   void serialize(Archive& ar) { ar(nanoseconds, error); }
 };
 
-void pin_to(bool last) {
-  cpu_set_t allowed;
-  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
-  int chosen = -1;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (!CPU_ISSET(cpu, &allowed)) continue;
-    if (chosen < 0 || last) chosen = cpu;
-  }
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(chosen, &one);
-  (void)::sched_setaffinity(0, sizeof one, &one);  // best effort
-}
-
-pid_t fork_process(const std::function<void()>& body) {
-  std::fflush(nullptr);
-  const pid_t pid = ::fork();
-  if (pid < 0) throw std::runtime_error("fork failed");
-  if (pid == 0) {
-    int status = 0;
-    try {
-      body();
-    } catch (const std::exception& error) {
-      std::fprintf(stderr, "cuda benchmark process failed: %s\n", error.what());
-      status = 1;
-    }
-    std::fflush(nullptr);
-    ::_exit(status);
-  }
-  return pid;
-}
-
 // The producer: answers commands until the command channel closes.
 void produce(Receiver<Command>& commands, Sender<Report>& reports, Sender<TensorMessage>& ping,
              Receiver<std::uint8_t>& pong) {
-  pin_to(false);
   const std::string unavailable = cuda_unavailable_reason();
   std::map<std::int64_t, Tensor> same;  // by size
   auto round_trip = [&](const Tensor& tensor) {
@@ -124,7 +89,6 @@ void produce(Receiver<Command>& commands, Sender<Report>& reports, Sender<Tensor
 }
 
 void consume(Receiver<TensorMessage>& ping, Sender<std::uint8_t>& pong) {
-  pin_to(true);
   while (auto message = ping.recv()) pong.send(static_cast<std::uint8_t>(message->tensor.numel() & 1));
   pong.close();
 }
@@ -137,7 +101,8 @@ class CudaPair {
     auto [report_tx, report_rx] = channel<Report>(Transport::Pipe);
     auto [ping_tx, ping_rx] = channel<TensorMessage>(transport);
     auto [pong_tx, pong_rx] = channel<std::uint8_t>(transport);
-    producer_ = fork_process([&, &command_tx = command_tx, &command_rx = command_rx, &report_tx = report_tx,
+    producer_.emplace(
+        [&, &command_tx = command_tx, &command_rx = command_rx, &report_tx = report_tx,
                               &report_rx = report_rx, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx,
                               &pong_rx = pong_rx] {
       command_tx.detach();
@@ -147,8 +112,9 @@ class CudaPair {
       pong_tx.detach();
       ping_tx.adopt();
       produce(command_rx, report_tx, ping_tx, pong_rx);
-    });
-    consumer_ = fork_process([&, &command_tx = command_tx, &command_rx = command_rx, &report_tx = report_tx,
+    }, Placement::FirstCpu, kGrace);
+    consumer_.emplace(
+        [&, &command_tx = command_tx, &command_rx = command_rx, &report_tx = report_tx,
                               &report_rx = report_rx, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx,
                               &pong_rx = pong_rx] {
       command_tx.detach();
@@ -159,7 +125,7 @@ class CudaPair {
       pong_rx.close();
       pong_tx.adopt();
       consume(ping_rx, pong_tx);
-    });
+    }, Placement::LastCpu, kGrace);
     command_rx.close();
     report_tx.detach();
     ping_tx.detach();
@@ -171,20 +137,8 @@ class CudaPair {
   }
 
   ~CudaPair() {
-    commands_.close();  // the producer closes the ping channel, the consumer follows
-    reports_.close();
-    for (const pid_t pid : {producer_, consumer_}) {
-      int status = 0;
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (::waitpid(pid, &status, WNOHANG) == 0) {
-        if (std::chrono::steady_clock::now() > deadline) {
-          ::kill(pid, SIGKILL);
-          ::waitpid(pid, &status, 0);
-          break;
-        }
-        ::usleep(1000);
-      }
-    }
+    commands_.close();  // the producer closes the ping channel, the consumer follows; then
+    reports_.close();   // the ChildProcess members wait for both
   }
 
   Report run(const Command& command) {
@@ -195,8 +149,9 @@ class CudaPair {
   }
 
  private:
-  pid_t producer_ = -1;
-  pid_t consumer_ = -1;
+  static constexpr std::chrono::milliseconds kGrace{10'000};
+  std::optional<ChildProcess> producer_;
+  std::optional<ChildProcess> consumer_;
   Sender<Command> commands_;
   Receiver<Report> reports_;
 };

@@ -23,7 +23,8 @@ void pin_to(int cpu) {
 
 }  // namespace
 
-ChildProcess::ChildProcess(const std::function<void()>& body) {
+ChildProcess::ChildProcess(const std::function<void()>& body, Placement placement, std::chrono::milliseconds grace)
+    : grace_(grace) {
   std::fflush(nullptr);
   cpu_set_t allowed;
   const bool pin = ::sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) >= 2;
@@ -36,7 +37,7 @@ ChildProcess::ChildProcess(const std::function<void()>& body) {
   pid_ = ::fork();
   if (pid_ < 0) throw std::runtime_error("fork failed");
   if (pid_ == 0) {
-    if (pin) pin_to(last);
+    if (pin) pin_to(placement == Placement::FirstCpu ? first : last);
     int status = 0;
     try {
       body();
@@ -44,9 +45,10 @@ ChildProcess::ChildProcess(const std::function<void()>& body) {
       std::fprintf(stderr, "benchmark child failed: %s\n", error.what());
       status = 1;
     }
+    std::fflush(nullptr);
     ::_exit(status);
   }
-  if (pin) {
+  if (pin && placement == Placement::AcrossFromCaller) {
     saved_affinity_ = allowed;
     restore_affinity_ = true;
     pin_to(first);
@@ -55,7 +57,7 @@ ChildProcess::ChildProcess(const std::function<void()>& body) {
 
 ChildProcess::~ChildProcess() {
   if (restore_affinity_) (void)::sched_setaffinity(0, sizeof saved_affinity_, &saved_affinity_);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  const auto deadline = std::chrono::steady_clock::now() + grace_;
   int status = 0;
   while (::waitpid(pid_, &status, WNOHANG) == 0) {
     if (std::chrono::steady_clock::now() > deadline) {

@@ -5,17 +5,29 @@
 #include <sched.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
 
 namespace ferry::bench {
 
-/// Runs `body` in a forked child that then exits; the destructor waits for it for up to
-/// two seconds and kills it with SIGKILL if it is still running. With two or more CPUs,
-/// the child is pinned to the last CPU and the calling thread to the first (restored by
-/// the destructor), so that a ping-pong always crosses two cores.
+/// Where a benchmark child (and the calling thread) run, on a machine with two or more CPUs.
+enum class Placement {
+  /// The child on the last CPU and the calling thread on the first (restored by the
+  /// destructor), so that a ping-pong between them always crosses two cores.
+  AcrossFromCaller,
+  /// The child on the first CPU; the calling thread stays where it is.
+  FirstCpu,
+  /// The child on the last CPU; the calling thread stays where it is.
+  LastCpu,
+};
+
+/// Runs `body` in a forked child that then exits (status 1, with the message on stderr, if
+/// `body` throws); the destructor waits for it for up to `grace` and kills it with SIGKILL
+/// if it is still running. Pinning is best effort: an unpinned run is still valid.
 class ChildProcess {
  public:
-  explicit ChildProcess(const std::function<void()>& body);
+  explicit ChildProcess(const std::function<void()>& body, Placement placement = Placement::AcrossFromCaller,
+                        std::chrono::milliseconds grace = std::chrono::seconds(2));
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
@@ -23,6 +35,7 @@ class ChildProcess {
 
  private:
   pid_t pid_;
+  std::chrono::milliseconds grace_;
   bool restore_affinity_ = false;
   cpu_set_t saved_affinity_{};
 };
