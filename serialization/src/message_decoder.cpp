@@ -103,12 +103,16 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
   const auto segment_releases = take(std::size_t{header.segment_release_count} * sizeof(std::uint32_t));
   body_ = take(header.body_bytes);
 
-  for (std::uint32_t i = 0; i < header.release_count; ++i) {
-    const auto slot = entry_at<std::uint32_t>(releases, i);
-    if (slot >= leases_.size() || !leases_[slot]) {
-      throw ProtocolError("frame releases slot " + std::to_string(slot) + " which holds no lease");
+  {
+    // Blocks whose last user was the lease give their slots back together, when the batch ends.
+    const ReturnBoard::PostBatch batch(board_.get());
+    for (std::uint32_t i = 0; i < header.release_count; ++i) {
+      const auto slot = entry_at<std::uint32_t>(releases, i);
+      if (slot >= leases_.size() || !leases_[slot]) {
+        throw ProtocolError("frame releases slot " + std::to_string(slot) + " which holds no lease");
+      }
+      leases_[slot] = Lease{};
     }
-    leases_[slot] = Lease{};
   }
   for (std::uint32_t i = 0; i < header.segment_release_count; ++i) {
     const auto slot = entry_at<std::uint32_t>(segment_releases, i);
