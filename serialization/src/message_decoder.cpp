@@ -164,14 +164,14 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
         throw ProtocolError("handle " + std::to_string(i) + " refers to slot " + std::to_string(entry.slot) +
                             " which holds no lease");
       }
-      if (leases_[entry.slot].allocation->device().kind == DeviceKind::Cuda) {
+      if (leases_[entry.slot].memory()->device().kind == DeviceKind::Cuda) {
         throw ProtocolError("handle " + std::to_string(i) + " refers to the CUDA storage at slot " +
                             std::to_string(entry.slot) + " as a plain lease");
       }
-      if (leases_[entry.slot].allocation->size() != entry.nbytes) {
+      if (leases_[entry.slot].memory()->size() != entry.nbytes) {
         throw ProtocolError("handle " + std::to_string(i) + " field nbytes claims " + std::to_string(entry.nbytes) +
                             " bytes but the storage leased at slot " + std::to_string(entry.slot) + " has " +
-                            std::to_string(leases_[entry.slot].allocation->size()));
+                            std::to_string(leases_[entry.slot].memory()->size()));
       }
       storages_.push_back(resolve_lease(leases_[entry.slot]));
       continue;
@@ -326,10 +326,10 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
   std::shared_ptr<Storage> own = segment->find_storage(entry.offset, entry.nbytes);
   if (own) {
     lease.handle = own;
+    lease.allocation = std::move(block);
   } else {
-    lease.core = Storage::adopt(block, true);
+    lease.core = Storage::adopt(std::move(block), true);
   }
-  lease.allocation = std::move(block);
   if (entry.slot >= leases_.size()) leases_.resize(std::size_t{entry.slot} + 1);
   leases_[entry.slot] = std::move(lease);
   return own ? own : resolve_lease(leases_[entry.slot]);
