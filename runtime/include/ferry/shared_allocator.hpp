@@ -91,11 +91,13 @@ class SharedAllocator::ReleaseBatch {
   ReleaseBatch& operator=(const ReleaseBatch&) = delete;
 
   /// A dead block: its pool, its segment (the pool's record), index and fork generation.
+  /// No member initializers: a batch's array of them stays uninitialized (4 KiB not zeroed
+  /// per batch); only gathered entries are read.
   struct Pending {
-    Core* core = nullptr;
-    void* segment = nullptr;
-    std::uint64_t generation = 0;
-    std::uint32_t index = 0;
+    Core* core;
+    void* segment;
+    std::uint64_t generation;
+    std::uint32_t index;
   };
   /// Gathers a dead block into the thread's open batch; false when none is open (the
   /// caller gives the block back at once).
