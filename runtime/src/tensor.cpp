@@ -131,6 +131,17 @@ Tensor Tensor::from_checked_storage(std::shared_ptr<Storage> storage, DType dtyp
   return Tensor(std::move(storage), dtype, std::move(shape), std::move(strides), storage_offset, device);
 }
 
+void Tensor::assign_checked_storage(const std::shared_ptr<Storage>& storage, DType dtype, Shape&& shape,
+                                    Shape&& strides, std::int64_t storage_offset) {
+  storage_ = storage;
+  dtype_ = dtype;
+  shape_ = std::move(shape);
+  strides_ = std::move(strides);
+  offset_ = storage_offset;
+  device_ = storage ? storage->device() : Device::Cpu;
+  defined_ = true;
+}
+
 std::int64_t Tensor::numel() const noexcept {
   std::int64_t count = 1;
   for (const std::int64_t extent : shape_) count *= extent;
