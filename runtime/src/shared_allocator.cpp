@@ -74,6 +74,9 @@ class SharedAllocator::Core {
   void handles_gone() noexcept;
   void release_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
                       std::vector<std::shared_ptr<SharedSegment>>& released) noexcept;
+  // release_locked() once sync_fork_locked() ran under this lock.
+  void release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
+                             std::vector<std::shared_ptr<SharedSegment>>& released) noexcept;
   SharedMemoryStats stats();
   SharedAllocatorSettings settings();
   void configure(const SharedAllocatorSettings& settings);
@@ -358,13 +361,14 @@ std::size_t SharedAllocator::Core::release_many(std::span<ReleaseBatch::Pending>
   bool unused = false;
   {
     std::lock_guard lock(mutex);
+    sync_fork_locked();
     for (const ReleaseBatch::Pending& block : blocks) {
       if (block.core != this) {
         blocks[others++] = block;
         continue;
       }
       --live_blocks_;
-      release_locked(static_cast<Segment*>(block.segment), block.index, block.generation, released);
+      release_synced_locked(static_cast<Segment*>(block.segment), block.index, block.generation, released);
     }
     unused = live_blocks_ == 0 && handles_gone_;
   }
@@ -376,6 +380,11 @@ std::size_t SharedAllocator::Core::release_many(std::span<ReleaseBatch::Pending>
 void SharedAllocator::Core::release_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
                                            std::vector<std::shared_ptr<SharedSegment>>& released) noexcept {
   sync_fork_locked();
+  release_synced_locked(segment, index, generation, released);
+}
+
+void SharedAllocator::Core::release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
+                                                  std::vector<std::shared_ptr<SharedSegment>>& released) noexcept {
   if (generation != generation_) return;  // a block of the parent's pool, in a forked child
   --segment->used;
   bytes_in_use_ -= segment->block_bytes;

@@ -19,7 +19,8 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape
       defined_(true) {}
 
 Shape contiguous_strides(const Shape& shape) {
-  Shape strides(shape.size());
+  Shape strides;
+  strides.resize_for_overwrite(shape.size());  // every entry is written below
   std::int64_t running = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     strides[i] = running;
