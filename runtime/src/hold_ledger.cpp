@@ -153,6 +153,7 @@ void HoldLedger::collect(bool check_receivers) {
   std::lock_guard lock(mutex_);
   scratch_.clear();
   board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
+  dropped.reserve(scratch_.size());  // one allocation, not one per doubling
   for (const std::uint32_t slot : scratch_) {
     if (slot < pins_.size() && pins_[slot].allocation != nullptr) {
       unpin_locked(slot, dropped);
