@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cereal/types/vector.hpp>
 #include <cstring>
 #include <functional>
@@ -123,6 +124,63 @@ TEST_F(BlockWireTest, HundredSmallTensorsShareOneSegmentAndLaterOnesNeedNoFd) {
   }
   EXPECT_EQ(loop.decoder_.leased_segments(), 1u);
   EXPECT_EQ(loop.encoder_.tracked_segments(), 1u);
+}
+
+TEST_F(BlockWireTest, HundredsOfNewBlocksPerFrameGoBackTogether) {
+  // Frames of 300 new tensors: their releases reach the return board in batches, several
+  // bitmap words each, and the sender gives the blocks back to its pool under one lock.
+  SharedAllocator pool;
+  Loopback loop;
+  for (int round = 0; round < 4; ++round) {
+    Message message;
+    for (int i = 0; i < 300; ++i) {
+      message.tensors.push_back(Tensor::empty({1024}, DType::Int32, pool));
+      *message.tensors.back().data<std::int32_t>() = round * 1000 + i;
+    }
+    const Message got = loop.round_trip(message);
+    ASSERT_EQ(got.tensors.size(), 300u);
+    for (int i = 0; i < 300; ++i) {
+      ASSERT_EQ(*got.tensors[i].data<std::int32_t>(), round * 1000 + i);
+      // Sent and received in this process: the block resolves to the storage that was sent.
+      ASSERT_EQ(got.tensors[i].storage(), message.tensors[i].storage());
+    }
+    // The previous frame's blocks were given back during this one, and are collected by the next.
+    EXPECT_EQ(loop.encoder_.pinned_storages(), round == 0 ? 300u : 600u);
+  }
+  loop.round_trip(Message{});  // announces the releases; the receiver posts its returns
+  EXPECT_EQ(loop.decoder_.leased(), 0u);
+  loop.round_trip(Message{});  // collects them
+  EXPECT_EQ(loop.encoder_.pinned_storages(), 0u);
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+}
+
+TEST_F(BlockWireTest, APostBatchPostsItsSlotsToItsBoardWhenItEnds) {
+  const auto board = ReturnBoard::create();
+  const auto other = ReturnBoard::create();
+  const std::vector<std::uint32_t> slots{5, 70, 3, 200, 64, 65, 6, ReturnBoard::kSlots - 1, 7};
+  std::vector<std::uint32_t> taken;
+  {
+    const ReturnBoard::PostBatch batch(board.get());
+    {
+      const ReturnBoard::PostBatch inner(board.get());  // joins the outer batch
+      for (const std::uint32_t slot : slots) board->post_return(slot);
+    }
+    other->post_return(9);  // another board: posted at once
+    board->take_returns(ReturnBoard::kSlots, taken);
+    EXPECT_TRUE(taken.empty());
+    other->take_returns(ReturnBoard::kSlots, taken);
+    EXPECT_EQ(taken, std::vector<std::uint32_t>{9});
+    taken.clear();
+  }
+  board->take_returns(ReturnBoard::kSlots, taken);
+  std::sort(taken.begin(), taken.end());
+  std::vector<std::uint32_t> expected = slots;
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(taken, expected);
+  taken.clear();
+  board->post_return(5);  // after the batch: at once again
+  board->take_returns(ReturnBoard::kSlots, taken);
+  EXPECT_EQ(taken, std::vector<std::uint32_t>{5});
 }
 
 TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {

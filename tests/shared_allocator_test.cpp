@@ -210,6 +210,51 @@ TEST_F(SharedAllocatorTest, BlocksOutliveTheirPoolsHandlesAndTakeItWithTheLastOn
   EXPECT_EQ(test::count_open_fds(), fds_before);
 }
 
+TEST_F(SharedAllocatorTest, AReleaseBatchGivesItsBlocksBackWhenItEnds) {
+  SharedAllocator pool;
+  SharedAllocator other;
+  std::vector<std::shared_ptr<SharedBlock>> blocks;
+  for (int i = 0; i < 6; ++i) blocks.push_back(pool.allocate(4096));
+  const void* freed_last = blocks.back()->data();
+  {
+    const SharedAllocator::ReleaseBatch batch;
+    {
+      const SharedAllocator::ReleaseBatch inner;  // joins the outer batch
+      blocks.resize(2);
+    }
+    EXPECT_EQ(pool.stats().blocks_in_use, 6u);  // gathered, not given back yet
+  }
+  EXPECT_EQ(pool.stats().blocks_in_use, 2u);
+  EXPECT_EQ(pool.allocate(4096)->data(), freed_last);  // back in the free list, reused first
+
+  // More blocks than a batch holds, of two pools: all come back to their own pool.
+  for (int i = 0; i < 300; ++i) blocks.push_back((i % 3 == 0 ? other : pool).allocate(1000 + i));
+  {
+    const SharedAllocator::ReleaseBatch batch;
+    blocks.clear();
+  }
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+  EXPECT_EQ(other.stats().blocks_in_use, 0u);
+  EXPECT_EQ(pool.stats().bytes_in_use, 0u);
+}
+
+TEST_F(SharedAllocatorTest, AReleaseBatchTakesAPoolWithoutHandlesWithItsLastBlocks) {
+  const std::size_t fds_before = test::count_open_fds();
+  std::vector<std::shared_ptr<SharedBlock>> blocks;
+  {
+    SharedAllocator pool;
+    for (int i = 0; i < 3; ++i) blocks.push_back(pool.allocate(100));
+    blocks.push_back(pool.allocate(3 * MiB));
+  }
+  {
+    const SharedAllocator::ReleaseBatch batch;
+    blocks.clear();
+    EXPECT_EQ(test::count_open_fds(), fds_before + 2);  // the pool waits for the batch
+  }
+  // The batch gave the last blocks back and the pool went with its segments (ASan: no leak).
+  EXPECT_EQ(test::count_open_fds(), fds_before);
+}
+
 TEST_F(SharedAllocatorTest, ZerosClearsARecycledBlock) {
   SharedAllocator pool;
   const void* address = nullptr;

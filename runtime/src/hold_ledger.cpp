@@ -7,6 +7,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/process_identity.hpp"
+#include "ferry/shared_allocator.hpp"
 
 namespace ferry {
 namespace {
@@ -103,6 +104,7 @@ void HoldLedger::unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Al
 }
 
 void HoldLedger::unpin(std::span<const std::uint32_t> slots) {
+  const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
   std::vector<std::shared_ptr<Allocation>> dropped;
   std::lock_guard lock(mutex_);
   for (const std::uint32_t slot : slots) unpin_locked(slot, dropped);
@@ -146,10 +148,12 @@ std::uint64_t HoldLedger::newest_pinned_sequence_locked() const {
 void HoldLedger::collect(bool check_receivers) {
   // In a forked child the ledger is the parent's: leave it (and its lock) alone.
   if (!belongs_to_this_process()) return;
+  const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
   std::vector<std::shared_ptr<Allocation>> dropped;
   std::lock_guard lock(mutex_);
   scratch_.clear();
   board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
+  dropped.reserve(scratch_.size());  // one allocation, not one per doubling
   for (const std::uint32_t slot : scratch_) {
     if (slot < pins_.size() && pins_[slot].allocation != nullptr) {
       unpin_locked(slot, dropped);

@@ -62,18 +62,58 @@ std::shared_ptr<ReturnBoard> ReturnBoard::open_received(SharedMemory memory) {
   return board;
 }
 
+namespace {
+constinit thread_local ReturnBoard::PostBatch* t_post_batch = nullptr;  // the outermost open one
+}  // namespace
+
 void ReturnBoard::post_return(std::uint32_t slot) noexcept {
   if (slot >= kSlots) return;
-  const std::size_t w = slot / 64;
-  const std::uint64_t before =
-      Atomic(*word(kBitmapAt + w * 8)).fetch_or(std::uint64_t{1} << (slot % 64), std::memory_order_release);
+  if (PostBatch* batch = t_post_batch; batch != nullptr && batch->board_ == this) {
+    batch->add(slot);
+    return;
+  }
+  post_bits(slot / 64, std::uint64_t{1} << (slot % 64));
+  Atomic(*word(kPostedAt)).fetch_add(1, std::memory_order_release);
+}
+
+void ReturnBoard::post_bits(std::size_t w, std::uint64_t bits) noexcept {
+  const std::uint64_t before = Atomic(*word(kBitmapAt + w * 8)).fetch_or(bits, std::memory_order_release);
   // Whoever makes a bitmap word non-zero marks it in the summary; a post into a word that
   // already has bits needs not (the sender takes the whole word once it sees the mark, and
   // a word it emptied is marked again by the next post).
   if (before == 0) {
     Atomic(*word(kSummaryAt + (w / 64) * 8)).fetch_or(std::uint64_t{1} << (w % 64), std::memory_order_release);
   }
-  Atomic(*word(kPostedAt)).fetch_add(1, std::memory_order_release);
+}
+
+ReturnBoard::PostBatch::PostBatch(ReturnBoard* board) noexcept
+    : board_(board), outermost_(t_post_batch == nullptr) {
+  if (outermost_) t_post_batch = this;
+}
+
+ReturnBoard::PostBatch::~PostBatch() {
+  if (!outermost_) return;
+  t_post_batch = nullptr;
+  post_word();
+  // The count goes up after the bits are set: a sender that sees it finds them.
+  if (count_ > 0) Atomic(*board_->word(kPostedAt)).fetch_add(count_, std::memory_order_release);
+}
+
+void ReturnBoard::PostBatch::add(std::uint32_t slot) noexcept {
+  // Slots of one frame are mostly neighbours: gather them word by word.
+  const std::size_t w = slot / 64;
+  if (w != word_) {
+    post_word();
+    word_ = w;
+  }
+  bits_ |= std::uint64_t{1} << (slot % 64);
+  ++count_;
+}
+
+void ReturnBoard::PostBatch::post_word() noexcept {
+  if (bits_ == 0) return;
+  board_->post_bits(word_, bits_);
+  bits_ = 0;
 }
 
 void ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {

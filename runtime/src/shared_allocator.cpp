@@ -5,6 +5,7 @@
 #include <cstring>
 #include <list>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -67,9 +68,15 @@ class SharedAllocator::Core {
   std::shared_ptr<SharedBlock> allocate(std::size_t nbytes, bool zeroed);
   // May delete the pool: the last block of a pool without handles.
   void release(Segment* segment, std::uint32_t index, std::uint64_t generation) noexcept;
+  // Gives back the blocks of `blocks` that belong to this pool, under one lock, and moves
+  // the others to the front; returns how many others there are. May delete the pool.
+  std::size_t release_many(std::span<ReleaseBatch::Pending> blocks) noexcept;
   void handles_gone() noexcept;
   void release_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
                       std::vector<std::shared_ptr<SharedSegment>>& released) noexcept;
+  // release_locked() once sync_fork_locked() ran under this lock.
+  void release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
+                             std::vector<std::shared_ptr<SharedSegment>>& released) noexcept;
   SharedMemoryStats stats();
   SharedAllocatorSettings settings();
   void configure(const SharedAllocatorSettings& settings);
@@ -153,7 +160,11 @@ class OwnedBlock final : public SharedBlock {
         segment_(segment),
         index_(index),
         generation_(generation) {}
-  ~OwnedBlock() override { core_->release(segment_, index_, generation_); }
+  ~OwnedBlock() override {
+    if (!SharedAllocator::ReleaseBatch::gather({core_, segment_, generation_, index_})) {
+      core_->release(segment_, index_, generation_);
+    }
+  }
   OwnedBlock(const OwnedBlock&) = delete;
   OwnedBlock& operator=(const OwnedBlock&) = delete;
 
@@ -324,7 +335,7 @@ void SharedAllocator::Core::make_available_locked(Segment& segment) {
   auto& list = available_[segment.class_index];
   // Most recently freed first, so that a block freed and allocated again comes back.
   if (segment.available) {
-    list.splice(list.begin(), list, segment.available_at);
+    if (segment.available_at != list.begin()) list.splice(list.begin(), list, segment.available_at);
   } else {
     segment.available_at = list.insert(list.begin(), &segment);
     segment.available = true;
@@ -344,9 +355,36 @@ void SharedAllocator::Core::release(Segment* segment, std::uint32_t index, std::
   if (unused) delete this;
 }
 
+std::size_t SharedAllocator::Core::release_many(std::span<ReleaseBatch::Pending> blocks) noexcept {
+  std::vector<std::shared_ptr<SharedSegment>> released;
+  std::size_t others = 0;
+  bool unused = false;
+  {
+    std::lock_guard lock(mutex);
+    sync_fork_locked();
+    for (const ReleaseBatch::Pending& block : blocks) {
+      if (block.core != this) {
+        blocks[others++] = block;
+        continue;
+      }
+      --live_blocks_;
+      release_synced_locked(static_cast<Segment*>(block.segment), block.index, block.generation, released);
+    }
+    unused = live_blocks_ == 0 && handles_gone_;
+  }
+  released.clear();
+  if (unused) delete this;
+  return others;
+}
+
 void SharedAllocator::Core::release_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
                                            std::vector<std::shared_ptr<SharedSegment>>& released) noexcept {
   sync_fork_locked();
+  release_synced_locked(segment, index, generation, released);
+}
+
+void SharedAllocator::Core::release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
+                                                  std::vector<std::shared_ptr<SharedSegment>>& released) noexcept {
   if (generation != generation_) return;  // a block of the parent's pool, in a forked child
   --segment->used;
   bytes_in_use_ -= segment->block_bytes;
@@ -420,6 +458,38 @@ void SharedAllocator::Core::trim() {
   std::lock_guard lock(mutex);
   sync_fork_locked();
   while (!idle_.empty()) release_segment_locked(*idle_.front(), released);
+}
+
+// ---- release batches -------------------------------------------------------------
+
+namespace {
+constinit thread_local SharedAllocator::ReleaseBatch* t_release_batch = nullptr;  // the outermost open one
+}  // namespace
+
+SharedAllocator::ReleaseBatch::ReleaseBatch() noexcept : outermost_(t_release_batch == nullptr) {
+  if (outermost_) t_release_batch = this;
+}
+
+SharedAllocator::ReleaseBatch::~ReleaseBatch() {
+  if (!outermost_) return;
+  t_release_batch = nullptr;
+  flush();
+}
+
+bool SharedAllocator::ReleaseBatch::gather(const Pending& block) noexcept {
+  ReleaseBatch* batch = t_release_batch;
+  if (batch == nullptr) return false;
+  if (batch->count_ == kCapacity) batch->flush();
+  batch->pending_[batch->count_++] = block;
+  return true;
+}
+
+void SharedAllocator::ReleaseBatch::flush() noexcept {
+  // One pass per pool (usually one): each gives back its own blocks and keeps the others.
+  while (count_ > 0) {
+    Core* core = pending_[0].core;
+    count_ = core->release_many(std::span<Pending>(pending_.data(), count_));
+  }
 }
 
 // ---- the handle ------------------------------------------------------------------

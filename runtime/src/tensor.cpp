@@ -19,7 +19,8 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape
       defined_(true) {}
 
 Shape contiguous_strides(const Shape& shape) {
-  Shape strides(shape.size());
+  Shape strides;
+  strides.resize_for_overwrite(shape.size());  // every entry is written below
   std::int64_t running = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     strides[i] = running;
@@ -129,6 +130,17 @@ Tensor Tensor::from_checked_storage(std::shared_ptr<Storage> storage, DType dtyp
                                     std::int64_t storage_offset) {
   const Device device = storage ? storage->device() : Device::Cpu;
   return Tensor(std::move(storage), dtype, std::move(shape), std::move(strides), storage_offset, device);
+}
+
+void Tensor::assign_checked_storage(const std::shared_ptr<Storage>& storage, DType dtype, Shape&& shape,
+                                    Shape&& strides, std::int64_t storage_offset) {
+  storage_ = storage;
+  dtype_ = dtype;
+  shape_ = std::move(shape);
+  strides_ = std::move(strides);
+  offset_ = storage_offset;
+  device_ = storage ? storage->device() : Device::Cpu;
+  defined_ = true;
 }
 
 std::int64_t Tensor::numel() const noexcept {

@@ -103,12 +103,16 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
   const auto segment_releases = take(std::size_t{header.segment_release_count} * sizeof(std::uint32_t));
   body_ = take(header.body_bytes);
 
-  for (std::uint32_t i = 0; i < header.release_count; ++i) {
-    const auto slot = entry_at<std::uint32_t>(releases, i);
-    if (slot >= leases_.size() || !leases_[slot]) {
-      throw ProtocolError("frame releases slot " + std::to_string(slot) + " which holds no lease");
+  {
+    // Blocks whose last user was the lease give their slots back together, when the batch ends.
+    const ReturnBoard::PostBatch batch(board_.get());
+    for (std::uint32_t i = 0; i < header.release_count; ++i) {
+      const auto slot = entry_at<std::uint32_t>(releases, i);
+      if (slot >= leases_.size() || !leases_[slot]) {
+        throw ProtocolError("frame releases slot " + std::to_string(slot) + " which holds no lease");
+      }
+      leases_[slot] = Lease{};
     }
-    leases_[slot] = Lease{};
   }
   for (std::uint32_t i = 0; i < header.segment_release_count; ++i) {
     const auto slot = entry_at<std::uint32_t>(segment_releases, i);
@@ -160,14 +164,14 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
         throw ProtocolError("handle " + std::to_string(i) + " refers to slot " + std::to_string(entry.slot) +
                             " which holds no lease");
       }
-      if (leases_[entry.slot].allocation->device().kind == DeviceKind::Cuda) {
+      if (leases_[entry.slot].memory()->device().kind == DeviceKind::Cuda) {
         throw ProtocolError("handle " + std::to_string(i) + " refers to the CUDA storage at slot " +
                             std::to_string(entry.slot) + " as a plain lease");
       }
-      if (leases_[entry.slot].allocation->size() != entry.nbytes) {
+      if (leases_[entry.slot].memory()->size() != entry.nbytes) {
         throw ProtocolError("handle " + std::to_string(i) + " field nbytes claims " + std::to_string(entry.nbytes) +
                             " bytes but the storage leased at slot " + std::to_string(entry.slot) + " has " +
-                            std::to_string(leases_[entry.slot].allocation->size()));
+                            std::to_string(leases_[entry.slot].memory()->size()));
       }
       storages_.push_back(resolve_lease(leases_[entry.slot]));
       continue;
@@ -322,10 +326,10 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
   std::shared_ptr<Storage> own = segment->find_storage(entry.offset, entry.nbytes);
   if (own) {
     lease.handle = own;
+    lease.allocation = std::move(block);
   } else {
-    lease.core = Storage::adopt(block, true);
+    lease.core = Storage::adopt(std::move(block), true);
   }
-  lease.allocation = std::move(block);
   if (entry.slot >= leases_.size()) leases_.resize(std::size_t{entry.slot} + 1);
   leases_[entry.slot] = std::move(lease);
   return own ? own : resolve_lease(leases_[entry.slot]);

@@ -85,7 +85,7 @@ void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
   if (auto problem = view_bounds_problem(storage->nbytes(), dtype, shape, strides, offset)) {
     throw ProtocolError("received " + *problem);
   }
-  tensor = Tensor::from_checked_storage(storage, dtype, std::move(shape), std::move(strides), offset);
+  tensor.assign_checked_storage(storage, dtype, std::move(shape), std::move(strides), offset);
 }
 
 }  // namespace ferry

@@ -7,7 +7,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
-#include <unordered_map>
+#include <vector>
 
 #include "ferry/device.hpp"
 #include "ferry/shared_memory.hpp"
@@ -59,9 +59,13 @@ class SharedSegment {
   SharedSegment(SharedMemory memory, const void* owner);
 
   struct Remembered {
+    std::uint64_t offset = kNoOffset;  // kNoOffset: empty
     std::uint64_t nbytes = 0;
     std::weak_ptr<Storage> storage;
   };
+  static constexpr std::uint64_t kNoOffset = ~std::uint64_t{0};
+  // The entry for `offset` (the empty one where it would go if there is none). Locked.
+  Remembered& remembered_at(std::uint64_t offset) noexcept;
 
   SharedMemory memory_;
   const void* owner_;
@@ -69,9 +73,11 @@ class SharedSegment {
   std::atomic<bool> sent_{false};
   std::atomic<bool> any_remembered_{false};
   std::mutex mutex_;
-  // By block offset. A recycled block overwrites its entry, so the table never holds more
-  // entries than the segment has blocks.
-  std::unordered_map<std::uint64_t, Remembered> remembered_;
+  // Open addressing by block offset (a power of two of entries, at most half full). A
+  // recycled block overwrites its entry, so the table never holds more entries than the
+  // segment has blocks, and entries are never removed.
+  std::vector<Remembered> remembered_;
+  std::size_t remembered_count_ = 0;
 };
 
 /// Counts the deaths of segments that were ever sent. A channel compares it with the value

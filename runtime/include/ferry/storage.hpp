@@ -31,8 +31,9 @@ class HeapAllocation final : public Allocation {
 };
 
 /// A contiguous block of bytes that tensors view. Always owned through std::shared_ptr;
-/// views of one storage share it, and it dies with its last view.
-class Storage : public std::enable_shared_from_this<Storage> {
+/// views of one storage share it, and it dies with its last view. (Not derived from
+/// enable_shared_from_this: its weak reference would cost two atomic operations per storage.)
+class Storage {
  public:
   /// Allocates `nbytes` on `device`. Shared memory comes from the process's caching
   /// allocator (SharedAllocator::global()); CUDA memory from ferry's caching device

@@ -62,6 +62,10 @@ class Tensor {
   /// view_bounds_problem() (the message decoder): skips the second check.
   static Tensor from_checked_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,
                                      std::int64_t storage_offset);
+  /// Like from_checked_storage(), but makes this tensor that view in place (the message
+  /// decoder fills a message's tensors this way, without a temporary Tensor each).
+  void assign_checked_storage(const std::shared_ptr<Storage>& storage, DType dtype, Shape&& shape, Shape&& strides,
+                              std::int64_t storage_offset);
 
   bool defined() const noexcept { return defined_; }
   DType dtype() const noexcept { return dtype_; }

@@ -73,9 +73,10 @@ class MessageDecoder {
   std::uint64_t expected_fingerprint_;
   std::string_view expected_type_name_;
   std::string peer_type_name_;
-  // A lease keeps a storage the sender still holds: its `allocation` is the receiver's hold
-  // on the memory (a ReceivedBlock, which gives the storage slot back through the return
-  // board when it dies, or an opened CUDA range).
+  // A lease keeps a storage the sender still holds: its memory() is the receiver's hold on
+  // the memory (a ReceivedBlock, which gives the storage slot back through the return board
+  // when it dies, or an opened CUDA range), owned by the core when there is one and by
+  // `allocation` otherwise.
   //
   // Identity. For a storage received from another process the lease also owns the Storage
   // object itself (the "core"), so that the storage keeps its identity (same object, same
@@ -93,10 +94,11 @@ class MessageDecoder {
   // forever. CUDA leases have no core either (owning the Storage would hold the producer's
   // memory).
   struct Lease {
-    std::shared_ptr<Allocation> allocation;
+    std::shared_ptr<Allocation> allocation;  // leases without a core only
     std::shared_ptr<Storage> core;   // received storages only
     std::weak_ptr<Storage> handle;   // what the user holds, while it lives
-    explicit operator bool() const noexcept { return allocation != nullptr; }
+    explicit operator bool() const noexcept { return allocation != nullptr || core != nullptr; }
+    const Allocation* memory() const noexcept { return core ? core->allocation() : allocation.get(); }
   };
   std::shared_ptr<Storage> resolve_lease(Lease& lease);
 
