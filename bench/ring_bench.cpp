@@ -32,6 +32,7 @@
 
 #include "ferry/ferry.hpp"
 #include "ferry/ring_end.hpp"
+#include "support/round_trip_times.hpp"
 
 namespace ferry {
 namespace {
@@ -124,43 +125,7 @@ double reap(pid_t pid, benchmark::State& state) {
   return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
-// The times of single round trips, one in every 16 (two clock reads each, about 3 ns per
-// iteration on average, the same in every benchmark here). Their median, reported as the
-// counter rtt_p50_ns, is robust to the rare long stalls (a peer preempted for milliseconds)
-// that dominate the mean time per iteration on a machine shared with other work; Google
-// Benchmark's own figure stays that mean. Use: `const auto sample = times.sample();` first
-// thing in the loop body.
-class RoundTripTimes {
- public:
-  explicit RoundTripTimes(const benchmark::State& state) {
-    times_.reserve(static_cast<std::size_t>(state.max_iterations / 16 + 1));
-  }
-  class Sample {
-   public:
-    explicit Sample(RoundTripTimes* owner)
-        : owner_(owner), start_(owner ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point()) {}
-    ~Sample() {
-      if (owner_) owner_->times_.push_back(static_cast<double>((std::chrono::steady_clock::now() - start_).count()));
-    }
-    Sample(const Sample&) = delete;
-    Sample& operator=(const Sample&) = delete;
-
-   private:
-    RoundTripTimes* owner_;
-    std::chrono::steady_clock::time_point start_;
-  };
-  Sample sample() { return Sample(++count_ % 16 == 0 ? this : nullptr); }
-  void report(benchmark::State& state) {
-    if (times_.empty()) return;
-    const auto middle = times_.begin() + static_cast<std::ptrdiff_t>(times_.size() / 2);
-    std::nth_element(times_.begin(), middle, times_.end());
-    state.counters["rtt_p50_ns"] = *middle;
-  }
-
- private:
-  std::vector<double> times_;
-  std::uint64_t count_ = 0;
-};
+using bench::RoundTripTimes;  // one round trip in 16 timed: bench/support/round_trip_times.hpp
 
 // ---- ferry: ping-pong over a pair of channels ----------------------------------------------
 

@@ -9,6 +9,10 @@
 //   roundtrip/ferry/<transport>/bytes/<n>     Sender<std::vector<uint8_t>> of n bytes, echoed
 //   roundtrip/ferry/<transport>/tensor_new/<n>   a new shared tensor each time, 1-byte reply
 //   roundtrip/ferry/<transport>/tensor_same/<n>  the same shared tensor each time, 1-byte reply
+// Every row also reports its median single round trip (counter rtt_p50_ns, see
+// support/round_trip_times.hpp): rows that pass a new storage each time time every round
+// trip (they run only 10 to 40 iterations at 64 MiB and more, whose mean one scheduler
+// tick inflates), the others one in 16.
 #include <benchmark/benchmark.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -24,6 +28,7 @@
 #include "ferry/ferry.hpp"
 #include "ferry/mapping.hpp"
 #include "support/child_process.hpp"
+#include "support/round_trip_times.hpp"
 
 namespace ferry::bench {
 namespace {
@@ -82,6 +87,7 @@ void raw_bytes_round_trip(benchmark::State& state, bool socket, std::size_t size
   RawLink link = make_raw_link(socket);
   std::vector<char> buffer(size, 'x');
   {
+    RoundTripTimes times(state);
     ChildProcess child([&] {
       link.parent_out.reset();
       link.parent_in.reset();
@@ -91,10 +97,12 @@ void raw_bytes_round_trip(benchmark::State& state, bool socket, std::size_t size
     link.child_in.reset();
     link.child_out.reset();
     for (auto _ : state) {
+      const auto sample = times.sample();
       write_all(link.parent_out.get(), buffer.data(), size);
       read_all(link.parent_in.get(), buffer.data(), size);
     }
     link.parent_out.reset();  // EOF ends the child
+    times.report(state);
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * size * 2));
 }
@@ -158,12 +166,15 @@ void raw_fd_mmap_round_trip(benchmark::State& state, std::size_t size, bool fres
     send_fd(link.parent_out.get(), segments[next].fd());
     read_all(link.parent_in.get(), &ack, 1);
     if (fresh) ++next;
+    RoundTripTimes times(state, fresh ? 1 : 16);
     for (auto _ : state) {
+      const auto sample = times.sample();
       send_fd(link.parent_out.get(), segments[next].fd());
       read_all(link.parent_in.get(), &ack, 1);
       if (fresh) ++next;
     }
     link.parent_out.reset();
+    times.report(state);
   }
 }
 
@@ -191,11 +202,14 @@ void ferry_bytes_round_trip(benchmark::State& state, Transport transport, std::s
     ping_rx.close();
     pong_tx.detach();
     Bytes message(size, 1);
+    RoundTripTimes times(state);
     for (auto _ : state) {
+      const auto sample = times.sample();
       ping_tx.send(message);
       message = *pong_rx.recv();
     }
     ping_tx.close();
+    times.report(state);
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * size * 2));
 }
@@ -229,12 +243,15 @@ void ferry_tensor_round_trip(benchmark::State& state, Transport transport, bool 
     ping_tx.send(TensorMessage{tensors[next]});
     benchmark::DoNotOptimize(pong_rx.recv());
     if (new_storage) ++next;
+    RoundTripTimes times(state, new_storage ? 1 : 16);
     for (auto _ : state) {
+      const auto sample = times.sample();
       ping_tx.send(TensorMessage{tensors[next]});
       benchmark::DoNotOptimize(pong_rx.recv());
       if (new_storage) ++next;
     }
     ping_tx.close();
+    times.report(state);
   }
 }
 

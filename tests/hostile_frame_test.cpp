@@ -733,6 +733,83 @@ TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
   EXPECT_TRUE(test::child_succeeded(child));
 }
 
+// A frame whose segment table names more passed fds than came with it, the missing one
+// naming the identity of a segment this process already maps: refused before the cache is
+// consulted (the identity of a passed fd is read from the fd, never taken from the frame).
+TEST_F(HostileFdTest, FdSegmentWhoseFdIsMissingIsRefusedEvenWhenItsIdentityIsMapped) {
+  Wire<Payload> wire(Transport::UnixSocket);
+  Frame frame = encode(Payload{tensor_});
+  SegmentEntry e = frame.segment(kDataSegment);
+  ASSERT_EQ(e.kind, static_cast<std::uint32_t>(SegmentKind::NewFd));
+  const FileIdentity mapped = tensor_.storage()->shared_block()->segment()->identity();
+  e.device = mapped.device;
+  e.inode = mapped.inode;
+  frame.set_segment(kDataSegment, e);
+  FrameHeader h = frame.header();
+  h.fd_count -= 1;  // only the return board's fd travels
+  frame.set_header(h);
+  wire.send(frame.bytes, {frame.fds.at(0)});
+  expect_protocol_error(wire.rx, "more fd segments than the 1 fds");
+}
+
+// The /proc path of the pipe transport gets the same checks as a passed fd, in the same
+// order: seals first, then identity and size (read once the seals make them final).
+class HostileProcPathTest : public HostileFdTest {
+ protected:
+  // A Pipe frame for tensor_ whose data segment names `fd` of this process, with `claimed`
+  // identity.
+  Frame frame_naming(int fd, const FileIdentity& claimed) {
+    Frame frame = encode(Payload{tensor_}, HandlePassing::ProcFd);
+    SegmentEntry e = frame.segment(kDataSegment);
+    EXPECT_EQ(e.kind, static_cast<std::uint32_t>(SegmentKind::NewProcFd));
+    e.fd = fd;
+    e.device = claimed.device;
+    e.inode = claimed.inode;
+    frame.set_segment(kDataSegment, e);
+    return frame;
+  }
+  std::uint64_t claimed_size() { return encode(Payload{tensor_}, HandlePassing::ProcFd).segment(kDataSegment).size; }
+};
+
+TEST_F(HostileProcPathTest, UnsealedMemfdIsRefused) {
+  Wire<Payload> wire(Transport::Pipe);
+  UniqueFd unsealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_TRUE(unsealed);
+  ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(claimed_size())), 0);
+  Frame frame = frame_naming(unsealed.get(), identify_fd(unsealed.get()));
+  wire.send(frame.bytes);
+  expect_protocol_error(wire.rx, "not sealed");
+}
+
+TEST_F(HostileProcPathTest, MemfdSealedAgainstShrinkingOnlyIsRefused) {
+  Wire<Payload> wire(Transport::Pipe);
+  UniqueFd half_sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  ASSERT_TRUE(half_sealed);
+  ASSERT_EQ(::ftruncate(half_sealed.get(), static_cast<off_t>(claimed_size())), 0);
+  ASSERT_EQ(::fcntl(half_sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
+  Frame frame = frame_naming(half_sealed.get(), identify_fd(half_sealed.get()));
+  wire.send(frame.bytes);
+  expect_protocol_error(wire.rx, "not sealed");
+}
+
+TEST_F(HostileProcPathTest, SealedSegmentSmallerThanItClaimsIsRefused) {
+  Wire<Payload> wire(Transport::Pipe);
+  SharedMemory small = SharedMemory::create(64);
+  Frame frame = frame_naming(small.fd(), small.identity());
+  wire.send(frame.bytes);
+  expect_protocol_error(wire.rx, "frame claims " + std::to_string(claimed_size()));
+}
+
+TEST_F(HostileProcPathTest, SealedSegmentThatIsNotTheOneNamedIsRefused) {
+  Wire<Payload> wire(Transport::Pipe);
+  SharedMemory other = SharedMemory::create(claimed_size());
+  FileIdentity claimed = other.identity();
+  claimed.inode += 1;  // a segment this process does not map, so the receiver opens the path
+  Frame frame = frame_naming(other.fd(), claimed);
+  wire.send(frame.bytes);
+  expect_protocol_error(wire.rx, "is not the segment the frame names");
+}
+
 TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {
   Wire<Payload> wire(Transport::Pipe);
   Frame frame = encode(Payload{tensor_}, HandlePassing::ProcFd);

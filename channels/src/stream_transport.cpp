@@ -153,6 +153,9 @@ std::uint64_t StreamFrameWriter::acknowledged() {
     for (std::size_t i = 0; i < static_cast<std::size_t>(got) / sizeof(std::uint64_t); ++i) {
       acknowledged_ = std::max(acknowledged_, records[i]);
     }
+    // A short read emptied the pipe: what comes later is read next time (saves the read
+    // that would only return EAGAIN, once per frame that named a segment by /proc path).
+    if (static_cast<std::size_t>(got) < sizeof records) break;
   }
   return acknowledged_;
 }

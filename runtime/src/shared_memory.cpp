@@ -95,8 +95,10 @@ SharedMemory SharedMemory::create(std::size_t size, const char* name) {
   return SharedMemory(std::move(fd), std::move(mapping), size, identity);
 }
 
-SharedMemory SharedMemory::open_received(UniqueFd fd, std::size_t expected_size) {
-  const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+SharedMemory::Received SharedMemory::inspect_received(int fd) {
+  // Seals first: a size read before them could change before they were set (a peer that
+  // shrinks the file under our mapping makes us SIGBUS); once sealed, it cannot.
+  const int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0) {
     throw ProtocolError("received storage fd is not a memfd (F_GET_SEALS failed); the sender must "
                         "share tensors allocated by ferry");
@@ -106,15 +108,19 @@ SharedMemory SharedMemory::open_received(UniqueFd fd, std::size_t expected_size)
                         "it (a peer could shrink it and crash this process)");
   }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) throw_errno("fstat of a received memfd");
-  if (static_cast<std::uint64_t>(st.st_size) != expected_size) {
-    throw ProtocolError("received memfd has " + std::to_string(st.st_size) + " bytes but the frame claims " +
+  if (::fstat(fd, &st) != 0) throw_errno("fstat of a received memfd");
+  return Received{FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)},
+                  static_cast<std::uint64_t>(st.st_size)};
+}
+
+SharedMemory SharedMemory::map_received(UniqueFd fd, const Received& received, std::size_t expected_size) {
+  if (received.size != expected_size) {
+    throw ProtocolError("received memfd has " + std::to_string(received.size) + " bytes but the frame claims " +
                         std::to_string(expected_size));
   }
   if (expected_size == 0) throw ProtocolError("received memfd is empty");
   Mapping mapping = Mapping::map_shared(fd.get(), expected_size);
-  const FileIdentity identity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
-  return SharedMemory(std::move(fd), std::move(mapping), expected_size, identity);
+  return SharedMemory(std::move(fd), std::move(mapping), expected_size, received.identity);
 }
 
 }  // namespace ferry

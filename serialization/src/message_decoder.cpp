@@ -200,14 +200,16 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
   body_ = body_.subspan(cuda_records * sizeof(CudaHandleRecord));  // resolve_cuda checked the length
 }
 
-SharedMemory MessageDecoder::open_segment(const SegmentEntry& entry, std::size_t index,
-                                          std::vector<UniqueFd>& frame_fds, std::size_t& next_fd) {
+MessageDecoder::SegmentFd MessageDecoder::open_segment(const SegmentEntry& entry, std::size_t index,
+                                                       std::vector<UniqueFd>& frame_fds, std::size_t& next_fd) {
   if (static_cast<SegmentKind>(entry.kind) == SegmentKind::NewFd) {
     if (next_fd >= frame_fds.size()) {
       throw ProtocolError("frame has more fd segments than the " + std::to_string(frame_fds.size()) +
                           " fds that came with it");
     }
-    return SharedMemory::open_received(std::move(frame_fds[next_fd++]), entry.size);
+    UniqueFd fd = std::move(frame_fds[next_fd++]);
+    const SharedMemory::Received file = SharedMemory::inspect_received(fd.get());
+    return SegmentFd{std::move(fd), file};
   }
   if (entry.pid <= 0 || entry.fd < 0) {
     throw ProtocolError("segment " + std::to_string(index) + " names an invalid process " + std::to_string(entry.pid) +
@@ -233,10 +235,17 @@ SharedMemory MessageDecoder::open_segment(const SegmentEntry& entry, std::size_t
     throw ProtocolError("cannot open the sender's segment at " + path + " (" + std::strerror(error) +
                         "); the sender died or is not allowed to be read by this process (same user needed)");
   }
-  if (identify_fd(fd.get()) != FileIdentity{entry.device, entry.inode}) {
+  SharedMemory::Received file;
+  try {
+    file = SharedMemory::inspect_received(fd.get());
+  } catch (const ProtocolError& error) {
+    throw ProtocolError("the file at " + path + " is not a segment this receiver can map (fd reused?): " +
+                        error.what());
+  }
+  if (file.identity != FileIdentity{entry.device, entry.inode}) {
     throw ProtocolError("the file at " + path + " is not the segment the frame names (fd reused?)");
   }
-  return SharedMemory::open_received(std::move(fd), entry.size);
+  return SegmentFd{std::move(fd), file};
 }
 
 void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
@@ -253,7 +262,8 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
       throw ProtocolError("segment " + std::to_string(index) + " is a return board whose field size claims " +
                           std::to_string(entry.size) + " bytes instead of " + std::to_string(ReturnBoard::bytes()));
     }
-    board_ = ReturnBoard::open_received(open_segment(entry, index, frame_fds, next_fd));
+    SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
+    board_ = ReturnBoard::open_received(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
     return;
   }
   if (role != SegmentRole::Data) {
@@ -268,20 +278,28 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
                         " before releasing it");
   }
   // A segment already mapped in this process (received on another channel, or ours sent
-  // back) is not mapped again.
-  const FileIdentity identity = kind == SegmentKind::NewFd && next_fd < frame_fds.size()
-                                    ? identify_fd(frame_fds[next_fd].get())
-                                    : FileIdentity{entry.device, entry.inode};
-  std::shared_ptr<SharedSegment> segment = HandleCache::global().find(identity);
+  // back) is not mapped again. A passed fd is checked (seals, then identity and size: one
+  // fcntl and one fstat) before its identity is looked up; a /proc path is looked up by the
+  // identity the frame names and opened only when not mapped here yet.
+  SegmentFd opened;
+  std::shared_ptr<SharedSegment> segment;
+  if (kind == SegmentKind::NewFd) {
+    opened = open_segment(entry, index, frame_fds, next_fd);
+    segment = HandleCache::global().find(opened.file.identity);
+  } else {
+    segment = HandleCache::global().find(FileIdentity{entry.device, entry.inode});
+    if (!segment) opened = open_segment(entry, index, frame_fds, next_fd);
+  }
   if (segment) {
     if (segment->size() != entry.size) {
       throw ProtocolError("segment " + std::to_string(index) + " field size claims " + std::to_string(entry.size) +
                           " bytes but the segment has " + std::to_string(segment->size()));
     }
-    if (kind == SegmentKind::NewFd) frame_fds[next_fd++].reset();  // already mapped: the new fd just closes
+    // Already mapped: a passed fd just closes (with `opened`).
   } else {
+    const FileIdentity identity = opened.file.identity;
     segment = HandleCache::global().insert(
-        identity, SharedSegment::adopt(open_segment(entry, index, frame_fds, next_fd)));
+        identity, SharedSegment::adopt(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size)));
   }
   if (entry.slot >= segments_.size()) segments_.resize(std::size_t{entry.slot} + 1);
   segments_[entry.slot] = std::move(segment);

@@ -47,10 +47,22 @@ class SharedMemory {
   /// be reserved and SystemError for other failures.
   static SharedMemory create(std::size_t size, const char* name = "ferry");
 
-  /// Maps a segment received from another process after checking that `fd` is a memfd
-  /// sealed against shrinking and growing whose size is exactly `expected_size`.
-  /// Throws ProtocolError naming the failed check.
-  static SharedMemory open_received(UniqueFd fd, std::size_t expected_size);
+  /// What inspect_received() found out about a received fd.
+  struct Received {
+    FileIdentity identity;
+    std::uint64_t size = 0;  ///< read after the seals were checked: it cannot change any more
+  };
+
+  /// Checks that `fd`, received from another process, is a memfd sealed against shrinking
+  /// and growing, then reads its identity and size (one fcntl, one fstat: the size is read
+  /// only once the seals guarantee that it stays). Throws ProtocolError naming the failed
+  /// check.
+  static Received inspect_received(int fd);
+
+  /// Maps the received `fd` that inspect_received() returned `received` for, after checking
+  /// that its size is exactly `expected_size` (> 0). Throws ProtocolError naming the failed
+  /// check.
+  static SharedMemory map_received(UniqueFd fd, const Received& received, std::size_t expected_size);
 
   std::byte* data() const noexcept { return static_cast<std::byte*>(mapping_.data()); }
   std::size_t size() const noexcept { return size_; }

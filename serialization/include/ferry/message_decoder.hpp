@@ -60,8 +60,13 @@ class MessageDecoder {
 
  private:
   void check_type(const FrameHeader& header, std::span<const std::byte> name);
-  SharedMemory open_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
-                            std::size_t& next_fd);
+  // A segment's fd, checked by SharedMemory::inspect_received, not mapped yet.
+  struct SegmentFd {
+    UniqueFd fd;
+    SharedMemory::Received file;
+  };
+  SegmentFd open_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                         std::size_t& next_fd);
   void add_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
                    std::size_t& next_fd);
   std::shared_ptr<Storage> resolve_new_block(const HandleEntry& entry, std::size_t index);
