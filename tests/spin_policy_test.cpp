@@ -23,7 +23,7 @@ constexpr nanoseconds kSetting = 20us;
 int fade_out(SpinPolicy& policy) {
   int waits = 0;
   while (policy.budget() > nanoseconds::zero()) {
-    policy.slept(policy.budget(), policy.budget() + 5us, Waker::OtherCpu);
+    policy.slept(policy.budget(), 1ms, Waker::OtherCpu);
     ++waits;
   }
   return waits;
@@ -38,7 +38,7 @@ TEST(SpinPolicyTest, StartsWithTheFullSettingAndKeepsItWhileSpinsCatchThePeer) {
 
 TEST(SpinPolicyTest, ASpinInVainHalvesTheBudgetAndItFadesToZero) {
   SpinPolicy policy(kSetting);
-  policy.slept(kSetting, kSetting + 3us, Waker::OtherCpu);
+  policy.slept(kSetting, 1ms, Waker::OtherCpu);
   EXPECT_EQ(policy.budget(), kSetting / 2);
   // 20 us -> 10 -> 5 -> 2.5 -> 1.25 -> 0.625 -> below 500 ns: zero.
   EXPECT_EQ(fade_out(policy), 5);
@@ -113,11 +113,36 @@ TEST(SpinPolicyTest, WithoutAWakerOnlyAWaitWithinTheSettingBringsSpinningBack) {
   EXPECT_EQ(policy.budget(), kSetting);
 }
 
-TEST(SpinPolicyTest, ASpinInVainHalvesEvenWhenAPeerOnAnotherCpuAnsweredSoonAfter) {
-  // A peer that needs a little longer than the budget every time: spinning fades out
+TEST(SpinPolicyTest, ASpinInVainHalvesWhenAPeerOnAnotherCpuTookLongerThanTheSetting) {
+  // A peer that needs a little longer than the setting every time: spinning fades out
   // instead of burning the setting on every wait.
   SpinPolicy policy(kSetting);
   policy.slept(kSetting, kSetting + 1us, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting / 2);
+}
+
+TEST(SpinPolicyTest, ACutBudgetThatJustMissedAPeerOnAnotherCpuIsRestored) {
+  // Long waits (a peer busy for milliseconds) cut the budget; once the peer answers within
+  // the setting again, a budget too short to catch it comes back at once instead of
+  // fading to zero first.
+  SpinPolicy policy(kSetting);
+  policy.slept(kSetting, 5ms, Waker::OtherCpu);
+  policy.slept(kSetting / 2, 5ms, Waker::OtherCpu);
+  policy.slept(kSetting / 4, 5ms, Waker::OtherCpu);
+  ASSERT_EQ(policy.budget(), kSetting / 8);
+  policy.slept(kSetting / 8, kSetting - 1us, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting);
+}
+
+TEST(SpinPolicyTest, ASpinInVainWokenFromOurOwnCpuStopsSpinningAtOnce) {
+  SpinPolicy policy(kSetting);
+  policy.slept(kSetting, kSetting + 2us, Waker::SameCpu);
+  EXPECT_EQ(policy.budget(), nanoseconds::zero());
+}
+
+TEST(SpinPolicyTest, ASpinInVainWithoutAWakerHalves) {
+  SpinPolicy policy(kSetting);
+  policy.slept(kSetting, kSetting / 2, Waker::Unknown);
   EXPECT_EQ(policy.budget(), kSetting / 2);
 }
 

@@ -4,6 +4,11 @@ same round trips, interleaved in rounds, and prints one table of medians and p99
 The round trip is parent -> child -> parent (the child sends the message back); the
 timed part starts before the tensor is created, so what each system must do to get a
 tensor into shared memory is counted. See torch_roundtrip.py and ferry_roundtrip.cpp.
+
+By default every run pins its parent to the first CPU and its child to the last (torch and
+ferry alike), as latency-sensitive pipelines do: left to the scheduler, two processes that
+take turns may share one CPU, where no one can spin (on the development VM a ring round
+trip then costs two futex wake-ups). --no-pin measures them unpinned.
 """
 import argparse
 import json
@@ -50,13 +55,17 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scale", type=float, default=0.5, help="iterations per round, relative")
+    parser.add_argument("--no-pin", action="store_true",
+                        help="leave both processes of every run to the scheduler (default: the parent on the "
+                             "first CPU, the child on the last, for torch and ferry alike)")
     args = parser.parse_args()
 
     samples, skipped = {}, {}
     for round_index in range(args.rounds):
         print(f"compare: round {round_index + 1} of {args.rounds}", file=sys.stderr)
-        runs = [("torch/" + s, TORCH + [s, str(args.scale)]) for s in STRATEGIES]
-        runs += [("ferry/" + t, [FERRY, t, str(args.scale)]) for t in TRANSPORTS]
+        pin = "0" if args.no_pin else "1"
+        runs = [("torch/" + s, TORCH + [s, str(args.scale), pin]) for s in STRATEGIES]
+        runs += [("ferry/" + t, [FERRY, t, str(args.scale), pin]) for t in TRANSPORTS]
         # Interleave: torch, ferry, torch, ferry ... so both see the same machine state.
         order = [runs[0], runs[2], runs[1], runs[3]] + runs[4:]
         for label, command in order:
@@ -72,7 +81,9 @@ def main():
 
     medians = {name: statistics.median(values) for name, values in samples.items()}
     print(f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}; "
-          f"torch {torch_version()}; {args.rounds} interleaved rounds; times in microseconds.\n")
+          f"torch {torch_version()}; {args.rounds} interleaved rounds; "
+          f"{'processes left to the scheduler' if args.no_pin else 'parent pinned to the first CPU, child to the last'}; "
+          f"times in microseconds.\n")
     print("| case | size | system | median | p99 | best torch / this |")
     print("|---|---|---|---:|---:|---:|")
     cases = sorted({tuple(n.split("/")[2:]) for n in samples}, key=lambda c: (c[0] != "same", c[0], int(c[1])))

@@ -1,7 +1,9 @@
 // ferry side of bench/peers/compare: the same round trips as torch_roundtrip.py
 // (parent -> child -> parent, the child sends the message back), over one transport.
 //
-// Usage: ferry_roundtrip TRANSPORT [ITERATIONS_SCALE]
+// Usage: ferry_roundtrip TRANSPORT [ITERATIONS_SCALE] [PIN]
+// PIN (default 1): 1 pins the parent to the first allowed CPU and the child to the last, as
+// torch_roundtrip.py does with the same argument; 0 leaves both to the scheduler.
 // Prints one JSON object: {"ferry/<transport>/<case>/<bytes>": [microseconds, ...], ...}
 // Cases (float32 tensors; the timed part starts before the tensor is created):
 //   same         the same shared tensor sent again and again
@@ -9,6 +11,7 @@
 //   new_private  a new private (heap) tensor (Tensor::empty) each time: send copies it into
 //                shared memory, as torch does
 //   ten_small    a message of the same 10 shared tensors of 4 KiB each
+#include <sched.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,6 +40,20 @@ using Clock = std::chrono::steady_clock;
 // trip on, every new tensor reuses a block. Same count on torch's side.
 constexpr int kWarmUp = 3;
 
+// Pins the calling process to the first (or last) CPU it may run on; best effort.
+void pin_to(bool last) {
+  cpu_set_t allowed;
+  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
+  int chosen = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed) && (chosen < 0 || last)) chosen = cpu;
+  }
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(chosen, &one);
+  (void)::sched_setaffinity(0, sizeof one, &one);
+}
+
 int iterations_for(std::int64_t size, double scale) {
   const int base = size <= (1 << 20) ? 200 : size <= (64 << 20) ? 8 : 4;
   return std::max(2, static_cast<int>(base * scale));
@@ -49,12 +66,14 @@ int main(int argc, char** argv) try {
   const auto transport = ferry::transport_from_name(argv[1]);
   if (!transport) throw std::runtime_error("unknown transport '" + std::string(argv[1]) + "'");
   const double scale = argc > 2 ? std::stod(argv[2]) : 1.0;
+  const bool pin = argc > 3 ? std::string(argv[3]) != "0" : true;
   const std::string prefix = "ferry/" + std::string(argv[1]) + "/";
 
   auto [ping_tx, ping_rx] = ferry::channel<Message>(*transport);
   auto [pong_tx, pong_rx] = ferry::channel<Message>(*transport);
   const pid_t child = ::fork();
   if (child == 0) {
+    if (pin) pin_to(true);
     ping_tx.detach();
     pong_rx.close();
     pong_tx.adopt();
@@ -62,6 +81,7 @@ int main(int argc, char** argv) try {
     pong_tx.close();
     ::_exit(0);
   }
+  if (pin) pin_to(false);
   ping_rx.close();
   pong_tx.detach();
 

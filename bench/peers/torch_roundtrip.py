@@ -1,7 +1,9 @@
 """torch.multiprocessing side of bench/peers/compare: round trips parent -> child -> parent
 of tensors through torch.multiprocessing queues, with one sharing strategy.
 
-Usage: /usr/bin/python3 torch_roundtrip.py STRATEGY ITERATIONS_SCALE
+Usage: /usr/bin/python3 torch_roundtrip.py STRATEGY ITERATIONS_SCALE [PIN]
+PIN (default 1): 1 pins the parent to the first allowed CPU and the child to the last, as
+ferry_roundtrip does with the same argument; 0 leaves both to the scheduler.
 Prints one JSON object: {"torch/<strategy>/<case>/<bytes>": [microseconds, ...], ...}
 
 Cases (the tensor is float32; the timed part starts before the tensor is created, so
@@ -11,6 +13,7 @@ what torch must do to get a tensor into shared memory is counted):
   ten_small   a message (list) of the same 10 tensors of 4 KiB each
 """
 import json
+import os
 import sys
 import time
 
@@ -24,7 +27,15 @@ SIZES = [4096, 1 << 20, 64 << 20, 256 << 20]
 WARM_UP = 3
 
 
-def echo(inbox, outbox):
+def pin_to(last):
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) >= 2:
+        os.sched_setaffinity(0, {allowed[-1] if last else allowed[0]})
+
+
+def echo(inbox, outbox, pin):
+    if pin:
+        pin_to(True)
     while True:
         item = inbox.get()
         if item is None:
@@ -41,11 +52,14 @@ def iterations_for(size, scale):
 def main():
     strategy = sys.argv[1]
     scale = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
+    pin = (sys.argv[3] != "0") if len(sys.argv) > 3 else True
     mp.set_sharing_strategy(strategy)
     context = mp.get_context("fork")
     inbox, outbox = context.Queue(), context.Queue()
-    child = context.Process(target=echo, args=(inbox, outbox), daemon=True)
+    child = context.Process(target=echo, args=(inbox, outbox, pin), daemon=True)
     child.start()
+    if pin:
+        pin_to(False)
     results = {}
 
     def measure(name, make, count):

@@ -14,9 +14,16 @@ void SpinPolicy::caught() noexcept { budget_ = setting_; }
 void SpinPolicy::slept(nanoseconds spun, nanoseconds waited, Waker waker) noexcept {
   if (setting_ == nanoseconds::zero()) return;
   if (spun > nanoseconds::zero()) {
-    // Spun in vain: the peer took longer than the budget, or could not run meanwhile.
-    budget_ /= 2;
-    if (budget_ < kMinimumBudget) budget_ = nanoseconds::zero();
+    // Spun in vain: the peer could not run meanwhile, was just slower than a budget that
+    // earlier long waits had cut, or takes longer than we should spin.
+    if (waker == Waker::SameCpu) {
+      budget_ = nanoseconds::zero();
+    } else if (waker == Waker::OtherCpu && waited <= setting_) {
+      budget_ = setting_;
+    } else {
+      budget_ /= 2;
+      if (budget_ < kMinimumBudget) budget_ = nanoseconds::zero();
+    }
     return;
   }
   switch (waker) {

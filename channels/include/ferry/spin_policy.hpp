@@ -22,7 +22,10 @@ enum class Waker {
 /// the setting. The rules:
 /// - a wait that caught the peer while spinning sets the budget to the setting;
 /// - a wait that spun its whole budget in vain halves it (below 500 ns: zero), so spinning
-///   fades out where the peer is slow or shares our CPU (more busy threads than CPUs);
+///   fades out where the peer is slow; woken by a peer on our own CPU, it drops the budget
+///   to zero at once (the peer could not run while we spun: more busy threads than CPUs);
+///   woken by a peer on another CPU within the setting, it restores the setting (the
+///   budget was just short, cut by earlier long waits such as a peer busy for milliseconds);
 /// - a wait that did not spin (budget zero) and was woken by a peer on another CPU within
 ///   kRestoreWithin settings spins again: both ends run on their own CPUs and answer
 ///   quickly, only the wake-ups made the waits long. Measured from its start, a wait counts
