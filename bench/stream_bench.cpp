@@ -6,6 +6,10 @@
 //   roundtrip/raw/unix_socket/fd_mmap_new/<n> the same with a different memfd each time, all
 //                                             made before the loop as tensor_new's storages
 //                                             are (same number of live pages in the system)
+//   roundtrip/raw/unix_socket/fd_mmap_new_pair_per_direction/<n>  the same with one socketpair
+//                                             per direction, the shape of a ferry ping-pong
+//                                             (not a goal's baseline: it tells how much of a
+//                                             difference is the link's shape)
 //   roundtrip/ferry/<transport>/bytes/<n>     Sender<std::vector<uint8_t>> of n bytes, echoed
 //   roundtrip/ferry/<transport>/tensor_new/<n>   a new shared tensor each time, 1-byte reply
 //   roundtrip/ferry/<transport>/tensor_same/<n>  the same shared tensor each time, 1-byte reply
@@ -58,33 +62,49 @@ bool read_all(int fd, void* data, std::size_t size) {
   return true;
 }
 
-// Two one-way pipes or one socketpair, as (parent end, child end) for each direction.
+// Two one-way pipes, one socketpair used both ways, or one socketpair per direction (the
+// shape of a ferry ping-pong, which is two channels), as (parent end, child end) for each
+// direction.
 struct RawLink {
   UniqueFd parent_out, parent_in, child_in, child_out;
 };
 
-RawLink make_raw_link(bool socket) {
+enum class RawShape { Pipes, Socketpair, SocketpairPerDirection };
+
+void make_socketpair(UniqueFd& a, UniqueFd& b) {
+  int ends[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) throw std::runtime_error("socketpair");
+  a.reset(ends[0]);
+  b.reset(ends[1]);
+}
+
+RawLink make_raw_link(RawShape shape) {
   RawLink link;
-  if (socket) {
-    int ends[2];
-    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) throw std::runtime_error("socketpair");
-    link.parent_out.reset(ends[0]);
-    link.parent_in = link.parent_out.duplicate();
-    link.child_in.reset(ends[1]);
-    link.child_out = link.child_in.duplicate();
-  } else {
-    int down[2], up[2];
-    if (::pipe2(down, O_CLOEXEC) != 0 || ::pipe2(up, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
-    link.child_in.reset(down[0]);
-    link.parent_out.reset(down[1]);
-    link.parent_in.reset(up[0]);
-    link.child_out.reset(up[1]);
+  switch (shape) {
+    case RawShape::Socketpair:
+      make_socketpair(link.parent_out, link.child_in);
+      link.parent_in = link.parent_out.duplicate();
+      link.child_out = link.child_in.duplicate();
+      break;
+    case RawShape::SocketpairPerDirection:
+      make_socketpair(link.parent_out, link.child_in);
+      make_socketpair(link.child_out, link.parent_in);
+      break;
+    case RawShape::Pipes: {
+      int down[2], up[2];
+      if (::pipe2(down, O_CLOEXEC) != 0 || ::pipe2(up, O_CLOEXEC) != 0) throw std::runtime_error("pipe2");
+      link.child_in.reset(down[0]);
+      link.parent_out.reset(down[1]);
+      link.parent_in.reset(up[0]);
+      link.child_out.reset(up[1]);
+      break;
+    }
   }
   return link;
 }
 
 void raw_bytes_round_trip(benchmark::State& state, bool socket, std::size_t size) {
-  RawLink link = make_raw_link(socket);
+  RawLink link = make_raw_link(socket ? RawShape::Socketpair : RawShape::Pipes);
   std::vector<char> buffer(size, 'x');
   {
     RoundTripTimes times(state);
@@ -139,13 +159,13 @@ UniqueFd receive_fd(int socket) {
   return UniqueFd(fd);
 }
 
-void raw_fd_mmap_round_trip(benchmark::State& state, std::size_t size, bool fresh) {
+void raw_fd_mmap_round_trip(benchmark::State& state, std::size_t size, bool fresh, RawShape shape) {
   std::vector<SharedMemory> segments;
   // One more than the loop uses: the untimed warm-up round trip takes the first.
   const auto count = fresh ? static_cast<std::size_t>(state.max_iterations) + 1 : 1;
   for (std::size_t i = 0; i < count; ++i) segments.push_back(SharedMemory::create(size));
   std::size_t next = 0;
-  RawLink link = make_raw_link(true);
+  RawLink link = make_raw_link(shape);
   {
     ChildProcess child([&] {
       link.parent_out.reset();
@@ -286,9 +306,15 @@ const bool registered = [] {
   }
   for (const std::int64_t size : {4096, 1 << 20, 64 << 20, 256 << 20}) {
     benchmark::RegisterBenchmark(("roundtrip/raw/unix_socket/fd_mmap/" + std::to_string(size)).c_str(),
-                                 raw_fd_mmap_round_trip, static_cast<std::size_t>(size), false);
+                                 raw_fd_mmap_round_trip, static_cast<std::size_t>(size), false, RawShape::Socketpair);
     benchmark::RegisterBenchmark(("roundtrip/raw/unix_socket/fd_mmap_new/" + std::to_string(size)).c_str(),
-                                 raw_fd_mmap_round_trip, static_cast<std::size_t>(size), true)
+                                 raw_fd_mmap_round_trip, static_cast<std::size_t>(size), true, RawShape::Socketpair)
+        ->Iterations(new_storage_iterations(size));
+    // Not a goal's baseline: the same with a socketpair per direction, to tell how much of a
+    // difference to ferry (two channels) is the link's shape.
+    benchmark::RegisterBenchmark(("roundtrip/raw/unix_socket/fd_mmap_new_pair_per_direction/" + std::to_string(size)).c_str(),
+                                 raw_fd_mmap_round_trip, static_cast<std::size_t>(size), true,
+                                 RawShape::SocketpairPerDirection)
         ->Iterations(new_storage_iterations(size));
   }
   for (const Transport transport : {Transport::Pipe, Transport::UnixSocket}) {
