@@ -11,10 +11,6 @@
 //   new_private  a new private (heap) tensor (Tensor::empty) each time: send copies it into
 //                shared memory, as torch does
 //   ten_small    a message of the same 10 shared tensors of 4 KiB each
-#include <sched.h>
-#include <sys/resource.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -24,6 +20,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "support/child_process.hpp"
 
 namespace {
 
@@ -39,20 +36,6 @@ using Clock = std::chrono::steady_clock;
 // parent returned the echo's lease, which it learns one message later): from the third round
 // trip on, every new tensor reuses a block. Same count on torch's side.
 constexpr int kWarmUp = 3;
-
-// Pins the calling process to the first (or last) CPU it may run on; best effort.
-void pin_to(bool last) {
-  cpu_set_t allowed;
-  if (::sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return;
-  int chosen = -1;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &allowed) && (chosen < 0 || last)) chosen = cpu;
-  }
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(chosen, &one);
-  (void)::sched_setaffinity(0, sizeof one, &one);
-}
 
 int iterations_for(std::int64_t size, double scale) {
   const int base = size <= (1 << 20) ? 200 : size <= (64 << 20) ? 8 : 4;
@@ -71,21 +54,19 @@ int main(int argc, char** argv) try {
 
   auto [ping_tx, ping_rx] = ferry::channel<Message>(*transport);
   auto [pong_tx, pong_rx] = ferry::channel<Message>(*transport);
-  const pid_t child = ::fork();
-  if (child == 0) {
-    if (pin) pin_to(true);
-    ping_tx.detach();
-    pong_rx.close();
-    pong_tx.adopt();
-    while (auto message = ping_rx.recv()) pong_tx.send(*message);
-    pong_tx.close();
-    ::_exit(0);
-  }
-  if (pin) pin_to(false);
+  std::map<std::string, std::vector<double>> results;
+  ferry::bench::ChildProcess child(
+      [&, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
+        ping_tx.detach();
+        pong_rx.close();
+        pong_tx.adopt();
+        while (auto message = ping_rx.recv()) pong_tx.send(*message);
+        pong_tx.close();
+      },
+      pin ? ferry::bench::Placement::AcrossFromCaller : ferry::bench::Placement::Anywhere, std::chrono::seconds(10));
   ping_rx.close();
   pong_tx.detach();
 
-  std::map<std::string, std::vector<double>> results;
   auto measure = [&, &ping_tx = ping_tx, &pong_rx = pong_rx](const std::string& name, const std::function<Message()>& make,
                                                                int count) {
     std::vector<double> samples;
@@ -117,9 +98,7 @@ int main(int argc, char** argv) try {
   for (int i = 0; i < 10; ++i) small.push_back(Tensor::zeros({1024}, DType::Float32, Device::SharedCpu));
   measure("ten_small/40960", [&] { return small; }, iterations_for(4096, scale));
 
-  ping_tx.close();
-  int status = 0;
-  ::waitpid(child, &status, 0);
+  ping_tx.close();  // the child's loop ends; ChildProcess reaps it when main returns
 
   std::printf("{");
   bool first = true;

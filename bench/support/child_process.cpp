@@ -27,7 +27,8 @@ ChildProcess::ChildProcess(const std::function<void()>& body, Placement placemen
     : grace_(grace) {
   std::fflush(nullptr);
   cpu_set_t allowed;
-  const bool pin = ::sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) >= 2;
+  const bool pin = placement != Placement::Anywhere && ::sched_getaffinity(0, sizeof allowed, &allowed) == 0 &&
+                   CPU_COUNT(&allowed) >= 2;
   int first = -1, last = -1;
   for (int cpu = 0; pin && cpu < CPU_SETSIZE; ++cpu) {
     if (!CPU_ISSET(cpu, &allowed)) continue;

@@ -19,6 +19,8 @@ enum class Placement {
   FirstCpu,
   /// The child on the last CPU; the calling thread stays where it is.
   LastCpu,
+  /// Neither is pinned: both are left to the scheduler.
+  Anywhere,
 };
 
 /// Runs `body` in a forked child that then exits (status 1, with the message on stderr, if

@@ -47,14 +47,14 @@ RingEnd::RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion,
       data_(segment_->data()),
       capacity_(segment_->capacity()),
       companion_(std::move(companion)),
-      timing_{timing.spin, std::max(timing.peer_check_interval, std::chrono::milliseconds(1))},
+      peer_check_interval_(std::max(timing.peer_check_interval, std::chrono::milliseconds(1))),
       spin_(timing.spin) {}
 
 bool RingEnd::peer_gone() {
   if (peer_gone_) return true;
   if (!companion_) return peer_gone_ = true;
   next_peer_check_ =
-      coarse_now() + std::chrono::duration_cast<std::chrono::nanoseconds>(timing_.peer_check_interval).count();
+      coarse_now() + std::chrono::duration_cast<std::chrono::nanoseconds>(peer_check_interval_).count();
   pollfd entry{companion_.get(), POLLRDHUP, 0};
   while (true) {
     const int rc = ::poll(&entry, 1, 0);
