@@ -80,6 +80,28 @@ TEST(SpinPolicyTest, ALongProbeThatCatchesThePeerFallsBackToTheSetting) {
   EXPECT_EQ(policy.budget(), kSetting);
 }
 
+TEST(SpinPolicyTest, ACatchAfterALongSpinKeepsTwiceThatSpinUpToTheLongestProbe) {
+  // A peer that answers after a little more than the setting, message after message, keeps
+  // being caught instead of the budget falling back to the setting and missing it.
+  SpinPolicy policy(kSetting);
+  fade_out(policy);
+  policy.slept(nanoseconds::zero(), kSetting * 10, Waker::OtherCpu);
+  policy.caught(kSetting * 3 / 2);
+  EXPECT_EQ(policy.budget(), kSetting * 3);
+  policy.caught(kSetting * 3 / 2);
+  EXPECT_EQ(policy.budget(), kSetting * 3);
+  policy.caught(kSetting * 3);
+  EXPECT_EQ(policy.budget(), kSetting * SpinPolicy::kLongestProbe);
+  policy.caught(kSetting / 4);  // short catches: back to the setting
+  EXPECT_EQ(policy.budget(), kSetting);
+}
+
+TEST(SpinPolicyTest, ACatchNeverMakesAZeroSettingSpin) {
+  SpinPolicy policy(nanoseconds::zero());
+  policy.caught(kSetting);
+  EXPECT_EQ(policy.budget(), nanoseconds::zero());
+}
+
 TEST(SpinPolicyTest, ALongProbeInVainFadesOutLikeAnyOtherSpin) {
   SpinPolicy policy(kSetting);
   fade_out(policy);

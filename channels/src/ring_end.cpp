@@ -89,7 +89,7 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
     for (unsigned i = 1;; ++i) {
       cpu_relax();
       if (ready()) {
-        spin_.caught();
+        spin_.caught(start ? Clock::now() - *start : std::chrono::nanoseconds::zero());
         return WaitOutcome::Ready;
       }
       if (i % 16 != 0) continue;

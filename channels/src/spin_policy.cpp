@@ -9,7 +9,10 @@ using std::chrono::nanoseconds;
 SpinPolicy::SpinPolicy(nanoseconds setting) noexcept
     : setting_(std::max(setting, nanoseconds::zero())), budget_(setting_) {}
 
-void SpinPolicy::caught() noexcept { budget_ = setting_; }
+void SpinPolicy::caught(nanoseconds spun) noexcept {
+  if (setting_ == nanoseconds::zero()) return;
+  budget_ = std::clamp(2 * spun, setting_, setting_ * kLongestProbe);
+}
 
 void SpinPolicy::slept(nanoseconds spun, nanoseconds waited, Waker waker) noexcept {
   if (setting_ == nanoseconds::zero()) return;

@@ -20,7 +20,11 @@ enum class Waker {
 ///
 /// Spinning pays only when the peer runs on another CPU at the same time and answers within
 /// the setting. The rules:
-/// - a wait that caught the peer while spinning sets the budget to the setting;
+/// - a wait that caught the peer while spinning sets the budget to twice the time it spun,
+///   at least the setting and at most kLongestProbe settings: a peer that regularly answers
+///   after a little more than the setting (a message that takes it 30 us to handle) keeps
+///   being caught, instead of the budget falling back to the setting, spinning in vain and
+///   paying a wake-up every other message;
 /// - a wait that spun its whole budget in vain halves it (below 500 ns: zero), so spinning
 ///   fades out where the peer is slow; woken by a peer on our own CPU, it drops the budget
 ///   to zero at once (the peer could not run while we spun: more busy threads than CPUs);
@@ -55,8 +59,9 @@ class SpinPolicy {
   std::chrono::nanoseconds budget() const noexcept { return budget_; }
   std::chrono::nanoseconds setting() const noexcept { return setting_; }
 
-  /// The wait caught the peer while spinning.
-  void caught() noexcept;
+  /// The wait caught the peer after spinning `spun` (zero when it did not read the clock:
+  /// a peer that answered at once).
+  void caught(std::chrono::nanoseconds spun = std::chrono::nanoseconds::zero()) noexcept;
   /// The wait slept after spinning `spun` (zero: it did not spin) and ended `waited` after
   /// it started, woken by `waker`.
   void slept(std::chrono::nanoseconds spun, std::chrono::nanoseconds waited, Waker waker) noexcept;
