@@ -68,7 +68,10 @@ void codec_ten_tensors_leased(benchmark::State& state) {
 }
 
 // N new 4 KiB shared tensors in every message: what issue 8's "100 small tensors" row costs
-// in CPU on both sides together, without a transport (compare N = 100 with N = 1).
+// in CPU on both sides together, without a transport (compare N = 100 with N = 1). In one
+// process the decoder finds the storages the encoder remembered in their segment (the path
+// of a block that comes back to its sender), so the receiving half costs a little less than
+// in another process; AllocSmallTensors measures the real thing.
 void codec_new_tensors(benchmark::State& state) {
   const auto count = static_cast<std::size_t>(state.range(0));
   encode_decode_made(state, [count] {
