@@ -13,6 +13,9 @@
 //   roundtrip/ferry/<transport>/bytes/<n>     Sender<std::vector<uint8_t>> of n bytes, echoed
 //   roundtrip/ferry/<transport>/tensor_new/<n>   a new shared tensor each time, 1-byte reply
 //   roundtrip/ferry/<transport>/tensor_same/<n>  the same shared tensor each time, 1-byte reply
+// Rows that pass a storage also report the median time of the parent's send alone
+// (send_p50_ns): on a VM, waking a peer whose virtual CPU went idle makes the send itself
+// slow (about 13 us against 1.3 us), and whether it does depends on the link's shape.
 // Every row also reports its median single round trip (counter rtt_p50_ns, see
 // support/round_trip_times.hpp): rows that pass a new storage each time time every round
 // trip (they run only 10 to 40 iterations at 64 MiB and more, whose mean one scheduler
@@ -187,14 +190,19 @@ void raw_fd_mmap_round_trip(benchmark::State& state, std::size_t size, bool fres
     read_all(link.parent_in.get(), &ack, 1);
     if (fresh) ++next;
     RoundTripTimes times(state, fresh ? 1 : 16);
+    RoundTripTimes send_times(state, fresh ? 1 : 16, "send_p50_ns");
     for (auto _ : state) {
       const auto sample = times.sample();
-      send_fd(link.parent_out.get(), segments[next].fd());
+      {
+        const auto send_sample = send_times.sample();
+        send_fd(link.parent_out.get(), segments[next].fd());
+      }
       read_all(link.parent_in.get(), &ack, 1);
       if (fresh) ++next;
     }
     link.parent_out.reset();
     times.report(state);
+    send_times.report(state);
   }
 }
 
@@ -264,14 +272,19 @@ void ferry_tensor_round_trip(benchmark::State& state, Transport transport, bool 
     benchmark::DoNotOptimize(pong_rx.recv());
     if (new_storage) ++next;
     RoundTripTimes times(state, new_storage ? 1 : 16);
+    RoundTripTimes send_times(state, new_storage ? 1 : 16, "send_p50_ns");
     for (auto _ : state) {
       const auto sample = times.sample();
-      ping_tx.send(TensorMessage{tensors[next]});
+      {
+        const auto send_sample = send_times.sample();
+        ping_tx.send(TensorMessage{tensors[next]});
+      }
       benchmark::DoNotOptimize(pong_rx.recv());
       if (new_storage) ++next;
     }
     ping_tx.close();
     times.report(state);
+    send_times.report(state);
   }
 }
 

@@ -1,4 +1,5 @@
-// The median single round trip of a ping-pong benchmark, reported as the counter rtt_p50_ns.
+// The median single round trip of a ping-pong benchmark, reported as the counter rtt_p50_ns
+// (or the median of any other timed step, under a counter name of its own).
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -16,9 +17,12 @@ namespace ferry::bench {
 /// shared with other work; Google Benchmark's own figure stays that mean. Rows that run
 /// few iterations (tens) time every one (period 1). Use: `const auto sample =
 /// times.sample();` first thing in the loop body, and `times.report(state)` after the loop.
+/// `counter` names the reported median (a step of the round trip, such as the send alone,
+/// is timed the same way: `{ const auto sample = send_times.sample(); send(...); }`).
 class RoundTripTimes {
  public:
-  explicit RoundTripTimes(const benchmark::State& state, std::uint64_t period = 16) : period_(period) {
+  explicit RoundTripTimes(const benchmark::State& state, std::uint64_t period = 16, const char* counter = "rtt_p50_ns")
+      : period_(period), counter_(counter) {
     times_.reserve(static_cast<std::size_t>(state.max_iterations / static_cast<std::int64_t>(period) + 1));
   }
   class Sample {
@@ -40,11 +44,12 @@ class RoundTripTimes {
     if (times_.empty()) return;
     const auto middle = times_.begin() + static_cast<std::ptrdiff_t>(times_.size() / 2);
     std::nth_element(times_.begin(), middle, times_.end());
-    state.counters["rtt_p50_ns"] = *middle;
+    state.counters[counter_] = *middle;
   }
 
  private:
   std::uint64_t period_;
+  const char* counter_;
   std::vector<double> times_;
   std::uint64_t count_ = 0;
 };
