@@ -45,7 +45,7 @@ void SharedSegment::remember_storages(std::span<const std::shared_ptr<Storage>* 
     // Grow to a load of at most one half, for every storage of this call being new.
     std::vector<Remembered> old = std::exchange(
         remembered_, std::vector<Remembered>(std::bit_ceil(std::max<std::size_t>(
-                         64, 4 * (remembered_count_ + storages.size())))));
+                         4, 4 * (remembered_count_ + storages.size())))));
     for (Remembered& entry : old) {
       if (entry.offset != kNoOffset) remembered_at(entry.offset) = std::move(entry);
     }
