@@ -201,6 +201,11 @@ int ReceiverCore::readiness_fd() {
   return open_ ? reader_->readiness_fd() : -1;
 }
 
+bool ReceiverCore::readiness_fd_reports_data() {
+  std::lock_guard lock(mutex_);
+  return reader_->readiness_fd_reports_data();
+}
+
 void ReceiverCore::abandon_in_child() noexcept {
   open_ = false;
   fds_.clear();

@@ -165,6 +165,8 @@ class ReceiverCore final : public LiveEnd {
   bool has_buffered_frame();
   /// The descriptor to poll for more data (FrameReader::readiness_fd()); -1 when closed.
   int readiness_fd();
+  /// False when readiness_fd() tells only of the peer's hang-up (FrameReader::readiness_fd_reports_data()).
+  bool readiness_fd_reports_data();
   void abandon_in_child() noexcept override;
   /// Segments this end leases from the sender (for tests and statistics).
   std::size_t leased_segments();

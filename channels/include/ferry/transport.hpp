@@ -114,6 +114,9 @@ class FrameReader {
   /// hang-up) arrived; -1 when the transport has none, in which case a Selector re-checks
   /// has_buffered_frame() at short intervals.
   virtual int readiness_fd() const { return -1; }
+  /// False when readiness_fd() reports only the peer's hang-up, not arriving data: a
+  /// Selector then polls it and also re-checks has_buffered_frame() at short intervals.
+  virtual bool readiness_fd_reports_data() const { return true; }
 };
 
 /// How long a waiting end of a shared-memory ring spins before it sleeps on its futex by
