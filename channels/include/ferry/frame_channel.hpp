@@ -27,10 +27,11 @@ struct ChannelOptions {
   /// least 4 KiB. Frames larger than the ring still pass: they stream through it.
   std::size_t ring_capacity = std::size_t{1} << 20;
   /// How long a ring end with nothing to do spins before it sleeps on its futex
-  /// (Transport::ShmRing); 0 sleeps at once.
+  /// (Transport::ShmRing); 0 sleeps at once; above an hour counts as an hour.
   std::chrono::nanoseconds ring_spin = default_ring_spin();
   /// How often a waiting ring end checks that its peer still exists: a peer that died is
-  /// reported (ChannelClosed / PeerDied) within about this long (Transport::ShmRing).
+  /// reported (ChannelClosed / PeerDied) within about this long (Transport::ShmRing);
+  /// 1 ms at least, an hour at most.
   std::chrono::milliseconds peer_check_interval{100};
   /// Values an InProcess channel holds before send() blocks (Transport::InProcess).
   std::size_t queue_capacity = 1024;
