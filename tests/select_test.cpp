@@ -110,7 +110,7 @@ TEST_P(SelectTest, MixedMessageTypesRoundRobin) {
 TEST_P(SelectTest, SenderThatStaysAliveWakesAWaitingSelector) {
   auto [tx, rx] = channel<int>(GetParam());
   auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
-  const pid_t child = test::fork_child([&] {
+  const pid_t child = test::fork_child([&tx = tx, &rx = rx, &done_tx = done_tx, &done_rx = done_rx] {
     rx.detach();
     done_tx.detach();
     std::this_thread::sleep_for(50ms);  // let the parent start waiting first
