@@ -142,6 +142,9 @@ void ReceiverCore::mark_broken(const std::string& reason) {
   broken_ = reason;
   decoder_.release_all();
   fds_.clear();
+  // Nothing will ever read the rest of the stream: let the transport go, so that the
+  // sender gets ChannelClosed instead of blocking on a stream that nobody drains.
+  reader_->close();
 }
 
 ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {

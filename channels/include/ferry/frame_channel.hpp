@@ -130,7 +130,8 @@ class ReceiverCore final : public LiveEnd {
   /// Waits for the next message and deserializes it into `out`. Returns Frame, Timeout or
   /// Closed (end of stream). Throws PeerDied, ProtocolError, or another ferry::Error for a
   /// local failure while reading a frame (mapping it, ...); after any error but PeerDied
-  /// the channel is broken and every later call throws ProtocolError saying why.
+  /// the channel is broken and every later call throws ProtocolError saying why (the
+  /// transport is released at once, so the sender's next sends raise ChannelClosed).
   template <class T>
   ReadStatus receive(T& out, const Deadline& deadline) {
     std::lock_guard lock(mutex_);
