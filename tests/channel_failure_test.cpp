@@ -84,6 +84,50 @@ TEST_P(PeerDeathTest, ReceiverKilledMakesABlockedSenderFail) {
   EXPECT_FALSE(tx.is_open());
 }
 
+TEST_P(PeerDeathTest, SenderToABrokenReceiverFailsInsteadOfBlocking) {
+  // The receiver refuses a frame above its limits and is broken for good, but its process
+  // lives on (it handles the error and does other work). Nobody will ever read the rest
+  // of the stream: a sender that fills the transport must get ChannelClosed, not block.
+  ChannelOptions options;
+  options.ring_capacity = 4096;
+  options.peer_check_interval = 20ms;
+  options.limits.max_body_bytes = 1024;
+  auto [tx, rx] = channel<std::vector<std::uint8_t>>(GetParam(), options);
+  auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
+  const pid_t child = fork_child([&tx = tx, &rx = rx, &done_tx = done_tx, &done_rx = done_rx] {
+    tx.detach();
+    done_tx.detach();
+    try {
+      (void)rx.recv();
+      CHILD_CHECK(!"a frame above the receiver's limits was accepted");
+    } catch (const ProtocolError&) {
+      // What the receiver must see; it keeps the broken Receiver and stays alive.
+    }
+    CHILD_CHECK(done_rx.recv_for(20s).has_value());
+    bool still_broken = false;
+    try {
+      (void)rx.recv();
+    } catch (const ProtocolError&) {
+      still_broken = true;
+    }
+    CHILD_CHECK(still_broken);
+  });
+  rx.close();
+  done_rx.close();
+  const std::vector<std::uint8_t> chunk(64 * 1024, 7);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_THROW(
+      {
+        for (int i = 0; i < 64; ++i) tx.send(chunk);  // 4 MiB: more than any transport buffers
+      },
+      ChannelClosed);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  done_tx.send(1);
+  EXPECT_TRUE(test::child_succeeded(child));
+  EXPECT_FALSE(tx.is_open());
+  done_tx.close();
+}
+
 TEST_P(PeerDeathTest, ReceiverKilledWhileHoldingTensorsLeaksNothing) {
   auto [tx, rx] = channel<Payload>(GetParam());
   auto [ready_tx, ready_rx] = channel<int>(GetParam());

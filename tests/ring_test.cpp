@@ -733,6 +733,22 @@ TEST_F(RingTest, IdleEndsBurnNoCpu) {
   sender.join();
 }
 
+TEST_F(RingTest, TheLongestPeerCheckIntervalStillLetsAnIdleEndSleep) {
+  // milliseconds::max() as "hardly ever look at the peer": the end must still sleep on its
+  // futex (not wake every microsecond) and still be woken by a send.
+  ChannelOptions options = ring_options(4096, std::chrono::nanoseconds::zero());
+  options.peer_check_interval = std::chrono::milliseconds::max();
+  auto [tx, rx] = channel<int>(Transport::ShmRing, options);
+  std::thread receiver([&rx = rx] { EXPECT_EQ(rx.recv().value(), 42); });
+  std::this_thread::sleep_for(100ms);  // the receiver sleeps now
+  const double before = process_cpu_seconds();
+  std::this_thread::sleep_for(500ms);
+  const double burnt = process_cpu_seconds() - before;
+  EXPECT_LT(burnt, 0.05) << "an idle receiver burnt " << burnt << " s of CPU in half a second";
+  tx.send(42);
+  receiver.join();
+}
+
 TEST_F(RingTest, SleepingReceiverIsWokenBySend) {
   auto [tx, rx] = channel<int>(Transport::ShmRing, ring_options(4096, std::chrono::nanoseconds::zero()));
   auto [back_tx, back_rx] = channel<int>(Transport::ShmRing, ring_options(4096, std::chrono::nanoseconds::zero()));

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <map>
+#include <thread>
 
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
@@ -101,6 +102,32 @@ TEST_P(SelectTest, MixedMessageTypesRoundRobin) {
   EXPECT_FALSE(selector.contains(ints));
   EXPECT_EQ(selector.size(), 1u);
   EXPECT_FALSE(selector.try_wait().has_value());
+}
+
+// The sender stays alive and sends while the Selector already waits: the wait must end
+// with the data, not only when the sender's process exits (the ring has no descriptor
+// that wakes on data; its companion socket only reports a hang-up).
+TEST_P(SelectTest, SenderThatStaysAliveWakesAWaitingSelector) {
+  auto [tx, rx] = channel<int>(GetParam());
+  auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
+  const pid_t child = test::fork_child([&tx = tx, &rx = rx, &done_tx = done_tx, &done_rx = done_rx] {
+    rx.detach();
+    done_tx.detach();
+    std::this_thread::sleep_for(50ms);  // let the parent start waiting first
+    tx.send(7);
+    // Stay alive (and keep the channel open) until the parent has seen the value.
+    CHILD_CHECK(done_rx.recv_for(10s).has_value());
+  });
+  tx.detach();
+  done_rx.close();
+  Selector selector;
+  const std::size_t index = selector.add(rx);
+  const auto ready = selector.wait_for(5s);
+  done_tx.send(1);
+  ASSERT_EQ(ready, index) << "the Selector did not see a value sent by a live sender";
+  EXPECT_EQ(rx.try_recv().value(), 7);
+  EXPECT_TRUE(test::child_succeeded(child));
+  done_tx.close();
 }
 
 TEST(SelectorTest, EmptySelectorRefusesToWaitForEver) {

@@ -179,6 +179,21 @@ TEST(SpinPolicyTest, AZeroOrNegativeSettingNeverSpins) {
   }
 }
 
+TEST(SpinPolicyTest, TheLongestPossibleSettingFollowsTheSameRules) {
+  // nanoseconds::max() as "spin as long as you like": the rules' arithmetic (16 and 4
+  // settings) must not overflow, or a quick wake from another CPU would not bring back
+  // the spin that a wake from our own CPU took away.
+  SpinPolicy policy(nanoseconds::max());
+  EXPECT_GT(policy.setting(), 1s);
+  EXPECT_EQ(policy.budget(), policy.setting());
+  policy.caught(1us);
+  EXPECT_EQ(policy.budget(), policy.setting());
+  policy.slept(policy.budget(), 1s, Waker::SameCpu);
+  EXPECT_EQ(policy.budget(), nanoseconds::zero());
+  policy.slept(nanoseconds::zero(), 1ms, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), policy.setting());
+}
+
 // Runs `body` on a thread pinned to `cpu`.
 template <class F>
 void on_cpu(int cpu, F body) {

@@ -142,6 +142,9 @@ void ReceiverCore::mark_broken(const std::string& reason) {
   broken_ = reason;
   decoder_.release_all();
   fds_.clear();
+  // Nothing will ever read the rest of the stream: let the transport go, so that the
+  // sender gets ChannelClosed instead of blocking on a stream that nobody drains.
+  reader_->close();
 }
 
 ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
@@ -199,6 +202,11 @@ bool ReceiverCore::has_buffered_frame() {
 int ReceiverCore::readiness_fd() {
   std::lock_guard lock(mutex_);
   return open_ ? reader_->readiness_fd() : -1;
+}
+
+bool ReceiverCore::readiness_fd_reports_data() {
+  std::lock_guard lock(mutex_);
+  return reader_->readiness_fd_reports_data();
 }
 
 void ReceiverCore::abandon_in_child() noexcept {

@@ -23,6 +23,10 @@ std::int64_t coarse_now() noexcept {
   return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
 }
 
+// The longest interval between peer checks: a longer one counts as this long, so that the
+// interval in nanoseconds, added to the clock, cannot overflow.
+constexpr std::chrono::milliseconds kLongestPeerCheck = std::chrono::hours(1);
+
 // The futex word of a ring end (ring_layout.hpp): 0 awake, 1 asleep, 2 + n woken by a peer
 // running on CPU n.
 constexpr std::uint32_t kSleeping = 1;
@@ -47,7 +51,7 @@ RingEnd::RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion,
       data_(segment_->data()),
       capacity_(segment_->capacity()),
       companion_(std::move(companion)),
-      peer_check_interval_(std::max(timing.peer_check_interval, std::chrono::milliseconds(1))),
+      peer_check_interval_(std::clamp(timing.peer_check_interval, std::chrono::milliseconds(1), kLongestPeerCheck)),
       spin_(timing.spin) {}
 
 bool RingEnd::peer_gone() {

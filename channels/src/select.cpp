@@ -59,10 +59,10 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
         continue;
       }
       const int fd = core->readiness_fd();
-      if (fd < 0) {
-        unpollable = true;
-        continue;
-      }
+      // Without a descriptor that reports data (none at all, or a ring's companion socket,
+      // which reports only a hang-up), the receiver is re-checked at short intervals.
+      if (fd < 0 || !core->readiness_fd_reports_data()) unpollable = true;
+      if (fd < 0) continue;
       fds.push_back(pollfd{fd, POLLIN, 0});
       owners.push_back(index);
     }
@@ -98,9 +98,10 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
     for (std::size_t i = 0; rc > 0 && i < fds.size(); ++i) {
       if (fds[i].revents != 0) ready[owners[i]] = true;
     }
-    // Receivers without a descriptor are looked at again after the wait.
+    // Receivers without a descriptor that reports data are looked at again after the wait.
     for (std::size_t index = 0; unpollable && index < count; ++index) {
-      if (cores_[index] != nullptr && !ready[index] && cores_[index]->readiness_fd() < 0 &&
+      if (cores_[index] != nullptr && !ready[index] &&
+          (cores_[index]->readiness_fd() < 0 || !cores_[index]->readiness_fd_reports_data()) &&
           cores_[index]->has_buffered_frame()) {
         ready[index] = true;
       }

@@ -7,7 +7,7 @@ namespace ferry::detail {
 using std::chrono::nanoseconds;
 
 SpinPolicy::SpinPolicy(nanoseconds setting) noexcept
-    : setting_(std::max(setting, nanoseconds::zero())), budget_(setting_) {}
+    : setting_(std::clamp(setting, nanoseconds::zero(), kLongestSetting)), budget_(setting_) {}
 
 void SpinPolicy::caught(nanoseconds spun) noexcept {
   if (setting_ == nanoseconds::zero()) return;

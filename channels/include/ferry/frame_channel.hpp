@@ -27,10 +27,11 @@ struct ChannelOptions {
   /// least 4 KiB. Frames larger than the ring still pass: they stream through it.
   std::size_t ring_capacity = std::size_t{1} << 20;
   /// How long a ring end with nothing to do spins before it sleeps on its futex
-  /// (Transport::ShmRing); 0 sleeps at once.
+  /// (Transport::ShmRing); 0 sleeps at once; above an hour counts as an hour.
   std::chrono::nanoseconds ring_spin = default_ring_spin();
   /// How often a waiting ring end checks that its peer still exists: a peer that died is
-  /// reported (ChannelClosed / PeerDied) within about this long (Transport::ShmRing).
+  /// reported (ChannelClosed / PeerDied) within about this long (Transport::ShmRing);
+  /// 1 ms at least, an hour at most.
   std::chrono::milliseconds peer_check_interval{100};
   /// Values an InProcess channel holds before send() blocks (Transport::InProcess).
   std::size_t queue_capacity = 1024;
@@ -129,7 +130,8 @@ class ReceiverCore final : public LiveEnd {
   /// Waits for the next message and deserializes it into `out`. Returns Frame, Timeout or
   /// Closed (end of stream). Throws PeerDied, ProtocolError, or another ferry::Error for a
   /// local failure while reading a frame (mapping it, ...); after any error but PeerDied
-  /// the channel is broken and every later call throws ProtocolError saying why.
+  /// the channel is broken and every later call throws ProtocolError saying why (the
+  /// transport is released at once, so the sender's next sends raise ChannelClosed).
   template <class T>
   ReadStatus receive(T& out, const Deadline& deadline) {
     std::lock_guard lock(mutex_);
@@ -165,6 +167,8 @@ class ReceiverCore final : public LiveEnd {
   bool has_buffered_frame();
   /// The descriptor to poll for more data (FrameReader::readiness_fd()); -1 when closed.
   int readiness_fd();
+  /// False when readiness_fd() tells only of the peer's hang-up (FrameReader::readiness_fd_reports_data()).
+  bool readiness_fd_reports_data();
   void abandon_in_child() noexcept override;
   /// Segments this end leases from the sender (for tests and statistics).
   std::size_t leased_segments();

@@ -103,7 +103,7 @@ class RingEnd {
   std::byte* data_ = nullptr;
   std::uint64_t capacity_ = 0;
   UniqueFd companion_;
-  std::chrono::milliseconds peer_check_interval_;  // at least 1 ms
+  std::chrono::milliseconds peer_check_interval_;  // 1 ms to 1 hour
   SpinPolicy spin_;
   // When the peer is due for its next check, on CLOCK_MONOTONIC_COARSE (nanoseconds): that
   // clock costs a few nanoseconds to read, so a send can afford to look at it.

@@ -125,6 +125,8 @@ class RingFrameReader final : public FrameReader {
   bool has_buffered_frame() const override;
   /// The companion socket: readable (hang-up) when the writer's process is gone.
   int readiness_fd() const override { return end_.is_open() ? end_.companion_fd() : -1; }
+  /// False: the companion socket never carries data, so it cannot tell that a frame arrived.
+  bool readiness_fd_reports_data() const override { return false; }
 
  private:
   // Bytes published and not yet consumed; throws ProtocolError when the shared tail

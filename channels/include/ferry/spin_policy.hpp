@@ -51,8 +51,11 @@ class SpinPolicy {
   static constexpr std::int64_t kLongestProbe = 4;
   /// Below this, a halved budget becomes zero.
   static constexpr std::chrono::nanoseconds kMinimumBudget{500};
+  /// A longer setting counts as this long (spinning for an hour and spinning without end
+  /// are the same to a waiting end), so that the rules' sums of settings cannot overflow.
+  static constexpr std::chrono::nanoseconds kLongestSetting = std::chrono::hours(1);
 
-  /// `setting`: the longest spin; zero or less never spins.
+  /// `setting`: the longest spin; zero or less never spins; at most kLongestSetting.
   explicit SpinPolicy(std::chrono::nanoseconds setting) noexcept;
 
   /// The budget for the next wait.

@@ -114,6 +114,9 @@ class FrameReader {
   /// hang-up) arrived; -1 when the transport has none, in which case a Selector re-checks
   /// has_buffered_frame() at short intervals.
   virtual int readiness_fd() const { return -1; }
+  /// False when readiness_fd() reports only the peer's hang-up, not arriving data: a
+  /// Selector then polls it and also re-checks has_buffered_frame() at short intervals.
+  virtual bool readiness_fd_reports_data() const { return true; }
 };
 
 /// How long a waiting end of a shared-memory ring spins before it sleeps on its futex by
@@ -122,11 +125,12 @@ std::chrono::nanoseconds default_ring_spin();
 
 /// How the ends of a shared-memory ring (Transport::ShmRing) wait.
 struct RingTiming {
-  /// Time an end that has nothing to do (no frame, no room) spins before it sleeps.
+  /// Time an end that has nothing to do (no frame, no room) spins before it sleeps; a
+  /// setting above an hour counts as an hour.
   std::chrono::nanoseconds spin = default_ring_spin();
   /// How often an end checks that its peer still exists: a waiting end whose peer died
   /// (or dropped its end) learns it within about this long, and a sending end checks at
-  /// most this often while it finds room. At least 1 ms.
+  /// most this often while it finds room. At least 1 ms; above an hour counts as an hour.
   std::chrono::milliseconds peer_check_interval{100};
 };
 
