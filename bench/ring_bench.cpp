@@ -132,8 +132,10 @@ using bench::RoundTripTimes;  // one round trip in 16 timed: bench/support/round
 // Round trip of a message of T: the child echoes every message back. `make` returns the
 // message to send (a reference to one kept by the caller, for plain bytes: sending does not
 // copy the caller's vector, as the raw baselines copy from a buffer they keep).
+// With `via_selector`, the parent waits for each echo in a Selector before it reads it.
 template <class T, class Make>
-void ping_pong(benchmark::State& state, Transport transport, const ChannelOptions& options, const Make& make) {
+void ping_pong(benchmark::State& state, Transport transport, const ChannelOptions& options, const Make& make,
+               bool via_selector = false) {
   const ScopedPin pin;
   auto [to_child, child_in] = channel<T>(transport, options);
   auto [child_out, from_child] = channel<T>(transport, options);
@@ -155,10 +157,13 @@ void ping_pong(benchmark::State& state, Transport transport, const ChannelOption
   child_out.detach();
   to_child.send(make());  // warm-up: maps, first type-name frame
   from_child.recv();
+  Selector selector;
+  selector.add(from_child);
   RoundTripTimes times(state);
   for (auto _ : state) {
     const auto sample = times.sample();
     to_child.send(make());
+    if (via_selector) selector.wait();
     auto back = from_child.recv();
     benchmark::DoNotOptimize(back);
   }
@@ -198,6 +203,16 @@ BENCHMARK(BM_RingRoundTripBytesDefaultSpin)
     ->UseRealTime()
     ->Repetitions(kRepetitions)
     ->ReportAggregatesOnly(true);
+
+// The same 64 B round trip with both ends sleeping at once, the parent waiting for the echo
+// in a Selector (as a collector fanning in from workers does): compare with
+// BM_RingRoundTripBytes/bytes:64/spinning:0, where it waits in recv().
+void BM_RingRoundTripViaSelector(benchmark::State& state) {
+  const Bytes message(64, 7);
+  ping_pong<Bytes>(state, Transport::ShmRing, ring_options(false, message.size()),
+                   [&]() -> const Bytes& { return message; }, true);
+}
+BENCHMARK(BM_RingRoundTripViaSelector)->UseRealTime()->Repetitions(kRepetitions)->ReportAggregatesOnly(true);
 
 void BM_UnixSocketRoundTripBytes(benchmark::State& state) {
   const Bytes message(static_cast<std::size_t>(state.range(0)), 7);

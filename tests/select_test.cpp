@@ -2,9 +2,14 @@
 // message types, and a collector fanning in from several workers (both start methods).
 #include <gtest/gtest.h>
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <map>
 #include <thread>
+#include <vector>
 
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
@@ -128,6 +133,120 @@ TEST_P(SelectTest, SenderThatStaysAliveWakesAWaitingSelector) {
   EXPECT_EQ(rx.try_recv().value(), 7);
   EXPECT_TRUE(test::child_succeeded(child));
   done_tx.close();
+}
+
+class SelectorRingTest : public test::LeakCheckedTest {};
+
+// Wake-ups of this thread that it asked for (sleeps that ended), so far.
+long voluntary_switches() {
+  rusage usage{};
+  EXPECT_EQ(::getrusage(RUSAGE_THREAD, &usage), 0);
+  return usage.ru_nvcsw;
+}
+
+// Only rings wait: the Selector sleeps on their futex words (no re-check every 200 us), and
+// wakes up only to look for a dead writer now and then.
+TEST_F(SelectorRingTest, ASelectorWaitingOnlyOnRingsSleeps) {
+  auto [a_tx, a_rx] = channel<int>(Transport::ShmRing);
+  auto [b_tx, b_rx] = channel<int>(Transport::ShmRing);
+  Selector selector;
+  selector.add(a_rx);
+  selector.add(b_rx);
+  const long before = voluntary_switches();
+  EXPECT_FALSE(selector.wait_for(500ms).has_value());
+  const long sleeps = voluntary_switches() - before;
+  // Re-checking every 200 us would take about 2,500 sleeps; looking for a dead writer every
+  // 100 ms takes about 5 (more when the thread is preempted, which counts as involuntary).
+  EXPECT_LE(sleeps, 50) << "the Selector woke " << sleeps << " times in 500 ms";
+}
+
+// Three rings, written by a live process in turn: each write wakes the sleeping Selector
+// with the right index.
+TEST_F(SelectorRingTest, EachRingWakesASleepingSelectorWithItsIndex) {
+  std::vector<Sender<int>> senders;
+  std::vector<Receiver<int>> receivers;
+  for (int i = 0; i < 3; ++i) {
+    auto [tx, rx] = channel<int>(Transport::ShmRing);
+    senders.push_back(std::move(tx));
+    receivers.push_back(std::move(rx));
+  }
+  auto [go_tx, go_rx] = channel<int>(Transport::Pipe);
+  const pid_t child = test::fork_child([&] {
+    for (auto& rx : receivers) rx.detach();
+    go_tx.detach();
+    // The parent asks for one ring at a time, once it waits.
+    while (auto which = go_rx.recv()) {
+      std::this_thread::sleep_for(20ms);  // let the parent's Selector fall asleep
+      senders[static_cast<std::size_t>(*which)].send(*which * 10);
+    }
+  });
+  for (auto& tx : senders) tx.detach();
+  go_rx.close();
+  Selector selector;
+  for (auto& rx : receivers) selector.add(rx);
+  for (const int which : {2, 0, 1, 2}) {
+    go_tx.send(which);
+    const auto ready = selector.wait_for(10s);
+    ASSERT_EQ(ready, static_cast<std::size_t>(which));
+    EXPECT_EQ(receivers[static_cast<std::size_t>(which)].try_recv().value(), which * 10);
+  }
+  go_tx.close();
+  EXPECT_TRUE(test::child_succeeded(child));
+  // The writers exited: every ring reports its end.
+  for (std::size_t i = 0; i < receivers.size(); ++i) {
+    ASSERT_TRUE(selector.wait_for(10s).has_value());
+    EXPECT_THROW((void)receivers[i].recv_for(5s), PeerDied);
+  }
+}
+
+// A writer killed while the Selector sleeps on its ring: the Selector wakes (it looks at
+// the companion sockets every 100 ms) and recv() reports the death.
+TEST_F(SelectorRingTest, AWriterKilledWhileTheSelectorSleepsWakesIt) {
+  auto [tx, rx] = channel<int>(Transport::ShmRing);
+  auto [other_tx, other_rx] = channel<int>(Transport::ShmRing);
+  const pid_t child = test::fork_child([&tx = tx, &rx = rx] {
+    rx.detach();
+    tx.send(1);
+    ::pause();  // until killed
+  });
+  tx.detach();
+  Selector selector;
+  const std::size_t index = selector.add(rx);
+  selector.add(other_rx);
+  ASSERT_EQ(selector.wait_for(10s), index);
+  EXPECT_EQ(rx.recv().value(), 1);
+  std::thread killer([child] {
+    std::this_thread::sleep_for(50ms);  // the Selector sleeps by now
+    ::kill(child, SIGKILL);
+  });
+  const auto ready = selector.wait_for(10s);
+  killer.join();
+  ASSERT_EQ(ready, index);
+  EXPECT_THROW((void)rx.recv(), PeerDied);
+  const test::ChildExit exit = test::wait_child(child);
+  EXPECT_EQ(exit.signal, SIGKILL) << exit.describe();
+  other_tx.close();
+}
+
+// A ring next to a pipe in one set: the ring is re-checked at short intervals (futexes
+// cannot wait together with descriptors), and a value sent on it still wakes the Selector.
+TEST_F(SelectorRingTest, ARingNextToAPipeStillWakesTheSelector) {
+  auto [ring_tx, ring_rx] = channel<int>(Transport::ShmRing);
+  auto [pipe_tx, pipe_rx] = channel<int>(Transport::Pipe);
+  const pid_t child = test::fork_child([&ring_tx = ring_tx, &ring_rx = ring_rx] {
+    ring_rx.detach();
+    std::this_thread::sleep_for(50ms);
+    ring_tx.send(5);
+    ring_tx.close();
+  });
+  ring_tx.detach();
+  Selector selector;
+  const std::size_t ring = selector.add(ring_rx);
+  selector.add(pipe_rx);
+  ASSERT_EQ(selector.wait_for(10s), ring);
+  EXPECT_EQ(ring_rx.recv().value(), 5);
+  EXPECT_TRUE(test::child_succeeded(child));
+  pipe_tx.close();
 }
 
 TEST(SelectorTest, EmptySelectorRefusesToWaitForEver) {

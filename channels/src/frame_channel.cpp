@@ -209,6 +209,11 @@ bool ReceiverCore::readiness_fd_reports_data() {
   return reader_->readiness_fd_reports_data();
 }
 
+std::atomic<std::uint32_t>* ReceiverCore::data_futex() {
+  std::lock_guard lock(mutex_);
+  return open_ ? reader_->data_futex() : nullptr;
+}
+
 void ReceiverCore::abandon_in_child() noexcept {
   open_ = false;
   fds_.clear();

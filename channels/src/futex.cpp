@@ -4,8 +4,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <ctime>
+#include <string>
 
 #include "ferry/error.hpp"
 
@@ -36,6 +38,33 @@ void futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, 
   // EAGAIN: the word changed before we slept; ETIMEDOUT and EINTR: the caller re-checks.
   if (errno == EAGAIN || errno == ETIMEDOUT || errno == EINTR) return;
   throw_errno("futex(FUTEX_WAIT)");
+}
+
+bool futex_wait_any(std::span<const std::atomic<std::uint32_t>* const> words, std::uint32_t expected,
+                    std::chrono::steady_clock::time_point deadline) {
+  constexpr std::size_t kMaxWords = 128;  // FUTEX_WAITV_MAX
+  if (words.size() > kMaxWords) throw Error("futex_wait_any: at most 128 words, not " + std::to_string(words.size()));
+  std::array<futex_waitv, kMaxWords> waiters{};
+  for (std::size_t i = 0; i < words.size(); ++i) {
+    waiters[i].val = expected;
+    waiters[i].uaddr = reinterpret_cast<std::uintptr_t>(words[i]);
+    waiters[i].flags = FUTEX_32;  // shared between processes: not FUTEX_PRIVATE_FLAG
+  }
+  // futex_waitv takes an absolute time on the clock it is given; steady_clock is CLOCK_MONOTONIC.
+  timespec until{};
+  const timespec* limit = nullptr;
+  if (deadline != std::chrono::steady_clock::time_point::max()) {
+    const auto since_epoch = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch());
+    until.tv_sec = static_cast<time_t>(since_epoch.count() / 1'000'000'000);
+    until.tv_nsec = static_cast<long>(since_epoch.count() % 1'000'000'000);
+    limit = &until;
+  }
+  if (::syscall(SYS_futex_waitv, waiters.data(), static_cast<unsigned>(words.size()), 0u, limit, CLOCK_MONOTONIC) >= 0) {
+    return true;
+  }
+  if (errno == ENOSYS) return false;
+  if (errno == EAGAIN || errno == ETIMEDOUT || errno == EINTR) return true;
+  throw_errno("futex_waitv");
 }
 
 void futex_wake(const std::atomic<std::uint32_t>& word, int count) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <limits>
 #include <optional>
 
 #include "ferry/error.hpp"
@@ -144,7 +145,8 @@ void RingEnd::wake(std::atomic<std::uint32_t>& word) noexcept {
   std::uint32_t sleeping = kSleeping;
   if (!word.compare_exchange_strong(sleeping, woken_word(), std::memory_order_seq_cst)) return;
   try {
-    futex_wake(word, 1);
+    // Every waiter: a Selector may sleep on a ring's word while a thread sleeps in its recv().
+    futex_wake(word, std::numeric_limits<int>::max());
   } catch (const SystemError&) {
     // FUTEX_WAKE fails only for an address outside our mappings, which a ring's word never
     // is. Were it to fail, the sleeper would still notice at its next peer check: better

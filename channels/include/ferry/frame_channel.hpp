@@ -169,6 +169,9 @@ class ReceiverCore final : public LiveEnd {
   int readiness_fd();
   /// False when readiness_fd() tells only of the peer's hang-up (FrameReader::readiness_fd_reports_data()).
   bool readiness_fd_reports_data();
+  /// The word a Selector can sleep on for data (FrameReader::data_futex()); nullptr when
+  /// there is none or the end is closed.
+  std::atomic<std::uint32_t>* data_futex();
   void abandon_in_child() noexcept override;
   /// Segments this end leases from the sender (for tests and statistics).
   std::size_t leased_segments();

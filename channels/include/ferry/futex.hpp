@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <span>
 
 namespace ferry {
 
@@ -14,6 +15,12 @@ namespace ferry {
 /// other than those four outcomes.
 void futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout);
 
+/// Sleeps while every word of `words` holds `expected`, at most until `deadline` (on the
+/// steady clock; time_point::max(): no limit), with the same outcomes as futex_wait (at
+/// most 128 words). Returns false, without waiting, on a kernel without futex_waitv
+/// (before Linux 5.16): the caller then has to poll. Throws SystemError on other errors.
+bool futex_wait_any(std::span<const std::atomic<std::uint32_t>* const> words, std::uint32_t expected,
+                    std::chrono::steady_clock::time_point deadline);
 /// Wakes up to `count` waiters of `word` in any process that maps it. Throws SystemError
 /// if the kernel refuses.
 void futex_wake(const std::atomic<std::uint32_t>& word, int count);

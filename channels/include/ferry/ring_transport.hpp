@@ -121,12 +121,14 @@ class RingFrameReader final : public FrameReader {
   std::vector<int> descriptors() const override { return end_.descriptors(); }
   /// True when the writer published bytes not yet consumed (a frame is written into the
   /// ring whole, so read() then returns without waiting), or this end was closed. There
-  /// is no descriptor that wakes on data: a Selector re-checks this at short intervals.
+  /// is no descriptor that wakes on data: a Selector sleeps on data_futex() instead.
   bool has_buffered_frame() const override;
   /// The companion socket: readable (hang-up) when the writer's process is gone.
   int readiness_fd() const override { return end_.is_open() ? end_.companion_fd() : -1; }
   /// False: the companion socket never carries data, so it cannot tell that a frame arrived.
   bool readiness_fd_reports_data() const override { return false; }
+  /// The ring's reader_sleeping word: the writer wakes it after publishing.
+  std::atomic<std::uint32_t>* data_futex() override { return end_.is_open() ? &end_.header().reader_sleeping : nullptr; }
 
  private:
   // Bytes published and not yet consumed; throws ProtocolError when the shared tail

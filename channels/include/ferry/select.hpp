@@ -33,6 +33,10 @@ namespace ferry {
 /// ```
 class Selector {
  public:
+  /// The most rings a Selector sleeps on through their futex words (futex_waitv's limit);
+  /// beyond it, rings are re-checked at short intervals.
+  static constexpr std::size_t kMaxFutexWords = 128;
+
   /// Adds `receiver` to the set; returns its index (indices count up from 0 and are
   /// never reused).
   template <class T>
@@ -57,10 +61,13 @@ class Selector {
  private:
   std::size_t add_core(detail::ReceiverCore& core);
   std::optional<std::size_t> wait_until(const Deadline& deadline);
+  // The next ready index, round-robin from next_.
+  std::optional<std::size_t> pick(const std::vector<bool>& ready);
 
   std::vector<detail::ReceiverCore*> cores_;  // nullptr once removed
   std::size_t active_ = 0;
   std::size_t next_ = 0;  // where the round-robin scan starts
+  bool futexes_work_ = true;  // false once futex_waitv turned out to be missing
 };
 
 }  // namespace ferry

@@ -4,6 +4,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -115,8 +116,14 @@ class FrameReader {
   /// has_buffered_frame() at short intervals.
   virtual int readiness_fd() const { return -1; }
   /// False when readiness_fd() reports only the peer's hang-up, not arriving data: a
-  /// Selector then polls it and also re-checks has_buffered_frame() at short intervals.
+  /// Selector then sleeps on data_futex() if there is one, and otherwise re-checks
+  /// has_buffered_frame() at short intervals.
   virtual bool readiness_fd_reports_data() const { return true; }
+  /// A futex word that the writer wakes after it published data while the word holds 1 (a
+  /// sleeping reader, see ring_layout.hpp); nullptr when the transport has none. A waiter
+  /// stores 1, re-checks has_buffered_frame(), sleeps while the word holds 1, and stores 0
+  /// once awake.
+  virtual std::atomic<std::uint32_t>* data_futex() { return nullptr; }
 };
 
 /// How long a waiting end of a shared-memory ring spins before it sleeps on its futex by
