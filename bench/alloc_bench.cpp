@@ -9,12 +9,12 @@
 //   PingPong         a message without tensors: the transport's own round trip
 //
 // Run: build/release/bench/ferry_bench --benchmark_filter='Alloc'
+// The receiver runs on the last CPU and the producer on the first (bench/support/child_process.hpp).
 // Arguments: transport (0 = Pipe, 1 = UnixSocket, 2 = ShmRing with its default waiting),
 // then the tensor count for SmallTensors. The per-tensor cost of a message is the ratio of
 // SmallTensors/N to SmallTensors/1 of one transport (same run, medians).
 #include <benchmark/benchmark.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -22,8 +22,10 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <memory>
 
 #include "ferry/ferry.hpp"
+#include "support/child_process.hpp"
 
 namespace {
 
@@ -73,43 +75,34 @@ std::int64_t touch(const Message& message) {
 }
 
 // A producer connected to a forked receiver that touches every message, drops it and replies
-// (so a round trip holds the whole cost of a message on both sides).
+// (so a round trip holds the whole cost of a message on both sides). The receiver runs on the
+// last CPU and the producer on the first, as in every ping-pong of ferry_bench.
 class Pair {
  public:
   explicit Pair(ferry::Transport transport) {
     auto [tx, rx] = ferry::channel<Message>(transport);
     auto [reply_tx, reply_rx] = ferry::channel<Reply>(transport);
-    std::fflush(nullptr);
-    child_ = ::fork();
-    if (child_ < 0) throw std::runtime_error("fork failed");
-    if (child_ == 0) {
+    // Structured bindings are named explicitly: clang 14 cannot capture them implicitly.
+    child_ = std::make_unique<ferry::bench::ChildProcess>([&tx = tx, &rx = rx, &reply_tx = reply_tx,
+                                                           &reply_rx = reply_rx] {
       ::prctl(PR_SET_NAME, "alloc-receiver");  // tells the processes apart in profiles (perf --comm)
-      int status = 0;
-      try {
-        tx.detach();
-        reply_rx.close();
-        reply_tx.adopt();
-        while (auto message = rx.recv()) {
-          const std::int64_t sum = touch(*message);
-          message.reset();  // the receiver's whole cost of the message, before the reply
-          reply_tx.send(Reply{sum, thread_cpu_ns()});
-        }
-        reply_tx.close();
-      } catch (const std::exception& error) {
-        std::fprintf(stderr, "receiver failed: %s\n", error.what());
-        status = 1;
+      tx.detach();
+      reply_rx.close();
+      reply_tx.adopt();
+      while (auto message = rx.recv()) {
+        const std::int64_t sum = touch(*message);
+        message.reset();  // the receiver's whole cost of the message, before the reply
+        reply_tx.send(Reply{sum, thread_cpu_ns()});
       }
-      ::_exit(status);
-    }
+      reply_tx.close();
+    });
     rx.close();
     reply_tx.detach();
     tx_ = std::move(tx);
     reply_rx_ = std::move(reply_rx);
   }
   ~Pair() {
-    tx_.close();
-    int status = 0;
-    ::waitpid(child_, &status, 0);
+    tx_.close();  // ends the receiver's loop; child_ then waits for it to exit
   }
   Pair(const Pair&) = delete;
   Pair& operator=(const Pair&) = delete;
@@ -129,7 +122,7 @@ class Pair {
   }
 
  private:
-  pid_t child_ = -1;
+  std::unique_ptr<ferry::bench::ChildProcess> child_;  // declared first: waited for last
   ferry::Sender<Message> tx_;
   ferry::Receiver<Reply> reply_rx_;
   std::int64_t peer_cpu_ns_ = 0;

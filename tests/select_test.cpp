@@ -171,7 +171,8 @@ TEST_F(SelectorRingTest, EachRingWakesASleepingSelectorWithItsIndex) {
     receivers.push_back(std::move(rx));
   }
   auto [go_tx, go_rx] = channel<int>(Transport::Pipe);
-  const pid_t child = test::fork_child([&] {
+  // Structured bindings are named explicitly: clang 14 cannot capture them implicitly.
+  const pid_t child = test::fork_child([&, &go_tx = go_tx, &go_rx = go_rx] {
     for (auto& rx : receivers) rx.detach();
     go_tx.detach();
     // The parent asks for one ring at a time, once it waits.
