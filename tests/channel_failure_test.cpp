@@ -128,6 +128,50 @@ TEST_P(PeerDeathTest, SenderToABrokenReceiverFailsInsteadOfBlocking) {
   done_tx.close();
 }
 
+TEST_P(PeerDeathTest, CloseOfAFullChannelWhoseReceiverStoppedReadingIsBounded) {
+  // The receiver lives but does not read (in a real program: blocked on a send to the
+  // sender's process). close() must give up writing the end of the stream after
+  // close_linger instead of waiting for room for ever; the receiver, once it reads again,
+  // gets the values and then PeerDied (the end was dropped, not closed).
+  ChannelOptions options;
+  options.ring_capacity = 4096;
+  options.peer_check_interval = 20ms;
+  options.close_linger = 200ms;
+  auto [tx, rx] = channel<int>(GetParam(), options);
+  auto [go_tx, go_rx] = channel<int>(Transport::Pipe);
+  const pid_t child = fork_child([&tx = tx, &rx = rx, &go_tx = go_tx, &go_rx = go_rx] {
+    tx.detach();
+    go_tx.detach();
+    auto sent = go_rx.recv_for(20s);  // only now start reading
+    CHILD_CHECK(sent.has_value());
+    int received = 0;
+    bool died = false;
+    try {
+      while (auto value = rx.recv()) {
+        CHILD_CHECK(*value == received);
+        ++received;
+      }
+    } catch (const PeerDied&) {
+      died = true;
+    }
+    CHILD_CHECK(died);
+    // A value whose send() returned may still be cut off: the transport took its first
+    // bytes, and close() gave up on the rest together with the end of the stream.
+    CHILD_CHECK(received == *sent || received == *sent - 1);
+  });
+  rx.close();
+  go_rx.close();
+  int sent = 0;
+  while (tx.send_for(sent, 20ms)) ++sent;  // full: the receiver does not read
+  const auto start = std::chrono::steady_clock::now();
+  tx.close();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s) << "close() waited for a receiver that does not read";
+  EXPECT_FALSE(tx.is_open());
+  go_tx.send(sent);
+  EXPECT_TRUE(test::child_succeeded(child));
+  go_tx.close();
+}
+
 TEST_P(PeerDeathTest, ReceiverKilledWhileHoldingTensorsLeaksNothing) {
   auto [tx, rx] = channel<Payload>(GetParam());
   auto [ready_tx, ready_rx] = channel<int>(GetParam());

@@ -71,8 +71,14 @@ void SenderCore::close() {
     const Deadline linger = Deadline::after(options_.close_linger);
     writer_->flush(linger);
     const EncodedFrame& frame = encoder_.encode_close();
-    writer_->write(frame.iovecs(), frame.fds, Deadline::never());
-    encoder_.commit();
+    // Bounded, like the rest of close(): a receiver that stopped reading (say, blocked on a
+    // send to this process) must not keep close() waiting for room for ever. Without the
+    // end-of-stream frame it sees the end dropped (PeerDied) after what was sent before.
+    if (writer_->write(frame.iovecs(), frame.fds, linger)) {
+      encoder_.commit();
+    } else {
+      encoder_.rollback();
+    }
     // Storages named by /proc path must outlive the receiver's open() of them.
     if (encoder_.awaiting_acknowledgement()) {
       writer_->wait_acknowledged(encoder_.newest_awaited_sequence(), linger);
