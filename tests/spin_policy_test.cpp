@@ -1,5 +1,6 @@
-// SpinPolicy: how long a waiting ring end spins, learned from how its waits end; and the
-// waker's CPU that RingEnd::wake leaves in the futex word for it.
+// SpinPolicy: how long a waiting ring end spins, learned from how its waits end; the
+// waker's CPU that RingEnd::wake leaves in the futex word for it; and futex_wait_any, on
+// which a Selector sleeps for many rings at once.
 #include <gtest/gtest.h>
 #include <sched.h>
 
@@ -7,7 +8,10 @@
 #include <chrono>
 #include <cstdint>
 #include <thread>
+#include <vector>
 
+#include "ferry/error.hpp"
+#include "ferry/futex.hpp"
 #include "ferry/ring_end.hpp"
 #include "ferry/spin_policy.hpp"
 
@@ -227,6 +231,71 @@ TEST(RingWakeTest, AWakeLeavesAnAwakeOrAlreadyWokenWordAlone) {
     RingEnd::wake(word);
     EXPECT_EQ(word.load(), value);
   }
+}
+
+// Two threads asleep on one word (a Selector and a recv() on the same ring): one wake
+// ends both sleeps, not only one of them.
+TEST(RingWakeTest, AWakeWakesEveryWaiterOfTheWord) {
+  std::atomic<std::uint32_t> word{1};
+  std::atomic<int> woken{0};
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> sleepers;
+  for (int i = 0; i < 2; ++i) {
+    sleepers.emplace_back([&] {
+      while (word.load() == 1 && std::chrono::steady_clock::now() - start < 20s) futex_wait(word, 1, 20s);
+      ++woken;
+    });
+  }
+  std::this_thread::sleep_for(50ms);  // both are asleep by now
+  RingEnd::wake(word);
+  for (auto& sleeper : sleepers) sleeper.join();
+  EXPECT_EQ(woken.load(), 2);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "a sleeper was not woken";
+}
+
+TEST(FutexWaitAnyTest, AWakeOfAnyWordEndsTheWait) {
+  std::vector<std::atomic<std::uint32_t>> words(3);
+  for (auto& word : words) word.store(1);
+  std::vector<std::atomic<std::uint32_t>*> waited;
+  for (auto& word : words) waited.push_back(&word);
+  std::thread waker([&] {
+    std::this_thread::sleep_for(50ms);
+    RingEnd::wake(words[1]);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  bool waited_at_all = false;
+  while (words[1].load() == 1 && std::chrono::steady_clock::now() - start < 20s) {
+    waited_at_all = futex_wait_any(waited, 1, start + 20s);
+    if (!waited_at_all) break;  // a kernel before 5.16: nothing to test
+  }
+  waker.join();
+  if (!waited_at_all) GTEST_SKIP() << "this kernel has no futex_waitv";
+  EXPECT_NE(words[1].load(), 1u);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the wake of one word did not end the wait";
+}
+
+TEST(FutexWaitAnyTest, AWordThatNoLongerHoldsTheValueEndsTheWaitAtOnce) {
+  std::atomic<std::uint32_t> asleep{1};
+  std::atomic<std::uint32_t> awake{0};
+  std::vector<std::atomic<std::uint32_t>*> waited{&asleep, &awake};
+  const auto start = std::chrono::steady_clock::now();
+  if (!futex_wait_any(waited, 1, start + 20s)) GTEST_SKIP() << "this kernel has no futex_waitv";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+}
+
+TEST(FutexWaitAnyTest, TheDeadlineEndsAWaitNobodyWakes) {
+  std::atomic<std::uint32_t> word{1};
+  std::vector<std::atomic<std::uint32_t>*> waited{&word};
+  const auto start = std::chrono::steady_clock::now();
+  if (!futex_wait_any(waited, 1, start + 20ms)) GTEST_SKIP() << "this kernel has no futex_waitv";
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 20ms);
+}
+
+TEST(FutexWaitAnyTest, MoreWordsThanTheKernelTakesAreRefused) {
+  std::vector<std::atomic<std::uint32_t>> words(kMaxFutexWaitWords + 1);
+  std::vector<std::atomic<std::uint32_t>*> waited;
+  for (auto& word : words) waited.push_back(&word);
+  EXPECT_THROW((void)futex_wait_any(waited, 1, std::chrono::steady_clock::now()), Error);
 }
 
 }  // namespace

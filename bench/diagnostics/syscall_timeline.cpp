@@ -82,48 +82,42 @@ Function* next_definition(const char* name) {
   return reinterpret_cast<Function*>(::dlsym(RTLD_NEXT, name));
 }
 
+// Calls `real(fd, rest...)` and records it as a `kind` call on `fd`.
+template <class Function, class... Rest>
+ssize_t timed(Kind kind, Function* real, int fd, Rest... rest) {
+  const std::int64_t start = now_ns();
+  const ssize_t result = real(fd, rest...);
+  record(kind, fd, start, result);
+  return result;
+}
+
 }  // namespace
 
 extern "C" {
 
 ssize_t sendmsg(int fd, const msghdr* message, int flags) {
   static auto* real = next_definition<ssize_t(int, const msghdr*, int)>("sendmsg");
-  const std::int64_t start = now_ns();
-  const ssize_t result = real(fd, message, flags);
-  record(Kind::Send, fd, start, result);
-  return result;
+  return timed(Kind::Send, real, fd, message, flags);
 }
 
 ssize_t recvmsg(int fd, msghdr* message, int flags) {
   static auto* real = next_definition<ssize_t(int, msghdr*, int)>("recvmsg");
-  const std::int64_t start = now_ns();
-  const ssize_t result = real(fd, message, flags);
-  record(Kind::Receive, fd, start, result);
-  return result;
+  return timed(Kind::Receive, real, fd, message, flags);
 }
 
 ssize_t writev(int fd, const iovec* parts, int count) {
   static auto* real = next_definition<ssize_t(int, const iovec*, int)>("writev");
-  const std::int64_t start = now_ns();
-  const ssize_t result = real(fd, parts, count);
-  record(Kind::Send, fd, start, result);
-  return result;
+  return timed(Kind::Send, real, fd, parts, count);
 }
 
 ssize_t write(int fd, const void* data, size_t size) {
   static auto* real = next_definition<ssize_t(int, const void*, size_t)>("write");
-  const std::int64_t start = now_ns();
-  const ssize_t result = real(fd, data, size);
-  record(Kind::Send, fd, start, result);
-  return result;
+  return timed(Kind::Send, real, fd, data, size);
 }
 
 ssize_t read(int fd, void* data, size_t size) {
   static auto* real = next_definition<ssize_t(int, void*, size_t)>("read");
-  const std::int64_t start = now_ns();
-  const ssize_t result = real(fd, data, size);
-  record(Kind::Receive, fd, start, result);
-  return result;
+  return timed(Kind::Receive, real, fd, data, size);
 }
 
 }  // extern "C"

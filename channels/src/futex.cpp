@@ -40,11 +40,13 @@ void futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, 
   throw_errno("futex(FUTEX_WAIT)");
 }
 
-bool futex_wait_any(std::span<const std::atomic<std::uint32_t>* const> words, std::uint32_t expected,
+bool futex_wait_any(std::span<std::atomic<std::uint32_t>* const> words, std::uint32_t expected,
                     std::chrono::steady_clock::time_point deadline) {
-  constexpr std::size_t kMaxWords = 128;  // FUTEX_WAITV_MAX
-  if (words.size() > kMaxWords) throw Error("futex_wait_any: at most 128 words, not " + std::to_string(words.size()));
-  std::array<futex_waitv, kMaxWords> waiters{};
+  if (words.size() > kMaxFutexWaitWords) {
+    throw Error("futex_wait_any: at most " + std::to_string(kMaxFutexWaitWords) + " words, not " +
+                std::to_string(words.size()));
+  }
+  std::array<futex_waitv, kMaxFutexWaitWords> waiters{};
   for (std::size_t i = 0; i < words.size(); ++i) {
     waiters[i].val = expected;
     waiters[i].uaddr = reinterpret_cast<std::uintptr_t>(words[i]);

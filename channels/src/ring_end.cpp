@@ -28,21 +28,17 @@ std::int64_t coarse_now() noexcept {
 // interval in nanoseconds, added to the clock, cannot overflow.
 constexpr std::chrono::milliseconds kLongestPeerCheck = std::chrono::hours(1);
 
-// The futex word of a ring end (ring_layout.hpp): 0 awake, 1 asleep, 2 + n woken by a peer
-// running on CPU n.
-constexpr std::uint32_t kSleeping = 1;
-constexpr std::uint32_t kWokenOnCpu = 2;
-
+// The word's values (kRingSleeping, kRingWokenOnCpu + n) are in ring_layout.hpp.
 std::uint32_t woken_word() noexcept {
   const int cpu = ::sched_getcpu();  // a few nanoseconds (vDSO or rdpid); -1 if unsupported
-  return cpu >= 0 ? kWokenOnCpu + static_cast<std::uint32_t>(cpu) : 0;
+  return cpu >= 0 ? kRingWokenOnCpu + static_cast<std::uint32_t>(cpu) : 0;
 }
 
 Waker waker_of(std::uint32_t word) noexcept {
-  if (word < kWokenOnCpu) return Waker::Unknown;
+  if (word < kRingWokenOnCpu) return Waker::Unknown;
   const int cpu = ::sched_getcpu();
   if (cpu < 0) return Waker::Unknown;
-  return word - kWokenOnCpu == static_cast<std::uint32_t>(cpu) ? Waker::SameCpu : Waker::OtherCpu;
+  return word - kRingWokenOnCpu == static_cast<std::uint32_t>(cpu) ? Waker::SameCpu : Waker::OtherCpu;
 }
 
 }  // namespace
@@ -124,13 +120,13 @@ WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, co
     // Announce the sleep, then re-check. The store, the position loads in ready() and
     // the peer's publishing store and load of this word are all sequentially consistent:
     // either the peer sees the 1 and wakes us, or we see its new position.
-    word.store(kSleeping, std::memory_order_seq_cst);
+    word.store(kRingSleeping, std::memory_order_seq_cst);
     if (ready()) return WaitOutcome::Ready;
     if (peer_gone_lately()) return ready() ? WaitOutcome::Ready : WaitOutcome::PeerGone;
     if (deadline.expired()) return WaitOutcome::Timeout;
     auto timeout = std::chrono::nanoseconds(next_peer_check_ - coarse_now());
     if (!deadline.is_never()) timeout = std::min(timeout, deadline.remaining());
-    futex_wait(word, kSleeping, std::max(timeout, std::chrono::nanoseconds(1000)));
+    futex_wait(word, kRingSleeping, std::max(timeout, std::chrono::nanoseconds(1000)));
     // Woken with work to do: return without announcing a sleep again, which would make
     // a streaming peer pay a needless wake-up.
     if (ready()) {
@@ -141,8 +137,8 @@ WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, co
 }
 
 void RingEnd::wake(std::atomic<std::uint32_t>& word) noexcept {
-  if (word.load(std::memory_order_seq_cst) != kSleeping) return;
-  std::uint32_t sleeping = kSleeping;
+  if (word.load(std::memory_order_seq_cst) != kRingSleeping) return;
+  std::uint32_t sleeping = kRingSleeping;
   if (!word.compare_exchange_strong(sleeping, woken_word(), std::memory_order_seq_cst)) return;
   try {
     // Every waiter: a Selector may sleep on a ring's word while a thread sleeps in its recv().

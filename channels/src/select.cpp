@@ -3,11 +3,11 @@
 #include <poll.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <span>
 
 #include "ferry/futex.hpp"
+#include "ferry/ring_layout.hpp"
 
 namespace ferry {
 namespace {
@@ -17,8 +17,6 @@ namespace {
 constexpr std::chrono::microseconds kRecheckInterval{200};
 // While only rings wait, how often their companion sockets are polled for a dead writer.
 constexpr std::chrono::milliseconds kHangUpCheckInterval{100};
-// A waiting ring end's futex word (ring_layout.hpp).
-constexpr std::uint32_t kSleeping = 1;
 using Clock = std::chrono::steady_clock;
 
 // Sleeps until a ring of `words` (owned by cores[word_owners[i]]) gets data, a writer
@@ -36,7 +34,7 @@ bool wait_on_futexes(const std::vector<detail::ReceiverCore*>& cores, std::span<
   // Announce the sleep, then re-check: the writer publishes, then looks at the word (both
   // sequentially consistent, as in RingEnd::sleep), so either it sees the 1 and wakes us
   // or we see its data here.
-  for (auto* word : words) word->store(kSleeping, std::memory_order_seq_cst);
+  for (auto* word : words) word->store(kRingSleeping, std::memory_order_seq_cst);
   bool any = false;
   const auto look = [&] {
     for (std::size_t i = 0; i < words.size(); ++i) {
@@ -58,9 +56,7 @@ bool wait_on_futexes(const std::vector<detail::ReceiverCore*>& cores, std::span<
   if (any || deadline.expired()) return true;
   // Wake up at the deadline, and every kHangUpCheckInterval to look for dead writers.
   const auto until = std::min(deadline.time_point(), Clock::now() + kHangUpCheckInterval);
-  std::array<const std::atomic<std::uint32_t>*, Selector::kMaxFutexWords> waited{};
-  std::copy(words.begin(), words.end(), waited.begin());
-  if (!futex_wait_any(std::span(waited.data(), words.size()), kSleeping, until)) return false;
+  if (!futex_wait_any(words, kRingSleeping, until)) return false;
   look();
   return true;
 }
@@ -98,18 +94,19 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
   std::vector<bool> ready(count, false);
   std::vector<pollfd> fds;
   std::vector<std::size_t> owners;  // fds[i] belongs to cores_[owners[i]]
-  std::vector<std::atomic<std::uint32_t>*> words;
-  std::vector<std::size_t> word_owners;  // words[i] belongs to cores_[word_owners[i]]
+  std::vector<std::size_t> silent;  // receivers whose arriving data no descriptor reports
+  std::vector<std::atomic<std::uint32_t>*> words;  // the futex words of silent receivers that have one
+  std::vector<std::size_t> word_owners;            // words[i] belongs to cores_[word_owners[i]]
   while (true) {
     // Frames already in user space count as ready: poll() cannot see them.
     fds.clear();
     owners.clear();
+    silent.clear();
     words.clear();
     word_owners.clear();
     std::fill(ready.begin(), ready.end(), false);
     bool any_buffered = false;
-    bool unpollable = false;   // a receiver only re-checking at short intervals can see
-    bool stream_fds = false;   // a descriptor that reports data (futexes cannot wait with it)
+    bool stream_fds = false;  // a descriptor that reports data (futexes cannot wait with it)
     for (std::size_t index = 0; index < count; ++index) {
       detail::ReceiverCore* core = cores_[index];
       if (core == nullptr) continue;
@@ -128,29 +125,27 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       // Without a descriptor that reports data (a ring's companion socket reports only a
       // hang-up; an in-process queue has none): sleep on its futex word, or re-check it at
       // short intervals.
-      if (std::atomic<std::uint32_t>* word = core->data_futex(); word != nullptr && futexes_work_) {
+      silent.push_back(index);
+      if (std::atomic<std::uint32_t>* word = core->data_futex()) {
         words.push_back(word);
         word_owners.push_back(index);
-      } else {
-        unpollable = true;
       }
     }
-    if (fds.empty() && words.empty() && !unpollable && !any_buffered) {
+    if (fds.empty() && silent.empty() && !any_buffered) {
       if (!deadline.is_never()) return std::nullopt;
       throw Error("Selector::wait(): no receiver in the set can become ready");
     }
     // Only rings (and nothing else) wait: sleep on their futex words, as a ring's own
     // recv() does, instead of waking every kRecheckInterval.
-    if (!any_buffered && !words.empty() && !unpollable && !stream_fds && words.size() <= kMaxFutexWords) {
+    if (!any_buffered && !silent.empty() && words.size() == silent.size() && !stream_fds &&
+        words.size() <= kMaxFutexWaitWords && futexes_work_) {
       if (wait_on_futexes(cores_, words, word_owners, fds, owners, ready, deadline)) {
         if (const auto index = pick(ready)) return index;
         if (deadline.expired()) return std::nullopt;
         continue;
       }
       futexes_work_ = false;  // futex_waitv is missing (Linux before 5.16): re-check instead
-      unpollable = true;
     }
-    if (!words.empty()) unpollable = true;
 
     // With a frame buffered, look at the descriptors without waiting: the pick among
     // everything ready must be fair.
@@ -164,7 +159,7 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       timeout = &left;
     }
     timespec recheck{};
-    if (unpollable && !any_buffered) {
+    if (!silent.empty() && !any_buffered) {
       recheck.tv_nsec = std::chrono::duration_cast<std::chrono::nanoseconds>(kRecheckInterval).count();
       if (timeout == nullptr || recheck.tv_sec < left.tv_sec ||
           (recheck.tv_sec == left.tv_sec && recheck.tv_nsec < left.tv_nsec)) {
@@ -180,12 +175,8 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       if (fds[i].revents != 0) ready[owners[i]] = true;
     }
     // Receivers without a descriptor that reports data are looked at again after the wait.
-    for (std::size_t index = 0; unpollable && index < count; ++index) {
-      if (cores_[index] != nullptr && !ready[index] &&
-          (cores_[index]->readiness_fd() < 0 || !cores_[index]->readiness_fd_reports_data()) &&
-          cores_[index]->has_buffered_frame()) {
-        ready[index] = true;
-      }
+    for (const std::size_t index : silent) {
+      if (!ready[index] && cores_[index]->has_buffered_frame()) ready[index] = true;
     }
     if (const auto index = pick(ready)) return index;
     if (deadline.expired()) return std::nullopt;

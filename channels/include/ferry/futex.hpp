@@ -15,11 +15,15 @@ namespace ferry {
 /// other than those four outcomes.
 void futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout);
 
+/// The most words futex_wait_any() waits on (the kernel's FUTEX_WAITV_MAX).
+inline constexpr std::size_t kMaxFutexWaitWords = 128;
+
 /// Sleeps while every word of `words` holds `expected`, at most until `deadline` (on the
 /// steady clock; time_point::max(): no limit), with the same outcomes as futex_wait (at
-/// most 128 words). Returns false, without waiting, on a kernel without futex_waitv
-/// (before Linux 5.16): the caller then has to poll. Throws SystemError on other errors.
-bool futex_wait_any(std::span<const std::atomic<std::uint32_t>* const> words, std::uint32_t expected,
+/// most kMaxFutexWaitWords words; Error beyond). Returns false, without waiting, on a
+/// kernel without futex_waitv (before Linux 5.16): the caller then has to poll. Throws
+/// SystemError on other errors.
+bool futex_wait_any(std::span<std::atomic<std::uint32_t>* const> words, std::uint32_t expected,
                     std::chrono::steady_clock::time_point deadline);
 /// Wakes up to `count` waiters of `word` in any process that maps it. Throws SystemError
 /// if the kernel refuses.

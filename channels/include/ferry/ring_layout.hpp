@@ -60,6 +60,10 @@ inline constexpr std::uint64_t kRingSkipMagic = 0x50494b5359525246ull;  // "FRRY
 /// Where a body serialized into lent ring space starts, past the tail: room for the
 /// frame's header and tables in front of it (the rest of those bytes is a gap).
 inline constexpr std::size_t kRingBodyOffset = 1024;
+// Values of the futex words reader_sleeping / writer_sleeping (see above): 0 awake, 1 asleep,
+// kRingWokenOnCpu + n woken by a peer running on CPU n.
+inline constexpr std::uint32_t kRingSleeping = 1;
+inline constexpr std::uint32_t kRingWokenOnCpu = 2;
 
 /// The record at the start of a gap in the data (see the table above).
 struct RingSkip {

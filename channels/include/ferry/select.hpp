@@ -33,10 +33,6 @@ namespace ferry {
 /// ```
 class Selector {
  public:
-  /// The most rings a Selector sleeps on through their futex words (futex_waitv's limit);
-  /// beyond it, rings are re-checked at short intervals.
-  static constexpr std::size_t kMaxFutexWords = 128;
-
   /// Adds `receiver` to the set; returns its index (indices count up from 0 and are
   /// never reused).
   template <class T>
