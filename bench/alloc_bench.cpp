@@ -5,8 +5,12 @@
 //   NewLargeTensorUncached  the same with max_cached_bytes = 0 (a new segment every step)
 //   ResendOneTensor  the same loop re-sending one tensor (the cache-hit baseline)
 //   SmallTensors/N   N new 4 KiB tensors in one message
+//   SmallTensorsOneStorage/N  N 4 KiB views of one new storage (Tensor::unbind) in one message
 //   SmallTensorsResent/N  the same N tensors in every message
 //   PingPong         a message without tensors: the transport's own round trip
+//   SmallBlocksRaw/N the raw baseline of SmallTensors/N, written here without ferry: the
+//                    same N blocks' worth of traffic over a plain pipe, socket or spinning
+//                    shared-memory ping-pong (see its comment)
 //
 // Run: build/release/bench/ferry_bench --benchmark_filter='Alloc'
 // The receiver runs on the last CPU and the producer on the first (bench/support/child_process.hpp).
@@ -14,17 +18,28 @@
 // then the tensor count for SmallTensors. The per-tensor cost of a message is the ratio of
 // SmallTensors/N to SmallTensors/1 of one transport (same run, medians).
 #include <benchmark/benchmark.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
-#include <ctime>
 #include <cstring>
+#include <ctime>
 #include <exception>
 #include <functional>
 #include <memory>
+#include <new>
+#include <stdexcept>
 
 #include "ferry/ferry.hpp"
+#include "ferry/ring_end.hpp"
+#include "ferry/unique_fd.hpp"
 #include "support/child_process.hpp"
 
 namespace {
@@ -181,6 +196,15 @@ Message new_small_tensors(std::int64_t count, int step) {
   return message;
 }
 
+// N small tensors that live and die together, made as views of one new storage (the way to
+// make many small tensors cheap: one block to allocate, send and give back per message).
+Message new_small_tensors_in_one_storage(std::int64_t count, int step) {
+  Message message;
+  message.tensors = Tensor::empty({count, kSmallElements}, ferry::DType::Float32, ferry::Device::SharedCpu).unbind();
+  for (Tensor& tensor : message.tensors) *tensor.data<float>() = static_cast<float>(step);
+  return message;
+}
+
 void AllocSmallTensors(benchmark::State& state) {
   Pair pair(transport_of(state));
   const std::int64_t count = state.range(1);
@@ -189,6 +213,19 @@ void AllocSmallTensors(benchmark::State& state) {
   pair.start_counting();
   for (auto _ : state) {
     benchmark::DoNotOptimize(pair.round_trip(new_small_tensors(count, step++)));
+  }
+  pair.report(state);
+  state.SetItemsProcessed(state.iterations() * count);
+}
+
+void AllocSmallTensorsOneStorage(benchmark::State& state) {
+  Pair pair(transport_of(state));
+  const std::int64_t count = state.range(1);
+  int step = 0;
+  for (; step < kWarmupSteps; ++step) pair.round_trip(new_small_tensors_in_one_storage(count, step));
+  pair.start_counting();
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(pair.round_trip(new_small_tensors_in_one_storage(count, step++)));
   }
   pair.report(state);
   state.SetItemsProcessed(state.iterations() * count);
@@ -212,6 +249,164 @@ void AllocPingPong(benchmark::State& state) {
   pair.report(state);
 }
 
+
+// ---- raw baseline of SmallTensors ------------------------------------------------------------
+//
+// What any design that passes no fd and maps nothing per tensor still pays for N new small
+// tensors: the message (4 bytes per block) and the blocks' cache lines crossing between the
+// two CPUs. The blocks lie in a shared mapping both processes have before timing; each step the
+// producer takes the next N of a pool of 1,024 (as an allocator recycles blocks), writes the first
+// float of each (as new_small_tensors does) and sends their indices; the receiver reads one byte
+// of every page of every block (as touch() does) and replies with the sum. Pipe: a pipe each way;
+// socket: a socketpair each way (ferry's Pair is two channels); ring: two flags in shared memory,
+// both sides spinning. No allocation, no serialization, no lifetime tracking: the ratio of
+// SmallTensors/N to this row is what ferry adds.
+
+constexpr std::size_t kRawPoolBlocks = 1024;
+constexpr std::size_t kRawMaxBlocks = 128;
+constexpr std::size_t kBlockBytes = kSmallElements * sizeof(float);
+
+// Anonymous shared memory of `bytes` bytes, mapped before the receiver is forked.
+class SharedAnonymous {
+ public:
+  explicit SharedAnonymous(std::size_t bytes)
+      : bytes_(bytes), data_(::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0)) {
+    if (data_ == MAP_FAILED) throw std::runtime_error("mmap of the raw baseline's blocks failed");
+    std::memset(data_, 0, bytes);  // faulted in before timing, as ferry's warm segments are
+  }
+  ~SharedAnonymous() { ::munmap(data_, bytes_); }
+  SharedAnonymous(const SharedAnonymous&) = delete;
+  SharedAnonymous& operator=(const SharedAnonymous&) = delete;
+  std::byte* data() const { return static_cast<std::byte*>(data_); }
+
+ private:
+  std::size_t bytes_;
+  void* data_;
+};
+
+// The raw message: how many blocks, and which.
+struct RawBlocks {
+  std::uint32_t count = 0;
+  std::array<std::uint32_t, kRawMaxBlocks> index{};
+  std::size_t bytes() const { return sizeof count + count * sizeof(std::uint32_t); }
+};
+
+// The spinning ring's shared state: a flag each way on its own cache line, the message, the reply.
+struct RawRing {
+  alignas(64) std::atomic<std::uint64_t> ping{0};
+  alignas(64) std::atomic<std::uint64_t> pong{0};
+  alignas(64) RawBlocks message;
+  alignas(64) std::int64_t sum = 0;
+};
+
+std::int64_t touch_blocks(const std::byte* blocks, const RawBlocks& message) {
+  std::int64_t sum = 0;
+  for (std::uint32_t i = 0; i < message.count; ++i) {
+    const auto* bytes = reinterpret_cast<const unsigned char*>(blocks + std::size_t{message.index[i]} * kBlockBytes);
+    for (std::size_t at = 0; at < kBlockBytes; at += 4096) sum += bytes[at];
+  }
+  return sum;
+}
+
+void write_all(int fd, const void* data, std::size_t size) {
+  const auto* at = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t done = ::write(fd, at, size);
+    if (done < 0 && errno == EINTR) continue;
+    if (done <= 0) throw std::runtime_error("raw baseline: write failed");
+    at += done;
+    size -= static_cast<std::size_t>(done);
+  }
+}
+
+// False at end of stream.
+bool read_all(int fd, void* data, std::size_t size) {
+  auto* at = static_cast<char*>(data);
+  while (size > 0) {
+    const ssize_t done = ::read(fd, at, size);
+    if (done < 0 && errno == EINTR) continue;
+    if (done < 0) throw std::runtime_error("raw baseline: read failed");
+    if (done == 0) return false;
+    at += done;
+    size -= static_cast<std::size_t>(done);
+  }
+  return true;
+}
+
+// A pair of connected fds (pipe: [0] reads, [1] writes; socket: either end both).
+std::array<ferry::UniqueFd, 2> raw_link(bool socket) {
+  int fds[2];
+  const int rc = socket ? ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) : ::pipe2(fds, O_CLOEXEC);
+  if (rc != 0) throw std::runtime_error("raw baseline: pipe2/socketpair failed");
+  return {ferry::UniqueFd(fds[0]), ferry::UniqueFd(fds[1])};
+}
+
+void AllocSmallBlocksRaw(benchmark::State& state) {
+  const auto count = static_cast<std::uint32_t>(state.range(1));
+  const bool ring = state.range(0) == 2;
+  const bool socket = state.range(0) == 1;
+  SharedAnonymous blocks(kRawPoolBlocks * kBlockBytes);
+  SharedAnonymous shared(sizeof(RawRing));
+  auto* raw_ring = new (shared.data()) RawRing;
+  auto to_receiver = raw_link(socket);
+  auto to_producer = raw_link(socket);
+  std::int64_t sum = 0;
+  {
+    ferry::bench::ChildProcess child([&] {
+      ::prctl(PR_SET_NAME, "raw-receiver");
+      to_receiver[1].reset();
+      to_producer[0].reset();
+      if (ring) {
+        for (std::uint64_t seen = 0;;) {
+          std::uint64_t now;
+          while ((now = raw_ring->ping.load(std::memory_order_acquire)) == seen) ferry::detail::cpu_relax();
+          if (now == UINT64_MAX) return;
+          seen = now;
+          raw_ring->sum = touch_blocks(blocks.data(), raw_ring->message);
+          raw_ring->pong.store(now, std::memory_order_release);
+        }
+      }
+      RawBlocks message;
+      while (read_all(to_receiver[0].get(), &message.count, sizeof message.count)) {
+        if (message.count > kRawMaxBlocks ||
+            !read_all(to_receiver[0].get(), message.index.data(), message.count * sizeof(std::uint32_t))) {
+          return;
+        }
+        const std::int64_t reply = touch_blocks(blocks.data(), message);
+        write_all(to_producer[1].get(), &reply, sizeof reply);
+      }
+    });
+    to_receiver[0].reset();
+    to_producer[1].reset();
+    std::uint64_t step = 0;
+    std::size_t next = 0;
+    RawBlocks& message = raw_ring->message;  // the ring's receiver reads it in place
+    for (auto _ : state) {
+      ++step;
+      message.count = count;
+      for (std::uint32_t i = 0; i < count; ++i) {
+        const std::size_t block = next++ % kRawPoolBlocks;
+        *reinterpret_cast<float*>(blocks.data() + block * kBlockBytes) = static_cast<float>(step);
+        message.index[i] = static_cast<std::uint32_t>(block);
+      }
+      if (ring) {
+        raw_ring->ping.store(step, std::memory_order_release);
+        while (raw_ring->pong.load(std::memory_order_acquire) != step) ferry::detail::cpu_relax();
+        sum += raw_ring->sum;
+      } else {
+        write_all(to_receiver[1].get(), &message, message.bytes());
+        std::int64_t reply = 0;
+        if (!read_all(to_producer[0].get(), &reply, sizeof reply)) throw std::runtime_error("raw receiver gone");
+        sum += reply;
+      }
+    }
+    raw_ring->ping.store(UINT64_MAX, std::memory_order_release);
+    to_receiver[1].reset();  // ends the pipe or socket receiver's loop; child then waits for it
+  }
+  benchmark::DoNotOptimize(sum);
+  state.SetItemsProcessed(state.iterations() * count);
+}
+
 // Medians of 5 repetitions; real time, since the receiver's work is in another process.
 BENCHMARK(AllocNewLargeTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -221,7 +416,11 @@ BENCHMARK(AllocResendOneTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iteration
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(AllocSmallTensors)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
     ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(AllocSmallTensorsOneStorage)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
+    ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(AllocSmallTensorsResent)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
+    ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(AllocSmallBlocksRaw)->ArgNames({"transport", "blocks"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
     ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
 BENCHMARK(AllocPingPong)->ArgName("transport")->Arg(0)->Arg(1)->Arg(2)->Iterations(2000)->Repetitions(5)
     ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);

@@ -83,10 +83,19 @@ void codec_new_tensors(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * state.range(0));
 }
 
+// N views of one new 4 KiB-per-view shared storage (Tensor::unbind) in every message: the
+// per-tensor cost that remains when the storage is shared (compare with new_tensors/N).
+void codec_views_of_one_new_storage(benchmark::State& state) {
+  const std::int64_t count = state.range(0);
+  encode_decode_made(state, [count] { return Tensor::empty({count, 1024}, DType::Float32, Device::SharedCpu).unbind(); });
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
 BENCHMARK(codec_bytes)->Name("codec/bytes")->Arg(64)->Arg(4096);
 BENCHMARK(codec_tensor_leased)->Name("codec/tensor_leased");
 BENCHMARK(codec_ten_tensors_leased)->Name("codec/ten_tensors_leased");
 BENCHMARK(codec_new_tensors)->Name("codec/new_tensors")->Arg(1)->Arg(10)->Arg(100);
+BENCHMARK(codec_views_of_one_new_storage)->Name("codec/views_of_one_new_storage")->Arg(1)->Arg(100);
 
 }  // namespace
 }  // namespace ferry::bench

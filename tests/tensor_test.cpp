@@ -91,6 +91,24 @@ TEST_F(TensorTest, SelectRemovesDimension) {
   EXPECT_THROW(t.select(0, 2), Error);
 }
 
+TEST_F(TensorTest, UnbindGivesEveryIndexOfADimensionAsAViewOfTheSameStorage) {
+  Tensor t = Tensor::from(iota(24), {2, 3, 4});
+  const std::vector<Tensor> rows = t.unbind();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].shape(), (Shape{3, 4}));
+  EXPECT_EQ(rows[1].at<float>({0, 0}), 12.0f);
+  const std::vector<Tensor> columns = t.unbind(-1);
+  ASSERT_EQ(columns.size(), 4u);
+  EXPECT_EQ(columns[3].shape(), (Shape{2, 3}));
+  EXPECT_EQ(columns[3].strides(), (Shape{12, 4}));
+  EXPECT_EQ(columns[3].at<float>({1, 2}), 23.0f);
+  for (const Tensor& column : columns) EXPECT_TRUE(column.shares_storage_with(t));
+  columns[2].data<float>()[0] = -1.0f;  // element (0, 0, 2) of t
+  EXPECT_EQ(t.at<float>({0, 0, 2}), -1.0f);
+  EXPECT_TRUE(Tensor::empty({0, 5}, DType::Float32).unbind().empty());
+  EXPECT_THROW(t.unbind(3), Error);
+}
+
 TEST_F(TensorTest, ViewAndReshape) {
   Tensor t = Tensor::from(iota(12), {3, 4});
   Tensor v = t.view({2, -1});

@@ -38,6 +38,17 @@ Tensor Tensor::select(std::int64_t dim, std::int64_t index) const {
   return out;
 }
 
+std::vector<Tensor> Tensor::unbind(std::int64_t dim) const {
+  const std::size_t d = wrap_dim(dim);
+  // The views differ only in their offset: the rest of select() is done once.
+  Tensor first = *this;
+  first.shape_.erase(first.shape_.begin() + static_cast<std::ptrdiff_t>(d));
+  first.strides_.erase(first.strides_.begin() + static_cast<std::ptrdiff_t>(d));
+  std::vector<Tensor> out(static_cast<std::size_t>(shape_[d]), first);
+  for (std::size_t i = 0; i < out.size(); ++i) out[i].offset_ = offset_ + static_cast<std::int64_t>(i) * strides_[d];
+  return out;
+}
+
 namespace {
 
 // Resolves a single -1 in `requested` so that the element count is `count`.

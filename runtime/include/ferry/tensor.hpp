@@ -97,6 +97,10 @@ class Tensor {
   Tensor slice(std::int64_t dim, std::int64_t start, std::int64_t end, std::int64_t step = 1) const;
   /// Index `index` of dimension `dim`, which is removed; a view.
   Tensor select(std::int64_t dim, std::int64_t index) const;
+  /// Every index of dimension `dim` as a view, in order (torch.unbind): select(dim, i) for
+  /// each i. Many small tensors that live and die together cost least this way: one
+  /// storage to allocate and send, however many views a message holds.
+  std::vector<Tensor> unbind(std::int64_t dim = 0) const;
   /// The same elements with another shape (one entry may be -1); needs a contiguous tensor.
   Tensor view(const Shape& shape) const;
   /// Like view(), but copies when the tensor is not contiguous.
