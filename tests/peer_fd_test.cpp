@@ -338,7 +338,7 @@ TEST_P(FdNamingTransportTest, ReceiverKilledWhileTheSenderWaitsInClose) {
   ChannelOptions options;
   options.close_linger = 60s;
   auto [tx, rx] = channel<Payload>(GetParam(), options);
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+  const pid_t child = fork_child([&, &tx = tx] {
     tx.detach();
     ::pause();  // never reads
   });
