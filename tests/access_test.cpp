@@ -13,6 +13,7 @@
 #include <string>
 
 #include "ferry/ferry.hpp"
+#include "ferry/peer_fd.hpp"
 #include "ferry/return_board.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
@@ -157,6 +158,27 @@ TEST_F(AccessTest, AnotherUserCannotOpenSegmentsThroughProc) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
     CHILD_CHECK(fd < 0);
     CHILD_CHECK(errno == EACCES || errno == EPERM);
+  });
+  EXPECT_TRUE(child_succeeded(child));
+}
+
+// The receiver first tries pidfd_getfd, which needs ptrace attach rights over the sender:
+// refused to another user as well, and the /proc fallback is refused too.
+TEST_F(AccessTest, AnotherUserCannotTakeSegmentsWithPidfdGetfd) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a process as another user";
+  Tensor t = Tensor::zeros({1024}, DType::Float32, Device::SharedCpu);
+  const int fd = t.storage()->shared_block()->segment()->fd();
+  const pid_t owner = ::getpid();
+  const pid_t child = fork_child([&] {
+    become_nobody();
+    PeerFdOpener opener;
+    const std::uint64_t fallbacks = PeerFdOpener::fallback_count();
+    PeerFdOpener::Taken taken = opener.take(owner, fd);
+    CHILD_CHECK(!taken.fd);
+    CHILD_CHECK(taken.method == PeerFdOpener::Method::ProcPath);  // pidfd_getfd refused first
+    CHILD_CHECK(taken.error == EACCES || taken.error == EPERM);
+    CHILD_CHECK(PeerFdOpener::fallback_count() == fallbacks + 1);
+    CHILD_CHECK(!opener.exited(owner, std::chrono::milliseconds(0)));
   });
   EXPECT_TRUE(child_succeeded(child));
 }

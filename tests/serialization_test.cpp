@@ -60,7 +60,10 @@ class Loopback {
     last_fd_count_ = frame.fds.size();
     last_handle_count_ = header.handle_count;
     decoder_.decode(header, payload, fds_);
+    // As a channel does: the transport's acknowledgement when the decoder asks for one,
+    // and the return board's resolved frame, which the sender reads at its next send.
     if (decoder_.wants_acknowledgement()) encoder_.acknowledge(header.sequence);
+    encoder_.acknowledge(encoder_.resolved_on_board());
     return decoder_.read<T>();
   }
 

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <exception>
 
 namespace ferry::detail {
@@ -36,7 +37,11 @@ void SenderCore::ensure_open() const {
 }
 
 void SenderCore::collect_acknowledgements() {
-  if (encoder_.awaiting_acknowledgement()) encoder_.acknowledge(writer_->acknowledged());
+  // The return board's resolved frame, no system call; the transport's own acknowledgements
+  // (a word of the ring, what the pipe delivered to an earlier wait) come for free as well.
+  if (encoder_.awaiting_acknowledgement()) {
+    encoder_.acknowledge(std::max(encoder_.resolved_on_board(), writer_->acknowledged()));
+  }
 }
 
 bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadline) {
@@ -80,8 +85,12 @@ void SenderCore::close() {
       encoder_.rollback();
     }
     // Storages named by /proc path must outlive the receiver's open() of them.
+    // The receiver acknowledges on the transport (what wakes a waiting writer) only when
+    // asked: ask, look at the board once more, and wait only for what is still missing.
     if (encoder_.awaiting_acknowledgement()) {
-      writer_->wait_acknowledged(encoder_.newest_awaited_sequence(), linger);
+      const std::uint64_t awaited = encoder_.newest_awaited_sequence();
+      encoder_.acknowledge(std::max(encoder_.request_acknowledgements(), writer_->acknowledged()));
+      if (encoder_.awaiting_acknowledgement()) writer_->wait_acknowledged(awaited, linger);
     }
     // What the receiver holds stays pinned until it gives it back or exits; the probe
     // tells when the receiving end is gone while frames are still unresolved.
@@ -129,6 +138,11 @@ std::uint64_t SenderCore::storages_passed() {
 std::size_t SenderCore::pinned_storages() {
   std::lock_guard lock(mutex_);
   return encoder_.pinned_storages();
+}
+
+std::size_t SenderCore::segments_awaiting_acknowledgement() {
+  std::lock_guard lock(mutex_);
+  return encoder_.segments_awaiting_acknowledgement();
 }
 
 // ---- receiver ----------------------------------------------------------------

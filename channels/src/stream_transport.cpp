@@ -135,8 +135,7 @@ bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int>
   return true;
 }
 
-std::uint64_t StreamFrameWriter::acknowledged() {
-  if (!acknowledgements_) return acknowledged_;
+void StreamFrameWriter::read_acknowledgements() {
   std::array<std::uint64_t, 512> records{};
   while (true) {
     const ssize_t got = ::read(acknowledgements_.get(), records.data(), sizeof records);
@@ -153,19 +152,18 @@ std::uint64_t StreamFrameWriter::acknowledged() {
     for (std::size_t i = 0; i < static_cast<std::size_t>(got) / sizeof(std::uint64_t); ++i) {
       acknowledged_ = std::max(acknowledged_, records[i]);
     }
-    // A short read emptied the pipe: what comes later is read next time (saves the read
-    // that would only return EAGAIN, once per frame that named a segment by /proc path).
+    // A short read emptied the pipe: what comes later is read after the next poll.
     if (static_cast<std::size_t>(got) < sizeof records) break;
   }
-  return acknowledged_;
 }
 
 bool StreamFrameWriter::wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) {
   if (!acknowledgements_) return true;
-  while (acknowledged() < sequence) {
+  while (true) {
+    read_acknowledgements();
+    if (acknowledged_ >= sequence) return true;
     if (reader_gone_ || !wait_for_fd(acknowledgements_.get(), POLLIN, deadline)) return false;
   }
-  return true;
 }
 
 void StreamFrameWriter::close() noexcept {

@@ -10,7 +10,7 @@ namespace ferry {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x5352555445525946;  // "FYRETURS"
-constexpr std::uint64_t kVersion = 1;
+constexpr std::uint64_t kVersion = 2;  // 2: the acknowledgement request word
 constexpr std::uint64_t kAbandoned = std::uint64_t{1} << 63;
 constexpr std::uint64_t kRegistering = std::uint64_t{1} << 63;
 constexpr std::size_t kPage = 4096;
@@ -22,6 +22,7 @@ constexpr std::size_t kMagicAt = 0;
 constexpr std::size_t kVersionAt = 8;    // version << 32 | slot capacity
 constexpr std::size_t kResolvedAt = 16;
 constexpr std::size_t kPostedAt = 24;
+constexpr std::size_t kAcknowledgementsAt = 32;  // non-zero: the sender asked for acknowledgements
 constexpr std::size_t kHoldersAt = 64;   // kMaxHolders x {pid word, start time}
 constexpr std::size_t kSummaryAt = kPage;
 constexpr std::size_t kBitmapAt = 2 * kPage;
@@ -135,13 +136,19 @@ void ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
 }
 
 bool ReturnBoard::claim_resolved(std::uint64_t sequence) noexcept {
+  // seq_cst, like acknowledgements_requested() after it and the sender's side in
+  // request_acknowledgements(): of the two stores, at least one is seen by the other side.
   Atomic resolved_word(*word(kResolvedAt));
-  std::uint64_t current = resolved_word.load(std::memory_order_acquire);
+  std::uint64_t current = resolved_word.load(std::memory_order_seq_cst);
   while (true) {
     if (current & kAbandoned) return false;
     if (current >= sequence) return true;
-    if (resolved_word.compare_exchange_weak(current, sequence, std::memory_order_acq_rel)) return true;
+    if (resolved_word.compare_exchange_weak(current, sequence, std::memory_order_seq_cst)) return true;
   }
+}
+
+bool ReturnBoard::acknowledgements_requested() const noexcept {
+  return Atomic(*word(kAcknowledgementsAt)).load(std::memory_order_seq_cst) != 0;
 }
 
 void ReturnBoard::take_returns(std::uint32_t slot_limit, std::vector<std::uint32_t>& out) noexcept {
@@ -168,6 +175,11 @@ void ReturnBoard::take_returns(std::uint32_t slot_limit, std::vector<std::uint32
 
 std::uint64_t ReturnBoard::resolved() const noexcept {
   return Atomic(*word(kResolvedAt)).load(std::memory_order_acquire) & ~kAbandoned;
+}
+
+std::uint64_t ReturnBoard::request_acknowledgements() noexcept {
+  Atomic(*word(kAcknowledgementsAt)).store(1, std::memory_order_seq_cst);
+  return Atomic(*word(kResolvedAt)).load(std::memory_order_seq_cst) & ~kAbandoned;
 }
 
 std::uint64_t ReturnBoard::abandon_unresolved() noexcept {

@@ -1,7 +1,5 @@
 #include "ferry/message_decoder.hpp"
 
-#include <fcntl.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -10,8 +8,8 @@
 #include "ferry/cuda_frame.hpp"
 #include "ferry/handle_cache.hpp"
 #include "ferry/object_pool.hpp"
+#include "ferry/peer_fd.hpp"
 #include "ferry/process_identity.hpp"
-#include "ferry/process_exit.hpp"
 
 namespace ferry {
 namespace {
@@ -74,6 +72,7 @@ void MessageDecoder::check_type(const FrameHeader& header, std::span<const std::
 
 void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds) {
   wants_acknowledgement_ = false;
+  frame_claimed_ = false;
   storages_.clear();
   // Take this frame's fds first, so that they are closed whatever goes wrong below.
   if (fds.size() < header.fd_count) {
@@ -128,6 +127,12 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
     give_back_unresolved(table, header.handle_count);
     throw;
   }
+  // A frame claimed on the board is acknowledged there (after its segments were opened);
+  // the transport carries an acknowledgement only when the sender asked for it (it blocks
+  // in close()), read after the claim (see ReturnBoard::acknowledgements_requested()).
+  if (wants_acknowledgement_ && frame_claimed_ && !board_->acknowledgements_requested()) {
+    wants_acknowledgement_ = false;
+  }
 }
 
 void MessageDecoder::give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept {
@@ -153,7 +158,6 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
                         std::to_string(next_fd) + " fd segments");
   }
 
-  bool claimed = false;
   std::size_t cuda_records = 0;
   storages_.reserve(header.handle_count);
   for (std::uint32_t i = 0; i < header.handle_count; ++i) {
@@ -191,9 +195,9 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
       throw ProtocolError("handle " + std::to_string(i) + " reuses slot " + std::to_string(entry.slot) +
                           " before releasing it");
     }
-    if (!claimed) {
+    if (!frame_claimed_) {
       claim_frame(header.sequence, i);
-      claimed = true;
+      frame_claimed_ = true;
     }
     storages_.push_back(resolve_new_block(entry, i));
   }
@@ -215,35 +219,37 @@ MessageDecoder::SegmentFd MessageDecoder::open_segment(const SegmentEntry& entry
     throw ProtocolError("segment " + std::to_string(index) + " names an invalid process " + std::to_string(entry.pid) +
                         " or fd " + std::to_string(entry.fd));
   }
-  const std::string path = "/proc/" + std::to_string(entry.pid) + "/fd/" + std::to_string(entry.fd);
-  UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC));
-  if (!fd) {
-    const int error = errno;
+  PeerFdOpener::Taken taken = peer_fds_.take(entry.pid, entry.fd);
+  if (!taken.fd) {
+    const int error = taken.error;
+    const std::string where = PeerFdOpener::describe(entry.pid, entry.fd, taken.method);
     if (error == EMFILE || error == ENFILE) {
-      throw ProtocolError("cannot open the sender's segment at " + path +
+      throw ProtocolError("cannot open the sender's segment at " + where +
                           ": this process has reached its open-file limit (RLIMIT_NOFILE" +
                           (error == ENFILE ? std::string(", system-wide") : std::string()) +
                           "); raise it with `ulimit -n` or hold fewer received segments at once");
     }
     // A sender killed after writing the frame takes its fds with it: that is a dead peer,
     // not a protocol violation.
-    if (process_has_exited(entry.pid, kSenderExitGrace)) {
+    if (peer_fds_.exited(entry.pid, kSenderExitGrace)) {
       throw PeerDied("the sending process " + std::to_string(entry.pid) +
-                     " died before this receiver could map a segment it sent (" + path + ": " +
+                     " died before this receiver could map a segment it sent (" + where + ": " +
                      std::strerror(error) + ")");
     }
-    throw ProtocolError("cannot open the sender's segment at " + path + " (" + std::strerror(error) +
+    throw ProtocolError("cannot open the sender's segment at " + where + " (" + std::strerror(error) +
                         "); the sender died or is not allowed to be read by this process (same user needed)");
   }
+  UniqueFd fd = std::move(taken.fd);
   SharedMemory::Received file;
   try {
     file = SharedMemory::inspect_received(fd.get());
   } catch (const ProtocolError& error) {
-    throw ProtocolError("the file at " + path + " is not a segment this receiver can map (fd reused?): " +
-                        error.what());
+    throw ProtocolError("the file at " + PeerFdOpener::describe(entry.pid, entry.fd, taken.method) +
+                        " is not a segment this receiver can map (fd reused?): " + error.what());
   }
   if (file.identity != FileIdentity{entry.device, entry.inode}) {
-    throw ProtocolError("the file at " + path + " is not the segment the frame names (fd reused?)");
+    throw ProtocolError("the file at " + PeerFdOpener::describe(entry.pid, entry.fd, taken.method) +
+                        " is not the segment the frame names (fd reused?)");
   }
   return SegmentFd{std::move(fd), file};
 }
@@ -377,6 +383,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
 }
 
 void MessageDecoder::release_all() noexcept {
+  peer_fds_.reset();
   leases_.clear();
   segments_.clear();
   storages_.clear();

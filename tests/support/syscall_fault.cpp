@@ -37,6 +37,36 @@ constexpr std::uint32_t kLengthHigh = kLengthLow + sizeof(std::uint32_t);
 
 }  // namespace
 
+namespace {
+
+std::string install(sock_filter* program, std::size_t length) {
+  sock_fprog filter{static_cast<unsigned short>(length), program};
+  // Without privileges, a filter may only be installed by a process that can never gain
+  // any (no set-uid exec): PR_SET_NO_NEW_PRIVS.
+  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return std::string("PR_SET_NO_NEW_PRIVS: ") + std::strerror(errno);
+  if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter) != 0) {
+    return std::string("seccomp filters are not available here: ") + std::strerror(errno);
+  }
+  return "";
+}
+
+}  // namespace
+
+std::string fail_syscall(long number, int error) {
+  if (kNativeArch == 0) return "no seccomp filter is written for this architecture";
+  const std::uint32_t fail = SECCOMP_RET_ERRNO | (static_cast<std::uint32_t>(error) & SECCOMP_RET_DATA);
+  sock_filter program[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kNativeArch, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<std::uint32_t>(number), 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, fail),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  return install(program, std::size(program));
+}
+
 std::string fail_fallocate_from(std::uint64_t min_bytes, int error) {
   if (kNativeArch == 0) return "no seccomp filter is written for this architecture";
   if (min_bytes >= (std::uint64_t{1} << 32)) return "min_bytes must be below 4 GiB";
@@ -56,14 +86,7 @@ std::string fail_fallocate_from(std::uint64_t min_bytes, int error) {
       BPF_STMT(BPF_RET | BPF_K, fail),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
   };
-  sock_fprog filter{static_cast<unsigned short>(std::size(program)), program};
-  // Without privileges, a filter may only be installed by a process that can never gain
-  // any (no set-uid exec): PR_SET_NO_NEW_PRIVS.
-  if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return std::string("PR_SET_NO_NEW_PRIVS: ") + std::strerror(errno);
-  if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &filter) != 0) {
-    return std::string("seccomp filters are not available here: ") + std::strerror(errno);
-  }
-  return "";
+  return install(program, std::size(program));
 }
 
 std::string syscall_faults_unavailable_reason() {

@@ -17,6 +17,11 @@ namespace ferry::test {
 /// unsupported architecture).
 std::string fail_fallocate_from(std::uint64_t min_bytes, int error);
 
+/// Installs a seccomp filter in the calling process under which every call of system call
+/// `number` fails with `error` (as under a container's seccomp profile, or on a kernel
+/// that lacks the call: ENOSYS). Forked children only, as above; returns "" once installed.
+std::string fail_syscall(long number, int error);
+
 /// "" when fail_fallocate_from() works here (asked once, in a forked child); otherwise why not.
 std::string syscall_faults_unavailable_reason();
 

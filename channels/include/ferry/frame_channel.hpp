@@ -100,6 +100,9 @@ class SenderCore final : public LiveEnd {
   void abandon_in_child() noexcept override;
   /// Storages pinned because the receiver may still hold them (for tests and statistics).
   std::size_t pinned_storages();
+  /// Segments named by fd number kept open until the receiver has them (for tests and
+  /// statistics); collected at each send.
+  std::size_t segments_awaiting_acknowledgement();
   /// The pool of an isolated channel (ChannelOptions::pool), or empty.
   const std::optional<SharedAllocator>& pool() const noexcept { return options_.pool; }
 

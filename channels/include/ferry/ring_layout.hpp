@@ -38,9 +38,9 @@
 //   sleeper writes it only on its slow path.
 // - The producer and consumer lines are 128 bytes apart so that the adjacent-line
 //   prefetcher does not couple them.
-// - acknowledged: the highest frame sequence whose segments the reader has opened by
-//   /proc/<pid>/fd/<n> (SegmentKind::NewProcFd); the writer keeps those segments open
-//   until then.
+// - acknowledged: the highest frame sequence whose segments (SegmentKind::NewProcFd) the
+//   reader has opened, stored when the return board could not tell it or the writer asked
+//   for it (see ring_transport.hpp); the writer keeps those segments open until then.
 #pragma once
 
 #include <atomic>

@@ -25,10 +25,13 @@
 //   peer_check_interval, so sends into a ring whose reader died succeed for at most about
 //   that long (or until the ring is full).
 // - Tensors: a ring cannot carry fds, so new shared segments (and the return board) travel
-//   as SegmentKind::NewProcFd (the reader opens /proc/<writer pid>/fd/<n>) and the reader
-//   acknowledges each such frame by storing its sequence in the segment's `acknowledged`
-//   field; the writer keeps those segments open until then (MessageEncoder's keep-alive,
-//   HandlePassing::ProcFd). Blocks of leased segments need neither.
+//   as SegmentKind::NewProcFd (the reader takes fd <n> of the writer's process) and the
+//   writer keeps those segments open until the reader has them (MessageEncoder's
+//   keep-alive, HandlePassing::ProcFd). The connection's return board tells it (the last
+//   resolved frame); the reader also stores a frame's sequence in the segment's
+//   `acknowledged` field, and wakes the writer, when the frame was not recorded on the
+//   board or the writer asked for acknowledgements (it waits in close()). Blocks of leased
+//   segments need neither.
 // - A closed writer's liveness_probe() is a duplicate of its companion socket, so the
 //   sender's hold ledger can tell when the reader is gone (see HoldLedger).
 // - Both ends are created in one process (make_ring_transport) and reach another by

@@ -10,7 +10,10 @@ namespace ferry {
 
 /// Writes frames to a pipe or a stream socket. With a socket, the frame's fds travel as
 /// SCM_RIGHTS with its first byte; with a pipe, `acknowledgements` is the read end of the
-/// reader's acknowledgement pipe (non-blocking).
+/// reader's acknowledgement pipe (non-blocking), read only while wait_acknowledged()
+/// waits: a sender learns acknowledgements from the return board, and the reader writes
+/// to the pipe only when asked to (ReturnBoard::request_acknowledgements()) or when it
+/// could not record a frame on the board.
 ///
 /// Timed writes never leave half a frame: a frame that was started when the deadline
 /// passed is accepted, and its unwritten tail is kept here and written before the next
@@ -20,7 +23,8 @@ class StreamFrameWriter final : public FrameWriter {
   StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket);
   bool passes_fds() const override { return is_socket_; }
   bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
-  std::uint64_t acknowledged() override;
+  /// What wait_acknowledged() read from the pipe so far (no system call).
+  std::uint64_t acknowledged() override { return acknowledged_; }
   bool wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) override;
   /// Writes any pending frame tail, waiting until `deadline`; false if some is left.
   bool flush(const Deadline& deadline) override { return flush_pending(deadline); }
@@ -35,6 +39,8 @@ class StreamFrameWriter final : public FrameWriter {
   ssize_t write_some(const iovec* parts, std::size_t count, std::span<const int> fds, bool wait);
   // Writes the tail of an earlier frame; false when the deadline passed first.
   bool flush_pending(const Deadline& deadline);
+  // Reads the acknowledgement records in the pipe (non-blocking) into acknowledged_.
+  void read_acknowledgements();
 
   UniqueFd stream_;
   UniqueFd acknowledgements_;

@@ -57,7 +57,10 @@ class FrameWriter {
   /// went out; once a frame is started it is finished. Throws ChannelClosed when the
   /// receiving end is gone.
   virtual bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) = 0;
-  /// The highest sequence the reader acknowledged so far, without blocking (0: none).
+  /// The highest sequence the reader acknowledged so far, as far as this end knows
+  /// without a system call (0: none). Readers acknowledge on the transport only frames
+  /// they could not record on the connection's return board, and every frame once the
+  /// sender asked for it (SenderCore::close); the board is where a sender looks first.
   virtual std::uint64_t acknowledged() { return 0; }
   /// Waits until the reader acknowledged `sequence`; false when the deadline passed or
   /// the reader is gone. Transports that pass fds need no acknowledgements: true at once.
@@ -98,7 +101,8 @@ class FrameReader {
   }
   /// Gives the memory of the frame last returned by read_view() back to the writer.
   virtual void release() noexcept {}
-  /// Tells the writer that every frame up to `sequence` has been resolved.
+  /// Tells the writer that every frame up to `sequence` has been resolved (called only
+  /// when the decoder asks for it: MessageDecoder::wants_acknowledgement()).
   virtual void acknowledge(std::uint64_t /*sequence*/) {}
   virtual void close() noexcept = 0;
   virtual std::vector<int> descriptors() const { return {}; }

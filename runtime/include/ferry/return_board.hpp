@@ -3,6 +3,12 @@
 // longer holds (so that their blocks can be recycled), which frames it has resolved, and
 // which processes hold what it received. Posting costs a few atomic operations and no
 // system call; the sender reads it when it next encodes a frame or needs memory.
+//
+// The last resolved frame doubles as the acknowledgement of segments named by fd number
+// (Transport::Pipe, ShmRing): a frame is claimed only after all its segments were opened,
+// so the sender may close their fds once the word reaches the frame. A sender that must
+// block for that (close()) sets the request word first; the receiver then acknowledges on
+// the transport as well, which wakes it (request_acknowledgements()).
 #pragma once
 
 #include <cstddef>
@@ -17,7 +23,8 @@ namespace ferry {
 
 /// Layout (all words are 64-bit atomics, little-endian):
 ///   header    (page 0)  magic, version, slot capacity, last resolved frame (bit 63: the
-///                       sender abandoned later frames), returns posted, holder processes
+///                       sender abandoned later frames), returns posted, acknowledgement
+///                       request, holder processes
 ///   summary   (page 1)  bit w set: word w of the bitmap may have bits set
 ///   bitmap    (page 2+) bit s set: the receiver gave storage slot s back
 class ReturnBoard {
@@ -75,8 +82,13 @@ class ReturnBoard {
   /// as long as any registered process lives. Ignored when kMaxHolders are registered.
   void register_holder(const ProcessIdentity& process) noexcept;
   /// Records that frames up to `sequence` are resolved (their storages are held by the
-  /// receiver from now on). False when the sender abandoned the frame.
+  /// receiver from now on, their segments opened). False when the sender abandoned the
+  /// frame.
   bool claim_resolved(std::uint64_t sequence) noexcept;
+  /// True once the sender asked for acknowledgements on the transport too (it blocks
+  /// until a frame is resolved); read after claim_resolved(), both sequentially consistent,
+  /// so that the sender either sees the claim or is acknowledged.
+  bool acknowledgements_requested() const noexcept;
 
   // ---- sender side ----------------------------------------------------------
   /// Appends to `out` the slots below `slot_limit` given back since the last call, and
@@ -84,6 +96,11 @@ class ReturnBoard {
   void take_returns(std::uint32_t slot_limit, std::vector<std::uint32_t>& out) noexcept;
   /// The last frame the receiver resolved (0: none).
   std::uint64_t resolved() const noexcept;
+  /// Asks the receiver to acknowledge every frame it resolves from now on through the
+  /// transport as well, for a sender about to block on the transport until a frame is
+  /// resolved; returns the last frame resolved, read after the request (a frame resolved
+  /// later is acknowledged). The request stays.
+  std::uint64_t request_acknowledgements() noexcept;
   /// Marks every frame after the last resolved one as abandoned (the sender recycles their
   /// memory: a receiver that tries to resolve one later fails instead of reading it);
   /// returns the last resolved frame.

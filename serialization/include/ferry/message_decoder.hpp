@@ -15,6 +15,7 @@
 #include "ferry/archive.hpp"
 #include "ferry/body_reader.hpp"
 #include "ferry/frame.hpp"
+#include "ferry/peer_fd.hpp"
 #include "ferry/return_board.hpp"
 #include "ferry/shared_segment.hpp"
 #include "ferry/storage.hpp"
@@ -47,10 +48,12 @@ class MessageDecoder {
     return value;
   }
 
-  /// True when the last frame named segments by /proc path, whose sender waits for an
-  /// acknowledgement to let them go.
+  /// True when the last frame named segments by /proc path and its sender needs an
+  /// acknowledgement on the transport to let them go: the frame was not recorded on the
+  /// return board (which acknowledges without a system call), or the sender asked for
+  /// acknowledgements because it waits for them (ReturnBoard::request_acknowledgements()).
   bool wants_acknowledgement() const noexcept { return wants_acknowledgement_; }
-  /// Drops every lease (the channel is closing). Blocks still used by tensors of this
+  /// Drops every lease (the channel is closing) and the pidfd of the sender. Blocks still used by tensors of this
   /// process stay mapped, and are given back to the sender when those tensors die.
   void release_all() noexcept;
   /// Storages leased on this connection.
@@ -116,10 +119,12 @@ class MessageDecoder {
   std::vector<Lease> leases_;                              // by storage slot
   std::vector<std::shared_ptr<SharedSegment>> segments_;   // by segment slot
   std::shared_ptr<ReturnBoard> board_;
+  PeerFdOpener peer_fds_;  // takes segments named by the sender's pid and fd number
   std::uint64_t registered_generation_ = ~std::uint64_t{0};  // fork generation we registered as holder in
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
   bool wants_acknowledgement_ = false;
+  bool frame_claimed_ = false;  // the last frame was claimed on the board
 };
 
 }  // namespace ferry

@@ -100,8 +100,21 @@ class MessageEncoder {
 
   /// The receiver has mapped the segments of every frame up to `sequence` (ProcFd only).
   void acknowledge(std::uint64_t sequence);
+  /// The last frame the receiver resolved, as the return board tells (0: none, or no
+  /// board yet). A frame is resolved after its segments were opened: it acknowledges them
+  /// without a system call on either side.
+  std::uint64_t resolved_on_board() const noexcept { return ledger_ ? ledger_->board()->resolved() : 0; }
+  /// Before blocking on the transport for acknowledgements: asks the receiver to
+  /// acknowledge there too from now on (ReturnBoard::request_acknowledgements()); returns
+  /// the last frame resolved, read after asking.
+  std::uint64_t request_acknowledgements() noexcept {
+    return ledger_ ? ledger_->board()->request_acknowledgements() : 0;
+  }
   /// True while segments are kept open for frames the receiver has not acknowledged.
   bool awaiting_acknowledgement() const noexcept { return !keepalive_.empty(); }
+  /// Segments kept open until the receiver acknowledges their frames (for tests and
+  /// statistics).
+  std::size_t segments_awaiting_acknowledgement() const noexcept { return keepalive_.size(); }
   /// The newest sequence whose acknowledgement is awaited (0: none).
   std::uint64_t newest_awaited_sequence() const noexcept { return keepalive_.empty() ? 0 : keepalive_.back().first; }
   /// Storages the receiver currently leases from this sender, as far as it knows.
