@@ -95,6 +95,26 @@ TEST(ProcessIdentityTest, LivenessFollowsTheProcessNotItsPid) {
   EXPECT_FALSE(process_alive(child_identity));
 }
 
+TEST(ProcessIdentityTest, AForkedChildKnowsItselfWhileAnotherThreadAskedAtTheFork) {
+  // A receiver registers itself as a holder (current_process()) when it resolves its first
+  // new block. A fork while another thread asked must not leave the child's registration
+  // waiting for ever.
+  std::atomic<bool> stop{false};
+  std::thread asker([&] {
+    while (!stop.load(std::memory_order_relaxed)) current_process();
+  });
+  constexpr int kForks = 12;
+  int hung = 0;
+  for (int i = 0; i < kForks; ++i) {
+    const pid_t child = test::fork_child([] { CHILD_CHECK(current_process().pid == ::getpid()); });
+    const test::ChildExit exit = test::wait_child(child, std::chrono::seconds(2));
+    if (!(exit.exited && exit.code == 0)) ++hung;
+  }
+  stop = true;
+  asker.join();
+  EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children never learnt who they are";
+}
+
 TEST_F(SharedAllocatorTest, FreedSmallBlockComesBackForTheNextAllocation) {
   SharedAllocator pool;
   const void* first = nullptr;
