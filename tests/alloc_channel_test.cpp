@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -339,6 +340,34 @@ TEST_P(AllocChannelTest, ClosedChannelReclaimsFramesOfAReceiverThatDiedBeforeRea
   ::kill(child, SIGKILL);
   ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
   pool.trim();  // the closed channel's probe sees the reading end gone
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+  EXPECT_EQ(live_hold_ledgers(), 0u);
+}
+
+// DISABLED until frame_channel.cpp is fixed (review5 report): ~SenderCore, destroyed while
+// an exception unwinds, skips close() and lets its encoder close the ledger without the
+// transport's liveness probe; a receiver that never resolved a frame never registers as a
+// holder, so nothing ever tells the ledger that the frames are unreadable: their blocks
+// stay pinned for the life of the process (blocks_in_use stays 1, a ledger stays live).
+TEST_P(AllocChannelTest, DISABLED_SenderDestroyedByAnExceptionReclaimsFramesOfAReceiverThatDiedBeforeReading) {
+  SharedAllocator pool;
+  ChannelOptions options;
+  options.close_linger = std::chrono::milliseconds(20);
+  auto [tx, rx] = channel<Batch>(GetParam(), options);
+  const pid_t child = fork_child([&, &tx = tx] {
+    tx.detach();
+    while (true) ::pause();  // never reads
+  });
+  rx.close();
+  try {
+    Sender<Batch> stage = std::move(tx);  // a stage that fails after a send
+    stage.send(Batch{0, {filled(pool, 1024, 0)}});
+    throw std::runtime_error("the stage failed");
+  } catch (const std::runtime_error&) {
+  }
+  ::kill(child, SIGKILL);
+  ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
+  pool.trim();  // nobody can read the frame any more
   EXPECT_EQ(pool.stats().blocks_in_use, 0u);
   EXPECT_EQ(live_hold_ledgers(), 0u);
 }
