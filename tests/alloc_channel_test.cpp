@@ -344,6 +344,69 @@ TEST_P(AllocChannelTest, ClosedChannelReclaimsFramesOfAReceiverThatDiedBeforeRea
   EXPECT_EQ(live_hold_ledgers(), 0u);
 }
 
+TEST_P(AllocChannelTest, ReceiverHandedToAForkedWorkerKeepsItsLeasesAndBlocks) {
+  // A process that has received (its end is used) hands its Receiver to a worker started
+  // by fork (spawn's default). The worker inherits the receiving state: the leases and
+  // the tensors received so far. The handing process's copy of the end is let go; that
+  // must not give the worker's leases and blocks back to the sender.
+  SharedAllocator pool;
+  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [handed_tx, handed_rx] = channel<int>(GetParam());
+  auto [report_tx, report_rx] = channel<int>(GetParam());
+  constexpr int kSteps = 40;
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &handed_tx = handed_tx, &handed_rx = handed_rx,
+                                  &report_tx = report_tx, &report_rx = report_rx] {
+    tx.detach();
+    handed_rx.close();
+    handed_tx.adopt();
+    report_rx.close();
+    auto first = rx.recv();
+    CHILD_CHECK(first.has_value() && first->tensors.size() == 2);
+    const Tensor kept = first->tensors[1];
+    first.reset();
+    WorkerGroup group = spawn(
+        1,
+        [](WorkerContext&, Receiver<Batch> in, Tensor kept_too, Sender<int> report) {
+          int ok = all_equal(kept_too, 7) ? 1 : 0;
+          for (int step = 1; step <= kSteps; ++step) {
+            std::optional<Batch> batch;
+            try {
+              batch = in.recv();
+            } catch (const Error& error) {
+              std::fprintf(stderr, "worker: step %d: %s\n", step, error.what());
+              ok = 0;
+              break;
+            }
+            if (!batch || batch->step != step || !all_equal(batch->tensors.at(0), 5) ||
+                !all_equal(batch->tensors.at(1), 9) || !all_equal(kept_too, 7)) {
+              ok = 0;
+            }
+          }
+          report.send(ok);
+        },
+        std::move(rx), kept, std::move(report_tx));
+    handed_tx.send(1);  // the end is the worker's now; this process lives on
+    group.join();
+  });
+  rx.close();
+  handed_tx.detach();
+  report_tx.detach();
+  const Tensor first_kept = filled(pool, 1024, 5);  // travels again: as a lease
+  {
+    tx.send(Batch{0, {first_kept, filled(pool, 1024, 7)}});  // the second one only the receiver holds
+    ASSERT_EQ(handed_rx.recv().value(), 1);
+  }
+  for (int step = 1; step <= kSteps; ++step) {
+    tx.send(Batch{step, {first_kept, filled(pool, 1024, 9)}});  // same class as the held block
+    release_cached_shared_memory();
+  }
+  EXPECT_EQ(report_rx.recv().value_or(-1), 1) << "the worker lost its leases or saw a recycled block";
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+  pool.trim();  // both holders exited: everything but the sender's own tensor comes back
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u);
+}
+
 // DISABLED until frame_channel.cpp is fixed (review5 report): ~SenderCore, destroyed while
 // an exception unwinds, skips close() and lets its encoder close the ledger without the
 // transport's liveness probe; a receiver that never resolved a frame never registers as a

@@ -147,8 +147,15 @@ class Receiver {
     if (local_) local_.close();
     if (core_) core_->close();
   }
-  /// Same as close() (a receiver sends nothing when closing).
-  void detach() noexcept { close(); }
+  /// Closes this process's copy of the end, for a process that handed the end to a
+  /// forked worker (spawn does this) or a forked child that does not use it: unlike
+  /// close(), what this process received so far is never given back to the sender from
+  /// here (the worker inherited it and may still use it); the sender keeps it until every
+  /// process holding it has exited.
+  void detach() noexcept {
+    if (local_) local_.close();
+    if (core_) core_->detach();
+  }
   void adopt() noexcept {}
   bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
   Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }

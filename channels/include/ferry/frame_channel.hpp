@@ -153,7 +153,16 @@ class ReceiverCore final : public LiveEnd {
     return status;
   }
   void close() noexcept;
-  void detach() noexcept { close(); }
+  /// Closes this process's copy of the end, which a forked worker took over with what was
+  /// received so far: nothing received here is given back to the sender from this process
+  /// (see MessageDecoder::hand_over()).
+  void detach() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      decoder_.hand_over();
+    }
+    close();
+  }
   void adopt() noexcept {}
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }
