@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <random>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -342,6 +343,110 @@ TEST_P(AllocChannelTest, ClosedChannelReclaimsFramesOfAReceiverThatDiedBeforeRea
   pool.trim();  // the closed channel's probe sees the reading end gone
   EXPECT_EQ(pool.stats().blocks_in_use, 0u);
   EXPECT_EQ(live_hold_ledgers(), 0u);
+}
+
+struct Stamped {
+  std::int64_t step = 0;
+  std::vector<std::int64_t> stamps;
+  std::vector<Tensor> tensors;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(step, stamps, tensors); }
+};
+
+bool stamped(const Tensor& t, std::int64_t stamp) {
+  const auto* data = t.data<std::int64_t>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    if (data[i] != stamp) return false;
+  }
+  return true;
+}
+
+// Random traffic over a pool that recycles at once (64 KiB slabs, nothing cached): new
+// tensors, repeats (leases), drops on both sides and tensors echoed back to their sender
+// and sent again. Every tensor is filled with its own stamp once; whoever holds it must
+// always read that stamp, or a block was recycled while in use.
+TEST_P(AllocChannelTest, RandomSendsDropsAndEchoesNeverShowARecycledBlock) {
+  SharedAllocatorSettings settings;
+  settings.segment_bytes = 64 * 1024;
+  settings.max_cached_bytes = 0;
+  SharedAllocator pool(settings);
+  auto [tx, rx] = channel<Stamped>(GetParam());
+  auto [back_tx, back_rx] = channel<Stamped>(GetParam());
+  constexpr int kRounds = 100;
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &back_tx = back_tx, &back_rx = back_rx] {
+    tx.detach();
+    back_rx.close();
+    back_tx.adopt();
+    std::mt19937 random(7);
+    std::vector<std::pair<std::int64_t, Tensor>> held;
+    while (auto message = rx.recv()) {
+      CHILD_CHECK(message->stamps.size() == message->tensors.size());
+      for (std::size_t i = 0; i < message->tensors.size(); ++i) {
+        CHILD_CHECK(stamped(message->tensors[i], message->stamps[i]));
+        if (random() % 3 == 0) held.emplace_back(message->stamps[i], message->tensors[i]);
+      }
+      for (const auto& [stamp, t] : held) CHILD_CHECK(stamped(t, stamp));
+      while (!held.empty() && random() % 4 == 0) held.erase(held.begin() + static_cast<std::ptrdiff_t>(random() % held.size()));
+      if (message->step < 0) {  // a sync: echo some held tensors back
+        Stamped echo{message->step, {}, {}};
+        for (const auto& [stamp, t] : held) {
+          if (random() % 2 == 0) {
+            echo.stamps.push_back(stamp);
+            echo.tensors.push_back(t);
+          }
+        }
+        back_tx.send(echo);
+      }
+    }
+    for (const auto& [stamp, t] : held) CHILD_CHECK(stamped(t, stamp));
+  });
+  rx.close();
+  back_tx.detach();
+  std::mt19937 random(11);
+  std::vector<std::pair<std::int64_t, Tensor>> live;
+  std::vector<std::pair<std::int64_t, Tensor>> echoed;
+  std::int64_t next_stamp = 1;
+  for (int round = 0; round < kRounds; ++round) {
+    const int frames = 1 + static_cast<int>(random() % 6);
+    for (int f = 0; f < frames; ++f) {
+      Stamped message{round, {}, {}};
+      const int fresh = static_cast<int>(random() % 4);
+      for (int i = 0; i < fresh; ++i) {
+        const std::int64_t elements = std::int64_t{1} << (random() % 14);  // 8 B ... 64 KiB
+        Tensor t = Tensor::empty({elements}, DType::Int64, pool);
+        t.fill(next_stamp);
+        live.emplace_back(next_stamp++, t);
+      }
+      for (int i = 0; i < 4 && !live.empty(); ++i) {
+        const auto& [stamp, t] = live[random() % live.size()];
+        message.stamps.push_back(stamp);
+        message.tensors.push_back(t);
+      }
+      if (!echoed.empty() && random() % 2 == 0) {
+        const auto& [stamp, t] = echoed[random() % echoed.size()];
+        message.stamps.push_back(stamp);
+        message.tensors.push_back(t);
+      }
+      tx.send(message);
+      while (!live.empty() && random() % 3 == 0) live.erase(live.begin() + static_cast<std::ptrdiff_t>(random() % live.size()));
+      while (!echoed.empty() && random() % 3 == 0) echoed.erase(echoed.begin() + static_cast<std::ptrdiff_t>(random() % echoed.size()));
+    }
+    tx.send(Stamped{-1 - round, {}, {}});
+    auto echo = back_rx.recv();
+    ASSERT_TRUE(echo.has_value());
+    for (std::size_t i = 0; i < echo->tensors.size(); ++i) {
+      ASSERT_TRUE(stamped(echo->tensors[i], echo->stamps[i])) << "round " << round;
+      echoed.emplace_back(echo->stamps[i], echo->tensors[i]);
+    }
+    for (const auto& [stamp, t] : live) ASSERT_TRUE(stamped(t, stamp)) << "round " << round;
+  }
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+  live.clear();
+  echoed.clear();
+  back_rx.close();
+  pool.trim();
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
 }
 
 TEST_P(AllocChannelTest, ReceiverHandedToAForkedWorkerKeepsItsLeasesAndBlocks) {
