@@ -96,10 +96,13 @@ class Sender {
     if (core_) core_->close();
   }
   /// Releases this process's copy of the end without ending the stream; use it in a
-  /// forked child that does not use this end, so that the peer can see its death.
-  /// (InProcess: no effect; the stream ends when the Sender is closed or destroyed.)
+  /// forked child that does not use this end, so that the peer can see its death, or in
+  /// the process that handed the end to a forked worker (spawn does): the receiver's
+  /// returns are then the worker's, and what this process sent stays pinned until the
+  /// receiver exits. (InProcess: no effect; the stream ends when the Sender is closed or
+  /// destroyed.)
   void detach() noexcept {
-    if (core_) core_->detach();
+    if (core_) core_->hand_over();
   }
   /// Makes the calling process the end's owner (whose destructor closes the stream).
   void adopt() noexcept {

@@ -85,7 +85,23 @@ class SenderCore final : public LiveEnd {
   /// Releases this process's copy of the transport without ending the stream.
   void detach() noexcept;
   /// Makes the calling process the owner: its destructor will close() gracefully.
-  void adopt() noexcept { owner_ = ::getpid(); }
+  void adopt() noexcept {
+    owner_ = ::getpid();
+    try {
+      encoder_.adopt();  // a used end taken over by a forked worker: its returns come here
+    } catch (...) {
+      // Out of memory: the blocks this end sends stay pinned until the receiver exits.
+    }
+  }
+  /// Releases this process's copy of an end that a forked worker took over (adopt()):
+  /// like detach(), and the receiver's returns are left to the worker.
+  void hand_over() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      encoder_.hand_over();
+    }
+    detach();
+  }
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }
   FrameWriter& writer() noexcept { return *writer_; }
