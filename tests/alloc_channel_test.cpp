@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <random>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -339,6 +341,249 @@ TEST_P(AllocChannelTest, ClosedChannelReclaimsFramesOfAReceiverThatDiedBeforeRea
   ::kill(child, SIGKILL);
   ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
   pool.trim();  // the closed channel's probe sees the reading end gone
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+  EXPECT_EQ(live_hold_ledgers(), 0u);
+}
+
+struct Stamped {
+  std::int64_t step = 0;
+  std::vector<std::int64_t> stamps;
+  std::vector<Tensor> tensors;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(step, stamps, tensors); }
+};
+
+bool stamped(const Tensor& t, std::int64_t stamp) {
+  const auto* data = t.data<std::int64_t>();
+  for (std::int64_t i = 0; i < t.numel(); ++i) {
+    if (data[i] != stamp) return false;
+  }
+  return true;
+}
+
+// Random traffic over a pool that recycles at once (64 KiB slabs, nothing cached): new
+// tensors, repeats (leases), drops on both sides and tensors echoed back to their sender
+// and sent again. Every tensor is filled with its own stamp once; whoever holds it must
+// always read that stamp, or a block was recycled while in use.
+TEST_P(AllocChannelTest, RandomSendsDropsAndEchoesNeverShowARecycledBlock) {
+  SharedAllocatorSettings settings;
+  settings.segment_bytes = 64 * 1024;
+  settings.max_cached_bytes = 0;
+  SharedAllocator pool(settings);
+  auto [tx, rx] = channel<Stamped>(GetParam());
+  auto [back_tx, back_rx] = channel<Stamped>(GetParam());
+  constexpr int kRounds = 100;
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &back_tx = back_tx, &back_rx = back_rx] {
+    tx.detach();
+    back_rx.close();
+    back_tx.adopt();
+    std::mt19937 random(7);
+    std::vector<std::pair<std::int64_t, Tensor>> held;
+    while (auto message = rx.recv()) {
+      CHILD_CHECK(message->stamps.size() == message->tensors.size());
+      for (std::size_t i = 0; i < message->tensors.size(); ++i) {
+        CHILD_CHECK(stamped(message->tensors[i], message->stamps[i]));
+        if (random() % 3 == 0) held.emplace_back(message->stamps[i], message->tensors[i]);
+      }
+      for (const auto& [stamp, t] : held) CHILD_CHECK(stamped(t, stamp));
+      while (!held.empty() && random() % 4 == 0) held.erase(held.begin() + static_cast<std::ptrdiff_t>(random() % held.size()));
+      if (message->step < 0) {  // a sync: echo some held tensors back
+        Stamped echo{message->step, {}, {}};
+        for (const auto& [stamp, t] : held) {
+          if (random() % 2 == 0) {
+            echo.stamps.push_back(stamp);
+            echo.tensors.push_back(t);
+          }
+        }
+        back_tx.send(echo);
+      }
+    }
+    for (const auto& [stamp, t] : held) CHILD_CHECK(stamped(t, stamp));
+  });
+  rx.close();
+  back_tx.detach();
+  std::mt19937 random(11);
+  std::vector<std::pair<std::int64_t, Tensor>> live;
+  std::vector<std::pair<std::int64_t, Tensor>> echoed;
+  std::int64_t next_stamp = 1;
+  for (int round = 0; round < kRounds; ++round) {
+    const int frames = 1 + static_cast<int>(random() % 6);
+    for (int f = 0; f < frames; ++f) {
+      Stamped message{round, {}, {}};
+      const int fresh = static_cast<int>(random() % 4);
+      for (int i = 0; i < fresh; ++i) {
+        const std::int64_t elements = std::int64_t{1} << (random() % 14);  // 8 B ... 64 KiB
+        Tensor t = Tensor::empty({elements}, DType::Int64, pool);
+        t.fill(next_stamp);
+        live.emplace_back(next_stamp++, t);
+      }
+      for (int i = 0; i < 4 && !live.empty(); ++i) {
+        const auto& [stamp, t] = live[random() % live.size()];
+        message.stamps.push_back(stamp);
+        message.tensors.push_back(t);
+      }
+      if (!echoed.empty() && random() % 2 == 0) {
+        const auto& [stamp, t] = echoed[random() % echoed.size()];
+        message.stamps.push_back(stamp);
+        message.tensors.push_back(t);
+      }
+      tx.send(message);
+      while (!live.empty() && random() % 3 == 0) live.erase(live.begin() + static_cast<std::ptrdiff_t>(random() % live.size()));
+      while (!echoed.empty() && random() % 3 == 0) echoed.erase(echoed.begin() + static_cast<std::ptrdiff_t>(random() % echoed.size()));
+    }
+    tx.send(Stamped{-1 - round, {}, {}});
+    auto echo = back_rx.recv();
+    ASSERT_TRUE(echo.has_value());
+    for (std::size_t i = 0; i < echo->tensors.size(); ++i) {
+      ASSERT_TRUE(stamped(echo->tensors[i], echo->stamps[i])) << "round " << round;
+      echoed.emplace_back(echo->stamps[i], echo->tensors[i]);
+    }
+    for (const auto& [stamp, t] : live) ASSERT_TRUE(stamped(t, stamp)) << "round " << round;
+  }
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+  live.clear();
+  echoed.clear();
+  back_rx.close();
+  pool.trim();
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+}
+
+TEST_P(AllocChannelTest, ReceiverHandedToAForkedWorkerKeepsItsLeasesAndBlocks) {
+  // A process that has received (its end is used) hands its Receiver to a worker started
+  // by fork (spawn's default). The worker inherits the receiving state: the leases and
+  // the tensors received so far. The handing process's copy of the end is let go; that
+  // must not give the worker's leases and blocks back to the sender.
+  SharedAllocator pool;
+  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [handed_tx, handed_rx] = channel<int>(GetParam());
+  auto [report_tx, report_rx] = channel<int>(GetParam());
+  constexpr int kSteps = 40;
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &handed_tx = handed_tx, &handed_rx = handed_rx,
+                                  &report_tx = report_tx, &report_rx = report_rx] {
+    tx.detach();
+    handed_rx.close();
+    handed_tx.adopt();
+    report_rx.close();
+    auto first = rx.recv();
+    CHILD_CHECK(first.has_value() && first->tensors.size() == 2);
+    const Tensor kept = first->tensors[1];
+    first.reset();
+    WorkerGroup group = spawn(
+        1,
+        [](WorkerContext&, Receiver<Batch> in, Tensor kept_too, Sender<int> report) {
+          int ok = all_equal(kept_too, 7) ? 1 : 0;
+          for (int step = 1; step <= kSteps; ++step) {
+            std::optional<Batch> batch;
+            try {
+              batch = in.recv();
+            } catch (const Error& error) {
+              std::fprintf(stderr, "worker: step %d: %s\n", step, error.what());
+              ok = 0;
+              break;
+            }
+            if (!batch || batch->step != step || !all_equal(batch->tensors.at(0), 5) ||
+                !all_equal(batch->tensors.at(1), 9) || !all_equal(kept_too, 7)) {
+              ok = 0;
+            }
+          }
+          report.send(ok);
+        },
+        std::move(rx), kept, std::move(report_tx));
+    handed_tx.send(1);  // the end is the worker's now; this process lives on
+    group.join();
+  });
+  rx.close();
+  handed_tx.detach();
+  report_tx.detach();
+  const Tensor first_kept = filled(pool, 1024, 5);  // travels again: as a lease
+  {
+    tx.send(Batch{0, {first_kept, filled(pool, 1024, 7)}});  // the second one only the receiver holds
+    ASSERT_EQ(handed_rx.recv().value(), 1);
+  }
+  for (int step = 1; step <= kSteps; ++step) {
+    tx.send(Batch{step, {first_kept, filled(pool, 1024, 9)}});  // same class as the held block
+    release_cached_shared_memory();
+  }
+  EXPECT_EQ(report_rx.recv().value_or(-1), 1) << "the worker lost its leases or saw a recycled block";
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+  pool.trim();  // both holders exited: everything but the sender's own tensor comes back
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u);
+}
+
+TEST_P(AllocChannelTest, SenderHandedToAForkedWorkerGetsItsBlocksBack) {
+  // A used Sender handed to a worker started by fork (spawn's default): the worker's own
+  // sends must come back to its allocator when the receiver lets them go, as they would
+  // on a fresh end, instead of staying pinned for the worker's life.
+  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [ack_tx, ack_rx] = channel<int>(GetParam());
+  auto [report_tx, report_rx] = channel<std::uint64_t>(GetParam());
+  constexpr int kSteps = 40;
+  const pid_t receiver = fork_child([&, &rx = rx, &tx = tx, &ack_tx = ack_tx, &ack_rx = ack_rx,
+                                     &report_tx = report_tx, &report_rx = report_rx] {
+    tx.detach();
+    ack_rx.close();
+    ack_tx.adopt();
+    report_tx.detach();
+    report_rx.close();
+    for (int step = 0; step <= kSteps; ++step) {
+      {
+        auto batch = rx.recv();
+        CHILD_CHECK(batch.has_value() && batch->step == step && all_equal(batch->tensors.at(0), step));
+      }  // dropped here; its lease goes when the sender announces the release
+      ack_tx.send(step);
+    }
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  ack_tx.detach();
+  tx.send(Batch{0, {filled(SharedAllocator::global(), 16, 0)}});  // the end is used now
+  ASSERT_EQ(ack_rx.recv().value_or(-1), 0);
+  WorkerGroup group = spawn(
+      1,
+      [](WorkerContext&, Sender<Batch> out, Receiver<int> acks, Sender<std::uint64_t> report) {
+        SharedAllocator pool;
+        for (int step = 1; step <= kSteps; ++step) {
+          out.send(Batch{step, {filled(pool, 64 * 1024, step)}});  // 256 KiB, dropped at once
+          if (acks.recv() != step) throw std::runtime_error("lost step");
+        }
+        report.send(pool.stats().segments);
+        report.send(out.core().pinned_storages());
+      },
+      std::move(tx), std::move(ack_rx), std::move(report_tx));
+  const auto segments = report_rx.recv();
+  const auto pinned = report_rx.recv();
+  EXPECT_EQ(segments.value_or(99), 1u) << "the worker's allocator never got its blocks back";
+  EXPECT_LE(pinned.value_or(99), 2u) << "the worker's sends stayed pinned";
+  ASSERT_TRUE(group.join(std::chrono::seconds(30)));
+  EXPECT_TRUE(child_succeeded(receiver));
+}
+
+// ~SenderCore, destroyed while an exception unwinds, skips close(); it used to let its encoder
+// close the ledger without the transport's liveness probe: a receiver that never resolved a
+// frame never registers as a holder, so nothing told the ledger that the frames were
+// unreadable, and their blocks stayed pinned for the life of the process (blocks_in_use 1, a
+// ledger still live after trim).
+TEST_P(AllocChannelTest, SenderDestroyedByAnExceptionReclaimsFramesOfAReceiverThatDiedBeforeReading) {
+  SharedAllocator pool;
+  ChannelOptions options;
+  options.close_linger = std::chrono::milliseconds(20);
+  auto [tx, rx] = channel<Batch>(GetParam(), options);
+  const pid_t child = fork_child([&, &tx = tx] {
+    tx.detach();
+    while (true) ::pause();  // never reads
+  });
+  rx.close();
+  try {
+    Sender<Batch> stage = std::move(tx);  // a stage that fails after a send
+    stage.send(Batch{0, {filled(pool, 1024, 0)}});
+    throw std::runtime_error("the stage failed");
+  } catch (const std::runtime_error&) {
+  }
+  ::kill(child, SIGKILL);
+  ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
+  pool.trim();  // nobody can read the frame any more
   EXPECT_EQ(pool.stats().blocks_in_use, 0u);
   EXPECT_EQ(live_hold_ledgers(), 0u);
 }

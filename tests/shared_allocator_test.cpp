@@ -4,12 +4,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
 #include <random>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include "ferry/handle_cache.hpp"
 #include "ferry/process_identity.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/size_classes.hpp"
@@ -90,6 +93,26 @@ TEST(ProcessIdentityTest, LivenessFollowsTheProcessNotItsPid) {
   while (process_alive(child_identity)) std::this_thread::yield();
   EXPECT_TRUE(test::child_succeeded(child));
   EXPECT_FALSE(process_alive(child_identity));
+}
+
+TEST(ProcessIdentityTest, AForkedChildKnowsItselfWhileAnotherThreadAskedAtTheFork) {
+  // A receiver registers itself as a holder (current_process()) when it resolves its first
+  // new block. A fork while another thread asked must not leave the child's registration
+  // waiting for ever.
+  std::atomic<bool> stop{false};
+  std::thread asker([&] {
+    while (!stop.load(std::memory_order_relaxed)) current_process();
+  });
+  constexpr int kForks = 12;
+  int hung = 0;
+  for (int i = 0; i < kForks; ++i) {
+    const pid_t child = test::fork_child([] { CHILD_CHECK(current_process().pid == ::getpid()); });
+    const test::ChildExit exit = test::wait_child(child, std::chrono::seconds(2));
+    if (!(exit.exited && exit.code == 0)) ++hung;
+  }
+  stop = true;
+  asker.join();
+  EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children never learnt who they are";
 }
 
 TEST_F(SharedAllocatorTest, FreedSmallBlockComesBackForTheNextAllocation) {
@@ -357,6 +380,32 @@ TEST_F(SharedAllocatorTest, AForkedChildNeverCarvesTheParentsSegments) {
   EXPECT_EQ(bytes[0], 1);
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
   EXPECT_EQ(pool.stats().segments, 1u);
+}
+
+
+TEST_F(SharedAllocatorTest, AForkedChildCreatesSegmentsWhileAnotherThreadUsedTheHandleCache) {
+  // Every new segment is recorded in the process's handle cache, and every received one is
+  // looked up there, under its lock. A fork while another thread held that lock (a
+  // receiving thread, say) must not leave the child's first new segment waiting for ever.
+  const auto probe = SharedSegment::create(4096, nullptr);
+  std::atomic<bool> stop{false};
+  std::thread receiver_like([&] {
+    while (!stop.load(std::memory_order_relaxed)) HandleCache::global().find(probe->identity());
+  });
+  constexpr int kForks = 12;  // about half of them hung
+  int hung = 0;
+  for (int i = 0; i < kForks; ++i) {
+    const pid_t child = test::fork_child([] {
+      const SharedAllocator pool;  // a new pool: its first block needs a new segment
+      auto block = pool.allocate(64 * KiB);
+      CHILD_CHECK(block != nullptr);
+    });
+    const test::ChildExit exit = test::wait_child(child, std::chrono::seconds(2));
+    if (!(exit.exited && exit.code == 0)) ++hung;
+  }
+  stop = true;
+  receiver_like.join();
+  EXPECT_EQ(hung, 0) << hung << " of " << kForks << " children never finished their first allocation";
 }
 
 }  // namespace

@@ -28,6 +28,14 @@ SenderCore::~SenderCore() {
     } catch (const Error&) {
       // The receiver is gone; there is nobody left to tell.
     }
+  } else if (open_ && owner_ == ::getpid()) {
+    // No end-of-stream, but what the receiver may still hold stays tracked: the probe tells
+    // the ledger when the receiving end is gone, also when it died before reading a frame.
+    try {
+      encoder_.closed(writer_->liveness_probe());
+    } catch (...) {
+      encoder_.closed(UniqueFd());  // no probe (out of fds): the ledger falls back to its own checks
+    }
   }
   writer_->close();
 }

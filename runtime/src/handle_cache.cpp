@@ -1,7 +1,10 @@
 #include "ferry/handle_cache.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 
+#include "ferry/error.hpp"
 #include "ferry/shared_segment.hpp"
 
 namespace ferry {
@@ -11,7 +14,17 @@ constexpr std::size_t kMinimumLimit = 128;
 
 HandleCache& HandleCache::global() {
   // Leaked on purpose: storages may die during static destruction and must still find it.
-  static auto* cache = new HandleCache();
+  static auto* cache = [] {
+    auto* created = new HandleCache();
+    // A fork while another thread holds the lock would leave it locked in the child, whose
+    // first new or received segment would then wait for ever.
+    if (const int rc = ::pthread_atfork([] { global().mutex_.lock(); }, [] { global().mutex_.unlock(); },
+                                        [] { global().mutex_.unlock(); });
+        rc != 0) {
+      throw_system_error("pthread_atfork", rc);
+    }
+    return created;
+  }();
   return *cache;
 }
 

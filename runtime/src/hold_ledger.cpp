@@ -152,7 +152,8 @@ void HoldLedger::collect(bool check_receivers) {
   std::vector<std::shared_ptr<Allocation>> dropped;
   std::lock_guard lock(mutex_);
   scratch_.clear();
-  board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
+  // Handed over: the returns on the board are the other process's.
+  if (!handed_over_) board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
   dropped.reserve(scratch_.size());  // one allocation, not one per doubling
   for (const std::uint32_t slot : scratch_) {
     if (slot < pins_.size() && pins_[slot].allocation != nullptr) {
@@ -211,6 +212,28 @@ void HoldLedger::channel_closed(UniqueFd probe) {
     board_->close_fd();
   }
   collect(false);
+}
+
+void HoldLedger::hand_over() {
+  if (!belongs_to_this_process()) return;
+  std::lock_guard lock(mutex_);
+  handed_over_ = true;
+}
+
+void HoldLedger::adopt_in_child(const std::shared_ptr<HoldLedger>& ledger) {
+  if (!ledger || ledger->belongs_to_this_process()) return;
+  {
+    // A forked process that adopts an end runs no other thread yet.
+    std::lock_guard lock(ledger->mutex_);
+    ledger->generation_ = fork_generation();
+  }
+  Registry& reg = registry();
+  std::vector<std::shared_ptr<HoldLedger>> dropped;
+  {
+    std::lock_guard lock(reg.mutex);
+    dropped = take_inherited_locked(reg);
+    reg.ledgers.push_back(ledger);
+  }
 }
 
 std::size_t HoldLedger::pinned() const {

@@ -9,7 +9,6 @@
 #include <exception>
 #include <atomic>
 #include <cerrno>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -102,20 +101,24 @@ std::uint64_t fork_generation() noexcept {
 }
 
 ProcessIdentity current_process() {
-  struct Cached {
-    std::uint64_t generation;
-    ProcessIdentity identity;
-  };
-  static std::mutex mutex;
-  static std::optional<Cached> cached;
+  // Lock-free, so that a fork while another thread asks leaves nothing locked in the child.
+  // Threads of one fork generation compute the same identity, so concurrent stores agree;
+  // the generation is published last.
+  static std::atomic<std::uint64_t> cached_generation{~std::uint64_t{0}};
+  static std::atomic<std::int32_t> cached_pid{0};
+  static std::atomic<std::uint64_t> cached_start_time{0};
   const std::uint64_t generation = fork_generation();
-  std::lock_guard lock(mutex);
-  if (cached && cached->generation == generation) return cached->identity;
+  if (cached_generation.load(std::memory_order_acquire) == generation) {
+    return ProcessIdentity{cached_pid.load(std::memory_order_relaxed),
+                           cached_start_time.load(std::memory_order_relaxed)};
+  }
   const std::int32_t pid = ::getpid();
   const auto fields = read_stat(pid);
   if (!fields) throw Error("cannot read /proc/self/stat; ferry needs /proc to track the processes holding shared memory");
-  cached = Cached{generation, ProcessIdentity{pid, fields->start_time}};
-  return cached->identity;
+  cached_pid.store(pid, std::memory_order_relaxed);
+  cached_start_time.store(fields->start_time, std::memory_order_relaxed);
+  cached_generation.store(generation, std::memory_order_release);
+  return ProcessIdentity{pid, fields->start_time};
 }
 
 std::optional<ProcessIdentity> identify_process(std::int32_t pid) {

@@ -31,20 +31,23 @@ std::string hex(std::uint64_t value) {
 class ReceivedBlock final : public SharedBlock {
  public:
   ReceivedBlock(std::shared_ptr<SharedSegment> segment, std::size_t offset, std::size_t nbytes,
-                std::shared_ptr<ReturnBoard> board, std::uint32_t slot)
+                std::shared_ptr<detail::ReturnPath> returns, std::uint32_t slot)
       : SharedBlock(std::move(segment), offset, nbytes),
-        board_(std::move(board)),
+        returns_(std::move(returns)),
         slot_(slot),
         generation_(fork_generation()) {}
   ~ReceivedBlock() override {
-    // A forked child's copy is not the holder the sender knows: only the receiver returns.
-    if (generation_ == fork_generation()) board_->post_return(slot_);
+    // A forked child's copy is not the holder the sender knows: only the receiver returns,
+    // and not once it handed the connection to a forked process that may still hold this.
+    if (generation_ == fork_generation() && !returns_->handed_over.load(std::memory_order_relaxed)) {
+      returns_->board->post_return(slot_);
+    }
   }
   ReceivedBlock(const ReceivedBlock&) = delete;
   ReceivedBlock& operator=(const ReceivedBlock&) = delete;
 
  private:
-  std::shared_ptr<ReturnBoard> board_;
+  std::shared_ptr<detail::ReturnPath> returns_;
   std::uint32_t slot_;
   std::uint64_t generation_;
 };
@@ -270,6 +273,8 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
     }
     SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
     board_ = ReturnBoard::open_received(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
+    returns_ = std::make_shared<detail::ReturnPath>();
+    returns_->board = board_;
     return;
   }
   if (role != SegmentRole::Data) {
@@ -343,7 +348,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
                         std::to_string(segment->size()) + " bytes");
   }
   auto block = std::allocate_shared<ReceivedBlock>(detail::PoolAllocator<ReceivedBlock>(), segment, entry.offset,
-                                                  entry.nbytes, board_, entry.slot);
+                                                  entry.nbytes, returns_, entry.slot);
   Lease lease;
   // A block this process sent (and someone forwarded back) resolves to the storage it sent;
   // the lease then holds only the block and a weak handle (see Lease).
@@ -387,6 +392,11 @@ void MessageDecoder::release_all() noexcept {
   leases_.clear();
   segments_.clear();
   storages_.clear();
+}
+
+void MessageDecoder::hand_over() noexcept {
+  if (returns_) returns_->handed_over.store(true, std::memory_order_relaxed);
+  release_all();
 }
 
 std::size_t MessageDecoder::leased() const noexcept {

@@ -435,6 +435,12 @@ void MessageEncoder::receiver_gone() {
   if (ledger_) ledger_->receiver_gone();
 }
 
+void MessageEncoder::hand_over() {
+  if (ledger_) ledger_->hand_over();
+}
+
+void MessageEncoder::adopt() { HoldLedger::adopt_in_child(ledger_); }
+
 void MessageEncoder::closed(UniqueFd probe) {
   if (ledger_) {
     ledger_->channel_closed(std::move(probe));

@@ -96,10 +96,13 @@ class Sender {
     if (core_) core_->close();
   }
   /// Releases this process's copy of the end without ending the stream; use it in a
-  /// forked child that does not use this end, so that the peer can see its death.
-  /// (InProcess: no effect; the stream ends when the Sender is closed or destroyed.)
+  /// forked child that does not use this end, so that the peer can see its death, or in
+  /// the process that handed the end to a forked worker (spawn does): the receiver's
+  /// returns are then the worker's, and what this process sent stays pinned until the
+  /// receiver exits. (InProcess: no effect; the stream ends when the Sender is closed or
+  /// destroyed.)
   void detach() noexcept {
-    if (core_) core_->detach();
+    if (core_) core_->hand_over();
   }
   /// Makes the calling process the end's owner (whose destructor closes the stream).
   void adopt() noexcept {
@@ -147,8 +150,15 @@ class Receiver {
     if (local_) local_.close();
     if (core_) core_->close();
   }
-  /// Same as close() (a receiver sends nothing when closing).
-  void detach() noexcept { close(); }
+  /// Closes this process's copy of the end, for a process that handed the end to a
+  /// forked worker (spawn does this) or a forked child that does not use it: unlike
+  /// close(), what this process received so far is never given back to the sender from
+  /// here (the worker inherited it and may still use it); the sender keeps it until every
+  /// process holding it has exited.
+  void detach() noexcept {
+    if (local_) local_.close();
+    if (core_) core_->detach();
+  }
   void adopt() noexcept {}
   bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
   Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }

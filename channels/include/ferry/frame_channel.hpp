@@ -85,7 +85,23 @@ class SenderCore final : public LiveEnd {
   /// Releases this process's copy of the transport without ending the stream.
   void detach() noexcept;
   /// Makes the calling process the owner: its destructor will close() gracefully.
-  void adopt() noexcept { owner_ = ::getpid(); }
+  void adopt() noexcept {
+    owner_ = ::getpid();
+    try {
+      encoder_.adopt();  // a used end taken over by a forked worker: its returns come here
+    } catch (...) {
+      // Out of memory: the blocks this end sends stay pinned until the receiver exits.
+    }
+  }
+  /// Releases this process's copy of an end that a forked worker took over (adopt()):
+  /// like detach(), and the receiver's returns are left to the worker.
+  void hand_over() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      encoder_.hand_over();
+    }
+    detach();
+  }
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }
   FrameWriter& writer() noexcept { return *writer_; }
@@ -156,7 +172,16 @@ class ReceiverCore final : public LiveEnd {
     return status;
   }
   void close() noexcept;
-  void detach() noexcept { close(); }
+  /// Closes this process's copy of the end, which a forked worker took over with what was
+  /// received so far: nothing received here is given back to the sender from this process
+  /// (see MessageDecoder::hand_over()).
+  void detach() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      decoder_.hand_over();
+    }
+    close();
+  }
   void adopt() noexcept {}
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }

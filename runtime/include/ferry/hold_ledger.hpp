@@ -53,6 +53,14 @@ class HoldLedger {
   /// The channel closed. `probe` (may be empty) is a descriptor that polls POLLERR or
   /// POLLHUP once the receiving end is gone; it is kept while frames are unresolved.
   void channel_closed(UniqueFd probe);
+  /// This process handed the channel to a forked process that goes on with it (see
+  /// adopt_in_child()): the return board is that process's to read from now on. What this
+  /// process pinned stays pinned until every holder has exited.
+  void hand_over();
+  /// In a forked process that took the channel over (a used Sender handed to a worker):
+  /// `ledger`, inherited from the parent, becomes this process's, registered with it and
+  /// reading the return board. No-op for a ledger of this process.
+  static void adopt_in_child(const std::shared_ptr<HoldLedger>& ledger);
 
   /// Storages pinned now.
   std::size_t pinned() const;
@@ -80,6 +88,7 @@ class HoldLedger {
   std::vector<std::uint32_t> scratch_;
   bool channel_open_ = true;
   bool receiver_gone_ = false;
+  bool handed_over_ = false;  // another process reads the board (hand_over())
   UniqueFd probe_;
 };
 

@@ -4,6 +4,7 @@
 // lease protocol and holds.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -24,6 +25,16 @@
 #include "ferry/unique_fd.hpp"
 
 namespace ferry {
+
+namespace detail {
+/// Where the blocks received on one connection give their storage slots back: shared by
+/// the decoder and every block it made, so that MessageDecoder::hand_over() can silence
+/// the blocks that live on in this process.
+struct ReturnPath {
+  std::shared_ptr<ReturnBoard> board;
+  std::atomic<bool> handed_over{false};
+};
+}  // namespace detail
 
 class MessageDecoder {
  public:
@@ -56,6 +67,12 @@ class MessageDecoder {
   /// Drops every lease (the channel is closing) and the pidfd of the sender. Blocks still used by tensors of this
   /// process stay mapped, and are given back to the sender when those tensors die.
   void release_all() noexcept;
+  /// This process lets go of a connection whose receiving state a forked process inherited
+  /// (spawn handed it a used Receiver): drops every lease like release_all(), but no block
+  /// received so far gives its slot back from this process, even when its last tensor here
+  /// dies, since the other process may still hold it. The sender keeps those blocks until
+  /// every process that holds what arrived on the connection has exited.
+  void hand_over() noexcept;
   /// Storages leased on this connection.
   std::size_t leased() const noexcept;
   /// Segments leased on this connection.
@@ -120,6 +137,7 @@ class MessageDecoder {
   std::vector<std::shared_ptr<SharedSegment>> segments_;   // by segment slot
   std::shared_ptr<ReturnBoard> board_;
   PeerFdOpener peer_fds_;  // takes segments named by the sender's pid and fd number
+  std::shared_ptr<detail::ReturnPath> returns_;  // with board_
   std::uint64_t registered_generation_ = ~std::uint64_t{0};  // fork generation we registered as holder in
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;

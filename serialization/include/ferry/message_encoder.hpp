@@ -137,6 +137,14 @@ class MessageEncoder {
   /// The channel closed. `probe` (may be empty) polls POLLERR/POLLHUP once the receiving
   /// end is gone; the pins outlive the encoder until the receiver gives them back or exits.
   void closed(UniqueFd probe);
+  /// This process lets go of a connection that a forked process took over (adopt()): what
+  /// it sent stays pinned until every receiving process exited, and the receiver's returns
+  /// are left to the other process. Call closed() after it.
+  void hand_over();
+  /// In a forked process that took the connection over (a used Sender handed to a worker):
+  /// the hold ledger becomes this process's, so that what the receiver gives back returns
+  /// to this process's allocator.
+  void adopt();
 
  private:
   enum class SlotState : std::uint8_t {
