@@ -386,7 +386,9 @@ TEST_F(SharedAllocatorTest, AForkedChildNeverCarvesTheParentsSegments) {
 TEST_F(SharedAllocatorTest, AForkedChildCreatesSegmentsWhileAnotherThreadUsedTheHandleCache) {
   // Every new segment is recorded in the process's handle cache, and every received one is
   // looked up there, under its lock. A fork while another thread held that lock (a
-  // receiving thread, say) must not leave the child's first new segment waiting for ever.
+  // receiving thread, say) must not leave the child's first new segment waiting for ever;
+  // neither must a fork while that thread was still making the cache (its first use): the
+  // child then waited on the static's initialization guard (1 of 12 children, run after run).
   const auto probe = SharedSegment::create(4096, nullptr);
   std::atomic<bool> stop{false};
   std::thread receiver_like([&] {

@@ -29,6 +29,10 @@ LiveEnds& live_ends() {
   return *instance;
 }
 
+// Made before main(): a fork() while another thread is still making it would leave the child
+// waiting for ever on the static's initialization guard.
+[[maybe_unused]] const LiveEnds& g_live_ends_made_at_start = live_ends();
+
 }  // namespace
 
 void LiveEnd::track() {

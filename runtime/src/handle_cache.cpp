@@ -28,6 +28,12 @@ HandleCache& HandleCache::global() {
   return *cache;
 }
 
+namespace {
+// Made before main(): a fork() while another thread is still making it would leave the child
+// waiting for ever on the static's initialization guard.
+[[maybe_unused]] const HandleCache& g_cache_made_at_start = HandleCache::global();
+}  // namespace
+
 std::shared_ptr<SharedSegment> HandleCache::find(const FileIdentity& identity) {
   std::lock_guard lock(mutex_);
   const auto it = entries_.find(identity);

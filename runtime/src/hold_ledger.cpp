@@ -34,6 +34,10 @@ Registry& registry() {
   return *instance;
 }
 
+// Made before main(): a fork() while another thread is still making it would leave the child
+// waiting for ever on the static's initialization guard.
+[[maybe_unused]] const Registry& g_registry_made_at_start = registry();
+
 // Takes the ledgers a forked child inherited out of the registry (caller holds the lock).
 std::vector<std::shared_ptr<HoldLedger>> take_inherited_locked(Registry& reg) {
   std::vector<std::shared_ptr<HoldLedger>> inherited;

@@ -34,6 +34,10 @@ void register_fork_counter() {
   }();
 }
 
+// Made before main(): a fork() while another thread is still making it would leave the child
+// waiting for ever on the static's initialization guard.
+[[maybe_unused]] const bool g_fork_counter_made_at_start = (register_fork_counter(), true);
+
 // State and start time from the text of /proc/<pid>/stat: "pid (comm) S ppid ... starttime ...".
 // The command name may hold spaces and parentheses, so fields are counted after the last ')'.
 struct StatFields {

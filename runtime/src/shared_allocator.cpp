@@ -150,6 +150,10 @@ void register_fork_handlers() {
   });
 }
 
+// Made before main(): a fork() while another thread is still making it would leave the child
+// waiting for ever on the static's initialization guard.
+[[maybe_unused]] const bool g_fork_handlers_made_at_start = (pools(), register_fork_handlers(), true);
+
 // A block handed out by a pool; goes back to the pool's free list when it dies.
 class OwnedBlock final : public SharedBlock {
  public:
