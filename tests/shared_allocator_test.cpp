@@ -308,6 +308,9 @@ TEST_F(SharedAllocatorTest, DeviceSharedCpuAllocatesFromTheGlobalPool) {
 TEST_F(SharedAllocatorTest, InvalidSettingsAndSizesAreRejected) {
   EXPECT_THROW(SharedAllocator(SharedAllocatorSettings{1000, 0}), Error);
   EXPECT_THROW(SharedAllocator(SharedAllocatorSettings{32 * KiB, 0}), Error);
+  // 256 GiB of 64-byte blocks would be 2^32 blocks: a segment's 32-bit block count would wrap to 0.
+  EXPECT_THROW(SharedAllocator(SharedAllocatorSettings{std::size_t{256} << 30, 0}), Error);
+  EXPECT_THROW(SharedAllocator(SharedAllocatorSettings{(std::size_t{64} << 30) + 4096, 0}), Error);
   SharedAllocator pool;
   EXPECT_THROW(pool.allocate(0), Error);
   EXPECT_THROW(pool.configure(SharedAllocatorSettings{4097 * 16, 0}), Error);

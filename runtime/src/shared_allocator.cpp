@@ -23,11 +23,14 @@ namespace {
 
 constexpr std::uint32_t kLargeClass = UINT32_MAX;
 constexpr std::size_t kMinimumSegmentBytes = std::size_t{64} << 10;
+// A segment's block count is 32-bit: 64 GiB of 64-byte blocks is 2^30 of them.
+constexpr std::size_t kMaximumSegmentBytes = std::size_t{64} << 30;
 
 void validate(const SharedAllocatorSettings& settings) {
-  if (settings.segment_bytes < kMinimumSegmentBytes || settings.segment_bytes % 4096 != 0) {
-    throw Error("SharedAllocatorSettings::segment_bytes must be a multiple of 4096 of at least 64 KiB, not " +
-                std::to_string(settings.segment_bytes));
+  if (settings.segment_bytes < kMinimumSegmentBytes || settings.segment_bytes > kMaximumSegmentBytes ||
+      settings.segment_bytes % 4096 != 0) {
+    throw Error("SharedAllocatorSettings::segment_bytes must be a multiple of 4096 between 64 KiB and 64 GiB, not " +
+                std::to_string(settings.segment_bytes) + " (tensors larger than an eighth of it get segments of their own)");
   }
 }
 

@@ -16,7 +16,7 @@ namespace ferry {
 /// Limits of a caching shared-memory allocator.
 struct SharedAllocatorSettings {
   /// Size of the segments that small blocks (up to an eighth of it; see
-  /// small_block_limit()) are carved from. A multiple of 4096, at least 64 KiB. Larger
+  /// small_block_limit()) are carved from. A multiple of 4096, 64 KiB to 64 GiB. Larger
   /// requests get a segment of their own, rounded up by at most an eighth.
   std::size_t segment_bytes = std::size_t{2} << 20;
   /// Bytes of free blocks the allocator keeps mapped for reuse. When a block is freed and
