@@ -45,8 +45,10 @@ Tensor filled(const SharedAllocator& pool, std::int64_t elements, std::int32_t v
   return t;
 }
 
-bool all_equal(const Tensor& t, std::int32_t value) {
-  const auto* data = t.data<std::int32_t>();
+// True when every element of `t` (of element type T) is `value`.
+template <class T>
+bool all_equal(const Tensor& t, T value) {
+  const auto* data = t.data<T>();
   for (std::int64_t i = 0; i < t.numel(); ++i) {
     if (data[i] != value) return false;
   }
@@ -353,13 +355,7 @@ struct Stamped {
   void serialize(Archive& ar) { ar(step, stamps, tensors); }
 };
 
-bool stamped(const Tensor& t, std::int64_t stamp) {
-  const auto* data = t.data<std::int64_t>();
-  for (std::int64_t i = 0; i < t.numel(); ++i) {
-    if (data[i] != stamp) return false;
-  }
-  return true;
-}
+bool stamped(const Tensor& t, std::int64_t stamp) { return all_equal<std::int64_t>(t, stamp); }
 
 // Random traffic over a pool that recycles at once (64 KiB slabs, nothing cached): new
 // tensors, repeats (leases), drops on both sides and tensors echoed back to their sender
