@@ -1,7 +1,6 @@
 #include "ferry/peer_fd.hpp"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -117,14 +116,8 @@ std::string PeerFdOpener::describe(pid_t pid, int fd, Method method) {
 }
 
 bool PeerFdOpener::exited(pid_t pid, std::chrono::milliseconds grace) const {
-  if (pid != pid_ || !pidfd_) return process_has_exited(pid, grace);
-  // A pidfd becomes readable once its process has exited; it never names a later process.
-  pollfd entry{pidfd_.get(), POLLIN, 0};
-  while (true) {
-    const int rc = ::poll(&entry, 1, static_cast<int>(grace.count()));
-    if (rc >= 0) return rc > 0;
-    if (errno != EINTR) return false;  // cannot tell: report the process as running
-  }
+  // The kept pidfd never names a later process that reused the pid.
+  return pid == pid_ && pidfd_ ? pidfd_has_exited(pidfd_.get(), grace) : process_has_exited(pid, grace);
 }
 
 void PeerFdOpener::reset() noexcept {

@@ -21,11 +21,14 @@ bool process_has_exited(pid_t pid, std::chrono::milliseconds grace) {
     // No pidfds (kernel before 5.3, seccomp): only a reaped process can be recognised.
     return ::kill(pid, 0) != 0 && errno == ESRCH;
   }
-  pollfd entry{pidfd.get(), POLLIN, 0};
+  return pidfd_has_exited(pidfd.get(), grace);
+}
+
+bool pidfd_has_exited(int pidfd, std::chrono::milliseconds grace) {
+  pollfd entry{pidfd, POLLIN, 0};
   while (true) {
     const int rc = ::poll(&entry, 1, static_cast<int>(grace.count()));
-    if (rc > 0) return true;
-    if (rc == 0) return false;
+    if (rc >= 0) return rc > 0;
     if (errno != EINTR) return false;  // cannot tell: report the process as running
   }
 }

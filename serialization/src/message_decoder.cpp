@@ -107,7 +107,7 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
 
   {
     // Blocks whose last user was the lease give their slots back together, when the batch ends.
-    const ReturnBoard::PostBatch batch(board_.get());
+    const ReturnBoard::PostBatch batch(board());
     for (std::uint32_t i = 0; i < header.release_count; ++i) {
       const auto slot = entry_at<std::uint32_t>(releases, i);
       if (slot >= leases_.size() || !leases_[slot]) {
@@ -133,7 +133,7 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
   // A frame claimed on the board is acknowledged there (after its segments were opened);
   // the transport carries an acknowledgement only when the sender asked for it (it blocks
   // in close()), read after the claim (see ReturnBoard::acknowledgements_requested()).
-  if (wants_acknowledgement_ && frame_claimed_ && !board_->acknowledgements_requested()) {
+  if (wants_acknowledgement_ && frame_claimed_ && !board()->acknowledgements_requested()) {
     wants_acknowledgement_ = false;
   }
 }
@@ -141,12 +141,12 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
 void MessageDecoder::give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept {
   // The sender pinned every new block of the frame for us. Blocks we leased give their
   // slot back when they die; the others would stay pinned until this process exits.
-  if (!board_) return;
+  if (!board()) return;
   for (std::uint32_t i = 0; i < count; ++i) {
     const auto entry = entry_at<HandleEntry>(table, i);
     if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
     if (entry.slot < leases_.size() && leases_[entry.slot]) continue;
-    board_->post_return(entry.slot);
+    board()->post_return(entry.slot);
   }
 }
 
@@ -266,15 +266,15 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
   if (kind == SegmentKind::NewProcFd) wants_acknowledgement_ = true;
   const auto role = static_cast<SegmentRole>(entry.role);
   if (role == SegmentRole::ReturnBoard) {
-    if (board_) throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
+    if (board()) throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
     if (entry.size != ReturnBoard::bytes()) {
       throw ProtocolError("segment " + std::to_string(index) + " is a return board whose field size claims " +
                           std::to_string(entry.size) + " bytes instead of " + std::to_string(ReturnBoard::bytes()));
     }
     SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
-    board_ = ReturnBoard::open_received(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
+    auto board = ReturnBoard::open_received(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
     returns_ = std::make_shared<detail::ReturnPath>();
-    returns_->board = board_;
+    returns_->board = std::move(board);
     return;
   }
   if (role != SegmentRole::Data) {
@@ -317,7 +317,7 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
 }
 
 void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
-  if (!board_) {
+  if (!board()) {
     throw ProtocolError("handle " + std::to_string(index) +
                         " names a new block but the sender never sent its return board");
   }
@@ -325,10 +325,10 @@ void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
   // pinned for us as long as a registered holder lives.
   const std::uint64_t generation = fork_generation();
   if (registered_generation_ != generation) {
-    board_->register_holder(current_process());
+    board()->register_holder(current_process());
     registered_generation_ = generation;
   }
-  if (!board_->claim_resolved(sequence)) {
+  if (!board()->claim_resolved(sequence)) {
     throw ProtocolError("the sender gave up on frame " + std::to_string(sequence) +
                         " (it saw this receiver as gone, or it closed the channel and its close linger passed) "
                         "and may have recycled the memory it names");

@@ -17,7 +17,8 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
-#include <iterator>
+#include <initializer_list>
+#include <vector>
 
 namespace ferry::test {
 namespace {
@@ -50,32 +51,40 @@ std::string install(sock_filter* program, std::size_t length) {
   return "";
 }
 
-}  // namespace
-
-std::string fail_syscall(long number, int error) {
-  if (kNativeArch == 0) return "no seccomp filter is written for this architecture";
-  const std::uint32_t fail = SECCOMP_RET_ERRNO | (static_cast<std::uint32_t>(error) & SECCOMP_RET_DATA);
-  sock_filter program[] = {
+// Installs the filter made of the prelude every filter here starts with (a system call of
+// another architecture passes; the call's number is loaded) followed by `rules`.
+std::string install_after_prelude(std::initializer_list<sock_filter> rules) {
+  std::vector<sock_filter> program{
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kNativeArch, 1, 0),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<std::uint32_t>(number), 0, 1),
-      BPF_STMT(BPF_RET | BPF_K, fail),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
   };
-  return install(program, std::size(program));
+  program.insert(program.end(), rules);
+  return install(program.data(), program.size());
+}
+
+// The filter's answer that fails a call with `error`.
+std::uint32_t fail_with(int error) {
+  return SECCOMP_RET_ERRNO | (static_cast<std::uint32_t>(error) & SECCOMP_RET_DATA);
+}
+
+}  // namespace
+
+std::string fail_syscall(long number, int error) {
+  if (kNativeArch == 0) return "no seccomp filter is written for this architecture";
+  return install_after_prelude({
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<std::uint32_t>(number), 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, fail_with(error)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  });
 }
 
 std::string fail_fallocate_from(std::uint64_t min_bytes, int error) {
   if (kNativeArch == 0) return "no seccomp filter is written for this architecture";
   if (min_bytes >= (std::uint64_t{1} << 32)) return "min_bytes must be below 4 GiB";
-  const std::uint32_t fail = SECCOMP_RET_ERRNO | (static_cast<std::uint32_t>(error) & SECCOMP_RET_DATA);
-  sock_filter program[] = {
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kNativeArch, 1, 0),
-      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+  const std::uint32_t fail = fail_with(error);
+  return install_after_prelude({
       BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_fallocate, 1, 0),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
       BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kLengthHigh),  // len >= 4 GiB: fail
@@ -85,8 +94,7 @@ std::string fail_fallocate_from(std::uint64_t min_bytes, int error) {
       BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, static_cast<std::uint32_t>(min_bytes), 0, 1),
       BPF_STMT(BPF_RET | BPF_K, fail),
       BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-  };
-  return install(program, std::size(program));
+  });
 }
 
 std::string syscall_faults_unavailable_reason() {

@@ -1,12 +1,12 @@
 #include "ferry/cuda/release_board.hpp"
 
-#include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -14,6 +14,7 @@
 #include <string>
 
 #include "ferry/error.hpp"
+#include "ferry/process_exit.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry::cuda {
@@ -38,10 +39,6 @@ UniqueFd open_pidfd(pid_t pid, bool& supported) {
   return UniqueFd(fd < 0 ? -1 : static_cast<int>(fd));
 }
 
-bool pidfd_exited(int pidfd) {
-  pollfd entry{pidfd, POLLIN, 0};
-  return ::poll(&entry, 1, 0) > 0;  // readable once the process has exited
-}
 
 // Every live board of this process (for the exit warning).
 struct BoardRegistry {
@@ -133,7 +130,7 @@ bool ReleaseBoard::consumers_all_dead_locked() {
   // Nobody registered yet: the frames are still in flight, or were never read.
   if (consumers_.empty()) return false;
   for (const auto& [pid, pidfd] : consumers_) {
-    const bool dead = pidfd ? pidfd_exited(pidfd.get()) : (::kill(pid, 0) != 0 && errno == ESRCH);
+    const bool dead = pidfd ? pidfd_has_exited(pidfd.get(), std::chrono::milliseconds(0)) : (::kill(pid, 0) != 0 && errno == ESRCH);
     if (!dead) return false;
   }
   return true;
@@ -144,7 +141,7 @@ std::vector<pid_t> ReleaseBoard::live_consumers() {
   consumers_all_dead_locked();  // refreshes the list
   std::vector<pid_t> alive;
   for (const auto& [pid, pidfd] : consumers_) {
-    const bool dead = pidfd ? pidfd_exited(pidfd.get()) : (::kill(pid, 0) != 0 && errno == ESRCH);
+    const bool dead = pidfd ? pidfd_has_exited(pidfd.get(), std::chrono::milliseconds(0)) : (::kill(pid, 0) != 0 && errno == ESRCH);
     if (!dead) alive.push_back(pid);
   }
   return alive;

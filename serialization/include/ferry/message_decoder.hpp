@@ -135,9 +135,10 @@ class MessageDecoder {
 
   std::vector<Lease> leases_;                              // by storage slot
   std::vector<std::shared_ptr<SharedSegment>> segments_;   // by segment slot
-  std::shared_ptr<ReturnBoard> board_;
   PeerFdOpener peer_fds_;  // takes segments named by the sender's pid and fd number
-  std::shared_ptr<detail::ReturnPath> returns_;  // with board_
+  std::shared_ptr<detail::ReturnPath> returns_;  // the connection's return board, once it arrived
+  // The return board, or null before the frame that carries it.
+  ReturnBoard* board() const noexcept { return returns_ ? returns_->board.get() : nullptr; }
   std::uint64_t registered_generation_ = ~std::uint64_t{0};  // fork generation we registered as holder in
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
