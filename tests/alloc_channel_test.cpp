@@ -221,6 +221,31 @@ TEST_P(AllocChannelTest, ReceivedStorageKeepsItsIdentityWhileLeasedAndItsBlockCo
   EXPECT_TRUE(child_succeeded(child));
 }
 
+// The README's advice for many small tensors: views of one storage (Tensor::unbind) cost
+// one block, sent once; they arrive as views of one storage, each with its own elements.
+TEST_P(AllocChannelTest, UnboundViewsOfOneStorageTravelAsOneBlock) {
+  SharedAllocator pool;
+  auto [tx, rx] = channel<Batch>(GetParam());
+  const pid_t child = fork_child([&tx = tx, &rx = rx] {
+    tx.detach();
+    auto batch = rx.recv();
+    CHILD_CHECK(batch.has_value() && batch->tensors.size() == 100);
+    for (std::size_t i = 0; i < batch->tensors.size(); ++i) {
+      CHILD_CHECK(batch->tensors[i].shares_storage_with(batch->tensors[0]));
+      CHILD_CHECK(all_equal(batch->tensors[i], static_cast<std::int32_t>(i)));
+    }
+  });
+  rx.close();
+  Tensor whole = Tensor::empty({100, 1024}, DType::Int32, pool);
+  std::vector<Tensor> views = whole.unbind();
+  for (std::size_t i = 0; i < views.size(); ++i) views[i].fill(static_cast<std::int32_t>(i));
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u);
+  tx.send(Batch{0, std::move(views)});
+  EXPECT_EQ(tx.core().tracked_storages(), 1u);  // one lease for the receiver, however many views
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+}
+
 TEST_P(AllocChannelTest, ReceiverThatClosedTheChannelKeepsWhatItHolds) {
   SharedAllocator pool;
   auto [tx, rx] = channel<Batch>(GetParam());
