@@ -57,15 +57,21 @@ std::vector<UniqueFd> claim(const EndDescription& description, EndRole role, std
 }  // namespace
 
 EndDescription describe_sender(SenderCore& core, std::uint64_t fingerprint, std::string_view type_name) {
-  return describe(EndRole::Sender, core.transport(), core.is_open(), core.used(),
-                  core.is_open() ? core.writer().descriptors() : std::vector<int>{}, core.options(), fingerprint,
-                  type_name);
+  EndDescription description =
+      describe(EndRole::Sender, core.transport(), core.is_open(), core.used(),
+               core.is_open() ? core.writer().descriptors() : std::vector<int>{}, core.options(), fingerprint,
+               type_name);
+  description.shares_connection = core.writer().shares_connection();
+  return description;
 }
 
 EndDescription describe_receiver(ReceiverCore& core, std::uint64_t fingerprint, std::string_view type_name) {
-  return describe(EndRole::Receiver, core.transport(), core.is_open(), core.used(),
-                  core.is_open() ? core.reader().descriptors() : std::vector<int>{}, core.options(), fingerprint,
-                  type_name);
+  EndDescription description =
+      describe(EndRole::Receiver, core.transport(), core.is_open(), core.used(),
+               core.is_open() ? core.reader().descriptors() : std::vector<int>{}, core.options(), fingerprint,
+               type_name);
+  description.shares_connection = core.reader().shares_connection();
+  return description;
 }
 
 std::unique_ptr<SenderCore> rebuild_sender(const EndDescription& description, std::uint64_t fingerprint,
@@ -74,7 +80,7 @@ std::unique_ptr<SenderCore> rebuild_sender(const EndDescription& description, st
   const ChannelOptions& options = description.options;
   return std::make_unique<SenderCore>(
       writer_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
-                              options.ring_timing()),
+                              options.ring_timing(), description.shares_connection),
       description.transport, options);
 }
 
@@ -84,7 +90,7 @@ std::unique_ptr<ReceiverCore> rebuild_receiver(const EndDescription& description
   const ChannelOptions& options = description.options;
   return std::make_unique<ReceiverCore>(
       reader_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
-                              options.ring_timing()),
+                              options.ring_timing(), description.shares_connection),
       description.transport, fingerprint, type_name, options);
 }
 

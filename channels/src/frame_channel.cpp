@@ -36,6 +36,9 @@ SenderCore::~SenderCore() {
     } catch (...) {
       encoder_.closed(UniqueFd());  // no probe (out of fds): the ledger falls back to its own checks
     }
+    // A duplex socket stays open for the other direction: end this one, so that the
+    // receiver sees the end dropped (PeerDied) now rather than when this process exits.
+    writer_->shut_down();
   }
   writer_->close();
 }
@@ -109,9 +112,11 @@ void SenderCore::close() {
     encoder_.closed(UniqueFd());
   } catch (...) {
     encoder_.closed(UniqueFd());
+    writer_->shut_down();
     writer_->close();
     throw;
   }
+  writer_->shut_down();  // a duplex socket: end this direction for every process holding it
   writer_->close();
 }
 
@@ -157,13 +162,19 @@ std::size_t SenderCore::segments_awaiting_acknowledgement() {
 
 ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
                            std::string_view type_name, const ChannelOptions& options)
-    : reader_(std::move(reader)), decoder_(fingerprint, type_name), transport_(transport), options_(options) {
+    : reader_(std::move(reader)),
+      decoder_(fingerprint, type_name),
+      transport_(transport),
+      options_(options),
+      owner_(::getpid()) {
   track();
 }
 
 ReceiverCore::~ReceiverCore() {
   untrack();
-  close();
+  // Another process's copy (a forked child that used the end without adopting it) only
+  // lets go of its descriptors: the owner may still be reading.
+  close_as(owner_ == ::getpid());
 }
 
 void ReceiverCore::mark_broken(const std::string& reason) {
@@ -172,6 +183,7 @@ void ReceiverCore::mark_broken(const std::string& reason) {
   fds_.clear();
   // Nothing will ever read the rest of the stream: let the transport go, so that the
   // sender gets ChannelClosed instead of blocking on a stream that nobody drains.
+  reader_->shut_down();
   reader_->close();
 }
 
@@ -214,11 +226,22 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   }
 }
 
-void ReceiverCore::close() noexcept {
+void ReceiverCore::close() noexcept { close_as(true); }
+
+void ReceiverCore::detach() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    decoder_.hand_over();
+  }
+  close_as(false);
+}
+
+void ReceiverCore::close_as(bool ending_the_stream) noexcept {
   std::lock_guard lock(mutex_);
   open_ = false;
   decoder_.release_all();
   fds_.clear();
+  if (ending_the_stream) reader_->shut_down();
   reader_->close();
 }
 

@@ -41,8 +41,12 @@ void ignore_sigpipe() {
 
 // ---- writer ------------------------------------------------------------------
 
-StreamFrameWriter::StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket)
-    : stream_(std::move(stream)), acknowledgements_(std::move(acknowledgements)), is_socket_(is_socket) {}
+StreamFrameWriter::StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket,
+                                     bool shares_connection)
+    : stream_(std::move(stream)),
+      acknowledgements_(std::move(acknowledgements)),
+      is_socket_(is_socket),
+      shares_connection_(shares_connection && is_socket) {}
 
 ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std::span<const int> fds, bool wait) {
   while (true) {
@@ -171,6 +175,11 @@ void StreamFrameWriter::close() noexcept {
   acknowledgements_.reset();
 }
 
+void StreamFrameWriter::shut_down() noexcept {
+  // ENOTCONN: the peer's socket is gone already, and with it this direction.
+  if (shares_connection_ && stream_) (void)::shutdown(stream_.get(), SHUT_WR);
+}
+
 std::vector<int> StreamFrameWriter::descriptors() const {
   std::vector<int> out{stream_.get()};
   if (acknowledgements_) out.push_back(acknowledgements_.get());
@@ -180,10 +189,11 @@ std::vector<int> StreamFrameWriter::descriptors() const {
 // ---- reader ------------------------------------------------------------------
 
 StreamFrameReader::StreamFrameReader(UniqueFd stream, UniqueFd acknowledgements, bool is_socket,
-                                     const FrameLimits& limits)
+                                     const FrameLimits& limits, bool shares_connection)
     : stream_(std::move(stream)),
       acknowledgements_(std::move(acknowledgements)),
       is_socket_(is_socket),
+      shares_connection_(shares_connection && is_socket),
       limits_(limits),
       buffer_(kReadBufferBytes) {}
 
@@ -310,6 +320,11 @@ void StreamFrameReader::acknowledge(std::uint64_t sequence) {
 void StreamFrameReader::close() noexcept {
   stream_.reset();
   acknowledgements_.reset();
+}
+
+void StreamFrameReader::shut_down() noexcept {
+  // The writer's next send fails with EPIPE (ChannelClosed); ENOTCONN: it is gone already.
+  if (shares_connection_ && stream_) (void)::shutdown(stream_.get(), SHUT_RD);
 }
 
 std::vector<int> StreamFrameReader::descriptors() const {

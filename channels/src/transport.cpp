@@ -90,9 +90,30 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
   throw Error("unknown transport " + std::to_string(static_cast<int>(transport)));
 }
 
+DuplexTransport make_duplex_transport(Transport transport, const FrameLimits& limits, std::size_t ring_capacity,
+                                      const RingTiming& ring_timing) {
+  if (transport != Transport::UnixSocket) {
+    auto [a_writer, b_reader] = make_transport(transport, limits, ring_capacity, ring_timing);
+    auto [b_writer, a_reader] = make_transport(transport, limits, ring_capacity, ring_timing);
+    return {std::move(a_writer), std::move(a_reader), std::move(b_writer), std::move(b_reader)};
+  }
+  int ends[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) throw_errno("socketpair");
+  UniqueFd a_end(ends[0]);
+  UniqueFd b_end(ends[1]);
+  // Each side's reader holds its own descriptor of the side's socket, so that either half
+  // can be closed, detached or handed to another process on its own.
+  UniqueFd a_read_end = a_end.duplicate();
+  UniqueFd b_read_end = b_end.duplicate();
+  return {std::make_unique<StreamFrameWriter>(std::move(a_end), UniqueFd(), true, true),
+          std::make_unique<StreamFrameReader>(std::move(a_read_end), UniqueFd(), true, limits, true),
+          std::make_unique<StreamFrameWriter>(std::move(b_end), UniqueFd(), true, true),
+          std::make_unique<StreamFrameReader>(std::move(b_read_end), UniqueFd(), true, limits, true)};
+}
+
 std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
                                                      const FrameLimits& /*limits*/, std::size_t /*ring_capacity*/,
-                                                     const RingTiming& ring_timing) {
+                                                     const RingTiming& ring_timing, bool shares_connection) {
   switch (transport) {
     case Transport::Pipe:  // data pipe's write end, acknowledgement pipe's read end
       expect_descriptors(transport, fds, 2, "writer");
@@ -100,7 +121,7 @@ std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::v
       return std::make_unique<StreamFrameWriter>(std::move(fds[0]), std::move(fds[1]), false);
     case Transport::UnixSocket:
       expect_descriptors(transport, fds, 1, "writer");
-      return std::make_unique<StreamFrameWriter>(std::move(fds[0]), UniqueFd(), true);
+      return std::make_unique<StreamFrameWriter>(std::move(fds[0]), UniqueFd(), true, shares_connection);
     case Transport::ShmRing: {  // the ring's memfd, this end's companion socket
       expect_descriptors(transport, fds, 2, "writer");
       auto segment = std::make_shared<const RingSegment>(RingSegment::attach(std::move(fds[0])));
@@ -113,7 +134,7 @@ std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::v
 
 std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
                                                      const FrameLimits& limits, std::size_t /*ring_capacity*/,
-                                                     const RingTiming& ring_timing) {
+                                                     const RingTiming& ring_timing, bool shares_connection) {
   switch (transport) {
     case Transport::Pipe:  // data pipe's read end, acknowledgement pipe's write end
       expect_descriptors(transport, fds, 2, "reader");
@@ -121,7 +142,7 @@ std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::v
       return std::make_unique<StreamFrameReader>(std::move(fds[0]), std::move(fds[1]), false, limits);
     case Transport::UnixSocket:
       expect_descriptors(transport, fds, 1, "reader");
-      return std::make_unique<StreamFrameReader>(std::move(fds[0]), UniqueFd(), true, limits);
+      return std::make_unique<StreamFrameReader>(std::move(fds[0]), UniqueFd(), true, limits, shares_connection);
     case Transport::ShmRing: {  // the ring's memfd, this end's companion socket
       expect_descriptors(transport, fds, 2, "reader");
       auto segment = std::make_shared<const RingSegment>(RingSegment::attach(std::move(fds[0])));

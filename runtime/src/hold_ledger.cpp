@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <pthread.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 
@@ -49,12 +50,27 @@ std::vector<std::shared_ptr<HoldLedger>> take_inherited_locked(Registry& reg) {
   return inherited;
 }
 
+// A socket whose reader shut its direction down (a duplex connection: the reader's process
+// still holds the socket for the other direction) reports neither POLLERR nor POLLHUP; a
+// send of no bytes fails with EPIPE, and sends nothing otherwise (ferry's sockets are all
+// stream sockets, where an empty send is no message).
+bool socket_reader_shut_down(int fd) {
+  while (true) {
+    if (::send(fd, nullptr, 0, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return false;
+    if (errno == EINTR) continue;
+    return errno == EPIPE || errno == ECONNRESET;  // ENOTSOCK: a pipe, which polls POLLERR
+  }
+}
+
 bool reader_gone(const UniqueFd& probe) {
   if (!probe) return false;
   pollfd entry{probe.get(), POLLOUT, 0};
   while (true) {
     const int rc = ::poll(&entry, 1, 0);
-    if (rc >= 0) return rc > 0 && (entry.revents & (POLLERR | POLLHUP)) != 0;
+    if (rc >= 0) {
+      if (rc > 0 && (entry.revents & (POLLERR | POLLHUP)) != 0) return true;
+      return socket_reader_shut_down(probe.get());
+    }
     if (errno != EINTR) return false;  // cannot tell: keep the pins
   }
 }

@@ -145,7 +145,10 @@ class Receiver {
   RecvResult<T> recv_for(std::chrono::nanoseconds timeout) { return receive(Deadline::after(timeout)); }
   /// Takes a value if one is ready, without waiting.
   RecvResult<T> try_recv() { return receive(Deadline::now()); }
-  /// Closes this end; the sender's next send() raises ChannelClosed.
+  /// Closes this end; the sender's next send() raises ChannelClosed. (A forked child that
+  /// inherited the end and does not use it, or the process that handed it to one, lets go
+  /// of its copy with detach() instead: on a duplex socket close() ends the stream for
+  /// every process.)
   void close() noexcept {
     if (local_) local_.close();
     if (core_) core_->close();
@@ -159,7 +162,11 @@ class Receiver {
     if (local_) local_.close();
     if (core_) core_->detach();
   }
-  void adopt() noexcept {}
+  /// Makes the calling process the end's owner: its destructor then closes the end for
+  /// every process (matters on a duplex socket only; elsewhere the last copy closing does).
+  void adopt() noexcept {
+    if (core_) core_->adopt();
+  }
   bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
   Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }
   /// Access to the untyped core (transports and spawn use it); InProcess channels have none.

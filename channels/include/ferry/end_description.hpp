@@ -26,6 +26,7 @@ struct EndDescription {
   std::uint64_t type_fingerprint = 0;
   std::string type_name;
   std::vector<std::int32_t> fds;  ///< FrameWriter/FrameReader::descriptors(), in order
+  bool shares_connection = false;  ///< a duplex socket's end (FrameWriter::shares_connection())
   ChannelOptions options;
 
   template <class Archive>
@@ -36,7 +37,7 @@ struct EndDescription {
     const SharedAllocatorSettings pool_settings = isolated ? options.pool->settings() : SharedAllocatorSettings{};
     auto pool_segment_bytes = static_cast<std::uint64_t>(pool_settings.segment_bytes);
     auto pool_cached_bytes = static_cast<std::uint64_t>(pool_settings.max_cached_bytes);
-    ar(role, transport, type_fingerprint, type_name, fds, options.limits.max_body_bytes, options.limits.max_handles,
+    ar(role, transport, type_fingerprint, type_name, fds, shares_connection, options.limits.max_body_bytes, options.limits.max_handles,
        options.limits.max_segments, options.limits.max_fds, options.limits.max_releases,
        options.limits.max_type_name_bytes, ring, linger, isolated, pool_segment_bytes, pool_cached_bytes);
     options.close_linger = std::chrono::milliseconds(linger);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <memory>
@@ -171,18 +172,16 @@ class ReceiverCore final : public LiveEnd {
     reader_->release();  // the payload may lie in the transport's memory until decoded
     return status;
   }
+  /// Closes the end; on a duplex socket also for every other process holding it (the
+  /// sender's next send raises ChannelClosed at once).
   void close() noexcept;
   /// Closes this process's copy of the end, which a forked worker took over with what was
   /// received so far: nothing received here is given back to the sender from this process
-  /// (see MessageDecoder::hand_over()).
-  void detach() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      decoder_.hand_over();
-    }
-    close();
-  }
-  void adopt() noexcept {}
+  /// (see MessageDecoder::hand_over()), and the worker's copy keeps reading.
+  void detach() noexcept;
+  /// Makes the calling process the owner, whose destructor closes the end for everyone (a
+  /// forked child's destructor only lets go of its copy).
+  void adopt() noexcept { owner_ = ::getpid(); }
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }
   FrameReader& reader() noexcept { return *reader_; }
@@ -209,12 +208,15 @@ class ReceiverCore final : public LiveEnd {
  private:
   ReadStatus next_locked(const Deadline& deadline);
   void mark_broken(const std::string& reason);
+  // Closes the end; `ending_the_stream` also shuts a duplex socket's direction down.
+  void close_as(bool ending_the_stream) noexcept;
 
   std::mutex mutex_;
   std::unique_ptr<FrameReader> reader_;
   MessageDecoder decoder_;
   Transport transport_;
   ChannelOptions options_;
+  pid_t owner_;
   bool open_ = true;
   bool used_ = false;
   std::string broken_;

@@ -15,12 +15,17 @@ namespace ferry {
 /// to the pipe only when asked to (ReturnBoard::request_acknowledgements()) or when it
 /// could not record a frame on the board.
 ///
+/// With `shares_connection`, the socket also carries the opposite direction (a duplex
+/// connection: this process's reader holds the same socket), so closing the end does not
+/// close the connection: the owner's close ends this direction with shutdown(SHUT_WR)
+/// (shut_down()).
+///
 /// Timed writes never leave half a frame: a frame that was started when the deadline
 /// passed is accepted, and its unwritten tail is kept here and written before the next
 /// frame (or by close()). A timed write returns false only when no byte of it went out.
 class StreamFrameWriter final : public FrameWriter {
  public:
-  StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket);
+  StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket, bool shares_connection = false);
   bool passes_fds() const override { return is_socket_; }
   bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
   /// What wait_acknowledged() read from the pipe so far (no system call).
@@ -29,9 +34,11 @@ class StreamFrameWriter final : public FrameWriter {
   /// Writes any pending frame tail, waiting until `deadline`; false if some is left.
   bool flush(const Deadline& deadline) override { return flush_pending(deadline); }
   void close() noexcept override;
+  void shut_down() noexcept override;
+  bool shares_connection() const override { return shares_connection_; }
   std::vector<int> descriptors() const override;
   /// A duplicate of the stream: a pipe's write end reports POLLERR, a socket POLLHUP, once
-  /// the reader is gone.
+  /// the reader is gone (a shared socket whose reader shut down: EPIPE on a zero-length send).
   UniqueFd liveness_probe() const override { return stream_ ? stream_.duplicate() : UniqueFd(); }
 
  private:
@@ -45,6 +52,7 @@ class StreamFrameWriter final : public FrameWriter {
   UniqueFd stream_;
   UniqueFd acknowledgements_;
   bool is_socket_;
+  bool shares_connection_;
   std::vector<std::byte> pending_;  // unwritten tail of the last frame
   std::uint64_t acknowledged_ = 0;
   bool reader_gone_ = false;
@@ -53,13 +61,18 @@ class StreamFrameWriter final : public FrameWriter {
 /// Reads frames from a pipe or a stream socket, buffering so that a small frame costs one
 /// read system call. Enforces FrameLimits on every header before reading the rest. A
 /// timed read that ends in the middle of a frame keeps what it read and resumes there.
+/// With `shares_connection` (a duplex socket), shut_down() refuses the writer's later
+/// frames with shutdown(SHUT_RD).
 class StreamFrameReader final : public FrameReader {
  public:
-  StreamFrameReader(UniqueFd stream, UniqueFd acknowledgements, bool is_socket, const FrameLimits& limits);
+  StreamFrameReader(UniqueFd stream, UniqueFd acknowledgements, bool is_socket, const FrameLimits& limits,
+                    bool shares_connection = false);
   ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
                   const Deadline& deadline) override;
   void acknowledge(std::uint64_t sequence) override;
   void close() noexcept override;
+  void shut_down() noexcept override;
+  bool shares_connection() const override { return shares_connection_; }
   std::vector<int> descriptors() const override;
   bool has_buffered_frame() const override;
   int readiness_fd() const override { return stream_.get(); }
@@ -75,6 +88,7 @@ class StreamFrameReader final : public FrameReader {
   UniqueFd stream_;
   UniqueFd acknowledgements_;
   bool is_socket_;
+  bool shares_connection_;
   FrameLimits limits_;
   bool peer_closed_ = false;
   bool in_frame_ = false;             // header read, payload incomplete

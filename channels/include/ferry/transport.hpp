@@ -70,12 +70,22 @@ class FrameWriter {
   virtual bool flush(const Deadline& /*deadline*/) { return true; }
   /// Releases this process's resources of the transport (fds, mappings).
   virtual void close() noexcept = 0;
+  /// Ends this direction for every process that holds the end, before close(): the
+  /// reader sees the end of the stream even though the connection stays open for the
+  /// other direction. Only an end that shares its connection with a reader of this
+  /// process (a duplex socket, see shares_connection()) needs it; a no-op elsewhere, where
+  /// the reader learns it from the last copy of the end closing.
+  virtual void shut_down() noexcept {}
+  /// True when this end's connection also carries the opposite direction (one socket for
+  /// both directions of a duplex connection, make_duplex_transport()).
+  virtual bool shares_connection() const { return false; }
   /// The descriptors of this end, for handing it to an exec'd process (may be empty).
   virtual std::vector<int> descriptors() const { return {}; }
-  /// A new descriptor that poll() reports with POLLERR or POLLHUP once the reading end is
-  /// gone (closed in every process), or an empty one when the transport cannot tell. A
-  /// closed channel keeps it while frames it sent are unresolved, to unpin their memory
-  /// if nobody will ever read them.
+  /// A new descriptor that tells when the reading end is gone (closed in every process, or
+  /// shut down): poll() reports POLLERR or POLLHUP, or, for a socket, a zero-length send
+  /// fails with EPIPE (reader_gone()). Empty when the transport cannot tell. A closed
+  /// channel keeps it while frames it sent are unresolved, to unpin their memory if nobody
+  /// will ever read them.
   virtual UniqueFd liveness_probe() const { return UniqueFd(); }
 };
 
@@ -105,6 +115,13 @@ class FrameReader {
   /// when the decoder asks for it: MessageDecoder::wants_acknowledgement()).
   virtual void acknowledge(std::uint64_t /*sequence*/) {}
   virtual void close() noexcept = 0;
+  /// Refuses everything the writer sends from now on, in every process that holds this
+  /// end, before close(): the writer's next write raises ChannelClosed. Only an end that
+  /// shares its connection with a writer of this process needs it (see
+  /// FrameWriter::shut_down()).
+  virtual void shut_down() noexcept {}
+  /// True when this end's connection also carries the opposite direction (a duplex socket).
+  virtual bool shares_connection() const { return false; }
   virtual std::vector<int> descriptors() const { return {}; }
 
   /// Readiness, for waiting on many readers at once (ferry::Selector). A reader is ready
@@ -151,17 +168,34 @@ struct RingTiming {
 std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(
     Transport transport, const FrameLimits& limits, std::size_t ring_capacity, const RingTiming& ring_timing = {});
 
+/// The four ends of a duplex connection over `transport`: side A writes what side B reads
+/// and the other way round. Over a Unix socket both directions share one socketpair (each
+/// side's writer and reader hold the same socket; their close() ends only their own
+/// direction through shut_down()); over a pipe or a ring, each direction is a transport of
+/// its own, as two make_transport() calls make them.
+struct DuplexTransport {
+  std::unique_ptr<FrameWriter> a_writer;
+  std::unique_ptr<FrameReader> a_reader;
+  std::unique_ptr<FrameWriter> b_writer;
+  std::unique_ptr<FrameReader> b_reader;
+};
+DuplexTransport make_duplex_transport(Transport transport, const FrameLimits& limits, std::size_t ring_capacity,
+                                      const RingTiming& ring_timing = {});
+
 /// Rebuilds the writer of a `transport` in another process (one started by exec), from
 /// the descriptors that FrameWriter::descriptors() listed in the original process, in the
 /// same order, now inherited by this one. Takes ownership of `fds`. Throws Error for a
 /// transport that cannot cross processes (InProcess) and ProtocolError when `fds` does
 /// not fit the transport. A new transport adds its case in transport.cpp.
+/// `shares_connection` is the original end's FrameWriter::shares_connection().
 std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
                                                      const FrameLimits& limits, std::size_t ring_capacity,
-                                                     const RingTiming& ring_timing = {});
+                                                     const RingTiming& ring_timing = {},
+                                                     bool shares_connection = false);
 /// Rebuilds the reader of a `transport` from inherited descriptors (see writer_from_descriptors).
 std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
                                                      const FrameLimits& limits, std::size_t ring_capacity,
-                                                     const RingTiming& ring_timing = {});
+                                                     const RingTiming& ring_timing = {},
+                                                     bool shares_connection = false);
 
 }  // namespace ferry
