@@ -15,6 +15,7 @@
 #include "ferry/channel.hpp"
 #include "ferry/cuda.hpp"
 #include "ferry/dtype.hpp"
+#include "ferry/duplex.hpp"
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"
 #include "ferry/init.hpp"

@@ -98,20 +98,7 @@ EncodedPayload encode_payload(const WireTuple& wire, std::vector<int>& inherited
   auto encoder = std::make_unique<MessageEncoder>(HandlePassing::FdPassing);
   const EncodedFrame& frame = encoder->encode(wire);
   inherited.insert(inherited.end(), frame.fds.begin(), frame.fds.end());
-  std::apply(
-      [&](const auto&... value) {
-        (
-            [&](const auto& one) {
-              using W = std::decay_t<decltype(one)>;
-              if constexpr (std::is_same_v<W, EndDescription>) {
-                inherited.insert(inherited.end(), one.fds.begin(), one.fds.end());
-              } else if constexpr (std::is_same_v<W, std::vector<EndDescription>>) {
-                for (const auto& end : one) inherited.insert(inherited.end(), end.fds.begin(), end.fds.end());
-              }
-            }(value),
-            ...);
-      },
-      wire);
+  std::apply([&](const auto&... value) { (append_end_descriptors(value, inherited), ...); }, wire);
   UniqueFd payload = write_payload(frame);
   return EncodedPayload(std::move(encoder), std::move(payload));
 }

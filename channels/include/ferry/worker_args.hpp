@@ -12,9 +12,11 @@
 #include <vector>
 
 #include <cereal/details/traits.hpp>
+#include <cereal/types/utility.hpp>
 
 #include "ferry/archive.hpp"
 #include "ferry/channel.hpp"
+#include "ferry/duplex.hpp"
 #include "ferry/end_description.hpp"
 #include "ferry/type_name.hpp"
 #include "ferry/worker_context.hpp"
@@ -57,13 +59,18 @@ template <class T>
 struct IsEnd<Receiver<T>> : std::true_type {};
 
 template <class A>
+struct IsDuplexEnd : std::false_type {};
+template <class Out, class In>
+struct IsDuplexEnd<DuplexEnd<Out, In>> : std::true_type {};
+
+template <class A>
 struct IsEndVector : std::false_type {};
 template <class E>
-struct IsEndVector<std::vector<E>> : IsEnd<E> {};
+struct IsEndVector<std::vector<E>> : std::bool_constant<IsEnd<E>::value || IsDuplexEnd<E>::value> {};
 
-/// True for a value that holds channel ends (an end, or a vector of ends).
+/// True for a value that holds channel ends (an end, a duplex end, or a vector of either).
 template <class V>
-inline constexpr bool holds_ends = IsEnd<V>::value || IsEndVector<V>::value;
+inline constexpr bool holds_ends = IsEnd<V>::value || IsDuplexEnd<V>::value || IsEndVector<V>::value;
 
 /// What spawn() stores for one argument, and what a worker gets from it.
 template <class A>
@@ -85,13 +92,17 @@ struct ArgTraits<PerRank<T>> {
 template <class A>
 using WorkerValue = typename ArgTraits<std::decay_t<A>>::Worker;
 
-/// Calls f(end) for every channel end in `value` (Sender<T>& or Receiver<T>&).
+/// Calls f(end) for every channel end in `value` (Sender<T>& or Receiver<T>&; both halves
+/// of a duplex end).
 template <class V, class F>
 void for_each_end(V& value, F&& f) {
   if constexpr (IsEnd<V>::value) {
     f(value);
+  } else if constexpr (IsDuplexEnd<V>::value) {
+    f(value.sender);
+    f(value.receiver);
   } else if constexpr (IsEndVector<V>::value) {
-    for (auto& end : value) f(end);
+    for (auto& end : value) for_each_end(end, f);
   }
 }
 
@@ -114,8 +125,16 @@ struct WireTraits<Receiver<T>> {
   static EndDescription to_wire(Receiver<T>& end) { return describe_end(end); }
   static Receiver<T> from_wire(EndDescription&& wire) { return receiver_from_description<T>(wire); }
 };
+template <class Out, class In>
+struct WireTraits<DuplexEnd<Out, In>> {
+  using Wire = std::pair<EndDescription, EndDescription>;  // sender, receiver
+  static Wire to_wire(DuplexEnd<Out, In>& end) { return {describe_end(end.sender), describe_end(end.receiver)}; }
+  static DuplexEnd<Out, In> from_wire(Wire&& wire) {
+    return DuplexEnd<Out, In>(sender_from_description<Out>(wire.first), receiver_from_description<In>(wire.second));
+  }
+};
 template <class E>
-  requires IsEnd<E>::value
+  requires(IsEnd<E>::value || IsDuplexEnd<E>::value)
 struct WireTraits<std::vector<E>> {
   using Wire = std::vector<EndDescription>;
   static Wire to_wire(std::vector<E>& ends) {
@@ -132,6 +151,22 @@ struct WireTraits<std::vector<E>> {
 
 template <class V>
 using Wire = typename WireTraits<V>::Wire;
+
+/// Appends to `fds` the descriptors of every end in the wire value `value` (an
+/// EndDescription, a duplex end's pair of them, or a vector of either; nothing for other
+/// values): the descriptors a worker started by exec must inherit.
+template <class W>
+void append_end_descriptors(const W& value, std::vector<int>& fds) {
+  if constexpr (std::is_same_v<W, EndDescription>) {
+    fds.insert(fds.end(), value.fds.begin(), value.fds.end());
+  } else if constexpr (std::is_same_v<W, std::pair<EndDescription, EndDescription>>) {
+    append_end_descriptors(value.first, fds);
+    append_end_descriptors(value.second, fds);
+  } else if constexpr (std::is_same_v<W, std::vector<EndDescription>> ||
+                       std::is_same_v<W, std::vector<std::pair<EndDescription, EndDescription>>>) {
+    for (const auto& one : value) append_end_descriptors(one, fds);
+  }
+}
 
 /// Whether V can travel to a process started by exec (ferry's cereal archives can write
 /// and read its wire form).
