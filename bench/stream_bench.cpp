@@ -7,12 +7,15 @@
 //                                             made before the loop as tensor_new's storages
 //                                             are (same number of live pages in the system)
 //   roundtrip/raw/unix_socket/fd_mmap_new_pair_per_direction/<n>  the same with one socketpair
-//                                             per direction, the shape of a ferry ping-pong
-//                                             (not a goal's baseline: it tells how much of a
-//                                             difference is the link's shape)
+//                                             per direction, the shape of a ping-pong over two
+//                                             ferry channels (not a goal's baseline: it tells
+//                                             how much of a difference is the link's shape)
 //   roundtrip/ferry/<transport>/bytes/<n>     Sender<std::vector<uint8_t>> of n bytes, echoed
 //   roundtrip/ferry/<transport>/tensor_new/<n>   a new shared tensor each time, 1-byte reply
 //   roundtrip/ferry/<transport>/tensor_same/<n>  the same shared tensor each time, 1-byte reply
+// Ferry rows ping over one channel and pong over another (two socketpairs over a Unix
+// socket); the unix_socket_duplex rows do the same over one ferry::duplex connection, one
+// socketpair both ways, the shape of the raw socket baselines.
 // Rows that pass a storage also report the median time of the parent's send alone
 // (send_p50_ns): on a VM, waking a peer whose virtual CPU went idle makes the send itself
 // slow (about 13 us against 1.3 us), and whether it does depends on the link's shape.
@@ -214,48 +217,53 @@ struct TensorMessage {
   void serialize(Archive& ar) { ar(tensor); }
 };
 
-void ferry_bytes_round_trip(benchmark::State& state, Transport transport, std::size_t size) {
+// The two ends of a ping-pong: the parent's (sends Out, receives In) and the child's. Two
+// channels, or one duplex connection (`one_connection`).
+template <class Out, class In>
+std::pair<DuplexEnd<Out, In>, DuplexEnd<In, Out>> make_link(Transport transport, bool one_connection) {
+  if (one_connection) return duplex<Out, In>(transport);
+  auto [ping_tx, ping_rx] = channel<Out>(transport);
+  auto [pong_tx, pong_rx] = channel<In>(transport);
+  return {DuplexEnd<Out, In>(std::move(ping_tx), std::move(pong_rx)),
+          DuplexEnd<In, Out>(std::move(pong_tx), std::move(ping_rx))};
+}
+
+void ferry_bytes_round_trip(benchmark::State& state, Transport transport, bool one_connection, std::size_t size) {
   using Bytes = std::vector<std::uint8_t>;
-  auto [ping_tx, ping_rx] = channel<Bytes>(transport);
-  auto [pong_tx, pong_rx] = channel<Bytes>(transport);
+  auto [parent, child_end] = make_link<Bytes, Bytes>(transport, one_connection);
   {
     // Structured bindings are named explicitly: clang 14 cannot capture them implicitly.
-    ChildProcess child([&, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
-      ping_tx.detach();
-      pong_rx.close();
-      pong_tx.adopt();
-      while (auto message = ping_rx.recv()) pong_tx.send(*message);
-      pong_tx.close();
+    ChildProcess child([&, &parent = parent, &child_end = child_end] {
+      parent.detach();
+      child_end.adopt();
+      while (auto message = child_end.recv()) child_end.send(*message);
+      child_end.close();
     });
-    ping_rx.close();
-    pong_tx.detach();
+    child_end.detach();
     Bytes message(size, 1);
     RoundTripTimes times(state);
     for (auto _ : state) {
       const auto sample = times.sample();
-      ping_tx.send(message);
-      message = *pong_rx.recv();
+      message = *parent.call(message);
     }
-    ping_tx.close();
+    parent.close();
     times.report(state);
   }
   state.SetBytesProcessed(static_cast<std::int64_t>(state.iterations() * size * 2));
 }
 
-void ferry_tensor_round_trip(benchmark::State& state, Transport transport, bool new_storage, std::int64_t size) {
-  auto [ping_tx, ping_rx] = channel<TensorMessage>(transport);
-  auto [pong_tx, pong_rx] = channel<std::uint8_t>(transport);
+void ferry_tensor_round_trip(benchmark::State& state, Transport transport, bool one_connection, bool new_storage,
+                             std::int64_t size) {
+  auto [parent, child_end] = make_link<TensorMessage, std::uint8_t>(transport, one_connection);
   {
     // Structured bindings are named explicitly: clang 14 cannot capture them implicitly.
-    ChildProcess child([&, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
-      ping_tx.detach();
-      pong_rx.close();
-      pong_tx.adopt();
-      while (auto message = ping_rx.recv()) pong_tx.send(static_cast<std::uint8_t>(message->tensor.numel() & 1));
-      pong_tx.close();
+    ChildProcess child([&, &parent = parent, &child_end = child_end] {
+      parent.detach();
+      child_end.adopt();
+      while (auto message = child_end.recv()) child_end.send(static_cast<std::uint8_t>(message->tensor.numel() & 1));
+      child_end.close();
     });
-    ping_rx.close();
-    pong_tx.detach();
+    child_end.detach();
     // Creating a segment (memfd_create, fallocate, seal, mmap) and giving its pages back
     // to the kernel are the allocator's costs, not the transport's: the new storages are
     // made before the timed loop and freed after it. Making them inside the loop would
@@ -268,8 +276,7 @@ void ferry_tensor_round_trip(benchmark::State& state, Transport transport, bool 
     // connection also carries its return board, and the peer, idle while the storages
     // were made, wakes up slowly. Rows of large storages run only 10 to 40 iterations,
     // over which that one-off cost (hundreds of microseconds) would be spread.
-    ping_tx.send(TensorMessage{tensors[next]});
-    benchmark::DoNotOptimize(pong_rx.recv());
+    benchmark::DoNotOptimize(parent.call(TensorMessage{tensors[next]}));
     if (new_storage) ++next;
     RoundTripTimes times(state, new_storage ? 1 : 16);
     RoundTripTimes send_times(state, new_storage ? 1 : 16, "send_p50_ns");
@@ -277,12 +284,12 @@ void ferry_tensor_round_trip(benchmark::State& state, Transport transport, bool 
       const auto sample = times.sample();
       {
         const auto send_sample = send_times.sample();
-        ping_tx.send(TensorMessage{tensors[next]});
+        parent.send(TensorMessage{tensors[next]});
       }
-      benchmark::DoNotOptimize(pong_rx.recv());
+      benchmark::DoNotOptimize(parent.recv());
       if (new_storage) ++next;
     }
-    ping_tx.close();
+    parent.close();
     times.report(state);
     send_times.report(state);
   }
@@ -330,18 +337,23 @@ const bool registered = [] {
                                  RawShape::SocketpairPerDirection)
         ->Iterations(new_storage_iterations(size));
   }
-  for (const Transport transport : {Transport::Pipe, Transport::UnixSocket}) {
-    const std::string name = transport_label(transport);
+  // Ping and pong over two channels (pipe, unix_socket), or over one duplex connection
+  // (unix_socket_duplex: one socketpair both ways, as the raw socket baselines).
+  const std::pair<Transport, bool> links[] = {
+      {Transport::Pipe, false}, {Transport::UnixSocket, false}, {Transport::UnixSocket, true}};
+  for (const auto& [transport, one_connection] : links) {
+    const std::string name = transport_label(transport) + (one_connection ? "_duplex" : "");
     for (const std::int64_t size : {64, 4096, 65536, 1 << 20}) {
+      if (one_connection && size != 64) continue;
       benchmark::RegisterBenchmark(("roundtrip/ferry/" + name + "/bytes/" + std::to_string(size)).c_str(),
-                                   ferry_bytes_round_trip, transport, static_cast<std::size_t>(size));
+                                   ferry_bytes_round_trip, transport, one_connection, static_cast<std::size_t>(size));
     }
     for (const std::int64_t size : {4096, 1 << 20, 64 << 20, 256 << 20}) {
       benchmark::RegisterBenchmark(("roundtrip/ferry/" + name + "/tensor_new/" + std::to_string(size)).c_str(),
-                                   ferry_tensor_round_trip, transport, true, size)
+                                   ferry_tensor_round_trip, transport, one_connection, true, size)
           ->Iterations(new_storage_iterations(size));
       benchmark::RegisterBenchmark(("roundtrip/ferry/" + name + "/tensor_same/" + std::to_string(size)).c_str(),
-                                   ferry_tensor_round_trip, transport, false, size);
+                                   ferry_tensor_round_trip, transport, one_connection, false, size);
     }
   }
   return true;
