@@ -119,6 +119,14 @@ void never_registered(WorkerContext&, int) {}
 void noexcept_worker(WorkerContext& context, Sender<int> out) noexcept { out.send(context.world_size()); }
 FERRY_WORKER(noexcept_worker);
 
+// Sums the first element of every tensor it was given.
+void sum_first_elements(WorkerContext&, std::vector<Tensor> tensors, Sender<std::int64_t> out) {
+  std::int64_t sum = 0;
+  for (const Tensor& tensor : tensors) sum += tensor.to_vector<std::int32_t>().front();
+  out.send(sum);
+}
+FERRY_WORKER(sum_first_elements);
+
 // ---- fixture -----------------------------------------------------------------------
 
 class SpawnTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<StartMethod> {
@@ -227,6 +235,24 @@ TEST_P(SpawnTest, TensorArgumentIsSharedNotCopied) {
   auto workers = spawn(options(), 4, write_rank, shared);
   workers.join();
   EXPECT_EQ(shared.to_vector<std::int32_t>(), (std::vector<std::int32_t>{100, 101, 102, 103}));
+}
+
+TEST_P(SpawnTest, TensorsInMoreSegmentsThanOneSocketMessageCarriesReachTheWorker) {
+  // Each tensor is larger than an eighth of the pool's segments, so it gets a segment (an
+  // fd) of its own: 300 fds, more than SCM_RIGHTS passes at once. A worker started by exec
+  // inherits them instead, where that limit does not apply.
+  SharedAllocatorSettings settings;
+  settings.segment_bytes = 64 << 10;
+  const SharedAllocator pool(settings);
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 300; ++i) {
+    tensors.push_back(Tensor::zeros({4096}, DType::Int32, pool));
+    tensors.back().data<std::int32_t>()[0] = i;
+  }
+  auto [tx, rx] = channel<std::int64_t>(Transport::Pipe);
+  auto workers = spawn(options(), 1, sum_first_elements, std::move(tensors), std::move(tx));
+  EXPECT_EQ(rx.recv_for(60s).value(), 299 * 300 / 2);
+  workers.join();
 }
 
 TEST_P(SpawnTest, JoinWithTimeoutReportsWhetherWorkersFinished) {
