@@ -116,6 +116,12 @@ FERRY_WORKER(report_pid_and_wait);
 
 void never_registered(WorkerContext&, int) {}
 
+// Two functions registered under one name: neither can be started by exec.
+void first_of_a_name(WorkerContext&, int) {}
+void second_of_a_name(WorkerContext&, int) {}
+FERRY_WORKER_NAMED("taken_twice", first_of_a_name);
+FERRY_WORKER_NAMED("taken_twice", second_of_a_name);
+
 void noexcept_worker(WorkerContext& context, Sender<int> out) noexcept { out.send(context.world_size()); }
 FERRY_WORKER(noexcept_worker);
 
@@ -437,6 +443,15 @@ TEST(SpawnMethodTest, RequiresRegisteredFunctionsAndFreshEnds) {
   (void)rx.recv();
   expect_spawn_error([&, &rx = rx] { (void)spawn(opts, 1, wait_for_message, std::move(rx)); },
                      "already carried messages");
+}
+
+TEST(SpawnMethodTest, NameRegisteredByTwoFunctionsFailsBeforeAnyProcessStarts) {
+  SpawnOptions opts;
+  opts.start_method = StartMethod::Spawn;
+  const std::string expected = "worker name 'taken_twice' is registered by two different functions";
+  expect_spawn_error([&] { (void)spawn(opts, 1, "taken_twice", 1); }, expected);
+  expect_spawn_error([&] { (void)spawn(opts, 1, first_of_a_name, 1); }, expected);
+  expect_spawn_error([&] { (void)spawn(opts, 1, second_of_a_name, 1); }, expected);
 }
 
 TEST(EndDescriptionTest, RebuildingAsAnotherTypeOrRoleIsATypeMismatch) {
