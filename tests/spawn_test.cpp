@@ -103,6 +103,23 @@ void stubborn(WorkerContext& context, Sender<int> ready, Receiver<int> go) {
 }
 FERRY_WORKER(stubborn);
 
+// Rank 1 takes 50 ms to stop after SIGTERM, then exits 0; rank 0 fails once the parent says so.
+void slow_to_stop(WorkerContext& context, Sender<int> ready, Receiver<int> go) {
+  if (context.rank() == 1) {
+    ::signal(SIGTERM, [](int) {
+      const timespec cleanup{0, 50'000'000};
+      ::nanosleep(&cleanup, nullptr);
+      ::_exit(0);
+    });
+    ready.send(1);
+    wait_for_ever();
+  }
+  ready.send(0);
+  (void)go.recv();
+  throw std::runtime_error("rank 0 fails on request");
+}
+FERRY_WORKER(slow_to_stop);
+
 // Waits for one message, then returns.
 void wait_for_message(WorkerContext&, Receiver<int> in) { (void)in.recv(); }
 FERRY_WORKER(wait_for_message);
@@ -351,6 +368,22 @@ TEST_P(SpawnTest, SiblingIgnoringSigtermIsKilledAfterTheGracePeriod) {
   EXPECT_EQ(failure.message(), "rank 0 fails on request");
   ASSERT_TRUE(workers.exit_status(1).has_value());
   EXPECT_EQ(workers.exit_status(1)->signal, SIGKILL);
+}
+
+TEST_P(SpawnTest, UnboundedGracePeriodLetsSiblingsFinishTheirCleanup) {
+  // A grace period "for ever": ferry must not overflow adding it to the clock (which, at
+  // milliseconds::max(), lands 1 ms in the past and sends SIGKILL at once).
+  auto [ready_tx, ready_rx] = channels<int>(2);
+  auto [go_tx, go_rx] = channels<int>(2);
+  auto workers = spawn(options(std::chrono::milliseconds::max()), 2, slow_to_stop, per_rank(std::move(ready_tx)),
+                       per_rank(std::move(go_rx)));
+  EXPECT_EQ(ready_rx[0].recv().value(), 0);
+  EXPECT_EQ(ready_rx[1].recv().value(), 1);  // rank 1 handles SIGTERM from now on
+  go_tx[0].send(1);
+  const WorkerFailed failure = join_failure(workers);
+  EXPECT_EQ(failure.rank(), 0);
+  ASSERT_TRUE(workers.exit_status(1).has_value());
+  EXPECT_TRUE(workers.exit_status(1)->success()) << "rank 1 " << workers.exit_status(1)->describe();
 }
 
 TEST_P(SpawnTest, DestroyingAnUnjoinedGroupTerminatesItsWorkers) {

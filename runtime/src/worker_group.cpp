@@ -20,6 +20,8 @@ namespace ferry {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Waits longer than this wait for ever (and never overflow the clock).
+constexpr std::chrono::hours kForever{24 * 365 * 100};
 
 std::pair<UniqueFd, UniqueFd> make_report_pipe() {
   int ends[2];
@@ -52,7 +54,7 @@ bool poll_until(std::vector<pollfd>& fds, Clock::time_point deadline) {
 
 Clock::time_point deadline_after(std::chrono::nanoseconds timeout) {
   if (timeout <= std::chrono::nanoseconds::zero()) return Clock::now();
-  if (timeout > std::chrono::hours(24 * 365 * 100)) return Clock::time_point::max();
+  if (timeout > kForever) return Clock::time_point::max();
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
 }
 
@@ -341,7 +343,10 @@ int WorkerGroup::stop_all() noexcept {
       // Already gone or not ours any more: the reaping below settles it.
     }
   }
-  const Clock::time_point grace_end = Clock::now() + options_.termination_grace;
+  // Compared in milliseconds: milliseconds::max() ("for ever") overflows in nanoseconds.
+  const Clock::time_point grace_end = options_.termination_grace > kForever
+                                          ? Clock::time_point::max()
+                                          : Clock::now() + options_.termination_grace;
   std::vector<pollfd> fds;
   while (true) {
     fds.clear();
