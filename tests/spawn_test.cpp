@@ -7,7 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/mman.h>
+
 #include <chrono>
+#include <iostream>
 #include <stdexcept>
 #include <thread>
 
@@ -141,6 +144,10 @@ FERRY_WORKER_NAMED("taken_twice", second_of_a_name);
 
 void noexcept_worker(WorkerContext& context, Sender<int> out) noexcept { out.send(context.world_size()); }
 FERRY_WORKER(noexcept_worker);
+
+// Writes `line` to std::cout, without flushing it.
+void print_line(WorkerContext&, std::string line) { std::cout << line << '\n'; }
+FERRY_WORKER(print_line);
 
 // Sums the first element of every tensor it was given.
 void sum_first_elements(WorkerContext&, std::vector<Tensor> tensors, Sender<std::int64_t> out) {
@@ -287,6 +294,31 @@ TEST_P(SpawnTest, JoinWithTimeoutReportsWhetherWorkersFinished) {
   EXPECT_TRUE(workers.join(60s));
   EXPECT_EQ(workers.running(), 0);
   workers.join();  // joining again is harmless
+}
+
+TEST_P(SpawnTest, IostreamOutputIsWrittenOnceByEachProcess) {
+  // With std::ios::sync_with_stdio(false), std::cout has a buffer of its own, which
+  // fflush() does not empty: what the parent buffered must not be copied into a forked
+  // worker (and written twice), and what a worker writes must not be lost when it exits.
+  const SpawnOptions spawn_options = options();
+  const pid_t child = test::fork_child([&] {
+    const int output = ::memfd_create("spawn-test-stdout", MFD_CLOEXEC);
+    CHILD_CHECK(output >= 0);
+    CHILD_CHECK(::dup2(output, STDOUT_FILENO) == STDOUT_FILENO);
+    std::ios::sync_with_stdio(false);
+    std::cout << "parent, before spawn\n";
+    auto workers = spawn(spawn_options, 1, print_line, std::string("worker"));
+    workers.join();
+    std::cout << "parent, after join" << std::endl;
+    std::string text(4096, '\0');
+    const ssize_t got = ::pread(output, text.data(), text.size(), 0);
+    CHILD_CHECK(got >= 0);
+    text.resize(static_cast<std::size_t>(got));
+    if (text != "parent, before spawn\nworker\nparent, after join\n") {
+      throw std::runtime_error("standard output holds \"" + text + "\"");
+    }
+  });
+  EXPECT_TRUE(test::child_succeeded(child));
 }
 
 // ---- failures ------------------------------------------------------------------------
