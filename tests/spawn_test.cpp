@@ -418,6 +418,18 @@ TEST_P(SpawnTest, UnboundedGracePeriodLetsSiblingsFinishTheirCleanup) {
   EXPECT_TRUE(workers.exit_status(1)->success()) << "rank 1 " << workers.exit_status(1)->describe();
 }
 
+TEST_P(SpawnTest, AForkedCopyOfTheGroupLeavesTheParentsWorkersAlone) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  auto workers = spawn(options(), 1, wait_for_message, std::move(rx));
+  // A process forked by the program (not a worker) that unwinds its stack destroys its
+  // copy of the group: the workers are not its children, and must not be touched.
+  const pid_t child = test::fork_child([&, &workers = workers] { WorkerGroup copy = std::move(workers); });
+  EXPECT_TRUE(test::child_succeeded(child));
+  tx.send(1);
+  workers.join();
+  EXPECT_TRUE(workers.exit_status(0)->success()) << workers.exit_status(0)->describe();
+}
+
 TEST_P(SpawnTest, DestroyingAnUnjoinedGroupTerminatesItsWorkers) {
   {
     auto workers = spawn(options(), 2, fail_on_rank, -1, 0);  // both wait for ever
