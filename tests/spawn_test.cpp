@@ -7,7 +7,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <sys/mman.h>
+
 #include <chrono>
+#include <iostream>
 #include <stdexcept>
 #include <thread>
 
@@ -103,6 +106,23 @@ void stubborn(WorkerContext& context, Sender<int> ready, Receiver<int> go) {
 }
 FERRY_WORKER(stubborn);
 
+// Rank 1 takes 50 ms to stop after SIGTERM, then exits 0; rank 0 fails once the parent says so.
+void slow_to_stop(WorkerContext& context, Sender<int> ready, Receiver<int> go) {
+  if (context.rank() == 1) {
+    ::signal(SIGTERM, [](int) {
+      const timespec cleanup{0, 50'000'000};
+      ::nanosleep(&cleanup, nullptr);
+      ::_exit(0);
+    });
+    ready.send(1);
+    wait_for_ever();
+  }
+  ready.send(0);
+  (void)go.recv();
+  throw std::runtime_error("rank 0 fails on request");
+}
+FERRY_WORKER(slow_to_stop);
+
 // Waits for one message, then returns.
 void wait_for_message(WorkerContext&, Receiver<int> in) { (void)in.recv(); }
 FERRY_WORKER(wait_for_message);
@@ -116,8 +136,26 @@ FERRY_WORKER(report_pid_and_wait);
 
 void never_registered(WorkerContext&, int) {}
 
+// Two functions registered under one name: neither can be started by exec.
+void first_of_a_name(WorkerContext&, int) {}
+void second_of_a_name(WorkerContext&, int) {}
+FERRY_WORKER_NAMED("taken_twice", first_of_a_name);
+FERRY_WORKER_NAMED("taken_twice", second_of_a_name);
+
 void noexcept_worker(WorkerContext& context, Sender<int> out) noexcept { out.send(context.world_size()); }
 FERRY_WORKER(noexcept_worker);
+
+// Writes `line` to std::cout, without flushing it.
+void print_line(WorkerContext&, std::string line) { std::cout << line << '\n'; }
+FERRY_WORKER(print_line);
+
+// Sums the first element of every tensor it was given.
+void sum_first_elements(WorkerContext&, std::vector<Tensor> tensors, Sender<std::int64_t> out) {
+  std::int64_t sum = 0;
+  for (const Tensor& tensor : tensors) sum += tensor.to_vector<std::int32_t>().front();
+  out.send(sum);
+}
+FERRY_WORKER(sum_first_elements);
 
 // ---- fixture -----------------------------------------------------------------------
 
@@ -229,6 +267,24 @@ TEST_P(SpawnTest, TensorArgumentIsSharedNotCopied) {
   EXPECT_EQ(shared.to_vector<std::int32_t>(), (std::vector<std::int32_t>{100, 101, 102, 103}));
 }
 
+TEST_P(SpawnTest, TensorsInMoreSegmentsThanOneSocketMessageCarriesReachTheWorker) {
+  // Each tensor is larger than an eighth of the pool's segments, so it gets a segment (an
+  // fd) of its own: 300 fds, more than SCM_RIGHTS passes at once. A worker started by exec
+  // inherits them instead, where that limit does not apply.
+  SharedAllocatorSettings settings;
+  settings.segment_bytes = 64 << 10;
+  const SharedAllocator pool(settings);
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 300; ++i) {
+    tensors.push_back(Tensor::zeros({4096}, DType::Int32, pool));
+    tensors.back().data<std::int32_t>()[0] = i;
+  }
+  auto [tx, rx] = channel<std::int64_t>(Transport::Pipe);
+  auto workers = spawn(options(), 1, sum_first_elements, std::move(tensors), std::move(tx));
+  EXPECT_EQ(rx.recv_for(60s).value(), 299 * 300 / 2);
+  workers.join();
+}
+
 TEST_P(SpawnTest, JoinWithTimeoutReportsWhetherWorkersFinished) {
   auto [tx, rx] = channel<int>(Transport::Pipe);
   auto workers = spawn(options(), 1, wait_for_message, std::move(rx));
@@ -238,6 +294,31 @@ TEST_P(SpawnTest, JoinWithTimeoutReportsWhetherWorkersFinished) {
   EXPECT_TRUE(workers.join(60s));
   EXPECT_EQ(workers.running(), 0);
   workers.join();  // joining again is harmless
+}
+
+TEST_P(SpawnTest, IostreamOutputIsWrittenOnceByEachProcess) {
+  // With std::ios::sync_with_stdio(false), std::cout has a buffer of its own, which
+  // fflush() does not empty: what the parent buffered must not be copied into a forked
+  // worker (and written twice), and what a worker writes must not be lost when it exits.
+  const SpawnOptions spawn_options = options();
+  const pid_t child = test::fork_child([&] {
+    const int output = ::memfd_create("spawn-test-stdout", MFD_CLOEXEC);
+    CHILD_CHECK(output >= 0);
+    CHILD_CHECK(::dup2(output, STDOUT_FILENO) == STDOUT_FILENO);
+    std::ios::sync_with_stdio(false);
+    std::cout << "parent, before spawn\n";
+    auto workers = spawn(spawn_options, 1, print_line, std::string("worker"));
+    workers.join();
+    std::cout << "parent, after join" << std::endl;
+    std::string text(4096, '\0');
+    const ssize_t got = ::pread(output, text.data(), text.size(), 0);
+    CHILD_CHECK(got >= 0);
+    text.resize(static_cast<std::size_t>(got));
+    if (text != "parent, before spawn\nworker\nparent, after join\n") {
+      throw std::runtime_error("standard output holds \"" + text + "\"");
+    }
+  });
+  EXPECT_TRUE(test::child_succeeded(child));
 }
 
 // ---- failures ------------------------------------------------------------------------
@@ -319,6 +400,34 @@ TEST_P(SpawnTest, SiblingIgnoringSigtermIsKilledAfterTheGracePeriod) {
   EXPECT_EQ(failure.message(), "rank 0 fails on request");
   ASSERT_TRUE(workers.exit_status(1).has_value());
   EXPECT_EQ(workers.exit_status(1)->signal, SIGKILL);
+}
+
+TEST_P(SpawnTest, UnboundedGracePeriodLetsSiblingsFinishTheirCleanup) {
+  // A grace period "for ever": ferry must not overflow adding it to the clock (which, at
+  // milliseconds::max(), lands 1 ms in the past and sends SIGKILL at once).
+  auto [ready_tx, ready_rx] = channels<int>(2);
+  auto [go_tx, go_rx] = channels<int>(2);
+  auto workers = spawn(options(std::chrono::milliseconds::max()), 2, slow_to_stop, per_rank(std::move(ready_tx)),
+                       per_rank(std::move(go_rx)));
+  EXPECT_EQ(ready_rx[0].recv().value(), 0);
+  EXPECT_EQ(ready_rx[1].recv().value(), 1);  // rank 1 handles SIGTERM from now on
+  go_tx[0].send(1);
+  const WorkerFailed failure = join_failure(workers);
+  EXPECT_EQ(failure.rank(), 0);
+  ASSERT_TRUE(workers.exit_status(1).has_value());
+  EXPECT_TRUE(workers.exit_status(1)->success()) << "rank 1 " << workers.exit_status(1)->describe();
+}
+
+TEST_P(SpawnTest, AForkedCopyOfTheGroupLeavesTheParentsWorkersAlone) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  auto workers = spawn(options(), 1, wait_for_message, std::move(rx));
+  // A process forked by the program (not a worker) that unwinds its stack destroys its
+  // copy of the group: the workers are not its children, and must not be touched.
+  const pid_t child = test::fork_child([&, &workers = workers] { WorkerGroup copy = std::move(workers); });
+  EXPECT_TRUE(test::child_succeeded(child));
+  tx.send(1);
+  workers.join();
+  EXPECT_TRUE(workers.exit_status(0)->success()) << workers.exit_status(0)->describe();
 }
 
 TEST_P(SpawnTest, DestroyingAnUnjoinedGroupTerminatesItsWorkers) {
@@ -411,6 +520,15 @@ TEST(SpawnMethodTest, RequiresRegisteredFunctionsAndFreshEnds) {
   (void)rx.recv();
   expect_spawn_error([&, &rx = rx] { (void)spawn(opts, 1, wait_for_message, std::move(rx)); },
                      "already carried messages");
+}
+
+TEST(SpawnMethodTest, NameRegisteredByTwoFunctionsFailsBeforeAnyProcessStarts) {
+  SpawnOptions opts;
+  opts.start_method = StartMethod::Spawn;
+  const std::string expected = "worker name 'taken_twice' is registered by two different functions";
+  expect_spawn_error([&] { (void)spawn(opts, 1, "taken_twice", 1); }, expected);
+  expect_spawn_error([&] { (void)spawn(opts, 1, first_of_a_name, 1); }, expected);
+  expect_spawn_error([&] { (void)spawn(opts, 1, second_of_a_name, 1); }, expected);
 }
 
 TEST(EndDescriptionTest, RebuildingAsAnotherTypeOrRoleIsATypeMismatch) {

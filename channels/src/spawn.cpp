@@ -59,10 +59,14 @@ DecodedPayload read_payload(UniqueFd payload) {
     rest = rest.subspan(size);
   };
 
+  // The descriptors are inherited, not passed with SCM_RIGHTS: its limit of 253 per message
+  // does not apply, and a frame holds at most one per segment.
+  FrameLimits limits;
+  limits.max_fds = limits.max_segments;
   DecodedPayload decoded;
   std::uint32_t count = 0;
   take(&count, sizeof count);
-  if (count > FrameLimits{}.max_fds) throw ProtocolError("the worker's argument payload names too many descriptors");
+  if (count > limits.max_fds) throw ProtocolError("the worker's argument payload names too many descriptors");
   for (std::uint32_t i = 0; i < count; ++i) {
     std::int32_t number = -1;
     take(&number, sizeof number);
@@ -73,7 +77,7 @@ DecodedPayload read_payload(UniqueFd payload) {
     if (::fcntl(number, F_SETFD, FD_CLOEXEC) != 0) throw_errno("fcntl(FD_CLOEXEC) on an inherited tensor");
   }
   take(&decoded.header, sizeof decoded.header);
-  validate_header(decoded.header, FrameLimits{});
+  validate_header(decoded.header, limits);
   if (payload_bytes(decoded.header) != rest.size()) {
     throw ProtocolError("the worker's argument payload does not hold exactly one frame");
   }

@@ -47,7 +47,7 @@ std::string ExitStatus::describe() const {
   return text;
 }
 
-ChildProcess::ChildProcess(pid_t pid) : pid_(pid) {
+ChildProcess::ChildProcess(pid_t pid) : pid_(pid), owner_(::getpid()) {
   const int fd = open_pidfd(pid);
   if (fd < 0) {
     const int error = errno;
@@ -62,7 +62,7 @@ ChildProcess::ChildProcess(pid_t pid) : pid_(pid) {
 }
 
 ChildProcess::ChildProcess(ChildProcess&& other) noexcept
-    : pid_(other.pid_), pidfd_(std::move(other.pidfd_)), status_(std::move(other.status_)) {
+    : pid_(other.pid_), owner_(other.owner_), pidfd_(std::move(other.pidfd_)), status_(std::move(other.status_)) {
   other.pid_ = -1;
   other.status_.reset();
 }
@@ -71,6 +71,7 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
   if (this != &other) {
     kill_and_reap();
     pid_ = other.pid_;
+    owner_ = other.owner_;
     pidfd_ = std::move(other.pidfd_);
     status_ = std::move(other.status_);
     other.pid_ = -1;
@@ -83,6 +84,10 @@ ChildProcess::~ChildProcess() { kill_and_reap(); }
 
 void ChildProcess::kill_and_reap() noexcept {
   if (!running()) return;
+  if (::getpid() != owner_) {  // a forked copy: the process is not ours to kill
+    pidfd_.reset();
+    return;
+  }
   (void)send_pidfd_signal(pidfd_.get(), SIGKILL);
   try {
     reap(true);
@@ -122,7 +127,7 @@ ExitStatus ChildProcess::wait() {
 }
 
 void ChildProcess::send_signal(int signal) {
-  if (!running()) return;
+  if (!running() || ::getpid() != owner_) return;
   if (send_pidfd_signal(pidfd_.get(), signal) != 0 && errno != ESRCH) {
     throw_errno("sending " + signal_name(signal) + " to child process " + std::to_string(pid_));
   }

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <iostream>
 #include <string>
 
 #include "worker_launch.hpp"
@@ -20,6 +21,8 @@ namespace ferry {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+// Waits longer than this wait for ever (and never overflow the clock).
+constexpr std::chrono::hours kForever{24 * 365 * 100};
 
 std::pair<UniqueFd, UniqueFd> make_report_pipe() {
   int ends[2];
@@ -29,6 +32,21 @@ std::pair<UniqueFd, UniqueFd> make_report_pipe() {
   // Only the parent's end is non-blocking: a worker's report must not be cut short.
   if (::fcntl(read_end.get(), F_SETFL, O_NONBLOCK) != 0) throw_errno("fcntl(O_NONBLOCK) on a report pipe");
   return {std::move(read_end), std::move(write_end)};
+}
+
+// Empties the output buffers: before fork() (the child would write its copy of them again)
+// and before a forked worker's _exit() (which would drop them). The standard C++ streams
+// keep buffers of their own after std::ios::sync_with_stdio(false), which fflush() misses.
+void flush_output() noexcept {
+  try {
+    std::cout.flush();
+    std::clog.flush();
+    std::wcout.flush();
+    std::wclog.flush();
+  } catch (...) {
+    // A stream set to throw on failure: its output is lost either way.
+  }
+  std::fflush(nullptr);
 }
 
 // Polls `fds` until one is ready or `deadline`; false on timeout. Retries on EINTR.
@@ -52,7 +70,7 @@ bool poll_until(std::vector<pollfd>& fds, Clock::time_point deadline) {
 
 Clock::time_point deadline_after(std::chrono::nanoseconds timeout) {
   if (timeout <= std::chrono::nanoseconds::zero()) return Clock::now();
-  if (timeout > std::chrono::hours(24 * 365 * 100)) return Clock::time_point::max();
+  if (timeout > kForever) return Clock::time_point::max();
   return Clock::now() + std::chrono::duration_cast<Clock::duration>(timeout);
 }
 
@@ -126,7 +144,7 @@ WorkerGroup::Worker& WorkerGroup::prepare(int rank) {
 void WorkerGroup::start_forked(int rank, const std::function<void(WorkerContext&)>& body) {
   Worker& worker = prepare(rank);
   auto [report_read, report_write] = make_report_pipe();
-  std::fflush(nullptr);  // buffered output must not be written twice
+  flush_output();  // buffered output must not be written twice
   const pid_t pid = ::fork();
   if (pid < 0) throw_errno("fork of worker " + std::to_string(rank));
   if (pid == 0) {
@@ -143,7 +161,7 @@ void WorkerGroup::start_forked(int rank, const std::function<void(WorkerContext&
       WorkerContext context(rank, size(), StartMethod::Fork, parent_);
       body(context);
     });
-    std::fflush(nullptr);
+    flush_output();
     ::_exit(status);
   }
   report_write.reset();
@@ -190,7 +208,7 @@ void WorkerGroup::start_exec(int rank, std::string_view name, int payload_fd, st
   const pid_t parent = parent_;
   const int death_signal = options_.parent_death_signal;
 
-  std::fflush(nullptr);
+  flush_output();
   const pid_t pid = ::fork();
   if (pid < 0) throw_errno("fork of worker " + std::to_string(rank));
   if (pid == 0) {
@@ -341,7 +359,10 @@ int WorkerGroup::stop_all() noexcept {
       // Already gone or not ours any more: the reaping below settles it.
     }
   }
-  const Clock::time_point grace_end = Clock::now() + options_.termination_grace;
+  // Compared in milliseconds: milliseconds::max() ("for ever") overflows in nanoseconds.
+  const Clock::time_point grace_end = options_.termination_grace > kForever
+                                          ? Clock::time_point::max()
+                                          : Clock::now() + options_.termination_grace;
   std::vector<pollfd> fds;
   while (true) {
     fds.clear();

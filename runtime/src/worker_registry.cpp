@@ -13,11 +13,17 @@ struct Registry {
   std::mutex mutex;
   std::map<std::string, RegisteredWorker, std::less<>> by_name;
   std::set<std::string, std::less<>> conflicting;
+  std::map<FunctionIdentity, std::string> shadowed;  // functions that came second to a name
 };
 
 Registry& registry() {
   static Registry instance;  // constructed on first use, also during static initialization
   return instance;
+}
+
+[[noreturn]] void throw_conflict(std::string_view name) {
+  throw SpawnError("worker name '" + std::string(name) +
+                   "' is registered by two different functions; give each FERRY_WORKER_NAMED a unique name");
 }
 
 }  // namespace
@@ -31,6 +37,7 @@ bool register_worker_entry(RegisteredWorker worker) noexcept {
     r.by_name.emplace(std::move(name), std::move(worker));
   } else if (it->second.identity != worker.identity) {
     r.conflicting.insert(worker.name);
+    r.shadowed.emplace(worker.identity, worker.name);
   }
   return true;
 }
@@ -38,10 +45,7 @@ bool register_worker_entry(RegisteredWorker worker) noexcept {
 const RegisteredWorker& find_worker(std::string_view name) {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
-  if (r.conflicting.count(name) != 0) {
-    throw SpawnError("worker name '" + std::string(name) +
-                     "' is registered by two different functions; give each FERRY_WORKER_NAMED a unique name");
-  }
+  if (r.conflicting.count(name) != 0) throw_conflict(name);
   auto it = r.by_name.find(name);
   if (it == r.by_name.end()) {
     std::string known;
@@ -57,9 +61,16 @@ const RegisteredWorker& find_worker(std::string_view name) {
 const RegisteredWorker* find_worker(FunctionIdentity identity) {
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
+  // A worker started by exec looks its function up by name: a name shared with another
+  // function would fail there, after the process started.
+  const std::string* conflict = nullptr;
   for (const auto& [name, worker] : r.by_name) {
-    if (worker.identity == identity) return &worker;
+    if (worker.identity != identity) continue;
+    if (r.conflicting.count(name) == 0) return &worker;
+    conflict = &name;
   }
+  if (const auto it = r.shadowed.find(identity); it != r.shadowed.end()) conflict = &it->second;
+  if (conflict != nullptr) throw_conflict(*conflict);
   return nullptr;
 }
 

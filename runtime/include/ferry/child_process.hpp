@@ -28,7 +28,8 @@ struct ExitStatus {
 
 /// Owns a child process of this process. The owner must reap it (wait() or try_wait());
 /// destroying a ChildProcess that still runs kills it with SIGKILL and reaps it, so no
-/// child is ever left running or as a zombie by accident. Move-only.
+/// child is ever left running or as a zombie by accident. A copy that a forked process
+/// inherited is not its child: it never signals or kills the process. Move-only.
 class ChildProcess {
  public:
   ChildProcess() = default;
@@ -56,7 +57,8 @@ class ChildProcess {
   std::optional<ExitStatus> try_wait();
   /// Waits for the process to exit and reaps it.
   ExitStatus wait();
-  /// Sends `signal` to the process (nothing when it was reaped already). Throws SystemError.
+  /// Sends `signal` to the process (nothing when it was reaped already, or in a forked copy).
+  /// Throws SystemError.
   void send_signal(int signal);
 
  private:
@@ -64,6 +66,7 @@ class ChildProcess {
   void kill_and_reap() noexcept;
 
   pid_t pid_ = -1;
+  pid_t owner_ = -1;  // the process whose child it is
   UniqueFd pidfd_;
   std::optional<ExitStatus> status_;
 };

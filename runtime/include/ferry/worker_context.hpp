@@ -28,7 +28,8 @@ struct SpawnOptions {
   /// How the workers are started.
   StartMethod start_method = StartMethod::Fork;
   /// When a worker fails (or the group is destroyed before join), the other workers get
-  /// SIGTERM; those still running after this grace period get SIGKILL.
+  /// SIGTERM; those still running after this grace period get SIGKILL (never, for a grace
+  /// period of milliseconds::max()).
   std::chrono::milliseconds termination_grace{5000};
   /// The signal a worker receives when its parent dies (PR_SET_PDEATHSIG). SIGKILL makes
   /// sure no worker outlives its parent; SIGTERM lets workers clean up first.

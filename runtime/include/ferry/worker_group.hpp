@@ -25,6 +25,7 @@ namespace ferry {
 ///
 /// Destroying a group whose workers still run terminates them (SIGTERM, then SIGKILL after
 /// the grace period) and reaps them: no worker outlives its group, and no zombie is left.
+/// A copy inherited by a process the program forked leaves the workers alone there.
 /// Workers also never outlive the parent process: each one gets the parent-death signal
 /// (PR_SET_PDEATHSIG) when the *thread* that started it exits, so start workers from a
 /// thread that lives as long as they should (normally the main thread).

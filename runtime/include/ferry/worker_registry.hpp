@@ -40,7 +40,8 @@ bool register_worker_entry(RegisteredWorker worker) noexcept;
 /// The worker registered as `name`; throws SpawnError when there is none (or two).
 const RegisteredWorker& find_worker(std::string_view name);
 
-/// The worker registered for the function `identity`, or nullptr.
+/// The worker registered for the function `identity`, or nullptr; throws SpawnError when
+/// its name is registered by another function too.
 const RegisteredWorker* find_worker(FunctionIdentity identity);
 
 }  // namespace ferry::detail
