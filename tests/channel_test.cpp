@@ -322,6 +322,29 @@ TEST_P(ChannelTest, RecvForTimesOutAndTryRecvDoesNotBlock) {
   EXPECT_TRUE(rx.try_recv().closed());
 }
 
+// A timeout too long for nanoseconds (milliseconds::max() converted by hand would wrap to a
+// negative count) means "as long as it takes", never "do not wait".
+TEST_P(ChannelTest, TimeoutsBeyondNanosecondsWaitInsteadOfReturningAtOnce) {
+  auto [tx, rx] = channel<int>(GetParam());
+  std::thread late_sender([&tx = tx] {
+    std::this_thread::sleep_for(50ms);
+    tx.send(7);
+    EXPECT_TRUE(tx.send_for(8, std::chrono::hours::max()));
+    EXPECT_TRUE(tx.flush(std::chrono::milliseconds::max()));
+  });
+  auto first = rx.recv_for(std::chrono::milliseconds::max());
+  ASSERT_TRUE(first) << (first.timed_out() ? "timed out at once" : "closed");
+  EXPECT_EQ(*first, 7);
+  EXPECT_EQ(rx.recv_for(std::chrono::duration<double>(1e300)).value(), 8);
+  late_sender.join();
+  EXPECT_EQ(saturating_nanoseconds(std::chrono::milliseconds::max()), std::chrono::nanoseconds::max());
+  EXPECT_EQ(saturating_nanoseconds(std::chrono::milliseconds::min()), std::chrono::nanoseconds::min());
+  EXPECT_EQ(saturating_nanoseconds(std::chrono::seconds(3)), std::chrono::nanoseconds(3'000'000'000));
+  EXPECT_TRUE(Deadline::after(std::chrono::hours::max()).is_never());
+  EXPECT_FALSE(Deadline::after(std::chrono::milliseconds::min()).is_never());
+  EXPECT_TRUE(rx.recv_for(std::chrono::milliseconds::min()).timed_out());
+}
+
 TEST_P(ChannelTest, ClosedReceiverMakesSendFail) {
   auto [tx, rx] = channel<int>(GetParam());
   rx.close();

@@ -76,8 +76,13 @@ TEST_P(SelectTest, FrameBufferedInUserSpaceIsReady) {
   EXPECT_EQ(rx.try_recv().value(), 2);
   EXPECT_FALSE(selector.try_wait().has_value());
   EXPECT_FALSE(selector.wait_for(5ms).has_value());
-  tx.close();
-  EXPECT_EQ(selector.wait(), index);  // end of stream is ready too
+  std::thread closer([&tx = tx] {
+    std::this_thread::sleep_for(20ms);
+    tx.close();
+  });
+  // A timeout too long for nanoseconds waits (it wrapped to "do not wait" before).
+  EXPECT_EQ(selector.wait_for(std::chrono::milliseconds::max()), index);  // end of stream is ready too
+  closer.join();
   EXPECT_FALSE(rx.recv().has_value());
 }
 

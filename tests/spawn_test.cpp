@@ -291,7 +291,7 @@ TEST_P(SpawnTest, JoinWithTimeoutReportsWhetherWorkersFinished) {
   EXPECT_FALSE(workers.join(20ms));  // it cannot finish before we send
   EXPECT_EQ(workers.running(), 1);
   tx.send(1);
-  EXPECT_TRUE(workers.join(60s));
+  EXPECT_TRUE(workers.join(std::chrono::milliseconds::max()));  // as long as it takes, not "at once"
   EXPECT_EQ(workers.running(), 0);
   workers.join();  // joining again is harmless
 }

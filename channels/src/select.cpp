@@ -83,7 +83,7 @@ std::size_t Selector::wait() {
   return *wait_until(Deadline::never());
 }
 
-std::optional<std::size_t> Selector::wait_for(std::chrono::nanoseconds timeout) {
+std::optional<std::size_t> Selector::wait_for(Timeout timeout) {
   return wait_until(Deadline::after(timeout));
 }
 

@@ -346,7 +346,7 @@ bool WorkerGroup::wait_until(Clock::time_point deadline) {
 
 void WorkerGroup::join() { wait_until(Clock::time_point::max()); }
 
-bool WorkerGroup::join(std::chrono::nanoseconds timeout) { return wait_until(deadline_after(timeout)); }
+bool WorkerGroup::join(Timeout timeout) { return wait_until(deadline_after(timeout.nanoseconds())); }
 
 int WorkerGroup::stop_all() noexcept {
   int signalled = 0;

@@ -69,19 +69,19 @@ class Sender {
   /// whether the value was accepted. A value is never half sent: one whose frame was
   /// started when the time ran out is accepted, and the rest of its frame goes out with
   /// the next send(), flush() or close().
-  bool send_for(const T& value, std::chrono::nanoseconds timeout) {
+  bool send_for(const T& value, Timeout timeout) {
     if (local_) return local_.send(T(value), Deadline::after(timeout));
     return core().send(value, Deadline::after(timeout));
   }
   /// Like send_for(const T&); an InProcess channel moves `value` when it accepts it (and
   /// leaves it untouched otherwise).
-  bool send_for(T&& value, std::chrono::nanoseconds timeout) {
+  bool send_for(T&& value, Timeout timeout) {
     if (local_) return local_.send(std::move(value), Deadline::after(timeout));
     return core().send(value, Deadline::after(timeout));
   }
   /// Finishes writing a value that send_for() accepted but could not finish; returns
   /// false if the transport stayed full for `timeout`. (InProcess: nothing to finish.)
-  bool flush(std::chrono::nanoseconds timeout) {
+  bool flush(Timeout timeout) {
     if (local_) return true;
     return core().flush(Deadline::after(timeout));
   }
@@ -141,8 +141,9 @@ class Receiver {
   /// PeerDied when the sender vanished without closing, ProtocolError for a bad frame
   /// (TypeMismatch when the sender sends another type).
   std::optional<T> recv() { return std::move(receive(Deadline::never())).take(); }
-  /// Waits at most `timeout` for the next value.
-  RecvResult<T> recv_for(std::chrono::nanoseconds timeout) { return receive(Deadline::after(timeout)); }
+  /// Waits at most `timeout` for the next value (any std::chrono::duration; one too long
+  /// for nanoseconds, such as milliseconds::max(), waits for ever instead of wrapping).
+  RecvResult<T> recv_for(Timeout timeout) { return receive(Deadline::after(timeout)); }
   /// Takes a value if one is ready, without waiting.
   RecvResult<T> try_recv() { return receive(Deadline::now()); }
   /// Closes this end; the sender's next send() raises ChannelClosed. (A forked child that

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <ctime>
 
+#include "ferry/timeout.hpp"
+
 namespace ferry {
 
 /// When a blocking operation stops waiting: never, now (poll once), or at a time point.
@@ -15,8 +17,9 @@ class Deadline {
   static Deadline never() { return Deadline(Clock::time_point::max()); }
   /// Do not wait at all.
   static Deadline now() { return Deadline(Clock::time_point::min()); }
-  /// Wait at most `timeout` from now.
-  static Deadline after(std::chrono::nanoseconds timeout) {
+  /// Wait at most `timeout` from now (any duration; more than 100 years waits for ever).
+  static Deadline after(Timeout limit) {
+    const std::chrono::nanoseconds timeout = limit.nanoseconds();
     if (timeout <= std::chrono::nanoseconds::zero()) return now();
     if (timeout > std::chrono::hours(24 * 365 * 100)) return never();
     return Deadline(Clock::now() + timeout);

@@ -35,7 +35,7 @@ class DuplexEnd {
   /// half (Receiver::recv).
   std::optional<In> recv() { return receiver.recv(); }
   /// Waits at most `timeout` for the next value (Receiver::recv_for).
-  RecvResult<In> recv_for(std::chrono::nanoseconds timeout) { return receiver.recv_for(timeout); }
+  RecvResult<In> recv_for(Timeout timeout) { return receiver.recv_for(timeout); }
   /// Takes a value if one is ready, without waiting (Receiver::try_recv).
   RecvResult<In> try_recv() { return receiver.try_recv(); }
   /// Sends `request` and waits for the other end's next value: one round trip. Returns

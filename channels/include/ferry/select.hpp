@@ -50,7 +50,7 @@ class Selector {
   /// Waits until a receiver is ready; returns its index. Throws Error when the set is empty.
   std::size_t wait();
   /// Waits at most `timeout`; std::nullopt when no receiver became ready.
-  std::optional<std::size_t> wait_for(std::chrono::nanoseconds timeout);
+  std::optional<std::size_t> wait_for(Timeout timeout);
   /// Returns a ready receiver's index without waiting, if there is one.
   std::optional<std::size_t> try_wait();
 

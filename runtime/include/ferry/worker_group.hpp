@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ferry/child_process.hpp"
+#include "ferry/timeout.hpp"
 #include "ferry/unique_fd.hpp"
 #include "ferry/worker_context.hpp"
 #include "ferry/worker_error.hpp"
@@ -56,7 +57,7 @@ class WorkerGroup {
   /// exited non-zero, was killed by a signal), after terminating the others.
   void join();
   /// Like join(), but waits at most `timeout`; returns whether every worker finished.
-  bool join(std::chrono::nanoseconds timeout);
+  bool join(Timeout timeout);
   /// Terminates the running workers (SIGTERM; SIGKILL after the grace period) and reaps
   /// them. Their exit is not treated as a failure.
   void terminate() noexcept;

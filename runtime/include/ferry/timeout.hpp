@@ -1,0 +1,38 @@
+// Timeouts given as any std::chrono::duration, without overflow.
+#pragma once
+
+#include <chrono>
+
+namespace ferry {
+
+/// `duration` in nanoseconds, saturated: a duration longer than nanoseconds can hold
+/// (std::chrono::milliseconds::max(), hours::max()) becomes nanoseconds::max() instead of
+/// wrapping to a negative count, which would mean "do not wait at all".
+template <class Rep, class Period>
+constexpr std::chrono::nanoseconds saturating_nanoseconds(std::chrono::duration<Rep, Period> duration) {
+  using Wide = std::chrono::duration<long double, std::nano>;  // holds any count without overflow
+  const Wide wide = std::chrono::duration_cast<Wide>(duration);
+  if (wide >= Wide(static_cast<long double>(std::chrono::nanoseconds::max().count()))) {
+    return std::chrono::nanoseconds::max();
+  }
+  if (wide <= Wide(static_cast<long double>(std::chrono::nanoseconds::min().count()))) {
+    return std::chrono::nanoseconds::min();
+  }
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(duration);
+}
+
+/// How long a blocking call may wait, taken from any std::chrono::duration (5s, 20ms,
+/// milliseconds::max() for "as long as it takes") with saturating_nanoseconds().
+class Timeout {
+ public:
+  template <class Rep, class Period>
+  constexpr Timeout(std::chrono::duration<Rep, Period> duration)  // NOLINT: implicit on purpose
+      : nanoseconds_(saturating_nanoseconds(duration)) {}
+  constexpr std::chrono::nanoseconds nanoseconds() const noexcept { return nanoseconds_; }
+  constexpr operator std::chrono::nanoseconds() const noexcept { return nanoseconds_; }  // NOLINT
+
+ private:
+  std::chrono::nanoseconds nanoseconds_;
+};
+
+}  // namespace ferry
