@@ -7,25 +7,29 @@ namespace {
 
 const char* role_name(EndRole role) { return role == EndRole::Sender ? "Sender" : "Receiver"; }
 
-EndDescription describe(EndRole role, Transport transport, bool open, bool used, std::vector<int> fds,
-                        const ChannelOptions& options, std::uint64_t fingerprint, std::string_view type_name) {
-  const std::string end = std::string(role_name(role)) + "<" + std::string(type_name) + ">";
-  if (!open) {
-    throw ChannelClosed("cannot describe a closed " + end + ": only an open end can be handed to another process");
+// `core` is a SenderCore or ReceiverCore, `end` its FrameWriter or FrameReader.
+template <class Core, class End>
+EndDescription describe(EndRole role, Core& core, const End& end, std::uint64_t fingerprint,
+                        std::string_view type_name) {
+  const std::string name = std::string(role_name(role)) + "<" + std::string(type_name) + ">";
+  if (!core.is_open()) {
+    throw ChannelClosed("cannot describe a closed " + name + ": only an open end can be handed to another process");
   }
-  if (used) {
-    throw Error("cannot hand a " + end +
+  if (core.used()) {
+    throw Error("cannot hand a " + name +
                 " that has already " + (role == EndRole::Sender ? "sent" : "received") +
                 " to a process started by exec: its protocol state (leases, buffered bytes) lives in this process; "
                 "hand over a fresh end, or use the fork start method");
   }
   EndDescription description;
   description.role = role;
-  description.transport = transport;
+  description.transport = core.transport();
   description.type_fingerprint = fingerprint;
   description.type_name = std::string(type_name);
+  const std::vector<int> fds = end.descriptors();
   description.fds.assign(fds.begin(), fds.end());
-  description.options = options;
+  description.shares_connection = end.shares_connection();
+  description.options = core.options();
   return description;
 }
 
@@ -57,21 +61,11 @@ std::vector<UniqueFd> claim(const EndDescription& description, EndRole role, std
 }  // namespace
 
 EndDescription describe_sender(SenderCore& core, std::uint64_t fingerprint, std::string_view type_name) {
-  EndDescription description =
-      describe(EndRole::Sender, core.transport(), core.is_open(), core.used(),
-               core.is_open() ? core.writer().descriptors() : std::vector<int>{}, core.options(), fingerprint,
-               type_name);
-  description.shares_connection = core.writer().shares_connection();
-  return description;
+  return describe(EndRole::Sender, core, core.writer(), fingerprint, type_name);
 }
 
 EndDescription describe_receiver(ReceiverCore& core, std::uint64_t fingerprint, std::string_view type_name) {
-  EndDescription description =
-      describe(EndRole::Receiver, core.transport(), core.is_open(), core.used(),
-               core.is_open() ? core.reader().descriptors() : std::vector<int>{}, core.options(), fingerprint,
-               type_name);
-  description.shares_connection = core.reader().shares_connection();
-  return description;
+  return describe(EndRole::Receiver, core, core.reader(), fingerprint, type_name);
 }
 
 std::unique_ptr<SenderCore> rebuild_sender(const EndDescription& description, std::uint64_t fingerprint,

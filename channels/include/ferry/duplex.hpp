@@ -47,7 +47,12 @@ class DuplexEnd {
   /// Ends both directions: the other end sees end-of-stream after what was sent, and its
   /// later sends raise ChannelClosed.
   void close() {
-    sender.close();
+    try {
+      sender.close();
+    } catch (...) {
+      receiver.close();  // the receiving half ends too, whatever the sending half reported
+      throw;
+    }
     receiver.close();
   }
   /// Lets go of this process's copy of both halves without ending anything (a process that
