@@ -107,7 +107,9 @@ TEST(ProcessIdentityTest, AForkedChildKnowsItselfWhileAnotherThreadAskedAtTheFor
   int hung = 0;
   for (int i = 0; i < kForks; ++i) {
     const pid_t child = test::fork_child([] { CHILD_CHECK(current_process().pid == ::getpid()); });
-    const test::ChildExit exit = test::wait_child(child, std::chrono::seconds(2));
+    // A hung child never finishes; a slow one (ctest -j2 next to a build) may take more
+    // than the 2 s this allowed before, which failed once under that load.
+    const test::ChildExit exit = test::wait_child(child, std::chrono::seconds(5));
     if (!(exit.exited && exit.code == 0)) ++hung;
   }
   stop = true;
@@ -405,7 +407,9 @@ TEST_F(SharedAllocatorTest, AForkedChildCreatesSegmentsWhileAnotherThreadUsedThe
       auto block = pool.allocate(64 * KiB);
       CHILD_CHECK(block != nullptr);
     });
-    const test::ChildExit exit = test::wait_child(child, std::chrono::seconds(2));
+    // A hung child never finishes; a slow one (ctest -j2 next to a build) may take more
+    // than the 2 s this allowed before, which failed once under that load.
+    const test::ChildExit exit = test::wait_child(child, std::chrono::seconds(5));
     if (!(exit.exited && exit.code == 0)) ++hung;
   }
   stop = true;
