@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "ferry/size_classes.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/transports.hpp"
@@ -428,6 +429,38 @@ TEST_P(HostileFrameTest, SizeClaimLargerThanTheSegment) {
   frame.set_entry(0, e);
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "outside its segment");
+}
+
+// A block that starts between two blocks of the allocator: its float32 elements would sit at
+// addresses not aligned for float, and reading one through Tensor::data<float>() or at<>()
+// is undefined behaviour (UBSan: misaligned load). Every block ferry hands out starts at a
+// multiple of kBlockAlignment; any other offset is a lie.
+TEST_P(HostileFrameTest, BlockOffsetNotAlignedToABlock) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  e.offset += 2;  // still inside the segment, by far
+  frame.set_entry(0, e);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "offset");
+}
+
+// The edge that is allowed: a block that ends at the very last byte of its segment.
+TEST_P(HostileFrameTest, BlockEndingAtTheLastByteOfItsSegmentIsAccepted) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  const std::uint64_t segment_bytes = frame.segment(kDataSegment).size;
+  ASSERT_EQ(segment_bytes % kBlockAlignment, 0u);
+  e.offset = segment_bytes - e.nbytes;
+  frame.set_entry(0, e);
+  wire.send(frame.bytes, frame.fds);
+  auto got = wire.rx.recv_for(kRecvBound);
+  ASSERT_TRUE(got.has_value());
+  const Tensor& t = got->tensor;
+  const std::byte* segment_end = t.storage()->shared_block()->segment()->data() + segment_bytes;
+  EXPECT_EQ(static_cast<const std::byte*>(t.data_ptr()) + t.storage()->nbytes(), segment_end);
+  EXPECT_EQ(t.to_vector<float>().size(), 32u);  // reads every byte of the block
 }
 
 TEST_P(HostileFrameTest, SegmentSizeClaimThatIsNotTheSegments) {

@@ -10,6 +10,7 @@
 #include "ferry/object_pool.hpp"
 #include "ferry/peer_fd.hpp"
 #include "ferry/process_identity.hpp"
+#include "ferry/size_classes.hpp"
 
 namespace ferry {
 namespace {
@@ -346,6 +347,12 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
     throw ProtocolError("handle " + std::to_string(index) + " fields offset " + std::to_string(entry.offset) +
                         " and nbytes " + std::to_string(entry.nbytes) + " name a block outside its segment of " +
                         std::to_string(segment->size()) + " bytes");
+  }
+  // Allocators hand out aligned blocks only; a block between two would make its elements
+  // misaligned for their type (reading one through a typed pointer is undefined behaviour).
+  if (entry.offset % kBlockAlignment != 0) {
+    throw ProtocolError("handle " + std::to_string(index) + " field offset " + std::to_string(entry.offset) +
+                        " is not a multiple of the block alignment of " + std::to_string(kBlockAlignment) + " bytes");
   }
   auto block = std::allocate_shared<ReceivedBlock>(detail::PoolAllocator<ReceivedBlock>(), segment, entry.offset,
                                                   entry.nbytes, returns_, entry.slot);
