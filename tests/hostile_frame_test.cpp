@@ -717,6 +717,27 @@ TEST_F(HostileFdTest, MemfdSealedAgainstShrinkingOnly) {
   expect_protocol_error(wire.rx, "not sealed");
 }
 
+// A memfd sealed against writing (F_SEAL_WRITE, or F_SEAL_FUTURE_WRITE) cannot be mapped
+// for writing: the receiver maps every segment, and the return board, read-write. Such a fd
+// is a lie about what ferry sends, refused like the others as a ProtocolError naming the
+// seal, not an mmap failure.
+TEST_F(HostileFdTest, MemfdSealedAgainstWriting) {
+  for (const int write_seal : {F_SEAL_WRITE, F_SEAL_FUTURE_WRITE}) {
+    for (const std::size_t segment : {kDataSegment, std::size_t{0}}) {  // a data segment, the return board
+      Wire<Payload> wire(Transport::UnixSocket);
+      Frame frame = encode(Payload{tensor_});
+      UniqueFd sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+      ASSERT_TRUE(sealed);
+      ASSERT_EQ(::ftruncate(sealed.get(), static_cast<off_t>(frame.segment(segment).size)), 0);
+      ASSERT_EQ(::fcntl(sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | write_seal), 0);
+      std::vector<int> fds = frame.fds;
+      fds.at(segment) = sealed.get();
+      wire.send(frame.bytes, fds);
+      expect_protocol_error(wire.rx, "sealed against writing");
+    }
+  }
+}
+
 // A sender that tries to shrink a segment after sending it cannot: ferry seals every
 // segment against shrinking and growing, and seals the seals. The receiver's mapping stays
 // readable; the most the sender can do is change the bytes (or punch holes, which read
