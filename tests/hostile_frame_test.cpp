@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -858,10 +859,50 @@ TEST_F(HostileProcPathTest, SealedSegmentThatIsNotTheOneNamedIsRefused) {
   Wire<Payload> wire(Transport::Pipe);
   SharedMemory other = SharedMemory::create(claimed_size());
   FileIdentity claimed = other.identity();
-  claimed.inode += 1;  // a segment this process does not map, so the receiver opens the path
+  claimed.inode += 1;  // not the identity of the file at the path
   Frame frame = frame_naming(other.fd(), claimed);
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, "is not the segment the frame names");
+}
+
+// The kernel lets a receiver open a sender's fd (/proc/<pid>/fd, pidfd_getfd) only when it
+// may ptrace the sender, so a sender that names its segments by fd cannot name one it does
+// not hold. A sender of another user (a worker that dropped its privileges: this process can
+// reach it, not the other way round) names in its frame the identity of a segment this
+// process maps already, which it could never open itself: the receiver must not take the
+// identity on trust, and so hand the sender's message a view of its own memory (or of
+// another peer's), to read and write as the sender's tensor.
+TEST_F(HostileProcPathTest, SenderOfAnotherUserCannotNameASegmentMappedHere) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a sender as another user";
+  constexpr uid_t kNobody = 65534;
+  Wire<Payload> wire(Transport::Pipe);
+  Tensor secret = Tensor::empty({1024}, DType::Int32, Device::SharedCpu);
+  secret.fill(std::int32_t{42});
+  const SharedBlock& block = *secret.storage()->shared_block();
+  const FileIdentity mapped = block.segment()->identity();
+  int go[2];
+  ASSERT_EQ(::pipe2(go, O_CLOEXEC), 0);
+  UniqueFd go_read(go[0]), go_write(go[1]);
+  const pid_t child = test::fork_child([&] {
+    if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) throw std::runtime_error("cannot become nobody");
+    Frame frame = encode(Payload{Tensor::zeros({1024}, DType::Int32, Device::SharedCpu)}, HandlePassing::ProcFd);
+    SegmentEntry e = frame.segment(kDataSegment);
+    CHILD_CHECK(e.kind == static_cast<std::uint32_t>(SegmentKind::NewProcFd));
+    e.device = mapped.device;
+    e.inode = mapped.inode;
+    e.size = block.segment()->size();
+    frame.set_segment(kDataSegment, e);
+    HandleEntry h = frame.entry(0);
+    h.offset = block.offset();
+    frame.set_entry(0, h);
+    wire.send(frame.bytes);
+    char byte = 0;
+    CHILD_CHECK(::read(go_read.get(), &byte, 1) == 1);  // alive until the receiver is done
+  });
+  expect_protocol_error(wire.rx, "is not the segment the frame names");
+  char byte = 0;
+  ASSERT_EQ(::write(go_write.get(), &byte, 1), 1);
+  EXPECT_TRUE(test::child_succeeded(child));
 }
 
 TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {

@@ -290,18 +290,13 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
                         " before releasing it");
   }
   // A segment already mapped in this process (received on another channel, or ours sent
-  // back) is not mapped again. A passed fd is checked (seals, then identity and size: one
-  // fcntl and one fstat) before its identity is looked up; a /proc path is looked up by the
-  // identity the frame names and opened only when not mapped here yet.
-  SegmentFd opened;
-  std::shared_ptr<SharedSegment> segment;
-  if (kind == SegmentKind::NewFd) {
-    opened = open_segment(entry, index, frame_fds, next_fd);
-    segment = HandleCache::global().find(opened.file.identity);
-  } else {
-    segment = HandleCache::global().find(FileIdentity{entry.device, entry.inode});
-    if (!segment) opened = open_segment(entry, index, frame_fds, next_fd);
-  }
+  // back) is not mapped again. Its fd is checked (seals, then identity and size: one fcntl
+  // and one fstat) before its identity is looked up. A sender naming its fd by number is
+  // opened too, although the identity it names may be mapped here: that the kernel let us
+  // take its fd is the proof that it holds the segment (the identity alone is a number any
+  // peer can write, also one of another user that could never open our segments).
+  SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
+  std::shared_ptr<SharedSegment> segment = HandleCache::global().find(opened.file.identity);
   if (segment) {
     if (segment->size() != entry.size) {
       throw ProtocolError("segment " + std::to_string(index) + " field size claims " + std::to_string(entry.size) +
