@@ -1,18 +1,23 @@
 // Storages as blocks on the wire, in one process (encoder and decoder without a
 // transport): many small tensors share one segment, a new tensor in a leased segment
-// travels without fds, pins follow the return board, hostile block entries are refused,
-// and an isolated encoder passes only its pool's segments.
+// travels without fds, pins follow the return board (also past a holder killed while it
+// registered), hostile block entries are refused, and an isolated encoder passes only its
+// pool's segments.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cereal/types/vector.hpp>
 #include <cstring>
 #include <functional>
 
+#include "ferry/hold_ledger.hpp"
 #include "ferry/message_decoder.hpp"
 #include "ferry/message_encoder.hpp"
 #include "support/leak_check.hpp"
+#include "support/process.hpp"
 
 namespace ferry {
 namespace {
@@ -181,6 +186,44 @@ TEST_F(BlockWireTest, APostBatchPostsItsSlotsToItsBoardWhenItEnds) {
   board->post_return(5);  // after the batch: at once again
   board->take_returns(ReturnBoard::kSlots, taken);
   EXPECT_EQ(taken, std::vector<std::uint32_t>{5});
+}
+
+// A receiver registers as a holder in two steps: it claims an entry with its pid marked
+// "registering", then publishes its start time and clears the mark. One SIGKILLed between
+// the steps leaves the mark for ever; the sender must not count it as alive for ever (its
+// pins would never be reclaimed). The child writes that half-made entry itself (the layout
+// of return_board.cpp: holder entries from byte 64, 16 bytes each, bit 63 of the pid word
+// the mark), as the kill leaves it, into a board whose ledger pins one block.
+TEST_F(BlockWireTest, HolderKilledWhileRegisteringStillLetsThePinsBeReclaimed) {
+  SharedAllocator pool;
+  const auto ledger = HoldLedger::create();
+  std::vector<HoldLedger::Pin> pins{{0, pool.allocate(4096)}};
+  ledger->pin(pins, 1);
+  ASSERT_EQ(pool.stats().blocks_in_use, 1u);
+  const int board_fd = ledger->board()->fd();
+  int go[2];
+  ASSERT_EQ(::pipe2(go, O_CLOEXEC), 0);
+  UniqueFd go_read(go[0]), go_write(go[1]);
+  const pid_t child = test::fork_child([&] {
+    const std::uint64_t half_registered = static_cast<std::uint64_t>(::getpid()) | std::uint64_t{1} << 63;
+    CHILD_CHECK(::pwrite(board_fd, &half_registered, sizeof half_registered, 64) == sizeof half_registered);
+    char byte = 0;
+    CHILD_CHECK(::write(go_write.get(), &byte, 1) == 1);
+    while (true) ::pause();  // killed "between the two steps"
+  });
+  char byte = 0;
+  ASSERT_EQ(::read(go_read.get(), &byte, 1), 1);
+  ASSERT_EQ(ledger->board()->holders().size(), 1u);
+  EXPECT_TRUE(ledger->board()->holders()[0].registering);
+  ledger->collect(true);
+  EXPECT_EQ(ledger->pinned(), 1u) << "a process still registering is alive: its pins stay";
+  ::kill(child, SIGKILL);
+  ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
+  ledger->collect(true);
+  EXPECT_EQ(ledger->pinned(), 0u) << "the half-registered holder has exited: nobody holds the block";
+  EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+  ledger->channel_closed(UniqueFd());
+  collect_returned_blocks(false);  // forgets the finished ledger
 }
 
 TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {

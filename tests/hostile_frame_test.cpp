@@ -12,11 +12,13 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "ferry/size_classes.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/transports.hpp"
@@ -430,6 +432,38 @@ TEST_P(HostileFrameTest, SizeClaimLargerThanTheSegment) {
   expect_protocol_error(wire.rx, "outside its segment");
 }
 
+// A block that starts between two blocks of the allocator: its float32 elements would sit at
+// addresses not aligned for float, and reading one through Tensor::data<float>() or at<>()
+// is undefined behaviour (UBSan: misaligned load). Every block ferry hands out starts at a
+// multiple of kBlockAlignment; any other offset is a lie.
+TEST_P(HostileFrameTest, BlockOffsetNotAlignedToABlock) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  e.offset += 2;  // still inside the segment, by far
+  frame.set_entry(0, e);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "offset");
+}
+
+// The edge that is allowed: a block that ends at the very last byte of its segment.
+TEST_P(HostileFrameTest, BlockEndingAtTheLastByteOfItsSegmentIsAccepted) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  HandleEntry e = frame.entry(0);
+  const std::uint64_t segment_bytes = frame.segment(kDataSegment).size;
+  ASSERT_EQ(segment_bytes % kBlockAlignment, 0u);
+  e.offset = segment_bytes - e.nbytes;
+  frame.set_entry(0, e);
+  wire.send(frame.bytes, frame.fds);
+  auto got = wire.rx.recv_for(kRecvBound);
+  ASSERT_TRUE(got.has_value());
+  const Tensor& t = got->tensor;
+  const std::byte* segment_end = t.storage()->shared_block()->segment()->data() + segment_bytes;
+  EXPECT_EQ(static_cast<const std::byte*>(t.data_ptr()) + t.storage()->nbytes(), segment_end);
+  EXPECT_EQ(t.to_vector<float>().size(), 32u);  // reads every byte of the block
+}
+
 TEST_P(HostileFrameTest, SegmentSizeClaimThatIsNotTheSegments) {
   Wire<Payload> wire(GetParam());
   // The segment table claims a larger segment than the memfd it names.
@@ -684,6 +718,27 @@ TEST_F(HostileFdTest, MemfdSealedAgainstShrinkingOnly) {
   expect_protocol_error(wire.rx, "not sealed");
 }
 
+// A memfd sealed against writing (F_SEAL_WRITE, or F_SEAL_FUTURE_WRITE) cannot be mapped
+// for writing: the receiver maps every segment, and the return board, read-write. Such a fd
+// is a lie about what ferry sends, refused like the others as a ProtocolError naming the
+// seal, not an mmap failure.
+TEST_F(HostileFdTest, MemfdSealedAgainstWriting) {
+  for (const int write_seal : {F_SEAL_WRITE, F_SEAL_FUTURE_WRITE}) {
+    for (const std::size_t segment : {kDataSegment, std::size_t{0}}) {  // a data segment, the return board
+      Wire<Payload> wire(Transport::UnixSocket);
+      Frame frame = encode(Payload{tensor_});
+      UniqueFd sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+      ASSERT_TRUE(sealed);
+      ASSERT_EQ(::ftruncate(sealed.get(), static_cast<off_t>(frame.segment(segment).size)), 0);
+      ASSERT_EQ(::fcntl(sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | write_seal), 0);
+      std::vector<int> fds = frame.fds;
+      fds.at(segment) = sealed.get();
+      wire.send(frame.bytes, fds);
+      expect_protocol_error(wire.rx, "sealed against writing");
+    }
+  }
+}
+
 // A sender that tries to shrink a segment after sending it cannot: ferry seals every
 // segment against shrinking and growing, and seals the seals. The receiver's mapping stays
 // readable; the most the sender can do is change the bytes (or punch holes, which read
@@ -804,10 +859,50 @@ TEST_F(HostileProcPathTest, SealedSegmentThatIsNotTheOneNamedIsRefused) {
   Wire<Payload> wire(Transport::Pipe);
   SharedMemory other = SharedMemory::create(claimed_size());
   FileIdentity claimed = other.identity();
-  claimed.inode += 1;  // a segment this process does not map, so the receiver opens the path
+  claimed.inode += 1;  // not the identity of the file at the path
   Frame frame = frame_naming(other.fd(), claimed);
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, "is not the segment the frame names");
+}
+
+// The kernel lets a receiver open a sender's fd (/proc/<pid>/fd, pidfd_getfd) only when it
+// may ptrace the sender, so a sender that names its segments by fd cannot name one it does
+// not hold. A sender of another user (a worker that dropped its privileges: this process can
+// reach it, not the other way round) names in its frame the identity of a segment this
+// process maps already, which it could never open itself: the receiver must not take the
+// identity on trust, and so hand the sender's message a view of its own memory (or of
+// another peer's), to read and write as the sender's tensor.
+TEST_F(HostileProcPathTest, SenderOfAnotherUserCannotNameASegmentMappedHere) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a sender as another user";
+  constexpr uid_t kNobody = 65534;
+  Wire<Payload> wire(Transport::Pipe);
+  Tensor secret = Tensor::empty({1024}, DType::Int32, Device::SharedCpu);
+  secret.fill(std::int32_t{42});
+  const SharedBlock& block = *secret.storage()->shared_block();
+  const FileIdentity mapped = block.segment()->identity();
+  int go[2];
+  ASSERT_EQ(::pipe2(go, O_CLOEXEC), 0);
+  UniqueFd go_read(go[0]), go_write(go[1]);
+  const pid_t child = test::fork_child([&] {
+    if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) throw std::runtime_error("cannot become nobody");
+    Frame frame = encode(Payload{Tensor::zeros({1024}, DType::Int32, Device::SharedCpu)}, HandlePassing::ProcFd);
+    SegmentEntry e = frame.segment(kDataSegment);
+    CHILD_CHECK(e.kind == static_cast<std::uint32_t>(SegmentKind::NewProcFd));
+    e.device = mapped.device;
+    e.inode = mapped.inode;
+    e.size = block.segment()->size();
+    frame.set_segment(kDataSegment, e);
+    HandleEntry h = frame.entry(0);
+    h.offset = block.offset();
+    frame.set_entry(0, h);
+    wire.send(frame.bytes);
+    char byte = 0;
+    CHILD_CHECK(::read(go_read.get(), &byte, 1) == 1);  // alive until the receiver is done
+  });
+  expect_protocol_error(wire.rx, "is not the segment the frame names");
+  char byte = 0;
+  ASSERT_EQ(::write(go_write.get(), &byte, 1), 1);
+  EXPECT_TRUE(test::child_succeeded(child));
 }
 
 TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {

@@ -75,6 +75,20 @@ bool reader_gone(const UniqueFd& probe) {
   }
 }
 
+// A holder still registering has published its pid, not yet its start time: it counts as
+// alive while a running process has that pid. One killed between the two steps of its
+// registration never finishes it, and must not keep the pins for ever.
+bool registering_holder_alive(std::int32_t pid) noexcept {
+  std::optional<ProcessIdentity> process;
+  try {
+    process = identify_process(pid);
+  } catch (...) {
+    return true;  // exists but cannot be inspected: never reclaim from a live process
+  }
+  // No /proc entry: gone, or hidden from us (hidepid), which process_alive() tells apart.
+  return process_alive(process.value_or(ProcessIdentity{pid, 0}));
+}
+
 }  // namespace
 
 HoldLedger::HoldLedger() : board_(ReturnBoard::create()), generation_(fork_generation()) {}
@@ -188,7 +202,7 @@ void HoldLedger::collect(bool check_receivers) {
   if (!check_receivers) return;
   const auto holders = board_->holders();
   const bool all_dead = !holders.empty() && std::none_of(holders.begin(), holders.end(), [](const auto& holder) {
-    return holder.registering || process_alive(holder.process);
+    return holder.registering ? registering_holder_alive(holder.process.pid) : process_alive(holder.process);
   });
   if (all_dead) {
     reclaim_all_locked(dropped);

@@ -107,6 +107,12 @@ SharedMemory::Received SharedMemory::inspect_received(int fd) {
     throw ProtocolError("received memfd is not sealed against shrinking and growing; refusing to map "
                         "it (a peer could shrink it and crash this process)");
   }
+  // Every segment (and the return board) is mapped read-write, which the kernel refuses for
+  // a memfd sealed against writing: a lie about what ferry sends, not a failed system call.
+  if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
+    throw ProtocolError("received memfd is sealed against writing; ferry maps segments read-write and never "
+                        "seals them so");
+  }
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno("fstat of a received memfd");
   return Received{FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)},

@@ -10,6 +10,7 @@
 #include "ferry/object_pool.hpp"
 #include "ferry/peer_fd.hpp"
 #include "ferry/process_identity.hpp"
+#include "ferry/size_classes.hpp"
 
 namespace ferry {
 namespace {
@@ -289,18 +290,13 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
                         " before releasing it");
   }
   // A segment already mapped in this process (received on another channel, or ours sent
-  // back) is not mapped again. A passed fd is checked (seals, then identity and size: one
-  // fcntl and one fstat) before its identity is looked up; a /proc path is looked up by the
-  // identity the frame names and opened only when not mapped here yet.
-  SegmentFd opened;
-  std::shared_ptr<SharedSegment> segment;
-  if (kind == SegmentKind::NewFd) {
-    opened = open_segment(entry, index, frame_fds, next_fd);
-    segment = HandleCache::global().find(opened.file.identity);
-  } else {
-    segment = HandleCache::global().find(FileIdentity{entry.device, entry.inode});
-    if (!segment) opened = open_segment(entry, index, frame_fds, next_fd);
-  }
+  // back) is not mapped again. Its fd is checked (seals, then identity and size: one fcntl
+  // and one fstat) before its identity is looked up. A sender naming its fd by number is
+  // opened too, although the identity it names may be mapped here: that the kernel let us
+  // take its fd is the proof that it holds the segment (the identity alone is a number any
+  // peer can write, also one of another user that could never open our segments).
+  SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
+  std::shared_ptr<SharedSegment> segment = HandleCache::global().find(opened.file.identity);
   if (segment) {
     if (segment->size() != entry.size) {
       throw ProtocolError("segment " + std::to_string(index) + " field size claims " + std::to_string(entry.size) +
@@ -346,6 +342,12 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
     throw ProtocolError("handle " + std::to_string(index) + " fields offset " + std::to_string(entry.offset) +
                         " and nbytes " + std::to_string(entry.nbytes) + " name a block outside its segment of " +
                         std::to_string(segment->size()) + " bytes");
+  }
+  // Allocators hand out aligned blocks only; a block between two would make its elements
+  // misaligned for their type (reading one through a typed pointer is undefined behaviour).
+  if (entry.offset % kBlockAlignment != 0) {
+    throw ProtocolError("handle " + std::to_string(index) + " field offset " + std::to_string(entry.offset) +
+                        " is not a multiple of the block alignment of " + std::to_string(kBlockAlignment) + " bytes");
   }
   auto block = std::allocate_shared<ReceivedBlock>(detail::PoolAllocator<ReceivedBlock>(), segment, entry.offset,
                                                   entry.nbytes, returns_, entry.slot);

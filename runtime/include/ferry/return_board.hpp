@@ -105,8 +105,9 @@ class ReturnBoard {
   /// memory: a receiver that tries to resolve one later fails instead of reading it);
   /// returns the last resolved frame.
   std::uint64_t abandon_unresolved() noexcept;
-  /// The processes registered as holders (one still registering counts as alive: it is
-  /// returned with start_time 0 and `registering` set).
+  /// The processes registered as holders (one still registering is returned with
+  /// start_time 0 and `registering` set: it counts as alive while its pid runs, since one
+  /// killed between the two steps of registering never finishes).
   struct Holder {
     ProcessIdentity process;
     bool registering = false;
