@@ -61,6 +61,12 @@ void serve(DuplexEnd<Reply, Request>& end) {
 void serve_worker(WorkerContext&, DuplexEnd<Reply, Request> end) { serve(end); }
 FERRY_WORKER(serve_worker);
 
+// Serves each end in turn, until its client closes its sending half.
+void serve_each_worker(WorkerContext&, std::vector<DuplexEnd<Reply, Request>> ends) {
+  for (auto& end : ends) serve(end);
+}
+FERRY_WORKER(serve_each_worker);
+
 class DuplexTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
 
 INSTANTIATE_TEST_SUITE_P(Transports, DuplexTest, ::testing::ValuesIn(test::interprocess_transports()),
@@ -274,6 +280,39 @@ TEST_P(DuplexSpawnTest, AWorkerServesADuplexEndOverEachTransport) {
     workers.join();
     EXPECT_TRUE(workers.exit_status(0)->success());
   }
+}
+
+TEST_P(DuplexSpawnTest, AWorkerServesAVectorOfDuplexEnds) {
+  std::vector<DuplexEnd<Request, Reply>> clients;
+  std::vector<DuplexEnd<Reply, Request>> servers;
+  for (const Transport transport : test::interprocess_transports()) {
+    auto [client, server] = duplex<Request, Reply>(transport);
+    clients.push_back(std::move(client));
+    servers.push_back(std::move(server));
+  }
+  SpawnOptions options;
+  options.start_method = GetParam();
+  auto workers = spawn(options, 1, serve_each_worker, std::move(servers));
+  for (auto& client : clients) call_three_times(client);
+  workers.join();
+  EXPECT_TRUE(workers.exit_status(0)->success());
+}
+
+TEST_P(DuplexSpawnTest, EachWorkerServesItsOwnDuplexEnd) {
+  std::vector<DuplexEnd<Request, Reply>> clients;
+  std::vector<DuplexEnd<Reply, Request>> servers;
+  for (const Transport transport : test::interprocess_transports()) {
+    auto [client, server] = duplex<Request, Reply>(transport);
+    clients.push_back(std::move(client));
+    servers.push_back(std::move(server));
+  }
+  SpawnOptions options;
+  options.start_method = GetParam();
+  const int count = static_cast<int>(servers.size());
+  auto workers = spawn(options, count, serve_worker, per_rank(std::move(servers)));
+  for (auto& client : clients) call_three_times(client);
+  workers.join();
+  for (int rank = 0; rank < count; ++rank) EXPECT_TRUE(workers.exit_status(rank)->success());
 }
 
 TEST(DuplexInProcessTest, TwoQueuesBetweenThreads) {
