@@ -345,6 +345,23 @@ TEST_P(ChannelTest, TimeoutsBeyondNanosecondsWaitInsteadOfReturningAtOnce) {
   EXPECT_TRUE(rx.recv_for(std::chrono::milliseconds::min()).timed_out());
 }
 
+// A floating-point timeout just under what nanoseconds can hold (292 years in milliseconds
+// as a double) rounds up to 2^63 ns when converted in double: it still means "wait".
+TEST_P(ChannelTest, FloatingTimeoutsJustUnderTheNanosecondLimitWait) {
+  volatile double milliseconds = 9223372036854.775;  // a run-time value, as a program's would be
+  const std::chrono::duration<double, std::milli> almost_forever(milliseconds);
+  EXPECT_GT(saturating_nanoseconds(almost_forever), std::chrono::hours(24 * 365 * 290));
+  auto [tx, rx] = channel<int>(GetParam());
+  std::thread late_sender([&tx = tx] {
+    std::this_thread::sleep_for(50ms);
+    tx.send(7);
+  });
+  auto value = rx.recv_for(almost_forever);
+  late_sender.join();
+  ASSERT_TRUE(value) << (value.timed_out() ? "timed out at once" : "closed");
+  EXPECT_EQ(*value, 7);
+}
+
 TEST_P(ChannelTest, ClosedReceiverMakesSendFail) {
   auto [tx, rx] = channel<int>(GetParam());
   rx.close();

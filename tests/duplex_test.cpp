@@ -61,7 +61,17 @@ void serve(DuplexEnd<Reply, Request>& end) {
 void serve_worker(WorkerContext&, DuplexEnd<Reply, Request> end) { serve(end); }
 FERRY_WORKER(serve_worker);
 
+// Serves each end in turn, until its client closes its sending half.
+void serve_each_worker(WorkerContext&, std::vector<DuplexEnd<Reply, Request>> ends) {
+  for (auto& end : ends) serve(end);
+}
+FERRY_WORKER(serve_each_worker);
+
 class DuplexTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
+
+// Over one socketpair, where each side's halves share a socket. (Pipe and ShmRing name a
+// closed sender's storages by /proc path, readable only within its close linger.)
+class DuplexSocketTest : public test::LeakCheckedTest {};
 
 INSTANTIATE_TEST_SUITE_P(Transports, DuplexTest, ::testing::ValuesIn(test::interprocess_transports()),
                          test::transport_test_name);
@@ -201,6 +211,55 @@ TEST_P(DuplexTest, SendingHalfDestroyedByAnExceptionIsPeerDiedWhileTheReceivingH
   EXPECT_TRUE(test::child_succeeded(child));
 }
 
+// A sending half dropped by an exception ends its direction as a failure (PeerDied), but
+// what it sent before stays readable: the sender's allocator looking for memory to take
+// back does not take the request the receiver has yet to read.
+TEST_F(DuplexSocketTest, ARequestSentBeforeTheSendingHalfFailsIsStillRead) {
+  auto [a, b] = duplex<Request, int>(Transport::UnixSocket);
+  auto [go_tx, go_rx] = channel<int>(Transport::Pipe);
+  auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
+  const pid_t child = fork_child([&, &a = a, &b = b, &go_tx = go_tx, &go_rx = go_rx, &done_tx = done_tx,
+                                  &done_rx = done_rx] {
+    b.detach();
+    a.adopt();
+    go_rx.detach();
+    done_tx.detach();
+    SharedAllocator pool;
+    try {
+      Sender<Request> stage = std::move(a.sender);
+      Tensor data = Tensor::zeros({1024}, DType::Float32, pool);
+      data.fill(1.0f);
+      stage.send(Request{1, data});
+      throw std::runtime_error("the stage failed");
+    } catch (const std::runtime_error&) {
+    }
+    pool.trim();  // takes back what no reader can resolve any more
+    CHILD_CHECK(pool.stats().blocks_in_use == 1);
+    Tensor other = Tensor::zeros({1024}, DType::Float32, pool);
+    other.fill(9.0f);  // would overwrite the request's memory had it been taken back
+    go_tx.send(1);
+    (void)done_rx.recv();  // a.receiver stays open meanwhile
+  });
+  a.detach();
+  go_tx.detach();
+  done_rx.close();
+  bool child_checked = false;
+  try {
+    child_checked = go_rx.recv().has_value();
+  } catch (const PeerDied&) {  // the child failed a check: its status says which
+  }
+  if (child_checked) {
+    auto request = b.recv();
+    EXPECT_TRUE(request.has_value() && request->id == 1);
+    if (request) {
+      EXPECT_DOUBLE_EQ(sum_of(request->data), 1024.0);
+    }
+    EXPECT_THROW(b.recv(), PeerDied);
+  }
+  done_tx.close();
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
 TEST_P(DuplexTest, ACopyDestroyedInAForkedChildEndsNothing) {
   auto [a, b] = duplex<int, int>(GetParam());
   const pid_t child = fork_child([&, &a = a, &b = b] {
@@ -250,6 +309,47 @@ TEST_P(DuplexTest, FramesNeverReadByAShutDownReceiverAreReclaimed) {
   EXPECT_EQ(wait_child(child).signal, SIGKILL);
 }
 
+// A request sent just before the client closes its end (one half or both) stays pinned
+// until the server reads it: closing ends the client's direction but is not the server's
+// reader going away, even when the client's allocator looks for memory to take back.
+void request_then_close_then_reclaim(bool close_both_halves) {
+  SharedAllocator pool;
+  auto [a, b] = duplex<Request, int>(Transport::UnixSocket);
+  auto [go_tx, go_rx] = channel<int>(Transport::Pipe);
+  const pid_t child = fork_child([&, &a = a, &b = b, &go_tx = go_tx, &go_rx = go_rx] {
+    a.detach();
+    b.adopt();
+    go_tx.detach();
+    CHILD_CHECK(go_rx.recv().has_value());
+    auto request = b.recv();
+    CHILD_CHECK(request.has_value() && request->id == 1);
+    CHILD_CHECK(sum_of(request->data) == 1024.0);
+    CHILD_CHECK(!b.recv().has_value());
+    b.close();
+  });
+  b.detach();
+  go_rx.close();
+  Tensor data = Tensor::zeros({1024}, DType::Float32, pool);
+  data.fill(1.0f);
+  a.send(Request{1, data});
+  data = Tensor();
+  if (close_both_halves) {
+    a.close();
+  } else {
+    a.sender.close();
+  }
+  pool.trim();  // takes back what no reader can resolve any more
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u) << "the server has not read the request yet";
+  Tensor other = Tensor::zeros({1024}, DType::Float32, pool);
+  other.fill(9.0f);  // would overwrite the request's memory had it been taken back
+  go_tx.send(1);
+  EXPECT_TRUE(test::child_succeeded(child)) << "the server read the request sent before the close";
+}
+
+TEST_F(DuplexSocketTest, ARequestSentBeforeTheSendingHalfClosesIsStillRead) { request_then_close_then_reclaim(false); }
+
+TEST_F(DuplexSocketTest, ARequestSentBeforeBothHalvesCloseIsStillRead) { request_then_close_then_reclaim(true); }
+
 // ---- spawn -----------------------------------------------------------------------------
 
 class DuplexSpawnTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<StartMethod> {
@@ -274,6 +374,39 @@ TEST_P(DuplexSpawnTest, AWorkerServesADuplexEndOverEachTransport) {
     workers.join();
     EXPECT_TRUE(workers.exit_status(0)->success());
   }
+}
+
+TEST_P(DuplexSpawnTest, AWorkerServesAVectorOfDuplexEnds) {
+  std::vector<DuplexEnd<Request, Reply>> clients;
+  std::vector<DuplexEnd<Reply, Request>> servers;
+  for (const Transport transport : test::interprocess_transports()) {
+    auto [client, server] = duplex<Request, Reply>(transport);
+    clients.push_back(std::move(client));
+    servers.push_back(std::move(server));
+  }
+  SpawnOptions options;
+  options.start_method = GetParam();
+  auto workers = spawn(options, 1, serve_each_worker, std::move(servers));
+  for (auto& client : clients) call_three_times(client);
+  workers.join();
+  EXPECT_TRUE(workers.exit_status(0)->success());
+}
+
+TEST_P(DuplexSpawnTest, EachWorkerServesItsOwnDuplexEnd) {
+  std::vector<DuplexEnd<Request, Reply>> clients;
+  std::vector<DuplexEnd<Reply, Request>> servers;
+  for (const Transport transport : test::interprocess_transports()) {
+    auto [client, server] = duplex<Request, Reply>(transport);
+    clients.push_back(std::move(client));
+    servers.push_back(std::move(server));
+  }
+  SpawnOptions options;
+  options.start_method = GetParam();
+  const int count = static_cast<int>(servers.size());
+  auto workers = spawn(options, count, serve_worker, per_rank(std::move(servers)));
+  for (auto& client : clients) call_three_times(client);
+  workers.join();
+  for (int rank = 0; rank < count; ++rank) EXPECT_TRUE(workers.exit_status(rank)->success());
 }
 
 TEST(DuplexInProcessTest, TwoQueuesBetweenThreads) {

@@ -29,16 +29,17 @@ SenderCore::~SenderCore() {
       // The receiver is gone; there is nobody left to tell.
     }
   } else if (open_ && owner_ == ::getpid()) {
+    // A duplex socket stays open for the other direction: end this one, so that the
+    // receiver sees the end dropped (PeerDied) now rather than when this process exits.
+    writer_->shut_down();
     // No end-of-stream, but what the receiver may still hold stays tracked: the probe tells
-    // the ledger when the receiving end is gone, also when it died before reading a frame.
+    // the ledger when the receiving end is gone, also when it died before reading a frame
+    // (none for a shut-down duplex socket, which cannot tell: the holders decide).
     try {
       encoder_.closed(writer_->liveness_probe());
     } catch (...) {
       encoder_.closed(UniqueFd());  // no probe (out of fds): the ledger falls back to its own checks
     }
-    // A duplex socket stays open for the other direction: end this one, so that the
-    // receiver sees the end dropped (PeerDied) now rather than when this process exits.
-    writer_->shut_down();
   }
   writer_->close();
 }
@@ -94,6 +95,10 @@ void SenderCore::close() {
       encoder_.commit();
     } else {
       encoder_.rollback();
+      // A duplex socket: end this direction for every process holding it. (Only here: once
+      // shut down, the socket reports EPIPE whether or not the reader is gone, so a closed
+      // end that sent its end-of-stream frame keeps its liveness probe.)
+      writer_->shut_down();
     }
     // Storages named by /proc path must outlive the receiver's open() of them.
     // The receiver acknowledges on the transport (what wakes a waiting writer) only when
@@ -116,7 +121,6 @@ void SenderCore::close() {
     writer_->close();
     throw;
   }
-  writer_->shut_down();  // a duplex socket: end this direction for every process holding it
   writer_->close();
 }
 

@@ -177,7 +177,9 @@ void StreamFrameWriter::close() noexcept {
 
 void StreamFrameWriter::shut_down() noexcept {
   // ENOTCONN: the peer's socket is gone already, and with it this direction.
-  if (shares_connection_ && stream_) (void)::shutdown(stream_.get(), SHUT_WR);
+  if (!shares_connection_ || !stream_) return;
+  (void)::shutdown(stream_.get(), SHUT_WR);
+  shut_down_ = true;
 }
 
 std::vector<int> StreamFrameWriter::descriptors() const {

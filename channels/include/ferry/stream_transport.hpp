@@ -17,8 +17,8 @@ namespace ferry {
 ///
 /// With `shares_connection`, the socket also carries the opposite direction (a duplex
 /// connection: this process's reader holds the same socket), so closing the end does not
-/// close the connection: the owner's close ends this direction with shutdown(SHUT_WR)
-/// (shut_down()).
+/// close the connection: a close that could not send the end-of-stream frame, or an end
+/// dropped by an exception, ends this direction with shutdown(SHUT_WR) (shut_down()).
 ///
 /// Timed writes never leave half a frame: a frame that was started when the deadline
 /// passed is accepted, and its unwritten tail is kept here and written before the next
@@ -39,7 +39,10 @@ class StreamFrameWriter final : public FrameWriter {
   std::vector<int> descriptors() const override;
   /// A duplicate of the stream: a pipe's write end reports POLLERR, a socket POLLHUP, once
   /// the reader is gone (a shared socket whose reader shut down: EPIPE on a zero-length send).
-  UniqueFd liveness_probe() const override { return stream_ ? stream_.duplicate() : UniqueFd(); }
+  /// None after shut_down(): the socket then reports EPIPE whatever the reader does.
+  UniqueFd liveness_probe() const override {
+    return stream_ && !shut_down_ ? stream_.duplicate() : UniqueFd();
+  }
 
  private:
   // One write or sendmsg; returns bytes written, or -1 with errno (EAGAIN when full).
@@ -53,6 +56,7 @@ class StreamFrameWriter final : public FrameWriter {
   UniqueFd acknowledgements_;
   bool is_socket_;
   bool shares_connection_;
+  bool shut_down_ = false;  // this process ended the direction (shutdown(SHUT_WR))
   std::vector<std::byte> pending_;  // unwritten tail of the last frame
   std::uint64_t acknowledged_ = 0;
   bool reader_gone_ = false;

@@ -70,11 +70,13 @@ class FrameWriter {
   virtual bool flush(const Deadline& /*deadline*/) { return true; }
   /// Releases this process's resources of the transport (fds, mappings).
   virtual void close() noexcept = 0;
-  /// Ends this direction for every process that holds the end, before close(): the
-  /// reader sees the end of the stream even though the connection stays open for the
+  /// Ends this direction for every process that holds the end, before close(), when no
+  /// end-of-stream frame went out (a failed close, an end dropped by an exception): the
+  /// reader sees the stream end (PeerDied) even though the connection stays open for the
   /// other direction. Only an end that shares its connection with a reader of this
   /// process (a duplex socket, see shares_connection()) needs it; a no-op elsewhere, where
-  /// the reader learns it from the last copy of the end closing.
+  /// the reader learns it from the last copy of the end closing. A shut-down socket can no
+  /// longer tell whether its reader is gone: liveness_probe() is empty afterwards.
   virtual void shut_down() noexcept {}
   /// True when this end's connection also carries the opposite direction (one socket for
   /// both directions of a duplex connection, make_duplex_transport()).

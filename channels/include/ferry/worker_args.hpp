@@ -136,7 +136,7 @@ struct WireTraits<DuplexEnd<Out, In>> {
 template <class E>
   requires(IsEnd<E>::value || IsDuplexEnd<E>::value)
 struct WireTraits<std::vector<E>> {
-  using Wire = std::vector<EndDescription>;
+  using Wire = std::vector<typename WireTraits<E>::Wire>;  // an EndDescription or a duplex end's pair per end
   static Wire to_wire(std::vector<E>& ends) {
     Wire wire;
     for (auto& end : ends) wire.push_back(WireTraits<E>::to_wire(end));

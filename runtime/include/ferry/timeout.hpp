@@ -18,7 +18,13 @@ constexpr std::chrono::nanoseconds saturating_nanoseconds(std::chrono::duration<
   if (wide <= Wide(static_cast<long double>(std::chrono::nanoseconds::min().count()))) {
     return std::chrono::nanoseconds::min();
   }
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(duration);
+  if constexpr (std::chrono::treat_as_floating_point_v<Rep>) {
+    // Not duration_cast: it multiplies in Rep, and a double just under the limit rounds up
+    // to 2^63 ns, which no nanoseconds count holds. The wide value is below the limit.
+    return std::chrono::nanoseconds(static_cast<std::chrono::nanoseconds::rep>(wide.count()));
+  } else {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(duration);
+  }
 }
 
 /// How long a blocking call may wait, taken from any std::chrono::duration (5s, 20ms,
