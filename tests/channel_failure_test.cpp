@@ -242,6 +242,54 @@ TEST_P(PeerDeathTest, SenderDestroyedByAnExceptionIsNotACleanEndOfStream) {
   EXPECT_THROW(rx.recv(), PeerDied);
 }
 
+// The same in another process that lives on after the failure, with a tensor in the frame
+// (pinned: the sender's ledger keeps a liveness probe of the transport): the probe must not
+// keep the stream open, or the receiver waits for ever instead of seeing PeerDied. The
+// storage reaches the receiver once before the failure, so that the failing frame names it
+// by lease (a segment named by fd number dies with the dropped sender over a pipe or ring).
+TEST_P(PeerDeathTest, SenderWithPinnedTensorsDroppedByAnExceptionIsPeerDiedWhileItsProcessLives) {
+  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [ack_tx, ack_rx] = channel<int>(Transport::Pipe);
+  auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &ack_tx = ack_tx, &ack_rx = ack_rx, &done_tx = done_tx,
+                                  &done_rx = done_rx] {
+    rx.close();
+    ack_tx.detach();
+    done_tx.detach();
+    tx.adopt();
+    const Tensor kept = Tensor::zeros({1024}, DType::Float32, Device::SharedCpu);
+    try {
+      Sender<Payload> stage = std::move(tx);
+      stage.send(Payload{1, kept});
+      CHILD_CHECK(ack_rx.recv().has_value());  // the receiver holds the storage now
+      stage.send(Payload{2, kept});
+      throw std::runtime_error("the stage failed");
+    } catch (const std::runtime_error&) {
+    }
+    (void)done_rx.recv();  // lives on until the parent saw the failure
+  });
+  tx.detach();
+  ack_rx.close();
+  done_rx.close();
+  auto first = rx.recv();
+  ASSERT_TRUE(first.has_value());
+  ack_tx.send(1);
+  auto second = rx.recv();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->index, 2);
+  EXPECT_EQ(second->data.numel(), 1024);
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    const auto next = rx.recv_for(10s);
+    ADD_FAILURE() << (next.timed_out() ? "no PeerDied within 10 s: the failed sender's stream stayed open"
+                                       : "a failed sender must not look like a clean end of stream");
+  } catch (const PeerDied&) {
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  done_tx.send(1);
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
 // A sender killed after writing a frame but before the receiver mapped its storages: over a
 // pipe the storage is named by /proc/<pid>/fd/<n>, which died with the sender. That is a
 // dead peer (PeerDied), never a protocol error that blames the frame. Checked while the

@@ -29,14 +29,15 @@ SenderCore::~SenderCore() {
       // The receiver is gone; there is nobody left to tell.
     }
   } else if (open_ && owner_ == ::getpid()) {
-    // A duplex socket stays open for the other direction: end this one, so that the
-    // receiver sees the end dropped (PeerDied) now rather than when this process exits.
+    // End this direction for every process (a socket's or a ring's; a pipe's ends with its
+    // last write end), so that the receiver sees the end dropped (PeerDied) now rather than
+    // when this process exits: neither the ledger's probe nor a duplex socket's other
+    // direction may keep it open.
     writer_->shut_down();
     // No end-of-stream, but what the receiver may still hold stays tracked: the probe tells
-    // the ledger when the receiving end is gone, also when it died before reading a frame
-    // (none for a shut-down duplex socket, which cannot tell: the holders decide).
+    // the ledger when the receiving end is gone, also when it died before reading a frame.
     try {
-      encoder_.closed(writer_->liveness_probe());
+      encoder_.closed(writer_->liveness_probe(), writer_->probe_by_send());
     } catch (...) {
       encoder_.closed(UniqueFd());  // no probe (out of fds): the ledger falls back to its own checks
     }
@@ -95,9 +96,10 @@ void SenderCore::close() {
       encoder_.commit();
     } else {
       encoder_.rollback();
-      // A duplex socket: end this direction for every process holding it. (Only here: once
-      // shut down, the socket reports EPIPE whether or not the reader is gone, so a closed
-      // end that sent its end-of-stream frame keeps its liveness probe.)
+      // No room for the end-of-stream frame: end this direction for every process (a
+      // socket's, a ring's), so that the receiver sees PeerDied after what was sent. A
+      // sent end-of-stream frame ends it by itself, and the direction stays open for a
+      // duplex socket's probe to tell a reader that shut its side down.
       writer_->shut_down();
     }
     // Storages named by /proc path must outlive the receiver's open() of them.
@@ -110,7 +112,7 @@ void SenderCore::close() {
     }
     // What the receiver holds stays pinned until it gives it back or exits; the probe
     // tells when the receiving end is gone while frames are still unresolved.
-    encoder_.closed(writer_->liveness_probe());
+    encoder_.closed(writer_->liveness_probe(), writer_->probe_by_send());
   } catch (const ChannelClosed&) {
     // The receiver already left: the stream is over either way.
     encoder_.receiver_gone();

@@ -1,4 +1,5 @@
 #include <fcntl.h>
+#include <sys/socket.h>
 
 #include <algorithm>
 #include <atomic>
@@ -220,6 +221,11 @@ bool RingFrameWriter::flush(const Deadline& deadline) {
   pending_.clear();
   pending_done_ = 0;
   return true;
+}
+
+void RingFrameWriter::shut_down() noexcept {
+  // Nothing travels on the companion socket: the reader polls it for a hang-up (POLLRDHUP).
+  if (end_.is_open() && end_.companion_fd() >= 0) (void)::shutdown(end_.companion_fd(), SHUT_WR);
 }
 
 UniqueFd RingFrameWriter::liveness_probe() const {

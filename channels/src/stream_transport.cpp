@@ -175,9 +175,16 @@ void StreamFrameWriter::close() noexcept {
   acknowledgements_.reset();
 }
 
+UniqueFd StreamFrameWriter::liveness_probe() const {
+  if (!stream_) return UniqueFd();
+  if (is_socket_) return stream_.duplicate();
+  return acknowledgements_ ? acknowledgements_.duplicate() : UniqueFd();
+}
+
 void StreamFrameWriter::shut_down() noexcept {
-  // ENOTCONN: the peer's socket is gone already, and with it this direction.
-  if (!shares_connection_ || !stream_) return;
+  // Every socket: the ledger's probe (a duplicate) or a forked copy must not keep the
+  // direction open. ENOTCONN: the peer's socket is gone already, and with it this direction.
+  if (!is_socket_ || !stream_) return;
   (void)::shutdown(stream_.get(), SHUT_WR);
   shut_down_ = true;
 }

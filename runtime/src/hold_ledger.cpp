@@ -62,14 +62,16 @@ bool socket_reader_shut_down(int fd) {
   }
 }
 
-bool reader_gone(const UniqueFd& probe) {
+// `by_send`: the probe is a socket whose own sending side is open (after this side's
+// shutdown(SHUT_WR) a zero-length send fails with EPIPE whatever the reader does).
+bool reader_gone(const UniqueFd& probe, bool by_send) {
   if (!probe) return false;
   pollfd entry{probe.get(), POLLOUT, 0};
   while (true) {
     const int rc = ::poll(&entry, 1, 0);
     if (rc >= 0) {
       if (rc > 0 && (entry.revents & (POLLERR | POLLHUP)) != 0) return true;
-      return socket_reader_shut_down(probe.get());
+      return by_send && socket_reader_shut_down(probe.get());
     }
     if (errno != EINTR) return false;  // cannot tell: keep the pins
   }
@@ -206,7 +208,7 @@ void HoldLedger::collect(bool check_receivers) {
   });
   if (all_dead) {
     reclaim_all_locked(dropped);
-  } else if (receiver_gone_ || reader_gone(probe_)) {
+  } else if (receiver_gone_ || reader_gone(probe_, probe_by_send_)) {
     receiver_gone_ = true;
     // Nobody can resolve the frames still in flight; if nobody ever registered, nobody
     // resolved any frame at all, so nobody holds anything.
@@ -230,7 +232,7 @@ void HoldLedger::receiver_gone() {
   collect(true);
 }
 
-void HoldLedger::channel_closed(UniqueFd probe) {
+void HoldLedger::channel_closed(UniqueFd probe, bool probe_by_send) {
   if (!belongs_to_this_process()) {
     // A forked child's copy of the parent's ledger (a channel end the child abandoned): the
     // pins are the parent's, and its lock may have been held by another thread at fork.
@@ -241,7 +243,10 @@ void HoldLedger::channel_closed(UniqueFd probe) {
   {
     std::lock_guard lock(mutex_);
     channel_open_ = false;
-    if (pinned_ > 0 && !receiver_gone_) probe_ = std::move(probe);
+    if (pinned_ > 0 && !receiver_gone_) {
+      probe_ = std::move(probe);
+      probe_by_send_ = probe_by_send;
+    }
     // No frame will carry the board any more.
     board_->close_fd();
   }

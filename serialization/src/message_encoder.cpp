@@ -441,9 +441,9 @@ void MessageEncoder::hand_over() {
 
 void MessageEncoder::adopt() { HoldLedger::adopt_in_child(ledger_); }
 
-void MessageEncoder::closed(UniqueFd probe) {
+void MessageEncoder::closed(UniqueFd probe, bool probe_by_send) {
   if (ledger_) {
-    ledger_->channel_closed(std::move(probe));
+    ledger_->channel_closed(std::move(probe), probe_by_send);
     ledger_.reset();  // the process's registry keeps it while the receiver holds blocks
   }
 }

@@ -70,6 +70,9 @@ class RingFrameWriter final : public FrameWriter, private BodySpace {
   bool wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) override;
   bool flush(const Deadline& deadline) override;
   void close() noexcept override;
+  /// Shuts this end's companion socket down for writing: the reader's peer check sees the
+  /// writer gone (as after a crash) although a liveness probe still holds the socket.
+  void shut_down() noexcept override;
   std::vector<int> descriptors() const override { return end_.descriptors(); }
   /// A duplicate of this end's companion socket: it reports POLLHUP once every process
   /// holding the reader's side has dropped it or died (the hold ledger of a closed channel

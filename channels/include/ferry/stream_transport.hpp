@@ -37,12 +37,15 @@ class StreamFrameWriter final : public FrameWriter {
   void shut_down() noexcept override;
   bool shares_connection() const override { return shares_connection_; }
   std::vector<int> descriptors() const override;
-  /// A duplicate of the stream: a pipe's write end reports POLLERR, a socket POLLHUP, once
-  /// the reader is gone (a shared socket whose reader shut down: EPIPE on a zero-length send).
-  /// None after shut_down(): the socket then reports EPIPE whatever the reader does.
-  UniqueFd liveness_probe() const override {
-    return stream_ && !shut_down_ ? stream_.duplicate() : UniqueFd();
-  }
+  /// A socket: a duplicate of the stream, which reports POLLHUP once the reader is gone
+  /// (after shut_down(), once the reader closed its socket too). A pipe: a duplicate of the
+  /// acknowledgement pipe's read end, which reports POLLHUP once every process holding the
+  /// reader has dropped it (a duplicate of the data pipe's write end would keep the stream
+  /// open, and a reader waiting for more would never see the sender gone).
+  UniqueFd liveness_probe() const override;
+  /// A shared socket whose reader shut down fails a zero-length send with EPIPE; after this
+  /// end's own shut_down() every send does, so the probe is then polled only.
+  bool probe_by_send() const override { return shares_connection_ && !shut_down_; }
 
  private:
   // One write or sendmsg; returns bytes written, or -1 with errno (EAGAIN when full).

@@ -89,6 +89,10 @@ class FrameWriter {
   /// channel keeps it while frames it sent are unresolved, to unpin their memory if nobody
   /// will ever read them.
   virtual UniqueFd liveness_probe() const { return UniqueFd(); }
+  /// True when a zero-length send on liveness_probe() failing with EPIPE also means the
+  /// reader is gone (a duplex socket whose reader may shut its direction down, as long as
+  /// this end did not shut its own down).
+  virtual bool probe_by_send() const { return false; }
 };
 
 /// The receiving half of a transport.

@@ -51,8 +51,10 @@ class HoldLedger {
   /// The receiving end is gone (a write failed): frames not resolved yet never will be.
   void receiver_gone();
   /// The channel closed. `probe` (may be empty) is a descriptor that polls POLLERR or
-  /// POLLHUP once the receiving end is gone; it is kept while frames are unresolved.
-  void channel_closed(UniqueFd probe);
+  /// POLLHUP once the receiving end is gone; it is kept while frames are unresolved. With
+  /// `probe_by_send` (a duplex socket whose writer did not shut its direction down), a
+  /// zero-length send failing with EPIPE also tells that the reader shut its direction down.
+  void channel_closed(UniqueFd probe, bool probe_by_send = false);
   /// This process handed the channel to a forked process that goes on with it (see
   /// adopt_in_child()): the return board is that process's to read from now on. What this
   /// process pinned stays pinned until every holder has exited.
@@ -90,6 +92,7 @@ class HoldLedger {
   bool receiver_gone_ = false;
   bool handed_over_ = false;  // another process reads the board (hand_over())
   UniqueFd probe_;
+  bool probe_by_send_ = false;
 };
 
 /// Collects what receivers gave back on every channel of this process (see

@@ -135,8 +135,9 @@ class MessageEncoder {
   /// The receiving end is gone (a write failed): frames it did not resolve never will be.
   void receiver_gone();
   /// The channel closed. `probe` (may be empty) polls POLLERR/POLLHUP once the receiving
-  /// end is gone; the pins outlive the encoder until the receiver gives them back or exits.
-  void closed(UniqueFd probe);
+  /// end is gone (and with `probe_by_send`, see HoldLedger::channel_closed, fails a
+  /// zero-length send); the pins outlive the encoder until the receiver gives them back or exits.
+  void closed(UniqueFd probe, bool probe_by_send = false);
   /// This process lets go of a connection that a forked process took over (adopt()): what
   /// it sent stays pinned until every receiving process exited, and the receiver's returns
   /// are left to the other process. Call closed() after it.
