@@ -165,6 +165,33 @@ TEST_P(DuplexTest, ClosingTheReceivingHalfMakesThePeersSendsFail) {
   EXPECT_TRUE(test::child_succeeded(child));
 }
 
+// The owner's destructor ends a receiving half as close() does (a forked copy's does not:
+// ACopyDestroyedInAForkedChildEndsNothing).
+TEST_P(DuplexTest, TheOwnersDestructorOfAReceivingHalfMakesThePeersSendsFail) {
+  auto [a, b] = duplex<int, int>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(Transport::Pipe);
+  const pid_t child = fork_child([&, &a = a, &b = b, &go_tx = go_tx, &go_rx = go_rx] {
+    a.detach();
+    b.adopt();
+    go_tx.detach();
+    { Receiver<int> gone = std::move(b.receiver); }  // destroyed by its owner, never closed
+    b.send(1);
+    CHILD_CHECK(go_rx.recv().has_value());
+    b.sender.close();
+  });
+  b.detach();
+  go_rx.close();
+  EXPECT_EQ(a.recv().value(), 1);
+  EXPECT_THROW(
+      {
+        for (int i = 0;; ++i) a.send(i);
+      },
+      ChannelClosed);
+  go_tx.send(1);
+  EXPECT_FALSE(a.recv().has_value());
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
 TEST_P(DuplexTest, PeerKilledIsPeerDiedForTheReceiverAndChannelClosedForTheSender) {
   auto [a, b] = duplex<std::vector<std::uint8_t>, int>(GetParam());
   const pid_t child = fork_child([&, &a = a, &b = b] {
@@ -354,6 +381,23 @@ TEST_F(DuplexSocketTest, ARequestSentBeforeBothHalvesCloseIsStillRead) { request
 
 class DuplexSpawnTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<StartMethod> {
  protected:
+  SpawnOptions options() const {
+    SpawnOptions result;
+    result.start_method = GetParam();
+    return result;
+  }
+  // One duplex connection per inter-process transport: the clients' ends and the servers'.
+  static std::pair<std::vector<DuplexEnd<Request, Reply>>, std::vector<DuplexEnd<Reply, Request>>>
+  one_connection_per_transport() {
+    std::vector<DuplexEnd<Request, Reply>> clients;
+    std::vector<DuplexEnd<Reply, Request>> servers;
+    for (const Transport transport : test::interprocess_transports()) {
+      auto [client, server] = duplex<Request, Reply>(transport);
+      clients.push_back(std::move(client));
+      servers.push_back(std::move(server));
+    }
+    return {std::move(clients), std::move(servers)};
+  }
   void TearDown() override {
     EXPECT_TRUE(test::has_no_children()) << "a worker process (or zombie) was left behind";
     LeakCheckedTest::TearDown();
@@ -367,9 +411,7 @@ TEST_P(DuplexSpawnTest, AWorkerServesADuplexEndOverEachTransport) {
   for (const Transport transport : test::interprocess_transports()) {
     SCOPED_TRACE(std::string(transport_name(transport)));
     auto [client, server] = duplex<Request, Reply>(transport);
-    SpawnOptions options;
-    options.start_method = GetParam();
-    auto workers = spawn(options, 1, serve_worker, std::move(server));
+    auto workers = spawn(options(), 1, serve_worker, std::move(server));
     call_three_times(client);
     workers.join();
     EXPECT_TRUE(workers.exit_status(0)->success());
@@ -377,33 +419,17 @@ TEST_P(DuplexSpawnTest, AWorkerServesADuplexEndOverEachTransport) {
 }
 
 TEST_P(DuplexSpawnTest, AWorkerServesAVectorOfDuplexEnds) {
-  std::vector<DuplexEnd<Request, Reply>> clients;
-  std::vector<DuplexEnd<Reply, Request>> servers;
-  for (const Transport transport : test::interprocess_transports()) {
-    auto [client, server] = duplex<Request, Reply>(transport);
-    clients.push_back(std::move(client));
-    servers.push_back(std::move(server));
-  }
-  SpawnOptions options;
-  options.start_method = GetParam();
-  auto workers = spawn(options, 1, serve_each_worker, std::move(servers));
+  auto [clients, servers] = one_connection_per_transport();
+  auto workers = spawn(options(), 1, serve_each_worker, std::move(servers));
   for (auto& client : clients) call_three_times(client);
   workers.join();
   EXPECT_TRUE(workers.exit_status(0)->success());
 }
 
 TEST_P(DuplexSpawnTest, EachWorkerServesItsOwnDuplexEnd) {
-  std::vector<DuplexEnd<Request, Reply>> clients;
-  std::vector<DuplexEnd<Reply, Request>> servers;
-  for (const Transport transport : test::interprocess_transports()) {
-    auto [client, server] = duplex<Request, Reply>(transport);
-    clients.push_back(std::move(client));
-    servers.push_back(std::move(server));
-  }
-  SpawnOptions options;
-  options.start_method = GetParam();
+  auto [clients, servers] = one_connection_per_transport();
   const int count = static_cast<int>(servers.size());
-  auto workers = spawn(options, count, serve_worker, per_rank(std::move(servers)));
+  auto workers = spawn(options(), count, serve_worker, per_rank(std::move(servers)));
   for (auto& client : clients) call_three_times(client);
   workers.join();
   for (int rank = 0; rank < count; ++rank) EXPECT_TRUE(workers.exit_status(rank)->success());

@@ -58,7 +58,7 @@ bool socket_reader_shut_down(int fd) {
   while (true) {
     if (::send(fd, nullptr, 0, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return false;
     if (errno == EINTR) continue;
-    return errno == EPIPE || errno == ECONNRESET;  // ENOTSOCK: a pipe, which polls POLLERR
+    return errno == EPIPE || errno == ECONNRESET;
   }
 }
 

@@ -195,6 +195,19 @@ class Receiver {
   detail::InProcessReceiver<T> local_;
 };
 
+namespace detail {
+/// The typed ends over one transport end (channel() and duplex() make them).
+template <class T>
+Sender<T> sender_over(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options) {
+  return Sender<T>(std::make_unique<SenderCore>(std::move(writer), transport, options));
+}
+template <class T>
+Receiver<T> receiver_over(std::unique_ptr<FrameReader> reader, Transport transport, const ChannelOptions& options) {
+  return Receiver<T>(
+      std::make_unique<ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(), type_name<T>(), options));
+}
+}  // namespace detail
+
 /// Creates a connected Sender/Receiver pair over `transport`. Hand one end to another
 /// process (fork, or ferry::spawn) and keep the other; an InProcess pair stays in this
 /// process (hand one end to another thread).
@@ -206,9 +219,8 @@ std::pair<Sender<T>, Receiver<T>> channel(Transport transport, const ChannelOpti
   }
   auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity,
                                          options.ring_timing());
-  return {Sender<T>(std::make_unique<detail::SenderCore>(std::move(writer), transport, options)),
-          Receiver<T>(std::make_unique<detail::ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(),
-                                                             type_name<T>(), options))};
+  return {detail::sender_over<T>(std::move(writer), transport, options),
+          detail::receiver_over<T>(std::move(reader), transport, options)};
 }
 
 }  // namespace ferry

@@ -87,17 +87,10 @@ std::pair<DuplexEnd<A, B>, DuplexEnd<B, A>> duplex(Transport transport, const Ch
             DuplexEnd<B, A>(std::move(b_sender), std::move(b_receiver))};
   }
   DuplexTransport ends = make_duplex_transport(transport, options.limits, options.ring_capacity, options.ring_timing());
-  auto sender_of = [&](std::unique_ptr<FrameWriter> writer) {
-    return std::make_unique<detail::SenderCore>(std::move(writer), transport, options);
-  };
-  auto receiver_of = [&]<class T>(std::unique_ptr<FrameReader> reader, std::type_identity<T>) {
-    return std::make_unique<detail::ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(), type_name<T>(),
-                                                  options);
-  };
-  return {DuplexEnd<A, B>(Sender<A>(sender_of(std::move(ends.a_writer))),
-                          Receiver<B>(receiver_of(std::move(ends.a_reader), std::type_identity<B>{}))),
-          DuplexEnd<B, A>(Sender<B>(sender_of(std::move(ends.b_writer))),
-                          Receiver<A>(receiver_of(std::move(ends.b_reader), std::type_identity<A>{})))};
+  return {DuplexEnd<A, B>(detail::sender_over<A>(std::move(ends.a_writer), transport, options),
+                          detail::receiver_over<B>(std::move(ends.a_reader), transport, options)),
+          DuplexEnd<B, A>(detail::sender_over<B>(std::move(ends.b_writer), transport, options),
+                          detail::receiver_over<A>(std::move(ends.b_reader), transport, options))};
 }
 
 }  // namespace ferry

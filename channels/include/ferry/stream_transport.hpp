@@ -17,8 +17,9 @@ namespace ferry {
 ///
 /// With `shares_connection`, the socket also carries the opposite direction (a duplex
 /// connection: this process's reader holds the same socket), so closing the end does not
-/// close the connection: a close that could not send the end-of-stream frame, or an end
-/// dropped by an exception, ends this direction with shutdown(SHUT_WR) (shut_down()).
+/// close the connection. On any socket, a close that could not send the end-of-stream
+/// frame, or an end dropped by an exception, ends this direction with shutdown(SHUT_WR)
+/// (shut_down()).
 ///
 /// Timed writes never leave half a frame: a frame that was started when the deadline
 /// passed is accepted, and its unwritten tail is kept here and written before the next

@@ -72,11 +72,11 @@ class FrameWriter {
   virtual void close() noexcept = 0;
   /// Ends this direction for every process that holds the end, before close(), when no
   /// end-of-stream frame went out (a failed close, an end dropped by an exception): the
-  /// reader sees the stream end (PeerDied) even though the connection stays open for the
-  /// other direction. Only an end that shares its connection with a reader of this
-  /// process (a duplex socket, see shares_connection()) needs it; a no-op elsewhere, where
-  /// the reader learns it from the last copy of the end closing. A shut-down socket can no
-  /// longer tell whether its reader is gone: liveness_probe() is empty afterwards.
+  /// reader sees the stream end (PeerDied) although something else still holds the
+  /// connection open (a duplex socket's other direction, the liveness probe the hold
+  /// ledger keeps, a forked copy). Sockets shut their sending side down, the ring its
+  /// companion socket; a pipe needs nothing (its probe is not the data pipe). Afterwards
+  /// the probe is polled only (probe_by_send() is false).
   virtual void shut_down() noexcept {}
   /// True when this end's connection also carries the opposite direction (one socket for
   /// both directions of a duplex connection, make_duplex_transport()).
@@ -84,10 +84,10 @@ class FrameWriter {
   /// The descriptors of this end, for handing it to an exec'd process (may be empty).
   virtual std::vector<int> descriptors() const { return {}; }
   /// A new descriptor that tells when the reading end is gone (closed in every process, or
-  /// shut down): poll() reports POLLERR or POLLHUP, or, for a socket, a zero-length send
-  /// fails with EPIPE (reader_gone()). Empty when the transport cannot tell. A closed
+  /// shut down): poll() reports POLLERR or POLLHUP, or, when probe_by_send(), a
+  /// zero-length send fails with EPIPE. Empty when the transport cannot tell. A closed
   /// channel keeps it while frames it sent are unresolved, to unpin their memory if nobody
-  /// will ever read them.
+  /// will ever read them; it must not keep the stream open for the reader.
   virtual UniqueFd liveness_probe() const { return UniqueFd(); }
   /// True when a zero-length send on liveness_probe() failing with EPIPE also means the
   /// reader is gone (a duplex socket whose reader may shut its direction down, as long as

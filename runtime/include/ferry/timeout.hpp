@@ -35,7 +35,6 @@ class Timeout {
   constexpr Timeout(std::chrono::duration<Rep, Period> duration)  // NOLINT: implicit on purpose
       : nanoseconds_(saturating_nanoseconds(duration)) {}
   constexpr std::chrono::nanoseconds nanoseconds() const noexcept { return nanoseconds_; }
-  constexpr operator std::chrono::nanoseconds() const noexcept { return nanoseconds_; }  // NOLINT
 
  private:
   std::chrono::nanoseconds nanoseconds_;
