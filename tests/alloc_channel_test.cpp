@@ -646,5 +646,211 @@ TEST_P(AllocChannelTest, IsolatedChannelPassesOnlyItsPoolsSegments) {
   EXPECT_TRUE(child_succeeded(child));
 }
 
+
+// Forwarding. A sends a block to B, B forwards it to C (the same storage, passed on), and B
+// dies while C still views it: C registered as a holder on A's connection too, so A keeps
+// the block for as long as C lives, and C never sees it change.
+
+// A forked process of a forwarding test lets go of the ends it does not use.
+template <class... Ends>
+void detach_each(Ends&... ends) {
+  (ends.detach(), ...);
+}
+
+// Allocates and fills blocks of `pool` until it has recycled a few (what A would hand a
+// block it wrongly reclaimed to).
+std::vector<Tensor> allocate_over(const SharedAllocator& pool) {
+  std::vector<Tensor> reuse;
+  for (int i = 0; i < 8; ++i) reuse.push_back(filled(pool, 1024, 9));
+  return reuse;
+}
+
+TEST_P(AllocChannelTest, ForwarderKilledWhileAThirdProcessHoldsTheBlockLeavesTheBlockIntact) {
+  SharedAllocator pool;
+  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
+  auto [bc_tx, bc_rx] = channel<Batch>(GetParam());
+  auto [held_tx, held_rx] = channel<int>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  const pid_t c = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx, &held_tx = held_tx,
+                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, bc_tx, go_tx, ab_rx, held_rx);
+    held_tx.adopt();
+    Batch got = bc_rx.recv().value();
+    CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+    held_tx.send(1);
+    CHILD_CHECK(go_rx.recv().value() == 1);
+    CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+  });
+  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx, &held_tx = held_tx,
+                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, held_tx, go_tx, bc_rx, held_rx, go_rx);
+    bc_tx.adopt();
+    {
+      Batch got = ab_rx.recv().value();
+      bc_tx.send(got);
+    }
+    while (true) ::pause();
+  });
+  ab_rx.close();
+  bc_tx.detach();
+  bc_rx.close();
+  held_tx.detach();
+  go_rx.close();
+  const Tensor anchor = filled(pool, 1024, 1);  // keeps the slab from going idle
+  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});  // A's own tensor dies here: only the pins keep it
+  ASSERT_EQ(held_rx.recv().value(), 1);
+  ::kill(b, SIGKILL);
+  ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
+  pool.trim();  // reads the holders: B is dead, C lives
+  EXPECT_EQ(ab_tx.core().pinned_storages(), 1u);
+  const std::vector<Tensor> reuse = allocate_over(pool);
+  go_tx.send(1);
+  EXPECT_TRUE(child_succeeded(c)) << "C saw its block recycled by A after B died";
+  pool.trim();  // every holder has exited now
+  EXPECT_EQ(ab_tx.core().pinned_storages(), 0u);
+  ab_tx.close();
+}
+
+// The same over two forwarders (A -> B -> C -> D), both killed while D holds the block: D
+// registered on A's connection too, through C.
+TEST_P(AllocChannelTest, TwoForwardersKilledWhileTheLastProcessHoldsTheBlockLeaveTheBlockIntact) {
+  SharedAllocator pool;
+  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
+  auto [bc_tx, bc_rx] = channel<Batch>(GetParam());
+  auto [cd_tx, cd_rx] = channel<Batch>(GetParam());
+  auto [held_tx, held_rx] = channel<int>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  const pid_t d = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx, &cd_tx = cd_tx,
+                              &cd_rx = cd_rx, &held_tx = held_tx, &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, bc_tx, cd_tx, go_tx, ab_rx, bc_rx, held_rx);
+    held_tx.adopt();
+    Batch got = cd_rx.recv().value();
+    CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+    held_tx.send(1);
+    CHILD_CHECK(go_rx.recv().value() == 1);
+    CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+  });
+  // B and C: receive on `in`, pass the batch on to `out`, then wait to be killed.
+  const auto forwarder = [](Receiver<Batch>& in, Sender<Batch>& out) {
+    out.adopt();
+    {
+      Batch got = in.recv().value();
+      out.send(got);
+    }
+    while (true) ::pause();
+  };
+  const pid_t c = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx, &cd_tx = cd_tx,
+                              &cd_rx = cd_rx, &held_tx = held_tx, &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, bc_tx, held_tx, go_tx, ab_rx, cd_rx, held_rx, go_rx);
+    forwarder(bc_rx, cd_tx);
+  });
+  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx, &cd_tx = cd_tx,
+                              &cd_rx = cd_rx, &held_tx = held_tx, &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, cd_tx, held_tx, go_tx, bc_rx, cd_rx, held_rx, go_rx);
+    forwarder(ab_rx, bc_tx);
+  });
+  ab_rx.close();
+  bc_tx.detach();
+  bc_rx.detach();
+  cd_tx.detach();
+  cd_rx.close();
+  held_tx.detach();
+  go_rx.close();
+  const Tensor anchor = filled(pool, 1024, 1);
+  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(held_rx.recv().value(), 1);
+  for (const pid_t forwarder_pid : {b, c}) {
+    ::kill(forwarder_pid, SIGKILL);
+    ASSERT_EQ(test::wait_child(forwarder_pid).signal, SIGKILL);
+  }
+  pool.trim();
+  EXPECT_EQ(ab_tx.core().pinned_storages(), 1u);
+  const std::vector<Tensor> reuse = allocate_over(pool);
+  go_tx.send(1);
+  EXPECT_TRUE(child_succeeded(d)) << "D saw its block recycled by A after B and C died";
+  ab_tx.close();
+}
+
+// A block that comes back to the process that sent it, through a forwarder that dies while
+// the sender views it again (its own Storage died meanwhile): the pin of the connection it
+// left on keeps it, although the forwarder's death ends that pin.
+TEST_P(AllocChannelTest, OwnBlockForwardedBackByAProcessThatDiesStaysIntactWhileViewed) {
+  SharedAllocator pool;
+  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
+  auto [ba_tx, ba_rx] = channel<Batch>(GetParam());
+  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &ba_tx = ba_tx, &ba_rx = ba_rx] {
+    detach_each(ab_tx, ba_rx);
+    ba_tx.adopt();
+    {
+      Batch got = ab_rx.recv().value();
+      ba_tx.send(got);
+    }
+    while (true) ::pause();
+  });
+  ab_rx.close();
+  ba_tx.detach();
+  const Tensor anchor = filled(pool, 1024, 1);
+  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});  // its Storage dies here
+  const Batch echo = ba_rx.recv().value();
+  ::kill(b, SIGKILL);
+  ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
+  pool.trim();  // B, the only holder of A's connection, is dead
+  const std::vector<Tensor> reuse = allocate_over(pool);
+  EXPECT_TRUE(all_equal(echo.tensors.at(0), 7)) << "A recycled a block it views through the echo";
+  EXPECT_EQ(pool.stats().blocks_in_use, 2u + reuse.size());
+  ab_tx.close();
+}
+
+// The race the registration closes: B forwards a block and dies before C read the frame,
+// and A reclaims everything it pinned for B (its only holder is dead) before C registers.
+// C must then refuse the frame (PeerDied) instead of viewing memory A recycled.
+TEST_P(AllocChannelTest, FrameForwardedByAProcessThatDiedBeforeItWasReadFailsOnceTheSenderReclaimed) {
+  SharedAllocator pool;
+  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
+  auto [bc_tx, bc_rx] = channel<Batch>(GetParam());
+  auto [forwarded_tx, forwarded_rx] = channel<int>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  const pid_t c = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx,
+                              &forwarded_tx = forwarded_tx, &forwarded_rx = forwarded_rx, &go_tx = go_tx,
+                              &go_rx = go_rx] {
+    detach_each(ab_tx, bc_tx, forwarded_tx, go_tx, ab_rx, forwarded_rx);
+    CHILD_CHECK(go_rx.recv().value() == 1);
+    try {
+      const auto got = bc_rx.recv();
+      CHILD_CHECK(!"the frame of a dead forwarder was read after its memory was reclaimed");
+    } catch (const PeerDied&) {
+    }
+  });
+  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx,
+                              &forwarded_tx = forwarded_tx, &forwarded_rx = forwarded_rx, &go_tx = go_tx,
+                              &go_rx = go_rx] {
+    detach_each(ab_tx, forwarded_rx, go_tx, bc_rx, go_rx);
+    bc_tx.adopt();
+    forwarded_tx.adopt();
+    {
+      Batch got = ab_rx.recv().value();
+      bc_tx.send(got);
+    }
+    forwarded_tx.send(1);
+    while (true) ::pause();
+  });
+  ab_rx.close();
+  bc_tx.detach();
+  bc_rx.close();
+  forwarded_tx.detach();
+  go_rx.close();
+  const Tensor anchor = filled(pool, 1024, 1);
+  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(forwarded_rx.recv().value(), 1);
+  ::kill(b, SIGKILL);
+  ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
+  pool.trim();  // B was the only holder: A reclaims the block
+  EXPECT_EQ(ab_tx.core().pinned_storages(), 0u);
+  const std::vector<Tensor> reuse = allocate_over(pool);
+  go_tx.send(1);
+  EXPECT_TRUE(child_succeeded(c));
+  ab_tx.close();
+}
+
 }  // namespace
 }  // namespace ferry

@@ -12,6 +12,8 @@
 #include <cereal/types/vector.hpp>
 #include <cstring>
 #include <functional>
+#include <optional>
+#include <thread>
 
 #include "ferry/hold_ledger.hpp"
 #include "ferry/message_decoder.hpp"
@@ -217,13 +219,45 @@ TEST_F(BlockWireTest, HolderKilledWhileRegisteringStillLetsThePinsBeReclaimed) {
   EXPECT_TRUE(ledger->board()->holders()[0].registering);
   ledger->collect(true);
   EXPECT_EQ(ledger->pinned(), 1u) << "a process still registering is alive: its pins stay";
+  EXPECT_EQ(ledger->board()->reclaims(), 0u);
   ::kill(child, SIGKILL);
   ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
   ledger->collect(true);
   EXPECT_EQ(ledger->pinned(), 0u) << "the half-registered holder has exited: nobody holds the block";
   EXPECT_EQ(pool.stats().blocks_in_use, 0u);
+  EXPECT_EQ(ledger->board()->reclaims(), 1u) << "the reclaim is counted for receivers of forwarded blocks";
   ledger->channel_closed(UniqueFd());
   collect_returned_blocks(false);  // forgets the finished ledger
+}
+
+// A receiver of a forwarded block registers on the board upstream and then reads its
+// reclaim count: while the sender is checking its holders, the read waits for the check
+// to end (or gives up after its patience), so that it sees that check's reclaim.
+TEST_F(BlockWireTest, TheReclaimCountWaitsForAHolderCheckInProgress) {
+  const auto board = ReturnBoard::create();
+  EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(0)), 0u);
+  board->begin_holder_check();
+  EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(20)), std::nullopt);
+  board->end_holder_check(false);
+  EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(0)), 0u);
+  board->begin_holder_check();
+  std::thread checker([&board] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    board->end_holder_check(true);
+  });
+  EXPECT_EQ(board->reclaims_after_checks(std::chrono::seconds(10)), 1u);
+  checker.join();
+  EXPECT_EQ(board->reclaims(), 1u);
+}
+
+TEST_F(BlockWireTest, ABoardRegistersAtMostItsHolderLimit) {
+  const auto board = ReturnBoard::create();
+  for (std::size_t i = 0; i < ReturnBoard::kMaxHolders; ++i) {
+    EXPECT_TRUE(board->register_holder(ProcessIdentity{static_cast<std::int32_t>(100000 + i), 1}));
+  }
+  EXPECT_TRUE(board->register_holder(ProcessIdentity{100000, 1})) << "already registered";
+  EXPECT_FALSE(board->register_holder(ProcessIdentity{99999, 1}));
+  EXPECT_EQ(board->holders().size(), ReturnBoard::kMaxHolders);
 }
 
 TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {

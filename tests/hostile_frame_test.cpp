@@ -485,6 +485,26 @@ TEST_P(HostileFrameTest, UnknownSegmentKind) {
   expect_protocol_error(wire.rx, "unknown kind");
 }
 
+TEST_P(HostileFrameTest, UpstreamBoardBeforeTheConnectionsOwnBoard) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  SegmentEntry s = frame.segment(0);  // the return board
+  s.role = static_cast<std::uint32_t>(SegmentRole::UpstreamBoard);
+  frame.set_segment(0, s);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "never sent its own return board");
+}
+
+TEST_P(HostileFrameTest, UpstreamBoardWhoseSizeIsNotABoards) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  SegmentEntry s = frame.segment(kDataSegment);
+  s.role = static_cast<std::uint32_t>(SegmentRole::UpstreamBoard);
+  frame.set_segment(kDataSegment, s);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "upstream return board whose field size claims");
+}
+
 TEST_P(HostileFrameTest, BlockInASegmentSlotThatWasNeverGranted) {
   Wire<Payload> wire(GetParam());
   Frame frame = encode(Payload{tensor_}, passing());

@@ -202,22 +202,35 @@ void HoldLedger::collect(bool check_receivers) {
     return;
   }
   if (!check_receivers) return;
-  const auto holders = board_->holders();
-  const bool all_dead = !holders.empty() && std::none_of(holders.begin(), holders.end(), [](const auto& holder) {
-    return holder.registering ? registering_holder_alive(holder.process.pid) : process_alive(holder.process);
-  });
-  if (all_dead) {
-    reclaim_all_locked(dropped);
-  } else if (receiver_gone_ || reader_gone(probe_, probe_by_send_)) {
-    receiver_gone_ = true;
-    // Nobody can resolve the frames still in flight; if nobody ever registered, nobody
-    // resolved any frame at all, so nobody holds anything.
-    if (holders.empty()) {
+  // Marked on the board while it runs: a process that registers as a holder meanwhile (a
+  // receiver of a block forwarded from this connection) waits for its end and then sees
+  // whether it reclaimed (ReturnBoard::reclaims_after_checks()).
+  bool reclaimed = false;
+  board_->begin_holder_check();
+  try {
+    const auto holders = board_->holders();
+    const bool all_dead = !holders.empty() && std::none_of(holders.begin(), holders.end(), [](const auto& holder) {
+      return holder.registering ? registering_holder_alive(holder.process.pid) : process_alive(holder.process);
+    });
+    if (all_dead) {
       reclaim_all_locked(dropped);
-    } else {
-      reclaim_unresolved_locked(dropped);
+      reclaimed = true;
+    } else if (receiver_gone_ || reader_gone(probe_, probe_by_send_)) {
+      receiver_gone_ = true;
+      // Nobody can resolve the frames still in flight; if nobody ever registered, nobody
+      // resolved any frame at all, so nobody holds anything.
+      if (holders.empty()) {
+        reclaim_all_locked(dropped);
+        reclaimed = true;
+      } else {
+        reclaim_unresolved_locked(dropped);
+      }
     }
+  } catch (...) {
+    board_->end_holder_check(reclaimed);
+    throw;
   }
+  board_->end_holder_check(reclaimed);
   if (probe_ && board_->resolved() >= newest_pinned_sequence_locked()) {
     probe_.reset();  // every pinned frame is resolved: the holders decide from now on
   }
@@ -275,6 +288,15 @@ void HoldLedger::adopt_in_child(const std::shared_ptr<HoldLedger>& ledger) {
   }
 }
 
+std::shared_ptr<Allocation> HoldLedger::find_pinned(const SharedSegment* segment, std::size_t offset) const {
+  std::lock_guard lock(mutex_);
+  for (const Entry& entry : pins_) {
+    const SharedBlock* block = entry.allocation ? entry.allocation->shared_block() : nullptr;
+    if (block != nullptr && block->segment().get() == segment && block->offset() == offset) return entry.allocation;
+  }
+  return nullptr;
+}
+
 std::size_t HoldLedger::pinned() const {
   std::lock_guard lock(mutex_);
   return pinned_;
@@ -308,6 +330,15 @@ void collect_returned_blocks(bool check_receivers) {
     }
   }
   // `finished`, `ledgers` and `inherited` die here, outside the registry's lock.
+}
+
+std::shared_ptr<HoldLedger> own_ledger_of_board(const FileIdentity& identity) {
+  Registry& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  if (reg.generation != fork_generation()) return nullptr;  // the inherited ledgers are the parent's
+  const auto it = std::find_if(reg.ledgers.begin(), reg.ledgers.end(),
+                               [&identity](const auto& ledger) { return ledger->board()->identity() == identity; });
+  return it == reg.ledgers.end() ? nullptr : *it;
 }
 
 std::size_t live_hold_ledgers() {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <thread>
 
 #include "ferry/error.hpp"
 
@@ -10,7 +11,7 @@ namespace ferry {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x5352555445525946;  // "FYRETURS"
-constexpr std::uint64_t kVersion = 2;  // 2: the acknowledgement request word
+constexpr std::uint64_t kVersion = 3;  // 2: the acknowledgement request word; 3: reclaims, 64 holders
 constexpr std::uint64_t kAbandoned = std::uint64_t{1} << 63;
 constexpr std::uint64_t kRegistering = std::uint64_t{1} << 63;
 constexpr std::size_t kPage = 4096;
@@ -23,6 +24,8 @@ constexpr std::size_t kVersionAt = 8;    // version << 32 | slot capacity
 constexpr std::size_t kResolvedAt = 16;
 constexpr std::size_t kPostedAt = 24;
 constexpr std::size_t kAcknowledgementsAt = 32;  // non-zero: the sender asked for acknowledgements
+constexpr std::size_t kReclaimsAt = 40;  // bit 0: checking the holders; reclaims << 1
+constexpr std::uint64_t kChecking = 1;
 constexpr std::size_t kHoldersAt = 64;   // kMaxHolders x {pid word, start time}
 constexpr std::size_t kSummaryAt = kPage;
 constexpr std::size_t kBitmapAt = 2 * kPage;
@@ -58,8 +61,6 @@ std::shared_ptr<ReturnBoard> ReturnBoard::open_received(SharedMemory memory) {
     throw ProtocolError("received return board has a wrong magic number or version; build both sides from the "
                         "same ferry");
   }
-  // A receiver never passes its board on: the mapping is all it needs, not an fd.
-  board->close_fd();
   return board;
 }
 
@@ -117,22 +118,53 @@ void ReturnBoard::PostBatch::post_word() noexcept {
   bits_ = 0;
 }
 
-void ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
+bool ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
   const auto pid = static_cast<std::uint64_t>(process.pid);
   for (std::size_t i = 0; i < kMaxHolders; ++i) {
     Atomic pid_word(*word(kHoldersAt + i * 16));
     Atomic start_word(*word(kHoldersAt + i * 16 + 8));
-    std::uint64_t current = pid_word.load(std::memory_order_acquire);
-    if (current == pid && start_word.load(std::memory_order_relaxed) == process.start_time) return;
+    std::uint64_t current = pid_word.load(std::memory_order_seq_cst);
+    if (current == pid && start_word.load(std::memory_order_relaxed) == process.start_time) return true;
     if (current != 0) continue;
-    if (!pid_word.compare_exchange_strong(current, pid | kRegistering, std::memory_order_acq_rel)) {
-      if (current == pid && start_word.load(std::memory_order_relaxed) == process.start_time) return;
+    // seq_cst: a sender's check of the holders (begin_holder_check(), then holders()) and a
+    // registration followed by reclaims_after_checks() see at least one another's store.
+    if (!pid_word.compare_exchange_strong(current, pid | kRegistering, std::memory_order_seq_cst)) {
+      if (current == pid && start_word.load(std::memory_order_relaxed) == process.start_time) return true;
       continue;
     }
     start_word.store(process.start_time, std::memory_order_relaxed);
     pid_word.store(pid, std::memory_order_release);
-    return;
+    return true;
   }
+  return false;
+}
+
+std::uint32_t ReturnBoard::reclaims() const noexcept {
+  return static_cast<std::uint32_t>(Atomic(*word(kReclaimsAt)).load(std::memory_order_seq_cst) >> 1);
+}
+
+std::optional<std::uint32_t> ReturnBoard::reclaims_after_checks(std::chrono::milliseconds patience) const noexcept {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  Atomic reclaims_word(*word(kReclaimsAt));
+  while (true) {
+    const std::uint64_t value = reclaims_word.load(std::memory_order_seq_cst);
+    if ((value & kChecking) == 0) return static_cast<std::uint32_t>(value >> 1);
+    // A check reads a few /proc entries: it ends within microseconds unless its process
+    // stopped (killed halfway, or frozen).
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void ReturnBoard::begin_holder_check() noexcept {
+  Atomic(*word(kReclaimsAt)).fetch_or(kChecking, std::memory_order_seq_cst);
+}
+
+void ReturnBoard::end_holder_check(bool reclaimed) noexcept {
+  Atomic reclaims_word(*word(kReclaimsAt));
+  // Only the sender writes the word (one check at a time, under its ledger's lock).
+  const std::uint64_t count = (reclaims_word.load(std::memory_order_relaxed) >> 1) + (reclaimed ? 1 : 0);
+  reclaims_word.store(count << 1, std::memory_order_seq_cst);
 }
 
 bool ReturnBoard::claim_resolved(std::uint64_t sequence) noexcept {
@@ -194,7 +226,7 @@ std::uint64_t ReturnBoard::abandon_unresolved() noexcept {
 std::vector<ReturnBoard::Holder> ReturnBoard::holders() const {
   std::vector<Holder> out;
   for (std::size_t i = 0; i < kMaxHolders; ++i) {
-    const std::uint64_t pid_word = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_acquire);
+    const std::uint64_t pid_word = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);
     if (pid_word == 0) continue;
     Holder holder;
     holder.process.pid = static_cast<std::int32_t>(pid_word & 0x7fffffff);

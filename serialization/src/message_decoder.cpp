@@ -7,6 +7,7 @@
 
 #include "ferry/cuda_frame.hpp"
 #include "ferry/handle_cache.hpp"
+#include "ferry/hold_ledger.hpp"
 #include "ferry/object_pool.hpp"
 #include "ferry/peer_fd.hpp"
 #include "ferry/process_identity.hpp"
@@ -19,6 +20,9 @@ namespace {
 // complete before calling the frame a lie (an exit closes the fds before the process
 // becomes a zombie).
 constexpr std::chrono::milliseconds kSenderExitGrace{200};
+// How long a receiver waits for an upstream sender to finish a check of its holders (it
+// reads a few /proc entries; only a stopped process takes longer).
+constexpr std::chrono::milliseconds kUpstreamCheckPatience{2000};
 
 std::string hex(std::uint64_t value) {
   char text[19];
@@ -32,9 +36,11 @@ std::string hex(std::uint64_t value) {
 class ReceivedBlock final : public SharedBlock {
  public:
   ReceivedBlock(std::shared_ptr<SharedSegment> segment, std::size_t offset, std::size_t nbytes,
-                std::shared_ptr<detail::ReturnPath> returns, std::uint32_t slot)
+                std::shared_ptr<detail::ReturnPath> returns, std::uint32_t slot,
+                std::shared_ptr<Allocation> own_allocation)
       : SharedBlock(std::move(segment), offset, nbytes),
         returns_(std::move(returns)),
+        own_allocation_(std::move(own_allocation)),
         slot_(slot),
         generation_(fork_generation()) {}
   ~ReceivedBlock() override {
@@ -46,9 +52,15 @@ class ReceivedBlock final : public SharedBlock {
   }
   ReceivedBlock(const ReceivedBlock&) = delete;
   ReceivedBlock& operator=(const ReceivedBlock&) = delete;
+  void append_return_boards(std::vector<std::shared_ptr<ReturnBoard>>& out) const override {
+    returns_->append_boards(out);
+  }
 
  private:
   std::shared_ptr<detail::ReturnPath> returns_;
+  // A block of this process's allocator that came back through forwarders: its allocation,
+  // so that the allocator does not recycle the block while it lives here.
+  std::shared_ptr<Allocation> own_allocation_;
   std::uint32_t slot_;
   std::uint64_t generation_;
 };
@@ -61,6 +73,33 @@ Entry entry_at(std::span<const std::byte> table, std::size_t index) {
 }
 
 }  // namespace
+
+namespace detail {
+
+void ReturnPath::append_boards(std::vector<std::shared_ptr<ReturnBoard>>& out) const {
+  out.push_back(board);
+  const std::lock_guard lock(mutex_);
+  out.insert(out.end(), upstream_.begin(), upstream_.end());
+}
+
+void ReturnPath::add_upstream(std::shared_ptr<ReturnBoard> upstream_board) {
+  const std::lock_guard lock(mutex_);
+  upstream_.push_back(std::move(upstream_board));
+}
+
+bool ReturnPath::knows(const FileIdentity& identity) const {
+  if (board->identity() == identity) return true;
+  const std::lock_guard lock(mutex_);
+  return std::any_of(upstream_.begin(), upstream_.end(),
+                     [&identity](const auto& upstream) { return upstream->identity() == identity; });
+}
+
+std::vector<std::shared_ptr<ReturnBoard>> ReturnPath::upstream_boards() const {
+  const std::lock_guard lock(mutex_);
+  return upstream_;
+}
+
+}  // namespace detail
 
 void MessageDecoder::check_type(const FrameHeader& header, std::span<const std::byte> name) {
   if (header.flags & kFrameHasTypeName) {
@@ -278,6 +317,10 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
     returns_->board = std::move(board);
     return;
   }
+  if (role == SegmentRole::UpstreamBoard) {
+    add_upstream_board(entry, index, frame_fds, next_fd);
+    return;
+  }
   if (role != SegmentRole::Data) {
     throw ProtocolError("segment " + std::to_string(index) + " has an unknown role " + std::to_string(entry.role));
   }
@@ -312,6 +355,41 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
   segments_[entry.slot] = std::move(segment);
 }
 
+void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                                        std::size_t& next_fd) {
+  if (!board()) {
+    throw ProtocolError("segment " + std::to_string(index) +
+                        " is an upstream return board but the sender never sent its own return board");
+  }
+  if (entry.size != ReturnBoard::bytes()) {
+    throw ProtocolError("segment " + std::to_string(index) + " is an upstream return board whose field size claims " +
+                        std::to_string(entry.size) + " bytes instead of " + std::to_string(ReturnBoard::bytes()));
+  }
+  SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
+  if (returns_->knows(opened.file.identity)) return;  // a cycle brought it back: the fd just closes
+  const FileIdentity identity = opened.file.identity;
+  auto upstream = ReturnBoard::open_received(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
+  // A board of this process: a block it sent came back through forwarders. Registering
+  // would keep everything it sent on that connection pinned for as long as it lives; the
+  // blocks are kept by their pins instead (resolve_new_block()).
+  if (std::shared_ptr<HoldLedger> own = own_ledger_of_board(identity)) {
+    own_upstream_ledgers_.push_back(own);
+  } else {
+    // Register before resolving anything. The sender read the board's reclaim count while
+    // it held the blocks it forwards; if the count moved since, every holder upstream
+    // exited meanwhile (the forwarder too) and the blocks may have been recycled.
+    upstream->register_holder(current_process());
+    const std::optional<std::uint32_t> reclaims = upstream->reclaims_after_checks(kUpstreamCheckPatience);
+    if (!reclaims || *reclaims != entry.slot) {
+      throw PeerDied("the tensors of this frame were forwarded by a process that exited before this receiver "
+                     "could register as their holder, and the process they came from " +
+                     std::string(reclaims ? "has reclaimed their memory since" : "did not finish checking its holders") +
+                     " (it may hold other data now); the frame cannot be read");
+    }
+  }
+  returns_->add_upstream(std::move(upstream));
+}
+
 void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
   if (!board()) {
     throw ProtocolError("handle " + std::to_string(index) +
@@ -322,6 +400,10 @@ void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
   const std::uint64_t generation = fork_generation();
   if (registered_generation_ != generation) {
     board()->register_holder(current_process());
+    // A forked process that took the receiver over holds forwarded blocks too.
+    for (const auto& upstream : returns_->upstream_boards()) {
+      if (!own_ledger_of_board(upstream->identity())) upstream->register_holder(current_process());
+    }
     registered_generation_ = generation;
   }
   if (!board()->claim_resolved(sequence)) {
@@ -349,12 +431,27 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
     throw ProtocolError("handle " + std::to_string(index) + " field offset " + std::to_string(entry.offset) +
                         " is not a multiple of the block alignment of " + std::to_string(kBlockAlignment) + " bytes");
   }
-  auto block = std::allocate_shared<ReceivedBlock>(detail::PoolAllocator<ReceivedBlock>(), segment, entry.offset,
-                                                  entry.nbytes, returns_, entry.slot);
-  Lease lease;
   // A block this process sent (and someone forwarded back) resolves to the storage it sent;
   // the lease then holds only the block and a weak handle (see Lease).
   std::shared_ptr<Storage> own = segment->find_storage(entry.offset, entry.nbytes);
+  std::shared_ptr<Allocation> own_allocation;
+  if (!own && !own_upstream_ledgers_.empty() && segment->owner() != nullptr) {
+    // Its storage died here: the pin of the connection it left on keeps it (a forwarder
+    // holds it, so that pin stays until the block is given back along the way). No pin
+    // left means every holder of that connection exited and the block was reclaimed.
+    for (const auto& weak_ledger : own_upstream_ledgers_) {
+      if (const auto ledger = weak_ledger.lock()) own_allocation = ledger->find_pinned(segment.get(), entry.offset);
+      if (own_allocation) break;
+    }
+    if (!own_allocation) {
+      throw PeerDied("handle " + std::to_string(index) +
+                     " names a block this process sent, which came back through processes that exited "
+                     "meanwhile: it was reclaimed and may hold other data now; the frame cannot be read");
+    }
+  }
+  auto block = std::allocate_shared<ReceivedBlock>(detail::PoolAllocator<ReceivedBlock>(), segment, entry.offset,
+                                                  entry.nbytes, returns_, entry.slot, std::move(own_allocation));
+  Lease lease;
   if (own) {
     lease.handle = own;
     lease.allocation = std::move(block);
@@ -394,6 +491,9 @@ void MessageDecoder::release_all() noexcept {
   leases_.clear();
   segments_.clear();
   storages_.clear();
+  // Blocks still alive keep the board (and its fd) for their returns; no frame comes any more.
+  returns_.reset();
+  own_upstream_ledgers_.clear();
 }
 
 void MessageDecoder::hand_over() noexcept {

@@ -257,6 +257,23 @@ std::uint32_t MessageEncoder::segment_slot_for(const std::shared_ptr<SharedSegme
   return slot;
 }
 
+void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
+  upstream_scratch_.clear();
+  block.append_return_boards(upstream_scratch_);  // nothing for a block of our own allocator
+  for (std::shared_ptr<ReturnBoard>& board : upstream_scratch_) {
+    if (board->fd() < 0) continue;  // never for a received board (it keeps its fd)
+    if (ledger_ && board->identity() == ledger_->board()->identity()) continue;
+    const bool passed = std::any_of(upstream_sent_.begin(), upstream_sent_.end(),
+                                    [&board](const auto& sent) { return sent->identity() == board->identity(); });
+    if (passed) continue;
+    // We hold the block (its frame on `board` is resolved and we registered there), so the
+    // count read now is one no reclaim of this block can have moved.
+    add_segment_entry(SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), ReturnBoard::bytes(),
+                      board->identity());
+    upstream_sent_.push_back(std::move(board));
+  }
+}
+
 const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
   collect_returned_slots();
   // A storage of this frame that the receiver still leases keeps its slot even if the
@@ -291,6 +308,7 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
     entry.segment_slot = segment_slot_for(block->segment());
     entry.offset = block->offset();
     entry.slot = take_slot();
+    pass_upstream_boards(*block);
     lease_slot(entry.slot, storage, true);
     ++storages_passed_;
     new_slots_.push_back(entry.slot);
@@ -384,6 +402,7 @@ void MessageEncoder::commit() {
                              unannounced_segment_releases_.begin() + segment_releases);
   unannounced_segment_releases_.erase(unannounced_segment_releases_.begin(),
                                       unannounced_segment_releases_.begin() + segment_releases);
+  upstream_committed_ = upstream_sent_.size();
   if (board_in_frame_) {
     board_sent_ = true;
     board_sequence_ = next_sequence_;
@@ -414,6 +433,7 @@ void MessageEncoder::rollback() {
     }
   }
   while (!keepalive_.empty() && keepalive_.back().first == next_sequence_) keepalive_.pop_back();
+  upstream_sent_.resize(upstream_committed_);
   board_in_frame_ = false;
   new_slots_.clear();
   new_segment_ids_.clear();

@@ -64,6 +64,10 @@ class HoldLedger {
   /// reading the return board. No-op for a ledger of this process.
   static void adopt_in_child(const std::shared_ptr<HoldLedger>& ledger);
 
+  /// The pinned allocation of the shared block at `offset` in `segment`, or null: a
+  /// block this process sent that came back through forwarders (its Storage died here)
+  /// is kept by holding it. Scans every pin: for that rare path only.
+  std::shared_ptr<Allocation> find_pinned(const SharedSegment* segment, std::size_t offset) const;
   /// Storages pinned now.
   std::size_t pinned() const;
   /// True when the channel closed and nothing is pinned: the ledger can go.
@@ -100,6 +104,10 @@ class HoldLedger {
 /// it before it creates a segment; `SharedAllocator::trim()` calls it with
 /// `check_receivers`.
 void collect_returned_blocks(bool check_receivers);
+
+/// The ledger of this process whose return board is `identity`, or null (a block this
+/// process sent came back to it through forwarders, with the board it left on).
+std::shared_ptr<HoldLedger> own_ledger_of_board(const FileIdentity& identity);
 
 /// Ledgers this process keeps (open channels, and closed ones whose receivers still hold
 /// blocks), for tests and statistics.

@@ -11,9 +11,11 @@
 // the transport as well, which wakes it (request_acknowledgements()).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "ferry/process_identity.hpp"
@@ -24,7 +26,8 @@ namespace ferry {
 /// Layout (all words are 64-bit atomics, little-endian):
 ///   header    (page 0)  magic, version, slot capacity, last resolved frame (bit 63: the
 ///                       sender abandoned later frames), returns posted, acknowledgement
-///                       request, holder processes
+///                       request, reclaims (bit 0: the sender is checking the holders;
+///                       the rest counts its reclaims), holder processes
 ///   summary   (page 1)  bit w set: word w of the bitmap may have bits set
 ///   bitmap    (page 2+) bit s set: the receiver gave storage slot s back
 class ReturnBoard {
@@ -32,16 +35,19 @@ class ReturnBoard {
   /// Storage slots a board can track: the most storages one sender may lease to one
   /// receiver at a time.
   static constexpr std::uint32_t kSlots = 1u << 20;
-  /// Processes that can register as holders of what arrived on one connection.
-  static constexpr std::size_t kMaxHolders = 8;
+  /// Processes that can register as holders of what arrived on one connection (its
+  /// receiver, forked processes that took the receiver over, and every process that
+  /// received a block of the connection forwarded by another).
+  static constexpr std::size_t kMaxHolders = 64;
   /// Size in bytes of every board.
   static std::size_t bytes() noexcept;
 
   /// Creates a board (sender side). Throws OutOfSharedMemory or SystemError.
   static std::shared_ptr<ReturnBoard> create();
-  /// Adopts a board received from a sender, after checking its size and header, and closes
-  /// its fd (the receiver keeps only the mapping). Throws ProtocolError naming the failed
-  /// check.
+  /// Adopts a board received from a sender, after checking its size and header. Its fd
+  /// stays open: a receiver that forwards a block of the connection passes the board on
+  /// (the next receiver registers there as a holder too). Throws ProtocolError naming the
+  /// failed check.
   static std::shared_ptr<ReturnBoard> open_received(SharedMemory memory);
 
   ReturnBoard(const ReturnBoard&) = delete;
@@ -79,8 +85,17 @@ class ReturnBoard {
     std::uint64_t count_ = 0;    // slots gathered, for the board's count
   };
   /// Registers `process` as a holder: the sender keeps what it pinned for this connection
-  /// as long as any registered process lives. Ignored when kMaxHolders are registered.
-  void register_holder(const ProcessIdentity& process) noexcept;
+  /// as long as any registered process lives. False (nothing registered) when kMaxHolders
+  /// other processes are registered.
+  bool register_holder(const ProcessIdentity& process) noexcept;
+  /// The number of times the sender reclaimed everything it pinned for this connection
+  /// because every holder had exited, read after waiting (up to `patience`) for a check of
+  /// the holders in progress to end; nullopt when the check did not end in time. A process
+  /// that registers and then reads a count no higher than the one a living holder read
+  /// knows that nothing that holder held was reclaimed meanwhile: a check that read the
+  /// holders before the registration was either over (and counted) or still running (and
+  /// waited for) when the count was read.
+  std::optional<std::uint32_t> reclaims_after_checks(std::chrono::milliseconds patience) const noexcept;
   /// Records that frames up to `sequence` are resolved (their storages are held by the
   /// receiver from now on, their segments opened). False when the sender abandoned the
   /// frame.
@@ -105,6 +120,13 @@ class ReturnBoard {
   /// memory: a receiver that tries to resolve one later fails instead of reading it);
   /// returns the last resolved frame.
   std::uint64_t abandon_unresolved() noexcept;
+  /// The reclaim count (see reclaims_after_checks()) as it is now, for a holder that
+  /// forwards a block of the connection.
+  std::uint32_t reclaims() const noexcept;
+  /// Marks a check of the holders as running (before holders() is read); end it with
+  /// end_holder_check(), with `reclaimed` when everything pinned was reclaimed.
+  void begin_holder_check() noexcept;
+  void end_holder_check(bool reclaimed) noexcept;
   /// The processes registered as holders (one still registering is returned with
   /// start_time 0 and `registering` set: it counts as alive while its pid runs, since one
   /// killed between the two steps of registering never finishes).

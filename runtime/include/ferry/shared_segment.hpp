@@ -16,6 +16,7 @@ namespace ferry {
 
 class Storage;
 class SharedBlock;
+class ReturnBoard;
 
 /// A sealed memfd segment mapped in this process: one created by a SharedAllocator (which
 /// carves blocks from it) or one received from another process. Always owned through
@@ -116,6 +117,12 @@ class SharedBlock : public Allocation {
   const std::shared_ptr<SharedSegment>& segment() const noexcept { return segment_; }
   /// Offset of the block's first byte in its segment.
   std::size_t offset() const noexcept { return offset_; }
+  /// For a block received from another process: appends the return boards of the
+  /// connections it came through (the one it arrived on first, then those it was forwarded
+  /// from), so that a process it is forwarded to can register as a holder on each of them
+  /// (a sender upstream then keeps the block while that process lives, even when the
+  /// forwarder dies). Appends nothing for a block of this process's own allocator.
+  virtual void append_return_boards(std::vector<std::shared_ptr<ReturnBoard>>& /*out*/) const {}
 
  private:
   std::shared_ptr<SharedSegment> segment_;

@@ -69,6 +69,11 @@ enum class SegmentKind : std::uint32_t {
 enum class SegmentRole : std::uint32_t {
   Data = 0,         ///< tensor memory: the receiver leases it at `slot` until the sender releases it
   ReturnBoard = 1,  ///< the connection's return board (see ReturnBoard); sent once, `slot` unused
+  /// the return board of a connection that a forwarded block came through (the sender
+  /// received the block there, or it was forwarded to the sender from there): the receiver
+  /// registers there as a holder before it resolves the frame; sent once per board; `slot`:
+  /// the board's reclaim count when the sender forwarded the block (ReturnBoard::reclaims())
+  UpstreamBoard = 2,
 };
 
 /// A segment the frame introduces. The receiver checks that it is a memfd sealed against

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -16,6 +17,7 @@
 #include "ferry/archive.hpp"
 #include "ferry/body_reader.hpp"
 #include "ferry/frame.hpp"
+#include "ferry/hold_ledger.hpp"
 #include "ferry/peer_fd.hpp"
 #include "ferry/return_board.hpp"
 #include "ferry/shared_segment.hpp"
@@ -33,6 +35,19 @@ namespace detail {
 struct ReturnPath {
   std::shared_ptr<ReturnBoard> board;
   std::atomic<bool> handed_over{false};
+  /// Appends `board`, then the upstream boards (see SharedBlock::append_return_boards()).
+  void append_boards(std::vector<std::shared_ptr<ReturnBoard>>& out) const;
+  /// Adds a board of a connection upstream of this one (this process registered on it).
+  void add_upstream(std::shared_ptr<ReturnBoard> upstream_board);
+  /// True when `identity` is this connection's board or one of its upstream boards.
+  bool knows(const FileIdentity& identity) const;
+  /// The upstream boards so far (a copy).
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_boards() const;
+
+ private:
+  // The decoder adds boards while blocks of the connection, on any thread, read them.
+  mutable std::mutex mutex_;
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_;
 };
 }  // namespace detail
 
@@ -64,7 +79,7 @@ class MessageDecoder {
   /// return board (which acknowledges without a system call), or the sender asked for
   /// acknowledgements because it waits for them (ReturnBoard::request_acknowledgements()).
   bool wants_acknowledgement() const noexcept { return wants_acknowledgement_; }
-  /// Drops every lease (the channel is closing) and the pidfd of the sender. Blocks still used by tensors of this
+  /// Drops every lease (the channel is closing), the return board, and the pidfd of the sender. Blocks still used by tensors of this
   /// process stay mapped, and are given back to the sender when those tensors die.
   void release_all() noexcept;
   /// This process lets go of a connection whose receiving state a forked process inherited
@@ -91,6 +106,8 @@ class MessageDecoder {
                    std::size_t& next_fd);
   std::shared_ptr<Storage> resolve_new_block(const HandleEntry& entry, std::size_t index);
   void claim_frame(std::uint64_t sequence, std::size_t index);
+  void add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                          std::size_t& next_fd);
   void resolve_tables(const FrameHeader& header, std::span<const std::byte> segment_table,
                       std::span<const std::byte> table, std::vector<UniqueFd>& frame_fds);
   void give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept;
@@ -137,6 +154,9 @@ class MessageDecoder {
   std::vector<std::shared_ptr<SharedSegment>> segments_;   // by segment slot
   PeerFdOpener peer_fds_;  // takes segments named by the sender's pid and fd number
   std::shared_ptr<detail::ReturnPath> returns_;  // the connection's return board, once it arrived
+  // Ledgers of this process whose boards came back upstream: blocks of this process's own
+  // segments arrive through them, and are kept by their pins (see resolve_new_block()).
+  std::vector<std::weak_ptr<HoldLedger>> own_upstream_ledgers_;
   // The return board, or null before the frame that carries it.
   ReturnBoard* board() const noexcept { return returns_ ? returns_->board.get() : nullptr; }
   std::uint64_t registered_generation_ = ~std::uint64_t{0};  // fork generation we registered as holder in

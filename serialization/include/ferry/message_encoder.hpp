@@ -187,6 +187,7 @@ class MessageEncoder {
   void collect_dead_segments();
   std::uint32_t take_slot();
   std::uint32_t segment_slot_for(const std::shared_ptr<SharedSegment>& segment);
+  void pass_upstream_boards(const SharedBlock& block);
   void add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
                          const FileIdentity& identity);
   HoldLedger& ledger();
@@ -223,6 +224,12 @@ class MessageEncoder {
   // Segments named by /proc path stay open until the receiver acknowledges the frame.
   std::deque<std::pair<std::uint64_t, std::shared_ptr<SharedSegment>>> keepalive_;
   std::vector<std::uint32_t> returned_scratch_;
+  // Return boards passed to the receiver because blocks received on them are forwarded on
+  // this connection (see SegmentRole::UpstreamBoard); kept, so that their fds stay open for
+  // a receiver that opens them by /proc path. The first `upstream_committed_` went out.
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_sent_;
+  std::size_t upstream_committed_ = 0;
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;
 
   // The frame being encoded.
   FrameHeader header_;
