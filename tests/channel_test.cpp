@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <numeric>
+#include <limits>
 #include <thread>
 
 #include "ferry/ferry.hpp"
@@ -343,6 +344,10 @@ TEST_P(ChannelTest, TimeoutsBeyondNanosecondsWaitInsteadOfReturningAtOnce) {
   EXPECT_TRUE(Deadline::after(std::chrono::hours::max()).is_never());
   EXPECT_FALSE(Deadline::after(std::chrono::milliseconds::min()).is_never());
   EXPECT_TRUE(rx.recv_for(std::chrono::milliseconds::min()).timed_out());
+  // Not a number: no wait (converting it to an integer count would be undefined behaviour).
+  volatile double not_a_number = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_EQ(saturating_nanoseconds(std::chrono::duration<double>(not_a_number)), std::chrono::nanoseconds::zero());
+  EXPECT_TRUE(rx.recv_for(std::chrono::duration<double>(not_a_number)).timed_out());
 }
 
 // A floating-point timeout just under what nanoseconds can hold (292 years in milliseconds

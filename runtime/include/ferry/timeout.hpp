@@ -7,11 +7,13 @@ namespace ferry {
 
 /// `duration` in nanoseconds, saturated: a duration longer than nanoseconds can hold
 /// (std::chrono::milliseconds::max(), hours::max()) becomes nanoseconds::max() instead of
-/// wrapping to a negative count, which would mean "do not wait at all".
+/// wrapping to a negative count, which would mean "do not wait at all". A floating-point
+/// duration that is not a number becomes zero (do not wait), not undefined behaviour.
 template <class Rep, class Period>
 constexpr std::chrono::nanoseconds saturating_nanoseconds(std::chrono::duration<Rep, Period> duration) {
   using Wide = std::chrono::duration<long double, std::nano>;  // holds any count without overflow
   const Wide wide = std::chrono::duration_cast<Wide>(duration);
+  if (wide.count() != wide.count()) return std::chrono::nanoseconds::zero();  // NaN
   if (wide >= Wide(static_cast<long double>(std::chrono::nanoseconds::max().count()))) {
     return std::chrono::nanoseconds::max();
   }
