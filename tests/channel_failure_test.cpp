@@ -290,6 +290,47 @@ TEST_P(PeerDeathTest, SenderWithPinnedTensorsDroppedByAnExceptionIsPeerDiedWhile
   EXPECT_TRUE(test::child_succeeded(child));
 }
 
+// The same with a new segment in the last frame (a tensor larger than a slab's blocks): over
+// a pipe or ring the receiver opens it by the sender's fd number, after the sender dropped
+// the channel. The channel's pins keep that fd open until the frame is resolved.
+TEST_P(PeerDeathTest, NewSegmentSentJustBeforeAnExceptionDropsTheSenderCanStillBeRead) {
+  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [dropped_tx, dropped_rx] = channel<int>(Transport::Pipe);
+  auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
+  const std::int64_t elements =
+      static_cast<std::int64_t>(SharedAllocator::global().settings().segment_bytes / 8 / sizeof(std::int32_t)) + 1024;
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &dropped_tx = dropped_tx, &dropped_rx = dropped_rx,
+                                  &done_tx = done_tx, &done_rx = done_rx] {
+    rx.close();
+    dropped_rx.detach();
+    done_tx.detach();
+    tx.adopt();
+    dropped_tx.adopt();
+    try {
+      Sender<Payload> stage = std::move(tx);
+      Tensor big = Tensor::empty({elements}, DType::Int32, Device::SharedCpu);
+      big.fill(7);
+      stage.send(Payload{1, big});
+      throw std::runtime_error("the stage failed");
+    } catch (const std::runtime_error& error) {
+      CHILD_CHECK(std::string(error.what()) == "the stage failed");
+    }
+    dropped_tx.send(1);
+    (void)done_rx.recv();  // lives on until the parent read the frame
+  });
+  tx.detach();
+  dropped_tx.detach();
+  done_rx.close();
+  ASSERT_EQ(dropped_rx.recv().value(), 1);  // the sender has dropped the channel
+  auto got = rx.recv();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->data.numel(), elements);
+  EXPECT_EQ(got->data.data<std::int32_t>()[elements - 1], 7);
+  EXPECT_THROW(rx.recv_for(10s), PeerDied);
+  done_tx.send(1);
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
 // A sender killed after writing a frame but before the receiver mapped its storages: over a
 // pipe the storage is named by /proc/<pid>/fd/<n>, which died with the sender. That is a
 // dead peer (PeerDied), never a protocol error that blames the frame. Checked while the

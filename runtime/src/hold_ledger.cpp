@@ -186,7 +186,16 @@ void HoldLedger::collect(bool check_receivers) {
   if (!belongs_to_this_process()) return;
   const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
   std::vector<std::shared_ptr<Allocation>> dropped;
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<SharedSegment>>> released_segments;  // closed after the lock
   std::lock_guard lock(mutex_);
+  if (!kept_segments_.empty()) {
+    const std::uint64_t resolved = board_->resolved();
+    while (!kept_segments_.empty() && kept_segments_.front().first <= resolved) {
+      released_segments.push_back(std::move(kept_segments_.front()));
+      kept_segments_.pop_front();
+    }
+    if (!channel_open_ && kept_segments_.empty()) board_->close_fd();  // kept for them (channel_closed())
+  }
   scratch_.clear();
   // Handed over: the returns on the board are the other process's.
   if (!handed_over_) board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
@@ -198,7 +207,12 @@ void HoldLedger::collect(bool check_receivers) {
     }
   }
   if (pinned_ == 0) {
+    // Nothing pinned: every frame was given back or reclaimed, so nobody opens a segment any more.
     probe_.reset();
+    released_segments.insert(released_segments.end(), std::make_move_iterator(kept_segments_.begin()),
+                             std::make_move_iterator(kept_segments_.end()));
+    kept_segments_.clear();
+    if (!channel_open_) board_->close_fd();
     return;
   }
   if (!check_receivers) return;
@@ -231,6 +245,12 @@ void HoldLedger::collect(bool check_receivers) {
     throw;
   }
   board_->end_holder_check(reclaimed);
+  if (receiver_gone_ || reclaimed) {
+    released_segments.insert(released_segments.end(), std::make_move_iterator(kept_segments_.begin()),
+                             std::make_move_iterator(kept_segments_.end()));
+    kept_segments_.clear();
+    if (!channel_open_) board_->close_fd();
+  }
   if (probe_ && board_->resolved() >= newest_pinned_sequence_locked()) {
     probe_.reset();  // every pinned frame is resolved: the holders decide from now on
   }
@@ -260,10 +280,17 @@ void HoldLedger::channel_closed(UniqueFd probe, bool probe_by_send) {
       probe_ = std::move(probe);
       probe_by_send_ = probe_by_send;
     }
-    // No frame will carry the board any more.
-    board_->close_fd();
+    // No frame will carry the board any more; a receiver may still have to open it by fd
+    // number, like the segments kept for it (then collect() closes it with the last one).
+    if (kept_segments_.empty()) board_->close_fd();
   }
   collect(false);
+}
+
+void HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<SharedSegment>>> segments) {
+  if (!belongs_to_this_process()) return;  // a forked child's copy: the segments are the parent's to keep
+  std::lock_guard lock(mutex_);
+  for (auto& kept : segments) kept_segments_.push_back(std::move(kept));
 }
 
 void HoldLedger::hand_over() {

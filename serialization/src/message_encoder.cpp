@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <utility>
 
 #include "ferry/return_board.hpp"
 
@@ -463,6 +464,9 @@ void MessageEncoder::adopt() { HoldLedger::adopt_in_child(ledger_); }
 
 void MessageEncoder::closed(UniqueFd probe, bool probe_by_send) {
   if (ledger_) {
+    // Segments named by fd number that the receiver has not acknowledged stay open with the
+    // pins (a Sender dropped by an exception, or a close whose linger ran out, did not wait).
+    if (!keepalive_.empty()) ledger_->keep_until_resolved(std::exchange(keepalive_, {}));
     ledger_->channel_closed(std::move(probe), probe_by_send);
     ledger_.reset();  // the process's registry keeps it while the receiver holds blocks
   }
