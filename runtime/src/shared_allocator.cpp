@@ -489,26 +489,14 @@ void SharedAllocator::Core::trim() {
 
 // ---- release batches -------------------------------------------------------------
 
-namespace {
-constinit thread_local SharedAllocator::ReleaseBatch* t_release_batch = nullptr;  // the outermost open one
-}  // namespace
-
-SharedAllocator::ReleaseBatch::ReleaseBatch() noexcept : outermost_(t_release_batch == nullptr) {
-  if (outermost_) t_release_batch = this;
+SharedAllocator::ReleaseBatch::ReleaseBatch() noexcept : outermost_(current_ == nullptr) {
+  if (outermost_) current_ = this;
 }
 
 SharedAllocator::ReleaseBatch::~ReleaseBatch() {
   if (!outermost_) return;
-  t_release_batch = nullptr;
+  current_ = nullptr;
   flush();
-}
-
-bool SharedAllocator::ReleaseBatch::gather(const Pending& block) noexcept {
-  ReleaseBatch* batch = t_release_batch;
-  if (batch == nullptr) return false;
-  if (batch->count_ == kCapacity) batch->flush();
-  batch->pending_[batch->count_++] = block;
-  return true;
 }
 
 void SharedAllocator::ReleaseBatch::flush() noexcept {
