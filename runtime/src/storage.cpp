@@ -68,8 +68,9 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bo
       if (zeroed && nbytes > 0) std::memset(storage->data(), 0, nbytes);
       return storage;
     }
-    case DeviceKind::SharedCpu:
-      return allocate(nbytes, SharedAllocator::global(), zeroed);
+    case DeviceKind::SharedCpu:  // as allocate(nbytes, global(), zeroed), without the call
+      if (nbytes == 0) return make(nullptr, Device::SharedCpu, false, false);
+      return make(SharedAllocator::global().allocate(nbytes, zeroed), Device::SharedCpu, false, true);
     case DeviceKind::Cuda: {
       // Device memory comes from ferry's caching CUDA allocator (runtime/src/cuda/).
       auto storage = make(cuda::allocate(nbytes, device), device, false, false);
