@@ -32,12 +32,13 @@ std::atomic<std::uint64_t> g_sent_storage_deaths{0};
 // Lets std::allocate_shared reach the private constructor: one allocation for the Storage
 // and its control block, from the thread's pool (a message makes storages by the hundred).
 struct Storage::Constructor : Storage {
-  Constructor(std::shared_ptr<Allocation>&& allocation, Device device, bool received, bool shared)
+  template <class A>
+  Constructor(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared)
       : Storage(std::move(allocation), device, received, shared) {}
 };
 
-std::shared_ptr<Storage> Storage::make(std::shared_ptr<Allocation>&& allocation, Device device, bool received,
-                                       bool shared) {
+template <class A>
+std::shared_ptr<Storage> Storage::make(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared) {
   return std::allocate_shared<Constructor>(detail::PoolAllocator<Constructor>(), std::move(allocation), device,
                                            received, shared);
 }
@@ -50,7 +51,8 @@ HeapAllocation::~HeapAllocation() {
   if (data_ != nullptr) ::operator delete(data_, kHeapAlignment);
 }
 
-Storage::Storage(std::shared_ptr<Allocation>&& allocation, Device device, bool received, bool shared)
+template <class A>
+Storage::Storage(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared)
     : allocation_(std::move(allocation)), device_(device), id_(next_storage_id()), received_(received), shared_(shared) {}
 
 Storage::~Storage() {
@@ -69,7 +71,7 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bo
       return storage;
     }
     case DeviceKind::SharedCpu:  // as allocate(nbytes, global(), zeroed), without the call
-      if (nbytes == 0) return make(nullptr, Device::SharedCpu, false, false);
+      if (nbytes == 0) return make(std::shared_ptr<Allocation>(), Device::SharedCpu, false, false);
       return make(SharedAllocator::global().allocate(nbytes, zeroed), Device::SharedCpu, false, true);
     case DeviceKind::Cuda: {
       // Device memory comes from ferry's caching CUDA allocator (runtime/src/cuda/).
@@ -83,7 +85,7 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bo
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, const SharedAllocator& pool, bool zeroed) {
   // Nothing to share: an empty storage needs no block and travels without one.
-  if (nbytes == 0) return make(nullptr, Device::SharedCpu, false, false);
+  if (nbytes == 0) return make(std::shared_ptr<Allocation>(), Device::SharedCpu, false, false);
   return make(pool.allocate(nbytes, zeroed), Device::SharedCpu, false, true);
 }
 

@@ -94,9 +94,13 @@ class Storage {
  private:
   struct Constructor;
   // `shared`: the allocation is a shared block (known to every caller, so no virtual call).
-  Storage(std::shared_ptr<Allocation>&& allocation, Device device, bool received, bool shared);
-  static std::shared_ptr<Storage> make(std::shared_ptr<Allocation>&& allocation, Device device, bool received,
-                                       bool shared);
+  // `A`: Allocation or a subclass. A new block's pointer is converted in the constructor,
+  // not before the call: read back right after the allocator wrote it, the pointer pair
+  // would wait for those stores (a failed store-to-load forwarding) on every storage.
+  template <class A>
+  Storage(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared);
+  template <class A>
+  static std::shared_ptr<Storage> make(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared);
   // `pool` null: the process's caching allocator.
   void share_memory_slow(const SharedAllocator* pool);
 
