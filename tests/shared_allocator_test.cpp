@@ -16,6 +16,7 @@
 #include "ferry/process_identity.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/size_classes.hpp"
+#include "ferry/storage.hpp"
 #include "ferry/tensor.hpp"
 #include "ferry/unique_fd.hpp"
 #include "support/leak_check.hpp"
@@ -305,6 +306,34 @@ TEST_F(SharedAllocatorTest, DeviceSharedCpuAllocatesFromTheGlobalPool) {
   heap.share_memory();
   EXPECT_TRUE(SharedAllocator::global().owns(*heap.storage()->shared_block()));
   EXPECT_EQ(heap.to_vector<float>(), (std::vector<float>{1.0f, 2.0f}));
+}
+
+// A storage is told whether its allocation is a shared block (no virtual call per storage):
+// every way of making one must still say so, and share_memory() must still move a heap
+// storage into the pool it is given.
+TEST_F(SharedAllocatorTest, AStorageKnowsWhetherItsAllocationIsShared) {
+  SharedAllocator pool;
+  const auto shared = Storage::allocate(64, pool);
+  EXPECT_TRUE(shared->is_shared());
+  EXPECT_TRUE(Storage::allocate(64, Device::SharedCpu)->is_shared());
+  const auto empty = Storage::allocate(0, pool);
+  EXPECT_FALSE(empty->is_shared());  // no bytes, no block
+  EXPECT_EQ(empty->device(), Device::SharedCpu);
+  const auto heap = Storage::allocate(64, Device::Cpu);
+  EXPECT_FALSE(heap->is_shared());
+  EXPECT_TRUE(Storage::adopt(shared->shared_allocation())->is_shared());
+  EXPECT_FALSE(Storage::adopt(heap->shared_allocation())->is_shared());
+  EXPECT_FALSE(Storage::adopt(nullptr)->is_shared());
+
+  std::memset(heap->data(), 5, 64);
+  heap->share_memory(pool);
+  EXPECT_TRUE(heap->is_shared());
+  ASSERT_NE(heap->shared_block(), nullptr);
+  EXPECT_TRUE(pool.owns(*heap->shared_block()));
+  EXPECT_EQ(static_cast<int>(heap->data()[63]), 5);
+  const std::byte* moved = heap->data();
+  heap->share_memory();  // already shared: stays in `pool`
+  EXPECT_EQ(heap->data(), moved);
 }
 
 TEST_F(SharedAllocatorTest, InvalidSettingsAndSizesAreRejected) {

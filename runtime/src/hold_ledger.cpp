@@ -134,8 +134,7 @@ void HoldLedger::pin(std::span<Pin> pins, std::uint64_t sequence) {
 
 void HoldLedger::unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped) {
   if (slot >= pins_.size() || pins_[slot].allocation == nullptr) return;
-  dropped.push_back(std::move(pins_[slot].allocation));
-  pins_[slot].allocation = nullptr;
+  dropped.push_back(std::move(pins_[slot].allocation));  // leaves the pin empty
   --pinned_;
 }
 
@@ -199,13 +198,16 @@ void HoldLedger::collect(bool check_receivers) {
   scratch_.clear();
   // Handed over: the returns on the board are the other process's.
   if (!handed_over_) board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
-  dropped.reserve(scratch_.size());  // one allocation, not one per doubling
+  // One allocation each, not one per doubling.
+  dropped.reserve(scratch_.size());
+  returned_.reserve(returned_.size() + scratch_.size());
   for (const std::uint32_t slot : scratch_) {
     if (slot < pins_.size() && pins_[slot].allocation != nullptr) {
-      unpin_locked(slot, dropped);
+      dropped.push_back(std::move(pins_[slot].allocation));  // leaves the pin empty
       returned_.push_back(slot);
     }
   }
+  pinned_ -= dropped.size();
   if (pinned_ == 0) {
     // Nothing pinned: every frame was given back or reclaimed, so nobody opens a segment any more.
     probe_.reset();

@@ -17,25 +17,20 @@
 #include "ferry/unique_fd.hpp"
 
 namespace ferry {
+
+constinit std::atomic<std::uint64_t> detail::g_fork_generation{0};
+
 namespace {
 
-std::atomic<std::uint64_t> g_fork_generation{0};
+void count_fork_in_child() { detail::g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
 
-void count_fork_in_child() { g_fork_generation.fetch_add(1, std::memory_order_relaxed); }
-
-void register_fork_counter() {
-  // A function-local static rather than std::call_once: after the first call this is a
-  // check of the guard variable, not a call (fork_generation() runs for every block).
-  [[maybe_unused]] static const bool registered = [] {
-    if (const int rc = ::pthread_atfork(nullptr, nullptr, &count_fork_in_child); rc != 0) {
-      throw_system_error("pthread_atfork", rc);
-    }
-    return true;
-  }();
+// Registered before main(), so that fork_generation() is a plain load (it runs for every
+// block). Without the handler, forks would go unnoticed: failing to register (for lack of
+// memory) ends the program rather than let it continue unsafely.
+void register_fork_counter() noexcept {
+  if (const int rc = ::pthread_atfork(nullptr, nullptr, &count_fork_in_child); rc != 0) std::terminate();
 }
 
-// Made before main(): a fork() while another thread is still making it would leave the child
-// waiting for ever on the static's initialization guard.
 [[maybe_unused]] const bool g_fork_counter_made_at_start = (register_fork_counter(), true);
 
 // State and start time from the text of /proc/<pid>/stat: "pid (comm) S ppid ... starttime ...".
@@ -92,17 +87,6 @@ std::optional<StatFields> read_stat(std::int32_t pid) {
 }
 
 }  // namespace
-
-std::uint64_t fork_generation() noexcept {
-  // Registering can only fail for lack of memory at the first call; without it, forks
-  // would go unnoticed, so treat that as fatal rather than continue unsafely.
-  try {
-    register_fork_counter();
-  } catch (...) {
-    std::terminate();
-  }
-  return g_fork_generation.load(std::memory_order_relaxed);
-}
 
 ProcessIdentity current_process() {
   // Lock-free, so that a fork while another thread asks leaves nothing locked in the child.

@@ -101,17 +101,6 @@ ReturnBoard::PostBatch::~PostBatch() {
   if (count_ > 0) Atomic(*board_->word(kPostedAt)).fetch_add(count_, std::memory_order_release);
 }
 
-void ReturnBoard::PostBatch::add(std::uint32_t slot) noexcept {
-  // Slots of one frame are mostly neighbours: gather them word by word.
-  const std::size_t w = slot / 64;
-  if (w != word_) {
-    post_word();
-    word_ = w;
-  }
-  bits_ |= std::uint64_t{1} << (slot % 64);
-  ++count_;
-}
-
 void ReturnBoard::PostBatch::post_word() noexcept {
   if (bits_ == 0) return;
   board_->post_bits(word_, bits_);

@@ -77,8 +77,10 @@ class SharedAllocator::Core {
   void handles_gone() noexcept;
   void release_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
                       std::vector<std::shared_ptr<SharedSegment>>& released) noexcept;
-  // release_locked() once sync_fork_locked() ran under this lock.
-  void release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
+  // release_locked() once sync_fork_locked() ran under this lock. (This and the other
+  // steps of a cached allocation or a release are inlined: a call's saving and restoring
+  // of registers costs as much as their work.)
+  [[gnu::always_inline]] void release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
                              std::vector<std::shared_ptr<SharedSegment>>& released) noexcept;
   SharedMemoryStats stats();
   SharedAllocatorSettings settings();
@@ -94,13 +96,20 @@ class SharedAllocator::Core {
     std::uint32_t index = 0;
     bool fresh = false;
   };
-  Taken take_cached_locked(std::size_t nbytes);
-  Taken carve_locked(Segment& segment);
+  [[gnu::always_inline]] Taken take_cached_locked(std::size_t nbytes);
+  [[gnu::always_inline]] Taken carve_locked(Segment& segment);
   std::shared_ptr<SharedBlock> hand_out(const Taken& taken, std::size_t nbytes, bool zeroed);
-  void make_available_locked(Segment& segment);
+  [[gnu::always_inline]] void make_available_locked(Segment& segment);
+  void move_to_front_locked(Segment& segment);
   void enforce_limit_locked(std::vector<std::shared_ptr<SharedSegment>>& released);
+  void release_idle_locked(std::vector<std::shared_ptr<SharedSegment>>& released);
   void release_segment_locked(Segment& segment, std::vector<std::shared_ptr<SharedSegment>>& released);
-  void sync_fork_locked();
+  // Every call under the lock starts with this: a plain comparison, except in a forked
+  // child's first call, which forgets the parent's segments.
+  void sync_fork_locked() {
+    if (fork_generation() != generation_) [[unlikely]] forget_parent_locked();
+  }
+  void forget_parent_locked();
 
   SharedAllocatorSettings settings_;
   std::size_t small_limit_;  // small_block_limit(settings_.segment_bytes)
@@ -211,9 +220,8 @@ void SharedAllocator::Core::handles_gone() noexcept {
   if (unused) delete this;  // otherwise the last block deletes it
 }
 
-void SharedAllocator::Core::sync_fork_locked() {
+void SharedAllocator::Core::forget_parent_locked() {
   const std::uint64_t generation = fork_generation();
-  if (generation == generation_) return;
   // A forked child: the segments are shared with the parent, which keeps carving them.
   // Forget them (blocks inherited from the parent still map them until they die).
   for (Segment& segment : segments_) segment.memory.reset();
@@ -226,7 +234,7 @@ void SharedAllocator::Core::sync_fork_locked() {
   generation_ = generation;
 }
 
-SharedAllocator::Core::Taken SharedAllocator::Core::carve_locked(Segment& segment) {
+inline SharedAllocator::Core::Taken SharedAllocator::Core::carve_locked(Segment& segment) {
   Taken taken{&segment, 0, false};
   if (!segment.free.empty()) {
     taken.index = segment.free.back();
@@ -249,12 +257,12 @@ SharedAllocator::Core::Taken SharedAllocator::Core::carve_locked(Segment& segmen
   return taken;
 }
 
-SharedAllocator::Core::Taken SharedAllocator::Core::take_cached_locked(std::size_t nbytes) {
+inline SharedAllocator::Core::Taken SharedAllocator::Core::take_cached_locked(std::size_t nbytes) {
   sync_fork_locked();
-  if (nbytes <= small_limit_) {
-    const SizeClass size_class = small_size_class(nbytes);
-    if (size_class.index >= available_.size() || available_[size_class.index].empty()) return {};
-    return carve_locked(*available_[size_class.index].front());
+  if (nbytes <= small_limit_) [[likely]] {
+    const std::uint32_t index = small_size_class(nbytes).index;
+    if (index >= available_.size() || available_[index].empty()) return {};
+    return carve_locked(*available_[index].front());
   }
   const auto it = large_free_.find(large_segment_bytes(nbytes));
   if (it == large_free_.end() || it->second.empty()) return {};
@@ -336,13 +344,19 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::allocate(std::size_t nbytes,
   return hand_out(taken, nbytes, zeroed);
 }
 
-void SharedAllocator::Core::make_available_locked(Segment& segment) {
+inline void SharedAllocator::Core::make_available_locked(Segment& segment) {
   if (segment.class_index == kLargeClass) return;
+  // Most recently freed first, so that a block freed and allocated again comes back. The
+  // common case, a block of the segment that is at the front already, changes nothing.
+  if (segment.available && segment.available_at == available_[segment.class_index].begin()) [[likely]] return;
+  move_to_front_locked(segment);
+}
+
+void SharedAllocator::Core::move_to_front_locked(Segment& segment) {
   if (segment.class_index >= available_.size()) available_.resize(std::size_t{segment.class_index} + 1);
   auto& list = available_[segment.class_index];
-  // Most recently freed first, so that a block freed and allocated again comes back.
   if (segment.available) {
-    if (segment.available_at != list.begin()) list.splice(list.begin(), list, segment.available_at);
+    list.splice(list.begin(), list, segment.available_at);
   } else {
     segment.available_at = list.insert(list.begin(), &segment);
     segment.available = true;
@@ -390,7 +404,7 @@ void SharedAllocator::Core::release_locked(Segment* segment, std::uint32_t index
   release_synced_locked(segment, index, generation, released);
 }
 
-void SharedAllocator::Core::release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
+inline void SharedAllocator::Core::release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
                                                   std::vector<std::shared_ptr<SharedSegment>>& released) noexcept {
   if (generation != generation_) return;  // a block of the parent's pool, in a forked child
   --segment->used;
@@ -409,7 +423,13 @@ void SharedAllocator::Core::release_synced_locked(Segment* segment, std::uint32_
   enforce_limit_locked(released);
 }
 
-void SharedAllocator::Core::enforce_limit_locked(std::vector<std::shared_ptr<SharedSegment>>& released) {
+inline void SharedAllocator::Core::enforce_limit_locked(std::vector<std::shared_ptr<SharedSegment>>& released) {
+  if (total_bytes_ - bytes_in_use_ > settings_.max_cached_bytes && !idle_.empty()) [[unlikely]] {
+    release_idle_locked(released);
+  }
+}
+
+void SharedAllocator::Core::release_idle_locked(std::vector<std::shared_ptr<SharedSegment>>& released) {
   while (total_bytes_ - bytes_in_use_ > settings_.max_cached_bytes && !idle_.empty()) {
     release_segment_locked(*idle_.front(), released);
   }
@@ -469,26 +489,14 @@ void SharedAllocator::Core::trim() {
 
 // ---- release batches -------------------------------------------------------------
 
-namespace {
-constinit thread_local SharedAllocator::ReleaseBatch* t_release_batch = nullptr;  // the outermost open one
-}  // namespace
-
-SharedAllocator::ReleaseBatch::ReleaseBatch() noexcept : outermost_(t_release_batch == nullptr) {
-  if (outermost_) t_release_batch = this;
+SharedAllocator::ReleaseBatch::ReleaseBatch() noexcept : outermost_(current_ == nullptr) {
+  if (outermost_) current_ = this;
 }
 
 SharedAllocator::ReleaseBatch::~ReleaseBatch() {
   if (!outermost_) return;
-  t_release_batch = nullptr;
+  current_ = nullptr;
   flush();
-}
-
-bool SharedAllocator::ReleaseBatch::gather(const Pending& block) noexcept {
-  ReleaseBatch* batch = t_release_batch;
-  if (batch == nullptr) return false;
-  if (batch->count_ == kCapacity) batch->flush();
-  batch->pending_[batch->count_++] = block;
-  return true;
 }
 
 void SharedAllocator::ReleaseBatch::flush() noexcept {

@@ -29,7 +29,7 @@ SharedSegment::~SharedSegment() {
   if (sent_.load(std::memory_order_relaxed)) g_sent_segment_deaths.fetch_add(1, std::memory_order_release);
 }
 
-SharedSegment::Remembered& SharedSegment::remembered_at(std::uint64_t offset) noexcept {
+inline SharedSegment::Remembered& SharedSegment::remembered_at(std::uint64_t offset) noexcept {
   const std::size_t mask = remembered_.size() - 1;
   // Offsets are multiples of the block alignment (64): hash what varies.
   for (std::size_t at = static_cast<std::size_t>((offset >> 6) * 0x9e3779b97f4a7c15ull >> 32) & mask;;

@@ -7,27 +7,8 @@
 #include "ferry/error.hpp"
 
 namespace ferry {
-namespace {
 
-constexpr std::size_t kPageBytes = 4096;
-constexpr std::uint32_t kPowerOfTwoClasses = 7;  // 64 B ... 4 KiB
-constexpr unsigned kFirstSteppedExponent = 12;   // classes above 2^12 come in quarter steps
-
-}  // namespace
-
-SizeClass small_size_class(std::size_t nbytes) {
-  if (nbytes <= kBlockAlignment) return SizeClass{kBlockAlignment, 0};
-  if (nbytes <= kPageBytes) {
-    const std::size_t bytes = std::bit_ceil(nbytes);
-    return SizeClass{bytes, static_cast<std::uint32_t>(std::countr_zero(bytes) - std::countr_zero(kBlockAlignment))};
-  }
-  // 2^e < nbytes <= 2^(e+1); round up to a quarter of 2^e.
-  const unsigned e = static_cast<unsigned>(std::bit_width(nbytes - 1)) - 1;
-  const std::size_t quarter = std::size_t{1} << (e - 2);
-  const std::size_t bytes = (nbytes + quarter - 1) / quarter * quarter;
-  const auto step = static_cast<std::uint32_t>(bytes / quarter - 4);  // 1 ... 4
-  return SizeClass{bytes, kPowerOfTwoClasses + (e - kFirstSteppedExponent) * 4 + (step - 1)};
-}
+using detail::kFirstSteppedExponent, detail::kPageBytes, detail::kPowerOfTwoClasses;
 
 std::size_t small_class_bytes(std::uint32_t index) {
   if (index < kPowerOfTwoClasses) return kBlockAlignment << index;

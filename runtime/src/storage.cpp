@@ -32,13 +32,15 @@ std::atomic<std::uint64_t> g_sent_storage_deaths{0};
 // Lets std::allocate_shared reach the private constructor: one allocation for the Storage
 // and its control block, from the thread's pool (a message makes storages by the hundred).
 struct Storage::Constructor : Storage {
-  Constructor(std::shared_ptr<Allocation> allocation, Device device, bool received)
-      : Storage(std::move(allocation), device, received) {}
+  template <class A>
+  Constructor(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared)
+      : Storage(std::move(allocation), device, received, shared) {}
 };
 
-std::shared_ptr<Storage> Storage::make(std::shared_ptr<Allocation> allocation, Device device, bool received) {
+template <class A>
+std::shared_ptr<Storage> Storage::make(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared) {
   return std::allocate_shared<Constructor>(detail::PoolAllocator<Constructor>(), std::move(allocation), device,
-                                           received);
+                                           received, shared);
 }
 
 HeapAllocation::HeapAllocation(std::size_t size) : size_(size) {
@@ -49,13 +51,9 @@ HeapAllocation::~HeapAllocation() {
   if (data_ != nullptr) ::operator delete(data_, kHeapAlignment);
 }
 
-Storage::Storage(std::shared_ptr<Allocation> allocation, Device device, bool received)
-    : allocation_(std::move(allocation)),
-      device_(device),
-      id_(next_storage_id()),
-      received_(received) {
-  shared_.store(allocation_ != nullptr && allocation_->shared_block() != nullptr, std::memory_order_release);
-}
+template <class A>
+Storage::Storage(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared)
+    : allocation_(std::move(allocation)), device_(device), id_(next_storage_id()), received_(received), shared_(shared) {}
 
 Storage::~Storage() {
   if (sent_.load(std::memory_order_relaxed)) g_sent_storage_deaths.fetch_add(1, std::memory_order_release);
@@ -68,15 +66,16 @@ void Storage::announce_dropped() noexcept {
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bool zeroed) {
   switch (device.kind) {
     case DeviceKind::Cpu: {
-      auto storage = make(std::make_shared<HeapAllocation>(nbytes), device, false);
+      auto storage = make(std::make_shared<HeapAllocation>(nbytes), device, false, false);
       if (zeroed && nbytes > 0) std::memset(storage->data(), 0, nbytes);
       return storage;
     }
-    case DeviceKind::SharedCpu:
-      return allocate(nbytes, SharedAllocator::global(), zeroed);
+    case DeviceKind::SharedCpu:  // as allocate(nbytes, global(), zeroed), without the call
+      if (nbytes == 0) return make(std::shared_ptr<Allocation>(), Device::SharedCpu, false, false);
+      return make(SharedAllocator::global().allocate(nbytes, zeroed), Device::SharedCpu, false, true);
     case DeviceKind::Cuda: {
       // Device memory comes from ferry's caching CUDA allocator (runtime/src/cuda/).
-      auto storage = make(cuda::allocate(nbytes, device), device, false);
+      auto storage = make(cuda::allocate(nbytes, device), device, false, false);
       if (zeroed) cuda::zero(*storage);  // cudaMemset
       return storage;
     }
@@ -86,20 +85,17 @@ std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, Device device, bo
 
 std::shared_ptr<Storage> Storage::allocate(std::size_t nbytes, const SharedAllocator& pool, bool zeroed) {
   // Nothing to share: an empty storage needs no block and travels without one.
-  std::shared_ptr<Allocation> block;
-  if (nbytes > 0) block = pool.allocate(nbytes, zeroed);
-  return make(std::move(block), Device::SharedCpu, false);
+  if (nbytes == 0) return make(std::shared_ptr<Allocation>(), Device::SharedCpu, false, false);
+  return make(pool.allocate(nbytes, zeroed), Device::SharedCpu, false, true);
 }
 
 std::shared_ptr<Storage> Storage::adopt(std::shared_ptr<Allocation> allocation, bool received) {
   const Device device = allocation ? allocation->device() : Device::Cpu;
-  return make(std::move(allocation), device, received);
+  const bool shared = allocation != nullptr && allocation->shared_block() != nullptr;
+  return make(std::move(allocation), device, received, shared);
 }
 
-void Storage::share_memory() { share_memory(SharedAllocator::global()); }
-
-void Storage::share_memory(const SharedAllocator& pool) {
-  if (shared_.load(std::memory_order_acquire)) return;  // the common case: no lock
+void Storage::share_memory_slow(const SharedAllocator* pool) {
   std::lock_guard lock(share_mutex_);
   if (device_.kind == DeviceKind::SharedCpu) return;
   if (device_.kind == DeviceKind::Cuda) return;  // device memory is shared through CUDA IPC as it is
@@ -109,7 +105,7 @@ void Storage::share_memory(const SharedAllocator& pool) {
   const std::size_t size = nbytes();
   std::shared_ptr<Allocation> shared;
   if (size > 0) {
-    shared = pool.allocate(size);
+    shared = (pool != nullptr ? *pool : SharedAllocator::global()).allocate(size);
     std::memcpy(shared->data(), data(), size);
   }
   allocation_ = std::move(shared);

@@ -18,6 +18,14 @@ Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape
       device_(device),
       defined_(true) {}
 
+Tensor::Tensor(std::shared_ptr<Storage>&& storage, DType dtype, const Shape& shape, Device device)
+    : storage_(std::move(storage)),
+      dtype_(dtype),
+      shape_(shape),
+      strides_(contiguous_strides(shape)),
+      device_(device),
+      defined_(true) {}
+
 Shape contiguous_strides(const Shape& shape) {
   Shape strides;
   strides.resize_for_overwrite(shape.size());  // every entry is written below
@@ -97,23 +105,23 @@ std::size_t contiguous_bytes(const char* function, const Shape& shape, DType dty
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   auto storage = Storage::allocate(contiguous_bytes("Tensor::empty", shape, dtype), device);
-  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0, device);
+  return Tensor(std::move(storage), dtype, shape, device);
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, const SharedAllocator& pool) {
   auto storage = Storage::allocate(contiguous_bytes("Tensor::empty", shape, dtype), pool);
-  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0, Device::SharedCpu);
+  return Tensor(std::move(storage), dtype, shape, Device::SharedCpu);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
   // Fresh shared memory is zero already: only a recycled block or heap memory is cleared.
   auto storage = Storage::allocate(contiguous_bytes("Tensor::zeros", shape, dtype), device, true);
-  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0, device);
+  return Tensor(std::move(storage), dtype, shape, device);
 }
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, const SharedAllocator& pool) {
   auto storage = Storage::allocate(contiguous_bytes("Tensor::zeros", shape, dtype), pool, true);
-  return Tensor(std::move(storage), dtype, shape, contiguous_strides(shape), 0, Device::SharedCpu);
+  return Tensor(std::move(storage), dtype, shape, Device::SharedCpu);
 }
 
 Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,

@@ -2,6 +2,7 @@
 // still running, and whether this process is a fork of the one that created some state.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 
@@ -30,9 +31,15 @@ std::optional<ProcessIdentity> identify_process(std::int32_t pid);
 /// never throws.
 bool process_alive(const ProcessIdentity& process) noexcept;
 
+namespace detail {
+// Counted by a fork handler that process_identity.cpp registers before main().
+extern std::atomic<std::uint64_t> g_fork_generation;
+}  // namespace detail
+
 /// A number that every fork() increments in the child. State that belongs to the process
 /// that created it (free lists, holds on another process's memory) records the value at
-/// creation and is left alone in a forked child, where the value differs.
-std::uint64_t fork_generation() noexcept;
+/// creation and is left alone in a forked child, where the value differs. A plain load:
+/// every block allocated or freed asks.
+inline std::uint64_t fork_generation() noexcept { return detail::g_fork_generation.load(std::memory_order_relaxed); }
 
 }  // namespace ferry

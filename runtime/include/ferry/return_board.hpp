@@ -76,7 +76,17 @@ class ReturnBoard {
 
    private:
     friend class ReturnBoard;
-    void add(std::uint32_t slot) noexcept;
+    // Inline: a frame that releases a hundred leases adds a hundred slots.
+    void add(std::uint32_t slot) noexcept {
+      // Slots of one frame are mostly neighbours: gather them word by word.
+      const std::size_t w = slot / 64;
+      if (w != word_) {
+        post_word();
+        word_ = w;
+      }
+      bits_ |= std::uint64_t{1} << (slot % 64);
+      ++count_;
+    }
     void post_word() noexcept;
     ReturnBoard* board_;
     bool outermost_;

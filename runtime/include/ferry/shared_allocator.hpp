@@ -100,11 +100,18 @@ class SharedAllocator::ReleaseBatch {
     std::uint32_t index;
   };
   /// Gathers a dead block into the thread's open batch; false when none is open (the
-  /// caller gives the block back at once).
-  static bool gather(const Pending& block) noexcept;
+  /// caller gives the block back at once). Inline: every block that dies asks.
+  static bool gather(const Pending& block) noexcept {
+    ReleaseBatch* batch = current_;
+    if (batch == nullptr) return false;
+    if (batch->count_ == kCapacity) [[unlikely]] batch->flush();
+    batch->pending_[batch->count_++] = block;
+    return true;
+  }
 
  private:
   static constexpr std::size_t kCapacity = 128;
+  static constinit inline thread_local ReleaseBatch* current_ = nullptr;  // the thread's outermost open one
   void flush() noexcept;
   bool outermost_;
   std::size_t count_ = 0;

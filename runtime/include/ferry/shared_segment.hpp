@@ -66,7 +66,7 @@ class SharedSegment {
   };
   static constexpr std::uint64_t kNoOffset = ~std::uint64_t{0};
   // The entry for `offset` (the empty one where it would go if there is none). Locked.
-  Remembered& remembered_at(std::uint64_t offset) noexcept;
+  inline Remembered& remembered_at(std::uint64_t offset) noexcept;
 
   SharedMemory memory_;
   const void* owner_;

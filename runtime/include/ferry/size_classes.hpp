@@ -3,6 +3,7 @@
 // next request of about the same size.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -10,6 +11,12 @@ namespace ferry {
 
 /// Alignment and smallest size of every block: a cache line, enough for any vector load.
 inline constexpr std::size_t kBlockAlignment = 64;
+
+namespace detail {
+inline constexpr std::size_t kPageBytes = 4096;
+inline constexpr std::uint32_t kPowerOfTwoClasses = 7;  // 64 B ... 4 KiB
+inline constexpr unsigned kFirstSteppedExponent = 12;   // classes above 2^12 come in quarter steps
+}  // namespace detail
 
 /// A small request's class: the block size that serves it and its index (0, 1, ...).
 struct SizeClass {
@@ -19,8 +26,21 @@ struct SizeClass {
 
 /// The small class of a request of `nbytes` (> 0): powers of two from 64 bytes to 4 KiB,
 /// then four steps per power of two (5, 6, 7, 8, 10, 12, 14, 16 KiB, ...), so at most a
-/// fifth of a block above 4 KiB is unused.
-SizeClass small_size_class(std::size_t nbytes);
+/// fifth of a block above 4 KiB is unused. Inline: every allocation asks.
+inline SizeClass small_size_class(std::size_t nbytes) {
+  using detail::kFirstSteppedExponent, detail::kPageBytes, detail::kPowerOfTwoClasses;
+  if (nbytes <= kBlockAlignment) return SizeClass{kBlockAlignment, 0};
+  if (nbytes <= kPageBytes) {
+    const std::size_t bytes = std::bit_ceil(nbytes);
+    return SizeClass{bytes, static_cast<std::uint32_t>(std::countr_zero(bytes) - std::countr_zero(kBlockAlignment))};
+  }
+  // 2^e < nbytes <= 2^(e+1); round up to a quarter of 2^e.
+  const unsigned e = static_cast<unsigned>(std::bit_width(nbytes - 1)) - 1;
+  const std::size_t quarter = std::size_t{1} << (e - 2);
+  const std::size_t bytes = (nbytes + quarter - 1) / quarter * quarter;
+  const auto step = static_cast<std::uint32_t>(bytes / quarter - 4);  // 1 ... 4
+  return SizeClass{bytes, kPowerOfTwoClasses + (e - kFirstSteppedExponent) * 4 + (step - 1)};
+}
 
 /// Block size of the small class with index `index`.
 std::size_t small_class_bytes(std::uint32_t index);

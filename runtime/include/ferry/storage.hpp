@@ -71,9 +71,13 @@ class Storage {
   /// process's caching allocator), in place: every tensor that views this storage
   /// follows. No-op when already shared, and for CUDA storages (which travel through CUDA
   /// IPC as they are). Not safe while another thread reads or writes the
-  /// storage's bytes.
-  void share_memory();
-  void share_memory(const SharedAllocator& pool);
+  /// storage's bytes. (Inline check first: an encoder asks for every storage it sends.)
+  void share_memory() {
+    if (!is_shared()) share_memory_slow(nullptr);
+  }
+  void share_memory(const SharedAllocator& pool) {
+    if (!is_shared()) share_memory_slow(&pool);
+  }
 
   /// Records that the storage went into a frame, so that its death is announced to the
   /// channels that track what their receivers hold (see sent_storage_deaths()).
@@ -89,8 +93,16 @@ class Storage {
 
  private:
   struct Constructor;
-  Storage(std::shared_ptr<Allocation> allocation, Device device, bool received);
-  static std::shared_ptr<Storage> make(std::shared_ptr<Allocation> allocation, Device device, bool received);
+  // `shared`: the allocation is a shared block (known to every caller, so no virtual call).
+  // `A`: Allocation or a subclass. A new block's pointer is converted in the constructor,
+  // not before the call: read back right after the allocator wrote it, the pointer pair
+  // would wait for those stores (a failed store-to-load forwarding) on every storage.
+  template <class A>
+  Storage(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared);
+  template <class A>
+  static std::shared_ptr<Storage> make(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared);
+  // `pool` null: the process's caching allocator.
+  void share_memory_slow(const SharedAllocator* pool);
 
   std::shared_ptr<Allocation> allocation_;
   Device device_;

@@ -147,6 +147,8 @@ class Tensor {
  private:
   Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, std::int64_t offset,
          Device device);
+  // A contiguous tensor of `shape` at offset 0: its shape and strides made in place.
+  Tensor(std::shared_ptr<Storage>&& storage, DType dtype, const Shape& shape, Device device);
   std::size_t wrap_dim(std::int64_t d) const;
   void check_element_type(DType requested) const;
   std::byte* element_address(std::initializer_list<std::int64_t> index) const;
