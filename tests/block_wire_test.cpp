@@ -250,6 +250,29 @@ TEST_F(BlockWireTest, TheReclaimCountWaitsForAHolderCheckInProgress) {
   EXPECT_EQ(board->reclaims(), 1u);
 }
 
+// Two processes check the holders of one board when a used Sender was handed to a forked
+// worker: the parent keeps its pins (and checks them when short of memory) while the worker
+// that adopted the end checks its own. One check ending must neither hide the other still
+// running (a receiver registering meanwhile would read the count before that check's
+// reclaim) nor lose the other's reclaim.
+TEST_F(BlockWireTest, TheReclaimCountWaitsForEveryHolderCheckInProgress) {
+  const auto board = ReturnBoard::create();
+  board->begin_holder_check();  // the parent's check: it read the holders (all dead)...
+  board->begin_holder_check();  // ...the worker's check, which sees a holder registering
+  board->end_holder_check(false);
+  EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(0)), std::nullopt)
+      << "the parent's check still runs: its reclaim is yet to be counted";
+  board->end_holder_check(true);
+  EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(0)), 1u);
+  // Ending in the other order counts both outcomes too.
+  board->begin_holder_check();
+  board->begin_holder_check();
+  board->end_holder_check(true);
+  board->end_holder_check(false);
+  EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(0)), 2u);
+  EXPECT_EQ(board->reclaims(), 2u);
+}
+
 TEST_F(BlockWireTest, ABoardRegistersAtMostItsHolderLimit) {
   const auto board = ReturnBoard::create();
   for (std::size_t i = 0; i < ReturnBoard::kMaxHolders; ++i) {
