@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -850,6 +851,55 @@ TEST_P(AllocChannelTest, FrameForwardedByAProcessThatDiedBeforeItWasReadFailsOnc
   go_tx.send(1);
   EXPECT_TRUE(child_succeeded(c));
   ab_tx.close();
+}
+
+// A forwarder that closes its end cleanly and exits: every frame it sent stays readable.
+// B forwards two blocks of one segment of A that came on two connections; the second frame
+// introduces no segment (the first one did), only the board of the second connection.
+// Named by /proc path (Pipe, ShmRing), that board must stay open until the receiver has
+// it, like a segment: B's close() waits for that, not just for the frames with segments.
+TEST_P(AllocChannelTest, FrameThatIntroducesOnlyAnUpstreamBoardIsReadableAfterItsForwarderClosedAndExited) {
+  SharedAllocator pool;
+  auto [a1_tx, a1_rx] = channel<Batch>(GetParam());
+  auto [a2_tx, a2_rx] = channel<Batch>(GetParam());
+  auto [ba_tx, ba_rx] = channel<Batch>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  auto [sent_tx, sent_rx] = channel<int>(GetParam());
+  const pid_t b = fork_child([&, &a1_tx = a1_tx, &a1_rx = a1_rx, &a2_tx = a2_tx, &a2_rx = a2_rx, &ba_tx = ba_tx,
+                              &ba_rx = ba_rx, &go_tx = go_tx, &go_rx = go_rx, &sent_tx = sent_tx,
+                              &sent_rx = sent_rx] {
+    detach_each(a1_tx, a2_tx, ba_rx, go_tx, sent_rx);
+    ba_tx.adopt();
+    sent_tx.adopt();
+    ba_tx.send(a1_rx.recv().value());
+    CHILD_CHECK(go_rx.recv().value() == 1);
+    ba_tx.send(a2_rx.recv().value());
+    // The receiver has not read the second frame yet: its board is what close() waits for.
+    CHILD_CHECK(ba_tx.core().writer().passes_fds() || ba_tx.core().segments_awaiting_acknowledgement() == 1);
+    sent_tx.send(1);
+    ba_tx.close();
+  });
+  a1_rx.close();
+  a2_rx.close();
+  ba_tx.detach();
+  go_rx.close();
+  sent_tx.detach();
+  const Tensor first = filled(pool, 1024, 5);
+  const Tensor second = filled(pool, 1024, 6);
+  ASSERT_EQ(first.storage()->shared_block()->segment(), second.storage()->shared_block()->segment());
+  a1_tx.send(Batch{0, {first}});
+  a2_tx.send(Batch{0, {second}});
+  EXPECT_TRUE(all_equal(ba_rx.recv().value().tensors.at(0), 5));
+  go_tx.send(1);
+  ASSERT_EQ(sent_rx.recv().value(), 1);
+  std::optional<Batch> echo;
+  EXPECT_NO_THROW(echo = ba_rx.recv()) << "a frame sent before a clean close was lost";
+  ASSERT_TRUE(echo.has_value());
+  EXPECT_TRUE(all_equal(echo->tensors.at(0), 6));
+  EXPECT_FALSE(ba_rx.recv().has_value());
+  EXPECT_TRUE(child_succeeded(b));
+  a1_tx.close();
+  a2_tx.close();
 }
 
 }  // namespace

@@ -270,6 +270,8 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
     // count read now is one no reclaim of this block can have moved.
     add_segment_entry(SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), ReturnBoard::bytes(),
                       board->identity());
+    // Like a segment's: the frame may introduce no segment that makes close() wait for it.
+    if (passing_ == HandlePassing::ProcFd) keepalive_.emplace_back(next_sequence_, board);
     upstream_sent_.push_back(std::move(board));
   }
 }
