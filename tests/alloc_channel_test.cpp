@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -900,6 +901,48 @@ TEST_P(AllocChannelTest, FrameThatIntroducesOnlyAnUpstreamBoardIsReadableAfterIt
   EXPECT_TRUE(child_succeeded(b));
   a1_tx.close();
   a2_tx.close();
+}
+
+// Descriptors of return boards this process has open.
+std::size_t open_return_boards() {
+  std::size_t count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && target.starts_with("/memfd:ferry-returns")) ++count;
+  }
+  return count;
+}
+
+// A forwarder keeps the board of a connection it forwarded from only while a block of that
+// connection lives in it: one that forwards for many short-lived senders keeps no descriptor
+// per sender it ever had.
+TEST_P(AllocChannelTest, ForwarderLetsGoOfTheBoardOfAConnectionItNoLongerHoldsBlocksOf) {
+  SharedAllocator pool;
+  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
+  auto [ba_tx, ba_rx] = channel<Batch>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &ba_tx = ba_tx, &ba_rx = ba_rx, &go_tx = go_tx,
+                              &go_rx = go_rx] {
+    detach_each(ab_tx, ba_rx, go_tx);
+    ba_tx.adopt();
+    ba_tx.send(ab_rx.recv().value());
+    CHILD_CHECK(!ab_rx.recv().has_value());
+    ab_rx.close();
+    ba_tx.send(Batch{1, {}});  // announces that B dropped the block
+    CHILD_CHECK(go_rx.recv().value() == 1);
+    collect_returned_blocks(false);  // A gave the block back: nothing of A's connection lives here
+    CHILD_CHECK(open_return_boards() == 0);
+  });
+  ab_rx.close();
+  ba_tx.detach();
+  go_rx.close();
+  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  EXPECT_TRUE(all_equal(ba_rx.recv().value().tensors.at(0), 7));
+  ab_tx.close();
+  EXPECT_EQ(ba_rx.recv().value().tensors.size(), 0u);  // drops the lease of the block it echoed
+  go_tx.send(1);
+  EXPECT_TRUE(child_succeeded(b));
 }
 
 }  // namespace

@@ -227,9 +227,12 @@ class MessageEncoder {
   std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> keepalive_;
   std::vector<std::uint32_t> returned_scratch_;
   // Return boards passed to the receiver because blocks received on them are forwarded on
-  // this connection (see SegmentRole::UpstreamBoard); kept, so that their fds stay open for
-  // a receiver that opens them by /proc path. The first `upstream_committed_` went out.
-  std::vector<std::shared_ptr<ReturnBoard>> upstream_sent_;
+  // this connection (see SegmentRole::UpstreamBoard), each passed once. Not kept: a board
+  // that died here (no block of its connection lives here any more) cannot be forwarded
+  // from again, and a forwarder must not keep the boards of every connection it ever
+  // forwarded from (keepalive_ keeps one until the receiver opened it). The first
+  // `upstream_committed_` went out.
+  std::vector<std::weak_ptr<ReturnBoard>> upstream_sent_;
   std::size_t upstream_committed_ = 0;
   std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;
 
