@@ -945,5 +945,54 @@ TEST_P(AllocChannelTest, ForwarderLetsGoOfTheBoardOfAConnectionItNoLongerHoldsBl
   EXPECT_TRUE(child_succeeded(b));
 }
 
+// A forked worker K inherits its parent's segments. Once a block of K's own came back to
+// it (through B), a block of such an inherited segment that the parent P sends on through
+// B is not K's own block coming back: K holds it like any forwarded block (registered on
+// P's board), and reads it.
+TEST_P(AllocChannelTest, ForkedWorkerReadsABlockOfAnInheritedSegmentForwardedAfterItsOwnCameBack) {
+  SharedAllocator pool;
+  const Tensor anchor = filled(pool, 1024, 1);  // its segment exists before the fork
+  auto [pb_tx, pb_rx] = channel<Batch>(GetParam());
+  auto [bk_tx, bk_rx] = channel<Batch>(GetParam());
+  auto [kb_tx, kb_rx] = channel<Batch>(GetParam());
+  auto [done_tx, done_rx] = channel<int>(GetParam());
+  const pid_t k = fork_child([&, &pb_tx = pb_tx, &pb_rx = pb_rx, &bk_tx = bk_tx, &bk_rx = bk_rx, &kb_tx = kb_tx,
+                              &kb_rx = kb_rx, &done_tx = done_tx, &done_rx = done_rx] {
+    detach_each(pb_tx, bk_tx, kb_rx, done_rx, pb_rx);
+    kb_tx.adopt();
+    done_tx.adopt();
+    kb_tx.send(Batch{0, {filled(pool, 1024, 3)}});  // a segment of K's (K's Storage dies here)
+    CHILD_CHECK(all_equal(bk_rx.recv().value().tensors.at(0), 3));
+    try {
+      const Batch forwarded = bk_rx.recv().value();
+      CHILD_CHECK(all_equal(forwarded.tensors.at(0), 7));
+    } catch (const PeerDied&) {
+      CHILD_CHECK(!"a block of the parent's segment was taken for one of K's own, reclaimed");
+    }
+    done_tx.send(1);
+  });
+  const pid_t b = fork_child([&, &pb_tx = pb_tx, &pb_rx = pb_rx, &bk_tx = bk_tx, &bk_rx = bk_rx, &kb_tx = kb_tx,
+                              &kb_rx = kb_rx, &done_tx = done_tx, &done_rx = done_rx] {
+    detach_each(pb_tx, bk_rx, kb_tx, done_tx, done_rx);
+    bk_tx.adopt();
+    bk_tx.send(kb_rx.recv().value());  // K's block goes back to K
+    bk_tx.send(pb_rx.recv().value());  // P's block goes on to K
+    CHILD_CHECK(!pb_rx.recv().has_value());
+  });
+  pb_rx.close();
+  bk_tx.detach();
+  bk_rx.close();
+  kb_tx.detach();
+  kb_rx.close();
+  done_tx.detach();
+  const Tensor sent = filled(pool, 1024, 7);
+  ASSERT_EQ(sent.storage()->shared_block()->segment(), anchor.storage()->shared_block()->segment());
+  pb_tx.send(Batch{0, {sent}});
+  EXPECT_EQ(done_rx.recv().value(), 1);
+  pb_tx.close();
+  EXPECT_TRUE(child_succeeded(k));
+  EXPECT_TRUE(child_succeeded(b));
+}
+
 }  // namespace
 }  // namespace ferry
