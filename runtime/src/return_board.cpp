@@ -141,6 +141,23 @@ bool ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
     pid_word.store(pid, std::memory_order_release);
     return true;
   }
+  // Full: take the place of a holder that exited. Places are never cleared, and every
+  // process a long-lived connection's blocks were forwarded to registers on its board; a
+  // dead holder keeps nothing pinned, so replacing it changes no check's outcome (one that
+  // read it dead before sees the same; one that reads the slot after sees us).
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    Atomic pid_word(*word(kHoldersAt + i * 16));
+    Atomic start_word(*word(kHoldersAt + i * 16 + 8));
+    std::uint64_t current = pid_word.load(std::memory_order_seq_cst);
+    if (current == 0 || (current & kRegistering) != 0) continue;  // a registration in progress: skip it
+    const ProcessIdentity holder{static_cast<std::int32_t>(current & 0x7fffffff),
+                                 start_word.load(std::memory_order_relaxed)};
+    if (process_alive(holder)) continue;
+    if (!pid_word.compare_exchange_strong(current, pid | kRegistering, std::memory_order_seq_cst)) continue;
+    start_word.store(process.start_time, std::memory_order_relaxed);
+    pid_word.store(pid, std::memory_order_release);
+    return true;
+  }
   return false;
 }
 

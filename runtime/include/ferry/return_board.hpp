@@ -85,8 +85,9 @@ class ReturnBoard {
     std::uint64_t count_ = 0;    // slots gathered, for the board's count
   };
   /// Registers `process` as a holder: the sender keeps what it pinned for this connection
-  /// as long as any registered process lives. False (nothing registered) when kMaxHolders
-  /// other processes are registered.
+  /// as long as any registered process lives. A process that exited gives its place to
+  /// the next one when all are taken. False (nothing registered) when kMaxHolders other
+  /// living (or still registering) processes are registered.
   bool register_holder(const ProcessIdentity& process) noexcept;
   /// The number of times the sender reclaimed everything it pinned for this connection
   /// because every holder had exited, read after waiting (up to `patience`) for a check of
