@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <thread>
@@ -850,6 +852,146 @@ TEST_P(AllocChannelTest, FrameForwardedByAProcessThatDiedBeforeItWasReadFailsOnc
   go_tx.send(1);
   EXPECT_TRUE(child_succeeded(c));
   ab_tx.close();
+}
+
+// A forwarder that closes its end cleanly and exits: every frame it sent stays readable.
+// B forwards two blocks of one segment of A that came on two connections; the second frame
+// introduces no segment (the first one did), only the board of the second connection.
+// Named by /proc path (Pipe, ShmRing), that board must stay open until the receiver has
+// it, like a segment: B's close() waits for that, not just for the frames with segments.
+TEST_P(AllocChannelTest, FrameThatIntroducesOnlyAnUpstreamBoardIsReadableAfterItsForwarderClosedAndExited) {
+  SharedAllocator pool;
+  auto [a1_tx, a1_rx] = channel<Batch>(GetParam());
+  auto [a2_tx, a2_rx] = channel<Batch>(GetParam());
+  auto [ba_tx, ba_rx] = channel<Batch>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  auto [sent_tx, sent_rx] = channel<int>(GetParam());
+  const pid_t b = fork_child([&, &a1_tx = a1_tx, &a1_rx = a1_rx, &a2_tx = a2_tx, &a2_rx = a2_rx, &ba_tx = ba_tx,
+                              &ba_rx = ba_rx, &go_tx = go_tx, &go_rx = go_rx, &sent_tx = sent_tx,
+                              &sent_rx = sent_rx] {
+    detach_each(a1_tx, a2_tx, ba_rx, go_tx, sent_rx);
+    ba_tx.adopt();
+    sent_tx.adopt();
+    ba_tx.send(a1_rx.recv().value());
+    CHILD_CHECK(go_rx.recv().value() == 1);
+    ba_tx.send(a2_rx.recv().value());
+    // The receiver has not read the second frame yet: its board is what close() waits for.
+    CHILD_CHECK(ba_tx.core().writer().passes_fds() || ba_tx.core().segments_awaiting_acknowledgement() == 1);
+    sent_tx.send(1);
+    ba_tx.close();
+  });
+  a1_rx.close();
+  a2_rx.close();
+  ba_tx.detach();
+  go_rx.close();
+  sent_tx.detach();
+  const Tensor first = filled(pool, 1024, 5);
+  const Tensor second = filled(pool, 1024, 6);
+  ASSERT_EQ(first.storage()->shared_block()->segment(), second.storage()->shared_block()->segment());
+  a1_tx.send(Batch{0, {first}});
+  a2_tx.send(Batch{0, {second}});
+  EXPECT_TRUE(all_equal(ba_rx.recv().value().tensors.at(0), 5));
+  go_tx.send(1);
+  ASSERT_EQ(sent_rx.recv().value(), 1);
+  std::optional<Batch> echo;
+  EXPECT_NO_THROW(echo = ba_rx.recv()) << "a frame sent before a clean close was lost";
+  ASSERT_TRUE(echo.has_value());
+  EXPECT_TRUE(all_equal(echo->tensors.at(0), 6));
+  EXPECT_FALSE(ba_rx.recv().has_value());
+  EXPECT_TRUE(child_succeeded(b));
+  a1_tx.close();
+  a2_tx.close();
+}
+
+// Descriptors of return boards this process has open.
+std::size_t open_return_boards() {
+  std::size_t count = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && target.starts_with("/memfd:ferry-returns")) ++count;
+  }
+  return count;
+}
+
+// A forwarder keeps the board of a connection it forwarded from only while a block of that
+// connection lives in it: one that forwards for many short-lived senders keeps no descriptor
+// per sender it ever had.
+TEST_P(AllocChannelTest, ForwarderLetsGoOfTheBoardOfAConnectionItNoLongerHoldsBlocksOf) {
+  SharedAllocator pool;
+  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
+  auto [ba_tx, ba_rx] = channel<Batch>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &ba_tx = ba_tx, &ba_rx = ba_rx, &go_tx = go_tx,
+                              &go_rx = go_rx] {
+    detach_each(ab_tx, ba_rx, go_tx);
+    ba_tx.adopt();
+    ba_tx.send(ab_rx.recv().value());
+    CHILD_CHECK(!ab_rx.recv().has_value());
+    ab_rx.close();
+    ba_tx.send(Batch{1, {}});  // announces that B dropped the block
+    CHILD_CHECK(go_rx.recv().value() == 1);
+    collect_returned_blocks(false);  // A gave the block back: nothing of A's connection lives here
+    CHILD_CHECK(open_return_boards() == 0);
+  });
+  ab_rx.close();
+  ba_tx.detach();
+  go_rx.close();
+  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  EXPECT_TRUE(all_equal(ba_rx.recv().value().tensors.at(0), 7));
+  ab_tx.close();
+  EXPECT_EQ(ba_rx.recv().value().tensors.size(), 0u);  // drops the lease of the block it echoed
+  go_tx.send(1);
+  EXPECT_TRUE(child_succeeded(b));
+}
+
+// A forked worker K inherits its parent's segments. Once a block of K's own came back to
+// it (through B), a block of such an inherited segment that the parent P sends on through
+// B is not K's own block coming back: K holds it like any forwarded block (registered on
+// P's board), and reads it.
+TEST_P(AllocChannelTest, ForkedWorkerReadsABlockOfAnInheritedSegmentForwardedAfterItsOwnCameBack) {
+  SharedAllocator pool;
+  const Tensor anchor = filled(pool, 1024, 1);  // its segment exists before the fork
+  auto [pb_tx, pb_rx] = channel<Batch>(GetParam());
+  auto [bk_tx, bk_rx] = channel<Batch>(GetParam());
+  auto [kb_tx, kb_rx] = channel<Batch>(GetParam());
+  auto [done_tx, done_rx] = channel<int>(GetParam());
+  const pid_t k = fork_child([&, &pb_tx = pb_tx, &pb_rx = pb_rx, &bk_tx = bk_tx, &bk_rx = bk_rx, &kb_tx = kb_tx,
+                              &kb_rx = kb_rx, &done_tx = done_tx, &done_rx = done_rx] {
+    detach_each(pb_tx, bk_tx, kb_rx, done_rx, pb_rx);
+    kb_tx.adopt();
+    done_tx.adopt();
+    kb_tx.send(Batch{0, {filled(pool, 1024, 3)}});  // a segment of K's (K's Storage dies here)
+    CHILD_CHECK(all_equal(bk_rx.recv().value().tensors.at(0), 3));
+    try {
+      const Batch forwarded = bk_rx.recv().value();
+      CHILD_CHECK(all_equal(forwarded.tensors.at(0), 7));
+    } catch (const PeerDied&) {
+      CHILD_CHECK(!"a block of the parent's segment was taken for one of K's own, reclaimed");
+    }
+    done_tx.send(1);
+  });
+  const pid_t b = fork_child([&, &pb_tx = pb_tx, &pb_rx = pb_rx, &bk_tx = bk_tx, &bk_rx = bk_rx, &kb_tx = kb_tx,
+                              &kb_rx = kb_rx, &done_tx = done_tx, &done_rx = done_rx] {
+    detach_each(pb_tx, bk_rx, kb_tx, done_tx, done_rx);
+    bk_tx.adopt();
+    bk_tx.send(kb_rx.recv().value());  // K's block goes back to K
+    bk_tx.send(pb_rx.recv().value());  // P's block goes on to K
+    CHILD_CHECK(!pb_rx.recv().has_value());
+  });
+  pb_rx.close();
+  bk_tx.detach();
+  bk_rx.close();
+  kb_tx.detach();
+  kb_rx.close();
+  done_tx.detach();
+  const Tensor sent = filled(pool, 1024, 7);
+  ASSERT_EQ(sent.storage()->shared_block()->segment(), anchor.storage()->shared_block()->segment());
+  pb_tx.send(Batch{0, {sent}});
+  EXPECT_EQ(done_rx.recv().value(), 1);
+  pb_tx.close();
+  EXPECT_TRUE(child_succeeded(k));
+  EXPECT_TRUE(child_succeeded(b));
 }
 
 }  // namespace

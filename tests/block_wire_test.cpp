@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cereal/types/vector.hpp>
+#include <cerrno>
 #include <cstring>
 #include <functional>
 #include <optional>
@@ -250,14 +251,76 @@ TEST_F(BlockWireTest, TheReclaimCountWaitsForAHolderCheckInProgress) {
   EXPECT_EQ(board->reclaims(), 1u);
 }
 
-TEST_F(BlockWireTest, ABoardRegistersAtMostItsHolderLimit) {
+// Two processes check the holders of one board when a used Sender was handed to a forked
+// worker: the parent keeps its pins (and checks them when short of memory) while the worker
+// that adopted the end checks its own. One check ending must neither hide the other still
+// running (a receiver registering meanwhile would read the count before that check's
+// reclaim) nor lose the other's reclaim.
+TEST_F(BlockWireTest, TheReclaimCountWaitsForEveryHolderCheckInProgress) {
   const auto board = ReturnBoard::create();
-  for (std::size_t i = 0; i < ReturnBoard::kMaxHolders; ++i) {
-    EXPECT_TRUE(board->register_holder(ProcessIdentity{static_cast<std::int32_t>(100000 + i), 1}));
+  board->begin_holder_check();  // the parent's check: it read the holders (all dead)...
+  board->begin_holder_check();  // ...the worker's check, which sees a holder registering
+  board->end_holder_check(false);
+  EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(0)), std::nullopt)
+      << "the parent's check still runs: its reclaim is yet to be counted";
+  board->end_holder_check(true);
+  EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(0)), 1u);
+  // Ending in the other order counts both outcomes too.
+  board->begin_holder_check();
+  board->begin_holder_check();
+  board->end_holder_check(true);
+  board->end_holder_check(false);
+  EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(0)), 2u);
+  EXPECT_EQ(board->reclaims(), 2u);
+}
+
+// A board refuses a holder only while kMaxHolders living processes hold places. Every
+// process a long-lived connection's blocks were forwarded to registers on its board: one
+// that exited gives its place up, or the board would refuse every holder after the first
+// 64 (whose forwarded blocks would then go unprotected). A living holder keeps its place.
+TEST_F(BlockWireTest, ABoardRefusesHoldersOnlyWhileItsPlacesHoldLivingProcesses) {
+  const auto board = ReturnBoard::create();
+  const ProcessIdentity self = current_process();
+  UniqueFd read_end;
+  UniqueFd write_end;
+  {
+    int fds[2];
+    ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+    read_end = UniqueFd(fds[0]);
+    write_end = UniqueFd(fds[1]);
   }
-  EXPECT_TRUE(board->register_holder(ProcessIdentity{100000, 1})) << "already registered";
-  EXPECT_FALSE(board->register_holder(ProcessIdentity{99999, 1}));
+  std::vector<pid_t> children;  // each lives until `write_end` closes
+  for (std::size_t i = 1; i < ReturnBoard::kMaxHolders; ++i) {
+    children.push_back(test::fork_child([&read_end, &write_end] {
+      write_end.reset();
+      char byte;
+      while (::read(read_end.get(), &byte, 1) < 0 && errno == EINTR) {
+      }
+    }));
+  }
+  EXPECT_TRUE(board->register_holder(self));
+  for (const pid_t child : children) {
+    const std::optional<ProcessIdentity> process = identify_process(child);
+    ASSERT_TRUE(process.has_value());
+    EXPECT_TRUE(board->register_holder(*process));
+  }
+  EXPECT_TRUE(board->register_holder(self)) << "already registered";
+  const std::optional<ProcessIdentity> parent = identify_process(::getppid());
+  ASSERT_TRUE(parent.has_value());
+  EXPECT_FALSE(board->register_holder(*parent)) << "every place holds a living process";
   EXPECT_EQ(board->holders().size(), ReturnBoard::kMaxHolders);
+  write_end.reset();
+  for (const pid_t child : children) EXPECT_TRUE(test::child_succeeded(child));
+  EXPECT_TRUE(board->register_holder(*parent)) << "an exited holder keeps its place for ever";
+  const auto holders = board->holders();
+  EXPECT_EQ(holders.size(), ReturnBoard::kMaxHolders);
+  const auto registered = [&holders](const ProcessIdentity& process) {
+    return std::any_of(holders.begin(), holders.end(), [&process](const auto& holder) {
+      return holder.process.pid == process.pid && holder.process.start_time == process.start_time;
+    });
+  };
+  EXPECT_TRUE(registered(*parent));
+  EXPECT_TRUE(registered(self)) << "a living holder lost its place";
 }
 
 TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {

@@ -11,7 +11,8 @@ namespace ferry {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x5352555445525946;  // "FYRETURS"
-constexpr std::uint64_t kVersion = 3;  // 2: the acknowledgement request word; 3: reclaims, 64 holders
+// 2: the acknowledgement request word; 3: reclaims, 64 holders; 4: holder checks counted
+constexpr std::uint64_t kVersion = 4;
 constexpr std::uint64_t kAbandoned = std::uint64_t{1} << 63;
 constexpr std::uint64_t kRegistering = std::uint64_t{1} << 63;
 constexpr std::size_t kPage = 4096;
@@ -24,8 +25,12 @@ constexpr std::size_t kVersionAt = 8;    // version << 32 | slot capacity
 constexpr std::size_t kResolvedAt = 16;
 constexpr std::size_t kPostedAt = 24;
 constexpr std::size_t kAcknowledgementsAt = 32;  // non-zero: the sender asked for acknowledgements
-constexpr std::size_t kReclaimsAt = 40;  // bit 0: checking the holders; reclaims << 1
-constexpr std::uint64_t kChecking = 1;
+// Low 16 bits: checks of the holders in progress (a Sender handed to a forked worker is
+// checked by both processes); above: reclaims.
+constexpr std::size_t kReclaimsAt = 40;
+constexpr std::uint64_t kCheck = 1;
+constexpr std::uint64_t kReclaim = std::uint64_t{1} << 16;
+constexpr std::uint64_t kChecks = kReclaim - 1;
 constexpr std::size_t kHoldersAt = 64;   // kMaxHolders x {pid word, start time}
 constexpr std::size_t kSummaryAt = kPage;
 constexpr std::size_t kBitmapAt = 2 * kPage;
@@ -125,11 +130,28 @@ bool ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
     pid_word.store(pid, std::memory_order_release);
     return true;
   }
+  // Full: take the place of a holder that exited. Places are never cleared, and every
+  // process a long-lived connection's blocks were forwarded to registers on its board; a
+  // dead holder keeps nothing pinned, so replacing it changes no check's outcome (one that
+  // read it dead before sees the same; one that reads the slot after sees us).
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    Atomic pid_word(*word(kHoldersAt + i * 16));
+    Atomic start_word(*word(kHoldersAt + i * 16 + 8));
+    std::uint64_t current = pid_word.load(std::memory_order_seq_cst);
+    if (current == 0 || (current & kRegistering) != 0) continue;  // a registration in progress: skip it
+    const ProcessIdentity holder{static_cast<std::int32_t>(current & 0x7fffffff),
+                                 start_word.load(std::memory_order_relaxed)};
+    if (process_alive(holder)) continue;
+    if (!pid_word.compare_exchange_strong(current, pid | kRegistering, std::memory_order_seq_cst)) continue;
+    start_word.store(process.start_time, std::memory_order_relaxed);
+    pid_word.store(pid, std::memory_order_release);
+    return true;
+  }
   return false;
 }
 
 std::uint32_t ReturnBoard::reclaims() const noexcept {
-  return static_cast<std::uint32_t>(Atomic(*word(kReclaimsAt)).load(std::memory_order_seq_cst) >> 1);
+  return static_cast<std::uint32_t>(Atomic(*word(kReclaimsAt)).load(std::memory_order_seq_cst) / kReclaim);
 }
 
 std::optional<std::uint32_t> ReturnBoard::reclaims_after_checks(std::chrono::milliseconds patience) const noexcept {
@@ -137,7 +159,7 @@ std::optional<std::uint32_t> ReturnBoard::reclaims_after_checks(std::chrono::mil
   Atomic reclaims_word(*word(kReclaimsAt));
   while (true) {
     const std::uint64_t value = reclaims_word.load(std::memory_order_seq_cst);
-    if ((value & kChecking) == 0) return static_cast<std::uint32_t>(value >> 1);
+    if ((value & kChecks) == 0) return static_cast<std::uint32_t>(value / kReclaim);
     // A check reads a few /proc entries: it ends within microseconds unless its process
     // stopped (killed halfway, or frozen).
     if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
@@ -146,14 +168,13 @@ std::optional<std::uint32_t> ReturnBoard::reclaims_after_checks(std::chrono::mil
 }
 
 void ReturnBoard::begin_holder_check() noexcept {
-  Atomic(*word(kReclaimsAt)).fetch_or(kChecking, std::memory_order_seq_cst);
+  Atomic(*word(kReclaimsAt)).fetch_add(kCheck, std::memory_order_seq_cst);
 }
 
 void ReturnBoard::end_holder_check(bool reclaimed) noexcept {
-  Atomic reclaims_word(*word(kReclaimsAt));
-  // Only the sender writes the word (one check at a time, under its ledger's lock).
-  const std::uint64_t count = (reclaims_word.load(std::memory_order_relaxed) >> 1) + (reclaimed ? 1 : 0);
-  reclaims_word.store(count << 1, std::memory_order_seq_cst);
+  // One step, as two processes may check at once: their checks end in any order, and one
+  // ending neither hides the other nor loses its reclaim (modular: minus kCheck).
+  Atomic(*word(kReclaimsAt)).fetch_add((reclaimed ? kReclaim : 0) - kCheck, std::memory_order_seq_cst);
 }
 
 bool ReturnBoard::claim_resolved(std::uint64_t sequence) noexcept {

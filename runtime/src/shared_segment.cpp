@@ -4,6 +4,7 @@
 #include <bit>
 #include <utility>
 
+#include "ferry/process_identity.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry {
@@ -15,7 +16,14 @@ std::atomic<std::uint64_t> g_sent_segment_deaths{0};
 }  // namespace
 
 SharedSegment::SharedSegment(SharedMemory memory, const void* owner)
-    : memory_(std::move(memory)), owner_(owner), id_(g_next_segment_id.fetch_add(1, std::memory_order_relaxed)) {}
+    : memory_(std::move(memory)),
+      owner_(owner),
+      generation_(fork_generation()),
+      id_(g_next_segment_id.fetch_add(1, std::memory_order_relaxed)) {}
+
+bool SharedSegment::created_in_this_process() const noexcept {
+  return owner_ != nullptr && generation_ == fork_generation();
+}
 
 std::shared_ptr<SharedSegment> SharedSegment::create(std::size_t size, const void* owner) {
   return std::shared_ptr<SharedSegment>(new SharedSegment(SharedMemory::create(size), owner));

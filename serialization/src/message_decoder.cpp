@@ -435,7 +435,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
   // the lease then holds only the block and a weak handle (see Lease).
   std::shared_ptr<Storage> own = segment->find_storage(entry.offset, entry.nbytes);
   std::shared_ptr<Allocation> own_allocation;
-  if (!own && !own_upstream_ledgers_.empty() && segment->owner() != nullptr) {
+  if (!own && !own_upstream_ledgers_.empty() && segment->created_in_this_process()) {
     // Its storage died here: the pin of the connection it left on keeps it (a forwarder
     // holds it, so that pin stays until the block is given back along the way). No pin
     // left means every holder of that connection exited and the block was reclaimed.

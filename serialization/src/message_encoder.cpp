@@ -264,15 +264,20 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
   for (std::shared_ptr<ReturnBoard>& board : upstream_scratch_) {
     if (board->fd() < 0) continue;  // never for a received board (it keeps its fd)
     if (ledger_ && board->identity() == ledger_->board()->identity()) continue;
-    const bool passed = std::any_of(upstream_sent_.begin(), upstream_sent_.end(),
-                                    [&board](const auto& sent) { return sent->identity() == board->identity(); });
+    const bool passed = std::any_of(upstream_sent_.begin(), upstream_sent_.end(), [&board](const auto& sent) {
+      const std::shared_ptr<ReturnBoard> live = sent.lock();
+      return live && live->identity() == board->identity();
+    });
     if (passed) continue;
     // We hold the block (its frame on `board` is resolved and we registered there), so the
     // count read now is one no reclaim of this block can have moved.
     add_segment_entry(SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), ReturnBoard::bytes(),
                       board->identity());
-    upstream_sent_.push_back(std::move(board));
+    // Like a segment's: the frame may introduce no segment that makes close() wait for it.
+    if (passing_ == HandlePassing::ProcFd) keepalive_.emplace_back(next_sequence_, board);
+    upstream_sent_.push_back(board);
   }
+  upstream_scratch_.clear();
 }
 
 const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
@@ -403,6 +408,8 @@ void MessageEncoder::commit() {
                              unannounced_segment_releases_.begin() + segment_releases);
   unannounced_segment_releases_.erase(unannounced_segment_releases_.begin(),
                                       unannounced_segment_releases_.begin() + segment_releases);
+  // The boards of this frame live (its storages hold them); forget those that died.
+  std::erase_if(upstream_sent_, [](const auto& sent) { return sent.expired(); });
   upstream_committed_ = upstream_sent_.size();
   if (board_in_frame_) {
     board_sent_ = true;

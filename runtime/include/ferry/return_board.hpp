@@ -26,8 +26,8 @@ namespace ferry {
 /// Layout (all words are 64-bit atomics, little-endian):
 ///   header    (page 0)  magic, version, slot capacity, last resolved frame (bit 63: the
 ///                       sender abandoned later frames), returns posted, acknowledgement
-///                       request, reclaims (bit 0: the sender is checking the holders;
-///                       the rest counts its reclaims), holder processes
+///                       request, reclaims (low 16 bits: checks of the holders in
+///                       progress; the rest counts reclaims), holder processes
 ///   summary   (page 1)  bit w set: word w of the bitmap may have bits set
 ///   bitmap    (page 2+) bit s set: the receiver gave storage slot s back
 class ReturnBoard {
@@ -95,8 +95,9 @@ class ReturnBoard {
     std::uint64_t count_ = 0;    // slots gathered, for the board's count
   };
   /// Registers `process` as a holder: the sender keeps what it pinned for this connection
-  /// as long as any registered process lives. False (nothing registered) when kMaxHolders
-  /// other processes are registered.
+  /// as long as any registered process lives. A process that exited gives its place to
+  /// the next one when all are taken. False (nothing registered) when kMaxHolders other
+  /// living (or still registering) processes are registered.
   bool register_holder(const ProcessIdentity& process) noexcept;
   /// The number of times the sender reclaimed everything it pinned for this connection
   /// because every holder had exited, read after waiting (up to `patience`) for a check of
@@ -134,7 +135,9 @@ class ReturnBoard {
   /// forwards a block of the connection.
   std::uint32_t reclaims() const noexcept;
   /// Marks a check of the holders as running (before holders() is read); end it with
-  /// end_holder_check(), with `reclaimed` when everything pinned was reclaimed.
+  /// end_holder_check(), with `reclaimed` when everything pinned was reclaimed. Several
+  /// processes may check at once (a used Sender handed to a forked worker): the count
+  /// reads as settled only once every check ended.
   void begin_holder_check() noexcept;
   void end_holder_check(bool reclaimed) noexcept;
   /// The processes registered as holders (one still registering is returned with

@@ -45,6 +45,9 @@ class SharedSegment {
   std::uint64_t id() const noexcept { return id_; }
   /// The allocator that carves this segment, or nullptr for a received segment.
   const void* owner() const noexcept { return owner_; }
+  /// True for a segment an allocator of this process created: not a received one, nor one
+  /// a forked child inherited (its parent carves it, and pins what it sends of it).
+  bool created_in_this_process() const noexcept;
 
   /// Records that the segment was passed to another process, so that its death is
   /// announced to the channels that passed it (see sent_segment_deaths()).
@@ -70,6 +73,7 @@ class SharedSegment {
 
   SharedMemory memory_;
   const void* owner_;
+  std::uint64_t generation_;  // fork generation that created or received it
   std::uint64_t id_;
   std::atomic<bool> sent_{false};
   std::atomic<bool> any_remembered_{false};

@@ -110,10 +110,11 @@ class MessageEncoder {
   std::uint64_t request_acknowledgements() noexcept {
     return ledger_ ? ledger_->board()->request_acknowledgements() : 0;
   }
-  /// True while segments are kept open for frames the receiver has not acknowledged.
+  /// True while segments (or upstream return boards) are kept open for frames the receiver
+  /// has not acknowledged.
   bool awaiting_acknowledgement() const noexcept { return !keepalive_.empty(); }
-  /// Segments kept open until the receiver acknowledges their frames (for tests and
-  /// statistics).
+  /// Segments (upstream return boards too) kept open until the receiver acknowledges their
+  /// frames (for tests and statistics).
   std::size_t segments_awaiting_acknowledgement() const noexcept { return keepalive_.size(); }
   /// The newest sequence whose acknowledgement is awaited (0: none).
   std::uint64_t newest_awaited_sequence() const noexcept { return keepalive_.empty() ? 0 : keepalive_.back().first; }
@@ -221,13 +222,17 @@ class MessageEncoder {
   std::shared_ptr<HoldLedger> ledger_;  // created with the first storage sent
   bool board_sent_ = false;
   std::uint64_t board_sequence_ = 0;  // frame that carried the board (ProcFd: keep its fd until acknowledged)
-  // Segments named by /proc path stay open until the receiver acknowledges the frame.
-  std::deque<std::pair<std::uint64_t, std::shared_ptr<SharedSegment>>> keepalive_;
+  // Segments and upstream boards named by /proc path stay open until the receiver
+  // acknowledges the frame (close() waits for that).
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> keepalive_;
   std::vector<std::uint32_t> returned_scratch_;
   // Return boards passed to the receiver because blocks received on them are forwarded on
-  // this connection (see SegmentRole::UpstreamBoard); kept, so that their fds stay open for
-  // a receiver that opens them by /proc path. The first `upstream_committed_` went out.
-  std::vector<std::shared_ptr<ReturnBoard>> upstream_sent_;
+  // this connection (see SegmentRole::UpstreamBoard), each passed once. Not kept: a board
+  // that died here (no block of its connection lives here any more) cannot be forwarded
+  // from again, and a forwarder must not keep the boards of every connection it ever
+  // forwarded from (keepalive_ keeps one until the receiver opened it). The first
+  // `upstream_committed_` went out.
+  std::vector<std::weak_ptr<ReturnBoard>> upstream_sent_;
   std::size_t upstream_committed_ = 0;
   std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;
 
