@@ -185,7 +185,7 @@ void HoldLedger::collect(bool check_receivers) {
   if (!belongs_to_this_process()) return;
   const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
   std::vector<std::shared_ptr<Allocation>> dropped;
-  std::deque<std::pair<std::uint64_t, std::shared_ptr<SharedSegment>>> released_segments;  // closed after the lock
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> released_segments;  // closed after the lock
   std::lock_guard lock(mutex_);
   if (!kept_segments_.empty()) {
     const std::uint64_t resolved = board_->resolved();
@@ -289,7 +289,7 @@ void HoldLedger::channel_closed(UniqueFd probe, bool probe_by_send) {
   collect(false);
 }
 
-void HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<SharedSegment>>> segments) {
+void HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments) {
   if (!belongs_to_this_process()) return;  // a forked child's copy: the segments are the parent's to keep
   std::lock_guard lock(mutex_);
   for (auto& kept : segments) kept_segments_.push_back(std::move(kept));

@@ -57,11 +57,12 @@ class HoldLedger {
   /// `probe_by_send` (a duplex socket whose writer did not shut its direction down), a
   /// zero-length send failing with EPIPE also tells that the reader shut its direction down.
   void channel_closed(UniqueFd probe, bool probe_by_send = false);
-  /// Segments that frames up to their sequence number name by fd number (Transport::Pipe,
-  /// ShmRing), from a channel that closed before the receiver acknowledged them (a Sender
+  /// Segments (and upstream return boards) that frames up to their sequence number name by
+  /// fd number (Transport::Pipe, ShmRing; each held by an owner of its fd), from a channel
+  /// that closed before the receiver acknowledged them (a Sender
   /// dropped by an exception does not wait): kept open until the return board says their
   /// frame is resolved, or until the receiver is gone, so that it can still open them.
-  void keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<SharedSegment>>> segments);
+  void keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments);
   /// This process handed the channel to a forked process that goes on with it (see
   /// adopt_in_child()): the return board is that process's to read from now on. What this
   /// process pinned stays pinned until every holder has exited.
@@ -104,7 +105,7 @@ class HoldLedger {
   bool handed_over_ = false;  // another process reads the board (hand_over())
   UniqueFd probe_;
   bool probe_by_send_ = false;
-  std::deque<std::pair<std::uint64_t, std::shared_ptr<SharedSegment>>> kept_segments_;  // by sequence
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> kept_segments_;  // by sequence
 };
 
 /// Collects what receivers gave back on every channel of this process (see
