@@ -289,7 +289,8 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   // The slots found here stay leased below: their storages are alive (in storages_).
   leased_slots_.resize(storages_.size());
   for (std::size_t i = 0; i < storages_.size(); ++i) {
-    const auto slot = leased_ids_.find(storages_[i]->id());
+    // Only a storage marked sent can be leased (a new one skips the lookup).
+    const auto slot = storages_[i]->was_sent() ? leased_ids_.find(storages_[i]->id()) : std::nullopt;
     leased_slots_[i] = slot.value_or(kNoSlot);
     if (slot) slots_[*slot].storage = storages_[i];
   }

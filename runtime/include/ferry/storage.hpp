@@ -82,6 +82,8 @@ class Storage {
   /// Records that the storage went into a frame, so that its death is announced to the
   /// channels that track what their receivers hold (see sent_storage_deaths()).
   void mark_sent() noexcept { sent_.store(true, std::memory_order_relaxed); }
+  /// True once the storage was passed to another process (mark_sent()).
+  bool was_sent() const noexcept { return sent_.load(std::memory_order_relaxed); }
   /// Counts as a death for sent_storage_deaths() when the storage was sent: a receiver
   /// calls it when the user dropped every handle of a storage the receiver keeps alive.
   void announce_dropped() noexcept;
