@@ -803,6 +803,46 @@ TEST_P(AllocChannelTest, OwnBlockForwardedBackByAProcessThatDiesStaysIntactWhile
   ab_tx.close();
 }
 
+// A used Receiver taken over by a forked process (adopt()) holds what arrived before: the
+// process that received it exits, and the sender keeps the blocks while the new owner lives.
+TEST_P(AllocChannelTest, ReceiverAdoptedByAForkedProcessKeepsWhatArrivedAfterTheReceiverExits) {
+  SharedAllocator pool;
+  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
+  auto [held_tx, held_rx] = channel<int>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  auto [result_tx, result_rx] = channel<int>(GetParam());
+  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &held_tx = held_tx, &held_rx = held_rx,
+                              &go_tx = go_tx, &go_rx = go_rx, &result_tx = result_tx, &result_rx = result_rx] {
+    detach_each(ab_tx, held_rx, go_tx, result_rx);
+    const Batch got = ab_rx.recv().value();
+    // C: takes the receiver (and the batch it received) over, and outlives B.
+    fork_child([&] {
+      ab_rx.adopt();
+      held_tx.adopt();
+      result_tx.adopt();
+      held_tx.send(1);
+      CHILD_CHECK(go_rx.recv().value() == 1);
+      result_tx.send(all_equal(got.tensors.at(0), 7) ? 1 : 0);
+    });
+    ab_rx.detach();  // handed over to C
+    detach_each(held_tx, go_rx, result_tx);
+  });
+  ab_rx.close();
+  held_tx.detach();
+  go_rx.close();
+  result_tx.detach();
+  const Tensor anchor = filled(pool, 1024, 1);
+  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(held_rx.recv().value(), 1);
+  ASSERT_TRUE(child_succeeded(b));  // B exited; C holds the block
+  pool.trim();
+  EXPECT_EQ(ab_tx.core().pinned_storages(), 1u);
+  const std::vector<Tensor> reuse = allocate_over(pool);
+  go_tx.send(1);
+  EXPECT_EQ(result_rx.recv().value(), 1) << "C saw its block recycled after B exited";
+  ab_tx.close();
+}
+
 // The race the registration closes: B forwards a block and dies before C read the frame,
 // and A reclaims everything it pinned for B (its only holder is dead) before C registers.
 // C must then refuse the frame (PeerDied) instead of viewing memory A recycled.

@@ -397,15 +397,7 @@ void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
   }
   // Register this process as a holder before holding anything: the sender keeps what it
   // pinned for us as long as a registered holder lives.
-  const std::uint64_t generation = fork_generation();
-  if (registered_generation_ != generation) {
-    board()->register_holder(current_process());
-    // A forked process that took the receiver over holds forwarded blocks too.
-    for (const auto& upstream : returns_->upstream_boards()) {
-      if (!own_ledger_of_board(upstream->identity())) upstream->register_holder(current_process());
-    }
-    registered_generation_ = generation;
-  }
+  register_as_holder();
   if (!board()->claim_resolved(sequence)) {
     throw ProtocolError("the sender gave up on frame " + std::to_string(sequence) +
                         " (it saw this receiver as gone, or it closed the channel and its close linger passed) "
@@ -484,6 +476,22 @@ std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
   }
   lease.handle = handle;
   return handle;
+}
+
+void MessageDecoder::register_as_holder() noexcept {
+  const std::uint64_t generation = fork_generation();
+  if (!returns_ || registered_generation_ == generation) return;
+  try {
+    const ProcessIdentity self = current_process();
+    returns_->board->register_holder(self);
+    // A forked process that took the receiver over holds forwarded blocks too.
+    for (const auto& upstream : returns_->upstream_boards()) {
+      if (!own_ledger_of_board(upstream->identity())) upstream->register_holder(self);
+    }
+    registered_generation_ = generation;
+  } catch (...) {
+    // Out of memory or /proc unreadable: the next frame with a new block tries again.
+  }
 }
 
 void MessageDecoder::release_all() noexcept {

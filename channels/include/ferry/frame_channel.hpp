@@ -180,8 +180,13 @@ class ReceiverCore final : public LiveEnd {
   /// (see MessageDecoder::hand_over()), and the worker's copy keeps reading.
   void detach() noexcept;
   /// Makes the calling process the owner, whose destructor closes the end for everyone (a
-  /// forked child's destructor only lets go of its copy).
-  void adopt() noexcept { owner_ = ::getpid(); }
+  /// forked child's destructor only lets go of its copy), and registers it as a holder of
+  /// what arrived so far (a used end taken over by a forked worker: the sender keeps those
+  /// blocks while the worker lives, even once the process that received them exited).
+  void adopt() noexcept {
+    owner_ = ::getpid();
+    decoder_.register_as_holder();
+  }
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }
   FrameReader& reader() noexcept { return *reader_; }

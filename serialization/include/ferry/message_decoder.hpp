@@ -88,6 +88,10 @@ class MessageDecoder {
   /// dies, since the other process may still hold it. The sender keeps those blocks until
   /// every process that holds what arrived on the connection has exited.
   void hand_over() noexcept;
+  /// Registers the calling process as a holder of what arrived on the connection (its
+  /// board and upstream boards), once per fork generation: a forked process that takes the
+  /// receiver over (ReceiverCore::adopt()) holds what arrived so far before it reads again.
+  void register_as_holder() noexcept;
   /// Storages leased on this connection.
   std::size_t leased() const noexcept;
   /// Segments leased on this connection.
