@@ -803,6 +803,50 @@ TEST_P(AllocChannelTest, OwnBlockForwardedBackByAProcessThatDiesStaysIntactWhile
   ab_tx.close();
 }
 
+// The same block coming back after the forwarder died and the sender reclaimed it (its only
+// holder was dead): the frame is refused instead of showing the recycled block. Over a
+// socket the block's fd travels with the frame, so the refusal is the own-block check's;
+// over a pipe or ring the dead forwarder's fd cannot be opened any more.
+TEST_P(AllocChannelTest, OwnBlockForwardedBackAfterTheSenderReclaimedItIsRefused) {
+  SharedAllocator pool;
+  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
+  auto [ba_tx, ba_rx] = channel<Batch>(GetParam());
+  auto [forwarded_tx, forwarded_rx] = channel<int>(GetParam());
+  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &ba_tx = ba_tx, &ba_rx = ba_rx,
+                              &forwarded_tx = forwarded_tx, &forwarded_rx = forwarded_rx] {
+    detach_each(ab_tx, ba_rx, forwarded_rx);
+    ba_tx.adopt();
+    forwarded_tx.adopt();
+    {
+      Batch got = ab_rx.recv().value();
+      ba_tx.send(got);
+    }
+    forwarded_tx.send(1);
+    while (true) ::pause();
+  });
+  ab_rx.close();
+  ba_tx.detach();
+  forwarded_tx.detach();
+  const Tensor anchor = filled(pool, 1024, 1);
+  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});  // its Storage dies here
+  ASSERT_EQ(forwarded_rx.recv().value(), 1);
+  ::kill(b, SIGKILL);
+  ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
+  pool.trim();  // B was the only holder: A reclaims the block
+  EXPECT_EQ(ab_tx.core().pinned_storages(), 0u);
+  const std::vector<Tensor> reuse = allocate_over(pool);
+  try {
+    const auto echo = ba_rx.recv();
+    ADD_FAILURE() << "the echo of a reclaimed block was read";
+  } catch (const PeerDied& error) {
+    if (GetParam() == Transport::UnixSocket) {
+      EXPECT_NE(std::string(error.what()).find("came back through processes that exited"), std::string::npos)
+          << error.what();
+    }
+  }
+  ab_tx.close();
+}
+
 // A used Receiver taken over by a forked process (adopt()) holds what arrived before: the
 // process that received it exits, and the sender keeps the blocks while the new owner lives.
 TEST_P(AllocChannelTest, ReceiverAdoptedByAForkedProcessKeepsWhatArrivedAfterTheReceiverExits) {

@@ -211,19 +211,27 @@ void HoldLedger::collect(bool check_receivers) {
   if (pinned_ == 0) {
     // Nothing pinned: every frame was given back or reclaimed, so nobody opens a segment any more.
     probe_.reset();
-    released_segments.insert(released_segments.end(), std::make_move_iterator(kept_segments_.begin()),
-                             std::make_move_iterator(kept_segments_.end()));
-    kept_segments_.clear();
-    if (!channel_open_) board_->close_fd();
+    release_kept_segments_locked(released_segments);
     return;
   }
   if (!check_receivers) return;
   // Marked on the board while it runs: a process that registers as a holder meanwhile (a
   // receiver of a block forwarded from this connection) waits for its end and then sees
-  // whether it reclaimed (ReturnBoard::reclaims_after_checks()).
+  // whether it reclaimed (ReturnBoard::reclaims_after_checks()). The mark ends however the
+  // block below is left (an exception from holders() included).
+  struct HolderCheck {
+    ReturnBoard& board;
+    const bool& reclaimed;
+    HolderCheck(ReturnBoard& checked, const bool& outcome) : board(checked), reclaimed(outcome) {
+      board.begin_holder_check();
+    }
+    ~HolderCheck() { board.end_holder_check(reclaimed); }
+    HolderCheck(const HolderCheck&) = delete;
+    HolderCheck& operator=(const HolderCheck&) = delete;
+  };
   bool reclaimed = false;
-  board_->begin_holder_check();
-  try {
+  {
+    const HolderCheck check(*board_, reclaimed);
     const auto holders = board_->holders();
     const bool all_dead = !holders.empty() && std::none_of(holders.begin(), holders.end(), [](const auto& holder) {
       return holder.registering ? registering_holder_alive(holder.process.pid) : process_alive(holder.process);
@@ -242,17 +250,8 @@ void HoldLedger::collect(bool check_receivers) {
         reclaim_unresolved_locked(dropped);
       }
     }
-  } catch (...) {
-    board_->end_holder_check(reclaimed);
-    throw;
   }
-  board_->end_holder_check(reclaimed);
-  if (receiver_gone_ || reclaimed) {
-    released_segments.insert(released_segments.end(), std::make_move_iterator(kept_segments_.begin()),
-                             std::make_move_iterator(kept_segments_.end()));
-    kept_segments_.clear();
-    if (!channel_open_) board_->close_fd();
-  }
+  if (receiver_gone_ || reclaimed) release_kept_segments_locked(released_segments);
   if (probe_ && board_->resolved() >= newest_pinned_sequence_locked()) {
     probe_.reset();  // every pinned frame is resolved: the holders decide from now on
   }
@@ -287,6 +286,14 @@ void HoldLedger::channel_closed(UniqueFd probe, bool probe_by_send) {
     if (kept_segments_.empty()) board_->close_fd();
   }
   collect(false);
+}
+
+void HoldLedger::release_kept_segments_locked(
+    std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>>& released) {
+  released.insert(released.end(), std::make_move_iterator(kept_segments_.begin()),
+                  std::make_move_iterator(kept_segments_.end()));
+  kept_segments_.clear();
+  if (!channel_open_) board_->close_fd();  // kept for them (channel_closed())
 }
 
 void HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments) {

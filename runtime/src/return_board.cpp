@@ -114,38 +114,38 @@ void ReturnBoard::PostBatch::post_word() noexcept {
 
 bool ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
   const auto pid = static_cast<std::uint64_t>(process.pid);
-  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+  // Takes place `i` if its pid word still reads `expected`: marks it registering, then
+  // publishes the start time and clears the mark. seq_cst: a sender's check of the holders
+  // (begin_holder_check(), then holders()) and a registration followed by
+  // reclaims_after_checks() see at least one another's store.
+  const auto claim = [this, pid, &process](std::size_t i, std::uint64_t& expected) {
     Atomic pid_word(*word(kHoldersAt + i * 16));
-    Atomic start_word(*word(kHoldersAt + i * 16 + 8));
-    std::uint64_t current = pid_word.load(std::memory_order_seq_cst);
-    if (current == pid && start_word.load(std::memory_order_relaxed) == process.start_time) return true;
-    if (current != 0) continue;
-    // seq_cst: a sender's check of the holders (begin_holder_check(), then holders()) and a
-    // registration followed by reclaims_after_checks() see at least one another's store.
-    if (!pid_word.compare_exchange_strong(current, pid | kRegistering, std::memory_order_seq_cst)) {
-      if (current == pid && start_word.load(std::memory_order_relaxed) == process.start_time) return true;
-      continue;
-    }
-    start_word.store(process.start_time, std::memory_order_relaxed);
+    if (!pid_word.compare_exchange_strong(expected, pid | kRegistering, std::memory_order_seq_cst)) return false;
+    Atomic(*word(kHoldersAt + i * 16 + 8)).store(process.start_time, std::memory_order_relaxed);
     pid_word.store(pid, std::memory_order_release);
     return true;
+  };
+  const auto is_this_process = [this, pid, &process](std::size_t i, std::uint64_t pid_word) {
+    return pid_word == pid &&
+           Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed) == process.start_time;
+  };
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    std::uint64_t current = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);
+    if (is_this_process(i, current)) return true;
+    if (current != 0) continue;
+    if (claim(i, current)) return true;
+    if (is_this_process(i, current)) return true;
   }
   // Full: take the place of a holder that exited. Places are never cleared, and every
   // process a long-lived connection's blocks were forwarded to registers on its board; a
   // dead holder keeps nothing pinned, so replacing it changes no check's outcome (one that
   // read it dead before sees the same; one that reads the slot after sees us).
   for (std::size_t i = 0; i < kMaxHolders; ++i) {
-    Atomic pid_word(*word(kHoldersAt + i * 16));
-    Atomic start_word(*word(kHoldersAt + i * 16 + 8));
-    std::uint64_t current = pid_word.load(std::memory_order_seq_cst);
+    std::uint64_t current = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);
     if (current == 0 || (current & kRegistering) != 0) continue;  // a registration in progress: skip it
     const ProcessIdentity holder{static_cast<std::int32_t>(current & 0x7fffffff),
-                                 start_word.load(std::memory_order_relaxed)};
-    if (process_alive(holder)) continue;
-    if (!pid_word.compare_exchange_strong(current, pid | kRegistering, std::memory_order_seq_cst)) continue;
-    start_word.store(process.start_time, std::memory_order_relaxed);
-    pid_word.store(pid, std::memory_order_release);
-    return true;
+                                 Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed)};
+    if (!process_alive(holder) && claim(i, current)) return true;
   }
   return false;
 }

@@ -90,6 +90,9 @@ class HoldLedger {
   void unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped);
   void reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
   void reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
+  // Moves every kept segment into `released` (to close after the lock): nobody will open
+  // them any more. Closes the board's fd too once the channel closed.
+  void release_kept_segments_locked(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>>& released);
   std::uint64_t newest_pinned_sequence_locked() const;
   bool belongs_to_this_process() const noexcept;
 
