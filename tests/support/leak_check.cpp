@@ -12,26 +12,37 @@
 namespace ferry::test {
 namespace {
 
-std::size_t count_entries(const char* path) {
+std::set<std::string> entries(const char* path) {
+  std::set<std::string> names;
   DIR* dir = ::opendir(path);
-  if (dir == nullptr) return 0;
-  std::size_t count = 0;
+  if (dir == nullptr) return names;
   while (const dirent* entry = ::readdir(dir)) {
-    const std::string name = entry->d_name;
-    if (name != "." && name != "..") ++count;
+    std::string name = entry->d_name;
+    if (name != "." && name != "..") names.insert(std::move(name));
   }
   ::closedir(dir);
-  return count;
+  return names;
+}
+
+// The names in `after` that are not in `before`, for a failure message.
+std::string added_names(const std::set<std::string>& before, const std::set<std::string>& after) {
+  std::string added;
+  for (const auto& name : after) {
+    if (!before.contains(name)) added += (added.empty() ? "" : ", ") + name;
+  }
+  return added.empty() ? "none added (some were removed)" : added;
 }
 
 }  // namespace
 
 std::size_t count_open_fds() {
   // opendir itself holds one fd while counting.
-  return count_entries("/proc/self/fd") - 1;
+  return entries("/proc/self/fd").size() - 1;
 }
 
-std::size_t count_dev_shm_entries() { return count_entries("/dev/shm"); }
+std::set<std::string> dev_shm_entries() { return entries("/dev/shm"); }
+
+std::size_t count_dev_shm_entries() { return dev_shm_entries().size(); }
 
 std::size_t count_ferry_mappings() {
   std::ifstream maps("/proc/self/maps");
@@ -46,7 +57,7 @@ std::size_t count_ferry_mappings() {
 void LeakCheckedTest::SetUp() {
   release_cached_shared_memory();
   fds_before_ = count_open_fds();
-  shm_before_ = count_dev_shm_entries();
+  shm_before_ = dev_shm_entries();
 }
 
 void LeakCheckedTest::TearDown() {
@@ -59,7 +70,8 @@ void LeakCheckedTest::TearDown() {
     release_cached_shared_memory();
   }
   EXPECT_EQ(count_open_fds(), fds_before_) << "file descriptors leaked";
-  EXPECT_EQ(count_dev_shm_entries(), shm_before_) << "/dev/shm entries leaked";
+  const std::set<std::string> shm_after = dev_shm_entries();
+  EXPECT_EQ(shm_after.size(), shm_before_.size()) << "/dev/shm entries leaked: " << added_names(shm_before_, shm_after);
 }
 
 }  // namespace ferry::test

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <set>
+#include <string>
 
 namespace ferry::test {
 
@@ -11,6 +13,8 @@ namespace ferry::test {
 std::size_t count_open_fds();
 /// Number of entries in /dev/shm.
 std::size_t count_dev_shm_entries();
+/// Names of the entries in /dev/shm.
+std::set<std::string> dev_shm_entries();
 /// Number of memory mappings of ferry's tensor segments in this process (lines of
 /// /proc/self/maps that name "/memfd:ferry"; return boards, "/memfd:ferry-returns", are
 /// not counted).
@@ -26,7 +30,7 @@ class LeakCheckedTest : public ::testing::Test {
 
  private:
   std::size_t fds_before_ = 0;
-  std::size_t shm_before_ = 0;
+  std::set<std::string> shm_before_;
 };
 
 }  // namespace ferry::test
