@@ -43,7 +43,8 @@ function(ferry_add_cuda_sources target)
       runtime/src/cuda/runtime.cpp
       runtime/src/cuda/device_memory.cpp
       runtime/src/cuda/ipc_memory.cpp
-      runtime/src/cuda/ipc_events.cpp
+      runtime/src/cuda/ipc_signals.cpp
+      runtime/src/cuda/fence_watch.cpp
       runtime/src/cuda/copy.cpp)
     target_link_libraries(${target} PUBLIC CUDA::cudart)
     target_compile_definitions(${target} PUBLIC FERRY_HAS_CUDA=1)

@@ -15,6 +15,7 @@
 
 #include "ferry/cuda.hpp"
 #include "ferry/cuda/block_pool.hpp"
+#include "ferry/cuda/ipc.hpp"
 #include "ferry/cuda/release_board.hpp"
 #include "ferry/cuda_frame.hpp"
 #include "ferry/ferry.hpp"
@@ -386,7 +387,7 @@ struct CudaFrame {
   }
 
   // Bytes and fds of the frame: the encoder's frame for a tensor on the board (wire version
-  // 2: segment table with the return board and the board's segment, then the board's block
+  // 3: segment table with the return board and the board's segment, then the board's block
   // as handle 0), spliced. The fds are duplicates: the encoder closes its return board's fd.
   std::pair<std::vector<std::byte>, std::vector<UniqueFd>> build() const {
     MessageEncoder encoder(HandlePassing::FdPassing);
@@ -500,6 +501,18 @@ TEST_F(CudaHandleCheckTest, EveryFieldIsCheckedBeforeCudaIsCalled) {
     CudaFrame frame;
     frame.entry.slot = MessageDecoder::kMaxSlots;
     expect_refused(frame, "above the limit");
+  }
+  for (const std::uint32_t flags : {kCudaRecordHasEvent | kCudaRecordHasFence, std::uint32_t{4}, std::uint32_t{1} << 31}) {
+    CudaFrame frame;
+    frame.record.flags = flags;
+    expect_refused(frame, "expected at most one of event (1) and fence (2)");
+  }
+  for (const std::uint64_t offset : {std::uint64_t{4}, cuda::kFenceBufferBytes, cuda::kFenceBufferBytes - 4,
+                                     ~std::uint64_t{0}}) {
+    CudaFrame frame;
+    frame.record.flags = kCudaRecordHasFence;
+    frame.record.fence_offset = offset;
+    expect_refused(frame, "must be a multiple of 8 inside it");
   }
 }
 

@@ -1,9 +1,9 @@
 // CUDA storages on the wire (see cuda_frame.hpp). The sending side turns a producer's CUDA
 // storage into a CudaIpc handle entry plus a CudaHandleRecord: the IPC handle of its whole
-// block, its offset and size in it, the interprocess event recorded after the sender's
-// writes, and the counter of the connection's release board that the receiver releases.
-// The receiving side opens the block (once per process), makes its stream wait for the
-// event, and builds a Storage that views the producer's memory.
+// block, its offset and size in it, the signal the sender's stream gives after its writes (a
+// fence, or an interprocess event), and the counter of the connection's release board that
+// the receiver releases. The receiving side opens the block (once per process), makes its
+// stream wait for the signal, and builds a Storage that views the producer's memory.
 //
 // Every CUDA transport in ferry today (pipe, Unix socket) stays on one host. A transport
 // that crosses hosts must refuse CUDA storages in add_cuda_storage(): IPC handles mean
@@ -13,6 +13,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "ferry/cuda.hpp"
 #include "ferry/cuda/block_pool.hpp"
@@ -28,11 +29,11 @@ namespace ferry {
 struct MessageEncoder::CudaSendState {
   // Boards of an isolated channel come from its pool, so that they travel without a copy.
   explicit CudaSendState(const std::optional<SharedAllocator>& pool)
-      : boards(events, cuda::kReleaseBoardCapacity, pool) {}
+      : boards(signals, cuda::kReleaseBoardCapacity, pool) {}
 
-  // The events outlive the connection as long as any of its boards does: receivers may still
+  // The signals outlive the connection as long as any of its boards does: receivers may still
   // wait on them for frames in flight, and those frames hold counters of the boards.
-  std::shared_ptr<cuda::SendEvents> events = std::make_shared<cuda::SendEvents>();
+  std::shared_ptr<cuda::SendSignals> signals = std::make_shared<cuda::SendSignals>();
   cuda::ReleaseBoardSet boards;
 
   // The frame being encoded.
@@ -45,15 +46,15 @@ struct MessageEncoder::CudaSendState {
   std::vector<Pending> pending;                 // CUDA storages added to the frame
   std::vector<CudaHandleRecord> records;        // one per CudaIpc entry, in table order
   std::vector<std::pair<std::shared_ptr<cuda::ReleaseBoard>, std::uint32_t>> counted;  // +1s of this frame
-  std::vector<std::pair<int, std::optional<cuda::IpcHandle>>> events_recorded;        // by device
+  std::vector<std::pair<int, cuda::SendSignal>> signalled;  // by device
 
-  // The event that covers the sender's writes on `device`, recorded once per frame.
-  std::optional<cuda::IpcHandle> event_for(int device) {
-    for (const auto& [recorded_device, handle] : events_recorded) {
-      if (recorded_device == device) return handle;
+  // The signal that covers the sender's writes on `device`, given once per frame.
+  const cuda::SendSignal& signal_for(int device) {
+    for (const auto& [signalled_device, signal] : signalled) {
+      if (signalled_device == device) return signal;
     }
-    events_recorded.emplace_back(device, events->record(device));
-    return events_recorded.back().second;
+    signalled.emplace_back(device, signals->signal(device));
+    return signalled.back().second;
   }
 };
 
@@ -102,10 +103,22 @@ HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) 
   record.counter = pending->counter;
   record.pid = static_cast<std::int32_t>(::getpid());
   record.device = device;
-  if (const std::optional<cuda::IpcHandle> event = cuda_->event_for(device)) {
-    std::memcpy(record.event_handle, event->data(), sizeof record.event_handle);
-    record.flags |= kCudaRecordHasEvent;
-  }  // else: the sending stream was synchronized (fallback): nothing to wait for
+  const cuda::SendSignal& signal = cuda_->signal_for(device);
+  switch (signal.kind) {
+    case cuda::SignalKind::Fence:
+      std::memcpy(record.signal_handle, signal.handle.data(), sizeof record.signal_handle);
+      record.fence_block_id = signal.fence_block_id;
+      record.fence_offset = signal.fence_offset;
+      record.fence_value = signal.fence_value;
+      record.flags |= kCudaRecordHasFence;
+      break;
+    case cuda::SignalKind::Event:
+      std::memcpy(record.signal_handle, signal.handle.data(), sizeof record.signal_handle);
+      record.flags |= kCudaRecordHasEvent;
+      break;
+    case cuda::SignalKind::None:
+      break;  // the sending stream was synchronized (the last fallback): nothing to wait for
+  }
   cuda_->records.push_back(record);
   // This frame is one more hold until the receiver resolves it (taken back if not sent).
   pending->board->add(pending->counter, 1);
@@ -138,7 +151,7 @@ void MessageEncoder::cuda_begin_frame() noexcept {
   cuda_->pending.clear();
   cuda_->records.clear();
   cuda_->counted.clear();
-  cuda_->events_recorded.clear();
+  cuda_->signalled.clear();
 }
 
 void MessageEncoder::cuda_end_frame(bool sent) noexcept {
@@ -152,15 +165,32 @@ void MessageEncoder::cuda_end_frame(bool sent) noexcept {
 // ---- receiving -------------------------------------------------------------------------
 
 struct MessageDecoder::CudaReceiveState {
-  cuda::ReceiveEvents events;
-  std::vector<std::pair<int, cuda::IpcHandle>> waited;  // in the frame being resolved
+  cuda::ReceiveSignals signals;
+  // What the frame being resolved already waited for: (device, handle, fence offset, value).
+  std::vector<std::tuple<int, cuda::IpcHandle, std::uint64_t, std::uint64_t>> waited;
 
-  void wait(int device, const cuda::IpcHandle& handle) {
-    for (const auto& [waited_device, waited_handle] : waited) {
-      if (waited_device == device && waited_handle == handle) return;  // once per frame is enough
+  // Makes this thread's current stream wait for the record's signal, once per frame.
+  void wait(int device, const CudaHandleRecord& record) {
+    cuda::IpcHandle handle;
+    std::memcpy(handle.data(), record.signal_handle, sizeof record.signal_handle);
+    const bool fence = (record.flags & kCudaRecordHasFence) != 0;
+    std::tuple<int, cuda::IpcHandle, std::uint64_t, std::uint64_t> key{
+        device, handle, fence ? record.fence_offset : 0, fence ? record.fence_value : 0};
+    for (const auto& done : waited) {
+      if (done == key) return;
     }
-    events.wait(device, handle);
-    waited.emplace_back(device, handle);
+    if (fence) {
+      cuda::FenceExport export_;
+      export_.memory_handle = handle;
+      std::memcpy(export_.pci_bus_id.data(), record.pci_bus_id, sizeof record.pci_bus_id);
+      export_.block_id = record.fence_block_id;
+      export_.offset = record.fence_offset;
+      export_.value = record.fence_value;
+      signals.wait_fence(device, export_, record.pid);
+    } else {
+      signals.wait_event(device, handle);
+    }
+    waited.push_back(key);
   }
 };
 
@@ -192,6 +222,18 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
   }
   if (std::memchr(record.pci_bus_id, '\0', sizeof record.pci_bus_id) == nullptr) {
     throw ProtocolError(handle + " has a PCI bus id without an end");
+  }
+  if ((record.flags & ~(kCudaRecordHasEvent | kCudaRecordHasFence)) != 0 ||
+      (record.flags & (kCudaRecordHasEvent | kCudaRecordHasFence)) == (kCudaRecordHasEvent | kCudaRecordHasFence)) {
+    throw ProtocolError(handle + " has CUDA record flags " + std::to_string(record.flags) +
+                        ": expected at most one of event (1) and fence (2)");
+  }
+  if ((record.flags & kCudaRecordHasFence) != 0 &&
+      (record.fence_offset % sizeof(std::uint64_t) != 0 ||
+       record.fence_offset > cuda::kFenceBufferBytes - sizeof(std::uint64_t))) {
+    throw ProtocolError(handle + " puts its fence at byte " + std::to_string(record.fence_offset) +
+                        " of a fence buffer of " + std::to_string(cuda::kFenceBufferBytes) +
+                        " bytes (must be a multiple of 8 inside it)");
   }
   if (record.pid <= 0) throw ProtocolError(handle + " names an invalid process " + std::to_string(record.pid));
   if (record.pid == ::getpid()) {
@@ -226,11 +268,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
     exported.offset = record.offset;
     const int device = cuda::local_device(exported.pci_bus_id);
     if (!range) range = cuda::open_received_range(exported, device, entry.nbytes, record.pid);
-    if (record.flags & kCudaRecordHasEvent) {
-      cuda::IpcHandle event;
-      std::memcpy(event.data(), record.event_handle, sizeof record.event_handle);
-      cuda_->wait(device, event);
-    }
+    if (record.flags & (kCudaRecordHasEvent | kCudaRecordHasFence)) cuda_->wait(device, record);
     if (lease != nullptr) {
       if (auto storage = lease->handle.lock()) {
         board.release(record.counter);  // already held by that Storage

@@ -17,13 +17,16 @@ std::size_t span_bytes(const Tensor& tensor) {
 }
 
 // Copies `bytes` with cudaMemcpyDefault (unified addressing tells the directions apart) on
-// the current stream of `device`, and waits for it.
+// the current stream of `device`, and waits for it. A copy to or from pageable host memory
+// blocks inside the driver until the stream gets to it, so the stream is waited for by
+// polling first (see wait_for_stream).
 void copy_bytes(void* destination, const void* source, std::size_t bytes, int device) {
   DeviceGuard guard(device);
   const cudaStream_t stream = current_stream(device);
+  wait_for_stream(stream, "waiting for cuda:" + std::to_string(device) + " before a copy");
   check_cuda(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, stream),
              "cudaMemcpyAsync of " + std::to_string(bytes) + " bytes (cuda:" + std::to_string(device) + ")");
-  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize after a copy on cuda:" + std::to_string(device));
+  wait_for_stream(stream, "waiting for a copy on cuda:" + std::to_string(device));
 }
 
 // A CPU tensor with the layout of `tensor` (a CUDA tensor) and a copy of the bytes it spans.

@@ -91,7 +91,7 @@ void zero(Storage& storage) {
   const cudaStream_t stream = current_stream(device);
   check_cuda(cudaMemsetAsync(storage.data(), 0, storage.nbytes(), stream),
              "cudaMemsetAsync of " + std::to_string(storage.nbytes()) + " bytes on cuda:" + std::to_string(device));
-  check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize after zeroing a CUDA storage");
+  wait_for_stream(stream, "waiting for the zeroing of a CUDA storage");
 }
 
 }  // namespace cuda

@@ -38,7 +38,7 @@ void copy(const Tensor& /*destination*/, const Tensor& /*source*/) { throw_not_b
 BlockExport export_allocation(const CudaAllocation& /*allocation*/) { throw_not_built("cannot send a CUDA tensor"); }
 int local_device(const PciBusId& /*bus_id*/) { throw_not_built("cannot receive a CUDA tensor"); }
 std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& /*exported*/, int /*device*/,
-                                                       std::size_t /*bytes*/, pid_t /*producer*/) {
+                                                       std::size_t /*bytes*/, pid_t /*producer*/, bool /*counted*/) {
   throw_not_built("cannot receive a CUDA tensor");
 }
 std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> /*range*/,
@@ -46,16 +46,22 @@ std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRang
   throw_not_built("cannot receive a CUDA tensor");
 }
 std::uint64_t ipc_events_opened() noexcept { return 0; }
+std::uint64_t fence_buffers_opened() noexcept { return 0; }
 
-struct SendEvents::Impl {};
-SendEvents::SendEvents() = default;
-SendEvents::~SendEvents() = default;
-std::optional<IpcHandle> SendEvents::record(int /*device*/) { throw_not_built("cannot send a CUDA tensor"); }
+struct SendSignals::Impl {};
+SendSignals::SendSignals() = default;
+SendSignals::~SendSignals() = default;
+SendSignal SendSignals::signal(int /*device*/) { throw_not_built("cannot send a CUDA tensor"); }
 
-struct ReceiveEvents::Impl {};
-ReceiveEvents::ReceiveEvents() = default;
-ReceiveEvents::~ReceiveEvents() = default;
-void ReceiveEvents::wait(int /*device*/, const IpcHandle& /*handle*/) { throw_not_built("cannot receive a CUDA tensor"); }
+struct ReceiveSignals::Impl {};
+ReceiveSignals::ReceiveSignals() = default;
+ReceiveSignals::~ReceiveSignals() = default;
+void ReceiveSignals::wait_fence(int /*device*/, const FenceExport& /*fence*/, pid_t /*producer*/) {
+  throw_not_built("cannot receive a CUDA tensor");
+}
+void ReceiveSignals::wait_event(int /*device*/, const IpcHandle& /*handle*/) {
+  throw_not_built("cannot receive a CUDA tensor");
+}
 
 }  // namespace cuda
 }  // namespace ferry

@@ -15,6 +15,7 @@
 #include "ferry/cuda/block_pool.hpp"
 #include "ferry/cuda/ipc.hpp"
 #include "ferry/cuda/runtime.hpp"
+#include "fence_watch.hpp"
 
 namespace ferry {
 namespace cuda {
@@ -24,6 +25,7 @@ static_assert(sizeof(cudaIpcMemHandle_t) == sizeof(IpcHandle));
 
 std::atomic<std::uint64_t> g_blocks_opened{0};
 std::atomic<std::uint64_t> g_blocks_closed{0};
+std::atomic<std::uint64_t> g_fence_buffers_opened{0};
 
 std::string bus_text(const PciBusId& bus_id) { return std::string(bus_id.data(), ::strnlen(bus_id.data(), bus_id.size())); }
 
@@ -73,6 +75,7 @@ struct OpenBlock {
   pid_t producer = 0;
   std::uint64_t block_id = 0;
   std::uint64_t block_bytes = 0;
+  bool counted = true;  // a storage block (counted in cuda_ipc_stats), not a fence buffer
 };
 
 // (local device, IPC handle bytes) -> the opened block. An entry lives exactly as long as
@@ -99,8 +102,8 @@ void release_block(const std::pair<int, IpcHandle>& key) noexcept {
   } catch (...) {
     // The device is unusable (the process is exiting): the mapping goes with the process.
   }
+  if (it->second.counted) g_blocks_closed.fetch_add(1, std::memory_order_relaxed);
   cache.blocks.erase(it);
-  g_blocks_closed.fetch_add(1, std::memory_order_relaxed);
 }
 
 // A received Storage's allocation: a range plus one hold on the producer's counter.
@@ -112,12 +115,12 @@ class HeldCudaRange final : public Allocation {
   HeldCudaRange& operator=(const HeldCudaRange&) = delete;
   ~HeldCudaRange() override {
     // Work this process queued on the memory must be finished before the producer may reuse
-    // it (as torch does, the current stream is synchronized: the storage's death is not on the
+    // it (as torch does, the current stream is waited for: the storage's death is not on the
     // hot path of a send).
     const int device = range_->device().index;
     try {
       DeviceGuard guard(device);
-      ignore_cuda_error(cudaStreamSynchronize(current_stream(device)));
+      wait_for_stream(current_stream(device), "waiting for the stream before releasing a received CUDA storage");
     } catch (...) {
       // The device is unusable: nothing runs on it any more.
     }
@@ -194,7 +197,7 @@ int local_device(const PciBusId& bus_id) {
 }
 
 std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& exported, int device, std::size_t bytes,
-                                                       pid_t producer) {
+                                                       pid_t producer, bool counted) {
   if (exported.offset > exported.block_bytes || bytes > exported.block_bytes - exported.offset) {
     throw CudaError("a received CUDA storage of " + std::to_string(bytes) + " bytes at offset " +
                         std::to_string(exported.offset) + " does not fit its block of " +
@@ -208,7 +211,8 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
     std::lock_guard lock(cache.mutex);
     if (auto it = cache.blocks.find(key); it != cache.blocks.end()) {
       OpenBlock& open = it->second;
-      if (open.producer != producer || open.block_id != exported.block_id || open.block_bytes != exported.block_bytes) {
+      if (open.producer != producer || open.block_id != exported.block_id || open.block_bytes != exported.block_bytes ||
+          open.counted != counted) {
         throw CudaError("process " + std::to_string(producer) + " sent CUDA block " + std::to_string(exported.block_id) +
                             " with the IPC handle of a block this process still has open (block " +
                             std::to_string(open.block_id) + " of process " + std::to_string(open.producer) +
@@ -232,8 +236,8 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
                             std::to_string(exported.block_bytes) + " bytes but it has " + std::to_string(*real_bytes),
                         cudaErrorInvalidValue);
       }
-      cache.blocks.emplace(key, OpenBlock{base, 1, producer, exported.block_id, exported.block_bytes});
-      g_blocks_opened.fetch_add(1, std::memory_order_relaxed);
+      cache.blocks.emplace(key, OpenBlock{base, 1, producer, exported.block_id, exported.block_bytes, counted});
+      (counted ? g_blocks_opened : g_fence_buffers_opened).fetch_add(1, std::memory_order_relaxed);
     }
   }
   // The keepalive's deleter gives the use back (and closes the block after the last one).
@@ -241,6 +245,8 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
   return std::make_shared<ReceivedCudaRange>(std::move(keepalive), static_cast<std::byte*>(base) + exported.offset,
                                              bytes, device, producer, exported.block_id, exported.offset);
 }
+
+std::uint64_t fence_buffers_opened() noexcept { return g_fence_buffers_opened.load(std::memory_order_relaxed); }
 
 std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> range, ReleaseBoardView board,
                                                 std::uint32_t counter) {
@@ -255,6 +261,8 @@ CudaIpcStats cuda_ipc_stats() {
   stats.blocks_closed = cuda::g_blocks_closed.load(std::memory_order_relaxed);
   stats.blocks_open = stats.blocks_opened - stats.blocks_closed;
   stats.events_opened = cuda::ipc_events_opened();
+  stats.fence_buffers_opened = cuda::fence_buffers_opened();
+  stats.fences_released = cuda::fences_released_for_dead_producers();
   return stats;
 }
 

@@ -1,8 +1,10 @@
 // Checked CUDA calls, device and stream selection, and whether CUDA is usable at all.
 #include "ferry/cuda/runtime.hpp"
 
+#include <chrono>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace ferry {
@@ -80,6 +82,19 @@ void check_device(int device) {
                         std::to_string(count) + " device(s)";
   if (count == 0) message += " (" + cuda_unavailable_reason() + ")";
   throw CudaError(message, static_cast<int>(count == 0 ? cudaErrorNoDevice : cudaErrorInvalidDevice));
+}
+
+void wait_for_stream(cudaStream_t stream, std::string_view what) {
+  for (int polls = 0;; ++polls) {
+    const cudaError_t status = cudaStreamQuery(stream);
+    if (status == cudaSuccess) return;
+    if (status != cudaErrorNotReady) check_cuda(status, what);
+    if (polls < 200) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(polls < 2000 ? 20 : 200));
+    }
+  }
 }
 
 DeviceGuard::DeviceGuard(int device) {

@@ -21,7 +21,9 @@
 // Version 2 (the caching allocator) replaced version 1, whose 48-byte handle entries each
 // named a whole memfd: a storage is now a block of a segment, segments travel once per
 // connection in their own table, and CUDA storages are CudaIpc entries of the same handle
-// table (their producer pid and device moved into the CUDA record).
+// table (their producer pid and device moved into the CUDA record). Version 3 grew the CUDA
+// record (cuda_frame.hpp) by a fence: the receiver's stream waits for a word of the sender's
+// fence buffer instead of an interprocess event.
 #pragma once
 
 #include <cstddef>
@@ -30,8 +32,9 @@
 namespace ferry {
 
 inline constexpr std::uint32_t kFrameMagic = 0x59525246;  // "FRRY"
-/// Version 2: storages are blocks of leased segments, with a return board per connection.
-inline constexpr std::uint16_t kFrameVersion = 2;
+/// Version 3: storages are blocks of leased segments, with a return board per connection;
+/// CUDA records carry a fence.
+inline constexpr std::uint16_t kFrameVersion = 3;
 
 /// What a frame carries.
 enum class FrameKind : std::uint8_t {

@@ -1,8 +1,9 @@
 // CUDA IPC between processes: exporting the block behind a producer's storage, opening it
 // in a receiver (once per process and device, whatever the number of storages in it), and
-// the interprocess events that order a receiver's work after the sender's writes. No CUDA
-// types here, so that the wire format code (serialization/src/cuda_handles.cpp) compiles in
-// every build; without CUDA these functions throw Error.
+// the signals (fences, or interprocess events) that order a receiver's work after the
+// sender's writes. No CUDA types here, so that the wire format code
+// (serialization/src/cuda_handles.cpp) compiles in every build; without CUDA these functions
+// throw Error.
 #pragma once
 
 #include <sys/types.h>
@@ -78,9 +79,10 @@ class ReceivedCudaRange final : public Allocation {
 
 /// Opens the block of `exported` on the local device `device` (or finds it open: a process
 /// opens each block once, as CUDA requires) and returns the range of `bytes` at its offset.
+/// `counted`: whether the block counts in cuda_ipc_stats()'s blocks (fence buffers do not).
 /// Checks that the block really is as large as the producer says. Throws CudaError.
 std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& exported, int device, std::size_t bytes,
-                                                       pid_t producer);
+                                                       pid_t producer, bool counted = true);
 
 /// The allocation behind a received Storage: `range`, plus one hold on `counter` of `board`
 /// that it releases when it dies, after synchronizing the current stream of its device (so
@@ -88,37 +90,75 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
 std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> range, ReleaseBoardView board,
                                                 std::uint32_t counter);
 
-/// The interprocess events of one sending connection, one per device (created with
-/// cudaEventInterprocess | cudaEventDisableTiming on first use).
-class SendEvents {
- public:
-  SendEvents();
-  ~SendEvents();
-  SendEvents(const SendEvents&) = delete;
-  SendEvents& operator=(const SendEvents&) = delete;
+/// Bytes of a process's fence buffer on one device: 4096 fences of 8 bytes.
+inline constexpr std::uint64_t kFenceBufferBytes = 32768;
 
-  /// Records the device's event on the calling thread's current stream, after everything
-  /// queued there so far, and returns its IPC handle for the receiver to wait on. Returns
-  /// std::nullopt when it synchronized the stream instead: the fallback when no event can
-  /// be created (or FERRY_CUDA_SYNC_SENDS=1 is set in the environment). Throws CudaError.
-  std::optional<IpcHandle> record(int device);
+/// How a receiver's stream is made to wait for what a sender queued before a frame.
+enum class SignalKind : std::uint8_t {
+  None,   ///< nothing to wait for: the sender synchronized its stream (the last fallback)
+  Fence,  ///< a 64-bit word of the sender's fence buffer reaches `fence_value`
+  Event,  ///< an interprocess CUDA event (the fallback without stream memory operations)
+};
+
+/// What a sender hands a receiver for one device and frame.
+struct SendSignal {
+  SignalKind kind = SignalKind::None;
+  IpcHandle handle{};               ///< Fence: the fence buffer's cudaIpcMemHandle_t; Event: cudaIpcEventHandle_t
+  std::uint64_t fence_block_id = 0;  ///< Fence: the producer's block id of its fence buffer
+  std::uint64_t fence_offset = 0;    ///< Fence: the byte offset of the word in the buffer
+  std::uint64_t fence_value = 0;     ///< Fence: the value the word reaches after the sender's work
+};
+
+/// A fence as a receiver gets it: which buffer (on the GPU `pci_bus_id` of process
+/// `producer`), which word, and the value to wait for.
+struct FenceExport {
+  IpcHandle memory_handle{};
+  PciBusId pci_bus_id{};
+  std::uint64_t block_id = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t value = 0;
+};
+
+/// The signals of one sending connection, per device. By default a fence: the connection
+/// owns one 64-bit word of its process's fence buffer (a small cudaMalloc exported once) and
+/// each frame writes the next value into it on the sending stream (cuStreamWriteValue64,
+/// ordered after everything queued there); the receiver's stream waits until the word
+/// reaches that value (cuStreamWaitValue64). Without stream memory operations it falls back
+/// to an interprocess event, and when no event can be made either, to synchronizing the
+/// sending stream. FERRY_CUDA_SEND_SIGNAL=fence|event|synchronize chooses where to start.
+class SendSignals {
+ public:
+  SendSignals();
+  ~SendSignals();
+  SendSignals(const SendSignals&) = delete;
+  SendSignals& operator=(const SendSignals&) = delete;
+
+  /// Signals, on the calling thread's current stream of `device`, that everything queued
+  /// there so far is done, and returns what the receiver waits for (kind None when the
+  /// stream was synchronized instead). Throws CudaError.
+  SendSignal signal(int device);
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
-/// The events a receiving connection opened (cudaIpcOpenEventHandle, once per handle).
-class ReceiveEvents {
+/// What a receiving connection opened to wait for its senders' signals: fence buffers
+/// (through the process's block cache, so each is opened once per process) and events
+/// (cudaIpcOpenEventHandle, once per handle).
+class ReceiveSignals {
  public:
-  ReceiveEvents();
-  ~ReceiveEvents();
-  ReceiveEvents(const ReceiveEvents&) = delete;
-  ReceiveEvents& operator=(const ReceiveEvents&) = delete;
+  ReceiveSignals();
+  ~ReceiveSignals();
+  ReceiveSignals(const ReceiveSignals&) = delete;
+  ReceiveSignals& operator=(const ReceiveSignals&) = delete;
 
+  /// Makes the calling thread's current stream on the local `device` wait until the fence
+  /// reaches its value (no host synchronization). Throws CudaError.
+  void wait_fence(int device, const FenceExport& fence, pid_t producer);
   /// Makes the calling thread's current stream on the local `device` wait for the sender's
-  /// event `handle` (no host synchronization). Throws CudaError.
-  void wait(int device, const IpcHandle& handle);
+  /// interprocess event `handle` (no host synchronization). Throws CudaError.
+  void wait_event(int device, const IpcHandle& handle);
 
  private:
   struct Impl;
@@ -127,5 +167,7 @@ class ReceiveEvents {
 
 /// cudaIpcOpenEventHandle calls of this process so far (for cuda_ipc_stats()).
 std::uint64_t ipc_events_opened() noexcept;
+/// Fence buffers of other processes this process opened so far (for cuda_ipc_stats()).
+std::uint64_t fence_buffers_opened() noexcept;
 
 }  // namespace ferry::cuda

@@ -52,7 +52,7 @@ class ReleaseBoard {
   /// Creates a board of `capacity` counters in a new, zeroed block of shared memory from
   /// `pool` (default: the process's caching allocator; an isolated channel passes its own
   /// pool, so the board travels without a copy). `keepalive` lives as long as the board (the
-  /// connection's interprocess events, which receivers may still wait on while any of the
+  /// connection's signals (fences or events), which receivers may still wait on while any of the
   /// board's counters is held).
   static std::shared_ptr<ReleaseBoard> create(std::uint32_t capacity, std::shared_ptr<const void> keepalive = {},
                                               const std::optional<SharedAllocator>& pool = std::nullopt);

@@ -20,6 +20,13 @@ void check_cuda(cudaError_t status, std::string_view what);
 /// that the process is exiting are expected there.
 void ignore_cuda_error(cudaError_t status) noexcept;
 
+/// Waits on the host until everything queued on `stream` is done, polling cudaStreamQuery
+/// (yielding, then sleeping) instead of blocking in cudaStreamSynchronize. ferry's own waits
+/// use it: a thread blocked inside the driver can keep other threads out of it, and the fence
+/// watch (which frees streams waiting for a dead producer) must get in. Throws CudaError
+/// naming `what`.
+void wait_for_stream(cudaStream_t stream, std::string_view what);
+
 /// Makes `device` the calling thread's current CUDA device while it lives, then restores
 /// the previous one. Cheap when it already is.
 class DeviceGuard {

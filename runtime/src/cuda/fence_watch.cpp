@@ -1,0 +1,184 @@
+// The watch over fence producers (see fence_watch.hpp): one thread per receiving process,
+// started with the first fence it waits for, polling a pidfd per producer.
+#include "fence_watch.hpp"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ferry/unique_fd.hpp"
+#include "memory_operations.hpp"
+
+namespace ferry::cuda {
+namespace {
+
+std::atomic<std::uint64_t> g_released{0};
+
+struct WatchedFence {
+  std::weak_ptr<ReceivedCudaRange> buffer;  // weak: the connection decides when it is closed
+  std::uint64_t offset = 0;
+  int device = 0;
+  std::uint64_t value = 0;  // the highest value waited for
+};
+
+struct Producer {
+  UniqueFd pidfd;
+  std::map<std::pair<const void*, std::uint64_t>, WatchedFence> fences;  // by (buffer, offset)
+};
+
+class FenceWatch {
+ public:
+  static FenceWatch& get() {
+    static auto* instance = new FenceWatch();  // leaked: its thread runs until the process exits
+    return *instance;
+  }
+
+  void watch(pid_t producer, const std::shared_ptr<ReceivedCudaRange>& buffer, std::uint64_t offset, int device,
+             std::uint64_t value) {
+    (void)stream_for(device);  // now, not when a producer has died
+    std::unique_lock lock(mutex_);
+    auto it = producers_.find(producer);
+    if (it == producers_.end()) {
+      UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, producer, 0)));
+      if (!pidfd) {
+        const bool gone = errno == ESRCH;
+        lock.unlock();
+        if (gone) {  // exited already: nobody else will write the value
+          Producer dead;
+          dead.fences[{buffer.get(), offset}] = WatchedFence{buffer, offset, device, value};
+          release(dead);
+        } else {
+          static std::once_flag once;
+          std::call_once(once, [] {
+            std::fprintf(stderr,
+                         "ferry: warning: cannot watch CUDA producers (no pidfd_open): a stream waiting for a "
+                         "producer that dies before its GPU work is done stays blocked\n");
+          });
+        }
+        return;
+      }
+      it = producers_.emplace(producer, Producer{std::move(pidfd), {}}).first;
+      start_locked();
+      wake();
+    }
+    WatchedFence& fence = it->second.fences[{buffer.get(), offset}];
+    if (fence.value < value || fence.buffer.expired()) fence = WatchedFence{buffer, offset, device, value};
+  }
+
+ private:
+  FenceWatch() = default;
+
+  void start_locked() {
+    if (thread_started_) return;
+    wake_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!wake_fd_) return;  // retried with the next producer
+    std::thread([this] { run(); }).detach();
+    thread_started_ = true;
+  }
+
+  void wake() {
+    const std::uint64_t one = 1;
+    if (wake_fd_) (void)!::write(wake_fd_.get(), &one, sizeof one);
+  }
+
+  void run() {
+    std::vector<pollfd> polled;
+    std::vector<pid_t> pids;
+    for (;;) {
+      {
+        std::lock_guard lock(mutex_);
+        polled.assign(1, pollfd{wake_fd_.get(), POLLIN, 0});
+        pids.assign(1, 0);
+        for (const auto& [pid, producer] : producers_) {
+          polled.push_back(pollfd{producer.pidfd.get(), POLLIN, 0});
+          pids.push_back(pid);
+        }
+      }
+      if (::poll(polled.data(), polled.size(), -1) < 0) {
+        if (errno == EINTR) continue;
+        std::fprintf(stderr, "ferry: warning: the watch over CUDA producers stopped (poll failed)\n");
+        return;
+      }
+      if (polled[0].revents != 0) {
+        std::uint64_t count = 0;
+        (void)!::read(wake_fd_.get(), &count, sizeof count);
+      }
+      for (std::size_t i = 1; i < polled.size(); ++i) {
+        if (polled[i].revents == 0) continue;
+        Producer dead;
+        {
+          std::lock_guard lock(mutex_);
+          auto it = producers_.find(pids[i]);
+          if (it == producers_.end()) continue;
+          dead = std::move(it->second);
+          producers_.erase(it);
+        }
+        release(dead);
+      }
+    }
+  }
+
+  // Writes every fence of a dead producer, on a stream of this process's own (made when the
+  // device's first fence was watched, so that the release needs no more than the write and
+  // its synchronization). The highest value this process waits for is written: should the
+  // producer's GPU have written a later value before it died, frames with values above ours
+  // that this process reads later are released when they are watched (their producer is
+  // gone by then).
+  void release(Producer& dead) noexcept {
+    const MemoryOperations& operations = MemoryOperations::get();
+    for (auto& [key, fence] : dead.fences) {
+      const std::shared_ptr<ReceivedCudaRange> buffer = fence.buffer.lock();
+      if (!buffer) continue;  // closed: nobody waits on it any more
+      try {
+        DeviceGuard guard(fence.device);
+        const cudaStream_t stream = stream_for(fence.device);
+        const auto address = reinterpret_cast<CUdeviceptr>(buffer->data() + fence.offset);
+        check_driver(operations.write_value(stream, address, fence.value, 0),
+                     "cuStreamWriteValue64 for a dead producer's fence");
+        check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize after writing a dead producer's fence");
+        g_released.fetch_add(1, std::memory_order_relaxed);
+      } catch (const std::exception& error) {
+        std::fprintf(stderr, "ferry: warning: cannot free a stream waiting for a dead producer: %s\n", error.what());
+      }
+    }
+  }
+
+  // The watch's own stream on `device` (made on first use, kept for the process's life).
+  cudaStream_t stream_for(int device) {
+    std::lock_guard lock(streams_mutex_);
+    auto it = streams_.find(device);
+    if (it != streams_.end()) return it->second;
+    DeviceGuard guard(device);
+    cudaStream_t stream = nullptr;
+    check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate for the fence watch");
+    return streams_.emplace(device, stream).first->second;
+  }
+
+  std::mutex mutex_;
+  std::map<pid_t, Producer> producers_;
+  std::mutex streams_mutex_;
+  std::map<int, cudaStream_t> streams_;
+  UniqueFd wake_fd_;
+  bool thread_started_ = false;
+};
+
+}  // namespace
+
+void watch_fence(pid_t producer, const std::shared_ptr<ReceivedCudaRange>& buffer, std::uint64_t offset, int device,
+                 std::uint64_t value) {
+  FenceWatch::get().watch(producer, buffer, offset, device, value);
+}
+
+std::uint64_t fences_released_for_dead_producers() noexcept { return g_released.load(std::memory_order_relaxed); }
+
+}  // namespace ferry::cuda
