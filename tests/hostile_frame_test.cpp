@@ -1,6 +1,6 @@
 // Frames that lie: every field a sender controls is corrupted in turn, and the receiver
 // must answer with a ProtocolError naming the field, keep running, close the fds it was
-// handed, and report itself broken afterwards. Frames are wire version 2 (frame.hpp): the
+// handed, and report itself broken afterwards. Frames are wire version 3 (frame.hpp): the
 // first frame of a connection carries a segment table (the return board first, then the
 // tensor's segment) ahead of the handle table.
 #include <fcntl.h>
