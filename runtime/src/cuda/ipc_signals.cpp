@@ -71,9 +71,12 @@ FenceBuffer& buffer_of(FenceBuffers& buffers, int device) {
   FenceBuffer buffer;
   check_cuda(cudaMalloc(&buffer.base, kFenceBufferBytes), "cudaMalloc of the fence buffer on cuda:" + std::to_string(device));
   try {
-    // Zeroed before any stream may write or wait on it.
+    // Zeroed before any stream may write or wait on it. The legacy default stream is polled
+    // (see wait_for_stream), not the device synchronized: a stream of this process may be
+    // waiting for a dead producer's fence, which the watch can only release from outside the
+    // driver, and the device's other streams' work is none of this buffer's business.
     check_cuda(cudaMemset(buffer.base, 0, kFenceBufferBytes), "cudaMemset of the fence buffer");
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize after zeroing the fence buffer");
+    wait_for_stream(nullptr, "waiting for the zeroing of the fence buffer on cuda:" + std::to_string(device));
     cudaIpcMemHandle_t handle{};
     check_cuda(cudaIpcGetMemHandle(&handle, buffer.base), "cudaIpcGetMemHandle of the fence buffer");
     std::memcpy(buffer.handle.data(), &handle, sizeof handle);
@@ -180,21 +183,25 @@ struct SendSignals::Impl {
     }
   }
 
-  // Picks the device's signal: a fence where the driver can, else an event, else none.
+  // Picks the device's signal: a fence where the driver can, else an event, else none. Only
+  // a choice that succeeded counts: when a call here throws (the fence buffer's cudaMalloc,
+  // the event's creation), the next signal chooses again instead of using a kind whose fence
+  // or event was never made.
   void choose(PerDevice& slot, int device) {
-    slot.chosen = true;
     slot.kind = first_choice();
     if (slot.kind == SignalKind::Fence) {
       if (MemoryOperations::get().supported_on(device)) slot.fence = borrow_fence(device);
-      if (slot.fence) return;
-      static std::once_flag once;
-      warn_once(once, "cuda:" + std::to_string(device) +
-                          " has no free fence or no 64-bit stream memory operations; sends of CUDA tensors use "
-                          "interprocess events instead (slower; the CUDA driver leaves a /dev/shm/cuda.shm.* file "
-                          "per sending process)");
-      slot.kind = SignalKind::Event;
+      if (!slot.fence) {
+        static std::once_flag once;
+        warn_once(once, "cuda:" + std::to_string(device) +
+                            " has no free fence or no 64-bit stream memory operations; sends of CUDA tensors use "
+                            "interprocess events instead (slower; the CUDA driver leaves a /dev/shm/cuda.shm.* file "
+                            "per sending process)");
+        slot.kind = SignalKind::Event;
+      }
     }
     if (slot.kind == SignalKind::Event) create_event(slot, device);
+    slot.chosen = true;
   }
 
   void create_event(PerDevice& slot, int device) {
@@ -243,8 +250,12 @@ SendSignal SendSignals::signal(int device) {
       const MemoryOperations& operations = MemoryOperations::get();
       // A receiver waits for the latest value only. When the sender moved to another stream,
       // that stream first waits for the previous value, so the new value also covers the work
-      // of the earlier frames' stream (and the word never goes back).
-      if (slot.signalled && stream != slot.last_stream) {
+      // of the earlier frames' stream (and the word never goes back). The same holds for the
+      // first signal on a word that an earlier connection gave back: its last value may still
+      // be queued on that connection's stream (a consumer that died releases its holds at
+      // once), and written after ours it would take the word back below what our receiver
+      // waits for.
+      if ((slot.signalled && stream != slot.last_stream) || (!slot.signalled && fence.value > 0)) {
         check_driver(operations.wait_value(stream, fence.address, fence.value, CU_STREAM_WAIT_VALUE_GEQ),
                      "cuStreamWaitValue64 chaining a send's fence");
       }
