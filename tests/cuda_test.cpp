@@ -514,18 +514,31 @@ TEST_F(CudaHandleCheckTest, EveryFieldIsCheckedBeforeCudaIsCalled) {
     frame.record.fence_offset = offset;
     expect_refused(frame, "must be a multiple of 8 inside it");
   }
+  {
+    CudaFrame frame;
+    frame.record.reserved = 1;
+    expect_refused(frame, "reserved field of its CUDA record (must be zero)");
+  }
 }
 
 TEST_F(CudaHandleCheckTest, AHandleThatCannotBeOpenedGivesItsCountBack) {
   if (!cuda_built()) GTEST_SKIP() << "ferry was built without CUDA";
   // In a child: resolving reaches CUDA, which must not be initialised in the test process.
+  // The second frame's fence is in the buffer's last word: past the checks, to CUDA.
   const pid_t child = test::fork_child([this] {
-    CudaFrame frame;
-    std::uint32_t counter = 0;
-    for (std::uint32_t i = 0; i <= frame.record.counter; ++i) CHILD_CHECK(frame.board->acquire(counter));
-    frame.board->add(counter, 1);  // what the sender adds for the frame
-    expect_refused(frame, "cannot map the CUDA storage of CUDA handle 1");
-    CHILD_CHECK(frame.board->value(counter) == 0);
+    for (const bool fence : {false, true}) {
+      CudaFrame frame;
+      if (fence) {
+        frame.record.flags = kCudaRecordHasFence;
+        frame.record.fence_offset = cuda::kFenceBufferBytes - sizeof(std::uint64_t);
+        frame.record.fence_value = 1;
+      }
+      std::uint32_t counter = 0;
+      for (std::uint32_t i = 0; i <= frame.record.counter; ++i) CHILD_CHECK(frame.board->acquire(counter));
+      frame.board->add(counter, 1);  // what the sender adds for the frame
+      expect_refused(frame, "cannot map the CUDA storage of CUDA handle 1");
+      CHILD_CHECK(frame.board->value(counter) == 0);
+    }
     CHILD_CHECK(!::testing::Test::HasFailure());
   });
   EXPECT_TRUE(test::child_succeeded(child));

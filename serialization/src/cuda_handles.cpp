@@ -165,20 +165,23 @@ void MessageEncoder::cuda_end_frame(bool sent) noexcept {
 // ---- receiving -------------------------------------------------------------------------
 
 struct MessageDecoder::CudaReceiveState {
+  using SignalKey = std::tuple<int, cuda::IpcHandle, std::uint64_t, std::uint64_t>;
   cuda::ReceiveSignals signals;
-  // What the frame being resolved already waited for: (device, handle, fence offset, value).
-  std::vector<std::tuple<int, cuda::IpcHandle, std::uint64_t, std::uint64_t>> waited;
+  // What the frame being resolved already waited for: (device, handle, fence offset, value),
+  // and the fence buffer that the frame's new storages keep (null for an event).
+  std::vector<std::pair<SignalKey, std::shared_ptr<const void>>> waited;
 
-  // Makes this thread's current stream wait for the record's signal, once per frame.
-  void wait(int device, const CudaHandleRecord& record) {
+  // Makes this thread's current stream wait for the record's signal, once per frame, and
+  // returns what a storage of the frame keeps while it lives (see hold_received_range).
+  std::shared_ptr<const void> wait(int device, const CudaHandleRecord& record) {
     cuda::IpcHandle handle;
     std::memcpy(handle.data(), record.signal_handle, sizeof record.signal_handle);
     const bool fence = (record.flags & kCudaRecordHasFence) != 0;
-    std::tuple<int, cuda::IpcHandle, std::uint64_t, std::uint64_t> key{
-        device, handle, fence ? record.fence_offset : 0, fence ? record.fence_value : 0};
-    for (const auto& done : waited) {
-      if (done == key) return;
+    SignalKey key{device, handle, fence ? record.fence_offset : 0, fence ? record.fence_value : 0};
+    for (const auto& [done, keep] : waited) {
+      if (done == key) return keep;
     }
+    std::shared_ptr<const void> keep;
     if (fence) {
       cuda::FenceExport export_;
       export_.memory_handle = handle;
@@ -186,11 +189,12 @@ struct MessageDecoder::CudaReceiveState {
       export_.block_id = record.fence_block_id;
       export_.offset = record.fence_offset;
       export_.value = record.fence_value;
-      signals.wait_fence(device, export_, record.pid);
+      keep = signals.wait_fence(device, export_, record.pid);
     } else {
       signals.wait_event(device, handle);
     }
-    waited.push_back(key);
+    waited.emplace_back(key, keep);
+    return keep;
   }
 };
 
@@ -227,6 +231,10 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
       (record.flags & (kCudaRecordHasEvent | kCudaRecordHasFence)) == (kCudaRecordHasEvent | kCudaRecordHasFence)) {
     throw ProtocolError(handle + " has CUDA record flags " + std::to_string(record.flags) +
                         ": expected at most one of event (1) and fence (2)");
+  }
+  if (record.reserved != 0) {
+    throw ProtocolError(handle + " has " + std::to_string(record.reserved) +
+                        " in the reserved field of its CUDA record (must be zero)");
   }
   if ((record.flags & kCudaRecordHasFence) != 0 &&
       (record.fence_offset % sizeof(std::uint64_t) != 0 ||
@@ -268,7 +276,8 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
     exported.offset = record.offset;
     const int device = cuda::local_device(exported.pci_bus_id);
     if (!range) range = cuda::open_received_range(exported, device, entry.nbytes, record.pid);
-    if (record.flags & (kCudaRecordHasEvent | kCudaRecordHasFence)) cuda_->wait(device, record);
+    std::shared_ptr<const void> signal;
+    if (record.flags & (kCudaRecordHasEvent | kCudaRecordHasFence)) signal = cuda_->wait(device, record);
     if (lease != nullptr) {
       if (auto storage = lease->handle.lock()) {
         board.release(record.counter);  // already held by that Storage
@@ -276,7 +285,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
       }
     }
     // A new Storage, which keeps this frame's hold until it dies.
-    auto storage = Storage::adopt(cuda::hold_received_range(range, board, record.counter), true);
+    auto storage = Storage::adopt(cuda::hold_received_range(range, board, record.counter, std::move(signal)), true);
     if (lease != nullptr) {
       lease->handle = storage;
     } else {

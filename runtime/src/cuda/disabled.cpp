@@ -42,7 +42,8 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& /*expo
   throw_not_built("cannot receive a CUDA tensor");
 }
 std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> /*range*/,
-                                                ReleaseBoardView /*board*/, std::uint32_t /*counter*/) {
+                                                ReleaseBoardView /*board*/, std::uint32_t /*counter*/,
+                                                std::shared_ptr<const void> /*signal*/) {
   throw_not_built("cannot receive a CUDA tensor");
 }
 std::uint64_t ipc_events_opened() noexcept { return 0; }
@@ -56,7 +57,8 @@ SendSignal SendSignals::signal(int /*device*/) { throw_not_built("cannot send a 
 struct ReceiveSignals::Impl {};
 ReceiveSignals::ReceiveSignals() = default;
 ReceiveSignals::~ReceiveSignals() = default;
-void ReceiveSignals::wait_fence(int /*device*/, const FenceExport& /*fence*/, pid_t /*producer*/) {
+std::shared_ptr<const void> ReceiveSignals::wait_fence(int /*device*/, const FenceExport& /*fence*/,
+                                                       pid_t /*producer*/) {
   throw_not_built("cannot receive a CUDA tensor");
 }
 void ReceiveSignals::wait_event(int /*device*/, const IpcHandle& /*handle*/) {

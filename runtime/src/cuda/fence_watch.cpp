@@ -24,11 +24,18 @@ namespace {
 
 std::atomic<std::uint64_t> g_released{0};
 
+// What the watch writes into a dead producer's fence word: far above any value a sender
+// reaches (one per frame), and no more than 2^63 above any of them, since cuStreamWaitValue64's
+// GEQ compares cyclically ((int64_t)(word - value) >= 0). The same value for every word and
+// every process: a word may be waited on by several connections (words are lent again) and
+// several receiving processes, whose watches all write it, in any order, and a lower value
+// written after a higher one would take the word back below what a stream waits for.
+constexpr std::uint64_t kDeadProducerFence = std::uint64_t{1} << 62;
+
 struct WatchedFence {
   std::weak_ptr<ReceivedCudaRange> buffer;  // weak: the connection decides when it is closed
   std::uint64_t offset = 0;
   int device = 0;
-  std::uint64_t value = 0;  // the highest value waited for
 };
 
 struct Producer {
@@ -43,8 +50,7 @@ class FenceWatch {
     return *instance;
   }
 
-  void watch(pid_t producer, const std::shared_ptr<ReceivedCudaRange>& buffer, std::uint64_t offset, int device,
-             std::uint64_t value) {
+  void watch(pid_t producer, const std::shared_ptr<ReceivedCudaRange>& buffer, std::uint64_t offset, int device) {
     (void)stream_for(device);  // now, not when a producer has died
     std::unique_lock lock(mutex_);
     auto it = producers_.find(producer);
@@ -55,7 +61,7 @@ class FenceWatch {
         lock.unlock();
         if (gone) {  // exited already: nobody else will write the value
           Producer dead;
-          dead.fences[{buffer.get(), offset}] = WatchedFence{buffer, offset, device, value};
+          dead.fences[{buffer.get(), offset}] = WatchedFence{buffer, offset, device};
           release(dead);
         } else {
           static std::once_flag once;
@@ -72,7 +78,7 @@ class FenceWatch {
       wake();
     }
     WatchedFence& fence = it->second.fences[{buffer.get(), offset}];
-    if (fence.value < value || fence.buffer.expired()) fence = WatchedFence{buffer, offset, device, value};
+    if (fence.buffer.expired()) fence = WatchedFence{buffer, offset, device};
   }
 
  private:
@@ -130,10 +136,8 @@ class FenceWatch {
 
   // Writes every fence of a dead producer, on a stream of this process's own (made when the
   // device's first fence was watched, so that the release needs no more than the write and
-  // its synchronization). The highest value this process waits for is written: should the
-  // producer's GPU have written a later value before it died, frames with values above ours
-  // that this process reads later are released when they are watched (their producer is
-  // gone by then).
+  // its synchronization). kDeadProducerFence is written, which every wait, earlier or later,
+  // on the word passes.
   void release(Producer& dead) noexcept {
     const MemoryOperations& operations = MemoryOperations::get();
     for (auto& [key, fence] : dead.fences) {
@@ -143,7 +147,7 @@ class FenceWatch {
         DeviceGuard guard(fence.device);
         const cudaStream_t stream = stream_for(fence.device);
         const auto address = reinterpret_cast<CUdeviceptr>(buffer->data() + fence.offset);
-        check_driver(operations.write_value(stream, address, fence.value, 0),
+        check_driver(operations.write_value(stream, address, kDeadProducerFence, 0),
                      "cuStreamWriteValue64 for a dead producer's fence");
         check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize after writing a dead producer's fence");
         g_released.fetch_add(1, std::memory_order_relaxed);
@@ -174,9 +178,8 @@ class FenceWatch {
 
 }  // namespace
 
-void watch_fence(pid_t producer, const std::shared_ptr<ReceivedCudaRange>& buffer, std::uint64_t offset, int device,
-                 std::uint64_t value) {
-  FenceWatch::get().watch(producer, buffer, offset, device, value);
+void watch_fence(pid_t producer, const std::shared_ptr<ReceivedCudaRange>& buffer, std::uint64_t offset, int device) {
+  FenceWatch::get().watch(producer, buffer, offset, device);
 }
 
 std::uint64_t fences_released_for_dead_producers() noexcept { return g_released.load(std::memory_order_relaxed); }

@@ -14,14 +14,12 @@
 
 namespace ferry::cuda {
 
-/// Remembers that a stream of this process waits until the word at `offset` of `buffer` (an
-/// opened fence buffer of `producer`, on local device `device`) reaches `value`. When the
-/// producer exits, a thread of this process writes the highest such value of every word
-/// itself, so those streams go on (the storages' contents are then undefined, and the
-/// producer's channels report PeerDied). Where pidfds are not available, warns once and
-/// watches nothing.
-void watch_fence(pid_t producer, const std::shared_ptr<ReceivedCudaRange>& buffer, std::uint64_t offset, int device,
-                 std::uint64_t value);
+/// Remembers that a stream of this process waits for the word at `offset` of `buffer` (an
+/// opened fence buffer of `producer`, on local device `device`). When the producer exits, a
+/// thread of this process writes into every such word a value that all waits on it pass, so
+/// those streams go on (the storages' contents are then undefined, and the producer's
+/// channels report PeerDied). Where pidfds are not available, warns once and watches nothing.
+void watch_fence(pid_t producer, const std::shared_ptr<ReceivedCudaRange>& buffer, std::uint64_t offset, int device);
 
 /// Fence values written by this process because their producer died (for cuda_ipc_stats()).
 std::uint64_t fences_released_for_dead_producers() noexcept;

@@ -106,11 +106,13 @@ void release_block(const std::pair<int, IpcHandle>& key) noexcept {
   cache.blocks.erase(it);
 }
 
-// A received Storage's allocation: a range plus one hold on the producer's counter.
+// A received Storage's allocation: a range plus one hold on the producer's counter, and the
+// sender's fence buffer (a stream may still wait on it after the connection closed it).
 class HeldCudaRange final : public Allocation {
  public:
-  HeldCudaRange(std::shared_ptr<ReceivedCudaRange> range, ReleaseBoardView board, std::uint32_t counter) noexcept
-      : range_(std::move(range)), board_(std::move(board)), counter_(counter) {}
+  HeldCudaRange(std::shared_ptr<ReceivedCudaRange> range, ReleaseBoardView board, std::uint32_t counter,
+                std::shared_ptr<const void> signal) noexcept
+      : range_(std::move(range)), board_(std::move(board)), counter_(counter), signal_(std::move(signal)) {}
   HeldCudaRange(const HeldCudaRange&) = delete;
   HeldCudaRange& operator=(const HeldCudaRange&) = delete;
   ~HeldCudaRange() override {
@@ -135,6 +137,7 @@ class HeldCudaRange final : public Allocation {
   std::shared_ptr<ReceivedCudaRange> range_;
   ReleaseBoardView board_;
   std::uint32_t counter_;
+  std::shared_ptr<const void> signal_;  // let go after the stream was waited for
 };
 
 }  // namespace
@@ -211,8 +214,14 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
     std::lock_guard lock(cache.mutex);
     if (auto it = cache.blocks.find(key); it != cache.blocks.end()) {
       OpenBlock& open = it->second;
-      if (open.producer != producer || open.block_id != exported.block_id || open.block_bytes != exported.block_bytes ||
-          open.counted != counted) {
+      if (open.counted != counted) {
+        throw CudaError("process " + std::to_string(producer) + " sent the IPC handle of " +
+                            (counted ? "a fence buffer as a storage's block" : "a storage's block as a fence buffer") +
+                            " (block " + std::to_string(exported.block_id) + "; this process has it open as block " +
+                            std::to_string(open.block_id) + " of process " + std::to_string(open.producer) + ")",
+                        cudaErrorInvalidValue);
+      }
+      if (open.producer != producer || open.block_id != exported.block_id || open.block_bytes != exported.block_bytes) {
         throw CudaError("process " + std::to_string(producer) + " sent CUDA block " + std::to_string(exported.block_id) +
                             " with the IPC handle of a block this process still has open (block " +
                             std::to_string(open.block_id) + " of process " + std::to_string(open.producer) +
@@ -249,8 +258,8 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
 std::uint64_t fence_buffers_opened() noexcept { return g_fence_buffers_opened.load(std::memory_order_relaxed); }
 
 std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> range, ReleaseBoardView board,
-                                                std::uint32_t counter) {
-  return std::make_shared<HeldCudaRange>(std::move(range), std::move(board), counter);
+                                                std::uint32_t counter, std::shared_ptr<const void> signal) {
+  return std::make_shared<HeldCudaRange>(std::move(range), std::move(board), counter, std::move(signal));
 }
 
 }  // namespace cuda

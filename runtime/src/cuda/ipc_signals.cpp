@@ -286,7 +286,8 @@ SendSignal SendSignals::signal(int device) {
 // ---- receiver --------------------------------------------------------------------------
 
 struct ReceiveSignals::Impl {
-  // Fence buffers stay open (through the process's block cache) as long as the connection.
+  // Fence buffers stay open (through the process's block cache) as long as the connection and
+  // the storages received after waiting on them.
   std::map<std::pair<int, IpcHandle>, std::shared_ptr<ReceivedCudaRange>> fence_buffers;
   std::map<std::pair<int, IpcHandle>, cudaEvent_t> events;
 
@@ -305,7 +306,7 @@ struct ReceiveSignals::Impl {
 ReceiveSignals::ReceiveSignals() : impl_(std::make_unique<Impl>()) {}
 ReceiveSignals::~ReceiveSignals() = default;
 
-void ReceiveSignals::wait_fence(int device, const FenceExport& fence, pid_t producer) {
+std::shared_ptr<const void> ReceiveSignals::wait_fence(int device, const FenceExport& fence, pid_t producer) {
   if (fence.offset % kFenceBytes != 0 || fence.offset > kFenceBufferBytes - kFenceBytes) {
     throw CudaError("a fence at byte " + std::to_string(fence.offset) + " of a fence buffer of " +
                         std::to_string(kFenceBufferBytes) + " bytes",
@@ -338,7 +339,8 @@ void ReceiveSignals::wait_fence(int device, const FenceExport& fence, pid_t prod
   const auto address = reinterpret_cast<CUdeviceptr>(it->second->data() + fence.offset);
   check_driver(operations.wait_value(current_stream(device), address, fence.value, CU_STREAM_WAIT_VALUE_GEQ),
                "cuStreamWaitValue64 on a sender's fence (cuda:" + std::to_string(device) + ")");
-  watch_fence(producer, it->second, fence.offset, device, fence.value);  // should the producer die first
+  watch_fence(producer, it->second, fence.offset, device);  // should the producer die first
+  return it->second;
 }
 
 void ReceiveSignals::wait_event(int device, const IpcHandle& handle) {

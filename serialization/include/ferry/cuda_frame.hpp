@@ -8,8 +8,8 @@
 // (its segment_slot and offset are unused: a CUDA storage lies in no shared segment) and the
 // record the rest, including the producer's pid and device ordinal, which version 1 kept in
 // its larger handle entries. Every frame that carries the storage repeats the record: a
-// storage sent again while leased costs no cudaIpcOpenMemHandle, only an event wait and a
-// counter (and a fence wait, or an event wait in the fallback).
+// storage sent again while leased costs no cudaIpcOpenMemHandle, only a wait for the signal
+// (a fence, or an event in the fallback) and a counter.
 #pragma once
 
 #include <cstddef>
@@ -35,7 +35,7 @@ struct CudaHandleRecord {
   std::uint32_t flags;          ///< kCudaRecordHasEvent or kCudaRecordHasFence
   std::int32_t pid;             ///< the producer's pid (the process that allocated the block)
   std::int32_t device;          ///< the producer's ordinal of the GPU (informative: pci_bus_id rules)
-  std::uint32_t reserved;       ///< zero
+  std::uint32_t reserved;       ///< zero (a receiver refuses anything else)
   std::uint64_t fence_block_id;  ///< the producer's block id of its fence buffer (on the storage's GPU)
   std::uint64_t fence_offset;    ///< the fence word's byte offset in that buffer (a multiple of 8)
   std::uint64_t fence_value;     ///< the receiver's stream waits until the word is at least this

@@ -171,7 +171,7 @@ class MessageEncoder {
   std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
 
   // CUDA storages (defined in serialization/src/cuda_handles.cpp): the connection's release
-  // boards and interprocess events, and the CUDA records of the frame being encoded.
+  // boards and signals (fences or events), and the CUDA records of the frame being encoded.
   struct CudaSendState;
   std::uint32_t add_cuda_storage(const std::shared_ptr<Storage>& storage);
   HandleEntry cuda_entry(const std::shared_ptr<Storage>& storage);

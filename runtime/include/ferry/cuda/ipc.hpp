@@ -85,10 +85,11 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
                                                        pid_t producer, bool counted = true);
 
 /// The allocation behind a received Storage: `range`, plus one hold on `counter` of `board`
-/// that it releases when it dies, after synchronizing the current stream of its device (so
-/// that work queued on the memory is done before the producer may reuse it).
+/// that it releases when it dies, after waiting for the current stream of its device (so
+/// that work queued on the memory is done before the producer may reuse it). `signal` (what
+/// ReceiveSignals::wait_fence returned, or null) is kept as long as the allocation.
 std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> range, ReleaseBoardView board,
-                                                std::uint32_t counter);
+                                                std::uint32_t counter, std::shared_ptr<const void> signal = {});
 
 /// Bytes of a process's fence buffer on one device: 4096 fences of 8 bytes.
 inline constexpr std::uint64_t kFenceBufferBytes = 32768;
@@ -154,8 +155,10 @@ class ReceiveSignals {
   ReceiveSignals& operator=(const ReceiveSignals&) = delete;
 
   /// Makes the calling thread's current stream on the local `device` wait until the fence
-  /// reaches its value (no host synchronization). Throws CudaError.
-  void wait_fence(int device, const FenceExport& fence, pid_t producer);
+  /// reaches its value (no host synchronization). Returns the fence buffer's mapping, which
+  /// must outlive the wait: the storages of the frame keep it (see hold_received_range), since
+  /// they may outlive the connection while the stream still waits. Throws CudaError.
+  std::shared_ptr<const void> wait_fence(int device, const FenceExport& fence, pid_t producer);
   /// Makes the calling thread's current stream on the local `device` wait for the sender's
   /// interprocess event `handle` (no host synchronization). Throws CudaError.
   void wait_event(int device, const IpcHandle& handle);

@@ -40,9 +40,9 @@ class DeviceGuard {
   int previous_ = -1;
 };
 
-/// The stream ferry uses on `device` in the calling thread: senders record the event that
-/// receivers wait on there, receivers make it wait for the sender's event, copies run on
-/// it, and a received storage synchronizes it before telling the producer it is done.
+/// The stream ferry uses on `device` in the calling thread: senders give their signal (fence
+/// or event) there, receivers make it wait for the sender's signal, copies run on it, and a
+/// received storage waits for it before telling the producer it is done.
 /// Default: the legacy default stream (nullptr), which orders against every blocking stream.
 cudaStream_t current_stream(int device) noexcept;
 
