@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -88,7 +89,14 @@ class FenceWatch {
     if (thread_started_) return;
     wake_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake_fd_) return;  // retried with the next producer
-    std::thread([this] { run(); }).detach();
+    try {
+      std::thread([this] { run(); }).detach();
+    } catch (const std::system_error& error) {
+      // No thread now (out of threads or memory): the frame goes on unwatched, and the next
+      // producer tries again. An exception here would escape the frame's CUDA error handling.
+      std::fprintf(stderr, "ferry: warning: cannot start the watch over CUDA producers: %s\n", error.what());
+      return;
+    }
     thread_started_ = true;
   }
 
