@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -503,6 +504,46 @@ TEST_P(HostileFrameTest, UpstreamBoardWhoseSizeIsNotABoards) {
   frame.set_segment(kDataSegment, s);
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "upstream return board whose field size claims");
+}
+
+// A forwarder that claims, for an upstream board, a reclaim count ahead of the board's own:
+// an honest one read the count before it sent, and counts only grow. The tensor forwarded
+// here came from a child process, so that its connection's board is an upstream board of
+// the frame (a board of this process's own would not be registered on).
+TEST_P(HostileFrameTest, UpstreamBoardWithAReclaimCountAheadOfTheBoards) {
+  auto [origin_tx, origin_rx] = channel<Payload>(GetParam());
+  auto [done_tx, done_rx] = channel<int>(GetParam());
+  const pid_t origin = test::fork_child([&, &origin_tx = origin_tx, &origin_rx = origin_rx, &done_tx = done_tx,
+                                   &done_rx = done_rx] {
+    origin_rx.close();
+    done_tx.detach();
+    origin_tx.adopt();
+    Tensor tensor = Tensor::empty({4, 8}, DType::Float32, Device::SharedCpu);
+    tensor.fill(2.0f);
+    origin_tx.send(Payload{tensor});
+    CHILD_CHECK(done_rx.recv().has_value());  // keeps what it sent pinned until then
+  });
+  origin_tx.detach();
+  done_rx.close();
+  {
+    const Payload received = origin_rx.recv_for(kRecvBound).value();
+    Wire<Payload> wire(GetParam());
+    Frame frame = encode(received, passing());
+    std::optional<std::size_t> upstream;
+    for (std::size_t i = 0; i < frame.header().segment_count; ++i) {
+      if (frame.segment(i).role == static_cast<std::uint32_t>(SegmentRole::UpstreamBoard)) upstream = i;
+    }
+    ASSERT_TRUE(upstream.has_value()) << "forwarding a received tensor passes its connection's board";
+    SegmentEntry s = frame.segment(*upstream);
+    s.slot += 3;
+    frame.set_segment(*upstream, s);
+    wire.send(frame.bytes, frame.fds);
+    expect_protocol_error(wire.rx, "ahead of the board's own");
+  }
+  done_tx.send(1);
+  EXPECT_TRUE(test::child_succeeded(origin));
+  origin_rx.close();
+  done_tx.close();
 }
 
 TEST_P(HostileFrameTest, BlockInASegmentSlotThatWasNeverGranted) {

@@ -380,6 +380,13 @@ void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t i
     // exited meanwhile (the forwarder too) and the blocks may have been recycled.
     upstream->register_holder(current_process());
     const std::optional<std::uint32_t> reclaims = upstream->reclaims_after_checks(kUpstreamCheckPatience);
+    // The forwarder read the count before it sent, and counts only grow: one ahead of the
+    // board's own is a lie, not a death.
+    if (reclaims && entry.slot > *reclaims) {
+      throw ProtocolError("segment " + std::to_string(index) + " is an upstream return board whose reclaim count " +
+                          std::to_string(entry.slot) + " is ahead of the board's own (" + std::to_string(*reclaims) +
+                          ")");
+    }
     if (!reclaims || *reclaims != entry.slot) {
       throw PeerDied("the tensors of this frame were forwarded by a process that exited before this receiver "
                      "could register as their holder, and the process they came from " +
