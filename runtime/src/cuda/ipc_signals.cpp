@@ -314,14 +314,15 @@ std::shared_ptr<const void> ReceiveSignals::wait_fence(int device, const FenceEx
   }
   const MemoryOperations& operations = MemoryOperations::get();
   DeviceGuard guard(device);
-  if (!operations.supported_on(device)) {
-    throw CudaError("the sender signals with a fence, but this process cannot wait for one on cuda:" +
-                        std::to_string(device) + " (no 64-bit stream memory operations)",
-                    cudaErrorNotSupported);
-  }
   std::pair<int, IpcHandle> key{device, fence.memory_handle};
   auto it = impl_->fence_buffers.find(key);
   if (it == impl_->fence_buffers.end()) {
+    // Asked of the driver once per buffer, not per frame.
+    if (!operations.supported_on(device)) {
+      throw CudaError("the sender signals with a fence, but this process cannot wait for one on cuda:" +
+                          std::to_string(device) + " (no 64-bit stream memory operations)",
+                      cudaErrorNotSupported);
+    }
     BlockExport exported;
     exported.memory_handle = fence.memory_handle;
     exported.pci_bus_id = fence.pci_bus_id;
