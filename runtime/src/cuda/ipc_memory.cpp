@@ -16,6 +16,7 @@
 #include "ferry/cuda/ipc.hpp"
 #include "ferry/cuda/runtime.hpp"
 #include "fence_watch.hpp"
+#include "memory_operations.hpp"
 
 namespace ferry {
 namespace cuda {
@@ -29,20 +30,9 @@ std::atomic<std::uint64_t> g_fence_buffers_opened{0};
 
 std::string bus_text(const PciBusId& bus_id) { return std::string(bus_id.data(), ::strnlen(bus_id.data(), bus_id.size())); }
 
-// The driver's cuMemGetAddressRange, reached through the runtime (ferry does not link
-// libcuda itself, so that a CUDA build still starts on a machine without a driver).
+// The driver's cuMemGetAddressRange.
 PFN_cuMemGetAddressRange_v3020 address_range_function() {
-  static PFN_cuMemGetAddressRange_v3020 function = [] {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t status =
-        cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &entry, 12000, cudaEnableDefault, &found);
-    if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      ignore_cuda_error(status);
-      return static_cast<PFN_cuMemGetAddressRange_v3020>(nullptr);
-    }
-    return reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(entry);
-  }();
+  static const auto function = driver_function<PFN_cuMemGetAddressRange_v3020>("cuMemGetAddressRange");
   return function;
 }
 

@@ -13,6 +13,7 @@
 // process that creates an interprocess event. Fences need no /dev/shm at all.
 #include <cuda.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -286,9 +287,14 @@ SendSignal SendSignals::signal(int device) {
 // ---- receiver --------------------------------------------------------------------------
 
 struct ReceiveSignals::Impl {
-  // Fence buffers stay open (through the process's block cache) as long as the connection and
-  // the storages received after waiting on them.
-  std::map<std::pair<int, IpcHandle>, std::shared_ptr<ReceivedCudaRange>> fence_buffers;
+  // A fence buffer stays open (through the process's block cache) as long as the connection
+  // and the storages received after waiting on it. Its words this connection waited on are
+  // watched once (the watch writes the same value whatever the frame waited for).
+  struct OpenFenceBuffer {
+    std::shared_ptr<ReceivedCudaRange> range;
+    std::vector<std::uint64_t> watched_offsets;
+  };
+  std::map<std::pair<int, IpcHandle>, OpenFenceBuffer> fence_buffers;
   std::map<std::pair<int, IpcHandle>, cudaEvent_t> events;
 
   ~Impl() {
@@ -307,11 +313,6 @@ ReceiveSignals::ReceiveSignals() : impl_(std::make_unique<Impl>()) {}
 ReceiveSignals::~ReceiveSignals() = default;
 
 std::shared_ptr<const void> ReceiveSignals::wait_fence(int device, const FenceExport& fence, pid_t producer) {
-  if (fence.offset % kFenceBytes != 0 || fence.offset > kFenceBufferBytes - kFenceBytes) {
-    throw CudaError("a fence at byte " + std::to_string(fence.offset) + " of a fence buffer of " +
-                        std::to_string(kFenceBufferBytes) + " bytes",
-                    cudaErrorInvalidValue);
-  }
   const MemoryOperations& operations = MemoryOperations::get();
   DeviceGuard guard(device);
   std::pair<int, IpcHandle> key{device, fence.memory_handle};
@@ -330,18 +331,25 @@ std::shared_ptr<const void> ReceiveSignals::wait_fence(int device, const FenceEx
     exported.block_bytes = kFenceBufferBytes;
     exported.offset = 0;
     it = impl_->fence_buffers
-             .emplace(key, open_received_range(exported, device, kFenceBufferBytes, producer, /*counted=*/false))
+             .emplace(key, Impl::OpenFenceBuffer{open_received_range(exported, device, kFenceBufferBytes, producer,
+                                                                     /*counted=*/false),
+                                                 {}})
              .first;
-  } else if (!it->second->is(producer, fence.block_id, 0, kFenceBufferBytes)) {
+  } else if (!it->second.range->is(producer, fence.block_id, 0, kFenceBufferBytes)) {
     throw CudaError("process " + std::to_string(producer) +
                         " sent a fence in a buffer this connection knows as another process's or block's",
                     cudaErrorInvalidValue);
   }
-  const auto address = reinterpret_cast<CUdeviceptr>(it->second->data() + fence.offset);
+  Impl::OpenFenceBuffer& buffer = it->second;
+  const auto address = reinterpret_cast<CUdeviceptr>(buffer.range->data() + fence.offset);
   check_driver(operations.wait_value(current_stream(device), address, fence.value, CU_STREAM_WAIT_VALUE_GEQ),
                "cuStreamWaitValue64 on a sender's fence (cuda:" + std::to_string(device) + ")");
-  watch_fence(producer, it->second, fence.offset, device);  // should the producer die first
-  return it->second;
+  if (std::find(buffer.watched_offsets.begin(), buffer.watched_offsets.end(), fence.offset) ==
+      buffer.watched_offsets.end()) {
+    watch_fence(producer, buffer.range, fence.offset, device);  // should the producer die first
+    buffer.watched_offsets.push_back(fence.offset);
+  }
+  return buffer.range;
 }
 
 void ReceiveSignals::wait_event(int device, const IpcHandle& handle) {

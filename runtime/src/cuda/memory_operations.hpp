@@ -1,6 +1,6 @@
-// The driver's 64-bit stream memory operations (cuStreamWriteValue64 / cuStreamWaitValue64),
-// reached through the runtime: ferry does not link libcuda itself, so that a CUDA build still
-// starts on a machine without a driver. Private to runtime/src/cuda.
+// Driver functions reached through the runtime (ferry does not link libcuda itself, so that a
+// CUDA build still starts on a machine without a driver), among them the 64-bit stream
+// memory operations (cuStreamWriteValue64 / cuStreamWaitValue64). Private to runtime/src/cuda.
 #pragma once
 
 #include <cuda.h>
@@ -12,15 +12,28 @@
 
 namespace ferry::cuda {
 
-/// The functions, resolved once per process (null where the driver has none).
+/// The driver function `name` (as of the CUDA 12.0 API), or null where the driver has none.
+template <class Function>
+Function driver_function(const char* name) {
+  void* entry = nullptr;
+  cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+  const cudaError_t status = cudaGetDriverEntryPointByVersion(name, &entry, 12000, cudaEnableDefault, &found);
+  if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
+    ignore_cuda_error(status);
+    return nullptr;
+  }
+  return reinterpret_cast<Function>(entry);
+}
+
+/// The stream memory operations, resolved once per process (null where the driver has none).
 struct MemoryOperations {
   using WriteValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
   using WaitValue64 = CUresult (*)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
   using DeviceAttribute = CUresult (*)(int*, CUdevice_attribute, CUdevice);
 
-  WriteValue64 write_value = resolve<WriteValue64>("cuStreamWriteValue64");
-  WaitValue64 wait_value = resolve<WaitValue64>("cuStreamWaitValue64");
-  DeviceAttribute attribute = resolve<DeviceAttribute>("cuDeviceGetAttribute");
+  WriteValue64 write_value = driver_function<WriteValue64>("cuStreamWriteValue64");
+  WaitValue64 wait_value = driver_function<WaitValue64>("cuStreamWaitValue64");
+  DeviceAttribute attribute = driver_function<DeviceAttribute>("cuDeviceGetAttribute");
 
   static const MemoryOperations& get() {
     static const MemoryOperations operations;
@@ -33,19 +46,6 @@ struct MemoryOperations {
     int supported = 0;
     return attribute(&supported, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, device) == CUDA_SUCCESS &&
            supported != 0;
-  }
-
- private:
-  template <class Function>
-  static Function resolve(const char* name) {
-    void* entry = nullptr;
-    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-    const cudaError_t status = cudaGetDriverEntryPointByVersion(name, &entry, 12000, cudaEnableDefault, &found);
-    if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
-      ignore_cuda_error(status);
-      return nullptr;
-    }
-    return reinterpret_cast<Function>(entry);
   }
 };
 

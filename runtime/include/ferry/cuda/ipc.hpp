@@ -155,7 +155,8 @@ class ReceiveSignals {
   ReceiveSignals& operator=(const ReceiveSignals&) = delete;
 
   /// Makes the calling thread's current stream on the local `device` wait until the fence
-  /// reaches its value (no host synchronization). Returns the fence buffer's mapping, which
+  /// reaches its value (no host synchronization). The caller checked that the fence's offset
+  /// is a multiple of 8 inside kFenceBufferBytes (the decoder does, before any CUDA call). Returns the fence buffer's mapping, which
   /// must outlive the wait: the storages of the frame keep it (see hold_received_range), since
   /// they may outlive the connection while the stream still waits. Throws CudaError.
   std::shared_ptr<const void> wait_fence(int device, const FenceExport& fence, pid_t producer);
