@@ -8,7 +8,7 @@
 // mmap). The producer writes the sequence number into a re-sent tensor before sending it,
 // and the receiver checks that it reads at least that number through its mapping.
 //
-// Usage: ferry_soak [--messages N] [--transport pipe|unix_socket|all] [--new-every K]
+// Usage: ferry_soak [--messages N] [--transport pipe|unix_socket|shm_ring|all] [--new-every K]
 //                   [--rss-slack-mb M] [--samples S]
 #include <dirent.h>
 #include <sys/wait.h>
@@ -32,7 +32,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Options {
   std::int64_t messages = 1'000'000;
-  std::vector<ferry::Transport> transports = {ferry::Transport::Pipe, ferry::Transport::UnixSocket};
+  std::vector<ferry::Transport> transports = {ferry::Transport::Pipe, ferry::Transport::UnixSocket,
+                                              ferry::Transport::ShmRing};
   std::int64_t new_every = 8;
   double rss_slack_mb = 8;
   int samples = 20;
@@ -74,7 +75,7 @@ long open_fds(pid_t pid) {
 
 [[noreturn]] void usage(const char* why) {
   std::fprintf(stderr,
-               "ferry_soak: %s\nusage: ferry_soak [--messages N] [--transport pipe|unix_socket|all] "
+               "ferry_soak: %s\nusage: ferry_soak [--messages N] [--transport pipe|unix_socket|shm_ring|all] "
                "[--new-every K] [--rss-slack-mb M] [--samples S]\n",
                why);
   std::exit(2);
@@ -97,6 +98,7 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--transport") {
       if (value == "pipe") options.transports = {ferry::Transport::Pipe};
       else if (value == "unix_socket") options.transports = {ferry::Transport::UnixSocket};
+      else if (value == "shm_ring") options.transports = {ferry::Transport::ShmRing};
       else if (value != "all") usage(("unknown transport " + value).c_str());
     } else {
       usage(("unknown option " + flag).c_str());
