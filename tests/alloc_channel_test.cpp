@@ -1029,6 +1029,66 @@ TEST_P(AllocChannelTest, ForwarderLetsGoOfTheBoardOfAConnectionItNoLongerHoldsBl
   EXPECT_TRUE(child_succeeded(b));
 }
 
+// The receiver at the end of a long-lived forwarding connection (C, fed by B) lets go of the
+// boards of upstream connections that ended: B retires a board once nothing of its
+// connection lives in B, so C keeps no descriptor and no mapping per connection B ever
+// forwarded from (it kept all of them until its own connection closed before).
+TEST_P(AllocChannelTest, LongLivedForwardingConnectionLetsGoOfTheBoardsOfUpstreamConnectionsThatEnded) {
+  constexpr int kUpstreams = 5;
+  SharedAllocator pool;
+  std::vector<std::pair<Sender<Batch>, Receiver<Batch>>> upstreams;  // A -> B, one per round
+  for (int i = 0; i < kUpstreams; ++i) upstreams.push_back(channel<Batch>(GetParam()));
+  auto [bc_tx, bc_rx] = channel<Batch>(GetParam());
+  auto [cb_tx, cb_rx] = channel<int>(GetParam());  // C tells B it dropped what it got
+  // C: checks each forwarded block, drops it and says so; then counts its boards.
+  const pid_t c = fork_child([&, &bc_tx = bc_tx, &bc_rx = bc_rx, &cb_tx = cb_tx, &cb_rx = cb_rx] {
+    for (auto& [tx, rx] : upstreams) detach_each(tx, rx);
+    detach_each(bc_tx, cb_rx);
+    cb_tx.adopt();
+    while (std::optional<Batch> got = bc_rx.recv()) {
+      CHILD_CHECK(got->step < 0 || all_equal(got->tensors.at(0), static_cast<std::int32_t>(got->step)));
+      const auto step = static_cast<int>(got->step);
+      got.reset();
+      cb_tx.send(step);
+      if (step == -1) break;
+    }
+    // The connection's own board, and none of the upstream connections' boards.
+    CHILD_CHECK(open_return_boards() == 1);
+  });
+  // B: forwards one batch of each upstream connection, drops it and closes that connection;
+  // then a few empty frames carry the releases, collect C's returns and retire the boards.
+  const pid_t b = fork_child([&, &bc_tx = bc_tx, &bc_rx = bc_rx, &cb_tx = cb_tx, &cb_rx = cb_rx] {
+    detach_each(bc_rx, cb_tx);
+    bc_tx.adopt();
+    for (int i = 0; i < kUpstreams; ++i) {
+      auto& [tx, rx] = upstreams[static_cast<std::size_t>(i)];
+      tx.detach();
+      bc_tx.send(rx.recv().value());
+      CHILD_CHECK(!rx.recv().has_value());
+      rx.close();
+      CHILD_CHECK(cb_rx.recv().value() == i);
+    }
+    for (int k = 0; k < 4; ++k) {
+      bc_tx.send(Batch{-2, {}});
+      CHILD_CHECK(cb_rx.recv().value() == -2);
+    }
+    bc_tx.send(Batch{-1, {}});
+    CHILD_CHECK(cb_rx.recv().value() == -1);
+  });
+  bc_tx.detach();
+  bc_rx.close();
+  cb_tx.detach();
+  cb_rx.close();
+  for (int i = 0; i < kUpstreams; ++i) {
+    auto& [tx, rx] = upstreams[static_cast<std::size_t>(i)];
+    rx.close();
+    tx.send(Batch{i, {filled(pool, 1024, i)}});
+    tx.close();
+  }
+  EXPECT_TRUE(child_succeeded(b));
+  EXPECT_TRUE(child_succeeded(c));
+}
+
 // A forked worker K inherits its parent's segments. Once a block of K's own came back to
 // it (through B), a block of such an inherited segment that the parent P sends on through
 // B is not K's own block coming back: K holds it like any forwarded block (registered on

@@ -506,6 +506,31 @@ TEST_P(HostileFrameTest, UpstreamBoardWhoseSizeIsNotABoards) {
   expect_protocol_error(wire.rx, "upstream return board whose field size claims");
 }
 
+// A retirement of an upstream board names only the board: one that also names an fd, a
+// size or a slot is not one an honest sender writes.
+TEST_P(HostileFrameTest, RetiredUpstreamBoardWithMoreThanAnIdentity) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  SegmentEntry s = frame.segment(kDataSegment);
+  s.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
+  frame.set_segment(kDataSegment, s);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "retires an upstream return board but has fields other than its identity set");
+}
+
+TEST_P(HostileFrameTest, RetiredUpstreamBoardBeforeTheConnectionsOwnBoard) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  SegmentEntry s;  // a well-formed retirement, in the place of the connection's board
+  s.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
+  s.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
+  s.device = 1;
+  s.inode = 2;
+  frame.set_segment(0, s);
+  wire.send(frame.bytes, frame.fds);
+  expect_protocol_error(wire.rx, "retires an upstream return board but the sender never sent its own return board");
+}
+
 // A forwarder that claims, for an upstream board, a reclaim count ahead of the board's own:
 // an honest one read the count before it sent, and counts only grow. The tensor forwarded
 // here came from a child process, so that its connection's board is an upstream board of

@@ -87,6 +87,11 @@ void ReturnPath::add_upstream(std::shared_ptr<ReturnBoard> upstream_board) {
   upstream_.push_back(std::move(upstream_board));
 }
 
+void ReturnPath::retire_upstream(const FileIdentity& identity) {
+  const std::lock_guard lock(mutex_);
+  std::erase_if(upstream_, [&identity](const auto& upstream) { return upstream->identity() == identity; });
+}
+
 bool ReturnPath::knows(const FileIdentity& identity) const {
   if (board->identity() == identity) return true;
   const std::lock_guard lock(mutex_);
@@ -299,6 +304,10 @@ MessageDecoder::SegmentFd MessageDecoder::open_segment(const SegmentEntry& entry
 
 void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
                                  std::size_t& next_fd) {
+  if (static_cast<SegmentRole>(entry.role) == SegmentRole::RetiredUpstreamBoard) {
+    retire_upstream_board(entry, index);
+    return;
+  }
   const auto kind = static_cast<SegmentKind>(entry.kind);
   if (kind != SegmentKind::NewFd && kind != SegmentKind::NewProcFd) {
     throw ProtocolError("segment " + std::to_string(index) + " has an unknown kind " + std::to_string(entry.kind));
@@ -395,6 +404,23 @@ void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t i
     }
   }
   returns_->add_upstream(std::move(upstream));
+}
+
+void MessageDecoder::retire_upstream_board(const SegmentEntry& entry, std::size_t index) {
+  if (static_cast<SegmentKind>(entry.kind) != SegmentKind::NoFd || entry.slot != 0 || entry.pid != 0 ||
+      entry.size != 0 || entry.fd != -1 || entry.reserved != 0) {
+    throw ProtocolError("segment " + std::to_string(index) +
+                        " retires an upstream return board but has fields other than its identity set");
+  }
+  if (!board()) {
+    throw ProtocolError("segment " + std::to_string(index) +
+                        " retires an upstream return board but the sender never sent its own return board");
+  }
+  // Safe to forget: no block this process holds came through the board. The sender retires
+  // a board once nothing of its connection lives there any more, and every block this
+  // receiver holds keeps the sender's block pinned (and with it that block's connection).
+  // A board this process never took (its frame failed here) has nothing to forget.
+  returns_->retire_upstream(FileIdentity{entry.device, entry.inode});
 }
 
 void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {

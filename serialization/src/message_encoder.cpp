@@ -45,6 +45,23 @@ void MessageEncoder::begin() {
   remember_batch_.clear();
   board_in_frame_ = false;
   cuda_begin_frame();
+  retire_dead_upstream_boards();
+}
+
+void MessageEncoder::retire_dead_upstream_boards() {
+  std::size_t retired = 0;
+  for (std::size_t i = 0; i < upstream_committed_ && retired < kMaxRetiredPerFrame; ++i) {
+    PassedUpstream& sent = upstream_sent_[i];
+    sent.retiring = sent.board.expired();
+    if (!sent.retiring) continue;
+    SegmentEntry entry;
+    entry.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
+    entry.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
+    entry.device = sent.identity.device;
+    entry.inode = sent.identity.inode;
+    segment_entries_.push_back(entry);
+    ++retired;
+  }
 }
 
 HoldLedger& MessageEncoder::ledger() {
@@ -265,8 +282,7 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
     if (board->fd() < 0) continue;  // never for a received board (it keeps its fd)
     if (ledger_ && board->identity() == ledger_->board()->identity()) continue;
     const bool passed = std::any_of(upstream_sent_.begin(), upstream_sent_.end(), [&board](const auto& sent) {
-      const std::shared_ptr<ReturnBoard> live = sent.lock();
-      return live && live->identity() == board->identity();
+      return sent.identity == board->identity() && !sent.board.expired();
     });
     if (passed) continue;
     // We hold the block (its frame on `board` is resolved and we registered there), so the
@@ -275,7 +291,7 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
                       board->identity());
     // Like a segment's: the frame may introduce no segment that makes close() wait for it.
     if (passing_ == HandlePassing::ProcFd) keepalive_.emplace_back(next_sequence_, board);
-    upstream_sent_.push_back(board);
+    upstream_sent_.push_back(PassedUpstream{board, board->identity()});
   }
   upstream_scratch_.clear();
 }
@@ -409,8 +425,9 @@ void MessageEncoder::commit() {
                              unannounced_segment_releases_.begin() + segment_releases);
   unannounced_segment_releases_.erase(unannounced_segment_releases_.begin(),
                                       unannounced_segment_releases_.begin() + segment_releases);
-  // The boards of this frame live (its storages hold them); forget those that died.
-  std::erase_if(upstream_sent_, [](const auto& sent) { return sent.expired(); });
+  // The receiver knows of the boards this frame retired: forget them. (One that died while
+  // the frame was encoded is retired by the next one.)
+  std::erase_if(upstream_sent_, [](const PassedUpstream& sent) { return sent.retiring; });
   upstream_committed_ = upstream_sent_.size();
   if (board_in_frame_) {
     board_sent_ = true;
@@ -443,6 +460,7 @@ void MessageEncoder::rollback() {
   }
   while (!keepalive_.empty() && keepalive_.back().first == next_sequence_) keepalive_.pop_back();
   upstream_sent_.resize(upstream_committed_);
+  for (PassedUpstream& sent : upstream_sent_) sent.retiring = false;  // retired by the next frame instead
   board_in_frame_ = false;
   new_slots_.clear();
   new_segment_ids_.clear();

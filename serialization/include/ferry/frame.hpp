@@ -64,6 +64,7 @@ static_assert(sizeof(FrameHeader) == 56);
 
 /// How a new segment reaches the receiver.
 enum class SegmentKind : std::uint32_t {
+  NoFd = 0,       ///< nothing to open: the entry only names a segment (SegmentRole::RetiredUpstreamBoard)
   NewFd = 1,      ///< a memfd passed with the frame (SCM_RIGHTS)
   NewProcFd = 2,  ///< a memfd the receiver opens at /proc/<pid>/fd/<fd>, checked against device/inode
 };
@@ -77,6 +78,13 @@ enum class SegmentRole : std::uint32_t {
   /// registers there as a holder before it resolves the frame; sent once per board; `slot`:
   /// the board's reclaim count when the sender forwarded the block (ReturnBoard::reclaims())
   UpstreamBoard = 2,
+  /// an upstream board the sender passed before and names no more: no block it has left came
+  /// through it, so no later frame forwards one. The receiver stops passing it on with the
+  /// blocks it receives from then on, so that a long-lived connection does not keep the board
+  /// of every connection it ever forwarded from; blocks received before keep it. `kind`
+  /// NoFd, `device` and `inode` the board's identity, every other field zero. Sent at the
+  /// start of a frame's segment table, before any UpstreamBoard entry of that frame.
+  RetiredUpstreamBoard = 3,
 };
 
 /// A segment the frame introduces. The receiver checks that it is a memfd sealed against

@@ -39,6 +39,9 @@ struct ReturnPath {
   void append_boards(std::vector<std::shared_ptr<ReturnBoard>>& out) const;
   /// Adds a board of a connection upstream of this one (this process registered on it).
   void add_upstream(std::shared_ptr<ReturnBoard> upstream_board);
+  /// Forgets the upstream board named `identity` (the sender retired it, see
+  /// SegmentRole::RetiredUpstreamBoard); nothing when there is none.
+  void retire_upstream(const FileIdentity& identity);
   /// True when `identity` is this connection's board or one of its upstream boards.
   bool knows(const FileIdentity& identity) const;
   /// The upstream boards so far (a copy).
@@ -109,6 +112,7 @@ class MessageDecoder {
   void add_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
                    std::size_t& next_fd);
   std::shared_ptr<Storage> resolve_new_block(const HandleEntry& entry, std::size_t index);
+  void retire_upstream_board(const SegmentEntry& entry, std::size_t index);
   void claim_frame(std::uint64_t sequence, std::size_t index);
   void add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
                           std::size_t& next_fd);

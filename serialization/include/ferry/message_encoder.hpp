@@ -189,6 +189,8 @@ class MessageEncoder {
   std::uint32_t take_slot();
   std::uint32_t segment_slot_for(const std::shared_ptr<SharedSegment>& segment);
   void pass_upstream_boards(const SharedBlock& block);
+  void retire_dead_upstream_boards();
+  static constexpr std::size_t kMaxRetiredPerFrame = 16;
   void add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
                          const FileIdentity& identity);
   HoldLedger& ledger();
@@ -230,9 +232,15 @@ class MessageEncoder {
   // this connection (see SegmentRole::UpstreamBoard), each passed once. Not kept: a board
   // that died here (no block of its connection lives here any more) cannot be forwarded
   // from again, and a forwarder must not keep the boards of every connection it ever
-  // forwarded from (keepalive_ keeps one until the receiver opened it). The first
-  // `upstream_committed_` went out.
-  std::vector<std::weak_ptr<ReturnBoard>> upstream_sent_;
+  // forwarded from (keepalive_ keeps one until the receiver opened it). One that died is
+  // retired at the start of the next frame (at most kMaxRetiredPerFrame per frame), so that
+  // the receiver lets go of it too. The first `upstream_committed_` went out.
+  struct PassedUpstream {
+    std::weak_ptr<ReturnBoard> board;
+    FileIdentity identity;
+    bool retiring = false;  // the frame being encoded retires it (SegmentRole::RetiredUpstreamBoard)
+  };
+  std::vector<PassedUpstream> upstream_sent_;
   std::size_t upstream_committed_ = 0;
   std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;
 
