@@ -379,5 +379,42 @@ TEST(PipeTransport, WritingToADeadReaderDoesNotRaiseSigpipe) {
   EXPECT_THROW(tx.send(1), ChannelClosed);  // the process is still alive to see it
 }
 
+volatile sig_atomic_t g_sigpipes = 0;
+void count_sigpipe(int) { g_sigpipes = g_sigpipes + 1; }
+
+// SIGPIPE is ignored when a pipe channel is created only if it still had its default
+// action: a handler the program installed is left alone. (In children: the disposition
+// is process-wide, and ferry looks at it once per process.)
+TEST(PipeTransport, OnlyTheDefaultSigpipeActionIsReplaced) {
+  const pid_t with_default = test::fork_child([] {
+    CHILD_CHECK(::signal(SIGPIPE, SIG_DFL) != SIG_ERR);
+    auto [tx, rx] = channel<int>(Transport::Pipe);
+    struct sigaction now {};
+    CHILD_CHECK(::sigaction(SIGPIPE, nullptr, &now) == 0);
+    CHILD_CHECK(now.sa_handler == SIG_IGN);
+  });
+  EXPECT_TRUE(test::child_succeeded(with_default));
+  const pid_t with_handler = test::fork_child([] {
+    struct sigaction mine {};
+    mine.sa_handler = count_sigpipe;
+    ::sigemptyset(&mine.sa_mask);
+    CHILD_CHECK(::sigaction(SIGPIPE, &mine, nullptr) == 0);
+    auto [tx, rx] = channel<int>(Transport::Pipe);
+    struct sigaction now {};
+    CHILD_CHECK(::sigaction(SIGPIPE, nullptr, &now) == 0);
+    CHILD_CHECK(now.sa_handler == count_sigpipe);
+    rx.close();
+    bool closed = false;
+    try {
+      tx.send(1);
+    } catch (const ChannelClosed&) {
+      closed = true;
+    }
+    CHILD_CHECK(closed);
+    CHILD_CHECK(g_sigpipes >= 1);  // the program's handler saw the write to the closed pipe
+  });
+  EXPECT_TRUE(test::child_succeeded(with_handler));
+}
+
 }  // namespace
 }  // namespace ferry

@@ -178,6 +178,33 @@ TEST_P(ChannelTest, SameStorageSentManyTimesIsMappedOnce) {
   EXPECT_TRUE(child_succeeded(child));
 }
 
+// The handle cache: a segment that reaches a process over two channels is mapped once, and
+// a storage of it arrives at the same address on both. (The tensor is made after the fork,
+// so the child cannot have inherited a mapping of its segment.)
+TEST_P(ChannelTest, SegmentReceivedOverTwoChannelsIsMappedOnce) {
+  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [other_tx, other_rx] = channel<Batch>(GetParam());
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &other_rx = other_rx, &other_tx = other_tx] {
+    tx.detach();
+    other_tx.detach();
+    auto first = rx.recv();
+    auto second = other_rx.recv();
+    CHILD_CHECK(first.has_value() && second.has_value());
+    CHILD_CHECK(first->images.data_ptr() == second->images.data_ptr());
+    CHILD_CHECK(second->images.at<float>({0, 1}) == 8.0f);
+    CHILD_CHECK(test::count_ferry_mappings() == 1);
+    CHILD_CHECK(!rx.recv().has_value() && !other_rx.recv().has_value());
+  });
+  rx.close();
+  other_rx.close();
+  Tensor shared = patterned(DType::Float32, {256, 256}, 1);  // a segment of its own
+  tx.send(Batch{0, "", shared, {}});
+  other_tx.send(Batch{0, "", shared, {}});
+  tx.close();
+  other_tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+}
+
 TEST_P(ChannelTest, EchoedStorageTravelsAsALeaseBothWays) {
   auto [ping_tx, ping_rx] = channel<Batch>(GetParam());
   auto [pong_tx, pong_rx] = channel<Batch>(GetParam());

@@ -152,30 +152,44 @@ TEST(SharedMemoryLimit, SegmentAboveTheFileSizeLimitIsOutOfSharedMemory) {
 }
 
 // A heap tensor is moved into shared memory when it is sent; when that fails, send()
-// throws OutOfSharedMemory, nothing of the frame goes out, and the channel stays usable.
-// (The limit leaves room for a slab of the caching allocator, 2 MiB, where the small
-// tensor of the second send goes, but not for the 4 MiB segment of the large one.)
+// throws OutOfSharedMemory, nothing of the frame goes out, and the channel stays usable:
+// a storage leased before arrives again as the same storage. (The limit leaves room for a
+// slab of the caching allocator, 2 MiB, where the small tensors go, but not for the 4 MiB
+// segment of the large one.)
 TEST_P(ResourceLimitTest, SendThatCannotShareItsTensorFailsCleanly) {
   auto [tx, rx] = channel<Payload>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
+    const Tensor leased = Tensor::from(std::vector<std::int32_t>(16, 7), {16}, Device::SharedCpu);
+    tx.send(Payload{0, leased});
     set_soft_limit(RLIMIT_FSIZE, 3 << 20);
     Tensor heap = Tensor::zeros({4 << 20}, DType::UInt8);  // private memory: fine
     try {
-      tx.send(Payload{0, heap});
+      tx.send(Payload{1, heap});
       CHILD_CHECK(false);
     } catch (const OutOfSharedMemory& e) {
       CHILD_CHECK(contains(e.what(), "RLIMIT_FSIZE"));
     }
     CHILD_CHECK(!heap.is_shared());
-    tx.send(Payload{1, Tensor::from(std::vector<std::int32_t>(16, 1), {16})});
+    tx.send(Payload{2, leased});
+    tx.send(Payload{3, Tensor::from(std::vector<std::int32_t>(16, 1), {16})});
     tx.close();
   });
   tx.detach();
+  auto leased = rx.recv();
+  ASSERT_TRUE(leased.has_value());
+  EXPECT_EQ(leased->index, 0);
+  // The storage leased before the failed send still arrives as the same storage.
+  auto again = rx.recv();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->index, 2);
+  EXPECT_EQ(again->data.storage()->id(), leased->data.storage()->id());
+  EXPECT_EQ(again->data.data_ptr(), leased->data.data_ptr());
+  EXPECT_EQ(again->data.to_vector<std::int32_t>().back(), 7);
   auto got = rx.recv();
   ASSERT_TRUE(got.has_value());
-  EXPECT_EQ(got->index, 1);
+  EXPECT_EQ(got->index, 3);
   EXPECT_EQ(got->data.to_vector<std::int32_t>().back(), 1);
   EXPECT_FALSE(rx.recv().has_value());
   EXPECT_TRUE(child_succeeded(child));

@@ -467,6 +467,29 @@ TEST_F(RingTest, ScribbledGapIsAProtocolErrorNotAnOverread) {
   }
 }
 
+// ChannelOptions::ring_capacity is rounded up to a power of two, at least 4 KiB; above
+// kRingMaxCapacity it is refused with an Error before anything is created.
+TEST_F(RingTest, RingCapacityIsRoundedUpToAPowerOfTwoAndLimited) {
+  EXPECT_EQ(ring_capacity_for(0), kRingMinCapacity);
+  EXPECT_EQ(ring_capacity_for(1), std::size_t{4096});
+  EXPECT_EQ(ring_capacity_for(4097), std::size_t{8192});
+  EXPECT_EQ(ring_capacity_for(kRingMaxCapacity), kRingMaxCapacity);
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(5000));
+  MappedHeader scribbler(rx.core().reader(), 8192);
+  EXPECT_EQ(scribbler.header().capacity, 8192u);
+  tx.send(Bytes(7000, 3));  // fits whole in 8 KiB, not in the 5000 bytes asked for
+  auto got = rx.recv();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->size(), 7000u);
+  EXPECT_EQ(got->back(), 3);
+  try {
+    (void)channel<int>(Transport::ShmRing, ring_options(kRingMaxCapacity + 1));
+    ADD_FAILURE() << "a ring above kRingMaxCapacity was created";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("ring capacity of"), std::string::npos) << error.what();
+  }
+}
+
 TEST_F(RingTest, ScribbledSegmentHeaderIsRefusedWhenAttaching) {
   auto [tx, rx] = channel<int>(Transport::ShmRing, ring_options(4096));
   MappedHeader scribbler(rx.core().reader(), 4096);

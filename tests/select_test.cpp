@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "ferry/futex.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/transports.hpp"
@@ -203,6 +204,34 @@ TEST_F(SelectorRingTest, EachRingWakesASleepingSelectorWithItsIndex) {
     ASSERT_TRUE(selector.wait_for(10s).has_value());
     EXPECT_THROW((void)receivers[i].recv_for(5s), PeerDied);
   }
+}
+
+// More rings than one futex_waitv takes (128): the Selector re-checks them every 200 us
+// instead, and still finds the ring that was written, and one whose writer closed.
+TEST_F(SelectorRingTest, MoreRingsThanOneFutexWaitTakesAreRecheckedInstead) {
+  ChannelOptions options;
+  options.ring_capacity = 4096;
+  std::vector<Sender<int>> senders;
+  std::vector<Receiver<int>> receivers;
+  Selector selector;
+  for (std::size_t i = 0; i <= kMaxFutexWaitWords; ++i) {
+    auto [tx, rx] = channel<int>(Transport::ShmRing, options);
+    senders.push_back(std::move(tx));
+    receivers.push_back(std::move(rx));
+  }
+  for (auto& rx : receivers) selector.add(rx);
+  EXPECT_FALSE(selector.wait_for(20ms).has_value());
+  std::thread writer([&senders] {
+    std::this_thread::sleep_for(20ms);  // the Selector waits by now
+    senders.back().send(128);
+  });
+  const auto ready = selector.wait_for(10s);
+  writer.join();
+  ASSERT_EQ(ready, kMaxFutexWaitWords);
+  EXPECT_EQ(receivers.back().try_recv().value(), 128);
+  senders.front().close();
+  ASSERT_EQ(selector.wait_for(10s), std::size_t{0});
+  EXPECT_TRUE(receivers.front().try_recv().closed());
 }
 
 // A writer killed while the Selector sleeps on its ring: the Selector wakes (it looks at

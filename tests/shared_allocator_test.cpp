@@ -187,6 +187,10 @@ TEST_F(SharedAllocatorTest, IdleSegmentsAreReleasedOverTheCacheLimitAndByTrim) {
   // Two idle 1 MiB segments fit under the limit; the two used least recently went.
   EXPECT_EQ(pool.stats().segments, 2u);
   EXPECT_EQ(pool.stats().segments_released, 2u);
+  // A lower limit releases idle segments at once.
+  pool.configure(SharedAllocatorSettings{settings.segment_bytes, 1 * MiB});
+  EXPECT_EQ(pool.stats().segments, 1u);
+  EXPECT_EQ(pool.stats().segments_released, 3u);
   pool.trim();
   EXPECT_EQ(pool.stats().segments, 0u);
   EXPECT_EQ(pool.stats().bytes_cached, 0u);
@@ -306,6 +310,34 @@ TEST_F(SharedAllocatorTest, DeviceSharedCpuAllocatesFromTheGlobalPool) {
   heap.share_memory();
   EXPECT_TRUE(SharedAllocator::global().owns(*heap.storage()->shared_block()));
   EXPECT_EQ(heap.to_vector<float>(), (std::vector<float>{1.0f, 2.0f}));
+}
+
+// The process-wide pool's free functions: configure_shared_memory() sets its limits (a
+// lower cache limit releases idle segments at once), shared_memory_stats() reports it and
+// release_cached_shared_memory() gives every idle segment back.
+TEST_F(SharedAllocatorTest, TheProcessWidePoolIsConfiguredReportedAndTrimmed) {
+  const SharedAllocatorSettings original = SharedAllocator::global().settings();
+  configure_shared_memory(SharedAllocatorSettings{original.segment_bytes, 2 * MiB});
+  EXPECT_EQ(SharedAllocator::global().settings().max_cached_bytes, 2 * MiB);
+  const SharedMemoryStats before = shared_memory_stats();
+  {
+    Tensor a = Tensor::empty({256 * 1024}, DType::UInt8, Device::SharedCpu);  // an eighth: a slab block
+    Tensor b = Tensor::empty({1 << 20}, DType::UInt8, Device::SharedCpu);     // a segment of its own
+    EXPECT_EQ(shared_memory_stats().blocks_in_use, before.blocks_in_use + 2);
+  }
+  SharedMemoryStats idle = shared_memory_stats();
+  EXPECT_EQ(idle.blocks_in_use, before.blocks_in_use);
+  EXPECT_GE(idle.bytes_cached, 1 * MiB);
+  configure_shared_memory(SharedAllocatorSettings{original.segment_bytes, 0});
+  idle = shared_memory_stats();
+  EXPECT_EQ(idle.bytes_cached, 0u);
+  EXPECT_GT(idle.segments_released, before.segments_released);
+  configure_shared_memory(original);
+  { Tensor c = Tensor::empty({1 << 20}, DType::UInt8, Device::SharedCpu); }
+  EXPECT_GE(shared_memory_stats().bytes_cached, 1 * MiB);
+  release_cached_shared_memory();
+  EXPECT_EQ(shared_memory_stats().segments, 0u);
+  EXPECT_EQ(shared_memory_stats().bytes_cached, 0u);
 }
 
 // A storage is told whether its allocation is a shared block (no virtual call per storage):

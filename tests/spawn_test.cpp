@@ -10,9 +10,13 @@
 #include <sys/mman.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
+
+#include <cereal/archives/binary.hpp>
 
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
@@ -32,13 +36,14 @@ struct Greeting {
   std::int64_t number = 0;
   int pid = 0;
   int start_method = -1;
+  bool worker_variable_set = true;  // FERRY_WORKER in the worker's environment
   template <class Archive>
-  void serialize(Archive& ar) { ar(rank, world_size, text, number, pid, start_method); }
+  void serialize(Archive& ar) { ar(rank, world_size, text, number, pid, start_method, worker_variable_set); }
 };
 
 void greet(WorkerContext& context, Sender<Greeting> out, std::string text, std::int64_t number) {
   out.send(Greeting{context.rank(), context.world_size(), text, number, static_cast<int>(::getpid()),
-                    static_cast<int>(context.start_method())});
+                    static_cast<int>(context.start_method()), std::getenv("FERRY_WORKER") != nullptr});
 }
 FERRY_WORKER(greet);
 
@@ -203,6 +208,8 @@ TEST_P(SpawnTest, WorkersGetRankWorldSizeAndArguments) {
     EXPECT_EQ(greeting->number, 42);
     EXPECT_EQ(greeting->start_method, static_cast<int>(GetParam()));
     EXPECT_EQ(greeting->pid, workers.pid(rank));
+    // init() removed the variable that named the worker: programs the worker starts are not workers.
+    EXPECT_FALSE(greeting->worker_variable_set);
     EXPECT_FALSE(receivers[rank].recv().has_value()) << "the worker's Sender closes when it returns";
   }
   workers.join();
@@ -344,6 +351,9 @@ TEST_P(SpawnTest, ExceptionNamesRankTypeAndMessage) {
   const std::string what = failure.what();
   EXPECT_NE(what.find("worker 1 of 3"), std::string::npos) << what;
   EXPECT_NE(what.find("std::runtime_error: rank 1 gave up"), std::string::npos) << what;
+  // The whole message, as the README shows it.
+  EXPECT_EQ(what, "worker 1 of 3 (pid " + std::to_string(workers.pid(1)) +
+                      ") failed: std::runtime_error: rank 1 gave up; the 2 other running workers were terminated");
   // The others were terminated, and join() keeps reporting the failure.
   EXPECT_EQ(failure.details().terminated_siblings, 2);
   for (const int rank : {0, 2}) {
@@ -501,6 +511,11 @@ TEST_P(SpawnTest, BadRequestsFailBeforeAnyProcessStarts) {
                        "closed or empty channel end");
   }
   {
+    auto [tx, rx] = channel<int>(Transport::InProcess);
+    expect_spawn_error([&, &rx = rx] { (void)spawn(opts, 1, wait_for_message, std::move(rx)); },
+                       "an end of an in_process channel, which cannot reach another process");
+  }
+  {
     struct sigaction previous {};
     struct sigaction ignore {};
     ignore.sa_handler = SIG_IGN;
@@ -551,6 +566,49 @@ TEST(EndDescriptionTest, TransportsCheckWhatTheyAreRebuiltFrom) {
     EXPECT_NE(std::string(error.what()).find("in_process"), std::string::npos) << error.what();
   }
   EXPECT_THROW((void)writer_from_descriptors(Transport::UnixSocket, {}, FrameLimits{}, 0), ProtocolError);
+}
+
+// A worker started by exec rebuilds its ends from their descriptions: every setting of the
+// end must survive the trip (a ring's spin and peer check among them), and an isolated
+// end gets a pool of the same settings.
+TEST(EndDescriptionTest, EveryOptionSurvivesTheTripToAnExecdWorker) {
+  ChannelOptions options;
+  options.limits.max_body_bytes = 12345;
+  options.limits.max_handles = 11;
+  options.limits.max_segments = 12;
+  options.limits.max_fds = 13;
+  options.limits.max_releases = 14;
+  options.limits.max_type_name_bytes = 1500;
+  options.ring_capacity = 8192;
+  options.ring_spin = std::chrono::nanoseconds(0);
+  options.peer_check_interval = std::chrono::milliseconds(7);
+  options.close_linger = std::chrono::milliseconds(250);
+  options.pool = SharedAllocator(SharedAllocatorSettings{4 << 20, 1 << 20});
+  auto [tx, rx] = channel<int>(Transport::ShmRing, options);
+  std::stringstream bytes;
+  {
+    cereal::BinaryOutputArchive out(bytes);
+    out(describe_end(rx));
+  }
+  EndDescription loaded;
+  {
+    cereal::BinaryInputArchive in(bytes);
+    in(loaded);
+  }
+  const ChannelOptions& got = loaded.options;
+  EXPECT_EQ(got.limits.max_body_bytes, 12345u);
+  EXPECT_EQ(got.limits.max_handles, 11u);
+  EXPECT_EQ(got.limits.max_segments, 12u);
+  EXPECT_EQ(got.limits.max_fds, 13u);
+  EXPECT_EQ(got.limits.max_releases, 14u);
+  EXPECT_EQ(got.limits.max_type_name_bytes, 1500u);
+  EXPECT_EQ(got.ring_capacity, 8192u);
+  EXPECT_EQ(got.ring_spin, std::chrono::nanoseconds(0));
+  EXPECT_EQ(got.peer_check_interval, std::chrono::milliseconds(7));
+  EXPECT_EQ(got.close_linger, std::chrono::milliseconds(250));
+  ASSERT_TRUE(got.pool.has_value());
+  EXPECT_EQ(got.pool->settings().segment_bytes, std::size_t{4} << 20);
+  EXPECT_EQ(got.pool->settings().max_cached_bytes, std::size_t{1} << 20);
 }
 
 TEST(SpawnForkTest, RunsLambdasWithCaptures) {

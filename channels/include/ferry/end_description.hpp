@@ -33,15 +33,20 @@ struct EndDescription {
   void serialize(Archive& ar) {
     auto linger = static_cast<std::int64_t>(options.close_linger.count());
     auto ring = static_cast<std::uint64_t>(options.ring_capacity);
+    auto spin = static_cast<std::int64_t>(options.ring_spin.count());
+    auto peer_check = static_cast<std::int64_t>(options.peer_check_interval.count());
     bool isolated = options.pool.has_value();
     const SharedAllocatorSettings pool_settings = isolated ? options.pool->settings() : SharedAllocatorSettings{};
     auto pool_segment_bytes = static_cast<std::uint64_t>(pool_settings.segment_bytes);
     auto pool_cached_bytes = static_cast<std::uint64_t>(pool_settings.max_cached_bytes);
     ar(role, transport, type_fingerprint, type_name, fds, shares_connection, options.limits.max_body_bytes, options.limits.max_handles,
        options.limits.max_segments, options.limits.max_fds, options.limits.max_releases,
-       options.limits.max_type_name_bytes, ring, linger, isolated, pool_segment_bytes, pool_cached_bytes);
+       options.limits.max_type_name_bytes, ring, spin, peer_check, linger, isolated, pool_segment_bytes,
+       pool_cached_bytes);
     options.close_linger = std::chrono::milliseconds(linger);
     options.ring_capacity = static_cast<std::size_t>(ring);
+    options.ring_spin = std::chrono::nanoseconds(spin);
+    options.peer_check_interval = std::chrono::milliseconds(peer_check);
     if (isolated && !options.pool) {  // loading: a new pool of the same settings
       SharedAllocatorSettings settings;
       settings.segment_bytes = static_cast<std::size_t>(pool_segment_bytes);
