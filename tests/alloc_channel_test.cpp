@@ -1089,6 +1089,101 @@ TEST_P(AllocChannelTest, LongLivedForwardingConnectionLetsGoOfTheBoardsOfUpstrea
   EXPECT_TRUE(child_succeeded(c));
 }
 
+// A board can reach a forwarder on two of its connections: B forwards two blocks of A (on
+// A's connection, board X) to C on two connections, so that C maps X once for each. C passes
+// X on to D once, with the first block. When the first connection has ended and its block is
+// gone, C's object of X for that connection dies while the second block, which came through
+// X too, still lives in C (and in D): C must not retire X then. Else D forgets X, the block
+// D passes on to E is not held on A's connection for E, and once B, C and D are gone A
+// recycles it under E.
+TEST_P(AllocChannelTest, ForwarderKeepsAnUpstreamBoardThatCameOnTwoConnectionsWhileOneStillHoldsItsBlocks) {
+  SharedAllocator pool;
+  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
+  auto [bc1_tx, bc1_rx] = channel<Batch>(GetParam());
+  auto [bc2_tx, bc2_rx] = channel<Batch>(GetParam());
+  auto [cd_tx, cd_rx] = channel<Batch>(GetParam());
+  auto [dc_tx, dc_rx] = channel<int>(GetParam());  // D tells C it dropped the first block
+  auto [de_tx, de_rx] = channel<Batch>(GetParam());
+  auto [held_tx, held_rx] = channel<int>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  // E: holds the second block, which D passed on, while A recycles what it may.
+  const pid_t e = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
+                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
+                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
+                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, ab_rx, bc1_tx, bc1_rx, bc2_tx, bc2_rx, cd_tx, cd_rx, dc_tx, dc_rx, de_tx, held_rx, go_tx);
+    held_tx.adopt();
+    const Batch got = de_rx.recv().value();
+    CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+    held_tx.send(1);
+    CHILD_CHECK(go_rx.recv().value() == 1);
+    CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+  });
+  // D: drops the first block, keeps the second; once C's frames retired what died in C, it
+  // passes the second block on to E.
+  const pid_t d = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
+                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
+                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
+                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, ab_rx, bc1_tx, bc1_rx, bc2_tx, bc2_rx, cd_tx, dc_rx, de_rx, held_tx, held_rx, go_tx, go_rx);
+    dc_tx.adopt();
+    de_tx.adopt();
+    CHILD_CHECK(all_equal(cd_rx.recv().value().tensors.at(0), 5));
+    const Batch second = cd_rx.recv().value();  // its frame released the first block here
+    CHILD_CHECK(all_equal(second.tensors.at(0), 7));
+    dc_tx.send(1);
+    CHILD_CHECK(cd_rx.recv().value().step == -1);
+    CHILD_CHECK(cd_rx.recv().value().step == -2);
+    de_tx.send(second);
+    while (true) ::pause();
+  });
+  // C: forwards both blocks to D, ends the first connection, and once D dropped the first
+  // block sends two empty frames: the first collects D's return (its object of X for the
+  // first connection dies), the second retires what died.
+  const pid_t c = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
+                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
+                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
+                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, ab_rx, bc1_tx, bc2_tx, cd_rx, dc_tx, de_tx, de_rx, held_tx, held_rx, go_tx, go_rx);
+    cd_tx.adopt();
+    cd_tx.send(bc1_rx.recv().value());
+    bc1_rx.close();
+    const Batch second = bc2_rx.recv().value();
+    cd_tx.send(second);
+    CHILD_CHECK(dc_rx.recv().value() == 1);
+    cd_tx.send(Batch{-1, {}});
+    cd_tx.send(Batch{-2, {}});
+    while (true) ::pause();
+  });
+  // B: forwards A's two blocks to C, one on each connection.
+  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
+                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
+                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
+                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, bc1_rx, bc2_rx, cd_tx, cd_rx, dc_tx, dc_rx, de_tx, de_rx, held_tx, held_rx, go_tx, go_rx);
+    bc1_tx.adopt();
+    bc2_tx.adopt();
+    bc1_tx.send(ab_rx.recv().value());
+    bc2_tx.send(ab_rx.recv().value());
+    while (true) ::pause();
+  });
+  detach_each(ab_rx, bc1_tx, bc1_rx, bc2_tx, bc2_rx, cd_tx, cd_rx, dc_tx, dc_rx, de_tx, de_rx, held_tx, go_rx);
+  const Tensor anchor = filled(pool, 1024, 1);
+  ab_tx.send(Batch{0, {filled(pool, 1024, 5)}});
+  ab_tx.send(Batch{1, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(held_rx.recv().value(), 1);
+  for (const pid_t forwarder : {b, c, d}) {
+    ::kill(forwarder, SIGKILL);
+    ASSERT_EQ(test::wait_child(forwarder).signal, SIGKILL);
+  }
+  pool.trim();  // reads the holders of A's connection: B, C and D are dead, E lives
+  EXPECT_EQ(ab_tx.core().pinned_storages(), 2u);  // the first block too: B never gave it back
+  const std::vector<Tensor> reuse = allocate_over(pool);
+  go_tx.send(1);
+  EXPECT_TRUE(child_succeeded(e)) << "E saw its block recycled by A after B, C and D died";
+  ab_tx.close();
+}
+
 // A forked worker K inherits its parent's segments. Once a block of K's own came back to
 // it (through B), a block of such an inherited segment that the parent P sends on through
 // B is not K's own block coming back: K holds it like any forwarded block (registered on

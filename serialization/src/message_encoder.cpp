@@ -50,10 +50,17 @@ void MessageEncoder::begin() {
 
 void MessageEncoder::retire_dead_upstream_boards() {
   std::size_t retired = 0;
+  const auto committed = upstream_sent_.begin() + static_cast<std::ptrdiff_t>(upstream_committed_);
   for (std::size_t i = 0; i < upstream_committed_ && retired < kMaxRetiredPerFrame; ++i) {
     PassedUpstream& sent = upstream_sent_[i];
     sent.retiring = sent.board.expired();
     if (!sent.retiring) continue;
+    // The board may live here in another object (it came on another connection too), or
+    // an earlier entry of it retires it in this frame: then this entry just goes.
+    const bool kept_or_named = std::any_of(upstream_sent_.begin(), committed, [&sent](const PassedUpstream& other) {
+      return &other != &sent && other.identity == sent.identity && (!other.board.expired() || other.retiring);
+    });
+    if (kept_or_named) continue;
     SegmentEntry entry;
     entry.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
     entry.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
@@ -281,10 +288,21 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
   for (std::shared_ptr<ReturnBoard>& board : upstream_scratch_) {
     if (board->fd() < 0) continue;  // never for a received board (it keeps its fd)
     if (ledger_ && board->identity() == ledger_->board()->identity()) continue;
-    const bool passed = std::any_of(upstream_sent_.begin(), upstream_sent_.end(), [&board](const auto& sent) {
-      return sent.identity == board->identity() && !sent.board.expired();
-    });
-    if (passed) continue;
+    // Passed already (by this object or by another object of the same board, which came on
+    // another connection): then this object is only tracked, so that the board is not
+    // retired while it lives.
+    bool passed = false;
+    bool tracked = false;
+    for (const PassedUpstream& sent : upstream_sent_) {
+      if (sent.identity != board->identity() || sent.board.expired()) continue;
+      passed = true;
+      tracked = !sent.board.owner_before(board) && !board.owner_before(sent.board);
+      if (tracked) break;
+    }
+    if (passed) {
+      if (!tracked) upstream_sent_.push_back(PassedUpstream{board, board->identity()});
+      continue;
+    }
     // We hold the block (its frame on `board` is resolved and we registered there), so the
     // count read now is one no reclaim of this block can have moved.
     add_segment_entry(SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), ReturnBoard::bytes(),
