@@ -49,23 +49,27 @@ void MessageEncoder::begin() {
 }
 
 void MessageEncoder::retire_dead_upstream_boards() {
-  std::size_t retired = 0;
+  for (PassedUpstream& sent : upstream_sent_) sent.retiring = false;
   const auto committed = upstream_sent_.begin() + static_cast<std::ptrdiff_t>(upstream_committed_);
-  for (std::size_t i = 0; i < upstream_committed_ && retired < kMaxRetiredPerFrame; ++i) {
-    PassedUpstream& sent = upstream_sent_[i];
-    sent.retiring = sent.board.expired();
-    if (!sent.retiring) continue;
-    // The board may live here in another object (it came on another connection too), or
-    // an earlier entry of it retires it in this frame: then this entry just goes.
-    const bool kept_or_named = std::any_of(upstream_sent_.begin(), committed, [&sent](const PassedUpstream& other) {
-      return &other != &sent && other.identity == sent.identity && (!other.board.expired() || other.retiring);
-    });
-    if (kept_or_named) continue;
+  std::size_t retired = 0;
+  for (auto it = upstream_sent_.begin(); it != committed && retired < kMaxRetiredPerFrame; ++it) {
+    if (it->retiring || !it->board.expired()) continue;
+    const FileIdentity identity = it->identity;
+    const auto same_board = [&identity](const PassedUpstream& other) { return other.identity == identity; };
+    // A board that came on several connections lives here in one object per connection:
+    // while one lives, the receiver keeps the board, and this entry just goes.
+    if (std::any_of(upstream_sent_.begin(), committed,
+                    [&](const PassedUpstream& other) { return same_board(other) && !other.board.expired(); })) {
+      it->retiring = true;
+      continue;
+    }
+    // Every object of it died (for good): one retirement for all its entries.
+    for (auto other = it; other != committed; ++other) other->retiring = other->retiring || same_board(*other);
     SegmentEntry entry;
     entry.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
     entry.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
-    entry.device = sent.identity.device;
-    entry.inode = sent.identity.inode;
+    entry.device = identity.device;
+    entry.inode = identity.inode;
     segment_entries_.push_back(entry);
     ++retired;
   }
@@ -288,13 +292,13 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
   for (std::shared_ptr<ReturnBoard>& board : upstream_scratch_) {
     if (board->fd() < 0) continue;  // never for a received board (it keeps its fd)
     if (ledger_ && board->identity() == ledger_->board()->identity()) continue;
-    // Passed already (by this object or by another object of the same board, which came on
-    // another connection): then this object is only tracked, so that the board is not
-    // retired while it lives.
+    // The receiver has the board (passed before and not retired by this frame; maybe by
+    // another object of it, which came on another connection): then this object is only
+    // tracked, so that the board is not retired while it lives.
     bool passed = false;
     bool tracked = false;
     for (const PassedUpstream& sent : upstream_sent_) {
-      if (sent.identity != board->identity() || sent.board.expired()) continue;
+      if (sent.identity != board->identity() || sent.retiring) continue;
       passed = true;
       tracked = !sent.board.owner_before(board) && !board.owner_before(sent.board);
       if (tracked) break;

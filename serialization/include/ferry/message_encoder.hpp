@@ -241,7 +241,9 @@ class MessageEncoder {
   struct PassedUpstream {
     std::weak_ptr<ReturnBoard> board;
     FileIdentity identity;
-    bool retiring = false;  // the frame being encoded retires it (SegmentRole::RetiredUpstreamBoard)
+    // The frame being encoded retires it (SegmentRole::RetiredUpstreamBoard), or forgets it
+    // because another object of its board lives on: gone at commit().
+    bool retiring = false;
   };
   std::vector<PassedUpstream> upstream_sent_;
   std::size_t upstream_committed_ = 0;
