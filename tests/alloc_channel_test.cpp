@@ -1095,10 +1095,14 @@ TEST_P(AllocChannelTest, LongLivedForwardingConnectionLetsGoOfTheBoardsOfUpstrea
 // gone, C's object of X for that connection dies while the second block, which came through
 // X too, still lives in C (and in D): C must not retire X then. Else D forgets X, the block
 // D passes on to E is not held on A's connection for E, and once B, C and D are gone A
-// recycles it under E. `second_after_first_died`: C forwards the second block in the frame
-// whose encoding collects D's return of the first (the object of X that C passed dies while
-// that frame is encoded), instead of before D dropped the first.
-void forward_a_board_that_came_on_two_connections(Transport transport, bool second_after_first_died) {
+// recycles it under E. `when`: when C forwards the second block.
+enum class SecondBlock {
+  BeforeTheFirstDied,    // before D dropped the first
+  WhileTheFirstDies,     // in the frame whose encoding collects D's return of the first (the
+                         // object of X that C passed dies while that frame is encoded)
+  AfterXWasRetired,      // once C retired X (it died with the first): C passes X again
+};
+void forward_a_board_that_came_on_two_connections(Transport transport, SecondBlock when) {
   SharedAllocator pool;
   auto [ab_tx, ab_rx] = channel<Batch>(transport);
   auto [bc1_tx, bc1_rx] = channel<Batch>(transport);
@@ -1132,9 +1136,10 @@ void forward_a_board_that_came_on_two_connections(Transport transport, bool seco
     de_tx.adopt();
     CHILD_CHECK(all_equal(cd_rx.recv().value().tensors.at(0), 5));
     std::optional<Batch> second;
-    for (int frame = 0; frame < 3; ++frame) {  // the second block, -1 and -2 (in C's order)
+    for (int frame = 0;; ++frame) {  // the second block and empty frames, in C's order, up to -9
       Batch got = cd_rx.recv().value();
       if (frame == 0) dc_tx.send(1);  // that frame released the first block here
+      if (got.step == -9) break;
       if (!got.tensors.empty()) {
         CHILD_CHECK(all_equal(got.tensors.at(0), 7));
         second = std::move(got);
@@ -1156,10 +1161,20 @@ void forward_a_board_that_came_on_two_connections(Transport transport, bool seco
     cd_tx.send(bc1_rx.recv().value());
     bc1_rx.close();
     const Batch second = bc2_rx.recv().value();
-    cd_tx.send(second_after_first_died ? Batch{-1, {}} : second);  // releases the first block
-    CHILD_CHECK(dc_rx.recv().value() == 1);
-    cd_tx.send(second_after_first_died ? second : Batch{-1, {}});  // collects D's return of it
-    cd_tx.send(Batch{-2, {}});
+    if (when == SecondBlock::BeforeTheFirstDied) {
+      cd_tx.send(second);  // releases the first block
+      CHILD_CHECK(dc_rx.recv().value() == 1);
+      cd_tx.send(Batch{-1, {}});  // collects D's return of it
+    } else {
+      cd_tx.send(Batch{-1, {}});  // releases the first block
+      CHILD_CHECK(dc_rx.recv().value() == 1);
+      if (when == SecondBlock::AfterXWasRetired) {
+        cd_tx.send(Batch{-2, {}});  // collects D's return of it
+        cd_tx.send(Batch{-3, {}});  // retires what died: X too, no object of it lives here
+      }
+      cd_tx.send(second);
+    }
+    cd_tx.send(Batch{-9, {}});  // retires what died
     while (true) ::pause();
   });
   // B: forwards A's two blocks to C, one on each connection.
@@ -1192,11 +1207,15 @@ void forward_a_board_that_came_on_two_connections(Transport transport, bool seco
 }
 
 TEST_P(AllocChannelTest, ForwarderKeepsAnUpstreamBoardThatCameOnTwoConnectionsWhileOneStillHoldsItsBlocks) {
-  forward_a_board_that_came_on_two_connections(GetParam(), false);
+  forward_a_board_that_came_on_two_connections(GetParam(), SecondBlock::BeforeTheFirstDied);
 }
 
 TEST_P(AllocChannelTest, ForwarderKeepsAnUpstreamBoardWhoseObjectItPassedDiedWhileAnotherOneWasForwarded) {
-  forward_a_board_that_came_on_two_connections(GetParam(), true);
+  forward_a_board_that_came_on_two_connections(GetParam(), SecondBlock::WhileTheFirstDies);
+}
+
+TEST_P(AllocChannelTest, ForwarderPassesARetiredUpstreamBoardAgainWithABlockThatCameThroughIt) {
+  forward_a_board_that_came_on_two_connections(GetParam(), SecondBlock::AfterXWasRetired);
 }
 
 // A forked worker K inherits its parent's segments. Once a block of K's own came back to
