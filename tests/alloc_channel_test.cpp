@@ -1089,6 +1089,135 @@ TEST_P(AllocChannelTest, LongLivedForwardingConnectionLetsGoOfTheBoardsOfUpstrea
   EXPECT_TRUE(child_succeeded(c));
 }
 
+// A board can reach a forwarder on two of its connections: B forwards two blocks of A (on
+// A's connection, board X) to C on two connections, so that C maps X once for each. C passes
+// X on to D once, with the first block. When the first connection has ended and its block is
+// gone, C's object of X for that connection dies while the second block, which came through
+// X too, still lives in C (and in D): C must not retire X then. Else D forgets X, the block
+// D passes on to E is not held on A's connection for E, and once B, C and D are gone A
+// recycles it under E. `when`: when C forwards the second block.
+enum class SecondBlock {
+  BeforeTheFirstDied,    // before D dropped the first
+  WhileTheFirstDies,     // in the frame whose encoding collects D's return of the first (the
+                         // object of X that C passed dies while that frame is encoded)
+  AfterXWasRetired,      // once C retired X (it died with the first): C passes X again
+};
+void forward_a_board_that_came_on_two_connections(Transport transport, SecondBlock when) {
+  SharedAllocator pool;
+  auto [ab_tx, ab_rx] = channel<Batch>(transport);
+  auto [bc1_tx, bc1_rx] = channel<Batch>(transport);
+  auto [bc2_tx, bc2_rx] = channel<Batch>(transport);
+  auto [cd_tx, cd_rx] = channel<Batch>(transport);
+  auto [dc_tx, dc_rx] = channel<int>(transport);  // D tells C it dropped the first block
+  auto [de_tx, de_rx] = channel<Batch>(transport);
+  auto [held_tx, held_rx] = channel<int>(transport);
+  auto [go_tx, go_rx] = channel<int>(transport);
+  // E: holds the second block, which D passed on, while A recycles what it may.
+  const pid_t e = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
+                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
+                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
+                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, ab_rx, bc1_tx, bc1_rx, bc2_tx, bc2_rx, cd_tx, cd_rx, dc_tx, dc_rx, de_tx, held_rx, go_tx);
+    held_tx.adopt();
+    const Batch got = de_rx.recv().value();
+    CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+    held_tx.send(1);
+    CHILD_CHECK(go_rx.recv().value() == 1);
+    CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+  });
+  // D: drops the first block, keeps the second; once C's frames retired what died in C, it
+  // passes the second block on to E.
+  const pid_t d = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
+                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
+                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
+                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, ab_rx, bc1_tx, bc1_rx, bc2_tx, bc2_rx, cd_tx, dc_rx, de_rx, held_tx, held_rx, go_tx, go_rx);
+    dc_tx.adopt();
+    de_tx.adopt();
+    CHILD_CHECK(all_equal(cd_rx.recv().value().tensors.at(0), 5));
+    std::optional<Batch> second;
+    for (int frame = 0;; ++frame) {  // the second block and empty frames, in C's order, up to -9
+      Batch got = cd_rx.recv().value();
+      if (frame == 0) dc_tx.send(1);  // that frame released the first block here
+      if (got.step == -9) break;
+      if (!got.tensors.empty()) {
+        CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+        second = std::move(got);
+      }
+    }
+    CHILD_CHECK(second.has_value());
+    de_tx.send(*second);
+    while (true) ::pause();
+  });
+  // C: forwards both blocks to D and ends the first connection; the frame after D dropped
+  // the first block collects D's return (C's object of X for the first connection dies),
+  // the next one retires what died.
+  const pid_t c = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
+                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
+                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
+                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, ab_rx, bc1_tx, bc2_tx, cd_rx, dc_tx, de_tx, de_rx, held_tx, held_rx, go_tx, go_rx);
+    cd_tx.adopt();
+    cd_tx.send(bc1_rx.recv().value());
+    bc1_rx.close();
+    const Batch second = bc2_rx.recv().value();
+    if (when == SecondBlock::BeforeTheFirstDied) {
+      cd_tx.send(second);  // releases the first block
+      CHILD_CHECK(dc_rx.recv().value() == 1);
+      cd_tx.send(Batch{-1, {}});  // collects D's return of it
+    } else {
+      cd_tx.send(Batch{-1, {}});  // releases the first block
+      CHILD_CHECK(dc_rx.recv().value() == 1);
+      if (when == SecondBlock::AfterXWasRetired) {
+        cd_tx.send(Batch{-2, {}});  // collects D's return of it
+        cd_tx.send(Batch{-3, {}});  // retires what died: X too, no object of it lives here
+      }
+      cd_tx.send(second);
+    }
+    cd_tx.send(Batch{-9, {}});  // retires what died
+    while (true) ::pause();
+  });
+  // B: forwards A's two blocks to C, one on each connection.
+  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
+                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
+                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
+                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
+    detach_each(ab_tx, bc1_rx, bc2_rx, cd_tx, cd_rx, dc_tx, dc_rx, de_tx, de_rx, held_tx, held_rx, go_tx, go_rx);
+    bc1_tx.adopt();
+    bc2_tx.adopt();
+    bc1_tx.send(ab_rx.recv().value());
+    bc2_tx.send(ab_rx.recv().value());
+    while (true) ::pause();
+  });
+  detach_each(ab_rx, bc1_tx, bc1_rx, bc2_tx, bc2_rx, cd_tx, cd_rx, dc_tx, dc_rx, de_tx, de_rx, held_tx, go_rx);
+  const Tensor anchor = filled(pool, 1024, 1);
+  ab_tx.send(Batch{0, {filled(pool, 1024, 5)}});
+  ab_tx.send(Batch{1, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(held_rx.recv().value(), 1);
+  for (const pid_t forwarder : {b, c, d}) {
+    ::kill(forwarder, SIGKILL);
+    ASSERT_EQ(test::wait_child(forwarder).signal, SIGKILL);
+  }
+  pool.trim();  // reads the holders of A's connection: B, C and D are dead, E lives
+  EXPECT_EQ(ab_tx.core().pinned_storages(), 2u);  // the first block too: B never gave it back
+  const std::vector<Tensor> reuse = allocate_over(pool);
+  go_tx.send(1);
+  EXPECT_TRUE(child_succeeded(e)) << "E saw its block recycled by A after B, C and D died";
+  ab_tx.close();
+}
+
+TEST_P(AllocChannelTest, ForwarderKeepsAnUpstreamBoardThatCameOnTwoConnectionsWhileOneStillHoldsItsBlocks) {
+  forward_a_board_that_came_on_two_connections(GetParam(), SecondBlock::BeforeTheFirstDied);
+}
+
+TEST_P(AllocChannelTest, ForwarderKeepsAnUpstreamBoardWhoseObjectItPassedDiedWhileAnotherOneWasForwarded) {
+  forward_a_board_that_came_on_two_connections(GetParam(), SecondBlock::WhileTheFirstDies);
+}
+
+TEST_P(AllocChannelTest, ForwarderPassesARetiredUpstreamBoardAgainWithABlockThatCameThroughIt) {
+  forward_a_board_that_came_on_two_connections(GetParam(), SecondBlock::AfterXWasRetired);
+}
+
 // A forked worker K inherits its parent's segments. Once a block of K's own came back to
 // it (through B), a block of such an inherited segment that the parent P sends on through
 // B is not K's own block coming back: K holds it like any forwarded block (registered on

@@ -49,16 +49,27 @@ void MessageEncoder::begin() {
 }
 
 void MessageEncoder::retire_dead_upstream_boards() {
+  for (PassedUpstream& sent : upstream_sent_) sent.retiring = false;
+  const auto committed = upstream_sent_.begin() + static_cast<std::ptrdiff_t>(upstream_committed_);
   std::size_t retired = 0;
-  for (std::size_t i = 0; i < upstream_committed_ && retired < kMaxRetiredPerFrame; ++i) {
-    PassedUpstream& sent = upstream_sent_[i];
-    sent.retiring = sent.board.expired();
-    if (!sent.retiring) continue;
+  for (auto it = upstream_sent_.begin(); it != committed && retired < kMaxRetiredPerFrame; ++it) {
+    if (it->retiring || !it->board.expired()) continue;
+    const FileIdentity identity = it->identity;
+    const auto same_board = [&identity](const PassedUpstream& other) { return other.identity == identity; };
+    // A board that came on several connections lives here in one object per connection:
+    // while one lives, the receiver keeps the board, and this entry just goes.
+    if (std::any_of(upstream_sent_.begin(), committed,
+                    [&](const PassedUpstream& other) { return same_board(other) && !other.board.expired(); })) {
+      it->retiring = true;
+      continue;
+    }
+    // Every object of it died (for good): one retirement for all its entries.
+    for (auto other = it; other != committed; ++other) other->retiring = other->retiring || same_board(*other);
     SegmentEntry entry;
     entry.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
     entry.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
-    entry.device = sent.identity.device;
-    entry.inode = sent.identity.inode;
+    entry.device = identity.device;
+    entry.inode = identity.inode;
     segment_entries_.push_back(entry);
     ++retired;
   }
@@ -281,10 +292,21 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
   for (std::shared_ptr<ReturnBoard>& board : upstream_scratch_) {
     if (board->fd() < 0) continue;  // never for a received board (it keeps its fd)
     if (ledger_ && board->identity() == ledger_->board()->identity()) continue;
-    const bool passed = std::any_of(upstream_sent_.begin(), upstream_sent_.end(), [&board](const auto& sent) {
-      return sent.identity == board->identity() && !sent.board.expired();
-    });
-    if (passed) continue;
+    // The receiver has the board (passed before and not retired by this frame; maybe by
+    // another object of it, which came on another connection): then this object is only
+    // tracked, so that the board is not retired while it lives.
+    bool passed = false;
+    bool tracked = false;
+    for (const PassedUpstream& sent : upstream_sent_) {
+      if (sent.identity != board->identity() || sent.retiring) continue;
+      passed = true;
+      tracked = !sent.board.owner_before(board) && !board.owner_before(sent.board);
+      if (tracked) break;
+    }
+    if (passed) {
+      if (!tracked) upstream_sent_.push_back(PassedUpstream{board, board->identity()});
+      continue;
+    }
     // We hold the block (its frame on `board` is resolved and we registered there), so the
     // count read now is one no reclaim of this block can have moved.
     add_segment_entry(SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), ReturnBoard::bytes(),

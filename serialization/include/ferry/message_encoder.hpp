@@ -234,11 +234,16 @@ class MessageEncoder {
   // from again, and a forwarder must not keep the boards of every connection it ever
   // forwarded from (keepalive_ keeps one until the receiver opened it). One that died is
   // retired at the start of the next frame (at most kMaxRetiredPerFrame per frame), so that
-  // the receiver lets go of it too. The first `upstream_committed_` went out.
+  // the receiver lets go of it too. A board that reached this process on several
+  // connections has one object per connection: each object is tracked (one entry each, the
+  // board passed once), and the board is retired only once all of them died. The first
+  // `upstream_committed_` went out.
   struct PassedUpstream {
     std::weak_ptr<ReturnBoard> board;
     FileIdentity identity;
-    bool retiring = false;  // the frame being encoded retires it (SegmentRole::RetiredUpstreamBoard)
+    // The frame being encoded retires it (SegmentRole::RetiredUpstreamBoard), or forgets it
+    // because another object of its board lives on: gone at commit().
+    bool retiring = false;
   };
   std::vector<PassedUpstream> upstream_sent_;
   std::size_t upstream_committed_ = 0;
