@@ -382,7 +382,12 @@ void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t i
   // would keep everything it sent on that connection pinned for as long as it lives; the
   // blocks are kept by their pins instead (resolve_new_block()).
   if (std::shared_ptr<HoldLedger> own = own_ledger_of_board(identity)) {
-    own_upstream_ledgers_.push_back(own);
+    // Once per ledger (a board retired and passed again comes back), and none that died.
+    std::erase_if(own_upstream_ledgers_, [&own](const auto& weak) {
+      const auto ledger = weak.lock();
+      return !ledger || ledger == own;
+    });
+    own_upstream_ledgers_.push_back(std::move(own));
   } else {
     // Register before resolving anything. The sender read the board's reclaim count while
     // it held the blocks it forwards; if the count moved since, every holder upstream
