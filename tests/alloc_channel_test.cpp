@@ -13,6 +13,7 @@
 #include <random>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -37,6 +38,17 @@ struct Batch {
 
 class AllocChannelTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
 
+// Both ends of a new channel as members of one object: the body of a forked process can
+// capture it with [&], which clang 14 does not allow for a structured binding.
+template <class T>
+struct Ends {
+  explicit Ends(Transport transport, const ChannelOptions& options = {}) {
+    std::tie(tx, rx) = channel<T>(transport, options);
+  }
+  Sender<T> tx;
+  Receiver<T> rx;
+};
+
 INSTANTIATE_TEST_SUITE_P(Transports, AllocChannelTest, ::testing::ValuesIn(test::interprocess_transports()),
                          test::transport_test_name);
 
@@ -59,106 +71,106 @@ bool all_equal(const Tensor& t, T value) {
 
 TEST_P(AllocChannelTest, NewTensorsInRecycledBlocksNeedNoNewSegments) {
   SharedAllocator pool;
-  auto [tx, rx] = channel<Batch>(GetParam());
-  auto [reply_tx, reply_rx] = channel<int>(GetParam());
+  Ends<Batch> data(GetParam());
+  Ends<int> reply(GetParam());
   constexpr int kSteps = 60;
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
-    tx.detach();
-    reply_rx.close();
-    reply_tx.adopt();
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
+    reply.rx.close();
+    reply.tx.adopt();
     for (int step = 0; step < kSteps; ++step) {
-      auto batch = rx.recv();
+      auto batch = data.rx.recv();
       CHILD_CHECK(batch.has_value() && batch->step == step);
       CHILD_CHECK(batch->tensors.size() == 11);
       for (const Tensor& t : batch->tensors) CHILD_CHECK(all_equal(t, step));
       // Segments stay leased; only a handful are ever needed.
-      CHILD_CHECK(rx.core().leased_segments() <= 4);
-      reply_tx.send(step);
+      CHILD_CHECK(data.rx.core().leased_segments() <= 4);
+      reply.tx.send(step);
     }
-    CHILD_CHECK(!rx.recv().has_value());
+    CHILD_CHECK(!data.rx.recv().has_value());
   });
-  rx.close();
-  reply_tx.detach();
+  data.rx.close();
+  reply.tx.detach();
   SharedMemoryStats warm;
   for (int step = 0; step < kSteps; ++step) {
     if (step == 10) warm = pool.stats();
     Batch batch{step, {filled(pool, MiB / 4, step)}};  // 1 MiB: a segment of its own
     for (int i = 0; i < 10; ++i) batch.tensors.push_back(filled(pool, 1024, step));  // 4 KiB blocks
-    tx.send(batch);
-    ASSERT_EQ(reply_rx.recv().value(), step);
+    data.tx.send(batch);
+    ASSERT_EQ(reply.rx.recv().value(), step);
   }
   const SharedMemoryStats after = pool.stats();
   EXPECT_EQ(after.misses, warm.misses) << "a steady pipeline created segments after warm-up";
   EXPECT_EQ(after.segments, warm.segments);
   EXPECT_GT(after.hits, warm.hits);
-  tx.close();
+  data.tx.close();
   EXPECT_TRUE(child_succeeded(child));
 }
 
 TEST_P(AllocChannelTest, HundredSmallTensorsShareOneSegment) {
   SharedAllocator pool;
-  auto [tx, rx] = channel<Batch>(GetParam());
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
-    tx.detach();
+  Ends<Batch> data(GetParam());
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
     for (int round = 0; round < 3; ++round) {
-      auto batch = rx.recv();
+      auto batch = data.rx.recv();
       CHILD_CHECK(batch.has_value() && batch->tensors.size() == 100);
       for (std::size_t i = 0; i < 100; ++i) CHILD_CHECK(all_equal(batch->tensors[i], round * 100 + static_cast<int>(i)));
-      CHILD_CHECK(rx.core().leased_segments() == 1);
+      CHILD_CHECK(data.rx.core().leased_segments() == 1);
       CHILD_CHECK(test::count_ferry_mappings() == 1);
     }
-    CHILD_CHECK(!rx.recv().has_value());
+    CHILD_CHECK(!data.rx.recv().has_value());
   });
-  rx.close();
+  data.rx.close();
   for (int round = 0; round < 3; ++round) {
     Batch batch{round, {}};
     for (int i = 0; i < 100; ++i) batch.tensors.push_back(filled(pool, 1024, round * 100 + i));
-    tx.send(batch);
+    data.tx.send(batch);
   }
   EXPECT_EQ(pool.stats().segments, 1u);
-  tx.close();
+  data.tx.close();
   EXPECT_TRUE(child_succeeded(child));
 }
 
 TEST_P(AllocChannelTest, BlockIsNotRecycledWhileTheReceiverHoldsIt) {
   SharedAllocator pool;
-  auto [tx, rx] = channel<Batch>(GetParam());
-  auto [reply_tx, reply_rx] = channel<int>(GetParam());
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
-    tx.detach();
-    reply_rx.close();
-    reply_tx.adopt();
-    auto first = rx.recv();
+  Ends<Batch> data(GetParam());
+  Ends<int> reply(GetParam());
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
+    reply.rx.close();
+    reply.tx.adopt();
+    auto first = data.rx.recv();
     CHILD_CHECK(first.has_value());
     const Tensor kept = first->tensors.at(0);  // held by the user, across later messages
     CHILD_CHECK(all_equal(kept, 7));
-    reply_tx.send(0);
+    reply.tx.send(0);
     for (int i = 1; i <= 200; ++i) {
-      auto batch = rx.recv();  // new tensors the producer wrote after it dropped `kept`
+      auto batch = data.rx.recv();  // new tensors the producer wrote after it dropped `kept`
       CHILD_CHECK(batch.has_value() && all_equal(batch->tensors.at(0), 9));
       CHILD_CHECK(batch->tensors.at(0).data_ptr() != kept.data_ptr());
     }
     CHILD_CHECK(all_equal(kept, 7));
-    reply_tx.send(1);
-    CHILD_CHECK(!rx.recv().has_value());
+    reply.tx.send(1);
+    CHILD_CHECK(!data.rx.recv().has_value());
   });
-  rx.close();
-  reply_tx.detach();
+  data.rx.close();
+  reply.tx.detach();
   const void* kept_address = nullptr;
   {
     Tensor first = filled(pool, 1024, 7);
     kept_address = first.data_ptr();
-    tx.send(Batch{0, {first}});
-    ASSERT_EQ(reply_rx.recv().value(), 0);
+    data.tx.send(Batch{0, {first}});
+    ASSERT_EQ(reply.rx.recv().value(), 0);
   }  // the producer's last reference to the first tensor dies here
   for (int i = 1; i <= 200; ++i) {
     Tensor next = filled(pool, 1024, 9);  // the same size class: the block would fit
     EXPECT_NE(next.data_ptr(), kept_address) << "a block the receiver holds was recycled";
-    tx.send(Batch{i, {next}});
+    data.tx.send(Batch{i, {next}});
     release_cached_shared_memory();  // collecting and trimming must not free it either
   }
-  ASSERT_EQ(reply_rx.recv().value(), 1);
-  tx.close();
+  ASSERT_EQ(reply.rx.recv().value(), 1);
+  data.tx.close();
   EXPECT_TRUE(child_succeeded(child));
   // The child exited: every block came back.
   pool.trim();
@@ -171,18 +183,18 @@ TEST_P(AllocChannelTest, ReceivedStorageKeepsItsIdentityWhileLeasedAndItsBlockCo
   // holds it; once the sender dropped it and announced the release, the receiver's block
   // is given back and the sender's allocator may recycle it.
   SharedAllocator pool;
-  auto [tx, rx] = channel<Batch>(GetParam());
-  auto [reply_tx, reply_rx] = channel<int>(GetParam());
+  Ends<Batch> data(GetParam());
+  Ends<int> reply(GetParam());
   constexpr int kRounds = 20;
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
-    tx.detach();
-    reply_rx.close();
-    reply_tx.adopt();
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
+    reply.rx.close();
+    reply.tx.adopt();
     const Storage* first = nullptr;
     std::uint64_t first_id = 0;
     const void* first_data = nullptr;
     for (int round = 0; round < kRounds; ++round) {
-      auto batch = rx.recv();
+      auto batch = data.rx.recv();
       CHILD_CHECK(batch.has_value() && batch->step == round);
       const Tensor& t = batch->tensors.at(0);
       CHILD_CHECK(all_equal(t, 5));
@@ -194,32 +206,32 @@ TEST_P(AllocChannelTest, ReceivedStorageKeepsItsIdentityWhileLeasedAndItsBlockCo
       CHILD_CHECK(t.storage().get() == first);
       CHILD_CHECK(t.storage()->id() == first_id);
       CHILD_CHECK(t.data_ptr() == first_data);
-      CHILD_CHECK(rx.core().leased() == 1);
-      reply_tx.send(round);
+      CHILD_CHECK(data.rx.core().leased() == 1);
+      reply.tx.send(round);
     }  // every tensor of the storage is dropped here, after each round
-    auto last = rx.recv();  // releases the first storage's slot before resolving its own
+    auto last = data.rx.recv();  // releases the first storage's slot before resolving its own
     CHILD_CHECK(last.has_value() && last->step == kRounds && all_equal(last->tensors.at(0), 6));
-    CHILD_CHECK(rx.core().leased() == 1);
-    reply_tx.send(kRounds);
-    CHILD_CHECK(!rx.recv().has_value());
+    CHILD_CHECK(data.rx.core().leased() == 1);
+    reply.tx.send(kRounds);
+    CHILD_CHECK(!data.rx.recv().has_value());
   });
-  rx.close();
-  reply_tx.detach();
+  data.rx.close();
+  reply.tx.detach();
   {
     const Tensor shared = filled(pool, 1024, 5);
     for (int round = 0; round < kRounds; ++round) {
-      tx.send(Batch{round, {shared}});
-      ASSERT_EQ(reply_rx.recv().value(), round);
+      data.tx.send(Batch{round, {shared}});
+      ASSERT_EQ(reply.rx.recv().value(), round);
     }
-    EXPECT_EQ(tx.core().storages_passed(), 1u) << "a storage the receiver leases travels as its slot";
+    EXPECT_EQ(data.tx.core().storages_passed(), 1u) << "a storage the receiver leases travels as its slot";
   }  // the sender's last reference dies: the next frame announces the release
   const Tensor next = filled(pool, 1024, 6);
-  tx.send(Batch{kRounds, {next}});
-  ASSERT_EQ(reply_rx.recv().value(), kRounds);
+  data.tx.send(Batch{kRounds, {next}});
+  ASSERT_EQ(reply.rx.recv().value(), kRounds);
   release_cached_shared_memory();  // reads the return board
-  EXPECT_EQ(tx.core().pinned_storages(), 1u) << "the receiver gave the released block back";
+  EXPECT_EQ(data.tx.core().pinned_storages(), 1u) << "the receiver gave the released block back";
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
-  tx.close();
+  data.tx.close();
   EXPECT_TRUE(child_succeeded(child));
 }
 
@@ -227,59 +239,58 @@ TEST_P(AllocChannelTest, ReceivedStorageKeepsItsIdentityWhileLeasedAndItsBlockCo
 // one block, sent once; they arrive as views of one storage, each with its own elements.
 TEST_P(AllocChannelTest, UnboundViewsOfOneStorageTravelAsOneBlock) {
   SharedAllocator pool;
-  auto [tx, rx] = channel<Batch>(GetParam());
-  const pid_t child = fork_child([&tx = tx, &rx = rx] {
-    tx.detach();
-    auto batch = rx.recv();
+  Ends<Batch> data(GetParam());
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
+    auto batch = data.rx.recv();
     CHILD_CHECK(batch.has_value() && batch->tensors.size() == 100);
     for (std::size_t i = 0; i < batch->tensors.size(); ++i) {
       CHILD_CHECK(batch->tensors[i].shares_storage_with(batch->tensors[0]));
       CHILD_CHECK(all_equal(batch->tensors[i], static_cast<std::int32_t>(i)));
     }
   });
-  rx.close();
+  data.rx.close();
   Tensor whole = Tensor::empty({100, 1024}, DType::Int32, pool);
   std::vector<Tensor> views = whole.unbind();
   for (std::size_t i = 0; i < views.size(); ++i) views[i].fill(static_cast<std::int32_t>(i));
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
-  tx.send(Batch{0, std::move(views)});
-  EXPECT_EQ(tx.core().tracked_storages(), 1u);  // one lease for the receiver, however many views
-  tx.close();
+  data.tx.send(Batch{0, std::move(views)});
+  EXPECT_EQ(data.tx.core().tracked_storages(), 1u);  // one lease for the receiver, however many views
+  data.tx.close();
   EXPECT_TRUE(child_succeeded(child));
 }
 
 TEST_P(AllocChannelTest, ReceiverThatClosedTheChannelKeepsWhatItHolds) {
   SharedAllocator pool;
-  auto [tx, rx] = channel<Batch>(GetParam());
-  auto [reply_tx, reply_rx] = channel<int>(GetParam());
-  auto [go_tx, go_rx] = channel<int>(GetParam());
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx,
-                                  &go_tx = go_tx, &go_rx = go_rx] {
-    tx.detach();
-    reply_rx.close();
-    reply_tx.adopt();
-    go_tx.detach();
-    auto batch = rx.recv();
+  Ends<Batch> data(GetParam());
+  Ends<int> reply(GetParam());
+  Ends<int> go(GetParam());
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
+    reply.rx.close();
+    reply.tx.adopt();
+    go.tx.detach();
+    auto batch = data.rx.recv();
     CHILD_CHECK(batch.has_value());
-    CHILD_CHECK(!rx.recv().has_value());  // end of stream: every lease is dropped
-    rx.close();
-    reply_tx.send(0);
-    CHILD_CHECK(go_rx.recv().has_value());  // the producer allocated and wrote meanwhile
+    CHILD_CHECK(!data.rx.recv().has_value());  // end of stream: every lease is dropped
+    data.rx.close();
+    reply.tx.send(0);
+    CHILD_CHECK(go.rx.recv().has_value());  // the producer allocated and wrote meanwhile
     CHILD_CHECK(all_equal(batch->tensors.at(0), 5));
   });
-  rx.close();
-  reply_tx.detach();
-  go_rx.close();
+  data.rx.close();
+  reply.tx.detach();
+  go.rx.close();
   {
-    tx.send(Batch{0, {filled(pool, 4096, 5)}});
-    tx.close();
+    data.tx.send(Batch{0, {filled(pool, 4096, 5)}});
+    data.tx.close();
   }
-  ASSERT_EQ(reply_rx.recv().value(), 0);
+  ASSERT_EQ(reply.rx.recv().value(), 0);
   release_cached_shared_memory();  // the receiver lives: nothing it holds is reclaimed
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
   std::vector<Tensor> others;
   for (int i = 0; i < 20; ++i) others.push_back(filled(pool, 4096, 6));
-  go_tx.send(1);
+  go.tx.send(1);
   EXPECT_TRUE(child_succeeded(child));
 }
 
@@ -287,24 +298,24 @@ TEST_P(AllocChannelTest, KilledReceiverHoldingBlocksIsReclaimedWhenMemoryIsNeede
   SharedAllocatorSettings settings;
   settings.max_cached_bytes = 0;  // idle segments go at once: reclaiming shows in `segments`
   SharedAllocator pool(settings);
-  auto [tx, rx] = channel<Batch>(GetParam());
-  auto [reply_tx, reply_rx] = channel<int>(GetParam());
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
-    tx.detach();
-    reply_rx.close();
-    reply_tx.adopt();
+  Ends<Batch> data(GetParam());
+  Ends<int> reply(GetParam());
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
+    reply.rx.close();
+    reply.tx.adopt();
     std::vector<Batch> held;
-    for (int i = 0; i < 5; ++i) held.push_back(rx.recv().value());
-    reply_tx.send(1);
+    for (int i = 0; i < 5; ++i) held.push_back(data.rx.recv().value());
+    reply.tx.send(1);
     while (true) ::pause();  // holds everything until killed
   });
-  rx.close();
-  reply_tx.detach();
-  for (int i = 0; i < 5; ++i) tx.send(Batch{i, {filled(pool, 1024, i), filled(pool, MiB / 2, i)}});
-  ASSERT_EQ(reply_rx.recv().value(), 1);
+  data.rx.close();
+  reply.tx.detach();
+  for (int i = 0; i < 5; ++i) data.tx.send(Batch{i, {filled(pool, 1024, i), filled(pool, MiB / 2, i)}});
+  ASSERT_EQ(reply.rx.recv().value(), 1);
   // Every block is the receiver's alone now, pinned for it.
   EXPECT_EQ(pool.stats().blocks_in_use, 10u);
-  EXPECT_EQ(tx.core().pinned_storages(), 10u);
+  EXPECT_EQ(data.tx.core().pinned_storages(), 10u);
   ::kill(child, SIGKILL);
   const test::ChildExit exit = test::wait_child(child);
   ASSERT_EQ(exit.signal, SIGKILL);
@@ -313,21 +324,21 @@ TEST_P(AllocChannelTest, KilledReceiverHoldingBlocksIsReclaimedWhenMemoryIsNeede
   Tensor needs_memory = filled(pool, 3 * MiB / 4, 0);
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
   EXPECT_EQ(pool.stats().segments, 1u);
-  EXPECT_EQ(tx.core().pinned_storages(), 0u);
-  tx.close();  // tolerates the dead receiver
+  EXPECT_EQ(data.tx.core().pinned_storages(), 0u);
+  data.tx.close();  // tolerates the dead receiver
 }
 
 TEST_P(AllocChannelTest, FramesAKilledReceiverNeverReadAreReclaimed) {
   SharedAllocator pool;
   ChannelOptions options;
   options.peer_check_interval = std::chrono::milliseconds(5);  // ShmRing: notice the death soon
-  auto [tx, rx] = channel<Batch>(GetParam(), options);
-  const pid_t child = fork_child([&, &tx = tx] {
-    tx.detach();
+  Ends<Batch> data(GetParam(), options);
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
     while (true) ::pause();  // never reads
   });
-  rx.close();
-  for (int i = 0; i < 3; ++i) tx.send(Batch{i, {filled(pool, 1024, i)}});
+  data.rx.close();
+  for (int i = 0; i < 3; ++i) data.tx.send(Batch{i, {filled(pool, 1024, i)}});
   EXPECT_EQ(pool.stats().blocks_in_use, 3u);
   ::kill(child, SIGKILL);
   ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
@@ -339,7 +350,7 @@ TEST_P(AllocChannelTest, FramesAKilledReceiverNeverReadAreReclaimed) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   for (int i = 3; !failed && std::chrono::steady_clock::now() < deadline; ++i) {
     try {
-      tx.send(Batch{i, {filled(pool, 1024, i)}});
+      data.tx.send(Batch{i, {filled(pool, 1024, i)}});
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     } catch (const ChannelClosed&) {
       failed = true;
@@ -357,14 +368,14 @@ TEST_P(AllocChannelTest, ClosedChannelReclaimsFramesOfAReceiverThatDiedBeforeRea
   // Pipe: close() waits up to close_linger for the receiver to open the segments named by
   // /proc path; this receiver never will.
   options.close_linger = std::chrono::milliseconds(20);
-  auto [tx, rx] = channel<Batch>(GetParam(), options);
-  const pid_t child = fork_child([&, &tx = tx] {
-    tx.detach();
+  Ends<Batch> data(GetParam(), options);
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
     while (true) ::pause();
   });
-  rx.close();
-  tx.send(Batch{0, {filled(pool, 1024, 0)}});
-  tx.close();  // the receiver lives but never read the frame: its blocks stay pinned
+  data.rx.close();
+  data.tx.send(Batch{0, {filled(pool, 1024, 0)}});
+  data.tx.close();  // the receiver lives but never read the frame: its blocks stay pinned
   pool.trim();
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
   ::kill(child, SIGKILL);
@@ -393,16 +404,16 @@ TEST_P(AllocChannelTest, RandomSendsDropsAndEchoesNeverShowARecycledBlock) {
   settings.segment_bytes = 64 * 1024;
   settings.max_cached_bytes = 0;
   SharedAllocator pool(settings);
-  auto [tx, rx] = channel<Stamped>(GetParam());
-  auto [back_tx, back_rx] = channel<Stamped>(GetParam());
+  Ends<Stamped> data(GetParam());
+  Ends<Stamped> back(GetParam());
   constexpr int kRounds = 100;
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &back_tx = back_tx, &back_rx = back_rx] {
-    tx.detach();
-    back_rx.close();
-    back_tx.adopt();
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
+    back.rx.close();
+    back.tx.adopt();
     std::mt19937 random(7);
     std::vector<std::pair<std::int64_t, Tensor>> held;
-    while (auto message = rx.recv()) {
+    while (auto message = data.rx.recv()) {
       CHILD_CHECK(message->stamps.size() == message->tensors.size());
       for (std::size_t i = 0; i < message->tensors.size(); ++i) {
         CHILD_CHECK(stamped(message->tensors[i], message->stamps[i]));
@@ -418,13 +429,13 @@ TEST_P(AllocChannelTest, RandomSendsDropsAndEchoesNeverShowARecycledBlock) {
             echo.tensors.push_back(t);
           }
         }
-        back_tx.send(echo);
+        back.tx.send(echo);
       }
     }
     for (const auto& [stamp, t] : held) CHILD_CHECK(stamped(t, stamp));
   });
-  rx.close();
-  back_tx.detach();
+  data.rx.close();
+  back.tx.detach();
   std::mt19937 random(11);
   std::vector<std::pair<std::int64_t, Tensor>> live;
   std::vector<std::pair<std::int64_t, Tensor>> echoed;
@@ -450,12 +461,12 @@ TEST_P(AllocChannelTest, RandomSendsDropsAndEchoesNeverShowARecycledBlock) {
         message.stamps.push_back(stamp);
         message.tensors.push_back(t);
       }
-      tx.send(message);
+      data.tx.send(message);
       while (!live.empty() && random() % 3 == 0) live.erase(live.begin() + static_cast<std::ptrdiff_t>(random() % live.size()));
       while (!echoed.empty() && random() % 3 == 0) echoed.erase(echoed.begin() + static_cast<std::ptrdiff_t>(random() % echoed.size()));
     }
-    tx.send(Stamped{-1 - round, {}, {}});
-    auto echo = back_rx.recv();
+    data.tx.send(Stamped{-1 - round, {}, {}});
+    auto echo = back.rx.recv();
     ASSERT_TRUE(echo.has_value());
     for (std::size_t i = 0; i < echo->tensors.size(); ++i) {
       ASSERT_TRUE(stamped(echo->tensors[i], echo->stamps[i])) << "round " << round;
@@ -463,11 +474,11 @@ TEST_P(AllocChannelTest, RandomSendsDropsAndEchoesNeverShowARecycledBlock) {
     }
     for (const auto& [stamp, t] : live) ASSERT_TRUE(stamped(t, stamp)) << "round " << round;
   }
-  tx.close();
+  data.tx.close();
   EXPECT_TRUE(child_succeeded(child));
   live.clear();
   echoed.clear();
-  back_rx.close();
+  back.rx.close();
   pool.trim();
   EXPECT_EQ(pool.stats().blocks_in_use, 0u);
 }
@@ -478,17 +489,16 @@ TEST_P(AllocChannelTest, ReceiverHandedToAForkedWorkerKeepsItsLeasesAndBlocks) {
   // the tensors received so far. The handing process's copy of the end is let go; that
   // must not give the worker's leases and blocks back to the sender.
   SharedAllocator pool;
-  auto [tx, rx] = channel<Batch>(GetParam());
-  auto [handed_tx, handed_rx] = channel<int>(GetParam());
-  auto [report_tx, report_rx] = channel<int>(GetParam());
+  Ends<Batch> data(GetParam());
+  Ends<int> handed(GetParam());
+  Ends<int> report(GetParam());
   constexpr int kSteps = 40;
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &handed_tx = handed_tx, &handed_rx = handed_rx,
-                                  &report_tx = report_tx, &report_rx = report_rx] {
-    tx.detach();
-    handed_rx.close();
-    handed_tx.adopt();
-    report_rx.close();
-    auto first = rx.recv();
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
+    handed.rx.close();
+    handed.tx.adopt();
+    report.rx.close();
+    auto first = data.rx.recv();
     CHILD_CHECK(first.has_value() && first->tensors.size() == 2);
     const Tensor kept = first->tensors[1];
     first.reset();
@@ -512,24 +522,24 @@ TEST_P(AllocChannelTest, ReceiverHandedToAForkedWorkerKeepsItsLeasesAndBlocks) {
           }
           report.send(ok);
         },
-        std::move(rx), kept, std::move(report_tx));
-    handed_tx.send(1);  // the end is the worker's now; this process lives on
+        std::move(data.rx), kept, std::move(report.tx));
+    handed.tx.send(1);  // the end is the worker's now; this process lives on
     group.join();
   });
-  rx.close();
-  handed_tx.detach();
-  report_tx.detach();
+  data.rx.close();
+  handed.tx.detach();
+  report.tx.detach();
   const Tensor first_kept = filled(pool, 1024, 5);  // travels again: as a lease
   {
-    tx.send(Batch{0, {first_kept, filled(pool, 1024, 7)}});  // the second one only the receiver holds
-    ASSERT_EQ(handed_rx.recv().value(), 1);
+    data.tx.send(Batch{0, {first_kept, filled(pool, 1024, 7)}});  // the second one only the receiver holds
+    ASSERT_EQ(handed.rx.recv().value(), 1);
   }
   for (int step = 1; step <= kSteps; ++step) {
-    tx.send(Batch{step, {first_kept, filled(pool, 1024, 9)}});  // same class as the held block
+    data.tx.send(Batch{step, {first_kept, filled(pool, 1024, 9)}});  // same class as the held block
     release_cached_shared_memory();
   }
-  EXPECT_EQ(report_rx.recv().value_or(-1), 1) << "the worker lost its leases or saw a recycled block";
-  tx.close();
+  EXPECT_EQ(report.rx.recv().value_or(-1), 1) << "the worker lost its leases or saw a recycled block";
+  data.tx.close();
   EXPECT_TRUE(child_succeeded(child));
   pool.trim();  // both holders exited: everything but the sender's own tensor comes back
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
@@ -539,30 +549,29 @@ TEST_P(AllocChannelTest, SenderHandedToAForkedWorkerGetsItsBlocksBack) {
   // A used Sender handed to a worker started by fork (spawn's default): the worker's own
   // sends must come back to its allocator when the receiver lets them go, as they would
   // on a fresh end, instead of staying pinned for the worker's life.
-  auto [tx, rx] = channel<Batch>(GetParam());
-  auto [ack_tx, ack_rx] = channel<int>(GetParam());
-  auto [report_tx, report_rx] = channel<std::uint64_t>(GetParam());
+  Ends<Batch> data(GetParam());
+  Ends<int> ack(GetParam());
+  Ends<std::uint64_t> report(GetParam());
   constexpr int kSteps = 40;
-  const pid_t receiver = fork_child([&, &rx = rx, &tx = tx, &ack_tx = ack_tx, &ack_rx = ack_rx,
-                                     &report_tx = report_tx, &report_rx = report_rx] {
-    tx.detach();
-    ack_rx.close();
-    ack_tx.adopt();
-    report_tx.detach();
-    report_rx.close();
+  const pid_t receiver = fork_child([&] {
+    data.tx.detach();
+    ack.rx.close();
+    ack.tx.adopt();
+    report.tx.detach();
+    report.rx.close();
     for (int step = 0; step <= kSteps; ++step) {
       {
-        auto batch = rx.recv();
+        auto batch = data.rx.recv();
         CHILD_CHECK(batch.has_value() && batch->step == step && all_equal(batch->tensors.at(0), step));
       }  // dropped here; its lease goes when the sender announces the release
-      ack_tx.send(step);
+      ack.tx.send(step);
     }
-    CHILD_CHECK(!rx.recv().has_value());
+    CHILD_CHECK(!data.rx.recv().has_value());
   });
-  rx.close();
-  ack_tx.detach();
-  tx.send(Batch{0, {filled(SharedAllocator::global(), 16, 0)}});  // the end is used now
-  ASSERT_EQ(ack_rx.recv().value_or(-1), 0);
+  data.rx.close();
+  ack.tx.detach();
+  data.tx.send(Batch{0, {filled(SharedAllocator::global(), 16, 0)}});  // the end is used now
+  ASSERT_EQ(ack.rx.recv().value_or(-1), 0);
   WorkerGroup group = spawn(
       1,
       [](WorkerContext&, Sender<Batch> out, Receiver<int> acks, Sender<std::uint64_t> report) {
@@ -574,9 +583,9 @@ TEST_P(AllocChannelTest, SenderHandedToAForkedWorkerGetsItsBlocksBack) {
         report.send(pool.stats().segments);
         report.send(out.core().pinned_storages());
       },
-      std::move(tx), std::move(ack_rx), std::move(report_tx));
-  const auto segments = report_rx.recv();
-  const auto pinned = report_rx.recv();
+      std::move(data.tx), std::move(ack.rx), std::move(report.tx));
+  const auto segments = report.rx.recv();
+  const auto pinned = report.rx.recv();
   EXPECT_EQ(segments.value_or(99), 1u) << "the worker's allocator never got its blocks back";
   EXPECT_LE(pinned.value_or(99), 2u) << "the worker's sends stayed pinned";
   ASSERT_TRUE(group.join(std::chrono::seconds(30)));
@@ -592,14 +601,14 @@ TEST_P(AllocChannelTest, SenderDestroyedByAnExceptionReclaimsFramesOfAReceiverTh
   SharedAllocator pool;
   ChannelOptions options;
   options.close_linger = std::chrono::milliseconds(20);
-  auto [tx, rx] = channel<Batch>(GetParam(), options);
-  const pid_t child = fork_child([&, &tx = tx] {
-    tx.detach();
+  Ends<Batch> data(GetParam(), options);
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
     while (true) ::pause();  // never reads
   });
-  rx.close();
+  data.rx.close();
   try {
-    Sender<Batch> stage = std::move(tx);  // a stage that fails after a send
+    Sender<Batch> stage = std::move(data.tx);  // a stage that fails after a send
     stage.send(Batch{0, {filled(pool, 1024, 0)}});
     throw std::runtime_error("the stage failed");
   } catch (const std::runtime_error&) {
@@ -615,36 +624,36 @@ TEST_P(AllocChannelTest, IsolatedChannelPassesOnlyItsPoolsSegments) {
   SharedAllocator pool;
   ChannelOptions options;
   options.pool = pool;
-  auto [tx, rx] = channel<Batch>(GetParam(), options);
-  auto [reply_tx, reply_rx] = channel<int>(GetParam());
+  Ends<Batch> data(GetParam(), options);
+  Ends<int> reply(GetParam());
   Tensor foreign = filled(SharedAllocator::global(), 1024, 3);  // a block of the process-wide pool
   const FileIdentity foreign_segment = foreign.storage()->shared_block()->segment()->identity();
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
-    tx.detach();
-    reply_rx.close();
-    reply_tx.adopt();
-    auto batch = rx.recv();
+  const pid_t child = fork_child([&] {
+    data.tx.detach();
+    reply.rx.close();
+    reply.tx.adopt();
+    auto batch = data.rx.recv();
     CHILD_CHECK(batch.has_value() && batch->tensors.size() == 2);
     CHILD_CHECK(all_equal(batch->tensors[0], 3));
     CHILD_CHECK(all_equal(batch->tensors[1], 4));
     for (const Tensor& t : batch->tensors) {
       CHILD_CHECK(t.storage()->shared_block()->segment()->identity() != foreign_segment);
     }
-    CHILD_CHECK(rx.core().leased_segments() == 1);
+    CHILD_CHECK(data.rx.core().leased_segments() == 1);
     batch->tensors[1].fill(std::int32_t{8});  // the pool's tensor travelled without a copy
-    reply_tx.send(1);
-    CHILD_CHECK(!rx.recv().has_value());
+    reply.tx.send(1);
+    CHILD_CHECK(!data.rx.recv().has_value());
   });
-  rx.close();
-  reply_tx.detach();
-  ASSERT_TRUE(tx.pool().has_value());
-  Tensor own = Tensor::empty({1024}, DType::Int32, *tx.pool());
+  data.rx.close();
+  reply.tx.detach();
+  ASSERT_TRUE(data.tx.pool().has_value());
+  Tensor own = Tensor::empty({1024}, DType::Int32, *data.tx.pool());
   own.fill(std::int32_t{4});
-  tx.send(Batch{0, {foreign, own}});
-  ASSERT_EQ(reply_rx.recv().value(), 1);
+  data.tx.send(Batch{0, {foreign, own}});
+  ASSERT_EQ(reply.rx.recv().value(), 1);
   EXPECT_TRUE(all_equal(own, 8));
   EXPECT_TRUE(all_equal(foreign, 3));
-  tx.close();
+  data.tx.close();
   EXPECT_TRUE(child_succeeded(child));
 }
 
@@ -669,67 +678,64 @@ std::vector<Tensor> allocate_over(const SharedAllocator& pool) {
 
 TEST_P(AllocChannelTest, ForwarderKilledWhileAThirdProcessHoldsTheBlockLeavesTheBlockIntact) {
   SharedAllocator pool;
-  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
-  auto [bc_tx, bc_rx] = channel<Batch>(GetParam());
-  auto [held_tx, held_rx] = channel<int>(GetParam());
-  auto [go_tx, go_rx] = channel<int>(GetParam());
-  const pid_t c = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx, &held_tx = held_tx,
-                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
-    detach_each(ab_tx, bc_tx, go_tx, ab_rx, held_rx);
-    held_tx.adopt();
-    Batch got = bc_rx.recv().value();
+  Ends<Batch> ab(GetParam());
+  Ends<Batch> bc(GetParam());
+  Ends<int> held(GetParam());
+  Ends<int> go(GetParam());
+  const pid_t c = fork_child([&] {
+    detach_each(ab.tx, bc.tx, go.tx, ab.rx, held.rx);
+    held.tx.adopt();
+    Batch got = bc.rx.recv().value();
     CHILD_CHECK(all_equal(got.tensors.at(0), 7));
-    held_tx.send(1);
-    CHILD_CHECK(go_rx.recv().value() == 1);
+    held.tx.send(1);
+    CHILD_CHECK(go.rx.recv().value() == 1);
     CHILD_CHECK(all_equal(got.tensors.at(0), 7));
   });
-  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx, &held_tx = held_tx,
-                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
-    detach_each(ab_tx, held_tx, go_tx, bc_rx, held_rx, go_rx);
-    bc_tx.adopt();
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, held.tx, go.tx, bc.rx, held.rx, go.rx);
+    bc.tx.adopt();
     {
-      Batch got = ab_rx.recv().value();
-      bc_tx.send(got);
+      Batch got = ab.rx.recv().value();
+      bc.tx.send(got);
     }
     while (true) ::pause();
   });
-  ab_rx.close();
-  bc_tx.detach();
-  bc_rx.close();
-  held_tx.detach();
-  go_rx.close();
+  ab.rx.close();
+  bc.tx.detach();
+  bc.rx.close();
+  held.tx.detach();
+  go.rx.close();
   const Tensor anchor = filled(pool, 1024, 1);  // keeps the slab from going idle
-  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});  // A's own tensor dies here: only the pins keep it
-  ASSERT_EQ(held_rx.recv().value(), 1);
+  ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});  // A's own tensor dies here: only the pins keep it
+  ASSERT_EQ(held.rx.recv().value(), 1);
   ::kill(b, SIGKILL);
   ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
   pool.trim();  // reads the holders: B is dead, C lives
-  EXPECT_EQ(ab_tx.core().pinned_storages(), 1u);
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 1u);
   const std::vector<Tensor> reuse = allocate_over(pool);
-  go_tx.send(1);
+  go.tx.send(1);
   EXPECT_TRUE(child_succeeded(c)) << "C saw its block recycled by A after B died";
   pool.trim();  // every holder has exited now
-  EXPECT_EQ(ab_tx.core().pinned_storages(), 0u);
-  ab_tx.close();
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 0u);
+  ab.tx.close();
 }
 
 // The same over two forwarders (A -> B -> C -> D), both killed while D holds the block: D
 // registered on A's connection too, through C.
 TEST_P(AllocChannelTest, TwoForwardersKilledWhileTheLastProcessHoldsTheBlockLeaveTheBlockIntact) {
   SharedAllocator pool;
-  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
-  auto [bc_tx, bc_rx] = channel<Batch>(GetParam());
-  auto [cd_tx, cd_rx] = channel<Batch>(GetParam());
-  auto [held_tx, held_rx] = channel<int>(GetParam());
-  auto [go_tx, go_rx] = channel<int>(GetParam());
-  const pid_t d = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx, &cd_tx = cd_tx,
-                              &cd_rx = cd_rx, &held_tx = held_tx, &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
-    detach_each(ab_tx, bc_tx, cd_tx, go_tx, ab_rx, bc_rx, held_rx);
-    held_tx.adopt();
-    Batch got = cd_rx.recv().value();
+  Ends<Batch> ab(GetParam());
+  Ends<Batch> bc(GetParam());
+  Ends<Batch> cd(GetParam());
+  Ends<int> held(GetParam());
+  Ends<int> go(GetParam());
+  const pid_t d = fork_child([&] {
+    detach_each(ab.tx, bc.tx, cd.tx, go.tx, ab.rx, bc.rx, held.rx);
+    held.tx.adopt();
+    Batch got = cd.rx.recv().value();
     CHILD_CHECK(all_equal(got.tensors.at(0), 7));
-    held_tx.send(1);
-    CHILD_CHECK(go_rx.recv().value() == 1);
+    held.tx.send(1);
+    CHILD_CHECK(go.rx.recv().value() == 1);
     CHILD_CHECK(all_equal(got.tensors.at(0), 7));
   });
   // B and C: receive on `in`, pass the batch on to `out`, then wait to be killed.
@@ -741,36 +747,34 @@ TEST_P(AllocChannelTest, TwoForwardersKilledWhileTheLastProcessHoldsTheBlockLeav
     }
     while (true) ::pause();
   };
-  const pid_t c = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx, &cd_tx = cd_tx,
-                              &cd_rx = cd_rx, &held_tx = held_tx, &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
-    detach_each(ab_tx, bc_tx, held_tx, go_tx, ab_rx, cd_rx, held_rx, go_rx);
-    forwarder(bc_rx, cd_tx);
+  const pid_t c = fork_child([&] {
+    detach_each(ab.tx, bc.tx, held.tx, go.tx, ab.rx, cd.rx, held.rx, go.rx);
+    forwarder(bc.rx, cd.tx);
   });
-  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx, &cd_tx = cd_tx,
-                              &cd_rx = cd_rx, &held_tx = held_tx, &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
-    detach_each(ab_tx, cd_tx, held_tx, go_tx, bc_rx, cd_rx, held_rx, go_rx);
-    forwarder(ab_rx, bc_tx);
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, cd.tx, held.tx, go.tx, bc.rx, cd.rx, held.rx, go.rx);
+    forwarder(ab.rx, bc.tx);
   });
-  ab_rx.close();
-  bc_tx.detach();
-  bc_rx.detach();
-  cd_tx.detach();
-  cd_rx.close();
-  held_tx.detach();
-  go_rx.close();
+  ab.rx.close();
+  bc.tx.detach();
+  bc.rx.detach();
+  cd.tx.detach();
+  cd.rx.close();
+  held.tx.detach();
+  go.rx.close();
   const Tensor anchor = filled(pool, 1024, 1);
-  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});
-  ASSERT_EQ(held_rx.recv().value(), 1);
+  ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(held.rx.recv().value(), 1);
   for (const pid_t forwarder_pid : {b, c}) {
     ::kill(forwarder_pid, SIGKILL);
     ASSERT_EQ(test::wait_child(forwarder_pid).signal, SIGKILL);
   }
   pool.trim();
-  EXPECT_EQ(ab_tx.core().pinned_storages(), 1u);
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 1u);
   const std::vector<Tensor> reuse = allocate_over(pool);
-  go_tx.send(1);
+  go.tx.send(1);
   EXPECT_TRUE(child_succeeded(d)) << "D saw its block recycled by A after B and C died";
-  ab_tx.close();
+  ab.tx.close();
 }
 
 // A block that comes back to the process that sent it, through a forwarder that dies while
@@ -778,29 +782,29 @@ TEST_P(AllocChannelTest, TwoForwardersKilledWhileTheLastProcessHoldsTheBlockLeav
 // left on keeps it, although the forwarder's death ends that pin.
 TEST_P(AllocChannelTest, OwnBlockForwardedBackByAProcessThatDiesStaysIntactWhileViewed) {
   SharedAllocator pool;
-  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
-  auto [ba_tx, ba_rx] = channel<Batch>(GetParam());
-  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &ba_tx = ba_tx, &ba_rx = ba_rx] {
-    detach_each(ab_tx, ba_rx);
-    ba_tx.adopt();
+  Ends<Batch> ab(GetParam());
+  Ends<Batch> ba(GetParam());
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, ba.rx);
+    ba.tx.adopt();
     {
-      Batch got = ab_rx.recv().value();
-      ba_tx.send(got);
+      Batch got = ab.rx.recv().value();
+      ba.tx.send(got);
     }
     while (true) ::pause();
   });
-  ab_rx.close();
-  ba_tx.detach();
+  ab.rx.close();
+  ba.tx.detach();
   const Tensor anchor = filled(pool, 1024, 1);
-  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});  // its Storage dies here
-  const Batch echo = ba_rx.recv().value();
+  ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});  // its Storage dies here
+  const Batch echo = ba.rx.recv().value();
   ::kill(b, SIGKILL);
   ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
   pool.trim();  // B, the only holder of A's connection, is dead
   const std::vector<Tensor> reuse = allocate_over(pool);
   EXPECT_TRUE(all_equal(echo.tensors.at(0), 7)) << "A recycled a block it views through the echo";
   EXPECT_EQ(pool.stats().blocks_in_use, 2u + reuse.size());
-  ab_tx.close();
+  ab.tx.close();
 }
 
 // The same block coming back after the forwarder died and the sender reclaimed it (its only
@@ -809,34 +813,33 @@ TEST_P(AllocChannelTest, OwnBlockForwardedBackByAProcessThatDiesStaysIntactWhile
 // over a pipe or ring the dead forwarder's fd cannot be opened any more.
 TEST_P(AllocChannelTest, OwnBlockForwardedBackAfterTheSenderReclaimedItIsRefused) {
   SharedAllocator pool;
-  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
-  auto [ba_tx, ba_rx] = channel<Batch>(GetParam());
-  auto [forwarded_tx, forwarded_rx] = channel<int>(GetParam());
-  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &ba_tx = ba_tx, &ba_rx = ba_rx,
-                              &forwarded_tx = forwarded_tx, &forwarded_rx = forwarded_rx] {
-    detach_each(ab_tx, ba_rx, forwarded_rx);
-    ba_tx.adopt();
-    forwarded_tx.adopt();
+  Ends<Batch> ab(GetParam());
+  Ends<Batch> ba(GetParam());
+  Ends<int> forwarded(GetParam());
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, ba.rx, forwarded.rx);
+    ba.tx.adopt();
+    forwarded.tx.adopt();
     {
-      Batch got = ab_rx.recv().value();
-      ba_tx.send(got);
+      Batch got = ab.rx.recv().value();
+      ba.tx.send(got);
     }
-    forwarded_tx.send(1);
+    forwarded.tx.send(1);
     while (true) ::pause();
   });
-  ab_rx.close();
-  ba_tx.detach();
-  forwarded_tx.detach();
+  ab.rx.close();
+  ba.tx.detach();
+  forwarded.tx.detach();
   const Tensor anchor = filled(pool, 1024, 1);
-  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});  // its Storage dies here
-  ASSERT_EQ(forwarded_rx.recv().value(), 1);
+  ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});  // its Storage dies here
+  ASSERT_EQ(forwarded.rx.recv().value(), 1);
   ::kill(b, SIGKILL);
   ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
   pool.trim();  // B was the only holder: A reclaims the block
-  EXPECT_EQ(ab_tx.core().pinned_storages(), 0u);
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 0u);
   const std::vector<Tensor> reuse = allocate_over(pool);
   try {
-    const auto echo = ba_rx.recv();
+    const auto echo = ba.rx.recv();
     ADD_FAILURE() << "the echo of a reclaimed block was read";
   } catch (const PeerDied& error) {
     if (GetParam() == Transport::UnixSocket) {
@@ -844,47 +847,46 @@ TEST_P(AllocChannelTest, OwnBlockForwardedBackAfterTheSenderReclaimedItIsRefused
           << error.what();
     }
   }
-  ab_tx.close();
+  ab.tx.close();
 }
 
 // A used Receiver taken over by a forked process (adopt()) holds what arrived before: the
 // process that received it exits, and the sender keeps the blocks while the new owner lives.
 TEST_P(AllocChannelTest, ReceiverAdoptedByAForkedProcessKeepsWhatArrivedAfterTheReceiverExits) {
   SharedAllocator pool;
-  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
-  auto [held_tx, held_rx] = channel<int>(GetParam());
-  auto [go_tx, go_rx] = channel<int>(GetParam());
-  auto [result_tx, result_rx] = channel<int>(GetParam());
-  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &held_tx = held_tx, &held_rx = held_rx,
-                              &go_tx = go_tx, &go_rx = go_rx, &result_tx = result_tx, &result_rx = result_rx] {
-    detach_each(ab_tx, held_rx, go_tx, result_rx);
-    const Batch got = ab_rx.recv().value();
+  Ends<Batch> ab(GetParam());
+  Ends<int> held(GetParam());
+  Ends<int> go(GetParam());
+  Ends<int> result(GetParam());
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, held.rx, go.tx, result.rx);
+    const Batch got = ab.rx.recv().value();
     // C: takes the receiver (and the batch it received) over, and outlives B.
     fork_child([&] {
-      ab_rx.adopt();
-      held_tx.adopt();
-      result_tx.adopt();
-      held_tx.send(1);
-      CHILD_CHECK(go_rx.recv().value() == 1);
-      result_tx.send(all_equal(got.tensors.at(0), 7) ? 1 : 0);
+      ab.rx.adopt();
+      held.tx.adopt();
+      result.tx.adopt();
+      held.tx.send(1);
+      CHILD_CHECK(go.rx.recv().value() == 1);
+      result.tx.send(all_equal(got.tensors.at(0), 7) ? 1 : 0);
     });
-    ab_rx.detach();  // handed over to C
-    detach_each(held_tx, go_rx, result_tx);
+    ab.rx.detach();  // handed over to C
+    detach_each(held.tx, go.rx, result.tx);
   });
-  ab_rx.close();
-  held_tx.detach();
-  go_rx.close();
-  result_tx.detach();
+  ab.rx.close();
+  held.tx.detach();
+  go.rx.close();
+  result.tx.detach();
   const Tensor anchor = filled(pool, 1024, 1);
-  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});
-  ASSERT_EQ(held_rx.recv().value(), 1);
+  ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(held.rx.recv().value(), 1);
   ASSERT_TRUE(child_succeeded(b));  // B exited; C holds the block
   pool.trim();
-  EXPECT_EQ(ab_tx.core().pinned_storages(), 1u);
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 1u);
   const std::vector<Tensor> reuse = allocate_over(pool);
-  go_tx.send(1);
-  EXPECT_EQ(result_rx.recv().value(), 1) << "C saw its block recycled after B exited";
-  ab_tx.close();
+  go.tx.send(1);
+  EXPECT_EQ(result.rx.recv().value(), 1) << "C saw its block recycled after B exited";
+  ab.tx.close();
 }
 
 // The race the registration closes: B forwards a block and dies before C read the frame,
@@ -892,50 +894,46 @@ TEST_P(AllocChannelTest, ReceiverAdoptedByAForkedProcessKeepsWhatArrivedAfterThe
 // C must then refuse the frame (PeerDied) instead of viewing memory A recycled.
 TEST_P(AllocChannelTest, FrameForwardedByAProcessThatDiedBeforeItWasReadFailsOnceTheSenderReclaimed) {
   SharedAllocator pool;
-  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
-  auto [bc_tx, bc_rx] = channel<Batch>(GetParam());
-  auto [forwarded_tx, forwarded_rx] = channel<int>(GetParam());
-  auto [go_tx, go_rx] = channel<int>(GetParam());
-  const pid_t c = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx,
-                              &forwarded_tx = forwarded_tx, &forwarded_rx = forwarded_rx, &go_tx = go_tx,
-                              &go_rx = go_rx] {
-    detach_each(ab_tx, bc_tx, forwarded_tx, go_tx, ab_rx, forwarded_rx);
-    CHILD_CHECK(go_rx.recv().value() == 1);
+  Ends<Batch> ab(GetParam());
+  Ends<Batch> bc(GetParam());
+  Ends<int> forwarded(GetParam());
+  Ends<int> go(GetParam());
+  const pid_t c = fork_child([&] {
+    detach_each(ab.tx, bc.tx, forwarded.tx, go.tx, ab.rx, forwarded.rx);
+    CHILD_CHECK(go.rx.recv().value() == 1);
     try {
-      const auto got = bc_rx.recv();
+      const auto got = bc.rx.recv();
       CHILD_CHECK(!"the frame of a dead forwarder was read after its memory was reclaimed");
     } catch (const PeerDied&) {
     }
   });
-  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc_tx = bc_tx, &bc_rx = bc_rx,
-                              &forwarded_tx = forwarded_tx, &forwarded_rx = forwarded_rx, &go_tx = go_tx,
-                              &go_rx = go_rx] {
-    detach_each(ab_tx, forwarded_rx, go_tx, bc_rx, go_rx);
-    bc_tx.adopt();
-    forwarded_tx.adopt();
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, forwarded.rx, go.tx, bc.rx, go.rx);
+    bc.tx.adopt();
+    forwarded.tx.adopt();
     {
-      Batch got = ab_rx.recv().value();
-      bc_tx.send(got);
+      Batch got = ab.rx.recv().value();
+      bc.tx.send(got);
     }
-    forwarded_tx.send(1);
+    forwarded.tx.send(1);
     while (true) ::pause();
   });
-  ab_rx.close();
-  bc_tx.detach();
-  bc_rx.close();
-  forwarded_tx.detach();
-  go_rx.close();
+  ab.rx.close();
+  bc.tx.detach();
+  bc.rx.close();
+  forwarded.tx.detach();
+  go.rx.close();
   const Tensor anchor = filled(pool, 1024, 1);
-  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});
-  ASSERT_EQ(forwarded_rx.recv().value(), 1);
+  ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(forwarded.rx.recv().value(), 1);
   ::kill(b, SIGKILL);
   ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
   pool.trim();  // B was the only holder: A reclaims the block
-  EXPECT_EQ(ab_tx.core().pinned_storages(), 0u);
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 0u);
   const std::vector<Tensor> reuse = allocate_over(pool);
-  go_tx.send(1);
+  go.tx.send(1);
   EXPECT_TRUE(child_succeeded(c));
-  ab_tx.close();
+  ab.tx.close();
 }
 
 // A forwarder that closes its end cleanly and exits: every frame it sent stays readable.
@@ -945,46 +943,44 @@ TEST_P(AllocChannelTest, FrameForwardedByAProcessThatDiedBeforeItWasReadFailsOnc
 // it, like a segment: B's close() waits for that, not just for the frames with segments.
 TEST_P(AllocChannelTest, FrameThatIntroducesOnlyAnUpstreamBoardIsReadableAfterItsForwarderClosedAndExited) {
   SharedAllocator pool;
-  auto [a1_tx, a1_rx] = channel<Batch>(GetParam());
-  auto [a2_tx, a2_rx] = channel<Batch>(GetParam());
-  auto [ba_tx, ba_rx] = channel<Batch>(GetParam());
-  auto [go_tx, go_rx] = channel<int>(GetParam());
-  auto [sent_tx, sent_rx] = channel<int>(GetParam());
-  const pid_t b = fork_child([&, &a1_tx = a1_tx, &a1_rx = a1_rx, &a2_tx = a2_tx, &a2_rx = a2_rx, &ba_tx = ba_tx,
-                              &ba_rx = ba_rx, &go_tx = go_tx, &go_rx = go_rx, &sent_tx = sent_tx,
-                              &sent_rx = sent_rx] {
-    detach_each(a1_tx, a2_tx, ba_rx, go_tx, sent_rx);
-    ba_tx.adopt();
-    sent_tx.adopt();
-    ba_tx.send(a1_rx.recv().value());
-    CHILD_CHECK(go_rx.recv().value() == 1);
-    ba_tx.send(a2_rx.recv().value());
+  Ends<Batch> a1(GetParam());
+  Ends<Batch> a2(GetParam());
+  Ends<Batch> ba(GetParam());
+  Ends<int> go(GetParam());
+  Ends<int> sent(GetParam());
+  const pid_t b = fork_child([&] {
+    detach_each(a1.tx, a2.tx, ba.rx, go.tx, sent.rx);
+    ba.tx.adopt();
+    sent.tx.adopt();
+    ba.tx.send(a1.rx.recv().value());
+    CHILD_CHECK(go.rx.recv().value() == 1);
+    ba.tx.send(a2.rx.recv().value());
     // The receiver has not read the second frame yet: its board is what close() waits for.
-    CHILD_CHECK(ba_tx.core().writer().passes_fds() || ba_tx.core().segments_awaiting_acknowledgement() == 1);
-    sent_tx.send(1);
-    ba_tx.close();
+    CHILD_CHECK(ba.tx.core().writer().passes_fds() || ba.tx.core().segments_awaiting_acknowledgement() == 1);
+    sent.tx.send(1);
+    ba.tx.close();
   });
-  a1_rx.close();
-  a2_rx.close();
-  ba_tx.detach();
-  go_rx.close();
-  sent_tx.detach();
+  a1.rx.close();
+  a2.rx.close();
+  ba.tx.detach();
+  go.rx.close();
+  sent.tx.detach();
   const Tensor first = filled(pool, 1024, 5);
   const Tensor second = filled(pool, 1024, 6);
   ASSERT_EQ(first.storage()->shared_block()->segment(), second.storage()->shared_block()->segment());
-  a1_tx.send(Batch{0, {first}});
-  a2_tx.send(Batch{0, {second}});
-  EXPECT_TRUE(all_equal(ba_rx.recv().value().tensors.at(0), 5));
-  go_tx.send(1);
-  ASSERT_EQ(sent_rx.recv().value(), 1);
+  a1.tx.send(Batch{0, {first}});
+  a2.tx.send(Batch{0, {second}});
+  EXPECT_TRUE(all_equal(ba.rx.recv().value().tensors.at(0), 5));
+  go.tx.send(1);
+  ASSERT_EQ(sent.rx.recv().value(), 1);
   std::optional<Batch> echo;
-  EXPECT_NO_THROW(echo = ba_rx.recv()) << "a frame sent before a clean close was lost";
+  EXPECT_NO_THROW(echo = ba.rx.recv()) << "a frame sent before a clean close was lost";
   ASSERT_TRUE(echo.has_value());
   EXPECT_TRUE(all_equal(echo->tensors.at(0), 6));
-  EXPECT_FALSE(ba_rx.recv().has_value());
+  EXPECT_FALSE(ba.rx.recv().has_value());
   EXPECT_TRUE(child_succeeded(b));
-  a1_tx.close();
-  a2_tx.close();
+  a1.tx.close();
+  a2.tx.close();
 }
 
 // Descriptors of return boards this process has open.
@@ -1003,29 +999,28 @@ std::size_t open_return_boards() {
 // per sender it ever had.
 TEST_P(AllocChannelTest, ForwarderLetsGoOfTheBoardOfAConnectionItNoLongerHoldsBlocksOf) {
   SharedAllocator pool;
-  auto [ab_tx, ab_rx] = channel<Batch>(GetParam());
-  auto [ba_tx, ba_rx] = channel<Batch>(GetParam());
-  auto [go_tx, go_rx] = channel<int>(GetParam());
-  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &ba_tx = ba_tx, &ba_rx = ba_rx, &go_tx = go_tx,
-                              &go_rx = go_rx] {
-    detach_each(ab_tx, ba_rx, go_tx);
-    ba_tx.adopt();
-    ba_tx.send(ab_rx.recv().value());
-    CHILD_CHECK(!ab_rx.recv().has_value());
-    ab_rx.close();
-    ba_tx.send(Batch{1, {}});  // announces that B dropped the block
-    CHILD_CHECK(go_rx.recv().value() == 1);
+  Ends<Batch> ab(GetParam());
+  Ends<Batch> ba(GetParam());
+  Ends<int> go(GetParam());
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, ba.rx, go.tx);
+    ba.tx.adopt();
+    ba.tx.send(ab.rx.recv().value());
+    CHILD_CHECK(!ab.rx.recv().has_value());
+    ab.rx.close();
+    ba.tx.send(Batch{1, {}});  // announces that B dropped the block
+    CHILD_CHECK(go.rx.recv().value() == 1);
     collect_returned_blocks(false);  // A gave the block back: nothing of A's connection lives here
     CHILD_CHECK(open_return_boards() == 0);
   });
-  ab_rx.close();
-  ba_tx.detach();
-  go_rx.close();
-  ab_tx.send(Batch{0, {filled(pool, 1024, 7)}});
-  EXPECT_TRUE(all_equal(ba_rx.recv().value().tensors.at(0), 7));
-  ab_tx.close();
-  EXPECT_EQ(ba_rx.recv().value().tensors.size(), 0u);  // drops the lease of the block it echoed
-  go_tx.send(1);
+  ab.rx.close();
+  ba.tx.detach();
+  go.rx.close();
+  ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  EXPECT_TRUE(all_equal(ba.rx.recv().value().tensors.at(0), 7));
+  ab.tx.close();
+  EXPECT_EQ(ba.rx.recv().value().tensors.size(), 0u);  // drops the lease of the block it echoed
+  go.tx.send(1);
   EXPECT_TRUE(child_succeeded(b));
 }
 
@@ -1038,18 +1033,18 @@ TEST_P(AllocChannelTest, LongLivedForwardingConnectionLetsGoOfTheBoardsOfUpstrea
   SharedAllocator pool;
   std::vector<std::pair<Sender<Batch>, Receiver<Batch>>> upstreams;  // A -> B, one per round
   for (int i = 0; i < kUpstreams; ++i) upstreams.push_back(channel<Batch>(GetParam()));
-  auto [bc_tx, bc_rx] = channel<Batch>(GetParam());
-  auto [cb_tx, cb_rx] = channel<int>(GetParam());  // C tells B it dropped what it got
+  Ends<Batch> bc(GetParam());
+  Ends<int> cb(GetParam());  // C tells B it dropped what it got
   // C: checks each forwarded block, drops it and says so; then counts its boards.
-  const pid_t c = fork_child([&, &bc_tx = bc_tx, &bc_rx = bc_rx, &cb_tx = cb_tx, &cb_rx = cb_rx] {
+  const pid_t c = fork_child([&] {
     for (auto& [tx, rx] : upstreams) detach_each(tx, rx);
-    detach_each(bc_tx, cb_rx);
-    cb_tx.adopt();
-    while (std::optional<Batch> got = bc_rx.recv()) {
+    detach_each(bc.tx, cb.rx);
+    cb.tx.adopt();
+    while (std::optional<Batch> got = bc.rx.recv()) {
       CHILD_CHECK(got->step < 0 || all_equal(got->tensors.at(0), static_cast<std::int32_t>(got->step)));
       const auto step = static_cast<int>(got->step);
       got.reset();
-      cb_tx.send(step);
+      cb.tx.send(step);
       if (step == -1) break;
     }
     // The connection's own board, and none of the upstream connections' boards.
@@ -1057,28 +1052,28 @@ TEST_P(AllocChannelTest, LongLivedForwardingConnectionLetsGoOfTheBoardsOfUpstrea
   });
   // B: forwards one batch of each upstream connection, drops it and closes that connection;
   // then a few empty frames carry the releases, collect C's returns and retire the boards.
-  const pid_t b = fork_child([&, &bc_tx = bc_tx, &bc_rx = bc_rx, &cb_tx = cb_tx, &cb_rx = cb_rx] {
-    detach_each(bc_rx, cb_tx);
-    bc_tx.adopt();
+  const pid_t b = fork_child([&] {
+    detach_each(bc.rx, cb.tx);
+    bc.tx.adopt();
     for (int i = 0; i < kUpstreams; ++i) {
       auto& [tx, rx] = upstreams[static_cast<std::size_t>(i)];
       tx.detach();
-      bc_tx.send(rx.recv().value());
+      bc.tx.send(rx.recv().value());
       CHILD_CHECK(!rx.recv().has_value());
       rx.close();
-      CHILD_CHECK(cb_rx.recv().value() == i);
+      CHILD_CHECK(cb.rx.recv().value() == i);
     }
     for (int k = 0; k < 4; ++k) {
-      bc_tx.send(Batch{-2, {}});
-      CHILD_CHECK(cb_rx.recv().value() == -2);
+      bc.tx.send(Batch{-2, {}});
+      CHILD_CHECK(cb.rx.recv().value() == -2);
     }
-    bc_tx.send(Batch{-1, {}});
-    CHILD_CHECK(cb_rx.recv().value() == -1);
+    bc.tx.send(Batch{-1, {}});
+    CHILD_CHECK(cb.rx.recv().value() == -1);
   });
-  bc_tx.detach();
-  bc_rx.close();
-  cb_tx.detach();
-  cb_rx.close();
+  bc.tx.detach();
+  bc.rx.close();
+  cb.tx.detach();
+  cb.rx.close();
   for (int i = 0; i < kUpstreams; ++i) {
     auto& [tx, rx] = upstreams[static_cast<std::size_t>(i)];
     rx.close();
@@ -1104,41 +1099,35 @@ enum class SecondBlock {
 };
 void forward_a_board_that_came_on_two_connections(Transport transport, SecondBlock when) {
   SharedAllocator pool;
-  auto [ab_tx, ab_rx] = channel<Batch>(transport);
-  auto [bc1_tx, bc1_rx] = channel<Batch>(transport);
-  auto [bc2_tx, bc2_rx] = channel<Batch>(transport);
-  auto [cd_tx, cd_rx] = channel<Batch>(transport);
-  auto [dc_tx, dc_rx] = channel<int>(transport);  // D tells C it dropped the first block
-  auto [de_tx, de_rx] = channel<Batch>(transport);
-  auto [held_tx, held_rx] = channel<int>(transport);
-  auto [go_tx, go_rx] = channel<int>(transport);
+  Ends<Batch> ab(transport);
+  Ends<Batch> bc1(transport);
+  Ends<Batch> bc2(transport);
+  Ends<Batch> cd(transport);
+  Ends<int> dc(transport);  // D tells C it dropped the first block
+  Ends<Batch> de(transport);
+  Ends<int> held(transport);
+  Ends<int> go(transport);
   // E: holds the second block, which D passed on, while A recycles what it may.
-  const pid_t e = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
-                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
-                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
-                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
-    detach_each(ab_tx, ab_rx, bc1_tx, bc1_rx, bc2_tx, bc2_rx, cd_tx, cd_rx, dc_tx, dc_rx, de_tx, held_rx, go_tx);
-    held_tx.adopt();
-    const Batch got = de_rx.recv().value();
+  const pid_t e = fork_child([&] {
+    detach_each(ab.tx, ab.rx, bc1.tx, bc1.rx, bc2.tx, bc2.rx, cd.tx, cd.rx, dc.tx, dc.rx, de.tx, held.rx, go.tx);
+    held.tx.adopt();
+    const Batch got = de.rx.recv().value();
     CHILD_CHECK(all_equal(got.tensors.at(0), 7));
-    held_tx.send(1);
-    CHILD_CHECK(go_rx.recv().value() == 1);
+    held.tx.send(1);
+    CHILD_CHECK(go.rx.recv().value() == 1);
     CHILD_CHECK(all_equal(got.tensors.at(0), 7));
   });
   // D: drops the first block, keeps the second; once C's frames retired what died in C, it
   // passes the second block on to E.
-  const pid_t d = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
-                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
-                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
-                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
-    detach_each(ab_tx, ab_rx, bc1_tx, bc1_rx, bc2_tx, bc2_rx, cd_tx, dc_rx, de_rx, held_tx, held_rx, go_tx, go_rx);
-    dc_tx.adopt();
-    de_tx.adopt();
-    CHILD_CHECK(all_equal(cd_rx.recv().value().tensors.at(0), 5));
+  const pid_t d = fork_child([&] {
+    detach_each(ab.tx, ab.rx, bc1.tx, bc1.rx, bc2.tx, bc2.rx, cd.tx, dc.rx, de.rx, held.tx, held.rx, go.tx, go.rx);
+    dc.tx.adopt();
+    de.tx.adopt();
+    CHILD_CHECK(all_equal(cd.rx.recv().value().tensors.at(0), 5));
     std::optional<Batch> second;
     for (int frame = 0;; ++frame) {  // the second block and empty frames, in C's order, up to -9
-      Batch got = cd_rx.recv().value();
-      if (frame == 0) dc_tx.send(1);  // that frame released the first block here
+      Batch got = cd.rx.recv().value();
+      if (frame == 0) dc.tx.send(1);  // that frame released the first block here
       if (got.step == -9) break;
       if (!got.tensors.empty()) {
         CHILD_CHECK(all_equal(got.tensors.at(0), 7));
@@ -1146,64 +1135,58 @@ void forward_a_board_that_came_on_two_connections(Transport transport, SecondBlo
       }
     }
     CHILD_CHECK(second.has_value());
-    de_tx.send(*second);
+    de.tx.send(*second);
     while (true) ::pause();
   });
   // C: forwards both blocks to D and ends the first connection; the frame after D dropped
   // the first block collects D's return (C's object of X for the first connection dies),
   // the next one retires what died.
-  const pid_t c = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
-                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
-                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
-                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
-    detach_each(ab_tx, ab_rx, bc1_tx, bc2_tx, cd_rx, dc_tx, de_tx, de_rx, held_tx, held_rx, go_tx, go_rx);
-    cd_tx.adopt();
-    cd_tx.send(bc1_rx.recv().value());
-    bc1_rx.close();
-    const Batch second = bc2_rx.recv().value();
+  const pid_t c = fork_child([&] {
+    detach_each(ab.tx, ab.rx, bc1.tx, bc2.tx, cd.rx, dc.tx, de.tx, de.rx, held.tx, held.rx, go.tx, go.rx);
+    cd.tx.adopt();
+    cd.tx.send(bc1.rx.recv().value());
+    bc1.rx.close();
+    const Batch second = bc2.rx.recv().value();
     if (when == SecondBlock::BeforeTheFirstDied) {
-      cd_tx.send(second);  // releases the first block
-      CHILD_CHECK(dc_rx.recv().value() == 1);
-      cd_tx.send(Batch{-1, {}});  // collects D's return of it
+      cd.tx.send(second);  // releases the first block
+      CHILD_CHECK(dc.rx.recv().value() == 1);
+      cd.tx.send(Batch{-1, {}});  // collects D's return of it
     } else {
-      cd_tx.send(Batch{-1, {}});  // releases the first block
-      CHILD_CHECK(dc_rx.recv().value() == 1);
+      cd.tx.send(Batch{-1, {}});  // releases the first block
+      CHILD_CHECK(dc.rx.recv().value() == 1);
       if (when == SecondBlock::AfterXWasRetired) {
-        cd_tx.send(Batch{-2, {}});  // collects D's return of it
-        cd_tx.send(Batch{-3, {}});  // retires what died: X too, no object of it lives here
+        cd.tx.send(Batch{-2, {}});  // collects D's return of it
+        cd.tx.send(Batch{-3, {}});  // retires what died: X too, no object of it lives here
       }
-      cd_tx.send(second);
+      cd.tx.send(second);
     }
-    cd_tx.send(Batch{-9, {}});  // retires what died
+    cd.tx.send(Batch{-9, {}});  // retires what died
     while (true) ::pause();
   });
   // B: forwards A's two blocks to C, one on each connection.
-  const pid_t b = fork_child([&, &ab_tx = ab_tx, &ab_rx = ab_rx, &bc1_tx = bc1_tx, &bc1_rx = bc1_rx,
-                              &bc2_tx = bc2_tx, &bc2_rx = bc2_rx, &cd_tx = cd_tx, &cd_rx = cd_rx, &dc_tx = dc_tx,
-                              &dc_rx = dc_rx, &de_tx = de_tx, &de_rx = de_rx, &held_tx = held_tx,
-                              &held_rx = held_rx, &go_tx = go_tx, &go_rx = go_rx] {
-    detach_each(ab_tx, bc1_rx, bc2_rx, cd_tx, cd_rx, dc_tx, dc_rx, de_tx, de_rx, held_tx, held_rx, go_tx, go_rx);
-    bc1_tx.adopt();
-    bc2_tx.adopt();
-    bc1_tx.send(ab_rx.recv().value());
-    bc2_tx.send(ab_rx.recv().value());
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, bc1.rx, bc2.rx, cd.tx, cd.rx, dc.tx, dc.rx, de.tx, de.rx, held.tx, held.rx, go.tx, go.rx);
+    bc1.tx.adopt();
+    bc2.tx.adopt();
+    bc1.tx.send(ab.rx.recv().value());
+    bc2.tx.send(ab.rx.recv().value());
     while (true) ::pause();
   });
-  detach_each(ab_rx, bc1_tx, bc1_rx, bc2_tx, bc2_rx, cd_tx, cd_rx, dc_tx, dc_rx, de_tx, de_rx, held_tx, go_rx);
+  detach_each(ab.rx, bc1.tx, bc1.rx, bc2.tx, bc2.rx, cd.tx, cd.rx, dc.tx, dc.rx, de.tx, de.rx, held.tx, go.rx);
   const Tensor anchor = filled(pool, 1024, 1);
-  ab_tx.send(Batch{0, {filled(pool, 1024, 5)}});
-  ab_tx.send(Batch{1, {filled(pool, 1024, 7)}});
-  ASSERT_EQ(held_rx.recv().value(), 1);
+  ab.tx.send(Batch{0, {filled(pool, 1024, 5)}});
+  ab.tx.send(Batch{1, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(held.rx.recv().value(), 1);
   for (const pid_t forwarder : {b, c, d}) {
     ::kill(forwarder, SIGKILL);
     ASSERT_EQ(test::wait_child(forwarder).signal, SIGKILL);
   }
   pool.trim();  // reads the holders of A's connection: B, C and D are dead, E lives
-  EXPECT_EQ(ab_tx.core().pinned_storages(), 2u);  // the first block too: B never gave it back
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 2u);  // the first block too: B never gave it back
   const std::vector<Tensor> reuse = allocate_over(pool);
-  go_tx.send(1);
+  go.tx.send(1);
   EXPECT_TRUE(child_succeeded(e)) << "E saw its block recycled by A after B, C and D died";
-  ab_tx.close();
+  ab.tx.close();
 }
 
 TEST_P(AllocChannelTest, ForwarderKeepsAnUpstreamBoardThatCameOnTwoConnectionsWhileOneStillHoldsItsBlocks) {
@@ -1225,44 +1208,42 @@ TEST_P(AllocChannelTest, ForwarderPassesARetiredUpstreamBoardAgainWithABlockThat
 TEST_P(AllocChannelTest, ForkedWorkerReadsABlockOfAnInheritedSegmentForwardedAfterItsOwnCameBack) {
   SharedAllocator pool;
   const Tensor anchor = filled(pool, 1024, 1);  // its segment exists before the fork
-  auto [pb_tx, pb_rx] = channel<Batch>(GetParam());
-  auto [bk_tx, bk_rx] = channel<Batch>(GetParam());
-  auto [kb_tx, kb_rx] = channel<Batch>(GetParam());
-  auto [done_tx, done_rx] = channel<int>(GetParam());
-  const pid_t k = fork_child([&, &pb_tx = pb_tx, &pb_rx = pb_rx, &bk_tx = bk_tx, &bk_rx = bk_rx, &kb_tx = kb_tx,
-                              &kb_rx = kb_rx, &done_tx = done_tx, &done_rx = done_rx] {
-    detach_each(pb_tx, bk_tx, kb_rx, done_rx, pb_rx);
-    kb_tx.adopt();
-    done_tx.adopt();
-    kb_tx.send(Batch{0, {filled(pool, 1024, 3)}});  // a segment of K's (K's Storage dies here)
-    CHILD_CHECK(all_equal(bk_rx.recv().value().tensors.at(0), 3));
+  Ends<Batch> pb(GetParam());
+  Ends<Batch> bk(GetParam());
+  Ends<Batch> kb(GetParam());
+  Ends<int> done(GetParam());
+  const pid_t k = fork_child([&] {
+    detach_each(pb.tx, bk.tx, kb.rx, done.rx, pb.rx);
+    kb.tx.adopt();
+    done.tx.adopt();
+    kb.tx.send(Batch{0, {filled(pool, 1024, 3)}});  // a segment of K's (K's Storage dies here)
+    CHILD_CHECK(all_equal(bk.rx.recv().value().tensors.at(0), 3));
     try {
-      const Batch forwarded = bk_rx.recv().value();
+      const Batch forwarded = bk.rx.recv().value();
       CHILD_CHECK(all_equal(forwarded.tensors.at(0), 7));
     } catch (const PeerDied&) {
       CHILD_CHECK(!"a block of the parent's segment was taken for one of K's own, reclaimed");
     }
-    done_tx.send(1);
+    done.tx.send(1);
   });
-  const pid_t b = fork_child([&, &pb_tx = pb_tx, &pb_rx = pb_rx, &bk_tx = bk_tx, &bk_rx = bk_rx, &kb_tx = kb_tx,
-                              &kb_rx = kb_rx, &done_tx = done_tx, &done_rx = done_rx] {
-    detach_each(pb_tx, bk_rx, kb_tx, done_tx, done_rx);
-    bk_tx.adopt();
-    bk_tx.send(kb_rx.recv().value());  // K's block goes back to K
-    bk_tx.send(pb_rx.recv().value());  // P's block goes on to K
-    CHILD_CHECK(!pb_rx.recv().has_value());
+  const pid_t b = fork_child([&] {
+    detach_each(pb.tx, bk.rx, kb.tx, done.tx, done.rx);
+    bk.tx.adopt();
+    bk.tx.send(kb.rx.recv().value());  // K's block goes back to K
+    bk.tx.send(pb.rx.recv().value());  // P's block goes on to K
+    CHILD_CHECK(!pb.rx.recv().has_value());
   });
-  pb_rx.close();
-  bk_tx.detach();
-  bk_rx.close();
-  kb_tx.detach();
-  kb_rx.close();
-  done_tx.detach();
+  pb.rx.close();
+  bk.tx.detach();
+  bk.rx.close();
+  kb.tx.detach();
+  kb.rx.close();
+  done.tx.detach();
   const Tensor sent = filled(pool, 1024, 7);
   ASSERT_EQ(sent.storage()->shared_block()->segment(), anchor.storage()->shared_block()->segment());
-  pb_tx.send(Batch{0, {sent}});
-  EXPECT_EQ(done_rx.recv().value(), 1);
-  pb_tx.close();
+  pb.tx.send(Batch{0, {sent}});
+  EXPECT_EQ(done.rx.recv().value(), 1);
+  pb.tx.close();
   EXPECT_TRUE(child_succeeded(k));
   EXPECT_TRUE(child_succeeded(b));
 }
