@@ -151,8 +151,10 @@ TEST_P(PeerDeathTest, CloseOfAFullChannelWhoseReceiverStoppedReadingIsBounded) {
         CHILD_CHECK(*value == received);
         ++received;
       }
-    } catch (const PeerDied&) {
+    } catch (const PeerDied& error) {
       died = true;
+      // The sender is alive: the message must not only blame a death.
+      CHILD_CHECK(std::string(error.what()).find("close_linger") != std::string::npos);
     }
     CHILD_CHECK(died);
     // A value whose send() returned may still be cut off: the transport took its first
