@@ -257,7 +257,9 @@ bool register_worker(std::string_view name, R (*function)(WorkerContext&, P...))
 ///
 /// Throws SpawnError before any process starts for n <= 0, an unregistered worker, a
 /// missing ferry::init (spawn method), an end shared by several workers, a closed or
-/// in_process end, or per_rank values that do not match n.
+/// in_process end, or per_rank values that do not match n. The ends it was given are gone
+/// then too: let go without ending their streams, so their peers see PeerDied or
+/// ChannelClosed.
 template <class Fn, class... Args>
 WorkerGroup spawn(const SpawnOptions& options, int n, Fn&& fn, Args&&... args) {
   // Without it, a forgotten std::move is a page of std::tuple constructor errors.
