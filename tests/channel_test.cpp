@@ -370,6 +370,9 @@ TEST_P(ChannelTest, FloatingTimeoutsJustUnderTheNanosecondLimitWait) {
 TEST_P(ChannelTest, ClosedReceiverMakesSendFail) {
   auto [tx, rx] = channel<int>(GetParam());
   rx.close();
+  // The closed Receiver itself reports end of stream (as documented), not ChannelClosed.
+  EXPECT_FALSE(rx.recv().has_value());
+  EXPECT_TRUE(rx.try_recv().closed());
   EXPECT_THROW(
       {
         for (int i = 0; i < 10; ++i) tx.send(i);

@@ -137,7 +137,8 @@ class Receiver {
   /// The receiving end of a Transport::InProcess channel.
   explicit Receiver(detail::InProcessReceiver<T> local) : local_(std::move(local)) {}
 
-  /// Waits for the next value; std::nullopt once the sender closed the stream. Throws
+  /// Waits for the next value; std::nullopt once the sender closed the stream, and also
+  /// after this end's own close() (where a closed Sender's send() throws instead). Throws
   /// PeerDied when the sender vanished without closing, ProtocolError for a bad frame
   /// (TypeMismatch when the sender sends another type).
   std::optional<T> recv() { return std::move(receive(Deadline::never())).take(); }
