@@ -49,7 +49,9 @@ class Sender {
   explicit Sender(detail::InProcessSender<T> local) : local_(std::move(local)) {}
 
   /// Sends `value`, blocking while the transport is full. Tensors inside travel as
-  /// handles. Throws ChannelClosed when the receiver is gone or this end was closed.
+  /// handles. Throws ChannelClosed when the receiver is gone or this end was closed, and
+  /// Error, sending nothing, when the message is above the channel's limits
+  /// (ChannelOptions::limits: storages, body bytes ...), which the receiver enforces.
   void send(const T& value) {
     if (local_) {
       local_.send(T(value), Deadline::never());
