@@ -88,11 +88,16 @@ TEST_P(PeerDeathTest, SenderToABrokenReceiverFailsInsteadOfBlocking) {
   // The receiver refuses a frame above its limits and is broken for good, but its process
   // lives on (it handles the error and does other work). Nobody will ever read the rest
   // of the stream: a sender that fills the transport must get ChannelClosed, not block.
+  // The ends are built with different limits: channel() gives both the same, and a Sender
+  // refuses what its own limits forbid before sending it.
   ChannelOptions options;
   options.ring_capacity = 4096;
   options.peer_check_interval = 20ms;
-  options.limits.max_body_bytes = 1024;
-  auto [tx, rx] = channel<std::vector<std::uint8_t>>(GetParam(), options);
+  ChannelOptions strict = options;
+  strict.limits.max_body_bytes = 1024;
+  auto [writer, reader] = make_transport(GetParam(), strict.limits, options.ring_capacity, options.ring_timing());
+  auto tx = detail::sender_over<std::vector<std::uint8_t>>(std::move(writer), GetParam(), options);
+  auto rx = detail::receiver_over<std::vector<std::uint8_t>>(std::move(reader), GetParam(), strict);
   auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
   const pid_t child = fork_child([&tx = tx, &rx = rx, &done_tx = done_tx, &done_rx = done_rx] {
     tx.detach();
@@ -151,8 +156,10 @@ TEST_P(PeerDeathTest, CloseOfAFullChannelWhoseReceiverStoppedReadingIsBounded) {
         CHILD_CHECK(*value == received);
         ++received;
       }
-    } catch (const PeerDied&) {
+    } catch (const PeerDied& error) {
       died = true;
+      // The sender is alive: the message must not only blame a death.
+      CHILD_CHECK(std::string(error.what()).find("close_linger") != std::string::npos);
     }
     CHILD_CHECK(died);
     // A value whose send() returned may still be cut off: the transport took its first

@@ -332,6 +332,39 @@ TEST_P(ChannelTest, EmptyTensorsTravelWithoutMapping) {
   EXPECT_TRUE(child_succeeded(child));
 }
 
+// A message above the channel's FrameLimits (both ends share them) is refused by send(),
+// naming the limit: the receiver would refuse the frame anyway, with a ProtocolError that
+// breaks its channel for good, and the sender would only see ChannelClosed blaming the
+// receiver. Nothing is sent, and the channel goes on.
+TEST_P(ChannelTest, SendRefusesAMessageAboveTheChannelsLimitsAndStaysUsable) {
+  ChannelOptions options;
+  options.limits.max_handles = 4;
+  auto [tx, rx] = channel<std::vector<Tensor>>(GetParam(), options);
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    tx.detach();
+    auto got = rx.recv();
+    CHILD_CHECK(got.has_value());
+    CHILD_CHECK(got->size() == 3);
+    CHILD_CHECK(got->at(2).to_vector<float>() == (std::vector<float>{2.0f}));
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  std::vector<Tensor> five;
+  for (int i = 0; i < 5; ++i) five.push_back(Tensor::from<float>({static_cast<float>(i)}, Device::SharedCpu));
+  try {
+    tx.send(five);
+    ADD_FAILURE() << "a message of 5 storages went out on a channel whose limit is 4";
+  } catch (const ChannelClosed& error) {
+    ADD_FAILURE() << "the sender's own oversized message was blamed on the receiver: " << error.what();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("max_handles"), std::string::npos) << error.what();
+  }
+  ASSERT_TRUE(tx.is_open());
+  tx.send(std::vector<Tensor>(five.begin(), five.begin() + 3));
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+}
+
 TEST_P(ChannelTest, RecvForTimesOutAndTryRecvDoesNotBlock) {
   auto [tx, rx] = channel<int>(GetParam());
   const auto start = std::chrono::steady_clock::now();
@@ -397,6 +430,9 @@ TEST_P(ChannelTest, FloatingTimeoutsJustUnderTheNanosecondLimitWait) {
 TEST_P(ChannelTest, ClosedReceiverMakesSendFail) {
   auto [tx, rx] = channel<int>(GetParam());
   rx.close();
+  // The closed Receiver itself reports end of stream (as documented), not ChannelClosed.
+  EXPECT_FALSE(rx.recv().has_value());
+  EXPECT_TRUE(rx.try_recv().closed());
   EXPECT_THROW(
       {
         for (int i = 0; i < 10; ++i) tx.send(i);

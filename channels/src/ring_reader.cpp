@@ -5,6 +5,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/ring_transport.hpp"
+#include "peer_gone.hpp"
 
 namespace ferry {
 
@@ -78,9 +79,7 @@ ReadStatus RingFrameReader::read_view(FrameHeader& header, std::span<const std::
       if (outcome == detail::WaitOutcome::Timeout) return ReadStatus::Timeout;
       count = available();
       if (count == 0) {  // PeerGone, and nothing left to drain
-        throw PeerDied(header_filled_ == 0
-                           ? "the sending process died or dropped its end of the ring without closing the channel"
-                           : "the sending process died in the middle of a frame");
+        throw PeerDied(header_filled_ == 0 ? detail::kSenderGone : detail::kSenderGoneMidFrame);
       }
     }
     if (header_filled_ == 0 && count >= sizeof(RingSkip) && skip_gap(count)) continue;

@@ -10,12 +10,13 @@
 
 #include "ferry/error.hpp"
 #include "ferry/ring_transport.hpp"
+#include "peer_gone.hpp"
 
 namespace ferry {
 namespace {
 
 [[noreturn]] void throw_receiver_gone() {
-  throw ChannelClosed("cannot send: the receiving end of the ring was closed or its process died");
+  throw ChannelClosed(detail::kReceiverGone);
 }
 
 [[noreturn, gnu::noinline, gnu::cold]] void throw_scribbled_head(std::uint64_t head, std::uint64_t from,

@@ -13,6 +13,7 @@
 #include <mutex>
 
 #include "ferry/error.hpp"
+#include "peer_gone.hpp"
 
 namespace ferry {
 namespace {
@@ -21,7 +22,7 @@ constexpr std::size_t kReadBufferBytes = 64 * 1024;
 constexpr std::size_t kMaxFdsPerRead = 253;  // SCM_MAX_FD
 
 [[noreturn]] void throw_receiver_gone() {
-  throw ChannelClosed("cannot send: the receiving end was closed or its process died");
+  throw ChannelClosed(detail::kReceiverGone);
 }
 
 }  // namespace
@@ -258,9 +259,7 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
       }
       const std::size_t got = receive(buffer_.data() + end_, buffer_.size() - end_, fds);
       if (got == 0) {
-        throw PeerDied(buffered() == 0
-                           ? "the sending process died or dropped its end without closing the channel"
-                           : "the sending process died in the middle of a frame");
+        throw PeerDied(buffered() == 0 ? detail::kSenderGone : detail::kSenderGoneMidFrame);
       }
       end_ += got;
     }
@@ -279,7 +278,7 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
     if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
     const std::size_t got =
         receive(frame_payload_.data() + frame_filled_, frame_payload_.size() - frame_filled_, fds);
-    if (got == 0) throw PeerDied("the sending process died in the middle of a frame");
+    if (got == 0) throw PeerDied(detail::kSenderGoneMidFrame);
     frame_filled_ += got;
   }
   in_frame_ = false;

@@ -49,7 +49,9 @@ class Sender {
   explicit Sender(detail::InProcessSender<T> local) : local_(std::move(local)) {}
 
   /// Sends `value`, blocking while the transport is full. Tensors inside travel as
-  /// handles. Throws ChannelClosed when the receiver is gone or this end was closed.
+  /// handles. Throws ChannelClosed when the receiver is gone or this end was closed, and
+  /// Error, sending nothing, when the message is above the channel's limits
+  /// (ChannelOptions::limits: storages, body bytes ...), which the receiver enforces.
   void send(const T& value) {
     if (local_) {
       local_.send(T(value), Deadline::never());
@@ -137,7 +139,8 @@ class Receiver {
   /// The receiving end of a Transport::InProcess channel.
   explicit Receiver(detail::InProcessReceiver<T> local) : local_(std::move(local)) {}
 
-  /// Waits for the next value; std::nullopt once the sender closed the stream. Throws
+  /// Waits for the next value; std::nullopt once the sender closed the stream, and also
+  /// after this end's own close() (where a closed Sender's send() throws instead). Throws
   /// PeerDied when the sender vanished without closing, ProtocolError for a bad frame
   /// (TypeMismatch when the sender sends another type).
   std::optional<T> recv() { return std::move(receive(Deadline::never())).take(); }

@@ -73,6 +73,7 @@ class SenderCore final : public LiveEnd {
     const EncodedFrame* frame = nullptr;
     try {
       frame = &encoder_.encode(message, writer_->body_space(deadline));
+      check_limits();
     } catch (...) {
       encoder_.rollback();
       throw;
@@ -125,6 +126,9 @@ class SenderCore final : public LiveEnd {
 
  private:
   void ensure_open() const;
+  // Throws Error when the frame just encoded breaks the channel's FrameLimits, which the
+  // receiver enforces (it shares them): refused here, it is not sent and breaks nothing.
+  void check_limits() const;
   // Lets go of storages whose /proc path the receiver has opened (before encoding, so that
   // their release is announced in this very frame).
   void collect_acknowledgements();

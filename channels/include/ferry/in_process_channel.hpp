@@ -23,7 +23,7 @@ class Parcel {
 template <class T>
 class ParcelOf final : public Parcel {
  public:
-  explicit ParcelOf(T&& value) : value(std::move(value)) {}
+  explicit ParcelOf(T&& moved) : value(std::move(moved)) {}
   T value;
 };
 

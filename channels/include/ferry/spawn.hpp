@@ -257,9 +257,15 @@ bool register_worker(std::string_view name, R (*function)(WorkerContext&, P...))
 ///
 /// Throws SpawnError before any process starts for n <= 0, an unregistered worker, a
 /// missing ferry::init (spawn method), an end shared by several workers, a closed or
-/// in_process end, or per_rank values that do not match n.
+/// in_process end, or per_rank values that do not match n. The ends it was given are gone
+/// then too: let go without ending their streams, so their peers see PeerDied or
+/// ChannelClosed.
 template <class Fn, class... Args>
 WorkerGroup spawn(const SpawnOptions& options, int n, Fn&& fn, Args&&... args) {
+  // Without it, a forgotten std::move is a page of std::tuple constructor errors.
+  static_assert((std::is_constructible_v<std::decay_t<Args>, Args&&> && ...),
+                "spawn() takes its arguments by value, and channel ends (and per_rank() of them) are move-only: "
+                "pass them with std::move(end)");
   using Stored = std::tuple<std::decay_t<Args>...>;
   using F = std::decay_t<Fn>;
   Stored stored(std::forward<Args>(args)...);

@@ -32,8 +32,8 @@ struct SharedMemoryStats {
   std::size_t bytes_in_use = 0;     ///< size of the blocks in use (by this process or a receiver)
   std::size_t bytes_cached = 0;     ///< segment_bytes - bytes_in_use: free, kept for reuse
   std::size_t blocks_in_use = 0;    ///< blocks in use
-  std::uint64_t hits = 0;           ///< allocations served by a cached block
-  std::uint64_t misses = 0;         ///< allocations that had to create a segment
+  std::uint64_t hits = 0;           ///< allocations that needed no new segment (a freed or a never used block)
+  std::uint64_t misses = 0;         ///< allocations that had to create a segment (reuse: this stays flat)
   std::uint64_t segments_released = 0;  ///< segments given back to the kernel so far
 };
 
@@ -118,7 +118,9 @@ class SharedAllocator::ReleaseBatch {
   std::array<Pending, kCapacity> pending_;
 };
 
-/// Statistics of the process-wide pool (SharedAllocator::global()).
+/// Statistics of this process's process-wide pool (SharedAllocator::global()): what this
+/// process allocated, not the segments it maps from its senders, so ask in the allocating
+/// process.
 SharedMemoryStats shared_memory_stats();
 /// Changes the limits of the process-wide pool.
 void configure_shared_memory(const SharedAllocatorSettings& settings);

@@ -91,6 +91,8 @@ class MessageEncoder {
   }
   /// Encodes the end-of-stream frame.
   const EncodedFrame& encode_close();
+  /// The header of the frame last encoded (its counts, for a check against FrameLimits).
+  const FrameHeader& header() const noexcept { return header_; }
   void commit();
   void rollback();
 
