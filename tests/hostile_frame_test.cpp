@@ -227,26 +227,39 @@ TEST_P(HostileFrameTest, UnknownFrameKind) {
 }
 
 // Every count of the header is checked against FrameLimits before the rest of the frame
-// is read (or allocated).
+// is read (or allocated); the message names the field, its value, the limit and the
+// ChannelOptions setting behind it.
 TEST_P(HostileFrameTest, HeaderCountsAboveTheirLimits) {
   const FrameLimits limits;
-  const std::vector<std::pair<std::string, std::function<void(FrameHeader&)>>> lies = {
-      {"handle_count", [&](FrameHeader& h) { h.handle_count = limits.max_handles + 1; }},
-      {"segment_count", [&](FrameHeader& h) { h.segment_count = limits.max_segments + 1; }},
-      {"fd_count", [&](FrameHeader& h) { h.fd_count = limits.max_fds + 1; }},
-      {"release_count", [&](FrameHeader& h) { h.release_count = limits.max_releases + 1; }},
-      {"segment_release_count", [&](FrameHeader& h) { h.segment_release_count = limits.max_releases + 1; }},
-      {"type_name_bytes", [&](FrameHeader& h) { h.type_name_bytes = limits.max_type_name_bytes + 1; }},
+  struct Lie {
+    std::string field;
+    std::uint64_t limit;
+    std::string setting;
+    std::function<void(FrameHeader&)> apply;
   };
-  for (const auto& [field, lie] : lies) {
-    SCOPED_TRACE(field);
+  const std::vector<Lie> lies = {
+      {"handle_count", limits.max_handles, "max_handles", [&](FrameHeader& h) { h.handle_count = limits.max_handles + 1; }},
+      {"segment_count", limits.max_segments, "max_segments",
+       [&](FrameHeader& h) { h.segment_count = limits.max_segments + 1; }},
+      {"fd_count", limits.max_fds, "max_fds", [&](FrameHeader& h) { h.fd_count = limits.max_fds + 1; }},
+      {"release_count", limits.max_releases, "max_releases",
+       [&](FrameHeader& h) { h.release_count = limits.max_releases + 1; }},
+      {"segment_release_count", limits.max_releases, "max_releases",
+       [&](FrameHeader& h) { h.segment_release_count = limits.max_releases + 1; }},
+      {"type_name_bytes", limits.max_type_name_bytes, "max_type_name_bytes",
+       [&](FrameHeader& h) { h.type_name_bytes = limits.max_type_name_bytes + 1; }},
+  };
+  for (const Lie& lie : lies) {
+    SCOPED_TRACE(lie.field);
     Wire<Payload> wire(GetParam());
     Frame frame = encode(Payload{tensor_}, passing());
     FrameHeader h = frame.header();
-    lie(h);
+    lie.apply(h);
     frame.set_header(h);
     wire.send(frame.bytes, frame.fds);
-    expect_protocol_error(wire.rx, "frame header field " + field);
+    expect_protocol_error(wire.rx, "frame header field " + lie.field + " is " + std::to_string(lie.limit + 1) +
+                                       ", above the limit of " + std::to_string(lie.limit) +
+                                       " (ChannelOptions::limits." + lie.setting + ";");
   }
 }
 

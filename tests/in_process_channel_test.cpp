@@ -99,6 +99,19 @@ TEST_F(InProcessTest, RecvForTimesOutAndTryRecvDoesNotBlock) {
   EXPECT_FALSE(tx.is_open());
 }
 
+// A received value can be read through a const RecvResult (value(), *, ->).
+TEST_F(InProcessTest, ConstRecvResultGivesReadAccessToItsValue) {
+  auto [tx, rx] = channel<std::vector<int>>(Transport::InProcess);
+  tx.send(std::vector<int>{1, 2, 3});
+  const RecvResult<std::vector<int>> result = rx.try_recv();
+  ASSERT_TRUE(result.has_value());
+  EXPECT_EQ(result.value(), (std::vector<int>{1, 2, 3}));
+  EXPECT_EQ((*result)[1], 2);
+  EXPECT_EQ(result->size(), 3u);
+  const RecvResult<std::vector<int>> nothing = rx.try_recv();
+  EXPECT_THROW(static_cast<void>(nothing.value()), std::bad_optional_access);
+}
+
 TEST_F(InProcessTest, SendForTimesOutOnAFullQueue) {
   auto [tx, rx] = channel<int>(Transport::InProcess, queue_of(4));
   for (int i = 0; i < 4; ++i) ASSERT_TRUE(tx.send_for(i, 1s));

@@ -8,10 +8,13 @@
 namespace ferry {
 namespace {
 
-void check_limit(const char* field, std::uint64_t value, std::uint64_t limit) {
+// `setting`: the FrameLimits member (ChannelOptions::limits) that sets `limit`.
+void check_limit(const char* field, std::uint64_t value, std::uint64_t limit, const char* setting) {
   if (value > limit) {
     throw ProtocolError(std::string("frame header field ") + field + " is " + std::to_string(value) +
-                        ", above the limit of " + std::to_string(limit));
+                        ", above the limit of " + std::to_string(limit) + " (ChannelOptions::limits." + setting +
+                        "; a sender with the same limits refuses such a message before sending it, so the peer " +
+                        "was built with larger limits or is not a ferry channel)");
   }
 }
 
@@ -33,13 +36,15 @@ void check_limit(const char* field, std::uint64_t value, std::uint64_t limit) {
       header.kind != static_cast<std::uint8_t>(FrameKind::Close)) {
     throw ProtocolError("frame has an unknown kind " + std::to_string(header.kind));
   }
-  check_limit("body_bytes", header.body_bytes, limits.max_body_bytes);
-  check_limit("handle_count", header.handle_count, limits.max_handles);
-  check_limit("segment_count", header.segment_count, limits.max_segments);
-  check_limit("fd_count", header.fd_count, limits.max_fds);
-  check_limit("release_count", header.release_count, limits.max_releases);
-  check_limit("segment_release_count", header.segment_release_count, limits.max_releases);
-  check_limit("type_name_bytes", header.type_name_bytes, limits.max_type_name_bytes);
+  check_limit("body_bytes", header.body_bytes, limits.max_body_bytes, "max_body_bytes");
+  check_limit("handle_count", header.handle_count, limits.max_handles, "max_handles");
+  check_limit("segment_count", header.segment_count, limits.max_segments, "max_segments");
+  check_limit("fd_count", header.fd_count, limits.max_fds, "max_fds");
+  check_limit("release_count", header.release_count, limits.max_releases, "max_releases");
+  check_limit("segment_release_count", header.segment_release_count, limits.max_releases,
+              "max_releases");
+  check_limit("type_name_bytes", header.type_name_bytes, limits.max_type_name_bytes,
+              "max_type_name_bytes");
   if (header.fd_count > header.segment_count) {
     throw ProtocolError("frame header field fd_count claims " + std::to_string(header.fd_count) +
                         " fds for only " + std::to_string(header.segment_count) + " segments");

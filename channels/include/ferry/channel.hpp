@@ -24,10 +24,15 @@ class RecvResult {
   bool timed_out() const noexcept { return status_ == ReadStatus::Timeout; }
   /// True when the sender closed the stream: no value will ever arrive.
   bool closed() const noexcept { return status_ == ReadStatus::Closed; }
+  /// The value; std::bad_optional_access when none arrived.
   T& value() & { return value_.value(); }
+  const T& value() const& { return value_.value(); }
   T&& value() && { return std::move(value_).value(); }
+  /// The value, which must have arrived.
   T& operator*() & { return *value_; }
+  const T& operator*() const& { return *value_; }
   T* operator->() { return &*value_; }
+  const T* operator->() const { return &*value_; }
   /// The value as an optional (empty on timeout or end of stream).
   std::optional<T> take() && { return std::move(value_); }
 
