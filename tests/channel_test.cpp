@@ -365,6 +365,35 @@ TEST_P(ChannelTest, SendRefusesAMessageAboveTheChannelsLimitsAndStaysUsable) {
   EXPECT_TRUE(child_succeeded(child));
 }
 
+// The same for a body above max_body_bytes (the check is one for every limit, shared with
+// the receiver's: HostileFrameTest.HeaderCountsAboveTheirLimits).
+TEST_P(ChannelTest, SendRefusesABodyAboveTheChannelsLimitAndStaysUsable) {
+  ChannelOptions options;
+  options.limits.max_body_bytes = 1024;
+  auto [tx, rx] = channel<std::vector<std::uint8_t>>(GetParam(), options);
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    tx.detach();
+    auto got = rx.recv();
+    CHILD_CHECK(got.has_value() && got->size() == 10);
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  try {
+    tx.send(std::vector<std::uint8_t>(2000, 1));
+    ADD_FAILURE() << "a body of 2000 bytes went out on a channel whose limit is 1024";
+  } catch (const ChannelClosed& error) {
+    ADD_FAILURE() << "the sender's own oversized message was blamed on the receiver: " << error.what();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("above the channel's limit of 1024 (ChannelOptions::limits.max_body_bytes"),
+              std::string::npos)
+        << error.what();
+  }
+  ASSERT_TRUE(tx.is_open());
+  tx.send(std::vector<std::uint8_t>(10, 2));
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+}
+
 TEST_P(ChannelTest, RecvForTimesOutAndTryRecvDoesNotBlock) {
   auto [tx, rx] = channel<int>(GetParam());
   const auto start = std::chrono::steady_clock::now();

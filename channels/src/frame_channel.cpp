@@ -50,35 +50,40 @@ void SenderCore::ensure_open() const {
   if (!open_) throw ChannelClosed("cannot send: this Sender was closed");
 }
 
-namespace {
-
-// Throws when `value` (what the message needs) is above `limit`, saying which
-// ChannelOptions::limits field and what to do instead.
-void check_frame_limit(std::uint64_t value, std::uint64_t limit, const char* needs, const char* option,
-                       const char* advice) {
-  if (value <= limit) return;
-  throw Error("cannot send: this message needs " + std::to_string(value) + " " + needs +
-              " in one frame, above the channel's limit of " + std::to_string(limit) + " (ChannelOptions::limits." +
-              option + ", which the receiver enforces); " + advice + ". Nothing was sent");
-}
-
-}  // namespace
-
 void SenderCore::check_limits() const {
-  // Only what the message decides: release counts are the connection's own bookkeeping.
-  const FrameHeader& header = encoder_.header();
-  const FrameLimits& limits = options_.limits;
-  check_frame_limit(header.handle_count, limits.max_handles, "tensor storages", "max_handles",
-                    "send fewer storages per message (views of one storage count once, e.g. the rows of one "
-                    "tensor from Tensor::unbind()) or raise the limit");
-  check_frame_limit(header.segment_count, limits.max_segments, "shared-memory segments", "max_segments",
-                    "send fewer new tensors per message or raise the limit");
-  check_frame_limit(header.fd_count, limits.max_fds, "file descriptors", "max_fds",
-                    "send fewer new tensors per message (a Unix socket passes at most 253 per frame)");
-  check_frame_limit(header.body_bytes, limits.max_body_bytes, "bytes of serialized body", "max_body_bytes",
-                    "put large data into tensors, which travel as handles, or raise the limit");
-  check_frame_limit(header.type_name_bytes, limits.max_type_name_bytes, "bytes of type name", "max_type_name_bytes",
-                    "raise the limit");
+  const auto breach = find_limit_breach(encoder_.header(), options_.limits);
+  if (!breach) return;
+  using Limit = LimitBreach::Limit;
+  const char* needs = "";
+  const char* advice = "raise the limit";
+  switch (breach->limit_kind) {
+    case Limit::Releases:
+      return;  // the connection's own bookkeeping, not something the message decided
+    case Limit::Handles:
+      needs = "tensor storages";
+      advice = "send fewer storages per message (views of one storage count once, e.g. the rows of one tensor "
+               "from Tensor::unbind()) or raise the limit";
+      break;
+    case Limit::Segments:
+      needs = "shared-memory segments";
+      advice = "send fewer new tensors per message or raise the limit";
+      break;
+    case Limit::Fds:
+      needs = "file descriptors";
+      advice = "send fewer new tensors per message (a Unix socket passes at most 253 per frame)";
+      break;
+    case Limit::BodyBytes:
+      needs = "bytes of serialized body";
+      advice = "put large data into tensors, which travel as handles, or raise the limit";
+      break;
+    case Limit::TypeNameBytes:
+      needs = "bytes of type name";
+      break;
+  }
+  throw Error("cannot send: this message needs " + std::to_string(breach->value) + " " + needs +
+              " in one frame, above the channel's limit of " + std::to_string(breach->limit) +
+              " (ChannelOptions::limits." + breach->setting + ", which the receiver enforces); " + advice +
+              ". Nothing was sent");
 }
 
 void SenderCore::collect_acknowledgements() {

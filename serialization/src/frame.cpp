@@ -8,16 +8,6 @@
 namespace ferry {
 namespace {
 
-// `setting`: the FrameLimits member (ChannelOptions::limits) that sets `limit`.
-void check_limit(const char* field, std::uint64_t value, std::uint64_t limit, const char* setting) {
-  if (value > limit) {
-    throw ProtocolError(std::string("frame header field ") + field + " is " + std::to_string(value) +
-                        ", above the limit of " + std::to_string(limit) + " (ChannelOptions::limits." + setting +
-                        "; a sender with the same limits refuses such a message before sending it, so the peer " +
-                        "was built with larger limits or is not a ferry channel)");
-  }
-}
-
 // Finds the field of an invalid header and throws; out of line, so that the check of a valid
 // header (every frame) is a few compares.
 [[noreturn, gnu::noinline, gnu::cold]] void throw_invalid_header(const FrameHeader& header, const FrameLimits& limits) {
@@ -36,15 +26,13 @@ void check_limit(const char* field, std::uint64_t value, std::uint64_t limit, co
       header.kind != static_cast<std::uint8_t>(FrameKind::Close)) {
     throw ProtocolError("frame has an unknown kind " + std::to_string(header.kind));
   }
-  check_limit("body_bytes", header.body_bytes, limits.max_body_bytes, "max_body_bytes");
-  check_limit("handle_count", header.handle_count, limits.max_handles, "max_handles");
-  check_limit("segment_count", header.segment_count, limits.max_segments, "max_segments");
-  check_limit("fd_count", header.fd_count, limits.max_fds, "max_fds");
-  check_limit("release_count", header.release_count, limits.max_releases, "max_releases");
-  check_limit("segment_release_count", header.segment_release_count, limits.max_releases,
-              "max_releases");
-  check_limit("type_name_bytes", header.type_name_bytes, limits.max_type_name_bytes,
-              "max_type_name_bytes");
+  if (const auto breach = find_limit_breach(header, limits)) {
+    throw ProtocolError(std::string("frame header field ") + breach->field + " is " + std::to_string(breach->value) +
+                        ", above the limit of " + std::to_string(breach->limit) + " (ChannelOptions::limits." +
+                        breach->setting +
+                        "; a sender with the same limits refuses such a message before sending it, so the peer "
+                        "was built with larger limits or is not a ferry channel)");
+  }
   if (header.fd_count > header.segment_count) {
     throw ProtocolError("frame header field fd_count claims " + std::to_string(header.fd_count) +
                         " fds for only " + std::to_string(header.segment_count) + " segments");
@@ -53,6 +41,25 @@ void check_limit(const char* field, std::uint64_t value, std::uint64_t limit, co
 }
 
 }  // namespace
+
+std::optional<LimitBreach> find_limit_breach(const FrameHeader& header, const FrameLimits& limits) noexcept {
+  using Limit = LimitBreach::Limit;
+  const LimitBreach checks[] = {
+      {Limit::BodyBytes, "body_bytes", "max_body_bytes", header.body_bytes, limits.max_body_bytes},
+      {Limit::Handles, "handle_count", "max_handles", header.handle_count, limits.max_handles},
+      {Limit::Segments, "segment_count", "max_segments", header.segment_count, limits.max_segments},
+      {Limit::Fds, "fd_count", "max_fds", header.fd_count, limits.max_fds},
+      {Limit::TypeNameBytes, "type_name_bytes", "max_type_name_bytes", header.type_name_bytes,
+       limits.max_type_name_bytes},
+      // Last: a sender skips them (they are its connection's bookkeeping, not the message's).
+      {Limit::Releases, "release_count", "max_releases", header.release_count, limits.max_releases},
+      {Limit::Releases, "segment_release_count", "max_releases", header.segment_release_count, limits.max_releases},
+  };
+  for (const LimitBreach& check : checks) {
+    if (check.value > check.limit) return check;
+  }
+  return std::nullopt;
+}
 
 void validate_header(const FrameHeader& header, const FrameLimits& limits) {
   const bool valid = header.magic == kFrameMagic && header.version == kFrameVersion &&

@@ -28,6 +28,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 
 namespace ferry {
 
@@ -134,6 +135,20 @@ struct FrameLimits {
   std::uint32_t max_releases = 1u << 20;
   std::uint32_t max_type_name_bytes = 4096;
 };
+
+/// A count of a frame header above its FrameLimits member.
+struct LimitBreach {
+  enum class Limit { BodyBytes, Handles, Segments, Fds, Releases, TypeNameBytes };
+  Limit limit_kind;
+  const char* field;    ///< the header field ("handle_count")
+  const char* setting;  ///< the FrameLimits member, ChannelOptions::limits.<setting> ("max_handles")
+  std::uint64_t value;
+  std::uint64_t limit;
+};
+
+/// The first count of `header` above `limits` (body, handles, segments, fds, type name,
+/// releases), or nullopt: what the receiver refuses, and what a sender refuses to send.
+std::optional<LimitBreach> find_limit_breach(const FrameHeader& header, const FrameLimits& limits) noexcept;
 
 /// Checks magic, version, kind and every count against `limits`; throws ProtocolError
 /// naming the field that failed.
