@@ -720,6 +720,137 @@ TEST_P(AllocChannelTest, ForwarderKilledWhileAThirdProcessHoldsTheBlockLeavesThe
   ab.tx.close();
 }
 
+// A process downstream of a forwarder that died, once it saw the forwarder's stream end
+// and dropped every block that came on it, unregisters from the upstream connection: the
+// sender reclaims what it pinned for the forwarder while that process still lives (before,
+// it kept all of it until the process exited: a long-lived consumer behind forwarders that
+// come and go made the sender's pool grow by what each forwarder held when it died).
+void let_go_of_a_dead_forwarder(Receiver<Batch>& from_forwarder) {
+  try {
+    CHILD_CHECK(!from_forwarder.recv().has_value());  // end of stream on pipe and socket
+  } catch (const PeerDied&) {
+    // the ring, or a frame cut short by the kill
+  }
+}
+
+TEST_P(AllocChannelTest, SenderReclaimsWhatItPinnedForAKilledForwarderOnceTheProcessDownstreamLetGoOfIt) {
+  SharedAllocator pool;
+  Ends<Batch> ab(GetParam());
+  Ends<Batch> bc(GetParam());
+  Ends<int> held(GetParam());
+  Ends<int> go(GetParam());
+  const pid_t c = fork_child([&] {
+    detach_each(ab.tx, bc.tx, go.tx, ab.rx, held.rx);
+    held.tx.adopt();
+    {
+      Batch got = bc.rx.recv().value();
+      CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+      held.tx.send(1);
+      CHILD_CHECK(go.rx.recv().value() == 1);  // B is dead
+      CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+      let_go_of_a_dead_forwarder(bc.rx);
+    }
+    held.tx.send(2);
+    CHILD_CHECK(go.rx.recv().value() == 2);  // lives on while A checks
+  });
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, held.tx, go.tx, bc.rx, held.rx, go.rx);
+    bc.tx.adopt();
+    {
+      Batch got = ab.rx.recv().value();
+      bc.tx.send(got);
+    }
+    while (true) ::pause();
+  });
+  ab.rx.close();
+  bc.tx.detach();
+  bc.rx.close();
+  held.tx.detach();
+  go.rx.close();
+  const Tensor anchor = filled(pool, 1024, 1);
+  ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(held.rx.recv().value(), 1);
+  ::kill(b, SIGKILL);
+  ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
+  pool.trim();
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 1u) << "C still holds the block";
+  go.tx.send(1);
+  ASSERT_EQ(held.rx.recv().value(), 2);
+  pool.trim();
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 0u) << "A kept the dead forwarder's block after C let go of it";
+  EXPECT_EQ(pool.stats().blocks_in_use, 1u);  // the anchor
+  go.tx.send(2);
+  EXPECT_TRUE(child_succeeded(c));
+  ab.tx.close();
+}
+
+// The same with A's board reaching C on two connections from B: C stays registered while
+// it still holds a block of either, and A reclaims once C let go of both.
+TEST_P(AllocChannelTest, ProcessDownstreamStaysRegisteredUpstreamWhileItHoldsABlockOfEitherConnectionThatBroughtTheBoard) {
+  SharedAllocator pool;
+  Ends<Batch> ab(GetParam());
+  Ends<Batch> bc1(GetParam());
+  Ends<Batch> bc2(GetParam());
+  Ends<int> held(GetParam());
+  Ends<int> go(GetParam());
+  const pid_t c = fork_child([&] {
+    detach_each(ab.tx, bc1.tx, bc2.tx, go.tx, ab.rx, held.rx);
+    held.tx.adopt();
+    std::optional<Batch> second = bc2.rx.recv().value();
+    {
+      Batch first = bc1.rx.recv().value();
+      CHILD_CHECK(all_equal(first.tensors.at(0), 7) && all_equal(second->tensors.at(0), 8));
+      held.tx.send(1);
+      CHILD_CHECK(go.rx.recv().value() == 1);  // B is dead
+      let_go_of_a_dead_forwarder(bc1.rx);
+    }
+    held.tx.send(2);
+    CHILD_CHECK(go.rx.recv().value() == 2);  // A allocated over what it would have recycled
+    CHILD_CHECK(all_equal(second->tensors.at(0), 8));
+    let_go_of_a_dead_forwarder(bc2.rx);
+    second.reset();
+    held.tx.send(3);
+    CHILD_CHECK(go.rx.recv().value() == 3);
+  });
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, held.tx, go.tx, bc1.rx, bc2.rx, held.rx, go.rx);
+    bc1.tx.adopt();
+    bc2.tx.adopt();
+    {
+      Batch first = ab.rx.recv().value();
+      Batch second = ab.rx.recv().value();
+      bc1.tx.send(first);
+      bc2.tx.send(second);
+    }
+    while (true) ::pause();
+  });
+  ab.rx.close();
+  bc1.tx.detach();
+  bc1.rx.close();
+  bc2.tx.detach();
+  bc2.rx.close();
+  held.tx.detach();
+  go.rx.close();
+  const Tensor anchor = filled(pool, 1024, 1);
+  ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  ab.tx.send(Batch{1, {filled(pool, 1024, 8)}});
+  ASSERT_EQ(held.rx.recv().value(), 1);
+  ::kill(b, SIGKILL);
+  ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
+  go.tx.send(1);
+  ASSERT_EQ(held.rx.recv().value(), 2);
+  pool.trim();
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 2u) << "C still holds a block that came on the second connection";
+  const std::vector<Tensor> reuse = allocate_over(pool);
+  go.tx.send(2);
+  ASSERT_EQ(held.rx.recv().value(), 3);
+  pool.trim();
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 0u);
+  go.tx.send(3);
+  EXPECT_TRUE(child_succeeded(c)) << "C saw a block recycled while it held it";
+  ab.tx.close();
+}
+
 // The same over two forwarders (A -> B -> C -> D), both killed while D holds the block: D
 // registered on A's connection too, through C.
 TEST_P(AllocChannelTest, TwoForwardersKilledWhileTheLastProcessHoldsTheBlockLeaveTheBlockIntact) {

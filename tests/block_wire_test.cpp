@@ -323,6 +323,87 @@ TEST_F(BlockWireTest, ABoardRefusesHoldersOnlyWhileItsPlacesHoldLivingProcesses)
   EXPECT_TRUE(registered(self)) << "a living holder lost its place";
 }
 
+// Another object of `board` in this process, as a second connection that brought it makes.
+std::shared_ptr<ReturnBoard> another_object_of(const ReturnBoard& board) {
+  UniqueFd fd(::fcntl(board.fd(), F_DUPFD_CLOEXEC, 0));
+  if (!fd) throw std::runtime_error("F_DUPFD_CLOEXEC failed");
+  const SharedMemory::Received file = SharedMemory::inspect_received(fd.get());
+  return ReturnBoard::open_received(SharedMemory::map_received(std::move(fd), file, ReturnBoard::bytes()));
+}
+
+// How many places of `board` hold `process`.
+std::size_t places_of(const ReturnBoard& board, const ProcessIdentity& process) {
+  const auto holders = board.holders();
+  return static_cast<std::size_t>(std::count_if(holders.begin(), holders.end(), [&process](const auto& holder) {
+    return holder.process.pid == process.pid && holder.process.start_time == process.start_time;
+  }));
+}
+
+// A process's registration is shared by its objects of one board (one per connection that
+// brought the board): a downstream one ends with the last of them; a receiver's own one, one
+// kept for a forked process, and the parent's in a forked child stay.
+TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTheProcess) {
+  using Role = ReturnBoard::HolderRole;
+  const ProcessIdentity self = current_process();
+  {
+    const auto origin = ReturnBoard::create();
+    auto first = another_object_of(*origin);
+    auto second = another_object_of(*origin);
+    EXPECT_TRUE(first->hold_registration(Role::Downstream));
+    EXPECT_TRUE(first->hold_registration(Role::Downstream));  // one share per object
+    EXPECT_TRUE(second->hold_registration(Role::Downstream));
+    EXPECT_EQ(places_of(*origin, self), 1u);
+    first.reset();
+    EXPECT_EQ(places_of(*origin, self), 1u) << "the second object still holds a share";
+    second.reset();
+    EXPECT_EQ(places_of(*origin, self), 0u) << "nothing that came through the board lives here";
+  }
+  {
+    const auto origin = ReturnBoard::create();
+    auto own = another_object_of(*origin);
+    EXPECT_TRUE(own->hold_registration(Role::Receiver));
+    own.reset();
+    EXPECT_EQ(places_of(*origin, self), 1u) << "a receiver stays registered, as before";
+    // A place freed in front of this process's own is not taken a second time.
+    const pid_t other = test::fork_child([] {});
+    ASSERT_TRUE(test::child_succeeded(other));
+    origin->unregister_holder(self);
+    const auto exited = ProcessIdentity{other, 1};
+    EXPECT_TRUE(origin->register_holder(exited));
+    EXPECT_TRUE(origin->register_holder(self));
+    origin->unregister_holder(exited);
+    EXPECT_TRUE(origin->register_holder(self));
+    EXPECT_EQ(places_of(*origin, self), 1u);
+  }
+  {
+    const auto origin = ReturnBoard::create();
+    auto own = another_object_of(*origin);
+    auto downstream = another_object_of(*origin);
+    EXPECT_TRUE(own->hold_registration(Role::Receiver));
+    EXPECT_TRUE(downstream->hold_registration(Role::Downstream));  // a block that came back round
+    downstream.reset();
+    EXPECT_EQ(places_of(*origin, self), 1u) << "the receiver's own share still holds";
+    own.reset();
+    EXPECT_EQ(places_of(*origin, self), 0u);
+  }
+  {
+    const auto origin = ReturnBoard::create();
+    auto handed_over = another_object_of(*origin);
+    EXPECT_TRUE(handed_over->hold_registration(Role::Downstream));
+    handed_over->keep_registration();
+    handed_over.reset();
+    EXPECT_EQ(places_of(*origin, self), 1u) << "kept for a forked process that took the blocks over";
+  }
+  {
+    const auto origin = ReturnBoard::create();
+    auto inherited = another_object_of(*origin);
+    EXPECT_TRUE(inherited->hold_registration(Role::Downstream));
+    const pid_t child = test::fork_child([&inherited] { inherited.reset(); });
+    EXPECT_TRUE(test::child_succeeded(child));
+    EXPECT_EQ(places_of(*origin, self), 1u) << "a forked child dropped the parent's registration";
+  }
+}
+
 TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {
   Loopback loop;
   std::vector<Tensor> originals;

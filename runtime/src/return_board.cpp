@@ -1,9 +1,13 @@
 #include "ferry/return_board.hpp"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <mutex>
 #include <thread>
+#include <unordered_map>
 
 #include "ferry/error.hpp"
 
@@ -39,6 +43,51 @@ static_assert(kSummaryWords * 8 <= kPage);
 static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free, "shared-memory atomics must be lock-free");
 
 using Atomic = std::atomic_ref<std::uint64_t>;
+
+// This process's own registrations as a holder, by board: how many board objects hold a
+// share of it (hold_registration(); one per connection that brought the board), whether one
+// came downstream of the board's connection (a forwarder passed it on), and whether the
+// process keeps it for good (it handed its blocks over to a forked process). A forked child
+// starts from none: the parent's objects it inherited never drop the parent's registration,
+// and it registers for itself.
+struct Registrations {
+  struct Registration {
+    std::size_t objects = 0;
+    bool downstream = false;
+    bool kept = false;
+  };
+  std::mutex mutex;
+  std::uint64_t generation = 0;
+  std::unordered_map<FileIdentity, Registration, FileIdentityHash> boards;
+
+  // Call with `mutex` held.
+  std::unordered_map<FileIdentity, Registration, FileIdentityHash>& of_this_generation() {
+    if (const std::uint64_t now = fork_generation(); generation != now) {
+      boards.clear();
+      generation = now;
+    }
+    return boards;
+  }
+};
+
+Registrations& registrations() {
+  // Leaked on purpose: boards may die during static destruction.
+  static auto* made = [] {
+    auto* created = new Registrations();
+    // A fork while another thread holds the lock would leave it locked in the child.
+    if (const int rc = ::pthread_atfork([] { registrations().mutex.lock(); },
+                                        [] { registrations().mutex.unlock(); },
+                                        [] { registrations().mutex.unlock(); });
+        rc != 0) {
+      throw_system_error("pthread_atfork", rc);
+    }
+    return created;
+  }();
+  return *made;
+}
+
+// Made before main(), so that no fork can meet its initialization half done.
+[[maybe_unused]] const Registrations& g_registrations_made_at_start = registrations();
 
 }  // namespace
 
@@ -129,17 +178,21 @@ bool ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
     return pid_word == pid &&
            Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed) == process.start_time;
   };
+  // Places are cleared when a process unregisters: look for this process's own place
+  // everywhere before taking a free one, so that it never holds two.
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    if (is_this_process(i, Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst))) return true;
+  }
   for (std::size_t i = 0; i < kMaxHolders; ++i) {
     std::uint64_t current = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);
-    if (is_this_process(i, current)) return true;
     if (current != 0) continue;
     if (claim(i, current)) return true;
     if (is_this_process(i, current)) return true;
   }
-  // Full: take the place of a holder that exited. Places are never cleared, and every
-  // process a long-lived connection's blocks were forwarded to registers on its board; a
-  // dead holder keeps nothing pinned, so replacing it changes no check's outcome (one that
-  // read it dead before sees the same; one that reads the slot after sees us).
+  // Full: take the place of a holder that exited. A process that dies keeps its place, and
+  // every process a long-lived connection's blocks were forwarded to registers on its
+  // board; a dead holder keeps nothing pinned, so replacing it changes no check's outcome
+  // (one that read it dead before sees the same; one that reads the slot after sees us).
   for (std::size_t i = 0; i < kMaxHolders; ++i) {
     std::uint64_t current = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);
     if (current == 0 || (current & kRegistering) != 0) continue;  // a registration in progress: skip it
@@ -148,6 +201,69 @@ bool ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
     if (!process_alive(holder) && claim(i, current)) return true;
   }
   return false;
+}
+
+void ReturnBoard::unregister_holder(const ProcessIdentity& process) noexcept {
+  const auto pid = static_cast<std::uint64_t>(process.pid);
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    Atomic pid_word(*word(kHoldersAt + i * 16));
+    std::uint64_t current = pid_word.load(std::memory_order_seq_cst);
+    if (current != pid || Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed) != process.start_time) {
+      continue;
+    }
+    // Nobody else changes a living process's place: only free places are claimed, and only
+    // those of holders that exited are taken over. The start time stays; a free place is
+    // known by its pid word.
+    pid_word.compare_exchange_strong(current, 0, std::memory_order_seq_cst);
+  }
+}
+
+bool ReturnBoard::hold_registration(HolderRole role) {
+  const ProcessIdentity self = current_process();
+  Registrations& all = registrations();
+  const std::lock_guard lock(all.mutex);
+  auto& boards = all.of_this_generation();
+  const std::uint64_t generation = fork_generation();
+  auto& registration = boards[identity()];
+  if (!register_holder(self)) {
+    if (registration.objects == 0 && !registration.kept) boards.erase(identity());
+    return false;
+  }
+  if (role == HolderRole::Downstream) registration.downstream = true;
+  if (!holds_registration_ || registration_generation_ != generation) {
+    ++registration.objects;
+    holds_registration_ = true;
+    registration_generation_ = generation;
+  }
+  return true;
+}
+
+void ReturnBoard::keep_registration() noexcept {
+  Registrations& all = registrations();
+  const std::lock_guard lock(all.mutex);
+  if (!holds_registration_ || registration_generation_ != fork_generation()) return;
+  all.of_this_generation().find(identity())->second.kept = true;  // present: this object holds a share
+}
+
+ReturnBoard::~ReturnBoard() {
+  if (!holds_registration_) return;
+  Registrations& all = registrations();
+  const std::lock_guard lock(all.mutex);
+  if (registration_generation_ != fork_generation()) return;  // the parent's, inherited by fork
+  auto& boards = all.of_this_generation();
+  const auto it = boards.find(identity());
+  if (it == boards.end() || --it->second.objects > 0 || it->second.kept) return;
+  const bool downstream = it->second.downstream;
+  boards.erase(it);
+  // The last object of the board in this process: nothing that came through it lives here
+  // any more. A receiver that only ever received on the connection itself stays registered
+  // (as it always has: its sender's checks need no change).
+  if (!downstream) return;
+  try {
+    unregister_holder(current_process());
+  } catch (...) {
+    // /proc unreadable: staying registered only keeps the upstream sender's pins longer.
+  }
 }
 
 std::uint32_t ReturnBoard::reclaims() const noexcept {

@@ -99,6 +99,12 @@ bool ReturnPath::knows(const FileIdentity& identity) const {
                      [&identity](const auto& upstream) { return upstream->identity() == identity; });
 }
 
+void ReturnPath::keep_registrations() noexcept {
+  board->keep_registration();
+  const std::lock_guard lock(mutex_);
+  for (const auto& upstream : upstream_) upstream->keep_registration();
+}
+
 std::vector<std::shared_ptr<ReturnBoard>> ReturnPath::upstream_boards() const {
   const std::lock_guard lock(mutex_);
   return upstream_;
@@ -392,7 +398,7 @@ void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t i
     // Register before resolving anything. The sender read the board's reclaim count while
     // it held the blocks it forwards; if the count moved since, every holder upstream
     // exited meanwhile (the forwarder too) and the blocks may have been recycled.
-    upstream->register_holder(current_process());
+    upstream->hold_registration(ReturnBoard::HolderRole::Downstream);
     const std::optional<std::uint32_t> reclaims = upstream->reclaims_after_checks(kUpstreamCheckPatience);
     // The forwarder read the count before it sent, and counts only grow: one ahead of the
     // board's own is a lie, not a death.
@@ -520,11 +526,10 @@ void MessageDecoder::register_as_holder() noexcept {
   const std::uint64_t generation = fork_generation();
   if (!returns_ || registered_generation_ == generation) return;
   try {
-    const ProcessIdentity self = current_process();
-    returns_->board->register_holder(self);
+    returns_->board->hold_registration(ReturnBoard::HolderRole::Receiver);
     // A forked process that took the receiver over holds forwarded blocks too.
     for (const auto& upstream : returns_->upstream_boards()) {
-      if (!own_ledger_of_board(upstream->identity())) upstream->register_holder(self);
+      if (!own_ledger_of_board(upstream->identity())) upstream->hold_registration(ReturnBoard::HolderRole::Downstream);
     }
     registered_generation_ = generation;
   } catch (...) {
@@ -543,7 +548,11 @@ void MessageDecoder::release_all() noexcept {
 }
 
 void MessageDecoder::hand_over() noexcept {
-  if (returns_) returns_->handed_over.store(true, std::memory_order_relaxed);
+  if (returns_) {
+    returns_->handed_over.store(true, std::memory_order_relaxed);
+    // The forked process that takes the blocks over may register after they died here.
+    returns_->keep_registrations();
+  }
   release_all();
 }
 

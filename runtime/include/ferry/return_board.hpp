@@ -52,6 +52,8 @@ class ReturnBoard {
 
   ReturnBoard(const ReturnBoard&) = delete;
   ReturnBoard& operator=(const ReturnBoard&) = delete;
+  /// Drops this object's share of the process's registration (see hold_registration()).
+  ~ReturnBoard();
 
   /// The memfd (-1 after close_fd()), for passing the board to the receiver.
   int fd() const noexcept { return memory_.fd(); }
@@ -99,6 +101,26 @@ class ReturnBoard {
   /// the next one when all are taken. False (nothing registered) when kMaxHolders other
   /// living (or still registering) processes are registered.
   bool register_holder(const ProcessIdentity& process) noexcept;
+  /// Why the calling process holds what came through a board: it receives on the board's
+  /// own connection, or blocks of that connection were forwarded to it by another process.
+  enum class HolderRole { Receiver, Downstream };
+  /// Registers the calling process as a holder (register_holder()), as this object's share
+  /// of the process's registration: every object of the board in the process (one per
+  /// connection that brought it) holds one, once per fork generation. When the last share
+  /// dies in the generation that took it, and one of them was Downstream, the process
+  /// unregisters (unregister_holder()): nothing that came through the board lives in it
+  /// any more. So the sender upstream reclaims what it pinned for a forwarder that died
+  /// once every process downstream let go of it, not only once they all exited. False
+  /// when the board had no place (kMaxHolders living holders); throws Error when /proc
+  /// cannot be read.
+  bool hold_registration(HolderRole role);
+  /// Keeps the calling process registered for as long as it lives, whatever happens to
+  /// this object (its blocks were handed over to a forked process, which may register only
+  /// after they died here). Nothing when this object holds no share.
+  void keep_registration() noexcept;
+  /// Removes every place `process` holds on the board (a process that lets go of all it
+  /// held): a sender's check no longer waits for it. Lock-free.
+  void unregister_holder(const ProcessIdentity& process) noexcept;
   /// The number of times the sender reclaimed everything it pinned for this connection
   /// because every holder had exited, read after waiting (up to `patience`) for a check of
   /// the holders in progress to end; nullopt when the check did not end in time. A process
@@ -157,6 +179,10 @@ class ReturnBoard {
 
   SharedMemory memory_;
   std::uint64_t last_posted_ = 0;  // sender side: `posted` at the last take_returns
+  // Receiver side, guarded by the process-wide registration counts: whether this object
+  // counts in this process's upstream registration, and in which fork generation.
+  bool holds_registration_ = false;
+  std::uint64_t registration_generation_ = 0;
 };
 
 }  // namespace ferry

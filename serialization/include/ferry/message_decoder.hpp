@@ -44,6 +44,9 @@ struct ReturnPath {
   void retire_upstream(const FileIdentity& identity);
   /// True when `identity` is this connection's board or one of its upstream boards.
   bool knows(const FileIdentity& identity) const;
+  /// Keeps this process registered on the board and every upstream board so far for as
+  /// long as it lives (see ReturnBoard::keep_registration()).
+  void keep_registrations() noexcept;
   /// The upstream boards so far (a copy).
   std::vector<std::shared_ptr<ReturnBoard>> upstream_boards() const;
 
