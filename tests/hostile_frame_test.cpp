@@ -121,6 +121,16 @@ struct Frame {
     fds.clear();
     locate();
   }
+  // Appends `e` to the segment table (after the segments the handles name).
+  void append_segment(const SegmentEntry& e) {
+    FrameHeader h = header();
+    const auto end = bytes.begin() + static_cast<std::ptrdiff_t>(table_offset);
+    const auto* raw = reinterpret_cast<const std::byte*>(&e);
+    bytes.insert(end, raw, raw + sizeof e);
+    ++h.segment_count;
+    set_header(h);
+    locate();
+  }
   template <class V>
   void patch_body(std::size_t offset, V value) {
     std::memcpy(bytes.data() + body_offset + offset, &value, sizeof value);
@@ -544,6 +554,47 @@ TEST_P(HostileFrameTest, RetiredUpstreamBoardBeforeTheConnectionsOwnBoard) {
   frame.set_segment(0, s);
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "retires an upstream return board but the sender never sent its own return board");
+}
+
+// A retirement of a board the receiver does not have (one never passed, or the connection's
+// own board) changes nothing: the frame reads, and so does the next one.
+TEST_P(HostileFrameTest, RetiredUpstreamBoardThatTheReceiverDoesNotHaveChangesNothing) {
+  Wire<Payload> wire(GetParam());
+  Frame frame = encode(Payload{tensor_}, passing());
+  SegmentEntry unknown;
+  unknown.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
+  unknown.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
+  unknown.device = 1;
+  unknown.inode = 2;
+  SegmentEntry own = unknown;
+  own.device = frame.segment(0).device;
+  own.inode = frame.segment(0).inode;
+  frame.append_segment(unknown);
+  frame.append_segment(own);
+  wire.send(frame.bytes, frame.fds);
+  auto got = wire.rx.recv_for(kRecvBound);
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->tensor.shape(), (Shape{4, 8}));
+  // The connection's board still works: the next frame (no new board) resolves against it.
+  Tensor ones = Tensor::empty({2}, DType::Float32, Device::SharedCpu);
+  ones.fill(1.0f);
+  const EncodedFrame& next = frame.encoder->encode(Payload{ones});
+  std::vector<std::byte> bytes;
+  for (const iovec& part : next.iovecs()) {
+    const auto* begin = static_cast<const std::byte*>(part.iov_base);
+    bytes.insert(bytes.end(), begin, begin + part.iov_len);
+  }
+  std::vector<UniqueFd> owned;
+  std::vector<int> fds;
+  for (const int fd : next.fds) {
+    owned.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
+    fds.push_back(owned.back().get());
+  }
+  frame.encoder->commit();
+  wire.send(bytes, fds);
+  auto second = wire.rx.recv_for(kRecvBound);
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->tensor.data<float>()[1], 1.0f);
 }
 
 // A forwarder that claims, for an upstream board, a reclaim count ahead of the board's own:
