@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <future>
 #include <iostream>
 #include <sstream>
 #include <stdexcept>
@@ -620,6 +621,28 @@ TEST(SpawnForkTest, RunsLambdasWithCaptures) {
   EXPECT_EQ(receivers[0].recv().value(), "from a lambda 0");
   EXPECT_EQ(receivers[1].recv().value(), "from a lambda 1");
   workers.join();
+}
+
+// A forked worker is a copy of the whole process: while another thread runs, it may hold a
+// lock the worker then waits for for ever. Fork refuses, and says what to do instead.
+// Two threads: under ThreadSanitizer, whose own thread the check does not count, one of them
+// could pass for it.
+TEST(SpawnForkTest, RefusesToForkWhileOtherThreadsRunUnlessTold) {
+  std::promise<void> stop;
+  std::shared_future<void> done = stop.get_future().share();
+  std::thread first([done] { done.wait(); });
+  std::thread second([done] { done.wait(); });
+  expect_spawn_error([] { (void)spawn(1, [](WorkerContext&) {}); }, "other thread(s), and a forked worker hangs");
+  expect_spawn_error([] { (void)spawn(1, [](WorkerContext&) {}); }, "StartMethod::Spawn");
+  SpawnOptions told;
+  told.fork_with_threads = true;
+  auto allowed = spawn(told, 1, [](WorkerContext&) {});
+  allowed.join();
+  stop.set_value();
+  first.join();
+  second.join();
+  auto alone = spawn(1, [](WorkerContext&) {});
+  alone.join();
 }
 
 }  // namespace spawn_test

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <string>
 
@@ -87,6 +88,44 @@ void check_descriptor(int fd, std::string_view what) {
   }
 }
 
+// The threads of this process (the entries of /proc/self/task); 0 when /proc cannot tell.
+std::size_t thread_count() noexcept {
+  std::error_code error;
+  std::size_t count = 0;
+  for (std::filesystem::directory_iterator it("/proc/self/task", error), end; !error && it != end;
+       it.increment(error)) {
+    ++count;
+  }
+  return error ? 0 : count;
+}
+
+// ThreadSanitizer runs a thread of its own in some processes (after a fork, for one): not
+// counted there, so under it the check may miss one thread of the program.
+#if defined(__SANITIZE_THREAD__)
+constexpr std::size_t kSanitizerThreads = 1;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+constexpr std::size_t kSanitizerThreads = 1;
+#else
+constexpr std::size_t kSanitizerThreads = 0;
+#endif
+#else
+constexpr std::size_t kSanitizerThreads = 0;
+#endif
+
+// Before a fork (see SpawnOptions::fork_with_threads).
+void check_no_other_threads(const SpawnOptions& options) {
+  if (options.fork_with_threads) return;
+  const std::size_t threads = thread_count();
+  if (threads <= 1 + kSanitizerThreads) return;
+  throw SpawnError(
+      "cannot fork a worker: this process runs " + std::to_string(threads - 1 - kSanitizerThreads) +
+      " other thread(s), and a forked worker hangs if one of them held a lock at the fork (inside malloc, "
+      "iostreams, a logger, a mutex of yours); use SpawnOptions::start_method = StartMethod::Spawn (the worker "
+      "registered with FERRY_WORKER, and ferry::init in main), spawn before starting the threads, or set "
+      "SpawnOptions::fork_with_threads if no other thread can hold a lock a worker needs");
+}
+
 }  // namespace
 
 std::string_view start_method_name(StartMethod method) {
@@ -107,6 +146,7 @@ WorkerGroup::WorkerGroup(int world_size, const SpawnOptions& options) : options_
                      std::to_string(options.parent_death_signal) + ": workers must never outlive their parent");
   }
   if (options.start_method == StartMethod::Spawn && detail::recorded_arguments() == nullptr) throw_missing_init();
+  if (options.start_method == StartMethod::Fork) check_no_other_threads(options);
   struct sigaction current {};
   if (::sigaction(SIGCHLD, nullptr, &current) != 0) throw_errno("sigaction(SIGCHLD)");
   if (current.sa_handler == SIG_IGN || (current.sa_flags & SA_NOCLDWAIT) != 0) {
@@ -143,6 +183,7 @@ WorkerGroup::Worker& WorkerGroup::prepare(int rank) {
 
 void WorkerGroup::start_forked(int rank, const std::function<void(WorkerContext&)>& body) {
   Worker& worker = prepare(rank);
+  check_no_other_threads(options_);  // threads started since the group was made count too
   auto [report_read, report_write] = make_report_pipe();
   flush_output();  // buffered output must not be written twice
   const pid_t pid = ::fork();

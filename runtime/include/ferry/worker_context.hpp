@@ -34,6 +34,12 @@ struct SpawnOptions {
   /// The signal a worker receives when its parent dies (PR_SET_PDEATHSIG). SIGKILL makes
   /// sure no worker outlives its parent; SIGTERM lets workers clean up first.
   int parent_death_signal = SIGKILL;
+  /// StartMethod::Fork refuses (SpawnError) to start a worker while this process runs other
+  /// threads: the worker is a copy of the whole process taken while one of them may hold a
+  /// lock (inside malloc, iostreams, a logger, a mutex of yours), and the worker hangs the
+  /// first time it takes that lock. Set this when no other thread can hold a lock a worker
+  /// needs; otherwise use StartMethod::Spawn, or start the threads after spawning.
+  bool fork_with_threads = false;
 };
 
 /// A worker's view of itself, passed as the first argument of every worker function.
