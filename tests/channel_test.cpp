@@ -1,8 +1,11 @@
 // Typed channels between real processes over every transport: values, tensors of every
 // dtype, views, zero copy, the cache hit, end of stream and timeouts.
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <numeric>
 #include <limits>
@@ -492,6 +495,95 @@ TEST_P(ChannelTest, SendForTimesOutOnAFullTransport) {
   EXPECT_TRUE(rx.try_recv().timed_out());
   EXPECT_TRUE(tx.send_for(chunk, 1s));
   EXPECT_TRUE(rx.recv_for(1s));
+}
+
+// Signals whose handlers interrupt system calls (installed without SA_RESTART, as a
+// profiler's SIGPROF or a program's timer may be): every blocking call ferry makes resumes
+// after EINTR, and a deadline still counts from where it was set.
+class InterruptingTimer {
+ public:
+  // SIGALRM every `interval` to this process, handled without SA_RESTART.
+  explicit InterruptingTimer(std::chrono::microseconds interval) {
+    struct sigaction action {};
+    action.sa_handler = [](int) { delivered.fetch_add(1, std::memory_order_relaxed); };
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = 0;
+    if (::sigaction(SIGALRM, &action, &previous_) != 0) throw std::runtime_error("sigaction(SIGALRM) failed");
+    itimerval every{};
+    every.it_interval.tv_usec = static_cast<suseconds_t>(interval.count());
+    every.it_value = every.it_interval;
+    if (::setitimer(ITIMER_REAL, &every, nullptr) != 0) throw std::runtime_error("setitimer failed");
+  }
+  ~InterruptingTimer() {
+    const itimerval off{};
+    ::setitimer(ITIMER_REAL, &off, nullptr);
+    ::sigaction(SIGALRM, &previous_, nullptr);
+  }
+  InterruptingTimer(const InterruptingTimer&) = delete;
+  InterruptingTimer& operator=(const InterruptingTimer&) = delete;
+  static inline std::atomic<std::uint64_t> delivered{0};
+
+ private:
+  struct sigaction previous_ {};
+};
+
+struct Bulky {
+  std::int64_t step = 0;
+  std::vector<std::uint8_t> bytes;  // larger than a pipe's buffer: writes block part way
+  Tensor tensor;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(step, bytes, tensor); }
+};
+
+TEST_P(ChannelTest, SignalsThatInterruptSystemCallsLoseNothing) {
+  auto [tx, rx] = channel<Bulky>(GetParam());
+  auto [reply_tx, reply_rx] = channel<std::int64_t>(GetParam());
+  constexpr int kSteps = 150;
+  constexpr std::size_t kBytes = 256 * 1024;
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
+    tx.detach();
+    reply_rx.close();
+    reply_tx.adopt();
+    const InterruptingTimer timer(200us);  // timers are not inherited: the child's own
+    for (int step = 0; step < kSteps; ++step) {
+      auto got = rx.recv();
+      CHILD_CHECK(got.has_value() && got->step == step && got->bytes.size() == kBytes);
+      CHILD_CHECK(got->bytes[step] == static_cast<std::uint8_t>(step) && got->bytes.back() == 7);
+      CHILD_CHECK(got->tensor.data<std::int32_t>()[0] == step);
+      if (step % 10 == 0) std::this_thread::sleep_for(2ms);  // the parent blocks on a full transport
+      reply_tx.send(step);
+    }
+    CHILD_CHECK(!rx.recv().has_value());
+    CHILD_CHECK(InterruptingTimer::delivered.load() > 0);
+  });
+  rx.close();
+  reply_tx.detach();
+  const InterruptingTimer timer(200us);
+  const std::uint64_t before = InterruptingTimer::delivered.load();
+  std::vector<std::uint8_t> bytes(kBytes, 7);
+  for (int step = 0; step < kSteps; ++step) {
+    bytes[step] = static_cast<std::uint8_t>(step);
+    Tensor tensor = Tensor::empty({16}, DType::Int32, Device::SharedCpu);  // a new block each step
+    tensor.fill(step);
+    tx.send(Bulky{step, bytes, std::move(tensor)});
+    ASSERT_EQ(reply_rx.recv().value(), step);
+  }
+  // A timed wait keeps its deadline across interruptions: neither early nor for ever.
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(reply_rx.recv_for(50ms).has_value());
+  auto waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, 50ms);
+  EXPECT_LT(waited, 10s);
+  Selector selector;
+  selector.add(reply_rx);
+  start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(selector.wait_for(50ms).has_value());
+  waited = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(waited, 50ms);
+  EXPECT_LT(waited, 10s);
+  tx.close();
+  EXPECT_TRUE(child_succeeded(child));
+  EXPECT_GT(InterruptingTimer::delivered.load(), before) << "no signal arrived: the test proved nothing";
 }
 
 TEST_P(ChannelTest, ChannelsWorkBetweenThreadsOfOneProcess) {
