@@ -341,7 +341,8 @@ std::size_t places_of(const ReturnBoard& board, const ProcessIdentity& process) 
 
 // A process's registration is shared by its objects of one board (one per connection that
 // brought the board): a downstream one ends with the last of them; a receiver's own one, one
-// kept for a forked process, and the parent's in a forked child stay.
+// kept for a forked process, and the parent's in a forked child stay (and an object the child
+// inherited, dying there, takes no share of the child's own registration).
 TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTheProcess) {
   using Role = ReturnBoard::HolderRole;
   const ProcessIdentity self = current_process();
@@ -398,7 +399,17 @@ TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTh
     const auto origin = ReturnBoard::create();
     auto inherited = another_object_of(*origin);
     EXPECT_TRUE(inherited->hold_registration(Role::Downstream));
-    const pid_t child = test::fork_child([&inherited] { inherited.reset(); });
+    const pid_t child = test::fork_child([&origin, &inherited] {
+      // The child registers for itself (another connection brought the board to it); the
+      // object it inherited holds the parent's share, not one of the child's.
+      const ProcessIdentity child_self = current_process();
+      auto mine = another_object_of(*origin);
+      CHILD_CHECK(mine->hold_registration(Role::Downstream));
+      inherited.reset();
+      CHILD_CHECK(places_of(*origin, child_self) == 1);  // the child's own object still holds
+      mine.reset();
+      CHILD_CHECK(places_of(*origin, child_self) == 0);
+    });
     EXPECT_TRUE(test::child_succeeded(child));
     EXPECT_EQ(places_of(*origin, self), 1u) << "a forked child dropped the parent's registration";
   }
