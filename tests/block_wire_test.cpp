@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cereal/types/vector.hpp>
 #include <cerrno>
 #include <cstring>
@@ -413,6 +414,29 @@ TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTh
     EXPECT_TRUE(test::child_succeeded(child));
     EXPECT_EQ(places_of(*origin, self), 1u) << "a forked child dropped the parent's registration";
   }
+}
+
+// Objects of one board come and go on several threads at once (tensors of different
+// connections dying while a decoder adds the board again): whenever a thread holds an object
+// with a share, the process is registered, exactly once.
+TEST_F(BlockWireTest, ADownstreamRegistrationHoldsWhileAnObjectOfTheBoardLivesOnAnyThread) {
+  const auto origin = ReturnBoard::create();
+  const ProcessIdentity self = current_process();
+  std::atomic<int> lost{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 300; ++i) {
+        auto object = another_object_of(*origin);
+        if (!object->hold_registration(ReturnBoard::HolderRole::Downstream) || places_of(*origin, self) != 1) {
+          ++lost;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(lost.load(), 0) << "a thread held a share of a registration the process did not have";
+  EXPECT_EQ(places_of(*origin, self), 0u);
 }
 
 TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {
