@@ -811,6 +811,71 @@ TEST_P(AllocChannelTest, ProcessDownstreamStaysRegisteredUpstreamWhileItHoldsABl
   ab.tx.close();
 }
 
+// A process downstream of a forwarder (C) hands its used Receiver, and with it a block that
+// came through A's board, to a forked worker W that takes the end over only later, and drops
+// its own copy of the block: C stays registered on A's board for W (C's objects of the board
+// are gone, but W may register only after that), so A keeps the block once the forwarder B
+// died, and W reads it intact.
+TEST_P(AllocChannelTest, ProcessThatHandedAForwardedBlockToAForkedWorkerStaysRegisteredUpstreamForIt) {
+  SharedAllocator pool;
+  Ends<Batch> ab(GetParam());
+  Ends<Batch> bc(GetParam());
+  Ends<int> held(GetParam());    // C -> A: handed over, C's copy of the block dropped
+  Ends<int> go(GetParam());      // A -> W: B is dead and A allocated over what it could recycle
+  Ends<int> result(GetParam());  // W -> A
+  Ends<int> done(GetParam());    // A -> C
+  const pid_t c = fork_child([&] {
+    detach_each(ab.tx, ab.rx, bc.tx, held.rx, go.tx, result.rx, done.tx);
+    held.tx.adopt();
+    pid_t w = -1;
+    {
+      const Batch got = bc.rx.recv().value();
+      CHILD_CHECK(all_equal(got.tensors.at(0), 7));
+      w = fork_child([&] {
+        detach_each(held.tx, done.rx);
+        CHILD_CHECK(go.rx.recv().value() == 1);
+        bc.rx.adopt();  // only now: C's copy of the block died long ago
+        result.tx.adopt();
+        result.tx.send(all_equal(got.tensors.at(0), 7) ? 1 : 0);
+      });
+      bc.rx.detach();  // handed over to W
+    }  // C's copy of the block dies: nothing that came through A's board lives in C any more
+    detach_each(go.rx, result.tx);
+    held.tx.send(1);
+    CHILD_CHECK(done.rx.recv().value() == 1);
+    CHILD_CHECK(child_succeeded(w));
+  });
+  const pid_t b = fork_child([&] {
+    detach_each(ab.tx, bc.rx, held.tx, held.rx, go.tx, go.rx, result.tx, result.rx, done.tx, done.rx);
+    bc.tx.adopt();
+    {
+      Batch got = ab.rx.recv().value();
+      bc.tx.send(got);
+    }
+    while (true) ::pause();
+  });
+  ab.rx.close();
+  bc.tx.detach();
+  bc.rx.close();
+  held.tx.detach();
+  go.rx.close();
+  result.tx.detach();
+  done.rx.close();
+  const Tensor anchor = filled(pool, 1024, 1);
+  ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});
+  ASSERT_EQ(held.rx.recv().value(), 1);
+  ::kill(b, SIGKILL);
+  ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
+  pool.trim();  // B is dead; C lives, registered for W
+  EXPECT_EQ(ab.tx.core().pinned_storages(), 1u) << "C let go of A's board before W took the block over";
+  const std::vector<Tensor> reuse = allocate_over(pool);
+  go.tx.send(1);
+  EXPECT_EQ(result.rx.recv().value(), 1) << "W saw its block recycled by A";
+  done.tx.send(1);
+  EXPECT_TRUE(child_succeeded(c));
+  ab.tx.close();
+}
+
 // The same over two forwarders (A -> B -> C -> D), both killed while D holds the block: D
 // registered on A's connection too, through C.
 TEST_P(AllocChannelTest, TwoForwardersKilledWhileTheLastProcessHoldsTheBlockLeaveTheBlockIntact) {

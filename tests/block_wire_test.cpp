@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cereal/types/vector.hpp>
 #include <cerrno>
 #include <cstring>
@@ -341,7 +342,8 @@ std::size_t places_of(const ReturnBoard& board, const ProcessIdentity& process) 
 
 // A process's registration is shared by its objects of one board (one per connection that
 // brought the board): a downstream one ends with the last of them; a receiver's own one, one
-// kept for a forked process, and the parent's in a forked child stay.
+// kept for a forked process, and the parent's in a forked child stay (and an object the child
+// inherited, dying there, takes no share of the child's own registration).
 TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTheProcess) {
   using Role = ReturnBoard::HolderRole;
   const ProcessIdentity self = current_process();
@@ -398,10 +400,43 @@ TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTh
     const auto origin = ReturnBoard::create();
     auto inherited = another_object_of(*origin);
     EXPECT_TRUE(inherited->hold_registration(Role::Downstream));
-    const pid_t child = test::fork_child([&inherited] { inherited.reset(); });
+    const pid_t child = test::fork_child([&origin, &inherited] {
+      // The child registers for itself (another connection brought the board to it); the
+      // object it inherited holds the parent's share, not one of the child's.
+      const ProcessIdentity child_self = current_process();
+      auto mine = another_object_of(*origin);
+      CHILD_CHECK(mine->hold_registration(Role::Downstream));
+      inherited.reset();
+      CHILD_CHECK(places_of(*origin, child_self) == 1);  // the child's own object still holds
+      mine.reset();
+      CHILD_CHECK(places_of(*origin, child_self) == 0);
+    });
     EXPECT_TRUE(test::child_succeeded(child));
     EXPECT_EQ(places_of(*origin, self), 1u) << "a forked child dropped the parent's registration";
   }
+}
+
+// Objects of one board come and go on several threads at once (tensors of different
+// connections dying while a decoder adds the board again): whenever a thread holds an object
+// with a share, the process is registered, exactly once.
+TEST_F(BlockWireTest, ADownstreamRegistrationHoldsWhileAnObjectOfTheBoardLivesOnAnyThread) {
+  const auto origin = ReturnBoard::create();
+  const ProcessIdentity self = current_process();
+  std::atomic<int> lost{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int i = 0; i < 300; ++i) {
+        auto object = another_object_of(*origin);
+        if (!object->hold_registration(ReturnBoard::HolderRole::Downstream) || places_of(*origin, self) != 1) {
+          ++lost;
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(lost.load(), 0) << "a thread held a share of a registration the process did not have";
+  EXPECT_EQ(places_of(*origin, self), 0u);
 }
 
 TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {
