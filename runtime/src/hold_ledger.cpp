@@ -241,8 +241,10 @@ void HoldLedger::collect(bool check_receivers) {
       reclaimed = true;
     } else if (receiver_gone_ || reader_gone(probe_, probe_by_send_)) {
       receiver_gone_ = true;
-      // Nobody can resolve the frames still in flight; if nobody ever registered, nobody
-      // resolved any frame at all, so nobody holds anything.
+      // Nobody can resolve the frames still in flight; if no holder is registered, nobody
+      // resolved any frame at all, or every process downstream that did let go of what
+      // came through this connection (ReturnBoard::hold_registration()): nobody holds
+      // anything.
       if (holders.empty()) {
         reclaim_all_locked(dropped);
         reclaimed = true;
