@@ -275,6 +275,78 @@ TEST_P(SpawnTest, TensorArgumentIsSharedNotCopied) {
   EXPECT_EQ(shared.to_vector<std::int32_t>(), (std::vector<std::int32_t>{100, 101, 102, 103}));
 }
 
+// Tensors inside a value of the program's own type.
+struct Sevens {
+  std::string name;
+  std::vector<Tensor> tensors;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(name, tensors); }
+};
+
+// Waits for `go`, then says whether every element of every tensor is still 7.
+void check_sevens_after_go(WorkerContext&, Sevens sevens, Receiver<int> go, Sender<int> verdict) {
+  (void)go.recv();
+  bool intact = sevens.tensors.size() == 2;
+  for (const Tensor& tensor : sevens.tensors) {
+    const auto values = tensor.to_vector<std::int32_t>();
+    intact = intact && std::all_of(values.begin(), values.end(), [](std::int32_t v) { return v == 7; });
+  }
+  verdict.send(intact ? 1 : 0);
+}
+FERRY_WORKER(check_sevens_after_go);
+
+// A worker's tensor arguments stay intact after the parent dropped its copies: one from the
+// parent's allocator, one the parent received from another process. A forked worker reads
+// the parent's blocks, so the group keeps them until the worker exits.
+TEST_P(SpawnTest, TensorArgumentsStayIntactAfterTheParentDropsItsCopies) {
+  auto [from_origin, to_parent] = channel<Tensor>(Transport::UnixSocket);
+  auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
+  const pid_t origin = test::fork_child([&, &from_origin = from_origin, &to_parent = to_parent,
+                                         &done_tx = done_tx, &done_rx = done_rx] {
+    to_parent.close();
+    done_tx.detach();
+    from_origin.adopt();
+    Tensor sent = Tensor::empty({1024}, DType::Int32, Device::SharedCpu);
+    sent.fill(7);
+    from_origin.send(sent);
+    sent = Tensor();
+    CHILD_CHECK(done_rx.recv().value() == 1);  // the parent dropped its copy
+    from_origin.send(Tensor());  // tells the parent that this process dropped `sent` too
+    CHILD_CHECK(done_rx.recv().value() == 2);  // the parent read that: its block is free there
+    from_origin.send(Tensor());  // a send takes back the blocks the receiver gave back
+    std::vector<Tensor> others;  // what a recycled block would be handed to
+    for (int i = 0; i < 64; ++i) {
+      others.push_back(Tensor::empty({1024}, DType::Int32, Device::SharedCpu));
+      others.back().fill(9);
+    }
+    from_origin.close();
+    CHILD_CHECK(done_rx.recv().value() == 3);
+  });
+  from_origin.detach();
+  done_rx.close();
+  auto [go_tx, go_rx] = channel<int>(Transport::Pipe);
+  auto [verdict_tx, verdict_rx] = channel<int>(Transport::Pipe);
+  Sevens sevens{"sevens", {Tensor::empty({1024}, DType::Int32, Device::SharedCpu), to_parent.recv().value()}};
+  sevens.tensors[0].fill(7);
+  auto workers = spawn(options(), 1, check_sevens_after_go, sevens, std::move(go_rx), std::move(verdict_tx));
+  sevens = Sevens{};  // the parent's only copies
+  done_tx.send(1);
+  EXPECT_FALSE(to_parent.recv().value().storage());
+  done_tx.send(2);
+  EXPECT_FALSE(to_parent.recv().value().storage());
+  EXPECT_FALSE(to_parent.recv().has_value());  // the origin allocated over what it took back
+  std::vector<Tensor> others;
+  for (int i = 0; i < 64; ++i) {
+    others.push_back(Tensor::empty({1024}, DType::Int32, Device::SharedCpu));
+    others.back().fill(9);
+  }
+  go_tx.send(1);
+  EXPECT_EQ(verdict_rx.recv().value(), 1) << "a worker's tensor was recycled after the parent dropped its copy";
+  workers.join();
+  done_tx.send(3);
+  EXPECT_TRUE(test::child_succeeded(origin));
+}
+
 TEST_P(SpawnTest, TensorsInMoreSegmentsThanOneSocketMessageCarriesReachTheWorker) {
   // Each tensor is larger than an eighth of the pool's segments, so it gets a segment (an
   // fd) of its own: 300 fds, more than SCM_RIGHTS passes at once. A worker started by exec

@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
+#include <iterator>
 #include <string>
 
 #include "worker_launch.hpp"
@@ -280,6 +281,14 @@ void WorkerGroup::start_exec(int rank, std::string_view name, int payload_fd, st
 
 // ---- supervision -------------------------------------------------------------
 
+void WorkerGroup::keep_until_exit(int rank, std::vector<std::shared_ptr<const void>> objects) {
+  if (rank < 0 || rank >= size()) throw Error("worker rank " + std::to_string(rank) + " is outside the group");
+  Worker& worker = workers_[static_cast<std::size_t>(rank)];
+  if (!worker.process.running()) return;  // reaped already: nothing reads them any more
+  worker.kept.insert(worker.kept.end(), std::make_move_iterator(objects.begin()),
+                     std::make_move_iterator(objects.end()));
+}
+
 int WorkerGroup::running() const noexcept {
   return static_cast<int>(std::count_if(workers_.begin(), workers_.end(),
                                         [](const Worker& w) { return w.process.running(); }));
@@ -352,6 +361,7 @@ std::optional<WorkerFailed::Details> WorkerGroup::collect() {
     if (!status) continue;
     drain_report(worker);  // everything it wrote is in the pipe now
     worker.report.reset();
+    worker.kept.clear();
     auto failure = evaluate(static_cast<int>(rank), worker, *status);
     if (failure && !first) first = std::move(failure);
   }
@@ -432,7 +442,10 @@ int WorkerGroup::stop_all() noexcept {
       // See above.
     }
   }
-  for (Worker& worker : workers_) worker.report.reset();
+  for (Worker& worker : workers_) {
+    worker.report.reset();
+    if (!worker.process.running()) worker.kept.clear();
+  }
   return signalled;
 }
 

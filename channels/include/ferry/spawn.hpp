@@ -34,6 +34,7 @@
 #include "ferry/message_decoder.hpp"
 #include "ferry/message_encoder.hpp"
 #include "ferry/process_identity.hpp"
+#include "ferry/storage_collector.hpp"
 #include "ferry/tensor_wire.hpp"
 #include "ferry/worker_args.hpp"
 #include "ferry/worker_group.hpp"
@@ -149,11 +150,33 @@ RegisteredWorker make_registered_worker(std::string_view name, R (*function)(Wor
   return worker;
 }
 
+/// The storages of the tensors among worker `rank`'s arguments (those StorageCollector can
+/// walk; channel ends hold none).
+template <class Stored>
+std::vector<std::shared_ptr<const void>> storages_of_rank(Stored& stored, int rank) {
+  StorageCollector collector;
+  std::apply(
+      [&](auto&... arg) {
+        const auto collect = [&collector](const auto& value) {
+          using V = std::decay_t<decltype(value)>;
+          if constexpr (!holds_ends<V> && collectable<V>) collector(value);
+        };
+        (collect(ArgTraits<std::decay_t<decltype(arg)>>::for_rank(arg, rank)), ...);
+      },
+      stored);
+  return {collector.storages().begin(), collector.storages().end()};
+}
+
 /// Starts every rank of `group` by fork(): worker r runs call(context, values) where
 /// `values` is a tuple of its own arguments, moved out of the child's copy of `stored`.
+/// The worker's tensors are views of the parent's blocks: the group keeps their storages
+/// until the worker is reaped, so that the parent's allocator (or the process the parent
+/// received them from) does not recycle a block the worker still reads once the parent
+/// drops its own copies.
 template <class Stored, class Call>
 void start_forked_workers(WorkerGroup& group, Stored& stored, Call&& call) {
   for (int rank = 0; rank < group.size(); ++rank) {
+    std::vector<std::shared_ptr<const void>> storages = storages_of_rank(stored, rank);
     group.start_forked(rank, [&](WorkerContext& context) {
       // In the child: drop every end this worker was not given, own the ones it was.
       const std::vector<const LiveEnd*> keep = ends_of_rank(stored, rank);
@@ -168,6 +191,7 @@ void start_forked_workers(WorkerGroup& group, Stored& stored, Call&& call) {
       call(context, values);
       close_worker_ends(values);
     });
+    group.keep_until_exit(rank, std::move(storages));
   }
 }
 
@@ -248,7 +272,11 @@ bool register_worker(std::string_view name, R (*function)(WorkerContext&, P...))
 ///     belongs to one worker: with n > 1 pass ends through per_rank();
 ///   - per_rank(std::vector<X>): worker r gets element r;
 ///   - anything else: a copy for every worker (with StartMethod::Spawn it travels
-///     serialized with ferry's cereal archives; tensors inside travel as handles).
+///     serialized with ferry's cereal archives; tensors inside travel as handles). With
+///     StartMethod::Fork a worker's tensors are views of the parent's blocks: the group
+///     keeps the storages of the tensors in the arguments (in any type cereal can walk)
+///     until the worker is reaped, so the parent may drop its copies at once. Tensors the
+///     callable captures are the caller's to keep alive until join().
 /// A worker's ends are closed cleanly when `fn` returns. Channel ends the worker was not
 /// given are closed in it (fork), or never reach it (spawn).
 ///

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -53,6 +54,11 @@ class WorkerGroup {
   /// close-on-exec. Throws SpawnError when init() was not called in this process.
   void start_exec(int rank, std::string_view name, int payload_fd, std::span<const int> inherited);
 
+  /// Keeps `objects` alive until worker `rank` has been reaped (or the group is gone):
+  /// spawn() keeps the storages of a forked worker's tensor arguments this way, since the
+  /// worker reads the parent's blocks.
+  void keep_until_exit(int rank, std::vector<std::shared_ptr<const void>> objects);
+
   /// Waits for every worker to finish. Throws WorkerFailed as soon as one fails (threw,
   /// exited non-zero, was killed by a signal), after terminating the others.
   void join();
@@ -79,6 +85,7 @@ class WorkerGroup {
     std::string report_bytes;
     bool started = false;     // start_forked/start_exec succeeded
     StartMethod method = StartMethod::Fork;
+    std::vector<std::shared_ptr<const void>> kept;  // until reaped (keep_until_exit)
   };
   using Clock = std::chrono::steady_clock;
 
