@@ -10,6 +10,9 @@
 #include <sys/mman.h>
 
 #include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
 #include <cstdlib>
 #include <future>
 #include <iostream>
@@ -18,6 +21,9 @@
 #include <thread>
 
 #include <cereal/archives/binary.hpp>
+#include <cereal/types/map.hpp>
+#include <cereal/types/memory.hpp>
+#include <cereal/types/vector.hpp>
 
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
@@ -715,6 +721,27 @@ TEST(SpawnForkTest, RefusesToForkWhileOtherThreadsRunUnlessTold) {
   second.join();
   auto alone = spawn(1, [](WorkerContext&) {});
   alone.join();
+}
+
+// Fork copies arguments without serializing them, so containers of types cereal cannot
+// save (walked for the tensors they hold) are fine, as they always were.
+struct NotSerializable {
+  int value = 0;
+};
+
+TEST(SpawnForkTest, TakesContainersOfTypesCerealCannotSave) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  std::map<int, std::function<int()>> functions{{1, [] { return 3; }}};
+  auto workers = spawn(
+      1,
+      [](WorkerContext&, std::vector<NotSerializable> values, std::shared_ptr<NotSerializable> shared,
+         std::map<int, std::function<int()>> calls, Sender<int> out) {
+        out.send(values.at(0).value + shared->value + calls.at(1)());
+      },
+      std::vector<NotSerializable>{{1}}, std::make_shared<NotSerializable>(NotSerializable{2}), functions,
+      std::move(tx));
+  EXPECT_EQ(rx.recv().value(), 6);
+  workers.join();
 }
 
 }  // namespace spawn_test

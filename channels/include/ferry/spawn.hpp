@@ -150,8 +150,8 @@ RegisteredWorker make_registered_worker(std::string_view name, R (*function)(Wor
   return worker;
 }
 
-/// The storages of the tensors among worker `rank`'s arguments (those StorageCollector can
-/// walk; channel ends hold none).
+/// The storages of the tensors among worker `rank`'s arguments (in the values StorageCollector
+/// can walk; channel ends hold none).
 template <class Stored>
 std::vector<std::shared_ptr<const void>> storages_of_rank(Stored& stored, int rank) {
   StorageCollector collector;
@@ -159,7 +159,7 @@ std::vector<std::shared_ptr<const void>> storages_of_rank(Stored& stored, int ra
       [&](auto&... arg) {
         const auto collect = [&collector](const auto& value) {
           using V = std::decay_t<decltype(value)>;
-          if constexpr (!holds_ends<V> && collectable<V>) collector(value);
+          if constexpr (!holds_ends<V>) collector(value);
         };
         (collect(ArgTraits<std::decay_t<decltype(arg)>>::for_rank(arg, rank)), ...);
       },

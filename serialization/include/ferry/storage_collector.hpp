@@ -12,11 +12,31 @@
 
 namespace ferry {
 
+class StorageCollector;
+
+namespace detail {
+/// True when StorageCollector can walk a value of type T (for cereal::base_class<B>: B).
+template <class T>
+struct Walkable : cereal::traits::is_output_serializable<T, StorageCollector> {};
+template <class B>
+struct Walkable<cereal::base_class<B>> : cereal::traits::is_output_serializable<B, StorageCollector> {};
+template <class B>
+struct Walkable<cereal::virtual_base_class<B>> : cereal::traits::is_output_serializable<B, StorageCollector> {};
+}  // namespace detail
+
 /// A cereal output archive that serializes nothing and remembers the storage of every tensor
-/// it meets, through whatever serialize()/save() the value's types have.
+/// it meets, through whatever serialize()/save() the value's types have. Values cereal cannot
+/// save (an element of a std::vector<std::function<...>>, say) are passed over: they hold no
+/// tensor it could find.
 class StorageCollector : public cereal::OutputArchive<StorageCollector, cereal::AllowEmptyClassElision> {
  public:
   StorageCollector() : OutputArchive(this) {}
+  /// Walks `values` (what serialize()/save() functions call on their archive).
+  template <class... T>
+  StorageCollector& operator()(T&&... values) {
+    (visit(values), ...);
+    return *this;
+  }
   /// Remembers `tensor`'s storage (none for an empty tensor).
   void add(const Tensor& tensor) {
     if (tensor.storage()) storages_.push_back(tensor.storage());
@@ -25,14 +45,19 @@ class StorageCollector : public cereal::OutputArchive<StorageCollector, cereal::
   std::vector<std::shared_ptr<Storage>>& storages() noexcept { return storages_; }
 
  private:
+  template <class T>
+  void visit(const T& value) {
+    // cereal's containers are templates that save any element type: without this check, a
+    // container of a type with no save function would not compile here.
+    if constexpr (detail::Walkable<T>::value) {
+      OutputArchive::operator()(value);
+    }
+  }
+
   std::vector<std::shared_ptr<Storage>> storages_;
 };
 
 inline void save(StorageCollector& collector, const Tensor& tensor) { collector.add(tensor); }
-
-/// True when StorageCollector can walk a value of type T.
-template <class T>
-inline constexpr bool collectable = cereal::traits::is_output_serializable<T, StorageCollector>::value;
 
 }  // namespace ferry
 
