@@ -723,6 +723,19 @@ TEST(SpawnForkTest, RefusesToForkWhileOtherThreadsRunUnlessTold) {
   alone.join();
 }
 
+// A thread whose function returned lingers in /proc/self/task for a moment (until the kernel
+// has released it; after a join too): that is no other thread to refuse a fork for.
+TEST(SpawnForkTest, ForksRightAfterAThreadEnded) {
+  for (int i = 0; i < 20; ++i) {
+    std::promise<void> ended;
+    std::future<void> end = ended.get_future();
+    std::thread([&ended] { ended.set_value_at_thread_exit(); }).detach();
+    end.wait();
+    auto workers = spawn(1, [](WorkerContext&) {});
+    workers.join();
+  }
+}
+
 // Fork copies arguments without serializing them, so containers of types cereal cannot
 // save (walked for the tensors they hold) are fine, as they always were.
 struct NotSerializable {

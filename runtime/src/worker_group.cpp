@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <iterator>
 #include <string>
+#include <thread>
 
 #include "worker_launch.hpp"
 #include "worker_report.hpp"
@@ -117,7 +119,14 @@ constexpr std::size_t kSanitizerThreads = 0;
 // Before a fork (see SpawnOptions::fork_with_threads).
 void check_no_other_threads(const SpawnOptions& options) {
   if (options.fork_with_threads) return;
-  const std::size_t threads = thread_count();
+  std::size_t threads = thread_count();
+  // A thread whose function returned (joined, or detached) stays listed until the kernel has
+  // released it, a moment after join() returned: only a thread still listed a while later runs.
+  const auto patience_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  while (threads > 1 + kSanitizerThreads && std::chrono::steady_clock::now() < patience_end) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    threads = thread_count();
+  }
   if (threads <= 1 + kSanitizerThreads) return;
   throw SpawnError(
       "cannot fork a worker: this process runs " + std::to_string(threads - 1 - kSanitizerThreads) +
