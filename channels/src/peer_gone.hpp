@@ -2,6 +2,8 @@
 // that every transport names the same possible causes and where to look next.
 #pragma once
 
+#include "ferry/error.hpp"
+
 namespace ferry::detail {
 
 /// A send found the receiving end gone.
@@ -18,5 +20,8 @@ inline constexpr const char* kSenderGoneMidFrame =
     "the sender went away in the middle of a frame: its process died, or its close() gave up because this end did "
     "not read for ChannelOptions::close_linger; if the peer is a spawned worker, WorkerGroup::join() says how it "
     "ended";
+
+/// Throws ChannelClosed saying kReceiverGone.
+[[noreturn]] inline void throw_receiver_gone() { throw ChannelClosed(kReceiverGone); }
 
 }  // namespace ferry::detail

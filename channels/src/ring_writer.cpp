@@ -15,10 +15,6 @@
 namespace ferry {
 namespace {
 
-[[noreturn]] void throw_receiver_gone() {
-  throw ChannelClosed(detail::kReceiverGone);
-}
-
 [[noreturn, gnu::noinline, gnu::cold]] void throw_scribbled_head(std::uint64_t head, std::uint64_t from,
                                                                  std::uint64_t to) {
   throw ProtocolError("the ring's shared read position (" + std::to_string(head) + ") is outside what was written (" +
@@ -143,7 +139,7 @@ bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> f
   if (!fds.empty()) throw Error("a ring cannot carry file descriptors; storages travel by /proc path");
   std::byte* const lent = std::exchange(lent_, nullptr);
   if (!pending_.empty() && !flush(deadline)) return false;
-  if (end_.peer_gone_lately()) throw_receiver_gone();
+  if (end_.peer_gone_lately()) detail::throw_receiver_gone();
   if (lent != nullptr && !parts.empty() && parts.back().iov_base == lent) {
     return write_around_lent_body(parts, deadline);
   }
@@ -157,7 +153,7 @@ bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> f
     if (total > room(false) && total > room(true)) {
       const detail::WaitOutcome outcome = end_.wait(
           end_.header().writer_sleeping, [&] { return room(true) >= total; }, deadline);
-      if (outcome == detail::WaitOutcome::PeerGone) throw_receiver_gone();
+      if (outcome == detail::WaitOutcome::PeerGone) detail::throw_receiver_gone();
       if (outcome == detail::WaitOutcome::Timeout) return false;
     }
     std::byte* out = end_.at(tail_);  // `total` bytes from here are contiguous (mapped twice)
@@ -181,7 +177,7 @@ bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> f
     std::uint64_t free = room(true);
     if (free < std::min<std::uint64_t>(total - written, end_.capacity() / 4)) {
       const detail::WaitOutcome outcome = wait_for_room(total - written, deadline);
-      if (outcome == detail::WaitOutcome::PeerGone) throw_receiver_gone();
+      if (outcome == detail::WaitOutcome::PeerGone) detail::throw_receiver_gone();
       if (outcome == detail::WaitOutcome::Timeout) {
         if (written == 0) return false;
         // Accepted but unfinished: keep the rest, so that the stream never holds half a frame.
@@ -209,7 +205,7 @@ bool RingFrameWriter::flush(const Deadline& deadline) {
     std::uint64_t free = room(true);
     if (free < std::min<std::uint64_t>(left, end_.capacity() / 4)) {
       const detail::WaitOutcome outcome = wait_for_room(left, deadline);
-      if (outcome == detail::WaitOutcome::PeerGone) throw_receiver_gone();
+      if (outcome == detail::WaitOutcome::PeerGone) detail::throw_receiver_gone();
       if (outcome == detail::WaitOutcome::Timeout) return false;
       free = room(false);
     }

@@ -21,10 +21,6 @@ namespace {
 constexpr std::size_t kReadBufferBytes = 64 * 1024;
 constexpr std::size_t kMaxFdsPerRead = 253;  // SCM_MAX_FD
 
-[[noreturn]] void throw_receiver_gone() {
-  throw ChannelClosed(detail::kReceiverGone);
-}
-
 }  // namespace
 
 void ignore_sigpipe() {
@@ -77,7 +73,7 @@ ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std
     }
     if (written >= 0) return written;
     if (errno == EINTR) continue;
-    if (errno == EPIPE || errno == ECONNRESET) throw_receiver_gone();
+    if (errno == EPIPE || errno == ECONNRESET) detail::throw_receiver_gone();
     if (errno == EAGAIN) return -1;
     throw_errno(is_socket_ ? "sendmsg on a ferry socket" : "writev on a ferry pipe");
   }
