@@ -24,6 +24,7 @@
 #include <cereal/archives/binary.hpp>
 #include <cereal/types/map.hpp>
 #include <cereal/types/memory.hpp>
+#include <cereal/types/polymorphic.hpp>
 #include <cereal/types/vector.hpp>
 
 #include "ferry/ferry.hpp"
@@ -757,6 +758,30 @@ TEST(SpawnForkTest, TakesContainersOfTypesCerealCannotSave) {
       std::vector<NotSerializable>{{1}}, std::make_shared<NotSerializable>(NotSerializable{2}), functions,
       std::move(tx));
   EXPECT_EQ(rx.recv().value(), 6);
+  workers.join();
+}
+
+// A polymorphic value cereal cannot save (its derived type is not registered with
+// CEREAL_REGISTER_TYPE): cereal finds out only at run time, and Fork, which never saves
+// it, passes it on as before.
+struct Shape {
+  virtual ~Shape() = default;
+  virtual int corners() const = 0;
+  template <class Archive>
+  void serialize(Archive&) {}
+};
+struct Square : Shape {
+  int corners() const override { return 4; }
+  template <class Archive>
+  void serialize(Archive&) {}
+};
+
+TEST(SpawnForkTest, TakesPolymorphicValuesCerealCannotSaveAtRunTime) {
+  auto [tx, rx] = channel<int>(Transport::Pipe);
+  auto workers = spawn(
+      1, [](WorkerContext&, std::shared_ptr<Shape> shape, Sender<int> out) { out.send(shape->corners()); },
+      std::shared_ptr<Shape>(std::make_shared<Square>()), std::move(tx));
+  EXPECT_EQ(rx.recv().value(), 4);
   workers.join();
 }
 

@@ -159,7 +159,15 @@ std::vector<std::shared_ptr<const void>> storages_of_rank(Stored& stored, int ra
       [&](auto&... arg) {
         const auto collect = [&collector](const auto& value) {
           using V = std::decay_t<decltype(value)>;
-          if constexpr (!holds_ends<V>) collector(value);
+          if constexpr (!holds_ends<V>) {
+            try {
+              collector(value);
+            } catch (const cereal::Exception&) {
+              // A value cereal finds it cannot save only while saving it (a polymorphic type
+              // never registered with CEREAL_REGISTER_TYPE): Fork never saves it, and what it
+              // holds is the caller's to keep alive, as for the callable's captures.
+            }
+          }
         };
         (collect(ArgTraits<std::decay_t<decltype(arg)>>::for_rank(arg, rank)), ...);
       },
@@ -274,9 +282,10 @@ bool register_worker(std::string_view name, R (*function)(WorkerContext&, P...))
 ///   - anything else: a copy for every worker (with StartMethod::Spawn it travels
 ///     serialized with ferry's cereal archives; tensors inside travel as handles). With
 ///     StartMethod::Fork a worker's tensors are views of the parent's blocks: the group
-///     keeps the storages of the tensors in the arguments (in any type cereal can walk)
-///     until the worker is reaped, so the parent may drop its copies at once. Tensors the
-///     callable captures are the caller's to keep alive until join().
+///     keeps the storages of the tensors in the arguments (in any type cereal can walk;
+///     values it cannot save, even at run time, are passed over) until the worker is
+///     reaped, so the parent may drop its copies at once. Tensors the callable captures, or
+///     that only such values hold, are the caller's to keep alive until join().
 /// A worker's ends are closed cleanly when `fn` returns. Channel ends the worker was not
 /// given are closed in it (fork), or never reach it (spawn).
 ///
