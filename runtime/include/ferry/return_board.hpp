@@ -179,8 +179,9 @@ class ReturnBoard {
 
   SharedMemory memory_;
   std::uint64_t last_posted_ = 0;  // sender side: `posted` at the last take_returns
-  // Receiver side, guarded by the process-wide registration counts: whether this object
-  // counts in this process's upstream registration, and in which fork generation.
+  // Receiver side, guarded by the process-wide registrations' lock: whether this object
+  // holds a share of this process's registration (hold_registration()), and in which fork
+  // generation it took it.
   bool holds_registration_ = false;
   std::uint64_t registration_generation_ = 0;
 };
