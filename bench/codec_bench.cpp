@@ -9,15 +9,10 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "support/tensor_message.hpp"
 
 namespace ferry::bench {
 namespace {
-
-struct TensorMessage {
-  Tensor tensor;
-  template <class Archive>
-  void serialize(Archive& ar) { ar(tensor); }
-};
 
 // Encodes the message `make()` returns, flattens the frame as a transport would, decodes and
 // reads it back, and drops both sides' copies (the receiver's drop gives its blocks back

@@ -24,15 +24,10 @@
 #include "ferry/cuda.hpp"
 #include "ferry/ferry.hpp"
 #include "support/child_process.hpp"
+#include "support/tensor_message.hpp"
 
 namespace ferry::bench {
 namespace {
-
-struct TensorMessage {
-  Tensor tensor;
-  template <class Archive>
-  void serialize(Archive& ar) { ar(tensor); }
-};
 
 // What the benchmark process asks the producer: one round trip of `bytes`.
 struct Command {

@@ -33,9 +33,12 @@
 #include "ferry/ferry.hpp"
 #include "ferry/ring_end.hpp"
 #include "support/round_trip_times.hpp"
+#include "support/tensor_message.hpp"
 
 namespace ferry {
 namespace {
+
+using bench::TensorMessage;
 
 using namespace std::chrono_literals;
 using Bytes = std::vector<std::uint8_t>;
@@ -50,12 +53,6 @@ ChannelOptions ring_options(bool spinning, std::size_t message_bytes = 0) {
   options.ring_capacity = std::max(options.ring_capacity, 4 * message_bytes);
   return options;
 }
-
-struct TensorMessage {
-  Tensor tensor;
-  template <class Archive>
-  void serialize(Archive& ar) { ar(tensor); }
-};
 
 bool pinning() {
   static const bool pin = [] {

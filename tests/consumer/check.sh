@@ -12,9 +12,9 @@ cmake -S "$source_dir/tests/consumer" -B "$scratch/installed" -G Ninja -DCMAKE_P
 cmake --build "$scratch/installed" >/dev/null
 "$scratch/installed/consumer"
 
-# A unity build: half the compile time of ferry's sources one by one, and a check that they
-# build that way for consumers who use it (no two files define the same internal name).
+# A unity build (FERRY_UNITY_BUILD): half the compile time of ferry's sources one by one, and
+# a check that the option works for consumers who set it.
 cmake -S "$source_dir/tests/consumer" -B "$scratch/subdirectory" -G Ninja -DFERRY_SOURCE_DIR="$source_dir" \
-  -DCMAKE_UNITY_BUILD=ON >/dev/null
+  -DFERRY_UNITY_BUILD=ON >/dev/null
 cmake --build "$scratch/subdirectory" >/dev/null
 "$scratch/subdirectory/consumer"
