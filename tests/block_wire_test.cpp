@@ -33,7 +33,7 @@ struct Message {
 };
 
 // A frame as a transport would carry it: bytes, plus duplicates of the fds passed with it.
-struct Wire {
+struct CapturedFrame {
   FrameHeader header;
   std::vector<std::byte> payload;
   std::deque<UniqueFd> fds;
@@ -63,20 +63,20 @@ struct Wire {
   }
 };
 
-class Loopback {
+class FrameLoopback {
  public:
-  explicit Loopback(HandlePassing passing = HandlePassing::FdPassing,
+  explicit FrameLoopback(HandlePassing passing = HandlePassing::FdPassing,
                     std::optional<SharedAllocator> pool = std::nullopt)
       : encoder_(passing, std::move(pool)) {}
 
-  Wire send(const Message& message) {
+  CapturedFrame send(const Message& message) {
     const EncodedFrame& frame = encoder_.encode(message);
     std::vector<std::byte> bytes;
     for (const iovec& part : frame.iovecs()) {
       const auto* begin = static_cast<const std::byte*>(part.iov_base);
       bytes.insert(bytes.end(), begin, begin + part.iov_len);
     }
-    Wire wire;
+    CapturedFrame wire;
     for (int fd : frame.fds) wire.fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
     encoder_.commit();
     std::memcpy(&wire.header, bytes.data(), sizeof wire.header);
@@ -84,7 +84,7 @@ class Loopback {
     return wire;
   }
 
-  Message receive(Wire& wire) {
+  Message receive(CapturedFrame& wire) {
     validate_header(wire.header, FrameLimits{});
     decoder_.decode(wire.header, wire.payload, wire.fds);
     if (decoder_.wants_acknowledgement()) encoder_.acknowledge(wire.header.sequence);
@@ -92,7 +92,7 @@ class Loopback {
   }
 
   Message round_trip(const Message& message) {
-    Wire wire = send(message);
+    CapturedFrame wire = send(message);
     last_ = wire.header;
     return receive(wire);
   }
@@ -115,7 +115,7 @@ Message small_tensors(int count, int seed) {
 class BlockWireTest : public test::LeakCheckedTest {};
 
 TEST_F(BlockWireTest, HundredSmallTensorsShareOneSegmentAndLaterOnesNeedNoFd) {
-  Loopback loop;
+  FrameLoopback loop;
   {
     Message got = loop.round_trip(small_tensors(100, 0));
     EXPECT_EQ(loop.last_.handle_count, 100u);
@@ -139,7 +139,7 @@ TEST_F(BlockWireTest, HundredsOfNewBlocksPerFrameGoBackTogether) {
   // Frames of 300 new tensors: their releases reach the return board in batches, several
   // bitmap words each, and the sender gives the blocks back to its pool under one lock.
   SharedAllocator pool;
-  Loopback loop;
+  FrameLoopback loop;
   for (int round = 0; round < 4; ++round) {
     Message message;
     for (int i = 0; i < 300; ++i) {
@@ -440,7 +440,7 @@ TEST_F(BlockWireTest, ADownstreamRegistrationHoldsWhileAnObjectOfTheBoardLivesOn
 }
 
 TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {
-  Loopback loop;
+  FrameLoopback loop;
   std::vector<Tensor> originals;
   for (int i = 0; i < 40; ++i) originals.push_back(Tensor::zeros({64}, DType::Int64, Device::SharedCpu));
   Message message;
@@ -459,7 +459,7 @@ TEST_F(BlockWireTest, RepeatedStoragesInALargeFrameShareOneEntry) {
 
 TEST_F(BlockWireTest, PinsFollowTheReturnBoard) {
   SharedAllocator pool;
-  Loopback loop;
+  FrameLoopback loop;
   Message message;
   message.tensors.push_back(Tensor::empty({256}, DType::Float32, pool));
   Message got = loop.round_trip(message);
@@ -478,11 +478,11 @@ TEST_F(BlockWireTest, PinsFollowTheReturnBoard) {
 
 // Runs `tamper` on a fresh frame holding one new 4 KiB block and expects the decoder to
 // refuse it with a ProtocolError whose message names `field`.
-void expect_refused(const std::function<void(Wire&)>& tamper, const std::string& field) {
-  Loopback loop;
+void expect_refused(const std::function<void(CapturedFrame&)>& tamper, const std::string& field) {
+  FrameLoopback loop;
   Message message;
   message.tensors.push_back(Tensor::zeros({1024}, DType::Int32, Device::SharedCpu));
-  Wire wire = loop.send(message);
+  CapturedFrame wire = loop.send(message);
   tamper(wire);
   try {
     loop.receive(wire);
@@ -497,28 +497,28 @@ void expect_refused(const std::function<void(Wire&)>& tamper, const std::string&
 TEST_F(BlockWireTest, HostileBlockEntriesAreProtocolErrorsNamingTheField) {
   const std::uint64_t segment_bytes = SharedAllocator::global().settings().segment_bytes;
   // A block reaching past the end of its segment.
-  expect_refused([&](Wire& w) { w.edit_handle(0, [&](HandleEntry& e) { e.offset = segment_bytes - 16; }); }, "offset");
-  expect_refused([&](Wire& w) { w.edit_handle(0, [&](HandleEntry& e) { e.nbytes = segment_bytes + 1; }); }, "nbytes");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [&](HandleEntry& e) { e.offset = segment_bytes - 16; }); }, "offset");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [&](HandleEntry& e) { e.nbytes = segment_bytes + 1; }); }, "nbytes");
   // offset + nbytes overflowing 64 bits must not wrap around into the segment.
-  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.offset = ~std::uint64_t{0} - 8; }); },
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](HandleEntry& e) { e.offset = ~std::uint64_t{0} - 8; }); },
                  "offset");
-  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.nbytes = 0; }); }, "nbytes");
-  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.segment_slot = 7; }); }, "segment_slot");
-  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.kind = 9; }); }, "kind");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](HandleEntry& e) { e.nbytes = 0; }); }, "nbytes");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](HandleEntry& e) { e.segment_slot = 7; }); }, "segment_slot");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](HandleEntry& e) { e.kind = 9; }); }, "kind");
   // A block smaller than the tensor that views it: the view check refuses it.
-  expect_refused([&](Wire& w) { w.edit_handle(0, [](HandleEntry& e) { e.nbytes = 64; }); },
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](HandleEntry& e) { e.nbytes = 64; }); },
                  "storage has only 64 bytes");
   // A segment entry claiming another size than its memfd has (entry 0 is the return board).
-  expect_refused([&](Wire& w) { w.edit_segment(1, [](SegmentEntry& e) { e.size += 4096; }); }, "bytes");
-  expect_refused([&](Wire& w) { w.edit_segment(0, [](SegmentEntry& e) { e.size += 4096; }); }, "return board");
+  expect_refused([&](CapturedFrame& w) { w.edit_segment(1, [](SegmentEntry& e) { e.size += 4096; }); }, "bytes");
+  expect_refused([&](CapturedFrame& w) { w.edit_segment(0, [](SegmentEntry& e) { e.size += 4096; }); }, "return board");
 }
 
 TEST_F(BlockWireTest, LeasedEntryWithAnotherSizeIsRefused) {
-  Loopback loop;
+  FrameLoopback loop;
   Message message;
   message.tensors.push_back(Tensor::zeros({1024}, DType::Int32, Device::SharedCpu));
   loop.round_trip(message);
-  Wire wire = loop.send(message);
+  CapturedFrame wire = loop.send(message);
   ASSERT_EQ(wire.handle(0).kind, static_cast<std::uint32_t>(HandleKind::Leased));
   wire.edit_handle(0, [](HandleEntry& e) { e.nbytes = 1 << 20; });
   EXPECT_THROW(loop.receive(wire), ProtocolError);
@@ -526,7 +526,7 @@ TEST_F(BlockWireTest, LeasedEntryWithAnotherSizeIsRefused) {
 
 TEST_F(BlockWireTest, IsolatedEncoderPassesOnlyItsPoolsSegments) {
   SharedAllocator pool;
-  Loopback loop(HandlePassing::FdPassing, pool);
+  FrameLoopback loop(HandlePassing::FdPassing, pool);
   Tensor foreign = Tensor::from({1.0, 2.0, 3.0}, Device::SharedCpu);  // global pool
   Tensor heap = Tensor::from({4.0, 5.0});
   Tensor own = Tensor::empty({2}, DType::Float64, pool);

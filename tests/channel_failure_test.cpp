@@ -20,7 +20,7 @@ using namespace std::chrono_literals;
 using test::fork_child;
 using test::wait_child;
 
-struct Payload {
+struct IndexedTensor {
   std::int64_t index = 0;
   Tensor data;
   template <class Archive>
@@ -33,13 +33,13 @@ INSTANTIATE_TEST_SUITE_P(Transports, PeerDeathTest, ::testing::ValuesIn(test::in
                          test::transport_test_name);
 
 TEST_P(PeerDeathTest, SenderKilledMidStreamIsPeerDiedForTheReceiver) {
-  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [tx, rx] = channel<IndexedTensor>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
     Tensor shared = Tensor::zeros({4096}, DType::Float32, Device::SharedCpu);
     for (std::int64_t i = 0;; ++i) {
-      tx.send(Payload{i, i % 3 == 0 ? Tensor::zeros({256}, DType::UInt8, Device::SharedCpu) : shared});
+      tx.send(IndexedTensor{i, i % 3 == 0 ? Tensor::zeros({256}, DType::UInt8, Device::SharedCpu) : shared});
     }
   });
   tx.detach();
@@ -180,13 +180,13 @@ TEST_P(PeerDeathTest, CloseOfAFullChannelWhoseReceiverStoppedReadingIsBounded) {
 }
 
 TEST_P(PeerDeathTest, ReceiverKilledWhileHoldingTensorsLeaksNothing) {
-  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [tx, rx] = channel<IndexedTensor>(GetParam());
   auto [ready_tx, ready_rx] = channel<int>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx, &ready_tx = ready_tx, &ready_rx = ready_rx] {
     tx.detach();
     ready_rx.close();
     ready_tx.adopt();
-    std::vector<Payload> held;
+    std::vector<IndexedTensor> held;
     for (int i = 0; i < 20; ++i) held.push_back(rx.recv().value());
     ready_tx.send(1);
     ::pause();
@@ -197,7 +197,7 @@ TEST_P(PeerDeathTest, ReceiverKilledWhileHoldingTensorsLeaksNothing) {
     std::vector<Tensor> tensors;
     for (int i = 0; i < 20; ++i) {
       tensors.push_back(Tensor::zeros({1 << 16}, DType::Float32, Device::SharedCpu));
-      tx.send(Payload{i, tensors.back()});
+      tx.send(IndexedTensor{i, tensors.back()});
     }
     ASSERT_EQ(ready_rx.recv().value(), 1);
   }
@@ -208,7 +208,7 @@ TEST_P(PeerDeathTest, ReceiverKilledWhileHoldingTensorsLeaksNothing) {
   const auto give_up = std::chrono::steady_clock::now() + 5s;
   EXPECT_THROW(
       {
-        while (std::chrono::steady_clock::now() < give_up) tx.send(Payload{0, Tensor()});
+        while (std::chrono::steady_clock::now() < give_up) tx.send(IndexedTensor{0, Tensor()});
       },
       ChannelClosed);
   EXPECT_THROW(ready_rx.recv(), PeerDied);
@@ -218,17 +218,17 @@ TEST_P(PeerDeathTest, ReceiverKilledWhileHoldingTensorsLeaksNothing) {
 }
 
 TEST_P(PeerDeathTest, SenderKilledAfterSendingKeepsReceivedTensorsValid) {
-  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [tx, rx] = channel<IndexedTensor>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
     Tensor t = Tensor::zeros({1024}, DType::Int32, Device::SharedCpu);
     t.at<std::int32_t>({1023}) = 99;
-    tx.send(Payload{1, t});
+    tx.send(IndexedTensor{1, t});
     ::pause();
   });
   tx.detach();
-  Payload got = rx.recv().value();
+  IndexedTensor got = rx.recv().value();
   ::kill(child, SIGKILL);
   EXPECT_EQ(wait_child(child).signal, SIGKILL);
   // Our mapping keeps the memory alive after the sender's death.
@@ -255,7 +255,7 @@ TEST_P(PeerDeathTest, SenderDestroyedByAnExceptionIsNotACleanEndOfStream) {
 // storage reaches the receiver once before the failure, so that the failing frame names it
 // by lease (a segment named by fd number dies with the dropped sender over a pipe or ring).
 TEST_P(PeerDeathTest, SenderWithPinnedTensorsDroppedByAnExceptionIsPeerDiedWhileItsProcessLives) {
-  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [tx, rx] = channel<IndexedTensor>(GetParam());
   auto [ack_tx, ack_rx] = channel<int>(Transport::Pipe);
   auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
   const pid_t child = fork_child([&, &rx = rx, &tx = tx, &ack_tx = ack_tx, &ack_rx = ack_rx, &done_tx = done_tx,
@@ -266,10 +266,10 @@ TEST_P(PeerDeathTest, SenderWithPinnedTensorsDroppedByAnExceptionIsPeerDiedWhile
     tx.adopt();
     const Tensor kept = Tensor::zeros({1024}, DType::Float32, Device::SharedCpu);
     try {
-      Sender<Payload> stage = std::move(tx);
-      stage.send(Payload{1, kept});
+      Sender<IndexedTensor> stage = std::move(tx);
+      stage.send(IndexedTensor{1, kept});
       CHILD_CHECK(ack_rx.recv().has_value());  // the receiver holds the storage now
-      stage.send(Payload{2, kept});
+      stage.send(IndexedTensor{2, kept});
       throw std::runtime_error("the stage failed");
     } catch (const std::runtime_error&) {
     }
@@ -301,7 +301,7 @@ TEST_P(PeerDeathTest, SenderWithPinnedTensorsDroppedByAnExceptionIsPeerDiedWhile
 // a pipe or ring the receiver opens it by the sender's fd number, after the sender dropped
 // the channel. The channel's pins keep that fd open until the frame is resolved.
 TEST_P(PeerDeathTest, NewSegmentSentJustBeforeAnExceptionDropsTheSenderCanStillBeRead) {
-  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [tx, rx] = channel<IndexedTensor>(GetParam());
   auto [dropped_tx, dropped_rx] = channel<int>(Transport::Pipe);
   auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
   const std::int64_t elements =
@@ -314,10 +314,10 @@ TEST_P(PeerDeathTest, NewSegmentSentJustBeforeAnExceptionDropsTheSenderCanStillB
     tx.adopt();
     dropped_tx.adopt();
     try {
-      Sender<Payload> stage = std::move(tx);
+      Sender<IndexedTensor> stage = std::move(tx);
       Tensor big = Tensor::empty({elements}, DType::Int32, Device::SharedCpu);
       big.fill(7);
-      stage.send(Payload{1, big});
+      stage.send(IndexedTensor{1, big});
       throw std::runtime_error("the stage failed");
     } catch (const std::runtime_error& error) {
       CHILD_CHECK(std::string(error.what()) == "the stage failed");
@@ -343,11 +343,11 @@ TEST_P(PeerDeathTest, NewSegmentSentJustBeforeAnExceptionDropsTheSenderCanStillB
 // dead peer (PeerDied), never a protocol error that blames the frame. Checked while the
 // sender is a zombie and after it was reaped.
 void expect_peer_died_after_sender_killed_post_send(Transport transport, bool reap_first) {
-  auto [tx, rx] = channel<Payload>(transport);
+  auto [tx, rx] = channel<IndexedTensor>(transport);
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
-    tx.send(Payload{1, Tensor::zeros({1024}, DType::Float32, Device::SharedCpu)});
+    tx.send(IndexedTensor{1, Tensor::zeros({1024}, DType::Float32, Device::SharedCpu)});
     ::kill(::getpid(), SIGKILL);
   });
   tx.detach();

@@ -23,7 +23,7 @@ using namespace std::chrono_literals;
 using test::child_succeeded;
 using test::fork_child;
 
-struct Batch {
+struct TrainingBatch {
   std::int64_t step = 0;
   std::string tag;
   Tensor images;
@@ -87,10 +87,10 @@ TEST_P(ChannelTest, PlainValuesArriveInOrderThenEndOfStream) {
 }
 
 TEST_P(ChannelTest, EveryDTypeAndViewRoundTripsAcrossProcesses) {
-  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [tx, rx] = channel<TrainingBatch>(GetParam());
   std::vector<Tensor> originals;
   for (int raw = 0; raw < kDTypeCount; ++raw) originals.push_back(patterned(static_cast<DType>(raw), {6, 5}, raw));
-  Batch batch{3, "dtypes", patterned(DType::Float32, {4, 6, 8}, 99), {}};
+  TrainingBatch batch{3, "dtypes", patterned(DType::Float32, {4, 6, 8}, 99), {}};
   for (const Tensor& t : originals) {
     batch.extra.push_back(t);
     batch.extra.push_back(t.transpose(0, 1));         // non-contiguous
@@ -98,7 +98,7 @@ TEST_P(ChannelTest, EveryDTypeAndViewRoundTripsAcrossProcesses) {
     batch.extra.push_back(t.select(1, 3));            // offset, dimension removed
   }
   batch.extra.push_back(batch.images.slice(2, 1, 7).transpose(0, 2));
-  const Batch expected = batch;
+  const TrainingBatch expected = batch;
 
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     tx.detach();
@@ -124,7 +124,7 @@ TEST_P(ChannelTest, EveryDTypeAndViewRoundTripsAcrossProcesses) {
 }
 
 TEST_P(ChannelTest, SharedTensorIsZeroCopyInBothDirections) {
-  auto [to_child, from_parent] = channel<Batch>(GetParam());
+  auto [to_child, from_parent] = channel<TrainingBatch>(GetParam());
   auto [to_parent, from_child] = channel<int>(GetParam());
   Tensor shared = Tensor::zeros({1024}, DType::Int32, Device::SharedCpu);
 
@@ -147,18 +147,18 @@ TEST_P(ChannelTest, SharedTensorIsZeroCopyInBothDirections) {
   });
   from_parent.close();
   to_parent.detach();
-  to_child.send(Batch{1, "", shared, {shared.slice(0, 0, 512), shared.slice(0, 5, 600)}});
+  to_child.send(TrainingBatch{1, "", shared, {shared.slice(0, 0, 512), shared.slice(0, 5, 600)}});
   ASSERT_EQ(from_child.recv().value(), 1);
   EXPECT_EQ(shared.at<std::int32_t>({10}), 77);  // the child's write reached our memory
   shared.at<std::int32_t>({1000}) = 42;
-  to_child.send(Batch{2, "", Tensor(), {}});
+  to_child.send(TrainingBatch{2, "", Tensor(), {}});
   EXPECT_FALSE(from_child.recv().has_value());
   to_child.close();
   EXPECT_TRUE(child_succeeded(child));
 }
 
 TEST_P(ChannelTest, SameStorageSentManyTimesIsMappedOnce) {
-  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [tx, rx] = channel<TrainingBatch>(GetParam());
   Tensor shared = patterned(DType::Float32, {256, 256}, 1);
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     tx.detach();
@@ -175,7 +175,7 @@ TEST_P(ChannelTest, SameStorageSentManyTimesIsMappedOnce) {
     CHILD_CHECK(!rx.recv().has_value());
   });
   rx.close();
-  for (int i = 0; i < 200; ++i) tx.send(Batch{i, "", shared.slice(0, 0, 128 + i % 2), {}});
+  for (int i = 0; i < 200; ++i) tx.send(TrainingBatch{i, "", shared.slice(0, 0, 128 + i % 2), {}});
   EXPECT_EQ(tx.core().tracked_storages(), 1u);
   tx.close();
   EXPECT_TRUE(child_succeeded(child));
@@ -185,8 +185,8 @@ TEST_P(ChannelTest, SameStorageSentManyTimesIsMappedOnce) {
 // a storage of it arrives at the same address on both. (The tensor is made after the fork,
 // so the child cannot have inherited a mapping of its segment.)
 TEST_P(ChannelTest, SegmentReceivedOverTwoChannelsIsMappedOnce) {
-  auto [tx, rx] = channel<Batch>(GetParam());
-  auto [other_tx, other_rx] = channel<Batch>(GetParam());
+  auto [tx, rx] = channel<TrainingBatch>(GetParam());
+  auto [other_tx, other_rx] = channel<TrainingBatch>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx, &other_rx = other_rx, &other_tx = other_tx] {
     tx.detach();
     other_tx.detach();
@@ -201,16 +201,16 @@ TEST_P(ChannelTest, SegmentReceivedOverTwoChannelsIsMappedOnce) {
   rx.close();
   other_rx.close();
   Tensor shared = patterned(DType::Float32, {256, 256}, 1);  // a segment of its own
-  tx.send(Batch{0, "", shared, {}});
-  other_tx.send(Batch{0, "", shared, {}});
+  tx.send(TrainingBatch{0, "", shared, {}});
+  other_tx.send(TrainingBatch{0, "", shared, {}});
   tx.close();
   other_tx.close();
   EXPECT_TRUE(child_succeeded(child));
 }
 
 TEST_P(ChannelTest, EchoedStorageTravelsAsALeaseBothWays) {
-  auto [ping_tx, ping_rx] = channel<Batch>(GetParam());
-  auto [pong_tx, pong_rx] = channel<Batch>(GetParam());
+  auto [ping_tx, ping_rx] = channel<TrainingBatch>(GetParam());
+  auto [pong_tx, pong_rx] = channel<TrainingBatch>(GetParam());
   const pid_t child = fork_child([&, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
     ping_tx.detach();
     pong_rx.close();
@@ -234,7 +234,7 @@ TEST_P(ChannelTest, EchoedStorageTravelsAsALeaseBothWays) {
   pong_tx.detach();
   Tensor shared = patterned(DType::Int32, {64}, 3);
   for (int i = 0; i < 50; ++i) {
-    ping_tx.send(Batch{i, "", shared, {shared.slice(0, 1, 9)}});
+    ping_tx.send(TrainingBatch{i, "", shared, {shared.slice(0, 1, 9)}});
     auto back = pong_rx.recv();
     ASSERT_TRUE(back.has_value());
     EXPECT_EQ(back->images.storage(), shared.storage());  // our own storage came back
@@ -247,7 +247,7 @@ TEST_P(ChannelTest, EchoedStorageTravelsAsALeaseBothWays) {
 }
 
 TEST_P(ChannelTest, NewStorageEachTimeIsReleasedWhenTheSenderDropsIt) {
-  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [tx, rx] = channel<TrainingBatch>(GetParam());
   auto [reply_tx, reply_rx] = channel<int>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
     tx.detach();
@@ -270,7 +270,7 @@ TEST_P(ChannelTest, NewStorageEachTimeIsReleasedWhenTheSenderDropsIt) {
   for (int i = 0; i < 300; ++i) {
     Tensor t = Tensor::zeros({512}, DType::Int64, Device::SharedCpu);
     t.at<std::int64_t>({0}) = i;
-    tx.send(Batch{i, "", t, {}});  // dropped right after send
+    tx.send(TrainingBatch{i, "", t, {}});  // dropped right after send
     ASSERT_EQ(reply_rx.recv().value(), i);
   }
   tx.close();
@@ -278,7 +278,7 @@ TEST_P(ChannelTest, NewStorageEachTimeIsReleasedWhenTheSenderDropsIt) {
 }
 
 TEST_P(ChannelTest, SenderRunningAheadLosesNothing) {
-  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [tx, rx] = channel<TrainingBatch>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     tx.detach();
     for (int i = 0; i < 500; ++i) {
@@ -294,19 +294,19 @@ TEST_P(ChannelTest, SenderRunningAheadLosesNothing) {
   for (int i = 0; i < 500; ++i) {
     Tensor t = Tensor::zeros({128}, DType::Int64, Device::SharedCpu);
     t.at<std::int64_t>({100}) = i;
-    tx.send(Batch{i, "", t, {}});
+    tx.send(TrainingBatch{i, "", t, {}});
   }
   tx.close();
   EXPECT_TRUE(child_succeeded(child));
 }
 
 TEST_P(ChannelTest, SenderMayExitRightAfterSending) {
-  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [tx, rx] = channel<TrainingBatch>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
     Tensor t = Tensor::from({1.0, 2.0, 3.0});
-    tx.send(Batch{1, "bye", t, {}});
+    tx.send(TrainingBatch{1, "bye", t, {}});
     tx.close();  // the process exits at once; the receiver must still get the tensor
   });
   tx.detach();
@@ -319,7 +319,7 @@ TEST_P(ChannelTest, SenderMayExitRightAfterSending) {
 }
 
 TEST_P(ChannelTest, EmptyTensorsTravelWithoutMapping) {
-  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [tx, rx] = channel<TrainingBatch>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     tx.detach();
     auto got = rx.recv();
@@ -330,7 +330,7 @@ TEST_P(ChannelTest, EmptyTensorsTravelWithoutMapping) {
     CHILD_CHECK(test::count_ferry_mappings() == 0);
   });
   rx.close();
-  tx.send(Batch{0, "", Tensor::empty({0, 3}, DType::Float32, Device::SharedCpu), {Tensor()}});
+  tx.send(TrainingBatch{0, "", Tensor::empty({0, 3}, DType::Float32, Device::SharedCpu), {Tensor()}});
   tx.close();
   EXPECT_TRUE(child_succeeded(child));
 }
@@ -587,12 +587,12 @@ TEST_P(ChannelTest, SignalsThatInterruptSystemCallsLoseNothing) {
 }
 
 TEST_P(ChannelTest, ChannelsWorkBetweenThreadsOfOneProcess) {
-  auto [tx, rx] = channel<Batch>(GetParam());
+  auto [tx, rx] = channel<TrainingBatch>(GetParam());
   std::thread producer([&tx = tx] {
     for (int i = 0; i < 200; ++i) {
       Tensor t = Tensor::zeros({64}, DType::Int32, Device::SharedCpu);
       t.at<std::int32_t>({3}) = i;
-      tx.send(Batch{i, "", t, {t.slice(0, 1, 4)}});
+      tx.send(TrainingBatch{i, "", t, {t.slice(0, 1, 4)}});
     }
     tx.close();
   });

@@ -27,7 +27,7 @@
 namespace ferry {
 namespace {
 
-struct Payload {
+struct OneTensor {
   Tensor tensor;
   template <class Archive>
   void serialize(Archive& ar) { ar(tensor); }
@@ -156,7 +156,7 @@ Frame encode(const T& message, HandlePassing passing = HandlePassing::FdPassing)
   return frame;
 }
 
-// Offsets inside the body of a Payload holding one 2-d tensor (see tensor_wire.cpp).
+// Offsets inside the body of a OneTensor holding one 2-d tensor (see tensor_wire.cpp).
 constexpr std::size_t kStateAt = 0;
 constexpr std::size_t kDTypeAt = 1;
 constexpr std::size_t kDimensionsAt = 3;
@@ -198,8 +198,8 @@ INSTANTIATE_TEST_SUITE_P(Transports, HostileFrameTest, ::testing::ValuesIn(test:
                          test::transport_test_name);
 
 TEST_P(HostileFrameTest, ValidFrameIsAccepted) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   wire.send(frame.bytes, frame.fds);
   auto got = wire.rx.recv();
   ASSERT_TRUE(got.has_value());
@@ -207,8 +207,8 @@ TEST_P(HostileFrameTest, ValidFrameIsAccepted) {
 }
 
 TEST_P(HostileFrameTest, WrongMagic) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   FrameHeader h = frame.header();
   h.magic = 0xdeadbeef;
   frame.set_header(h);
@@ -217,8 +217,8 @@ TEST_P(HostileFrameTest, WrongMagic) {
 }
 
 TEST_P(HostileFrameTest, WrongVersion) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   FrameHeader h = frame.header();
   h.version = 1;  // a peer built before the caching allocator
   frame.set_header(h);
@@ -227,8 +227,8 @@ TEST_P(HostileFrameTest, WrongVersion) {
 }
 
 TEST_P(HostileFrameTest, UnknownFrameKind) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   FrameHeader h = frame.header();
   h.kind = 9;
   frame.set_header(h);
@@ -261,8 +261,8 @@ TEST_P(HostileFrameTest, HeaderCountsAboveTheirLimits) {
   };
   for (const Lie& lie : lies) {
     SCOPED_TRACE(lie.field);
-    Wire<Payload> wire(GetParam());
-    Frame frame = encode(Payload{tensor_}, passing());
+    Wire<OneTensor> wire(GetParam());
+    Frame frame = encode(OneTensor{tensor_}, passing());
     FrameHeader h = frame.header();
     lie.apply(h);
     frame.set_header(h);
@@ -274,8 +274,8 @@ TEST_P(HostileFrameTest, HeaderCountsAboveTheirLimits) {
 }
 
 TEST_P(HostileFrameTest, HugeBodyLengthIsRefusedBeforeReading) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   FrameHeader h = frame.header();
   h.body_bytes = std::uint64_t{1} << 40;
   frame.set_header(h);
@@ -284,8 +284,8 @@ TEST_P(HostileFrameTest, HugeBodyLengthIsRefusedBeforeReading) {
 }
 
 TEST_P(HostileFrameTest, TruncatedBody) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   FrameHeader h = frame.header();
   h.body_bytes -= 10;  // the archive runs out of bytes while reading the tensor
   frame.set_header(h);
@@ -295,8 +295,8 @@ TEST_P(HostileFrameTest, TruncatedBody) {
 }
 
 TEST_P(HostileFrameTest, LeftoverBodyBytes) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   FrameHeader h = frame.header();
   h.body_bytes += 3;
   frame.set_header(h);
@@ -306,8 +306,8 @@ TEST_P(HostileFrameTest, LeftoverBodyBytes) {
 }
 
 TEST_P(HostileFrameTest, StreamCutInTheMiddleOfAFrameIsPeerDeath) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.bytes.resize(frame.bytes.size() / 2);
   wire.send(frame.bytes, frame.fds);
   wire.writer->close();
@@ -320,24 +320,24 @@ TEST_P(HostileFrameTest, StreamCutInTheMiddleOfAFrameIsPeerDeath) {
 }
 
 TEST_P(HostileFrameTest, HandleIndexOutOfRange) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.patch_body(kHandleAt, std::uint32_t{5});
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "handle index 5");
 }
 
 TEST_P(HostileFrameTest, DTypeOutOfRange) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.patch_body(kDTypeAt, std::uint8_t{200});
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "dtype");
 }
 
 TEST_P(HostileFrameTest, ShapeProductOverflows) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.patch_body(kShapeAt, std::int64_t{1} << 40);
   frame.patch_body(kShapeAt + 8, std::int64_t{1} << 40);
   wire.send(frame.bytes, frame.fds);
@@ -345,40 +345,40 @@ TEST_P(HostileFrameTest, ShapeProductOverflows) {
 }
 
 TEST_P(HostileFrameTest, OffsetBeyondTheStorage) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.patch_body(kOffsetAt, std::int64_t{1});  // 32 elements from offset 1 end past the 128 bytes
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "storage has only 128 bytes");
 }
 
 TEST_P(HostileFrameTest, StrideBeyondTheStorage) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.patch_body(kStridesAt, std::int64_t{1000});
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "storage has only 128 bytes");
 }
 
 TEST_P(HostileFrameTest, NegativeStride) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.patch_body(kStridesAt + 8, std::int64_t{-1});
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "negative");
 }
 
 TEST_P(HostileFrameTest, HugeStrideOverflowsTheExtent) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.patch_body(kStridesAt, std::int64_t{1} << 62);
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "overflows");
 }
 
 TEST_P(HostileFrameTest, LeaseSlotThatWasNeverGranted) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.drop_segments();  // a frame naming only leases introduces no segment
   HandleEntry e = frame.entry(0);
   e.kind = static_cast<std::uint32_t>(HandleKind::Leased);
@@ -389,8 +389,8 @@ TEST_P(HostileFrameTest, LeaseSlotThatWasNeverGranted) {
 }
 
 TEST_P(HostileFrameTest, SlotAboveTheLimit) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   HandleEntry e = frame.entry(0);
   e.slot = MessageDecoder::kMaxSlots;
   frame.set_entry(0, e);
@@ -400,7 +400,7 @@ TEST_P(HostileFrameTest, SlotAboveTheLimit) {
 
 // Sends a frame that announces the release of storage slot 7 (or of segment slot 7), which
 // the receiver never leased, and expects the receiver to name it.
-void expect_unknown_release(Wire<Payload>& wire, Frame frame, bool segment_slot) {
+void expect_unknown_release(Wire<OneTensor>& wire, Frame frame, bool segment_slot) {
   FrameHeader h = frame.header();
   (segment_slot ? h.segment_release_count : h.release_count) = 1;
   frame.set_header(h);
@@ -413,33 +413,33 @@ void expect_unknown_release(Wire<Payload>& wire, Frame frame, bool segment_slot)
 }
 
 TEST_P(HostileFrameTest, ReleaseOfASlotThatHoldsNoLease) {
-  Wire<Payload> wire(GetParam());
-  expect_unknown_release(wire, encode(Payload{tensor_}, passing()), false);
+  Wire<OneTensor> wire(GetParam());
+  expect_unknown_release(wire, encode(OneTensor{tensor_}, passing()), false);
 }
 
 TEST_P(HostileFrameTest, ReleaseOfASegmentSlotThatHoldsNoLease) {
-  Wire<Payload> wire(GetParam());
-  expect_unknown_release(wire, encode(Payload{tensor_}, passing()), true);
+  Wire<OneTensor> wire(GetParam());
+  expect_unknown_release(wire, encode(OneTensor{tensor_}, passing()), true);
 }
 
 TEST_P(HostileFrameTest, NewHandleInASlotThatIsStillLeased) {
-  Wire<Payload> wire(GetParam());
-  Frame first = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame first = encode(OneTensor{tensor_}, passing());
   wire.send(first.bytes, first.fds);
   ASSERT_TRUE(wire.rx.recv_for(kRecvBound).has_value());
   // A second encoder knows nothing of the first: it hands another storage out at slot 0.
   // (Its segment table, a second return board and the segment at segment slot 0, which
   // the receiver would refuse first, is dropped: the block names the leased segment.)
   Tensor other = Tensor::zeros({4, 8}, DType::Float32, Device::SharedCpu);
-  Frame second = encode(Payload{other}, passing());
+  Frame second = encode(OneTensor{other}, passing());
   second.drop_segments();
   wire.send(second.bytes, second.fds);
   expect_protocol_error(wire.rx, "reuses slot 0 before releasing it");
 }
 
 TEST_P(HostileFrameTest, UnknownHandleKind) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   HandleEntry e = frame.entry(0);
   e.kind = 77;
   frame.set_entry(0, e);
@@ -448,9 +448,9 @@ TEST_P(HostileFrameTest, UnknownHandleKind) {
 }
 
 TEST_P(HostileFrameTest, SizeClaimLargerThanTheSegment) {
-  Wire<Payload> wire(GetParam());
+  Wire<OneTensor> wire(GetParam());
   // The block's size claim reaches one byte past the end of its (real) segment.
-  Frame frame = encode(Payload{tensor_}, passing());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   HandleEntry e = frame.entry(0);
   e.nbytes = frame.segment(kDataSegment).size - e.offset + 1;
   frame.set_entry(0, e);
@@ -463,8 +463,8 @@ TEST_P(HostileFrameTest, SizeClaimLargerThanTheSegment) {
 // is undefined behaviour (UBSan: misaligned load). Every block ferry hands out starts at a
 // multiple of kBlockAlignment; any other offset is a lie.
 TEST_P(HostileFrameTest, BlockOffsetNotAlignedToABlock) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   HandleEntry e = frame.entry(0);
   e.offset += 2;  // still inside the segment, by far
   frame.set_entry(0, e);
@@ -474,8 +474,8 @@ TEST_P(HostileFrameTest, BlockOffsetNotAlignedToABlock) {
 
 // The edge that is allowed: a block that ends at the very last byte of its segment.
 TEST_P(HostileFrameTest, BlockEndingAtTheLastByteOfItsSegmentIsAccepted) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   HandleEntry e = frame.entry(0);
   const std::uint64_t segment_bytes = frame.segment(kDataSegment).size;
   ASSERT_EQ(segment_bytes % kBlockAlignment, 0u);
@@ -491,9 +491,9 @@ TEST_P(HostileFrameTest, BlockEndingAtTheLastByteOfItsSegmentIsAccepted) {
 }
 
 TEST_P(HostileFrameTest, SegmentSizeClaimThatIsNotTheSegments) {
-  Wire<Payload> wire(GetParam());
+  Wire<OneTensor> wire(GetParam());
   // The segment table claims a larger segment than the memfd it names.
-  Frame frame = encode(Payload{tensor_}, passing());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   SegmentEntry s = frame.segment(kDataSegment);
   s.size += 4096;
   frame.set_segment(kDataSegment, s);
@@ -502,8 +502,8 @@ TEST_P(HostileFrameTest, SegmentSizeClaimThatIsNotTheSegments) {
 }
 
 TEST_P(HostileFrameTest, UnknownSegmentKind) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   SegmentEntry s = frame.segment(kDataSegment);
   s.kind = 77;
   frame.set_segment(kDataSegment, s);
@@ -512,8 +512,8 @@ TEST_P(HostileFrameTest, UnknownSegmentKind) {
 }
 
 TEST_P(HostileFrameTest, UpstreamBoardBeforeTheConnectionsOwnBoard) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   SegmentEntry s = frame.segment(0);  // the return board
   s.role = static_cast<std::uint32_t>(SegmentRole::UpstreamBoard);
   frame.set_segment(0, s);
@@ -522,8 +522,8 @@ TEST_P(HostileFrameTest, UpstreamBoardBeforeTheConnectionsOwnBoard) {
 }
 
 TEST_P(HostileFrameTest, UpstreamBoardWhoseSizeIsNotABoards) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   SegmentEntry s = frame.segment(kDataSegment);
   s.role = static_cast<std::uint32_t>(SegmentRole::UpstreamBoard);
   frame.set_segment(kDataSegment, s);
@@ -534,8 +534,8 @@ TEST_P(HostileFrameTest, UpstreamBoardWhoseSizeIsNotABoards) {
 // A retirement of an upstream board names only the board: one that also names an fd, a
 // size or a slot is not one an honest sender writes.
 TEST_P(HostileFrameTest, RetiredUpstreamBoardWithMoreThanAnIdentity) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   SegmentEntry s = frame.segment(kDataSegment);
   s.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
   frame.set_segment(kDataSegment, s);
@@ -544,8 +544,8 @@ TEST_P(HostileFrameTest, RetiredUpstreamBoardWithMoreThanAnIdentity) {
 }
 
 TEST_P(HostileFrameTest, RetiredUpstreamBoardBeforeTheConnectionsOwnBoard) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   SegmentEntry s;  // a well-formed retirement, in the place of the connection's board
   s.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
   s.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
@@ -559,8 +559,8 @@ TEST_P(HostileFrameTest, RetiredUpstreamBoardBeforeTheConnectionsOwnBoard) {
 // A retirement of a board the receiver does not have (one never passed, or the connection's
 // own board) changes nothing: the frame reads, and so does the next one.
 TEST_P(HostileFrameTest, RetiredUpstreamBoardThatTheReceiverDoesNotHaveChangesNothing) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   SegmentEntry unknown;
   unknown.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
   unknown.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
@@ -578,7 +578,7 @@ TEST_P(HostileFrameTest, RetiredUpstreamBoardThatTheReceiverDoesNotHaveChangesNo
   // The connection's board still works: the next frame (no new board) resolves against it.
   Tensor ones = Tensor::empty({2}, DType::Float32, Device::SharedCpu);
   ones.fill(1.0f);
-  const EncodedFrame& next = frame.encoder->encode(Payload{ones});
+  const EncodedFrame& next = frame.encoder->encode(OneTensor{ones});
   std::vector<std::byte> bytes;
   for (const iovec& part : next.iovecs()) {
     const auto* begin = static_cast<const std::byte*>(part.iov_base);
@@ -602,7 +602,7 @@ TEST_P(HostileFrameTest, RetiredUpstreamBoardThatTheReceiverDoesNotHaveChangesNo
 // here came from a child process, so that its connection's board is an upstream board of
 // the frame (a board of this process's own would not be registered on).
 TEST_P(HostileFrameTest, UpstreamBoardWithAReclaimCountAheadOfTheBoards) {
-  auto [origin_tx, origin_rx] = channel<Payload>(GetParam());
+  auto [origin_tx, origin_rx] = channel<OneTensor>(GetParam());
   auto [done_tx, done_rx] = channel<int>(GetParam());
   const pid_t origin = test::fork_child([&, &origin_tx = origin_tx, &origin_rx = origin_rx, &done_tx = done_tx,
                                    &done_rx = done_rx] {
@@ -611,14 +611,14 @@ TEST_P(HostileFrameTest, UpstreamBoardWithAReclaimCountAheadOfTheBoards) {
     origin_tx.adopt();
     Tensor tensor = Tensor::empty({4, 8}, DType::Float32, Device::SharedCpu);
     tensor.fill(2.0f);
-    origin_tx.send(Payload{tensor});
+    origin_tx.send(OneTensor{tensor});
     CHILD_CHECK(done_rx.recv().has_value());  // keeps what it sent pinned until then
   });
   origin_tx.detach();
   done_rx.close();
   {
-    const Payload received = origin_rx.recv_for(kRecvBound).value();
-    Wire<Payload> wire(GetParam());
+    const OneTensor received = origin_rx.recv_for(kRecvBound).value();
+    Wire<OneTensor> wire(GetParam());
     Frame frame = encode(received, passing());
     std::optional<std::size_t> upstream;
     for (std::size_t i = 0; i < frame.header().segment_count; ++i) {
@@ -638,8 +638,8 @@ TEST_P(HostileFrameTest, UpstreamBoardWithAReclaimCountAheadOfTheBoards) {
 }
 
 TEST_P(HostileFrameTest, BlockInASegmentSlotThatWasNeverGranted) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   HandleEntry e = frame.entry(0);
   e.segment_slot = 9;
   frame.set_entry(0, e);
@@ -678,8 +678,8 @@ TEST_P(HostileFrameTest, VariantIndexOutOfRange) {
 // Found by the body fuzz target: a tensor without elements whose other extents make its
 // strides overflow int64 (undefined behaviour before the fix).
 TEST_P(HostileFrameTest, ZeroElementTensorWhoseStridesOverflow) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{Tensor::zeros({0, 2, 2}, DType::Float32, Device::SharedCpu)}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{Tensor::zeros({0, 2, 2}, DType::Float32, Device::SharedCpu)}, passing());
   frame.patch_body(kShapeAt + 8, std::int64_t{1} << 40);
   frame.patch_body(kShapeAt + 16, std::int64_t{1} << 40);
   wire.send(frame.bytes, frame.fds);
@@ -704,8 +704,8 @@ TEST_P(HostileFrameTest, TensorStateAndDimensionLies) {
   };
   for (const auto& [needle, lie] : lies) {
     SCOPED_TRACE(needle);
-    Wire<Payload> wire(GetParam());
-    Frame frame = encode(Payload{tensor_}, passing());
+    Wire<OneTensor> wire(GetParam());
+    Frame frame = encode(OneTensor{tensor_}, passing());
     lie(frame);
     wire.send(frame.bytes, frame.fds);
     expect_protocol_error(wire.rx, needle);
@@ -716,15 +716,15 @@ TEST_P(HostileFrameTest, TensorStateAndDimensionLies) {
 // recycle their blocks: the board says so (abandoned), and a receiver that reads such a
 // frame late must refuse it instead of showing memory that now belongs to someone else.
 TEST_P(HostileFrameTest, FrameTheSenderGaveUpOnIsRefused) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.encoder->receiver_gone();
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "the sender gave up on frame 1");
 }
 
 TEST_P(HostileFrameTest, TypeMismatchNamesBothTypes) {
-  Wire<Payload> wire(GetParam());
+  Wire<OneTensor> wire(GetParam());
   Frame frame = encode(Other{42}, passing());
   wire.send(frame.bytes, frame.fds);
   try {
@@ -733,24 +733,24 @@ TEST_P(HostileFrameTest, TypeMismatchNamesBothTypes) {
   } catch (const TypeMismatch& error) {
     const std::string what = error.what();
     EXPECT_NE(what.find(std::string(type_name<Other>())), std::string::npos) << what;
-    EXPECT_NE(what.find(std::string(type_name<Payload>())), std::string::npos) << what;
+    EXPECT_NE(what.find(std::string(type_name<OneTensor>())), std::string::npos) << what;
   }
 }
 
 TEST_P(HostileFrameTest, ProcessKeepsWorkingOnOtherChannelsAfterABadFrame) {
-  Wire<Payload> bad(GetParam());
-  Frame frame = encode(Payload{tensor_}, passing());
+  Wire<OneTensor> bad(GetParam());
+  Frame frame = encode(OneTensor{tensor_}, passing());
   frame.patch_body(kDTypeAt, std::uint8_t{99});
   bad.send(frame.bytes, frame.fds);
   EXPECT_THROW(bad.rx.recv(), ProtocolError);
-  auto [tx, rx] = channel<Payload>(GetParam());
-  tx.send(Payload{tensor_});
+  auto [tx, rx] = channel<OneTensor>(GetParam());
+  tx.send(OneTensor{tensor_});
   EXPECT_TRUE(rx.recv().has_value());
 }
 
 TEST_P(HostileFrameTest, HeaderClaimsFdsTheTransportDidNotCarry) {
-  Wire<Payload> wire(GetParam());
-  Frame frame = encode(Payload{tensor_});  // fd passing, but the fds are not sent
+  Wire<OneTensor> wire(GetParam());
+  Frame frame = encode(OneTensor{tensor_});  // fd passing, but the fds are not sent
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, std::to_string(frame.header().fd_count) + " file descriptors but 0 arrived");
 }
@@ -770,8 +770,8 @@ std::vector<int> with_data_fd(const Frame& frame, int fd) {
 }
 
 TEST_F(HostileFdTest, FdThatIsNotAMemfd) {
-  Wire<Payload> wire(Transport::UnixSocket);
-  Frame frame = encode(Payload{tensor_});
+  Wire<OneTensor> wire(Transport::UnixSocket);
+  Frame frame = encode(OneTensor{tensor_});
   int pipe_ends[2];
   ASSERT_EQ(::pipe2(pipe_ends, O_CLOEXEC), 0);
   UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
@@ -780,8 +780,8 @@ TEST_F(HostileFdTest, FdThatIsNotAMemfd) {
 }
 
 TEST_F(HostileFdTest, MemfdWithoutSeals) {
-  Wire<Payload> wire(Transport::UnixSocket);
-  Frame frame = encode(Payload{tensor_});
+  Wire<OneTensor> wire(Transport::UnixSocket);
+  Frame frame = encode(OneTensor{tensor_});
   UniqueFd unsealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(unsealed);
   ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(frame.segment(kDataSegment).size)), 0);
@@ -790,8 +790,8 @@ TEST_F(HostileFdTest, MemfdWithoutSeals) {
 }
 
 TEST_F(HostileFdTest, ReturnBoardFdThatIsNotAMemfd) {
-  Wire<Payload> wire(Transport::UnixSocket);
-  Frame frame = encode(Payload{tensor_});
+  Wire<OneTensor> wire(Transport::UnixSocket);
+  Frame frame = encode(OneTensor{tensor_});
   int pipe_ends[2];
   ASSERT_EQ(::pipe2(pipe_ends, O_CLOEXEC), 0);
   UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
@@ -806,8 +806,8 @@ TEST_F(HostileFdTest, ReturnBoardFdThatIsNotAMemfd) {
 TEST_F(HostileFdTest, ReturnBoardOfAnotherVersion) {
   for (const std::size_t word : {std::size_t{0}, std::size_t{8}}) {  // magic, version << 32 | slots
     SCOPED_TRACE(word);
-    Wire<Payload> wire(Transport::UnixSocket);
-    Frame frame = encode(Payload{tensor_});
+    Wire<OneTensor> wire(Transport::UnixSocket);
+    Frame frame = encode(OneTensor{tensor_});
     std::uint64_t value = 0;
     ASSERT_EQ(::pread(frame.fds.at(0), &value, sizeof value, static_cast<off_t>(word)), 8);
     value = word == 0 ? value + 1 : (std::uint64_t{3} << 32 | (value & 0xffffffffu));
@@ -818,8 +818,8 @@ TEST_F(HostileFdTest, ReturnBoardOfAnotherVersion) {
 }
 
 TEST_F(HostileFdTest, SealedSegmentSmallerThanItClaims) {
-  Wire<Payload> wire(Transport::UnixSocket);
-  Frame frame = encode(Payload{tensor_});
+  Wire<OneTensor> wire(Transport::UnixSocket);
+  Frame frame = encode(OneTensor{tensor_});
   const std::uint64_t claimed = frame.segment(kDataSegment).size;
   SharedMemory small = SharedMemory::create(64);  // the frame claims a whole segment
   wire.send(frame.bytes, with_data_fd(frame, small.fd()));
@@ -827,8 +827,8 @@ TEST_F(HostileFdTest, SealedSegmentSmallerThanItClaims) {
 }
 
 TEST_F(HostileFdTest, MoreFdsThanHandles) {
-  Wire<Payload> wire(Transport::UnixSocket);
-  Frame frame = encode(Payload{tensor_});
+  Wire<OneTensor> wire(Transport::UnixSocket);
+  Frame frame = encode(OneTensor{tensor_});
   FrameHeader h = frame.header();
   h.fd_count = 0;  // header says none, but they arrive with the frame
   frame.set_header(h);
@@ -837,8 +837,8 @@ TEST_F(HostileFdTest, MoreFdsThanHandles) {
 }
 
 TEST_F(HostileFdTest, MoreFdsThanFdSegments) {
-  Wire<Payload> wire(Transport::UnixSocket);
-  Frame frame = encode(Payload{tensor_});
+  Wire<OneTensor> wire(Transport::UnixSocket);
+  Frame frame = encode(OneTensor{tensor_});
   FrameHeader h = frame.header();
   h.fd_count += 1;  // one fd more than the segment table has NewFd entries
   frame.set_header(h);
@@ -849,15 +849,15 @@ TEST_F(HostileFdTest, MoreFdsThanFdSegments) {
 }
 
 TEST_F(HostileFdTest, FewerFdsThanTheHeaderClaims) {
-  Wire<Payload> wire(Transport::UnixSocket);
-  Frame frame = encode(Payload{tensor_});
+  Wire<OneTensor> wire(Transport::UnixSocket);
+  Frame frame = encode(OneTensor{tensor_});
   wire.send(frame.bytes);  // the fd is missing
   expect_protocol_error(wire.rx, "file descriptors");
 }
 
 TEST_F(HostileFdTest, HeaderClaimsMoreFdsThanHandles) {
-  Wire<Payload> wire(Transport::UnixSocket);
-  Frame frame = encode(Payload{tensor_});
+  Wire<OneTensor> wire(Transport::UnixSocket);
+  Frame frame = encode(OneTensor{tensor_});
   FrameHeader h = frame.header();
   const std::uint32_t segments = h.segment_count;  // the return board and the tensor's segment
   h.fd_count = segments + 1;
@@ -881,7 +881,7 @@ TEST_F(HostileFdTest, FdsWithAFrameThatDeclaresNone) {
 }
 
 TEST_F(HostileFdTest, FdForAHandleThatIsLeased) {
-  Wire<Payload> wire(Transport::UnixSocket);
+  Wire<OneTensor> wire(Transport::UnixSocket);
   MessageEncoder encoder(HandlePassing::FdPassing);
   auto flatten = [&](const EncodedFrame& encoded) {
     Frame frame;
@@ -898,10 +898,10 @@ TEST_F(HostileFdTest, FdForAHandleThatIsLeased) {
     encoder.commit();
     return frame;
   };
-  Frame first = flatten(encoder.encode(Payload{tensor_}));
+  Frame first = flatten(encoder.encode(OneTensor{tensor_}));
   wire.send(first.bytes, first.fds);
   ASSERT_TRUE(wire.rx.recv().has_value());
-  Frame second = flatten(encoder.encode(Payload{tensor_}));  // travels as a lease: no fd, no segment
+  Frame second = flatten(encoder.encode(OneTensor{tensor_}));  // travels as a lease: no fd, no segment
   FrameHeader h = second.header();
   ASSERT_EQ(h.fd_count, 0u);
   ASSERT_EQ(h.segment_count, 0u);
@@ -913,8 +913,8 @@ TEST_F(HostileFdTest, FdForAHandleThatIsLeased) {
 }
 
 TEST_F(HostileFdTest, MemfdSealedAgainstShrinkingOnly) {
-  Wire<Payload> wire(Transport::UnixSocket);
-  Frame frame = encode(Payload{tensor_});
+  Wire<OneTensor> wire(Transport::UnixSocket);
+  Frame frame = encode(OneTensor{tensor_});
   UniqueFd half_sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(half_sealed);
   ASSERT_EQ(::ftruncate(half_sealed.get(), static_cast<off_t>(frame.segment(kDataSegment).size)), 0);
@@ -930,8 +930,8 @@ TEST_F(HostileFdTest, MemfdSealedAgainstShrinkingOnly) {
 TEST_F(HostileFdTest, MemfdSealedAgainstWriting) {
   for (const int write_seal : {F_SEAL_WRITE, F_SEAL_FUTURE_WRITE}) {
     for (const std::size_t segment : {kDataSegment, std::size_t{0}}) {  // a data segment, the return board
-      Wire<Payload> wire(Transport::UnixSocket);
-      Frame frame = encode(Payload{tensor_});
+      Wire<OneTensor> wire(Transport::UnixSocket);
+      Frame frame = encode(OneTensor{tensor_});
       UniqueFd sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
       ASSERT_TRUE(sealed);
       ASSERT_EQ(::ftruncate(sealed.get(), static_cast<off_t>(frame.segment(segment).size)), 0);
@@ -949,13 +949,13 @@ TEST_F(HostileFdTest, MemfdSealedAgainstWriting) {
 // readable; the most the sender can do is change the bytes (or punch holes, which read
 // back as zeros), as with any memory it shares.
 TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
-  auto [tx, rx] = channel<Payload>(Transport::UnixSocket);
+  auto [tx, rx] = channel<OneTensor>(Transport::UnixSocket);
   auto [go_tx, go_rx] = channel<int>(Transport::UnixSocket);
   const std::int64_t count = 64 * 1024;
   const pid_t child = test::fork_child([&, &tx = tx, &rx = rx, &go_tx = go_tx, &go_rx = go_rx] {
     tx.detach();
     go_tx.detach();
-    Payload got = rx.recv().value();
+    OneTensor got = rx.recv().value();
     CHILD_CHECK(go_rx.recv().value() == 1);  // the sender has tried its worst
     const auto values = got.tensor.to_vector<std::int32_t>();  // reads every byte: no SIGBUS
     CHILD_CHECK(static_cast<std::int64_t>(values.size()) == count);
@@ -965,7 +965,7 @@ TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
   go_rx.close();
   Tensor t = Tensor::empty({count}, DType::Int32, Device::SharedCpu);
   t.fill(std::int32_t{7});
-  tx.send(Payload{t});
+  tx.send(OneTensor{t});
   const SharedBlock& block = *t.storage()->shared_block();
   const int fd = block.segment()->fd();
   const auto size = static_cast<off_t>(block.segment()->size());
@@ -997,8 +997,8 @@ TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
 // naming the identity of a segment this process already maps: refused before the cache is
 // consulted (the identity of a passed fd is read from the fd, never taken from the frame).
 TEST_F(HostileFdTest, FdSegmentWhoseFdIsMissingIsRefusedEvenWhenItsIdentityIsMapped) {
-  Wire<Payload> wire(Transport::UnixSocket);
-  Frame frame = encode(Payload{tensor_});
+  Wire<OneTensor> wire(Transport::UnixSocket);
+  Frame frame = encode(OneTensor{tensor_});
   SegmentEntry e = frame.segment(kDataSegment);
   ASSERT_EQ(e.kind, static_cast<std::uint32_t>(SegmentKind::NewFd));
   const FileIdentity mapped = tensor_.storage()->shared_block()->segment()->identity();
@@ -1019,7 +1019,7 @@ class HostileProcPathTest : public HostileFdTest {
   // A Pipe frame for tensor_ whose data segment names `fd` of this process, with `claimed`
   // identity.
   Frame frame_naming(int fd, const FileIdentity& claimed) {
-    Frame frame = encode(Payload{tensor_}, HandlePassing::ProcFd);
+    Frame frame = encode(OneTensor{tensor_}, HandlePassing::ProcFd);
     SegmentEntry e = frame.segment(kDataSegment);
     EXPECT_EQ(e.kind, static_cast<std::uint32_t>(SegmentKind::NewProcFd));
     e.fd = fd;
@@ -1028,11 +1028,11 @@ class HostileProcPathTest : public HostileFdTest {
     frame.set_segment(kDataSegment, e);
     return frame;
   }
-  std::uint64_t claimed_size() { return encode(Payload{tensor_}, HandlePassing::ProcFd).segment(kDataSegment).size; }
+  std::uint64_t claimed_size() { return encode(OneTensor{tensor_}, HandlePassing::ProcFd).segment(kDataSegment).size; }
 };
 
 TEST_F(HostileProcPathTest, UnsealedMemfdIsRefused) {
-  Wire<Payload> wire(Transport::Pipe);
+  Wire<OneTensor> wire(Transport::Pipe);
   UniqueFd unsealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(unsealed);
   ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(claimed_size())), 0);
@@ -1042,7 +1042,7 @@ TEST_F(HostileProcPathTest, UnsealedMemfdIsRefused) {
 }
 
 TEST_F(HostileProcPathTest, MemfdSealedAgainstShrinkingOnlyIsRefused) {
-  Wire<Payload> wire(Transport::Pipe);
+  Wire<OneTensor> wire(Transport::Pipe);
   UniqueFd half_sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(half_sealed);
   ASSERT_EQ(::ftruncate(half_sealed.get(), static_cast<off_t>(claimed_size())), 0);
@@ -1053,7 +1053,7 @@ TEST_F(HostileProcPathTest, MemfdSealedAgainstShrinkingOnlyIsRefused) {
 }
 
 TEST_F(HostileProcPathTest, SealedSegmentSmallerThanItClaimsIsRefused) {
-  Wire<Payload> wire(Transport::Pipe);
+  Wire<OneTensor> wire(Transport::Pipe);
   SharedMemory small = SharedMemory::create(64);
   Frame frame = frame_naming(small.fd(), small.identity());
   wire.send(frame.bytes);
@@ -1061,7 +1061,7 @@ TEST_F(HostileProcPathTest, SealedSegmentSmallerThanItClaimsIsRefused) {
 }
 
 TEST_F(HostileProcPathTest, SealedSegmentThatIsNotTheOneNamedIsRefused) {
-  Wire<Payload> wire(Transport::Pipe);
+  Wire<OneTensor> wire(Transport::Pipe);
   SharedMemory other = SharedMemory::create(claimed_size());
   FileIdentity claimed = other.identity();
   claimed.inode += 1;  // not the identity of the file at the path
@@ -1080,7 +1080,7 @@ TEST_F(HostileProcPathTest, SealedSegmentThatIsNotTheOneNamedIsRefused) {
 TEST_F(HostileProcPathTest, SenderOfAnotherUserCannotNameASegmentMappedHere) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a sender as another user";
   constexpr uid_t kNobody = 65534;
-  Wire<Payload> wire(Transport::Pipe);
+  Wire<OneTensor> wire(Transport::Pipe);
   Tensor secret = Tensor::empty({1024}, DType::Int32, Device::SharedCpu);
   secret.fill(std::int32_t{42});
   const SharedBlock& block = *secret.storage()->shared_block();
@@ -1090,7 +1090,7 @@ TEST_F(HostileProcPathTest, SenderOfAnotherUserCannotNameASegmentMappedHere) {
   UniqueFd go_read(go[0]), go_write(go[1]);
   const pid_t child = test::fork_child([&] {
     if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) throw std::runtime_error("cannot become nobody");
-    Frame frame = encode(Payload{Tensor::zeros({1024}, DType::Int32, Device::SharedCpu)}, HandlePassing::ProcFd);
+    Frame frame = encode(OneTensor{Tensor::zeros({1024}, DType::Int32, Device::SharedCpu)}, HandlePassing::ProcFd);
     SegmentEntry e = frame.segment(kDataSegment);
     CHILD_CHECK(e.kind == static_cast<std::uint32_t>(SegmentKind::NewProcFd));
     e.device = mapped.device;
@@ -1111,8 +1111,8 @@ TEST_F(HostileProcPathTest, SenderOfAnotherUserCannotNameASegmentMappedHere) {
 }
 
 TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {
-  Wire<Payload> wire(Transport::Pipe);
-  Frame frame = encode(Payload{tensor_}, HandlePassing::ProcFd);
+  Wire<OneTensor> wire(Transport::Pipe);
+  Frame frame = encode(OneTensor{tensor_}, HandlePassing::ProcFd);
   SegmentEntry e = frame.segment(kDataSegment);
   ASSERT_EQ(e.kind, static_cast<std::uint32_t>(SegmentKind::NewProcFd));
   e.fd = 0;  // stdin: not the segment the frame names

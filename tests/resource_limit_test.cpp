@@ -33,7 +33,7 @@ using test::count_dev_shm_entries;
 using test::count_open_fds;
 using test::fork_child;
 
-struct Payload {
+struct IndexedTensor {
   std::int64_t index = 0;
   Tensor data;
   template <class Archive>
@@ -82,13 +82,13 @@ INSTANTIATE_TEST_SUITE_P(Transports, ResourceLimitTest, ::testing::ValuesIn(test
 // open() of /proc/<pid>/fd/<n> fails with EMFILE. Either way: a clear error, then nothing
 // held open once the receiver lets go.
 TEST_P(ResourceLimitTest, ReceiverAtItsOpenFileLimitGetsAClearError) {
-  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [tx, rx] = channel<IndexedTensor>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     tx.detach();
     const std::size_t own_fds = rx.core().reader().descriptors().size();
     const std::size_t fds_before = count_open_fds();
     set_soft_limit(RLIMIT_NOFILE, nofile_limit_leaving(4));
-    std::vector<Payload> held;
+    std::vector<IndexedTensor> held;
     std::string error;
     try {
       while (auto message = rx.recv()) held.push_back(std::move(*message));
@@ -99,7 +99,7 @@ TEST_P(ResourceLimitTest, ReceiverAtItsOpenFileLimitGetsAClearError) {
     CHILD_CHECK(contains(error, "RLIMIT_NOFILE"));
     CHILD_CHECK(!held.empty() && held.size() <= 4);
     // The messages that arrived are intact.
-    for (const Payload& p : held) CHILD_CHECK(p.data.to_vector<std::int32_t>().back() == p.index);
+    for (const IndexedTensor& p : held) CHILD_CHECK(p.data.to_vector<std::int32_t>().back() == p.index);
     try {
       rx.recv();
       CHILD_CHECK(false);
@@ -118,7 +118,7 @@ TEST_P(ResourceLimitTest, ReceiverAtItsOpenFileLimitGetsAClearError) {
     for (std::int32_t i = 0; i < 64; ++i) {
       alive.push_back(Tensor::from(std::vector<std::int32_t>(elements, i), {static_cast<std::int64_t>(elements)},
                                    Device::SharedCpu));
-      tx.send(Payload{i, alive.back()});
+      tx.send(IndexedTensor{i, alive.back()});
     }
   } catch (const ChannelClosed&) {
     // The receiver gave up: expected once it is out of fds.
@@ -157,23 +157,23 @@ TEST(SharedMemoryLimit, SegmentAboveTheFileSizeLimitIsOutOfSharedMemory) {
 // slab of the caching allocator, 2 MiB, where the small tensors go, but not for the 4 MiB
 // segment of the large one.)
 TEST_P(ResourceLimitTest, SendThatCannotShareItsTensorFailsCleanly) {
-  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [tx, rx] = channel<IndexedTensor>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
     const Tensor leased = Tensor::from(std::vector<std::int32_t>(16, 7), {16}, Device::SharedCpu);
-    tx.send(Payload{0, leased});
+    tx.send(IndexedTensor{0, leased});
     set_soft_limit(RLIMIT_FSIZE, 3 << 20);
     Tensor heap = Tensor::zeros({4 << 20}, DType::UInt8);  // private memory: fine
     try {
-      tx.send(Payload{1, heap});
+      tx.send(IndexedTensor{1, heap});
       CHILD_CHECK(false);
     } catch (const OutOfSharedMemory& e) {
       CHILD_CHECK(contains(e.what(), "RLIMIT_FSIZE"));
     }
     CHILD_CHECK(!heap.is_shared());
-    tx.send(Payload{2, leased});
-    tx.send(Payload{3, Tensor::from(std::vector<std::int32_t>(16, 1), {16})});
+    tx.send(IndexedTensor{2, leased});
+    tx.send(IndexedTensor{3, Tensor::from(std::vector<std::int32_t>(16, 1), {16})});
     tx.close();
   });
   tx.detach();
@@ -239,8 +239,8 @@ TEST(SharedMemoryLimit, NoRoomForSharedMemoryIsOutOfSharedMemory) {
       {
         Tensor small = Tensor::zeros({1 << 16}, DType::UInt8, Device::SharedCpu);
         small.data<std::uint8_t>()[(1 << 16) - 1] = 1;
-        auto [tx, rx] = channel<Payload>(Transport::ShmRing);
-        tx.send(Payload{7, small});
+        auto [tx, rx] = channel<IndexedTensor>(Transport::ShmRing);
+        tx.send(IndexedTensor{7, small});
         auto got = rx.recv();
         CHILD_CHECK(got.has_value() && got->index == 7);
         CHILD_CHECK(got->data.data<std::uint8_t>()[(1 << 16) - 1] == 1);
@@ -285,16 +285,16 @@ TEST(SharedMemoryLimit, RingAboveTheFileSizeLimitIsOutOfSharedMemory) {
 // the same storage, and new small tensors (a slab) still travel.
 TEST_P(ResourceLimitTest, SendWhenSharedMemoryIsFullFailsCleanly) {
   FERRY_SKIP_WITHOUT_SYSCALL_FAULTS();
-  auto [tx, rx] = channel<Payload>(GetParam());
+  auto [tx, rx] = channel<IndexedTensor>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
     Tensor leased = Tensor::from(std::vector<std::int32_t>(16, 5), {16}, Device::SharedCpu);
-    tx.send(Payload{0, leased});
+    tx.send(IndexedTensor{0, leased});
     fail_reservations_from(4 << 20, ENOSPC);
     Tensor heap = Tensor::zeros({8 << 20}, DType::UInt8);  // private memory: fine
     try {
-      tx.send(Payload{1, heap});
+      tx.send(IndexedTensor{1, heap});
       CHILD_CHECK(false);
     } catch (const OutOfSharedMemory& e) {
       CHILD_CHECK(e.code() == ENOSPC);
@@ -302,8 +302,8 @@ TEST_P(ResourceLimitTest, SendWhenSharedMemoryIsFullFailsCleanly) {
     }
     CHILD_CHECK(!heap.is_shared());
     CHILD_CHECK(tx.is_open());
-    tx.send(Payload{2, leased});
-    tx.send(Payload{3, Tensor::from(std::vector<std::int32_t>(16, 3), {16})});
+    tx.send(IndexedTensor{2, leased});
+    tx.send(IndexedTensor{3, Tensor::from(std::vector<std::int32_t>(16, 3), {16})});
     tx.close();
   });
   tx.detach();
