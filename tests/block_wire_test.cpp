@@ -282,36 +282,15 @@ TEST_F(BlockWireTest, TheReclaimCountWaitsForEveryHolderCheckInProgress) {
 TEST_F(BlockWireTest, ABoardRefusesHoldersOnlyWhileItsPlacesHoldLivingProcesses) {
   const auto board = ReturnBoard::create();
   const ProcessIdentity self = current_process();
-  UniqueFd read_end;
-  UniqueFd write_end;
-  {
-    int fds[2];
-    ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
-    read_end = UniqueFd(fds[0]);
-    write_end = UniqueFd(fds[1]);
-  }
-  std::vector<pid_t> children;  // each lives until `write_end` closes
-  for (std::size_t i = 1; i < ReturnBoard::kMaxHolders; ++i) {
-    children.push_back(test::fork_child([&read_end, &write_end] {
-      write_end.reset();
-      char byte;
-      while (::read(read_end.get(), &byte, 1) < 0 && errno == EINTR) {
-      }
-    }));
-  }
+  test::LivingChildren children(ReturnBoard::kMaxHolders - 1);
   EXPECT_TRUE(board->register_holder(self));
-  for (const pid_t child : children) {
-    const std::optional<ProcessIdentity> process = identify_process(child);
-    ASSERT_TRUE(process.has_value());
-    EXPECT_TRUE(board->register_holder(*process));
-  }
+  for (const ProcessIdentity& child : children.identities()) EXPECT_TRUE(board->register_holder(child));
   EXPECT_TRUE(board->register_holder(self)) << "already registered";
   const std::optional<ProcessIdentity> parent = identify_process(::getppid());
   ASSERT_TRUE(parent.has_value());
   EXPECT_FALSE(board->register_holder(*parent)) << "every place holds a living process";
   EXPECT_EQ(board->holders().size(), ReturnBoard::kMaxHolders);
-  write_end.reset();
-  for (const pid_t child : children) EXPECT_TRUE(test::child_succeeded(child));
+  EXPECT_TRUE(children.end());
   EXPECT_TRUE(board->register_holder(*parent)) << "an exited holder keeps its place for ever";
   const auto holders = board->holders();
   EXPECT_EQ(holders.size(), ReturnBoard::kMaxHolders);

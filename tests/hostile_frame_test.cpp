@@ -637,6 +637,125 @@ TEST_P(HostileFrameTest, UpstreamBoardWithAReclaimCountAheadOfTheBoards) {
   done_tx.close();
 }
 
+// The return board of the connection that brought `tensor` to this process, mapped anew:
+// found by the fd number a frame that forwards the tensor names for it.
+std::shared_ptr<ReturnBoard> upstream_board_of(const OneTensor& tensor) {
+  const Frame frame = encode(tensor, HandlePassing::ProcFd);
+  for (std::size_t i = 0; i < frame.header().segment_count; ++i) {
+    const SegmentEntry entry = frame.segment(i);
+    if (entry.role != static_cast<std::uint32_t>(SegmentRole::UpstreamBoard)) continue;
+    UniqueFd fd(::fcntl(entry.fd, F_DUPFD_CLOEXEC, 0));
+    if (!fd) throw std::runtime_error("F_DUPFD_CLOEXEC failed");
+    const SharedMemory::Received file = SharedMemory::inspect_received(fd.get());
+    return ReturnBoard::open_received(SharedMemory::map_received(std::move(fd), file, ReturnBoard::bytes()));
+  }
+  return nullptr;
+}
+
+// A process that cannot register as a holder on the board of a forwarded tensor's origin
+// (every place holds a living process) refuses the frame: the origin could otherwise recycle
+// the block under it once the forwarder and every registered holder exited. Once a place
+// is free again, the next process receives the same tensor.
+TEST_P(HostileFrameTest, ForwardedTensorIsRefusedWhileItsOriginsBoardHasNoPlaceForTheReceiver) {
+  auto [origin_tx, origin_rx] = channel<OneTensor>(GetParam());
+  auto [done_tx, done_rx] = channel<int>(GetParam());
+  const pid_t origin = test::fork_child([&, &origin_tx = origin_tx, &origin_rx = origin_rx, &done_tx = done_tx,
+                                         &done_rx = done_rx] {
+    origin_rx.close();
+    done_tx.detach();
+    origin_tx.adopt();
+    Tensor tensor = Tensor::empty({4, 8}, DType::Float32, Device::SharedCpu);
+    tensor.fill(2.0f);
+    origin_tx.send(OneTensor{tensor});
+    CHILD_CHECK(done_rx.recv().has_value());  // keeps what it sent pinned until then
+  });
+  origin_tx.detach();
+  done_rx.close();
+  {
+    const OneTensor received = origin_rx.recv_for(kRecvBound).value();
+    const std::shared_ptr<ReturnBoard> board = upstream_board_of(received);
+    ASSERT_TRUE(board);
+    // This process, the origin's receiver, holds the one other place.
+    test::LivingChildren fillers(ReturnBoard::kMaxHolders - 1);
+    for (const ProcessIdentity& filler : fillers.identities()) ASSERT_TRUE(board->register_holder(filler));
+    const auto forward = [&](bool refused) {
+      auto [tx, rx] = channel<OneTensor>(GetParam());
+      const pid_t consumer = test::fork_child([&, &tx = tx, &rx = rx] {
+        tx.detach();
+        rx.adopt();
+        if (refused) {
+          try {
+            rx.recv_for(kRecvBound);
+            CHILD_CHECK(!"the frame was read");
+          } catch (const TooManyHolders& error) {
+            CHILD_CHECK(std::string(error.what()).find("cannot register as a holder") != std::string::npos);
+          }
+        } else {
+          const auto got = rx.recv_for(kRecvBound);
+          CHILD_CHECK(got.has_value() && got->tensor.data<float>()[0] == 2.0f);
+        }
+      });
+      rx.detach();
+      tx.send(received);
+      EXPECT_TRUE(test::child_succeeded(consumer));
+      tx.close();
+    };
+    forward(true);
+    EXPECT_TRUE(fillers.end());
+    forward(false);
+  }
+  done_tx.send(1);
+  EXPECT_TRUE(test::child_succeeded(origin));
+  origin_rx.close();
+  done_tx.close();
+}
+
+// A forked process that takes a used receiver over holds what arrived so far, so it must be
+// a registered holder before it reads on: with no place on the connection's board for it,
+// its reads throw (its adopt() could not register, and the sender could recycle those
+// blocks once the process that received them exited).
+TEST_P(HostileFrameTest, ProcessThatTookAReceiverOverRefusesToReadWhileTheBoardHasNoPlaceForIt) {
+  auto [tx, rx] = channel<OneTensor>(GetParam());
+  auto [done_tx, done_rx] = channel<int>(GetParam());
+  const pid_t sender = test::fork_child([&, &tx = tx, &rx = rx, &done_tx = done_tx, &done_rx = done_rx] {
+    rx.close();
+    done_tx.detach();
+    tx.adopt();
+    for (float value : {1.0f, 2.0f}) {
+      Tensor tensor = Tensor::empty({4, 8}, DType::Float32, Device::SharedCpu);
+      tensor.fill(value);
+      tx.send(OneTensor{tensor});
+    }
+    CHILD_CHECK(done_rx.recv().has_value());
+  });
+  tx.detach();
+  done_rx.close();
+  {
+    const OneTensor first = rx.recv_for(kRecvBound).value();
+    const std::shared_ptr<ReturnBoard> board = upstream_board_of(first);
+    ASSERT_TRUE(board);
+    test::LivingChildren fillers(ReturnBoard::kMaxHolders - 1);  // this process holds the other place
+    for (const ProcessIdentity& filler : fillers.identities()) ASSERT_TRUE(board->register_holder(filler));
+    const pid_t taker = test::fork_child([&, &rx = rx] {
+      rx.adopt();
+      try {
+        rx.recv_for(kRecvBound);
+        CHILD_CHECK(!"the receiver read on");
+      } catch (const TooManyHolders& error) {
+        CHILD_CHECK(std::string(error.what()).find("cannot register as a holder") != std::string::npos);
+      }
+    });
+    EXPECT_TRUE(test::child_succeeded(taker));
+    EXPECT_TRUE(fillers.end());
+    // The taker's copy broke, not this process's: it still reads.
+    EXPECT_EQ(rx.recv_for(kRecvBound).value().tensor.data<float>()[0], 2.0f);
+  }
+  done_tx.send(1);
+  EXPECT_TRUE(test::child_succeeded(sender));
+  rx.close();
+  done_tx.close();
+}
+
 TEST_P(HostileFrameTest, BlockInASegmentSlotThatWasNeverGranted) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());

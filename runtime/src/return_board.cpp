@@ -15,8 +15,9 @@ namespace ferry {
 namespace {
 
 constexpr std::uint64_t kMagic = 0x5352555445525946;  // "FYRETURS"
-// 2: the acknowledgement request word; 3: reclaims, 64 holders; 4: holder checks counted
-constexpr std::uint64_t kVersion = 4;
+// 2: the acknowledgement request word; 3: reclaims, 64 holders; 4: holder checks counted;
+// 5: 252 holders
+constexpr std::uint64_t kVersion = 5;
 constexpr std::uint64_t kAbandoned = std::uint64_t{1} << 63;
 constexpr std::uint64_t kRegistering = std::uint64_t{1} << 63;
 constexpr std::size_t kPage = 4096;
@@ -38,7 +39,7 @@ constexpr std::uint64_t kChecks = kReclaim - 1;
 constexpr std::size_t kHoldersAt = 64;   // kMaxHolders x {pid word, start time}
 constexpr std::size_t kSummaryAt = kPage;
 constexpr std::size_t kBitmapAt = 2 * kPage;
-static_assert(kHoldersAt + ReturnBoard::kMaxHolders * 16 <= kPage);
+static_assert(kHoldersAt + ReturnBoard::kMaxHolders * 16 == kPage, "the holders fill the header page");
 static_assert(kSummaryWords * 8 <= kPage);
 static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free, "shared-memory atomics must be lock-free");
 

@@ -398,7 +398,7 @@ void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t i
     // Register before resolving anything. The sender read the board's reclaim count while
     // it held the blocks it forwards; if the count moved since, every holder upstream
     // exited meanwhile (the forwarder too) and the blocks may have been recycled.
-    upstream->hold_registration(ReturnBoard::HolderRole::Downstream);
+    hold_or_refuse(*upstream, ReturnBoard::HolderRole::Downstream);
     const std::optional<std::uint32_t> reclaims = upstream->reclaims_after_checks(kUpstreamCheckPatience);
     // The forwarder read the count before it sent, and counts only grow: one ahead of the
     // board's own is a lie, not a death.
@@ -441,7 +441,7 @@ void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
   }
   // Register this process as a holder before holding anything: the sender keeps what it
   // pinned for us as long as a registered holder lives.
-  register_as_holder();
+  register_as_holder();  // throws when it cannot: nothing of the frame would be safe to read
   if (!board()->claim_resolved(sequence)) {
     throw ProtocolError("the sender gave up on frame " + std::to_string(sequence) +
                         " (it saw this receiver as gone, or it closed the channel and its close linger passed) "
@@ -522,19 +522,25 @@ std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
   return handle;
 }
 
-void MessageDecoder::register_as_holder() noexcept {
+void MessageDecoder::register_as_holder() {
   const std::uint64_t generation = fork_generation();
   if (!returns_ || registered_generation_ == generation) return;
-  try {
-    returns_->board->hold_registration(ReturnBoard::HolderRole::Receiver);
-    // A forked process that took the receiver over holds forwarded blocks too.
-    for (const auto& upstream : returns_->upstream_boards()) {
-      if (!own_ledger_of_board(upstream->identity())) upstream->hold_registration(ReturnBoard::HolderRole::Downstream);
-    }
-    registered_generation_ = generation;
-  } catch (...) {
-    // Out of memory or /proc unreadable: the next frame with a new block tries again.
+  hold_or_refuse(*returns_->board, ReturnBoard::HolderRole::Receiver);
+  // A forked process that took the receiver over holds forwarded blocks too.
+  for (const auto& upstream : returns_->upstream_boards()) {
+    if (!own_ledger_of_board(upstream->identity())) hold_or_refuse(*upstream, ReturnBoard::HolderRole::Downstream);
   }
+  registered_generation_ = generation;
+}
+
+void MessageDecoder::hold_or_refuse(ReturnBoard& board, ReturnBoard::HolderRole role) {
+  if (board.hold_registration(role)) return;
+  throw TooManyHolders(
+      "this process cannot register as a holder of what it receives: " + std::to_string(ReturnBoard::kMaxHolders) +
+      " other living processes hold blocks that came through the same connection (its receiver, processes that "
+      "took it over, and every process its blocks were forwarded to), so the process they came from could recycle "
+      "them under this one; the frame is refused. Let fewer processes hold that connection's tensors at once (copy "
+      "the tensors a large fan-out forwards: Tensor::clone())");
 }
 
 void MessageDecoder::release_all() noexcept {

@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -77,6 +78,33 @@ bool child_succeeded(pid_t pid, std::chrono::milliseconds timeout) {
 bool has_no_children() {
   siginfo_t info{};
   return ::waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 && errno == ECHILD;
+}
+
+LivingChildren::LivingChildren(std::size_t count) {
+  int fds[2];
+  if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  UniqueFd read_end(fds[0]);
+  keep_alive_ = UniqueFd(fds[1]);
+  for (std::size_t i = 0; i < count; ++i) {
+    const pid_t pid = fork_child([this, &read_end] {
+      keep_alive_.reset();
+      char byte;
+      while (::read(read_end.get(), &byte, 1) < 0 && errno == EINTR) {
+      }
+    });
+    pids_.push_back(pid);
+    const std::optional<ProcessIdentity> identity = identify_process(pid);
+    if (!identity) throw std::runtime_error("a living child has no identity in /proc");
+    identities_.push_back(*identity);
+  }
+}
+
+bool LivingChildren::end() {
+  keep_alive_.reset();  // every child's read returns 0
+  bool all_succeeded = true;
+  for (const pid_t pid : pids_) all_succeeded = child_succeeded(pid) && all_succeeded;
+  pids_.clear();
+  return all_succeeded;
 }
 
 }  // namespace ferry::test

@@ -7,6 +7,10 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "ferry/process_identity.hpp"
+#include "ferry/unique_fd.hpp"
 
 namespace ferry::test {
 
@@ -43,5 +47,24 @@ bool has_no_children();
 
 /// Waits for `pid` and returns true when it exited with status 0; prints why not.
 bool child_succeeded(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+/// `count` child processes that do nothing but live until end() (or the destructor) lets
+/// them exit and reaps them: living processes to fill a return board's holder places.
+class LivingChildren {
+ public:
+  explicit LivingChildren(std::size_t count);
+  ~LivingChildren() { end(); }
+  LivingChildren(const LivingChildren&) = delete;
+  LivingChildren& operator=(const LivingChildren&) = delete;
+  /// Their identities, as register_holder() takes them.
+  const std::vector<ProcessIdentity>& identities() const noexcept { return identities_; }
+  /// Lets every child exit and reaps it; true when all exited with status 0.
+  bool end();
+
+ private:
+  UniqueFd keep_alive_;  // the write end of the pipe the children wait on
+  std::vector<pid_t> pids_;
+  std::vector<ProcessIdentity> identities_;
+};
 
 }  // namespace ferry::test

@@ -189,7 +189,12 @@ class ReceiverCore final : public LiveEnd {
   /// blocks while the worker lives, even once the process that received them exited).
   void adopt() noexcept {
     owner_ = ::getpid();
-    decoder_.register_as_holder();
+    try {
+      decoder_.register_as_holder();
+    } catch (const std::exception&) {
+      // No place on a board, or /proc unreadable: the next read tries again, and throws if
+      // it still cannot.
+    }
   }
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }

@@ -38,6 +38,15 @@ class TypeMismatch : public ProtocolError {
   using ProtocolError::ProtocolError;
 };
 
+/// More living processes hold what arrived on one connection than its sender can track
+/// (ReturnBoard::kMaxHolders): a receiver that cannot register as a holder could not keep
+/// the sender from recycling the blocks it would receive, so it refuses the frame. The
+/// channel is broken afterwards.
+class TooManyHolders : public Error {
+ public:
+  using Error::Error;
+};
+
 /// A system call failed; `code()` is the errno value.
 class SystemError : public Error {
  public:

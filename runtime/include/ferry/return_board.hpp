@@ -37,8 +37,9 @@ class ReturnBoard {
   static constexpr std::uint32_t kSlots = 1u << 20;
   /// Processes that can register as holders of what arrived on one connection (its
   /// receiver, forked processes that took the receiver over, and every process that
-  /// received a block of the connection forwarded by another).
-  static constexpr std::size_t kMaxHolders = 64;
+  /// received a block of the connection forwarded by another) at once: as many as the
+  /// header page has room for. A process past them refuses the frame (TooManyHolders).
+  static constexpr std::size_t kMaxHolders = 252;
   /// Size in bytes of every board.
   static std::size_t bytes() noexcept;
 

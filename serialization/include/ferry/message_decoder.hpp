@@ -97,7 +97,8 @@ class MessageDecoder {
   /// Registers the calling process as a holder of what arrived on the connection (its
   /// board and upstream boards), once per fork generation: a forked process that takes the
   /// receiver over (ReceiverCore::adopt()) holds what arrived so far before it reads again.
-  void register_as_holder() noexcept;
+  /// Throws TooManyHolders when a board has no place for it, Error when /proc cannot be read.
+  void register_as_holder();
   /// Storages leased on this connection.
   std::size_t leased() const noexcept;
   /// Segments leased on this connection.
@@ -117,6 +118,9 @@ class MessageDecoder {
   std::shared_ptr<Storage> resolve_new_block(const HandleEntry& entry, std::size_t index);
   void retire_upstream_board(const SegmentEntry& entry, std::size_t index);
   void claim_frame(std::uint64_t sequence, std::size_t index);
+  // Registers this process on `board` (ReturnBoard::hold_registration()); throws
+  // TooManyHolders when the board has no place.
+  void hold_or_refuse(ReturnBoard& board, ReturnBoard::HolderRole role);
   void add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
                           std::size_t& next_fd);
   void resolve_tables(const FrameHeader& header, std::span<const std::byte> segment_table,
