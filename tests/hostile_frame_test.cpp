@@ -597,27 +597,50 @@ TEST_P(HostileFrameTest, RetiredUpstreamBoardThatTheReceiverDoesNotHaveChangesNo
   EXPECT_EQ(second->tensor.data<float>()[1], 1.0f);
 }
 
+// A child process that sends this one a tensor of 2s and keeps it pinned until finish(): a
+// frame that forwards the tensor passes the board of its connection as an upstream board
+// (a board of this process's own would not be registered on).
+class OriginProcess {
+ public:
+  explicit OriginProcess(Transport transport) {
+    auto [tx, rx] = channel<OneTensor>(transport);
+    auto [done_tx, done_rx] = channel<int>(transport);
+    pid_ = test::fork_child([&, &tx = tx, &rx = rx, &done_tx = done_tx, &done_rx = done_rx] {
+      rx.close();
+      done_tx.detach();
+      tx.adopt();
+      Tensor tensor = Tensor::empty({4, 8}, DType::Float32, Device::SharedCpu);
+      tensor.fill(2.0f);
+      tx.send(OneTensor{tensor});
+      CHILD_CHECK(done_rx.recv().has_value());  // keeps what it sent pinned until then
+    });
+    tx.detach();
+    done_rx.close();
+    rx_ = std::move(rx);
+    done_ = std::move(done_tx);
+  }
+  OneTensor receive() { return rx_.recv_for(kRecvBound).value(); }
+  /// Lets the child exit; true when it succeeded.
+  bool finish() {
+    done_.send(1);
+    const bool succeeded = test::child_succeeded(pid_);
+    rx_.close();
+    done_.close();
+    return succeeded;
+  }
+
+ private:
+  Receiver<OneTensor> rx_;
+  Sender<int> done_;
+  pid_t pid_ = -1;
+};
+
 // A forwarder that claims, for an upstream board, a reclaim count ahead of the board's own:
-// an honest one read the count before it sent, and counts only grow. The tensor forwarded
-// here came from a child process, so that its connection's board is an upstream board of
-// the frame (a board of this process's own would not be registered on).
+// an honest one read the count before it sent, and counts only grow.
 TEST_P(HostileFrameTest, UpstreamBoardWithAReclaimCountAheadOfTheBoards) {
-  auto [origin_tx, origin_rx] = channel<OneTensor>(GetParam());
-  auto [done_tx, done_rx] = channel<int>(GetParam());
-  const pid_t origin = test::fork_child([&, &origin_tx = origin_tx, &origin_rx = origin_rx, &done_tx = done_tx,
-                                   &done_rx = done_rx] {
-    origin_rx.close();
-    done_tx.detach();
-    origin_tx.adopt();
-    Tensor tensor = Tensor::empty({4, 8}, DType::Float32, Device::SharedCpu);
-    tensor.fill(2.0f);
-    origin_tx.send(OneTensor{tensor});
-    CHILD_CHECK(done_rx.recv().has_value());  // keeps what it sent pinned until then
-  });
-  origin_tx.detach();
-  done_rx.close();
+  OriginProcess origin(GetParam());
   {
-    const OneTensor received = origin_rx.recv_for(kRecvBound).value();
+    const OneTensor received = origin.receive();
     Wire<OneTensor> wire(GetParam());
     Frame frame = encode(received, passing());
     std::optional<std::size_t> upstream;
@@ -631,10 +654,7 @@ TEST_P(HostileFrameTest, UpstreamBoardWithAReclaimCountAheadOfTheBoards) {
     wire.send(frame.bytes, frame.fds);
     expect_protocol_error(wire.rx, "ahead of the board's own");
   }
-  done_tx.send(1);
-  EXPECT_TRUE(test::child_succeeded(origin));
-  origin_rx.close();
-  done_tx.close();
+  EXPECT_TRUE(origin.finish());
 }
 
 // The return board of the connection that brought `tensor` to this process, mapped anew:
@@ -657,22 +677,9 @@ std::shared_ptr<ReturnBoard> upstream_board_of(const OneTensor& tensor) {
 // the block under it once the forwarder and every registered holder exited. Once a place
 // is free again, the next process receives the same tensor.
 TEST_P(HostileFrameTest, ForwardedTensorIsRefusedWhileItsOriginsBoardHasNoPlaceForTheReceiver) {
-  auto [origin_tx, origin_rx] = channel<OneTensor>(GetParam());
-  auto [done_tx, done_rx] = channel<int>(GetParam());
-  const pid_t origin = test::fork_child([&, &origin_tx = origin_tx, &origin_rx = origin_rx, &done_tx = done_tx,
-                                         &done_rx = done_rx] {
-    origin_rx.close();
-    done_tx.detach();
-    origin_tx.adopt();
-    Tensor tensor = Tensor::empty({4, 8}, DType::Float32, Device::SharedCpu);
-    tensor.fill(2.0f);
-    origin_tx.send(OneTensor{tensor});
-    CHILD_CHECK(done_rx.recv().has_value());  // keeps what it sent pinned until then
-  });
-  origin_tx.detach();
-  done_rx.close();
+  OriginProcess origin(GetParam());
   {
-    const OneTensor received = origin_rx.recv_for(kRecvBound).value();
+    const OneTensor received = origin.receive();
     const std::shared_ptr<ReturnBoard> board = upstream_board_of(received);
     ASSERT_TRUE(board);
     // This process, the origin's receiver, holds the one other place.
@@ -704,10 +711,7 @@ TEST_P(HostileFrameTest, ForwardedTensorIsRefusedWhileItsOriginsBoardHasNoPlaceF
     EXPECT_TRUE(fillers.end());
     forward(false);
   }
-  done_tx.send(1);
-  EXPECT_TRUE(test::child_succeeded(origin));
-  origin_rx.close();
-  done_tx.close();
+  EXPECT_TRUE(origin.finish());
 }
 
 // A forked process that takes a used receiver over holds what arrived so far, so it must be
