@@ -85,17 +85,22 @@ LivingChildren::LivingChildren(std::size_t count) {
   if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
   UniqueFd read_end(fds[0]);
   keep_alive_ = UniqueFd(fds[1]);
-  for (std::size_t i = 0; i < count; ++i) {
-    const pid_t pid = fork_child([this, &read_end] {
-      keep_alive_.reset();
-      char byte;
-      while (::read(read_end.get(), &byte, 1) < 0 && errno == EINTR) {
-      }
-    });
-    pids_.push_back(pid);
-    const std::optional<ProcessIdentity> identity = identify_process(pid);
-    if (!identity) throw std::runtime_error("a living child has no identity in /proc");
-    identities_.push_back(*identity);
+  try {
+    for (std::size_t i = 0; i < count; ++i) {
+      const pid_t pid = fork_child([this, &read_end] {
+        keep_alive_.reset();
+        char byte;
+        while (::read(read_end.get(), &byte, 1) < 0 && errno == EINTR) {
+        }
+      });
+      pids_.push_back(pid);
+      const std::optional<ProcessIdentity> identity = identify_process(pid);
+      if (!identity) throw std::runtime_error("a living child has no identity in /proc");
+      identities_.push_back(*identity);
+    }
+  } catch (...) {
+    end();  // no destructor runs: reap the children forked so far
+    throw;
   }
 }
 
