@@ -48,8 +48,9 @@ bool has_no_children();
 /// Waits for `pid` and returns true when it exited with status 0; prints why not.
 bool child_succeeded(pid_t pid, std::chrono::milliseconds timeout = std::chrono::seconds(30));
 
-/// `count` child processes that do nothing but live until end() (or the destructor) lets
-/// them exit and reaps them: living processes to fill a return board's holder places.
+/// `count` child processes (each `/bin/cat` reading a pipe) that do nothing but live until
+/// end() (or the destructor) lets them exit and reaps them: living processes to fill a
+/// return board's holder places.
 class LivingChildren {
  public:
   explicit LivingChildren(std::size_t count);
