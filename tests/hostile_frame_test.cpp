@@ -597,12 +597,13 @@ TEST_P(HostileFrameTest, RetiredUpstreamBoardThatTheReceiverDoesNotHaveChangesNo
   EXPECT_EQ(second->tensor.data<float>()[1], 1.0f);
 }
 
-// A child process that sends this one a tensor of 2s and keeps it pinned until finish(): a
-// frame that forwards the tensor passes the board of its connection as an upstream board
-// (a board of this process's own would not be registered on).
+// A child process that sends this one a tensor of 2s (`copies` times: the later ones name
+// the storage the receiver already leases) and keeps it pinned until finish(): a frame that
+// forwards the tensor passes the board of its connection as an upstream board (a board of
+// this process's own would not be registered on).
 class OriginProcess {
  public:
-  explicit OriginProcess(Transport transport) {
+  explicit OriginProcess(Transport transport, int copies = 1) {
     auto [tx, rx] = channel<OneTensor>(transport);
     auto [done_tx, done_rx] = channel<int>(transport);
     pid_ = test::fork_child([&, &tx = tx, &rx = rx, &done_tx = done_tx, &done_rx = done_rx] {
@@ -611,7 +612,7 @@ class OriginProcess {
       tx.adopt();
       Tensor tensor = Tensor::empty({4, 8}, DType::Float32, Device::SharedCpu);
       tensor.fill(2.0f);
-      tx.send(OneTensor{tensor});
+      for (int i = 0; i < copies; ++i) tx.send(OneTensor{tensor});
       CHILD_CHECK(done_rx.recv().has_value());  // keeps what it sent pinned until then
     });
     tx.detach();
@@ -620,6 +621,7 @@ class OriginProcess {
     done_ = std::move(done_tx);
   }
   OneTensor receive() { return rx_.recv_for(kRecvBound).value(); }
+  Receiver<OneTensor>& receiver() { return rx_; }
   /// Lets the child exit; true when it succeeded.
   bool finish() {
     done_.send(1);
@@ -721,22 +723,10 @@ TEST_P(HostileFrameTest, ForwardedTensorIsRefusedWhileItsOriginsBoardHasNoPlaceF
 // (the same storage again, a lease), so nothing in decoding it would register: the read
 // itself must refuse.
 TEST_P(HostileFrameTest, ProcessThatTookAReceiverOverRefusesToReadWhileTheBoardHasNoPlaceForIt) {
-  auto [tx, rx] = channel<OneTensor>(GetParam());
-  auto [done_tx, done_rx] = channel<int>(GetParam());
-  const pid_t sender = test::fork_child([&, &tx = tx, &rx = rx, &done_tx = done_tx, &done_rx = done_rx] {
-    rx.close();
-    done_tx.detach();
-    tx.adopt();
-    Tensor tensor = Tensor::empty({4, 8}, DType::Float32, Device::SharedCpu);
-    tensor.fill(2.0f);
-    tx.send(OneTensor{tensor});
-    tx.send(OneTensor{tensor});
-    CHILD_CHECK(done_rx.recv().has_value());
-  });
-  tx.detach();
-  done_rx.close();
+  OriginProcess origin(GetParam(), 2);
+  Receiver<OneTensor>& rx = origin.receiver();
   {
-    const OneTensor first = rx.recv_for(kRecvBound).value();
+    const OneTensor first = origin.receive();
     const std::shared_ptr<ReturnBoard> board = upstream_board_of(first);
     ASSERT_TRUE(board);
     test::LivingChildren fillers(ReturnBoard::kMaxHolders - 1);  // this process holds the other place
@@ -757,10 +747,7 @@ TEST_P(HostileFrameTest, ProcessThatTookAReceiverOverRefusesToReadWhileTheBoardH
     EXPECT_EQ(second.tensor.data<float>(), first.tensor.data<float>());
     EXPECT_EQ(second.tensor.data<float>()[0], 2.0f);
   }
-  done_tx.send(1);
-  EXPECT_TRUE(test::child_succeeded(sender));
-  rx.close();
-  done_tx.close();
+  EXPECT_TRUE(origin.finish());
 }
 
 TEST_P(HostileFrameTest, BlockInASegmentSlotThatWasNeverGranted) {
