@@ -699,6 +699,13 @@ TEST_P(HostileFrameTest, ForwardedTensorIsRefusedWhileItsOriginsBoardHasNoPlaceF
           } catch (const TooManyHolders& error) {
             CHILD_CHECK(std::string(error.what()).find("cannot register as a holder") != std::string::npos);
           }
+          // The refusal leaves the receiver broken (the frame was half consumed).
+          try {
+            rx.recv_for(kRecvBound);
+            CHILD_CHECK(!"a broken receiver read on");
+          } catch (const ProtocolError& error) {
+            CHILD_CHECK(std::string(error.what()).find("broken") != std::string::npos);
+          }
         } else {
           const auto got = rx.recv_for(kRecvBound);
           CHILD_CHECK(got.has_value() && got->tensor.data<float>()[0] == 2.0f);

@@ -239,7 +239,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   if (!dead_.empty()) throw PeerDied(dead_);
   try {
     // A forked process that took the end over and could not register when it adopted it
-    // (adopt()) refuses to go on holding unprotected blocks: nothing once it is registered.
+    // (adopt()) refuses to go on holding unprotected blocks; a plain load once registered.
     decoder_.register_as_holder();
     std::span<const std::byte> payload;
     const ReadStatus status = reader_->read_view(header_, payload, payload_, fds_, deadline);

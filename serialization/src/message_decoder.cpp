@@ -522,9 +522,8 @@ std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
   return handle;
 }
 
-void MessageDecoder::register_as_holder() {
+void MessageDecoder::register_in_this_generation() {
   const std::uint64_t generation = fork_generation();
-  if (!returns_ || registered_generation_ == generation) return;
   hold_or_refuse(*returns_->board, ReturnBoard::HolderRole::Receiver);
   // A forked process that took the receiver over holds forwarded blocks too.
   for (const auto& upstream : returns_->upstream_boards()) {

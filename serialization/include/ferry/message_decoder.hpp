@@ -19,6 +19,7 @@
 #include "ferry/frame.hpp"
 #include "ferry/hold_ledger.hpp"
 #include "ferry/peer_fd.hpp"
+#include "ferry/process_identity.hpp"
 #include "ferry/return_board.hpp"
 #include "ferry/shared_segment.hpp"
 #include "ferry/storage.hpp"
@@ -98,7 +99,10 @@ class MessageDecoder {
   /// board and upstream boards), once per fork generation: a forked process that takes the
   /// receiver over (ReceiverCore::adopt()) holds what arrived so far before it reads again.
   /// Throws TooManyHolders when a board has no place for it, Error when /proc cannot be read.
-  void register_as_holder();
+  /// Inline: every read calls it, and once registered it is one load and two comparisons.
+  void register_as_holder() {
+    if (returns_ && registered_generation_ != fork_generation()) register_in_this_generation();
+  }
   /// Storages leased on this connection.
   std::size_t leased() const noexcept;
   /// Segments leased on this connection.
@@ -121,6 +125,8 @@ class MessageDecoder {
   // Registers this process on `board` (ReturnBoard::hold_registration()); throws
   // TooManyHolders when the board has no place.
   void hold_or_refuse(ReturnBoard& board, ReturnBoard::HolderRole role);
+  // register_as_holder()'s work, once per fork generation.
+  void register_in_this_generation();
   void add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
                           std::size_t& next_fd);
   void resolve_tables(const FrameHeader& header, std::span<const std::byte> segment_table,
