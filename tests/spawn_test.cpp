@@ -438,7 +438,7 @@ TEST_P(SpawnTest, ExceptionNamesRankTypeAndMessage) {
   const std::string what = failure.what();
   EXPECT_NE(what.find("worker 1 of 3"), std::string::npos) << what;
   EXPECT_NE(what.find("std::runtime_error: rank 1 gave up"), std::string::npos) << what;
-  // The whole message, as the README shows it.
+  // The whole message, as docs/design/workers.md shows it.
   EXPECT_EQ(what, "worker 1 of 3 (pid " + std::to_string(workers.pid(1)) +
                       ") failed: std::runtime_error: rank 1 gave up; the 2 other running workers were terminated");
   // The others were terminated, and join() keeps reporting the failure.

@@ -41,8 +41,8 @@ struct SharedMemoryStats {
 /// share the pool, which lives as long as a handle or a block of it does.
 ///
 /// A block is never recycled while anyone may read it: its owner's storage holds it, and a
-/// channel that passed it keeps it pinned until the receiver gives it back (see README,
-/// "Caching shared-memory allocator"). Thread-safe. After fork(), the child starts with an
+/// channel that passed it keeps it pinned until the receiver gives it back (see
+/// docs/design/allocator.md). Thread-safe. After fork(), the child starts with an
 /// empty pool: segments inherited from the parent are never carved again in the child.
 class SharedAllocator {
  public:

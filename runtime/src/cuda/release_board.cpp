@@ -259,7 +259,7 @@ void warn_about_outstanding_holds() {
                  "ferry: warning: process %d exits while processes %s still hold %zu CUDA storage(s) it sent. "
                  "That device memory is freed with this process: those processes must not use the tensors any "
                  "more. Keep a producer alive until its consumers drop the CUDA tensors they received "
-                 "(see README, 'CUDA tensors').\n",
+                 "(see README, 'CUDA').\n",
                  static_cast<int>(::getpid()), pids.c_str(), holds.counters);
   } catch (...) {
     // Exiting: nothing sensible to do about a failure to warn.
