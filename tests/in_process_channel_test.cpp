@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -198,6 +199,51 @@ TEST_F(InProcessTest, DestroyingTheSenderEndsTheStreamAndDestroyingTheReceiverDr
   { Receiver<Tensor> gone = std::move(rx2); }
   EXPECT_EQ(t.storage().use_count(), 1);
   EXPECT_THROW(tx2.send(t), ChannelClosed);
+}
+
+TEST_F(InProcessTest, ASenderDestroyedByAnExceptionIsPeerDiedNotEndOfStream) {
+  // A producer thread that fails must not look like one that finished: as on a pipe, the
+  // receiver gets what was sent, then PeerDied (again on every later call).
+  auto [tx, rx] = channel<int>(Transport::InProcess);
+  std::thread producer([&tx = tx] {
+    try {
+      Sender<int> local = std::move(tx);
+      local.send(1);
+      throw std::runtime_error("the producer failed");
+    } catch (const std::runtime_error&) {
+    }
+  });
+  producer.join();
+  EXPECT_EQ(rx.recv().value(), 1);
+  EXPECT_THROW((void)rx.recv(), PeerDied);
+  EXPECT_THROW((void)rx.try_recv(), PeerDied);
+  // A Sender closed on purpose while an exception unwinds still ends the stream cleanly.
+  auto [tx2, rx2] = channel<int>(Transport::InProcess);
+  try {
+    Sender<int> local = std::move(tx2);
+    local.send(2);
+    local.close();
+    throw std::runtime_error("after close");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(rx2.recv().value(), 2);
+  EXPECT_FALSE(rx2.recv().has_value());
+}
+
+TEST_F(InProcessTest, ADuplexEndDestroyedByAnExceptionIsPeerDiedForTheOtherEnd) {
+  auto [a, b] = duplex<int, int>(Transport::InProcess);
+  std::thread server([&b = b] {
+    try {
+      DuplexEnd<int, int> local = std::move(b);
+      local.send(local.recv().value() + 1);
+      throw std::runtime_error("the server failed");
+    } catch (const std::runtime_error&) {
+    }
+  });
+  EXPECT_EQ(a.call(41).value(), 42);
+  server.join();
+  EXPECT_THROW((void)a.recv(), PeerDied);
+  EXPECT_THROW(a.send(1), ChannelClosed);  // the failed end's receiving half is gone too
 }
 
 TEST_F(InProcessTest, EmptyEndsSayWhatIsWrong) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -36,7 +37,9 @@ class ParcelOf final : public Parcel {
 /// End of stream: the queue keeps FIFO order per sending thread only, so the end marker
 /// may overtake values sent earlier from other threads. close_sender() therefore records
 /// how many values were sent in all, and the receiver reports the end only once it has
-/// received that many.
+/// received that many. A sender dropped by an exception (drop_sender()) ends the stream the
+/// same way, but the receiver then gets PeerDied instead of end of stream, as from a
+/// crashed peer on the other transports.
 class InProcessQueue {
  public:
   explicit InProcessQueue(std::size_t capacity);
@@ -52,10 +55,15 @@ class InProcessQueue {
   void push(std::unique_ptr<Parcel> parcel);
   /// Ends the stream after the values sent so far. Idempotent.
   void close_sender() noexcept;
+  /// Cuts the stream off after the values sent so far, for a sender destroyed while an
+  /// exception unwinds: the receiver gets them, then PeerDied (on every later call).
+  /// No effect once the sender closed.
+  void drop_sender() noexcept;
   /// Neither end has closed.
   bool sender_open() const noexcept;
 
   /// Takes the next parcel, waiting until `deadline`. One receiving thread at a time.
+  /// Throws PeerDied once every value of a dropped sender was taken.
   ReadStatus receive(std::unique_ptr<Parcel>& out, const Deadline& deadline);
   /// Closes the receiving end: senders (also those waiting for room) get ChannelClosed,
   /// and the values still queued are destroyed.
@@ -64,11 +72,15 @@ class InProcessQueue {
 
  private:
   struct State;
+  // Ends the stream after the values sent so far; `dropped`: as PeerDied.
+  void end_stream(bool dropped) noexcept;
   std::unique_ptr<State> state_;
 };
 
 /// The sending end's share of an in-process channel of T; closing (or destroying) it
-/// ends the stream. Move-only; empty after a move.
+/// ends the stream, unless it is destroyed while an exception unwinds the stack: then the
+/// receiver gets PeerDied after the values sent (the rule of SenderCore's destructor).
+/// Move-only; empty after a move.
 template <class T>
 class InProcessSender {
  public:
@@ -82,7 +94,14 @@ class InProcessSender {
     }
     return *this;
   }
-  ~InProcessSender() { close(); }
+  ~InProcessSender() {
+    if (!queue_) return;
+    if (std::uncaught_exceptions() == 0) {
+      queue_->close_sender();
+    } else {
+      queue_->drop_sender();
+    }
+  }
 
   explicit operator bool() const noexcept { return queue_ != nullptr; }
   /// Moves `value` into the channel once there is room; false (and `value` untouched)
