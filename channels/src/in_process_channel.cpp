@@ -142,6 +142,12 @@ void InProcessQueue::close_receiver() noexcept {
   while (state_->queue.try_dequeue(parcel)) parcel.reset();
 }
 
+bool InProcessQueue::ready() const noexcept {
+  const State& s = *state_;
+  return s.receiver_closed.load(std::memory_order_acquire) || s.queue.size_approx() > 0 ||
+         (s.end_seen && s.received == s.final_count.load(std::memory_order_acquire));
+}
+
 bool InProcessQueue::receiver_open() const noexcept {
   return !state_->receiver_closed.load(std::memory_order_acquire);
 }

@@ -12,6 +12,8 @@
 
 namespace ferry {
 
+class Selector;
+
 /// The result of a receive that may time out: a value, a timeout, or the end of the stream.
 template <class T>
 class RecvResult {
@@ -188,6 +190,8 @@ class Receiver {
   }
 
  private:
+  friend class Selector;  // waits on core_ or on local_'s queue
+
   RecvResult<T> receive(const Deadline& deadline) {
     if (local_) {
       std::optional<T> value;

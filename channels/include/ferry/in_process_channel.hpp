@@ -69,6 +69,10 @@ class InProcessQueue {
   /// and the values still queued are destroyed.
   void close_receiver() noexcept;
   bool receiver_open() const noexcept;
+  /// True when receive() would return without waiting (a value or the end of the stream is
+  /// queued, or the receiver closed); false may be briefly stale while a value is being
+  /// queued. For the receiving thread (a Selector waiting on this queue).
+  bool ready() const noexcept;
 
  private:
   struct State;
@@ -157,6 +161,8 @@ class InProcessReceiver {
     if (queue_) queue_->close_receiver();
   }
   bool is_open() const noexcept { return queue_ && queue_->receiver_open(); }
+  /// The shared queue (a Selector waits on it); null when empty.
+  const InProcessQueue* queue() const noexcept { return queue_.get(); }
 
  private:
   std::shared_ptr<InProcessQueue> queue_;
