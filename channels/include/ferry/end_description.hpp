@@ -81,10 +81,11 @@ EndDescription describe_end(Receiver<T>& receiver) {
 }
 
 /// Rebuilds a Sender<T> from `description` in a process that inherited its descriptors;
-/// takes ownership of them (and marks them close-on-exec again). The calling process
-/// becomes the end's owner. Throws TypeMismatch when the description is of another type
-/// or of a receiver, Error when a descriptor is not open or the transport cannot cross
-/// processes.
+/// takes ownership of them (and marks them close-on-exec again), also when it throws: a
+/// refused description's descriptors are closed. The calling process becomes the end's
+/// owner. Throws TypeMismatch when the description is of another type or of a receiver,
+/// Error when a descriptor is not open or the transport cannot cross processes,
+/// ProtocolError when the descriptors do not fit the transport.
 template <class T>
 Sender<T> sender_from_description(const EndDescription& description) {
   return Sender<T>(detail::rebuild_sender(description, type_fingerprint<T>(), type_name<T>()));
