@@ -91,6 +91,12 @@ std::vector<UniqueFd> claim(const EndDescription& description, EndRole role, std
 
 }  // namespace
 
+void throw_in_process_not_describable(const std::string& end) {
+  throw Error("cannot describe an InProcess " + end +
+              " for another process: an in-process channel's values never leave this process; create the channel "
+              "with Transport::Pipe, UnixSocket or ShmRing to hand an end to another process");
+}
+
 EndDescription describe_sender(SenderCore& core, std::uint64_t fingerprint, std::string_view type_name) {
   return describe(EndRole::Sender, core, core.writer(), fingerprint, type_name);
 }

@@ -14,6 +14,11 @@ namespace ferry {
 
 class Selector;
 
+namespace detail {
+/// Throws Error for asking an InProcess `end` ("Sender", "Receiver") for its frame core.
+[[noreturn]] void throw_no_frame_core(const char* end);
+}  // namespace detail
+
 /// The result of a receive that may time out: a value, a timeout, or the end of the stream.
 template <class T>
 class RecvResult {
@@ -123,12 +128,11 @@ class Sender {
   /// peer from it to send them without a copy. Empty for a channel without isolation (and
   /// for an InProcess channel, whose values are moved, never serialized).
   std::optional<SharedAllocator> pool() const { return core_ ? core_->pool() : std::nullopt; }
-  /// Access to the untyped core (transports and spawn use it); InProcess channels have none.
+  /// Access to the untyped core (transports and spawn use it). Throws Error for an
+  /// InProcess Sender, which has none, and ChannelClosed for an empty one.
   detail::SenderCore& core() {
-    if (!core_) {
-      throw ChannelClosed(local_ ? "an InProcess Sender has no frame core"
-                                 : "this Sender is empty (moved from or default-constructed)");
-    }
+    if (local_) detail::throw_no_frame_core("Sender");
+    if (!core_) throw ChannelClosed("this Sender is empty (moved from or default-constructed)");
     return *core_;
   }
 
@@ -180,12 +184,11 @@ class Receiver {
   }
   bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
   Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }
-  /// Access to the untyped core (transports and spawn use it); InProcess channels have none.
+  /// Access to the untyped core (transports and spawn use it). Throws Error for an
+  /// InProcess Receiver, which has none, and ChannelClosed for an empty one.
   detail::ReceiverCore& core() {
-    if (!core_) {
-      throw ChannelClosed(local_ ? "an InProcess Receiver has no frame core"
-                                 : "this Receiver is empty (moved from or default-constructed)");
-    }
+    if (local_) detail::throw_no_frame_core("Receiver");
+    if (!core_) throw ChannelClosed("this Receiver is empty (moved from or default-constructed)");
     return *core_;
   }
 
