@@ -102,9 +102,11 @@ class Sender {
   /// Ends the stream: the receiver gets end-of-stream after the values sent before.
   /// Idempotent; does not throw when the receiver is already gone (only ProtocolError,
   /// when another process corrupted a ShmRing's shared positions; the end is closed anyway).
-  /// Waits at most ChannelOptions::close_linger (10 s) for room to write the end of the
-  /// stream; a receiver that does not read for that long gets PeerDied after the values
-  /// sent before, instead of end-of-stream.
+  /// The end of the stream is a bare 56-byte frame header: a pipe, socket or ring too full
+  /// for any message may still take it, and close() then returns at once (the receiver
+  /// gets end-of-stream after the values). Only when it does not fit does close() wait, at
+  /// most ChannelOptions::close_linger (10 s), for room; a receiver that does not read for
+  /// that long gets PeerDied after the values sent before, instead of end-of-stream.
   void close() {
     if (local_) local_.close();
     if (core_) core_->close();
