@@ -14,11 +14,6 @@ namespace ferry {
 
 class Selector;
 
-namespace detail {
-/// Throws Error for asking an InProcess `end` ("Sender", "Receiver") for its frame core.
-[[noreturn]] void throw_no_frame_core(const char* end);
-}  // namespace detail
-
 /// The result of a receive that may time out: a value, a timeout, or the end of the stream.
 template <class T>
 class RecvResult {

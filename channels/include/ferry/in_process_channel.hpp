@@ -14,6 +14,10 @@
 
 namespace ferry::detail {
 
+/// Throws Error for asking an InProcess `end` ("Sender", "Receiver") for its frame core,
+/// which it does not have (Sender<T>::core(), Receiver<T>::core()).
+[[noreturn]] void throw_no_frame_core(const char* end);
+
 /// A value of some type on its way through an in-process channel.
 class Parcel {
  public:
