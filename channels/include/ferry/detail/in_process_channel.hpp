@@ -1,0 +1,175 @@
+// Transport::InProcess: a channel between threads of one process. Values of T are moved
+// through a moodycamel BlockingConcurrentQueue, never serialized; tensors inside them are
+// the very same objects on both sides.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <utility>
+
+#include "ferry/detail/deadline.hpp"
+#include "ferry/detail/transport.hpp"
+
+namespace ferry::detail {
+
+/// Throws Error for asking an InProcess `end` ("Sender", "Receiver") for its frame core,
+/// which it does not have (Sender<T>::core(), Receiver<T>::core()).
+[[noreturn]] void throw_no_frame_core(const char* end);
+
+/// A value of some type on its way through an in-process channel.
+class Parcel {
+ public:
+  virtual ~Parcel() = default;
+};
+
+/// A value of T on its way through an in-process channel.
+template <class T>
+class ParcelOf final : public Parcel {
+ public:
+  explicit ParcelOf(T&& moved) : value(std::move(moved)) {}
+  T value;
+};
+
+/// The state both ends of an in-process channel share, without the value type: a queue of
+/// parcels (an empty one marks the end of the stream) and a semaphore that counts free
+/// places, so that a sender blocks while `capacity` values wait. Values sent from one
+/// thread arrive in the order that thread sent them. The queue itself lives in
+/// in_process_channel.cpp, so that only that file compiles moodycamel's queue.
+///
+/// End of stream: the queue keeps FIFO order per sending thread only, so the end marker
+/// may overtake values sent earlier from other threads. close_sender() therefore records
+/// how many values were sent in all, and the receiver reports the end only once it has
+/// received that many. A sender dropped by an exception (drop_sender()) ends the stream the
+/// same way, but the receiver then gets PeerDied instead of end of stream, as from a
+/// crashed peer on the other transports.
+class InProcessQueue {
+ public:
+  explicit InProcessQueue(std::size_t capacity);
+  ~InProcessQueue();
+  InProcessQueue(const InProcessQueue&) = delete;
+  InProcessQueue& operator=(const InProcessQueue&) = delete;
+
+  /// Takes one free place, waiting until `deadline`; false on timeout. Throws
+  /// ChannelClosed when the receiver closed.
+  bool reserve(const Deadline& deadline);
+  /// Queues `parcel` in a place taken by reserve(). Throws ChannelClosed (and gives the
+  /// place back) when either end closed meanwhile.
+  void push(std::unique_ptr<Parcel> parcel);
+  /// Ends the stream after the values sent so far. Idempotent.
+  void close_sender() noexcept;
+  /// Cuts the stream off after the values sent so far, for a sender destroyed while an
+  /// exception unwinds: the receiver gets them, then PeerDied (on every later call).
+  /// No effect once the sender closed.
+  void drop_sender() noexcept;
+  /// Neither end has closed.
+  bool sender_open() const noexcept;
+
+  /// Takes the next parcel, waiting until `deadline`. One receiving thread at a time.
+  /// Throws PeerDied once every value of a dropped sender was taken.
+  ReadStatus receive(std::unique_ptr<Parcel>& out, const Deadline& deadline);
+  /// Closes the receiving end: senders (also those waiting for room) get ChannelClosed,
+  /// and the values still queued are destroyed.
+  void close_receiver() noexcept;
+  bool receiver_open() const noexcept;
+  /// True when receive() would return without waiting (a value or the end of the stream is
+  /// queued, or the receiver closed); false may be briefly stale while a value is being
+  /// queued. For the receiving thread (a Selector waiting on this queue).
+  bool ready() const noexcept;
+
+ private:
+  struct State;
+  // Ends the stream after the values sent so far; `dropped`: as PeerDied.
+  void end_stream(bool dropped) noexcept;
+  std::unique_ptr<State> state_;
+};
+
+/// The sending end's share of an in-process channel of T; closing (or destroying) it
+/// ends the stream, unless it is destroyed while an exception unwinds the stack: then the
+/// receiver gets PeerDied after the values sent (the rule of SenderCore's destructor).
+/// Move-only; empty after a move.
+template <class T>
+class InProcessSender {
+ public:
+  InProcessSender() = default;
+  explicit InProcessSender(std::shared_ptr<InProcessQueue> queue) : queue_(std::move(queue)) {}
+  InProcessSender(InProcessSender&&) noexcept = default;
+  InProcessSender& operator=(InProcessSender&& other) noexcept {
+    if (this != &other) {
+      close();
+      queue_ = std::move(other.queue_);
+    }
+    return *this;
+  }
+  ~InProcessSender() {
+    if (!queue_) return;
+    if (std::uncaught_exceptions() == 0) {
+      queue_->close_sender();
+    } else {
+      queue_->drop_sender();
+    }
+  }
+
+  explicit operator bool() const noexcept { return queue_ != nullptr; }
+  /// Moves `value` into the channel once there is room; false (and `value` untouched)
+  /// when the deadline passed first.
+  bool send(T&& value, const Deadline& deadline) {
+    if (!queue_->reserve(deadline)) return false;
+    std::unique_ptr<Parcel> parcel;
+    try {
+      parcel = std::make_unique<ParcelOf<T>>(std::move(value));
+    } catch (...) {
+      queue_->push(nullptr);  // gives the place back
+      throw;
+    }
+    queue_->push(std::move(parcel));
+    return true;
+  }
+  void close() noexcept {
+    if (queue_) queue_->close_sender();
+  }
+  bool is_open() const noexcept { return queue_ && queue_->sender_open(); }
+
+ private:
+  std::shared_ptr<InProcessQueue> queue_;
+};
+
+/// The receiving end's share of an in-process channel of T; closing (or destroying) it
+/// makes further sends fail. Move-only; empty after a move.
+template <class T>
+class InProcessReceiver {
+ public:
+  InProcessReceiver() = default;
+  explicit InProcessReceiver(std::shared_ptr<InProcessQueue> queue) : queue_(std::move(queue)) {}
+  InProcessReceiver(InProcessReceiver&&) noexcept = default;
+  InProcessReceiver& operator=(InProcessReceiver&& other) noexcept {
+    if (this != &other) {
+      close();
+      queue_ = std::move(other.queue_);
+    }
+    return *this;
+  }
+  ~InProcessReceiver() { close(); }
+
+  explicit operator bool() const noexcept { return queue_ != nullptr; }
+  /// Moves the next value into `out`, waiting until `deadline`.
+  ReadStatus receive(std::optional<T>& out, const Deadline& deadline) {
+    std::unique_ptr<Parcel> parcel;
+    const ReadStatus status = queue_->receive(parcel, deadline);
+    // Both ends were made for T by channel<T>(): every parcel holds a T.
+    if (status == ReadStatus::Frame) out.emplace(std::move(static_cast<ParcelOf<T>&>(*parcel).value));
+    return status;
+  }
+  void close() noexcept {
+    if (queue_) queue_->close_receiver();
+  }
+  bool is_open() const noexcept { return queue_ && queue_->receiver_open(); }
+  /// The shared queue (a Selector waits on it); null when empty.
+  const InProcessQueue* queue() const noexcept { return queue_.get(); }
+
+ private:
+  std::shared_ptr<InProcessQueue> queue_;
+};
+
+}  // namespace ferry::detail
