@@ -397,6 +397,72 @@ TEST_P(ChannelTest, SendRefusesABodyAboveTheChannelsLimitAndStaysUsable) {
   EXPECT_TRUE(child_succeeded(child));
 }
 
+// Types whose names are longer than FrameLimits::max_type_name_bytes (4096): 100 levels of
+// a template with a long name, around an int or a long.
+template <class T>
+struct NestedInATemplateWhoseLongNameMakesTheTypeNameGrowQuickly {
+  T inner{};
+  template <class Archive>
+  void serialize(Archive& ar) { ar(inner); }
+};
+template <class T, int Levels>
+struct Nesting {
+  using type = NestedInATemplateWhoseLongNameMakesTheTypeNameGrowQuickly<typename Nesting<T, Levels - 1>::type>;
+};
+template <class T>
+struct Nesting<T, 0> {
+  using type = T;
+};
+using LongNamed = Nesting<int, 100>::type;
+using OtherLongNamed = Nesting<long, 100>::type;  // the same name up to its last few bytes
+
+template <class T>
+T& innermost(T& value) { return value; }
+template <class T>
+auto& innermost(NestedInATemplateWhoseLongNameMakesTheTypeNameGrowQuickly<T>& value) { return innermost(value.inner); }
+
+TEST_P(ChannelTest, ATypeWhoseNameIsLongerThanTheLimitIsStillSendable) {
+  ASSERT_GT(type_name<LongNamed>().size(), FrameLimits{}.max_type_name_bytes);
+  auto [tx, rx] = channel<LongNamed>(GetParam());
+  const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
+    rx.close();
+    LongNamed value;
+    for (int i = 0; i < 3; ++i) {
+      innermost(value) = 40 + i;
+      tx.send(value);
+    }
+    tx.close();
+  });
+  tx.detach();
+  for (int i = 0; i < 3; ++i) {
+    auto got = rx.recv();
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(innermost(*got), 40 + i);
+  }
+  EXPECT_FALSE(rx.recv().has_value());
+  EXPECT_TRUE(child_succeeded(child));
+}
+
+TEST_P(ChannelTest, LongTypeNamesAreTruncatedButTheirFingerprintsStillTellThemApart) {
+  // Both names are cut at the same length, where they are still equal: the full
+  // fingerprint tells the types apart, and the message says the names are truncated.
+  ChannelOptions options;
+  options.limits.max_type_name_bytes = 512;
+  auto [writer, reader] = make_transport(GetParam(), options.limits, options.ring_capacity);
+  Sender<LongNamed> tx = detail::sender_over<LongNamed>(std::move(writer), GetParam(), options);
+  Receiver<OtherLongNamed> rx = detail::receiver_over<OtherLongNamed>(std::move(reader), GetParam(), options);
+  tx.send(LongNamed{});
+  try {
+    (void)rx.recv();
+    ADD_FAILURE() << "a Sender<LongNamed> reached a Receiver<OtherLongNamed>";
+  } catch (const TypeMismatch& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find(std::string(type_name<LongNamed>().substr(0, 300))), std::string::npos) << what;
+    EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+    EXPECT_LT(what.size(), 4u * 1024) << "the error message carries the names in full";
+  }
+}
+
 TEST_P(ChannelTest, RecvForTimesOutAndTryRecvDoesNotBlock) {
   auto [tx, rx] = channel<int>(GetParam());
   const auto start = std::chrono::steady_clock::now();

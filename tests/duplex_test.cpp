@@ -120,6 +120,41 @@ TEST_P(DuplexTest, UnixSocketDirectionsShareOneSocket) {
   EXPECT_EQ(a.recv().value(), 2);
 }
 
+TEST_P(DuplexTest, CallForGivesUpOnALateReplyWhichTheNextRecvReturns) {
+  auto [client, server] = duplex<int, int>(GetParam());
+  auto [go_tx, go_rx] = channel<int>(GetParam());
+  const pid_t child = fork_child([&, &client = client, &server = server, &go_tx = go_tx, &go_rx = go_rx] {
+    client.detach();
+    go_tx.detach();
+    server.adopt();
+    // Replies to request 2 only once told to: the client's call_for(2) runs out first.
+    while (auto request = server.recv()) {
+      if (*request == 2) CHILD_CHECK(go_rx.recv().has_value());
+      server.send(*request + 100);
+    }
+    server.close();
+  });
+  server.detach();
+  go_rx.close();
+  const RecvResult<int> first = client.call_for(1, 10s);
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(*first, 101);
+  const auto start = std::chrono::steady_clock::now();
+  const RecvResult<int> late = client.call_for(2, 30ms);
+  EXPECT_FALSE(late.has_value());
+  EXPECT_TRUE(late.timed_out());
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 30ms);
+  go_tx.send(1);
+  // The late reply is not dropped: it is the next value, ahead of the next call's reply.
+  EXPECT_EQ(client.recv().value(), 102);
+  EXPECT_EQ(client.call_for(3, 10s).value(), 103);
+  client.sender.close();
+  const RecvResult<int> after_close = client.receiver.recv_for(10s);
+  EXPECT_TRUE(after_close.closed()) << "the server closes after the last request";
+  EXPECT_TRUE(test::child_succeeded(child));
+  go_tx.close();
+}
+
 TEST_P(DuplexTest, ClosingTheSendingHalfEndsOnlyThatDirection) {
   auto [a, b] = duplex<int, std::string>(GetParam());
   const pid_t child = fork_child([&, &a = a, &b = b] {
@@ -446,6 +481,21 @@ TEST(DuplexInProcessTest, TwoQueuesBetweenThreads) {
   a.sender.close();
   EXPECT_FALSE(a.recv().has_value());
   server.join();
+}
+
+TEST(DuplexInProcessTest, CallForTimesOutOnAFullQueueAndSeesAClosedPeer) {
+  ChannelOptions options;
+  options.queue_capacity = 1;
+  auto [a, b] = duplex<int, int>(Transport::InProcess, options);
+  a.send(0);  // the queue to b is full
+  const RecvResult<int> full = a.call_for(1, 5ms);
+  EXPECT_TRUE(full.timed_out());
+  EXPECT_EQ(b.recv().value(), 0);
+  EXPECT_FALSE(b.try_recv().has_value()) << "a request that found no room was sent";
+  b.sender.close();
+  const RecvResult<int> closed = a.call_for(2, 10s);
+  EXPECT_TRUE(closed.closed());
+  EXPECT_EQ(b.recv().value(), 2);
 }
 
 }  // namespace

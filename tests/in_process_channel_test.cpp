@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -200,14 +202,84 @@ TEST_F(InProcessTest, DestroyingTheSenderEndsTheStreamAndDestroyingTheReceiverDr
   EXPECT_THROW(tx2.send(t), ChannelClosed);
 }
 
+TEST_F(InProcessTest, ASenderDestroyedByAnExceptionIsPeerDiedNotEndOfStream) {
+  // A producer thread that fails must not look like one that finished: as on a pipe, the
+  // receiver gets what was sent, then PeerDied (again on every later call).
+  auto [tx, rx] = channel<int>(Transport::InProcess);
+  std::thread producer([&tx = tx] {
+    try {
+      Sender<int> local = std::move(tx);
+      local.send(1);
+      throw std::runtime_error("the producer failed");
+    } catch (const std::runtime_error&) {
+    }
+  });
+  producer.join();
+  EXPECT_EQ(rx.recv().value(), 1);
+  EXPECT_THROW((void)rx.recv(), PeerDied);
+  EXPECT_THROW((void)rx.try_recv(), PeerDied);
+  // A Sender closed on purpose while an exception unwinds still ends the stream cleanly.
+  auto [tx2, rx2] = channel<int>(Transport::InProcess);
+  try {
+    Sender<int> local = std::move(tx2);
+    local.send(2);
+    local.close();
+    throw std::runtime_error("after close");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(rx2.recv().value(), 2);
+  EXPECT_FALSE(rx2.recv().has_value());
+}
+
+TEST_F(InProcessTest, ADuplexEndDestroyedByAnExceptionIsPeerDiedForTheOtherEnd) {
+  auto [a, b] = duplex<int, int>(Transport::InProcess);
+  std::thread server([&b = b] {
+    try {
+      DuplexEnd<int, int> local = std::move(b);
+      local.send(local.recv().value() + 1);
+      throw std::runtime_error("the server failed");
+    } catch (const std::runtime_error&) {
+    }
+  });
+  EXPECT_EQ(a.call(41).value(), 42);
+  server.join();
+  EXPECT_THROW((void)a.recv(), PeerDied);
+  EXPECT_THROW(a.send(1), ChannelClosed);  // the failed end's receiving half is gone too
+}
+
 TEST_F(InProcessTest, EmptyEndsSayWhatIsWrong) {
   Sender<int> empty;
   EXPECT_FALSE(empty.is_open());
   EXPECT_THROW(empty.send(1), ChannelClosed);
-  auto [tx, rx] = channel<int>(Transport::InProcess);
-  EXPECT_THROW(tx.core(), ChannelClosed);
-  EXPECT_THROW(rx.core(), ChannelClosed);
   EXPECT_THROW(make_transport(Transport::InProcess, FrameLimits{}, 4096), Error);
+}
+
+// Asking an open in-process end for what only a framed end has is a misuse, not a closed
+// channel: the error says what was asked, and the end keeps working.
+template <class F>
+void expect_misuse(F&& misuse, const std::string& named) {
+  try {
+    misuse();
+    ADD_FAILURE() << "the misuse was accepted";
+  } catch (const ChannelClosed& error) {
+    ADD_FAILURE() << "ChannelClosed for an open end: " << error.what();
+  } catch (const Error& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find(named), std::string::npos) << what;
+    EXPECT_NE(what.find("InProcess"), std::string::npos) << what;
+  }
+}
+
+TEST_F(InProcessTest, MisusesOfAnInProcessEndAreNamedNotReportedAsClosed) {
+  auto [tx, rx] = channel<int>(Transport::InProcess);
+  expect_misuse([&tx = tx] { (void)tx.core(); }, "frame core");
+  expect_misuse([&rx = rx] { (void)rx.core(); }, "frame core");
+  expect_misuse([&tx = tx] { (void)describe_end(tx); }, "another process");
+  expect_misuse([&rx = rx] { (void)describe_end(rx); }, "another process");
+  EXPECT_TRUE(tx.is_open());
+  EXPECT_TRUE(rx.is_open());
+  tx.send(3);
+  EXPECT_EQ(rx.recv().value(), 3);
 }
 
 }  // namespace

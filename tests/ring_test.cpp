@@ -167,6 +167,73 @@ TEST_F(RingTest, FullRingBlocksTheSenderAndNothingIsOverwritten) {
   ::munmap(shared, sizeof(std::atomic<int>));
 }
 
+// Fills a ring of kCapacity bytes that nobody reads until exactly `leftover` bytes are free
+// (fewer than the smallest message frame needs), then closes the sender with `linger`;
+// returns how long close() took and how many values were sent.
+struct ClosedFullRing {
+  std::chrono::steady_clock::duration close_took;
+  int sent = 0;
+};
+ClosedFullRing close_a_ring_filled_to(Sender<Bytes>& tx, Receiver<Bytes>& rx, std::size_t capacity,
+                                      std::size_t leftover) {
+  MappedHeader mapped(rx.core().reader(), capacity);
+  const auto free_bytes = [&] {
+    return capacity - (mapped.header().tail.load() - mapped.header().head.load());
+  };
+  ClosedFullRing result;
+  tx.send(Bytes{});  // the first frame also carries the type name
+  const std::size_t before = free_bytes();
+  tx.send(Bytes{});
+  const std::size_t smallest = before - free_bytes();  // header and an empty body
+  result.sent = 2;
+  while (free_bytes() - leftover >= 2 * smallest) {
+    tx.send(Bytes{});
+    ++result.sent;
+  }
+  tx.send(Bytes(free_bytes() - leftover - smallest, 7));  // a body n bytes longer: a frame n bytes longer
+  ++result.sent;
+  EXPECT_EQ(free_bytes(), leftover);
+  EXPECT_GT(smallest, leftover);
+  EXPECT_FALSE(tx.send_for(Bytes{}, 0ms)) << "the ring has room for a message";
+  const auto start = std::chrono::steady_clock::now();
+  tx.close();
+  result.close_took = std::chrono::steady_clock::now() - start;
+  EXPECT_FALSE(tx.is_open());
+  return result;
+}
+
+// close() waits (at most close_linger) only when the end-of-stream frame itself, a bare
+// 56-byte header, does not fit: a ring too full for any message may still take it, and
+// then the stream ends cleanly at once.
+TEST_F(RingTest, CloseOfARingWithRoomForTheEndOfStreamEndsItCleanlyAtOnce) {
+  constexpr std::size_t kCapacity = 4096;
+  ChannelOptions options = ring_options(kCapacity);
+  options.close_linger = 10s;
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, options);
+  const ClosedFullRing closed = close_a_ring_filled_to(tx, rx, kCapacity, sizeof(FrameHeader));
+  EXPECT_LT(closed.close_took, 5s) << "close() waited although the end of the stream fitted";
+  for (int i = 0; i < closed.sent; ++i) ASSERT_TRUE(rx.recv().has_value());
+  EXPECT_FALSE(rx.recv().has_value());
+}
+
+TEST_F(RingTest, CloseOfARingWithoutRoomForTheEndOfStreamLingersThenGivesThePeerPeerDied) {
+  constexpr std::size_t kCapacity = 4096;
+  ChannelOptions options = ring_options(kCapacity);
+  options.close_linger = 100ms;
+  options.peer_check_interval = 5ms;
+  auto [tx, rx] = channel<Bytes>(Transport::ShmRing, options);
+  const ClosedFullRing closed = close_a_ring_filled_to(tx, rx, kCapacity, sizeof(FrameHeader) - 1);
+  EXPECT_GE(closed.close_took, 100ms) << "close() gave up before close_linger";
+  EXPECT_LT(closed.close_took, 5s);
+  for (int i = 0; i < closed.sent; ++i) ASSERT_TRUE(rx.recv().has_value());
+  try {
+    (void)rx.recv();
+    ADD_FAILURE() << "a clean end of stream from a close() that found no room for it";
+  } catch (const PeerDied& error) {
+    EXPECT_NE(std::string(error.what()).find("close_linger"), std::string::npos) << error.what();
+  }
+}
+
 TEST_F(RingTest, SendForGivesUpOnAFullRingAndResumesWhenThereIsRoom) {
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
   int accepted = 0;

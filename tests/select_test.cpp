@@ -8,6 +8,8 @@
 
 #include <chrono>
 #include <map>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -288,6 +290,88 @@ TEST(SelectorTest, EmptySelectorRefusesToWaitForEver) {
   Selector selector;
   EXPECT_THROW((void)selector.wait(), Error);
   EXPECT_FALSE(selector.try_wait().has_value());
+}
+
+class SelectorInProcessTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {
+ protected:
+  void TearDown() override {
+    EXPECT_TRUE(test::has_no_children());
+    LeakCheckedTest::TearDown();
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, SelectorInProcessTest, ::testing::ValuesIn(test::interprocess_transports()),
+                         test::transport_test_name);
+
+TEST_P(SelectorInProcessTest, AThreadAndAProcessFanInTogether) {
+  auto [thread_tx, thread_rx] = channel<Tagged>(Transport::InProcess);
+  auto [process_tx, process_rx] = channel<Tagged>(GetParam());
+  std::vector<Receiver<Tagged>> receivers;
+  receivers.push_back(std::move(thread_rx));
+  receivers.push_back(std::move(process_rx));
+  Selector selector;
+  for (auto& receiver : receivers) selector.add(receiver);  // an InProcess receiver is welcome
+  // Nothing sent yet: neither is ready.
+  EXPECT_FALSE(selector.try_wait().has_value());
+  EXPECT_FALSE(selector.wait_for(2ms).has_value());
+  auto workers = spawn(1, produce, std::move(process_tx));
+  std::thread thread([&tx = thread_tx] {
+    for (int i = 0; i < kMessagesPerWorker; ++i) tx.send(Tagged{7, i});
+    tx.close();
+  });
+  std::vector<int> next(2, 0);
+  while (!selector.empty()) {
+    const std::size_t index = selector.wait();
+    // A ready in-process receiver never waits; a process's frame may still be arriving.
+    auto message = index == 0 ? receivers[0].try_recv() : receivers[1].recv_for(10s);
+    if (message.closed()) {
+      selector.remove(index);
+      continue;
+    }
+    ASSERT_TRUE(message.has_value()) << "receiver " << index << " was reported ready but had nothing";
+    ASSERT_EQ(message->rank, index == 0 ? 7 : 0);
+    ASSERT_EQ(message->sequence, next[index]++);
+  }
+  EXPECT_EQ(next[0], kMessagesPerWorker);
+  EXPECT_EQ(next[1], kMessagesPerWorker);
+  thread.join();
+  workers.join();
+}
+
+TEST(SelectorTest, AnInProcessReceiverWhoseSenderFailedIsReadyAndReportsPeerDied) {
+  auto [tx, rx] = channel<int>(Transport::InProcess);
+  Selector selector;
+  const std::size_t index = selector.add(rx);
+  std::thread([&tx = tx] {
+    try {
+      Sender<int> local = std::move(tx);
+      throw std::runtime_error("the producer failed");
+    } catch (const std::runtime_error&) {
+    }
+  }).join();
+  ASSERT_EQ(selector.wait_for(10s), index);
+  EXPECT_THROW((void)rx.try_recv(), PeerDied);
+  // A receiver closed here is ready too (its recv() returns at once).
+  auto [tx2, rx2] = channel<int>(Transport::InProcess);
+  selector.remove(index);
+  const std::size_t second = selector.add(rx2);
+  EXPECT_FALSE(selector.try_wait().has_value());
+  rx2.close();
+  EXPECT_EQ(selector.try_wait(), second);
+}
+
+TEST(SelectorTest, AnEmptyReceiverIsRefusedWithAnErrorThatSaysSo) {
+  Selector selector;
+  Receiver<int> empty;
+  try {
+    selector.add(empty);
+    FAIL() << "an empty Receiver was added";
+  } catch (const ChannelClosed& error) {
+    FAIL() << "ChannelClosed for a receiver that was never a channel's: " << error.what();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("empty"), std::string::npos) << error.what();
+  }
+  EXPECT_TRUE(selector.empty());
 }
 
 class FanInTest : public test::LeakCheckedTest,

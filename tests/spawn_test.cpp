@@ -2,6 +2,7 @@
 // failures are reported with rank, cause and message, siblings are terminated, workers
 // die with their parent, and nothing (process, fd) is left behind.
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -633,16 +634,65 @@ TEST(SpawnMethodTest, NameRegisteredByTwoFunctionsFailsBeforeAnyProcessStarts) {
   expect_spawn_error([&] { (void)spawn(opts, 1, second_of_a_name, 1); }, expected);
 }
 
-TEST(EndDescriptionTest, RebuildingAsAnotherTypeOrRoleIsATypeMismatch) {
+// The descriptors an exec'd worker would inherit for `description`: fresh copies, so that
+// taking them does not touch the end described.
+EndDescription with_copied_descriptors(EndDescription description) {
+  for (auto& fd : description.fds) {
+    fd = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) throw_errno("fcntl(F_DUPFD_CLOEXEC)");
+  }
+  return description;
+}
+
+bool is_open_fd(int fd) { return ::fcntl(fd, F_GETFD) >= 0; }
+
+TEST(EndDescriptionTest, RebuildingAsAnotherTypeOrRoleIsATypeMismatchThatStillTakesTheDescriptors) {
   auto [tx, rx] = channel<int>(Transport::Pipe);
   const EndDescription sender = describe_end(tx);
   EXPECT_EQ(sender.role, EndRole::Sender);
   EXPECT_EQ(sender.fds.size(), 2u);
-  EXPECT_THROW((void)sender_from_description<float>(sender), TypeMismatch);
-  EXPECT_THROW((void)receiver_from_description<int>(sender), TypeMismatch);
-  // Neither attempt took the descriptors: the channel still works.
+  // The call takes ownership of the descriptors, also when it refuses the description.
+  const std::size_t fds_before = test::count_open_fds();
+  const EndDescription as_float = with_copied_descriptors(sender);
+  EXPECT_THROW((void)sender_from_description<float>(as_float), TypeMismatch);
+  for (const int fd : as_float.fds) EXPECT_FALSE(is_open_fd(fd)) << "fd " << fd << " was left open";
+  const EndDescription as_receiver = with_copied_descriptors(sender);
+  EXPECT_THROW((void)receiver_from_description<int>(as_receiver), TypeMismatch);
+  for (const int fd : as_receiver.fds) EXPECT_FALSE(is_open_fd(fd)) << "fd " << fd << " was left open";
+  EXPECT_EQ(test::count_open_fds(), fds_before);
+  // The end described is untouched: the channel still works.
   tx.send(5);
   EXPECT_EQ(rx.recv().value(), 5);
+}
+
+TEST(EndDescriptionTest, EveryFailedRebuildClosesTheDescriptorsItWasHanded) {
+  auto [tx, rx] = channel<int>(Transport::ShmRing);
+  const std::size_t fds_before = test::count_open_fds();
+  // One descriptor is not open: the others are closed all the same.
+  EndDescription missing = with_copied_descriptors(describe_end(rx));
+  ASSERT_EQ(missing.fds.size(), 2u);
+  ASSERT_EQ(::close(missing.fds[1]), 0);
+  EXPECT_THROW((void)receiver_from_description<int>(missing), Error);
+  EXPECT_FALSE(is_open_fd(missing.fds[0]));
+  // The transport refuses what it is handed (a ring rebuilt from a pipe's descriptors).
+  auto [pipe_tx, pipe_rx] = channel<int>(Transport::Pipe);
+  const std::size_t with_pipe = test::count_open_fds();
+  EndDescription lying = with_copied_descriptors(describe_end(pipe_rx));
+  lying.transport = Transport::ShmRing;
+  EXPECT_THROW((void)receiver_from_description<int>(lying), Error);
+  for (const int fd : lying.fds) EXPECT_FALSE(is_open_fd(fd)) << "fd " << fd << " was left open";
+  // A description that names one descriptor twice is refused, and the descriptor closed once.
+  EndDescription twice = with_copied_descriptors(describe_end(pipe_rx));
+  ASSERT_EQ(::close(twice.fds[1]), 0);
+  twice.fds[1] = twice.fds[0];
+  EXPECT_THROW((void)receiver_from_description<int>(twice), ProtocolError);
+  EXPECT_FALSE(is_open_fd(twice.fds[0]));
+  EXPECT_EQ(test::count_open_fds(), with_pipe);
+  pipe_tx.close();
+  pipe_rx.close();
+  EXPECT_EQ(test::count_open_fds(), fds_before);
+  tx.send(1);
+  EXPECT_EQ(rx.recv().value(), 1);
 }
 
 TEST(EndDescriptionTest, TransportsCheckWhatTheyAreRebuiltFrom) {

@@ -1,6 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
 #include <numeric>
 
 #include "ferry/tensor.hpp"
@@ -170,6 +175,102 @@ TEST_F(TensorTest, FillAndCopyFrom) {
   other.copy_from(column);
   EXPECT_EQ(other.to_vector<double>(), (std::vector<double>{-1, -1, -1}));
   EXPECT_THROW(other.copy_from(t), Error);
+}
+
+// Tensor::fill converts its value to the tensor's dtype as torch's fill_() does (the
+// expectations below are torch 2's results): integers and floating values go to any dtype,
+// a floating value is truncated toward zero into an integer dtype, a negative integer wraps
+// into uint8, and a value out of the dtype's range is an Error, not a wrapped or infinite
+// element (infinities and NaN stay themselves in a floating dtype).
+template <class T>
+T first_after_fill(DType dtype, auto value) {
+  Tensor t = Tensor::zeros({2, 3}, dtype);
+  t.fill(value);
+  const T* all = t.data<T>();
+  for (std::int64_t i = 1; i < t.numel(); ++i) EXPECT_EQ(std::memcmp(&all[i], &all[0], sizeof(T)), 0);
+  return all[0];
+}
+
+void expect_overflow(DType dtype, auto value) {
+  Tensor t = Tensor::zeros({2}, dtype);
+  try {
+    t.fill(value);
+    ADD_FAILURE() << "fill(" << +value << ") of a " << dtype_name(dtype) << " tensor was accepted";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("without overflow"), std::string::npos) << error.what();
+    EXPECT_NE(std::string(error.what()).find(dtype_name(dtype)), std::string::npos) << error.what();
+  }
+  const auto* bytes = static_cast<const std::uint8_t*>(t.data_ptr());
+  EXPECT_EQ(std::count(bytes, bytes + t.nbytes(), 0), static_cast<std::ptrdiff_t>(t.nbytes())) << "a refused fill wrote";
+}
+
+TEST_F(TensorTest, FillConvertsItsValueToTheTensorsDTypeAsTorchDoes) {
+  constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  constexpr std::int64_t kInt64Max = std::numeric_limits<std::int64_t>::max();
+  EXPECT_EQ(first_after_fill<float>(DType::Float32, 1), 1.0f);
+  EXPECT_EQ(first_after_fill<float>(DType::Float32, true), 1.0f);
+  EXPECT_EQ(first_after_fill<float>(DType::Float32, Half(1.5f)), 1.5f);
+  EXPECT_EQ(first_after_fill<float>(DType::Float32, kInt64Max), 9.223372036854775807e18f);
+  EXPECT_TRUE(std::isnan(first_after_fill<float>(DType::Float32, kNaN)));
+  expect_overflow(DType::Float32, 1e39);
+  expect_overflow(DType::Float32, 3.5e38);
+  EXPECT_EQ(first_after_fill<double>(DType::Float64, kInt64Max), 9.223372036854775807e18);
+  EXPECT_EQ(first_after_fill<double>(DType::Float64, 1.0f), 1.0);
+
+  EXPECT_EQ(float(first_after_fill<Half>(DType::Float16, 1)), 1.0f);
+  EXPECT_EQ(float(first_after_fill<Half>(DType::Float16, 65504)), 65504.0f);
+  EXPECT_EQ(float(first_after_fill<Half>(DType::Float16, true)), 1.0f);
+  EXPECT_EQ(float(first_after_fill<Half>(DType::Float16, 1e-8)), 0.0f);
+  EXPECT_EQ(float(first_after_fill<Half>(DType::Float16, kInf)), std::numeric_limits<float>::infinity());
+  EXPECT_TRUE(std::isnan(float(first_after_fill<Half>(DType::Float16, kNaN))));
+  expect_overflow(DType::Float16, 65520);
+  expect_overflow(DType::Float16, 1e6);
+  expect_overflow(DType::Float16, std::int64_t{1} << 60);
+  EXPECT_EQ(float(first_after_fill<BFloat16>(DType::BFloat16, 1)), 1.0f);
+  EXPECT_EQ(float(first_after_fill<BFloat16>(DType::BFloat16, kInt64Max)), 9.223372036854775807e18f);
+  EXPECT_EQ(float(first_after_fill<BFloat16>(DType::BFloat16, -kInf)), -std::numeric_limits<float>::infinity());
+  expect_overflow(DType::BFloat16, 3.4e38);
+  expect_overflow(DType::BFloat16, -1e39);
+
+  EXPECT_EQ(first_after_fill<std::int32_t>(DType::Int32, 1.9), 1);
+  EXPECT_EQ(first_after_fill<std::int32_t>(DType::Int32, -1.9f), -1);
+  EXPECT_EQ(first_after_fill<std::int32_t>(DType::Int32, 2147483647), 2147483647);
+  expect_overflow(DType::Int32, std::int64_t{1} << 31);
+  expect_overflow(DType::Int32, kNaN);
+  expect_overflow(DType::Int32, kInf);
+  EXPECT_EQ(first_after_fill<std::int64_t>(DType::Int64, kInt64Max), kInt64Max);
+  EXPECT_EQ(first_after_fill<std::int64_t>(DType::Int64, (std::int64_t{1} << 53) + 1), (std::int64_t{1} << 53) + 1);
+  expect_overflow(DType::Int64, 9.3e18);
+  expect_overflow(DType::Int64, 9223372036854775808.0);  // 2^63
+  expect_overflow(DType::Int64, std::uint64_t{1} << 63);
+  EXPECT_EQ(first_after_fill<std::int16_t>(DType::Int16, -32768), -32768);
+  expect_overflow(DType::Int16, 32768);
+  EXPECT_EQ(first_after_fill<std::int8_t>(DType::Int8, -128), -128);
+  EXPECT_EQ(first_after_fill<std::int8_t>(DType::Int8, -1.5), -1);
+  expect_overflow(DType::Int8, 128);
+  expect_overflow(DType::Int8, -129);
+  EXPECT_EQ(first_after_fill<std::uint8_t>(DType::UInt8, -1), 255);
+  EXPECT_EQ(first_after_fill<std::uint8_t>(DType::UInt8, -255), 1);
+  EXPECT_EQ(first_after_fill<std::uint8_t>(DType::UInt8, 1.7), 1);
+  EXPECT_EQ(first_after_fill<std::uint8_t>(DType::UInt8, 255u), 255);
+  expect_overflow(DType::UInt8, 300);
+  expect_overflow(DType::UInt8, -256);
+  expect_overflow(DType::UInt8, -1.5);
+  expect_overflow(DType::UInt8, 255.9);
+  expect_overflow(DType::UInt8, kNaN);
+
+  EXPECT_TRUE(first_after_fill<bool>(DType::Bool, 2));
+  EXPECT_TRUE(first_after_fill<bool>(DType::Bool, -1));
+  EXPECT_TRUE(first_after_fill<bool>(DType::Bool, 0.5));
+  EXPECT_TRUE(first_after_fill<bool>(DType::Bool, kNaN));
+  EXPECT_FALSE(first_after_fill<bool>(DType::Bool, 0.0));
+  EXPECT_FALSE(first_after_fill<bool>(DType::Bool, 0));
+  // A strided view is filled through its strides only.
+  Tensor t = Tensor::zeros({3, 4}, DType::Float32);
+  t.select(1, 2).fill(7);
+  EXPECT_EQ(t.at<float>({1, 2}), 7.0f);
+  EXPECT_EQ(t.at<float>({1, 1}), 0.0f);
 }
 
 TEST_F(TensorTest, EmptyTensorsNeedNoMemory) {

@@ -24,6 +24,16 @@ constexpr std::chrono::milliseconds kSenderExitGrace{200};
 // reads a few /proc entries; only a stopped process takes longer).
 constexpr std::chrono::milliseconds kUpstreamCheckPatience{2000};
 
+// A type's name, quoted, for an error message: at most kShownTypeNameBytes of it, saying
+// when the name is cut (here, or by the sender: `truncated`).
+std::string shown_type_name(std::string_view name, bool truncated) {
+  constexpr std::size_t kShownTypeNameBytes = 1024;
+  if (name.size() <= kShownTypeNameBytes && !truncated) return "'" + std::string(name) + "'";
+  const std::string_view shown = name.substr(0, std::min(name.size(), kShownTypeNameBytes));
+  return "'" + std::string(shown) + "...' (a name truncated to its first " + std::to_string(shown.size()) +
+         " bytes; the types' fingerprints differ)";
+}
+
 std::string hex(std::uint64_t value) {
   char text[19];
   std::snprintf(text, sizeof text, "0x%016llx", static_cast<unsigned long long>(value));
@@ -115,13 +125,16 @@ std::vector<std::shared_ptr<ReturnBoard>> ReturnPath::upstream_boards() const {
 void MessageDecoder::check_type(const FrameHeader& header, std::span<const std::byte> name) {
   if (header.flags & kFrameHasTypeName) {
     peer_type_name_.assign(reinterpret_cast<const char*>(name.data()), name.size());
+    peer_type_name_truncated_ = (header.flags & kFrameTypeNameTruncated) != 0;
   }
   if (header.type_fingerprint == expected_fingerprint_) return;
-  const std::string sent = !peer_type_name_.empty() && fnv1a64(peer_type_name_) == header.type_fingerprint
-                               ? "'" + peer_type_name_ + "'"
-                               : "an unknown type (fingerprint " + hex(header.type_fingerprint) + ")";
-  throw TypeMismatch("type mismatch: the sender sends " + sent + " but this Receiver expects '" +
-                     std::string(expected_type_name_) + "'; connect a Sender<T> only to a Receiver<T>");
+  // A truncated name cannot be checked against the fingerprint; it only ever names the type.
+  const bool named = !peer_type_name_.empty() &&
+                     (peer_type_name_truncated_ || fnv1a64(peer_type_name_) == header.type_fingerprint);
+  const std::string sent = named ? shown_type_name(peer_type_name_, peer_type_name_truncated_)
+                                 : "an unknown type (fingerprint " + hex(header.type_fingerprint) + ")";
+  throw TypeMismatch("type mismatch: the sender sends " + sent + " but this Receiver expects " +
+                     shown_type_name(expected_type_name_, false) + "; connect a Sender<T> only to a Receiver<T>");
 }
 
 void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds) {

@@ -388,8 +388,10 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   header_.type_fingerprint = fingerprint;
   header_.sequence = next_sequence_;
   const bool with_name = kind == FrameKind::Message && !type_name_sent_;
-  type_name_ = with_name ? name : std::string_view{};
-  header_.flags = with_name ? kFrameHasTypeName : 0;
+  type_name_ = with_name ? name.substr(0, std::min(name.size(), max_type_name_bytes_)) : std::string_view{};
+  header_.flags = !with_name ? 0
+                  : type_name_.size() < name.size() ? kFrameHasTypeName | kFrameTypeNameTruncated
+                                                    : kFrameHasTypeName;
   header_.type_name_bytes = static_cast<std::uint32_t>(type_name_.size());
   header_.segment_count = static_cast<std::uint32_t>(segment_entries_.size());
   header_.handle_count = static_cast<std::uint32_t>(entries_.size());

@@ -12,6 +12,8 @@
 
 namespace ferry {
 
+class Selector;
+
 /// The result of a receive that may time out: a value, a timeout, or the end of the stream.
 template <class T>
 class RecvResult {
@@ -95,9 +97,11 @@ class Sender {
   /// Ends the stream: the receiver gets end-of-stream after the values sent before.
   /// Idempotent; does not throw when the receiver is already gone (only ProtocolError,
   /// when another process corrupted a ShmRing's shared positions; the end is closed anyway).
-  /// Waits at most ChannelOptions::close_linger (10 s) for room to write the end of the
-  /// stream; a receiver that does not read for that long gets PeerDied after the values
-  /// sent before, instead of end-of-stream.
+  /// The end of the stream is a bare 56-byte frame header: a pipe, socket or ring too full
+  /// for any message may still take it, and close() then returns at once (the receiver
+  /// gets end-of-stream after the values). Only when it does not fit does close() wait, at
+  /// most ChannelOptions::close_linger (10 s), for room; a receiver that does not read for
+  /// that long gets PeerDied after the values sent before, instead of end-of-stream.
   void close() {
     if (local_) local_.close();
     if (core_) core_->close();
@@ -121,12 +125,11 @@ class Sender {
   /// peer from it to send them without a copy. Empty for a channel without isolation (and
   /// for an InProcess channel, whose values are moved, never serialized).
   std::optional<SharedAllocator> pool() const { return core_ ? core_->pool() : std::nullopt; }
-  /// Access to the untyped core (transports and spawn use it); InProcess channels have none.
+  /// Access to the untyped core (transports and spawn use it). Throws Error for an
+  /// InProcess Sender, which has none, and ChannelClosed for an empty one.
   detail::SenderCore& core() {
-    if (!core_) {
-      throw ChannelClosed(local_ ? "an InProcess Sender has no frame core"
-                                 : "this Sender is empty (moved from or default-constructed)");
-    }
+    if (local_) detail::throw_no_frame_core("Sender");
+    if (!core_) throw ChannelClosed("this Sender is empty (moved from or default-constructed)");
     return *core_;
   }
 
@@ -178,16 +181,17 @@ class Receiver {
   }
   bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
   Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }
-  /// Access to the untyped core (transports and spawn use it); InProcess channels have none.
+  /// Access to the untyped core (transports and spawn use it). Throws Error for an
+  /// InProcess Receiver, which has none, and ChannelClosed for an empty one.
   detail::ReceiverCore& core() {
-    if (!core_) {
-      throw ChannelClosed(local_ ? "an InProcess Receiver has no frame core"
-                                 : "this Receiver is empty (moved from or default-constructed)");
-    }
+    if (local_) detail::throw_no_frame_core("Receiver");
+    if (!core_) throw ChannelClosed("this Receiver is empty (moved from or default-constructed)");
     return *core_;
   }
 
  private:
+  friend class Selector;  // waits on core_ or on local_'s queue
+
   RecvResult<T> receive(const Deadline& deadline) {
     if (local_) {
       std::optional<T> value;

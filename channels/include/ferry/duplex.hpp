@@ -44,6 +44,21 @@ class DuplexEnd {
     sender.send(request);
     return receiver.recv();
   }
+  /// Like call(), but waits at most `timeout` in all (for room to send the request, then
+  /// for the reply), like recv_for(): the result has_value() with the reply, timed_out()
+  /// when the time ran out, closed() when the other end closed its sending half instead
+  /// of replying. A timed-out call has sent its request unless the transport stayed full
+  /// the whole time; a reply that comes late is not dropped: the next recv(), call() or
+  /// call_for() returns it, ahead of the reply to a later request. After a timeout, take
+  /// it with recv()/recv_for() before calling again, or put a request id in the messages.
+  RecvResult<In> call_for(const Out& request, Timeout timeout) {
+    const Deadline deadline = Deadline::after(timeout);
+    const auto left = [&]() -> Timeout { return deadline.is_never() ? timeout : Timeout(deadline.remaining()); };
+    if (!sender.send_for(request, left()) || !sender.flush(left())) {
+      return RecvResult<In>(ReadStatus::Timeout, std::nullopt);
+    }
+    return receiver.recv_for(left());
+  }
   /// Ends both directions: the other end sees end-of-stream after what was sent, and its
   /// later sends raise ChannelClosed.
   void close() {

@@ -67,24 +67,37 @@ std::unique_ptr<ReceiverCore> rebuild_receiver(const EndDescription& description
                                                std::string_view type_name);
 }  // namespace detail
 
+namespace detail {
+/// Throws Error for describing an InProcess `end` ("Sender<T>", "Receiver<T>").
+[[noreturn]] void throw_in_process_not_describable(const std::string& end);
+}  // namespace detail
+
 /// Describes `sender` (which must be open). The description does not own anything: the
-/// Sender keeps its descriptors until it is detached or closed.
+/// Sender keeps its descriptors until it is detached or closed. Throws Error for an
+/// InProcess Sender, which cannot reach another process.
 template <class T>
 EndDescription describe_end(Sender<T>& sender) {
+  if (sender.transport() == Transport::InProcess && sender.is_open()) {
+    detail::throw_in_process_not_describable("Sender<" + std::string(type_name<T>()) + ">");
+  }
   return detail::describe_sender(sender.core(), type_fingerprint<T>(), type_name<T>());
 }
 
-/// Describes `receiver` (which must be open).
+/// Describes `receiver` (which must be open; see describe_end(Sender<T>&)).
 template <class T>
 EndDescription describe_end(Receiver<T>& receiver) {
+  if (receiver.transport() == Transport::InProcess && receiver.is_open()) {
+    detail::throw_in_process_not_describable("Receiver<" + std::string(type_name<T>()) + ">");
+  }
   return detail::describe_receiver(receiver.core(), type_fingerprint<T>(), type_name<T>());
 }
 
 /// Rebuilds a Sender<T> from `description` in a process that inherited its descriptors;
-/// takes ownership of them (and marks them close-on-exec again). The calling process
-/// becomes the end's owner. Throws TypeMismatch when the description is of another type
-/// or of a receiver, Error when a descriptor is not open or the transport cannot cross
-/// processes.
+/// takes ownership of them (and marks them close-on-exec again), also when it throws: a
+/// refused description's descriptors are closed. The calling process becomes the end's
+/// owner. Throws TypeMismatch when the description is of another type or of a receiver,
+/// Error when a descriptor is not open or the transport cannot cross processes,
+/// ProtocolError when the descriptors do not fit the transport.
 template <class T>
 Sender<T> sender_from_description(const EndDescription& description) {
   return Sender<T>(detail::rebuild_sender(description, type_fingerprint<T>(), type_name<T>()));

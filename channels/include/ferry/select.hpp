@@ -11,6 +11,16 @@
 
 namespace ferry {
 
+namespace detail {
+/// A receiver as a Selector waits on it: its frame core, or (Transport::InProcess) its
+/// queue; exactly one is set.
+struct SelectorMember {
+  ReceiverCore* core = nullptr;
+  const InProcessQueue* queue = nullptr;
+  explicit operator bool() const noexcept { return core != nullptr || queue != nullptr; }
+};
+}  // namespace detail
+
 /// A set of receivers to wait on. add() returns an index that stays valid until
 /// remove(); wait() returns the index of a receiver that is ready: its recv() returns
 /// without waiting for the peer to *begin* a message (a whole frame is buffered, data or
@@ -20,7 +30,8 @@ namespace ferry {
 /// A receiver that reached end-of-stream stays ready for ever: remove() it once its
 /// recv() returned std::nullopt (or threw). Ready receivers are served round-robin, so a
 /// busy one cannot starve the others. The Selector keeps references: a receiver must
-/// stay alive (it may be moved) while it is in the set. Use from one thread.
+/// stay alive (it may be moved) while it is in the set. Use from one thread. Receivers of
+/// every transport mix: threads (Transport::InProcess) and processes fan in together.
 ///
 /// ```cpp
 /// ferry::Selector selector;
@@ -34,10 +45,10 @@ namespace ferry {
 class Selector {
  public:
   /// Adds `receiver` to the set; returns its index (indices count up from 0 and are
-  /// never reused).
+  /// never reused). Throws Error for an empty Receiver (moved from or default-constructed).
   template <class T>
   std::size_t add(Receiver<T>& receiver) {
-    return add_core(receiver.core());
+    return add_member(detail::SelectorMember{receiver.core_.get(), receiver.local_.queue()});
   }
   /// Removes receiver `index` from the set (no effect when it was removed already).
   void remove(std::size_t index);
@@ -55,12 +66,12 @@ class Selector {
   std::optional<std::size_t> try_wait();
 
  private:
-  std::size_t add_core(detail::ReceiverCore& core);
+  std::size_t add_member(const detail::SelectorMember& member);
   std::optional<std::size_t> wait_until(const Deadline& deadline);
   // The next ready index, round-robin from next_.
   std::optional<std::size_t> pick(const std::vector<bool>& ready);
 
-  std::vector<detail::ReceiverCore*> cores_;  // nullptr once removed
+  std::vector<detail::SelectorMember> members_;  // empty once removed
   std::size_t active_ = 0;
   std::size_t next_ = 0;  // where the round-robin scan starts
   bool futexes_work_ = true;  // false once futex_waitv turned out to be missing

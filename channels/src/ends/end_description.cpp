@@ -2,6 +2,10 @@
 
 #include <fcntl.h>
 
+#include <algorithm>
+#include <optional>
+#include <string>
+
 namespace ferry::detail {
 namespace {
 
@@ -33,32 +37,65 @@ EndDescription describe(EndRole role, Core& core, const End& end, std::uint64_t 
   return description;
 }
 
-// Checks the description against the end being rebuilt and takes its descriptors.
+// Takes every descriptor of `description` that is open in this process, in order (the
+// call owns them whatever happens next); throws Error for one that is not open and
+// ProtocolError for one named twice, after taking the others, so that they are closed.
+std::vector<UniqueFd> take_descriptors(const EndDescription& description, const std::string& name) {
+  std::vector<UniqueFd> fds;
+  fds.reserve(description.fds.size());
+  std::optional<int> missing;
+  std::optional<int> repeated;
+  for (const int fd : description.fds) {
+    if (std::find_if(fds.begin(), fds.end(), [fd](const UniqueFd& taken) { return taken.get() == fd; }) !=
+        fds.end()) {
+      repeated = repeated.value_or(fd);
+    } else if (fd >= 0 && ::fcntl(fd, F_GETFD) >= 0) {
+      fds.emplace_back(fd);
+    } else {
+      missing = missing.value_or(fd);
+    }
+  }
+  if (missing) {
+    throw Error("cannot rebuild a " + name + ": its fd " + std::to_string(*missing) +
+                " is not open in this process (was it inherited?); its other descriptors were closed");
+  }
+  if (repeated) {
+    throw ProtocolError("cannot rebuild a " + name + ": its description names fd " + std::to_string(*repeated) +
+                        " twice; its descriptors were closed");
+  }
+  return fds;
+}
+
+// Takes the description's descriptors (closed again if anything below throws), checks the
+// description against the end being rebuilt, and marks the descriptors close-on-exec.
 std::vector<UniqueFd> claim(const EndDescription& description, EndRole role, std::uint64_t fingerprint,
                             std::string_view type_name) {
+  const std::string name = std::string(role_name(role)) + "<" + std::string(type_name) + ">";
+  std::vector<UniqueFd> fds = take_descriptors(description, name);
   if (description.role != EndRole::Sender && description.role != EndRole::Receiver) {
-    throw ProtocolError("a channel end description names no valid role");
+    throw ProtocolError("a channel end description names no valid role; its descriptors were closed");
   }
   if (description.role != role || description.type_fingerprint != fingerprint) {
-    throw TypeMismatch(std::string("cannot rebuild a ") + role_name(role) + "<" + std::string(type_name) +
-                       "> from the description of a " + role_name(description.role) + "<" + description.type_name +
-                       ">");
+    throw TypeMismatch("cannot rebuild a " + name + " from the description of a " + role_name(description.role) +
+                       "<" + description.type_name + ">; its descriptors were closed");
   }
-  std::vector<UniqueFd> fds;
-  for (const int fd : description.fds) {
-    const int flags = fd >= 0 ? ::fcntl(fd, F_GETFD) : -1;
-    if (flags < 0) {
-      throw Error("cannot rebuild a " + std::string(role_name(role)) + "<" + std::string(type_name) + ">: its fd " +
-                  std::to_string(fd) + " is not open in this process (was it inherited?)");
-    }
-    fds.emplace_back(fd);
+  for (const UniqueFd& fd : fds) {
     // The end is ours now; programs we start later must not inherit it.
-    if (::fcntl(fd, F_SETFD, flags | FD_CLOEXEC) != 0) throw_errno("fcntl(FD_CLOEXEC) on fd " + std::to_string(fd));
+    const int flags = ::fcntl(fd.get(), F_GETFD);
+    if (flags < 0 || ::fcntl(fd.get(), F_SETFD, flags | FD_CLOEXEC) != 0) {
+      throw_errno("fcntl(FD_CLOEXEC) on fd " + std::to_string(fd.get()));
+    }
   }
   return fds;
 }
 
 }  // namespace
+
+void throw_in_process_not_describable(const std::string& end) {
+  throw Error("cannot describe an InProcess " + end +
+              " for another process: an in-process channel's values never leave this process; create the channel "
+              "with Transport::Pipe, UnixSocket or ShmRing to hand an end to another process");
+}
 
 EndDescription describe_sender(SenderCore& core, std::uint64_t fingerprint, std::string_view type_name) {
   return describe(EndRole::Sender, core, core.writer(), fingerprint, type_name);

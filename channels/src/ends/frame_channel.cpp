@@ -16,6 +16,7 @@ SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport,
       transport_(transport),
       options_(options),
       owner_(::getpid()) {
+  encoder_.limit_type_name(options.limits.max_type_name_bytes);
   track();
 }
 

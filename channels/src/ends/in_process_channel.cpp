@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <limits>
 #include <mutex>
+#include <string>
 
 #include "ferry/error.hpp"
 
@@ -32,7 +33,20 @@ bool is_poll(const Deadline& deadline) {
   throw ChannelClosed("cannot send: the receiving end of the in-process channel was closed");
 }
 
+[[noreturn]] void throw_sender_dropped() {
+  throw PeerDied(
+      "the Sender of this in-process channel was destroyed by an exception before it closed the stream (its "
+      "thread failed): the values it sent were all received, but the stream was cut short, not ended");
+}
+
 }  // namespace
+
+void throw_no_frame_core(const char* end) {
+  throw Error(std::string("an InProcess ") + end +
+              " has no frame core: its values are moved through an in-process queue, never framed, so it cannot "
+              "be described for or handed to another process, nor used where a pipe, socket or ring end is needed; "
+              "create the channel with Transport::Pipe, UnixSocket or ShmRing for that");
+}
 
 struct InProcessQueue::State {
   explicit State(std::size_t capacity)
@@ -44,6 +58,7 @@ struct InProcessQueue::State {
   mutable std::mutex mutex;  // orders sends against close_sender() and close_receiver()
   std::uint64_t sent = 0;                 // guarded by mutex
   bool sender_closed = false;             // guarded by mutex
+  std::atomic<bool> sender_dropped{false};  // the sender was destroyed by an exception
   std::atomic<bool> receiver_closed{false};
   std::atomic<std::uint64_t> final_count{0};
   // The receiving thread's own state.
@@ -79,10 +94,15 @@ void InProcessQueue::push(std::unique_ptr<Parcel> parcel) {
   ++state_->sent;
 }
 
-void InProcessQueue::close_sender() noexcept {
+void InProcessQueue::close_sender() noexcept { end_stream(false); }
+
+void InProcessQueue::drop_sender() noexcept { end_stream(true); }
+
+void InProcessQueue::end_stream(bool dropped) noexcept {
   std::lock_guard lock(state_->mutex);
   if (state_->sender_closed) return;
   state_->sender_closed = true;
+  state_->sender_dropped.store(dropped, std::memory_order_relaxed);  // published by final_count
   state_->final_count.store(state_->sent, std::memory_order_release);
   // enqueue fails only when memory is exhausted; the receiver would then wait for the end.
   (void)state_->queue.enqueue(nullptr);
@@ -97,7 +117,10 @@ ReadStatus InProcessQueue::receive(std::unique_ptr<Parcel>& out, const Deadline&
   State& s = *state_;
   while (true) {
     if (s.receiver_closed.load(std::memory_order_acquire)) return ReadStatus::Closed;
-    if (s.end_seen && s.received == s.final_count.load(std::memory_order_acquire)) return ReadStatus::Closed;
+    if (s.end_seen && s.received == s.final_count.load(std::memory_order_acquire)) {
+      if (s.sender_dropped.load(std::memory_order_relaxed)) throw_sender_dropped();
+      return ReadStatus::Closed;
+    }
     std::unique_ptr<Parcel> parcel;
     if (deadline.is_never()) {
       s.queue.wait_dequeue(parcel);
@@ -125,6 +148,12 @@ void InProcessQueue::close_receiver() noexcept {
   state_->room.signal(std::numeric_limits<int>::max() / 4);  // wake every sender waiting for room
   std::unique_ptr<Parcel> parcel;
   while (state_->queue.try_dequeue(parcel)) parcel.reset();
+}
+
+bool InProcessQueue::ready() const noexcept {
+  const State& s = *state_;
+  return s.receiver_closed.load(std::memory_order_acquire) || s.queue.size_approx() > 0 ||
+         (s.end_seen && s.received == s.final_count.load(std::memory_order_acquire));
 }
 
 bool InProcessQueue::receiver_open() const noexcept {

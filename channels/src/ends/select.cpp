@@ -19,10 +19,15 @@ constexpr std::chrono::microseconds kRecheckInterval{200};
 constexpr std::chrono::milliseconds kHangUpCheckInterval{100};
 using Clock = std::chrono::steady_clock;
 
-// Sleeps until a ring of `words` (owned by cores[word_owners[i]]) gets data, a writer
+// True when the member's recv() would return without waiting for the peer to begin a message.
+bool has_buffered_frame(const detail::SelectorMember& member) {
+  return member.core != nullptr ? member.core->has_buffered_frame() : member.queue->ready();
+}
+
+// Sleeps until a ring of `words` (owned by members[word_owners[i]]) gets data, a writer
 // behind `hang_ups` dies, the deadline passes or kHangUpCheckInterval elapses, and marks
 // in `ready` what is ready. False when the kernel has no futex_waitv (nothing waited).
-bool wait_on_futexes(const std::vector<detail::ReceiverCore*>& cores, std::span<std::atomic<std::uint32_t>* const> words,
+bool wait_on_futexes(const std::vector<detail::SelectorMember>& members, std::span<std::atomic<std::uint32_t>* const> words,
                      std::span<const std::size_t> word_owners, std::span<pollfd> hang_ups,
                      std::span<const std::size_t> hang_up_owners, std::vector<bool>& ready, const Deadline& deadline) {
   struct Awake {  // leaves every word at 0 however the wait ends
@@ -38,7 +43,7 @@ bool wait_on_futexes(const std::vector<detail::ReceiverCore*>& cores, std::span<
   bool any = false;
   const auto look = [&] {
     for (std::size_t i = 0; i < words.size(); ++i) {
-      if (cores[word_owners[i]]->has_buffered_frame()) ready[word_owners[i]] = any = true;
+      if (has_buffered_frame(members[word_owners[i]])) ready[word_owners[i]] = any = true;
     }
     // The companion sockets report a writer's death (nothing else is ever sent on them).
     while (!hang_ups.empty()) {
@@ -63,20 +68,24 @@ bool wait_on_futexes(const std::vector<detail::ReceiverCore*>& cores, std::span<
 
 }  // namespace
 
-std::size_t Selector::add_core(detail::ReceiverCore& core) {
-  cores_.push_back(&core);
+std::size_t Selector::add_member(const detail::SelectorMember& member) {
+  if (!member) {
+    throw Error("Selector::add(): this Receiver is empty (moved from or default-constructed); add the Receiver "
+                "that channel() or duplex() made, or the one it was moved into");
+  }
+  members_.push_back(member);
   ++active_;
-  return cores_.size() - 1;
+  return members_.size() - 1;
 }
 
 void Selector::remove(std::size_t index) {
-  if (index < cores_.size() && cores_[index] != nullptr) {
-    cores_[index] = nullptr;
+  if (index < members_.size() && members_[index]) {
+    members_[index] = detail::SelectorMember{};
     --active_;
   }
 }
 
-bool Selector::contains(std::size_t index) const noexcept { return index < cores_.size() && cores_[index] != nullptr; }
+bool Selector::contains(std::size_t index) const noexcept { return index < members_.size() && members_[index]; }
 
 std::size_t Selector::wait() {
   if (empty()) throw Error("Selector::wait() on an empty set would wait for ever; add a receiver first");
@@ -90,13 +99,13 @@ std::optional<std::size_t> Selector::wait_for(Timeout timeout) {
 std::optional<std::size_t> Selector::try_wait() { return wait_until(Deadline::now()); }
 
 std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
-  const std::size_t count = cores_.size();
+  const std::size_t count = members_.size();
   std::vector<bool> ready(count, false);
   std::vector<pollfd> fds;
-  std::vector<std::size_t> owners;  // fds[i] belongs to cores_[owners[i]]
+  std::vector<std::size_t> owners;  // fds[i] belongs to members_[owners[i]]
   std::vector<std::size_t> silent;  // receivers whose arriving data no descriptor reports
   std::vector<std::atomic<std::uint32_t>*> words;  // the futex words of silent receivers that have one
-  std::vector<std::size_t> word_owners;            // words[i] belongs to cores_[word_owners[i]]
+  std::vector<std::size_t> word_owners;            // words[i] belongs to members_[word_owners[i]]
   while (true) {
     // Frames already in user space count as ready: poll() cannot see them.
     fds.clear();
@@ -108,12 +117,17 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
     bool any_buffered = false;
     bool stream_fds = false;  // a descriptor that reports data (futexes cannot wait with it)
     for (std::size_t index = 0; index < count; ++index) {
-      detail::ReceiverCore* core = cores_[index];
-      if (core == nullptr) continue;
-      if (core->has_buffered_frame()) {
+      const detail::SelectorMember& member = members_[index];
+      if (!member) continue;
+      if (has_buffered_frame(member)) {
         ready[index] = any_buffered = true;
         continue;
       }
+      if (member.queue != nullptr) {  // an in-process queue: no descriptor, no futex word
+        silent.push_back(index);
+        continue;
+      }
+      detail::ReceiverCore* core = member.core;
       const int fd = core->readiness_fd();
       const bool reports_data = fd >= 0 && core->readiness_fd_reports_data();
       if (fd >= 0) {
@@ -139,7 +153,7 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
     // recv() does, instead of waking every kRecheckInterval.
     if (!any_buffered && !silent.empty() && words.size() == silent.size() && !stream_fds &&
         words.size() <= kMaxFutexWaitWords && futexes_work_) {
-      if (wait_on_futexes(cores_, words, word_owners, fds, owners, ready, deadline)) {
+      if (wait_on_futexes(members_, words, word_owners, fds, owners, ready, deadline)) {
         if (const auto index = pick(ready)) return index;
         if (deadline.expired()) return std::nullopt;
         continue;
@@ -176,7 +190,7 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
     }
     // Receivers without a descriptor that reports data are looked at again after the wait.
     for (const std::size_t index : silent) {
-      if (!ready[index] && cores_[index]->has_buffered_frame()) ready[index] = true;
+      if (!ready[index] && has_buffered_frame(members_[index])) ready[index] = true;
     }
     if (const auto index = pick(ready)) return index;
     if (deadline.expired()) return std::nullopt;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "ferry/device.hpp"
@@ -19,6 +20,41 @@
 #include "ferry/storage.hpp"
 
 namespace ferry {
+
+namespace detail {
+/// A value given to Tensor::fill, before its conversion to the tensor's dtype.
+struct FillValue {
+  enum class Kind : std::uint8_t { Bool, Signed, Unsigned, Floating };
+  Kind kind = Kind::Signed;
+  bool boolean = false;
+  std::int64_t signed_value = 0;
+  std::uint64_t unsigned_value = 0;
+  double floating = 0;
+};
+template <class T>
+FillValue fill_value(T value) {
+  static_assert(std::is_arithmetic_v<T> || std::is_same_v<T, Half> || std::is_same_v<T, BFloat16>,
+                "Tensor::fill takes a number (bool, an integer, a floating type, Half or BFloat16)");
+  FillValue result;
+  if constexpr (std::is_same_v<T, bool>) {
+    result.kind = FillValue::Kind::Bool;
+    result.boolean = value;
+  } else if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+    result.kind = FillValue::Kind::Signed;
+    result.signed_value = value;
+  } else if constexpr (std::is_integral_v<T>) {
+    result.kind = FillValue::Kind::Unsigned;
+    result.unsigned_value = value;
+  } else if constexpr (std::is_floating_point_v<T>) {
+    result.kind = FillValue::Kind::Floating;
+    result.floating = static_cast<double>(value);
+  } else {
+    result.kind = FillValue::Kind::Floating;
+    result.floating = static_cast<float>(value);
+  }
+  return result;
+}
+}  // namespace detail
 
 /// The most dimensions a tensor may have.
 inline constexpr std::size_t kMaxDims = 32;
@@ -137,9 +173,16 @@ class Tensor {
   /// All elements in row-major order.
   template <class T>
   std::vector<T> to_vector() const;
-  /// Sets every element to `value`.
+  /// Sets every element to `value` (any number: bool, an integer, a floating type, Half,
+  /// BFloat16), converted to dtype() as torch's fill_() does: a floating value is truncated
+  /// toward zero into an integer dtype, a negative integer wraps into uint8 (-1 is 255),
+  /// anything non-zero is true, and infinities and NaN stay themselves in floating dtypes.
+  /// Throws Error, changing nothing, when the value is outside the dtype's range (300 into
+  /// uint8, 1e39 into float32, NaN into an integer dtype).
   template <class T>
-  Tensor& fill(T value);
+  Tensor& fill(T value) {
+    return fill_with(detail::fill_value(value));
+  }
 
   /// "Tensor(float32, [2, 3], strides [3, 1], offset 0, shared_cpu)".
   std::string to_string() const;
@@ -150,6 +193,7 @@ class Tensor {
   // A contiguous tensor of `shape` at offset 0: its shape and strides made in place.
   Tensor(std::shared_ptr<Storage>&& storage, DType dtype, const Shape& shape, Device device);
   std::size_t wrap_dim(std::int64_t d) const;
+  Tensor& fill_with(const detail::FillValue& value);
   void check_element_type(DType requested) const;
   std::byte* element_address(std::initializer_list<std::int64_t> index) const;
 
@@ -193,20 +237,6 @@ std::vector<T> Tensor::to_vector() const {
   std::vector<T> out(static_cast<std::size_t>(dense.numel()));
   if (!out.empty()) std::memcpy(out.data(), dense.data_ptr(), out.size() * sizeof(T));
   return out;
-}
-
-template <class T>
-Tensor& Tensor::fill(T value) {
-  check_element_type(dtype_of<T>);
-  const std::int64_t count = numel();
-  if (count == 0) return *this;
-  Tensor one = empty({1}, dtype_, Device::Cpu);
-  *one.data<T>() = value;
-  // Broadcast the single element through a zero-stride view.
-  const Shape zero_strides(shape_.size(), 0);
-  copy_strided(static_cast<std::byte*>(data_ptr()), strides_, static_cast<const std::byte*>(one.data_ptr()),
-               zero_strides, shape_, element_size());
-  return *this;
 }
 
 }  // namespace ferry

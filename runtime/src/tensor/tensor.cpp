@@ -1,6 +1,9 @@
 #include "ferry/tensor.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "cuda/memory.hpp"
@@ -101,6 +104,88 @@ std::size_t contiguous_bytes(const char* function, const Shape& shape, DType dty
   return bytes;
 }
 
+
+// ---- Tensor::fill: the conversion of a value to a dtype, as torch's fill_() does it --------
+
+using FillKind = detail::FillValue::Kind;
+
+std::string fill_value_text(const detail::FillValue& value) {
+  switch (value.kind) {
+    case FillKind::Bool: return value.boolean ? "true" : "false";
+    case FillKind::Signed: return std::to_string(value.signed_value);
+    case FillKind::Unsigned: return std::to_string(value.unsigned_value);
+    case FillKind::Floating: break;
+  }
+  std::ostringstream text;
+  text.precision(17);
+  text << value.floating;
+  return text.str();
+}
+
+[[noreturn]] void throw_fill_overflow(const detail::FillValue& value, DType dtype) {
+  throw Error("Tensor::fill: the value " + fill_value_text(value) + " cannot be converted to " +
+              std::string(dtype_name(dtype)) + " without overflow (torch's fill_() refuses it too); pass a value "
+              "in the dtype's range, or fill a tensor of a wider dtype");
+}
+
+bool fill_as_bool(const detail::FillValue& value) {
+  switch (value.kind) {
+    case FillKind::Bool: return value.boolean;
+    case FillKind::Signed: return value.signed_value != 0;
+    case FillKind::Unsigned: return value.unsigned_value != 0;
+    case FillKind::Floating: break;
+  }
+  return value.floating != 0;  // NaN too is true
+}
+
+// An integer dtype's element: a floating value is truncated toward zero, a negative
+// integer wraps into an unsigned dtype as long as its magnitude fits.
+template <class To>
+To fill_as_integer(const detail::FillValue& value, DType dtype) {
+  using Limits = std::numeric_limits<To>;
+  switch (value.kind) {
+    case FillKind::Bool: return static_cast<To>(value.boolean ? 1 : 0);
+    case FillKind::Signed: {
+      const std::int64_t x = value.signed_value;
+      bool fits = false;
+      if constexpr (Limits::is_signed) {
+        fits = x >= std::int64_t{Limits::min()} && x <= std::int64_t{Limits::max()};
+      } else {
+        const std::uint64_t magnitude = x < 0 ? static_cast<std::uint64_t>(-(x + 1)) + 1 : static_cast<std::uint64_t>(x);
+        fits = magnitude <= std::uint64_t{Limits::max()};
+      }
+      if (!fits) throw_fill_overflow(value, dtype);
+      return static_cast<To>(x);
+    }
+    case FillKind::Unsigned:
+      if (value.unsigned_value > static_cast<std::uint64_t>(Limits::max())) throw_fill_overflow(value, dtype);
+      return static_cast<To>(value.unsigned_value);
+    case FillKind::Floating: break;
+  }
+  const double x = value.floating;
+  // NaN fails both comparisons; 2^63 is int64's max as a double, but does not fit.
+  if (!(x >= static_cast<double>(Limits::lowest()) && x <= static_cast<double>(Limits::max())) || x >= 0x1p63) {
+    throw_fill_overflow(value, dtype);
+  }
+  return static_cast<To>(x);
+}
+
+// A floating dtype's element as a double: finite values above `max` in magnitude overflow.
+double fill_as_floating(const detail::FillValue& value, double max, DType dtype) {
+  double x = 0;
+  switch (value.kind) {
+    case FillKind::Bool: x = value.boolean ? 1 : 0; break;
+    case FillKind::Signed: x = static_cast<double>(value.signed_value); break;
+    case FillKind::Unsigned: x = static_cast<double>(value.unsigned_value); break;
+    case FillKind::Floating: x = value.floating; break;
+  }
+  if (std::isfinite(x) && std::fabs(x) > max) throw_fill_overflow(value, dtype);
+  return x;
+}
+
+constexpr double kLargestHalf = 65504.0;
+constexpr double kLargestBFloat16 = 0x1.fep127;  // 0x7f7f: (2 - 2^-7) * 2^127
+
 }  // namespace
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
@@ -180,6 +265,38 @@ std::size_t Tensor::wrap_dim(std::int64_t d) const {
     throw Error("dimension " + std::to_string(d) + " is out of range for a " + std::to_string(n) + "-d tensor");
   }
   return static_cast<std::size_t>(wrapped);
+}
+
+Tensor& Tensor::fill_with(const detail::FillValue& value) {
+  if (!defined_) throw Error("Tensor::fill on an undefined tensor");
+  alignas(8) std::byte element[8] = {};
+  const auto put = [&element](auto converted) {
+    static_assert(sizeof converted <= sizeof element);
+    std::memcpy(element, &converted, sizeof converted);
+  };
+  switch (dtype_) {
+    case DType::Bool: put(fill_as_bool(value)); break;
+    case DType::UInt8: put(fill_as_integer<std::uint8_t>(value, dtype_)); break;
+    case DType::Int8: put(fill_as_integer<std::int8_t>(value, dtype_)); break;
+    case DType::Int16: put(fill_as_integer<std::int16_t>(value, dtype_)); break;
+    case DType::Int32: put(fill_as_integer<std::int32_t>(value, dtype_)); break;
+    case DType::Int64: put(fill_as_integer<std::int64_t>(value, dtype_)); break;
+    case DType::Float16: put(Half(static_cast<float>(fill_as_floating(value, kLargestHalf, dtype_)))); break;
+    case DType::BFloat16:
+      put(BFloat16(static_cast<float>(fill_as_floating(value, kLargestBFloat16, dtype_))));
+      break;
+    case DType::Float32:
+      put(static_cast<float>(fill_as_floating(value, std::numeric_limits<float>::max(), dtype_)));
+      break;
+    case DType::Float64: put(fill_as_floating(value, std::numeric_limits<double>::infinity(), dtype_)); break;
+    default: detail::throw_invalid_dtype(dtype_);
+  }
+  if (numel() == 0) return *this;
+  if (!device().is_cpu()) throw Error("Tensor::fill of a " + device().to_string() + " tensor; fill a CPU tensor and copy_from() it");
+  // Broadcast the single element through a zero-stride view.
+  const Shape zero_strides(shape_.size(), 0);
+  copy_strided(static_cast<std::byte*>(data_ptr()), strides_, element, zero_strides, shape_, element_size());
+  return *this;
 }
 
 void Tensor::check_element_type(DType requested) const {

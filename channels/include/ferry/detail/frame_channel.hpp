@@ -36,9 +36,10 @@ struct ChannelOptions {
   std::chrono::milliseconds peer_check_interval{100};
   /// Values an InProcess channel holds before send() blocks (Transport::InProcess).
   std::size_t queue_capacity = 1024;
-  /// How long close() waits, in all: for room to write the end of the stream when the
-  /// pipe, socket or ring is full (a receiver that stopped reading then gets PeerDied
-  /// instead of end-of-stream), and for the receiver to map storages it was sent by /proc
+  /// How long close() waits, in all: for room to write the end of the stream (a 56-byte
+  /// frame) when the pipe, socket or ring has no room even for that (a receiver that
+  /// stopped reading then gets PeerDied instead of end-of-stream; with room for it, close()
+  /// does not wait for that), and for the receiver to map storages it was sent by /proc
   /// path (Transport::Pipe and ShmRing: the sender's fds must stay open until then).
   std::chrono::milliseconds close_linger{10'000};
   /// Memory isolation between peers. Empty (the default): a storage travels from whatever

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -12,6 +13,10 @@
 #include "ferry/detail/transport.hpp"
 
 namespace ferry::detail {
+
+/// Throws Error for asking an InProcess `end` ("Sender", "Receiver") for its frame core,
+/// which it does not have (Sender<T>::core(), Receiver<T>::core()).
+[[noreturn]] void throw_no_frame_core(const char* end);
 
 /// A value of some type on its way through an in-process channel.
 class Parcel {
@@ -36,7 +41,9 @@ class ParcelOf final : public Parcel {
 /// End of stream: the queue keeps FIFO order per sending thread only, so the end marker
 /// may overtake values sent earlier from other threads. close_sender() therefore records
 /// how many values were sent in all, and the receiver reports the end only once it has
-/// received that many.
+/// received that many. A sender dropped by an exception (drop_sender()) ends the stream the
+/// same way, but the receiver then gets PeerDied instead of end of stream, as from a
+/// crashed peer on the other transports.
 class InProcessQueue {
  public:
   explicit InProcessQueue(std::size_t capacity);
@@ -52,23 +59,36 @@ class InProcessQueue {
   void push(std::unique_ptr<Parcel> parcel);
   /// Ends the stream after the values sent so far. Idempotent.
   void close_sender() noexcept;
+  /// Cuts the stream off after the values sent so far, for a sender destroyed while an
+  /// exception unwinds: the receiver gets them, then PeerDied (on every later call).
+  /// No effect once the sender closed.
+  void drop_sender() noexcept;
   /// Neither end has closed.
   bool sender_open() const noexcept;
 
   /// Takes the next parcel, waiting until `deadline`. One receiving thread at a time.
+  /// Throws PeerDied once every value of a dropped sender was taken.
   ReadStatus receive(std::unique_ptr<Parcel>& out, const Deadline& deadline);
   /// Closes the receiving end: senders (also those waiting for room) get ChannelClosed,
   /// and the values still queued are destroyed.
   void close_receiver() noexcept;
   bool receiver_open() const noexcept;
+  /// True when receive() would return without waiting (a value or the end of the stream is
+  /// queued, or the receiver closed); false may be briefly stale while a value is being
+  /// queued. For the receiving thread (a Selector waiting on this queue).
+  bool ready() const noexcept;
 
  private:
   struct State;
+  // Ends the stream after the values sent so far; `dropped`: as PeerDied.
+  void end_stream(bool dropped) noexcept;
   std::unique_ptr<State> state_;
 };
 
 /// The sending end's share of an in-process channel of T; closing (or destroying) it
-/// ends the stream. Move-only; empty after a move.
+/// ends the stream, unless it is destroyed while an exception unwinds the stack: then the
+/// receiver gets PeerDied after the values sent (the rule of SenderCore's destructor).
+/// Move-only; empty after a move.
 template <class T>
 class InProcessSender {
  public:
@@ -82,7 +102,14 @@ class InProcessSender {
     }
     return *this;
   }
-  ~InProcessSender() { close(); }
+  ~InProcessSender() {
+    if (!queue_) return;
+    if (std::uncaught_exceptions() == 0) {
+      queue_->close_sender();
+    } else {
+      queue_->drop_sender();
+    }
+  }
 
   explicit operator bool() const noexcept { return queue_ != nullptr; }
   /// Moves `value` into the channel once there is room; false (and `value` untouched)
@@ -138,6 +165,8 @@ class InProcessReceiver {
     if (queue_) queue_->close_receiver();
   }
   bool is_open() const noexcept { return queue_ && queue_->receiver_open(); }
+  /// The shared queue (a Selector waits on it); null when empty.
+  const InProcessQueue* queue() const noexcept { return queue_.get(); }
 
  private:
   std::shared_ptr<InProcessQueue> queue_;

@@ -45,6 +45,9 @@ enum class FrameKind : std::uint8_t {
 
 /// Bits of FrameHeader::flags.
 inline constexpr std::uint8_t kFrameHasTypeName = 1;
+/// With kFrameHasTypeName: the name is the first max_type_name_bytes bytes of a longer one
+/// (the name only serves error messages; the fingerprint is always of the full name).
+inline constexpr std::uint8_t kFrameTypeNameTruncated = 2;
 
 struct FrameHeader {
   std::uint32_t magic = kFrameMagic;

@@ -136,6 +136,7 @@ class MessageDecoder {
   std::uint64_t expected_fingerprint_;
   std::string_view expected_type_name_;
   std::string peer_type_name_;
+  bool peer_type_name_truncated_ = false;  // the sender cut its name (kFrameTypeNameTruncated)
   // A lease keeps a storage the sender still holds: its memory() is the receiver's hold on
   // the memory (a ReceivedBlock, which gives the storage slot back through the return board
   // when it dies, or an opened CUDA range), owned by the core when there is one and by

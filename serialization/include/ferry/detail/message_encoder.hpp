@@ -75,6 +75,11 @@ class MessageEncoder {
   MessageEncoder(const MessageEncoder&) = delete;
   MessageEncoder& operator=(const MessageEncoder&) = delete;
 
+  /// Sends at most `bytes` of the message type's name (FrameLimits::max_type_name_bytes,
+  /// 4096 unless set): a longer name is truncated and flagged (kFrameTypeNameTruncated),
+  /// never refused; the fingerprint is always of the full name.
+  void limit_type_name(std::size_t bytes) noexcept { max_type_name_bytes_ = bytes; }
+
   /// Encodes `message` into a frame. The frame stays valid until the next encode call.
   /// Call commit() once the transport sent it, or rollback() if it was not sent. `space`
   /// (may be null): where the transport lends memory for a large body (FrameBody); the
@@ -205,6 +210,7 @@ class MessageEncoder {
   std::optional<SharedAllocator> pool_;
   std::uint64_t next_sequence_ = 1;
   bool type_name_sent_ = false;
+  std::size_t max_type_name_bytes_ = FrameLimits{}.max_type_name_bytes;
   std::uint64_t seen_storage_deaths_ = 0;
   std::uint64_t seen_segment_deaths_ = 0;
   std::uint64_t storages_passed_ = 0;
