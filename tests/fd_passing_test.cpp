@@ -15,9 +15,9 @@
 #include <deque>
 #include <vector>
 
-#include "ferry/detail/segment_fd_channel.hpp"
+#include "fd_passing/segment_fd_channel.hpp"
 #include "ferry/ferry.hpp"
-#include "ferry/peer_fd.hpp"
+#include "ferry/detail/peer_fd.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/transports.hpp"

@@ -1,4 +1,4 @@
-#include "ferry/message_encoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
 
 #include <unistd.h>
 
@@ -7,8 +7,8 @@
 #include <cstring>
 #include <utility>
 
-#include "ferry/peer_fd.hpp"
-#include "ferry/return_board.hpp"
+#include "ferry/detail/peer_fd.hpp"
+#include "ferry/detail/return_board.hpp"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "ferry/detail/segment_fd_channel.hpp"
+#include "fd_passing/segment_fd_channel.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "../peer_gone.hpp"
-#include "ferry/deadline.hpp"
+#include "ferry/detail/deadline.hpp"
 #include "ferry/error.hpp"
+#include "transport/peer_gone.hpp"
 
 namespace ferry::detail {
 namespace {
