@@ -18,6 +18,7 @@
 #include "fd_passing/segment_fd_channel.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/detail/peer_fd.hpp"
+#include "ferry/detail/transport.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/transports.hpp"
@@ -228,6 +229,79 @@ TEST(FdsTakeableByPeers, FollowsTheDumpableFlag) {
     CHILD_CHECK(fds_takeable_by_peers());
   });
   EXPECT_TRUE(child_succeeded(child));
+}
+
+
+// ---- more fds than one sendmsg carries --------------------------------------------------
+
+// Tensors of 16 KiB from segments of 64 KiB: each has a segment of its own (larger than an
+// eighth of the segment size), so each brings its own fd.
+class ManySegmentsTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
+
+INSTANTIATE_TEST_SUITE_P(Transports, ManySegmentsTest, ::testing::ValuesIn(test::interprocess_transports()),
+                         test::transport_test_name);
+
+// 300 tensors with segments of their own in one message (more than the 253 fds one sendmsg
+// carries) pass on every transport, from dumpable and from not dumpable senders.
+TEST_P(ManySegmentsTest, AMessageWithMoreNewSegmentsThanOneSendmsgCarriesArrives) {
+  constexpr std::int32_t kTensors = 300;
+  constexpr std::int64_t kElements = 4096;
+  for (const bool dumpable : {true, false}) {
+    auto [tx, rx] = channel<Batch>(GetParam());
+    const pid_t sender = fork_child([&, &tx = tx, &rx = rx] {
+      rx.detach();
+      SharedAllocator::global().configure({std::size_t{64} << 10, 0});
+      if (!dumpable) CHILD_CHECK(::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0);
+      Batch batch{7, {}};
+      for (std::int32_t i = 0; i < kTensors; ++i) batch.tensors.push_back(filled(kElements, i));
+      CHILD_CHECK(SharedAllocator::global().stats().segments == static_cast<std::size_t>(kTensors));
+      tx.send(batch);
+      tx.close();
+    });
+    tx.detach();
+    {
+      std::optional<Batch> batch = rx.recv();
+      ASSERT_TRUE(batch.has_value());
+      ASSERT_EQ(batch->tensors.size(), static_cast<std::size_t>(kTensors));
+      for (std::int32_t i = 0; i < kTensors; ++i) {
+        ASSERT_EQ(batch->tensors[i].at<std::int32_t>({kElements - 1}), i) << "tensor " << i;
+      }
+      EXPECT_FALSE(rx.recv());
+    }
+    rx.close();
+    EXPECT_TRUE(child_succeeded(sender)) << (dumpable ? "dumpable" : "not dumpable");
+  }
+}
+
+// A peer that sends a batch of fds with every byte of a long frame: the receiver refuses it
+// as soon as it holds more than the frame declares and one batch, not once it ran out of fds.
+TEST(UnixSocketFdBound, ALyingPeerCannotMakeTheReceiverHoldMoreThanAFrameDeclaresAndOneBatch) {
+  auto [writer, reader] = make_transport(Transport::UnixSocket, FrameLimits{}, 0);
+  const int raw = writer->descriptors().at(0);
+  FrameHeader header;
+  header.segment_count = 1;
+  header.fd_count = 1;
+  header.body_bytes = 1000;
+  ASSERT_EQ(::send(raw, &header, sizeof header, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof header));
+  const std::vector<UniqueFd> files = open_files(SegmentFdChannel::kMaxFdsPerMessage);
+  for (int i = 0; i < 8; ++i) send_raw(raw, numbers(files), 0);  // a byte of the body and 253 fds, 8 times
+  const std::size_t fds_before = count_open_fds();
+  FrameHeader got;
+  std::vector<std::byte> payload;
+  std::deque<UniqueFd> fds;
+  try {
+    // The body never comes: a reader that does not refuse the fds as they arrive waits.
+    const ReadStatus status = reader->read(got, payload, fds, Deadline::after(std::chrono::seconds(2)));
+    ADD_FAILURE() << "not refused: read() returned " << static_cast<int>(status) << " holding " << fds.size()
+                  << " fds";
+  } catch (const ProtocolError& error) {
+    EXPECT_NE(std::string(error.what()).find("refusing fds that no frame accounts for"), std::string::npos)
+        << error.what();
+  }
+  // At most the frame's one fd and two batches arrived before the refusal (the batch that
+  // broke the bound included).
+  EXPECT_LE(fds.size(), 1 + 2 * SegmentFdChannel::kMaxFdsPerMessage);
+  EXPECT_LE(count_open_fds(), fds_before + 1 + 2 * SegmentFdChannel::kMaxFdsPerMessage);
 }
 
 }  // namespace

@@ -9,7 +9,8 @@
 namespace ferry {
 
 /// Writes frames to a pipe or a stream socket. With a socket, the frame's fds travel as
-/// SCM_RIGHTS with its first byte. With a pipe, `side` is this end of a Unix socket pair
+/// SCM_RIGHTS with its first byte, or, above 253 (SCM_MAX_FD), in batches of 253 with
+/// its first bytes, one byte each, and the last batch with the rest of the frame. With a pipe, `side` is this end of a Unix socket pair
 /// next to the pipe: a frame's fds (there are some only when this process does not let
 /// peers take its fds, see HandlePassing::ProcFdWhileTakeable) go out on it just before
 /// the frame (SegmentFdChannel), and acknowledgements come back on it, read only while
@@ -22,6 +23,10 @@ namespace ferry {
 /// close the connection. On any socket, a close that could not send the end-of-stream
 /// frame, or an end dropped by an exception, ends this direction with shutdown(SHUT_WR)
 /// (shut_down()).
+///
+/// Process-wide signal dispositions are left alone: a socket is written with MSG_NOSIGNAL,
+/// a pipe with SIGPIPE blocked in the writing thread, and the SIGPIPE that a write to a pipe
+/// without readers raises is consumed at once (the write reports EPIPE: ChannelClosed).
 ///
 /// Timed writes never leave half a frame: a frame that was started when the deadline
 /// passed is accepted, and its unwritten tail is kept here and written before the next
@@ -98,6 +103,9 @@ class StreamFrameReader final : public FrameReader {
   // Reads what is available (at least one byte, blocking) into `into`; returns 0 at EOF.
   std::size_t receive(std::byte* into, std::size_t capacity, std::deque<UniqueFd>& fds);
   std::size_t buffered() const noexcept { return end_ - begin_; }
+  // Throws ProtocolError when more fds are queued than `declared` (the frame being read, or
+  // the most any frame may declare before its header came) and one batch of fds.
+  void bound_queued_fds(std::uint64_t declared, const std::deque<UniqueFd>& fds) const;
   // Throws ProtocolError when more fds are queued than the frame just read and the frames
   // already buffered can account for.
   void check_queued_fds(const FrameHeader& header, const std::deque<UniqueFd>& fds) const;
@@ -116,9 +124,5 @@ class StreamFrameReader final : public FrameReader {
   std::size_t begin_ = 0;
   std::size_t end_ = 0;
 };
-
-/// Makes SIGPIPE harmless for the process (if it still has the default action), so that a
-/// write to a pipe whose reader died reports EPIPE instead of killing the process.
-void ignore_sigpipe();
 
 }  // namespace ferry

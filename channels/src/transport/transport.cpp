@@ -67,7 +67,6 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
     Transport transport, const FrameLimits& limits, std::size_t ring_capacity, const RingTiming& ring_timing) {
   switch (transport) {
     case Transport::Pipe: {
-      ignore_sigpipe();
       auto [data_read, data_write] = make_pipe(0);
       // Non-blocking write end: timed sends must not block inside writev.
       if (::fcntl(data_write.get(), F_SETFL, O_NONBLOCK) != 0) throw_errno("fcntl(O_NONBLOCK) on a pipe");
@@ -122,7 +121,6 @@ std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::v
   switch (transport) {
     case Transport::Pipe:  // data pipe's write end, the writer's side socket
       expect_descriptors(transport, fds, 2, "writer");
-      ignore_sigpipe();
       return std::make_unique<StreamFrameWriter>(std::move(fds[0]), std::move(fds[1]), false);
     case Transport::UnixSocket:
       expect_descriptors(transport, fds, 1, "writer");
@@ -143,7 +141,6 @@ std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::v
   switch (transport) {
     case Transport::Pipe:  // data pipe's read end, the reader's side socket
       expect_descriptors(transport, fds, 2, "reader");
-      ignore_sigpipe();
       return std::make_unique<StreamFrameReader>(std::move(fds[0]), std::move(fds[1]), false, limits);
     case Transport::UnixSocket:
       expect_descriptors(transport, fds, 1, "reader");
