@@ -3,7 +3,10 @@
 # which is also a compile definition of the ferry target (1 or 0) for code that uses it.
 #
 # The library's CUDA code is host C++ that calls the CUDA runtime API (no nvcc); nvcc only
-# compiles the test kernels (tests/support/cuda_kernels.cu).
+# compiles the test kernels (tests/support/cuda_kernels.cu). The library links no CUDA
+# library: it loads the runtime (libcudart.so.<major> of the toolkit it was built with) with
+# dlopen when CUDA is first used (runtime/src/cuda/cudart.cpp), so an installed ferry built
+# with CUDA asks nothing of the CUDA toolkit from a consumer that does not use CUDA.
 set(FERRY_WITH_CUDA AUTO CACHE STRING "Build the CUDA parts: AUTO (when the toolkit is found), ON (required) or OFF")
 set_property(CACHE FERRY_WITH_CUDA PROPERTY STRINGS AUTO ON OFF)
 
@@ -44,9 +47,15 @@ function(ferry_add_cuda_sources target)
       src/cuda/ipc_memory.cpp
       src/cuda/ipc_signals.cpp
       src/cuda/fence_watch.cpp
-      src/cuda/copy.cpp)
-    target_link_libraries(${target} PUBLIC CUDA::cudart)
+      src/cuda/copy.cpp
+      src/cuda/cudart.cpp)
+    # The toolkit's headers for the build only; the runtime is found when first used.
+    target_include_directories(${target} SYSTEM PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+    target_link_libraries(${target} PRIVATE ${CMAKE_DL_LIBS})
     target_compile_definitions(${target} PUBLIC FERRY_HAS_CUDA=1)
+    set(soname "libcudart.so.${CUDAToolkit_VERSION_MAJOR}")
+    target_compile_definitions(${target} PRIVATE FERRY_CUDART_SONAME="${soname}"
+                                                 FERRY_CUDART_PATH="${CUDAToolkit_LIBRARY_DIR}/${soname}")
   else()
     target_sources(${target} PRIVATE src/cuda/disabled.cpp)
     target_compile_definitions(${target} PUBLIC FERRY_HAS_CUDA=0)

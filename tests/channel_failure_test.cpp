@@ -1,11 +1,13 @@
 // Peers that die: SIGKILL on either side of a channel, over every transport. The survivor
 // must see a closed channel (never a hang, never SIGPIPE), and nothing may leak.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <string>
 #include <thread>
 
 #include "ferry/ferry.hpp"
@@ -389,38 +391,66 @@ TEST(PipeTransport, WritingToADeadReaderDoesNotRaiseSigpipe) {
 volatile sig_atomic_t g_sigpipes = 0;
 void count_sigpipe(int) { g_sigpipes = g_sigpipes + 1; }
 
-// SIGPIPE is ignored when a pipe channel is created only if it still had its default
-// action: a handler the program installed is left alone. (In children: the disposition
-// is process-wide, and ferry looks at it once per process.)
-TEST(PipeTransport, OnlyTheDefaultSigpipeActionIsReplaced) {
-  const pid_t with_default = test::fork_child([] {
+// A pipe channel leaves SIGPIPE's disposition alone (the process's, which exec'd programs
+// inherit): a send into a pipe whose reader is gone is ChannelClosed, the SIGPIPE that the
+// write raised is taken back in the writing thread (a handler of the program never runs),
+// and the thread's signal mask is what it was. (In children: dispositions are process-wide.)
+TEST(PipeTransport, LeavesTheSigpipeDispositionAlone) {
+  for (const bool with_handler : {false, true}) {
+    const pid_t child = test::fork_child([with_handler] {
+      struct sigaction mine {};
+      mine.sa_handler = with_handler ? count_sigpipe : SIG_DFL;
+      ::sigemptyset(&mine.sa_mask);
+      CHILD_CHECK(::sigaction(SIGPIPE, &mine, nullptr) == 0);
+      auto [tx, rx] = channel<int>(Transport::Pipe);
+      rx.close();
+      bool closed = false;
+      try {
+        tx.send(1);
+      } catch (const ChannelClosed&) {
+        closed = true;
+      }
+      CHILD_CHECK(closed);
+      struct sigaction now {};
+      CHILD_CHECK(::sigaction(SIGPIPE, nullptr, &now) == 0);
+      CHILD_CHECK(now.sa_handler == mine.sa_handler);
+      CHILD_CHECK(g_sigpipes == 0);
+      sigset_t mask;
+      sigset_t pending;
+      CHILD_CHECK(::pthread_sigmask(SIG_SETMASK, nullptr, &mask) == 0 && ::sigismember(&mask, SIGPIPE) == 0);
+      CHILD_CHECK(::sigpending(&pending) == 0 && ::sigismember(&pending, SIGPIPE) == 0);
+    });
+    EXPECT_TRUE(test::child_succeeded(child)) << (with_handler ? "with a handler" : "with the default action");
+  }
+}
+
+// A program that made a pipe channel and then runs `sh -c 'yes | head -1'` gets what a
+// shell gives: `yes` ends by SIGPIPE (status 141), it does not print "Broken pipe" and
+// exit 1 as it does with SIGPIPE ignored.
+TEST(PipeTransport, ProgramsExecdAfterAPipeChannelGetTheDefaultSigpipe) {
+  int status_pipe[2];
+  ASSERT_EQ(::pipe2(status_pipe, O_CLOEXEC), 0);
+  UniqueFd status_read(status_pipe[0]);
+  UniqueFd status_write(status_pipe[1]);
+  const pid_t child = test::fork_child([&] {
+    status_read.reset();
     CHILD_CHECK(::signal(SIGPIPE, SIG_DFL) != SIG_ERR);
     auto [tx, rx] = channel<int>(Transport::Pipe);
-    struct sigaction now {};
-    CHILD_CHECK(::sigaction(SIGPIPE, nullptr, &now) == 0);
-    CHILD_CHECK(now.sa_handler == SIG_IGN);
-  });
-  EXPECT_TRUE(test::child_succeeded(with_default));
-  const pid_t with_handler = test::fork_child([] {
-    struct sigaction mine {};
-    mine.sa_handler = count_sigpipe;
-    ::sigemptyset(&mine.sa_mask);
-    CHILD_CHECK(::sigaction(SIGPIPE, &mine, nullptr) == 0);
-    auto [tx, rx] = channel<int>(Transport::Pipe);
-    struct sigaction now {};
-    CHILD_CHECK(::sigaction(SIGPIPE, nullptr, &now) == 0);
-    CHILD_CHECK(now.sa_handler == count_sigpipe);
     rx.close();
-    bool closed = false;
     try {
       tx.send(1);
     } catch (const ChannelClosed&) {
-      closed = true;
     }
-    CHILD_CHECK(closed);
-    CHILD_CHECK(g_sigpipes >= 1);  // the program's handler saw the write to the closed pipe
+    CHILD_CHECK(::dup2(status_write.get(), 3) == 3);  // the shell reports `yes`'s status on fd 3
+    ::execl("/bin/sh", "sh", "-c", "{ yes; echo \"$?\" >&3; } | head -n 1 >/dev/null", static_cast<char*>(nullptr));
+    CHILD_CHECK(!"execl /bin/sh");
   });
-  EXPECT_TRUE(test::child_succeeded(with_handler));
+  status_write.reset();
+  std::string status;
+  char buffer[16];
+  for (ssize_t got; (got = ::read(status_read.get(), buffer, sizeof buffer)) > 0;) status.append(buffer, got);
+  EXPECT_TRUE(test::child_succeeded(child));
+  EXPECT_EQ(status, "141\n") << "`yes` did not end by SIGPIPE: the shell inherited SIGPIPE ignored";
 }
 
 }  // namespace

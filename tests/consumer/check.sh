@@ -24,6 +24,21 @@ cmake -S "$source_dir/tests/consumer" -B "$scratch/installed" -G Ninja -DCMAKE_P
 cmake --build "$scratch/installed" >/dev/null
 "$scratch/installed/consumer"
 
+# The same consumer where the CUDA toolkit is out of its view (not on PATH, its prefixes
+# ignored, CUDAToolkit_ROOT pointing nowhere): it must build and run against this ferry
+# also when ferry was built with CUDA, since it does not use CUDA itself.
+cuda_dirs=$(ls -d /usr/local/cuda /usr/local/cuda-* /opt/cuda 2>/dev/null | tr '\n' ';' || true)
+ignored_paths=$(for d in ${cuda_dirs//;/ }; do printf '%s;' "$d/bin" "$d/lib" "$d/lib64" "$d/include" "$d/targets/x86_64-linux/lib" "$d/targets/x86_64-linux/include"; done)
+path_without_cuda=$(tr ':' '\n' <<<"$PATH" | grep -v cuda | paste -sd: -)
+grep -q 'set(FERRY_BUILT_WITH_CUDA ON)' "$scratch/prefix"/lib*/cmake/ferry/ferryConfig.cmake &&
+  echo "check.sh: the consumer without a CUDA toolkit builds against a ferry built with CUDA" >&2
+env -u CUDA_PATH -u CUDA_HOME PATH="$path_without_cuda" \
+  cmake -S "$source_dir/tests/consumer" -B "$scratch/without_cuda" -G Ninja -DCMAKE_PREFIX_PATH="$scratch/prefix" \
+  -DFERRY_CONSUMER_WITHOUT_CUDA=ON -DCUDAToolkit_ROOT=/nonexistent "-DCMAKE_IGNORE_PREFIX_PATH=$cuda_dirs" \
+  "-DCMAKE_IGNORE_PATH=$ignored_paths" >/dev/null
+env PATH="$path_without_cuda" cmake --build "$scratch/without_cuda" >/dev/null
+"$scratch/without_cuda/consumer"
+
 # A unity build (FERRY_UNITY_BUILD): half the compile time of ferry's sources one by one, and
 # a check that the option works for consumers who set it.
 cmake -S "$source_dir/tests/consumer" -B "$scratch/subdirectory" -G Ninja -DFERRY_SOURCE_DIR="$source_dir" \

@@ -7,13 +7,17 @@
 
 #include <cstring>
 
+#include "ferry/detail/sigpipe_blocked.hpp"
+
 namespace ferry::detail {
 namespace {
 
 void write_all(int fd, const void* data, std::size_t size) {
   const auto* bytes = static_cast<const std::byte*>(data);
   while (size > 0) {
+    SigpipeBlocked blocked;  // a reader gone is EPIPE, never a signal
     const ssize_t written = ::write(fd, bytes, size);
+    if (written < 0 && errno == EPIPE) blocked.consume();
     if (written < 0) {
       if (errno == EINTR) continue;
       throw_errno("write of a worker's argument payload");

@@ -10,8 +10,9 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
-#include <mutex>
 
+#include "fd_passing/segment_fd_channel.hpp"
+#include "ferry/detail/sigpipe_blocked.hpp"
 #include "ferry/error.hpp"
 #include "transport/peer_gone.hpp"
 
@@ -23,25 +24,11 @@ constexpr std::size_t kMaxFdsPerRead = 253;  // SCM_MAX_FD
 
 }  // namespace
 
-void ignore_sigpipe() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    struct sigaction current {};
-    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
-      struct sigaction ignore {};
-      ignore.sa_handler = SIG_IGN;
-      ::sigemptyset(&ignore.sa_mask);
-      if (::sigaction(SIGPIPE, &ignore, nullptr) != 0) throw_errno("sigaction(SIGPIPE, SIG_IGN)");
-    }
-  });
-}
-
 // ---- writer ------------------------------------------------------------------
 
-StreamFrameWriter::StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket,
-                                     bool shares_connection)
+StreamFrameWriter::StreamFrameWriter(UniqueFd stream, UniqueFd side, bool is_socket, bool shares_connection)
     : stream_(std::move(stream)),
-      acknowledgements_(std::move(acknowledgements)),
+      side_(std::move(side)),
       is_socket_(is_socket),
       shares_connection_(shares_connection && is_socket) {}
 
@@ -65,7 +52,9 @@ ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std
       written = ::sendmsg(stream_.get(), &message, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
     } else {
       // The pipe's write end is non-blocking; a blocking write waits for room below.
+      detail::SigpipeBlocked blocked;
       written = ::writev(stream_.get(), parts, static_cast<int>(count));
+      if (written < 0 && errno == EPIPE) blocked.consume();
       if (written < 0 && errno == EAGAIN && wait) {
         wait_for_fd(stream_.get(), POLLOUT, Deadline::never());
         continue;
@@ -96,23 +85,60 @@ bool StreamFrameWriter::flush_pending(const Deadline& deadline) {
 
 bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
   if (!stream_) throw ChannelClosed("cannot send: this end of the channel is closed");
-  if (fds.size() > kMaxFdsPerRead) {
-    throw Error("a frame can pass at most " + std::to_string(kMaxFdsPerRead) + " storages by fd, not " +
-                std::to_string(fds.size()) + "; send fewer new storages per message");
-  }
   if (!pending_.empty() && !flush_pending(deadline)) return false;
+  if (is_socket_ || fds.empty()) return write_frame(parts, fds, deadline, false);
+  if (!side_) throw Error("this pipe end has no side socket to pass fds on");
+  // A pipe: the fds go out on the side socket before the frame (so the reader finds them
+  // there once it has the frame), and only when the frame's first byte is sure to follow:
+  // the pipe has room, and nothing else writes to it.
+  if (!deadline.is_never() && !wait_for_fd(stream_.get(), POLLOUT, deadline)) return false;
+  if (!detail::SegmentFdChannel(side_.get()).send(fds, deadline)) return false;
+  return write_frame(parts, {}, deadline, true);
+}
 
+bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline,
+                                    bool must_start) {
   std::array<iovec, 8> remaining{};
   if (parts.size() > remaining.size()) throw Error("a frame has too many parts");
   std::copy(parts.begin(), parts.end(), remaining.begin());
   iovec* next = remaining.data();
   std::size_t count = parts.size();
+  auto advance = [&](std::size_t written) {
+    while (count > 0 && written >= next->iov_len) {
+      written -= next->iov_len;
+      ++next;
+      --count;
+    }
+    if (count > 0) {
+      next->iov_base = static_cast<char*>(next->iov_base) + written;
+      next->iov_len -= written;
+    }
+  };
   bool started = false;
   const bool wait = deadline.is_never();
+  // One sendmsg carries at most kMaxFdsPerRead fds: a frame with more sends each earlier
+  // batch with one byte of the frame (it has bytes enough: a header, and a segment entry
+  // per fd), and the last batch with the rest.
+  while (fds.size() > kMaxFdsPerRead) {
+    if (count == 0) throw Error("a frame has fewer bytes than batches of fds to carry");
+    const iovec one{next->iov_base, 1};
+    const ssize_t written = write_some(&one, 1, fds.first(kMaxFdsPerRead), wait);
+    if (written < 0) {
+      // Once a batch went out, the frame must go out whole: fds cannot wait in pending_.
+      if (wait_for_fd(stream_.get(), POLLOUT, started ? Deadline::never() : deadline)) continue;
+      return false;
+    }
+    started = true;
+    fds = fds.subspan(kMaxFdsPerRead);
+    advance(1);
+  }
   while (count > 0) {
-    const ssize_t written = write_some(next, count, started ? std::span<const int>() : fds, wait);
+    const ssize_t written = write_some(next, count, fds, wait);
     if (written < 0) {  // full, and a deadline applies
-      if (wait_for_fd(stream_.get(), POLLOUT, deadline)) continue;
+      // A frame whose fds went out ahead of it must start, and one whose first batch of
+      // fds went out must send the last one, whatever the deadline.
+      const bool must_wait = started ? !fds.empty() : must_start;
+      if (wait_for_fd(stream_.get(), POLLOUT, must_wait ? Deadline::never() : deadline)) continue;
       if (!started) return false;
       // Deadline passed mid-frame: keep the tail, so the stream never holds half a frame.
       for (std::size_t i = 0; i < count; ++i) {
@@ -122,16 +148,8 @@ bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int>
       return true;
     }
     started = true;
-    auto left = static_cast<std::size_t>(written);
-    while (count > 0 && left >= next->iov_len) {
-      left -= next->iov_len;
-      ++next;
-      --count;
-    }
-    if (count > 0) {
-      next->iov_base = static_cast<char*>(next->iov_base) + left;
-      next->iov_len -= left;
-    }
+    fds = {};
+    advance(static_cast<std::size_t>(written));
   }
   return true;
 }
@@ -139,7 +157,7 @@ bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int>
 void StreamFrameWriter::read_acknowledgements() {
   std::array<std::uint64_t, 512> records{};
   while (true) {
-    const ssize_t got = ::read(acknowledgements_.get(), records.data(), sizeof records);
+    const ssize_t got = ::recv(side_.get(), records.data(), sizeof records, MSG_DONTWAIT);
     if (got < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) break;
@@ -149,7 +167,7 @@ void StreamFrameWriter::read_acknowledgements() {
       reader_gone_ = true;
       break;
     }
-    // Records are 8 bytes and pipe writes below PIPE_BUF are atomic, so none is split.
+    // Records are sent whole, 8 bytes each, and read 512 at a time, so none is split.
     for (std::size_t i = 0; i < static_cast<std::size_t>(got) / sizeof(std::uint64_t); ++i) {
       acknowledged_ = std::max(acknowledged_, records[i]);
     }
@@ -159,23 +177,23 @@ void StreamFrameWriter::read_acknowledgements() {
 }
 
 bool StreamFrameWriter::wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) {
-  if (!acknowledgements_) return true;
+  if (!side_) return true;
   while (true) {
     read_acknowledgements();
     if (acknowledged_ >= sequence) return true;
-    if (reader_gone_ || !wait_for_fd(acknowledgements_.get(), POLLIN, deadline)) return false;
+    if (reader_gone_ || !wait_for_fd(side_.get(), POLLIN, deadline)) return false;
   }
 }
 
 void StreamFrameWriter::close() noexcept {
   stream_.reset();
-  acknowledgements_.reset();
+  side_.reset();
 }
 
 UniqueFd StreamFrameWriter::liveness_probe() const {
   if (!stream_) return UniqueFd();
   if (is_socket_) return stream_.duplicate();
-  return acknowledgements_ ? acknowledgements_.duplicate() : UniqueFd();
+  return side_ ? side_.duplicate() : UniqueFd();
 }
 
 void StreamFrameWriter::shut_down() noexcept {
@@ -188,16 +206,16 @@ void StreamFrameWriter::shut_down() noexcept {
 
 std::vector<int> StreamFrameWriter::descriptors() const {
   std::vector<int> out{stream_.get()};
-  if (acknowledgements_) out.push_back(acknowledgements_.get());
+  if (side_) out.push_back(side_.get());
   return out;
 }
 
 // ---- reader ------------------------------------------------------------------
 
-StreamFrameReader::StreamFrameReader(UniqueFd stream, UniqueFd acknowledgements, bool is_socket,
-                                     const FrameLimits& limits, bool shares_connection)
+StreamFrameReader::StreamFrameReader(UniqueFd stream, UniqueFd side, bool is_socket, const FrameLimits& limits,
+                                     bool shares_connection)
     : stream_(std::move(stream)),
-      acknowledgements_(std::move(acknowledgements)),
+      side_(std::move(side)),
       is_socket_(is_socket),
       shares_connection_(shares_connection && is_socket),
       limits_(limits),
@@ -254,6 +272,7 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
         begin_ = 0;
       }
       const std::size_t got = receive(buffer_.data() + end_, buffer_.size() - end_, fds);
+      bound_queued_fds(limits_.max_fds, fds);  // before a header: what any frame may declare
       if (got == 0) {
         throw PeerDied(buffered() == 0 ? detail::kSenderGone : detail::kSenderGoneMidFrame);
       }
@@ -274,12 +293,16 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
     if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
     const std::size_t got =
         receive(frame_payload_.data() + frame_filled_, frame_payload_.size() - frame_filled_, fds);
+    bound_queued_fds(frame_header_.fd_count, fds);
     if (got == 0) throw PeerDied(detail::kSenderGoneMidFrame);
     frame_filled_ += got;
   }
   in_frame_ = false;
   header = frame_header_;
   payload.swap(frame_payload_);
+  // A pipe: the frame's fds wait on the side socket (the writer sent them first); take as
+  // many as it declares, no more: the decoder refuses a frame whose fds did not all come.
+  if (!is_socket_ && header.fd_count > 0 && side_) detail::SegmentFdChannel(side_.get()).receive(header.fd_count, fds);
   check_queued_fds(header, fds);
   if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
     peer_closed_ = true;
@@ -298,11 +321,22 @@ bool StreamFrameReader::has_buffered_frame() const {
   return buffered() - sizeof header >= payload_bytes(header);
 }
 
+void StreamFrameReader::bound_queued_fds(std::uint64_t declared, const std::deque<UniqueFd>& fds) const {
+  // A frame's fds come in batches of at most kMaxFdsPerRead, each with a byte of the frame,
+  // and a recvmsg takes at most one batch: while a frame is read, the queue holds its fds
+  // and at most one batch more. Checked after every recvmsg, so that a peer that sends
+  // batches with every byte of a long frame is refused before it fills this process's fds.
+  if (is_socket_ && fds.size() > declared + kMaxFdsPerRead) {
+    throw ProtocolError("the peer sent " + std::to_string(fds.size()) + " fds while the frame being read declares " +
+                        std::to_string(declared) + "; refusing fds that no frame accounts for");
+  }
+}
+
 void StreamFrameReader::check_queued_fds(const FrameHeader& header, const std::deque<UniqueFd>& fds) const {
   // The kernel delivers a frame's fds with the first byte of the sendmsg that carried them,
   // and a recvmsg stops after the first message with fds. So once a frame is complete, the
   // queue holds its own fds plus, when bytes of later frames are buffered, at most one more
-  // frame's worth. More means the peer sends fds no frame declares: refuse them instead of
+  // batch (kMaxFdsPerRead). More means the peer sends fds no frame declares: refuse them instead of
   // queueing them without bound (they would exhaust this process's fds).
   if (!is_socket_) return;
   const std::size_t allowed = header.fd_count + (buffered() > 0 ? kMaxFdsPerRead : 0);
@@ -313,9 +347,9 @@ void StreamFrameReader::check_queued_fds(const FrameHeader& header, const std::d
 }
 
 void StreamFrameReader::acknowledge(std::uint64_t sequence) {
-  if (!acknowledgements_) return;
-  while (::write(acknowledgements_.get(), &sequence, sizeof sequence) < 0) {
-    // A full pipe (EAGAIN) is fine: acknowledgements are cumulative and the next one
+  if (!side_) return;
+  while (::send(side_.get(), &sequence, sizeof sequence, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+    // A full socket (EAGAIN) is fine: acknowledgements are cumulative and the next one
     // carries this one. EPIPE: the sender is gone and needs none.
     if (errno != EINTR) return;
   }
@@ -323,7 +357,7 @@ void StreamFrameReader::acknowledge(std::uint64_t sequence) {
 
 void StreamFrameReader::close() noexcept {
   stream_.reset();
-  acknowledgements_.reset();
+  side_.reset();
 }
 
 void StreamFrameReader::shut_down() noexcept {
@@ -333,7 +367,7 @@ void StreamFrameReader::shut_down() noexcept {
 
 std::vector<int> StreamFrameReader::descriptors() const {
   std::vector<int> out{stream_.get()};
-  if (acknowledgements_) out.push_back(acknowledgements_.get());
+  if (side_) out.push_back(side_.get());
   return out;
 }
 

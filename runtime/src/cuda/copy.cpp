@@ -3,6 +3,7 @@
 #include <string>
 
 #include "cuda/memory.hpp"
+#include "cuda/cudart.hpp"
 #include "cuda/runtime.hpp"
 #include "ferry/tensor.hpp"
 
@@ -24,7 +25,7 @@ void copy_bytes(void* destination, const void* source, std::size_t bytes, int de
   DeviceGuard guard(device);
   const cudaStream_t stream = current_stream(device);
   wait_for_stream(stream, "waiting for cuda:" + std::to_string(device) + " before a copy");
-  check_cuda(cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, stream),
+  check_cuda(cuda::cudart().cudaMemcpyAsync(destination, source, bytes, cudaMemcpyDefault, stream),
              "cudaMemcpyAsync of " + std::to_string(bytes) + " bytes (cuda:" + std::to_string(device) + ")");
   wait_for_stream(stream, "waiting for a copy on cuda:" + std::to_string(device));
 }

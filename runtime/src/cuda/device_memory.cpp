@@ -7,6 +7,7 @@
 
 #include "ferry/detail/cuda/block_pool.hpp"
 #include "cuda/memory.hpp"
+#include "cuda/cudart.hpp"
 #include "cuda/runtime.hpp"
 
 namespace ferry {
@@ -21,9 +22,9 @@ class DeviceBlockSource final : public BlockSource {
   void* allocate(std::size_t bytes) override {
     DeviceGuard guard(device_);
     void* base = nullptr;
-    const cudaError_t status = cudaMalloc(&base, bytes);
+    const cudaError_t status = cuda::cudart().cudaMalloc(&base, bytes);
     if (status == cudaErrorMemoryAllocation) {
-      (void)cudaGetLastError();
+      (void)cuda::cudart().cudaGetLastError();
       return nullptr;  // the pool empties its cache and tries again, then reports
     }
     check_cuda(status, "cudaMalloc of " + std::to_string(bytes) + " bytes on cuda:" + std::to_string(device_));
@@ -33,7 +34,7 @@ class DeviceBlockSource final : public BlockSource {
   void release(void* base, std::size_t /*bytes*/) noexcept override {
     try {
       DeviceGuard guard(device_);
-      ignore_cuda_error(cudaFree(base));
+      ignore_cuda_error(cuda::cudart().cudaFree(base));
     } catch (...) {
       // The device is unusable (the process is exiting, or the context is broken): nothing to free.
     }
@@ -89,7 +90,7 @@ void zero(Storage& storage) {
   const int device = storage.device().index;
   DeviceGuard guard(device);
   const cudaStream_t stream = current_stream(device);
-  check_cuda(cudaMemsetAsync(storage.data(), 0, storage.nbytes(), stream),
+  check_cuda(cuda::cudart().cudaMemsetAsync(storage.data(), 0, storage.nbytes(), stream),
              "cudaMemsetAsync of " + std::to_string(storage.nbytes()) + " bytes on cuda:" + std::to_string(device));
   wait_for_stream(stream, "waiting for the zeroing of a CUDA storage");
 }

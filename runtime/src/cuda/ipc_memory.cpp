@@ -14,6 +14,7 @@
 
 #include "ferry/detail/cuda/block_pool.hpp"
 #include "ferry/detail/cuda/ipc.hpp"
+#include "cuda/cudart.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/fence_watch.hpp"
 #include "cuda/memory_operations.hpp"
@@ -88,7 +89,7 @@ void release_block(const std::pair<int, IpcHandle>& key) noexcept {
   if (it == cache.blocks.end() || --it->second.users > 0) return;
   try {
     DeviceGuard guard(key.first);
-    ignore_cuda_error(cudaIpcCloseMemHandle(it->second.base));
+    ignore_cuda_error(cuda::cudart().cudaIpcCloseMemHandle(it->second.base));
   } catch (...) {
     // The device is unusable (the process is exiting): the mapping goes with the process.
   }
@@ -141,7 +142,7 @@ BlockExport export_allocation(const CudaAllocation& allocation) {
     if (!block.ipc_handle) {
       DeviceGuard guard(device);
       cudaIpcMemHandle_t handle{};
-      check_cuda(cudaIpcGetMemHandle(&handle, block.base),
+      check_cuda(cuda::cudart().cudaIpcGetMemHandle(&handle, block.base),
                  "cudaIpcGetMemHandle of a " + std::to_string(block.bytes) + "-byte block on cuda:" + std::to_string(device));
       IpcHandle bytes{};
       std::memcpy(bytes.data(), &handle, sizeof handle);
@@ -158,7 +159,7 @@ BlockExport export_allocation(const CudaAllocation& allocation) {
     auto it = bus_ids.find(device);
     if (it == bus_ids.end()) {
       PciBusId bus_id{};
-      check_cuda(cudaDeviceGetPCIBusId(bus_id.data(), static_cast<int>(bus_id.size()), device),
+      check_cuda(cuda::cudart().cudaDeviceGetPCIBusId(bus_id.data(), static_cast<int>(bus_id.size()), device),
                  "cudaDeviceGetPCIBusId of cuda:" + std::to_string(device));
       bus_id.back() = '\0';
       it = bus_ids.emplace(device, bus_id).first;
@@ -178,11 +179,11 @@ int local_device(const PciBusId& bus_id) {
   std::lock_guard lock(mutex);
   if (const auto it = devices.find(text); it != devices.end()) return it->second;
   int device = -1;
-  const cudaError_t status = cudaDeviceGetByPCIBusId(&device, text.c_str());
+  const cudaError_t status = cuda::cudart().cudaDeviceGetByPCIBusId(&device, text.c_str());
   if (status != cudaSuccess) {
     ignore_cuda_error(status);
     throw CudaError("this process does not see the GPU at PCI bus id '" + text + "' that the sender's tensor is on (" +
-                        cudaGetErrorName(status) + "); check CUDA_VISIBLE_DEVICES in both processes",
+                        cuda::cudart().cudaGetErrorName(status) + "); check CUDA_VISIBLE_DEVICES in both processes",
                     static_cast<int>(status));
   }
   devices.emplace(text, device);
@@ -224,13 +225,13 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
       DeviceGuard guard(device);
       cudaIpcMemHandle_t handle{};
       std::memcpy(&handle, exported.memory_handle.data(), sizeof handle);
-      check_cuda(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
+      check_cuda(cuda::cudart().cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
                  "cudaIpcOpenMemHandle of a block of process " + std::to_string(producer) + " on cuda:" +
                      std::to_string(device));
       // A block smaller than claimed would let the sender make this process fault on the device.
       if (const std::optional<std::size_t> real_bytes = real_block_bytes(base);
           real_bytes && *real_bytes < exported.block_bytes) {
-        ignore_cuda_error(cudaIpcCloseMemHandle(base));
+        ignore_cuda_error(cuda::cudart().cudaIpcCloseMemHandle(base));
         throw CudaError("process " + std::to_string(producer) + " claims its CUDA block has " +
                             std::to_string(exported.block_bytes) + " bytes but it has " + std::to_string(*real_bytes),
                         cudaErrorInvalidValue);

@@ -27,6 +27,7 @@
 
 #include "ferry/detail/cuda/block_pool.hpp"
 #include "ferry/detail/cuda/ipc.hpp"
+#include "cuda/cudart.hpp"
 #include "cuda/runtime.hpp"
 #include "cuda/fence_watch.hpp"
 #include "cuda/memory_operations.hpp"
@@ -70,19 +71,19 @@ FenceBuffer& buffer_of(FenceBuffers& buffers, int device) {
   if (it != buffers.by_device.end()) return it->second;
   DeviceGuard guard(device);
   FenceBuffer buffer;
-  check_cuda(cudaMalloc(&buffer.base, kFenceBufferBytes), "cudaMalloc of the fence buffer on cuda:" + std::to_string(device));
+  check_cuda(cuda::cudart().cudaMalloc(&buffer.base, kFenceBufferBytes), "cudaMalloc of the fence buffer on cuda:" + std::to_string(device));
   try {
     // Zeroed before any stream may write or wait on it. The legacy default stream is polled
     // (see wait_for_stream), not the device synchronized: a stream of this process may be
     // waiting for a dead producer's fence, which the watch can only release from outside the
     // driver, and the device's other streams' work is none of this buffer's business.
-    check_cuda(cudaMemset(buffer.base, 0, kFenceBufferBytes), "cudaMemset of the fence buffer");
+    check_cuda(cuda::cudart().cudaMemset(buffer.base, 0, kFenceBufferBytes), "cudaMemset of the fence buffer");
     wait_for_stream(nullptr, "waiting for the zeroing of the fence buffer on cuda:" + std::to_string(device));
     cudaIpcMemHandle_t handle{};
-    check_cuda(cudaIpcGetMemHandle(&handle, buffer.base), "cudaIpcGetMemHandle of the fence buffer");
+    check_cuda(cuda::cudart().cudaIpcGetMemHandle(&handle, buffer.base), "cudaIpcGetMemHandle of the fence buffer");
     std::memcpy(buffer.handle.data(), &handle, sizeof handle);
   } catch (...) {
-    ignore_cuda_error(cudaFree(buffer.base));
+    ignore_cuda_error(cuda::cudart().cudaFree(buffer.base));
     throw;
   }
   buffer.block_id = next_block_id();
@@ -177,7 +178,7 @@ struct SendSignals::Impl {
       if (slot.event == nullptr) continue;
       try {
         DeviceGuard guard(static_cast<int>(device));
-        ignore_cuda_error(cudaEventDestroy(slot.event));
+        ignore_cuda_error(cuda::cudart().cudaEventDestroy(slot.event));
       } catch (...) {
         // The device is unusable (the process is exiting).
       }
@@ -207,24 +208,24 @@ struct SendSignals::Impl {
 
   void create_event(PerDevice& slot, int device) {
     cudaEvent_t event = nullptr;
-    cudaError_t status = cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming);
+    cudaError_t status = cuda::cudart().cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming);
     if (status == cudaSuccess) {
       cudaIpcEventHandle_t handle{};
-      status = cudaIpcGetEventHandle(&handle, event);
+      status = cuda::cudart().cudaIpcGetEventHandle(&handle, event);
       if (status == cudaSuccess) {
         std::memcpy(slot.event_handle.data(), &handle, sizeof handle);
         slot.event = event;
         return;
       }
-      ignore_cuda_error(cudaEventDestroy(event));
+      ignore_cuda_error(cuda::cudart().cudaEventDestroy(event));
     }
     if (!events_unavailable(status)) {
       check_cuda(status, "creating an interprocess CUDA event on cuda:" + std::to_string(device));
     }
     ignore_cuda_error(status);
     static std::once_flag once;
-    warn_once(once, std::string("cannot create an interprocess CUDA event (") + cudaGetErrorName(status) + ": " +
-                        cudaGetErrorString(status) +
+    warn_once(once, std::string("cannot create an interprocess CUDA event (") + cuda::cudart().cudaGetErrorName(status) + ": " +
+                        cuda::cudart().cudaGetErrorString(status) +
                         "); sends of CUDA tensors synchronize the sending stream instead (slower, still correct)");
     slot.kind = SignalKind::None;
   }
@@ -244,7 +245,7 @@ SendSignal SendSignals::signal(int device) {
   signal.kind = slot.kind;
   switch (slot.kind) {
     case SignalKind::None:
-      check_cuda(cudaStreamSynchronize(stream), "cudaStreamSynchronize before sending a CUDA tensor (no signal)");
+      check_cuda(cuda::cudart().cudaStreamSynchronize(stream), "cudaStreamSynchronize before sending a CUDA tensor (no signal)");
       return signal;
     case SignalKind::Fence: {
       FenceWord& fence = *slot.fence;
@@ -272,9 +273,9 @@ SendSignal SendSignals::signal(int device) {
     case SignalKind::Event:
       // As for fences: a new stream first waits for the previous record.
       if (slot.signalled && stream != slot.last_stream) {
-        check_cuda(cudaStreamWaitEvent(stream, slot.event, 0), "cudaStreamWaitEvent chaining a send's IPC event");
+        check_cuda(cuda::cudart().cudaStreamWaitEvent(stream, slot.event, 0), "cudaStreamWaitEvent chaining a send's IPC event");
       }
-      check_cuda(cudaEventRecord(slot.event, stream),
+      check_cuda(cuda::cudart().cudaEventRecord(slot.event, stream),
                  "cudaEventRecord of a send's IPC event on cuda:" + std::to_string(device));
       signal.handle = slot.event_handle;
       break;
@@ -301,7 +302,7 @@ struct ReceiveSignals::Impl {
     for (const auto& [key, event] : events) {
       try {
         DeviceGuard guard(key.first);
-        ignore_cuda_error(cudaEventDestroy(event));
+        ignore_cuda_error(cuda::cudart().cudaEventDestroy(event));
       } catch (...) {
         // The device is unusable (the process is exiting).
       }
@@ -360,11 +361,11 @@ void ReceiveSignals::wait_event(int device, const IpcHandle& handle) {
     cudaIpcEventHandle_t ipc_handle{};
     std::memcpy(&ipc_handle, handle.data(), sizeof ipc_handle);
     cudaEvent_t event = nullptr;
-    check_cuda(cudaIpcOpenEventHandle(&event, ipc_handle), "cudaIpcOpenEventHandle of a sender's event");
+    check_cuda(cuda::cudart().cudaIpcOpenEventHandle(&event, ipc_handle), "cudaIpcOpenEventHandle of a sender's event");
     g_events_opened.fetch_add(1, std::memory_order_relaxed);
     it = impl_->events.emplace(key, event).first;
   }
-  check_cuda(cudaStreamWaitEvent(current_stream(device), it->second, 0),
+  check_cuda(cuda::cudart().cudaStreamWaitEvent(current_stream(device), it->second, 0),
              "cudaStreamWaitEvent on a sender's IPC event (cuda:" + std::to_string(device) + ")");
 }
 

@@ -4,10 +4,11 @@
 #pragma once
 
 #include <cuda.h>
-#include <cuda_runtime.h>
+#include <cuda_runtime_api.h>
 
 #include <string>
 
+#include "cuda/cudart.hpp"
 #include "cuda/runtime.hpp"
 
 namespace ferry::cuda {
@@ -17,7 +18,8 @@ template <class Function>
 Function driver_function(const char* name) {
   void* entry = nullptr;
   cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-  const cudaError_t status = cudaGetDriverEntryPointByVersion(name, &entry, 12000, cudaEnableDefault, &found);
+  const cudaError_t status =
+      cuda::cudart().cudaGetDriverEntryPointByVersion(name, &entry, 12000, cudaEnableDefault, &found);
   if (status != cudaSuccess || found != cudaDriverEntryPointSuccess) {
     ignore_cuda_error(status);
     return nullptr;

@@ -1,4 +1,5 @@
 // Checked CUDA calls, device and stream selection, and whether CUDA is usable at all.
+#include "cuda/cudart.hpp"
 #include "cuda/runtime.hpp"
 
 #include <chrono>
@@ -36,12 +37,19 @@ const DeviceCount& probe_devices() {
   static DeviceCount result;
   static std::once_flag once;
   std::call_once(once, [] {
-    const cudaError_t status = cudaGetDeviceCount(&result.count);
+    const cuda::Cudart* runtime = nullptr;
+    try {
+      runtime = &cuda::cudart();
+    } catch (const CudaError& error) {  // no CUDA runtime here: no device, and why
+      result.reason = error.what();
+      return;
+    }
+    const cudaError_t status = runtime->cudaGetDeviceCount(&result.count);
     if (status != cudaSuccess) {
-      (void)cudaGetLastError();  // do not leave the error for the next CUDA call
+      (void)cuda::cudart().cudaGetLastError();  // do not leave the error for the next CUDA call
       result.count = 0;
-      result.reason = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(status) + " (" +
-                      cudaGetErrorString(status) + ")" + hint(status);
+      result.reason = std::string("cudaGetDeviceCount failed: ") + cuda::cudart().cudaGetErrorName(status) + " (" +
+                      cuda::cudart().cudaGetErrorString(status) + ")" + hint(status);
     } else if (result.count == 0) {
       result.reason = "cudaGetDeviceCount found no CUDA device";
     }
@@ -65,14 +73,14 @@ namespace cuda {
 
 void check_cuda(cudaError_t status, std::string_view what) {
   if (status == cudaSuccess) return;
-  (void)cudaGetLastError();  // clear a non-sticky error so that the next call does not report it again
-  throw CudaError(std::string(what) + " failed: " + cudaGetErrorName(status) + " (" + cudaGetErrorString(status) +
+  (void)cuda::cudart().cudaGetLastError();  // clear a non-sticky error so that the next call does not report it again
+  throw CudaError(std::string(what) + " failed: " + cuda::cudart().cudaGetErrorName(status) + " (" + cuda::cudart().cudaGetErrorString(status) +
                       ")" + hint(status),
                   static_cast<int>(status));
 }
 
 void ignore_cuda_error(cudaError_t status) noexcept {
-  if (status != cudaSuccess) (void)cudaGetLastError();
+  if (status != cudaSuccess) (void)cuda::cudart().cudaGetLastError();
 }
 
 void check_device(int device) {
@@ -86,7 +94,7 @@ void check_device(int device) {
 
 void wait_for_stream(cudaStream_t stream, std::string_view what) {
   for (int polls = 0;; ++polls) {
-    const cudaError_t status = cudaStreamQuery(stream);
+    const cudaError_t status = cuda::cudart().cudaStreamQuery(stream);
     if (status == cudaSuccess) return;
     if (status != cudaErrorNotReady) check_cuda(status, what);
     if (polls < 200) {
@@ -99,15 +107,15 @@ void wait_for_stream(cudaStream_t stream, std::string_view what) {
 
 DeviceGuard::DeviceGuard(int device) {
   int current = -1;
-  check_cuda(cudaGetDevice(&current), "cudaGetDevice");
+  check_cuda(cuda::cudart().cudaGetDevice(&current), "cudaGetDevice");
   if (current != device) {
-    check_cuda(cudaSetDevice(device), "cudaSetDevice(" + std::to_string(device) + ")");
+    check_cuda(cuda::cudart().cudaSetDevice(device), "cuda::cudart().cudaSetDevice(" + std::to_string(device) + ")");
     previous_ = current;
   }
 }
 
 DeviceGuard::~DeviceGuard() {
-  if (previous_ >= 0) ignore_cuda_error(cudaSetDevice(previous_));
+  if (previous_ >= 0) ignore_cuda_error(cuda::cudart().cudaSetDevice(previous_));
 }
 
 cudaStream_t current_stream(int device) noexcept {

@@ -11,6 +11,8 @@
 #include <memory>
 #include <typeinfo>
 
+#include "ferry/detail/sigpipe_blocked.hpp"
+
 namespace ferry::detail {
 namespace {
 
@@ -21,7 +23,9 @@ constexpr std::size_t kMaxReportText = 24 * 1024;
 void write_all(int fd, const void* data, std::size_t size) noexcept {
   const auto* bytes = static_cast<const char*>(data);
   while (size > 0) {
+    SigpipeBlocked blocked;  // a reader gone is EPIPE, never a signal
     const ssize_t written = ::write(fd, bytes, size);
+    if (written < 0 && errno == EPIPE) blocked.consume();
     if (written < 0) {
       if (errno == EINTR) continue;
       return;  // the parent is gone: nobody to tell
