@@ -8,6 +8,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/detail/process_identity.hpp"
+#include "memory/returned_blocks_hook.hpp"
 #include "ferry/shared_allocator.hpp"
 
 namespace ferry {
@@ -38,6 +39,11 @@ Registry& registry() {
 // Made before main(): a fork() while another thread is still making it would leave the child
 // waiting for ever on the static's initialization guard.
 [[maybe_unused]] const Registry& g_registry_made_at_start = registry();
+
+// The allocator collects through this hook (memory/ does not depend on lifetime/). Linked
+// with the ledgers: a program that makes none has nothing to collect.
+[[maybe_unused]] const bool g_collector_installed =
+    (install_returned_block_collector([](bool check_receivers) { collect_returned_blocks(check_receivers); }), true);
 
 // Takes the ledgers a forked child inherited out of the registry (caller holds the lock).
 std::vector<std::shared_ptr<HoldLedger>> take_inherited_locked(Registry& reg) {
