@@ -1,7 +1,5 @@
 #include "ferry/detail/cuda/release_board.hpp"
 
-#include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +12,7 @@
 #include <string>
 
 #include "ferry/error.hpp"
-#include "lifetime/process_exit.hpp"
+#include "ferry/detail/process_handle.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry::cuda {
@@ -30,15 +28,6 @@ constexpr std::size_t kConsumersAt = sizeof(std::uint64_t);
 std::int32_t* consumer_slots(std::byte* segment) {
   return reinterpret_cast<std::int32_t*>(segment + kConsumersAt);
 }
-
-// pidfd of `pid`, or an empty fd when the process is gone (or pidfds are not supported,
-// which `supported` reports).
-UniqueFd open_pidfd(pid_t pid, bool& supported) {
-  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
-  supported = !(fd < 0 && errno == ENOSYS);
-  return UniqueFd(fd < 0 ? -1 : static_cast<int>(fd));
-}
-
 
 // Every live board of this process (for the exit warning).
 struct BoardRegistry {
@@ -119,30 +108,22 @@ bool ReleaseBoard::consumers_all_dead_locked() {
   for (std::size_t i = 0; i < kReleaseBoardConsumers; ++i) {
     const pid_t pid = std::atomic_ref<std::int32_t>(slots[i]).load(std::memory_order_acquire);
     if (pid <= 0) continue;
-    const bool known = std::any_of(consumers_.begin(), consumers_.end(), [pid](const auto& c) { return c.first == pid; });
+    const bool known = std::any_of(consumers_.begin(), consumers_.end(), [pid](const auto& c) { return c.pid() == pid; });
     if (known) continue;
-    bool supported = true;
-    UniqueFd pidfd = open_pidfd(pid, supported);
-    // Without pidfd support, a consumer is tracked by pid alone (kill(pid, 0) below).
-    consumers_.emplace_back(pid, std::move(pidfd));
-    if (!supported) consumers_.back().second.reset();
+    // Without pidfd support, the handle asks /proc (ProcessHandle::exited()).
+    consumers_.push_back(ProcessHandle::open(pid));
   }
   // Nobody registered yet: the frames are still in flight, or were never read.
   if (consumers_.empty()) return false;
-  for (const auto& [pid, pidfd] : consumers_) {
-    const bool dead = pidfd ? pidfd_has_exited(pidfd.get(), std::chrono::milliseconds(0)) : (::kill(pid, 0) != 0 && errno == ESRCH);
-    if (!dead) return false;
-  }
-  return true;
+  return std::all_of(consumers_.begin(), consumers_.end(), [](const ProcessHandle& consumer) { return consumer.exited(); });
 }
 
 std::vector<pid_t> ReleaseBoard::live_consumers() {
   std::lock_guard lock(mutex_);
   consumers_all_dead_locked();  // refreshes the list
   std::vector<pid_t> alive;
-  for (const auto& [pid, pidfd] : consumers_) {
-    const bool dead = pidfd ? pidfd_has_exited(pidfd.get(), std::chrono::milliseconds(0)) : (::kill(pid, 0) != 0 && errno == ESRCH);
-    if (!dead) alive.push_back(pid);
+  for (const ProcessHandle& consumer : consumers_) {
+    if (!consumer.exited()) alive.push_back(consumer.pid());
   }
   return alive;
 }

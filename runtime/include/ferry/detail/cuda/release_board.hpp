@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "ferry/shared_allocator.hpp"
-#include "ferry/detail/unique_fd.hpp"
+#include "ferry/detail/process_handle.hpp"
 
 namespace ferry {
 class Allocation;
@@ -90,8 +90,8 @@ class ReleaseBoard {
   std::shared_ptr<const void> keepalive_;
   mutable std::mutex mutex_;
   std::vector<std::uint32_t> free_counters_;
-  // pidfds of the consumers seen in the header, to tell reliably whether they died.
-  std::vector<std::pair<pid_t, UniqueFd>> consumers_;
+  // The consumers seen in the header, to tell reliably whether they died.
+  std::vector<ProcessHandle> consumers_;
 };
 
 /// The receiver's side of one board: a received segment, checked.
