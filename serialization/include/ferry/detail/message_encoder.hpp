@@ -40,7 +40,7 @@
 
 #include "ferry/detail/archive.hpp"
 #include "ferry/detail/frame.hpp"
-#include "ferry/detail/hold_ledger.hpp"
+#include "ferry/detail/connection_holds.hpp"
 #include "ferry/detail/id_slot_map.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
@@ -105,13 +105,11 @@ class MessageEncoder {
   /// The last frame the receiver resolved, as the return board tells (0: none, or no
   /// board yet). A frame is resolved after its segments were opened: it acknowledges them
   /// without a system call on either side.
-  std::uint64_t resolved_on_board() const noexcept { return ledger_ ? ledger_->board()->resolved() : 0; }
+  std::uint64_t resolved_on_board() const noexcept { return holds_.resolved(); }
   /// Before blocking on the transport for acknowledgements: asks the receiver to
   /// acknowledge there too from now on (ReturnBoard::request_acknowledgements()); returns
   /// the last frame resolved, read after asking.
-  std::uint64_t request_acknowledgements() noexcept {
-    return ledger_ ? ledger_->board()->request_acknowledgements() : 0;
-  }
+  std::uint64_t request_acknowledgements() noexcept { return holds_.request_acknowledgements(); }
   /// True while segments (or upstream return boards) are kept open for frames the receiver
   /// has not acknowledged.
   bool awaiting_acknowledgement() const noexcept { return !keepalive_.empty(); }
@@ -128,7 +126,7 @@ class MessageEncoder {
   /// Segments the receiver currently leases from this sender, as far as it knows.
   std::size_t tracked_segments() const noexcept { return sent_segments_.size(); }
   /// Storages pinned because the receiver may still hold them.
-  std::size_t pinned_storages() const { return ledger_ ? ledger_->pinned() : 0; }
+  std::size_t pinned_storages() const { return holds_.pinned(); }
 
   /// Registers `process` as a holder of what this encoder sent, as the receiver does when
   /// it resolves its first frame: for a frame handed to a process that the sender starts
@@ -192,10 +190,8 @@ class MessageEncoder {
   std::uint32_t segment_slot_for(const std::shared_ptr<SharedSegment>& segment);
   void pass_upstream_boards(const SharedBlock& block);
   void retire_dead_upstream_boards();
-  static constexpr std::size_t kMaxRetiredPerFrame = 16;
   void add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
                          const FileIdentity& identity);
-  HoldLedger& ledger();
   std::optional<std::uint32_t> find_source(const Storage* storage);
   void index_source(const Storage* storage, std::uint32_t index);
   void place_source(const Storage* storage, std::uint32_t index);
@@ -223,33 +219,15 @@ class MessageEncoder {
   std::uint64_t last_segment_id_ = 0;  // the segment segment_slot_for() found last (0: none)
   std::uint32_t last_segment_slot_ = 0;
 
-  std::shared_ptr<HoldLedger> ledger_;  // created with the first storage sent
+  SendingHolds holds_;  // pins, the return board, upstream boards passed
   bool board_sent_ = false;
   std::uint64_t board_sequence_ = 0;  // frame that carried the board (ProcFd: keep its fd until acknowledged)
   // Segments and upstream boards named by /proc path stay open until the receiver
   // acknowledges the frame (close() waits for that).
   std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> keepalive_;
   std::vector<std::uint32_t> returned_scratch_;
-  // Return boards passed to the receiver because blocks received on them are forwarded on
-  // this connection (see SegmentRole::UpstreamBoard), each passed once. Not kept: a board
-  // that died here (no block of its connection lives here any more) cannot be forwarded
-  // from again, and a forwarder must not keep the boards of every connection it ever
-  // forwarded from (keepalive_ keeps one until the receiver opened it). One that died is
-  // retired at the start of the next frame (at most kMaxRetiredPerFrame per frame), so that
-  // the receiver lets go of it too. A board that reached this process on several
-  // connections has one object per connection: each object is tracked (one entry each, the
-  // board passed once), and the board is retired only once all of them died. The first
-  // `upstream_committed_` went out.
-  struct PassedUpstream {
-    std::weak_ptr<ReturnBoard> board;
-    FileIdentity identity;
-    // The frame being encoded retires it (SegmentRole::RetiredUpstreamBoard), or forgets it
-    // because another object of its board lives on: gone at commit().
-    bool retiring = false;
-  };
-  std::vector<PassedUpstream> upstream_sent_;
-  std::size_t upstream_committed_ = 0;
-  std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;  // boards the frame passes
+  std::vector<FileIdentity> retired_scratch_;                    // boards the frame retires
 
   // The frame being encoded.
   FrameHeader header_;
