@@ -260,12 +260,13 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
   if (role != SegmentRole::Data) {
     throw ProtocolError("segment " + std::to_string(index) + " has an unknown role " + std::to_string(entry.role));
   }
-  if (entry.slot >= kMaxSegmentSlots) {
-    throw ProtocolError("segment " + std::to_string(index) + " asks for segment slot " + std::to_string(entry.slot) +
+  const std::uint32_t slot = entry.slot_or_reclaims;  // a Data segment's lease
+  if (slot >= kMaxSegmentSlots) {
+    throw ProtocolError("segment " + std::to_string(index) + " asks for segment slot " + std::to_string(slot) +
                         ", above the limit of " + std::to_string(kMaxSegmentSlots));
   }
-  if (entry.slot < segments_.size() && segments_[entry.slot]) {
-    throw ProtocolError("segment " + std::to_string(index) + " reuses segment slot " + std::to_string(entry.slot) +
+  if (slot < segments_.size() && segments_[slot]) {
+    throw ProtocolError("segment " + std::to_string(index) + " reuses segment slot " + std::to_string(slot) +
                         " before releasing it");
   }
   // A segment already mapped in this process (received on another channel, or ours sent
@@ -287,8 +288,8 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
     segment = HandleCache::global().insert(
         identity, SharedSegment::adopt(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size)));
   }
-  if (entry.slot >= segments_.size()) segments_.resize(std::size_t{entry.slot} + 1);
-  segments_[entry.slot] = std::move(segment);
+  if (slot >= segments_.size()) segments_.resize(std::size_t{slot} + 1);
+  segments_[slot] = std::move(segment);
 }
 
 void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
@@ -304,11 +305,11 @@ void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t i
   SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
   if (holds_.knows(opened.file.identity)) return;  // a cycle brought it back: the fd just closes
   holds_.add_upstream_board(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size),
-                            entry.slot, index);
+                            entry.slot_or_reclaims, index);
 }
 
 void MessageDecoder::retire_upstream_board(const SegmentEntry& entry, std::size_t index) {
-  if (static_cast<SegmentKind>(entry.kind) != SegmentKind::NoFd || entry.slot != 0 || entry.pid != 0 ||
+  if (static_cast<SegmentKind>(entry.kind) != SegmentKind::NoFd || entry.slot_or_reclaims != 0 || entry.pid != 0 ||
       entry.size != 0 || entry.fd != -1 || entry.reserved != 0) {
     throw ProtocolError("segment " + std::to_string(index) +
                         " retires an upstream return board but has fields other than its identity set");

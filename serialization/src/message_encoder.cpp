@@ -217,11 +217,11 @@ std::uint32_t MessageEncoder::take_slot() {
   return next_slot_++;
 }
 
-void MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
+void MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot_or_reclaims, int fd, std::size_t size,
                                        const FileIdentity& identity) {
   SegmentEntry entry;
   entry.role = static_cast<std::uint32_t>(role);
-  entry.slot = slot;
+  entry.slot_or_reclaims = slot_or_reclaims;
   entry.size = size;
   if (passing_ == HandlePassing::FdPassing) {
     entry.kind = static_cast<std::uint32_t>(SegmentKind::NewFd);
@@ -281,6 +281,17 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
 
 const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
   collect_returned_slots();
+  refresh_leased_storages();
+  collect_dead_storages();
+  collect_dead_segments();
+  fill_handle_table();
+  pin_new_storages();
+  const std::span<const std::byte> cuda_records = cuda_section();  // at the front of the body
+  fill_header(kind, fingerprint, name, cuda_records.size());
+  return assemble_frame(cuda_records);
+}
+
+void MessageEncoder::refresh_leased_storages() {
   // A storage of this frame that the receiver still leases keeps its slot even if the
   // reference recorded for it died meanwhile (a receiver re-resolved a storage it received
   // into a new handle on the same Storage object): refresh it before dead entries are
@@ -293,8 +304,9 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
     leased_slots_[i] = slot.value_or(kNoSlot);
     if (slot) slots_[*slot].storage = storages_[i];
   }
-  collect_dead_storages();
-  collect_dead_segments();
+}
+
+void MessageEncoder::fill_handle_table() {
   entries_.resize(storages_.size());
   for (std::size_t i = 0; i < storages_.size(); ++i) {
     const std::shared_ptr<Storage>& storage = storages_[i];
@@ -309,41 +321,49 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
       entry.slot = leased_slots_[i];
       continue;
     }
-    const SharedBlock* block = storage->shared_block();
-    entry.kind = static_cast<std::uint32_t>(HandleKind::NewBlock);
-    entry.segment_slot = segment_slot_for(block->segment());
-    entry.offset = block->offset();
-    entry.slot = take_slot();
-    pass_upstream_boards(*block);
-    lease_slot(entry.slot, storage, true);
-    ++storages_passed_;
-    new_slots_.push_back(entry.slot);
-    new_pins_.push_back(HoldLedger::Pin{entry.slot, storage->shared_allocation()});
-    // A block sent back to us (by a receiver that forwards it) resolves to this storage;
-    // storages of one segment are remembered together, under one lock.
-    if (!remember_batch_.empty() && (*remember_batch_.front())->shared_block()->segment() != block->segment()) {
-      flush_remember_batch();
-    }
-    remember_batch_.push_back(&storage);
-    storage->mark_sent();
+    fill_new_block_entry(storage, entry);
   }
   flush_remember_batch();
-  if (!new_pins_.empty()) {
-    holds_.pin(new_pins_, next_sequence_);
-    if (!board_sent_) {
-      // First in the table, so that the receiver can give blocks back even when a later
-      // entry fails.
-      const ReturnBoard& board = *holds_.board();
-      const std::size_t segments = segment_entries_.size();
-      const std::size_t fds = fds_.size();
-      add_segment_entry(SegmentRole::ReturnBoard, 0, board.fd(), ReturnBoard::bytes(), board.identity());
-      std::rotate(segment_entries_.begin(), segment_entries_.begin() + static_cast<std::ptrdiff_t>(segments),
-                  segment_entries_.end());
-      std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
-      board_in_frame_ = true;
-    }
-  }
+}
 
+void MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>& storage, HandleEntry& entry) {
+  const SharedBlock* block = storage->shared_block();
+  entry.kind = static_cast<std::uint32_t>(HandleKind::NewBlock);
+  entry.segment_slot = segment_slot_for(block->segment());
+  entry.offset = block->offset();
+  entry.slot = take_slot();
+  pass_upstream_boards(*block);
+  lease_slot(entry.slot, storage, true);
+  ++storages_passed_;
+  new_slots_.push_back(entry.slot);
+  new_pins_.push_back(HoldLedger::Pin{entry.slot, storage->shared_allocation()});
+  // A block sent back to us (by a receiver that forwards it) resolves to this storage;
+  // storages of one segment are remembered together, under one lock.
+  if (!remember_batch_.empty() && (*remember_batch_.front())->shared_block()->segment() != block->segment()) {
+    flush_remember_batch();
+  }
+  remember_batch_.push_back(&storage);
+  storage->mark_sent();
+}
+
+void MessageEncoder::pin_new_storages() {
+  if (new_pins_.empty()) return;
+  holds_.pin(new_pins_, next_sequence_);
+  if (board_sent_) return;
+  // The board goes first in the table, so that the receiver can give blocks back even when
+  // a later entry fails.
+  const ReturnBoard& board = *holds_.board();
+  const std::size_t segments = segment_entries_.size();
+  const std::size_t fds = fds_.size();
+  add_segment_entry(SegmentRole::ReturnBoard, 0, board.fd(), ReturnBoard::bytes(), board.identity());
+  std::rotate(segment_entries_.begin(), segment_entries_.begin() + static_cast<std::ptrdiff_t>(segments),
+              segment_entries_.end());
+  std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
+  board_in_frame_ = true;
+}
+
+void MessageEncoder::fill_header(FrameKind kind, std::uint64_t fingerprint, std::string_view name,
+                                 std::size_t cuda_bytes) {
   header_ = FrameHeader{};
   header_.kind = static_cast<std::uint8_t>(kind);
   header_.type_fingerprint = fingerprint;
@@ -359,9 +379,10 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   header_.release_count = static_cast<std::uint32_t>(announced_release_count_);
   announced_segment_release_count_ = unannounced_segment_releases_.size();
   header_.segment_release_count = static_cast<std::uint32_t>(announced_segment_release_count_);
-  const std::span<const std::byte> cuda_records = cuda_section();  // at the front of the body
-  header_.body_bytes = cuda_records.size() + body_.size();
+  header_.body_bytes = cuda_bytes + body_.size();
+}
 
+const EncodedFrame& MessageEncoder::assemble_frame(std::span<const std::byte> cuda_records) {
   // Reset field by field: zeroing the whole struct (its iovec array) costs a `rep stos`
   // per message, a noticeable share of a small message's cost on the ring.
   frame_.part_count = 0;

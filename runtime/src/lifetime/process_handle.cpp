@@ -44,7 +44,8 @@ ProcessHandle ProcessHandle::open(pid_t pid) noexcept {
 
 ProcessHandle ProcessHandle::open(const ProcessIdentity& process) noexcept {
   ProcessHandle handle = open(process.pid);
-  if (handle.identity_.start_time != 0 && process.start_time != 0 && handle.identity_.start_time != process.start_time) {
+  const std::uint64_t found = handle.identity_.start_time;
+  if (found != 0 && process.start_time != 0 && found != process.start_time) {
     handle.fd_.reset();  // a later process with the same pid: `process` has exited
     handle.error_ = ESRCH;
   }

@@ -134,7 +134,9 @@ class SendingHolds {
   /// The last frame the receiver resolved (0: none, or no board yet).
   std::uint64_t resolved() const noexcept { return ledger_ ? ledger_->board()->resolved() : 0; }
   /// See ReturnBoard::request_acknowledgements() (0 without a board).
-  std::uint64_t request_acknowledgements() noexcept { return ledger_ ? ledger_->board()->request_acknowledgements() : 0; }
+  std::uint64_t request_acknowledgements() noexcept {
+    return ledger_ ? ledger_->board()->request_acknowledgements() : 0;
+  }
   /// Storages pinned now.
   std::size_t pinned() const { return ledger_ ? ledger_->pinned() : 0; }
 

@@ -26,6 +26,12 @@
 
 namespace ferry {
 
+struct CudaHandleRecord;  // cuda_frame.hpp
+namespace cuda {
+class ReceivedCudaRange;
+class ReleaseBoardView;
+}  // namespace cuda
+
 class MessageDecoder {
  public:
   /// The most storage slots a sender may lease to one receiver.
@@ -130,6 +136,12 @@ class MessageDecoder {
   // entry `index` with the `record`-th CUDA record of the frame; the events opened so far.
   struct CudaReceiveState;
   std::shared_ptr<Storage> resolve_cuda(const HandleEntry& entry, std::uint32_t index, std::size_t record);
+  // The steps of resolve_cuda(): the `record`-th CUDA record of the frame (after checking
+  // that this build has CUDA and the body holds it); the storage, opened or found in `lease`.
+  CudaHandleRecord read_cuda_record(std::uint32_t index, std::size_t record);
+  std::shared_ptr<Storage> open_cuda_storage(const HandleEntry& entry, const CudaHandleRecord& record,
+                                             const cuda::ReleaseBoardView& board, Lease* lease,
+                                             std::shared_ptr<cuda::ReceivedCudaRange> range);
   std::shared_ptr<CudaReceiveState> cuda_;
 
   std::vector<Lease> leases_;                              // by storage slot

@@ -168,6 +168,13 @@ class MessageEncoder {
   };
   void begin();
   const EncodedFrame& finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name);
+  // The steps of finish(), in order.
+  void refresh_leased_storages();
+  void fill_handle_table();
+  void fill_new_block_entry(const std::shared_ptr<Storage>& storage, HandleEntry& entry);
+  void pin_new_storages();
+  void fill_header(FrameKind kind, std::uint64_t fingerprint, std::string_view name, std::size_t cuda_bytes);
+  const EncodedFrame& assemble_frame(std::span<const std::byte> cuda_records);
   std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
 
   // CUDA storages (defined in serialization/src/cuda_handles.cpp): the connection's release
@@ -190,7 +197,7 @@ class MessageEncoder {
   std::uint32_t segment_slot_for(const std::shared_ptr<SharedSegment>& segment);
   void pass_upstream_boards(const SharedBlock& block);
   void retire_dead_upstream_boards();
-  void add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
+  void add_segment_entry(SegmentRole role, std::uint32_t slot_or_reclaims, int fd, std::size_t size,
                          const FileIdentity& identity);
   std::optional<std::uint32_t> find_source(const Storage* storage);
   void index_source(const Storage* storage, std::uint32_t index);
