@@ -1,7 +1,7 @@
 // CUDA storages on the wire (see cuda_frame.hpp). The sending side turns a producer's CUDA
 // storage into a CudaIpc handle entry plus a CudaHandleRecord: the IPC handle of its whole
 // block, its offset and size in it, the signal the sender's stream gives after its writes (a
-// fence, or an interprocess event), and the counter of the connection's release board that
+// fence, or an interprocess event), and the counter of the connection's hold-counter board that
 // the receiver releases. The receiving side opens the block (once per process), makes its
 // stream wait for the signal, and builds a Storage that views the producer's memory.
 //
@@ -30,23 +30,23 @@ namespace ferry {
 struct MessageEncoder::CudaSendState {
   // Boards of an isolated channel come from its pool, so that they travel without a copy.
   explicit CudaSendState(const std::optional<SharedAllocator>& pool)
-      : boards(signals, cuda::kReleaseBoardCapacity, pool) {}
+      : boards(signals, cuda::kHoldCounterBoardCapacity, pool) {}
 
   // The signals outlive the connection as long as any of its boards does: receivers may still
   // wait on them for frames in flight, and those frames hold counters of the boards.
   std::shared_ptr<cuda::SendSignals> signals = std::make_shared<cuda::SendSignals>();
-  cuda::ReleaseBoardSet boards;
+  cuda::HoldCounterBoardSet boards;
 
   // The frame being encoded.
   struct Pending {
     const Storage* storage;
-    std::shared_ptr<cuda::ReleaseBoard> board;
+    std::shared_ptr<cuda::HoldCounterBoard> board;
     std::uint32_t counter;
     std::uint32_t board_index;  // in the frame's handle table
   };
   std::vector<Pending> pending;                 // CUDA storages added to the frame
   std::vector<CudaHandleRecord> records;        // one per CudaIpc entry, in table order
-  std::vector<std::pair<std::shared_ptr<cuda::ReleaseBoard>, std::uint32_t>> counted;  // +1s of this frame
+  std::vector<std::pair<std::shared_ptr<cuda::HoldCounterBoard>, std::uint32_t>> counted;  // +1s of this frame
   std::vector<std::pair<int, cuda::SendSignal>> signalled;  // by device
 
   // The signal that covers the sender's writes on `device`, given once per frame.
@@ -132,7 +132,7 @@ HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) 
     entry.slot = *slot;
   } else {
     // A slot like any storage's, but never pinned and never given back on the return board:
-    // the release board's counter is the hold (see MessageEncoder::commit).
+    // the hold-counter board's counter is the hold (see MessageEncoder::commit).
     entry.slot = take_slot();
     lease_slot(entry.slot, storage, false);
     new_slots_.push_back(entry.slot);
@@ -237,16 +237,16 @@ void check_cuda_record(const HandleEntry& entry, const CudaHandleRecord& record,
   }
 }
 
-// The release board the record names: an earlier storage of the frame, checked.
-cuda::ReleaseBoardView release_board_of(const CudaHandleRecord& record,
+// The hold-counter board the record names: an earlier storage of the frame, checked.
+cuda::HoldCounterView hold_counter_board_of(const CudaHandleRecord& record,
                                         std::span<const std::shared_ptr<Storage>> earlier, const std::string& handle) {
   if (record.board_index >= earlier.size()) {
-    throw ProtocolError(handle + " refers to release board " + std::to_string(record.board_index) +
+    throw ProtocolError(handle + " refers to hold-counter board " + std::to_string(record.board_index) +
                         ", which is not an earlier handle of the frame");
   }
-  cuda::ReleaseBoardView board(earlier[record.board_index]->shared_allocation());
+  cuda::HoldCounterView board(earlier[record.board_index]->shared_allocation());
   if (record.counter >= board.capacity()) {
-    throw ProtocolError(handle + " uses counter " + std::to_string(record.counter) + " of a release board of " +
+    throw ProtocolError(handle + " uses counter " + std::to_string(record.counter) + " of a hold-counter board of " +
                         std::to_string(board.capacity()));
   }
   return board;
@@ -285,7 +285,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
   const CudaHandleRecord record = read_cuda_record(index, record_number);
   const std::string handle = "CUDA handle " + std::to_string(index);
   check_cuda_record(entry, record, handle);  // everything that needs no CUDA call first
-  const cuda::ReleaseBoardView board = release_board_of(record, storages_, handle);
+  const cuda::HoldCounterView board = hold_counter_board_of(record, storages_, handle);
   // This frame gave this process one hold on the counter: from here on, a failure gives it
   // back, so that a broken frame cannot pin the producer's memory.
   Lease* lease = entry.slot < leases_.size() && leases_[entry.slot] ? &leases_[entry.slot] : nullptr;
@@ -308,7 +308,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
 }
 
 std::shared_ptr<Storage> MessageDecoder::open_cuda_storage(const HandleEntry& entry, const CudaHandleRecord& record,
-                                                           const cuda::ReleaseBoardView& board, Lease* lease,
+                                                           const cuda::HoldCounterView& board, Lease* lease,
                                                            std::shared_ptr<cuda::ReceivedCudaRange> range) {
   const cuda::BlockExport exported = block_export_of(record);
   const int device = cuda::local_device(exported.pci_bus_id);

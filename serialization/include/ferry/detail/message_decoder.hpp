@@ -29,7 +29,7 @@ namespace ferry {
 struct CudaHandleRecord;  // cuda_frame.hpp
 namespace cuda {
 class ReceivedCudaRange;
-class ReleaseBoardView;
+class HoldCounterView;
 }  // namespace cuda
 
 class MessageDecoder {
@@ -140,7 +140,7 @@ class MessageDecoder {
   // that this build has CUDA and the body holds it); the storage, opened or found in `lease`.
   CudaHandleRecord read_cuda_record(std::uint32_t index, std::size_t record);
   std::shared_ptr<Storage> open_cuda_storage(const HandleEntry& entry, const CudaHandleRecord& record,
-                                             const cuda::ReleaseBoardView& board, Lease* lease,
+                                             const cuda::HoldCounterView& board, Lease* lease,
                                              std::shared_ptr<cuda::ReceivedCudaRange> range);
   std::shared_ptr<CudaReceiveState> cuda_;
 

@@ -1,29 +1,10 @@
 // The sending side of one connection: turns a message into a frame, and remembers which
 // segments and storages the receiver holds, so that a segment is passed (fd, mmap) once,
 // a new storage in it travels as (segment slot, offset, size), and a storage sent again
-// travels as its slot alone.
-//
-// Lease protocol. The sender gives every segment and every storage it passes a slot. The
-// receiver keeps the mapping of a segment, and the block of a storage, at its slot (a
-// lease) until the sender announces, in a later frame, that the slot is released. The
-// sender announces a release once its own last reference died, so the receiver never keeps
-// leased more than the sender keeps alive. Frames arrive in order, so a slot reference
-// always finds its lease.
-//
-// Holds. A storage's block may be recycled by its allocator once nobody uses it, so the
-// sender pins every storage it passed (HoldLedger) until the receiver gives its slot back
-// through the connection's return board: the receiver does so once it dropped the lease
-// and every tensor it built on the block. A storage slot is reused only after that.
-//
-// Identity. A storage received from another process keeps its identity (same Storage
-// object, same id) on the receiving side while the sender holds it, so a storage echoed back
-// and forth travels as a lease both ways (see MessageDecoder). The sender therefore refreshes
-// the weak reference of a leased storage that the frame carries again before it looks for
-// dead ones: a receiver's handle on such a storage may have died and been re-made meanwhile.
-//
-// CUDA storages (cuda_handles.cpp) take storage slots like the others (CudaIpc entries) but
-// are never pinned: the producer learns what receivers hold through release boards instead,
-// so their slots are reusable as soon as their release is announced.
+// travels as its slot alone. The receiver leases what a frame introduces until a later
+// frame releases it; every storage passed stays pinned (SendingHolds) until the receiver
+// gives its slot back. CUDA storages take slots too but are never pinned (hold-counter
+// boards, cuda_handles.cpp). The protocol and its reasons: docs/design/leases-and-returns.md.
 #pragma once
 
 #include <sys/uio.h>
