@@ -34,11 +34,11 @@ if(FERRY_HAS_CUDA)
 endif()
 
 # Adds the runtime layer's CUDA parts to `target` (sources relative to runtime/): the
-# host-only pieces (release boards, the block pool) always, the code that calls CUDA only with CUDA, and
+# host-only pieces (hold-counter boards, the block pool) always, the code that calls CUDA only with CUDA, and
 # stubs that report "built without CUDA" otherwise.
 function(ferry_add_cuda_sources target)
   target_sources(${target} PRIVATE
-    src/cuda/release_board.cpp
+    src/cuda/hold_counter_board.cpp
     src/cuda/block_pool.cpp)
   if(FERRY_HAS_CUDA)
     target_sources(${target} PRIVATE

@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "ferry/cuda.hpp"
-#include "ferry/detail/cuda/release_board.hpp"
+#include "ferry/detail/cuda/hold_counter_board.hpp"
 #include "cuda/runtime.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/detail/unique_fd.hpp"
@@ -70,7 +70,7 @@ unsigned long long mismatches(const Tensor& tensor, float expected) {
   return count;
 }
 
-// Tests that exercise the transport (how the release board reaches the receiver) run over
+// Tests that exercise the transport (how the hold-counter board reaches the receiver) run over
 // every transport (CudaIpcTest); the others run over a Unix socket (CudaIpcFixture), which
 // keeps the GPU check short: every test starts two CUDA processes.
 class CudaIpcFixture : public test::LeakCheckedTest {

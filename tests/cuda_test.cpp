@@ -1,4 +1,4 @@
-// The CUDA parts that run without a GPU: release boards (the counters receivers release),
+// The CUDA parts that run without a GPU: hold-counter boards (the counters receivers release),
 // the caching block pool on host memory, the checks a receiver makes on CUDA handles before
 // any CUDA call, and the errors of a machine or build without CUDA. Built in every build.
 #include <fcntl.h>
@@ -16,7 +16,7 @@
 #include "ferry/cuda.hpp"
 #include "ferry/detail/cuda/block_pool.hpp"
 #include "ferry/detail/cuda/ipc.hpp"
-#include "ferry/detail/cuda/release_board.hpp"
+#include "ferry/detail/cuda/hold_counter_board.hpp"
 #include "cuda_frame.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
@@ -27,14 +27,14 @@ namespace {
 
 using namespace std::chrono_literals;
 using cuda::BlockPool;
-using cuda::ReleaseBoard;
-using cuda::ReleaseBoardSet;
-using cuda::ReleaseBoardView;
+using cuda::HoldCounterBoard;
+using cuda::HoldCounterBoardSet;
+using cuda::HoldCounterView;
 
-// ---- release boards --------------------------------------------------------------------
+// ---- hold-counter boards --------------------------------------------------------------------
 
-TEST(ReleaseBoardTest, HandsOutZeroedCountersUntilFull) {
-  auto board = ReleaseBoard::create(3);
+TEST(HoldCounterBoardTest, HandsOutZeroedCountersUntilFull) {
+  auto board = HoldCounterBoard::create(3);
   std::uint32_t a = 99, b = 99, c = 99, d = 99;
   ASSERT_TRUE(board->acquire(a));
   ASSERT_TRUE(board->acquire(b));
@@ -51,8 +51,8 @@ TEST(ReleaseBoardTest, HandsOutZeroedCountersUntilFull) {
   EXPECT_EQ(board->value(d), 0) << "a reused counter starts from zero";
 }
 
-TEST(ReleaseBoardTest, ZeroIsReleasedAndAPositiveCountIsHeld) {
-  auto board = ReleaseBoard::create(4);
+TEST(HoldCounterBoardTest, ZeroIsReleasedAndAPositiveCountIsHeld) {
+  auto board = HoldCounterBoard::create(4);
   std::uint32_t counter = 0;
   ASSERT_TRUE(board->acquire(counter));
   EXPECT_TRUE(board->released(counter));
@@ -62,12 +62,12 @@ TEST(ReleaseBoardTest, ZeroIsReleasedAndAPositiveCountIsHeld) {
   EXPECT_TRUE(board->released(counter));
 }
 
-TEST(ReleaseBoardTest, ReceiverViewChecksTheSegmentAndReleases) {
-  auto board = ReleaseBoard::create(8);
+TEST(HoldCounterBoardTest, ReceiverViewChecksTheSegmentAndReleases) {
+  auto board = HoldCounterBoard::create(8);
   std::uint32_t counter = 0;
   ASSERT_TRUE(board->acquire(counter));
   board->add(counter, 2);
-  const ReleaseBoardView view(board->storage()->shared_allocation());
+  const HoldCounterView view(board->storage()->shared_allocation());
   EXPECT_EQ(view.capacity(), 8u);
   view.release(counter);
   EXPECT_EQ(board->value(counter), 1);
@@ -76,15 +76,15 @@ TEST(ReleaseBoardTest, ReceiverViewChecksTheSegmentAndReleases) {
 
   // Not a board: wrong magic, too small, not shared memory.
   auto plain = Storage::allocate(4096, Device::SharedCpu, true);  // zeroed: a recycled block may hold anything
-  EXPECT_THROW(ReleaseBoardView{plain->shared_allocation()}, ProtocolError);
+  EXPECT_THROW(HoldCounterView{plain->shared_allocation()}, ProtocolError);
   auto tiny = Storage::allocate(16, Device::SharedCpu);
-  EXPECT_THROW(ReleaseBoardView{tiny->shared_allocation()}, ProtocolError);
+  EXPECT_THROW(HoldCounterView{tiny->shared_allocation()}, ProtocolError);
   auto heap = Storage::allocate(4096, Device::Cpu);
-  EXPECT_THROW(ReleaseBoardView{heap->shared_allocation()}, ProtocolError);
+  EXPECT_THROW(HoldCounterView{heap->shared_allocation()}, ProtocolError);
 }
 
-TEST(ReleaseBoardTest, AConsumerKilledWhileHoldingReleasesItsCounters) {
-  auto board = ReleaseBoard::create(4);
+TEST(HoldCounterBoardTest, AConsumerKilledWhileHoldingReleasesItsCounters) {
+  auto board = HoldCounterBoard::create(4);
   std::uint32_t counter = 0;
   ASSERT_TRUE(board->acquire(counter));
   board->add(counter, 1);
@@ -92,7 +92,7 @@ TEST(ReleaseBoardTest, AConsumerKilledWhileHoldingReleasesItsCounters) {
   ASSERT_EQ(::pipe(ready), 0);
   const pid_t consumer = test::fork_child([&] {
     // The child maps the same segment (inherited), registers as a consumer, and holds.
-    const ReleaseBoardView view(board->storage()->shared_allocation());
+    const HoldCounterView view(board->storage()->shared_allocation());
     const char byte = 'r';
     CHILD_CHECK(::write(ready[1], &byte, 1) == 1);
     ::pause();
@@ -111,8 +111,8 @@ TEST(ReleaseBoardTest, AConsumerKilledWhileHoldingReleasesItsCounters) {
   EXPECT_TRUE(board->live_consumers().empty());
 }
 
-TEST(ReleaseBoardTest, ASetGrowsABoardWhenFullAndKnowsItsBoards) {
-  ReleaseBoardSet set({}, 2);
+TEST(HoldCounterBoardTest, ASetGrowsABoardWhenFullAndKnowsItsBoards) {
+  HoldCounterBoardSet set({}, 2);
   cuda::ConsumerHold a = set.acquire();
   cuda::ConsumerHold b = set.acquire();
   cuda::ConsumerHold c = set.acquire();
@@ -120,7 +120,7 @@ TEST(ReleaseBoardTest, ASetGrowsABoardWhenFullAndKnowsItsBoards) {
   EXPECT_NE(a.board(), c.board());
   EXPECT_TRUE(set.owns(*a.board()));
   EXPECT_TRUE(set.owns(*c.board()));
-  ReleaseBoardSet other({}, 2);
+  HoldCounterBoardSet other({}, 2);
   EXPECT_FALSE(other.owns(*a.board()));
   // A dropped hold gives its counter back.
   const std::uint32_t freed = b.counter();
@@ -130,7 +130,7 @@ TEST(ReleaseBoardTest, ASetGrowsABoardWhenFullAndKnowsItsBoards) {
   EXPECT_EQ(d.counter(), freed);
 }
 
-TEST(ReleaseBoardTest, ExitWarningNamesConsumersThatStillHold) {
+TEST(HoldCounterBoardTest, ExitWarningNamesConsumersThatStillHold) {
   int err[2];
   ASSERT_EQ(::pipe(err), 0);
   std::fflush(nullptr);
@@ -138,12 +138,12 @@ TEST(ReleaseBoardTest, ExitWarningNamesConsumersThatStillHold) {
   ASSERT_GE(pid, 0);
   if (pid == 0) {
     ::dup2(err[1], STDERR_FILENO);
-    auto board = ReleaseBoard::create(4);
+    auto board = HoldCounterBoard::create(4);
     std::uint32_t counter = 0;
     if (!board->acquire(counter)) ::_exit(2);
     board->add(counter, 1);
     // This process registers as the consumer (alive while the warning is written).
-    const ReleaseBoardView view(board->storage()->shared_allocation());
+    const HoldCounterView view(board->storage()->shared_allocation());
     static auto keep = board;  // alive at exit, as a producer's board would be
     cuda::warn_at_exit_about_outstanding_holds();
     std::exit(0);
@@ -254,7 +254,7 @@ TEST(BlockPoolTest, FreedRangesMergeAndAreReused) {
 
 TEST(BlockPoolTest, AStorageHeldByAReceiverWaitsInLimbo) {
   PoolFixture f;
-  ReleaseBoardSet boards;
+  HoldCounterBoardSet boards;
   auto a = f.pool->allocate(4096);
   std::byte* const address = a->data();
   auto [board, counter] = std::dynamic_pointer_cast<cuda::CudaAllocation>(a)->hold_for(boards);
@@ -267,7 +267,7 @@ TEST(BlockPoolTest, AStorageHeldByAReceiverWaitsInLimbo) {
   EXPECT_NE(b->data(), address) << "memory a receiver holds must not be handed out again";
   EXPECT_EQ(f.pool->collect(), 0u);
 
-  const ReleaseBoardView receiver(board->storage()->shared_allocation());
+  const HoldCounterView receiver(board->storage()->shared_allocation());
   receiver.release(counter);  // the receiver's Storage died
   EXPECT_EQ(f.pool->collect(), 4096u);
   stats = f.pool->stats();
@@ -278,7 +278,7 @@ TEST(BlockPoolTest, AStorageHeldByAReceiverWaitsInLimbo) {
 
 TEST(BlockPoolTest, LaterFreesCollectTheLimbo) {
   PoolFixture f;
-  ReleaseBoardSet boards;
+  HoldCounterBoardSet boards;
   auto a = f.pool->allocate(4096);
   auto b = f.pool->allocate(4096);
   auto [board, counter] = std::dynamic_pointer_cast<cuda::CudaAllocation>(a)->hold_for(boards);
@@ -294,7 +294,7 @@ TEST(BlockPoolTest, LaterFreesCollectTheLimbo) {
 TEST(BlockPoolTest, RunningShortCollectsThenEmptiesTheCacheThenReports) {
   // Room for exactly one 20 MiB block.
   PoolFixture f(BlockPool::kMediumBlock);
-  ReleaseBoardSet boards;
+  HoldCounterBoardSet boards;
   auto a = f.pool->allocate(std::size_t{8} << 20);
   auto [board, counter] = std::dynamic_pointer_cast<cuda::CudaAllocation>(a)->hold_for(boards);
   board->add(counter, 1);
@@ -364,10 +364,10 @@ struct Payload {
   void serialize(Archive& ar) { ar(tensor); }
 };
 
-// A hand-made frame for a Receiver<Payload>: handle 0 is a release board (a real memfd passed
+// A hand-made frame for a Receiver<Payload>: handle 0 is a hold-counter board (a real memfd passed
 // with the frame), handle 1 a CudaIpc entry with `record`; the tensor uses handle 1.
 struct CudaFrame {
-  std::shared_ptr<ReleaseBoard> board = ReleaseBoard::create(16);
+  std::shared_ptr<HoldCounterBoard> board = HoldCounterBoard::create(16);
   HandleEntry entry;
   CudaHandleRecord record{};
   bool with_record = true;

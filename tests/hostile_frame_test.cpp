@@ -651,7 +651,7 @@ TEST_P(HostileFrameTest, UpstreamBoardWithAReclaimCountAheadOfTheBoards) {
     }
     ASSERT_TRUE(upstream.has_value()) << "forwarding a received tensor passes its connection's board";
     SegmentEntry s = frame.segment(*upstream);
-    s.slot += 3;
+    s.slot_or_reclaims += 3;
     frame.set_segment(*upstream, s);
     wire.send(frame.bytes, frame.fds);
     expect_protocol_error(wire.rx, "ahead of the board's own");

@@ -30,7 +30,7 @@ struct CudaHandleRecord {
   std::uint64_t block_id;       ///< the producer's name of the block, never reused by that process
   std::uint64_t block_bytes;    ///< size of the block
   std::uint64_t offset;         ///< the storage's byte offset in the block
-  std::uint32_t board_index;    ///< index, in the handle table, of the release board (a shared storage)
+  std::uint32_t board_index;    ///< index, in the handle table, of the hold-counter board (a shared storage)
   std::uint32_t counter;        ///< the counter of that board that this storage's holds are counted on
   std::uint32_t flags;          ///< kCudaRecordHasEvent or kCudaRecordHasFence
   std::int32_t pid;             ///< the producer's pid (the process that allocated the block)

@@ -1,7 +1,7 @@
 // CUDA storages on the wire (see cuda_frame.hpp). The sending side turns a producer's CUDA
 // storage into a CudaIpc handle entry plus a CudaHandleRecord: the IPC handle of its whole
 // block, its offset and size in it, the signal the sender's stream gives after its writes (a
-// fence, or an interprocess event), and the counter of the connection's release board that
+// fence, or an interprocess event), and the counter of the connection's hold-counter board that
 // the receiver releases. The receiving side opens the block (once per process), makes its
 // stream wait for the signal, and builds a Storage that views the producer's memory.
 //
@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <optional>
+#include <span>
 #include <string>
 #include <tuple>
 
@@ -29,23 +30,23 @@ namespace ferry {
 struct MessageEncoder::CudaSendState {
   // Boards of an isolated channel come from its pool, so that they travel without a copy.
   explicit CudaSendState(const std::optional<SharedAllocator>& pool)
-      : boards(signals, cuda::kReleaseBoardCapacity, pool) {}
+      : boards(signals, cuda::kHoldCounterBoardCapacity, pool) {}
 
   // The signals outlive the connection as long as any of its boards does: receivers may still
   // wait on them for frames in flight, and those frames hold counters of the boards.
   std::shared_ptr<cuda::SendSignals> signals = std::make_shared<cuda::SendSignals>();
-  cuda::ReleaseBoardSet boards;
+  cuda::HoldCounterBoardSet boards;
 
   // The frame being encoded.
   struct Pending {
     const Storage* storage;
-    std::shared_ptr<cuda::ReleaseBoard> board;
+    std::shared_ptr<cuda::HoldCounterBoard> board;
     std::uint32_t counter;
     std::uint32_t board_index;  // in the frame's handle table
   };
   std::vector<Pending> pending;                 // CUDA storages added to the frame
   std::vector<CudaHandleRecord> records;        // one per CudaIpc entry, in table order
-  std::vector<std::pair<std::shared_ptr<cuda::ReleaseBoard>, std::uint32_t>> counted;  // +1s of this frame
+  std::vector<std::pair<std::shared_ptr<cuda::HoldCounterBoard>, std::uint32_t>> counted;  // +1s of this frame
   std::vector<std::pair<int, cuda::SendSignal>> signalled;  // by device
 
   // The signal that covers the sender's writes on `device`, given once per frame.
@@ -131,7 +132,7 @@ HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) 
     entry.slot = *slot;
   } else {
     // A slot like any storage's, but never pinned and never given back on the return board:
-    // the release board's counter is the hold (see MessageEncoder::commit).
+    // the hold-counter board's counter is the hold (see MessageEncoder::commit).
     entry.slot = take_slot();
     lease_slot(entry.slot, storage, false);
     new_slots_.push_back(entry.slot);
@@ -198,26 +199,13 @@ struct MessageDecoder::CudaReceiveState {
   }
 };
 
-std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, std::uint32_t index,
-                                                      std::size_t record_number) {
-  const std::string handle = "CUDA handle " + std::to_string(index);
-  if (!cuda_built()) {
-    throw ProtocolError("the sender shares a CUDA tensor (" + handle +
-                        ") but this build of ferry has no CUDA support; build the receiver with the CUDA toolkit "
-                        "(FERRY_WITH_CUDA) or send CPU tensors");
-  }
-  if (body_.size() / sizeof(CudaHandleRecord) <= record_number) {
-    throw ProtocolError("frame body is too short for the CUDA record of handle " + std::to_string(index));
-  }
-  CudaHandleRecord record;
-  std::memcpy(&record, body_.data() + record_number * sizeof record, sizeof record);
-  if (!cuda_) cuda_ = std::make_shared<CudaReceiveState>();
-  if (record_number == 0) cuda_->waited.clear();  // a new frame
+namespace {
 
-  // Everything that needs no CUDA call is checked first.
-  if (entry.slot >= kMaxSlots) {
+// Checks everything in `record` that needs no CUDA call; throws ProtocolError naming `handle`.
+void check_cuda_record(const HandleEntry& entry, const CudaHandleRecord& record, const std::string& handle) {
+  if (entry.slot >= MessageDecoder::kMaxSlots) {
     throw ProtocolError(handle + " asks for slot " + std::to_string(entry.slot) + ", above the limit of " +
-                        std::to_string(kMaxSlots));
+                        std::to_string(MessageDecoder::kMaxSlots));
   }
   if (entry.nbytes == 0) throw ProtocolError(handle + " has no bytes");
   if (record.offset > record.block_bytes || entry.nbytes > record.block_bytes - record.offset) {
@@ -247,15 +235,57 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
   if (record.pid == ::getpid()) {
     throw ProtocolError(handle + " was sent by this very process: CUDA IPC only works between two processes");
   }
-  if (record.board_index >= storages_.size()) {
-    throw ProtocolError(handle + " refers to release board " + std::to_string(record.board_index) +
+}
+
+// The hold-counter board the record names: an earlier storage of the frame, checked.
+cuda::HoldCounterView hold_counter_board_of(const CudaHandleRecord& record,
+                                        std::span<const std::shared_ptr<Storage>> earlier, const std::string& handle) {
+  if (record.board_index >= earlier.size()) {
+    throw ProtocolError(handle + " refers to hold-counter board " + std::to_string(record.board_index) +
                         ", which is not an earlier handle of the frame");
   }
-  const cuda::ReleaseBoardView board(storages_[record.board_index]->shared_allocation());
+  cuda::HoldCounterView board(earlier[record.board_index]->shared_allocation());
   if (record.counter >= board.capacity()) {
-    throw ProtocolError(handle + " uses counter " + std::to_string(record.counter) + " of a release board of " +
+    throw ProtocolError(handle + " uses counter " + std::to_string(record.counter) + " of a hold-counter board of " +
                         std::to_string(board.capacity()));
   }
+  return board;
+}
+
+cuda::BlockExport block_export_of(const CudaHandleRecord& record) {
+  cuda::BlockExport exported;
+  std::memcpy(exported.memory_handle.data(), record.memory_handle, sizeof record.memory_handle);
+  std::memcpy(exported.pci_bus_id.data(), record.pci_bus_id, sizeof record.pci_bus_id);
+  exported.block_id = record.block_id;
+  exported.block_bytes = record.block_bytes;
+  exported.offset = record.offset;
+  return exported;
+}
+
+}  // namespace
+
+CudaHandleRecord MessageDecoder::read_cuda_record(std::uint32_t index, std::size_t record_number) {
+  if (!cuda_built()) {
+    throw ProtocolError("the sender shares a CUDA tensor (CUDA handle " + std::to_string(index) +
+                        ") but this build of ferry has no CUDA support; build the receiver with the CUDA toolkit "
+                        "(FERRY_WITH_CUDA) or send CPU tensors");
+  }
+  if (body_.size() / sizeof(CudaHandleRecord) <= record_number) {
+    throw ProtocolError("frame body is too short for the CUDA record of handle " + std::to_string(index));
+  }
+  CudaHandleRecord record;
+  std::memcpy(&record, body_.data() + record_number * sizeof record, sizeof record);
+  if (!cuda_) cuda_ = std::make_shared<CudaReceiveState>();
+  if (record_number == 0) cuda_->waited.clear();  // a new frame
+  return record;
+}
+
+std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, std::uint32_t index,
+                                                      std::size_t record_number) {
+  const CudaHandleRecord record = read_cuda_record(index, record_number);
+  const std::string handle = "CUDA handle " + std::to_string(index);
+  check_cuda_record(entry, record, handle);  // everything that needs no CUDA call first
+  const cuda::HoldCounterView board = hold_counter_board_of(record, storages_, handle);
   // This frame gave this process one hold on the counter: from here on, a failure gives it
   // back, so that a broken frame cannot pin the producer's memory.
   Lease* lease = entry.slot < leases_.size() && leases_[entry.slot] ? &leases_[entry.slot] : nullptr;
@@ -264,41 +294,43 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
     range = std::dynamic_pointer_cast<cuda::ReceivedCudaRange>(lease->allocation);
     if (!range || !range->is(record.pid, record.block_id, record.offset, entry.nbytes)) {
       board.release(record.counter);
-      throw ProtocolError(handle + " reuses slot " + std::to_string(entry.slot) + " for another storage before releasing it");
+      throw ProtocolError(handle + " reuses slot " + std::to_string(entry.slot) +
+                          " for another storage before releasing it");
     }
   }
   try {
-    cuda::BlockExport exported;
-    std::memcpy(exported.memory_handle.data(), record.memory_handle, sizeof record.memory_handle);
-    std::memcpy(exported.pci_bus_id.data(), record.pci_bus_id, sizeof record.pci_bus_id);
-    exported.block_id = record.block_id;
-    exported.block_bytes = record.block_bytes;
-    exported.offset = record.offset;
-    const int device = cuda::local_device(exported.pci_bus_id);
-    if (!range) range = cuda::open_received_range(exported, device, entry.nbytes, record.pid);
-    std::shared_ptr<const void> signal;
-    if (record.flags & (kCudaRecordHasEvent | kCudaRecordHasFence)) signal = cuda_->wait(device, record);
-    if (lease != nullptr) {
-      if (auto storage = lease->handle.lock()) {
-        board.release(record.counter);  // already held by that Storage
-        return storage;
-      }
-    }
-    // A new Storage, which keeps this frame's hold until it dies.
-    auto storage = Storage::adopt(cuda::hold_received_range(range, board, record.counter, std::move(signal)), true);
-    if (lease != nullptr) {
-      lease->handle = storage;
-    } else {
-      if (entry.slot >= leases_.size()) leases_.resize(entry.slot + 1);
-      // No core: owning the CUDA storage would hold the producer's memory (see Lease).
-      leases_[entry.slot] = Lease{range, nullptr, storage};
-    }
-    return storage;
+    return open_cuda_storage(entry, record, board, lease, std::move(range));
   } catch (const CudaError& error) {
     board.release(record.counter);
     throw ProtocolError("cannot map the CUDA storage of " + handle + " from process " + std::to_string(record.pid) +
                         ": " + error.what());
   }
+}
+
+std::shared_ptr<Storage> MessageDecoder::open_cuda_storage(const HandleEntry& entry, const CudaHandleRecord& record,
+                                                           const cuda::HoldCounterView& board, Lease* lease,
+                                                           std::shared_ptr<cuda::ReceivedCudaRange> range) {
+  const cuda::BlockExport exported = block_export_of(record);
+  const int device = cuda::local_device(exported.pci_bus_id);
+  if (!range) range = cuda::open_received_range(exported, device, entry.nbytes, record.pid);
+  std::shared_ptr<const void> signal;
+  if (record.flags & (kCudaRecordHasEvent | kCudaRecordHasFence)) signal = cuda_->wait(device, record);
+  if (lease != nullptr) {
+    if (auto storage = lease->handle.lock()) {
+      board.release(record.counter);  // already held by that Storage
+      return storage;
+    }
+  }
+  // A new Storage, which keeps this frame's hold until it dies.
+  auto storage = Storage::adopt(cuda::hold_received_range(range, board, record.counter, std::move(signal)), true);
+  if (lease != nullptr) {
+    lease->handle = storage;
+  } else {
+    if (entry.slot >= leases_.size()) leases_.resize(entry.slot + 1);
+    // No core: owning the CUDA storage would hold the producer's memory (see Lease).
+    leases_[entry.slot] = Lease{range, nullptr, storage};
+  }
+  return storage;
 }
 
 }  // namespace ferry

@@ -7,7 +7,6 @@
 
 #include "cuda_frame.hpp"
 #include "ferry/handle_cache.hpp"
-#include "ferry/detail/hold_ledger.hpp"
 #include "ferry/detail/object_pool.hpp"
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/detail/process_identity.hpp"
@@ -20,9 +19,6 @@ namespace {
 // complete before calling the frame a lie (an exit closes the fds before the process
 // becomes a zombie).
 constexpr std::chrono::milliseconds kSenderExitGrace{200};
-// How long a receiver waits for an upstream sender to finish a check of its holders (it
-// reads a few /proc entries; only a stopped process takes longer).
-constexpr std::chrono::milliseconds kUpstreamCheckPatience{2000};
 
 // A type's name, quoted, for an error message: at most kShownTypeNameBytes of it, saying
 // when the name is cut (here, or by the sender: `truncated`).
@@ -40,41 +36,6 @@ std::string hex(std::uint64_t value) {
   return text;
 }
 
-// A block received on a connection. When it dies (its lease was released and no tensor of
-// this process views it any more), it gives its storage slot back to the sender through
-// the connection's return board, so that the sender's allocator may recycle it.
-class ReceivedBlock final : public SharedBlock {
- public:
-  ReceivedBlock(std::shared_ptr<SharedSegment> segment, std::size_t offset, std::size_t nbytes,
-                std::shared_ptr<detail::ReturnPath> returns, std::uint32_t slot,
-                std::shared_ptr<Allocation> own_allocation)
-      : SharedBlock(std::move(segment), offset, nbytes),
-        returns_(std::move(returns)),
-        own_allocation_(std::move(own_allocation)),
-        slot_(slot),
-        generation_(fork_generation()) {}
-  ~ReceivedBlock() override {
-    // A forked child's copy is not the holder the sender knows: only the receiver returns,
-    // and not once it handed the connection to a forked process that may still hold this.
-    if (generation_ == fork_generation() && !returns_->handed_over.load(std::memory_order_relaxed)) {
-      returns_->board->post_return(slot_);
-    }
-  }
-  ReceivedBlock(const ReceivedBlock&) = delete;
-  ReceivedBlock& operator=(const ReceivedBlock&) = delete;
-  void append_return_boards(std::vector<std::shared_ptr<ReturnBoard>>& out) const override {
-    returns_->append_boards(out);
-  }
-
- private:
-  std::shared_ptr<detail::ReturnPath> returns_;
-  // A block of this process's allocator that came back through forwarders: its allocation,
-  // so that the allocator does not recycle the block while it lives here.
-  std::shared_ptr<Allocation> own_allocation_;
-  std::uint32_t slot_;
-  std::uint64_t generation_;
-};
-
 template <class Entry>
 Entry entry_at(std::span<const std::byte> table, std::size_t index) {
   Entry entry;
@@ -83,44 +44,6 @@ Entry entry_at(std::span<const std::byte> table, std::size_t index) {
 }
 
 }  // namespace
-
-namespace detail {
-
-void ReturnPath::append_boards(std::vector<std::shared_ptr<ReturnBoard>>& out) const {
-  out.push_back(board);
-  const std::lock_guard lock(mutex_);
-  out.insert(out.end(), upstream_.begin(), upstream_.end());
-}
-
-void ReturnPath::add_upstream(std::shared_ptr<ReturnBoard> upstream_board) {
-  const std::lock_guard lock(mutex_);
-  upstream_.push_back(std::move(upstream_board));
-}
-
-void ReturnPath::retire_upstream(const FileIdentity& identity) {
-  const std::lock_guard lock(mutex_);
-  std::erase_if(upstream_, [&identity](const auto& upstream) { return upstream->identity() == identity; });
-}
-
-bool ReturnPath::knows(const FileIdentity& identity) const {
-  if (board->identity() == identity) return true;
-  const std::lock_guard lock(mutex_);
-  return std::any_of(upstream_.begin(), upstream_.end(),
-                     [&identity](const auto& upstream) { return upstream->identity() == identity; });
-}
-
-void ReturnPath::keep_registrations() noexcept {
-  board->keep_registration();
-  const std::lock_guard lock(mutex_);
-  for (const auto& upstream : upstream_) upstream->keep_registration();
-}
-
-std::vector<std::shared_ptr<ReturnBoard>> ReturnPath::upstream_boards() const {
-  const std::lock_guard lock(mutex_);
-  return upstream_;
-}
-
-}  // namespace detail
 
 void MessageDecoder::check_type(const FrameHeader& header, std::span<const std::byte> name) {
   if (header.flags & kFrameHasTypeName) {
@@ -210,7 +133,7 @@ void MessageDecoder::give_back_unresolved(std::span<const std::byte> table, std:
     const auto entry = entry_at<HandleEntry>(table, i);
     if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
     if (entry.slot < leases_.size() && leases_[entry.slot]) continue;
-    board()->post_return(entry.slot);
+    holds_.give_back(entry.slot);
   }
 }
 
@@ -341,9 +264,7 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
                           std::to_string(entry.size) + " bytes instead of " + std::to_string(ReturnBoard::bytes()));
     }
     SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
-    auto board = ReturnBoard::open_received(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
-    returns_ = std::make_shared<detail::ReturnPath>();
-    returns_->board = std::move(board);
+    holds_.adopt_board(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
     return;
   }
   if (role == SegmentRole::UpstreamBoard) {
@@ -353,12 +274,13 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
   if (role != SegmentRole::Data) {
     throw ProtocolError("segment " + std::to_string(index) + " has an unknown role " + std::to_string(entry.role));
   }
-  if (entry.slot >= kMaxSegmentSlots) {
-    throw ProtocolError("segment " + std::to_string(index) + " asks for segment slot " + std::to_string(entry.slot) +
+  const std::uint32_t slot = entry.slot_or_reclaims;  // a Data segment's lease
+  if (slot >= kMaxSegmentSlots) {
+    throw ProtocolError("segment " + std::to_string(index) + " asks for segment slot " + std::to_string(slot) +
                         ", above the limit of " + std::to_string(kMaxSegmentSlots));
   }
-  if (entry.slot < segments_.size() && segments_[entry.slot]) {
-    throw ProtocolError("segment " + std::to_string(index) + " reuses segment slot " + std::to_string(entry.slot) +
+  if (slot < segments_.size() && segments_[slot]) {
+    throw ProtocolError("segment " + std::to_string(index) + " reuses segment slot " + std::to_string(slot) +
                         " before releasing it");
   }
   // A segment already mapped in this process (received on another channel, or ours sent
@@ -380,8 +302,8 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
     segment = HandleCache::global().insert(
         identity, SharedSegment::adopt(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size)));
   }
-  if (entry.slot >= segments_.size()) segments_.resize(std::size_t{entry.slot} + 1);
-  segments_[entry.slot] = std::move(segment);
+  if (slot >= segments_.size()) segments_.resize(std::size_t{slot} + 1);
+  segments_[slot] = std::move(segment);
 }
 
 void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
@@ -395,44 +317,13 @@ void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t i
                         std::to_string(entry.size) + " bytes instead of " + std::to_string(ReturnBoard::bytes()));
   }
   SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
-  if (returns_->knows(opened.file.identity)) return;  // a cycle brought it back: the fd just closes
-  const FileIdentity identity = opened.file.identity;
-  auto upstream = ReturnBoard::open_received(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
-  // A board of this process: a block it sent came back through forwarders. Registering
-  // would keep everything it sent on that connection pinned for as long as it lives; the
-  // blocks are kept by their pins instead (resolve_new_block()).
-  if (std::shared_ptr<HoldLedger> own = own_ledger_of_board(identity)) {
-    // Once per ledger (a board retired and passed again comes back), and none that died.
-    std::erase_if(own_upstream_ledgers_, [&own](const auto& weak) {
-      const auto ledger = weak.lock();
-      return !ledger || ledger == own;
-    });
-    own_upstream_ledgers_.push_back(std::move(own));
-  } else {
-    // Register before resolving anything. The sender read the board's reclaim count while
-    // it held the blocks it forwards; if the count moved since, every holder upstream
-    // exited meanwhile (the forwarder too) and the blocks may have been recycled.
-    hold_or_refuse(*upstream, ReturnBoard::HolderRole::Downstream);
-    const std::optional<std::uint32_t> reclaims = upstream->reclaims_after_checks(kUpstreamCheckPatience);
-    // The forwarder read the count before it sent, and counts only grow: one ahead of the
-    // board's own is a lie, not a death.
-    if (reclaims && entry.slot > *reclaims) {
-      throw ProtocolError("segment " + std::to_string(index) + " is an upstream return board whose reclaim count " +
-                          std::to_string(entry.slot) + " is ahead of the board's own (" + std::to_string(*reclaims) +
-                          ")");
-    }
-    if (!reclaims || *reclaims != entry.slot) {
-      throw PeerDied("the tensors of this frame were forwarded by a process that exited before this receiver "
-                     "could register as their holder, and the process they came from " +
-                     std::string(reclaims ? "has reclaimed their memory since" : "did not finish checking its holders") +
-                     " (it may hold other data now); the frame cannot be read");
-    }
-  }
-  returns_->add_upstream(std::move(upstream));
+  if (holds_.knows(opened.file.identity)) return;  // a cycle brought it back: the fd just closes
+  holds_.add_upstream_board(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size),
+                            entry.slot_or_reclaims, index);
 }
 
 void MessageDecoder::retire_upstream_board(const SegmentEntry& entry, std::size_t index) {
-  if (static_cast<SegmentKind>(entry.kind) != SegmentKind::NoFd || entry.slot != 0 || entry.pid != 0 ||
+  if (static_cast<SegmentKind>(entry.kind) != SegmentKind::NoFd || entry.slot_or_reclaims != 0 || entry.pid != 0 ||
       entry.size != 0 || entry.fd != -1 || entry.reserved != 0) {
     throw ProtocolError("segment " + std::to_string(index) +
                         " retires an upstream return board but has fields other than its identity set");
@@ -445,7 +336,7 @@ void MessageDecoder::retire_upstream_board(const SegmentEntry& entry, std::size_
   // a board once nothing of its connection lives there any more, and every block this
   // receiver holds keeps the sender's block pinned (and with it that block's connection).
   // A board this process never took (its frame failed here) has nothing to forget.
-  returns_->retire_upstream(FileIdentity{entry.device, entry.inode});
+  holds_.retire_upstream_board(FileIdentity{entry.device, entry.inode});
 }
 
 void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
@@ -453,10 +344,7 @@ void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
     throw ProtocolError("handle " + std::to_string(index) +
                         " names a new block but the sender never sent its return board");
   }
-  // Register this process as a holder before holding anything: the sender keeps what it
-  // pinned for us as long as a registered holder lives.
-  register_as_holder();  // throws when it cannot: nothing of the frame would be safe to read
-  if (!board()->claim_resolved(sequence)) {
+  if (!holds_.claim_frame(sequence)) {  // registers this process as a holder first
     throw ProtocolError("the sender gave up on frame " + std::to_string(sequence) +
                         " (it saw this receiver as gone, or it closed the channel and its close linger passed) "
                         "and may have recycled the memory it names");
@@ -485,22 +373,17 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
   // the lease then holds only the block and a weak handle (see Lease).
   std::shared_ptr<Storage> own = segment->find_storage(entry.offset, entry.nbytes);
   std::shared_ptr<Allocation> own_allocation;
-  if (!own && !own_upstream_ledgers_.empty() && segment->created_in_this_process()) {
-    // Its storage died here: the pin of the connection it left on keeps it (a forwarder
-    // holds it, so that pin stays until the block is given back along the way). No pin
-    // left means every holder of that connection exited and the block was reclaimed.
-    for (const auto& weak_ledger : own_upstream_ledgers_) {
-      if (const auto ledger = weak_ledger.lock()) own_allocation = ledger->find_pinned(segment.get(), entry.offset);
-      if (own_allocation) break;
-    }
+  if (!own && holds_.has_own_upstream() && segment->created_in_this_process()) {
+    // Its storage died here; no pin left means every holder of the connection it left on
+    // exited and the block was reclaimed.
+    own_allocation = holds_.find_own_pinned(segment.get(), entry.offset);
     if (!own_allocation) {
       throw PeerDied("handle " + std::to_string(index) +
                      " names a block this process sent, which came back through processes that exited "
                      "meanwhile: it was reclaimed and may hold other data now; the frame cannot be read");
     }
   }
-  auto block = std::allocate_shared<ReceivedBlock>(detail::PoolAllocator<ReceivedBlock>(), segment, entry.offset,
-                                                  entry.nbytes, returns_, entry.slot, std::move(own_allocation));
+  auto block = holds_.make_block(segment, entry.offset, entry.nbytes, entry.slot, std::move(own_allocation));
   Lease lease;
   if (own) {
     lease.handle = own;
@@ -536,42 +419,16 @@ std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
   return handle;
 }
 
-void MessageDecoder::register_in_this_generation() {
-  const std::uint64_t generation = fork_generation();
-  hold_or_refuse(*returns_->board, ReturnBoard::HolderRole::Receiver);
-  // A forked process that took the receiver over holds forwarded blocks too.
-  for (const auto& upstream : returns_->upstream_boards()) {
-    if (!own_ledger_of_board(upstream->identity())) hold_or_refuse(*upstream, ReturnBoard::HolderRole::Downstream);
-  }
-  registered_generation_ = generation;
-}
-
-void MessageDecoder::hold_or_refuse(ReturnBoard& board, ReturnBoard::HolderRole role) {
-  if (board.hold_registration(role)) return;
-  throw TooManyHolders(
-      "this process cannot register as a holder of what it receives: " + std::to_string(ReturnBoard::kMaxHolders) +
-      " other living processes hold blocks that came through the same connection (its receiver, processes that "
-      "took it over, and every process its blocks were forwarded to), so the process they came from could recycle "
-      "them under this one; the frame is refused. Let fewer processes hold that connection's tensors at once (copy "
-      "the tensors a large fan-out forwards: Tensor::clone())");
-}
-
 void MessageDecoder::release_all() noexcept {
   peer_fds_.reset();
   leases_.clear();
   segments_.clear();
   storages_.clear();
-  // Blocks still alive keep the board (and its fd) for their returns; no frame comes any more.
-  returns_.reset();
-  own_upstream_ledgers_.clear();
+  holds_.reset();
 }
 
 void MessageDecoder::hand_over() noexcept {
-  if (returns_) {
-    returns_->handed_over.store(true, std::memory_order_relaxed);
-    // The forked process that takes the blocks over may register after they died here.
-    returns_->keep_registrations();
-  }
+  holds_.hand_over();
   release_all();
 }
 

@@ -51,35 +51,16 @@ void MessageEncoder::begin() {
 }
 
 void MessageEncoder::retire_dead_upstream_boards() {
-  for (PassedUpstream& sent : upstream_sent_) sent.retiring = false;
-  const auto committed = upstream_sent_.begin() + static_cast<std::ptrdiff_t>(upstream_committed_);
-  std::size_t retired = 0;
-  for (auto it = upstream_sent_.begin(); it != committed && retired < kMaxRetiredPerFrame; ++it) {
-    if (it->retiring || !it->board.expired()) continue;
-    const FileIdentity identity = it->identity;
-    const auto same_board = [&identity](const PassedUpstream& other) { return other.identity == identity; };
-    // A board that came on several connections lives here in one object per connection:
-    // while one lives, the receiver keeps the board, and this entry just goes.
-    if (std::any_of(upstream_sent_.begin(), committed,
-                    [&](const PassedUpstream& other) { return same_board(other) && !other.board.expired(); })) {
-      it->retiring = true;
-      continue;
-    }
-    // Every object of it died (for good): one retirement for all its entries.
-    for (auto other = it; other != committed; ++other) other->retiring = other->retiring || same_board(*other);
+  retired_scratch_.clear();
+  holds_.retire_dead_upstream_boards(retired_scratch_);
+  for (const FileIdentity& identity : retired_scratch_) {
     SegmentEntry entry;
     entry.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
     entry.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
     entry.device = identity.device;
     entry.inode = identity.inode;
     segment_entries_.push_back(entry);
-    ++retired;
   }
-}
-
-HoldLedger& MessageEncoder::ledger() {
-  if (!ledger_) ledger_ = HoldLedger::create();
-  return *ledger_;
 }
 
 std::optional<std::uint32_t> MessageEncoder::find_source(const Storage* storage) {
@@ -176,10 +157,8 @@ void MessageEncoder::unlease_slot(std::uint32_t slot) noexcept {
 }
 
 void MessageEncoder::collect_returned_slots() {
-  if (!ledger_) return;
-  ledger_->collect(false);
   returned_scratch_.clear();
-  ledger_->take_returned(returned_scratch_);
+  holds_.take_returned(returned_scratch_);
   for (const std::uint32_t slot : returned_scratch_) {
     if (slot >= slots_.size()) continue;
     SlotInfo& info = slots_[slot];
@@ -248,11 +227,11 @@ bool MessageEncoder::passes_fd_now() {
   return !*takeable_this_frame_;
 }
 
-bool MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
+bool MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot_or_reclaims, int fd, std::size_t size,
                                        const FileIdentity& identity) {
   SegmentEntry entry;
   entry.role = static_cast<std::uint32_t>(role);
-  entry.slot = slot;
+  entry.slot_or_reclaims = slot_or_reclaims;
   entry.size = size;
   const bool by_fd = passes_fd_now();
   if (by_fd) {
@@ -301,25 +280,8 @@ std::uint32_t MessageEncoder::segment_slot_for(const std::shared_ptr<SharedSegme
 
 void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
   upstream_scratch_.clear();
-  block.append_return_boards(upstream_scratch_);  // nothing for a block of our own allocator
-  for (std::shared_ptr<ReturnBoard>& board : upstream_scratch_) {
-    if (board->fd() < 0) continue;  // never for a received board (it keeps its fd)
-    if (ledger_ && board->identity() == ledger_->board()->identity()) continue;
-    // The receiver has the board (passed before and not retired by this frame; maybe by
-    // another object of it, which came on another connection): then this object is only
-    // tracked, so that the board is not retired while it lives.
-    bool passed = false;
-    bool tracked = false;
-    for (const PassedUpstream& sent : upstream_sent_) {
-      if (sent.identity != board->identity() || sent.retiring) continue;
-      passed = true;
-      tracked = !sent.board.owner_before(board) && !board.owner_before(sent.board);
-      if (tracked) break;
-    }
-    if (passed) {
-      if (!tracked) upstream_sent_.push_back(PassedUpstream{board, board->identity()});
-      continue;
-    }
+  holds_.upstream_boards_to_pass(block, upstream_scratch_);
+  for (const std::shared_ptr<ReturnBoard>& board : upstream_scratch_) {
     // We hold the block (its frame on `board` is resolved and we registered there), so the
     // count read now is one no reclaim of this block can have moved.
     // Like a segment's: the frame may introduce no segment that makes close() wait for it.
@@ -327,13 +289,23 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
                           board->identity())) {
       keepalive_.emplace_back(next_sequence_, board);
     }
-    upstream_sent_.push_back(PassedUpstream{board, board->identity()});
   }
   upstream_scratch_.clear();
 }
 
 const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
   collect_returned_slots();
+  refresh_leased_storages();
+  collect_dead_storages();
+  collect_dead_segments();
+  fill_handle_table();
+  pin_new_storages();
+  const std::span<const std::byte> cuda_records = cuda_section();  // at the front of the body
+  fill_header(kind, fingerprint, name, cuda_records.size());
+  return assemble_frame(cuda_records);
+}
+
+void MessageEncoder::refresh_leased_storages() {
   // A storage of this frame that the receiver still leases keeps its slot even if the
   // reference recorded for it died meanwhile (a receiver re-resolved a storage it received
   // into a new handle on the same Storage object): refresh it before dead entries are
@@ -346,8 +318,9 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
     leased_slots_[i] = slot.value_or(kNoSlot);
     if (slot) slots_[*slot].storage = storages_[i];
   }
-  collect_dead_storages();
-  collect_dead_segments();
+}
+
+void MessageEncoder::fill_handle_table() {
   entries_.resize(storages_.size());
   for (std::size_t i = 0; i < storages_.size(); ++i) {
     const std::shared_ptr<Storage>& storage = storages_[i];
@@ -362,41 +335,49 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
       entry.slot = leased_slots_[i];
       continue;
     }
-    const SharedBlock* block = storage->shared_block();
-    entry.kind = static_cast<std::uint32_t>(HandleKind::NewBlock);
-    entry.segment_slot = segment_slot_for(block->segment());
-    entry.offset = block->offset();
-    entry.slot = take_slot();
-    pass_upstream_boards(*block);
-    lease_slot(entry.slot, storage, true);
-    ++storages_passed_;
-    new_slots_.push_back(entry.slot);
-    new_pins_.push_back(HoldLedger::Pin{entry.slot, storage->shared_allocation()});
-    // A block sent back to us (by a receiver that forwards it) resolves to this storage;
-    // storages of one segment are remembered together, under one lock.
-    if (!remember_batch_.empty() && (*remember_batch_.front())->shared_block()->segment() != block->segment()) {
-      flush_remember_batch();
-    }
-    remember_batch_.push_back(&storage);
-    storage->mark_sent();
+    fill_new_block_entry(storage, entry);
   }
   flush_remember_batch();
-  if (!new_pins_.empty()) {
-    ledger().pin(new_pins_, next_sequence_);
-    if (!board_sent_) {
-      // First in the table, so that the receiver can give blocks back even when a later
-      // entry fails.
-      const ReturnBoard& board = *ledger_->board();
-      const std::size_t segments = segment_entries_.size();
-      const std::size_t fds = fds_.size();
-      add_segment_entry(SegmentRole::ReturnBoard, 0, board.fd(), ReturnBoard::bytes(), board.identity());
-      std::rotate(segment_entries_.begin(), segment_entries_.begin() + static_cast<std::ptrdiff_t>(segments),
-                  segment_entries_.end());
-      std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
-      board_in_frame_ = true;
-    }
-  }
+}
 
+void MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>& storage, HandleEntry& entry) {
+  const SharedBlock* block = storage->shared_block();
+  entry.kind = static_cast<std::uint32_t>(HandleKind::NewBlock);
+  entry.segment_slot = segment_slot_for(block->segment());
+  entry.offset = block->offset();
+  entry.slot = take_slot();
+  pass_upstream_boards(*block);
+  lease_slot(entry.slot, storage, true);
+  ++storages_passed_;
+  new_slots_.push_back(entry.slot);
+  new_pins_.push_back(HoldLedger::Pin{entry.slot, storage->shared_allocation()});
+  // A block sent back to us (by a receiver that forwards it) resolves to this storage;
+  // storages of one segment are remembered together, under one lock.
+  if (!remember_batch_.empty() && (*remember_batch_.front())->shared_block()->segment() != block->segment()) {
+    flush_remember_batch();
+  }
+  remember_batch_.push_back(&storage);
+  storage->mark_sent();
+}
+
+void MessageEncoder::pin_new_storages() {
+  if (new_pins_.empty()) return;
+  holds_.pin(new_pins_, next_sequence_);
+  if (board_sent_) return;
+  // The board goes first in the table, so that the receiver can give blocks back even when
+  // a later entry fails.
+  const ReturnBoard& board = *holds_.board();
+  const std::size_t segments = segment_entries_.size();
+  const std::size_t fds = fds_.size();
+  add_segment_entry(SegmentRole::ReturnBoard, 0, board.fd(), ReturnBoard::bytes(), board.identity());
+  std::rotate(segment_entries_.begin(), segment_entries_.begin() + static_cast<std::ptrdiff_t>(segments),
+              segment_entries_.end());
+  std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
+  board_in_frame_ = true;
+}
+
+void MessageEncoder::fill_header(FrameKind kind, std::uint64_t fingerprint, std::string_view name,
+                                 std::size_t cuda_bytes) {
   header_ = FrameHeader{};
   header_.kind = static_cast<std::uint8_t>(kind);
   header_.type_fingerprint = fingerprint;
@@ -414,9 +395,10 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   header_.release_count = static_cast<std::uint32_t>(announced_release_count_);
   announced_segment_release_count_ = unannounced_segment_releases_.size();
   header_.segment_release_count = static_cast<std::uint32_t>(announced_segment_release_count_);
-  const std::span<const std::byte> cuda_records = cuda_section();  // at the front of the body
-  header_.body_bytes = cuda_records.size() + body_.size();
+  header_.body_bytes = cuda_bytes + body_.size();
+}
 
+const EncodedFrame& MessageEncoder::assemble_frame(std::span<const std::byte> cuda_records) {
   // Reset field by field: zeroing the whole struct (its iovec array) costs a `rep stos`
   // per message, a noticeable share of a small message's cost on the ring.
   frame_.part_count = 0;
@@ -463,15 +445,12 @@ void MessageEncoder::commit() {
                              unannounced_segment_releases_.begin() + segment_releases);
   unannounced_segment_releases_.erase(unannounced_segment_releases_.begin(),
                                       unannounced_segment_releases_.begin() + segment_releases);
-  // The receiver knows of the boards this frame retired: forget them. (One that died while
-  // the frame was encoded is retired by the next one.)
-  std::erase_if(upstream_sent_, [](const PassedUpstream& sent) { return sent.retiring; });
-  upstream_committed_ = upstream_sent_.size();
+  holds_.commit_frame();
   if (board_in_frame_) {
     board_sent_ = true;
     board_sequence_ = next_sequence_;
     // The kernel holds the passed fd now; ours is no longer needed.
-    if (passing_ == HandlePassing::FdPassing) ledger_->board()->close_fd();
+    if (passing_ == HandlePassing::FdPassing) holds_.board()->close_fd();
   }
   ++next_sequence_;
   storages_.clear();
@@ -488,7 +467,7 @@ void MessageEncoder::rollback() {
     slots_[slot] = SlotInfo{};
     free_slots_.push_back(slot);
   }
-  if (ledger_ && !new_slots_.empty()) ledger_->unpin(new_slots_);
+  if (!new_slots_.empty()) holds_.unpin(new_slots_);
   for (const std::uint64_t id : new_segment_ids_) {
     if (const auto it = sent_segments_.find(id); it != sent_segments_.end()) {
       free_segment_slots_.push_back(it->second.slot);
@@ -497,8 +476,7 @@ void MessageEncoder::rollback() {
     }
   }
   while (!keepalive_.empty() && keepalive_.back().first == next_sequence_) keepalive_.pop_back();
-  upstream_sent_.resize(upstream_committed_);
-  for (PassedUpstream& sent : upstream_sent_) sent.retiring = false;  // retired by the next frame instead
+  holds_.rollback_frame();
   board_in_frame_ = false;
   new_slots_.clear();
   new_segment_ids_.clear();
@@ -509,31 +487,23 @@ void MessageEncoder::rollback() {
 
 void MessageEncoder::acknowledge(std::uint64_t sequence) {
   while (!keepalive_.empty() && keepalive_.front().first <= sequence) keepalive_.pop_front();
-  if (ledger_ && board_sent_ && board_sequence_ <= sequence) ledger_->board()->close_fd();
+  if (board_sent_ && board_sequence_ <= sequence) {
+    if (ReturnBoard* board = holds_.board()) board->close_fd();
+  }
 }
 
-void MessageEncoder::add_holder(const ProcessIdentity& process) {
-  if (ledger_) ledger_->board()->register_holder(process);
-}
+void MessageEncoder::add_holder(const ProcessIdentity& process) { holds_.add_holder(process); }
 
-void MessageEncoder::receiver_gone() {
-  if (ledger_) ledger_->receiver_gone();
-}
+void MessageEncoder::receiver_gone() { holds_.receiver_gone(); }
 
-void MessageEncoder::hand_over() {
-  if (ledger_) ledger_->hand_over();
-}
+void MessageEncoder::hand_over() { holds_.hand_over(); }
 
-void MessageEncoder::adopt() { HoldLedger::adopt_in_child(ledger_); }
+void MessageEncoder::adopt() { holds_.adopt(); }
 
 void MessageEncoder::closed(UniqueFd probe, bool probe_by_send) {
-  if (ledger_) {
-    // Segments named by fd number that the receiver has not acknowledged stay open with the
-    // pins (a Sender dropped by an exception, or a close whose linger ran out, did not wait).
-    if (!keepalive_.empty()) ledger_->keep_until_resolved(std::exchange(keepalive_, {}));
-    ledger_->channel_closed(std::move(probe), probe_by_send);
-    ledger_.reset();  // the process's registry keeps it while the receiver holds blocks
-  }
+  // Segments named by fd number that the receiver has not acknowledged stay open with the
+  // pins (a Sender dropped by an exception, or a close whose linger ran out, did not wait).
+  holds_.closed(keepalive_, std::move(probe), probe_by_send);
 }
 
 }  // namespace ferry

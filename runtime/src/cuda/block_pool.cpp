@@ -29,7 +29,7 @@ CudaAllocation::~CudaAllocation() { pool_.release(block_, offset_, reserved_, st
 
 Device CudaAllocation::device() const noexcept { return Device::Cuda(pool_.device()); }
 
-std::pair<std::shared_ptr<ReleaseBoard>, std::uint32_t> CudaAllocation::hold_for(ReleaseBoardSet& boards) {
+std::pair<std::shared_ptr<HoldCounterBoard>, std::uint32_t> CudaAllocation::hold_for(HoldCounterBoardSet& boards) {
   std::lock_guard lock(mutex_);
   for (const ConsumerHold& hold : holds_) {
     if (boards.owns(*hold.board())) return {hold.board(), hold.counter()};

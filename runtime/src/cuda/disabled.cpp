@@ -42,7 +42,7 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& /*expo
   throw_not_built("cannot receive a CUDA tensor");
 }
 std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> /*range*/,
-                                                ReleaseBoardView /*board*/, std::uint32_t /*counter*/,
+                                                HoldCounterView /*board*/, std::uint32_t /*counter*/,
                                                 std::shared_ptr<const void> /*signal*/) {
   throw_not_built("cannot receive a CUDA tensor");
 }

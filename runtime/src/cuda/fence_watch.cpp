@@ -4,7 +4,6 @@
 
 #include <poll.h>
 #include <sys/eventfd.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -17,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/process_handle.hpp"
 #include "ferry/detail/unique_fd.hpp"
 #include "cuda/memory_operations.hpp"
 
@@ -40,7 +40,7 @@ struct WatchedFence {
 };
 
 struct Producer {
-  UniqueFd pidfd;
+  ProcessHandle pidfd;
   std::map<std::pair<const void*, std::uint64_t>, WatchedFence> fences;  // by (buffer, offset)
 };
 
@@ -56,9 +56,9 @@ class FenceWatch {
     std::unique_lock lock(mutex_);
     auto it = producers_.find(producer);
     if (it == producers_.end()) {
-      UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, producer, 0)));
+      ProcessHandle pidfd = ProcessHandle::open(producer);
       if (!pidfd) {
-        const bool gone = errno == ESRCH;
+        const bool gone = pidfd.error() == ESRCH;
         lock.unlock();
         if (gone) {  // exited already: nobody else will write the value
           Producer dead;
@@ -114,7 +114,7 @@ class FenceWatch {
         polled.assign(1, pollfd{wake_fd_.get(), POLLIN, 0});
         pids.assign(1, 0);
         for (const auto& [pid, producer] : producers_) {
-          polled.push_back(pollfd{producer.pidfd.get(), POLLIN, 0});
+          polled.push_back(pollfd{producer.pidfd.fd(), POLLIN, 0});
           pids.push_back(pid);
         }
       }

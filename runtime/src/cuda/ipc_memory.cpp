@@ -101,7 +101,7 @@ void release_block(const std::pair<int, IpcHandle>& key) noexcept {
 // sender's fence buffer (a stream may still wait on it after the connection closed it).
 class HeldCudaRange final : public Allocation {
  public:
-  HeldCudaRange(std::shared_ptr<ReceivedCudaRange> range, ReleaseBoardView board, std::uint32_t counter,
+  HeldCudaRange(std::shared_ptr<ReceivedCudaRange> range, HoldCounterView board, std::uint32_t counter,
                 std::shared_ptr<const void> signal) noexcept
       : range_(std::move(range)), board_(std::move(board)), counter_(counter), signal_(std::move(signal)) {}
   HeldCudaRange(const HeldCudaRange&) = delete;
@@ -126,7 +126,7 @@ class HeldCudaRange final : public Allocation {
 
  private:
   std::shared_ptr<ReceivedCudaRange> range_;
-  ReleaseBoardView board_;
+  HoldCounterView board_;
   std::uint32_t counter_;
   std::shared_ptr<const void> signal_;  // let go after the stream was waited for
 };
@@ -248,7 +248,7 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
 
 std::uint64_t fence_buffers_opened() noexcept { return g_fence_buffers_opened.load(std::memory_order_relaxed); }
 
-std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> range, ReleaseBoardView board,
+std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> range, HoldCounterView board,
                                                 std::uint32_t counter, std::shared_ptr<const void> signal) {
   return std::make_shared<HeldCudaRange>(std::move(range), std::move(board), counter, std::move(signal));
 }

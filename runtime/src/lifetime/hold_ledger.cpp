@@ -8,6 +8,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/detail/process_identity.hpp"
+#include "memory/returned_blocks_hook.hpp"
 #include "ferry/shared_allocator.hpp"
 
 namespace ferry {
@@ -39,6 +40,11 @@ Registry& registry() {
 // waiting for ever on the static's initialization guard.
 [[maybe_unused]] const Registry& g_registry_made_at_start = registry();
 
+// The allocator collects through this hook (memory/ does not depend on lifetime/). Linked
+// with the ledgers: a program that makes none has nothing to collect.
+[[maybe_unused]] const bool g_collector_installed =
+    (install_returned_block_collector([](bool check_receivers) { collect_returned_blocks(check_receivers); }), true);
+
 // Takes the ledgers a forked child inherited out of the registry (caller holds the lock).
 std::vector<std::shared_ptr<HoldLedger>> take_inherited_locked(Registry& reg) {
   std::vector<std::shared_ptr<HoldLedger>> inherited;
@@ -62,21 +68,6 @@ bool socket_reader_shut_down(int fd) {
   }
 }
 
-// `by_send`: the probe is a socket whose own sending side is open (after this side's
-// shutdown(SHUT_WR) a zero-length send fails with EPIPE whatever the reader does).
-bool reader_gone(const UniqueFd& probe, bool by_send) {
-  if (!probe) return false;
-  pollfd entry{probe.get(), POLLOUT, 0};
-  while (true) {
-    const int rc = ::poll(&entry, 1, 0);
-    if (rc >= 0) {
-      if (rc > 0 && (entry.revents & (POLLERR | POLLHUP)) != 0) return true;
-      return by_send && socket_reader_shut_down(probe.get());
-    }
-    if (errno != EINTR) return false;  // cannot tell: keep the pins
-  }
-}
-
 // A holder still registering has published its pid, not yet its start time: it counts as
 // alive while a running process has that pid. One killed between the two steps of its
 // registration never finishes it, and must not keep the pins for ever.
@@ -92,6 +83,21 @@ bool registering_holder_alive(std::int32_t pid) noexcept {
 }
 
 }  // namespace
+
+// `by_send`: the probe is a socket whose own sending side is open (after this side's
+// shutdown(SHUT_WR) a zero-length send fails with EPIPE whatever the reader does).
+bool HoldLedger::ReceiverProbe::reader_gone() const {
+  if (!fd) return false;
+  pollfd entry{fd.get(), POLLOUT, 0};
+  while (true) {
+    const int rc = ::poll(&entry, 1, 0);
+    if (rc >= 0) {
+      if (rc > 0 && (entry.revents & (POLLERR | POLLHUP)) != 0) return true;
+      return by_send && socket_reader_shut_down(fd.get());
+    }
+    if (errno != EINTR) return false;  // cannot tell: keep the pins
+  }
+}
 
 HoldLedger::HoldLedger() : board_(ReturnBoard::create()), generation_(fork_generation()) {}
 
@@ -180,82 +186,92 @@ std::uint64_t HoldLedger::newest_pinned_sequence_locked() const {
   return newest;
 }
 
-void HoldLedger::collect(bool check_receivers) {
-  // In a forked child the ledger is the parent's: leave it (and its lock) alone.
-  if (!belongs_to_this_process()) return;
-  const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
-  std::vector<std::shared_ptr<Allocation>> dropped;
-  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> released_segments;  // closed after the lock
-  std::lock_guard lock(mutex_);
-  if (!kept_segments_.empty()) {
-    const std::uint64_t resolved = board_->resolved();
-    while (!kept_segments_.empty() && kept_segments_.front().first <= resolved) {
-      released_segments.push_back(std::move(kept_segments_.front()));
-      kept_segments_.pop_front();
-    }
-    if (!channel_open_ && kept_segments_.empty()) board_->close_fd();  // kept for them (channel_closed())
+void HoldLedger::release_resolved_segments_locked(KeptSegments& released) {
+  if (kept_segments_.empty()) return;
+  const std::uint64_t resolved = board_->resolved();
+  while (!kept_segments_.empty() && kept_segments_.front().first <= resolved) {
+    released.push_back(std::move(kept_segments_.front()));
+    kept_segments_.pop_front();
   }
+  // The board's fd was kept for them (channel_closed()).
+  if (channel_ == ChannelState::Closed && kept_segments_.empty()) board_->close_fd();
+}
+
+void HoldLedger::take_board_returns_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
   scratch_.clear();
   // Handed over: the returns on the board are the other process's.
-  if (!handed_over_) board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
+  if (board_reader_ == BoardReader::ThisProcess) {
+    board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
+  }
   // One allocation each, not one per doubling.
-  dropped.reserve(scratch_.size());
+  dropped.reserve(dropped.size() + scratch_.size());
   returned_.reserve(returned_.size() + scratch_.size());
   for (const std::uint32_t slot : scratch_) {
     if (slot < pins_.size() && pins_[slot].allocation != nullptr) {
       dropped.push_back(std::move(pins_[slot].allocation));  // leaves the pin empty
       returned_.push_back(slot);
+      --pinned_;
     }
   }
-  pinned_ -= dropped.size();
+}
+
+HoldLedger::Reclaimed HoldLedger::check_holders_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
+  // Marked on the board while it runs: a process that registers as a holder meanwhile (a
+  // receiver of a block forwarded from this connection) waits for its end and then sees
+  // whether it reclaimed (ReturnBoard::reclaims_after_checks()). The mark ends however this
+  // is left (an exception from holders() included).
+  struct HolderCheck {
+    ReturnBoard& board;
+    Reclaimed outcome = Reclaimed::Nothing;
+    explicit HolderCheck(ReturnBoard& checked) : board(checked) { board.begin_holder_check(); }
+    ~HolderCheck() { board.end_holder_check(outcome == Reclaimed::Everything); }
+    HolderCheck(const HolderCheck&) = delete;
+    HolderCheck& operator=(const HolderCheck&) = delete;
+  };
+  HolderCheck check(*board_);
+  const auto holders = board_->holders();
+  const bool all_dead = !holders.empty() && std::none_of(holders.begin(), holders.end(), [](const auto& holder) {
+    return holder.registering ? registering_holder_alive(holder.process.pid) : process_alive(holder.process);
+  });
+  if (all_dead) {
+    reclaim_all_locked(dropped);
+    return check.outcome = Reclaimed::Everything;
+  }
+  if (receiver_ == ReceivingEnd::Reachable && !probe_.reader_gone()) return Reclaimed::Nothing;
+  receiver_ = ReceivingEnd::Gone;
+  // Nobody can resolve the frames still in flight; if no holder is registered, nobody
+  // resolved any frame at all, or every process downstream that did let go of what came
+  // through this connection (ReturnBoard::hold_registration()): nobody holds anything.
+  if (holders.empty()) {
+    reclaim_all_locked(dropped);
+    return check.outcome = Reclaimed::Everything;
+  }
+  reclaim_unresolved_locked(dropped);
+  return check.outcome = Reclaimed::Unresolved;
+}
+
+void HoldLedger::collect(bool check_receivers) {
+  // In a forked child the ledger is the parent's: leave it (and its lock) alone.
+  if (!belongs_to_this_process()) return;
+  const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
+  std::vector<std::shared_ptr<Allocation>> dropped;
+  KeptSegments released_segments;  // closed after the lock
+  std::lock_guard lock(mutex_);
+  release_resolved_segments_locked(released_segments);
+  take_board_returns_locked(dropped);
   if (pinned_ == 0) {
     // Nothing pinned: every frame was given back or reclaimed, so nobody opens a segment any more.
-    probe_.reset();
+    probe_ = ReceiverProbe{};
     release_kept_segments_locked(released_segments);
     return;
   }
   if (!check_receivers) return;
-  // Marked on the board while it runs: a process that registers as a holder meanwhile (a
-  // receiver of a block forwarded from this connection) waits for its end and then sees
-  // whether it reclaimed (ReturnBoard::reclaims_after_checks()). The mark ends however the
-  // block below is left (an exception from holders() included).
-  struct HolderCheck {
-    ReturnBoard& board;
-    const bool& reclaimed;
-    HolderCheck(ReturnBoard& checked, const bool& outcome) : board(checked), reclaimed(outcome) {
-      board.begin_holder_check();
-    }
-    ~HolderCheck() { board.end_holder_check(reclaimed); }
-    HolderCheck(const HolderCheck&) = delete;
-    HolderCheck& operator=(const HolderCheck&) = delete;
-  };
-  bool reclaimed = false;
-  {
-    const HolderCheck check(*board_, reclaimed);
-    const auto holders = board_->holders();
-    const bool all_dead = !holders.empty() && std::none_of(holders.begin(), holders.end(), [](const auto& holder) {
-      return holder.registering ? registering_holder_alive(holder.process.pid) : process_alive(holder.process);
-    });
-    if (all_dead) {
-      reclaim_all_locked(dropped);
-      reclaimed = true;
-    } else if (receiver_gone_ || reader_gone(probe_, probe_by_send_)) {
-      receiver_gone_ = true;
-      // Nobody can resolve the frames still in flight; if no holder is registered, nobody
-      // resolved any frame at all, or every process downstream that did let go of what
-      // came through this connection (ReturnBoard::hold_registration()): nobody holds
-      // anything.
-      if (holders.empty()) {
-        reclaim_all_locked(dropped);
-        reclaimed = true;
-      } else {
-        reclaim_unresolved_locked(dropped);
-      }
-    }
+  const Reclaimed reclaimed = check_holders_locked(dropped);
+  if (receiver_ == ReceivingEnd::Gone || reclaimed == Reclaimed::Everything) {
+    release_kept_segments_locked(released_segments);
   }
-  if (receiver_gone_ || reclaimed) release_kept_segments_locked(released_segments);
   if (probe_ && board_->resolved() >= newest_pinned_sequence_locked()) {
-    probe_.reset();  // every pinned frame is resolved: the holders decide from now on
+    probe_ = ReceiverProbe{};  // every pinned frame is resolved: the holders decide from now on
   }
 }
 
@@ -263,7 +279,7 @@ void HoldLedger::receiver_gone() {
   if (!belongs_to_this_process()) return;  // a forked child's copy: the pins are the parent's
   {
     std::lock_guard lock(mutex_);
-    receiver_gone_ = true;
+    receiver_ = ReceivingEnd::Gone;
   }
   collect(true);
 }
@@ -278,11 +294,8 @@ void HoldLedger::channel_closed(UniqueFd probe, bool probe_by_send) {
   }
   {
     std::lock_guard lock(mutex_);
-    channel_open_ = false;
-    if (pinned_ > 0 && !receiver_gone_) {
-      probe_ = std::move(probe);
-      probe_by_send_ = probe_by_send;
-    }
+    channel_ = ChannelState::Closed;
+    if (pinned_ > 0 && receiver_ == ReceivingEnd::Reachable) probe_ = ReceiverProbe{std::move(probe), probe_by_send};
     // No frame will carry the board any more; a receiver may still have to open it by fd
     // number, like the segments kept for it (then collect() closes it with the last one).
     if (kept_segments_.empty()) board_->close_fd();
@@ -290,12 +303,11 @@ void HoldLedger::channel_closed(UniqueFd probe, bool probe_by_send) {
   collect(false);
 }
 
-void HoldLedger::release_kept_segments_locked(
-    std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>>& released) {
+void HoldLedger::release_kept_segments_locked(KeptSegments& released) {
   released.insert(released.end(), std::make_move_iterator(kept_segments_.begin()),
                   std::make_move_iterator(kept_segments_.end()));
   kept_segments_.clear();
-  if (!channel_open_) board_->close_fd();  // kept for them (channel_closed())
+  if (channel_ == ChannelState::Closed) board_->close_fd();  // kept for them (channel_closed())
 }
 
 void HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments) {
@@ -307,7 +319,7 @@ void HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::sh
 void HoldLedger::hand_over() {
   if (!belongs_to_this_process()) return;
   std::lock_guard lock(mutex_);
-  handed_over_ = true;
+  board_reader_ = BoardReader::HandedOver;
 }
 
 void HoldLedger::adopt_in_child(const std::shared_ptr<HoldLedger>& ledger) {
@@ -342,7 +354,7 @@ std::size_t HoldLedger::pinned() const {
 
 bool HoldLedger::finished() const {
   std::lock_guard lock(mutex_);
-  return !channel_open_ && pinned_ == 0;
+  return channel_ == ChannelState::Closed && pinned_ == 0;
 }
 
 void collect_returned_blocks(bool check_receivers) {

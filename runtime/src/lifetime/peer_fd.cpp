@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "lifetime/process_exit.hpp"
 
 #ifndef SYS_pidfd_getfd
 #define SYS_pidfd_getfd 438  // the same number on every architecture (Linux 5.6)
@@ -59,15 +58,11 @@ bool fds_takeable_by_peers() noexcept {
 
 bool PeerFdOpener::ensure_pidfd(pid_t pid, Taken& taken) {
   if (pid_ == pid) return !refused_;
-  pidfd_.reset();
   refused_ = false;
   pid_ = pid;
-  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
-  if (fd >= 0) {
-    pidfd_.reset(static_cast<int>(fd));
-    return true;
-  }
-  const int error = errno;
+  pidfd_ = ProcessHandle::open(pid);
+  if (pidfd_) return true;
+  const int error = pidfd_.error();
   if (error == ENOSYS) {
     g_missing.store(true, std::memory_order_relaxed);
     pid_ = 0;
@@ -89,7 +84,7 @@ PeerFdOpener::Taken PeerFdOpener::take(pid_t pid, int fd) {
   if (pidfd_getfd_usable()) {
     if (ensure_pidfd(pid, taken)) {
       // The new descriptor is close-on-exec (pidfd_getfd(2) sets FD_CLOEXEC).
-      const long got = ::syscall(SYS_pidfd_getfd, pidfd_.get(), fd, 0);
+      const long got = ::syscall(SYS_pidfd_getfd, pidfd_.fd(), fd, 0);
       if (got >= 0) {
         taken.fd.reset(static_cast<int>(got));
         g_taken_by_pidfd.fetch_add(1, std::memory_order_relaxed);
@@ -134,11 +129,11 @@ std::string PeerFdOpener::describe(pid_t pid, int fd, Method method) {
 
 bool PeerFdOpener::exited(pid_t pid, std::chrono::milliseconds grace) const {
   // The kept pidfd never names a later process that reused the pid.
-  return pid == pid_ && pidfd_ ? pidfd_has_exited(pidfd_.get(), grace) : process_has_exited(pid, grace);
+  return pid == pid_ && pidfd_ ? pidfd_.exited(grace) : ProcessHandle::open(pid).exited(grace);
 }
 
 void PeerFdOpener::reset() noexcept {
-  pidfd_.reset();
+  pidfd_ = ProcessHandle();
   pid_ = 0;
   refused_ = false;
 }

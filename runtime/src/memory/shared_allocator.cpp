@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 
+#include <atomic>
 #include <cstring>
 #include <list>
 #include <mutex>
@@ -17,13 +18,15 @@
 
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"
-#include "ferry/detail/hold_ledger.hpp"
 #include "ferry/detail/object_pool.hpp"
 #include "ferry/detail/process_identity.hpp"
+#include "memory/returned_blocks_hook.hpp"
 #include "ferry/detail/size_classes.hpp"
 
 namespace ferry {
 namespace {
+
+constinit std::atomic<ReturnedBlockCollector> g_returned_block_collector{nullptr};
 
 constexpr std::uint32_t kLargeClass = UINT32_MAX;
 constexpr std::size_t kMinimumSegmentBytes = std::size_t{64} << 10;
@@ -319,7 +322,7 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::allocate(std::size_t nbytes,
   // Nothing cached: first take back what receivers returned (cheap: no system call), then
   // what receivers that died still held; only then create a segment.
   for (const bool check_receivers : {false, true}) {
-    collect_returned_blocks(check_receivers);
+    collect_returned_blocks_through_hook(check_receivers);
     std::unique_lock lock(mutex);
     if (const Taken taken = take_cached_locked(nbytes); taken.segment != nullptr) {
       ++hits_;
@@ -506,7 +509,7 @@ void SharedAllocator::Core::configure(const SharedAllocatorSettings& settings) {
 }
 
 void SharedAllocator::Core::trim() {
-  collect_returned_blocks(true);
+  collect_returned_blocks_through_hook(true);
   std::vector<std::shared_ptr<SharedSegment>> released;
   std::lock_guard lock(mutex);
   sync_fork_locked();
@@ -559,6 +562,16 @@ bool SharedAllocator::owns(const SharedBlock& block) const noexcept {
 SharedMemoryStats shared_memory_stats() { return SharedAllocator::global().stats(); }
 void configure_shared_memory(const SharedAllocatorSettings& settings) { SharedAllocator::global().configure(settings); }
 void release_cached_shared_memory() { SharedAllocator::global().trim(); }
+
+void install_returned_block_collector(ReturnedBlockCollector collector) noexcept {
+  g_returned_block_collector.store(collector, std::memory_order_release);
+}
+
+void collect_returned_blocks_through_hook(bool check_receivers) {
+  if (const ReturnedBlockCollector collector = g_returned_block_collector.load(std::memory_order_acquire)) {
+    collector(check_receivers);
+  }
+}
 
 namespace {
 

@@ -9,11 +9,10 @@
 #include <cstring>
 
 #include "ferry/error.hpp"
+#include "ferry/detail/process_handle.hpp"
 
 namespace ferry {
 namespace {
-
-int open_pidfd(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
 
 int send_pidfd_signal(int pidfd, int signal) {
   return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0));
@@ -48,9 +47,9 @@ std::string ExitStatus::describe() const {
 }
 
 ChildProcess::ChildProcess(pid_t pid) : pid_(pid), owner_(::getpid()) {
-  const int fd = open_pidfd(pid);
-  if (fd < 0) {
-    const int error = errno;
+  ProcessHandle handle = ProcessHandle::open(pid);
+  if (!handle) {
+    const int error = handle.error();
     ::kill(pid, SIGKILL);
     int ignored = 0;
     ::waitpid(pid, &ignored, 0);
@@ -58,7 +57,7 @@ ChildProcess::ChildProcess(pid_t pid) : pid_(pid), owner_(::getpid()) {
                            " (ferry needs Linux 5.4 or newer to supervise workers)",
                        error);
   }
-  pidfd_.reset(fd);
+  pidfd_ = handle.release_fd();
 }
 
 ChildProcess::ChildProcess(ChildProcess&& other) noexcept

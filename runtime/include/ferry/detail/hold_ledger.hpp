@@ -87,12 +87,34 @@ class HoldLedger {
     std::shared_ptr<Allocation> allocation;
     std::uint64_t sequence = 0;
   };
+  // Where the connection stands. The channel closes once; the receiving end may be known
+  // gone before or after (a failed write, or the probe); who reads the board changes once.
+  enum class ChannelState : std::uint8_t { Open, Closed };
+  enum class ReceivingEnd : std::uint8_t { Reachable, Gone };
+  enum class BoardReader : std::uint8_t { ThisProcess, HandedOver };
+  // What a check of the holders reclaimed.
+  enum class Reclaimed : std::uint8_t { Nothing, Unresolved, Everything };
+  // The descriptor that tells when the receiving end is gone (see channel_closed()).
+  struct ReceiverProbe {
+    UniqueFd fd;
+    bool by_send = false;  // a zero-length send failing with EPIPE tells it too
+    explicit operator bool() const noexcept { return static_cast<bool>(fd); }
+    bool reader_gone() const;
+  };
+  using KeptSegments = std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>>;
+
   void unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped);
   void reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
   void reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
+  // Moves the kept segments whose frames the receiver resolved into `released`.
+  void release_resolved_segments_locked(KeptSegments& released);
+  // Unpins the slots the receiver posted on the board (not when handed over).
+  void take_board_returns_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
+  // Reclaims what no living holder can use any more (see collect()).
+  Reclaimed check_holders_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
   // Moves every kept segment into `released` (to close after the lock): nobody will open
   // them any more. Closes the board's fd too once the channel closed.
-  void release_kept_segments_locked(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>>& released);
+  void release_kept_segments_locked(KeptSegments& released);
   std::uint64_t newest_pinned_sequence_locked() const;
   bool belongs_to_this_process() const noexcept;
 
@@ -103,12 +125,11 @@ class HoldLedger {
   std::size_t pinned_ = 0;
   std::vector<std::uint32_t> returned_;
   std::vector<std::uint32_t> scratch_;
-  bool channel_open_ = true;
-  bool receiver_gone_ = false;
-  bool handed_over_ = false;  // another process reads the board (hand_over())
-  UniqueFd probe_;
-  bool probe_by_send_ = false;
-  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> kept_segments_;  // by sequence
+  ChannelState channel_ = ChannelState::Open;
+  ReceivingEnd receiver_ = ReceivingEnd::Reachable;
+  BoardReader board_reader_ = BoardReader::ThisProcess;
+  ReceiverProbe probe_;             // kept while frames are unresolved after the close
+  KeptSegments kept_segments_;      // by sequence
 };
 
 /// Collects what receivers gave back on every channel of this process (see

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "ferry/detail/process_handle.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
 namespace ferry {
@@ -48,7 +49,7 @@ class PeerFdOpener {
   static std::string describe(pid_t pid, int fd, Method method);
   /// After a failed take(): true when the process has exited, waiting up to `grace` for
   /// an exit in progress to complete. Asks the kept pidfd when there is one for `pid` (so a
-  /// reused pid reads as exited), process_has_exited() otherwise.
+  /// reused pid reads as exited), a new ProcessHandle otherwise.
   bool exited(pid_t pid, std::chrono::milliseconds grace) const;
   /// Closes the kept pidfd (the connection is over).
   void reset() noexcept;
@@ -69,7 +70,7 @@ class PeerFdOpener {
   Taken take_by_proc(pid_t pid, int fd);
 
   pid_t pid_ = 0;        // the process pidfd_ names, or whose refusal is remembered
-  UniqueFd pidfd_;
+  ProcessHandle pidfd_;
   bool refused_ = false;  // pidfd_getfd refused for pid_: use /proc
 };
 

@@ -75,12 +75,12 @@ enum class SegmentKind : std::uint32_t {
 
 /// What a new segment is for.
 enum class SegmentRole : std::uint32_t {
-  Data = 0,         ///< tensor memory: the receiver leases it at `slot` until the sender releases it
-  ReturnBoard = 1,  ///< the connection's return board (see ReturnBoard); sent once, `slot` unused
+  Data = 0,         ///< tensor memory: the receiver leases it at `slot_or_reclaims` until the sender releases it
+  ReturnBoard = 1,  ///< the connection's return board (see ReturnBoard); sent once, `slot_or_reclaims` zero
   /// the return board of a connection that a forwarded block came through (the sender
   /// received the block there, or it was forwarded to the sender from there): the receiver
-  /// registers there as a holder before it resolves the frame; sent once per board; `slot`:
-  /// the board's reclaim count when the sender forwarded the block (ReturnBoard::reclaims())
+  /// registers there as a holder before it resolves the frame; sent once per board;
+  /// `slot_or_reclaims`: the board's reclaim count when the sender forwarded the block (ReturnBoard::reclaims())
   UpstreamBoard = 2,
   /// an upstream board the sender passed before and names no more: no block it has left came
   /// through it, so no later frame forwards one. The receiver stops passing it on with the
@@ -96,7 +96,9 @@ enum class SegmentRole : std::uint32_t {
 struct SegmentEntry {
   std::uint32_t kind = 0;  ///< SegmentKind
   std::uint32_t role = 0;  ///< SegmentRole
-  std::uint32_t slot = 0;  ///< segment slot the receiver leases it at (Data)
+  /// Data: the segment slot the receiver leases it at; UpstreamBoard: the board's reclaim
+  /// count when the sender forwarded the block; zero otherwise
+  std::uint32_t slot_or_reclaims = 0;
   std::int32_t pid = 0;    ///< NewProcFd: the sender's pid
   std::uint64_t size = 0;  ///< bytes of the segment
   std::int32_t fd = -1;    ///< NewProcFd: the sender's fd number

@@ -4,11 +4,9 @@
 // lease protocol and holds.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
@@ -17,9 +15,8 @@
 #include "ferry/detail/archive.hpp"
 #include "ferry/detail/body_reader.hpp"
 #include "ferry/detail/frame.hpp"
-#include "ferry/detail/hold_ledger.hpp"
 #include "ferry/detail/peer_fd.hpp"
-#include "ferry/detail/process_identity.hpp"
+#include "ferry/detail/connection_holds.hpp"
 #include "ferry/detail/return_board.hpp"
 #include "ferry/detail/shared_segment.hpp"
 #include "ferry/storage.hpp"
@@ -29,34 +26,11 @@
 
 namespace ferry {
 
-namespace detail {
-/// Where the blocks received on one connection give their storage slots back: shared by
-/// the decoder and every block it made, so that MessageDecoder::hand_over() can silence
-/// the blocks that live on in this process.
-struct ReturnPath {
-  std::shared_ptr<ReturnBoard> board;
-  std::atomic<bool> handed_over{false};
-  /// Appends `board`, then the upstream boards (see SharedBlock::append_return_boards()).
-  void append_boards(std::vector<std::shared_ptr<ReturnBoard>>& out) const;
-  /// Adds a board of a connection upstream of this one (this process registered on it).
-  void add_upstream(std::shared_ptr<ReturnBoard> upstream_board);
-  /// Forgets the upstream board named `identity` (the sender retired it, see
-  /// SegmentRole::RetiredUpstreamBoard); nothing when there is none.
-  void retire_upstream(const FileIdentity& identity);
-  /// True when `identity` is this connection's board or one of its upstream boards.
-  bool knows(const FileIdentity& identity) const;
-  /// Keeps this process registered on the board and every upstream board so far for as
-  /// long as it lives (see ReturnBoard::keep_registration()).
-  void keep_registrations() noexcept;
-  /// The upstream boards so far (a copy).
-  std::vector<std::shared_ptr<ReturnBoard>> upstream_boards() const;
-
- private:
-  // The decoder adds boards while blocks of the connection, on any thread, read them.
-  mutable std::mutex mutex_;
-  std::vector<std::shared_ptr<ReturnBoard>> upstream_;
-};
-}  // namespace detail
+struct CudaHandleRecord;  // cuda_frame.hpp
+namespace cuda {
+class ReceivedCudaRange;
+class HoldCounterView;
+}  // namespace cuda
 
 class MessageDecoder {
  public:
@@ -100,9 +74,7 @@ class MessageDecoder {
   /// receiver over (ReceiverCore::adopt()) holds what arrived so far before it reads again.
   /// Throws TooManyHolders when a board has no place for it, Error when /proc cannot be read.
   /// Inline: every read calls it, and once registered it is one load and two comparisons.
-  void register_as_holder() {
-    if (returns_ && registered_generation_ != fork_generation()) register_in_this_generation();
-  }
+  void register_as_holder() { holds_.register_as_holder(); }
   /// Storages leased on this connection.
   std::size_t leased() const noexcept;
   /// Segments leased on this connection.
@@ -122,11 +94,6 @@ class MessageDecoder {
   std::shared_ptr<Storage> resolve_new_block(const HandleEntry& entry, std::size_t index);
   void retire_upstream_board(const SegmentEntry& entry, std::size_t index);
   void claim_frame(std::uint64_t sequence, std::size_t index);
-  // Registers this process on `board` (ReturnBoard::hold_registration()); throws
-  // TooManyHolders when the board has no place.
-  void hold_or_refuse(ReturnBoard& board, ReturnBoard::HolderRole role);
-  // register_as_holder()'s work, once per fork generation.
-  void register_in_this_generation();
   void add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
                           std::size_t& next_fd);
   void resolve_tables(const FrameHeader& header, std::span<const std::byte> segment_table,
@@ -170,18 +137,20 @@ class MessageDecoder {
   // entry `index` with the `record`-th CUDA record of the frame; the events opened so far.
   struct CudaReceiveState;
   std::shared_ptr<Storage> resolve_cuda(const HandleEntry& entry, std::uint32_t index, std::size_t record);
+  // The steps of resolve_cuda(): the `record`-th CUDA record of the frame (after checking
+  // that this build has CUDA and the body holds it); the storage, opened or found in `lease`.
+  CudaHandleRecord read_cuda_record(std::uint32_t index, std::size_t record);
+  std::shared_ptr<Storage> open_cuda_storage(const HandleEntry& entry, const CudaHandleRecord& record,
+                                             const cuda::HoldCounterView& board, Lease* lease,
+                                             std::shared_ptr<cuda::ReceivedCudaRange> range);
   std::shared_ptr<CudaReceiveState> cuda_;
 
   std::vector<Lease> leases_;                              // by storage slot
   std::vector<std::shared_ptr<SharedSegment>> segments_;   // by segment slot
   PeerFdOpener peer_fds_;  // takes segments named by the sender's pid and fd number
-  std::shared_ptr<detail::ReturnPath> returns_;  // the connection's return board, once it arrived
-  // Ledgers of this process whose boards came back upstream: blocks of this process's own
-  // segments arrive through them, and are kept by their pins (see resolve_new_block()).
-  std::vector<std::weak_ptr<HoldLedger>> own_upstream_ledgers_;
+  ReceivingHolds holds_;  // the return board, upstream boards, this process's registrations
   // The return board, or null before the frame that carries it.
-  ReturnBoard* board() const noexcept { return returns_ ? returns_->board.get() : nullptr; }
-  std::uint64_t registered_generation_ = ~std::uint64_t{0};  // fork generation we registered as holder in
+  ReturnBoard* board() const noexcept { return holds_.board(); }
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
   bool wants_acknowledgement_ = false;

@@ -1,29 +1,10 @@
 // The sending side of one connection: turns a message into a frame, and remembers which
 // segments and storages the receiver holds, so that a segment is passed (fd, mmap) once,
 // a new storage in it travels as (segment slot, offset, size), and a storage sent again
-// travels as its slot alone.
-//
-// Lease protocol. The sender gives every segment and every storage it passes a slot. The
-// receiver keeps the mapping of a segment, and the block of a storage, at its slot (a
-// lease) until the sender announces, in a later frame, that the slot is released. The
-// sender announces a release once its own last reference died, so the receiver never keeps
-// leased more than the sender keeps alive. Frames arrive in order, so a slot reference
-// always finds its lease.
-//
-// Holds. A storage's block may be recycled by its allocator once nobody uses it, so the
-// sender pins every storage it passed (HoldLedger) until the receiver gives its slot back
-// through the connection's return board: the receiver does so once it dropped the lease
-// and every tensor it built on the block. A storage slot is reused only after that.
-//
-// Identity. A storage received from another process keeps its identity (same Storage
-// object, same id) on the receiving side while the sender holds it, so a storage echoed back
-// and forth travels as a lease both ways (see MessageDecoder). The sender therefore refreshes
-// the weak reference of a leased storage that the frame carries again before it looks for
-// dead ones: a receiver's handle on such a storage may have died and been re-made meanwhile.
-//
-// CUDA storages (cuda_handles.cpp) take storage slots like the others (CudaIpc entries) but
-// are never pinned: the producer learns what receivers hold through release boards instead,
-// so their slots are reusable as soon as their release is announced.
+// travels as its slot alone. The receiver leases what a frame introduces until a later
+// frame releases it; every storage passed stays pinned (SendingHolds) until the receiver
+// gives its slot back. CUDA storages take slots too but are never pinned (hold-counter
+// boards, cuda_handles.cpp). The protocol and its reasons: docs/design/leases-and-returns.md.
 #pragma once
 
 #include <sys/uio.h>
@@ -40,7 +21,7 @@
 
 #include "ferry/detail/archive.hpp"
 #include "ferry/detail/frame.hpp"
-#include "ferry/detail/hold_ledger.hpp"
+#include "ferry/detail/connection_holds.hpp"
 #include "ferry/detail/id_slot_map.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
@@ -114,13 +95,11 @@ class MessageEncoder {
   /// The last frame the receiver resolved, as the return board tells (0: none, or no
   /// board yet). A frame is resolved after its segments were opened: it acknowledges them
   /// without a system call on either side.
-  std::uint64_t resolved_on_board() const noexcept { return ledger_ ? ledger_->board()->resolved() : 0; }
+  std::uint64_t resolved_on_board() const noexcept { return holds_.resolved(); }
   /// Before blocking on the transport for acknowledgements: asks the receiver to
   /// acknowledge there too from now on (ReturnBoard::request_acknowledgements()); returns
   /// the last frame resolved, read after asking.
-  std::uint64_t request_acknowledgements() noexcept {
-    return ledger_ ? ledger_->board()->request_acknowledgements() : 0;
-  }
+  std::uint64_t request_acknowledgements() noexcept { return holds_.request_acknowledgements(); }
   /// True while segments (or upstream return boards) are kept open for frames the receiver
   /// has not acknowledged.
   bool awaiting_acknowledgement() const noexcept { return !keepalive_.empty(); }
@@ -137,7 +116,7 @@ class MessageEncoder {
   /// Segments the receiver currently leases from this sender, as far as it knows.
   std::size_t tracked_segments() const noexcept { return sent_segments_.size(); }
   /// Storages pinned because the receiver may still hold them.
-  std::size_t pinned_storages() const { return ledger_ ? ledger_->pinned() : 0; }
+  std::size_t pinned_storages() const { return holds_.pinned(); }
 
   /// Registers `process` as a holder of what this encoder sent, as the receiver does when
   /// it resolves its first frame: for a frame handed to a process that the sender starts
@@ -179,6 +158,13 @@ class MessageEncoder {
   };
   void begin();
   const EncodedFrame& finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name);
+  // The steps of finish(), in order.
+  void refresh_leased_storages();
+  void fill_handle_table();
+  void fill_new_block_entry(const std::shared_ptr<Storage>& storage, HandleEntry& entry);
+  void pin_new_storages();
+  void fill_header(FrameKind kind, std::uint64_t fingerprint, std::string_view name, std::size_t cuda_bytes);
+  const EncodedFrame& assemble_frame(std::span<const std::byte> cuda_records);
   std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
 
   // CUDA storages (defined in serialization/src/cuda_handles.cpp): the connection's release
@@ -201,14 +187,12 @@ class MessageEncoder {
   std::uint32_t segment_slot_for(const std::shared_ptr<SharedSegment>& segment);
   void pass_upstream_boards(const SharedBlock& block);
   void retire_dead_upstream_boards();
-  static constexpr std::size_t kMaxRetiredPerFrame = 16;
   // Adds a segment entry for the frame; true when it names the fd by /proc (the segment
   // must stay open until the receiver acknowledges the frame), false when the fd travels.
-  bool add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
+  bool add_segment_entry(SegmentRole role, std::uint32_t slot_or_reclaims, int fd, std::size_t size,
                          const FileIdentity& identity);
   // Whether the frame being encoded passes segment fds instead of naming them by /proc.
   bool passes_fd_now();
-  HoldLedger& ledger();
   std::optional<std::uint32_t> find_source(const Storage* storage);
   void index_source(const Storage* storage, std::uint32_t index);
   void place_source(const Storage* storage, std::uint32_t index);
@@ -238,33 +222,15 @@ class MessageEncoder {
   std::uint64_t last_segment_id_ = 0;  // the segment segment_slot_for() found last (0: none)
   std::uint32_t last_segment_slot_ = 0;
 
-  std::shared_ptr<HoldLedger> ledger_;  // created with the first storage sent
+  SendingHolds holds_;  // pins, the return board, upstream boards passed
   bool board_sent_ = false;
   std::uint64_t board_sequence_ = 0;  // frame that carried the board (ProcFd: keep its fd until acknowledged)
   // Segments and upstream boards named by /proc path stay open until the receiver
   // acknowledges the frame (close() waits for that).
   std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> keepalive_;
   std::vector<std::uint32_t> returned_scratch_;
-  // Return boards passed to the receiver because blocks received on them are forwarded on
-  // this connection (see SegmentRole::UpstreamBoard), each passed once. Not kept: a board
-  // that died here (no block of its connection lives here any more) cannot be forwarded
-  // from again, and a forwarder must not keep the boards of every connection it ever
-  // forwarded from (keepalive_ keeps one until the receiver opened it). One that died is
-  // retired at the start of the next frame (at most kMaxRetiredPerFrame per frame), so that
-  // the receiver lets go of it too. A board that reached this process on several
-  // connections has one object per connection: each object is tracked (one entry each, the
-  // board passed once), and the board is retired only once all of them died. The first
-  // `upstream_committed_` went out.
-  struct PassedUpstream {
-    std::weak_ptr<ReturnBoard> board;
-    FileIdentity identity;
-    // The frame being encoded retires it (SegmentRole::RetiredUpstreamBoard), or forgets it
-    // because another object of its board lives on: gone at commit().
-    bool retiring = false;
-  };
-  std::vector<PassedUpstream> upstream_sent_;
-  std::size_t upstream_committed_ = 0;
-  std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;  // boards the frame passes
+  std::vector<FileIdentity> retired_scratch_;                    // boards the frame retires
 
   // The frame being encoded.
   FrameHeader header_;

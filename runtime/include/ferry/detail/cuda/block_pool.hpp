@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "ferry/cuda.hpp"
-#include "ferry/detail/cuda/release_board.hpp"
+#include "ferry/detail/cuda/hold_counter_board.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry::cuda {
@@ -73,7 +73,7 @@ class CudaAllocation final : public Allocation {
 
   /// The hold of the connection whose boards are `boards` on this storage, made on first use:
   /// the board and counter that its receiver releases. Thread-safe.
-  std::pair<std::shared_ptr<ReleaseBoard>, std::uint32_t> hold_for(ReleaseBoardSet& boards);
+  std::pair<std::shared_ptr<HoldCounterBoard>, std::uint32_t> hold_for(HoldCounterBoardSet& boards);
   /// Holds taken on this storage so far (for tests).
   std::size_t hold_count() const;
 

@@ -15,7 +15,7 @@
 #include <optional>
 #include <utility>
 
-#include "ferry/detail/cuda/release_board.hpp"
+#include "ferry/detail/cuda/hold_counter_board.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry::cuda {
@@ -88,7 +88,7 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
 /// that it releases when it dies, after waiting for the current stream of its device (so
 /// that work queued on the memory is done before the producer may reuse it). `signal` (what
 /// ReceiveSignals::wait_fence returned, or null) is kept as long as the allocation.
-std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> range, ReleaseBoardView board,
+std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> range, HoldCounterView board,
                                                 std::uint32_t counter, std::shared_ptr<const void> signal = {});
 
 /// Bytes of a process's fence buffer on one device: 4096 fences of 8 bytes.

@@ -1,7 +1,5 @@
-#include "ferry/detail/cuda/release_board.hpp"
+#include "ferry/detail/cuda/hold_counter_board.hpp"
 
-#include <signal.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +12,7 @@
 #include <string>
 
 #include "ferry/error.hpp"
-#include "lifetime/process_exit.hpp"
+#include "ferry/detail/process_handle.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry::cuda {
@@ -22,7 +20,7 @@ namespace {
 
 static_assert(std::atomic_ref<std::int64_t>::is_always_lock_free, "board counters must be lock-free in shared memory");
 static_assert(std::atomic_ref<std::int32_t>::is_always_lock_free, "board pids must be lock-free in shared memory");
-static_assert(sizeof(std::uint64_t) + kReleaseBoardConsumers * sizeof(std::int32_t) == kReleaseBoardHeaderBytes);
+static_assert(sizeof(std::uint64_t) + kHoldCounterBoardConsumers * sizeof(std::int32_t) == kHoldCounterBoardHeaderBytes);
 
 // Header layout: magic, then the consumer pids (0 = free entry).
 constexpr std::size_t kConsumersAt = sizeof(std::uint64_t);
@@ -31,19 +29,10 @@ std::int32_t* consumer_slots(std::byte* segment) {
   return reinterpret_cast<std::int32_t*>(segment + kConsumersAt);
 }
 
-// pidfd of `pid`, or an empty fd when the process is gone (or pidfds are not supported,
-// which `supported` reports).
-UniqueFd open_pidfd(pid_t pid, bool& supported) {
-  const long fd = ::syscall(SYS_pidfd_open, pid, 0);
-  supported = !(fd < 0 && errno == ENOSYS);
-  return UniqueFd(fd < 0 ? -1 : static_cast<int>(fd));
-}
-
-
 // Every live board of this process (for the exit warning).
 struct BoardRegistry {
   std::mutex mutex;
-  std::vector<std::weak_ptr<ReleaseBoard>> boards;
+  std::vector<std::weak_ptr<HoldCounterBoard>> boards;
 };
 
 BoardRegistry& registry() {
@@ -55,24 +44,24 @@ BoardRegistry& registry() {
 
 // ---- producer side -------------------------------------------------------------------
 
-ReleaseBoard::ReleaseBoard(std::shared_ptr<Storage> storage, std::uint32_t capacity,
+HoldCounterBoard::HoldCounterBoard(std::shared_ptr<Storage> storage, std::uint32_t capacity,
                            std::shared_ptr<const void> keepalive)
     : storage_(std::move(storage)), capacity_(capacity), keepalive_(std::move(keepalive)) {
   free_counters_.reserve(capacity);
   for (std::uint32_t i = capacity; i-- > 0;) free_counters_.push_back(i);  // hand out 0, 1, 2 ... first
 }
 
-ReleaseBoard::~ReleaseBoard() = default;
+HoldCounterBoard::~HoldCounterBoard() = default;
 
-std::shared_ptr<ReleaseBoard> ReleaseBoard::create(std::uint32_t capacity, std::shared_ptr<const void> keepalive,
+std::shared_ptr<HoldCounterBoard> HoldCounterBoard::create(std::uint32_t capacity, std::shared_ptr<const void> keepalive,
                                                    const std::optional<SharedAllocator>& pool) {
-  if (capacity == 0) throw Error("ReleaseBoard::create: a board needs at least one counter");
-  const std::size_t bytes = kReleaseBoardHeaderBytes + std::size_t{capacity} * sizeof(std::int64_t);
+  if (capacity == 0) throw Error("HoldCounterBoard::create: a board needs at least one counter");
+  const std::size_t bytes = kHoldCounterBoardHeaderBytes + std::size_t{capacity} * sizeof(std::int64_t);
   // Zeroed: a recycled block keeps old contents, and every counter and consumer entry must
   // start at 0.
   auto storage = Storage::allocate(bytes, pool ? *pool : SharedAllocator::global(), true);
-  std::memcpy(storage->data(), &kReleaseBoardMagic, sizeof kReleaseBoardMagic);
-  auto board = std::shared_ptr<ReleaseBoard>(new ReleaseBoard(std::move(storage), capacity, std::move(keepalive)));
+  std::memcpy(storage->data(), &kHoldCounterBoardMagic, sizeof kHoldCounterBoardMagic);
+  auto board = std::shared_ptr<HoldCounterBoard>(new HoldCounterBoard(std::move(storage), capacity, std::move(keepalive)));
   BoardRegistry& boards = registry();
   std::lock_guard lock(boards.mutex);
   std::erase_if(boards.boards, [](const auto& weak) { return weak.expired(); });
@@ -80,11 +69,11 @@ std::shared_ptr<ReleaseBoard> ReleaseBoard::create(std::uint32_t capacity, std::
   return board;
 }
 
-std::int64_t* ReleaseBoard::counter_address(std::uint32_t counter) const noexcept {
-  return reinterpret_cast<std::int64_t*>(storage_->data() + kReleaseBoardHeaderBytes) + counter;
+std::int64_t* HoldCounterBoard::counter_address(std::uint32_t counter) const noexcept {
+  return reinterpret_cast<std::int64_t*>(storage_->data() + kHoldCounterBoardHeaderBytes) + counter;
 }
 
-bool ReleaseBoard::acquire(std::uint32_t& counter) {
+bool HoldCounterBoard::acquire(std::uint32_t& counter) {
   std::lock_guard lock(mutex_);
   if (free_counters_.empty()) return false;
   counter = free_counters_.back();
@@ -93,61 +82,53 @@ bool ReleaseBoard::acquire(std::uint32_t& counter) {
   return true;
 }
 
-void ReleaseBoard::free(std::uint32_t counter) noexcept {
+void HoldCounterBoard::free(std::uint32_t counter) noexcept {
   std::lock_guard lock(mutex_);
   free_counters_.push_back(counter);
 }
 
-void ReleaseBoard::add(std::uint32_t counter, std::int64_t delta) noexcept {
+void HoldCounterBoard::add(std::uint32_t counter, std::int64_t delta) noexcept {
   std::atomic_ref<std::int64_t>(*counter_address(counter)).fetch_add(delta, std::memory_order_acq_rel);
 }
 
-std::int64_t ReleaseBoard::value(std::uint32_t counter) const noexcept {
+std::int64_t HoldCounterBoard::value(std::uint32_t counter) const noexcept {
   return std::atomic_ref<std::int64_t>(*counter_address(counter)).load(std::memory_order_acquire);
 }
 
-bool ReleaseBoard::released(std::uint32_t counter) {
+bool HoldCounterBoard::released(std::uint32_t counter) {
   // A receiver that subtracts more than it was given is broken, not holding anything.
   if (value(counter) <= 0) return true;
   std::lock_guard lock(mutex_);
   return consumers_all_dead_locked();
 }
 
-bool ReleaseBoard::consumers_all_dead_locked() {
+bool HoldCounterBoard::consumers_all_dead_locked() {
   // Learn about consumers that registered since the last look.
   std::int32_t* slots = consumer_slots(storage_->data());
-  for (std::size_t i = 0; i < kReleaseBoardConsumers; ++i) {
+  for (std::size_t i = 0; i < kHoldCounterBoardConsumers; ++i) {
     const pid_t pid = std::atomic_ref<std::int32_t>(slots[i]).load(std::memory_order_acquire);
     if (pid <= 0) continue;
-    const bool known = std::any_of(consumers_.begin(), consumers_.end(), [pid](const auto& c) { return c.first == pid; });
+    const bool known = std::any_of(consumers_.begin(), consumers_.end(), [pid](const auto& c) { return c.pid() == pid; });
     if (known) continue;
-    bool supported = true;
-    UniqueFd pidfd = open_pidfd(pid, supported);
-    // Without pidfd support, a consumer is tracked by pid alone (kill(pid, 0) below).
-    consumers_.emplace_back(pid, std::move(pidfd));
-    if (!supported) consumers_.back().second.reset();
+    // Without pidfd support, the handle asks /proc (ProcessHandle::exited()).
+    consumers_.push_back(ProcessHandle::open(pid));
   }
   // Nobody registered yet: the frames are still in flight, or were never read.
   if (consumers_.empty()) return false;
-  for (const auto& [pid, pidfd] : consumers_) {
-    const bool dead = pidfd ? pidfd_has_exited(pidfd.get(), std::chrono::milliseconds(0)) : (::kill(pid, 0) != 0 && errno == ESRCH);
-    if (!dead) return false;
-  }
-  return true;
+  return std::all_of(consumers_.begin(), consumers_.end(), [](const ProcessHandle& consumer) { return consumer.exited(); });
 }
 
-std::vector<pid_t> ReleaseBoard::live_consumers() {
+std::vector<pid_t> HoldCounterBoard::live_consumers() {
   std::lock_guard lock(mutex_);
   consumers_all_dead_locked();  // refreshes the list
   std::vector<pid_t> alive;
-  for (const auto& [pid, pidfd] : consumers_) {
-    const bool dead = pidfd ? pidfd_has_exited(pidfd.get(), std::chrono::milliseconds(0)) : (::kill(pid, 0) != 0 && errno == ESRCH);
-    if (!dead) alive.push_back(pid);
+  for (const ProcessHandle& consumer : consumers_) {
+    if (!consumer.exited()) alive.push_back(consumer.pid());
   }
   return alive;
 }
 
-std::size_t ReleaseBoard::held_counters() const noexcept {
+std::size_t HoldCounterBoard::held_counters() const noexcept {
   std::size_t held = 0;
   for (std::uint32_t i = 0; i < capacity_; ++i) held += value(i) > 0 ? 1 : 0;
   return held;
@@ -155,23 +136,23 @@ std::size_t ReleaseBoard::held_counters() const noexcept {
 
 // ---- receiver side -------------------------------------------------------------------
 
-ReleaseBoardView::ReleaseBoardView(std::shared_ptr<Allocation> segment) : segment_(std::move(segment)) {
+HoldCounterView::HoldCounterView(std::shared_ptr<Allocation> segment) : segment_(std::move(segment)) {
   if (!segment_ || segment_->device() != Device::SharedCpu) {
-    throw ProtocolError("the release board of a CUDA storage is not a shared-memory segment");
+    throw ProtocolError("the hold-counter board of a CUDA storage is not a shared-memory segment");
   }
   const std::size_t bytes = segment_->size();
-  if (bytes < kReleaseBoardHeaderBytes + sizeof(std::int64_t)) {
-    throw ProtocolError("the release board of a CUDA storage has only " + std::to_string(bytes) + " bytes");
+  if (bytes < kHoldCounterBoardHeaderBytes + sizeof(std::int64_t)) {
+    throw ProtocolError("the hold-counter board of a CUDA storage has only " + std::to_string(bytes) + " bytes");
   }
   std::uint64_t magic = 0;
   std::memcpy(&magic, segment_->data(), sizeof magic);
-  if (magic != kReleaseBoardMagic) throw ProtocolError("the release board of a CUDA storage has a wrong magic number");
-  const std::size_t counters = (bytes - kReleaseBoardHeaderBytes) / sizeof(std::int64_t);
+  if (magic != kHoldCounterBoardMagic) throw ProtocolError("the hold-counter board of a CUDA storage has a wrong magic number");
+  const std::size_t counters = (bytes - kHoldCounterBoardHeaderBytes) / sizeof(std::int64_t);
   capacity_ = static_cast<std::uint32_t>(std::min<std::size_t>(counters, UINT32_MAX));
   // Register this process, so that the producer can tell when it died holding counters.
   const auto self = static_cast<std::int32_t>(::getpid());
   std::int32_t* slots = consumer_slots(segment_->data());
-  for (std::size_t i = 0; i < kReleaseBoardConsumers; ++i) {
+  for (std::size_t i = 0; i < kHoldCounterBoardConsumers; ++i) {
     std::atomic_ref<std::int32_t> slot(slots[i]);
     std::int32_t seen = slot.load(std::memory_order_acquire);
     if (seen == self) return;
@@ -182,8 +163,8 @@ ReleaseBoardView::ReleaseBoardView(std::shared_ptr<Allocation> segment) : segmen
   // for it; it may keep memory that this process held when it died).
 }
 
-void ReleaseBoardView::release(std::uint32_t counter) const noexcept {
-  auto* counters = reinterpret_cast<std::int64_t*>(segment_->data() + kReleaseBoardHeaderBytes);
+void HoldCounterView::release(std::uint32_t counter) const noexcept {
+  auto* counters = reinterpret_cast<std::int64_t*>(segment_->data() + kHoldCounterBoardHeaderBytes);
   std::atomic_ref<std::int64_t>(counters[counter]).fetch_sub(1, std::memory_order_acq_rel);
 }
 
@@ -202,28 +183,28 @@ ConsumerHold::~ConsumerHold() {
   if (board_) board_->free(counter_);
 }
 
-ReleaseBoardSet::ReleaseBoardSet(std::shared_ptr<const void> keepalive, std::uint32_t capacity,
+HoldCounterBoardSet::HoldCounterBoardSet(std::shared_ptr<const void> keepalive, std::uint32_t capacity,
                                  std::optional<SharedAllocator> pool)
     : keepalive_(std::move(keepalive)), capacity_(capacity), pool_(std::move(pool)) {}
 
-ConsumerHold ReleaseBoardSet::acquire() {
+ConsumerHold HoldCounterBoardSet::acquire() {
   std::uint32_t counter = 0;
   for (const auto& board : boards_) {
     if (board->acquire(counter)) return ConsumerHold(board, counter);
   }
-  boards_.push_back(ReleaseBoard::create(capacity_, keepalive_, pool_));
-  if (!boards_.back()->acquire(counter)) throw Error("a new release board has no free counter");
+  boards_.push_back(HoldCounterBoard::create(capacity_, keepalive_, pool_));
+  if (!boards_.back()->acquire(counter)) throw Error("a new hold-counter board has no free counter");
   return ConsumerHold(boards_.back(), counter);
 }
 
-bool ReleaseBoardSet::owns(const ReleaseBoard& board) const noexcept {
+bool HoldCounterBoardSet::owns(const HoldCounterBoard& board) const noexcept {
   return std::any_of(boards_.begin(), boards_.end(), [&board](const auto& mine) { return mine.get() == &board; });
 }
 
 // ---- exit warning --------------------------------------------------------------------
 
 OutstandingHolds outstanding_holds() {
-  std::vector<std::shared_ptr<ReleaseBoard>> boards;
+  std::vector<std::shared_ptr<HoldCounterBoard>> boards;
   {
     BoardRegistry& all = registry();
     std::lock_guard lock(all.mutex);

@@ -1,0 +1,184 @@
+// One connection's holds, the interface the encoder and decoder call: on the sending side
+// the pins of what the receiver may hold (HoldLedger) and the upstream boards passed with
+// forwarded blocks; on the receiving side the return board, the upstream boards, this
+// process's registration as a holder, and the blocks that give their slots back. The frame
+// format stays the encoder's and decoder's. See docs/design/leases-and-returns.md.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "ferry/detail/hold_ledger.hpp"
+#include "ferry/detail/process_identity.hpp"
+#include "ferry/detail/return_board.hpp"
+#include "ferry/detail/shared_memory.hpp"
+#include "ferry/detail/shared_segment.hpp"
+#include "ferry/detail/unique_fd.hpp"
+
+namespace ferry {
+
+namespace detail {
+/// Where the blocks received on one connection give their storage slots back: shared by
+/// the connection's ReceivingHolds and every block it made, so that hand_over() can silence
+/// the blocks that live on in this process.
+struct ReturnPath {
+  std::shared_ptr<ReturnBoard> board;
+  std::atomic<bool> handed_over{false};
+  /// Appends `board`, then the upstream boards (see SharedBlock::append_return_boards()).
+  void append_boards(std::vector<std::shared_ptr<ReturnBoard>>& out) const;
+  /// Adds a board of a connection upstream of this one (this process registered on it).
+  void add_upstream(std::shared_ptr<ReturnBoard> upstream_board);
+  /// Forgets the upstream board named `identity`; nothing when there is none.
+  void retire_upstream(const FileIdentity& identity);
+  /// True when `identity` is this connection's board or one of its upstream boards.
+  bool knows(const FileIdentity& identity) const;
+  /// Keeps this process registered on the board and every upstream board so far for as
+  /// long as it lives (see ReturnBoard::keep_registration()).
+  void keep_registrations() noexcept;
+  /// The upstream boards so far (a copy).
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_boards() const;
+
+ private:
+  // Boards are added while blocks of the connection, on any thread, read them.
+  mutable std::mutex mutex_;
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_;
+};
+}  // namespace detail
+
+/// One connection's holds, receiver side. Not thread-safe (the decoder's); the blocks it
+/// makes may die on any thread.
+class ReceivingHolds {
+ public:
+  /// True once the connection's return board arrived.
+  bool has_board() const noexcept { return returns_ != nullptr; }
+  /// The return board, or null before the frame that carries it.
+  ReturnBoard* board() const noexcept { return returns_ ? returns_->board.get() : nullptr; }
+
+  /// The connection's return board arrived. Throws ProtocolError when it is not one.
+  void adopt_board(SharedMemory memory);
+  /// True when `identity` is the connection's board or an upstream board already known.
+  bool knows(const FileIdentity& identity) const { return returns_ && returns_->knows(identity); }
+  /// An upstream board arrived as segment `index`, with the reclaim count the forwarder
+  /// read (`reclaims_when_forwarded`). A board of this process's own (a block it sent came
+  /// back) is kept by its ledger's pins; on any other this process registers as a holder
+  /// first. Throws ProtocolError (a count ahead of the board's), PeerDied (the blocks were
+  /// reclaimed meanwhile) or TooManyHolders. Needs the connection's board.
+  void add_upstream_board(SharedMemory memory, std::uint32_t reclaims_when_forwarded, std::size_t index);
+  /// The sender retired the upstream board named `identity` (no block it still forwards
+  /// came through it); nothing when none is known.
+  void retire_upstream_board(const FileIdentity& identity) { returns_->retire_upstream(identity); }
+
+  /// Registers this process as a holder (once per fork generation), then records that
+  /// frames up to `sequence` are resolved. False when the sender abandoned the frame.
+  /// Throws TooManyHolders or Error (see register_as_holder()). Needs the board.
+  bool claim_frame(std::uint64_t sequence);
+  /// See MessageDecoder::register_as_holder(). Inline: every read calls it.
+  void register_as_holder() {
+    if (returns_ && registered_generation_ != fork_generation()) register_in_this_generation();
+  }
+  /// Gives `slot` back at once (a new block of a frame that failed before it was leased).
+  void give_back(std::uint32_t slot) noexcept {
+    if (returns_) returns_->board->post_return(slot);
+  }
+
+  /// A block received at storage slot `slot`, which gives the slot back when it dies (in
+  /// the fork generation and process that received it, unless handed over). `own`: the
+  /// pinned allocation of a block of this process's own (see find_own_pinned()), kept alive
+  /// with the block.
+  std::shared_ptr<SharedBlock> make_block(std::shared_ptr<SharedSegment> segment, std::size_t offset,
+                                          std::size_t nbytes, std::uint32_t slot, std::shared_ptr<Allocation> own);
+  /// True when some upstream board was one of this process's own connections.
+  bool has_own_upstream() const noexcept { return !own_upstream_ledgers_.empty(); }
+  /// The pin of a block this process sent that came back through forwarders after its
+  /// Storage died here, or null (every holder of its connection exited: reclaimed).
+  std::shared_ptr<Allocation> find_own_pinned(const SharedSegment* segment, std::size_t offset) const;
+
+  /// Drops the boards: no frame comes any more (blocks alive keep theirs).
+  void reset() noexcept;
+  /// A forked process takes the connection over: no block received so far gives its slot
+  /// back from this process, and this process stays registered. Then reset().
+  void hand_over() noexcept;
+
+ private:
+  void register_in_this_generation();
+  std::shared_ptr<detail::ReturnPath> returns_;
+  // Ledgers of this process whose boards came back upstream (see find_own_pinned()).
+  std::vector<std::weak_ptr<HoldLedger>> own_upstream_ledgers_;
+  std::uint64_t registered_generation_ = ~std::uint64_t{0};  // fork generation registered in
+};
+
+/// One connection's holds, sender side. Not thread-safe (the encoder's).
+class SendingHolds {
+ public:
+  /// Segments (and upstream boards) kept open for frames up to their sequence number.
+  using KeptSegments = std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>>;
+  /// Upstream boards retired per frame at most.
+  static constexpr std::size_t kMaxRetiredPerFrame = 16;
+
+  /// The connection's return board, or null before the first storage was pinned.
+  ReturnBoard* board() const noexcept { return ledger_ ? ledger_->board().get() : nullptr; }
+  /// Pins the allocations of the storages frame `sequence` introduces (see HoldLedger::pin);
+  /// creates the ledger and its board with the first.
+  void pin(std::span<HoldLedger::Pin> pins, std::uint64_t sequence);
+  /// Unpins `slots`: their frame was never sent.
+  void unpin(std::span<const std::uint32_t> slots);
+  /// Appends the slots the receiver gave back (or that were reclaimed) since the last call.
+  void take_returned(std::vector<std::uint32_t>& out);
+  /// The last frame the receiver resolved (0: none, or no board yet).
+  std::uint64_t resolved() const noexcept { return ledger_ ? ledger_->board()->resolved() : 0; }
+  /// See ReturnBoard::request_acknowledgements() (0 without a board).
+  std::uint64_t request_acknowledgements() noexcept {
+    return ledger_ ? ledger_->board()->request_acknowledgements() : 0;
+  }
+  /// Storages pinned now.
+  std::size_t pinned() const { return ledger_ ? ledger_->pinned() : 0; }
+
+  /// At the start of a frame: appends to `retired` the upstream boards passed before of
+  /// which no object lives here any more (at most kMaxRetiredPerFrame), for the frame to
+  /// retire; forgets entries whose board lives on in another object.
+  void retire_dead_upstream_boards(std::vector<FileIdentity>& retired);
+  /// Appends to `out` the upstream boards of `block` that the receiver does not have yet,
+  /// and tracks them as passed by the frame being encoded (a board the receiver has is
+  /// tracked only, so that it is not retired while this object of it lives).
+  void upstream_boards_to_pass(const SharedBlock& block, std::vector<std::shared_ptr<ReturnBoard>>& out);
+  /// The frame being encoded was sent / not sent.
+  void commit_frame();
+  void rollback_frame() noexcept;
+
+  /// See MessageEncoder::add_holder(), receiver_gone(), hand_over(), adopt().
+  void add_holder(const ProcessIdentity& process);
+  void receiver_gone();
+  void hand_over();
+  void adopt();
+  /// The channel closed: `kept` (moved from, when there is a ledger) stay open until the
+  /// receiver resolved their frames (HoldLedger::keep_until_resolved()), `probe` watches the
+  /// receiving end (HoldLedger::channel_closed()); the ledger lives on in the registry.
+  void closed(KeptSegments& kept, UniqueFd probe, bool probe_by_send);
+
+ private:
+  std::shared_ptr<HoldLedger> ledger_;  // created with the first storage pinned
+  // Return boards passed to the receiver because blocks received on them are forwarded on
+  // this connection (SegmentRole::UpstreamBoard), each passed once; one object per
+  // connection that brought the board here is tracked, and the board is retired once all
+  // of them died. Weak: a board that died here cannot be forwarded from again. The first
+  // `committed_` went out.
+  struct PassedUpstream {
+    std::weak_ptr<ReturnBoard> board;
+    FileIdentity identity;
+    // The frame being encoded retires it, or forgets it because another object of its
+    // board lives on: gone at commit_frame().
+    bool retiring = false;
+  };
+  std::vector<PassedUpstream> upstream_sent_;
+  std::size_t committed_ = 0;
+  std::vector<std::shared_ptr<ReturnBoard>> scratch_;
+};
+
+}  // namespace ferry
