@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "ferry/detail/endpoint_handshake.hpp"
+#include "endpoints/handshake.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
@@ -662,12 +662,6 @@ TEST_P(EndpointTest, SelectorWaitsOnAListenerAndReceiversTogether) {
   Listener listener = listen(address, options);
   listener.serve_receiver<Stats>();
   auto [local_tx, local_rx] = channel<int>(GetParam());
-  UnrelatedProcess client([&] {
-    listener.close();
-    auto tx = connect_sender<Stats>(address, options);
-    tx.send(Stats{"loss", 0.5});
-    tx.close();
-  });
   Selector selector;
   const std::size_t listener_index = selector.add(listener);
   const std::size_t local_index = selector.add(local_rx);
@@ -675,6 +669,12 @@ TEST_P(EndpointTest, SelectorWaitsOnAListenerAndReceiversTogether) {
   local_tx.send(1);
   EXPECT_EQ(selector.wait_for(5s), std::optional<std::size_t>(local_index));
   EXPECT_EQ(local_rx.recv().value(), 1);
+  UnrelatedProcess client([&] {
+    listener.close();
+    auto tx = connect_sender<Stats>(address, options);
+    tx.send(Stats{"loss", 0.5});
+    tx.close();
+  });
   std::optional<Receiver<Stats>> stats;
   while (!stats) {
     const auto ready = selector.wait_for(10s);

@@ -1,6 +1,6 @@
 #include "support/process.hpp"
 
-#include "ferry/live_ends.hpp"
+#include "ferry/detail/live_ends.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

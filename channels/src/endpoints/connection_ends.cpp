@@ -1,6 +1,6 @@
-#include "connection_ends.hpp"
+#include "endpoints/connection_ends.hpp"
 
-#include "ferry/detail/endpoint_handshake.hpp"
+#include "endpoints/handshake.hpp"
 
 namespace ferry::detail {
 namespace {

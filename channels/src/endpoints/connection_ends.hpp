@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ferry/detail/endpoint_core.hpp"
-#include "ferry/detail/endpoint_handshake.hpp"
+#include "endpoints/handshake.hpp"
 #include "ferry/endpoint.hpp"
 
 namespace ferry::detail {

@@ -10,9 +10,9 @@
 #include <string_view>
 #include <vector>
 
-#include "ferry/deadline.hpp"
+#include "ferry/detail/deadline.hpp"
 #include "ferry/peer_credentials.hpp"
-#include "ferry/unique_fd.hpp"
+#include "ferry/detail/unique_fd.hpp"
 
 namespace ferry {
 struct EndpointOptions;

@@ -15,11 +15,11 @@
 #include <string_view>
 #include <vector>
 
-#include "ferry/deadline.hpp"
-#include "ferry/frame_channel.hpp"
+#include "ferry/detail/deadline.hpp"
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/peer_credentials.hpp"
-#include "ferry/transport.hpp"
-#include "ferry/type_name.hpp"
+#include "ferry/detail/transport.hpp"
+#include "ferry/detail/type_name.hpp"
 
 namespace ferry {
 struct EndpointOptions;
