@@ -38,9 +38,21 @@ ListenerCore::ListenerCore(std::unique_ptr<ListeningPoint> point, std::string ad
     : point_(std::move(point)),
       address_(std::move(address)),
       options_(std::make_unique<EndpointOptions>(options)),
-      owner_(::getpid()) {}
+      owner_(::getpid()) {
+  track();
+}
 
-ListenerCore::~ListenerCore() { close(); }
+ListenerCore::~ListenerCore() {
+  untrack();
+  close();
+}
+
+void ListenerCore::abandon_in_child() noexcept {
+  if (point_) point_->abandon();
+  point_.reset();
+  pending_.clear();
+  ready_.clear();
+}
 
 void ListenerCore::serve(const EndKind& kind) {
   for (const EndKind& served : served_) {

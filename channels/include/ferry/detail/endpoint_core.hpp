@@ -17,6 +17,7 @@
 
 #include "ferry/detail/deadline.hpp"
 #include "ferry/detail/frame_channel.hpp"
+#include "ferry/detail/live_ends.hpp"
 #include "ferry/peer_credentials.hpp"
 #include "ferry/detail/transport.hpp"
 #include "ferry/detail/type_name.hpp"
@@ -79,8 +80,9 @@ class ListeningPoint;
 /// A listener: the scheme's listening socket, the handshakes in progress (side by side,
 /// each with its own deadline) and the clients that completed theirs, oldest first. All
 /// work happens inside accept() and pump(), in the calling thread: no thread of its own.
-/// Use from one thread at a time.
-class ListenerCore {
+/// Use from one thread at a time. A forked worker (spawn) drops its inherited copy
+/// (LiveEnd::abandon_in_child) without removing the socket file.
+class ListenerCore final : public LiveEnd {
  public:
   ListenerCore(std::unique_ptr<ListeningPoint> point, std::string address, const EndpointOptions& options);
   ~ListenerCore();
@@ -106,6 +108,7 @@ class ListenerCore {
   Deadline next_deadline() const;
   /// Closes the listening socket (removing its file) and every waiting connection.
   void close() noexcept;
+  void abandon_in_child() noexcept override;
   bool is_open() const noexcept { return point_ != nullptr; }
   /// Clients refused or dropped so far (for tests and statistics).
   std::uint64_t refused_count() const noexcept { return refused_; }
