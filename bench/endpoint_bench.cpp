@@ -27,7 +27,7 @@
 #include "support/child_process.hpp"
 #include "support/round_trip_times.hpp"
 
-namespace ferry::bench {
+namespace ferry::bench::endpoints {
 namespace {
 
 using namespace std::chrono_literals;
@@ -57,8 +57,8 @@ void round_trips(benchmark::State& state, Transport transport, bool connected, c
     std::tie(parent, child_end) = duplex<Out, In>(transport);
   }
   {
-    RoundTripTimes times(state);
-    ChildProcess child([&] {
+    bench::RoundTripTimes times(state);
+    bench::ChildProcess child([&] {
       parent.detach();
       if (connected) {
         listener.close();
@@ -135,7 +135,7 @@ void connect_to_first_message(benchmark::State& state, std::optional<Transport> 
   const auto iterations = static_cast<std::int64_t>(state.max_iterations);
   if (!transport) {
     UniqueFd listening = raw_listen(address);
-    ChildProcess child([&] {
+    bench::ChildProcess child([&] {
       listening.reset();
       for (std::int64_t i = 0; i < iterations; ++i) {
         if (!raw_connect_and_read(address)) throw std::runtime_error("raw client failed");
@@ -145,7 +145,7 @@ void connect_to_first_message(benchmark::State& state, std::optional<Transport> 
     return;
   }
   Listener listener = listen(address, endpoint_options(*transport));
-  ChildProcess child([&] {
+  bench::ChildProcess child([&] {
     listener.close();
     for (std::int64_t i = 0; i < iterations; ++i) {
       Receiver<int> rx = connect_receiver<int>(address, endpoint_options(*transport));
@@ -172,7 +172,7 @@ void accepts(benchmark::State& state, std::optional<Transport> transport) {
   for (auto _ : state) {
     state.PauseTiming();
     {
-      ChildProcess child([&] {
+      bench::ChildProcess child([&] {
         listener.close();
         raw_listening.reset();
         std::vector<std::thread> threads;
@@ -192,7 +192,7 @@ void accepts(benchmark::State& state, std::optional<Transport> transport) {
         }
         for (auto& thread : threads) thread.join();
         if (failed != 0) throw std::runtime_error("a client failed");
-      }, Placement::Anywhere, 10s);
+      }, bench::Placement::Anywhere, 10s);
       state.ResumeTiming();
       for (int i = 0; i < kClients; ++i) {
         if (transport) {
@@ -237,4 +237,4 @@ void accepts(benchmark::State& state, std::optional<Transport> transport) {
 }();
 
 }  // namespace
-}  // namespace ferry::bench
+}  // namespace ferry::bench::endpoints

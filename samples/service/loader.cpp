@@ -1,11 +1,11 @@
-// The loader service: listens at an address, gives every trainer that connects its own
-// stream of batches, and collects the trainers' stats. Trainers come and go: one that dies
-// is dropped at the next send, one that (re)connects is accepted while the loader runs.
+// The loader service: listens at an address and gives every trainer that connects its own
+// stream of batches, at most two ahead of what the trainer reported back (its stats are
+// the credits). Trainers come and go: one that dies is dropped (its batches in flight are
+// lost), one that (re)connects is accepted while the loader runs.
 //
 //   service_loader --address unix:@ferry-loader --batches 200
 #include <chrono>
 #include <cstdio>
-#include <list>
 #include <map>
 
 #include "../sample_flags.hpp"
@@ -17,10 +17,13 @@ using service::Stats;
 
 namespace {
 
+constexpr int kAhead = 2;  // batches a trainer may hold before it reports
+
 struct Trainer {
   int id = 0;
-  ferry::Sender<Batch> batches;
-  std::int64_t next_step = 0;
+  ferry::DuplexEnd<Batch, Stats> end;  // sends batches, receives stats
+  int in_flight = 0;
+  std::int64_t sent = 0;
 };
 
 Batch make_batch(std::int64_t step, std::int64_t rows, std::int64_t pixels) {
@@ -49,60 +52,66 @@ int main(int argc, char** argv) try {
   options.transport = flags.transport();
 
   ferry::Listener listener = ferry::listen(address, options);
-  listener.serve_sender<Batch>();    // trainers: connect_receiver<Batch>
-  listener.serve_receiver<Stats>();  // their reports: connect_sender<Stats>
+  listener.serve_duplex<Batch, Stats>();  // trainers: connect_duplex<Stats, Batch>
   std::printf("loader: listening at %s\n", listener.address().c_str());
   std::fflush(stdout);
 
   ferry::Selector selector;
   const std::size_t listener_index = selector.add(listener);
-  std::list<Trainer> trainers;
-  std::map<std::size_t, ferry::Receiver<Stats>> reports;  // by Selector index
+  std::map<std::size_t, Trainer> trainers;  // by the Selector index of their stats
   int next_id = 0;
   long handed_out = 0;
-  while (handed_out < total) {
-    // New clients: trainers and their stats senders.
-    while (auto batches = listener.accept_sender_for<Batch>(0ms)) {
-      trainers.push_back(Trainer{next_id++, std::move(*batches), 0});
-      std::printf("loader: trainer %d connected\n", trainers.back().id);
+  long reported = 0;
+  const auto drop = [&](std::map<std::size_t, Trainer>::iterator it, const char* why) {
+    std::printf("loader: trainer %d %s after %lld batches\n", it->second.id, why,
+                static_cast<long long>(it->second.sent));
+    selector.remove(it->first);
+    return trainers.erase(it);
+  };
+  while (reported < total) {
+    while (auto end = listener.accept_duplex_for<Batch, Stats>(0ms)) {
+      const std::size_t index = selector.add(end->receiver);  // the Selector follows the end when it moves
+      trainers.emplace(index, Trainer{next_id++, std::move(*end), 0, 0});
+      std::printf("loader: trainer %d connected\n", next_id - 1);
     }
-    while (auto stats = listener.accept_receiver_for<Stats>(0ms)) {
-      const std::size_t index = selector.add(*stats);  // the Selector follows the end when it moves
-      reports.emplace(index, std::move(*stats));
-    }
-    // One batch to each trainer; a trainer that died is dropped.
-    for (auto it = trainers.begin(); it != trainers.end() && handed_out < total;) {
+    // Hand out batches while trainers have room; a trainer that died is dropped.
+    for (auto it = trainers.begin(); it != trainers.end();) {
+      Trainer& trainer = it->second;
       try {
-        if (it->batches.send_for(make_batch(it->next_step, rows, 1024), 100ms)) {
-          ++it->next_step;
+        while (trainer.in_flight < kAhead && handed_out < total) {
+          trainer.end.send(make_batch(handed_out, rows, 1024));
+          ++trainer.in_flight;
+          ++trainer.sent;
           ++handed_out;
         }
         ++it;
       } catch (const ferry::ChannelClosed&) {
-        std::printf("loader: trainer %d is gone after %lld batches\n", it->id, static_cast<long long>(it->next_step));
-        it = trainers.erase(it);
+        handed_out -= trainer.in_flight;  // lost with it: hand them out again
+        it = drop(it, "is gone");
       }
     }
-    // Reports that arrived; without trainers, wait for a client instead of spinning.
-    const auto wait = trainers.empty() ? ferry::Timeout(1s) : ferry::Timeout(0ms);
-    for (auto ready = selector.wait_for(wait); ready; ready = selector.try_wait()) {
-      if (*ready == listener_index) break;  // accepted at the top of the loop
-      auto found = reports.find(*ready);
-      try {
-        if (auto stats = found->second.recv()) {
-          std::printf("loader: %s step %lld loss %.4f\n", stats->trainer.c_str(), static_cast<long long>(stats->step),
-                      stats->loss);
-          continue;
-        }
-      } catch (const ferry::PeerDied&) {
+    // Wait for a report or a new trainer.
+    const auto ready = selector.wait_for(1s);
+    if (!ready || *ready == listener_index) continue;
+    auto it = trainers.find(*ready);
+    try {
+      if (auto stats = it->second.end.recv()) {
+        --it->second.in_flight;
+        ++reported;
+        std::printf("loader: %s step %lld loss %.4f\n", stats->trainer.c_str(), static_cast<long long>(stats->step),
+                    stats->loss);
+        std::fflush(stdout);
+        continue;
       }
-      selector.remove(found->first);  // that trainer's reports ended
-      reports.erase(found);
+      handed_out -= it->second.in_flight;
+      drop(it, "left");
+    } catch (const ferry::PeerDied&) {
+      handed_out -= it->second.in_flight;
+      drop(it, "died");
     }
-    std::fflush(stdout);
   }
-  std::printf("loader: handed out %ld batches, closing\n", handed_out);
-  for (auto& trainer : trainers) trainer.batches.close();
+  std::printf("loader: %ld batches trained on, closing\n", reported);
+  for (auto& [index, trainer] : trainers) trainer.end.close();
   return 0;
 } catch (const std::exception& error) {
   std::fprintf(stderr, "loader: %s\n", error.what());
