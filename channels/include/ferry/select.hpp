@@ -5,19 +5,23 @@
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <poll.h>
 #include <vector>
 
 #include "ferry/channel.hpp"
 
 namespace ferry {
 
+class Listener;
 namespace detail {
-/// A receiver as a Selector waits on it: its frame core, or (Transport::InProcess) its
-/// queue; exactly one is set.
+class ListenerCore;
+/// What a Selector waits on: a receiver's frame core, an InProcess receiver's queue, or a
+/// listener (endpoint.hpp); exactly one is set.
 struct SelectorMember {
   ReceiverCore* core = nullptr;
   const InProcessQueue* queue = nullptr;
-  explicit operator bool() const noexcept { return core != nullptr || queue != nullptr; }
+  ListenerCore* listener = nullptr;
+  explicit operator bool() const noexcept { return core != nullptr || queue != nullptr || listener != nullptr; }
 };
 }  // namespace detail
 
@@ -32,6 +36,11 @@ struct SelectorMember {
 /// busy one cannot starve the others. The Selector keeps references: a receiver must
 /// stay alive (it may be moved) while it is in the set. Use from one thread. Receivers of
 /// every transport mix: threads (Transport::InProcess) and processes fan in together.
+///
+/// A Listener (endpoint.hpp) can be in the set too: it is ready when a client of a kind it
+/// serves completed its handshake and waits; take it with the matching accept_*_for()
+/// (a zero timeout does not wait). While the Selector waits, it advances the listener's
+/// handshakes.
 ///
 /// ```cpp
 /// ferry::Selector selector;
@@ -50,6 +59,8 @@ class Selector {
   std::size_t add(Receiver<T>& receiver) {
     return add_member(detail::SelectorMember{receiver.core_.get(), receiver.local_.queue()});
   }
+  /// Adds `listener` to the set (it must stay alive while it is in the set); returns its index.
+  std::size_t add(Listener& listener);
   /// Removes receiver `index` from the set (no effect when it was removed already).
   void remove(std::size_t index);
   /// Whether receiver `index` is in the set.
@@ -67,11 +78,16 @@ class Selector {
 
  private:
   std::size_t add_member(const detail::SelectorMember& member);
+  // Advances the listeners in the set whose descriptors reported events (or whose
+  // handshakes' deadlines passed) and marks those with a waiting client in `ready`.
+  void advance_listeners(const std::vector<pollfd>& fds, const std::vector<std::size_t>& owners,
+                         std::vector<bool>& ready);
   std::optional<std::size_t> wait_until(const Deadline& deadline);
   // The next ready index, round-robin from next_.
   std::optional<std::size_t> pick(const std::vector<bool>& ready);
 
   std::vector<detail::SelectorMember> members_;  // empty once removed
+  std::size_t listener_count_ = 0;
   std::size_t active_ = 0;
   std::size_t next_ = 0;  // where the round-robin scan starts
   bool futexes_work_ = true;  // false once futex_waitv turned out to be missing

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <span>
 
+#include "ferry/endpoint.hpp"
 #include "ring/futex.hpp"
 #include "ring/ring_layout.hpp"
 
@@ -78,14 +79,40 @@ std::size_t Selector::add_member(const detail::SelectorMember& member) {
   return members_.size() - 1;
 }
 
+std::size_t Selector::add(Listener& listener) {
+  detail::SelectorMember member;
+  member.listener = &listener.core();
+  const std::size_t index = add_member(member);
+  ++listener_count_;
+  return index;
+}
+
 void Selector::remove(std::size_t index) {
-  if (index < members_.size() && members_[index]) {
-    members_[index] = detail::SelectorMember{};
-    --active_;
-  }
+  if (!contains(index)) return;
+  if (members_[index].listener != nullptr) --listener_count_;
+  members_[index] = detail::SelectorMember{};
+  --active_;
 }
 
 bool Selector::contains(std::size_t index) const noexcept { return index < members_.size() && members_[index]; }
+
+void Selector::advance_listeners(const std::vector<pollfd>& fds, const std::vector<std::size_t>& owners,
+                                 std::vector<bool>& ready) {
+  if (listener_count_ == 0) return;
+  std::vector<bool> woken(members_.size(), false);
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents != 0 && members_[owners[i]].listener != nullptr) woken[owners[i]] = true;
+  }
+  for (std::size_t index = 0; index < members_.size(); ++index) {
+    detail::ListenerCore* listener = members_[index].listener;
+    if (listener == nullptr || !listener->is_open()) continue;
+    if (woken[index] || listener->next_deadline().expired()) {
+      if (listener->pump(Deadline::now())) ready[index] = true;
+    } else if (listener->has_waiting_client()) {
+      ready[index] = true;
+    }
+  }
+}
 
 std::size_t Selector::wait() {
   if (empty()) throw Error("Selector::wait() on an empty set would wait for ever; add a receiver first");
@@ -116,9 +143,24 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
     std::fill(ready.begin(), ready.end(), false);
     bool any_buffered = false;
     bool stream_fds = false;  // a descriptor that reports data (futexes cannot wait with it)
+    Deadline poll_until = deadline;  // earlier when a listener's handshake expires first
     for (std::size_t index = 0; index < count; ++index) {
       const detail::SelectorMember& member = members_[index];
       if (!member) continue;
+      if (detail::ListenerCore* listener = member.listener) {
+        if (!listener->is_open()) continue;
+        if (listener->has_waiting_client()) {
+          ready[index] = any_buffered = true;
+          continue;
+        }
+        const std::size_t first = fds.size();
+        listener->append_poll_fds(fds);
+        owners.resize(fds.size(), index);
+        stream_fds = stream_fds || fds.size() > first;
+        const Deadline handshakes = listener->next_deadline();
+        if (handshakes.time_point() < poll_until.time_point()) poll_until = handshakes;
+        continue;
+      }
       if (has_buffered_frame(member)) {
         ready[index] = any_buffered = true;
         continue;
@@ -170,8 +212,8 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
     const timespec* timeout = nullptr;
     if (any_buffered) {
       timeout = &zero;
-    } else if (!deadline.is_never()) {
-      left = deadline.remaining_timespec();
+    } else if (!poll_until.is_never()) {
+      left = poll_until.remaining_timespec();
       timeout = &left;
     }
     timespec recheck{};
@@ -188,8 +230,9 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       throw_errno("ppoll in Selector::wait");
     }
     for (std::size_t i = 0; rc > 0 && i < fds.size(); ++i) {
-      if (fds[i].revents != 0) ready[owners[i]] = true;
+      if (fds[i].revents != 0 && members_[owners[i]].listener == nullptr) ready[owners[i]] = true;
     }
+    advance_listeners(fds, owners, ready);
     // Receivers without a descriptor that reports data are looked at again after the wait.
     for (const std::size_t index : silent) {
       if (!ready[index] && has_buffered_frame(members_[index])) ready[index] = true;
