@@ -40,6 +40,10 @@ struct InProcessQueue::State {
             std::clamp<std::size_t>(capacity, 1, std::numeric_limits<int>::max() / 4))) {}
 
   moodycamel::BlockingConcurrentQueue<std::unique_ptr<Parcel>> queue;
+  // Every value goes in through this one token, under `mutex`: the queue keeps the order of
+  // one producer only, and the n-th value taken must be the n-th sent (taken() counts them).
+  moodycamel::ProducerToken producer{queue};
+  std::atomic<std::uint64_t> taken{0};    // values the receiver took
   moodycamel::LightweightSemaphore room;
   mutable std::mutex mutex;  // orders sends against close_sender() and close_receiver()
   std::uint64_t sent = 0;                 // guarded by mutex
@@ -71,7 +75,7 @@ void InProcessQueue::push(std::unique_ptr<Parcel> parcel) {
     if (state_->receiver_closed.load(std::memory_order_acquire)) throw_receiver_closed();
     throw ChannelClosed("cannot send: this Sender was closed");
   }
-  if (!state_->queue.enqueue(std::move(parcel))) {
+  if (!state_->queue.enqueue(state_->producer, std::move(parcel))) {
     lock.unlock();
     state_->room.signal();
     throw std::bad_alloc();
@@ -85,7 +89,7 @@ void InProcessQueue::close_sender() noexcept {
   state_->sender_closed = true;
   state_->final_count.store(state_->sent, std::memory_order_release);
   // enqueue fails only when memory is exhausted; the receiver would then wait for the end.
-  (void)state_->queue.enqueue(nullptr);
+  (void)state_->queue.enqueue(state_->producer, nullptr);
 }
 
 bool InProcessQueue::sender_open() const noexcept {
@@ -110,6 +114,7 @@ ReadStatus InProcessQueue::receive(std::unique_ptr<Parcel>& out, const Deadline&
       continue;
     }
     ++s.received;
+    s.taken.fetch_add(1, std::memory_order_release);
     s.room.signal();
     out = std::move(parcel);
     return ReadStatus::Frame;
@@ -126,6 +131,13 @@ void InProcessQueue::close_receiver() noexcept {
   std::unique_ptr<Parcel> parcel;
   while (state_->queue.try_dequeue(parcel)) parcel.reset();
 }
+
+std::uint64_t InProcessQueue::sent() const noexcept {
+  std::lock_guard lock(state_->mutex);
+  return state_->sent;
+}
+
+std::uint64_t InProcessQueue::taken() const noexcept { return state_->taken.load(std::memory_order_acquire); }
 
 bool InProcessQueue::receiver_open() const noexcept {
   return !state_->receiver_closed.load(std::memory_order_acquire);

@@ -75,6 +75,8 @@ void MessageEncoder::retire_dead_upstream_boards() {
   }
 }
 
+void MessageEncoder::track_delivery() { delivery_tracked_ = true; }
+
 HoldLedger& MessageEncoder::ledger() {
   if (!ledger_) ledger_ = HoldLedger::create();
   return *ledger_;
@@ -367,9 +369,10 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
     storage->mark_sent();
   }
   flush_remember_batch();
-  if (!new_pins_.empty()) {
-    ledger().pin(new_pins_, next_sequence_);
+  if (!new_pins_.empty()) ledger().pin(new_pins_, next_sequence_);
+  if (!new_pins_.empty() || (delivery_tracked_ && kind == FrameKind::Message)) {
     if (!board_sent_) {
+      ledger();  // a frame sent for delivery tracking alone may be the first to need it
       // First in the table, so that the receiver can give blocks back even when a later
       // entry fails.
       const ReturnBoard& board = *ledger_->board();
@@ -380,6 +383,10 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
                   segment_entries_.end());
       std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
       board_in_frame_ = true;
+      // Named by /proc path, the board's fd must stay open until the receiver opened it; a
+      // frame with new blocks waits for theirs anyway, one sent for delivery tracking alone
+      // waits for the board's (close() waits for what keepalive_ holds).
+      if (passing_ == HandlePassing::ProcFd && new_pins_.empty()) keepalive_.emplace_back(next_sequence_, ledger_->board());
     }
   }
 

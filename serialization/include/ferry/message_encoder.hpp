@@ -112,6 +112,13 @@ class MessageEncoder {
   std::uint64_t request_acknowledgements() noexcept {
     return ledger_ ? ledger_->board()->request_acknowledgements() : 0;
   }
+  /// Asks for delivery acknowledgements: the next frame carries the connection's return
+  /// board even when it names no storage, so that the receiver can record on the board
+  /// every frame it delivers (MessageDecoder::mark_delivered()), not only those with new
+  /// blocks. Idempotent.
+  void track_delivery();
+  /// The sequence of the last frame committed (0: none yet); frames count from 1.
+  std::uint64_t last_sequence() const noexcept { return next_sequence_ - 1; }
   /// True while segments (or upstream return boards) are kept open for frames the receiver
   /// has not acknowledged.
   bool awaiting_acknowledgement() const noexcept { return !keepalive_.empty(); }
@@ -270,6 +277,7 @@ class MessageEncoder {
   std::vector<std::uint64_t> new_segment_ids_;
   std::vector<HoldLedger::Pin> new_pins_;
   bool board_in_frame_ = false;
+  bool delivery_tracked_ = false;  // track_delivery(): send the board even without storages
   std::size_t announced_release_count_ = 0;
   std::size_t announced_segment_release_count_ = 0;
   EncodedFrame frame_;
