@@ -396,7 +396,8 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   header_.sequence = next_sequence_;
   const bool with_name = kind == FrameKind::Message && !type_name_sent_;
   type_name_ = with_name ? name : std::string_view{};
-  header_.flags = with_name ? kFrameHasTypeName : 0;
+  header_.flags = static_cast<std::uint8_t>((with_name ? kFrameHasTypeName : 0) |
+                                            (delivery_tracked_ && kind == FrameKind::Message ? kFrameTracksDelivery : 0));
   header_.type_name_bytes = static_cast<std::uint32_t>(type_name_.size());
   header_.segment_count = static_cast<std::uint32_t>(segment_entries_.size());
   header_.handle_count = static_cast<std::uint32_t>(entries_.size());

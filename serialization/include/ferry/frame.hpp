@@ -45,6 +45,9 @@ enum class FrameKind : std::uint8_t {
 
 /// Bits of FrameHeader::flags.
 inline constexpr std::uint8_t kFrameHasTypeName = 1;
+/// The sender tracks delivery (MessageEncoder::track_delivery()): the receiver records the
+/// frame on the connection's return board once its value was handed to the caller.
+inline constexpr std::uint8_t kFrameTracksDelivery = 2;
 
 struct FrameHeader {
   std::uint32_t magic = kFrameMagic;
