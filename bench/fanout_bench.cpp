@@ -1,8 +1,12 @@
 // One producer, several consumers in forked processes, over a ring and a Unix socket:
-//   fanout/distributor/<transport>/4     Distributor to 4 consumers, 1 MiB tensors
+//   fanout/distributor/<transport>/4/<bound>  Distributor to 4 consumers, 1 MiB tensors,
+//                                        FanoutOptions::max_in_flight = bound
 //   fanout/one_to_one/<transport>/4      baseline: four plain channels, sent to in turn
-//   fanout/send/distributor/<transport>  Distributor with one consumer, 8-byte messages
+//   fanout/send/distributor/<transport>/<bound>  Distributor with one consumer, 8-byte messages
 //   fanout/send/plain/<transport>        baseline: a plain Sender, the same messages
+// A plain Sender runs ahead of its consumer by what its transport holds (thousands of small
+// frames); a Distributor by `bound` messages per consumer, so with consumers as fast as the
+// producer the bound-8 rows measure the wait for a place, the bound-256 rows the overhead.
 //   fanout/broadcast/<transport>/<bytes>/<consumers>  the same tensor to every consumer
 // Consumers receive and drop. Time per message (per broadcast); compare medians of the
 // rows of one run (--benchmark_repetitions).
@@ -50,11 +54,17 @@ std::vector<TensorMessage> tensors(int count, std::int64_t bytes) {
   return out;
 }
 
+FanoutOptions bounded(std::int64_t bound) {
+  FanoutOptions options;
+  options.max_in_flight = static_cast<std::size_t>(bound);
+  return options;
+}
+
 void distributor(benchmark::State& state, Transport transport) {
   const auto messages = tensors(64, 1 << 20);
   Consumers<TensorMessage> consumers(transport, static_cast<int>(state.range(0)));
   {
-    Distributor<TensorMessage> pool;
+    Distributor<TensorMessage> pool(bounded(state.range(1)));
     for (auto& end : consumers.ends) pool.add(std::move(end));
     std::size_t i = 0;
     for (auto _ : state) pool.send(messages[i++ % messages.size()]);
@@ -79,7 +89,7 @@ void one_to_one(benchmark::State& state, Transport transport) {
 void send_distributor(benchmark::State& state, Transport transport) {
   Consumers<std::uint64_t> consumers(transport, 1);
   {
-    Distributor<std::uint64_t> pool;
+    Distributor<std::uint64_t> pool(bounded(state.range(0)));
     pool.add(std::move(consumers.ends[0]));
     std::uint64_t i = 0;
     for (auto _ : state) pool.send(i++);
@@ -109,9 +119,15 @@ void broadcast(benchmark::State& state, Transport transport) {
 const bool registered = [] {
   for (const Transport transport : kTransports) {
     const std::string name(transport_name(transport));
-    benchmark::RegisterBenchmark(("fanout/distributor/" + name).c_str(), distributor, transport)->Arg(4)->UseRealTime();
+    benchmark::RegisterBenchmark(("fanout/distributor/" + name).c_str(), distributor, transport)
+        ->Args({4, 8})
+        ->Args({4, 256})
+        ->UseRealTime();
     benchmark::RegisterBenchmark(("fanout/one_to_one/" + name).c_str(), one_to_one, transport)->Arg(4)->UseRealTime();
-    benchmark::RegisterBenchmark(("fanout/send/distributor/" + name).c_str(), send_distributor, transport)->UseRealTime();
+    benchmark::RegisterBenchmark(("fanout/send/distributor/" + name).c_str(), send_distributor, transport)
+        ->Arg(8)
+        ->Arg(256)
+        ->UseRealTime();
     benchmark::RegisterBenchmark(("fanout/send/plain/" + name).c_str(), send_plain, transport)->UseRealTime();
     auto* rows = benchmark::RegisterBenchmark(("fanout/broadcast/" + name).c_str(), broadcast, transport);
     for (const std::int64_t bytes : {std::int64_t{1} << 20, std::int64_t{64} << 20}) {

@@ -82,7 +82,7 @@ class Broadcast {
           ++i;
           continue;
         }
-        consumers_.refresh(consumer);
+        consumers_.refresh_for_selection(consumer);
         if (!consumer.has_room()) {
           ++i;
           continue;

@@ -111,7 +111,7 @@ class Distributor {
     std::optional<std::size_t> best;
     for (std::size_t k = 0; k < all.size(); ++k) {
       const std::size_t i = (turn_ + k) % all.size();
-      consumers_.refresh(all[i]);
+      consumers_.refresh_for_selection(all[i]);
       if (!all[i].has_room()) continue;
       if (!best || all[i].in_flight.size() < all[*best].in_flight.size()) best = i;
     }

@@ -39,15 +39,17 @@ struct ConsumerStats {
 };
 
 namespace detail {
-/// How a fanout send waits for a consumer to take something: a few yields, then sleeps
+/// How a fanout send waits for a consumer to take something: yields for 50 us, then sleeps
 /// that grow to 100 us (the delivery words have no wake-up of their own).
 class FanoutWait {
  public:
-  /// Sleeps a little, or less when `deadline` comes first.
+  /// Yields or sleeps a little, or less when `deadline` comes first.
   void pause(const Deadline& deadline);
 
  private:
   unsigned rounds_ = 0;
+  unsigned sleeps_ = 0;
+  std::chrono::steady_clock::time_point spin_until_;
 };
 
 /// Tells when the consumers' liveness is due for a check: once per `interval` (at least

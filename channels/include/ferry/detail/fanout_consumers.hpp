@@ -39,8 +39,10 @@ class FanoutConsumers {
     Sender<T> end;
     std::size_t bound;
     std::deque<InFlight<T, Copy>> in_flight;  // oldest first, sequences increasing
+    std::uint64_t base_sequence;  // the end's last sequence when it was added
     std::uint64_t sent = 0;
     std::uint64_t skipped = 0;
+    std::uint64_t sent_at_refresh = 0;  // `sent` when delivered() was last read
     bool has_room() const noexcept { return in_flight.size() < bound; }
   };
 
@@ -55,16 +57,28 @@ class FanoutConsumers {
   ConsumerId add(Sender<T>&& end, std::size_t bound) {
     if (!end.is_open()) throw ChannelClosed("cannot add a consumer: this Sender is closed, moved from or empty");
     end.track_delivery();
-    consumers_.push_back(Consumer{next_id_, std::move(end), std::max<std::size_t>(bound, 1), {}, 0, 0});
+    const std::uint64_t base = end.last_sequence();
+    consumers_.push_back(Consumer{next_id_, std::move(end), std::max<std::size_t>(bound, 1), {}, base});
     return next_id_++;
   }
 
   /// Forgets the messages `consumer`'s receiver has returned from recv() since the last call.
   void refresh(Consumer& consumer) {
     if (consumer.in_flight.empty()) return;
+    consumer.sent_at_refresh = consumer.sent;
     const std::uint64_t delivered = consumer.end.delivered();
     while (!consumer.in_flight.empty() && consumer.in_flight.front().sequence <= delivered) {
       consumer.in_flight.pop_front();
+    }
+  }
+
+  /// Like refresh(), but reads the consumer's delivery word (a cache line its receiver
+  /// writes at every recv) only when the consumer is full or a sixteenth of its bound was
+  /// sent since the last read: with a large bound, the counts a selection compares may be
+  /// that many messages too high.
+  void refresh_for_selection(Consumer& consumer) {
+    if (!consumer.has_room() || consumer.sent - consumer.sent_at_refresh >= std::max<std::size_t>(1, consumer.bound / 16)) {
+      refresh(consumer);
     }
   }
 
@@ -72,13 +86,16 @@ class FanoutConsumers {
   /// transport) and records it in flight; false when the deadline passed first. Throws
   /// ChannelClosed when the consumer is gone (nothing recorded).
   bool send_to(Consumer& consumer, const T& message, const Deadline& deadline) {
+    // Only this object sends on the end since add(): the n-th message it sent has the
+    // end's sequence number base + n (a send that failed or timed out committed nothing).
+    const std::uint64_t sequence = consumer.base_sequence + consumer.sent + 1;
     if constexpr (Copy) {
       T copy(message);  // before sending: a copy that fails leaves nothing half done
       if (!send_end(consumer.end, copy, deadline)) return false;
-      consumer.in_flight.push_back(InFlight<T, true>{consumer.end.last_sequence(), std::move(copy)});
+      consumer.in_flight.push_back(InFlight<T, true>{sequence, std::move(copy)});
     } else {
       if (!send_end(consumer.end, message, deadline)) return false;
-      consumer.in_flight.push_back(InFlight<T, false>{consumer.end.last_sequence()});
+      consumer.in_flight.push_back(InFlight<T, false>{sequence});
     }
     ++consumer.sent;
     return true;
