@@ -21,7 +21,7 @@
 #include "support/child_process.hpp"
 #include "support/tensor_message.hpp"
 
-namespace ferry::bench {
+namespace ferry::bench::fanout {
 namespace {
 
 constexpr std::array kTransports{Transport::ShmRing, Transport::UnixSocket};
@@ -139,4 +139,4 @@ const bool registered = [] {
 }();
 
 }  // namespace
-}  // namespace ferry::bench
+}  // namespace ferry::bench::fanout

@@ -20,7 +20,7 @@
 #include "support/process.hpp"
 #include "support/transports.hpp"
 
-namespace ferry {
+namespace ferry::fanout_test {
 namespace {
 
 using namespace std::chrono_literals;
@@ -574,4 +574,4 @@ TEST_P(FanoutProcessTest, Broadcast64MiBReachesEightConsumersAsOneStorageRecycle
 }
 
 }  // namespace
-}  // namespace ferry
+}  // namespace ferry::fanout_test
