@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
-#include "ferry/live_ends.hpp"
+#include "ferry/detail/live_ends.hpp"
 #include "support/child_process.hpp"
 #include "support/tensor_message.hpp"
 

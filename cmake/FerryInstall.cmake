@@ -2,9 +2,11 @@
 # another project can use `find_package(ferry)` and link `ferry::ferry`.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS ferry EXPORT ferryTargets
+install(TARGETS ferry ferry_runtime ferry_serialization ferry_channels EXPORT ferryTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
+# Each layer's public headers and its ferry/detail/ headers (which the public templates
+# include); the headers in <layer>/src/ stay behind.
 foreach(layer runtime serialization channels)
   install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/ferry DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 endforeach()

@@ -1,7 +1,7 @@
+#include "ferry/detail/fanout_wait.hpp"
+
 #include <algorithm>
 #include <thread>
-
-#include "ferry/fanout.hpp"
 
 namespace ferry::detail {
 namespace {

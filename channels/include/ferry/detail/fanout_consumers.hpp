@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ferry/channel.hpp"
+#include "ferry/detail/fanout_wait.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout.hpp"
 
