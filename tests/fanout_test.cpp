@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <thread>
@@ -451,6 +452,47 @@ TEST_P(FanoutProcessTest, ConsumersJoinAndLeaveWhileTheProducerSends) {
   for (auto& group : groups) group.join();
   EXPECT_TRUE(each_once(received, {}, kJobs)) << handed_back_total.size() << " were handed back and sent again";
   EXPECT_FALSE(handed_back_total.empty()) << "the leavers left with nothing in flight";
+}
+
+// ---- consumers that connected to a listener ---------------------------------------------
+
+class FanoutEndpointTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
+
+INSTANTIATE_TEST_SUITE_P(Transports, FanoutEndpointTest, ::testing::Values(Transport::UnixSocket, Transport::ShmRing),
+                         test::transport_test_name);
+
+TEST_P(FanoutEndpointTest, DistributorSharesWorkAmongUnrelatedProcessesThatConnected) {
+  constexpr int kClients = 3;
+  constexpr std::uint64_t kJobs = 300;
+  const std::string address = "unix:@ferry-fanout-test-" + std::to_string(::getpid());
+  EndpointOptions options;
+  options.transport = GetParam();
+  options.on_refusal = [](const std::string&) {};
+  std::vector<std::unique_ptr<test::UnrelatedProcess>> clients;
+  for (int c = 0; c < kClients; ++c) {
+    clients.push_back(std::make_unique<test::UnrelatedProcess>([&] {
+      auto jobs = connect_receiver<std::uint64_t>(address, options);  // waits for the listener
+      const Ids got = take_jobs(jobs, 20us);
+      auto report = connect_sender<Ids>(address, options);
+      report.send(got);
+      report.close();
+    }));
+  }
+  Listener listener = listen(address, options);
+  listener.serve_sender<std::uint64_t>();
+  listener.serve_receiver<Ids>();
+  {
+    FanoutOptions fanout;
+    fanout.max_in_flight = 4;
+    Distributor<std::uint64_t> pool(fanout);
+    for (int c = 0; c < kClients; ++c) pool.add(listener.accept_sender<std::uint64_t>());
+    for (std::uint64_t id = 0; id < kJobs; ++id) pool.send(id);
+    for (const ConsumerStats& entry : pool.stats()) EXPECT_GT(entry.sent, 0u) << "a client got no work";
+  }  // ends every client's stream
+  std::vector<Ids> received;
+  for (int c = 0; c < kClients; ++c) received.push_back(listener.accept_receiver<Ids>().recv().value());
+  for (auto& client : clients) EXPECT_TRUE(client->succeeded());
+  EXPECT_TRUE(each_once(received, {}, kJobs));
 }
 
 // ---- broadcast of one storage ---------------------------------------------------------------
