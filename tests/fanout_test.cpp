@@ -324,6 +324,27 @@ TEST_P(FanoutProcessTest, UnevenWorkersShareTheWorkAndNothingIsDeliveredTwice) {
   EXPECT_LT(received[kWorkers - 1].size() * 2, fast / (kWorkers - 1)) << "the slow worker took as much as a fast one";
 }
 
+// Reads one message late (after its sender closed), then the end of the stream.
+void late_reader(WorkerContext&, Receiver<std::uint64_t> in) {
+  std::this_thread::sleep_for(100ms);
+  CHILD_CHECK(in.recv().value() == 42);
+  CHILD_CHECK(!in.recv().has_value());
+}
+
+TEST_P(FanoutProcessTest, AClosedFanoutKeepsItsBoardUntilAConsumerThatReadsLateHasIt) {
+  // The first tracked message carries the return board even without tensors; over a pipe
+  // or a ring the receiver opens it by /proc path, so the sender's close must keep it open
+  // until then (it waits for the acknowledgement).
+  auto [tx, rx] = channel<std::uint64_t>(GetParam());
+  WorkerGroup worker = spawn(forked(), 1, late_reader, std::move(rx));
+  {
+    Distributor<std::uint64_t> pool;
+    pool.add(std::move(tx));
+    pool.send(42);
+  }  // closes the end before the worker reads
+  EXPECT_NO_THROW(worker.join());
+}
+
 // Takes `count` jobs, reporting each as soon as it has it, then stops reading (it waits to
 // be killed).
 void stalling_worker(WorkerContext&, Receiver<std::uint64_t> jobs, Sender<std::uint64_t> taken, int count) {

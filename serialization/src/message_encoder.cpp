@@ -392,15 +392,16 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
       const ReturnBoard& board = *ledger_->board();
       const std::size_t segments = segment_entries_.size();
       const std::size_t fds = fds_.size();
-      add_segment_entry(SegmentRole::ReturnBoard, 0, board.fd(), ReturnBoard::bytes(), board.identity());
+      const bool by_path =
+          add_segment_entry(SegmentRole::ReturnBoard, 0, board.fd(), ReturnBoard::bytes(), board.identity());
       std::rotate(segment_entries_.begin(), segment_entries_.begin() + static_cast<std::ptrdiff_t>(segments),
                   segment_entries_.end());
       std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
       board_in_frame_ = true;
-      // Named by /proc path, the board's fd must stay open until the receiver opened it; a
-      // frame with new blocks waits for theirs anyway, one sent for delivery tracking alone
-      // waits for the board's (close() waits for what keepalive_ holds).
-      if (passing_ == HandlePassing::ProcFd && new_pins_.empty()) keepalive_.emplace_back(next_sequence_, ledger_->board());
+      // Named by /proc path, the board's fd must stay open until the receiver opened it
+      // (close() waits for what keepalive_ holds): a frame sent for delivery tracking alone
+      // introduces no segment that would make it wait.
+      if (by_path) keepalive_.emplace_back(next_sequence_, ledger_->board());
     }
   }
 
