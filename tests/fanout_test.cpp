@@ -241,7 +241,10 @@ Ids take_jobs(Receiver<std::uint64_t>& jobs, std::chrono::microseconds work) {
 
 TEST(FanoutThreadsTest, UnevenWorkersInThreadsShareTheWorkOnce) {
   constexpr int kWorkers = 8;
-  constexpr std::uint64_t kJobs = 800;
+  // Jobs of 1 ms (10 ms for the slow one): the producer, far faster, keeps every worker at
+  // its bound, so the share of each is its speed's (a producer slower than the workers
+  // would find them all empty and go round in turn).
+  constexpr std::uint64_t kJobs = 400;
   std::vector<Ids> reports(kWorkers);
   std::vector<std::thread> threads;
   {
@@ -252,7 +255,7 @@ TEST(FanoutThreadsTest, UnevenWorkersInThreadsShareTheWorkOnce) {
       auto [tx, rx] = channel<std::uint64_t>(Transport::InProcess);
       pool.add(std::move(tx));
       threads.emplace_back([&reports, w, rx = std::move(rx)]() mutable {
-        reports[w] = take_jobs(rx, w == kWorkers - 1 ? 1000us : 100us);
+        reports[w] = take_jobs(rx, w == kWorkers - 1 ? 10ms : 1ms);
       });
     }
     for (std::uint64_t id = 0; id < kJobs; ++id) pool.send(id);
@@ -284,7 +287,10 @@ void pool_worker(WorkerContext&, Receiver<std::uint64_t> jobs, Sender<Ids> repor
 
 TEST_P(FanoutProcessTest, UnevenWorkersShareTheWorkAndNothingIsDeliveredTwice) {
   constexpr int kWorkers = 8;
-  constexpr std::uint64_t kJobs = 800;
+  // Jobs of 1 ms (10 ms for the slow one): the producer, far faster, keeps every worker at
+  // its bound, so the share of each is its speed's (a producer slower than the workers
+  // would find them all empty and go round in turn).
+  constexpr std::uint64_t kJobs = 400;
   std::vector<Sender<std::uint64_t>> job_ends;
   std::vector<Receiver<std::uint64_t>> worker_jobs;
   std::vector<Sender<Ids>> worker_reports;
@@ -297,7 +303,7 @@ TEST_P(FanoutProcessTest, UnevenWorkersShareTheWorkAndNothingIsDeliveredTwice) {
     auto [report_tx, report_rx] = channel<Ids>(Transport::Pipe);
     worker_reports.push_back(std::move(report_tx));
     reports.push_back(std::move(report_rx));
-    work_us.push_back(w == kWorkers - 1 ? 1000 : 100);  // one worker ten times slower
+    work_us.push_back(w == kWorkers - 1 ? 10'000 : 1'000);  // one worker ten times slower
   }
   WorkerGroup workers = spawn(forked(), kWorkers, pool_worker, per_rank(std::move(worker_jobs)),
                               per_rank(std::move(worker_reports)), per_rank(std::move(work_us)));
