@@ -182,6 +182,33 @@ TEST_F(InProcessTest, EndOfStreamWaitsForValuesFromEveryThread) {
   EXPECT_EQ(received, kThreads * kEach);
 }
 
+TEST_F(InProcessTest, ValuesSentFromSeveralThreadsInTurnArriveInTheOrderTheyWereSent) {
+  // Two threads send in strict turns (0 from one, 1 from the other, ...) into a queue large
+  // enough for all; the receiver reads them afterwards: the n-th value taken is the n-th
+  // sent (what Sender::delivered() counts on), whichever thread sent it.
+  constexpr int kValues = 2000;
+  auto [tx, rx] = channel<int>(Transport::InProcess, queue_of(kValues));
+  std::atomic<int> turn{0};
+  auto send_every_other = [&tx = tx, &turn](int parity) {
+    for (int v = parity; v < kValues; v += 2) {
+      while (turn.load(std::memory_order_acquire) != v) std::this_thread::yield();
+      tx.send(v);
+      turn.store(v + 1, std::memory_order_release);
+    }
+  };
+  std::thread even(send_every_other, 0);
+  std::thread odd(send_every_other, 1);
+  even.join();
+  odd.join();
+  EXPECT_EQ(tx.last_sequence(), static_cast<std::uint64_t>(kValues));
+  for (int v = 0; v < kValues; ++v) {
+    const auto got = rx.try_recv();
+    ASSERT_TRUE(got.has_value());
+    ASSERT_EQ(*got, v) << "a value overtook one sent before it from another thread";
+  }
+  EXPECT_EQ(tx.delivered(), static_cast<std::uint64_t>(kValues));
+}
+
 TEST_F(InProcessTest, DestroyingTheSenderEndsTheStreamAndDestroyingTheReceiverDropsQueuedValues) {
   auto [tx, rx] = channel<Tensor>(Transport::InProcess);
   Tensor t = Tensor::zeros({4}, DType::Int32);

@@ -63,6 +63,8 @@ void MessageDecoder::check_type(const FrameHeader& header, std::span<const std::
 void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds) {
   wants_acknowledgement_ = false;
   frame_claimed_ = false;
+  frame_sequence_ = header.sequence;
+  frame_tracked_ = (header.flags & kFrameTracksDelivery) != 0;
   storages_.clear();
   // Take this frame's fds first, so that they are closed whatever goes wrong below.
   if (fds.size() < header.fd_count) {

@@ -63,6 +63,8 @@ void MessageEncoder::retire_dead_upstream_boards() {
   }
 }
 
+void MessageEncoder::track_delivery() { delivery_tracked_ = true; }
+
 std::optional<std::uint32_t> MessageEncoder::find_source(const Storage* storage) {
   if (sources_.size() <= kLinearSearchLimit) {
     for (std::size_t i = 0; i < sources_.size(); ++i) {
@@ -299,7 +301,7 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   collect_dead_storages();
   collect_dead_segments();
   fill_handle_table();
-  pin_new_storages();
+  pin_new_storages(kind);
   const std::span<const std::byte> cuda_records = cuda_section();  // at the front of the body
   fill_header(kind, fingerprint, name, cuda_records.size());
   return assemble_frame(cuda_records);
@@ -360,20 +362,24 @@ void MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>& storag
   storage->mark_sent();
 }
 
-void MessageEncoder::pin_new_storages() {
-  if (new_pins_.empty()) return;
-  holds_.pin(new_pins_, next_sequence_);
-  if (board_sent_) return;
+void MessageEncoder::pin_new_storages(FrameKind kind) {
+  if (!new_pins_.empty()) holds_.pin(new_pins_, next_sequence_);
+  const bool tracked = delivery_tracked_ && kind == FrameKind::Message;
+  if (board_sent_ || (new_pins_.empty() && !tracked)) return;
   // The board goes first in the table, so that the receiver can give blocks back even when
-  // a later entry fails.
-  const ReturnBoard& board = *holds_.board();
+  // a later entry fails. A frame sent for delivery tracking alone may be the first to need it.
+  const std::shared_ptr<ReturnBoard>& board = holds_.ensure_board();
   const std::size_t segments = segment_entries_.size();
   const std::size_t fds = fds_.size();
-  add_segment_entry(SegmentRole::ReturnBoard, 0, board.fd(), ReturnBoard::bytes(), board.identity());
+  const bool by_path = add_segment_entry(SegmentRole::ReturnBoard, 0, board->fd(), ReturnBoard::bytes(), board->identity());
   std::rotate(segment_entries_.begin(), segment_entries_.begin() + static_cast<std::ptrdiff_t>(segments),
               segment_entries_.end());
   std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
   board_in_frame_ = true;
+  // Named by /proc path, the board's fd must stay open until the receiver opened it (close()
+  // waits for what keepalive_ holds): a frame sent for delivery tracking alone introduces no
+  // segment that would make it wait.
+  if (by_path) keepalive_.emplace_back(next_sequence_, board);
 }
 
 void MessageEncoder::fill_header(FrameKind kind, std::uint64_t fingerprint, std::string_view name,
@@ -384,9 +390,9 @@ void MessageEncoder::fill_header(FrameKind kind, std::uint64_t fingerprint, std:
   header_.sequence = next_sequence_;
   const bool with_name = kind == FrameKind::Message && !type_name_sent_;
   type_name_ = with_name ? name.substr(0, std::min(name.size(), max_type_name_bytes_)) : std::string_view{};
-  header_.flags = !with_name ? 0
-                  : type_name_.size() < name.size() ? kFrameHasTypeName | kFrameTypeNameTruncated
-                                                    : kFrameHasTypeName;
+  const bool truncated = with_name && type_name_.size() < name.size();
+  header_.flags = static_cast<std::uint8_t>((with_name ? kFrameHasTypeName : 0) | (truncated ? kFrameTypeNameTruncated : 0) |
+                                            (delivery_tracked_ && kind == FrameKind::Message ? kFrameTracksDelivery : 0));
   header_.type_name_bytes = static_cast<std::uint32_t>(type_name_.size());
   header_.segment_count = static_cast<std::uint32_t>(segment_entries_.size());
   header_.handle_count = static_cast<std::uint32_t>(entries_.size());

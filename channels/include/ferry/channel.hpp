@@ -121,6 +121,24 @@ class Sender {
   }
   bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
   Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }
+
+  /// Delivery acknowledgements (Distributor and Broadcast use them). After
+  /// track_delivery(), the receiver records on the connection's return board every
+  /// message its recv() returns (the next message sent carries the board if none went
+  /// yet); an InProcess channel counts what its receiver took without being asked.
+  void track_delivery() {
+    if (!local_) core().track_delivery();
+  }
+  /// The sequence number of the last message sent: messages count from 1 (0: none).
+  std::uint64_t last_sequence() { return local_ ? local_.sent() : core().last_sequence(); }
+  /// The receiver's recv() has returned every message up to this sequence number (0:
+  /// none, or delivery not tracked). Keeps its last value once the receiver is gone.
+  std::uint64_t delivered() { return local_ ? local_.taken() : core().delivered(); }
+  /// True when the receiving end is known to be gone (closed, or every process that held
+  /// it exited), or this end is closed; one poll() without waiting. (A transport that
+  /// cannot tell answers false; its next send raises ChannelClosed.)
+  bool receiver_gone() { return local_ ? local_.receiver_gone() : !core_ || core_->receiver_gone(); }
+
   /// The pool of an isolated channel (ChannelOptions::pool): allocate tensors for this
   /// peer from it to send them without a copy. Empty for a channel without isolation (and
   /// for an InProcess channel, whose values are moved, never serialized).

@@ -12,7 +12,9 @@
 #include <cereal/types/array.hpp>
 #include <cereal/types/tuple.hpp>
 
+#include "ferry/broadcast.hpp"
 #include "ferry/channel.hpp"
+#include "ferry/distributor.hpp"
 #include "ferry/cuda.hpp"
 #include "ferry/dtype.hpp"
 #include "ferry/duplex.hpp"

@@ -1,6 +1,9 @@
 #include "ferry/detail/frame_channel.hpp"
 
+#include <poll.h>
 #include <unistd.h>
+
+#include <cerrno>
 
 #include <algorithm>
 #include <exception>
@@ -106,6 +109,8 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
   } catch (const ChannelClosed&) {
     encoder_.rollback();
     open_ = false;
+    delivered_ = std::max(delivered_, encoder_.resolved_on_board());  // the ledger goes below
+    gone_probe_.reset();
     encoder_.receiver_gone();  // frames it did not resolve never will be: unpin them
     encoder_.closed(UniqueFd());
     writer_->close();
@@ -126,6 +131,7 @@ void SenderCore::close() {
   std::lock_guard lock(mutex_);
   if (!open_) return;
   open_ = false;
+  gone_probe_.reset();
   try {
     const Deadline linger = Deadline::after(options_.close_linger);
     writer_->flush(linger);
@@ -151,11 +157,13 @@ void SenderCore::close() {
       encoder_.acknowledge(std::max(encoder_.request_acknowledgements(), writer_->acknowledged()));
       if (encoder_.awaiting_acknowledgement()) writer_->wait_acknowledged(awaited, linger);
     }
+    delivered_ = std::max(delivered_, encoder_.resolved_on_board());  // the ledger goes below
     // What the receiver holds stays pinned until it gives it back or exits; the probe
     // tells when the receiving end is gone while frames are still unresolved.
     encoder_.closed(writer_->liveness_probe(), writer_->probe_by_send());
   } catch (const ChannelClosed&) {
     // The receiver already left: the stream is over either way.
+    delivered_ = std::max(delivered_, encoder_.resolved_on_board());
     encoder_.receiver_gone();
     encoder_.closed(UniqueFd());
   } catch (...) {
@@ -173,15 +181,48 @@ bool SenderCore::flush(const Deadline& deadline) {
   return writer_->flush(deadline);
 }
 
+void SenderCore::track_delivery() {
+  std::lock_guard lock(mutex_);
+  encoder_.track_delivery();
+}
+
+std::uint64_t SenderCore::last_sequence() {
+  std::lock_guard lock(mutex_);
+  return encoder_.last_sequence();
+}
+
+std::uint64_t SenderCore::delivered() {
+  std::lock_guard lock(mutex_);
+  delivered_ = std::max(delivered_, encoder_.resolved_on_board());
+  return delivered_;
+}
+
+bool SenderCore::receiver_gone() {
+  std::lock_guard lock(mutex_);
+  if (!open_) return true;
+  if (!gone_probe_) gone_probe_ = writer_->liveness_probe();
+  if (!gone_probe_) return false;  // the transport cannot tell (or no fd left): the next send will
+  pollfd probe{gone_probe_.get(), 0, 0};
+  const int ready = ::poll(&probe, 1, 0);
+  if (ready < 0) {
+    if (errno == EINTR) return false;
+    throw_errno("poll on a channel's liveness probe");
+  }
+  return ready > 0 && (probe.revents & (POLLHUP | POLLERR)) != 0;
+}
+
 void SenderCore::detach() noexcept {
   std::lock_guard lock(mutex_);
   open_ = false;
+  gone_probe_.reset();  // a copy of the connection (a socket's): the peer must see this copy go
+  delivered_ = std::max(delivered_, encoder_.resolved_on_board());
   encoder_.closed(UniqueFd());
   writer_->close();
 }
 
 void SenderCore::abandon_in_child() noexcept {
   open_ = false;
+  gone_probe_.reset();
   writer_->close();
 }
 

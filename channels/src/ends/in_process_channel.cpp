@@ -54,6 +54,10 @@ struct InProcessQueue::State {
             std::clamp<std::size_t>(capacity, 1, std::numeric_limits<int>::max() / 4))) {}
 
   moodycamel::BlockingConcurrentQueue<std::unique_ptr<Parcel>> queue;
+  // Every value goes in through this one token, under `mutex`: the queue keeps the order of
+  // one producer only, and the n-th value taken must be the n-th sent (taken() counts them).
+  moodycamel::ProducerToken producer{queue};
+  std::atomic<std::uint64_t> taken{0};    // values the receiver took
   moodycamel::LightweightSemaphore room;
   mutable std::mutex mutex;  // orders sends against close_sender() and close_receiver()
   std::uint64_t sent = 0;                 // guarded by mutex
@@ -86,7 +90,7 @@ void InProcessQueue::push(std::unique_ptr<Parcel> parcel) {
     if (state_->receiver_closed.load(std::memory_order_acquire)) throw_receiver_closed();
     throw ChannelClosed("cannot send: this Sender was closed");
   }
-  if (!state_->queue.enqueue(std::move(parcel))) {
+  if (!state_->queue.enqueue(state_->producer, std::move(parcel))) {
     lock.unlock();
     state_->room.signal();
     throw std::bad_alloc();
@@ -105,7 +109,7 @@ void InProcessQueue::end_stream(bool dropped) noexcept {
   state_->sender_dropped.store(dropped, std::memory_order_relaxed);  // published by final_count
   state_->final_count.store(state_->sent, std::memory_order_release);
   // enqueue fails only when memory is exhausted; the receiver would then wait for the end.
-  (void)state_->queue.enqueue(nullptr);
+  (void)state_->queue.enqueue(state_->producer, nullptr);
 }
 
 bool InProcessQueue::sender_open() const noexcept {
@@ -133,6 +137,7 @@ ReadStatus InProcessQueue::receive(std::unique_ptr<Parcel>& out, const Deadline&
       continue;
     }
     ++s.received;
+    s.taken.fetch_add(1, std::memory_order_release);
     s.room.signal();
     out = std::move(parcel);
     return ReadStatus::Frame;
@@ -155,6 +160,13 @@ bool InProcessQueue::ready() const noexcept {
   return s.receiver_closed.load(std::memory_order_acquire) || s.queue.size_approx() > 0 ||
          (s.end_seen && s.received == s.final_count.load(std::memory_order_acquire));
 }
+
+std::uint64_t InProcessQueue::sent() const noexcept {
+  std::lock_guard lock(state_->mutex);
+  return state_->sent;
+}
+
+std::uint64_t InProcessQueue::taken() const noexcept { return state_->taken.load(std::memory_order_acquire); }
 
 bool InProcessQueue::receiver_open() const noexcept {
   return !state_->receiver_closed.load(std::memory_order_acquire);

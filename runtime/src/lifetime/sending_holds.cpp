@@ -9,6 +9,11 @@ void SendingHolds::pin(std::span<HoldLedger::Pin> pins, std::uint64_t sequence) 
   ledger_->pin(pins, sequence);
 }
 
+const std::shared_ptr<ReturnBoard>& SendingHolds::ensure_board() {
+  if (!ledger_) ledger_ = HoldLedger::create();
+  return ledger_->board();
+}
+
 void SendingHolds::unpin(std::span<const std::uint32_t> slots) {
   if (ledger_) ledger_->unpin(slots);
 }

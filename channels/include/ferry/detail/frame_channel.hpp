@@ -112,6 +112,18 @@ class SenderCore final : public LiveEnd {
   /// True once a frame was (partly) written: the end's protocol state then lives in this
   /// process and it cannot be rebuilt in another one from its descriptors.
   bool used() const noexcept { return used_; }
+  /// Asks the receiver to acknowledge every message it delivers, on the connection's
+  /// return board (the next frame carries the board if none went yet). Idempotent.
+  void track_delivery();
+  /// The sequence number of the last message sent (messages count from 1; 0: none).
+  std::uint64_t last_sequence();
+  /// The receiver's recv() has returned every message up to this sequence number, as far
+  /// as the board tells (0: none, or delivery not tracked). Still answers once the end is
+  /// closed or the receiver is gone (the last value read before).
+  std::uint64_t delivered();
+  /// True when the receiving end is known to be gone (closed in every process that held
+  /// it, or its processes died), or this end is closed; one poll() without waiting.
+  bool receiver_gone();
   /// Storages the receiver leases from this end (for tests and statistics).
   std::size_t tracked_storages();
   /// Storages passed by fd or /proc path so far (a repeat send of a leased one is not).
@@ -143,6 +155,8 @@ class SenderCore final : public LiveEnd {
   pid_t owner_;
   bool open_ = true;
   bool used_ = false;
+  std::uint64_t delivered_ = 0;  // the board's last word, read before the ledger goes
+  UniqueFd gone_probe_;          // receiver_gone()'s liveness probe, made at its first call
 };
 
 /// The receiving end of a connection, without its message type.
@@ -175,6 +189,7 @@ class ReceiverCore final : public LiveEnd {
       throw;
     }
     reader_->release();  // the payload may lie in the transport's memory until decoded
+    decoder_.mark_delivered();
     return status;
   }
   /// Closes the end; on a duplex socket also for every other process holding it (the

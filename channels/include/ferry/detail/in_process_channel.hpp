@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -34,16 +35,15 @@ class ParcelOf final : public Parcel {
 
 /// The state both ends of an in-process channel share, without the value type: a queue of
 /// parcels (an empty one marks the end of the stream) and a semaphore that counts free
-/// places, so that a sender blocks while `capacity` values wait. Values sent from one
-/// thread arrive in the order that thread sent them. The queue itself lives in
-/// in_process_channel.cpp, so that only that file compiles moodycamel's queue.
+/// places, so that a sender blocks while `capacity` values wait. Values arrive in the order
+/// they were queued, from whichever thread (one producer token, under a lock). The queue
+/// itself lives in in_process_channel.cpp, so that only that file compiles moodycamel's
+/// queue.
 ///
-/// End of stream: the queue keeps FIFO order per sending thread only, so the end marker
-/// may overtake values sent earlier from other threads. close_sender() therefore records
-/// how many values were sent in all, and the receiver reports the end only once it has
-/// received that many. A sender dropped by an exception (drop_sender()) ends the stream the
-/// same way, but the receiver then gets PeerDied instead of end of stream, as from a
-/// crashed peer on the other transports.
+/// End of stream: close_sender() records how many values were sent in all, and the
+/// receiver reports the end only once it has received that many. A sender dropped by an
+/// exception (drop_sender()) ends the stream the same way, but the receiver then gets
+/// PeerDied instead of end of stream, as from a crashed peer on the other transports.
 class InProcessQueue {
  public:
   explicit InProcessQueue(std::size_t capacity);
@@ -77,6 +77,10 @@ class InProcessQueue {
   /// queued, or the receiver closed); false may be briefly stale while a value is being
   /// queued. For the receiving thread (a Selector waiting on this queue).
   bool ready() const noexcept;
+  /// Values queued so far, and values the receiver took so far: values leave in the order
+  /// they were queued (from any thread), so the receiver has taken the first taken() of them.
+  std::uint64_t sent() const noexcept;
+  std::uint64_t taken() const noexcept;
 
  private:
   struct State;
@@ -130,6 +134,10 @@ class InProcessSender {
     if (queue_) queue_->close_sender();
   }
   bool is_open() const noexcept { return queue_ && queue_->sender_open(); }
+  /// See InProcessQueue::sent() and taken(); receiver_gone(): the receiver closed.
+  std::uint64_t sent() const noexcept { return queue_ ? queue_->sent() : 0; }
+  std::uint64_t taken() const noexcept { return queue_ ? queue_->taken() : 0; }
+  bool receiver_gone() const noexcept { return !queue_ || !queue_->receiver_open(); }
 
  private:
   std::shared_ptr<InProcessQueue> queue_;

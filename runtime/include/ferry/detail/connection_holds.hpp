@@ -124,6 +124,8 @@ class SendingHolds {
 
   /// The connection's return board, or null before the first storage was pinned.
   ReturnBoard* board() const noexcept { return ledger_ ? ledger_->board().get() : nullptr; }
+  /// The connection's return board, created (with the ledger) when there is none yet.
+  const std::shared_ptr<ReturnBoard>& ensure_board();
   /// Pins the allocations of the storages frame `sequence` introduces (see HoldLedger::pin);
   /// creates the ledger and its board with the first.
   void pin(std::span<HoldLedger::Pin> pins, std::uint64_t sequence);

@@ -48,6 +48,9 @@ inline constexpr std::uint8_t kFrameHasTypeName = 1;
 /// With kFrameHasTypeName: the name is the first max_type_name_bytes bytes of a longer one
 /// (the name only serves error messages; the fingerprint is always of the full name).
 inline constexpr std::uint8_t kFrameTypeNameTruncated = 2;
+/// The sender tracks delivery (MessageEncoder::track_delivery()): the receiver records the
+/// frame on the connection's return board once its value was handed to the caller.
+inline constexpr std::uint8_t kFrameTracksDelivery = 4;
 
 struct FrameHeader {
   std::uint32_t magic = kFrameMagic;

@@ -55,6 +55,17 @@ class MessageDecoder {
     return value;
   }
 
+  /// Records on the return board that the frame last decoded was delivered (its value
+  /// handed to the receiver's caller), when its sender tracks delivery (the frame has
+  /// kFrameTracksDelivery, see MessageEncoder::track_delivery()): the board's last
+  /// resolved frame then covers every frame up to it. Nothing for other frames, or before
+  /// a board arrived; a sender that abandoned later frames refuses the claim, which
+  /// changes nothing for a frame already read.
+  void mark_delivered() noexcept {
+    if (!frame_tracked_) return;
+    if (ReturnBoard* returns = board()) (void)returns->claim_resolved(frame_sequence_);
+  }
+
   /// True when the last frame named segments by /proc path and its sender needs an
   /// acknowledgement on the transport to let them go: the frame was not recorded on the
   /// return board (which acknowledges without a system call), or the sender asked for
@@ -155,6 +166,8 @@ class MessageDecoder {
   std::span<const std::byte> body_;
   bool wants_acknowledgement_ = false;
   bool frame_claimed_ = false;  // the last frame was claimed on the board
+  std::uint64_t frame_sequence_ = 0;  // the sequence of the last frame decoded
+  bool frame_tracked_ = false;        // it had kFrameTracksDelivery
 };
 
 }  // namespace ferry

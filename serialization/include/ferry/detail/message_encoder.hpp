@@ -100,6 +100,13 @@ class MessageEncoder {
   /// acknowledge there too from now on (ReturnBoard::request_acknowledgements()); returns
   /// the last frame resolved, read after asking.
   std::uint64_t request_acknowledgements() noexcept { return holds_.request_acknowledgements(); }
+  /// Asks for delivery acknowledgements: the next frame carries the connection's return
+  /// board even when it names no storage, so that the receiver can record on the board
+  /// every frame it delivers (MessageDecoder::mark_delivered()), not only those with new
+  /// blocks. Idempotent.
+  void track_delivery();
+  /// The sequence of the last frame committed (0: none yet); frames count from 1.
+  std::uint64_t last_sequence() const noexcept { return next_sequence_ - 1; }
   /// True while segments (or upstream return boards) are kept open for frames the receiver
   /// has not acknowledged.
   bool awaiting_acknowledgement() const noexcept { return !keepalive_.empty(); }
@@ -162,7 +169,7 @@ class MessageEncoder {
   void refresh_leased_storages();
   void fill_handle_table();
   void fill_new_block_entry(const std::shared_ptr<Storage>& storage, HandleEntry& entry);
-  void pin_new_storages();
+  void pin_new_storages(FrameKind kind);
   void fill_header(FrameKind kind, std::uint64_t fingerprint, std::string_view name, std::size_t cuda_bytes);
   const EncodedFrame& assemble_frame(std::span<const std::byte> cuda_records);
   std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
@@ -251,6 +258,7 @@ class MessageEncoder {
   std::vector<std::uint64_t> new_segment_ids_;
   std::vector<HoldLedger::Pin> new_pins_;
   bool board_in_frame_ = false;
+  bool delivery_tracked_ = false;  // track_delivery(): send the board even without storages
   std::size_t announced_release_count_ = 0;
   std::size_t announced_segment_release_count_ = 0;
   EncodedFrame frame_;

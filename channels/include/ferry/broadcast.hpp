@@ -1,0 +1,127 @@
+// Broadcast<T>: one producer, many consumers, each message to every consumer. A tensor
+// inside travels as a handle to the same storage to each of them (the block is shared,
+// never copied per consumer) and is recycled only once the last consumer let go of it.
+// Consumers are ordinary Sender<T> ends and may join at any time (they receive the
+// messages sent after they joined); one that dies or closes is removed and the others go
+// on. See docs/design/fanout.md.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "ferry/channel.hpp"
+#include "ferry/detail/fanout_consumers.hpp"
+#include "ferry/error.hpp"
+#include "ferry/fanout.hpp"
+
+namespace ferry {
+
+/// Sends each message to every consumer. A consumer with FanoutOptions::max_in_flight
+/// messages in flight (sent, not yet returned by its recv()) is full: send() sends at once
+/// to those with room and waits for the full ones; send_for() waits at most its timeout,
+/// and a consumer still full then misses the message (ConsumerStats::skipped), so a stalled
+/// consumer holds the others back for at most that long. Thread-safe; not movable.
+///
+/// Storage sharing: every consumer maps the producer's block (one storage, leased to each;
+/// ChannelOptions::pool isolation copies into each consumer's pool instead).
+template <class T>
+class Broadcast {
+ public:
+  explicit Broadcast(FanoutOptions options = {}) : consumers_(options) {}
+  Broadcast(const Broadcast&) = delete;
+  Broadcast& operator=(const Broadcast&) = delete;
+  /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
+  ~Broadcast() = default;
+
+  /// Adds a consumer (any open Sender<T>); see Distributor::add.
+  ConsumerId add(Sender<T> end) { return add(std::move(end), consumers_.options().max_in_flight); }
+  ConsumerId add(Sender<T> end, std::size_t bound) {
+    std::lock_guard lock(mutex_);
+    return consumers_.add(std::move(end), bound);
+  }
+
+  /// Sends `message` to every consumer, waiting for each full one until it has room;
+  /// returns how many consumers it reached (consumers found gone are removed, not
+  /// counted; 0 when there are none). Throws what Sender::send throws for a message the
+  /// channels refuse (their limits), after sending it to the consumers before.
+  std::size_t send(const T& message) { return send_until(message, Deadline::never()); }
+  /// Like send(), but a consumer still full (or whose transport is) after `timeout` misses
+  /// this message; returns how many consumers it reached.
+  std::size_t send_for(const T& message, Timeout timeout) { return send_until(message, Deadline::after(timeout)); }
+
+  /// Per consumer (those not removed): messages sent, delivered, in flight, skipped.
+  std::vector<ConsumerStats> stats() {
+    std::lock_guard lock(mutex_);
+    return consumers_.stats();
+  }
+  /// Consumers not removed so far.
+  std::size_t size() {
+    std::lock_guard lock(mutex_);
+    return consumers_.all().size();
+  }
+
+ private:
+  std::size_t send_until(const T& message, const Deadline& deadline) {
+    detail::FanoutWait wait;
+    std::unique_lock lock(mutex_);
+    consumers_.remove_gone_if_due(nullptr);
+    // The consumers this message is for: those present now (one added meanwhile gets the next).
+    std::vector<ConsumerId> waiting;
+    waiting.reserve(consumers_.all().size());
+    for (const auto& consumer : consumers_.all()) waiting.push_back(consumer.id);
+    std::size_t reached = 0;
+    while (true) {
+      auto& all = consumers_.all();
+      for (std::size_t i = 0; i < all.size();) {
+        auto& consumer = all[i];
+        const auto it = std::find(waiting.begin(), waiting.end(), consumer.id);
+        if (it == waiting.end()) {
+          ++i;
+          continue;
+        }
+        consumers_.refresh_for_selection(consumer);
+        if (!consumer.has_room()) {
+          ++i;
+          continue;
+        }
+        waiting.erase(it);
+        try {
+          // Room in flight; the transport's own room is waited for here (a consumer whose
+          // transport stays full until the deadline misses the message).
+          if (consumers_.send_to(consumer, message, deadline)) {
+            ++reached;
+          } else {
+            ++consumer.skipped;
+          }
+        } catch (const ChannelClosed&) {
+          consumers_.remove(i, nullptr);
+          continue;
+        }
+        ++i;
+      }
+      // Those removed meanwhile are not waited for.
+      std::erase_if(waiting, [&](ConsumerId id) {
+        return std::none_of(all.begin(), all.end(), [id](const auto& consumer) { return consumer.id == id; });
+      });
+      if (waiting.empty()) return reached;
+      if (consumers_.remove_gone_if_due(nullptr)) continue;
+      if (deadline.expired()) {
+        for (auto& consumer : all) {
+          if (std::find(waiting.begin(), waiting.end(), consumer.id) != waiting.end()) ++consumer.skipped;
+        }
+        return reached;
+      }
+      lock.unlock();
+      wait.pause(deadline);
+      lock.lock();
+    }
+  }
+
+  std::mutex mutex_;
+  detail::FanoutConsumers<T, false> consumers_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,127 @@
+// Distributor<T>: one producer, many consumers, each message to exactly one of them, the
+// one with the fewest messages in flight (a pool of workers balances itself). Consumers
+// are ordinary Sender<T> ends (channel(), spawn, accepted ends) and may join at any time;
+// one that dies or closes is removed, and the messages its recv() never returned are kept
+// for take_undelivered(). See docs/design/fanout.md.
+#pragma once
+
+#include <cstddef>
+#include <mutex>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "ferry/channel.hpp"
+#include "ferry/detail/fanout_consumers.hpp"
+#include "ferry/error.hpp"
+#include "ferry/fanout.hpp"
+
+namespace ferry {
+
+/// Sends each message to one consumer: the one with the fewest messages in flight (sent,
+/// not yet returned by its recv()); among equals, the next in turn. A consumer with
+/// FanoutOptions::max_in_flight messages in flight is full and passed over; send() blocks
+/// while every consumer is full. Thread-safe; not movable.
+///
+/// Nothing is silently lost: the Distributor keeps a copy of each message (for tensors, a
+/// reference to the same storage) until the consumer's recv() returned it. A consumer that
+/// closed its end or died is removed when a send to it fails, or when a send's periodic
+/// check (FanoutOptions::liveness_check_interval) or take_undelivered() finds it gone;
+/// the messages it never received are then handed back by take_undelivered(), oldest
+/// first, for the caller to send again. Each message sent is thus either returned by
+/// exactly one consumer's recv() or handed back once.
+template <class T>
+class Distributor {
+ public:
+  explicit Distributor(FanoutOptions options = {}) : consumers_(options) {}
+  Distributor(const Distributor&) = delete;
+  Distributor& operator=(const Distributor&) = delete;
+  /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
+  ~Distributor() = default;
+
+  /// Adds a consumer (any open Sender<T>), with FanoutOptions::max_in_flight, or `bound`,
+  /// messages in flight at most. Throws ChannelClosed for a closed or empty end.
+  ConsumerId add(Sender<T> end) { return add(std::move(end), consumers_.options().max_in_flight); }
+  ConsumerId add(Sender<T> end, std::size_t bound) {
+    std::lock_guard lock(mutex_);
+    return consumers_.add(std::move(end), bound);
+  }
+
+  /// Sends `message` to the consumer with the fewest messages in flight, blocking while
+  /// every consumer is full (or while the chosen one's transport is). Throws
+  /// ChannelClosed when there is no consumer (none added, or all removed), and what
+  /// Sender::send throws for a message the channel refuses (its limits).
+  void send(const T& message) { (void)send_until(message, Deadline::never()); }
+  /// Like send(), but gives up when every consumer stayed full for `timeout`; returns
+  /// whether a consumer took the message.
+  bool send_for(const T& message, Timeout timeout) { return send_until(message, Deadline::after(timeout)); }
+
+  /// Removes the consumers known to be gone, and returns (and forgets) every message that
+  /// removed consumers never received, oldest first per consumer.
+  std::vector<T> take_undelivered() {
+    std::lock_guard lock(mutex_);
+    consumers_.remove_gone(&undelivered_);
+    return std::exchange(undelivered_, {});
+  }
+
+  /// Per consumer (those not removed): messages sent, delivered, in flight.
+  std::vector<ConsumerStats> stats() {
+    std::lock_guard lock(mutex_);
+    return consumers_.stats();
+  }
+  /// Consumers not removed so far.
+  std::size_t size() {
+    std::lock_guard lock(mutex_);
+    return consumers_.all().size();
+  }
+
+ private:
+  bool send_until(const T& message, const Deadline& deadline) {
+    detail::FanoutWait wait;
+    std::unique_lock lock(mutex_);
+    consumers_.remove_gone_if_due(&undelivered_);
+    while (true) {
+      if (consumers_.empty()) {
+        throw ChannelClosed("cannot send: the Distributor has no consumer (add() one; removed consumers' "
+                            "messages are in take_undelivered())");
+      }
+      if (const std::optional<std::size_t> chosen = least_loaded()) {
+        auto& consumer = consumers_.all()[*chosen];
+        try {
+          if (!consumers_.send_to(consumer, message, deadline)) return false;
+        } catch (const ChannelClosed&) {
+          consumers_.remove(*chosen, &undelivered_);  // gone: try the next one
+          continue;
+        }
+        turn_ = *chosen + 1;
+        return true;
+      }
+      // Every consumer is full: one that died stays full for ever, so look for those now and then.
+      if (consumers_.remove_gone_if_due(&undelivered_)) continue;
+      if (deadline.expired()) return false;
+      lock.unlock();  // add() and the other senders go on meanwhile
+      wait.pause(deadline);
+      lock.lock();
+    }
+  }
+
+  // The consumer with room and the fewest messages in flight, the first from turn_ among equals.
+  std::optional<std::size_t> least_loaded() {
+    auto& all = consumers_.all();
+    std::optional<std::size_t> best;
+    for (std::size_t k = 0; k < all.size(); ++k) {
+      const std::size_t i = (turn_ + k) % all.size();
+      consumers_.refresh_for_selection(all[i]);
+      if (!all[i].has_room()) continue;
+      if (!best || all[i].in_flight.size() < all[*best].in_flight.size()) best = i;
+    }
+    return best;
+  }
+
+  std::mutex mutex_;
+  detail::FanoutConsumers<T, true> consumers_;
+  std::vector<T> undelivered_;
+  std::size_t turn_ = 0;
+};
+
+}  // namespace ferry

@@ -1,0 +1,41 @@
+// Settings and statistics shared by ferry's one-to-many senders, Distributor<T> (each
+// message to one consumer) and Broadcast<T> (each message to every consumer).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+#include "ferry/detail/transport.hpp"
+
+namespace ferry {
+
+/// Settings of a Distributor or a Broadcast.
+struct FanoutOptions {
+  /// Messages a consumer may have in flight (sent to it, not yet returned by its recv())
+  /// before it is passed over (Distributor) or waited for (Broadcast); at least 1. add()
+  /// may set another bound for one consumer.
+  std::size_t max_in_flight = 8;
+  /// How often sends check that the consumers still live (one poll() each): a consumer
+  /// that died or closed is removed within about this long of the next send (a send to it
+  /// that fails removes it at once).
+  std::chrono::milliseconds liveness_check_interval{10};
+};
+
+/// Names a consumer of a Distributor or Broadcast (add() returns it; never reused).
+using ConsumerId = std::uint64_t;
+
+/// One consumer's figures, as stats() reports them.
+struct ConsumerStats {
+  ConsumerId id = 0;
+  Transport transport = Transport::Pipe;
+  /// Messages sent to it, and of those, returned by its recv() (delivered) or not yet
+  /// (in_flight = sent - delivered).
+  std::uint64_t sent = 0;
+  std::uint64_t delivered = 0;
+  std::size_t in_flight = 0;
+  /// Broadcast only: messages it missed because it stayed full until send_for() gave up.
+  std::uint64_t skipped = 0;
+};
+
+}  // namespace ferry
