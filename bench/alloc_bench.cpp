@@ -38,8 +38,8 @@
 #include <stdexcept>
 
 #include "ferry/ferry.hpp"
-#include "ferry/ring_end.hpp"
-#include "ferry/unique_fd.hpp"
+#include "ring/ring_end.hpp"
+#include "ferry/detail/unique_fd.hpp"
 #include "support/child_process.hpp"
 
 namespace {

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
-#include "ferry/ring_end.hpp"
+#include "ring/ring_end.hpp"
 #include "support/round_trip_times.hpp"
 #include "support/tensor_message.hpp"
 

@@ -36,7 +36,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
-#include "ferry/mapping.hpp"
+#include "ferry/detail/mapping.hpp"
 #include "support/child_process.hpp"
 #include "support/round_trip_times.hpp"
 

@@ -30,26 +30,25 @@ if(FERRY_HAS_CUDA)
   message(STATUS "ferry: building WITH CUDA ${CUDAToolkit_VERSION} (${CUDAToolkit_LIBRARY_DIR})")
 endif()
 
-# Adds the CUDA parts of the library to `target`: the host-only pieces (release boards,
-# the block pool, the wire handling) always, the code that calls CUDA only with CUDA, and
+# Adds the runtime layer's CUDA parts to `target` (sources relative to runtime/): the
+# host-only pieces (release boards, the block pool) always, the code that calls CUDA only with CUDA, and
 # stubs that report "built without CUDA" otherwise.
 function(ferry_add_cuda_sources target)
   target_sources(${target} PRIVATE
-    runtime/src/cuda/release_board.cpp
-    runtime/src/cuda/block_pool.cpp
-    serialization/src/cuda_handles.cpp)
+    src/cuda/release_board.cpp
+    src/cuda/block_pool.cpp)
   if(FERRY_HAS_CUDA)
     target_sources(${target} PRIVATE
-      runtime/src/cuda/runtime.cpp
-      runtime/src/cuda/device_memory.cpp
-      runtime/src/cuda/ipc_memory.cpp
-      runtime/src/cuda/ipc_signals.cpp
-      runtime/src/cuda/fence_watch.cpp
-      runtime/src/cuda/copy.cpp)
+      src/cuda/runtime.cpp
+      src/cuda/device_memory.cpp
+      src/cuda/ipc_memory.cpp
+      src/cuda/ipc_signals.cpp
+      src/cuda/fence_watch.cpp
+      src/cuda/copy.cpp)
     target_link_libraries(${target} PUBLIC CUDA::cudart)
     target_compile_definitions(${target} PUBLIC FERRY_HAS_CUDA=1)
   else()
-    target_sources(${target} PRIVATE runtime/src/cuda/disabled.cpp)
+    target_sources(${target} PRIVATE src/cuda/disabled.cpp)
     target_compile_definitions(${target} PUBLIC FERRY_HAS_CUDA=0)
   endif()
 endfunction()

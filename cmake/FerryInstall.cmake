@@ -2,10 +2,12 @@
 # another project can use `find_package(ferry)` and link `ferry::ferry`.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS ferry EXPORT ferryTargets
+install(TARGETS ferry ferry_runtime ferry_serialization ferry_channels EXPORT ferryTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
-# ferry/dlpack.hpp only in a build with DLPack (it includes <dlpack/dlpack.h>).
+# Each layer's public headers and its ferry/detail/ headers (which the public templates
+# include); the headers in <layer>/src/ stay behind. ferry/dlpack.hpp only in a build with
+# DLPack (it includes <dlpack/dlpack.h>).
 set(_ferry_header_exclusions)
 if(NOT FERRY_HAS_DLPACK)
   set(_ferry_header_exclusions PATTERN dlpack.hpp EXCLUDE)

@@ -10,7 +10,7 @@
 #include <string_view>
 
 #include "ferry/spawn.hpp"
-#include "ferry/transport.hpp"
+#include "ferry/detail/transport.hpp"
 
 namespace samples {
 

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "ferry/ferry.hpp"
-#include "ferry/peer_fd.hpp"
-#include "ferry/return_board.hpp"
+#include "ferry/detail/peer_fd.hpp"
+#include "ferry/detail/return_board.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 

@@ -17,9 +17,9 @@
 #include <optional>
 #include <thread>
 
-#include "ferry/hold_ledger.hpp"
-#include "ferry/message_decoder.hpp"
-#include "ferry/message_encoder.hpp"
+#include "ferry/detail/hold_ledger.hpp"
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 

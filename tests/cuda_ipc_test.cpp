@@ -16,10 +16,10 @@
 #include <thread>
 
 #include "ferry/cuda.hpp"
-#include "ferry/cuda/release_board.hpp"
-#include "ferry/cuda/runtime.hpp"
+#include "ferry/detail/cuda/release_board.hpp"
+#include "cuda/runtime.hpp"
 #include "ferry/ferry.hpp"
-#include "ferry/unique_fd.hpp"
+#include "ferry/detail/unique_fd.hpp"
 #include "support/cuda_kernels.hpp"
 #include "support/cuda_probe.hpp"
 #include "support/leak_check.hpp"

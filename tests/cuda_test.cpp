@@ -14,10 +14,10 @@
 #include <thread>
 
 #include "ferry/cuda.hpp"
-#include "ferry/cuda/block_pool.hpp"
-#include "ferry/cuda/ipc.hpp"
-#include "ferry/cuda/release_board.hpp"
-#include "ferry/cuda_frame.hpp"
+#include "ferry/detail/cuda/block_pool.hpp"
+#include "ferry/detail/cuda/ipc.hpp"
+#include "ferry/detail/cuda/release_board.hpp"
+#include "cuda_frame.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"

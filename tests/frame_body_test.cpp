@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "ferry/body_reader.hpp"
-#include "ferry/frame_body.hpp"
-#include "ferry/message_encoder.hpp"
+#include "ferry/detail/body_reader.hpp"
+#include "ferry/detail/frame_body.hpp"
+#include "ferry/detail/message_encoder.hpp"
 
 namespace ferry {
 namespace {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
-#include "ferry/size_classes.hpp"
+#include "ferry/detail/size_classes.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/transports.hpp"

@@ -5,7 +5,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ferry/id_slot_map.hpp"
+#include "ferry/detail/id_slot_map.hpp"
 
 namespace ferry {
 namespace {

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "ferry/object_pool.hpp"
+#include "ferry/detail/object_pool.hpp"
 
 namespace {
 std::atomic<long> g_live_blocks{0};

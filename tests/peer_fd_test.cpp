@@ -16,7 +16,7 @@
 #include <thread>
 
 #include "ferry/ferry.hpp"
-#include "ferry/peer_fd.hpp"
+#include "ferry/detail/peer_fd.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/syscall_fault.hpp"

@@ -17,8 +17,8 @@
 #include <thread>
 
 #include "ferry/ferry.hpp"
-#include "ferry/mapping.hpp"
-#include "ferry/ring_transport.hpp"
+#include "ferry/detail/mapping.hpp"
+#include "ring/ring_transport.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
-#include "ferry/futex.hpp"
+#include "ring/futex.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/transports.hpp"

@@ -9,8 +9,8 @@
 #include <cereal/types/variant.hpp>
 #include <cereal/types/vector.hpp>
 
-#include "ferry/message_decoder.hpp"
-#include "ferry/message_encoder.hpp"
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
 #include "support/leak_check.hpp"
 
 namespace ferry {

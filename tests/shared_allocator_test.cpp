@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "ferry/handle_cache.hpp"
-#include "ferry/process_identity.hpp"
+#include "ferry/detail/process_identity.hpp"
 #include "ferry/shared_allocator.hpp"
-#include "ferry/size_classes.hpp"
+#include "ferry/detail/size_classes.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor.hpp"
-#include "ferry/unique_fd.hpp"
+#include "ferry/detail/unique_fd.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 

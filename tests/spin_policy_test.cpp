@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "ferry/error.hpp"
-#include "ferry/futex.hpp"
-#include "ferry/ring_end.hpp"
-#include "ferry/spin_policy.hpp"
+#include "ring/futex.hpp"
+#include "ring/ring_end.hpp"
+#include "ring/spin_policy.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "ferry/body_reader.hpp"
+#include "ferry/detail/body_reader.hpp"
 #include "ferry/channel.hpp"
 #include "ferry/value.hpp"
 #include "support/leak_check.hpp"

@@ -1,4 +1,4 @@
-#include "ferry/archive.hpp"
+#include "ferry/detail/archive.hpp"
 
 #include <string>
 

@@ -16,11 +16,11 @@
 #include <tuple>
 
 #include "ferry/cuda.hpp"
-#include "ferry/cuda/block_pool.hpp"
-#include "ferry/cuda/ipc.hpp"
-#include "ferry/cuda_frame.hpp"
-#include "ferry/message_decoder.hpp"
-#include "ferry/message_encoder.hpp"
+#include "ferry/detail/cuda/block_pool.hpp"
+#include "ferry/detail/cuda/ipc.hpp"
+#include "cuda_frame.hpp"
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
 
 namespace ferry {
 

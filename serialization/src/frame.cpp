@@ -1,4 +1,4 @@
-#include "ferry/frame.hpp"
+#include "ferry/detail/frame.hpp"
 
 #include <cstdio>
 #include <string>

@@ -1,4 +1,4 @@
-#include "ferry/frame_body.hpp"
+#include "ferry/detail/frame_body.hpp"
 
 #include <algorithm>
 #include <limits>

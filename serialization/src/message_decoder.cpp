@@ -1,17 +1,17 @@
-#include "ferry/message_decoder.hpp"
+#include "ferry/detail/message_decoder.hpp"
 
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
-#include "ferry/cuda_frame.hpp"
+#include "cuda_frame.hpp"
 #include "ferry/handle_cache.hpp"
-#include "ferry/hold_ledger.hpp"
-#include "ferry/object_pool.hpp"
-#include "ferry/peer_fd.hpp"
-#include "ferry/process_identity.hpp"
-#include "ferry/size_classes.hpp"
+#include "ferry/detail/hold_ledger.hpp"
+#include "ferry/detail/object_pool.hpp"
+#include "ferry/detail/peer_fd.hpp"
+#include "ferry/detail/process_identity.hpp"
+#include "ferry/detail/size_classes.hpp"
 
 namespace ferry {
 namespace {

@@ -1,4 +1,4 @@
-#include "ferry/message_encoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include <cstring>
 #include <utility>
 
-#include "ferry/return_board.hpp"
+#include "ferry/detail/return_board.hpp"
 
 namespace ferry {
 namespace {

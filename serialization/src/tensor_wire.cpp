@@ -2,8 +2,8 @@
 
 #include <cstring>
 
-#include "ferry/message_encoder.hpp"
-#include "ferry/view_bounds.hpp"
+#include "ferry/detail/message_encoder.hpp"
+#include "ferry/detail/view_bounds.hpp"
 
 namespace ferry {
 namespace {

@@ -8,6 +8,18 @@ rm -rf "$scratch"
 mkdir -p "$scratch"
 
 cmake --install "$build_dir" --prefix "$scratch/prefix" >/dev/null
+# Only the layers' include/ folders are installed: public headers and ferry/detail/, never
+# a layer's private src/ headers.
+unexpected=$(cd "$scratch/prefix/include" && find ferry -name '*.hpp' ! -path 'ferry/detail/*' -printf '%P\n' |
+  grep -vxF -f <(cd "$source_dir" && ls runtime/include/ferry serialization/include/ferry channels/include/ferry | grep '\.hpp$') || true)
+if [[ -n $unexpected ]]; then
+  echo "check.sh: installed headers that are neither public nor ferry/detail/: $unexpected" >&2
+  exit 1
+fi
+if [[ -e $scratch/prefix/include/ferry/ring_transport.hpp || -e $scratch/prefix/include/ring ]]; then
+  echo "check.sh: a private header was installed" >&2
+  exit 1
+fi
 cmake -S "$source_dir/tests/consumer" -B "$scratch/installed" -G Ninja -DCMAKE_PREFIX_PATH="$scratch/prefix" >/dev/null
 cmake --build "$scratch/installed" >/dev/null
 "$scratch/installed/consumer"

@@ -9,8 +9,8 @@
 #include <cstring>
 #include <deque>
 
-#include "ferry/body_reader.hpp"
-#include "ferry/message_decoder.hpp"
+#include "ferry/detail/body_reader.hpp"
+#include "ferry/detail/message_decoder.hpp"
 #include "fuzz_message.hpp"
 
 namespace ferry::fuzz {

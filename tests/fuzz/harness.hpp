@@ -14,10 +14,10 @@
 #include <span>
 #include <vector>
 
-#include "ferry/return_board.hpp"
-#include "ferry/shared_memory.hpp"
+#include "ferry/detail/return_board.hpp"
+#include "ferry/detail/shared_memory.hpp"
 #include "ferry/storage.hpp"
-#include "ferry/unique_fd.hpp"
+#include "ferry/detail/unique_fd.hpp"
 
 namespace ferry::fuzz {
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "ferry/message_encoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
 #include "fuzz_message.hpp"
 
 namespace ferry::fuzz {

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "ferry/process_identity.hpp"
-#include "ferry/unique_fd.hpp"
+#include "ferry/detail/process_identity.hpp"
+#include "ferry/detail/unique_fd.hpp"
 
 namespace ferry::test {
 

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "ferry/transport.hpp"
+#include "ferry/detail/transport.hpp"
 
 namespace ferry::test {
 

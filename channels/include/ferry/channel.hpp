@@ -6,9 +6,9 @@
 #include <optional>
 #include <utility>
 
-#include "ferry/frame_channel.hpp"
-#include "ferry/in_process_channel.hpp"
-#include "ferry/type_name.hpp"
+#include "ferry/detail/frame_channel.hpp"
+#include "ferry/detail/in_process_channel.hpp"
+#include "ferry/detail/type_name.hpp"
 
 namespace ferry {
 

@@ -31,14 +31,14 @@
 #include <vector>
 
 #include "ferry/init.hpp"
-#include "ferry/message_decoder.hpp"
-#include "ferry/message_encoder.hpp"
-#include "ferry/process_identity.hpp"
-#include "ferry/storage_collector.hpp"
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
+#include "ferry/detail/process_identity.hpp"
+#include "ferry/detail/storage_collector.hpp"
 #include "ferry/tensor_wire.hpp"
-#include "ferry/worker_args.hpp"
-#include "ferry/worker_group.hpp"
-#include "ferry/worker_registry.hpp"
+#include "ferry/detail/worker_args.hpp"
+#include "ferry/detail/worker_group.hpp"
+#include "ferry/detail/worker_registry.hpp"
 
 namespace ferry {
 namespace detail {

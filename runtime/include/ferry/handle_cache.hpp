@@ -6,7 +6,7 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "ferry/shared_memory.hpp"
+#include "ferry/detail/shared_memory.hpp"
 
 namespace ferry {
 

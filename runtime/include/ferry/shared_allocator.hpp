@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "ferry/shared_segment.hpp"
+#include "ferry/detail/shared_segment.hpp"
 
 namespace ferry {
 

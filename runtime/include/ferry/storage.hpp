@@ -8,7 +8,7 @@
 #include <mutex>
 
 #include "ferry/device.hpp"
-#include "ferry/shared_segment.hpp"
+#include "ferry/detail/shared_segment.hpp"
 
 namespace ferry {
 

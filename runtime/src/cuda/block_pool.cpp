@@ -1,4 +1,4 @@
-#include "ferry/cuda/block_pool.hpp"
+#include "ferry/detail/cuda/block_pool.hpp"
 
 #include <algorithm>
 #include <atomic>

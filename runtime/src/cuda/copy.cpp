@@ -2,8 +2,8 @@
 // through host memory for strided ones.
 #include <string>
 
-#include "ferry/cuda/memory.hpp"
-#include "ferry/cuda/runtime.hpp"
+#include "cuda/memory.hpp"
+#include "cuda/runtime.hpp"
 #include "ferry/tensor.hpp"
 
 namespace ferry::cuda {

@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "ferry/cuda/block_pool.hpp"
-#include "ferry/cuda/memory.hpp"
-#include "ferry/cuda/runtime.hpp"
+#include "ferry/detail/cuda/block_pool.hpp"
+#include "cuda/memory.hpp"
+#include "cuda/runtime.hpp"
 
 namespace ferry {
 namespace cuda {

@@ -3,8 +3,8 @@
 #include <string>
 
 #include "ferry/cuda.hpp"
-#include "ferry/cuda/ipc.hpp"
-#include "ferry/cuda/memory.hpp"
+#include "ferry/detail/cuda/ipc.hpp"
+#include "cuda/memory.hpp"
 
 namespace ferry {
 namespace {

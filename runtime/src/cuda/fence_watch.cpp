@@ -1,6 +1,6 @@
 // The watch over fence producers (see fence_watch.hpp): one thread per receiving process,
 // started with the first fence it waits for, polling a pidfd per producer.
-#include "fence_watch.hpp"
+#include "cuda/fence_watch.hpp"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -17,8 +17,8 @@
 #include <utility>
 #include <vector>
 
-#include "ferry/unique_fd.hpp"
-#include "memory_operations.hpp"
+#include "ferry/detail/unique_fd.hpp"
+#include "cuda/memory_operations.hpp"
 
 namespace ferry::cuda {
 namespace {

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "ferry/cuda/ipc.hpp"
+#include "ferry/detail/cuda/ipc.hpp"
 
 namespace ferry::cuda {
 

@@ -25,11 +25,11 @@
 #include <utility>
 #include <vector>
 
-#include "ferry/cuda/block_pool.hpp"
-#include "ferry/cuda/ipc.hpp"
-#include "ferry/cuda/runtime.hpp"
-#include "fence_watch.hpp"
-#include "memory_operations.hpp"
+#include "ferry/detail/cuda/block_pool.hpp"
+#include "ferry/detail/cuda/ipc.hpp"
+#include "cuda/runtime.hpp"
+#include "cuda/fence_watch.hpp"
+#include "cuda/memory_operations.hpp"
 
 namespace ferry::cuda {
 namespace {

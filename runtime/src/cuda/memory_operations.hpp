@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "ferry/cuda/runtime.hpp"
+#include "cuda/runtime.hpp"
 
 namespace ferry::cuda {
 

@@ -1,4 +1,4 @@
-#include "ferry/cuda/release_board.hpp"
+#include "ferry/detail/cuda/release_board.hpp"
 
 #include <signal.h>
 #include <sys/syscall.h>
@@ -14,7 +14,7 @@
 #include <string>
 
 #include "ferry/error.hpp"
-#include "ferry/process_exit.hpp"
+#include "lifetime/process_exit.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry::cuda {

@@ -1,5 +1,5 @@
 // Checked CUDA calls, device and stream selection, and whether CUDA is usable at all.
-#include "ferry/cuda/runtime.hpp"
+#include "cuda/runtime.hpp"
 
 #include <chrono>
 #include <mutex>

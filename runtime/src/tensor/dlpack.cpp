@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ferry/shared_segment.hpp"
+#include "ferry/detail/shared_segment.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry {

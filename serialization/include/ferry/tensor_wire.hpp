@@ -3,7 +3,7 @@
 // part of the body; the frame's handle table says how the receiver maps them.
 #pragma once
 
-#include "ferry/archive.hpp"
+#include "ferry/detail/archive.hpp"
 #include "ferry/tensor.hpp"
 
 namespace ferry {

@@ -16,9 +16,9 @@
 #include <variant>
 #include <vector>
 
-#include "ferry/archive.hpp"
+#include "ferry/detail/archive.hpp"
 #include "ferry/tensor.hpp"
-#include "ferry/type_name.hpp"
+#include "ferry/detail/type_name.hpp"
 
 namespace ferry {
 

@@ -1,0 +1,244 @@
+// The untyped cores of a channel's two ends: a transport plus the connection's encoder or
+// decoder state. Sender<T> and Receiver<T> are thin typed wrappers around them.
+#pragma once
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "ferry/detail/live_ends.hpp"
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
+#include "ferry/shared_allocator.hpp"
+#include "ferry/detail/transport.hpp"
+
+namespace ferry {
+
+/// Settings of a channel.
+struct ChannelOptions {
+  /// Limits the receiver enforces on incoming frames.
+  FrameLimits limits{};
+  /// Bytes of the ring buffer (Transport::ShmRing); rounded up to a power of two, at
+  /// least 4 KiB. Frames larger than the ring still pass: they stream through it.
+  std::size_t ring_capacity = std::size_t{1} << 20;
+  /// How long a ring end with nothing to do spins before it sleeps on its futex
+  /// (Transport::ShmRing); 0 sleeps at once; above an hour counts as an hour.
+  std::chrono::nanoseconds ring_spin = default_ring_spin();
+  /// How often a waiting ring end checks that its peer still exists: a peer that died is
+  /// reported (ChannelClosed / PeerDied) within about this long (Transport::ShmRing);
+  /// 1 ms at least, an hour at most.
+  std::chrono::milliseconds peer_check_interval{100};
+  /// Values an InProcess channel holds before send() blocks (Transport::InProcess).
+  std::size_t queue_capacity = 1024;
+  /// How long close() waits, in all: for room to write the end of the stream when the
+  /// pipe, socket or ring is full (a receiver that stopped reading then gets PeerDied
+  /// instead of end-of-stream), and for the receiver to map storages it was sent by /proc
+  /// path (Transport::Pipe and ShmRing: the sender's fds must stay open until then).
+  std::chrono::milliseconds close_linger{10'000};
+  /// Memory isolation between peers. Empty (the default): a storage travels from whatever
+  /// segment it lives in (usually one of the process-wide caching allocator's), so the
+  /// receiver maps whole segments that may also hold blocks sent to other peers. Set to a
+  /// pool (`SharedAllocator(settings)`, one per peer): the channel passes only segments of
+  /// that pool; a storage from anywhere else is copied into the pool for each send, and a
+  /// heap storage moves into the pool. Allocate tensors for this peer from the pool
+  /// (`Tensor::empty(shape, dtype, pool)`) to send them without a copy.
+  std::optional<SharedAllocator> pool;
+
+  /// The ring's waiting settings (ring_spin, peer_check_interval) as the transport takes them.
+  RingTiming ring_timing() const noexcept { return RingTiming{ring_spin, peer_check_interval}; }
+};
+
+namespace detail {
+
+/// The sending end of a connection, without its message type.
+class SenderCore final : public LiveEnd {
+ public:
+  SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options);
+  ~SenderCore();
+  SenderCore(const SenderCore&) = delete;
+  SenderCore& operator=(const SenderCore&) = delete;
+
+  /// Encodes and writes `message`; false when the deadline passed first.
+  template <class T>
+  bool send(const T& message, const Deadline& deadline) {
+    std::lock_guard lock(mutex_);
+    ensure_open();
+    collect_acknowledgements();
+    const EncodedFrame* frame = nullptr;
+    try {
+      frame = &encoder_.encode(message, writer_->body_space(deadline));
+      check_limits();
+    } catch (...) {
+      encoder_.rollback();
+      throw;
+    }
+    return write_locked(*frame, deadline);
+  }
+  /// Writes the tail of a frame that a timed send accepted but could not finish.
+  bool flush(const Deadline& deadline);
+  /// Sends the end-of-stream frame and releases the transport.
+  void close();
+  /// Releases this process's copy of the transport without ending the stream.
+  void detach() noexcept;
+  /// Makes the calling process the owner: its destructor will close() gracefully.
+  void adopt() noexcept {
+    owner_ = ::getpid();
+    try {
+      encoder_.adopt();  // a used end taken over by a forked worker: its returns come here
+    } catch (...) {
+      // Out of memory: the blocks this end sends stay pinned until the receiver exits.
+    }
+  }
+  /// Releases this process's copy of an end that a forked worker took over (adopt()):
+  /// like detach(), and the receiver's returns are left to the worker.
+  void hand_over() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      encoder_.hand_over();
+    }
+    detach();
+  }
+  bool is_open() const noexcept { return open_; }
+  Transport transport() const noexcept { return transport_; }
+  FrameWriter& writer() noexcept { return *writer_; }
+  const ChannelOptions& options() const noexcept { return options_; }
+  /// True once a frame was (partly) written: the end's protocol state then lives in this
+  /// process and it cannot be rebuilt in another one from its descriptors.
+  bool used() const noexcept { return used_; }
+  /// Storages the receiver leases from this end (for tests and statistics).
+  std::size_t tracked_storages();
+  /// Storages passed by fd or /proc path so far (a repeat send of a leased one is not).
+  std::uint64_t storages_passed();
+  void abandon_in_child() noexcept override;
+  /// Storages pinned because the receiver may still hold them (for tests and statistics).
+  std::size_t pinned_storages();
+  /// Segments named by fd number kept open until the receiver has them (for tests and
+  /// statistics); collected at each send.
+  std::size_t segments_awaiting_acknowledgement();
+  /// The pool of an isolated channel (ChannelOptions::pool), or empty.
+  const std::optional<SharedAllocator>& pool() const noexcept { return options_.pool; }
+
+ private:
+  void ensure_open() const;
+  // Throws Error when the frame just encoded breaks the channel's FrameLimits, which the
+  // receiver enforces (it shares them): refused here, it is not sent and breaks nothing.
+  void check_limits() const;
+  // Lets go of storages whose /proc path the receiver has opened (before encoding, so that
+  // their release is announced in this very frame).
+  void collect_acknowledgements();
+  bool write_locked(const EncodedFrame& frame, const Deadline& deadline);
+
+  std::mutex mutex_;
+  std::unique_ptr<FrameWriter> writer_;
+  MessageEncoder encoder_;
+  Transport transport_;
+  ChannelOptions options_;
+  pid_t owner_;
+  bool open_ = true;
+  bool used_ = false;
+};
+
+/// The receiving end of a connection, without its message type.
+class ReceiverCore final : public LiveEnd {
+ public:
+  ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
+               std::string_view type_name, const ChannelOptions& options = {});
+  ~ReceiverCore();
+  ReceiverCore(const ReceiverCore&) = delete;
+  ReceiverCore& operator=(const ReceiverCore&) = delete;
+
+  /// Waits for the next message and deserializes it into `out`. Returns Frame, Timeout or
+  /// Closed (end of stream). Throws PeerDied, ProtocolError, or another ferry::Error for a
+  /// local failure while reading a frame (mapping it, ...); after any error but PeerDied
+  /// the channel is broken and every later call throws ProtocolError saying why (the
+  /// transport is released at once, so the sender's next sends raise ChannelClosed).
+  template <class T>
+  ReadStatus receive(T& out, const Deadline& deadline) {
+    std::lock_guard lock(mutex_);
+    const ReadStatus status = next_locked(deadline);
+    if (status != ReadStatus::Frame) return status;
+    try {
+      out = decoder_.read<T>();
+    } catch (const ProtocolError& error) {
+      reader_->release();
+      mark_broken(error.what());
+      throw;
+    } catch (...) {
+      reader_->release();
+      throw;
+    }
+    reader_->release();  // the payload may lie in the transport's memory until decoded
+    return status;
+  }
+  /// Closes the end; on a duplex socket also for every other process holding it (the
+  /// sender's next send raises ChannelClosed at once).
+  void close() noexcept;
+  /// Closes this process's copy of the end, which a forked worker took over with what was
+  /// received so far: nothing received here is given back to the sender from this process
+  /// (see MessageDecoder::hand_over()), and the worker's copy keeps reading.
+  void detach() noexcept;
+  /// Makes the calling process the owner, whose destructor closes the end for everyone (a
+  /// forked child's destructor only lets go of its copy), and registers it as a holder of
+  /// what arrived so far (a used end taken over by a forked worker: the sender keeps those
+  /// blocks while the worker lives, even once the process that received them exited).
+  void adopt() noexcept {
+    owner_ = ::getpid();
+    try {
+      decoder_.register_as_holder();
+    } catch (const std::exception&) {
+      // No place on a board, or /proc unreadable: the next read tries again, and throws if
+      // it still cannot.
+    }
+  }
+  bool is_open() const noexcept { return open_; }
+  Transport transport() const noexcept { return transport_; }
+  FrameReader& reader() noexcept { return *reader_; }
+  const ChannelOptions& options() const noexcept { return options_; }
+  /// True once a read was attempted: buffered bytes and leases then live in this process
+  /// and the end cannot be rebuilt in another one from its descriptors.
+  bool used() const noexcept { return used_; }
+  /// Storages this end leases from the sender (for tests and statistics).
+  std::size_t leased();
+  /// True when receive() would return at once without waiting for the peer to begin a
+  /// frame: a whole frame is buffered, or this end is closed or broken.
+  bool has_buffered_frame();
+  /// The descriptor to poll for more data (FrameReader::readiness_fd()); -1 when closed.
+  int readiness_fd();
+  /// False when readiness_fd() tells only of the peer's hang-up (FrameReader::readiness_fd_reports_data()).
+  bool readiness_fd_reports_data();
+  /// The word a Selector can sleep on for data (FrameReader::data_futex()); nullptr when
+  /// there is none or the end is closed.
+  std::atomic<std::uint32_t>* data_futex();
+  void abandon_in_child() noexcept override;
+  /// Segments this end leases from the sender (for tests and statistics).
+  std::size_t leased_segments();
+
+ private:
+  ReadStatus next_locked(const Deadline& deadline);
+  void mark_broken(const std::string& reason);
+  // Closes the end; `ending_the_stream` also shuts a duplex socket's direction down.
+  void close_as(bool ending_the_stream) noexcept;
+
+  std::mutex mutex_;
+  std::unique_ptr<FrameReader> reader_;
+  MessageDecoder decoder_;
+  Transport transport_;
+  ChannelOptions options_;
+  pid_t owner_;
+  bool open_ = true;
+  bool used_ = false;
+  std::string broken_;
+  std::string dead_;  // why the peer is known dead (PeerDied is reported again)
+  FrameHeader header_;
+  std::vector<std::byte> payload_;
+  std::deque<UniqueFd> fds_;
+};
+
+}  // namespace detail
+}  // namespace ferry

@@ -1,0 +1,207 @@
+// Transports: the byte-moving layer under typed channels. A transport moves whole frames
+// (and, where it can, file descriptors) from one FrameWriter to one FrameReader.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ferry/detail/deadline.hpp"
+#include "ferry/detail/frame.hpp"
+#include "ferry/detail/frame_body.hpp"
+#include "ferry/detail/unique_fd.hpp"
+
+namespace ferry {
+
+/// The kinds of channel ferry offers; pick one when creating a channel.
+enum class Transport {
+  Pipe,        ///< a pipe for frames (plus one for acknowledgements); storages by /proc/<pid>/fd
+  UnixSocket,  ///< a Unix stream socket; storages' memfds travel as SCM_RIGHTS
+  ShmRing,     ///< a ring buffer in a shared memfd (ring_transport.hpp); storages by /proc/<pid>/fd
+  InProcess,   ///< a queue between threads of one process; values are moved, not serialized
+};
+
+/// "pipe", "unix_socket", "shm_ring" or "in_process".
+std::string_view transport_name(Transport transport);
+
+/// The transport whose transport_name() is `name`; std::nullopt when there is none.
+std::optional<Transport> transport_from_name(std::string_view name);
+
+/// Outcome of FrameReader::read.
+enum class ReadStatus {
+  Frame,    ///< a whole frame was read
+  Timeout,  ///< the deadline passed before a frame began
+  Closed,   ///< the peer closed its end cleanly (a Close frame) or this end was closed
+};
+
+/// The sending half of a transport.
+class FrameWriter {
+ public:
+  virtual ~FrameWriter() = default;
+  /// Whether memfds can travel with frames (else the receiver opens /proc/<pid>/fd/<n>).
+  virtual bool passes_fds() const = 0;
+  /// Memory this transport lends for the body of the frame about to be encoded for a
+  /// write with `deadline` (see BodySpace), or null when it lends none (the default). A
+  /// frame whose last part lies in it is then written around it, without copying it.
+  virtual BodySpace* body_space(const Deadline& /*deadline*/) { return nullptr; }
+  /// Writes one whole frame. Returns false when `deadline` passed before the first byte
+  /// went out; once a frame is started it is finished. Throws ChannelClosed when the
+  /// receiving end is gone.
+  virtual bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) = 0;
+  /// The highest sequence the reader acknowledged so far, as far as this end knows
+  /// without a system call (0: none). Readers acknowledge on the transport only frames
+  /// they could not record on the connection's return board, and every frame once the
+  /// sender asked for it (SenderCore::close); the board is where a sender looks first.
+  virtual std::uint64_t acknowledged() { return 0; }
+  /// Waits until the reader acknowledged `sequence`; false when the deadline passed or
+  /// the reader is gone. Transports that pass fds need no acknowledgements: true at once.
+  virtual bool wait_acknowledged(std::uint64_t /*sequence*/, const Deadline& /*deadline*/) { return true; }
+  /// Finishes frames accepted by timed writes but not fully written yet; false if the
+  /// deadline passed first.
+  virtual bool flush(const Deadline& /*deadline*/) { return true; }
+  /// Releases this process's resources of the transport (fds, mappings).
+  virtual void close() noexcept = 0;
+  /// Ends this direction for every process that holds the end, before close(), when no
+  /// end-of-stream frame went out (a failed close, an end dropped by an exception): the
+  /// reader sees the stream end (PeerDied) although something else still holds the
+  /// connection open (a duplex socket's other direction, the liveness probe the hold
+  /// ledger keeps, a forked copy). Sockets shut their sending side down, the ring its
+  /// companion socket; a pipe needs nothing (its probe is not the data pipe). Afterwards
+  /// the probe is polled only (probe_by_send() is false).
+  virtual void shut_down() noexcept {}
+  /// True when this end's connection also carries the opposite direction (one socket for
+  /// both directions of a duplex connection, make_duplex_transport()).
+  virtual bool shares_connection() const { return false; }
+  /// The descriptors of this end, for handing it to an exec'd process (may be empty).
+  virtual std::vector<int> descriptors() const { return {}; }
+  /// A new descriptor that tells when the reading end is gone (closed in every process, or
+  /// shut down): poll() reports POLLERR or POLLHUP, or, when probe_by_send(), a
+  /// zero-length send fails with EPIPE. Empty when the transport cannot tell. A closed
+  /// channel keeps it while frames it sent are unresolved, to unpin their memory if nobody
+  /// will ever read them; it must not keep the stream open for the reader.
+  virtual UniqueFd liveness_probe() const { return UniqueFd(); }
+  /// True when a zero-length send on liveness_probe() failing with EPIPE also means the
+  /// reader is gone (a duplex socket whose reader may shut its direction down, as long as
+  /// this end did not shut its own down).
+  virtual bool probe_by_send() const { return false; }
+};
+
+/// The receiving half of a transport.
+class FrameReader {
+ public:
+  virtual ~FrameReader() = default;
+  /// Reads one frame into `header` and `payload` (everything after the header) and
+  /// appends the fds that arrived to `fds`. Waits for the start of a frame until
+  /// `deadline`. Throws PeerDied when the peer vanished without closing, ProtocolError
+  /// when the bytes are not a valid frame.
+  virtual ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
+                          const Deadline& deadline) = 0;
+  /// Like read(), but a transport whose frames lie in memory it maps (the ring) may leave
+  /// the payload there: `payload` then views that memory, which the writer does not reuse
+  /// until release() is called. Otherwise the payload is read into `buffer` and viewed
+  /// there. Call release() when done with the payload, before the next read.
+  virtual ReadStatus read_view(FrameHeader& header, std::span<const std::byte>& payload,
+                               std::vector<std::byte>& buffer, std::deque<UniqueFd>& fds, const Deadline& deadline) {
+    const ReadStatus status = read(header, buffer, fds, deadline);
+    payload = buffer;
+    return status;
+  }
+  /// Gives the memory of the frame last returned by read_view() back to the writer.
+  virtual void release() noexcept {}
+  /// Tells the writer that every frame up to `sequence` has been resolved (called only
+  /// when the decoder asks for it: MessageDecoder::wants_acknowledgement()).
+  virtual void acknowledge(std::uint64_t /*sequence*/) {}
+  virtual void close() noexcept = 0;
+  /// Refuses everything the writer sends from now on, in every process that holds this
+  /// end, before close(): the writer's next write raises ChannelClosed. Only an end that
+  /// shares its connection with a writer of this process needs it (see
+  /// FrameWriter::shut_down()).
+  virtual void shut_down() noexcept {}
+  /// True when this end's connection also carries the opposite direction (a duplex socket).
+  virtual bool shares_connection() const { return false; }
+  virtual std::vector<int> descriptors() const { return {}; }
+
+  /// Readiness, for waiting on many readers at once (ferry::Selector). A reader is ready
+  /// when read() can return without waiting for the peer to begin a frame: a whole frame
+  /// (or the end of the stream) is already held in this process, or `readiness_fd()`
+  /// polls readable (bytes or a hang-up arrived).
+  ///
+  /// True when read() would return at once from what this process already holds: a whole
+  /// frame buffered in user space (poll() on the fd cannot see it), or this end closed.
+  virtual bool has_buffered_frame() const { return false; }
+  /// A descriptor that poll(POLLIN) reports ready when more of the stream (or the peer's
+  /// hang-up) arrived; -1 when the transport has none, in which case a Selector re-checks
+  /// has_buffered_frame() at short intervals.
+  virtual int readiness_fd() const { return -1; }
+  /// False when readiness_fd() reports only the peer's hang-up, not arriving data: a
+  /// Selector then sleeps on data_futex() if there is one, and otherwise re-checks
+  /// has_buffered_frame() at short intervals.
+  virtual bool readiness_fd_reports_data() const { return true; }
+  /// A futex word that the writer wakes after it published data while the word holds 1 (a
+  /// sleeping reader, see ring_layout.hpp); nullptr when the transport has none. A waiter
+  /// stores 1, re-checks has_buffered_frame(), sleeps while the word holds 1, and stores 0
+  /// once awake.
+  virtual std::atomic<std::uint32_t>* data_futex() { return nullptr; }
+};
+
+/// How long a waiting end of a shared-memory ring spins before it sleeps on its futex by
+/// default: 20 us where the machine has more than one CPU, 0 (sleep at once) otherwise.
+std::chrono::nanoseconds default_ring_spin();
+
+/// How the ends of a shared-memory ring (Transport::ShmRing) wait.
+struct RingTiming {
+  /// Time an end that has nothing to do (no frame, no room) spins before it sleeps; a
+  /// setting above an hour counts as an hour.
+  std::chrono::nanoseconds spin = default_ring_spin();
+  /// How often an end checks that its peer still exists: a waiting end whose peer died
+  /// (or dropped its end) learns it within about this long, and a sending end checks at
+  /// most this often while it finds room. At least 1 ms; above an hour counts as an hour.
+  std::chrono::milliseconds peer_check_interval{100};
+};
+
+/// Creates a connected writer/reader pair of `transport` (Pipe, UnixSocket or ShmRing;
+/// InProcess channels carry values, not frames, and are made by channel<T>()).
+/// `ring_capacity` and `ring_timing` apply to ShmRing only.
+std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(
+    Transport transport, const FrameLimits& limits, std::size_t ring_capacity, const RingTiming& ring_timing = {});
+
+/// The four ends of a duplex connection over `transport`: side A writes what side B reads
+/// and the other way round. Over a Unix socket both directions share one socketpair (each
+/// side's writer and reader hold the same socket; their close() ends only their own
+/// direction through shut_down()); over a pipe or a ring, each direction is a transport of
+/// its own, as two make_transport() calls make them.
+struct DuplexTransport {
+  std::unique_ptr<FrameWriter> a_writer;
+  std::unique_ptr<FrameReader> a_reader;
+  std::unique_ptr<FrameWriter> b_writer;
+  std::unique_ptr<FrameReader> b_reader;
+};
+DuplexTransport make_duplex_transport(Transport transport, const FrameLimits& limits, std::size_t ring_capacity,
+                                      const RingTiming& ring_timing = {});
+
+/// Rebuilds the writer of a `transport` in another process (one started by exec), from
+/// the descriptors that FrameWriter::descriptors() listed in the original process, in the
+/// same order, now inherited by this one. Takes ownership of `fds`. Throws Error for a
+/// transport that cannot cross processes (InProcess) and ProtocolError when `fds` does
+/// not fit the transport. A new transport adds its case in transport.cpp.
+/// `shares_connection` is the original end's FrameWriter::shares_connection().
+std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
+                                                     const FrameLimits& limits, std::size_t ring_capacity,
+                                                     const RingTiming& ring_timing = {},
+                                                     bool shares_connection = false);
+/// Rebuilds the reader of a `transport` from inherited descriptors (see writer_from_descriptors).
+std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
+                                                     const FrameLimits& limits, std::size_t ring_capacity,
+                                                     const RingTiming& ring_timing = {},
+                                                     bool shares_connection = false);
+
+}  // namespace ferry

@@ -1,0 +1,270 @@
+// How the arguments of ferry::spawn reach each worker: channel ends are handed over (a
+// worker owns the ends it receives), per_rank() values are split by rank, everything else
+// is copied to every worker. Used by ferry/spawn.hpp.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <cereal/details/traits.hpp>
+#include <cereal/types/utility.hpp>
+
+#include "ferry/detail/archive.hpp"
+#include "ferry/channel.hpp"
+#include "ferry/duplex.hpp"
+#include "ferry/end_description.hpp"
+#include "ferry/detail/type_name.hpp"
+#include "ferry/worker_context.hpp"
+#include "ferry/worker_error.hpp"
+
+namespace ferry {
+
+/// One value per worker: worker r receives element r. The vector must hold exactly as
+/// many values as there are workers. Channel ends must be given this way when there is
+/// more than one worker, since an end belongs to one process:
+///
+/// ```cpp
+/// std::vector<ferry::Receiver<Job>> job_ends = ...;   // one per worker
+/// ferry::spawn(4, work, ferry::per_rank(std::move(job_ends)));
+/// ```
+template <class T>
+class PerRank {
+ public:
+  explicit PerRank(std::vector<T> values) : values_(std::move(values)) {}
+  std::vector<T>& values() noexcept { return values_; }
+  const std::vector<T>& values() const noexcept { return values_; }
+
+ private:
+  std::vector<T> values_;
+};
+
+/// Gives worker r `values[r]` (see PerRank).
+template <class T>
+PerRank<T> per_rank(std::vector<T> values) {
+  return PerRank<T>(std::move(values));
+}
+
+namespace detail {
+
+template <class A>
+struct IsEnd : std::false_type {};
+template <class T>
+struct IsEnd<Sender<T>> : std::true_type {};
+template <class T>
+struct IsEnd<Receiver<T>> : std::true_type {};
+
+template <class A>
+struct IsDuplexEnd : std::false_type {};
+template <class Out, class In>
+struct IsDuplexEnd<DuplexEnd<Out, In>> : std::true_type {};
+
+template <class A>
+struct IsEndVector : std::false_type {};
+template <class E>
+struct IsEndVector<std::vector<E>> : std::bool_constant<IsEnd<E>::value || IsDuplexEnd<E>::value> {};
+
+/// True for a value that holds channel ends (an end, a duplex end, or a vector of either).
+template <class V>
+inline constexpr bool holds_ends = IsEnd<V>::value || IsDuplexEnd<V>::value || IsEndVector<V>::value;
+
+/// What spawn() stores for one argument, and what a worker gets from it.
+template <class A>
+struct ArgTraits {  // a plain value or an end: the same argument for every worker
+  using Worker = A;
+  static constexpr bool per_rank = false;
+  static A& for_rank(A& arg, int /*rank*/) { return arg; }
+  static std::size_t count(const A& /*arg*/) { return 0; }
+};
+template <class T>
+struct ArgTraits<PerRank<T>> {
+  using Worker = T;
+  static constexpr bool per_rank = true;
+  static T& for_rank(PerRank<T>& arg, int rank) { return arg.values()[static_cast<std::size_t>(rank)]; }
+  static std::size_t count(const PerRank<T>& arg) { return arg.values().size(); }
+};
+
+/// The value worker code receives for a spawn() argument of type A.
+template <class A>
+using WorkerValue = typename ArgTraits<std::decay_t<A>>::Worker;
+
+/// Calls f(end) for every channel end in `value` (Sender<T>& or Receiver<T>&; both halves
+/// of a duplex end).
+template <class V, class F>
+void for_each_end(V& value, F&& f) {
+  if constexpr (IsEnd<V>::value) {
+    f(value);
+  } else if constexpr (IsDuplexEnd<V>::value) {
+    f(value.sender);
+    f(value.receiver);
+  } else if constexpr (IsEndVector<V>::value) {
+    for (auto& end : value) for_each_end(end, f);
+  }
+}
+
+/// How a worker value travels to a process started by exec: ends as EndDescription.
+template <class V>
+struct WireTraits {
+  using Wire = V;
+  static const V& to_wire(const V& value) { return value; }
+  static V from_wire(V&& wire) { return std::move(wire); }
+};
+template <class T>
+struct WireTraits<Sender<T>> {
+  using Wire = EndDescription;
+  static EndDescription to_wire(Sender<T>& end) { return describe_end(end); }
+  static Sender<T> from_wire(EndDescription&& wire) { return sender_from_description<T>(wire); }
+};
+template <class T>
+struct WireTraits<Receiver<T>> {
+  using Wire = EndDescription;
+  static EndDescription to_wire(Receiver<T>& end) { return describe_end(end); }
+  static Receiver<T> from_wire(EndDescription&& wire) { return receiver_from_description<T>(wire); }
+};
+template <class Out, class In>
+struct WireTraits<DuplexEnd<Out, In>> {
+  using Wire = std::pair<EndDescription, EndDescription>;  // sender, receiver
+  static Wire to_wire(DuplexEnd<Out, In>& end) { return {describe_end(end.sender), describe_end(end.receiver)}; }
+  static DuplexEnd<Out, In> from_wire(Wire&& wire) {
+    return DuplexEnd<Out, In>(sender_from_description<Out>(wire.first), receiver_from_description<In>(wire.second));
+  }
+};
+template <class E>
+  requires(IsEnd<E>::value || IsDuplexEnd<E>::value)
+struct WireTraits<std::vector<E>> {
+  using Wire = std::vector<typename WireTraits<E>::Wire>;  // an EndDescription or a duplex end's pair per end
+  static Wire to_wire(std::vector<E>& ends) {
+    Wire wire;
+    for (auto& end : ends) wire.push_back(WireTraits<E>::to_wire(end));
+    return wire;
+  }
+  static std::vector<E> from_wire(Wire&& wire) {
+    std::vector<E> ends;
+    for (auto& description : wire) ends.push_back(WireTraits<E>::from_wire(std::move(description)));
+    return ends;
+  }
+};
+
+template <class V>
+using Wire = typename WireTraits<V>::Wire;
+
+/// Appends to `fds` the descriptors of every end in the wire value `value` (an
+/// EndDescription, a duplex end's pair of them, or a vector of either; nothing for other
+/// values): the descriptors a worker started by exec must inherit.
+template <class W>
+void append_end_descriptors(const W& value, std::vector<int>& fds) {
+  if constexpr (std::is_same_v<W, EndDescription>) {
+    fds.insert(fds.end(), value.fds.begin(), value.fds.end());
+  } else if constexpr (std::is_same_v<W, std::pair<EndDescription, EndDescription>>) {
+    append_end_descriptors(value.first, fds);
+    append_end_descriptors(value.second, fds);
+  } else if constexpr (std::is_same_v<W, std::vector<EndDescription>> ||
+                       std::is_same_v<W, std::vector<std::pair<EndDescription, EndDescription>>>) {
+    for (const auto& one : value) append_end_descriptors(one, fds);
+  }
+}
+
+/// Whether V can travel to a process started by exec (ferry's cereal archives can write
+/// and read its wire form).
+template <class V>
+inline constexpr bool crosses_exec =
+    cereal::traits::is_output_serializable<Wire<V>, FrameOutputArchive>::value &&
+    cereal::traits::is_input_serializable<Wire<V>, FrameInputArchive>::value;
+
+/// Checks one spawn() argument (number `position`, from 0) for a group of `world_size`
+/// workers started by `method`; throws SpawnError.
+template <class A>
+void validate_argument(A& arg, std::size_t position, int world_size, StartMethod method) {
+  using Traits = ArgTraits<A>;
+  using V = typename Traits::Worker;
+  const std::string where = "argument " + std::to_string(position + 1) + " of spawn (" + std::string(type_name<A>()) + ")";
+  if constexpr (Traits::per_rank) {
+    if (Traits::count(arg) != static_cast<std::size_t>(world_size)) {
+      throw SpawnError(where + " holds " + std::to_string(Traits::count(arg)) + " values for " +
+                       std::to_string(world_size) + " workers; per_rank needs exactly one value per worker");
+    }
+  } else if constexpr (holds_ends<V>) {
+    bool any = false;
+    for_each_end(arg, [&](auto&) { any = true; });
+    if (any && world_size > 1) {
+      throw SpawnError(where + " would be shared by " + std::to_string(world_size) +
+                       " workers, but a channel end belongs to one process; give each worker its own end with "
+                       "ferry::per_rank(std::vector<...>{...})");
+    }
+  }
+  if constexpr (holds_ends<V>) {
+    for (int rank = 0; rank < (Traits::per_rank ? world_size : 1); ++rank) {
+      for_each_end(Traits::for_rank(arg, rank), [&](auto& end) {
+        if (!end.is_open()) {
+          throw SpawnError(where + " holds a closed or empty channel end; hand workers open ends");
+        }
+        if (end.transport() == Transport::InProcess) {
+          throw SpawnError(where + " holds an end of an in_process channel, which cannot reach another process; "
+                                   "create the channel with Transport::Pipe, UnixSocket or ShmRing");
+        }
+        if (method == StartMethod::Spawn && end.core().used()) {
+          throw SpawnError(where + " holds an end that has already carried messages; the spawn start method "
+                                   "rebuilds ends from their descriptors, so it needs fresh ones (or use "
+                                   "StartMethod::Fork)");
+        }
+      });
+    }
+  }
+}
+
+/// The untyped cores (as LiveEnd) of the ends worker `rank` gets from `stored`.
+template <class Stored>
+std::vector<const LiveEnd*> ends_of_rank(Stored& stored, int rank) {
+  std::vector<const LiveEnd*> ends;
+  std::apply(
+      [&](auto&... arg) {
+        (for_each_end(ArgTraits<std::decay_t<decltype(arg)>>::for_rank(arg, rank),
+                      [&](auto& end) { ends.push_back(&end.core()); }),
+         ...);
+      },
+      stored);
+  return ends;
+}
+
+/// After the workers started: the parent lets go of every end it handed over, without
+/// ending their streams (the workers own them now).
+template <class Stored>
+void release_handed_ends(Stored& stored, int world_size) noexcept {
+  std::apply(
+      [&](auto&... arg) {
+        (
+            [&](auto& one) {
+              using Traits = ArgTraits<std::decay_t<decltype(one)>>;
+              for (int rank = 0; rank < (Traits::per_rank ? world_size : 1); ++rank) {
+                for_each_end(Traits::for_rank(one, rank), [](auto& end) { end.detach(); });
+              }
+            }(arg),
+            ...);
+      },
+      stored);
+}
+
+/// Closes every end in a worker's values (its stream then ends cleanly); for ends the
+/// worker function took by reference or did not close itself.
+template <class Values>
+void close_worker_ends(Values& values) noexcept {
+  std::apply([](auto&... value) { (for_each_end(value, [](auto& end) { end.close(); }), ...); }, values);
+}
+
+/// Calls `fn(context, values...)`, passing each value as an rvalue when `fn` accepts
+/// that (parameters by value, const& or &&), else as an lvalue (parameters by &).
+template <class Fn, class Values, std::size_t... I>
+void invoke_with_values(Fn& fn, WorkerContext& context, Values& values, std::index_sequence<I...>) {
+  if constexpr (std::is_invocable_v<Fn&, WorkerContext&, std::tuple_element_t<I, Values>&&...>) {
+    std::invoke(fn, context, std::move(std::get<I>(values))...);
+  } else {
+    std::invoke(fn, context, std::get<I>(values)...);
+  }
+}
+
+}  // namespace detail
+}  // namespace ferry

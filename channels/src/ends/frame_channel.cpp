@@ -1,0 +1,330 @@
+#include "ferry/detail/frame_channel.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <exception>
+#include <string>
+
+namespace ferry::detail {
+
+// ---- sender ------------------------------------------------------------------
+
+SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options)
+    : writer_(std::move(writer)),
+      encoder_(writer_->passes_fds() ? HandlePassing::FdPassing : HandlePassing::ProcFd, options.pool),
+      transport_(transport),
+      options_(options),
+      owner_(::getpid()) {
+  track();
+}
+
+SenderCore::~SenderCore() {
+  untrack();
+  // Destroyed while an exception unwinds (a failing worker or stage): do not end the stream
+  // cleanly, so that the receiver sees the failure (PeerDied) instead of end-of-stream.
+  if (open_ && owner_ == ::getpid() && std::uncaught_exceptions() == 0) {
+    try {
+      close();
+    } catch (const Error&) {
+      // The receiver is gone; there is nobody left to tell.
+    }
+  } else if (open_ && owner_ == ::getpid()) {
+    // End this direction for every process (a socket's or a ring's; a pipe's ends with its
+    // last write end), so that the receiver sees the end dropped (PeerDied) now rather than
+    // when this process exits: neither the ledger's probe nor a duplex socket's other
+    // direction may keep it open.
+    writer_->shut_down();
+    // No end-of-stream, but what the receiver may still hold stays tracked: the probe tells
+    // the ledger when the receiving end is gone, also when it died before reading a frame.
+    try {
+      encoder_.closed(writer_->liveness_probe(), writer_->probe_by_send());
+    } catch (...) {
+      encoder_.closed(UniqueFd());  // no probe (out of fds): the ledger falls back to its own checks
+    }
+  }
+  writer_->close();
+}
+
+void SenderCore::ensure_open() const {
+  if (!open_) throw ChannelClosed("cannot send: this Sender was closed");
+}
+
+void SenderCore::check_limits() const {
+  const auto breach = find_limit_breach(encoder_.header(), options_.limits);
+  if (!breach) return;
+  using Limit = LimitBreach::Limit;
+  const char* needs = "";
+  const char* advice = "raise the limit";
+  switch (breach->limit_kind) {
+    case Limit::Releases:
+      return;  // the connection's own bookkeeping, not something the message decided
+    case Limit::Handles:
+      needs = "tensor storages";
+      advice = "send fewer storages per message (views of one storage count once, e.g. the rows of one tensor "
+               "from Tensor::unbind()) or raise the limit";
+      break;
+    case Limit::Segments:
+      needs = "shared-memory segments";
+      advice = "send fewer new tensors per message or raise the limit";
+      break;
+    case Limit::Fds:
+      needs = "file descriptors";
+      advice = "send fewer new tensors per message (a Unix socket passes at most 253 per frame)";
+      break;
+    case Limit::BodyBytes:
+      needs = "bytes of serialized body";
+      advice = "put large data into tensors, which travel as handles, or raise the limit";
+      break;
+    case Limit::TypeNameBytes:
+      needs = "bytes of type name";
+      break;
+  }
+  throw Error("cannot send: this message needs " + std::to_string(breach->value) + " " + needs +
+              " in one frame, above the channel's limit of " + std::to_string(breach->limit) +
+              " (ChannelOptions::limits." + breach->setting + ", which the receiver enforces); " + advice +
+              ". Nothing was sent");
+}
+
+void SenderCore::collect_acknowledgements() {
+  // The return board's resolved frame, no system call; the transport's own acknowledgements
+  // (a word of the ring, what the pipe delivered to an earlier wait) come for free as well.
+  if (encoder_.awaiting_acknowledgement()) {
+    encoder_.acknowledge(std::max(encoder_.resolved_on_board(), writer_->acknowledged()));
+  }
+}
+
+bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadline) {
+  used_ = true;
+  bool written = false;
+  try {
+    written = writer_->write(frame.iovecs(), frame.fds, deadline);
+  } catch (const ChannelClosed&) {
+    encoder_.rollback();
+    open_ = false;
+    encoder_.receiver_gone();  // frames it did not resolve never will be: unpin them
+    encoder_.closed(UniqueFd());
+    writer_->close();
+    throw;
+  } catch (...) {
+    encoder_.rollback();
+    throw;
+  }
+  if (!written) {
+    encoder_.rollback();
+    return false;
+  }
+  encoder_.commit();
+  return true;
+}
+
+void SenderCore::close() {
+  std::lock_guard lock(mutex_);
+  if (!open_) return;
+  open_ = false;
+  try {
+    const Deadline linger = Deadline::after(options_.close_linger);
+    writer_->flush(linger);
+    const EncodedFrame& frame = encoder_.encode_close();
+    // Bounded, like the rest of close(): a receiver that stopped reading (say, blocked on a
+    // send to this process) must not keep close() waiting for room for ever. Without the
+    // end-of-stream frame it sees the end dropped (PeerDied) after what was sent before.
+    if (writer_->write(frame.iovecs(), frame.fds, linger)) {
+      encoder_.commit();
+    } else {
+      encoder_.rollback();
+      // No room for the end-of-stream frame: end this direction for every process (a
+      // socket's, a ring's), so that the receiver sees PeerDied after what was sent. A
+      // sent end-of-stream frame ends it by itself, and the direction stays open for a
+      // duplex socket's probe to tell a reader that shut its side down.
+      writer_->shut_down();
+    }
+    // Storages named by /proc path must outlive the receiver's open() of them.
+    // The receiver acknowledges on the transport (what wakes a waiting writer) only when
+    // asked: ask, look at the board once more, and wait only for what is still missing.
+    if (encoder_.awaiting_acknowledgement()) {
+      const std::uint64_t awaited = encoder_.newest_awaited_sequence();
+      encoder_.acknowledge(std::max(encoder_.request_acknowledgements(), writer_->acknowledged()));
+      if (encoder_.awaiting_acknowledgement()) writer_->wait_acknowledged(awaited, linger);
+    }
+    // What the receiver holds stays pinned until it gives it back or exits; the probe
+    // tells when the receiving end is gone while frames are still unresolved.
+    encoder_.closed(writer_->liveness_probe(), writer_->probe_by_send());
+  } catch (const ChannelClosed&) {
+    // The receiver already left: the stream is over either way.
+    encoder_.receiver_gone();
+    encoder_.closed(UniqueFd());
+  } catch (...) {
+    encoder_.closed(UniqueFd());
+    writer_->shut_down();
+    writer_->close();
+    throw;
+  }
+  writer_->close();
+}
+
+bool SenderCore::flush(const Deadline& deadline) {
+  std::lock_guard lock(mutex_);
+  ensure_open();
+  return writer_->flush(deadline);
+}
+
+void SenderCore::detach() noexcept {
+  std::lock_guard lock(mutex_);
+  open_ = false;
+  encoder_.closed(UniqueFd());
+  writer_->close();
+}
+
+void SenderCore::abandon_in_child() noexcept {
+  open_ = false;
+  writer_->close();
+}
+
+std::size_t SenderCore::tracked_storages() {
+  std::lock_guard lock(mutex_);
+  return encoder_.tracked_storages();
+}
+
+std::uint64_t SenderCore::storages_passed() {
+  std::lock_guard lock(mutex_);
+  return encoder_.storages_passed();
+}
+
+std::size_t SenderCore::pinned_storages() {
+  std::lock_guard lock(mutex_);
+  return encoder_.pinned_storages();
+}
+
+std::size_t SenderCore::segments_awaiting_acknowledgement() {
+  std::lock_guard lock(mutex_);
+  return encoder_.segments_awaiting_acknowledgement();
+}
+
+// ---- receiver ----------------------------------------------------------------
+
+ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
+                           std::string_view type_name, const ChannelOptions& options)
+    : reader_(std::move(reader)),
+      decoder_(fingerprint, type_name),
+      transport_(transport),
+      options_(options),
+      owner_(::getpid()) {
+  track();
+}
+
+ReceiverCore::~ReceiverCore() {
+  untrack();
+  // Another process's copy (a forked child that used the end without adopting it) only
+  // lets go of its descriptors: the owner may still be reading.
+  close_as(owner_ == ::getpid());
+}
+
+void ReceiverCore::mark_broken(const std::string& reason) {
+  broken_ = reason;
+  decoder_.release_all();
+  fds_.clear();
+  // Nothing will ever read the rest of the stream: let the transport go, so that the
+  // sender gets ChannelClosed instead of blocking on a stream that nobody drains.
+  reader_->shut_down();
+  reader_->close();
+}
+
+ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
+  if (!broken_.empty()) {
+    throw ProtocolError("this Receiver is broken after an earlier error: " + broken_);
+  }
+  if (!open_) return ReadStatus::Closed;
+  used_ = true;
+  if (!dead_.empty()) throw PeerDied(dead_);
+  try {
+    // A forked process that took the end over and could not register when it adopted it
+    // (adopt()) refuses to go on holding unprotected blocks; a plain load once registered.
+    decoder_.register_as_holder();
+    std::span<const std::byte> payload;
+    const ReadStatus status = reader_->read_view(header_, payload, payload_, fds_, deadline);
+    if (status == ReadStatus::Closed) decoder_.release_all();
+    if (status != ReadStatus::Frame) return status;
+    try {
+      decoder_.decode(header_, payload, fds_);
+    } catch (...) {
+      reader_->release();
+      throw;
+    }
+    if (decoder_.wants_acknowledgement()) reader_->acknowledge(header_.sequence);
+    return status;
+  } catch (const ProtocolError& error) {
+    mark_broken(error.what());
+    throw;
+  } catch (const PeerDied& error) {
+    // The stream may still hold frames of the dead sender (a decode found it dead): never
+    // read them, and let the transport's fds go now.
+    dead_ = error.what();
+    decoder_.release_all();
+    fds_.clear();
+    reader_->close();
+    throw;
+  } catch (const std::exception& error) {
+    // Out of memory for a mapping, a failed system call: the frame is half consumed and
+    // half resolved, so the stream cannot be trusted any more either.
+    mark_broken(error.what());
+    throw;
+  }
+}
+
+void ReceiverCore::close() noexcept { close_as(true); }
+
+void ReceiverCore::detach() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    decoder_.hand_over();
+  }
+  close_as(false);
+}
+
+void ReceiverCore::close_as(bool ending_the_stream) noexcept {
+  std::lock_guard lock(mutex_);
+  open_ = false;
+  decoder_.release_all();
+  fds_.clear();
+  if (ending_the_stream) reader_->shut_down();
+  reader_->close();
+}
+
+bool ReceiverCore::has_buffered_frame() {
+  std::lock_guard lock(mutex_);
+  return !open_ || !broken_.empty() || reader_->has_buffered_frame();
+}
+
+int ReceiverCore::readiness_fd() {
+  std::lock_guard lock(mutex_);
+  return open_ ? reader_->readiness_fd() : -1;
+}
+
+bool ReceiverCore::readiness_fd_reports_data() {
+  std::lock_guard lock(mutex_);
+  return reader_->readiness_fd_reports_data();
+}
+
+std::atomic<std::uint32_t>* ReceiverCore::data_futex() {
+  std::lock_guard lock(mutex_);
+  return open_ ? reader_->data_futex() : nullptr;
+}
+
+void ReceiverCore::abandon_in_child() noexcept {
+  open_ = false;
+  fds_.clear();
+  reader_->close();
+}
+
+std::size_t ReceiverCore::leased() {
+  std::lock_guard lock(mutex_);
+  return decoder_.leased();
+}
+
+std::size_t ReceiverCore::leased_segments() {
+  std::lock_guard lock(mutex_);
+  return decoder_.leased_segments();
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,134 @@
+// GCC 12 warns that ThreadSanitizer cannot see std::atomic_thread_fence, which moodycamel's
+// queue uses; the warning cannot be scoped to the queue's header (it is reported at
+// <atomic>), so it is off for this file only, the one file that compiles the queue.
+#if defined(__SANITIZE_THREAD__) && defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 12
+#pragma GCC diagnostic ignored "-Wtsan"
+#endif
+
+#include "ferry/detail/in_process_channel.hpp"
+
+#include <concurrentqueue/blockingconcurrentqueue.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+namespace {
+
+std::int64_t microseconds_left(const Deadline& deadline) {
+  return std::max<std::int64_t>(1, (deadline.remaining().count() + 999) / 1000);
+}
+
+bool is_poll(const Deadline& deadline) {
+  return deadline.time_point() == Deadline::Clock::time_point::min() || deadline.expired();
+}
+
+[[noreturn]] void throw_receiver_closed() {
+  throw ChannelClosed("cannot send: the receiving end of the in-process channel was closed");
+}
+
+}  // namespace
+
+struct InProcessQueue::State {
+  explicit State(std::size_t capacity)
+      : room(static_cast<moodycamel::LightweightSemaphore::ssize_t>(
+            std::clamp<std::size_t>(capacity, 1, std::numeric_limits<int>::max() / 4))) {}
+
+  moodycamel::BlockingConcurrentQueue<std::unique_ptr<Parcel>> queue;
+  moodycamel::LightweightSemaphore room;
+  mutable std::mutex mutex;  // orders sends against close_sender() and close_receiver()
+  std::uint64_t sent = 0;                 // guarded by mutex
+  bool sender_closed = false;             // guarded by mutex
+  std::atomic<bool> receiver_closed{false};
+  std::atomic<std::uint64_t> final_count{0};
+  // The receiving thread's own state.
+  std::uint64_t received = 0;
+  bool end_seen = false;
+};
+
+InProcessQueue::InProcessQueue(std::size_t capacity) : state_(std::make_unique<State>(capacity)) {}
+
+InProcessQueue::~InProcessQueue() = default;
+
+bool InProcessQueue::reserve(const Deadline& deadline) {
+  if (state_->receiver_closed.load(std::memory_order_acquire)) throw_receiver_closed();
+  if (deadline.is_never()) return state_->room.wait();
+  if (is_poll(deadline)) return state_->room.tryWait();
+  return state_->room.wait(microseconds_left(deadline));
+}
+
+void InProcessQueue::push(std::unique_ptr<Parcel> parcel) {
+  std::unique_lock lock(state_->mutex);
+  if (!parcel || state_->sender_closed || state_->receiver_closed.load(std::memory_order_acquire)) {
+    lock.unlock();
+    state_->room.signal();
+    if (!parcel) return;  // a sender giving its place back
+    if (state_->receiver_closed.load(std::memory_order_acquire)) throw_receiver_closed();
+    throw ChannelClosed("cannot send: this Sender was closed");
+  }
+  if (!state_->queue.enqueue(std::move(parcel))) {
+    lock.unlock();
+    state_->room.signal();
+    throw std::bad_alloc();
+  }
+  ++state_->sent;
+}
+
+void InProcessQueue::close_sender() noexcept {
+  std::lock_guard lock(state_->mutex);
+  if (state_->sender_closed) return;
+  state_->sender_closed = true;
+  state_->final_count.store(state_->sent, std::memory_order_release);
+  // enqueue fails only when memory is exhausted; the receiver would then wait for the end.
+  (void)state_->queue.enqueue(nullptr);
+}
+
+bool InProcessQueue::sender_open() const noexcept {
+  std::lock_guard lock(state_->mutex);
+  return !state_->sender_closed && !state_->receiver_closed.load(std::memory_order_acquire);
+}
+
+ReadStatus InProcessQueue::receive(std::unique_ptr<Parcel>& out, const Deadline& deadline) {
+  State& s = *state_;
+  while (true) {
+    if (s.receiver_closed.load(std::memory_order_acquire)) return ReadStatus::Closed;
+    if (s.end_seen && s.received == s.final_count.load(std::memory_order_acquire)) return ReadStatus::Closed;
+    std::unique_ptr<Parcel> parcel;
+    if (deadline.is_never()) {
+      s.queue.wait_dequeue(parcel);
+    } else if (is_poll(deadline) ? !s.queue.try_dequeue(parcel)
+                                 : !s.queue.wait_dequeue_timed(parcel, microseconds_left(deadline))) {
+      return ReadStatus::Timeout;
+    }
+    if (!parcel) {  // the end marker: values from other threads may still be on their way
+      s.end_seen = true;
+      continue;
+    }
+    ++s.received;
+    s.room.signal();
+    out = std::move(parcel);
+    return ReadStatus::Frame;
+  }
+}
+
+void InProcessQueue::close_receiver() noexcept {
+  {
+    std::lock_guard lock(state_->mutex);
+    if (state_->receiver_closed.load(std::memory_order_relaxed)) return;
+    state_->receiver_closed.store(true, std::memory_order_release);
+  }
+  state_->room.signal(std::numeric_limits<int>::max() / 4);  // wake every sender waiting for room
+  std::unique_ptr<Parcel> parcel;
+  while (state_->queue.try_dequeue(parcel)) parcel.reset();
+}
+
+bool InProcessQueue::receiver_open() const noexcept {
+  return !state_->receiver_closed.load(std::memory_order_acquire);
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,64 @@
+#include "ferry/detail/live_ends.hpp"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <mutex>
+#include <unordered_set>
+
+#include "ferry/error.hpp"
+
+namespace ferry::detail {
+namespace {
+
+struct LiveEnds {
+  std::mutex mutex;
+  std::unordered_set<LiveEnd*> ends;
+};
+
+LiveEnds& live_ends() {
+  static LiveEnds* instance = [] {
+    auto* created = new LiveEnds();  // never destroyed: ends may outlive static destruction
+    // A fork() while another thread changes the list must not leave the child's copy of
+    // the mutex locked: hold it across fork().
+    const int rc = ::pthread_atfork([] { live_ends().mutex.lock(); }, [] { live_ends().mutex.unlock(); },
+                                    [] { live_ends().mutex.unlock(); });
+    if (rc != 0) throw_system_error("pthread_atfork", rc);
+    return created;
+  }();
+  return *instance;
+}
+
+// Made before main(): a fork() while another thread is still making it would leave the child
+// waiting for ever on the static's initialization guard.
+[[maybe_unused]] const LiveEnds& g_live_ends_made_at_start = live_ends();
+
+}  // namespace
+
+void LiveEnd::track() {
+  LiveEnds& list = live_ends();
+  std::lock_guard lock(list.mutex);
+  list.ends.insert(this);
+}
+
+void LiveEnd::untrack() noexcept {
+  LiveEnds& list = live_ends();
+  std::lock_guard lock(list.mutex);
+  list.ends.erase(this);
+}
+
+void abandon_live_ends_except(std::span<const LiveEnd* const> keep) noexcept {
+  LiveEnds& list = live_ends();
+  std::lock_guard lock(list.mutex);
+  for (LiveEnd* end : list.ends) {
+    if (std::find(keep.begin(), keep.end(), end) == keep.end()) end->abandon_in_child();
+  }
+}
+
+std::size_t live_end_count() {
+  LiveEnds& list = live_ends();
+  std::lock_guard lock(list.mutex);
+  return list.ends.size();
+}
+
+}  // namespace ferry::detail

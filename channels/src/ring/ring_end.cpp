@@ -1,0 +1,166 @@
+#include "ring/ring_end.hpp"
+
+#include <poll.h>
+#include <sched.h>
+#include <time.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+#include "ferry/error.hpp"
+#include "ring/futex.hpp"
+
+namespace ferry::detail {
+namespace {
+
+// CLOCK_MONOTONIC at the resolution of the scheduler tick, in nanoseconds.
+std::int64_t coarse_now() noexcept {
+  timespec now{};
+  // Cannot fail: the clock exists on every Linux since 2.6.32 and `now` is valid.
+  (void)::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
+// The longest interval between peer checks: a longer one counts as this long, so that the
+// interval in nanoseconds, added to the clock, cannot overflow.
+constexpr std::chrono::milliseconds kLongestPeerCheck = std::chrono::hours(1);
+
+// The word's values (kRingSleeping, kRingWokenOnCpu + n) are in ring_layout.hpp.
+std::uint32_t woken_word() noexcept {
+  const int cpu = ::sched_getcpu();  // a few nanoseconds (vDSO or rdpid); -1 if unsupported
+  return cpu >= 0 ? kRingWokenOnCpu + static_cast<std::uint32_t>(cpu) : 0;
+}
+
+Waker waker_of(std::uint32_t word) noexcept {
+  if (word < kRingWokenOnCpu) return Waker::Unknown;
+  const int cpu = ::sched_getcpu();
+  if (cpu < 0) return Waker::Unknown;
+  return word - kRingWokenOnCpu == static_cast<std::uint32_t>(cpu) ? Waker::SameCpu : Waker::OtherCpu;
+}
+
+}  // namespace
+
+RingEnd::RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing)
+    : segment_(std::move(segment)),
+      data_(segment_->data()),
+      capacity_(segment_->capacity()),
+      companion_(std::move(companion)),
+      peer_check_interval_(std::clamp(timing.peer_check_interval, std::chrono::milliseconds(1), kLongestPeerCheck)),
+      spin_(timing.spin) {}
+
+bool RingEnd::peer_gone() {
+  if (peer_gone_) return true;
+  if (!companion_) return peer_gone_ = true;
+  next_peer_check_ =
+      coarse_now() + std::chrono::duration_cast<std::chrono::nanoseconds>(peer_check_interval_).count();
+  pollfd entry{companion_.get(), POLLRDHUP, 0};
+  while (true) {
+    const int rc = ::poll(&entry, 1, 0);
+    if (rc >= 0) break;
+    if (errno != EINTR) throw_errno("poll of a ring's companion socket");
+  }
+  // Nothing is ever written to the companion socket: any event means the peer is gone.
+  peer_gone_ = (entry.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLIN)) != 0;
+  return peer_gone_;
+}
+
+bool RingEnd::peer_gone_lately() {
+  if (peer_gone_) return true;
+  if (coarse_now() < next_peer_check_) return false;
+  return peer_gone();
+}
+
+WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline) {
+  if (ready()) return WaitOutcome::Ready;
+  if (peer_gone_) return WaitOutcome::PeerGone;
+  if (deadline.expired()) {  // a poll (try_recv, a zero timeout) or a deadline already past
+    if (peer_gone_lately() && !ready()) return WaitOutcome::PeerGone;
+    return ready() ? WaitOutcome::Ready : WaitOutcome::Timeout;
+  }
+  using Clock = Deadline::Clock;
+  std::optional<Clock::time_point> start;
+  const std::chrono::nanoseconds budget = spin_.budget();
+  if (budget > std::chrono::nanoseconds::zero()) {
+    // The clock is read every 16 rounds only, the first time after 16 of them: a peer that
+    // answers sooner (a ping-pong between two awake ends) costs no clock read at all.
+    Clock::time_point stop = Clock::time_point::max();
+    for (unsigned i = 1;; ++i) {
+      cpu_relax();
+      if (ready()) {
+        spin_.caught(start ? Clock::now() - *start : std::chrono::nanoseconds::zero());
+        return WaitOutcome::Ready;
+      }
+      if (i % 16 != 0) continue;
+      const Clock::time_point now = Clock::now();
+      if (!start) {
+        start = now;
+        stop = std::min(now + budget, deadline.time_point());
+      } else if (now >= stop) {
+        break;
+      }
+    }
+  }
+  if (!start && spin_.setting() > std::chrono::nanoseconds::zero()) start = Clock::now();
+  Waker waker = Waker::Unknown;
+  const WaitOutcome outcome = sleep(word, ready, deadline, waker);
+  if (outcome == WaitOutcome::Ready && start) spin_.slept(budget, Clock::now() - *start, waker);
+  return outcome;
+}
+
+WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline,
+                           Waker& waker) {
+  struct Awake {  // leaves the word at 0 however the wait ends
+    std::atomic<std::uint32_t>& word;
+    ~Awake() { word.store(0, std::memory_order_relaxed); }
+  } awake{word};
+  while (true) {
+    // Announce the sleep, then re-check. The store, the position loads in ready() and
+    // the peer's publishing store and load of this word are all sequentially consistent:
+    // either the peer sees the 1 and wakes us, or we see its new position.
+    word.store(kRingSleeping, std::memory_order_seq_cst);
+    if (ready()) return WaitOutcome::Ready;
+    if (peer_gone_lately()) return ready() ? WaitOutcome::Ready : WaitOutcome::PeerGone;
+    if (deadline.expired()) return WaitOutcome::Timeout;
+    auto timeout = std::chrono::nanoseconds(next_peer_check_ - coarse_now());
+    if (!deadline.is_never()) timeout = std::min(timeout, deadline.remaining());
+    futex_wait(word, kRingSleeping, std::max(timeout, std::chrono::nanoseconds(1000)));
+    // Woken with work to do: return without announcing a sleep again, which would make
+    // a streaming peer pay a needless wake-up.
+    if (ready()) {
+      waker = waker_of(word.load(std::memory_order_relaxed));
+      return WaitOutcome::Ready;
+    }
+  }
+}
+
+void RingEnd::wake(std::atomic<std::uint32_t>& word) noexcept {
+  if (word.load(std::memory_order_seq_cst) != kRingSleeping) return;
+  std::uint32_t sleeping = kRingSleeping;
+  if (!word.compare_exchange_strong(sleeping, woken_word(), std::memory_order_seq_cst)) return;
+  try {
+    // Every waiter: a Selector may sleep on a ring's word while a thread sleeps in its recv().
+    futex_wake(word, std::numeric_limits<int>::max());
+  } catch (const SystemError&) {
+    // FUTEX_WAKE fails only for an address outside our mappings, which a ring's word never
+    // is. Were it to fail, the sleeper would still notice at its next peer check: better
+    // than failing a send whose frame is already published.
+  }
+}
+
+void RingEnd::close() noexcept {
+  segment_.reset();
+  data_ = nullptr;
+  companion_.reset();
+}
+
+std::vector<int> RingEnd::descriptors() const {
+  std::vector<int> out;
+  if (segment_) out.push_back(segment_->fd());
+  if (companion_) out.push_back(companion_.get());
+  return out;
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,123 @@
+// What both ends of a shared-memory ring share: the mapped segment, the companion socket
+// that tells whether the peer still exists, copies in and out of the wrapping data, and
+// the spin-then-futex wait. Used by RingFrameWriter and RingFrameReader.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "ferry/detail/deadline.hpp"
+#include "ring/ring_segment.hpp"
+#include "ring/spin_policy.hpp"
+#include "ferry/detail/transport.hpp"
+#include "ferry/detail/unique_fd.hpp"
+
+namespace ferry::detail {
+
+/// A non-owning reference to a condition (a callable returning bool) that a wait polls.
+class Condition {
+ public:
+  template <class F>
+  Condition(const F& condition) noexcept  // NOLINT: implicit on purpose, like function_ref
+      : object_(&condition), call_([](const void* object) { return (*static_cast<const F*>(object))(); }) {}
+  bool operator()() const { return call_(object_); }
+
+ private:
+  const void* object_;
+  bool (*call_)(const void*);
+};
+
+/// How a wait ended.
+enum class WaitOutcome {
+  Ready,     ///< the condition became true
+  Timeout,   ///< the deadline passed first
+  PeerGone,  ///< every process holding the other end dropped it or died
+};
+
+/// One end's view of a ring: its share of the segment's mapping (both ends of a channel
+/// in one process share one mapping) and its end of the companion socket pair. Each end
+/// holds one side of an AF_UNIX socket pair on which nothing is ever sent; when the last
+/// process holding the other side exits, however it exits, the kernel reports a hang-up on
+/// this side. That is how a ring end tells a dead or departed peer from a slow one.
+class RingEnd {
+ public:
+  RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing);
+
+  bool is_open() const noexcept { return segment_ != nullptr; }
+  RingHeader& header() const noexcept { return segment_->header(); }
+  /// This end's copy of the capacity (a power of two).
+  std::uint64_t capacity() const noexcept { return capacity_; }
+
+  /// Where stream position `position` lies in this process; the `capacity()` bytes from
+  /// there are contiguous (the data is mapped twice in a row).
+  std::byte* at(std::uint64_t position) const noexcept {
+    return data_ + static_cast<std::size_t>(position & (capacity_ - 1));
+  }
+  /// Copies `size` (<= capacity) bytes to stream position `position`, wrapping around.
+  /// Inline, so that copies of a known size (a frame header) compile to a few moves.
+  void copy_in(std::uint64_t position, const std::byte* from, std::size_t size) const noexcept {
+    std::memcpy(at(position), from, size);  // contiguous: the data is mapped twice in a row
+  }
+  /// Copies `size` (<= capacity) bytes from stream position `position`, wrapping around.
+  void copy_out(std::uint64_t position, std::byte* to, std::size_t size) const noexcept {
+    std::memcpy(to, at(position), size);
+  }
+
+  /// True when the peer's end is gone for good (asks the kernel: one poll system call).
+  /// Sticky: once gone, always gone.
+  bool peer_gone();
+  /// Like peer_gone(), but asks the kernel at most once per peer_check_interval; false
+  /// without a system call in between.
+  bool peer_gone_lately();
+
+  /// Waits until `ready()` holds: checks it, spins for the spin budget, then sleeps on
+  /// `word` (the futex word this end sleeps on, see ring_layout.hpp) with a timeout so
+  /// that the peer's liveness is checked every peer_check_interval. Returns Timeout when
+  /// the deadline passed, PeerGone when the peer is gone and `ready()` is still false.
+  /// The spin budget adapts to how waits end (SpinPolicy). A wait that ends within its
+  /// first 16 spins reads no clock.
+  WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
+
+  /// Wakes the peer if it sleeps on `word`, leaving in the word the CPU this thread runs
+  /// on. Call after publishing a position with a sequentially consistent store (it pairs
+  /// with the sleeper's, see wait()).
+  static void wake(std::atomic<std::uint32_t>& word) noexcept;
+
+  /// Drops this end's share of the mapping and its companion socket.
+  void close() noexcept;
+  /// The memfd of the segment and this end's companion socket.
+  std::vector<int> descriptors() const;
+  /// This end's companion socket: it polls readable (hang-up) once the peer is gone.
+  int companion_fd() const noexcept { return companion_.get(); }
+
+ private:
+  // Sleeps until ready() holds; `waker` tells who woke us (Unknown when nobody did).
+  WaitOutcome sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline, Waker& waker);
+
+  std::shared_ptr<const RingSegment> segment_;
+  std::byte* data_ = nullptr;
+  std::uint64_t capacity_ = 0;
+  UniqueFd companion_;
+  std::chrono::milliseconds peer_check_interval_;  // 1 ms to 1 hour
+  SpinPolicy spin_;
+  // When the peer is due for its next check, on CLOCK_MONOTONIC_COARSE (nanoseconds): that
+  // clock costs a few nanoseconds to read, so a send can afford to look at it.
+  std::int64_t next_peer_check_ = 0;
+  bool peer_gone_ = false;
+};
+
+/// A pause for a spinning loop (the x86 `pause`, the Arm `yield`).
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#endif
+}
+
+}  // namespace ferry::detail

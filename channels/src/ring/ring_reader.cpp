@@ -1,0 +1,164 @@
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <string>
+
+#include "ferry/error.hpp"
+#include "ring/ring_transport.hpp"
+#include "transport/peer_gone.hpp"
+
+namespace ferry {
+
+RingFrameReader::RingFrameReader(std::shared_ptr<const RingSegment> segment, UniqueFd companion,
+                                 const RingTiming& timing, const FrameLimits& limits)
+    : end_(std::move(segment), std::move(companion), timing), limits_(limits) {
+  // A reader rebuilt from inherited descriptors continues where the stream is.
+  head_ = end_.header().head.load(std::memory_order_acquire);
+}
+
+std::uint64_t RingFrameReader::available() {
+  const std::uint64_t tail = end_.header().tail.load(std::memory_order_seq_cst);
+  const std::uint64_t count = tail - head_;
+  if (count > end_.capacity()) {
+    throw ProtocolError("the ring's shared write position (" + std::to_string(tail) + ") is outside " +
+                        std::to_string(head_) + ".." + std::to_string(head_ + end_.capacity()) +
+                        "; another process scribbled in the segment");
+  }
+  return count;
+}
+
+bool RingFrameReader::has_buffered_frame() const {
+  if (!end_.is_open() || peer_closed_) return true;
+  if (held_ > 0 || payload_filled_ > 0 || header_filled_ > 0) return true;
+  return end_.header().tail.load(std::memory_order_seq_cst) != head_;
+}
+
+void RingFrameReader::publish_head() noexcept {
+  RingHeader& header = end_.header();
+  header.head.store(head_, std::memory_order_seq_cst);  // seq_cst: pairs with a sleeping writer (wake)
+  detail::RingEnd::wake(header.writer_sleeping);
+}
+
+bool RingFrameReader::consume(std::uint64_t count) {
+  // Publish at most a quarter of the ring at a time, so that a writer streaming a large
+  // frame refills what was read while the rest is being copied.
+  count = std::min(count, end_.capacity() / 4);
+  if (header_filled_ < sizeof frame_header_) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(count, sizeof frame_header_ - header_filled_));
+    end_.copy_out(head_, reinterpret_cast<std::byte*>(&frame_header_) + header_filled_, n);
+    header_filled_ += n;
+    head_ += n;
+    count -= n;
+    if (header_filled_ == sizeof frame_header_) {
+      validate_header(frame_header_, limits_);
+      frame_payload_.resize(static_cast<std::size_t>(payload_bytes(frame_header_)));
+      payload_filled_ = 0;
+    }
+  }
+  if (header_filled_ == sizeof frame_header_) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(count, frame_payload_.size() - payload_filled_));
+    end_.copy_out(head_, frame_payload_.data() + payload_filled_, n);
+    payload_filled_ += n;
+    head_ += n;
+  }
+  publish_head();
+  return header_filled_ == sizeof frame_header_ && payload_filled_ == frame_payload_.size();
+}
+
+ReadStatus RingFrameReader::read_view(FrameHeader& header, std::span<const std::byte>& payload,
+                                      std::vector<std::byte>& buffer, std::deque<UniqueFd>& /*fds*/,
+                                      const Deadline& deadline) {
+  release();
+  if (!end_.is_open() || peer_closed_) return ReadStatus::Closed;
+  bool whole_frame_possible = header_filled_ == 0;  // at a frame boundary
+  while (true) {
+    std::uint64_t count = available();
+    if (count == 0) {
+      const detail::WaitOutcome outcome = end_.wait(
+          end_.header().reader_sleeping, [&] { return available() > 0; }, deadline);
+      if (outcome == detail::WaitOutcome::Timeout) return ReadStatus::Timeout;
+      count = available();
+      if (count == 0) {  // PeerGone, and nothing left to drain
+        throw PeerDied(header_filled_ == 0 ? detail::kSenderGone : detail::kSenderGoneMidFrame);
+      }
+    }
+    if (header_filled_ == 0 && count >= sizeof(RingSkip) && skip_gap(count)) continue;
+    if (whole_frame_possible && count >= sizeof frame_header_) {
+      // The common case: the whole frame is in the ring. View it where it lies.
+      end_.copy_out(head_, reinterpret_cast<std::byte*>(&frame_header_), sizeof frame_header_);
+      validate_header(frame_header_, limits_);
+      const std::uint64_t total = sizeof frame_header_ + payload_bytes(frame_header_);
+      if (total <= count) {
+        header = frame_header_;
+        held_ = total;
+        if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
+          release();
+          peer_closed_ = true;
+          return ReadStatus::Closed;
+        }
+        payload = std::span<const std::byte>(end_.at(head_ + sizeof frame_header_),
+                                             static_cast<std::size_t>(total - sizeof frame_header_));
+        return ReadStatus::Frame;
+      }
+    }
+    // The frame arrives in pieces: copy it out as it comes.
+    whole_frame_possible = false;
+    if (!consume(count)) continue;
+    header = frame_header_;
+    buffer.swap(frame_payload_);
+    payload = buffer;
+    header_filled_ = 0;
+    payload_filled_ = 0;
+    if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
+      peer_closed_ = true;
+      return ReadStatus::Closed;
+    }
+    return ReadStatus::Frame;
+  }
+}
+
+bool RingFrameReader::skip_gap(std::uint64_t count) {
+  RingSkip skip;
+  std::memcpy(&skip.magic, end_.at(head_), sizeof skip.magic);
+  if (skip.magic != kRingSkipMagic) return false;
+  end_.copy_out(head_, reinterpret_cast<std::byte*>(&skip), sizeof skip);
+  // A writer publishes a gap together with the frame behind it, and never a longer one.
+  if (skip.bytes < sizeof skip || skip.bytes > kRingBodyOffset || skip.bytes >= count) {
+    throw ProtocolError("the ring holds a gap of " + std::to_string(skip.bytes) + " bytes, outside " +
+                        std::to_string(sizeof skip) + ".." + std::to_string(kRingBodyOffset) +
+                        " or not followed by a frame among the " + std::to_string(count) +
+                        " bytes published; another process scribbled in the segment");
+  }
+  head_ += skip.bytes;
+  return true;
+}
+
+void RingFrameReader::release() noexcept {
+  if (held_ == 0 || !end_.is_open()) return;
+  head_ += held_;
+  held_ = 0;
+  publish_head();
+}
+
+ReadStatus RingFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
+                                 const Deadline& deadline) {
+  std::span<const std::byte> view;
+  const ReadStatus status = read_view(header, view, payload, fds, deadline);
+  if (status == ReadStatus::Frame && view.data() != payload.data()) payload.assign(view.begin(), view.end());
+  release();
+  return status;
+}
+
+void RingFrameReader::acknowledge(std::uint64_t sequence) {
+  if (!end_.is_open()) return;
+  RingHeader& header = end_.header();
+  header.acknowledged.store(sequence, std::memory_order_seq_cst);
+  detail::RingEnd::wake(header.writer_sleeping);
+}
+
+void RingFrameReader::close() noexcept {
+  held_ = 0;
+  end_.close();
+}
+
+}  // namespace ferry

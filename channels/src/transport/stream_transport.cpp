@@ -1,0 +1,340 @@
+#include "transport/stream_transport.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <mutex>
+
+#include "ferry/error.hpp"
+#include "transport/peer_gone.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::size_t kReadBufferBytes = 64 * 1024;
+constexpr std::size_t kMaxFdsPerRead = 253;  // SCM_MAX_FD
+
+}  // namespace
+
+void ignore_sigpipe() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      ::sigemptyset(&ignore.sa_mask);
+      if (::sigaction(SIGPIPE, &ignore, nullptr) != 0) throw_errno("sigaction(SIGPIPE, SIG_IGN)");
+    }
+  });
+}
+
+// ---- writer ------------------------------------------------------------------
+
+StreamFrameWriter::StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket,
+                                     bool shares_connection)
+    : stream_(std::move(stream)),
+      acknowledgements_(std::move(acknowledgements)),
+      is_socket_(is_socket),
+      shares_connection_(shares_connection && is_socket) {}
+
+ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std::span<const int> fds, bool wait) {
+  while (true) {
+    ssize_t written = 0;
+    if (is_socket_) {
+      alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)> control{};
+      msghdr message{};
+      message.msg_iov = const_cast<iovec*>(parts);
+      message.msg_iovlen = count;
+      if (!fds.empty()) {
+        message.msg_control = control.data();
+        message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+        cmsghdr* header = CMSG_FIRSTHDR(&message);
+        header->cmsg_level = SOL_SOCKET;
+        header->cmsg_type = SCM_RIGHTS;
+        header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+        std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
+      }
+      written = ::sendmsg(stream_.get(), &message, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
+    } else {
+      // The pipe's write end is non-blocking; a blocking write waits for room below.
+      written = ::writev(stream_.get(), parts, static_cast<int>(count));
+      if (written < 0 && errno == EAGAIN && wait) {
+        wait_for_fd(stream_.get(), POLLOUT, Deadline::never());
+        continue;
+      }
+    }
+    if (written >= 0) return written;
+    if (errno == EINTR) continue;
+    if (errno == EPIPE || errno == ECONNRESET) detail::throw_receiver_gone();
+    if (errno == EAGAIN) return -1;
+    throw_errno(is_socket_ ? "sendmsg on a ferry socket" : "writev on a ferry pipe");
+  }
+}
+
+bool StreamFrameWriter::flush_pending(const Deadline& deadline) {
+  std::size_t done = 0;
+  while (done < pending_.size()) {
+    const iovec part{pending_.data() + done, pending_.size() - done};
+    const ssize_t written = write_some(&part, 1, {}, deadline.is_never());
+    if (written < 0) {
+      if (!wait_for_fd(stream_.get(), POLLOUT, deadline)) break;
+      continue;
+    }
+    done += static_cast<std::size_t>(written);
+  }
+  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
+  return pending_.empty();
+}
+
+bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
+  if (!stream_) throw ChannelClosed("cannot send: this end of the channel is closed");
+  if (fds.size() > kMaxFdsPerRead) {
+    throw Error("a frame can pass at most " + std::to_string(kMaxFdsPerRead) + " storages by fd, not " +
+                std::to_string(fds.size()) + "; send fewer new storages per message");
+  }
+  if (!pending_.empty() && !flush_pending(deadline)) return false;
+
+  std::array<iovec, 8> remaining{};
+  if (parts.size() > remaining.size()) throw Error("a frame has too many parts");
+  std::copy(parts.begin(), parts.end(), remaining.begin());
+  iovec* next = remaining.data();
+  std::size_t count = parts.size();
+  bool started = false;
+  const bool wait = deadline.is_never();
+  while (count > 0) {
+    const ssize_t written = write_some(next, count, started ? std::span<const int>() : fds, wait);
+    if (written < 0) {  // full, and a deadline applies
+      if (wait_for_fd(stream_.get(), POLLOUT, deadline)) continue;
+      if (!started) return false;
+      // Deadline passed mid-frame: keep the tail, so the stream never holds half a frame.
+      for (std::size_t i = 0; i < count; ++i) {
+        const auto* bytes = static_cast<const std::byte*>(next[i].iov_base);
+        pending_.insert(pending_.end(), bytes, bytes + next[i].iov_len);
+      }
+      return true;
+    }
+    started = true;
+    auto left = static_cast<std::size_t>(written);
+    while (count > 0 && left >= next->iov_len) {
+      left -= next->iov_len;
+      ++next;
+      --count;
+    }
+    if (count > 0) {
+      next->iov_base = static_cast<char*>(next->iov_base) + left;
+      next->iov_len -= left;
+    }
+  }
+  return true;
+}
+
+void StreamFrameWriter::read_acknowledgements() {
+  std::array<std::uint64_t, 512> records{};
+  while (true) {
+    const ssize_t got = ::read(acknowledgements_.get(), records.data(), sizeof records);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN) break;
+      throw_errno("read of acknowledgements");
+    }
+    if (got == 0) {  // reader gone: the next write reports it
+      reader_gone_ = true;
+      break;
+    }
+    // Records are 8 bytes and pipe writes below PIPE_BUF are atomic, so none is split.
+    for (std::size_t i = 0; i < static_cast<std::size_t>(got) / sizeof(std::uint64_t); ++i) {
+      acknowledged_ = std::max(acknowledged_, records[i]);
+    }
+    // A short read emptied the pipe: what comes later is read after the next poll.
+    if (static_cast<std::size_t>(got) < sizeof records) break;
+  }
+}
+
+bool StreamFrameWriter::wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) {
+  if (!acknowledgements_) return true;
+  while (true) {
+    read_acknowledgements();
+    if (acknowledged_ >= sequence) return true;
+    if (reader_gone_ || !wait_for_fd(acknowledgements_.get(), POLLIN, deadline)) return false;
+  }
+}
+
+void StreamFrameWriter::close() noexcept {
+  stream_.reset();
+  acknowledgements_.reset();
+}
+
+UniqueFd StreamFrameWriter::liveness_probe() const {
+  if (!stream_) return UniqueFd();
+  if (is_socket_) return stream_.duplicate();
+  return acknowledgements_ ? acknowledgements_.duplicate() : UniqueFd();
+}
+
+void StreamFrameWriter::shut_down() noexcept {
+  // Every socket: the ledger's probe (a duplicate) or a forked copy must not keep the
+  // direction open. ENOTCONN: the peer's socket is gone already, and with it this direction.
+  if (!is_socket_ || !stream_) return;
+  (void)::shutdown(stream_.get(), SHUT_WR);
+  shut_down_ = true;
+}
+
+std::vector<int> StreamFrameWriter::descriptors() const {
+  std::vector<int> out{stream_.get()};
+  if (acknowledgements_) out.push_back(acknowledgements_.get());
+  return out;
+}
+
+// ---- reader ------------------------------------------------------------------
+
+StreamFrameReader::StreamFrameReader(UniqueFd stream, UniqueFd acknowledgements, bool is_socket,
+                                     const FrameLimits& limits, bool shares_connection)
+    : stream_(std::move(stream)),
+      acknowledgements_(std::move(acknowledgements)),
+      is_socket_(is_socket),
+      shares_connection_(shares_connection && is_socket),
+      limits_(limits),
+      buffer_(kReadBufferBytes) {}
+
+std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, std::deque<UniqueFd>& fds) {
+  while (true) {
+    ssize_t got = 0;
+    if (is_socket_) {
+      iovec vector{into, capacity};
+      alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int) * kMaxFdsPerRead)> control{};
+      msghdr message{};
+      message.msg_iov = &vector;
+      message.msg_iovlen = 1;
+      message.msg_control = control.data();
+      message.msg_controllen = control.size();
+      got = ::recvmsg(stream_.get(), &message, MSG_CMSG_CLOEXEC);
+      if (got >= 0) {
+        for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header)) {
+          if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
+          const std::size_t n = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (std::size_t i = 0; i < n; ++i) {
+            int fd = -1;
+            std::memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof fd);
+            fds.emplace_back(fd);
+          }
+        }
+        if (message.msg_flags & MSG_CTRUNC) {
+          throw ProtocolError(
+              "file descriptors sent with a frame were dropped by the kernel (MSG_CTRUNC): this process has "
+              "reached its open-file limit (RLIMIT_NOFILE); raise it with `ulimit -n` or hold fewer tensors");
+        }
+      }
+    } else {
+      got = ::read(stream_.get(), into, capacity);
+    }
+    if (got >= 0) return static_cast<std::size_t>(got);
+    if (errno == EINTR) continue;
+    if (errno == ECONNRESET) return 0;
+    throw_errno(is_socket_ ? "recvmsg on a ferry socket" : "read on a ferry pipe");
+  }
+}
+
+ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
+                                   const Deadline& deadline) {
+  if (!stream_ || peer_closed_) return ReadStatus::Closed;
+  const bool timed = !deadline.is_never();
+  if (!in_frame_) {
+    while (buffered() < sizeof(FrameHeader)) {
+      if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+      if (begin_ > 0) {  // keep the partial header at the front
+        std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
+        end_ -= begin_;
+        begin_ = 0;
+      }
+      const std::size_t got = receive(buffer_.data() + end_, buffer_.size() - end_, fds);
+      if (got == 0) {
+        throw PeerDied(buffered() == 0 ? detail::kSenderGone : detail::kSenderGoneMidFrame);
+      }
+      end_ += got;
+    }
+    std::memcpy(&frame_header_, buffer_.data() + begin_, sizeof frame_header_);
+    begin_ += sizeof frame_header_;
+    validate_header(frame_header_, limits_);
+    const std::uint64_t total = payload_bytes(frame_header_);
+    frame_payload_.resize(total);
+    frame_filled_ = std::min<std::uint64_t>(total, buffered());
+    if (frame_filled_ > 0) std::memcpy(frame_payload_.data(), buffer_.data() + begin_, frame_filled_);
+    begin_ += frame_filled_;
+    if (begin_ == end_) begin_ = end_ = 0;
+    in_frame_ = true;
+  }
+  while (frame_filled_ < frame_payload_.size()) {
+    if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+    const std::size_t got =
+        receive(frame_payload_.data() + frame_filled_, frame_payload_.size() - frame_filled_, fds);
+    if (got == 0) throw PeerDied(detail::kSenderGoneMidFrame);
+    frame_filled_ += got;
+  }
+  in_frame_ = false;
+  header = frame_header_;
+  payload.swap(frame_payload_);
+  check_queued_fds(header, fds);
+  if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
+    peer_closed_ = true;
+    return ReadStatus::Closed;
+  }
+  return ReadStatus::Frame;
+}
+
+bool StreamFrameReader::has_buffered_frame() const {
+  if (!stream_ || peer_closed_) return true;  // read() returns Closed at once
+  if (in_frame_) return frame_filled_ == frame_payload_.size();
+  if (buffered() < sizeof(FrameHeader)) return false;
+  FrameHeader header;
+  std::memcpy(&header, buffer_.data() + begin_, sizeof header);
+  if (header.magic != kFrameMagic) return true;  // read() reports the bad frame at once
+  return buffered() - sizeof header >= payload_bytes(header);
+}
+
+void StreamFrameReader::check_queued_fds(const FrameHeader& header, const std::deque<UniqueFd>& fds) const {
+  // The kernel delivers a frame's fds with the first byte of the sendmsg that carried them,
+  // and a recvmsg stops after the first message with fds. So once a frame is complete, the
+  // queue holds its own fds plus, when bytes of later frames are buffered, at most one more
+  // frame's worth. More means the peer sends fds no frame declares: refuse them instead of
+  // queueing them without bound (they would exhaust this process's fds).
+  if (!is_socket_) return;
+  const std::size_t allowed = header.fd_count + (buffered() > 0 ? kMaxFdsPerRead : 0);
+  if (fds.size() > allowed) {
+    throw ProtocolError("the peer sent " + std::to_string(fds.size()) + " fds but the frame declares " +
+                        std::to_string(header.fd_count) + " (fd_count); refusing fds that no frame accounts for");
+  }
+}
+
+void StreamFrameReader::acknowledge(std::uint64_t sequence) {
+  if (!acknowledgements_) return;
+  while (::write(acknowledgements_.get(), &sequence, sizeof sequence) < 0) {
+    // A full pipe (EAGAIN) is fine: acknowledgements are cumulative and the next one
+    // carries this one. EPIPE: the sender is gone and needs none.
+    if (errno != EINTR) return;
+  }
+}
+
+void StreamFrameReader::close() noexcept {
+  stream_.reset();
+  acknowledgements_.reset();
+}
+
+void StreamFrameReader::shut_down() noexcept {
+  // The writer's next send fails with EPIPE (ChannelClosed); ENOTCONN: it is gone already.
+  if (shares_connection_ && stream_) (void)::shutdown(stream_.get(), SHUT_RD);
+}
+
+std::vector<int> StreamFrameReader::descriptors() const {
+  std::vector<int> out{stream_.get()};
+  if (acknowledgements_) out.push_back(acknowledgements_.get());
+  return out;
+}
+
+}  // namespace ferry

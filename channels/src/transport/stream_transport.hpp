@@ -1,0 +1,115 @@
+// Pipe and Unix socket transports: frames over a byte stream.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "ferry/detail/transport.hpp"
+
+namespace ferry {
+
+/// Writes frames to a pipe or a stream socket. With a socket, the frame's fds travel as
+/// SCM_RIGHTS with its first byte; with a pipe, `acknowledgements` is the read end of the
+/// reader's acknowledgement pipe (non-blocking), read only while wait_acknowledged()
+/// waits: a sender learns acknowledgements from the return board, and the reader writes
+/// to the pipe only when asked to (ReturnBoard::request_acknowledgements()) or when it
+/// could not record a frame on the board.
+///
+/// With `shares_connection`, the socket also carries the opposite direction (a duplex
+/// connection: this process's reader holds the same socket), so closing the end does not
+/// close the connection. On any socket, a close that could not send the end-of-stream
+/// frame, or an end dropped by an exception, ends this direction with shutdown(SHUT_WR)
+/// (shut_down()).
+///
+/// Timed writes never leave half a frame: a frame that was started when the deadline
+/// passed is accepted, and its unwritten tail is kept here and written before the next
+/// frame (or by close()). A timed write returns false only when no byte of it went out.
+class StreamFrameWriter final : public FrameWriter {
+ public:
+  StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket, bool shares_connection = false);
+  bool passes_fds() const override { return is_socket_; }
+  bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
+  /// What wait_acknowledged() read from the pipe so far (no system call).
+  std::uint64_t acknowledged() override { return acknowledged_; }
+  bool wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) override;
+  /// Writes any pending frame tail, waiting until `deadline`; false if some is left.
+  bool flush(const Deadline& deadline) override { return flush_pending(deadline); }
+  void close() noexcept override;
+  void shut_down() noexcept override;
+  bool shares_connection() const override { return shares_connection_; }
+  std::vector<int> descriptors() const override;
+  /// A socket: a duplicate of the stream, which reports POLLHUP once the reader is gone
+  /// (after shut_down(), once the reader closed its socket too). A pipe: a duplicate of the
+  /// acknowledgement pipe's read end, which reports POLLHUP once every process holding the
+  /// reader has dropped it (a duplicate of the data pipe's write end would keep the stream
+  /// open, and a reader waiting for more would never see the sender gone).
+  UniqueFd liveness_probe() const override;
+  /// A shared socket whose reader shut down fails a zero-length send with EPIPE; after this
+  /// end's own shut_down() every send does, so the probe is then polled only.
+  bool probe_by_send() const override { return shares_connection_ && !shut_down_; }
+
+ private:
+  // One write or sendmsg; returns bytes written, or -1 with errno (EAGAIN when full).
+  ssize_t write_some(const iovec* parts, std::size_t count, std::span<const int> fds, bool wait);
+  // Writes the tail of an earlier frame; false when the deadline passed first.
+  bool flush_pending(const Deadline& deadline);
+  // Reads the acknowledgement records in the pipe (non-blocking) into acknowledged_.
+  void read_acknowledgements();
+
+  UniqueFd stream_;
+  UniqueFd acknowledgements_;
+  bool is_socket_;
+  bool shares_connection_;
+  bool shut_down_ = false;  // this process ended the direction (shutdown(SHUT_WR))
+  std::vector<std::byte> pending_;  // unwritten tail of the last frame
+  std::uint64_t acknowledged_ = 0;
+  bool reader_gone_ = false;
+};
+
+/// Reads frames from a pipe or a stream socket, buffering so that a small frame costs one
+/// read system call. Enforces FrameLimits on every header before reading the rest. A
+/// timed read that ends in the middle of a frame keeps what it read and resumes there.
+/// With `shares_connection` (a duplex socket), shut_down() refuses the writer's later
+/// frames with shutdown(SHUT_RD).
+class StreamFrameReader final : public FrameReader {
+ public:
+  StreamFrameReader(UniqueFd stream, UniqueFd acknowledgements, bool is_socket, const FrameLimits& limits,
+                    bool shares_connection = false);
+  ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
+                  const Deadline& deadline) override;
+  void acknowledge(std::uint64_t sequence) override;
+  void close() noexcept override;
+  void shut_down() noexcept override;
+  bool shares_connection() const override { return shares_connection_; }
+  std::vector<int> descriptors() const override;
+  bool has_buffered_frame() const override;
+  int readiness_fd() const override { return stream_.get(); }
+
+ private:
+  // Reads what is available (at least one byte, blocking) into `into`; returns 0 at EOF.
+  std::size_t receive(std::byte* into, std::size_t capacity, std::deque<UniqueFd>& fds);
+  std::size_t buffered() const noexcept { return end_ - begin_; }
+  // Throws ProtocolError when more fds are queued than the frame just read and the frames
+  // already buffered can account for.
+  void check_queued_fds(const FrameHeader& header, const std::deque<UniqueFd>& fds) const;
+
+  UniqueFd stream_;
+  UniqueFd acknowledgements_;
+  bool is_socket_;
+  bool shares_connection_;
+  FrameLimits limits_;
+  bool peer_closed_ = false;
+  bool in_frame_ = false;             // header read, payload incomplete
+  FrameHeader frame_header_{};
+  std::vector<std::byte> frame_payload_;
+  std::size_t frame_filled_ = 0;
+  std::vector<std::byte> buffer_;
+  std::size_t begin_ = 0;
+  std::size_t end_ = 0;
+};
+
+/// Makes SIGPIPE harmless for the process (if it still has the default action), so that a
+/// write to a pipe whose reader died reports EPIPE instead of killing the process.
+void ignore_sigpipe();
+
+}  // namespace ferry

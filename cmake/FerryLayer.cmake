@@ -1,0 +1,23 @@
+# One static library per layer (runtime, serialization, channels): a layer's sources see its
+# own public headers (<layer>/include), its private headers (<layer>/src) and what the layers
+# below it export, nothing above it. A call from a lower layer into a higher one fails to
+# link, so "dependencies point one way" is checked by every build.
+#
+# ferry_add_layer(<layer> DEPENDS <lower layer targets...> SOURCES <files...>) creates
+# ferry_<layer>, exported as ferry::<layer>.
+function(ferry_add_layer layer)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "" "DEPENDS;SOURCES")
+  set(target ferry_${layer})
+  add_library(${target} STATIC ${arg_SOURCES})
+  set_target_properties(${target} PROPERTIES EXPORT_NAME ${layer})
+  target_include_directories(${target}
+    PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include> $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
+    PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+  target_link_libraries(${target} PUBLIC ${arg_DEPENDS})
+  ferry_set_warnings(${target})
+  if(FERRY_UNITY_BUILD)
+    ferry_unity_build(${target} 8)
+  endif()
+  # Tests and benchmarks also reach the layers' private headers (ferry_internals).
+  target_include_directories(ferry_internals INTERFACE ${CMAKE_CURRENT_SOURCE_DIR}/src)
+endfunction()

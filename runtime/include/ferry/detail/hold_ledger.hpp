@@ -1,0 +1,128 @@
+// The sender's record of what one receiver may still hold. Every storage a sender passes
+// is pinned (its allocation kept alive, so an allocator cannot recycle its block) until the
+// receiver gives its slot back through the connection's return board, or until no process
+// that received from the connection is alive any more.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "ferry/detail/return_board.hpp"
+#include "ferry/detail/shared_segment.hpp"
+#include "ferry/detail/unique_fd.hpp"
+
+namespace ferry {
+
+/// One connection's pins. Created by a channel's encoder and registered with the process,
+/// so that it outlives the channel while the receiver still holds blocks, and so that an
+/// allocator short of memory can collect what receivers gave back. Thread-safe.
+class HoldLedger {
+ public:
+  /// Creates a ledger with a new return board, registered with this process.
+  static std::shared_ptr<HoldLedger> create();
+  ~HoldLedger();
+  HoldLedger(const HoldLedger&) = delete;
+  HoldLedger& operator=(const HoldLedger&) = delete;
+
+  /// The board the receiver gives slots back through.
+  const std::shared_ptr<ReturnBoard>& board() const noexcept { return board_; }
+
+  /// A storage of a frame being sent: its slot and its allocation.
+  struct Pin {
+    std::uint32_t slot = 0;
+    std::shared_ptr<Allocation> allocation;
+  };
+  /// Pins the allocations of the storages that frame `sequence` introduces (moves them in).
+  void pin(std::span<Pin> pins, std::uint64_t sequence);
+  /// Unpins `slots`: their frame was never sent.
+  void unpin(std::span<const std::uint32_t> slots);
+  /// Appends the slots given back (or reclaimed) since the last call; their pins are gone.
+  void take_returned(std::vector<std::uint32_t>& out);
+
+  /// Reads the return board and unpins what the receiver gave back. With
+  /// `check_receivers`, also reclaims everything when every process registered as a holder
+  /// has exited, and the pins of frames that nobody can resolve any more when the
+  /// receiving end is gone (reads /proc; use it when memory is short, not on every send).
+  void collect(bool check_receivers);
+  /// The receiving end is gone (a write failed): frames not resolved yet never will be.
+  void receiver_gone();
+  /// The channel closed. `probe` (may be empty) is a descriptor that polls POLLERR or
+  /// POLLHUP once the receiving end is gone; it is kept while frames are unresolved. With
+  /// `probe_by_send` (a duplex socket whose writer did not shut its direction down), a
+  /// zero-length send failing with EPIPE also tells that the reader shut its direction down.
+  void channel_closed(UniqueFd probe, bool probe_by_send = false);
+  /// Segments (and upstream return boards) that frames up to their sequence number name by
+  /// fd number (Transport::Pipe, ShmRing; each held by an owner of its fd), from a channel
+  /// that closed before the receiver acknowledged them (a Sender
+  /// dropped by an exception does not wait): kept open until the return board says their
+  /// frame is resolved, or until the receiver is gone, so that it can still open them.
+  void keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments);
+  /// This process handed the channel to a forked process that goes on with it (see
+  /// adopt_in_child()): the return board is that process's to read from now on. What this
+  /// process pinned stays pinned until every holder has exited.
+  void hand_over();
+  /// In a forked process that took the channel over (a used Sender handed to a worker):
+  /// `ledger`, inherited from the parent, becomes this process's, registered with it and
+  /// reading the return board. No-op for a ledger of this process.
+  static void adopt_in_child(const std::shared_ptr<HoldLedger>& ledger);
+
+  /// The pinned allocation of the shared block at `offset` in `segment`, or null: a
+  /// block this process sent that came back through forwarders (its Storage died here)
+  /// is kept by holding it. Scans every pin: for that rare path only.
+  std::shared_ptr<Allocation> find_pinned(const SharedSegment* segment, std::size_t offset) const;
+  /// Storages pinned now.
+  std::size_t pinned() const;
+  /// True when the channel closed and nothing is pinned: the ledger can go.
+  bool finished() const;
+
+ private:
+  HoldLedger();
+  struct Entry {
+    std::shared_ptr<Allocation> allocation;
+    std::uint64_t sequence = 0;
+  };
+  void unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped);
+  void reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
+  void reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
+  // Moves every kept segment into `released` (to close after the lock): nobody will open
+  // them any more. Closes the board's fd too once the channel closed.
+  void release_kept_segments_locked(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>>& released);
+  std::uint64_t newest_pinned_sequence_locked() const;
+  bool belongs_to_this_process() const noexcept;
+
+  mutable std::mutex mutex_;
+  std::shared_ptr<ReturnBoard> board_;
+  std::uint64_t generation_;
+  std::vector<Entry> pins_;  // by slot
+  std::size_t pinned_ = 0;
+  std::vector<std::uint32_t> returned_;
+  std::vector<std::uint32_t> scratch_;
+  bool channel_open_ = true;
+  bool receiver_gone_ = false;
+  bool handed_over_ = false;  // another process reads the board (hand_over())
+  UniqueFd probe_;
+  bool probe_by_send_ = false;
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> kept_segments_;  // by sequence
+};
+
+/// Collects what receivers gave back on every channel of this process (see
+/// HoldLedger::collect) and forgets ledgers that are finished. The caching allocator calls
+/// it before it creates a segment; `SharedAllocator::trim()` calls it with
+/// `check_receivers`.
+void collect_returned_blocks(bool check_receivers);
+
+/// The ledger of this process whose return board is `identity`, or null (a block this
+/// process sent came back to it through forwarders, with the board it left on).
+std::shared_ptr<HoldLedger> own_ledger_of_board(const FileIdentity& identity);
+
+/// Ledgers this process keeps (open channels, and closed ones whose receivers still hold
+/// blocks), for tests and statistics.
+std::size_t live_hold_ledgers();
+
+}  // namespace ferry

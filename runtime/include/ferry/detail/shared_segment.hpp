@@ -1,0 +1,137 @@
+// A shared segment as this process sees it, and the blocks that storages occupy in it.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "ferry/device.hpp"
+#include "ferry/detail/shared_memory.hpp"
+
+namespace ferry {
+
+class Storage;
+class SharedBlock;
+class ReturnBoard;
+
+/// A sealed memfd segment mapped in this process: one created by a SharedAllocator (which
+/// carves blocks from it) or one received from another process. Always owned through
+/// std::shared_ptr; every block in it keeps it mapped. Thread-safe.
+class SharedSegment {
+ public:
+  /// Creates a segment of `size` bytes that belongs to `owner` (the allocator carving it).
+  /// Throws OutOfSharedMemory or SystemError (see SharedMemory::create).
+  static std::shared_ptr<SharedSegment> create(std::size_t size, const void* owner);
+  /// Wraps a segment received from another process (already checked and mapped).
+  static std::shared_ptr<SharedSegment> adopt(SharedMemory memory);
+
+  ~SharedSegment();
+  SharedSegment(const SharedSegment&) = delete;
+  SharedSegment& operator=(const SharedSegment&) = delete;
+
+  /// First byte of the segment in this process.
+  std::byte* data() const noexcept { return memory_.data(); }
+  /// Size of the segment in bytes.
+  std::size_t size() const noexcept { return memory_.size(); }
+  /// The memfd (for passing the segment to another process).
+  int fd() const noexcept { return memory_.fd(); }
+  /// Identity of the memfd: equal in every process that maps the segment.
+  const FileIdentity& identity() const noexcept { return memory_.identity(); }
+  /// Unique within this process for the process's lifetime (never reused).
+  std::uint64_t id() const noexcept { return id_; }
+  /// The allocator that carves this segment, or nullptr for a received segment.
+  const void* owner() const noexcept { return owner_; }
+  /// True for a segment an allocator of this process created: not a received one, nor one
+  /// a forked child inherited (its parent carves it, and pins what it sends of it).
+  bool created_in_this_process() const noexcept;
+
+  /// Records that the segment was passed to another process, so that its death is
+  /// announced to the channels that passed it (see sent_segment_deaths()).
+  void mark_sent() noexcept { sent_.store(true, std::memory_order_relaxed); }
+
+  /// Remembers sent storages whose blocks lie in this segment, so that a block coming back
+  /// (from a receiver that forwards it) resolves to the storage that was sent.
+  void remember_storages(std::span<const std::shared_ptr<Storage>* const> storages);
+  /// The live storage remembered for exactly this block, or nullptr.
+  std::shared_ptr<Storage> find_storage(std::uint64_t offset, std::uint64_t nbytes);
+
+ private:
+  SharedSegment(SharedMemory memory, const void* owner);
+
+  struct Remembered {
+    std::uint64_t offset = kNoOffset;  // kNoOffset: empty
+    std::uint64_t nbytes = 0;
+    std::weak_ptr<Storage> storage;
+  };
+  static constexpr std::uint64_t kNoOffset = ~std::uint64_t{0};
+  // The entry for `offset` (the empty one where it would go if there is none). Locked.
+  inline Remembered& remembered_at(std::uint64_t offset) noexcept;
+
+  SharedMemory memory_;
+  const void* owner_;
+  std::uint64_t generation_;  // fork generation that created or received it
+  std::uint64_t id_;
+  std::atomic<bool> sent_{false};
+  std::atomic<bool> any_remembered_{false};
+  std::mutex mutex_;
+  // Open addressing by block offset (a power of two of entries, at most half full). A
+  // recycled block overwrites its entry, so the table never holds more entries than the
+  // segment has blocks, and entries are never removed.
+  std::vector<Remembered> remembered_;
+  std::size_t remembered_count_ = 0;
+};
+
+/// Counts the deaths of segments that were ever sent. A channel compares it with the value
+/// it saw last to decide cheaply whether a segment it passed has died.
+std::uint64_t sent_segment_deaths() noexcept;
+
+/// Owns the bytes behind a Storage. Subclasses: private heap memory, a block of a shared
+/// segment, and (with CUDA) device memory.
+class Allocation {
+ public:
+  virtual ~Allocation() = default;
+  /// First byte of the allocation (nullptr for an empty heap allocation).
+  virtual std::byte* data() const noexcept = 0;
+  /// Bytes usable by the storage.
+  virtual std::size_t size() const noexcept = 0;
+  /// Where the bytes live.
+  virtual Device device() const noexcept = 0;
+  /// The shared block behind this allocation, or nullptr when it is not shared memory.
+  virtual const SharedBlock* shared_block() const noexcept { return nullptr; }
+};
+
+/// `size` bytes at `offset` in a shared segment: the memory behind every Device::SharedCpu
+/// storage. Subclasses decide what happens when the block dies: an allocator's block goes
+/// back to its free list, a received block is returned to the process that sent it.
+class SharedBlock : public Allocation {
+ public:
+  /// The block of `size` bytes at `offset` in `segment` (the caller checked the bounds).
+  SharedBlock(std::shared_ptr<SharedSegment> segment, std::size_t offset, std::size_t size)
+      : segment_(std::move(segment)), offset_(offset), size_(size) {}
+  std::byte* data() const noexcept override { return segment_->data() + offset_; }
+  std::size_t size() const noexcept override { return size_; }
+  Device device() const noexcept override { return Device::SharedCpu; }
+  const SharedBlock* shared_block() const noexcept override { return this; }
+
+  /// The segment the block lies in.
+  const std::shared_ptr<SharedSegment>& segment() const noexcept { return segment_; }
+  /// Offset of the block's first byte in its segment.
+  std::size_t offset() const noexcept { return offset_; }
+  /// For a block received from another process: appends the return boards of the
+  /// connections it came through (the one it arrived on first, then those it was forwarded
+  /// from), so that a process it is forwarded to can register as a holder on each of them
+  /// (a sender upstream then keeps the block while that process lives, even when the
+  /// forwarder dies). Appends nothing for a block of this process's own allocator.
+  virtual void append_return_boards(std::vector<std::shared_ptr<ReturnBoard>>& /*out*/) const {}
+
+ private:
+  std::shared_ptr<SharedSegment> segment_;
+  std::size_t offset_;
+  std::size_t size_;
+};
+
+}  // namespace ferry

@@ -1,0 +1,47 @@
+// Worker functions registered by name, so that a re-executed program (start method Spawn)
+// can find the function it has to run. Users register with FERRY_WORKER (ferry/spawn.hpp);
+// this is the type-erased table behind it.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "ferry/detail/unique_fd.hpp"
+#include "ferry/worker_context.hpp"
+
+namespace ferry::detail {
+
+/// Runs a registered worker in a re-executed process: `payload` holds its encoded
+/// arguments (see ferry/spawn.hpp).
+using WorkerEntry = std::function<void(WorkerContext&, UniqueFd payload)>;
+
+/// A function's address as a registry key (any function pointer converts to this).
+using FunctionIdentity = void (*)();
+
+/// One registered worker.
+struct RegisteredWorker {
+  std::string name;
+  FunctionIdentity identity = nullptr;
+  /// The worker's argument types after the WorkerContext, e.g. "std::tuple<int, ferry::Receiver<Job> >";
+  /// a spawn by name must pass exactly these.
+  std::string signature;
+  WorkerEntry entry;
+  /// Runs the worker in a forked child, given a pointer to a std::tuple of its argument
+  /// values (exactly the types `signature` names).
+  std::function<void(WorkerContext&, void* values)> invoke;
+};
+
+/// Registers a worker (during static initialization, through FERRY_WORKER). Registering
+/// the same name again with the same function is harmless; with another function, every
+/// later lookup of the name reports the conflict. Returns true.
+bool register_worker_entry(RegisteredWorker worker) noexcept;
+
+/// The worker registered as `name`; throws SpawnError when there is none (or two).
+const RegisteredWorker& find_worker(std::string_view name);
+
+/// The worker registered for the function `identity`, or nullptr; throws SpawnError when
+/// its name is registered by another function too.
+const RegisteredWorker* find_worker(FunctionIdentity identity);
+
+}  // namespace ferry::detail

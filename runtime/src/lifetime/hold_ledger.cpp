@@ -1,0 +1,388 @@
+#include "ferry/detail/hold_ledger.hpp"
+
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+
+#include "ferry/error.hpp"
+#include "ferry/detail/process_identity.hpp"
+#include "ferry/shared_allocator.hpp"
+
+namespace ferry {
+namespace {
+
+// The ledgers of this process. A ledger stays here until its channel closed and nothing is
+// pinned any more; in a forked child, the inherited ledgers belong to the parent and are
+// dropped without being read (their returns are the parent's to take).
+struct Registry {
+  std::mutex mutex;
+  std::vector<std::shared_ptr<HoldLedger>> ledgers;
+  std::uint64_t generation = 0;
+};
+
+Registry& registry() {
+  // Leaked on purpose: ledgers may be collected during static destruction.
+  static auto* instance = [] {
+    auto* created = new Registry();
+    // A fork while another thread holds the lock would leave it locked in the child.
+    const int rc = ::pthread_atfork([] { registry().mutex.lock(); }, [] { registry().mutex.unlock(); },
+                                    [] { registry().mutex.unlock(); });
+    if (rc != 0) throw_system_error("pthread_atfork", rc);
+    return created;
+  }();
+  return *instance;
+}
+
+// Made before main(): a fork() while another thread is still making it would leave the child
+// waiting for ever on the static's initialization guard.
+[[maybe_unused]] const Registry& g_registry_made_at_start = registry();
+
+// Takes the ledgers a forked child inherited out of the registry (caller holds the lock).
+std::vector<std::shared_ptr<HoldLedger>> take_inherited_locked(Registry& reg) {
+  std::vector<std::shared_ptr<HoldLedger>> inherited;
+  const std::uint64_t generation = fork_generation();
+  if (reg.generation != generation) {
+    inherited.swap(reg.ledgers);
+    reg.generation = generation;
+  }
+  return inherited;
+}
+
+// A socket whose reader shut its direction down (a duplex connection: the reader's process
+// still holds the socket for the other direction) reports neither POLLERR nor POLLHUP; a
+// send of no bytes fails with EPIPE, and sends nothing otherwise (ferry's sockets are all
+// stream sockets, where an empty send is no message).
+bool socket_reader_shut_down(int fd) {
+  while (true) {
+    if (::send(fd, nullptr, 0, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0) return false;
+    if (errno == EINTR) continue;
+    return errno == EPIPE || errno == ECONNRESET;
+  }
+}
+
+// `by_send`: the probe is a socket whose own sending side is open (after this side's
+// shutdown(SHUT_WR) a zero-length send fails with EPIPE whatever the reader does).
+bool reader_gone(const UniqueFd& probe, bool by_send) {
+  if (!probe) return false;
+  pollfd entry{probe.get(), POLLOUT, 0};
+  while (true) {
+    const int rc = ::poll(&entry, 1, 0);
+    if (rc >= 0) {
+      if (rc > 0 && (entry.revents & (POLLERR | POLLHUP)) != 0) return true;
+      return by_send && socket_reader_shut_down(probe.get());
+    }
+    if (errno != EINTR) return false;  // cannot tell: keep the pins
+  }
+}
+
+// A holder still registering has published its pid, not yet its start time: it counts as
+// alive while a running process has that pid. One killed between the two steps of its
+// registration never finishes it, and must not keep the pins for ever.
+bool registering_holder_alive(std::int32_t pid) noexcept {
+  std::optional<ProcessIdentity> process;
+  try {
+    process = identify_process(pid);
+  } catch (...) {
+    return true;  // exists but cannot be inspected: never reclaim from a live process
+  }
+  // No /proc entry: gone, or hidden from us (hidepid), which process_alive() tells apart.
+  return process_alive(process.value_or(ProcessIdentity{pid, 0}));
+}
+
+}  // namespace
+
+HoldLedger::HoldLedger() : board_(ReturnBoard::create()), generation_(fork_generation()) {}
+
+std::shared_ptr<HoldLedger> HoldLedger::create() {
+  auto ledger = std::shared_ptr<HoldLedger>(new HoldLedger());
+  Registry& reg = registry();
+  std::vector<std::shared_ptr<HoldLedger>> dropped;
+  {
+    std::lock_guard lock(reg.mutex);
+    dropped = take_inherited_locked(reg);
+    // Forget ledgers of closed channels whose receivers gave everything back, so that a
+    // program opening many channels keeps no stale boards mapped.
+    for (auto it = reg.ledgers.begin(); it != reg.ledgers.end();) {
+      if ((*it)->finished()) {
+        dropped.push_back(std::move(*it));
+        it = reg.ledgers.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    reg.ledgers.push_back(ledger);
+  }
+  return ledger;  // `dropped` dies here, outside the lock
+}
+
+HoldLedger::~HoldLedger() = default;
+
+bool HoldLedger::belongs_to_this_process() const noexcept { return generation_ == fork_generation(); }
+
+void HoldLedger::pin(std::span<Pin> pins, std::uint64_t sequence) {
+  std::lock_guard lock(mutex_);
+  for (Pin& pin : pins) {
+    if (pin.slot >= pins_.size()) pins_.resize(std::size_t{pin.slot} + 1);
+    Entry& entry = pins_[pin.slot];
+    if (entry.allocation == nullptr) ++pinned_;
+    entry.allocation = std::move(pin.allocation);
+    entry.sequence = sequence;
+  }
+}
+
+void HoldLedger::unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped) {
+  if (slot >= pins_.size() || pins_[slot].allocation == nullptr) return;
+  dropped.push_back(std::move(pins_[slot].allocation));  // leaves the pin empty
+  --pinned_;
+}
+
+void HoldLedger::unpin(std::span<const std::uint32_t> slots) {
+  const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
+  std::vector<std::shared_ptr<Allocation>> dropped;
+  std::lock_guard lock(mutex_);
+  for (const std::uint32_t slot : slots) unpin_locked(slot, dropped);
+  // `dropped` dies after the lock is released: a block's death may lock its allocator.
+}
+
+void HoldLedger::take_returned(std::vector<std::uint32_t>& out) {
+  std::lock_guard lock(mutex_);
+  out.insert(out.end(), returned_.begin(), returned_.end());
+  returned_.clear();
+}
+
+void HoldLedger::reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
+  const std::uint64_t resolved = board_->abandon_unresolved();
+  for (std::uint32_t slot = 0; slot < pins_.size(); ++slot) {
+    if (pins_[slot].allocation != nullptr && pins_[slot].sequence > resolved) {
+      unpin_locked(slot, dropped);
+      returned_.push_back(slot);
+    }
+  }
+}
+
+void HoldLedger::reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
+  board_->abandon_unresolved();
+  for (std::uint32_t slot = 0; slot < pins_.size(); ++slot) {
+    if (pins_[slot].allocation != nullptr) {
+      unpin_locked(slot, dropped);
+      returned_.push_back(slot);
+    }
+  }
+}
+
+std::uint64_t HoldLedger::newest_pinned_sequence_locked() const {
+  std::uint64_t newest = 0;
+  for (const Entry& entry : pins_) {
+    if (entry.allocation != nullptr) newest = std::max(newest, entry.sequence);
+  }
+  return newest;
+}
+
+void HoldLedger::collect(bool check_receivers) {
+  // In a forked child the ledger is the parent's: leave it (and its lock) alone.
+  if (!belongs_to_this_process()) return;
+  const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
+  std::vector<std::shared_ptr<Allocation>> dropped;
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> released_segments;  // closed after the lock
+  std::lock_guard lock(mutex_);
+  if (!kept_segments_.empty()) {
+    const std::uint64_t resolved = board_->resolved();
+    while (!kept_segments_.empty() && kept_segments_.front().first <= resolved) {
+      released_segments.push_back(std::move(kept_segments_.front()));
+      kept_segments_.pop_front();
+    }
+    if (!channel_open_ && kept_segments_.empty()) board_->close_fd();  // kept for them (channel_closed())
+  }
+  scratch_.clear();
+  // Handed over: the returns on the board are the other process's.
+  if (!handed_over_) board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
+  // One allocation each, not one per doubling.
+  dropped.reserve(scratch_.size());
+  returned_.reserve(returned_.size() + scratch_.size());
+  for (const std::uint32_t slot : scratch_) {
+    if (slot < pins_.size() && pins_[slot].allocation != nullptr) {
+      dropped.push_back(std::move(pins_[slot].allocation));  // leaves the pin empty
+      returned_.push_back(slot);
+    }
+  }
+  pinned_ -= dropped.size();
+  if (pinned_ == 0) {
+    // Nothing pinned: every frame was given back or reclaimed, so nobody opens a segment any more.
+    probe_.reset();
+    release_kept_segments_locked(released_segments);
+    return;
+  }
+  if (!check_receivers) return;
+  // Marked on the board while it runs: a process that registers as a holder meanwhile (a
+  // receiver of a block forwarded from this connection) waits for its end and then sees
+  // whether it reclaimed (ReturnBoard::reclaims_after_checks()). The mark ends however the
+  // block below is left (an exception from holders() included).
+  struct HolderCheck {
+    ReturnBoard& board;
+    const bool& reclaimed;
+    HolderCheck(ReturnBoard& checked, const bool& outcome) : board(checked), reclaimed(outcome) {
+      board.begin_holder_check();
+    }
+    ~HolderCheck() { board.end_holder_check(reclaimed); }
+    HolderCheck(const HolderCheck&) = delete;
+    HolderCheck& operator=(const HolderCheck&) = delete;
+  };
+  bool reclaimed = false;
+  {
+    const HolderCheck check(*board_, reclaimed);
+    const auto holders = board_->holders();
+    const bool all_dead = !holders.empty() && std::none_of(holders.begin(), holders.end(), [](const auto& holder) {
+      return holder.registering ? registering_holder_alive(holder.process.pid) : process_alive(holder.process);
+    });
+    if (all_dead) {
+      reclaim_all_locked(dropped);
+      reclaimed = true;
+    } else if (receiver_gone_ || reader_gone(probe_, probe_by_send_)) {
+      receiver_gone_ = true;
+      // Nobody can resolve the frames still in flight; if no holder is registered, nobody
+      // resolved any frame at all, or every process downstream that did let go of what
+      // came through this connection (ReturnBoard::hold_registration()): nobody holds
+      // anything.
+      if (holders.empty()) {
+        reclaim_all_locked(dropped);
+        reclaimed = true;
+      } else {
+        reclaim_unresolved_locked(dropped);
+      }
+    }
+  }
+  if (receiver_gone_ || reclaimed) release_kept_segments_locked(released_segments);
+  if (probe_ && board_->resolved() >= newest_pinned_sequence_locked()) {
+    probe_.reset();  // every pinned frame is resolved: the holders decide from now on
+  }
+}
+
+void HoldLedger::receiver_gone() {
+  if (!belongs_to_this_process()) return;  // a forked child's copy: the pins are the parent's
+  {
+    std::lock_guard lock(mutex_);
+    receiver_gone_ = true;
+  }
+  collect(true);
+}
+
+void HoldLedger::channel_closed(UniqueFd probe, bool probe_by_send) {
+  if (!belongs_to_this_process()) {
+    // A forked child's copy of the parent's ledger (a channel end the child abandoned): the
+    // pins are the parent's, and its lock may have been held by another thread at fork.
+    // Only this process's copy of the board's fd goes.
+    board_->close_fd();
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    channel_open_ = false;
+    if (pinned_ > 0 && !receiver_gone_) {
+      probe_ = std::move(probe);
+      probe_by_send_ = probe_by_send;
+    }
+    // No frame will carry the board any more; a receiver may still have to open it by fd
+    // number, like the segments kept for it (then collect() closes it with the last one).
+    if (kept_segments_.empty()) board_->close_fd();
+  }
+  collect(false);
+}
+
+void HoldLedger::release_kept_segments_locked(
+    std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>>& released) {
+  released.insert(released.end(), std::make_move_iterator(kept_segments_.begin()),
+                  std::make_move_iterator(kept_segments_.end()));
+  kept_segments_.clear();
+  if (!channel_open_) board_->close_fd();  // kept for them (channel_closed())
+}
+
+void HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments) {
+  if (!belongs_to_this_process()) return;  // a forked child's copy: the segments are the parent's to keep
+  std::lock_guard lock(mutex_);
+  for (auto& kept : segments) kept_segments_.push_back(std::move(kept));
+}
+
+void HoldLedger::hand_over() {
+  if (!belongs_to_this_process()) return;
+  std::lock_guard lock(mutex_);
+  handed_over_ = true;
+}
+
+void HoldLedger::adopt_in_child(const std::shared_ptr<HoldLedger>& ledger) {
+  if (!ledger || ledger->belongs_to_this_process()) return;
+  {
+    // A forked process that adopts an end runs no other thread yet.
+    std::lock_guard lock(ledger->mutex_);
+    ledger->generation_ = fork_generation();
+  }
+  Registry& reg = registry();
+  std::vector<std::shared_ptr<HoldLedger>> dropped;
+  {
+    std::lock_guard lock(reg.mutex);
+    dropped = take_inherited_locked(reg);
+    reg.ledgers.push_back(ledger);
+  }
+}
+
+std::shared_ptr<Allocation> HoldLedger::find_pinned(const SharedSegment* segment, std::size_t offset) const {
+  std::lock_guard lock(mutex_);
+  for (const Entry& entry : pins_) {
+    const SharedBlock* block = entry.allocation ? entry.allocation->shared_block() : nullptr;
+    if (block != nullptr && block->segment().get() == segment && block->offset() == offset) return entry.allocation;
+  }
+  return nullptr;
+}
+
+std::size_t HoldLedger::pinned() const {
+  std::lock_guard lock(mutex_);
+  return pinned_;
+}
+
+bool HoldLedger::finished() const {
+  std::lock_guard lock(mutex_);
+  return !channel_open_ && pinned_ == 0;
+}
+
+void collect_returned_blocks(bool check_receivers) {
+  Registry& reg = registry();
+  std::vector<std::shared_ptr<HoldLedger>> inherited;
+  std::vector<std::shared_ptr<HoldLedger>> ledgers;
+  {
+    std::lock_guard lock(reg.mutex);
+    inherited = take_inherited_locked(reg);
+    ledgers = reg.ledgers;
+  }
+  for (const auto& ledger : ledgers) ledger->collect(check_receivers);
+  std::vector<std::shared_ptr<HoldLedger>> finished;
+  {
+    std::lock_guard lock(reg.mutex);
+    for (auto it = reg.ledgers.begin(); it != reg.ledgers.end();) {
+      if ((*it)->finished()) {
+        finished.push_back(std::move(*it));
+        it = reg.ledgers.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // `finished`, `ledgers` and `inherited` die here, outside the registry's lock.
+}
+
+std::shared_ptr<HoldLedger> own_ledger_of_board(const FileIdentity& identity) {
+  Registry& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  if (reg.generation != fork_generation()) return nullptr;  // the inherited ledgers are the parent's
+  const auto it = std::find_if(reg.ledgers.begin(), reg.ledgers.end(),
+                               [&identity](const auto& ledger) { return ledger->board()->identity() == identity; });
+  return it == reg.ledgers.end() ? nullptr : *it;
+}
+
+std::size_t live_hold_ledgers() {
+  Registry& reg = registry();
+  std::lock_guard lock(reg.mutex);
+  return reg.generation == fork_generation() ? reg.ledgers.size() : 0;
+}
+
+}  // namespace ferry

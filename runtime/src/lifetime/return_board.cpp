@@ -1,0 +1,369 @@
+#include "ferry/detail/return_board.hpp"
+
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "ferry/error.hpp"
+
+namespace ferry {
+namespace {
+
+constexpr std::uint64_t kMagic = 0x5352555445525946;  // "FYRETURS"
+// 2: the acknowledgement request word; 3: reclaims, 64 holders; 4: holder checks counted;
+// 5: 252 holders
+constexpr std::uint64_t kVersion = 5;
+constexpr std::uint64_t kAbandoned = std::uint64_t{1} << 63;
+constexpr std::uint64_t kRegistering = std::uint64_t{1} << 63;
+constexpr std::size_t kPage = 4096;
+constexpr std::size_t kBitmapWords = ReturnBoard::kSlots / 64;
+constexpr std::size_t kSummaryWords = kBitmapWords / 64;
+
+// Byte offsets of the fields.
+constexpr std::size_t kMagicAt = 0;
+constexpr std::size_t kVersionAt = 8;    // version << 32 | slot capacity
+constexpr std::size_t kResolvedAt = 16;
+constexpr std::size_t kPostedAt = 24;
+constexpr std::size_t kAcknowledgementsAt = 32;  // non-zero: the sender asked for acknowledgements
+// Low 16 bits: checks of the holders in progress (a Sender handed to a forked worker is
+// checked by both processes); above: reclaims.
+constexpr std::size_t kReclaimsAt = 40;
+constexpr std::uint64_t kCheck = 1;
+constexpr std::uint64_t kReclaim = std::uint64_t{1} << 16;
+constexpr std::uint64_t kChecks = kReclaim - 1;
+constexpr std::size_t kHoldersAt = 64;   // kMaxHolders x {pid word, start time}
+constexpr std::size_t kSummaryAt = kPage;
+constexpr std::size_t kBitmapAt = 2 * kPage;
+static_assert(kHoldersAt + ReturnBoard::kMaxHolders * 16 == kPage, "the holders fill the header page");
+static_assert(kSummaryWords * 8 <= kPage);
+static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free, "shared-memory atomics must be lock-free");
+
+using Atomic = std::atomic_ref<std::uint64_t>;
+
+// This process's own registrations as a holder, by board: how many board objects hold a
+// share of it (hold_registration(); one per connection that brought the board), whether one
+// came downstream of the board's connection (a forwarder passed it on), and whether the
+// process keeps it for good (it handed its blocks over to a forked process). A forked child
+// starts from none: the parent's objects it inherited never drop the parent's registration,
+// and it registers for itself.
+struct Registrations {
+  struct Registration {
+    std::size_t objects = 0;
+    bool downstream = false;
+    bool kept = false;
+  };
+  std::mutex mutex;
+  std::uint64_t generation = 0;
+  std::unordered_map<FileIdentity, Registration, FileIdentityHash> boards;
+
+  // Call with `mutex` held.
+  std::unordered_map<FileIdentity, Registration, FileIdentityHash>& of_this_generation() {
+    if (const std::uint64_t now = fork_generation(); generation != now) {
+      boards.clear();
+      generation = now;
+    }
+    return boards;
+  }
+};
+
+Registrations& registrations() {
+  // Leaked on purpose: boards may die during static destruction.
+  static auto* made = [] {
+    auto* created = new Registrations();
+    // A fork while another thread holds the lock would leave it locked in the child.
+    if (const int rc = ::pthread_atfork([] { registrations().mutex.lock(); },
+                                        [] { registrations().mutex.unlock(); },
+                                        [] { registrations().mutex.unlock(); });
+        rc != 0) {
+      throw_system_error("pthread_atfork", rc);
+    }
+    return created;
+  }();
+  return *made;
+}
+
+// Made before main(), so that no fork can meet its initialization half done.
+[[maybe_unused]] const Registrations& g_registrations_made_at_start = registrations();
+
+}  // namespace
+
+std::size_t ReturnBoard::bytes() noexcept { return kBitmapAt + kBitmapWords * 8; }
+
+std::uint64_t* ReturnBoard::word(std::size_t byte_offset) const noexcept {
+  return reinterpret_cast<std::uint64_t*>(memory_.data() + byte_offset);
+}
+
+std::shared_ptr<ReturnBoard> ReturnBoard::create() {
+  auto board = std::shared_ptr<ReturnBoard>(new ReturnBoard(SharedMemory::create(bytes(), "ferry-returns")));
+  *board->word(kMagicAt) = kMagic;
+  *board->word(kVersionAt) = kVersion << 32 | kSlots;
+  return board;  // the rest of a new memfd reads as zero
+}
+
+std::shared_ptr<ReturnBoard> ReturnBoard::open_received(SharedMemory memory) {
+  if (memory.size() != bytes()) {
+    throw ProtocolError("received return board has " + std::to_string(memory.size()) + " bytes, expected " +
+                        std::to_string(bytes()));
+  }
+  auto board = std::shared_ptr<ReturnBoard>(new ReturnBoard(std::move(memory)));
+  if (Atomic(*board->word(kMagicAt)).load(std::memory_order_relaxed) != kMagic ||
+      Atomic(*board->word(kVersionAt)).load(std::memory_order_relaxed) != (kVersion << 32 | kSlots)) {
+    throw ProtocolError("received return board has a wrong magic number or version; build both sides from the "
+                        "same ferry");
+  }
+  return board;
+}
+
+namespace {
+constinit thread_local ReturnBoard::PostBatch* t_post_batch = nullptr;  // the outermost open one
+}  // namespace
+
+void ReturnBoard::post_return(std::uint32_t slot) noexcept {
+  if (slot >= kSlots) return;
+  if (PostBatch* batch = t_post_batch; batch != nullptr && batch->board_ == this) {
+    batch->add(slot);
+    return;
+  }
+  post_bits(slot / 64, std::uint64_t{1} << (slot % 64));
+  Atomic(*word(kPostedAt)).fetch_add(1, std::memory_order_release);
+}
+
+void ReturnBoard::post_bits(std::size_t w, std::uint64_t bits) noexcept {
+  const std::uint64_t before = Atomic(*word(kBitmapAt + w * 8)).fetch_or(bits, std::memory_order_release);
+  // Whoever makes a bitmap word non-zero marks it in the summary; a post into a word that
+  // already has bits needs not (the sender takes the whole word once it sees the mark, and
+  // a word it emptied is marked again by the next post).
+  if (before == 0) {
+    Atomic(*word(kSummaryAt + (w / 64) * 8)).fetch_or(std::uint64_t{1} << (w % 64), std::memory_order_release);
+  }
+}
+
+ReturnBoard::PostBatch::PostBatch(ReturnBoard* board) noexcept
+    : board_(board), outermost_(t_post_batch == nullptr) {
+  if (outermost_) t_post_batch = this;
+}
+
+ReturnBoard::PostBatch::~PostBatch() {
+  if (!outermost_) return;
+  t_post_batch = nullptr;
+  post_word();
+  // The count goes up after the bits are set: a sender that sees it finds them.
+  if (count_ > 0) Atomic(*board_->word(kPostedAt)).fetch_add(count_, std::memory_order_release);
+}
+
+void ReturnBoard::PostBatch::post_word() noexcept {
+  if (bits_ == 0) return;
+  board_->post_bits(word_, bits_);
+  bits_ = 0;
+}
+
+bool ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
+  const auto pid = static_cast<std::uint64_t>(process.pid);
+  // Takes place `i` if its pid word still reads `expected`: marks it registering, then
+  // publishes the start time and clears the mark. seq_cst: a sender's check of the holders
+  // (begin_holder_check(), then holders()) and a registration followed by
+  // reclaims_after_checks() see at least one another's store.
+  const auto claim = [this, pid, &process](std::size_t i, std::uint64_t& expected) {
+    Atomic pid_word(*word(kHoldersAt + i * 16));
+    if (!pid_word.compare_exchange_strong(expected, pid | kRegistering, std::memory_order_seq_cst)) return false;
+    Atomic(*word(kHoldersAt + i * 16 + 8)).store(process.start_time, std::memory_order_relaxed);
+    pid_word.store(pid, std::memory_order_release);
+    return true;
+  };
+  const auto is_this_process = [this, pid, &process](std::size_t i, std::uint64_t pid_word) {
+    return pid_word == pid &&
+           Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed) == process.start_time;
+  };
+  // Places are cleared when a process unregisters: look for this process's own place
+  // everywhere before taking a free one, so that it never holds two.
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    if (is_this_process(i, Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst))) return true;
+  }
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    std::uint64_t current = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);
+    if (current != 0) continue;
+    if (claim(i, current)) return true;
+    if (is_this_process(i, current)) return true;
+  }
+  // Full: take the place of a holder that exited. A process that dies keeps its place, and
+  // every process a long-lived connection's blocks were forwarded to registers on its
+  // board; a dead holder keeps nothing pinned, so replacing it changes no check's outcome
+  // (one that read it dead before sees the same; one that reads the slot after sees us).
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    std::uint64_t current = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);
+    if (current == 0 || (current & kRegistering) != 0) continue;  // a registration in progress: skip it
+    const ProcessIdentity holder{static_cast<std::int32_t>(current & 0x7fffffff),
+                                 Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed)};
+    if (!process_alive(holder) && claim(i, current)) return true;
+  }
+  return false;
+}
+
+void ReturnBoard::unregister_holder(const ProcessIdentity& process) noexcept {
+  const auto pid = static_cast<std::uint64_t>(process.pid);
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    Atomic pid_word(*word(kHoldersAt + i * 16));
+    std::uint64_t current = pid_word.load(std::memory_order_seq_cst);
+    if (current != pid || Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed) != process.start_time) {
+      continue;
+    }
+    // Nobody else changes a living process's place: only free places are claimed, and only
+    // those of holders that exited are taken over. The start time stays; a free place is
+    // known by its pid word.
+    pid_word.compare_exchange_strong(current, 0, std::memory_order_seq_cst);
+  }
+}
+
+bool ReturnBoard::hold_registration(HolderRole role) {
+  const ProcessIdentity self = current_process();
+  Registrations& all = registrations();
+  const std::lock_guard lock(all.mutex);
+  auto& boards = all.of_this_generation();
+  const std::uint64_t generation = fork_generation();
+  auto& registration = boards[identity()];
+  if (!register_holder(self)) {
+    if (registration.objects == 0 && !registration.kept) boards.erase(identity());
+    return false;
+  }
+  if (role == HolderRole::Downstream) registration.downstream = true;
+  if (!holds_registration_ || registration_generation_ != generation) {
+    ++registration.objects;
+    holds_registration_ = true;
+    registration_generation_ = generation;
+  }
+  return true;
+}
+
+void ReturnBoard::keep_registration() noexcept {
+  Registrations& all = registrations();
+  const std::lock_guard lock(all.mutex);
+  if (!holds_registration_ || registration_generation_ != fork_generation()) return;
+  all.of_this_generation().find(identity())->second.kept = true;  // present: this object holds a share
+}
+
+ReturnBoard::~ReturnBoard() {
+  if (!holds_registration_) return;
+  Registrations& all = registrations();
+  const std::lock_guard lock(all.mutex);
+  if (registration_generation_ != fork_generation()) return;  // the parent's, inherited by fork
+  auto& boards = all.of_this_generation();
+  const auto it = boards.find(identity());
+  if (it == boards.end() || --it->second.objects > 0 || it->second.kept) return;
+  const bool downstream = it->second.downstream;
+  boards.erase(it);
+  // The last object of the board in this process: nothing that came through it lives here
+  // any more. A receiver that only ever received on the connection itself stays registered
+  // (as it always has: its sender's checks need no change).
+  if (!downstream) return;
+  try {
+    unregister_holder(current_process());
+  } catch (...) {
+    // /proc unreadable: staying registered only keeps the upstream sender's pins longer.
+  }
+}
+
+std::uint32_t ReturnBoard::reclaims() const noexcept {
+  return static_cast<std::uint32_t>(Atomic(*word(kReclaimsAt)).load(std::memory_order_seq_cst) / kReclaim);
+}
+
+std::optional<std::uint32_t> ReturnBoard::reclaims_after_checks(std::chrono::milliseconds patience) const noexcept {
+  const auto deadline = std::chrono::steady_clock::now() + patience;
+  Atomic reclaims_word(*word(kReclaimsAt));
+  while (true) {
+    const std::uint64_t value = reclaims_word.load(std::memory_order_seq_cst);
+    if ((value & kChecks) == 0) return static_cast<std::uint32_t>(value / kReclaim);
+    // A check reads a few /proc entries: it ends within microseconds unless its process
+    // stopped (killed halfway, or frozen).
+    if (std::chrono::steady_clock::now() >= deadline) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+}
+
+void ReturnBoard::begin_holder_check() noexcept {
+  Atomic(*word(kReclaimsAt)).fetch_add(kCheck, std::memory_order_seq_cst);
+}
+
+void ReturnBoard::end_holder_check(bool reclaimed) noexcept {
+  // One step, as two processes may check at once: their checks end in any order, and one
+  // ending neither hides the other nor loses its reclaim (modular: minus kCheck).
+  Atomic(*word(kReclaimsAt)).fetch_add((reclaimed ? kReclaim : 0) - kCheck, std::memory_order_seq_cst);
+}
+
+bool ReturnBoard::claim_resolved(std::uint64_t sequence) noexcept {
+  // seq_cst, like acknowledgements_requested() after it and the sender's side in
+  // request_acknowledgements(): of the two stores, at least one is seen by the other side.
+  Atomic resolved_word(*word(kResolvedAt));
+  std::uint64_t current = resolved_word.load(std::memory_order_seq_cst);
+  while (true) {
+    if (current & kAbandoned) return false;
+    if (current >= sequence) return true;
+    if (resolved_word.compare_exchange_weak(current, sequence, std::memory_order_seq_cst)) return true;
+  }
+}
+
+bool ReturnBoard::acknowledgements_requested() const noexcept {
+  return Atomic(*word(kAcknowledgementsAt)).load(std::memory_order_seq_cst) != 0;
+}
+
+void ReturnBoard::take_returns(std::uint32_t slot_limit, std::vector<std::uint32_t>& out) noexcept {
+  const std::uint64_t posted = Atomic(*word(kPostedAt)).load(std::memory_order_acquire);
+  if (posted == last_posted_) return;
+  last_posted_ = posted;
+  const std::size_t words = (std::min<std::size_t>(slot_limit, kSlots) + 63) / 64;
+  const std::size_t summaries = (words + 63) / 64;
+  for (std::size_t i = 0; i < summaries; ++i) {
+    Atomic summary(*word(kSummaryAt + i * 8));
+    if (summary.load(std::memory_order_relaxed) == 0) continue;
+    std::uint64_t marked = summary.exchange(0, std::memory_order_acq_rel);
+    while (marked != 0) {
+      const std::size_t w = i * 64 + static_cast<std::size_t>(std::countr_zero(marked));
+      marked &= marked - 1;
+      std::uint64_t bits = Atomic(*word(kBitmapAt + w * 8)).exchange(0, std::memory_order_acq_rel);
+      while (bits != 0) {
+        out.push_back(static_cast<std::uint32_t>(w * 64 + static_cast<std::size_t>(std::countr_zero(bits))));
+        bits &= bits - 1;
+      }
+    }
+  }
+}
+
+std::uint64_t ReturnBoard::resolved() const noexcept {
+  return Atomic(*word(kResolvedAt)).load(std::memory_order_acquire) & ~kAbandoned;
+}
+
+std::uint64_t ReturnBoard::request_acknowledgements() noexcept {
+  Atomic(*word(kAcknowledgementsAt)).store(1, std::memory_order_seq_cst);
+  return Atomic(*word(kResolvedAt)).load(std::memory_order_seq_cst) & ~kAbandoned;
+}
+
+std::uint64_t ReturnBoard::abandon_unresolved() noexcept {
+  Atomic resolved_word(*word(kResolvedAt));
+  std::uint64_t current = resolved_word.load(std::memory_order_acquire);
+  while (!(current & kAbandoned)) {
+    if (resolved_word.compare_exchange_weak(current, current | kAbandoned, std::memory_order_acq_rel)) break;
+  }
+  return current & ~kAbandoned;
+}
+
+std::vector<ReturnBoard::Holder> ReturnBoard::holders() const {
+  std::vector<Holder> out;
+  for (std::size_t i = 0; i < kMaxHolders; ++i) {
+    const std::uint64_t pid_word = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);
+    if (pid_word == 0) continue;
+    Holder holder;
+    holder.process.pid = static_cast<std::int32_t>(pid_word & 0x7fffffff);
+    holder.registering = (pid_word & kRegistering) != 0;
+    if (!holder.registering) {
+      holder.process.start_time = Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed);
+    }
+    out.push_back(holder);
+  }
+  return out;
+}
+
+}  // namespace ferry

@@ -1,0 +1,136 @@
+#include "ferry/detail/child_process.hpp"
+
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
+#include "ferry/error.hpp"
+
+namespace ferry {
+namespace {
+
+int open_pidfd(pid_t pid) { return static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)); }
+
+int send_pidfd_signal(int pidfd, int signal) {
+  return static_cast<int>(::syscall(SYS_pidfd_send_signal, pidfd, signal, nullptr, 0));
+}
+
+ExitStatus status_from(const siginfo_t& info) {
+  ExitStatus status;
+  if (info.si_code == CLD_EXITED) {
+    status.exited = true;
+    status.code = info.si_status;
+  } else {
+    status.signal = info.si_status;  // CLD_KILLED or CLD_DUMPED
+  }
+  return status;
+}
+
+}  // namespace
+
+std::string signal_name(int signal) {
+  if (signal >= SIGRTMIN && signal <= SIGRTMAX) {
+    return signal == SIGRTMIN ? "SIGRTMIN" : "SIGRTMIN+" + std::to_string(signal - SIGRTMIN);
+  }
+  if (const char* abbreviation = ::sigabbrev_np(signal)) return std::string("SIG") + abbreviation;
+  return "signal " + std::to_string(signal);
+}
+
+std::string ExitStatus::describe() const {
+  if (exited) return "exited with status " + std::to_string(code);
+  std::string text = "was killed by signal " + signal_name(signal);
+  if (const char* description = ::sigdescr_np(signal)) text += std::string(" (") + description + ")";
+  return text;
+}
+
+ChildProcess::ChildProcess(pid_t pid) : pid_(pid), owner_(::getpid()) {
+  const int fd = open_pidfd(pid);
+  if (fd < 0) {
+    const int error = errno;
+    ::kill(pid, SIGKILL);
+    int ignored = 0;
+    ::waitpid(pid, &ignored, 0);
+    throw_system_error("pidfd_open of child process " + std::to_string(pid) +
+                           " (ferry needs Linux 5.4 or newer to supervise workers)",
+                       error);
+  }
+  pidfd_.reset(fd);
+}
+
+ChildProcess::ChildProcess(ChildProcess&& other) noexcept
+    : pid_(other.pid_), owner_(other.owner_), pidfd_(std::move(other.pidfd_)), status_(std::move(other.status_)) {
+  other.pid_ = -1;
+  other.status_.reset();
+}
+
+ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
+  if (this != &other) {
+    kill_and_reap();
+    pid_ = other.pid_;
+    owner_ = other.owner_;
+    pidfd_ = std::move(other.pidfd_);
+    status_ = std::move(other.status_);
+    other.pid_ = -1;
+    other.status_.reset();
+  }
+  return *this;
+}
+
+ChildProcess::~ChildProcess() { kill_and_reap(); }
+
+void ChildProcess::kill_and_reap() noexcept {
+  if (!running()) return;
+  if (::getpid() != owner_) {  // a forked copy: the process is not ours to kill
+    pidfd_.reset();
+    return;
+  }
+  (void)send_pidfd_signal(pidfd_.get(), SIGKILL);
+  try {
+    reap(true);
+  } catch (const Error&) {
+    // Somebody else reaped it (SIGCHLD ignored); there is nothing left to clean up.
+  }
+  pidfd_.reset();
+}
+
+std::optional<ExitStatus> ChildProcess::reap(bool block) {
+  if (!running()) return status_;
+  siginfo_t info;
+  std::memset(&info, 0, sizeof info);
+  while (::waitid(P_PIDFD, static_cast<id_t>(pidfd_.get()), &info, WEXITED | (block ? 0 : WNOHANG)) != 0) {
+    if (errno == EINTR) continue;
+    const int error = errno;
+    pidfd_.reset();
+    if (error == ECHILD) {
+      throw SystemError("cannot wait for child process " + std::to_string(pid_) +
+                            ": it was reaped by someone else (is SIGCHLD ignored, or does a SIGCHLD handler "
+                            "call wait()?); ferry must reap its own workers",
+                        error);
+    }
+    throw_system_error("waitid for child process " + std::to_string(pid_), error);
+  }
+  if (info.si_pid == 0) return std::nullopt;  // still running (WNOHANG)
+  status_ = status_from(info);
+  pidfd_.reset();
+  return status_;
+}
+
+std::optional<ExitStatus> ChildProcess::try_wait() { return reap(false); }
+
+ExitStatus ChildProcess::wait() {
+  if (pid_ < 0) throw Error("ChildProcess::wait on an empty ChildProcess");
+  return *reap(true);
+}
+
+void ChildProcess::send_signal(int signal) {
+  if (!running() || ::getpid() != owner_) return;
+  if (send_pidfd_signal(pidfd_.get(), signal) != 0 && errno != ESRCH) {
+    throw_errno("sending " + signal_name(signal) + " to child process " + std::to_string(pid_));
+  }
+}
+
+}  // namespace ferry

@@ -1,0 +1,233 @@
+#include "ferry/tensor.hpp"
+
+#include <algorithm>
+#include <sstream>
+
+#include "cuda/memory.hpp"
+#include "ferry/detail/view_bounds.hpp"
+
+namespace ferry {
+
+Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, std::int64_t offset,
+               Device device)
+    : storage_(std::move(storage)),
+      dtype_(dtype),
+      shape_(std::move(shape)),
+      strides_(std::move(strides)),
+      offset_(offset),
+      device_(device),
+      defined_(true) {}
+
+Tensor::Tensor(std::shared_ptr<Storage>&& storage, DType dtype, const Shape& shape, Device device)
+    : storage_(std::move(storage)),
+      dtype_(dtype),
+      shape_(shape),
+      strides_(contiguous_strides(shape)),
+      device_(device),
+      defined_(true) {}
+
+Shape contiguous_strides(const Shape& shape) {
+  Shape strides;
+  strides.resize_for_overwrite(shape.size());  // every entry is written below
+  std::int64_t running = 1;
+  for (std::size_t i = shape.size(); i-- > 0;) {
+    strides[i] = running;
+    // Only a shape with a zero extent can get here with a product that overflows (the
+    // element count of any other shape was checked); its strides must still be numbers.
+    if (i > 0 && __builtin_mul_overflow(running, std::max<std::int64_t>(shape[i], 1), &running)) {
+      throw Error("the strides of a tensor of " + std::to_string(shape.size()) + " dimensions with sizes up to " +
+                  std::to_string(*std::max_element(shape.begin(), shape.end())) +
+                  " overflow 64 bits; use smaller sizes");
+    }
+  }
+  return strides;
+}
+
+std::optional<std::string> view_bounds_problem(std::size_t storage_bytes, DType dtype, const Shape& shape,
+                                               const Shape& strides, std::int64_t offset) {
+  if (shape.size() > kMaxDims) {
+    return "tensor has " + std::to_string(shape.size()) + " dimensions, more than the limit of " +
+           std::to_string(kMaxDims);
+  }
+  if (strides.size() != shape.size()) return std::string("tensor has a different number of strides and sizes");
+  if (offset < 0) return "tensor storage offset " + std::to_string(offset) + " is negative";
+  std::int64_t count = 1;
+  std::int64_t last_index = offset;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < 0) return "tensor size " + std::to_string(shape[i]) + " of dim " + std::to_string(i) + " is negative";
+    if (strides[i] < 0) {
+      return "tensor stride " + std::to_string(strides[i]) + " of dim " + std::to_string(i) + " is negative";
+    }
+    if (__builtin_mul_overflow(count, shape[i], &count)) return std::string("tensor element count overflows");
+  }
+  if (count == 0) return std::nullopt;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    std::int64_t reach = 0;
+    if (__builtin_mul_overflow(shape[i] - 1, strides[i], &reach) ||
+        __builtin_add_overflow(last_index, reach, &last_index)) {
+      return "tensor extent overflows in dim " + std::to_string(i);
+    }
+  }
+  const auto item = static_cast<std::int64_t>(dtype_size(dtype));
+  std::int64_t end_byte = 0;
+  if (__builtin_add_overflow(last_index, 1, &end_byte) || __builtin_mul_overflow(end_byte, item, &end_byte)) {
+    return std::string("tensor byte extent overflows");
+  }
+  if (static_cast<std::uint64_t>(end_byte) > storage_bytes) {
+    return "tensor reaches byte " + std::to_string(end_byte) + " but its storage has only " +
+           std::to_string(storage_bytes) + " bytes";
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// Bytes of a contiguous tensor of `shape`; throws Error naming the problem.
+std::size_t contiguous_bytes(const char* function, const Shape& shape, DType dtype) {
+  auto fail = [function](const std::string& problem) { throw Error(std::string(function) + ": " + problem); };
+  if (!is_valid_dtype(static_cast<std::uint8_t>(dtype))) fail("invalid dtype");
+  if (shape.size() > kMaxDims) {
+    fail(std::to_string(shape.size()) + " dimensions, more than " + std::to_string(kMaxDims));
+  }
+  std::int64_t count = 1;
+  for (const std::int64_t extent : shape) {
+    if (extent < 0) fail("negative size " + std::to_string(extent));
+    if (__builtin_mul_overflow(count, extent, &count)) fail("element count overflows");
+  }
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<std::size_t>(count), dtype_size(dtype), &bytes)) {
+    fail("byte size overflows");
+  }
+  return bytes;
+}
+
+}  // namespace
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
+  auto storage = Storage::allocate(contiguous_bytes("Tensor::empty", shape, dtype), device);
+  return Tensor(std::move(storage), dtype, shape, device);
+}
+
+Tensor Tensor::empty(const Shape& shape, DType dtype, const SharedAllocator& pool) {
+  auto storage = Storage::allocate(contiguous_bytes("Tensor::empty", shape, dtype), pool);
+  return Tensor(std::move(storage), dtype, shape, Device::SharedCpu);
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, Device device) {
+  // Fresh shared memory is zero already: only a recycled block or heap memory is cleared.
+  auto storage = Storage::allocate(contiguous_bytes("Tensor::zeros", shape, dtype), device, true);
+  return Tensor(std::move(storage), dtype, shape, device);
+}
+
+Tensor Tensor::zeros(const Shape& shape, DType dtype, const SharedAllocator& pool) {
+  auto storage = Storage::allocate(contiguous_bytes("Tensor::zeros", shape, dtype), pool, true);
+  return Tensor(std::move(storage), dtype, shape, Device::SharedCpu);
+}
+
+Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,
+                            std::int64_t storage_offset) {
+  if (!is_valid_dtype(static_cast<std::uint8_t>(dtype))) throw Error("Tensor::from_storage: invalid dtype");
+  const std::size_t bytes = storage ? storage->nbytes() : 0;
+  if (auto problem = view_bounds_problem(bytes, dtype, shape, strides, storage_offset)) {
+    throw Error("Tensor::from_storage: " + *problem);
+  }
+  return from_checked_storage(std::move(storage), dtype, std::move(shape), std::move(strides), storage_offset);
+}
+
+Tensor Tensor::from_checked_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,
+                                    std::int64_t storage_offset) {
+  const Device device = storage ? storage->device() : Device::Cpu;
+  return Tensor(std::move(storage), dtype, std::move(shape), std::move(strides), storage_offset, device);
+}
+
+void Tensor::assign_checked_storage(const std::shared_ptr<Storage>& storage, DType dtype, Shape&& shape,
+                                    Shape&& strides, std::int64_t storage_offset) {
+  storage_ = storage;
+  dtype_ = dtype;
+  shape_ = std::move(shape);
+  strides_ = std::move(strides);
+  offset_ = storage_offset;
+  device_ = storage ? storage->device() : Device::Cpu;
+  defined_ = true;
+}
+
+std::int64_t Tensor::numel() const noexcept {
+  std::int64_t count = 1;
+  for (const std::int64_t extent : shape_) count *= extent;
+  return count;
+}
+
+bool Tensor::is_contiguous() const noexcept {
+  std::int64_t expected = 1;
+  for (std::size_t i = shape_.size(); i-- > 0;) {
+    if (shape_[i] == 1) continue;
+    if (shape_[i] == 0) return true;
+    if (strides_[i] != expected) return false;
+    expected *= shape_[i];
+  }
+  return true;
+}
+
+void* Tensor::data_ptr() const noexcept {
+  if (!storage_ || storage_->data() == nullptr || numel() == 0) return nullptr;
+  return storage_->data() + static_cast<std::size_t>(offset_) * element_size();
+}
+
+std::size_t Tensor::wrap_dim(std::int64_t d) const {
+  const std::int64_t n = dim();
+  const std::int64_t wrapped = d < 0 ? d + n : d;
+  if (wrapped < 0 || wrapped >= n) {
+    throw Error("dimension " + std::to_string(d) + " is out of range for a " + std::to_string(n) + "-d tensor");
+  }
+  return static_cast<std::size_t>(wrapped);
+}
+
+void Tensor::check_element_type(DType requested) const {
+  if (!defined_) throw Error("element access on an undefined tensor");
+  if (requested != dtype_) {
+    throw Error("element type " + std::string(dtype_name(requested)) + " requested from a " +
+                std::string(dtype_name(dtype_)) + " tensor");
+  }
+  if (!device().is_cpu()) throw Error("element access on a " + device().to_string() + " tensor; copy it to the CPU");
+}
+
+std::byte* Tensor::element_address(std::initializer_list<std::int64_t> index) const {
+  if (static_cast<std::int64_t>(index.size()) != dim()) {
+    throw Error("at: " + std::to_string(index.size()) + " indices for a " + std::to_string(dim()) + "-d tensor");
+  }
+  std::int64_t element = offset_;
+  std::size_t d = 0;
+  for (const std::int64_t i : index) {
+    if (i < 0 || i >= shape_[d]) {
+      throw Error("at: index " + std::to_string(i) + " out of range for dim " + std::to_string(d) + " of size " +
+                  std::to_string(shape_[d]));
+    }
+    element += i * strides_[d];
+    ++d;
+  }
+  return storage_->data() + static_cast<std::size_t>(element) * element_size();
+}
+
+Tensor& Tensor::share_memory() {
+  if (storage_) storage_->share_memory();
+  device_ = Device::SharedCpu;
+  return *this;
+}
+
+std::string Tensor::to_string() const {
+  if (!defined_) return "Tensor(undefined)";
+  std::ostringstream out;
+  auto list = [&out](const Shape& values) {
+    out << '[';
+    for (std::size_t i = 0; i < values.size(); ++i) out << (i ? ", " : "") << values[i];
+    out << ']';
+  };
+  out << "Tensor(" << dtype_name(dtype_) << ", ";
+  list(shape_);
+  out << ", strides ";
+  list(strides_);
+  out << ", offset " << offset_ << ", " << device().to_string() << ')';
+  return out.str();
+}
+
+}  // namespace ferry

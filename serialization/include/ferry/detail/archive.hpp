@@ -1,0 +1,169 @@
+// ferry's cereal archives: binary archives that write a message body into a reusable
+// buffer and carry the out-of-band state of one frame (its table of storages), so that a
+// Tensor met while serializing writes metadata and a table index instead of its bytes.
+#pragma once
+
+#include <cereal/cereal.hpp>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "ferry/error.hpp"
+#include "ferry/detail/frame_body.hpp"
+
+namespace ferry {
+
+class MessageEncoder;
+class Storage;
+
+/// Output archive: appends to `body` (which may lie in memory a transport lent, see
+/// FrameBody); tensors register their storages with `encoder`.
+class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cereal::AllowEmptyClassElision> {
+ public:
+  FrameOutputArchive(FrameBody& body, MessageEncoder& encoder) : OutputArchive(this), body_(body), encoder_(encoder) {}
+
+  void save_bytes(const void* data, std::size_t size) { body_.append(data, size); }
+  MessageEncoder& encoder() noexcept { return encoder_; }
+
+ private:
+  FrameBody& body_;
+  MessageEncoder& encoder_;
+};
+
+/// Input archive: reads from a received body; every read is bounds-checked and a short
+/// body raises ProtocolError. Tensors resolve their table index through `storages`.
+class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal::AllowEmptyClassElision> {
+ public:
+  FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages)
+      : InputArchive(this), body_(body), storages_(storages) {}
+
+  void load_bytes(void* data, std::size_t size) {
+    const std::byte* bytes = take(size);
+    if (size > 0) std::memcpy(data, bytes, size);
+  }
+  /// Consumes the next `count` elements of `element_size` bytes and returns where they
+  /// lie; ProtocolError when fewer bytes remain. They may lie in memory the peer can still
+  /// write (a ring): copy them out once, then check the copy.
+  const std::byte* take(std::uint64_t count, std::size_t element_size = 1) {
+    if (count > remaining() / element_size) throw_truncated(count, element_size);
+    const std::byte* bytes = body_.data() + position_;
+    position_ += static_cast<std::size_t>(count) * element_size;
+    return bytes;
+  }
+  std::size_t remaining() const noexcept { return body_.size() - position_; }
+  std::span<const std::shared_ptr<Storage>> storages() const noexcept { return storages_; }
+
+ private:
+  // Out of line (archive.cpp), so that take() stays small enough to inline everywhere.
+  [[noreturn]] void throw_truncated(std::uint64_t count, std::size_t element_size) const;
+
+  std::span<const std::byte> body_;
+  std::size_t position_ = 0;
+  std::span<const std::shared_ptr<Storage>> storages_;
+};
+
+}  // namespace ferry
+
+// Serialization of the primitives that cereal's containers reduce to, for ferry's archives
+// (the same set cereal's own binary archive provides).
+namespace cereal {
+
+template <class T>
+inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(ferry::FrameOutputArchive& ar,
+                                                                            const T& value) {
+  ar.save_bytes(std::addressof(value), sizeof(value));
+}
+
+template <class T>
+inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, T& value) {
+  ar.load_bytes(std::addressof(value), sizeof(value));
+  if constexpr (std::is_same_v<T, bool>) {
+    // A byte other than 0 or 1 is not a valid bool: reading it would be undefined behaviour.
+    unsigned char raw = 0;
+    std::memcpy(&raw, std::addressof(value), 1);
+    if (raw > 1) throw ferry::ProtocolError("message body holds a bool that is neither 0 nor 1");
+  }
+}
+
+template <class Archive, class T>
+inline CEREAL_ARCHIVE_RESTRICT(ferry::FrameInputArchive, ferry::FrameOutputArchive)
+    CEREAL_SERIALIZE_FUNCTION_NAME(Archive& ar, NameValuePair<T>& pair) {
+  ar(pair.value);
+}
+
+template <class T>
+inline void CEREAL_SAVE_FUNCTION_NAME(ferry::FrameOutputArchive& ar, const SizeTag<T>& tag) {
+  ar(tag.size);
+}
+
+template <class T>
+inline void CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, SizeTag<T>& tag) {
+  ar(tag.size);
+  // Every element takes at least one byte, so a count above the bytes left is a lie that
+  // would make the container allocate without bound.
+  if (static_cast<std::uint64_t>(tag.size) > ar.remaining()) {
+    throw ferry::ProtocolError("message body holds a container size of " + std::to_string(tag.size) +
+                               " elements but only " + std::to_string(ar.remaining()) + " bytes remain");
+  }
+}
+
+namespace detail {
+
+// Copies `count` elements of T from the input body into `out`, a vector or a string, with
+// one copy: assign() from a contiguous range of a trivially copyable type is a memmove into
+// fresh storage, where cereal's resize() would zero-fill every element first. A range not
+// aligned for T (a body's fields are packed) is read with resize() and memcpy instead.
+template <class T, class Container>
+void assign_elements(ferry::FrameInputArchive& ar, Container& out, std::uint64_t count) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  const std::byte* bytes = ar.take(count, sizeof(T));
+  const auto n = static_cast<std::size_t>(count);
+  if (reinterpret_cast<std::uintptr_t>(bytes) % alignof(T) == 0) {
+    const auto* first = reinterpret_cast<const T*>(bytes);
+    out.assign(first, first + n);
+  } else {
+    out.resize(n);
+    if (n > 0) std::memcpy(out.data(), bytes, n * sizeof(T));
+  }
+}
+
+}  // namespace detail
+
+// A vector of numbers and a string: copied once from the body (see detail::assign_elements),
+// same wire format as cereal's own (a size tag, then the elements' bytes). More specialized
+// than cereal's templates, so these are the ones chosen for ferry's input archive.
+template <class T, class A>
+inline std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>> CEREAL_LOAD_FUNCTION_NAME(
+    ferry::FrameInputArchive& ar, std::vector<T, A>& vector) {
+  size_type count = 0;
+  ar(make_size_tag(count));
+  detail::assign_elements<T>(ar, vector, count);
+}
+
+template <class CharT, class Traits, class Alloc>
+inline void CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, std::basic_string<CharT, Traits, Alloc>& string) {
+  size_type count = 0;
+  ar(make_size_tag(count));
+  detail::assign_elements<CharT>(ar, string, count);
+}
+
+template <class T>
+inline void CEREAL_SAVE_FUNCTION_NAME(ferry::FrameOutputArchive& ar, const BinaryData<T>& data) {
+  ar.save_bytes(data.data, static_cast<std::size_t>(data.size));
+}
+
+template <class T>
+inline void CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, BinaryData<T>& data) {
+  ar.load_bytes(data.data, static_cast<std::size_t>(data.size));
+}
+
+}  // namespace cereal
+
+CEREAL_REGISTER_ARCHIVE(ferry::FrameOutputArchive)
+CEREAL_REGISTER_ARCHIVE(ferry::FrameInputArchive)
+CEREAL_SETUP_ARCHIVE_TRAITS(ferry::FrameInputArchive, ferry::FrameOutputArchive)

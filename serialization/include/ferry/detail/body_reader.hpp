@@ -1,0 +1,39 @@
+// Reading a message of type T out of a received body: the one place where a body becomes a
+// value, shared by MessageDecoder and the fuzz targets.
+#pragma once
+
+#include <cereal/details/helpers.hpp>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "ferry/detail/archive.hpp"
+#include "ferry/error.hpp"
+#include "ferry/detail/type_name.hpp"
+
+namespace ferry {
+
+class Storage;
+
+/// Deserializes a T from `body`, resolving tensors' handle indices through `storages`.
+/// Every way a body can lie is a ProtocolError: short reads, bytes left over, invalid
+/// tensors, and cereal's own errors (a std::variant index out of range, ...), which cereal
+/// raises as cereal::Exception and which are converted here.
+template <class T>
+T read_body(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages) {
+  T value{};
+  try {
+    FrameInputArchive archive(body, storages);
+    archive(value);
+    if (archive.remaining() != 0) {
+      throw ProtocolError("message body has " + std::to_string(archive.remaining()) +
+                          " bytes left over after reading a " + std::string(type_name<T>()) +
+                          "; sender and receiver disagree on its layout");
+    }
+  } catch (const cereal::Exception& error) {
+    throw ProtocolError("message body is not a valid " + std::string(type_name<T>()) + ": " + error.what());
+  }
+  return value;
+}
+
+}  // namespace ferry

@@ -1,0 +1,190 @@
+// The receiving side of one connection: checks a frame's type, maps the segments it
+// introduces (through the process-wide handle cache), resolves its handle table to storages
+// (blocks of leased segments), and deserializes the body. See message_encoder.hpp for the
+// lease protocol and holds.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/detail/archive.hpp"
+#include "ferry/detail/body_reader.hpp"
+#include "ferry/detail/frame.hpp"
+#include "ferry/detail/hold_ledger.hpp"
+#include "ferry/detail/peer_fd.hpp"
+#include "ferry/detail/process_identity.hpp"
+#include "ferry/detail/return_board.hpp"
+#include "ferry/detail/shared_segment.hpp"
+#include "ferry/storage.hpp"
+#include "ferry/tensor_wire.hpp"
+#include "ferry/detail/type_name.hpp"
+#include "ferry/detail/unique_fd.hpp"
+
+namespace ferry {
+
+namespace detail {
+/// Where the blocks received on one connection give their storage slots back: shared by
+/// the decoder and every block it made, so that MessageDecoder::hand_over() can silence
+/// the blocks that live on in this process.
+struct ReturnPath {
+  std::shared_ptr<ReturnBoard> board;
+  std::atomic<bool> handed_over{false};
+  /// Appends `board`, then the upstream boards (see SharedBlock::append_return_boards()).
+  void append_boards(std::vector<std::shared_ptr<ReturnBoard>>& out) const;
+  /// Adds a board of a connection upstream of this one (this process registered on it).
+  void add_upstream(std::shared_ptr<ReturnBoard> upstream_board);
+  /// Forgets the upstream board named `identity` (the sender retired it, see
+  /// SegmentRole::RetiredUpstreamBoard); nothing when there is none.
+  void retire_upstream(const FileIdentity& identity);
+  /// True when `identity` is this connection's board or one of its upstream boards.
+  bool knows(const FileIdentity& identity) const;
+  /// Keeps this process registered on the board and every upstream board so far for as
+  /// long as it lives (see ReturnBoard::keep_registration()).
+  void keep_registrations() noexcept;
+  /// The upstream boards so far (a copy).
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_boards() const;
+
+ private:
+  // The decoder adds boards while blocks of the connection, on any thread, read them.
+  mutable std::mutex mutex_;
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_;
+};
+}  // namespace detail
+
+class MessageDecoder {
+ public:
+  /// The most storage slots a sender may lease to one receiver.
+  static constexpr std::uint32_t kMaxSlots = ReturnBoard::kSlots;
+  /// The most segment slots a sender may lease to one receiver.
+  static constexpr std::uint32_t kMaxSegmentSlots = 1u << 20;
+
+  MessageDecoder(std::uint64_t expected_fingerprint, std::string_view expected_type_name)
+      : expected_fingerprint_(expected_fingerprint), expected_type_name_(expected_type_name) {}
+
+  /// Resolves a message frame: `payload` is everything after the header; the frame's fds
+  /// are taken from the front of `fds`. Throws TypeMismatch or ProtocolError, and PeerDied
+  /// when a storage named by /proc path cannot be opened because its sender has exited.
+  void decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds);
+
+  /// Deserializes the body of the frame last decoded.
+  template <class T>
+  T read() {
+    T value = read_body<T>(body_, storages_);
+    storages_.clear();
+    return value;
+  }
+
+  /// True when the last frame named segments by /proc path and its sender needs an
+  /// acknowledgement on the transport to let them go: the frame was not recorded on the
+  /// return board (which acknowledges without a system call), or the sender asked for
+  /// acknowledgements because it waits for them (ReturnBoard::request_acknowledgements()).
+  bool wants_acknowledgement() const noexcept { return wants_acknowledgement_; }
+  /// Drops every lease (the channel is closing), the return board, and the pidfd of the sender. Blocks still used by tensors of this
+  /// process stay mapped, and are given back to the sender when those tensors die.
+  void release_all() noexcept;
+  /// This process lets go of a connection whose receiving state a forked process inherited
+  /// (spawn handed it a used Receiver): drops every lease like release_all(), but no block
+  /// received so far gives its slot back from this process, even when its last tensor here
+  /// dies, since the other process may still hold it. The sender keeps those blocks until
+  /// every process that holds what arrived on the connection has exited.
+  void hand_over() noexcept;
+  /// Registers the calling process as a holder of what arrived on the connection (its
+  /// board and upstream boards), once per fork generation: a forked process that takes the
+  /// receiver over (ReceiverCore::adopt()) holds what arrived so far before it reads again.
+  /// Throws TooManyHolders when a board has no place for it, Error when /proc cannot be read.
+  /// Inline: every read calls it, and once registered it is one load and two comparisons.
+  void register_as_holder() {
+    if (returns_ && registered_generation_ != fork_generation()) register_in_this_generation();
+  }
+  /// Storages leased on this connection.
+  std::size_t leased() const noexcept;
+  /// Segments leased on this connection.
+  std::size_t leased_segments() const noexcept;
+
+ private:
+  void check_type(const FrameHeader& header, std::span<const std::byte> name);
+  // A segment's fd, checked by SharedMemory::inspect_received, not mapped yet.
+  struct SegmentFd {
+    UniqueFd fd;
+    SharedMemory::Received file;
+  };
+  SegmentFd open_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                         std::size_t& next_fd);
+  void add_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                   std::size_t& next_fd);
+  std::shared_ptr<Storage> resolve_new_block(const HandleEntry& entry, std::size_t index);
+  void retire_upstream_board(const SegmentEntry& entry, std::size_t index);
+  void claim_frame(std::uint64_t sequence, std::size_t index);
+  // Registers this process on `board` (ReturnBoard::hold_registration()); throws
+  // TooManyHolders when the board has no place.
+  void hold_or_refuse(ReturnBoard& board, ReturnBoard::HolderRole role);
+  // register_as_holder()'s work, once per fork generation.
+  void register_in_this_generation();
+  void add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+                          std::size_t& next_fd);
+  void resolve_tables(const FrameHeader& header, std::span<const std::byte> segment_table,
+                      std::span<const std::byte> table, std::vector<UniqueFd>& frame_fds);
+  void give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept;
+
+  std::uint64_t expected_fingerprint_;
+  std::string_view expected_type_name_;
+  std::string peer_type_name_;
+  // A lease keeps a storage the sender still holds: its memory() is the receiver's hold on
+  // the memory (a ReceivedBlock, which gives the storage slot back through the return board
+  // when it dies, or an opened CUDA range), owned by the core when there is one and by
+  // `allocation` otherwise.
+  //
+  // Identity. For a storage received from another process the lease also owns the Storage
+  // object itself (the "core"), so that the storage keeps its identity (same object, same
+  // id) across messages while the sender holds it, and hands the user *handles*: shared_ptrs
+  // with their own control block that point at the core and announce their last drop
+  // (Storage::announce_dropped). A sender that forwards the storage watches the handle, so
+  // the storage counts as dropped once the user dropped every handle, even though the lease
+  // still owns the core. The core owns the block, so the block is given back once the lease
+  // is released and every handle is gone.
+  //
+  // For a storage this process sent itself (a block coming back, found through the
+  // segment's remembered storages) the lease owns only its block and a weak handle on that
+  // storage: owning it would keep it alive through the lease, its release would never be
+  // announced, and two processes echoing a storage would keep each other's leases alive
+  // forever. CUDA leases have no core either (owning the Storage would hold the producer's
+  // memory).
+  struct Lease {
+    std::shared_ptr<Allocation> allocation;  // leases without a core only
+    std::shared_ptr<Storage> core;   // received storages only
+    std::weak_ptr<Storage> handle;   // what the user holds, while it lives
+    explicit operator bool() const noexcept { return allocation != nullptr || core != nullptr; }
+    const Allocation* memory() const noexcept { return core ? core->allocation() : allocation.get(); }
+  };
+  std::shared_ptr<Storage> resolve_lease(Lease& lease);
+
+  // CUDA storages (defined in serialization/src/cuda_handles.cpp): resolves the CudaIpc
+  // entry `index` with the `record`-th CUDA record of the frame; the events opened so far.
+  struct CudaReceiveState;
+  std::shared_ptr<Storage> resolve_cuda(const HandleEntry& entry, std::uint32_t index, std::size_t record);
+  std::shared_ptr<CudaReceiveState> cuda_;
+
+  std::vector<Lease> leases_;                              // by storage slot
+  std::vector<std::shared_ptr<SharedSegment>> segments_;   // by segment slot
+  PeerFdOpener peer_fds_;  // takes segments named by the sender's pid and fd number
+  std::shared_ptr<detail::ReturnPath> returns_;  // the connection's return board, once it arrived
+  // Ledgers of this process whose boards came back upstream: blocks of this process's own
+  // segments arrive through them, and are kept by their pins (see resolve_new_block()).
+  std::vector<std::weak_ptr<HoldLedger>> own_upstream_ledgers_;
+  // The return board, or null before the frame that carries it.
+  ReturnBoard* board() const noexcept { return returns_ ? returns_->board.get() : nullptr; }
+  std::uint64_t registered_generation_ = ~std::uint64_t{0};  // fork generation we registered as holder in
+  std::vector<std::shared_ptr<Storage>> storages_;
+  std::span<const std::byte> body_;
+  bool wants_acknowledgement_ = false;
+  bool frame_claimed_ = false;  // the last frame was claimed on the board
+};
+
+}  // namespace ferry

@@ -1,0 +1,278 @@
+// The sending side of one connection: turns a message into a frame, and remembers which
+// segments and storages the receiver holds, so that a segment is passed (fd, mmap) once,
+// a new storage in it travels as (segment slot, offset, size), and a storage sent again
+// travels as its slot alone.
+//
+// Lease protocol. The sender gives every segment and every storage it passes a slot. The
+// receiver keeps the mapping of a segment, and the block of a storage, at its slot (a
+// lease) until the sender announces, in a later frame, that the slot is released. The
+// sender announces a release once its own last reference died, so the receiver never keeps
+// leased more than the sender keeps alive. Frames arrive in order, so a slot reference
+// always finds its lease.
+//
+// Holds. A storage's block may be recycled by its allocator once nobody uses it, so the
+// sender pins every storage it passed (HoldLedger) until the receiver gives its slot back
+// through the connection's return board: the receiver does so once it dropped the lease
+// and every tensor it built on the block. A storage slot is reused only after that.
+//
+// Identity. A storage received from another process keeps its identity (same Storage
+// object, same id) on the receiving side while the sender holds it, so a storage echoed back
+// and forth travels as a lease both ways (see MessageDecoder). The sender therefore refreshes
+// the weak reference of a leased storage that the frame carries again before it looks for
+// dead ones: a receiver's handle on such a storage may have died and been re-made meanwhile.
+//
+// CUDA storages (cuda_handles.cpp) take storage slots like the others (CudaIpc entries) but
+// are never pinned: the producer learns what receivers hold through release boards instead,
+// so their slots are reusable as soon as their release is announced.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <array>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "ferry/detail/archive.hpp"
+#include "ferry/detail/frame.hpp"
+#include "ferry/detail/hold_ledger.hpp"
+#include "ferry/detail/id_slot_map.hpp"
+#include "ferry/shared_allocator.hpp"
+#include "ferry/storage.hpp"
+#include "ferry/tensor_wire.hpp"
+#include "ferry/detail/type_name.hpp"
+#include "ferry/detail/unique_fd.hpp"
+
+namespace ferry {
+
+/// A frame ready for a transport: byte parts in order and the fds to pass with it.
+struct EncodedFrame {
+  std::array<iovec, 8> parts{};
+  std::size_t part_count = 0;
+  std::span<const int> fds;
+  std::uint64_t sequence = 0;
+  std::size_t bytes = 0;
+  std::span<const iovec> iovecs() const { return {parts.data(), part_count}; }
+};
+
+/// How segments reach the receiver on this connection.
+enum class HandlePassing {
+  FdPassing,  ///< memfds travel with the frame (SCM_RIGHTS over a Unix socket)
+  ProcFd,     ///< the receiver opens /proc/<sender pid>/fd/<n>; needs acknowledgements
+};
+
+class MessageEncoder {
+ public:
+  /// `pool`: when set, only segments of this pool are passed (isolation): a storage from
+  /// anywhere else is copied into a block of the pool for each send.
+  explicit MessageEncoder(HandlePassing passing, std::optional<SharedAllocator> pool = std::nullopt);
+  ~MessageEncoder();
+  MessageEncoder(const MessageEncoder&) = delete;
+  MessageEncoder& operator=(const MessageEncoder&) = delete;
+
+  /// Encodes `message` into a frame. The frame stays valid until the next encode call.
+  /// Call commit() once the transport sent it, or rollback() if it was not sent. `space`
+  /// (may be null): where the transport lends memory for a large body (FrameBody); the
+  /// frame's last part then lies there.
+  template <class T>
+  const EncodedFrame& encode(const T& message, BodySpace* space = nullptr) {
+    begin();
+    body_.reset(space);
+    {
+      FrameOutputArchive archive(body_, *this);
+      archive(message);
+    }
+    return finish(FrameKind::Message, type_fingerprint<T>(), type_name<T>());
+  }
+  /// Encodes the end-of-stream frame.
+  const EncodedFrame& encode_close();
+  /// The header of the frame last encoded (its counts, for a check against FrameLimits).
+  const FrameHeader& header() const noexcept { return header_; }
+  void commit();
+  void rollback();
+
+  /// Adds `storage` to the frame being encoded (once per storage); returns its index in
+  /// the frame's handle table. Heap storages are moved into shared memory first.
+  std::uint32_t add_storage(const std::shared_ptr<Storage>& storage);
+
+  /// The receiver has mapped the segments of every frame up to `sequence` (ProcFd only).
+  void acknowledge(std::uint64_t sequence);
+  /// The last frame the receiver resolved, as the return board tells (0: none, or no
+  /// board yet). A frame is resolved after its segments were opened: it acknowledges them
+  /// without a system call on either side.
+  std::uint64_t resolved_on_board() const noexcept { return ledger_ ? ledger_->board()->resolved() : 0; }
+  /// Before blocking on the transport for acknowledgements: asks the receiver to
+  /// acknowledge there too from now on (ReturnBoard::request_acknowledgements()); returns
+  /// the last frame resolved, read after asking.
+  std::uint64_t request_acknowledgements() noexcept {
+    return ledger_ ? ledger_->board()->request_acknowledgements() : 0;
+  }
+  /// True while segments (or upstream return boards) are kept open for frames the receiver
+  /// has not acknowledged.
+  bool awaiting_acknowledgement() const noexcept { return !keepalive_.empty(); }
+  /// Segments (upstream return boards too) kept open until the receiver acknowledges their
+  /// frames (for tests and statistics).
+  std::size_t segments_awaiting_acknowledgement() const noexcept { return keepalive_.size(); }
+  /// The newest sequence whose acknowledgement is awaited (0: none).
+  std::uint64_t newest_awaited_sequence() const noexcept { return keepalive_.empty() ? 0 : keepalive_.back().first; }
+  /// Storages the receiver currently leases from this sender, as far as it knows.
+  std::size_t tracked_storages() const noexcept { return leased_.size(); }
+  /// Storages passed so far as new ones (a NewBlock entry, or a CudaIpc entry that took a
+  /// new slot), not as leases of storages the receiver holds.
+  std::uint64_t storages_passed() const noexcept { return storages_passed_; }
+  /// Segments the receiver currently leases from this sender, as far as it knows.
+  std::size_t tracked_segments() const noexcept { return sent_segments_.size(); }
+  /// Storages pinned because the receiver may still hold them.
+  std::size_t pinned_storages() const { return ledger_ ? ledger_->pinned() : 0; }
+
+  /// Registers `process` as a holder of what this encoder sent, as the receiver does when
+  /// it resolves its first frame: for a frame handed to a process that the sender starts
+  /// itself (spawn), so that the frame's blocks are unpinned once that process exited even
+  /// if it died before it read the frame. No-op before the first storage was sent.
+  void add_holder(const ProcessIdentity& process);
+  /// The receiving end is gone (a write failed): frames it did not resolve never will be.
+  void receiver_gone();
+  /// The channel closed. `probe` (may be empty) polls POLLERR/POLLHUP once the receiving
+  /// end is gone (and with `probe_by_send`, see HoldLedger::channel_closed, fails a
+  /// zero-length send); the pins outlive the encoder until the receiver gives them back or exits.
+  void closed(UniqueFd probe, bool probe_by_send = false);
+  /// This process lets go of a connection that a forked process took over (adopt()): what
+  /// it sent stays pinned until every receiving process exited, and the receiver's returns
+  /// are left to the other process. Call closed() after it.
+  void hand_over();
+  /// In a forked process that took the connection over (a used Sender handed to a worker):
+  /// the hold ledger becomes this process's, so that what the receiver gives back returns
+  /// to this process's allocator.
+  void adopt();
+
+ private:
+  enum class SlotState : std::uint8_t {
+    Free,      // unused
+    Leased,    // the receiver leases it; the storage lives here
+    Dying,     // the storage died here; release not announced yet
+    Released,  // release announced; waiting for the receiver to give the slot back
+  };
+  struct SlotInfo {
+    SlotState state = SlotState::Free;
+    bool returned = true;        // false for CUDA storages: the receiver gives nothing back on the board
+    std::uint32_t leased_at = 0;  // Leased: index in leased_
+    std::uint64_t storage_id = 0;
+    std::weak_ptr<Storage> storage;  // Leased: the storage that lives here
+  };
+  struct SentSegment {
+    std::uint32_t slot;
+    std::weak_ptr<SharedSegment> segment;
+  };
+  void begin();
+  const EncodedFrame& finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name);
+  std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
+
+  // CUDA storages (defined in serialization/src/cuda_handles.cpp): the connection's release
+  // boards and signals (fences or events), and the CUDA records of the frame being encoded.
+  struct CudaSendState;
+  std::uint32_t add_cuda_storage(const std::shared_ptr<Storage>& storage);
+  HandleEntry cuda_entry(const std::shared_ptr<Storage>& storage);
+  std::span<const std::byte> cuda_section() const noexcept;
+  void cuda_begin_frame() noexcept;
+  void cuda_end_frame(bool sent) noexcept;
+  std::shared_ptr<CudaSendState> cuda_;
+
+  // Slot `slot` (taken) is leased to `storage` / no longer leased (it must be Leased).
+  void lease_slot(std::uint32_t slot, const std::shared_ptr<Storage>& storage, bool returned);
+  void unlease_slot(std::uint32_t slot) noexcept;
+  void collect_returned_slots();
+  void collect_dead_storages();
+  void collect_dead_segments();
+  std::uint32_t take_slot();
+  std::uint32_t segment_slot_for(const std::shared_ptr<SharedSegment>& segment);
+  void pass_upstream_boards(const SharedBlock& block);
+  void retire_dead_upstream_boards();
+  static constexpr std::size_t kMaxRetiredPerFrame = 16;
+  void add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
+                         const FileIdentity& identity);
+  HoldLedger& ledger();
+  std::optional<std::uint32_t> find_source(const Storage* storage);
+  void index_source(const Storage* storage, std::uint32_t index);
+  void place_source(const Storage* storage, std::uint32_t index);
+  void flush_remember_batch();
+
+  HandlePassing passing_;
+  std::optional<SharedAllocator> pool_;
+  std::uint64_t next_sequence_ = 1;
+  bool type_name_sent_ = false;
+  std::uint64_t seen_storage_deaths_ = 0;
+  std::uint64_t seen_segment_deaths_ = 0;
+  std::uint64_t storages_passed_ = 0;
+
+  IdSlotMap leased_ids_;                              // Storage::id() -> slot, of leased storages
+  std::vector<std::uint32_t> leased_;                 // the slots in state Leased
+  std::vector<SlotInfo> slots_;                       // by storage slot
+  std::vector<std::uint32_t> unannounced_releases_;       // slots whose storage died
+  std::vector<std::uint32_t> free_slots_;                 // given back by the receiver
+  std::uint32_t next_slot_ = 0;
+
+  std::unordered_map<std::uint64_t, SentSegment> sent_segments_;  // by SharedSegment::id()
+  std::vector<std::uint32_t> unannounced_segment_releases_;
+  std::vector<std::uint32_t> free_segment_slots_;
+  std::uint32_t next_segment_slot_ = 0;
+  std::uint64_t last_segment_id_ = 0;  // the segment segment_slot_for() found last (0: none)
+  std::uint32_t last_segment_slot_ = 0;
+
+  std::shared_ptr<HoldLedger> ledger_;  // created with the first storage sent
+  bool board_sent_ = false;
+  std::uint64_t board_sequence_ = 0;  // frame that carried the board (ProcFd: keep its fd until acknowledged)
+  // Segments and upstream boards named by /proc path stay open until the receiver
+  // acknowledges the frame (close() waits for that).
+  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> keepalive_;
+  std::vector<std::uint32_t> returned_scratch_;
+  // Return boards passed to the receiver because blocks received on them are forwarded on
+  // this connection (see SegmentRole::UpstreamBoard), each passed once. Not kept: a board
+  // that died here (no block of its connection lives here any more) cannot be forwarded
+  // from again, and a forwarder must not keep the boards of every connection it ever
+  // forwarded from (keepalive_ keeps one until the receiver opened it). One that died is
+  // retired at the start of the next frame (at most kMaxRetiredPerFrame per frame), so that
+  // the receiver lets go of it too. A board that reached this process on several
+  // connections has one object per connection: each object is tracked (one entry each, the
+  // board passed once), and the board is retired only once all of them died. The first
+  // `upstream_committed_` went out.
+  struct PassedUpstream {
+    std::weak_ptr<ReturnBoard> board;
+    FileIdentity identity;
+    // The frame being encoded retires it (SegmentRole::RetiredUpstreamBoard), or forgets it
+    // because another object of its board lives on: gone at commit().
+    bool retiring = false;
+  };
+  std::vector<PassedUpstream> upstream_sent_;
+  std::size_t upstream_committed_ = 0;
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;
+
+  // The frame being encoded.
+  FrameHeader header_;
+  std::string_view type_name_;
+  FrameBody body_;
+  std::vector<std::shared_ptr<Storage>> storages_;  // what travels (a copy, for isolation)
+  std::vector<const Storage*> sources_;             // what the message named, by index
+  // Open-addressing index of sources_ (pointer -> table index), for frames with many
+  // storages; slots hold index + 1, 0 is empty.
+  std::vector<std::pair<const Storage*, std::uint32_t>> source_index_;
+  std::vector<std::uint32_t> source_index_used_;  // entries of source_index_ this frame filled
+  std::vector<const std::shared_ptr<Storage>*> remember_batch_;  // new storages (in storages_) of one segment
+  std::vector<SegmentEntry> segment_entries_;
+  std::vector<HandleEntry> entries_;
+  std::vector<std::uint32_t> leased_slots_;  // by table index: the slot of a leased storage, or ~0
+  std::vector<int> fds_;
+  std::vector<std::uint32_t> new_slots_;
+  std::vector<std::uint64_t> new_segment_ids_;
+  std::vector<HoldLedger::Pin> new_pins_;
+  bool board_in_frame_ = false;
+  std::size_t announced_release_count_ = 0;
+  std::size_t announced_segment_release_count_ = 0;
+  EncodedFrame frame_;
+};
+
+}  // namespace ferry
