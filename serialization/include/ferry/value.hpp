@@ -75,13 +75,16 @@ class ValueMap {
   /// Sets `key` to `value` (in place when present, else at the end).
   void insert_or_assign(std::string key, Value value);
 
-  std::size_t size() const noexcept { return entries_.size(); }
-  bool empty() const noexcept { return entries_.empty(); }
-  void reserve(std::size_t count) { entries_.reserve(count); }
-  auto begin() noexcept { return entries_.begin(); }
-  auto end() noexcept { return entries_.end(); }
-  auto begin() const noexcept { return entries_.begin(); }
-  auto end() const noexcept { return entries_.end(); }
+  // Defined after Value: std::pair<std::string, Value> needs a complete Value.
+  using iterator = std::vector<Entry>::iterator;
+  using const_iterator = std::vector<Entry>::const_iterator;
+  std::size_t size() const noexcept;
+  bool empty() const noexcept;
+  void reserve(std::size_t count);
+  iterator begin() noexcept;
+  iterator end() noexcept;
+  const_iterator begin() const noexcept;
+  const_iterator end() const noexcept;
 
   /// Appends without looking for `key` first: the caller knows it is new (the decoder
   /// checks for duplicates itself).
@@ -180,6 +183,14 @@ inline ValueMap::ValueMap(std::initializer_list<Entry> entries) {
   entries_.reserve(entries.size());
   for (const Entry& entry : entries) insert_or_assign(entry.first, entry.second);
 }
+
+inline std::size_t ValueMap::size() const noexcept { return entries_.size(); }
+inline bool ValueMap::empty() const noexcept { return entries_.empty(); }
+inline void ValueMap::reserve(std::size_t count) { entries_.reserve(count); }
+inline ValueMap::iterator ValueMap::begin() noexcept { return entries_.begin(); }
+inline ValueMap::iterator ValueMap::end() noexcept { return entries_.end(); }
+inline ValueMap::const_iterator ValueMap::begin() const noexcept { return entries_.begin(); }
+inline ValueMap::const_iterator ValueMap::end() const noexcept { return entries_.end(); }
 
 inline void ValueMap::append_unchecked(std::string key, Value value) {
   entries_.emplace_back(std::move(key), std::move(value));
