@@ -1,9 +1,10 @@
 // The C++ loader of bench/peers/python_trainer.py: a new image batch per step, sent as a
 // ferry::Value to a Python trainer over the Sender it inherited.
 //
-// Usage: ferry_python_loader DESCRIPTION_HEX STEPS
+// Usage: ferry_python_loader DESCRIPTION_HEX STEPS [PACE_MS]
 // DESCRIPTION_HEX: the cereal-binary EndDescription of a Sender<Value> (hex), whose
-// descriptors this process inherited (Sender._describe() on the Python side).
+// descriptors this process inherited (Sender._describe() on the Python side). PACE_MS
+// (default 0): how long to wait before making each batch.
 // Each step: float32 images [64, 3, 224, 224] (36.75 MiB) allocated anew from shared memory
 // and filled with the step number, ten small float32 tensors [64], 64 file names, and the
 // CLOCK_MONOTONIC time in ns just before the send ("sent_ns"; after the fill, so the
@@ -16,6 +17,7 @@
 #include <cstdio>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "ferry/end_description.hpp"
 #include "ferry/value.hpp"
@@ -45,8 +47,8 @@ ferry::Value batch(std::int64_t step) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 3) {
-    std::fprintf(stderr, "usage: ferry_python_loader DESCRIPTION_HEX STEPS\n");
+  if (argc != 3 && argc != 4) {
+    std::fprintf(stderr, "usage: ferry_python_loader DESCRIPTION_HEX STEPS [PACE_MS]\n");
     return 2;
   }
   try {
@@ -58,7 +60,9 @@ int main(int argc, char** argv) {
     }
     ferry::Sender<ferry::Value> tx = ferry::sender_from_description<ferry::Value>(description);
     const std::int64_t steps = std::stoll(argv[2]);
+    const std::chrono::milliseconds pace(argc == 4 ? std::stoll(argv[3]) : 0);
     for (std::int64_t step = 0; step < steps; ++step) {
+      std::this_thread::sleep_for(pace);
       ferry::Value message = batch(step);
       const auto now = std::chrono::steady_clock::now().time_since_epoch();  // CLOCK_MONOTONIC, as time.monotonic_ns()
       message.as_map().insert_or_assign("sent_ns", std::chrono::duration_cast<std::chrono::nanoseconds>(now).count());

@@ -7,9 +7,12 @@ tensor. Three feeders, interleaved in rounds in one run:
   dataloader   torch.utils.data.DataLoader(num_workers=1, batch_size=None): the worker's
                batch is moved into shared memory (a copy) and passed through its queue
   mp_queue     a torch.multiprocessing producer process putting the same dict on a Queue
-Per batch: the transfer latency (from just before the producer hands the filled batch over
-to the trainer holding a torch view of it, CLOCK_MONOTONIC), batches per second, and the
-trainer's CPU time per batch (time.process_time over the loop, every thread of the trainer).
+Each feeder runs twice per round. Paced (the producer waits --pace-ms before each batch, so
+the trainer is idle when it comes): the transfer latency, from just before the producer
+hands the filled batch over to the trainer holding a torch view of it (CLOCK_MONOTONIC),
+and the trainer's CPU time per batch (time.process_time over the loop, every thread of the
+trainer, pacing waits included, which cost no CPU). Unpaced: batches per second, where
+filling 36.75 MiB per batch is part of every feeder's cost.
 
 Usage: PYTHONPATH=build/release/python /usr/bin/python3 bench/peers/python_trainer.py
        [--steps N] [--rounds R] [--loader build/release/bench/ferry_python_loader]
@@ -37,18 +40,21 @@ def make_batch(step):
 
 
 class Batches(torch.utils.data.Dataset):
-    def __init__(self, steps):
+    def __init__(self, steps, pace):
         self.steps = steps
+        self.pace = pace
 
     def __len__(self):
         return self.steps
 
     def __getitem__(self, step):
+        time.sleep(self.pace)
         return make_batch(step)
 
 
-def produce(queue, steps, done):
+def produce(queue, steps, pace, done):
     for step in range(steps):
+        time.sleep(pace)
         queue.put(make_batch(step))
     queue.put(None)
     done.wait()  # the consumer fetches each tensor's fd from this process: stay until it is done
@@ -68,10 +74,10 @@ def consume(batches, to_images):
     return latencies, time.process_time() - cpu_start, time.monotonic() - wall_start
 
 
-def run_ferry(loader, steps):
+def run_ferry(loader, steps, pace):
     tx, rx = ferry._channel("unix")
     description, fds = tx._describe()
-    child = subprocess.Popen([loader, description.hex(), str(steps)], pass_fds=fds)
+    child = subprocess.Popen([loader, description.hex(), str(steps), str(int(pace * 1000))], pass_fds=fds)
     tx._detach()
     del tx
     result = consume(rx, torch.from_dlpack)
@@ -80,16 +86,16 @@ def run_ferry(loader, steps):
     return result
 
 
-def run_dataloader(steps):
-    loader = torch.utils.data.DataLoader(Batches(steps), batch_size=None, num_workers=1)
+def run_dataloader(steps, pace):
+    loader = torch.utils.data.DataLoader(Batches(steps, pace), batch_size=None, num_workers=1)
     return consume(loader, lambda images: images)
 
 
-def run_mp_queue(steps):
+def run_mp_queue(steps, pace):
     context = mp.get_context("fork")
     queue = context.Queue(maxsize=2)
     done = context.Event()
-    producer = context.Process(target=produce, args=(queue, steps, done))
+    producer = context.Process(target=produce, args=(queue, steps, pace, done))
     producer.start()
     result = consume(iter(queue.get, None), lambda images: images)
     done.set()
@@ -106,18 +112,20 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pace-ms", type=float, default=100.0)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     parser.add_argument("--loader", default=os.path.join(root, "build", "release", "bench", "ferry_python_loader"))
     args = parser.parse_args()
-    cases = {"ferry": lambda: run_ferry(args.loader, args.steps), "dataloader": lambda: run_dataloader(args.steps),
-             "mp_queue": lambda: run_mp_queue(args.steps)}
+    cases = {"ferry": lambda pace: run_ferry(args.loader, args.steps, pace), "dataloader": lambda pace: run_dataloader(args.steps, pace),
+             "mp_queue": lambda pace: run_mp_queue(args.steps, pace)}
     results = {name: {"latency": [], "cpu": 0.0, "wall": 0.0, "batches": 0} for name in cases}
     for _ in range(args.rounds):
         for name, run in cases.items():
-            latencies, cpu, wall = run()
             result = results[name]
+            latencies, cpu, _ = run(args.pace_ms / 1000)
             result["latency"] += latencies
             result["cpu"] += cpu
+            _, _, wall = run(0.0)
             result["wall"] += wall
             result["batches"] += args.steps
     print(f"{args.rounds} rounds of {args.steps} batches, interleaved; torch {torch.__version__}, "
