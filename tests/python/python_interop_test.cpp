@@ -53,7 +53,6 @@ void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const HostileNesting
   }
   archive(static_cast<std::uint8_t>(ValueKind::None));
 }
-void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& /*archive*/, HostileNesting& /*message*/) {}
 
 // The loader's ends: `data` to the trainer, `reply` back; the trainer gets data.rx and reply.tx.
 struct LoaderEnds {
@@ -294,7 +293,9 @@ TEST(PythonTrainerTest, HostileNestingIsAProtocolErrorInPython) {
 }
 
 TEST(PythonTrainerTest, APythonTrainerSeesPeerDiedWhenTheLoaderIsKilled) {
-  auto [tx, rx] = channel<Value>(Transport::UnixSocket);
+  auto ends = channel<Value>(Transport::UnixSocket);
+  Sender<Value>& tx = ends.first;
+  Receiver<Value>& rx = ends.second;
   const pid_t loader = test::fork_child([&] {
     tx.adopt();
     tx.send(ValueMap{{"hello", 1}});
