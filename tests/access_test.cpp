@@ -34,11 +34,11 @@ void become_nobody() {
 }
 
 // A listening Unix socket in the abstract namespace, unique to this process.
-struct Listener {
+struct SocketListener {
   UniqueFd fd;
   sockaddr_un address{};
   socklen_t length = 0;
-  Listener() {
+  SocketListener() {
     fd.reset(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!fd) throw_errno("socket");
     address.sun_family = AF_UNIX;
@@ -95,7 +95,7 @@ TEST_F(AccessTest, PeerCredentialsOfASocketPairAreItsCreator) {
 }
 
 TEST_F(AccessTest, PeerCredentialsOfAConnectedProcess) {
-  Listener listener;
+  SocketListener listener;
   const pid_t child = fork_child([&] {
     UniqueFd client = listener.connect();
     char byte = 0;
@@ -131,7 +131,7 @@ TEST_F(AccessTest, PipesHaveNoPeerCredentials) {
 
 TEST_F(AccessTest, PeerOfAnotherUserIsRefused) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a peer as another user";
-  Listener listener;
+  SocketListener listener;
   const pid_t child = fork_child([&] {
     become_nobody();
     UniqueFd client = listener.connect();

@@ -1,11 +1,15 @@
 #include "support/process.hpp"
 
+#include "ferry/detail/live_ends.hpp"
+
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -121,6 +125,110 @@ bool LivingChildren::end() {
   for (const pid_t pid : pids_) all_succeeded = child_succeeded(pid) && all_succeeded;
   pids_.clear();
   return all_succeeded;
+}
+
+}  // namespace ferry::test
+
+namespace ferry::test {
+namespace {
+
+// True while `pid` runs (a zombie, which whoever adopted it has not reaped yet, is gone).
+bool is_running(pid_t pid) {
+  if (::kill(pid, 0) != 0) return false;
+  std::FILE* stat = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (stat == nullptr) return false;
+  char state = '?';
+  const int matched = std::fscanf(stat, "%*d (%*[^)]) %c", &state);
+  std::fclose(stat);
+  return matched == 1 && state != 'Z' && state != 'X';
+}
+
+}  // namespace
+
+UnrelatedProcess::UnrelatedProcess(const std::function<void()>& body) {
+  int ends[2];
+  if (::pipe2(ends, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
+  UniqueFd read_end(ends[0]);
+  UniqueFd write_end(ends[1]);
+  std::fflush(nullptr);
+  const pid_t middle = ::fork();
+  if (middle < 0) throw std::runtime_error("fork failed");
+  if (middle == 0) {
+    read_end.reset();
+    const pid_t middle_pid = ::getpid();
+    const pid_t grandchild = ::fork();
+    if (grandchild < 0) ::_exit(2);
+    if (grandchild > 0) {
+      (void)!::write(write_end.get(), &grandchild, sizeof grandchild);
+      ::_exit(0);
+    }
+    // Re-parented once the middle process exited: wait for that, so that no ancestor of
+    // this process is the test.
+    while (::getppid() == middle_pid) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    int status = 1;
+    try {
+      detail::abandon_live_ends_except({});
+      body();
+      status = 0;
+    } catch (const std::exception& error) {
+      std::fprintf(stderr, "unrelated process %d failed: %s\n", ::getpid(), error.what());
+    } catch (...) {
+      std::fprintf(stderr, "unrelated process %d failed with an unknown exception\n", ::getpid());
+    }
+    std::fflush(nullptr);
+    if (status == 0) (void)!::write(write_end.get(), "ok", 2);
+    ::_exit(status);
+  }
+  write_end.reset();
+  int status = 0;
+  while (::waitpid(middle, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (::read(read_end.get(), &pid_, sizeof pid_) != static_cast<ssize_t>(sizeof pid_)) {
+    throw std::runtime_error("the unrelated process did not start");
+  }
+  outcome_ = std::move(read_end);
+}
+
+UnrelatedProcess::~UnrelatedProcess() {
+  if (!finished_) kill();
+}
+
+bool UnrelatedProcess::succeeded(std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string outcome;
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd entry{outcome_.get(), POLLIN, 0};
+    const int rc = ::poll(&entry, 1, static_cast<int>(std::max<long>(0, left.count())));
+    if (rc == 0) {
+      std::fprintf(stderr, "unrelated process %d timed out and was killed\n", pid_);
+      kill();
+      return false;
+    }
+    if (rc < 0) {
+      if (errno == EINTR) continue;
+      return false;
+    }
+    char buffer[8];
+    const ssize_t got = ::read(outcome_.get(), buffer, sizeof buffer);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    outcome.append(buffer, static_cast<std::size_t>(got));
+  }
+  // End of file: every copy of the write end is closed, so the process has exited (or
+  // closed it while exiting). Wait until the pid is gone.
+  while (is_running(pid_)) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  finished_ = true;
+  if (outcome != "ok") std::fprintf(stderr, "unrelated process %d did not finish its work\n", pid_);
+  return outcome == "ok";
+}
+
+void UnrelatedProcess::kill() {
+  if (finished_ || pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  // Not our child: wait until it is gone (init reaps it).
+  for (int i = 0; i < 20000 && is_running(pid_); ++i) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  finished_ = true;
 }
 
 }  // namespace ferry::test

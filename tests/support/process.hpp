@@ -69,3 +69,31 @@ class LivingChildren {
 };
 
 }  // namespace ferry::test
+
+namespace ferry::test {
+
+/// A process that is not this one's descendant: forked twice, its middle parent exits at
+/// once, so it is re-parented (to init or a subreaper) before `body` runs. It runs `body`
+/// and exits; its outcome comes back through a pipe (it is not this process's child, so
+/// waitpid cannot see it). It inherits this process's state as any fork does: `body`
+/// should let go of what it must not hold (ferry ends: abandoned before `body` runs).
+class UnrelatedProcess {
+ public:
+  explicit UnrelatedProcess(const std::function<void()>& body);
+  ~UnrelatedProcess();
+  UnrelatedProcess(const UnrelatedProcess&) = delete;
+  UnrelatedProcess& operator=(const UnrelatedProcess&) = delete;
+  pid_t pid() const noexcept { return pid_; }
+  /// Waits (at most `timeout`, then kills it) for the process to end; true when `body`
+  /// returned normally. Prints why not.
+  bool succeeded(std::chrono::milliseconds timeout = std::chrono::seconds(30));
+  /// Kills it with SIGKILL and waits until it is gone.
+  void kill();
+
+ private:
+  pid_t pid_ = -1;
+  UniqueFd outcome_;  // read end: "ok" once body returned; end of file when it exited
+  bool finished_ = false;
+};
+
+}  // namespace ferry::test

@@ -16,6 +16,7 @@
 #include "ferry/cuda.hpp"
 #include "ferry/dtype.hpp"
 #include "ferry/duplex.hpp"
+#include "ferry/endpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"
 #include "ferry/init.hpp"

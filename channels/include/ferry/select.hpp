@@ -5,11 +5,17 @@
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <poll.h>
 #include <vector>
 
 #include "ferry/channel.hpp"
 
 namespace ferry {
+
+class Listener;
+namespace detail {
+class ListenerCore;
+}
 
 /// A set of receivers to wait on. add() returns an index that stays valid until
 /// remove(); wait() returns the index of a receiver that is ready: its recv() returns
@@ -21,6 +27,11 @@ namespace ferry {
 /// recv() returned std::nullopt (or threw). Ready receivers are served round-robin, so a
 /// busy one cannot starve the others. The Selector keeps references: a receiver must
 /// stay alive (it may be moved) while it is in the set. Use from one thread.
+///
+/// A Listener (endpoint.hpp) can be in the set too: it is ready when a client of a kind it
+/// serves completed its handshake and waits; take it with the matching accept_*_for()
+/// (a zero timeout does not wait). While the Selector waits, it advances the listener's
+/// handshakes.
 ///
 /// ```cpp
 /// ferry::Selector selector;
@@ -39,6 +50,8 @@ class Selector {
   std::size_t add(Receiver<T>& receiver) {
     return add_core(receiver.core());
   }
+  /// Adds `listener` to the set (it must stay alive while it is in the set); returns its index.
+  std::size_t add(Listener& listener);
   /// Removes receiver `index` from the set (no effect when it was removed already).
   void remove(std::size_t index);
   /// Whether receiver `index` is in the set.
@@ -56,11 +69,17 @@ class Selector {
 
  private:
   std::size_t add_core(detail::ReceiverCore& core);
+  // Advances the listeners in the set whose descriptors reported events (or whose
+  // handshakes' deadlines passed) and marks those with a waiting client in `ready`.
+  void advance_listeners(const std::vector<pollfd>& fds, const std::vector<std::size_t>& owners,
+                         std::vector<bool>& ready);
   std::optional<std::size_t> wait_until(const Deadline& deadline);
   // The next ready index, round-robin from next_.
   std::optional<std::size_t> pick(const std::vector<bool>& ready);
 
-  std::vector<detail::ReceiverCore*> cores_;  // nullptr once removed
+  std::vector<detail::ReceiverCore*> cores_;  // nullptr once removed (and for a listener)
+  std::vector<detail::ListenerCore*> listeners_;  // parallel to cores_; nullptr for a receiver
+  std::size_t listener_count_ = 0;
   std::size_t active_ = 0;
   std::size_t next_ = 0;  // where the round-robin scan starts
   bool futexes_work_ = true;  // false once futex_waitv turned out to be missing

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <span>
 
+#include "ferry/endpoint.hpp"
 #include "ring/futex.hpp"
 #include "ring/ring_layout.hpp"
 
@@ -65,18 +66,49 @@ bool wait_on_futexes(const std::vector<detail::ReceiverCore*>& cores, std::span<
 
 std::size_t Selector::add_core(detail::ReceiverCore& core) {
   cores_.push_back(&core);
+  listeners_.push_back(nullptr);
   ++active_;
   return cores_.size() - 1;
 }
 
-void Selector::remove(std::size_t index) {
-  if (index < cores_.size() && cores_[index] != nullptr) {
-    cores_[index] = nullptr;
-    --active_;
-  }
+std::size_t Selector::add(Listener& listener) {
+  detail::ListenerCore& core = listener.core();
+  cores_.push_back(nullptr);
+  listeners_.push_back(&core);
+  ++active_;
+  ++listener_count_;
+  return cores_.size() - 1;
 }
 
-bool Selector::contains(std::size_t index) const noexcept { return index < cores_.size() && cores_[index] != nullptr; }
+void Selector::remove(std::size_t index) {
+  if (!contains(index)) return;
+  if (listeners_[index] != nullptr) --listener_count_;
+  cores_[index] = nullptr;
+  listeners_[index] = nullptr;
+  --active_;
+}
+
+bool Selector::contains(std::size_t index) const noexcept {
+  return index < cores_.size() && (cores_[index] != nullptr || listeners_[index] != nullptr);
+}
+
+void Selector::advance_listeners(const std::vector<pollfd>& fds, const std::vector<std::size_t>& owners,
+                                 std::vector<bool>& ready) {
+  if (listener_count_ == 0) return;
+  std::vector<bool> woken(listeners_.size(), false);
+  for (std::size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents != 0 && listeners_[owners[i]] != nullptr) woken[owners[i]] = true;
+  }
+  for (std::size_t index = 0; index < listeners_.size(); ++index) {
+    detail::ListenerCore* listener = listeners_[index];
+    if (listener == nullptr || !listener->is_open()) continue;
+    if (woken[index] || listener->next_deadline().expired()) {
+      if (listener->pump(Deadline::now())) ready[index] = true;
+    } else if (listener->has_waiting_client()) {
+      ready[index] = true;
+    }
+  }
+}
 
 std::size_t Selector::wait() {
   if (empty()) throw Error("Selector::wait() on an empty set would wait for ever; add a receiver first");
@@ -107,7 +139,22 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
     std::fill(ready.begin(), ready.end(), false);
     bool any_buffered = false;
     bool stream_fds = false;  // a descriptor that reports data (futexes cannot wait with it)
+    Deadline poll_until = deadline;  // earlier when a listener's handshake expires first
     for (std::size_t index = 0; index < count; ++index) {
+      if (detail::ListenerCore* listener = listeners_[index]) {
+        if (!listener->is_open()) continue;
+        if (listener->has_waiting_client()) {
+          ready[index] = any_buffered = true;
+          continue;
+        }
+        const std::size_t first = fds.size();
+        listener->append_poll_fds(fds);
+        owners.resize(fds.size(), index);
+        stream_fds = stream_fds || fds.size() > first;
+        const Deadline handshakes = listener->next_deadline();
+        if (handshakes.time_point() < poll_until.time_point()) poll_until = handshakes;
+        continue;
+      }
       detail::ReceiverCore* core = cores_[index];
       if (core == nullptr) continue;
       if (core->has_buffered_frame()) {
@@ -154,8 +201,8 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
     const timespec* timeout = nullptr;
     if (any_buffered) {
       timeout = &zero;
-    } else if (!deadline.is_never()) {
-      left = deadline.remaining_timespec();
+    } else if (!poll_until.is_never()) {
+      left = poll_until.remaining_timespec();
       timeout = &left;
     }
     timespec recheck{};
@@ -172,8 +219,9 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       throw_errno("ppoll in Selector::wait");
     }
     for (std::size_t i = 0; rc > 0 && i < fds.size(); ++i) {
-      if (fds[i].revents != 0) ready[owners[i]] = true;
+      if (fds[i].revents != 0 && listeners_[owners[i]] == nullptr) ready[owners[i]] = true;
     }
+    advance_listeners(fds, owners, ready);
     // Receivers without a descriptor that reports data are looked at again after the wait.
     for (const std::size_t index : silent) {
       if (!ready[index] && cores_[index]->has_buffered_frame()) ready[index] = true;

@@ -1,0 +1,147 @@
+// The untyped half of endpoints (endpoint.hpp): what a client declares it holds, the
+// listener's accept queue, and connecting. Listener and connect_* are thin typed
+// wrappers around these.
+#pragma once
+
+#include <poll.h>
+#include <sys/types.h>
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/detail/deadline.hpp"
+#include "ferry/detail/frame_channel.hpp"
+#include "ferry/peer_credentials.hpp"
+#include "ferry/detail/transport.hpp"
+#include "ferry/detail/type_name.hpp"
+
+namespace ferry {
+struct EndpointOptions;
+}
+
+namespace ferry::detail {
+
+/// The end a client holds; the listener's end is its opposite.
+enum class ClientEnd : std::uint8_t { Receiver = 1, Sender = 2, Duplex = 3 };
+
+/// What a client connects as: its end and the message types it sends and receives (a
+/// fingerprint of 0 and an empty name where it does not send, or does not receive).
+/// Two kinds match when end and fingerprints agree; names only serve messages.
+struct EndKind {
+  ClientEnd end = ClientEnd::Receiver;
+  std::uint64_t sends = 0;
+  std::uint64_t receives = 0;
+  std::string sends_name;
+  std::string receives_name;
+
+  bool matches(const EndKind& other) const noexcept {
+    return end == other.end && sends == other.sends && receives == other.receives;
+  }
+  /// The client's end as a user writes it: "Receiver<Batch>", "DuplexEnd<Request, Reply>".
+  std::string describe() const;
+};
+
+template <class T>
+EndKind client_receiver_kind() {
+  return EndKind{ClientEnd::Receiver, 0, type_fingerprint<T>(), {}, std::string(type_name<T>())};
+}
+template <class T>
+EndKind client_sender_kind() {
+  return EndKind{ClientEnd::Sender, type_fingerprint<T>(), 0, std::string(type_name<T>()), {}};
+}
+template <class Out, class In>
+EndKind client_duplex_kind() {  // the client sends Out and receives In
+  return EndKind{ClientEnd::Duplex, type_fingerprint<Out>(), type_fingerprint<In>(), std::string(type_name<Out>()),
+                 std::string(type_name<In>())};
+}
+
+/// The transport ends of one connection, for this process's side: a writer when this side
+/// sends, a reader when it receives, and the options each typed end is built with (the
+/// sender's limits are the peer's receiving limits, which the peer enforces).
+struct ConnectionEnds {
+  Transport transport = Transport::UnixSocket;
+  std::unique_ptr<FrameWriter> writer;
+  std::unique_ptr<FrameReader> reader;
+  ChannelOptions sender_options;
+  ChannelOptions receiver_options;
+  PeerCredentials peer;
+};
+
+/// A scheme's listening socket (scheme_registry.hpp makes them).
+class ListeningPoint;
+
+/// A listener: the scheme's listening socket, the handshakes in progress (side by side,
+/// each with its own deadline) and the clients that completed theirs, oldest first. All
+/// work happens inside accept() and pump(), in the calling thread: no thread of its own.
+/// Use from one thread at a time.
+class ListenerCore {
+ public:
+  ListenerCore(std::unique_ptr<ListeningPoint> point, std::string address, const EndpointOptions& options);
+  ~ListenerCore();
+  ListenerCore(const ListenerCore&) = delete;
+  ListenerCore& operator=(const ListenerCore&) = delete;
+
+  /// The address clients connect to.
+  const std::string& address() const noexcept { return address_; }
+  /// Adds `kind` to the kinds served: clients of it wait for accept() instead of being refused.
+  void serve(const EndKind& kind);
+  /// Takes the oldest client of `kind` (serving the kind first), or waits for one until
+  /// `deadline`; std::nullopt when none came. Throws SystemError when the process is out of
+  /// descriptors (the listener goes on).
+  std::optional<ConnectionEnds> accept(const EndKind& kind, const Deadline& deadline);
+  /// Accepts new connections and advances handshakes until `deadline` or until something
+  /// happened; returns whether a client is waiting.
+  bool pump(const Deadline& deadline);
+  /// True when a client of a served kind completed its handshake and waits for accept().
+  bool has_waiting_client() const noexcept { return !ready_.empty(); }
+  /// Appends the descriptors to poll for progress (POLLIN) to `fds`.
+  void append_poll_fds(std::vector<pollfd>& fds) const;
+  /// The earliest deadline of a handshake in progress (Deadline::never() when none).
+  Deadline next_deadline() const;
+  /// Closes the listening socket (removing its file) and every waiting connection.
+  void close() noexcept;
+  bool is_open() const noexcept { return point_ != nullptr; }
+  /// Clients refused or dropped so far (for tests and statistics).
+  std::uint64_t refused_count() const noexcept { return refused_; }
+  /// Handshakes in progress and clients waiting (for tests).
+  std::size_t pending_count() const noexcept { return pending_.size(); }
+
+ private:
+  struct Pending;
+  struct Waiting;
+  void accept_new_connections();
+  // Reads what arrived on pending_[index]; true when it is finished (queued or dropped).
+  bool advance(Pending& pending);
+  void drop_expired();
+  void refuse(Pending& pending, std::uint8_t status, const std::string& reason);
+  void report(const PeerCredentials& peer, const std::string& reason);
+  std::string served_kinds() const;
+  // Builds this side's ends for `waiting` and sends the client its reply; std::nullopt
+  // when the client is gone.
+  std::optional<ConnectionEnds> complete(Waiting& waiting);
+
+  std::unique_ptr<ListeningPoint> point_;
+  std::string address_;
+  std::unique_ptr<EndpointOptions> options_;
+  pid_t owner_;
+  std::vector<EndKind> served_;
+  std::vector<std::unique_ptr<Pending>> pending_;
+  std::deque<std::unique_ptr<Waiting>> ready_;
+  std::uint64_t refused_ = 0;
+};
+
+/// Connects to `address` as a client of `kind`: waits for the listener to appear, checks
+/// its credentials, handshakes and builds this side's ends. Throws as connect_* documents.
+ConnectionEnds connect_endpoint(std::string_view address, const EndKind& kind, const EndpointOptions& options);
+
+/// The channel options of an accepted or connected end: `options` with an isolated pool
+/// (ChannelOptions::pool) replaced by a new one of the same settings, one per connection.
+ChannelOptions per_connection_options(const ChannelOptions& options);
+
+}  // namespace ferry::detail

@@ -1,0 +1,104 @@
+// connect_*(): find the listener, check who it is, handshake, build this side's ends.
+#include <algorithm>
+#include <thread>
+
+#include "address.hpp"
+#include "connection_ends.hpp"
+#include "ferry/detail/endpoint_handshake.hpp"
+#include "ferry/endpoint.hpp"
+#include "scheme_registry.hpp"
+
+namespace ferry::detail {
+namespace {
+
+std::string milliseconds_text(std::chrono::milliseconds duration) { return std::to_string(duration.count()) + " ms"; }
+
+// Connects, retrying while nobody listens, until `deadline`.
+UniqueFd reach_listener(const Scheme& scheme, std::string_view address, std::string_view rest,
+                        const EndpointOptions& options, const Deadline& deadline) {
+  std::chrono::microseconds pause{200};
+  while (true) {
+    if (UniqueFd fd = scheme.try_connect(address, rest)) return fd;
+    if (deadline.expired()) {
+      throw Error("no listener at " + std::string(address) + ": nothing accepted connections there within " +
+                  milliseconds_text(options.connect_timeout) +
+                  " (EndpointOptions::connect_timeout); start the listening process or check the address");
+    }
+    // Nothing to wait on but time: the listener's socket does not exist yet.
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline.remaining()));
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
+  }
+}
+
+[[noreturn]] void throw_refusal(const Reply& reply) {
+  switch (reply.status) {
+    case ReplyStatus::TypeMismatch: throw TypeMismatch(reply.message);
+    case ReplyStatus::NotAllowed: throw UntrustedPeer(reply.message);
+    case ReplyStatus::Malformed: throw ProtocolError(reply.message);
+    default: throw Error(reply.message);
+  }
+}
+
+}  // namespace
+
+ConnectionEnds connect_endpoint(std::string_view address, const EndKind& kind, const EndpointOptions& options) {
+  const Address parsed = parse_address(address);
+  const Scheme* scheme = find_scheme(parsed.scheme);
+  if (scheme == nullptr) {
+    throw Error("unknown scheme \"" + std::string(parsed.scheme) + "\" in endpoint address \"" + std::string(address) +
+                "\"; accepted forms: " + accepted_address_forms());
+  }
+  if (options.transport == Transport::InProcess) {
+    throw Error("an endpoint connects processes: Transport::InProcess cannot carry it (use UnixSocket or ShmRing)");
+  }
+  const Deadline deadline = Deadline::after(options.connect_timeout);
+  UniqueFd connection = reach_listener(*scheme, address, parsed.rest, options, deadline);
+  const PeerCredentials listener = peer_credentials(connection.get());
+  if (!options.allowed_peers.allows(listener)) {
+    throw UntrustedPeer("the listener at " + std::string(address) + " (process " + std::to_string(listener.pid) +
+                        ") runs as user " + std::to_string(listener.uid) + ", group " + std::to_string(listener.gid) +
+                        "; this client admits only " + options.allowed_peers.describe() +
+                        " (EndpointOptions::allowed_peers): refusing to connect");
+  }
+  Hello hello;
+  hello.kind = kind;
+  hello.transport = options.transport;
+  hello.limits = options.channel.limits;
+  const std::string waiting_for = " within " + milliseconds_text(options.connect_timeout) +
+                                  " (EndpointOptions::connect_timeout; it accepts clients only while it is inside "
+                                  "accept_*() or a Selector wait)";
+  std::vector<UniqueFd> fds;
+  std::optional<std::vector<std::byte>> bytes;
+  try {
+    bool sent = false;
+    try {
+      sent = send_all(connection.get(), encode_hello(hello), deadline);
+    } catch (const PeerDied&) {
+      sent = true;  // refused at once (its user, say): the reply waits to be read
+    }
+    if (!sent) {
+      throw Error("the listener at " + std::string(address) + " did not take this client's handshake" + waiting_for);
+    }
+    bytes = receive_message(connection.get(), kMaxReplyBytes, fds, deadline);
+  } catch (const PeerDied&) {
+    throw PeerDied("the listener at " + std::string(address) +
+                   " closed the connection before accepting this client (it closed or died, or dropped the handshake)");
+  }
+  if (!bytes) {
+    throw Error("the listener at " + std::string(address) + " did not accept this " + kind.describe() + waiting_for);
+  }
+  const Prefix prefix = decode_prefix(bytes->data());
+  if (prefix.version != kEndpointWireVersion) {
+    throw Error("the listener at " + std::string(address) + " speaks endpoint wire version " +
+                std::to_string(prefix.version) + ", this client version " + std::to_string(kEndpointWireVersion) +
+                " (use the same ferry version on both sides)");
+  }
+  const Reply reply = decode_reply(*bytes);
+  if (reply.status != ReplyStatus::Accepted) throw_refusal(reply);
+  if (reply.transport != options.transport) throw ProtocolError("the listener accepted over another transport");
+  ConnectionEnds ends = make_client_side(kind, reply, std::move(connection), std::move(fds), options);
+  ends.peer = listener;
+  return ends;
+}
+
+}  // namespace ferry::detail

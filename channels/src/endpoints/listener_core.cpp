@@ -1,0 +1,276 @@
+// The listener's accept queue: new connections, their handshakes side by side (each with
+// its own deadline), and the clients that completed theirs, oldest first.
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+
+#include "connection_ends.hpp"
+#include "ferry/detail/endpoint_handshake.hpp"
+#include "ferry/endpoint.hpp"
+#include "scheme_registry.hpp"
+
+namespace ferry::detail {
+
+struct ListenerCore::Pending {
+  AcceptedSocket connection;
+  Deadline deadline = Deadline::never();
+  std::vector<std::byte> bytes;  // the Hello so far
+  std::size_t wanted = kHandshakePrefixBytes;
+};
+
+struct ListenerCore::Waiting {
+  AcceptedSocket connection;
+  Hello hello;
+};
+
+namespace {
+
+std::string who(const PeerCredentials& peer) {
+  return "process " + std::to_string(peer.pid) + ", user " + std::to_string(peer.uid);
+}
+
+}  // namespace
+
+ListenerCore::ListenerCore(std::unique_ptr<ListeningPoint> point, std::string address, const EndpointOptions& options)
+    : point_(std::move(point)),
+      address_(std::move(address)),
+      options_(std::make_unique<EndpointOptions>(options)),
+      owner_(::getpid()) {}
+
+ListenerCore::~ListenerCore() { close(); }
+
+void ListenerCore::serve(const EndKind& kind) {
+  for (const EndKind& served : served_) {
+    if (served.matches(kind)) return;
+  }
+  served_.push_back(kind);
+}
+
+std::string ListenerCore::served_kinds() const {
+  if (served_.empty()) return "none yet";
+  std::string text;
+  for (std::size_t i = 0; i < served_.size(); ++i) {
+    if (i > 0) text += ", ";
+    text += served_[i].describe();
+  }
+  return text;
+}
+
+void ListenerCore::report(const PeerCredentials& peer, const std::string& reason) {
+  ++refused_;
+  const std::string line = "ferry: the listener at " + address_ + " refused a client (" + who(peer) + "): " + reason;
+  if (options_->on_refusal) {
+    options_->on_refusal(line);
+  } else {
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
+void ListenerCore::refuse(Pending& pending, std::uint8_t status, const std::string& reason) {
+  Reply reply;
+  reply.status = static_cast<ReplyStatus>(status);
+  reply.transport = options_->transport;
+  reply.limits = options_->channel.limits;
+  reply.message = "the listener at " + address_ + " refused this client: " + reason;
+  (void)send_now(pending.connection.socket.get(), encode_reply(reply));  // it may be gone already
+  report(pending.connection.peer, reason);
+  pending.connection.socket.reset();
+}
+
+void ListenerCore::accept_new_connections() {
+  while (point_) {
+    std::optional<AcceptedSocket> accepted = point_->accept();
+    if (!accepted) return;
+    auto pending = std::make_unique<Pending>();
+    pending->connection = std::move(*accepted);
+    pending->deadline = Deadline::after(options_->handshake_timeout);
+    const PeerCredentials& peer = pending->connection.peer;
+    if (!options_->allowed_peers.allows(peer)) {
+      refuse(*pending, static_cast<std::uint8_t>(ReplyStatus::NotAllowed),
+             "its user (" + std::to_string(peer.uid) + ", group " + std::to_string(peer.gid) +
+                 ") is not allowed; the listener admits " + options_->allowed_peers.describe() +
+                 " (EndpointOptions::allowed_peers)");
+      continue;
+    }
+    // Its hello has usually arrived with the connection already.
+    if (!advance(*pending)) pending_.push_back(std::move(pending));
+  }
+}
+
+bool ListenerCore::advance(Pending& pending) {
+  const PeerCredentials& peer = pending.connection.peer;
+  const int fd = pending.connection.socket.get();
+  std::vector<UniqueFd> fds;
+  while (pending.bytes.size() < pending.wanted) {
+    long got = 0;
+    try {
+      got = receive_some(fd, pending.wanted - pending.bytes.size(), pending.bytes, fds);
+    } catch (const Error& error) {
+      refuse(pending, static_cast<std::uint8_t>(ReplyStatus::Malformed), error.what());
+      return true;
+    }
+    if (!fds.empty()) {
+      refuse(pending, static_cast<std::uint8_t>(ReplyStatus::Malformed), "it sent descriptors during its handshake");
+      return true;
+    }
+    if (got < 0) return false;  // more later
+    if (got == 0) {
+      report(peer, "it closed the connection during its handshake (it exited or was killed)");
+      pending.connection.socket.reset();
+      return true;
+    }
+    if (pending.wanted == kHandshakePrefixBytes && pending.bytes.size() == kHandshakePrefixBytes) {
+      const Prefix prefix = decode_prefix(pending.bytes.data());
+      if (!prefix.magic_ok) {
+        refuse(pending, static_cast<std::uint8_t>(ReplyStatus::Malformed),
+               "it does not speak ferry's endpoint handshake (its first bytes are not a ferry hello)");
+        return true;
+      }
+      if (prefix.version != kEndpointWireVersion) {
+        refuse(pending, static_cast<std::uint8_t>(ReplyStatus::VersionMismatch),
+               "it speaks endpoint wire version " + std::to_string(prefix.version) + ", this listener version " +
+                   std::to_string(kEndpointWireVersion) + " (use the same ferry version on both sides)");
+        return true;
+      }
+      if (prefix.total_bytes < kHelloFixedBytes || prefix.total_bytes > kMaxHelloBytes) {
+        refuse(pending, static_cast<std::uint8_t>(ReplyStatus::Malformed),
+               "its hello claims " + std::to_string(prefix.total_bytes) + " bytes (a hello has " +
+                   std::to_string(kHelloFixedBytes) + " to " + std::to_string(kMaxHelloBytes) + ")");
+        return true;
+      }
+      pending.wanted = prefix.total_bytes;
+    }
+  }
+  Hello hello;
+  try {
+    hello = decode_hello(pending.bytes);
+  } catch (const ProtocolError& error) {
+    refuse(pending, static_cast<std::uint8_t>(ReplyStatus::Malformed), error.what());
+    return true;
+  }
+  if (hello.transport != options_->transport) {
+    refuse(pending, static_cast<std::uint8_t>(ReplyStatus::TransportMismatch),
+           "it asked for transport " + std::string(transport_name(hello.transport)) + ", this listener serves " +
+               std::string(transport_name(options_->transport)) +
+               " (set the same EndpointOptions::transport on both sides)");
+    return true;
+  }
+  const bool served = std::any_of(served_.begin(), served_.end(),
+                                  [&](const EndKind& kind) { return kind.matches(hello.kind); });
+  if (!served) {
+    refuse(pending, static_cast<std::uint8_t>(ReplyStatus::TypeMismatch),
+           "it connects as " + hello.kind.describe() + ", and this listener serves " + served_kinds());
+    return true;
+  }
+  auto waiting = std::make_unique<Waiting>();
+  waiting->connection = std::move(pending.connection);
+  waiting->hello = std::move(hello);
+  ready_.push_back(std::move(waiting));
+  return true;
+}
+
+void ListenerCore::drop_expired() {
+  std::erase_if(pending_, [&](const std::unique_ptr<Pending>& pending) {
+    if (!pending->deadline.expired()) return false;
+    refuse(*pending, static_cast<std::uint8_t>(ReplyStatus::Malformed),
+           "it sent no complete handshake within " + std::to_string(options_->handshake_timeout.count()) +
+               " ms (EndpointOptions::handshake_timeout)");
+    return true;
+  });
+}
+
+void ListenerCore::append_poll_fds(std::vector<pollfd>& fds) const {
+  if (!point_) return;
+  fds.push_back(pollfd{point_->fd(), POLLIN, 0});
+  for (const auto& pending : pending_) fds.push_back(pollfd{pending->connection.socket.get(), POLLIN, 0});
+}
+
+Deadline ListenerCore::next_deadline() const {
+  Deadline earliest = Deadline::never();
+  for (const auto& pending : pending_) {
+    if (pending->deadline.time_point() < earliest.time_point()) earliest = pending->deadline;
+  }
+  return earliest;
+}
+
+bool ListenerCore::pump(const Deadline& deadline) {
+  if (!point_) return false;
+  std::vector<pollfd> fds;
+  append_poll_fds(fds);
+  const Deadline handshakes = next_deadline();
+  const Deadline& until = handshakes.time_point() < deadline.time_point() ? handshakes : deadline;
+  timespec left{};
+  const timespec* timeout = nullptr;
+  if (!until.is_never()) {
+    left = until.remaining_timespec();
+    timeout = &left;
+  }
+  const int rc = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
+  if (rc < 0 && errno != EINTR) throw_errno("ppoll on a listening endpoint");
+  if (rc > 0) {
+    // pending_[i] is fds[i + 1]; new connections are appended after these.
+    std::vector<bool> readable(pending_.size());
+    for (std::size_t i = 0; i < pending_.size(); ++i) readable[i] = fds[i + 1].revents != 0;
+    std::size_t index = 0;
+    std::erase_if(pending_, [&](std::unique_ptr<Pending>& pending) { return readable[index++] && advance(*pending); });
+    if (fds[0].revents != 0) accept_new_connections();
+  }
+  drop_expired();
+  return has_waiting_client();
+}
+
+std::optional<ConnectionEnds> ListenerCore::complete(Waiting& waiting) {
+  ListenerSide side;
+  const PeerCredentials peer = waiting.connection.peer;
+  const UniqueFd connection = waiting.connection.socket.duplicate();
+  try {
+    side = make_listener_side(waiting.hello.kind, waiting.hello.limits, std::move(waiting.connection.socket),
+                              *options_);
+  } catch (const Error& error) {
+    Pending failed{AcceptedSocket{connection.duplicate(), peer}, Deadline::now(), {}, 0};
+    refuse(failed, static_cast<std::uint8_t>(ReplyStatus::Unavailable),
+           std::string("the listener could not make its connection: ") + error.what());
+    throw;
+  }
+  Reply reply;
+  reply.transport = options_->transport;
+  reply.limits = options_->channel.limits;
+  const std::vector<int> fds = side.descriptors_to_pass(reply.writer_fds, reply.reader_fds);
+  if (!send_now(connection.get(), encode_reply(reply), fds)) {
+    report(peer, "it went away before it was accepted");
+    return std::nullopt;
+  }
+  side.mine.peer = peer;
+  return std::move(side.mine);
+}
+
+std::optional<ConnectionEnds> ListenerCore::accept(const EndKind& kind, const Deadline& deadline) {
+  serve(kind);
+  for (bool first = true;; first = false) {
+    if (first) accept_new_connections();  // out of descriptors: throws before waiting
+    for (auto it = ready_.begin(); it != ready_.end();) {
+      if (!(*it)->hello.kind.matches(kind)) {
+        ++it;
+        continue;
+      }
+      std::unique_ptr<Waiting> waiting = std::move(*it);
+      it = ready_.erase(it);
+      if (auto ends = complete(*waiting)) return ends;
+    }
+    if (!first && deadline.expired()) return std::nullopt;
+    pump(deadline);
+  }
+}
+
+void ListenerCore::close() noexcept {
+  if (!point_) return;
+  if (::getpid() != owner_) point_->abandon();  // a forked copy leaves the socket file alone
+  point_.reset();
+  pending_.clear();
+  ready_.clear();
+}
+
+}  // namespace ferry::detail

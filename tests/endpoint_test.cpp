@@ -1,0 +1,691 @@
+// Endpoints by address: listen() and connect_*() between unrelated processes (neither
+// the other's ancestor) over UnixSocket and ShmRing: tensors both ways, every refusal
+// (type, direction, version, transport, user), socket files, abstract names, many and
+// hostile clients, a listener that dies, fd exhaustion, Selector, and no leaks.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/detail/endpoint_handshake.hpp"
+#include "ferry/ferry.hpp"
+#include "support/leak_check.hpp"
+#include "support/process.hpp"
+#include "support/transports.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+using test::UnrelatedProcess;
+
+struct Batch {
+  std::int64_t step = 0;
+  Tensor images;
+  std::vector<Tensor> views;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(step, images, views);
+  }
+};
+struct Stats {
+  std::string name;
+  double value = 0;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(name, value);
+  }
+};
+
+// An address unique to this process and test.
+std::string abstract_address(const std::string& tag) {
+  return "unix:@ferry-endpoint-test-" + std::to_string(::getpid()) + "-" + tag;
+}
+std::string path_for(const std::string& tag) {
+  return (std::filesystem::temp_directory_path() / ("ferry-endpoint-" + std::to_string(::getpid()) + "-" + tag + ".sock"))
+      .string();
+}
+
+EndpointOptions options_for(Transport transport) {
+  EndpointOptions options;
+  options.transport = transport;
+  options.on_refusal = [](const std::string&) {};
+  return options;
+}
+
+// Collects the listener's refusal reports.
+struct Refusals {
+  std::mutex mutex;
+  std::vector<std::string> lines;
+  void attach(EndpointOptions& options) {
+    options.on_refusal = [this](const std::string& line) {
+      std::lock_guard lock(mutex);
+      lines.push_back(line);
+    };
+  }
+  std::string all() {
+    std::lock_guard lock(mutex);
+    std::string text;
+    for (const auto& line : lines) text += line + "\n";
+    return text;
+  }
+  std::size_t size() {
+    std::lock_guard lock(mutex);
+    return lines.size();
+  }
+};
+
+Tensor counting(std::int64_t n, int seed) {
+  Tensor t = Tensor::empty({n}, DType::Int32, Device::SharedCpu);
+  for (std::int64_t i = 0; i < n; ++i) t.at<std::int32_t>({i}) = static_cast<std::int32_t>(i * 3 + seed);
+  return t;
+}
+
+bool counts(const Tensor& t, std::int64_t n, int seed, std::int64_t offset = 0) {
+  if (t.numel() != n) return false;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (t.at<std::int32_t>({i}) != static_cast<std::int32_t>((i + offset) * 3 + seed)) return false;
+  }
+  return true;
+}
+
+class EndpointTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
+
+INSTANTIATE_TEST_SUITE_P(Transports, EndpointTest, ::testing::Values(Transport::UnixSocket, Transport::ShmRing),
+                         test::transport_test_name);
+
+TEST_P(EndpointTest, TensorsTravelBothWaysBetweenUnrelatedProcesses) {
+  const std::string address = abstract_address("tensors");
+  const EndpointOptions options = options_for(GetParam());
+  const pid_t test_pid = ::getpid();
+  UnrelatedProcess client([&] {
+    CHILD_CHECK(::getppid() != test_pid);
+    auto from_loader = connect_receiver<Batch>(address, options);
+    auto to_loader = connect_duplex<Batch, int>(address, options);
+    auto batch = from_loader.recv();
+    CHILD_CHECK(batch.has_value() && batch->step == 7);
+    CHILD_CHECK(counts(batch->images, 1000, 1));
+    CHILD_CHECK(batch->views.size() == 2);
+    CHILD_CHECK(counts(batch->views[0], 100, 1, 10));
+    CHILD_CHECK(batch->views[0].shares_storage_with(batch->images));
+    CHILD_CHECK(batch->views[1].shares_storage_with(batch->images));
+    // Written here, seen by the loader: the same pages, no copy.
+    batch->images.at<std::int32_t>({999}) = -5;
+    Tensor mine = counting(500, 4);
+    to_loader.send(Batch{8, mine, {mine.slice(0, 100, 200)}});
+    CHILD_CHECK(to_loader.recv().value() == 1);
+    CHILD_CHECK(mine.at<std::int32_t>({0}) == 77);  // the loader wrote into our tensor
+    CHILD_CHECK(!from_loader.recv().has_value());
+    to_loader.close();
+  });
+  Listener listener = listen(address, options);
+  listener.serve_duplex<int, Batch>();
+  Sender<Batch> to_client = listener.accept_sender<Batch>();
+  DuplexEnd<int, Batch> from_client = listener.accept_duplex<int, Batch>();
+  Tensor images = counting(1000, 1);
+  to_client.send(Batch{7, images, {images.slice(0, 10, 110), images.slice(0, 500, 600)}});
+  auto back = from_client.recv();
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->step, 8);
+  EXPECT_TRUE(counts(back->images, 500, 4));
+  ASSERT_EQ(back->views.size(), 1u);
+  EXPECT_TRUE(back->views[0].shares_storage_with(back->images));
+  EXPECT_TRUE(counts(back->views[0], 100, 4, 100));
+  back->images.at<std::int32_t>({0}) = 77;
+  EXPECT_EQ(images.at<std::int32_t>({999}), -5);  // the client's write, in our pages
+  from_client.send(1);
+  to_client.close();
+  EXPECT_FALSE(from_client.recv().has_value());
+  EXPECT_TRUE(client.succeeded());
+}
+
+TEST_P(EndpointTest, ConnectWaitsForAListenerStartedLater) {
+  const std::string address = abstract_address("later");
+  const EndpointOptions options = options_for(GetParam());
+  UnrelatedProcess client([&] {
+    auto rx = connect_receiver<int>(address, options);  // before the listener exists
+    CHILD_CHECK(rx.recv().value() == 42);
+  });
+  std::this_thread::sleep_for(20ms);  // the client's first attempts find nobody
+  Listener listener = listen(address, options);
+  Sender<int> tx = listener.accept_sender<int>();
+  tx.send(42);
+  tx.close();
+  EXPECT_TRUE(client.succeeded());
+}
+
+TEST_P(EndpointTest, KilledListenerIsPeerDiedAtTheClientsNextOperation) {
+  const std::string address = abstract_address("killed");
+  const EndpointOptions options = options_for(GetParam());
+  UnrelatedProcess server([&] {
+    Listener listener = listen(address, options);
+    Sender<int> tx = listener.accept_sender<int>();
+    Receiver<int> rx = listener.accept_receiver<int>();
+    tx.send(1);
+    std::this_thread::sleep_for(30s);  // killed here
+  });
+  Receiver<int> rx = connect_receiver<int>(address, options);
+  Sender<int> tx = connect_sender<int>(address, options);
+  EXPECT_EQ(rx.recv().value(), 1);
+  server.kill();
+  EXPECT_THROW(rx.recv(), PeerDied);
+  // A sender learns it at its next send (at once on a socket, within peer_check_interval
+  // on a ring); it is ChannelClosed, as for a channel() end whose receiver died.
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  bool refused = false;
+  while (!refused && std::chrono::steady_clock::now() < until) {
+    try {
+      tx.send(2);
+      std::this_thread::sleep_for(1ms);
+    } catch (const ChannelClosed&) {
+      refused = true;
+    }
+  }
+  EXPECT_TRUE(refused);
+}
+
+TEST_P(EndpointTest, TypeAndDirectionMismatchesAreRefusedOnBothSidesAndTheListenerGoesOn) {
+  const std::string address = abstract_address("types");
+  EndpointOptions options = options_for(GetParam());
+  Refusals refusals;
+  refusals.attach(options);
+  UnrelatedProcess clients([&] {
+    EndpointOptions client_options = options_for(GetParam());
+    client_options.connect_timeout = 5s;
+    try {
+      (void)connect_receiver<Stats>(address, client_options);
+      CHILD_CHECK(false);
+    } catch (const TypeMismatch& error) {
+      const std::string what = error.what();
+      CHILD_CHECK(what.find("connects as Receiver<") != std::string::npos);
+      CHILD_CHECK(what.find("Stats>") != std::string::npos);
+      CHILD_CHECK(what.find("serves Receiver<") != std::string::npos);
+      CHILD_CHECK(what.find("Batch>") != std::string::npos);
+    }
+    try {
+      (void)connect_sender<Batch>(address, client_options);  // the right type, the wrong direction
+      CHILD_CHECK(false);
+    } catch (const TypeMismatch& error) {
+      CHILD_CHECK(std::string(error.what()).find("Sender<") != std::string::npos);
+    }
+    auto rx = connect_receiver<Batch>(address, client_options);
+    CHILD_CHECK(rx.recv().value().step == 3);
+  });
+  Listener listener = listen(address, options);
+  std::optional<Sender<Batch>> tx = listener.accept_sender_for<Batch>(10s);
+  ASSERT_TRUE(tx.has_value());
+  tx->send(Batch{3, Tensor(), {}});
+  tx->close();
+  EXPECT_TRUE(clients.succeeded());
+  EXPECT_EQ(refusals.size(), 2u) << refusals.all();
+  EXPECT_NE(refusals.all().find("Stats"), std::string::npos);
+}
+
+TEST_P(EndpointTest, ShmRingAndUnixSocketClientsRefuseEachOther) {
+  const std::string address = abstract_address("transport");
+  EndpointOptions options = options_for(GetParam());
+  Refusals refusals;
+  refusals.attach(options);
+  const Transport other = GetParam() == Transport::ShmRing ? Transport::UnixSocket : Transport::ShmRing;
+  UnrelatedProcess client([&] {
+    try {
+      (void)connect_receiver<int>(address, options_for(other));
+      CHILD_CHECK(false);
+    } catch (const TypeMismatch&) {
+      CHILD_CHECK(false);
+    } catch (const Error& error) {
+      CHILD_CHECK(std::string(error.what()).find("transport") != std::string::npos);
+    }
+    CHILD_CHECK(connect_receiver<int>(address, options_for(GetParam())).recv().value() == 5);
+  });
+  Listener listener = listen(address, options);
+  Sender<int> tx = listener.accept_sender<int>();
+  tx.send(5);
+  tx.close();
+  EXPECT_TRUE(client.succeeded());
+  EXPECT_EQ(refusals.size(), 1u);
+}
+
+// ---- hostile clients, many clients ------------------------------------------------------
+
+// A raw connection to an abstract address.
+UniqueFd raw_connect(const std::string& address) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un where{};
+  where.sun_family = AF_UNIX;
+  const std::string name = address.substr(std::string("unix:@").size());
+  std::memcpy(where.sun_path + 1, name.data(), name.size());
+  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&where), length) != 0) throw_errno("connect");
+  return fd;
+}
+
+class EndpointHostileTest : public test::LeakCheckedTest {};
+
+TEST_F(EndpointHostileTest, SilentGarbageAndKilledClientsDelayNoOne) {
+  const std::string address = abstract_address("hostile");
+  EndpointOptions options = options_for(Transport::UnixSocket);
+  options.handshake_timeout = 20s;  // longer than the good client may take
+  Refusals refusals;
+  refusals.attach(options);
+  Listener listener = listen(address, options);
+  UniqueFd silent = raw_connect(address);
+  UniqueFd garbage = raw_connect(address);
+  const char junk[] = "GET / HTTP/1.1\r\n\r\n";
+  ASSERT_EQ(::send(garbage.get(), junk, sizeof junk, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof junk));
+  UnrelatedProcess half_hello([&] {
+    listener.close();
+    UniqueFd fd = raw_connect(address);
+    const std::vector<std::byte> hello =
+        detail::encode_hello(detail::Hello{detail::kEndpointWireVersion, detail::client_receiver_kind<int>(),
+                                           Transport::UnixSocket, FrameLimits{}});
+    CHILD_CHECK(::send(fd.get(), hello.data(), 20, MSG_NOSIGNAL) == 20);
+    std::this_thread::sleep_for(30s);  // killed mid-handshake
+  });
+  UnrelatedProcess good([&] {
+    listener.close();
+    CHILD_CHECK(connect_receiver<int>(address, options_for(Transport::UnixSocket)).recv().value() == 9);
+  });
+  const auto started = std::chrono::steady_clock::now();
+  std::optional<Sender<int>> tx = listener.accept_sender_for<int>(10s);
+  ASSERT_TRUE(tx.has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 10s);
+  tx->send(9);
+  tx->close();
+  EXPECT_TRUE(good.succeeded());
+  half_hello.kill();
+  // The garbage client was refused at once, the killed one dropped once its socket closed.
+  const auto until = std::chrono::steady_clock::now() + 5s;
+  while (refusals.size() < 2 && std::chrono::steady_clock::now() < until) (void)listener.accept_sender_for<int>(10ms);
+  EXPECT_EQ(refusals.size(), 2u) << refusals.all();
+  EXPECT_NE(refusals.all().find("does not speak"), std::string::npos) << refusals.all();
+  EXPECT_NE(refusals.all().find("closed the connection during its handshake"), std::string::npos) << refusals.all();
+  EXPECT_EQ(listener.core().pending_count(), 1u);  // the silent one, until its deadline
+  // The garbage client got a refusal it can read.
+  std::vector<UniqueFd> fds;
+  const auto reply = detail::receive_message(garbage.get(), detail::kMaxReplyBytes, fds, Deadline::after(5s));
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(detail::decode_reply(*reply).status, detail::ReplyStatus::Malformed);
+}
+
+TEST_F(EndpointHostileTest, SilentClientIsDroppedAtItsDeadline) {
+  const std::string address = abstract_address("silent");
+  EndpointOptions options = options_for(Transport::UnixSocket);
+  options.handshake_timeout = 50ms;
+  Refusals refusals;
+  refusals.attach(options);
+  Listener listener = listen(address, options);
+  UniqueFd silent = raw_connect(address);
+  EXPECT_FALSE(listener.accept_sender_for<int>(200ms).has_value());
+  EXPECT_EQ(listener.core().pending_count(), 0u);
+  EXPECT_NE(refusals.all().find("handshake_timeout"), std::string::npos) << refusals.all();
+  char byte = 0;
+  std::vector<UniqueFd> fds;
+  // Refused with a reply, then closed.
+  EXPECT_TRUE(detail::receive_message(silent.get(), detail::kMaxReplyBytes, fds, Deadline::after(1s)).has_value());
+  EXPECT_EQ(::recv(silent.get(), &byte, 1, 0), 0);
+}
+
+TEST_F(EndpointHostileTest, VersionMismatchNamesBothVersionsOnBothSides) {
+  const std::string address = abstract_address("version");
+  EndpointOptions options = options_for(Transport::UnixSocket);
+  Refusals refusals;
+  refusals.attach(options);
+  Listener listener = listen(address, options);
+  // A client of another version: the listener's refusal names both.
+  UniqueFd client = raw_connect(address);
+  std::vector<std::byte> hello = detail::encode_hello(
+      detail::Hello{detail::kEndpointWireVersion, detail::client_receiver_kind<int>(), Transport::UnixSocket, FrameLimits{}});
+  const std::uint32_t future = 99;
+  std::memcpy(hello.data() + 8, &future, sizeof future);
+  ASSERT_EQ(::send(client.get(), hello.data(), hello.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hello.size()));
+  EXPECT_FALSE(listener.accept_sender_for<int>(100ms).has_value());
+  std::vector<UniqueFd> fds;
+  const auto reply = detail::receive_message(client.get(), detail::kMaxReplyBytes, fds, Deadline::after(5s));
+  ASSERT_TRUE(reply.has_value());
+  const detail::Reply decoded = detail::decode_reply(*reply);
+  EXPECT_EQ(decoded.status, detail::ReplyStatus::VersionMismatch);
+  EXPECT_NE(decoded.message.find("version 99"), std::string::npos) << decoded.message;
+  EXPECT_NE(decoded.message.find("version 1"), std::string::npos) << decoded.message;
+  EXPECT_EQ(refusals.size(), 1u);
+  listener.close();
+
+  // A listener of another version: the client's error names both.
+  const std::string fake = abstract_address("version-fake");
+  std::thread fake_listener;
+  {
+    UniqueFd socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un where{};
+    where.sun_family = AF_UNIX;
+    const std::string name = fake.substr(6);
+    std::memcpy(where.sun_path + 1, name.data(), name.size());
+    const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    ASSERT_EQ(::bind(socket.get(), reinterpret_cast<const sockaddr*>(&where), length), 0);
+    ASSERT_EQ(::listen(socket.get(), 1), 0);
+    fake_listener = std::thread([socket = std::move(socket)] {
+      UniqueFd connection(::accept(socket.get(), nullptr, nullptr));
+      std::vector<UniqueFd> ignored;
+      (void)detail::receive_message(connection.get(), detail::kMaxHelloBytes, ignored, Deadline::after(5s));
+      std::vector<std::byte> answer = detail::encode_reply(detail::Reply{});
+      const std::uint32_t other = 99;
+      std::memcpy(answer.data() + 8, &other, sizeof other);
+      (void)::send(connection.get(), answer.data(), answer.size(), MSG_NOSIGNAL);
+    });
+  }
+  try {
+    (void)connect_receiver<int>(fake, options_for(Transport::UnixSocket));
+    ADD_FAILURE() << "connected to a listener of another version";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("version 99, this client version 1"), std::string::npos) << error.what();
+  }
+  fake_listener.join();
+}
+
+TEST_P(EndpointTest, ServesManyClientsAtOnce) {
+  constexpr int kClients = 256;
+  const std::string address = abstract_address("many");
+  const EndpointOptions options = options_for(GetParam());
+  UnrelatedProcess clients([&] {
+    std::vector<std::thread> threads;
+    std::atomic<int> good{0};
+    for (int i = 0; i < kClients; ++i) {
+      threads.emplace_back([&] {
+        try {
+          auto rx = connect_receiver<int>(address, options);
+          const auto first = rx.recv();
+          auto tx = connect_sender<int>(address, options);
+          if (first) tx.send(*first + 1);
+          tx.close();
+          if (first && !rx.recv().has_value()) ++good;
+        } catch (const std::exception& error) {
+          std::fprintf(stderr, "client: %s\n", error.what());
+        }
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    CHILD_CHECK(good == kClients);
+  });
+  Listener listener = listen(address, options);
+  listener.serve_receiver<int>();
+  std::vector<Sender<int>> senders;
+  for (int i = 0; i < kClients; ++i) {
+    senders.push_back(listener.accept_sender<int>());
+    senders.back().send(i * 10);
+  }
+  std::vector<int> answers;
+  for (int i = 0; i < kClients; ++i) {
+    Receiver<int> rx = listener.accept_receiver<int>();
+    answers.push_back(rx.recv().value());
+  }
+  for (auto& tx : senders) tx.close();
+  std::sort(answers.begin(), answers.end());
+  for (int i = 0; i < kClients; ++i) EXPECT_EQ(answers[static_cast<std::size_t>(i)], i * 10 + 1);
+  EXPECT_TRUE(clients.succeeded(60s));
+}
+
+// ---- addresses ------------------------------------------------------------------------
+
+class EndpointAddressTest : public test::LeakCheckedTest {};
+
+TEST_F(EndpointAddressTest, SocketFileIsOwnerOnlyAndRemovedOnClose) {
+  const std::string path = path_for("file");
+  {
+    Listener listener = listen("unix:" + path);
+    EXPECT_EQ(listener.address(), "unix:" + path);
+    struct stat status {};
+    ASSERT_EQ(::stat(path.c_str(), &status), 0);
+    EXPECT_TRUE(S_ISSOCK(status.st_mode));
+    EXPECT_EQ(status.st_mode & 0777, 0600u);
+    EXPECT_THROW(listen("unix:" + path), AddressInUse);  // a live listener is never stolen
+    EXPECT_TRUE(std::filesystem::exists(path));
+  }
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST_F(EndpointAddressTest, StaleSocketFileOfAKilledListenerIsReplaced) {
+  const std::string path = path_for("stale");
+  UnrelatedProcess killed([&] {
+    Listener listener = listen("unix:" + path);
+    std::this_thread::sleep_for(30s);
+  });
+  while (!std::filesystem::exists(path)) std::this_thread::sleep_for(1ms);
+  killed.kill();
+  ASSERT_TRUE(std::filesystem::exists(path));  // left behind by SIGKILL
+  Listener listener = listen("unix:" + path);
+  UnrelatedProcess client([&] {
+    listener.close();
+    CHILD_CHECK(connect_receiver<int>("unix:" + path).recv().value() == 3);
+  });
+  Sender<int> tx = listener.accept_sender<int>();
+  tx.send(3);
+  tx.close();
+  EXPECT_TRUE(client.succeeded());
+  listener.close();
+  EXPECT_FALSE(std::filesystem::exists(path));
+}
+
+TEST_F(EndpointAddressTest, AFileThatIsNotASocketIsNeverReplaced) {
+  const std::string path = path_for("regular");
+  { std::FILE* file = std::fopen(path.c_str(), "w"); ASSERT_NE(file, nullptr); std::fclose(file); }
+  try {
+    (void)listen("unix:" + path);
+    ADD_FAILURE() << "listened over a regular file";
+  } catch (const AddressInUse& error) {
+    EXPECT_NE(std::string(error.what()).find("not a socket"), std::string::npos);
+  }
+  EXPECT_TRUE(std::filesystem::exists(path));
+  std::filesystem::remove(path);
+}
+
+// A pipe whose write end an unrelated process writes one byte to when it is ready.
+struct ReadySignal {
+  UniqueFd read_end;
+  UniqueFd write_end;
+  ReadySignal() {
+    int ends[2];
+    if (::pipe2(ends, O_CLOEXEC) != 0) throw_errno("pipe2");
+    read_end.reset(ends[0]);
+    write_end.reset(ends[1]);
+  }
+  void tell() const { (void)!::write(write_end.get(), "r", 1); }
+  bool wait() {
+    write_end.reset();
+    char byte = 0;
+    return ::read(read_end.get(), &byte, 1) == 1;
+  }
+};
+
+TEST_F(EndpointAddressTest, AbstractNameLeavesNothingOnDiskAndIsFreeAfterSigkill) {
+  const std::string address = abstract_address("abstract");
+  const std::string name = address.substr(std::string("unix:@").size());
+  ReadySignal ready;
+  UnrelatedProcess holder([&] {
+    Listener listener = listen(address);
+    ready.tell();
+    std::this_thread::sleep_for(30s);
+  });
+  ASSERT_TRUE(ready.wait());
+  EXPECT_THROW(listen(address), AddressInUse);
+  EXPECT_FALSE(std::filesystem::exists(name));
+  EXPECT_FALSE(std::filesystem::exists("@" + name));
+  holder.kill();
+  Listener listener = listen(address);  // the kernel released the name with the process
+  EXPECT_TRUE(listener.is_open());
+}
+
+TEST_F(EndpointAddressTest, MalformedAddressesAndUnknownSchemesNameTheAcceptedForms) {
+  for (const std::string address : {"loader", "unix:", ":x", "tcp://host:1", "unix:@"}) {
+    try {
+      (void)listen(address);
+      ADD_FAILURE() << address;
+    } catch (const Error& error) {
+      const std::string what = error.what();
+      EXPECT_NE(what.find(address), std::string::npos) << what;
+      EXPECT_NE(what.find("unix:@NAME"), std::string::npos) << what;
+    }
+  }
+  EndpointOptions quick;
+  quick.connect_timeout = 1ms;
+  EXPECT_THROW((void)connect_receiver<int>("ucx://host:7000", quick), Error);
+  try {
+    (void)connect_receiver<int>(abstract_address("nobody-listens"), quick);
+    ADD_FAILURE();
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("no listener"), std::string::npos) << error.what();
+  }
+}
+
+// ---- access ---------------------------------------------------------------------------
+
+class EndpointAccessTest : public test::LeakCheckedTest {};
+
+constexpr uid_t kNobodyUid = 65534;
+
+TEST_F(EndpointAccessTest, AUserThatIsNotAllowedIsRefusedAndTheListenerGoesOn) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user (nobody)";
+  const std::string address = abstract_address("uid");
+  EndpointOptions options = options_for(Transport::UnixSocket);
+  Refusals refusals;
+  refusals.attach(options);
+  Listener listener = listen(address, options);
+  const pid_t child = test::fork_child([&] {
+    listener.close();
+    if (::setgid(kNobodyUid) != 0 || ::setuid(kNobodyUid) != 0) throw std::runtime_error("cannot become nobody");
+    EndpointOptions client = options_for(Transport::UnixSocket);
+    try {
+      (void)connect_receiver<int>(address, client);  // by default it admits only its own user
+      CHILD_CHECK(false);
+    } catch (const UntrustedPeer& error) {
+      CHILD_CHECK(std::string(error.what()).find("runs as user 0") != std::string::npos);
+    }
+    client.allowed_peers.uids = {0};  // it trusts root's listener; the listener refuses it
+    try {
+      (void)connect_receiver<int>(address, client);
+      CHILD_CHECK(false);
+    } catch (const UntrustedPeer& error) {
+      CHILD_CHECK(std::string(error.what()).find("allowed_peers") != std::string::npos);
+    }
+  });
+  EXPECT_FALSE(listener.accept_sender_for<int>(300ms).has_value());
+  EXPECT_TRUE(test::child_succeeded(child));
+  // Both connections: the first one the client dropped itself (it does not trust root).
+  EXPECT_EQ(refusals.size(), 2u) << refusals.all();
+  EXPECT_NE(refusals.all().find("65534"), std::string::npos);
+  // Still listening, for an allowed client.
+  UnrelatedProcess allowed([&] {
+    listener.close();
+    CHILD_CHECK(connect_receiver<int>(address).recv().value() == 1);
+  });
+  Sender<int> tx = listener.accept_sender<int>();
+  tx.send(1);
+  tx.close();
+  EXPECT_TRUE(allowed.succeeded());
+}
+
+TEST_F(EndpointAccessTest, AllowedPeersAdmitAnotherUser) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to run a client as another user (nobody)";
+  const std::string address = abstract_address("uid-allowed");
+  EndpointOptions options = options_for(Transport::UnixSocket);
+  options.allowed_peers.uids = {0, kNobodyUid};
+  Listener listener = listen(address, options);
+  const pid_t child = test::fork_child([&] {
+    listener.close();
+    if (::setgid(kNobodyUid) != 0 || ::setuid(kNobodyUid) != 0) throw std::runtime_error("cannot become nobody");
+    EndpointOptions client = options_for(Transport::UnixSocket);
+    client.allowed_peers.uids = {0};
+    CHILD_CHECK(connect_receiver<std::string>(address, client).recv().value() == "hello nobody");
+  });
+  Sender<std::string> tx = listener.accept_sender<std::string>();
+  tx.send("hello nobody");
+  tx.close();
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
+// ---- descriptors run out, Selector ---------------------------------------------------------
+
+TEST_F(EndpointHostileTest, RunningOutOfDescriptorsAtAcceptIsAClearErrorAndTheListenerLives) {
+  const std::string address = abstract_address("emfile");
+  Listener listener = listen(address, options_for(Transport::UnixSocket));
+  UnrelatedProcess client([&] {
+    listener.close();
+    EndpointOptions patient = options_for(Transport::UnixSocket);
+    patient.connect_timeout = 20s;
+    CHILD_CHECK(connect_receiver<int>(address, patient).recv().value() == 4);
+  });
+  rlimit original{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &original), 0);
+  rlimit tight = original;
+  tight.rlim_cur = test::count_open_fds() + 0;  // the next descriptor is over the limit
+  std::vector<UniqueFd> fillers;
+  // Fill every number below the limit (holes left by closed fds included).
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
+  while (true) {
+    UniqueFd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    if (!fd) break;
+    fillers.push_back(std::move(fd));
+  }
+  bool clear_error = false;
+  const auto until = std::chrono::steady_clock::now() + 10s;
+  while (!clear_error && std::chrono::steady_clock::now() < until) {
+    try {
+      (void)listener.accept_sender_for<int>(50ms);
+    } catch (const SystemError& error) {
+      clear_error = std::string(error.what()).find("out of file descriptors") != std::string::npos;
+    }
+  }
+  fillers.clear();
+  ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &original), 0);
+  EXPECT_TRUE(clear_error);
+  std::optional<Sender<int>> tx = listener.accept_sender_for<int>(10s);
+  ASSERT_TRUE(tx.has_value());
+  tx->send(4);
+  tx->close();
+  EXPECT_TRUE(client.succeeded());
+}
+
+TEST_P(EndpointTest, SelectorWaitsOnAListenerAndReceiversTogether) {
+  const std::string address = abstract_address("selector");
+  const EndpointOptions options = options_for(GetParam());
+  Listener listener = listen(address, options);
+  listener.serve_receiver<Stats>();
+  auto [local_tx, local_rx] = channel<int>(GetParam());
+  UnrelatedProcess client([&] {
+    listener.close();
+    auto tx = connect_sender<Stats>(address, options);
+    tx.send(Stats{"loss", 0.5});
+    tx.close();
+  });
+  Selector selector;
+  const std::size_t listener_index = selector.add(listener);
+  const std::size_t local_index = selector.add(local_rx);
+  EXPECT_FALSE(selector.wait_for(0ms).has_value());
+  local_tx.send(1);
+  EXPECT_EQ(selector.wait_for(5s), std::optional<std::size_t>(local_index));
+  EXPECT_EQ(local_rx.recv().value(), 1);
+  std::optional<Receiver<Stats>> stats;
+  while (!stats) {
+    const auto ready = selector.wait_for(10s);
+    ASSERT_EQ(ready, std::optional<std::size_t>(listener_index));
+    stats = listener.accept_receiver_for<Stats>(0ms);
+  }
+  const std::size_t stats_index = selector.add(*stats);
+  EXPECT_EQ(selector.wait_for(5s), std::optional<std::size_t>(stats_index));
+  EXPECT_EQ(stats->recv().value().name, "loss");
+  EXPECT_TRUE(client.succeeded());
+}
+
+}  // namespace
+}  // namespace ferry
