@@ -7,29 +7,41 @@ dicts with str keys (insertion order kept). Tensors arrive as :class:`ferry.Tens
 """
 
 from ._ferry import (
+    AddressInUse,
     ChannelClosed,
     Error,
+    Listener,
     PeerDied,
     ProtocolError,
     Receiver,
     Sender,
     Tensor,
     TypeMismatch,
+    UntrustedPeer,
+    connect_receiver,
+    connect_sender,
+    listen,
     _channel,
     _empty,
     _end_from_description,
 )
 
 __all__ = [
+    "AddressInUse",
     "ChannelClosed",
     "Error",
+    "Listener",
     "PeerDied",
     "ProtocolError",
     "Receiver",
     "Sender",
     "Tensor",
     "TypeMismatch",
+    "UntrustedPeer",
+    "connect_receiver",
+    "connect_sender",
     "empty",
+    "listen",
 ]
 
 

@@ -2,6 +2,7 @@
 // public face.
 #include <pybind11/pybind11.h>
 
+#include "endpoints_binding.hpp"
 #include "ends_binding.hpp"
 #include "errors.hpp"
 #include "tensor_binding.hpp"
@@ -11,4 +12,5 @@ PYBIND11_MODULE(_ferry, module) {
   ferry::python::bind_errors(module);
   ferry::python::bind_tensor(module);
   ferry::python::bind_ends(module);
+  ferry::python::bind_endpoints(module);
 }

@@ -1,11 +1,13 @@
 // A C++ loader (this test) and a Python trainer (tests/python/trainer.py, a separate
-// process running /usr/bin/python3 with the ferry package) over real channels: torch sees
+// process running /usr/bin/python3 with the ferry package) over real channels, made by
+// address (ferry::listen / ferry.connect_*) or handed over by descriptors: torch sees
 // the loader's pages and the loader sees the trainer's writes, the loader's pool keeps a
 // block while torch views it, every dtype and non-contiguous view arrives right both ways,
 // a received tensor sent back is the same storage, and type mismatches, hostile nesting
 // and a killed loader are errors in Python.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -15,6 +17,7 @@
 
 #include "ferry/channel.hpp"
 #include "ferry/end_description.hpp"
+#include "ferry/endpoint.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/value.hpp"
 #include "python/python_trainer.hpp"
@@ -54,21 +57,24 @@ void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const HostileNesting
   archive(static_cast<std::uint8_t>(ValueKind::None));
 }
 
-// The loader's ends: `data` to the trainer, `reply` back; the trainer gets data.rx and reply.tx.
+// The loader's ends, by address: the loader listens, the trainer connects a Receiver (to
+// `data_tx`) and a Sender (to `reply_rx`), as ferry.connect_receiver/connect_sender.
 struct LoaderEnds {
-  LoaderEnds() {
-    std::tie(data_tx, data_rx) = channel<Value>(Transport::UnixSocket);
-    std::tie(reply_tx, reply_rx) = channel<Value>(Transport::UnixSocket);
-  }
   pid_t start(const std::string& scenario) {
-    const pid_t pid = test::start_python_trainer(scenario, {describe_end(data_rx), describe_end(reply_tx)});
-    data_rx.detach();
-    reply_tx.detach();
+    static int counter = 0;
+    const std::string address = "unix:@ferry-python-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
+    Listener listener = listen(address);
+    listener.serve_sender<Value>();    // both kinds connect: neither is refused for coming first
+    listener.serve_receiver<Value>();
+    const pid_t pid = test::start_python_trainer(scenario, {}, address);
+    auto tx = listener.accept_sender_for<Value>(std::chrono::seconds(60));
+    auto rx = tx ? listener.accept_receiver_for<Value>(std::chrono::seconds(60)) : std::nullopt;
+    if (!tx || !rx) throw Error("the Python trainer did not connect to " + address);
+    data_tx = std::move(*tx);
+    reply_rx = std::move(*rx);
     return pid;
   }
   Sender<Value> data_tx;
-  Receiver<Value> data_rx;
-  Sender<Value> reply_tx;
   Receiver<Value> reply_rx;
 };
 
@@ -281,6 +287,23 @@ TEST(PythonTrainerTest, ACppBatchAgainstAPythonValueIsTypeMismatchBothWays) {
   }
   batch_tx.close();
   EXPECT_TRUE(trainer_succeeded(trainer));
+}
+
+TEST(PythonTrainerTest, APythonReceiverConnectingToACppBatchListenerIsTypeMismatch) {
+  const std::string address = "unix:@ferry-python-test-" + std::to_string(::getpid()) + "-mismatch";
+  Listener listener = listen(address);
+  listener.serve_sender<Batch>();
+  const pid_t trainer = test::start_python_trainer("connect_mismatch", {}, address);
+  int status = 0;
+  pid_t done = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done == 0 && std::chrono::steady_clock::now() < deadline) {
+    // Handshakes make progress while the listener is inside accept: the refusal goes out here.
+    EXPECT_FALSE(listener.accept_sender_for<Batch>(std::chrono::milliseconds(20)).has_value());
+    done = ::waitpid(trainer, &status, WNOHANG);
+  }
+  ASSERT_EQ(done, trainer) << "the Python trainer did not finish";
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
 }
 
 TEST(PythonTrainerTest, HostileNestingIsAProtocolErrorInPython) {

@@ -31,7 +31,8 @@ std::string hex_description(const EndDescription& description) {
 
 }  // namespace
 
-pid_t start_python_trainer(const std::string& scenario, const std::vector<EndDescription>& ends) {
+pid_t start_python_trainer(const std::string& scenario, const std::vector<EndDescription>& ends,
+                           const std::string& address) {
   // Everything the child needs is prepared before fork: after it, only exec-safe calls.
   std::string encoded = "FERRY_TEST_ENDS=";
   std::vector<int> inherited;
@@ -46,10 +47,11 @@ pid_t start_python_trainer(const std::string& scenario, const std::vector<EndDes
   std::vector<std::string> environment;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     const std::string_view text(*entry);
-    if (!text.starts_with("PYTHONPATH=") && !text.starts_with("FERRY_TEST_ENDS=")) environment.emplace_back(text);
+    if (!text.starts_with("PYTHONPATH=") && !text.starts_with("FERRY_TEST_")) environment.emplace_back(text);
   }
   environment.push_back(python_path);
   environment.push_back(encoded);
+  environment.push_back("FERRY_TEST_ADDRESS=" + address);
   std::vector<char*> envp;
   for (std::string& entry : environment) envp.push_back(entry.data());
   envp.push_back(nullptr);

@@ -1,6 +1,7 @@
 """The ferry package on its own, in one process: conversions of every message type,
 what is copied and what is not, errors, waiting without the GIL, iteration and `with`."""
 
+import os
 import threading
 import time
 import unittest
@@ -183,6 +184,42 @@ class EndsTest(unittest.TestCase):
         ends.tx.send("wake")
         waiter.join(5)
         self.assertEqual(received, ["wake"])
+
+
+class EndpointsTest(unittest.TestCase):
+    def address(self):
+        return f"unix:@ferry-test-{os.getpid()}-{self.id()}"
+
+    def test_listen_accept_and_connect_both_ways(self):
+        address = self.address()
+        with ferry.listen(address) as listener:
+            self.assertEqual(listener.address, address)
+            replies = []
+
+            def client():
+                rx = ferry.connect_receiver(address)
+                tx = ferry.connect_sender(address)
+                tx.send({"echo": rx.recv()})
+                replies.append(True)
+
+            thread = threading.Thread(target=client)
+            thread.start()
+            tx = listener.accept_sender(timeout=10)  # waits without the GIL: the client thread runs
+            rx = listener.accept_receiver(timeout=10)
+            tx.send([1, "two"])
+            self.assertEqual(rx.recv(), {"echo": [1, "two"]})
+            thread.join(10)
+            self.assertEqual(replies, [True])
+
+    def test_a_held_address_and_a_silent_listener_are_errors(self):
+        address = self.address()
+        with ferry.listen(address) as listener:
+            with self.assertRaisesRegex(ferry.AddressInUse, "in use"):
+                ferry.listen(address)
+            with self.assertRaises(TimeoutError):
+                listener.accept_sender(timeout=0.05)
+        with self.assertRaises(ferry.Error):
+            ferry.connect_receiver(address, timeout=0.1)  # nobody listens any more
 
 
 if __name__ == "__main__":

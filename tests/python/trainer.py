@@ -1,5 +1,6 @@
-"""The Python side of python_interop_test: a trainer that gets its channel ends from the
-C++ test (FERRY_TEST_ENDS) and runs one scenario; any failed assertion exits non-zero."""
+"""The Python side of python_interop_test: a trainer that connects to the C++ test's
+listener (FERRY_TEST_ADDRESS) or inherits its ends (FERRY_TEST_ENDS), and runs one
+scenario; any failed assertion exits non-zero."""
 
 import gc
 import importlib
@@ -20,6 +21,10 @@ def import_tensor_libraries():
 
 
 def ends():
+    """The loader's address to connect to (a Receiver, then a Sender), or inherited ends."""
+    address = os.environ.get("FERRY_TEST_ADDRESS", "")
+    if address:
+        return [ferry.connect_receiver(address), ferry.connect_sender(address)]
     return [ferry._end_from_description(bytes.fromhex(text)) for text in os.environ["FERRY_TEST_ENDS"].split(",")]
 
 
@@ -121,6 +126,14 @@ def type_mismatch(rx, tx):
     tx.send({"step": 1})
 
 
+def connect_mismatch():
+    try:
+        ferry.connect_receiver(os.environ["FERRY_TEST_ADDRESS"], timeout=30)
+        raise AssertionError("a Value receiver connected to a Batch sender")
+    except ferry.TypeMismatch as error:
+        assert "Batch" in str(error), str(error)
+
+
 def hostile_nesting(rx):
     try:
         rx.recv()
@@ -143,4 +156,7 @@ TENSOR_SCENARIOS = {"shared_pages", "send_back", "hold_then_drop", "dtypes"}
 if __name__ == "__main__":
     if sys.argv[1] in TENSOR_SCENARIOS:
         import_tensor_libraries()
-    globals()[sys.argv[1]](*ends())
+    if sys.argv[1] == "connect_mismatch":
+        connect_mismatch()
+    else:
+        globals()[sys.argv[1]](*ends())
