@@ -1,34 +1,21 @@
-// The C++ loader of bench/peers/python_trainer.py: a new image batch per step, sent as a
-// ferry::Value to a Python trainer over the Sender it inherited.
+// The C++ loader of bench/peers/python_trainer.py: listens at ADDRESS, accepts one trainer
+// (ferry.connect_receiver) and sends it a new image batch per step as a ferry::Value.
 //
-// Usage: ferry_python_loader DESCRIPTION_HEX STEPS [PACE_MS]
-// DESCRIPTION_HEX: the cereal-binary EndDescription of a Sender<Value> (hex), whose
-// descriptors this process inherited (Sender._describe() on the Python side). PACE_MS
-// (default 0): how long to wait before making each batch.
+// Usage: ferry_python_loader ADDRESS STEPS [PACE_MS]
+// PACE_MS (default 0): how long to wait before making each batch.
 // Each step: float32 images [64, 3, 224, 224] (36.75 MiB) allocated anew from shared memory
 // and filled with the step number, ten small float32 tensors [64], 64 file names, and the
 // CLOCK_MONOTONIC time in ns just before the send ("sent_ns"; after the fill, so the
 // trainer's latency is the transfer's).
-#include <cereal/archives/binary.hpp>
-#include <cereal/types/string.hpp>
-#include <cereal/types/vector.hpp>
-
 #include <chrono>
 #include <cstdio>
-#include <sstream>
 #include <string>
 #include <thread>
 
-#include "ferry/end_description.hpp"
+#include "ferry/endpoint.hpp"
 #include "ferry/value.hpp"
 
 namespace {
-
-std::string from_hex(const std::string& hex) {
-  std::string bytes;
-  for (std::size_t i = 0; i + 1 < hex.size(); i += 2) bytes.push_back(static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16)));
-  return bytes;
-}
 
 ferry::Value batch(std::int64_t step) {
   ferry::Tensor images = ferry::Tensor::empty({64, 3, 224, 224}, ferry::DType::Float32, ferry::Device::SharedCpu);
@@ -48,17 +35,12 @@ ferry::Value batch(std::int64_t step) {
 
 int main(int argc, char** argv) {
   if (argc != 3 && argc != 4) {
-    std::fprintf(stderr, "usage: ferry_python_loader DESCRIPTION_HEX STEPS [PACE_MS]\n");
+    std::fprintf(stderr, "usage: ferry_python_loader ADDRESS STEPS [PACE_MS]\n");
     return 2;
   }
   try {
-    ferry::EndDescription description;
-    {
-      std::istringstream in(from_hex(argv[1]));
-      cereal::BinaryInputArchive archive(in);
-      archive(description);
-    }
-    ferry::Sender<ferry::Value> tx = ferry::sender_from_description<ferry::Value>(description);
+    ferry::Listener listener = ferry::listen(argv[1]);
+    ferry::Sender<ferry::Value> tx = listener.accept_sender<ferry::Value>();
     const std::int64_t steps = std::stoll(argv[2]);
     const std::chrono::milliseconds pace(argc == 4 ? std::stoll(argv[3]) : 0);
     for (std::int64_t step = 0; step < steps; ++step) {

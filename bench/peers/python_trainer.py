@@ -3,7 +3,8 @@
 Every step a new image batch (float32 [64, 3, 224, 224], 36.75 MiB, filled anew), ten small
 float32 tensors [64] and 64 file names reach the trainer, which views the images as a torch
 tensor. Three feeders, interleaved in rounds in one run:
-  ferry        ferry_python_loader (C++) -> ferry.Receiver over a Unix socket (no copy)
+  ferry        ferry_python_loader (C++, listening) -> ferry.connect_receiver, a Unix
+               socket (no copy)
   dataloader   torch.utils.data.DataLoader(num_workers=1, batch_size=None): the worker's
                batch is moved into shared memory (a copy) and passed through its queue
   mp_queue     a torch.multiprocessing producer process putting the same dict on a Queue
@@ -75,11 +76,9 @@ def consume(batches, to_images):
 
 
 def run_ferry(loader, steps, pace):
-    tx, rx = ferry._channel("unix")
-    description, fds = tx._describe()
-    child = subprocess.Popen([loader, description.hex(), str(steps), str(int(pace * 1000))], pass_fds=fds)
-    tx._detach()
-    del tx
+    address = f"unix:@ferry-python-bench-{os.getpid()}"
+    child = subprocess.Popen([loader, address, str(steps), str(int(pace * 1000))])
+    rx = ferry.connect_receiver(address)  # waits for the loader to listen
     result = consume(rx, torch.from_dlpack)
     if child.wait() != 0:
         raise RuntimeError("ferry_python_loader failed")

@@ -1,7 +1,5 @@
 #include "ends_binding.hpp"
 
-#include <pybind11/stl.h>
-
 #include <cereal/archives/binary.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
@@ -45,23 +43,6 @@ EndDescription parse_description(const std::string& bytes) {
     throw py::value_error(std::string("not a ferry end description: ") + error.what());
   }
   return description;
-}
-
-std::string serialize_description(const EndDescription& description) {
-  std::ostringstream out;
-  {
-    cereal::BinaryOutputArchive archive(out);
-    archive(description);
-  }
-  return out.str();
-}
-
-// (description bytes, descriptors) of an end, for handing it to a child process that
-// inherits the descriptors (subprocess.Popen(pass_fds=...)); the caller then detaches it.
-template <class End>
-py::tuple describe_for_child(End& end) {
-  const EndDescription description = describe_end(end);
-  return py::make_tuple(py::bytes(serialize_description(description)), py::cast(description.fds));
 }
 
 }  // namespace
@@ -159,9 +140,6 @@ void bind_ends(py::module_& module) {
            "without the GIL, while the transport is full.")
       .def("close", &PySender::close, "Ends the stream: the receiver's iteration stops after what was sent.")
       .def_property_readonly("is_open", &PySender::is_open)
-      .def("_describe", [](PySender& self) { return describe_for_child(self.end()); },
-           "(description, fds) for a child process that inherits the fds; detach afterwards.")
-      .def("_detach", [](PySender& self) { self.end().detach(); })
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PySender& self, const py::args&) {
         self.close();
@@ -176,9 +154,6 @@ void bind_ends(py::module_& module) {
            "Like recv(), waiting at most `timeout` seconds; raises TimeoutError when nothing came.")
       .def("close", &PyReceiver::close)
       .def_property_readonly("is_open", &PyReceiver::is_open)
-      .def("_describe", [](PyReceiver& self) { return describe_for_child(self.end()); },
-           "(description, fds) for a child process that inherits the fds; detach afterwards.")
-      .def("_detach", [](PyReceiver& self) { self.end().detach(); })
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyReceiver::next)
       .def("__enter__", [](py::object self) { return self; })
