@@ -234,7 +234,7 @@ void BM_RingRoundTripSharedTensor(benchmark::State& state) {
 }
 BENCHMARK(BM_RingRoundTripSharedTensor)
     ->ArgNames({"bytes", "same_storage"})
-    ->ArgsProduct({{4 << 10, 1 << 20, 64 << 20, 256 << 20}, {0, 1}})
+    ->ArgsProduct({{4 << 10, 1 << 20, 64 << 20, 256 << 20, 1 << 30}, {0, 1}})
     ->UseRealTime()
     ->Repetitions(kRepetitions)
     ->ReportAggregatesOnly(true);

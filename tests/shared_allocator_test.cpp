@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstring>
@@ -174,6 +175,49 @@ TEST_F(SharedAllocatorTest, StatsCountSegmentsBytesHitsAndMisses) {
   EXPECT_EQ(stats.bytes_in_use, 0u);
   EXPECT_EQ(stats.bytes_cached, 5 * MiB);  // under the default limit: kept for reuse
   EXPECT_EQ(stats.segments_released, 0u);
+}
+
+TEST_F(SharedAllocatorTest, StatsTellMissesAfterAReleaseFromColdOnes) {
+  SharedAllocatorSettings settings;
+  settings.max_cached_bytes = 0;  // every idle segment goes back to the kernel at once
+  SharedAllocator pool(settings);
+  pool.allocate(1 * MiB).reset();   // cold: the first of its size; released when freed
+  auto again = pool.allocate(1 * MiB);  // its segment was given back: a miss after a release
+  auto second = pool.allocate(1 * MiB);  // one more in use than ever before: cold
+  pool.allocate(1000).reset();     // a small size class, first time: cold
+  SharedMemoryStats stats = pool.stats();
+  EXPECT_EQ(stats.misses, 4u);
+  EXPECT_EQ(stats.misses_after_release, 1u);
+  EXPECT_EQ(stats.misses_cold, 3u);
+  again.reset();
+  second.reset();
+  pool.allocate(1000).reset();  // its slab was released by the limit
+  pool.configure(SharedAllocatorSettings{settings.segment_bytes, 8 * MiB});
+  auto kept = pool.allocate(1 * MiB);  // released earlier (twice): after a release
+  kept.reset();
+  auto hit = pool.allocate(1 * MiB);  // kept under the new limit: a hit, no miss
+  stats = pool.stats();
+  EXPECT_EQ(stats.misses, 6u);
+  EXPECT_EQ(stats.misses_after_release, 3u);
+  EXPECT_EQ(stats.misses_cold, 3u);
+  EXPECT_EQ(stats.hits, 1u);
+}
+
+TEST_F(SharedAllocatorTest, TheDefaultCacheLimitIsAShareOfTheMachinesMemory) {
+  const std::size_t physical = static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t limit = SharedAllocatorSettings{}.max_cached_bytes;
+  EXPECT_EQ(limit, default_max_cached_bytes());
+  EXPECT_GE(limit, 256 * MiB);
+  EXPECT_LE(limit, std::max(256 * MiB, physical / 4));
+  if (physical < 8 * 1024 * MiB) GTEST_SKIP() << "needs 8 GiB of memory to check a steady pipeline of 512 MiB blocks";
+  // A steady pipeline of two 512 MiB blocks in flight keeps its segments with the default.
+  SharedAllocator pool;
+  for (int step = 0; step < 3; ++step) {
+    auto a = pool.allocate(512 * MiB);
+    auto b = pool.allocate(512 * MiB);
+  }
+  EXPECT_EQ(pool.stats().misses, 2u);
+  EXPECT_EQ(pool.stats().segments_released, 0u);
 }
 
 TEST_F(SharedAllocatorTest, IdleSegmentsAreReleasedOverTheCacheLimitAndByTrim) {

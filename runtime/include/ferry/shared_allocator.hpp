@@ -13,6 +13,12 @@
 
 namespace ferry {
 
+/// The default cache limit: a quarter of the memory this process may use (the machine's
+/// physical memory, or its cgroup's memory.max when that is lower), and at least 256 MiB, so
+/// that a steady pipeline of large tensors keeps its blocks instead of giving them back to
+/// the kernel every step. Read once per process.
+std::size_t default_max_cached_bytes() noexcept;
+
 /// Limits of a caching shared-memory allocator.
 struct SharedAllocatorSettings {
   /// Size of the segments that small blocks (up to an eighth of it; see
@@ -22,7 +28,7 @@ struct SharedAllocatorSettings {
   /// Bytes of free blocks the allocator keeps mapped for reuse. When a block is freed and
   /// the free bytes exceed this, segments without any block in use are released, least
   /// recently used first. 0 releases every idle segment at once.
-  std::size_t max_cached_bytes = std::size_t{256} << 20;
+  std::size_t max_cached_bytes = default_max_cached_bytes();
 };
 
 /// What an allocator holds, from its point of view.
@@ -34,6 +40,12 @@ struct SharedMemoryStats {
   std::size_t blocks_in_use = 0;    ///< blocks in use
   std::uint64_t hits = 0;           ///< allocations that needed no new segment (a freed or a never used block)
   std::uint64_t misses = 0;         ///< allocations that had to create a segment (reuse: this stays flat)
+  /// Misses whose size had a segment before, which the cache limit or trim() gave back to
+  /// the kernel: a steady pipeline that shows these wants a higher max_cached_bytes.
+  std::uint64_t misses_after_release = 0;
+  /// The other misses: the first allocations of a size, or more blocks of it in use at
+  /// once than ever before (misses = misses_cold + misses_after_release).
+  std::uint64_t misses_cold = 0;
   std::uint64_t segments_released = 0;  ///< segments given back to the kernel so far
 };
 

@@ -1,6 +1,10 @@
 #include "ferry/shared_allocator.hpp"
 
 #include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
 
 #include <cstring>
 #include <list>
@@ -110,6 +114,19 @@ class SharedAllocator::Core {
     if (fork_generation() != generation_) [[unlikely]] forget_parent_locked();
   }
   void forget_parent_locked();
+  // A small segment's key is its size class, a large one's its size (at least 64 KiB, so
+  // never a class index).
+  static std::size_t segment_key(const Segment& segment) noexcept {
+    return segment.class_index == kLargeClass ? segment.bytes : segment.class_index;
+  }
+  void count_miss_locked(std::size_t key) {
+    ++misses_;
+    const auto it = released_keys_.find(key);
+    if (it == released_keys_.end()) return;
+    ++misses_after_release_;
+    if (--it->second == 0) released_keys_.erase(it);
+  }
+  static constexpr std::size_t kMaxReleasedKeys = 1024;
 
   SharedAllocatorSettings settings_;
   std::size_t small_limit_;  // small_block_limit(settings_.segment_bytes)
@@ -124,7 +141,11 @@ class SharedAllocator::Core {
   std::size_t blocks_in_use_ = 0;
   std::uint64_t hits_ = 0;
   std::uint64_t misses_ = 0;
+  std::uint64_t misses_after_release_ = 0;
   std::uint64_t segments_released_ = 0;
+  // Segments given back to the kernel, by size key (segment_key()), not yet missed again:
+  // a miss of such a key counts as misses_after_release_.
+  std::unordered_map<std::size_t, std::uint64_t> released_keys_;
   std::size_t live_blocks_ = 0;  // OwnedBlocks alive, of every fork generation
   bool handles_gone_ = false;
 };
@@ -230,7 +251,8 @@ void SharedAllocator::Core::forget_parent_locked() {
   large_free_.clear();
   idle_.clear();
   total_bytes_ = bytes_in_use_ = blocks_in_use_ = 0;
-  hits_ = misses_ = segments_released_ = 0;
+  hits_ = misses_ = misses_after_release_ = segments_released_ = 0;
+  released_keys_.clear();
   generation_ = generation;
 }
 
@@ -337,7 +359,7 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::allocate(std::size_t nbytes,
     segment.block_bytes = segment_bytes;
   }
   total_bytes_ += segment_bytes;
-  ++misses_;
+  count_miss_locked(small ? size_class.index : segment_bytes);
   const Taken taken = carve_locked(segment);
   if (segment.has_free_block()) make_available_locked(segment);
   lock.unlock();
@@ -446,6 +468,8 @@ void SharedAllocator::Core::release_segment_locked(Segment& segment,
   released.push_back(std::move(segment.memory));
   total_bytes_ -= segment.bytes;
   ++segments_released_;
+  if (released_keys_.size() >= kMaxReleasedKeys) released_keys_.clear();  // many sizes: forget, stay bounded
+  ++released_keys_[segment_key(segment)];
   segments_.erase(segment.self);
 }
 
@@ -460,6 +484,8 @@ SharedMemoryStats SharedAllocator::Core::stats() {
   stats.blocks_in_use = blocks_in_use_;
   stats.hits = hits_;
   stats.misses = misses_;
+  stats.misses_after_release = misses_after_release_;
+  stats.misses_cold = misses_ - misses_after_release_;
   stats.segments_released = segments_released_;
   return stats;
 }
@@ -533,5 +559,25 @@ bool SharedAllocator::owns(const SharedBlock& block) const noexcept {
 SharedMemoryStats shared_memory_stats() { return SharedAllocator::global().stats(); }
 void configure_shared_memory(const SharedAllocatorSettings& settings) { SharedAllocator::global().configure(settings); }
 void release_cached_shared_memory() { SharedAllocator::global().trim(); }
+
+namespace {
+
+// The bytes this process may use: physical memory, or the cgroup (v2) limit when lower.
+std::size_t usable_memory_bytes() noexcept {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_bytes = ::sysconf(_SC_PAGESIZE);
+  std::size_t bytes = pages > 0 && page_bytes > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_bytes) : 0;
+  std::ifstream cgroup_limit("/sys/fs/cgroup/memory.max");
+  unsigned long long limit = 0;
+  if (cgroup_limit >> limit && limit > 0) bytes = bytes == 0 ? limit : std::min<std::size_t>(bytes, limit);  // "max" reads as no number
+  return bytes;
+}
+
+}  // namespace
+
+std::size_t default_max_cached_bytes() noexcept {
+  static const std::size_t bytes = std::max(std::size_t{256} << 20, usable_memory_bytes() / 4);
+  return bytes;
+}
 
 }  // namespace ferry
