@@ -4,6 +4,7 @@
 // hostile clients, a listener that dies, fd exhaustion, Selector, and no leaks.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -20,7 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "ferry/detail/endpoint_handshake.hpp"
+#include "endpoints/handshake.hpp"
+#include "ferry/detail/peer_fd.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
@@ -149,6 +151,45 @@ TEST_P(EndpointTest, TensorsTravelBothWaysBetweenUnrelatedProcesses) {
   from_client.send(1);
   to_client.close();
   EXPECT_FALSE(from_client.recv().has_value());
+  EXPECT_TRUE(client.succeeded());
+}
+
+// Descriptors this process has taken from peers by pid (pidfd_getfd or /proc).
+std::uint64_t fds_taken_by_pid() {
+  return PeerFdOpener::taken_count(PeerFdOpener::Method::PidfdGetfd) +
+         PeerFdOpener::taken_count(PeerFdOpener::Method::ProcPath);
+}
+
+TEST_P(EndpointTest, SegmentsTravelAsDescriptorsNeverByProcEvenFromANonDumpablePeer) {
+  const std::string address = abstract_address("no-proc");
+  const EndpointOptions options = options_for(GetParam());
+  UnrelatedProcess client([&] {
+    // Peers may not take this process's fds (as for a daemon that dropped privileges).
+    CHILD_CHECK(::prctl(PR_SET_DUMPABLE, 0) == 0);
+    const std::uint64_t taken_before = fds_taken_by_pid();
+    auto end = connect_duplex<Batch, Batch>(address, options);
+    for (int round = 0; round < 3; ++round) {
+      auto batch = end.recv();
+      CHILD_CHECK(batch.has_value() && counts(batch->images, 4096, round));
+      Tensor fresh = counting(2048, round + 10);  // a new segment each round
+      end.send(Batch{round, fresh, {batch->images}});  // and the loader's own tensor back
+    }
+    CHILD_CHECK(fds_taken_by_pid() == taken_before);
+  });
+  Listener listener = listen(address, options);
+  DuplexEnd<Batch, Batch> end = listener.accept_duplex<Batch, Batch>();
+  const std::uint64_t taken_before = fds_taken_by_pid();
+  for (int round = 0; round < 3; ++round) {
+    Tensor images = counting(4096, round);
+    end.send(Batch{round, images, {}});
+    auto back = end.recv();
+    ASSERT_TRUE(back.has_value());
+    EXPECT_TRUE(counts(back->images, 2048, round + 10));
+    ASSERT_EQ(back->views.size(), 1u);
+    EXPECT_TRUE(back->views[0].shares_storage_with(images));  // our pages came back as ours
+  }
+  EXPECT_EQ(fds_taken_by_pid(), taken_before);
+  end.close();
   EXPECT_TRUE(client.succeeded());
 }
 
@@ -662,12 +703,6 @@ TEST_P(EndpointTest, SelectorWaitsOnAListenerAndReceiversTogether) {
   Listener listener = listen(address, options);
   listener.serve_receiver<Stats>();
   auto [local_tx, local_rx] = channel<int>(GetParam());
-  UnrelatedProcess client([&] {
-    listener.close();
-    auto tx = connect_sender<Stats>(address, options);
-    tx.send(Stats{"loss", 0.5});
-    tx.close();
-  });
   Selector selector;
   const std::size_t listener_index = selector.add(listener);
   const std::size_t local_index = selector.add(local_rx);
@@ -675,6 +710,12 @@ TEST_P(EndpointTest, SelectorWaitsOnAListenerAndReceiversTogether) {
   local_tx.send(1);
   EXPECT_EQ(selector.wait_for(5s), std::optional<std::size_t>(local_index));
   EXPECT_EQ(local_rx.recv().value(), 1);
+  UnrelatedProcess client([&] {
+    listener.close();
+    auto tx = connect_sender<Stats>(address, options);
+    tx.send(Stats{"loss", 0.5});
+    tx.close();
+  });
   std::optional<Receiver<Stats>> stats;
   while (!stats) {
     const auto ready = selector.wait_for(10s);

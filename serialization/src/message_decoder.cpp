@@ -291,7 +291,8 @@ MessageDecoder::SegmentFd MessageDecoder::open_segment(const SegmentEntry& entry
                      std::strerror(error) + ")");
     }
     throw ProtocolError("cannot open the sender's segment at " + where + " (" + std::strerror(error) +
-                        "); the sender died or is not allowed to be read by this process (same user needed)");
+                        "); the sender died, or this process may not read it: it must run as the same user, and no "
+                        "security module (SELinux, AppArmor) may forbid it");
   }
   UniqueFd fd = std::move(taken.fd);
   SharedMemory::Received file;

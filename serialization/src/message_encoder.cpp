@@ -7,6 +7,7 @@
 #include <cstring>
 #include <utility>
 
+#include "ferry/detail/peer_fd.hpp"
 #include "ferry/detail/return_board.hpp"
 
 namespace ferry {
@@ -44,6 +45,7 @@ void MessageEncoder::begin() {
   new_pins_.clear();
   remember_batch_.clear();
   board_in_frame_ = false;
+  takeable_this_frame_.reset();
   cuda_begin_frame();
   retire_dead_upstream_boards();
 }
@@ -238,13 +240,22 @@ std::uint32_t MessageEncoder::take_slot() {
   return next_slot_++;
 }
 
-void MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
+bool MessageEncoder::passes_fd_now() {
+  if (passing_ != HandlePassing::ProcFdWhileTakeable) return passing_ == HandlePassing::FdPassing;
+  // Asked once per frame that introduces segments: a process may stop being dumpable at
+  // any time (prctl, setuid).
+  if (!takeable_this_frame_) takeable_this_frame_ = fds_takeable_by_peers();
+  return !*takeable_this_frame_;
+}
+
+bool MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
                                        const FileIdentity& identity) {
   SegmentEntry entry;
   entry.role = static_cast<std::uint32_t>(role);
   entry.slot = slot;
   entry.size = size;
-  if (passing_ == HandlePassing::FdPassing) {
+  const bool by_fd = passes_fd_now();
+  if (by_fd) {
     entry.kind = static_cast<std::uint32_t>(SegmentKind::NewFd);
     fds_.push_back(fd);
   } else {
@@ -255,6 +266,7 @@ void MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot, int
     entry.inode = identity.inode;
   }
   segment_entries_.push_back(entry);
+  return !by_fd;
 }
 
 std::uint32_t MessageEncoder::segment_slot_for(const std::shared_ptr<SharedSegment>& segment) {
@@ -279,10 +291,11 @@ std::uint32_t MessageEncoder::segment_slot_for(const std::shared_ptr<SharedSegme
   sent_segments_.emplace(segment->id(), SentSegment{slot, segment});
   new_segment_ids_.push_back(segment->id());
   segment->mark_sent();
-  add_segment_entry(SegmentRole::Data, slot, segment->fd(), segment->size(), segment->identity());
   // /proc/<pid>/fd/<n> only works while our fd is open: keep the segment until the receiver
   // acknowledges that it opened it.
-  if (passing_ == HandlePassing::ProcFd) keepalive_.emplace_back(next_sequence_, segment);
+  if (add_segment_entry(SegmentRole::Data, slot, segment->fd(), segment->size(), segment->identity())) {
+    keepalive_.emplace_back(next_sequence_, segment);
+  }
   return slot;
 }
 
@@ -309,10 +322,11 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
     }
     // We hold the block (its frame on `board` is resolved and we registered there), so the
     // count read now is one no reclaim of this block can have moved.
-    add_segment_entry(SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), ReturnBoard::bytes(),
-                      board->identity());
     // Like a segment's: the frame may introduce no segment that makes close() wait for it.
-    if (passing_ == HandlePassing::ProcFd) keepalive_.emplace_back(next_sequence_, board);
+    if (add_segment_entry(SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), ReturnBoard::bytes(),
+                          board->identity())) {
+      keepalive_.emplace_back(next_sequence_, board);
+    }
     upstream_sent_.push_back(PassedUpstream{board, board->identity()});
   }
   upstream_scratch_.clear();

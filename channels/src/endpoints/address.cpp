@@ -1,7 +1,7 @@
-#include "address.hpp"
+#include "endpoints/address.hpp"
 
 #include "ferry/error.hpp"
-#include "scheme_registry.hpp"
+#include "endpoints/scheme_registry.hpp"
 
 namespace ferry::detail {
 

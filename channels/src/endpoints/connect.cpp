@@ -2,11 +2,11 @@
 #include <algorithm>
 #include <thread>
 
-#include "address.hpp"
-#include "connection_ends.hpp"
-#include "ferry/detail/endpoint_handshake.hpp"
+#include "endpoints/address.hpp"
+#include "endpoints/connection_ends.hpp"
+#include "endpoints/handshake.hpp"
 #include "ferry/endpoint.hpp"
-#include "scheme_registry.hpp"
+#include "endpoints/scheme_registry.hpp"
 
 namespace ferry::detail {
 namespace {

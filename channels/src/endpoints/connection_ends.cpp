@@ -1,6 +1,7 @@
-#include "connection_ends.hpp"
+#include "endpoints/connection_ends.hpp"
 
-#include "ferry/detail/endpoint_handshake.hpp"
+#include "endpoints/fd_passing_writer.hpp"
+#include "endpoints/handshake.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -67,7 +68,7 @@ ListenerSide make_listener_side(const EndKind& kind, const FrameLimits& client_l
   // A transport of its own per direction; the connection only carries the Reply.
   if (sends) {
     auto [writer, reader] = make_transport(options.transport, client_limits, own.ring_capacity, own.ring_timing());
-    mine.writer = std::move(writer);
+    mine.writer = always_passing_fds(std::move(writer));
     side.client_reader = std::move(reader);
   }
   if (receives) {
@@ -102,8 +103,8 @@ ConnectionEnds make_client_side(const EndKind& kind, const Reply& reply, UniqueF
   std::vector<UniqueFd> reader_fds(std::make_move_iterator(fds.begin() + reply.writer_fds),
                                    std::make_move_iterator(fds.end()));
   if (sends) {
-    ends.writer = writer_from_descriptors(options.transport, std::move(writer_fds), reply.limits, own.ring_capacity,
-                                          own.ring_timing());
+    ends.writer = always_passing_fds(writer_from_descriptors(options.transport, std::move(writer_fds), reply.limits,
+                                                             own.ring_capacity, own.ring_timing()));
   }
   if (receives) {
     ends.reader = reader_from_descriptors(options.transport, std::move(reader_fds), own.limits, own.ring_capacity,

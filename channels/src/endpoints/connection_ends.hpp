@@ -2,13 +2,15 @@
 // connection itself carries the frames; over another transport (ShmRing, Pipe) the
 // listener makes the transport, keeps its side and passes the client's side's
 // descriptors in the Reply, which the client rebuilds with writer/reader_from_descriptors.
+// Either way every segment fd travels over a socket (SCM_RIGHTS), never by /proc: the
+// writers of pipes and rings pass them on their side socket (FdPassingWriter).
 #pragma once
 
 #include <memory>
 #include <vector>
 
 #include "ferry/detail/endpoint_core.hpp"
-#include "ferry/detail/endpoint_handshake.hpp"
+#include "endpoints/handshake.hpp"
 #include "ferry/endpoint.hpp"
 
 namespace ferry::detail {

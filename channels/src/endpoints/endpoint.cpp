@@ -3,8 +3,8 @@
 
 #include <algorithm>
 
-#include "address.hpp"
-#include "scheme_registry.hpp"
+#include "endpoints/address.hpp"
+#include "endpoints/scheme_registry.hpp"
 
 namespace ferry {
 

@@ -1,4 +1,4 @@
-#include "ferry/detail/endpoint_handshake.hpp"
+#include "endpoints/handshake.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -7,10 +7,10 @@
 #include <cerrno>
 #include <cstdio>
 
-#include "connection_ends.hpp"
-#include "ferry/detail/endpoint_handshake.hpp"
+#include "endpoints/connection_ends.hpp"
+#include "endpoints/handshake.hpp"
 #include "ferry/endpoint.hpp"
-#include "scheme_registry.hpp"
+#include "endpoints/scheme_registry.hpp"
 
 namespace ferry::detail {
 

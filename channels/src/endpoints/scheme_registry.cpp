@@ -1,4 +1,4 @@
-#include "scheme_registry.hpp"
+#include "endpoints/scheme_registry.hpp"
 
 namespace ferry::detail {
 

@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "ferry/endpoint.hpp"
-#include "scheme_registry.hpp"
+#include "endpoints/scheme_registry.hpp"
 
 namespace ferry::detail {
 namespace {

@@ -12,7 +12,10 @@ namespace ferry::detail {
 
 SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options)
     : writer_(std::move(writer)),
-      encoder_(writer_->passes_fds() ? HandlePassing::FdPassing : HandlePassing::ProcFd, options.pool),
+      encoder_(writer_->passes_fds()       ? HandlePassing::FdPassing
+               : writer_->can_pass_fds() ? HandlePassing::ProcFdWhileTakeable
+                                         : HandlePassing::ProcFd,
+               options.pool),
       transport_(transport),
       options_(options),
       owner_(::getpid()) {

@@ -164,7 +164,9 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       const int fd = core->readiness_fd();
       const bool reports_data = fd >= 0 && core->readiness_fd_reports_data();
       if (fd >= 0) {
-        fds.push_back(pollfd{fd, POLLIN, 0});
+        // A descriptor that reports only a hang-up may carry other bytes (a ring's companion
+        // socket carries segment fds): wait for the hang-up alone there.
+        fds.push_back(pollfd{fd, static_cast<short>(reports_data ? POLLIN : POLLRDHUP), 0});
         owners.push_back(index);
         stream_fds = stream_fds || reports_data;
       }

@@ -62,8 +62,9 @@ bool RingEnd::peer_gone() {
     if (rc >= 0) break;
     if (errno != EINTR) throw_errno("poll of a ring's companion socket");
   }
-  // Nothing is ever written to the companion socket: any event means the peer is gone.
-  peer_gone_ = (entry.revents & (POLLHUP | POLLRDHUP | POLLERR | POLLIN)) != 0;
+  // Only segment fds travel on the companion socket (POLLIN): a hang-up or a shutdown of
+  // the peer's side means it is gone.
+  peer_gone_ = (entry.revents & (POLLHUP | POLLRDHUP | POLLERR)) != 0;
   return peer_gone_;
 }
 

@@ -41,9 +41,10 @@ enum class WaitOutcome {
 
 /// One end's view of a ring: its share of the segment's mapping (both ends of a channel
 /// in one process share one mapping) and its end of the companion socket pair. Each end
-/// holds one side of an AF_UNIX socket pair on which nothing is ever sent; when the last
-/// process holding the other side exits, however it exits, the kernel reports a hang-up on
-/// this side. That is how a ring end tells a dead or departed peer from a slow one.
+/// holds one side of an AF_UNIX socket pair on which only segment fds are ever sent (writer
+/// to reader, SegmentFdChannel); when the last process holding the other side exits,
+/// however it exits, the kernel reports a hang-up on this side. That is how a ring end
+/// tells a dead or departed peer from a slow one.
 class RingEnd {
  public:
   RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing);
@@ -92,7 +93,8 @@ class RingEnd {
   void close() noexcept;
   /// The memfd of the segment and this end's companion socket.
   std::vector<int> descriptors() const;
-  /// This end's companion socket: it polls readable (hang-up) once the peer is gone.
+  /// This end's companion socket: it reports POLLRDHUP (hang-up) once the peer is gone, and
+  /// POLLIN on the reader's side while segment fds wait there.
   int companion_fd() const noexcept { return companion_.get(); }
 
  private:

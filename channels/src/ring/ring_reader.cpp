@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "fd_passing/segment_fd_channel.hpp"
 #include "ferry/error.hpp"
 #include "ring/ring_transport.hpp"
 #include "transport/peer_gone.hpp"
@@ -66,8 +67,20 @@ bool RingFrameReader::consume(std::uint64_t count) {
 }
 
 ReadStatus RingFrameReader::read_view(FrameHeader& header, std::span<const std::byte>& payload,
-                                      std::vector<std::byte>& buffer, std::deque<UniqueFd>& /*fds*/,
+                                      std::vector<std::byte>& buffer, std::deque<UniqueFd>& fds,
                                       const Deadline& deadline) {
+  const ReadStatus status = read_frame(header, payload, buffer, deadline);
+  // A frame's fds wait on the companion socket (the writer sent them before it published
+  // the frame): take as many as it declares, no more; the decoder refuses a frame whose
+  // fds did not all come.
+  if (status == ReadStatus::Frame && header.fd_count > 0) {
+    detail::SegmentFdChannel(end_.companion_fd()).receive(header.fd_count, fds);
+  }
+  return status;
+}
+
+ReadStatus RingFrameReader::read_frame(FrameHeader& header, std::span<const std::byte>& payload,
+                                       std::vector<std::byte>& buffer, const Deadline& deadline) {
   release();
   if (!end_.is_open() || peer_closed_) return ReadStatus::Closed;
   bool whole_frame_possible = header_filled_ == 0;  // at a frame boundary

@@ -25,7 +25,10 @@
 //   peer_check_interval, so sends into a ring whose reader died succeed for at most about
 //   that long (or until the ring is full).
 // - Tensors: a ring cannot carry fds, so new shared segments (and the return board) travel
-//   as SegmentKind::NewProcFd (the reader takes fd <n> of the writer's process) and the
+//   as SegmentKind::NewProcFd (the reader takes fd <n> of the writer's process), unless
+//   the writer's process does not let peers take its fds (not dumpable, capabilities):
+//   then their fds go out on the companion socket just before the frame is published, and
+//   the reader takes them there once it has the frame (SegmentFdChannel). For NewProcFd the
 //   writer keeps those segments open until the reader has them (MessageEncoder's
 //   keep-alive, HandlePassing::ProcFd). The connection's return board tells it (the last
 //   resolved frame); the reader also stores a frame's sequence in the segment's
@@ -61,6 +64,8 @@ class RingFrameWriter final : public FrameWriter, private BodySpace {
   /// `companion` is the writer's side of the companion socket pair.
   RingFrameWriter(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing);
   bool passes_fds() const override { return false; }
+  /// True: fds given to write() go out on the companion socket, just before the frame.
+  bool can_pass_fds() const override { return true; }
   /// Lends ring space past the tail (at kRingBodyOffset) for the next frame's body, waiting
   /// for room until `deadline` when the body outgrows what is free; null while the rest of
   /// an earlier frame is pending.
@@ -80,6 +85,8 @@ class RingFrameWriter final : public FrameWriter, private BodySpace {
   UniqueFd liveness_probe() const override;
 
  private:
+  // write() once the end is known open; `fds` go out with the frame's first publish().
+  bool write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline);
   // Free bytes in the ring, re-reading the reader's head when `refresh`; throws
   // ProtocolError when the shared head breaks the ring's invariant.
   std::uint64_t room(bool refresh);
@@ -101,6 +108,7 @@ class RingFrameWriter final : public FrameWriter, private BodySpace {
   std::size_t pending_done_ = 0;
   Deadline lend_deadline_ = Deadline::never();  // of the send whose body may be lent space
   std::byte* lent_ = nullptr;                   // where a lent body starts; null when none
+  std::span<const int> fds_to_send_;            // of the frame being written, until published
 };
 
 /// The reading end of a ring. Enforces FrameLimits on every header before taking the
@@ -129,7 +137,7 @@ class RingFrameReader final : public FrameReader {
   /// ring whole, so read() then returns without waiting), or this end was closed. There
   /// is no descriptor that wakes on data: a Selector sleeps on data_futex() instead.
   bool has_buffered_frame() const override;
-  /// The companion socket: readable (hang-up) when the writer's process is gone.
+  /// The companion socket: POLLRDHUP (hang-up) when the writer's process is gone.
   int readiness_fd() const override { return end_.is_open() ? end_.companion_fd() : -1; }
   /// False: the companion socket never carries data, so it cannot tell that a frame arrived.
   bool readiness_fd_reports_data() const override { return false; }
@@ -137,6 +145,9 @@ class RingFrameReader final : public FrameReader {
   std::atomic<std::uint32_t>* data_futex() override { return end_.is_open() ? &end_.header().reader_sleeping : nullptr; }
 
  private:
+  // read_view() without the frame's fds.
+  ReadStatus read_frame(FrameHeader& header, std::span<const std::byte>& payload, std::vector<std::byte>& buffer,
+                        const Deadline& deadline);
   // Bytes published and not yet consumed; throws ProtocolError when the shared tail
   // breaks the ring's invariant.
   std::uint64_t available();

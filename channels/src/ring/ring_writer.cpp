@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "fd_passing/segment_fd_channel.hpp"
 #include "ferry/error.hpp"
 #include "ring/ring_transport.hpp"
 #include "transport/peer_gone.hpp"
@@ -66,12 +67,6 @@ std::uint64_t RingFrameWriter::room(bool refresh) {
     head_seen_ = head;
   }
   return end_.capacity() - (tail_ - head_seen_);
-}
-
-void RingFrameWriter::publish() {
-  RingHeader& header = end_.header();
-  header.tail.store(tail_, std::memory_order_seq_cst);  // seq_cst: pairs with a sleeping reader (wake)
-  detail::RingEnd::wake(header.reader_sleeping);
 }
 
 detail::WaitOutcome RingFrameWriter::wait_for_room(std::uint64_t wanted, const Deadline& deadline) {
@@ -136,9 +131,30 @@ bool RingFrameWriter::write_around_lent_body(std::span<const iovec> parts, const
 
 bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
   if (!end_.is_open()) throw ChannelClosed("cannot send: this end of the channel is closed");
-  if (!fds.empty()) throw Error("a ring cannot carry file descriptors; storages travel by /proc path");
+  struct Forget {  // whatever happens, these fds are not sent with a later frame
+    std::span<const int>& fds;
+    ~Forget() { fds = {}; }
+  } forget{fds_to_send_};
+  return write_frame(parts, fds, deadline);
+}
+
+void RingFrameWriter::publish() {
+  // A frame's fds go out on the companion socket before the first of its bytes is visible
+  // (so the reader finds them there once it has the frame), and only for a frame that is
+  // accepted: publishing is what accepts it.
+  if (!fds_to_send_.empty()) [[unlikely]] {
+    detail::SegmentFdChannel(end_.companion_fd()).send(fds_to_send_, Deadline::never());
+    fds_to_send_ = {};
+  }
+  RingHeader& header = end_.header();
+  header.tail.store(tail_, std::memory_order_seq_cst);  // seq_cst: pairs with a sleeping reader (wake)
+  detail::RingEnd::wake(header.reader_sleeping);
+}
+
+bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
   std::byte* const lent = std::exchange(lent_, nullptr);
   if (!pending_.empty() && !flush(deadline)) return false;
+  fds_to_send_ = fds;  // after the rest of the frame before it
   if (end_.peer_gone_lately()) detail::throw_receiver_gone();
   if (lent != nullptr && !parts.empty() && parts.back().iov_base == lent) {
     return write_around_lent_body(parts, deadline);

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <mutex>
 
+#include "fd_passing/segment_fd_channel.hpp"
 #include "ferry/error.hpp"
 #include "transport/peer_gone.hpp"
 
@@ -38,10 +39,9 @@ void ignore_sigpipe() {
 
 // ---- writer ------------------------------------------------------------------
 
-StreamFrameWriter::StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket,
-                                     bool shares_connection)
+StreamFrameWriter::StreamFrameWriter(UniqueFd stream, UniqueFd side, bool is_socket, bool shares_connection)
     : stream_(std::move(stream)),
-      acknowledgements_(std::move(acknowledgements)),
+      side_(std::move(side)),
       is_socket_(is_socket),
       shares_connection_(shares_connection && is_socket) {}
 
@@ -96,12 +96,23 @@ bool StreamFrameWriter::flush_pending(const Deadline& deadline) {
 
 bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
   if (!stream_) throw ChannelClosed("cannot send: this end of the channel is closed");
+  if (!pending_.empty() && !flush_pending(deadline)) return false;
+  if (is_socket_ || fds.empty()) return write_frame(parts, fds, deadline, false);
+  if (!side_) throw Error("this pipe end has no side socket to pass fds on");
+  // A pipe: the fds go out on the side socket before the frame (so the reader finds them
+  // there once it has the frame), and only when the frame's first byte is sure to follow:
+  // the pipe has room, and nothing else writes to it.
+  if (!deadline.is_never() && !wait_for_fd(stream_.get(), POLLOUT, deadline)) return false;
+  if (!detail::SegmentFdChannel(side_.get()).send(fds, deadline)) return false;
+  return write_frame(parts, {}, deadline, true);
+}
+
+bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline,
+                                    bool must_start) {
   if (fds.size() > kMaxFdsPerRead) {
     throw Error("a frame can pass at most " + std::to_string(kMaxFdsPerRead) + " storages by fd, not " +
                 std::to_string(fds.size()) + "; send fewer new storages per message");
   }
-  if (!pending_.empty() && !flush_pending(deadline)) return false;
-
   std::array<iovec, 8> remaining{};
   if (parts.size() > remaining.size()) throw Error("a frame has too many parts");
   std::copy(parts.begin(), parts.end(), remaining.begin());
@@ -112,7 +123,8 @@ bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int>
   while (count > 0) {
     const ssize_t written = write_some(next, count, started ? std::span<const int>() : fds, wait);
     if (written < 0) {  // full, and a deadline applies
-      if (wait_for_fd(stream_.get(), POLLOUT, deadline)) continue;
+      // A frame whose fds went out ahead of it must start, whatever the deadline.
+      if (wait_for_fd(stream_.get(), POLLOUT, must_start && !started ? Deadline::never() : deadline)) continue;
       if (!started) return false;
       // Deadline passed mid-frame: keep the tail, so the stream never holds half a frame.
       for (std::size_t i = 0; i < count; ++i) {
@@ -139,7 +151,7 @@ bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int>
 void StreamFrameWriter::read_acknowledgements() {
   std::array<std::uint64_t, 512> records{};
   while (true) {
-    const ssize_t got = ::read(acknowledgements_.get(), records.data(), sizeof records);
+    const ssize_t got = ::recv(side_.get(), records.data(), sizeof records, MSG_DONTWAIT);
     if (got < 0) {
       if (errno == EINTR) continue;
       if (errno == EAGAIN) break;
@@ -149,7 +161,7 @@ void StreamFrameWriter::read_acknowledgements() {
       reader_gone_ = true;
       break;
     }
-    // Records are 8 bytes and pipe writes below PIPE_BUF are atomic, so none is split.
+    // Records are sent whole, 8 bytes each, and read 512 at a time, so none is split.
     for (std::size_t i = 0; i < static_cast<std::size_t>(got) / sizeof(std::uint64_t); ++i) {
       acknowledged_ = std::max(acknowledged_, records[i]);
     }
@@ -159,23 +171,23 @@ void StreamFrameWriter::read_acknowledgements() {
 }
 
 bool StreamFrameWriter::wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) {
-  if (!acknowledgements_) return true;
+  if (!side_) return true;
   while (true) {
     read_acknowledgements();
     if (acknowledged_ >= sequence) return true;
-    if (reader_gone_ || !wait_for_fd(acknowledgements_.get(), POLLIN, deadline)) return false;
+    if (reader_gone_ || !wait_for_fd(side_.get(), POLLIN, deadline)) return false;
   }
 }
 
 void StreamFrameWriter::close() noexcept {
   stream_.reset();
-  acknowledgements_.reset();
+  side_.reset();
 }
 
 UniqueFd StreamFrameWriter::liveness_probe() const {
   if (!stream_) return UniqueFd();
   if (is_socket_) return stream_.duplicate();
-  return acknowledgements_ ? acknowledgements_.duplicate() : UniqueFd();
+  return side_ ? side_.duplicate() : UniqueFd();
 }
 
 void StreamFrameWriter::shut_down() noexcept {
@@ -188,16 +200,16 @@ void StreamFrameWriter::shut_down() noexcept {
 
 std::vector<int> StreamFrameWriter::descriptors() const {
   std::vector<int> out{stream_.get()};
-  if (acknowledgements_) out.push_back(acknowledgements_.get());
+  if (side_) out.push_back(side_.get());
   return out;
 }
 
 // ---- reader ------------------------------------------------------------------
 
-StreamFrameReader::StreamFrameReader(UniqueFd stream, UniqueFd acknowledgements, bool is_socket,
-                                     const FrameLimits& limits, bool shares_connection)
+StreamFrameReader::StreamFrameReader(UniqueFd stream, UniqueFd side, bool is_socket, const FrameLimits& limits,
+                                     bool shares_connection)
     : stream_(std::move(stream)),
-      acknowledgements_(std::move(acknowledgements)),
+      side_(std::move(side)),
       is_socket_(is_socket),
       shares_connection_(shares_connection && is_socket),
       limits_(limits),
@@ -280,6 +292,9 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
   in_frame_ = false;
   header = frame_header_;
   payload.swap(frame_payload_);
+  // A pipe: the frame's fds wait on the side socket (the writer sent them first); take as
+  // many as it declares, no more: the decoder refuses a frame whose fds did not all come.
+  if (!is_socket_ && header.fd_count > 0 && side_) detail::SegmentFdChannel(side_.get()).receive(header.fd_count, fds);
   check_queued_fds(header, fds);
   if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
     peer_closed_ = true;
@@ -313,9 +328,9 @@ void StreamFrameReader::check_queued_fds(const FrameHeader& header, const std::d
 }
 
 void StreamFrameReader::acknowledge(std::uint64_t sequence) {
-  if (!acknowledgements_) return;
-  while (::write(acknowledgements_.get(), &sequence, sizeof sequence) < 0) {
-    // A full pipe (EAGAIN) is fine: acknowledgements are cumulative and the next one
+  if (!side_) return;
+  while (::send(side_.get(), &sequence, sizeof sequence, MSG_DONTWAIT | MSG_NOSIGNAL) < 0) {
+    // A full socket (EAGAIN) is fine: acknowledgements are cumulative and the next one
     // carries this one. EPIPE: the sender is gone and needs none.
     if (errno != EINTR) return;
   }
@@ -323,7 +338,7 @@ void StreamFrameReader::acknowledge(std::uint64_t sequence) {
 
 void StreamFrameReader::close() noexcept {
   stream_.reset();
-  acknowledgements_.reset();
+  side_.reset();
 }
 
 void StreamFrameReader::shut_down() noexcept {
@@ -333,7 +348,7 @@ void StreamFrameReader::shut_down() noexcept {
 
 std::vector<int> StreamFrameReader::descriptors() const {
   std::vector<int> out{stream_.get()};
-  if (acknowledgements_) out.push_back(acknowledgements_.get());
+  if (side_) out.push_back(side_.get());
   return out;
 }
 

@@ -9,11 +9,13 @@
 namespace ferry {
 
 /// Writes frames to a pipe or a stream socket. With a socket, the frame's fds travel as
-/// SCM_RIGHTS with its first byte; with a pipe, `acknowledgements` is the read end of the
-/// reader's acknowledgement pipe (non-blocking), read only while wait_acknowledged()
-/// waits: a sender learns acknowledgements from the return board, and the reader writes
-/// to the pipe only when asked to (ReturnBoard::request_acknowledgements()) or when it
-/// could not record a frame on the board.
+/// SCM_RIGHTS with its first byte. With a pipe, `side` is this end of a Unix socket pair
+/// next to the pipe: a frame's fds (there are some only when this process does not let
+/// peers take its fds, see HandlePassing::ProcFdWhileTakeable) go out on it just before
+/// the frame (SegmentFdChannel), and acknowledgements come back on it, read only while
+/// wait_acknowledged() waits: a sender learns acknowledgements from the return board, and
+/// the reader sends them only when asked to (ReturnBoard::request_acknowledgements()) or
+/// when it could not record a frame on the board.
 ///
 /// With `shares_connection`, the socket also carries the opposite direction (a duplex
 /// connection: this process's reader holds the same socket), so closing the end does not
@@ -26,8 +28,9 @@ namespace ferry {
 /// frame (or by close()). A timed write returns false only when no byte of it went out.
 class StreamFrameWriter final : public FrameWriter {
  public:
-  StreamFrameWriter(UniqueFd stream, UniqueFd acknowledgements, bool is_socket, bool shares_connection = false);
+  StreamFrameWriter(UniqueFd stream, UniqueFd side, bool is_socket, bool shares_connection = false);
   bool passes_fds() const override { return is_socket_; }
+  bool can_pass_fds() const override { return is_socket_ || side_; }
   bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
   /// What wait_acknowledged() read from the pipe so far (no system call).
   std::uint64_t acknowledged() override { return acknowledged_; }
@@ -40,24 +43,28 @@ class StreamFrameWriter final : public FrameWriter {
   std::vector<int> descriptors() const override;
   /// A socket: a duplicate of the stream, which reports POLLHUP once the reader is gone
   /// (after shut_down(), once the reader closed its socket too). A pipe: a duplicate of the
-  /// acknowledgement pipe's read end, which reports POLLHUP once every process holding the
-  /// reader has dropped it (a duplicate of the data pipe's write end would keep the stream
-  /// open, and a reader waiting for more would never see the sender gone).
+  /// side socket, which reports POLLHUP once every process holding the reader has dropped
+  /// it (a duplicate of the data pipe's write end would keep the stream open, and a reader
+  /// waiting for more would never see the sender gone).
   UniqueFd liveness_probe() const override;
   /// A shared socket whose reader shut down fails a zero-length send with EPIPE; after this
   /// end's own shut_down() every send does, so the probe is then polled only.
   bool probe_by_send() const override { return shares_connection_ && !shut_down_; }
 
  private:
+  // Writes one whole frame on the stream (a socket: `fds` with its first byte); with
+  // `must_start`, waits for its first byte to go out whatever the deadline.
+  bool write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline,
+                   bool must_start);
   // One write or sendmsg; returns bytes written, or -1 with errno (EAGAIN when full).
   ssize_t write_some(const iovec* parts, std::size_t count, std::span<const int> fds, bool wait);
   // Writes the tail of an earlier frame; false when the deadline passed first.
   bool flush_pending(const Deadline& deadline);
-  // Reads the acknowledgement records in the pipe (non-blocking) into acknowledged_.
+  // Reads the acknowledgement records on the side socket (non-blocking) into acknowledged_.
   void read_acknowledgements();
 
   UniqueFd stream_;
-  UniqueFd acknowledgements_;
+  UniqueFd side_;  // a pipe's side socket (segment fds out, acknowledgements in)
   bool is_socket_;
   bool shares_connection_;
   bool shut_down_ = false;  // this process ended the direction (shutdown(SHUT_WR))
@@ -67,13 +74,15 @@ class StreamFrameWriter final : public FrameWriter {
 };
 
 /// Reads frames from a pipe or a stream socket, buffering so that a small frame costs one
-/// read system call. Enforces FrameLimits on every header before reading the rest. A
+/// read system call. With a pipe, `side` is this end of the socket pair next to it: the
+/// fds a frame declares are received there once the frame is read (SegmentFdChannel), and
+/// acknowledgements go back on it. Enforces FrameLimits on every header before reading the rest. A
 /// timed read that ends in the middle of a frame keeps what it read and resumes there.
 /// With `shares_connection` (a duplex socket), shut_down() refuses the writer's later
 /// frames with shutdown(SHUT_RD).
 class StreamFrameReader final : public FrameReader {
  public:
-  StreamFrameReader(UniqueFd stream, UniqueFd acknowledgements, bool is_socket, const FrameLimits& limits,
+  StreamFrameReader(UniqueFd stream, UniqueFd side, bool is_socket, const FrameLimits& limits,
                     bool shares_connection = false);
   ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
                   const Deadline& deadline) override;
@@ -94,7 +103,7 @@ class StreamFrameReader final : public FrameReader {
   void check_queued_fds(const FrameHeader& header, const std::deque<UniqueFd>& fds) const;
 
   UniqueFd stream_;
-  UniqueFd acknowledgements_;
+  UniqueFd side_;  // a pipe's side socket (segment fds in, acknowledgements out)
   bool is_socket_;
   bool shares_connection_;
   FrameLimits limits_;

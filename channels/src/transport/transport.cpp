@@ -71,9 +71,14 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
       auto [data_read, data_write] = make_pipe(0);
       // Non-blocking write end: timed sends must not block inside writev.
       if (::fcntl(data_write.get(), F_SETFL, O_NONBLOCK) != 0) throw_errno("fcntl(O_NONBLOCK) on a pipe");
-      auto [ack_read, ack_write] = make_pipe(O_NONBLOCK);
-      return {std::make_unique<StreamFrameWriter>(std::move(data_write), std::move(ack_read), false),
-              std::make_unique<StreamFrameReader>(std::move(data_read), std::move(ack_write), false, limits)};
+      // Beside the pipe, a socket pair: acknowledgements come back on it, and segment fds
+      // go out on it when peers may not take them from this process (SegmentFdChannel).
+      int side[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, side) != 0) throw_errno("socketpair beside a pipe");
+      UniqueFd writer_side(side[0]);
+      UniqueFd reader_side(side[1]);
+      return {std::make_unique<StreamFrameWriter>(std::move(data_write), std::move(writer_side), false),
+              std::make_unique<StreamFrameReader>(std::move(data_read), std::move(reader_side), false, limits)};
     }
     case Transport::UnixSocket: {
       int ends[2];
@@ -115,7 +120,7 @@ std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::v
                                                      const FrameLimits& /*limits*/, std::size_t /*ring_capacity*/,
                                                      const RingTiming& ring_timing, bool shares_connection) {
   switch (transport) {
-    case Transport::Pipe:  // data pipe's write end, acknowledgement pipe's read end
+    case Transport::Pipe:  // data pipe's write end, the writer's side socket
       expect_descriptors(transport, fds, 2, "writer");
       ignore_sigpipe();
       return std::make_unique<StreamFrameWriter>(std::move(fds[0]), std::move(fds[1]), false);
@@ -136,7 +141,7 @@ std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::v
                                                      const FrameLimits& limits, std::size_t /*ring_capacity*/,
                                                      const RingTiming& ring_timing, bool shares_connection) {
   switch (transport) {
-    case Transport::Pipe:  // data pipe's read end, acknowledgement pipe's write end
+    case Transport::Pipe:  // data pipe's read end, the reader's side socket
       expect_descriptors(transport, fds, 2, "reader");
       ignore_sigpipe();
       return std::make_unique<StreamFrameReader>(std::move(fds[0]), std::move(fds[1]), false, limits);

@@ -1,6 +1,8 @@
 #include "ferry/detail/peer_fd.hpp"
 
 #include <fcntl.h>
+#include <linux/capability.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -39,6 +41,21 @@ bool peer_side_failure(int error) noexcept {
 }
 
 }  // namespace
+
+bool fds_takeable_by_peers() noexcept {
+  // The kernel's rule (ptrace_may_access with PTRACE_MODE_READ, which opening
+  // /proc/<pid>/fd/<n> needs): a process that is not dumpable (SUID_DUMP_USER, 1) is
+  // refused to unprivileged peers, and so is one whose permitted capabilities the peer lacks.
+  if (::prctl(PR_GET_DUMPABLE) != 1) return false;
+  if (::geteuid() == 0) return true;
+  __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct data[_LINUX_CAPABILITY_U32S_3]{};
+  if (::syscall(SYS_capget, &header, data) != 0) return false;  // cannot tell: pass fds
+  for (const auto& word : data) {
+    if (word.permitted != 0) return false;
+  }
+  return true;
+}
 
 bool PeerFdOpener::ensure_pidfd(pid_t pid, Taken& taken) {
   if (pid_ == pid) return !refused_;

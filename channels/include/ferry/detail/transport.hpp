@@ -24,7 +24,7 @@ namespace ferry {
 
 /// The kinds of channel ferry offers; pick one when creating a channel.
 enum class Transport {
-  Pipe,        ///< a pipe for frames (plus one for acknowledgements); storages by /proc/<pid>/fd
+  Pipe,        ///< a pipe for frames (plus a socket pair beside it); storages by /proc/<pid>/fd
   UnixSocket,  ///< a Unix stream socket; storages' memfds travel as SCM_RIGHTS
   ShmRing,     ///< a ring buffer in a shared memfd (ring_transport.hpp); storages by /proc/<pid>/fd
   InProcess,   ///< a queue between threads of one process; values are moved, not serialized
@@ -47,8 +47,13 @@ enum class ReadStatus {
 class FrameWriter {
  public:
   virtual ~FrameWriter() = default;
-  /// Whether memfds can travel with frames (else the receiver opens /proc/<pid>/fd/<n>).
+  /// Whether memfds travel with frames by default (else the receiver opens /proc/<pid>/fd/<n>).
   virtual bool passes_fds() const = 0;
+  /// Whether fds given to write() reach the reader all the same, on a side socket next to
+  /// the frames (a pipe, a ring; see SegmentFdChannel). The encoder of such a transport
+  /// passes a segment's fd instead of naming it by /proc while peers may not take this
+  /// process's fds (HandlePassing::ProcFdWhileTakeable).
+  virtual bool can_pass_fds() const { return passes_fds(); }
   /// Memory this transport lends for the body of the frame about to be encoded for a
   /// write with `deadline` (see BodySpace), or null when it lends none (the default). A
   /// frame whose last part lies in it is then written around it, without copying it.

@@ -12,6 +12,13 @@
 
 namespace ferry {
 
+/// True when another process of the same user may take this process's descriptors
+/// (pidfd_getfd, /proc/<pid>/fd/<n>) as far as this process can tell: it is dumpable and
+/// holds no capabilities (or runs as root, whose peers are root too). False after
+/// prctl(PR_SET_DUMPABLE, 0), a setuid() from root, or an exec of a binary with file
+/// capabilities: the kernel then refuses such peers. Two system calls.
+bool fds_takeable_by_peers() noexcept;
+
 /// Takes descriptors of one peer process. Prefers pidfd_getfd(2) through a pidfd opened
 /// once for the peer (one system call per descriptor); falls back to opening
 /// /proc/<pid>/fd/<n> (path walk, permission checks, a new open file: about twice the

@@ -64,6 +64,10 @@ struct EncodedFrame {
 enum class HandlePassing {
   FdPassing,  ///< memfds travel with the frame (SCM_RIGHTS over a Unix socket)
   ProcFd,     ///< the receiver opens /proc/<sender pid>/fd/<n>; needs acknowledgements
+  /// ProcFd while peers of the same user may take this process's fds
+  /// (fds_takeable_by_peers(), asked once per frame that introduces segments), FdPassing
+  /// otherwise: the transport passes fds on a side socket (FrameWriter::can_pass_fds()).
+  ProcFdWhileTakeable,
 };
 
 class MessageEncoder {
@@ -193,8 +197,12 @@ class MessageEncoder {
   void pass_upstream_boards(const SharedBlock& block);
   void retire_dead_upstream_boards();
   static constexpr std::size_t kMaxRetiredPerFrame = 16;
-  void add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
+  // Adds a segment entry for the frame; true when it names the fd by /proc (the segment
+  // must stay open until the receiver acknowledges the frame), false when the fd travels.
+  bool add_segment_entry(SegmentRole role, std::uint32_t slot, int fd, std::size_t size,
                          const FileIdentity& identity);
+  // Whether the frame being encoded passes segment fds instead of naming them by /proc.
+  bool passes_fd_now();
   HoldLedger& ledger();
   std::optional<std::uint32_t> find_source(const Storage* storage);
   void index_source(const Storage* storage, std::uint32_t index);
@@ -202,6 +210,7 @@ class MessageEncoder {
   void flush_remember_batch();
 
   HandlePassing passing_;
+  std::optional<bool> takeable_this_frame_;  // ProcFdWhileTakeable: asked this frame
   std::optional<SharedAllocator> pool_;
   std::uint64_t next_sequence_ = 1;
   bool type_name_sent_ = false;
