@@ -211,6 +211,21 @@ class EndpointsTest(unittest.TestCase):
             thread.join(10)
             self.assertEqual(replies, [True])
 
+    def test_tensors_travel_by_address_over_every_transport(self):
+        for transport in ("unix", "shm_ring", "pipe"):
+            with self.subTest(transport=transport):
+                address = self.address() + transport
+                with ferry.listen(address, transport=transport) as listener:
+                    received = []
+                    thread = threading.Thread(
+                        target=lambda: received.append(ferry.connect_receiver(address, transport=transport).recv()))
+                    thread.start()
+                    tensor = ferry.empty((3,), "int64")
+                    torch.from_dlpack(tensor).copy_(torch.tensor([1, 2, 3]))
+                    listener.accept_sender(timeout=10).send({"t": tensor})
+                    thread.join(10)
+                    self.assertTrue(torch.equal(torch.from_dlpack(received[0]["t"]), torch.tensor([1, 2, 3])))
+
     def test_a_held_address_and_a_silent_listener_are_errors(self):
         address = self.address()
         with ferry.listen(address) as listener:
