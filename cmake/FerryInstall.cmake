@@ -6,9 +6,15 @@ install(TARGETS ferry ferry_runtime ferry_serialization ferry_channels EXPORT fe
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # Each layer's public headers and its ferry/detail/ headers (which the public templates
-# include); the headers in <layer>/src/ stay behind.
+# include); the headers in <layer>/src/ stay behind. ferry/dlpack.hpp only in a build with
+# DLPack (it includes <dlpack/dlpack.h>).
+set(_ferry_header_exclusions)
+if(NOT FERRY_HAS_DLPACK)
+  set(_ferry_header_exclusions PATTERN dlpack.hpp EXCLUDE)
+endif()
 foreach(layer runtime serialization channels)
-  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/ferry DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/${layer}/include/ferry DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}
+          ${_ferry_header_exclusions})
 endforeach()
 install(EXPORT ferryTargets NAMESPACE ferry:: DESTINATION ${CMAKE_INSTALL_LIBDIR}/cmake/ferry)
 

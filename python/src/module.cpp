@@ -1,0 +1,16 @@
+// The extension module ferry._ferry; the package ferry (python/ferry/__init__.py) is its
+// public face.
+#include <pybind11/pybind11.h>
+
+#include "endpoints_binding.hpp"
+#include "ends_binding.hpp"
+#include "errors.hpp"
+#include "tensor_binding.hpp"
+
+PYBIND11_MODULE(_ferry, module) {
+  module.doc() = "ferry: typed messages between processes, tensors without copies (C++ core).";
+  ferry::python::bind_errors(module);
+  ferry::python::bind_tensor(module);
+  ferry::python::bind_ends(module);
+  ferry::python::bind_endpoints(module);
+}

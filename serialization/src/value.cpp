@@ -1,0 +1,275 @@
+#include "ferry/value.hpp"
+
+#include <cstring>
+#include <iterator>
+#include <string_view>
+#include <unordered_set>
+
+#include "ferry/tensor_wire.hpp"
+
+namespace ferry {
+
+// The wire record of a Value (little-endian as in memory, packed): the kind (u8), then
+//   Bool: u8 (0 or 1); Int: i64; Float: f64; String, Bytes: length (u64) and the bytes;
+//   Tensor: the tensor record of tensor_wire.cpp; List: count (u64) and the elements;
+//   Map: count (u64) and, per entry, the key (as a String without kind byte) and the value.
+
+std::string_view value_kind_name(ValueKind kind) {
+  switch (kind) {
+    case ValueKind::None: return "none";
+    case ValueKind::Bool: return "bool";
+    case ValueKind::Int: return "int";
+    case ValueKind::Float: return "float";
+    case ValueKind::String: return "string";
+    case ValueKind::Bytes: return "bytes";
+    case ValueKind::Tensor: return "tensor";
+    case ValueKind::List: return "list";
+    case ValueKind::Map: return "map";
+  }
+  return "invalid";
+}
+
+// ---- ValueMap ---------------------------------------------------------------------------
+
+Value* ValueMap::find(std::string_view key) {
+  for (Entry& entry : entries_) {
+    if (entry.first == key) return &entry.second;
+  }
+  return nullptr;
+}
+
+const Value* ValueMap::find(std::string_view key) const {
+  for (const Entry& entry : entries_) {
+    if (entry.first == key) return &entry.second;
+  }
+  return nullptr;
+}
+
+Value& ValueMap::at(std::string_view key) {
+  if (Value* value = find(key)) return *value;
+  throw Error("the Value map has no key '" + std::string(key) + "'");
+}
+
+const Value& ValueMap::at(std::string_view key) const {
+  if (const Value* value = find(key)) return *value;
+  throw Error("the Value map has no key '" + std::string(key) + "'");
+}
+
+Value& ValueMap::operator[](std::string_view key) {
+  if (Value* value = find(key)) return *value;
+  return entries_.emplace_back(std::string(key), Value()).second;
+}
+
+void ValueMap::insert_or_assign(std::string key, Value value) {
+  if (Value* present = find(key)) {
+    *present = std::move(value);
+    return;
+  }
+  entries_.emplace_back(std::move(key), std::move(value));
+}
+
+// ---- Value --------------------------------------------------------------------------------
+
+double Value::as_float() const {
+  if (const auto* integer = std::get_if<std::int64_t>(&data_)) return static_cast<double>(*integer);
+  return get<double>(ValueKind::Float);
+}
+
+const Value& Value::operator[](std::size_t index) const {
+  const ValueList& list = as_list();
+  if (index >= list.size()) {
+    throw Error("index " + std::to_string(index) + " is out of range of a Value list of " +
+                std::to_string(list.size()) + " elements");
+  }
+  return list[index];
+}
+
+Value& Value::operator[](std::size_t index) {
+  return const_cast<Value&>(static_cast<const Value&>(*this)[index]);
+}
+
+void Value::throw_wrong_kind(ValueKind wanted) const {
+  throw Error("the Value holds " + std::string(value_kind_name(kind())) + ", not " +
+              std::string(value_kind_name(wanted)));
+}
+
+void Value::throw_unsigned_overflow(std::uint64_t value) {
+  throw Error("the unsigned integer " + std::to_string(value) + " does not fit in a Value's int64");
+}
+
+bool is_valid_utf8(std::string_view text) noexcept {
+  const auto* at = reinterpret_cast<const unsigned char*>(text.data());
+  const unsigned char* const end = at + text.size();
+  while (at < end) {
+    const unsigned char lead = *at;
+    if (lead < 0x80) {
+      ++at;
+      continue;
+    }
+    std::size_t length = 0;
+    std::uint32_t code = 0;
+    if ((lead & 0xE0) == 0xC0) {
+      length = 2;
+      code = lead & 0x1F;
+    } else if ((lead & 0xF0) == 0xE0) {
+      length = 3;
+      code = lead & 0x0F;
+    } else if ((lead & 0xF8) == 0xF0) {
+      length = 4;
+      code = lead & 0x07;
+    } else {
+      return false;
+    }
+    if (static_cast<std::size_t>(end - at) < length) return false;
+    for (std::size_t i = 1; i < length; ++i) {
+      if ((at[i] & 0xC0) != 0x80) return false;
+      code = (code << 6) | (at[i] & 0x3F);
+    }
+    static constexpr std::uint32_t kSmallest[5] = {0, 0, 0x80, 0x800, 0x10000};
+    if (code < kSmallest[length] || code > 0x10FFFF || (code >= 0xD800 && code <= 0xDFFF)) return false;
+    at += length;
+  }
+  return true;
+}
+
+// ---- the wire -----------------------------------------------------------------------------
+
+namespace {
+
+// Counts the values of one tree against the limits, on both sides of the wire.
+struct TreeBudget {
+  std::size_t elements = 0;
+};
+
+void save_text(FrameOutputArchive& archive, const std::string& text) {
+  archive(static_cast<std::uint64_t>(text.size()));
+  archive.save_bytes(text.data(), text.size());
+}
+
+void save_value(FrameOutputArchive& archive, const Value& value, std::size_t depth, TreeBudget& budget) {
+  if (depth > kMaxValueDepth) {
+    throw Error("a Value nested deeper than " + std::to_string(kMaxValueDepth) +
+                " levels cannot be sent (the receiver refuses it); flatten the message");
+  }
+  if (++budget.elements > kMaxValueElements) {
+    throw Error("a Value of more than " + std::to_string(kMaxValueElements) +
+                " elements cannot be sent (the receiver refuses it); put bulk data in a Tensor or Bytes");
+  }
+  archive(static_cast<std::uint8_t>(value.kind()));
+  switch (value.kind()) {
+    case ValueKind::None: return;
+    case ValueKind::Bool: archive(static_cast<std::uint8_t>(value.as_bool() ? 1 : 0)); return;
+    case ValueKind::Int: archive(value.as_int()); return;
+    case ValueKind::Float: archive(value.as_float()); return;
+    case ValueKind::String: save_text(archive, value.as_string()); return;
+    case ValueKind::Bytes: save_text(archive, value.as_bytes().data); return;
+    case ValueKind::Tensor: archive(value.as_tensor()); return;
+    case ValueKind::List:
+      archive(static_cast<std::uint64_t>(value.as_list().size()));
+      for (const Value& element : value.as_list()) save_value(archive, element, depth + 1, budget);
+      return;
+    case ValueKind::Map:
+      archive(static_cast<std::uint64_t>(value.as_map().size()));
+      for (const auto& [key, element] : value.as_map()) {
+        save_text(archive, key);
+        save_value(archive, element, depth + 1, budget);
+      }
+      return;
+  }
+}
+
+template <class T>
+T read_scalar(FrameInputArchive& archive) {
+  T scalar;
+  std::memcpy(&scalar, archive.take(sizeof(T)), sizeof(T));
+  return scalar;
+}
+
+// A count of elements that each take at least `min_bytes`: a count above what the body
+// still holds is a lie that would make the decoder allocate without bound.
+std::size_t read_count(FrameInputArchive& archive, std::size_t min_bytes, const char* what) {
+  const auto count = read_scalar<std::uint64_t>(archive);
+  if (count > archive.remaining() / min_bytes) {
+    throw ProtocolError("received Value " + std::string(what) + " claims " + std::to_string(count) +
+                        " elements but only " + std::to_string(archive.remaining()) + " bytes remain");
+  }
+  return static_cast<std::size_t>(count);
+}
+
+std::string read_text(FrameInputArchive& archive, bool utf8, const char* what) {
+  const std::size_t length = read_count(archive, 1, what);
+  const std::byte* bytes = archive.take(length);
+  std::string text(reinterpret_cast<const char*>(bytes), length);  // one copy out of the body, then checked
+  if (utf8 && !is_valid_utf8(text)) throw ProtocolError("received Value " + std::string(what) + " is not valid UTF-8");
+  return text;
+}
+
+void load_value(FrameInputArchive& archive, Value& value, std::size_t depth, TreeBudget& budget) {
+  if (depth > kMaxValueDepth) {
+    throw ProtocolError("received Value nests deeper than " + std::to_string(kMaxValueDepth) +
+                        " levels (a hostile or broken sender)");
+  }
+  if (++budget.elements > kMaxValueElements) {
+    throw ProtocolError("received Value holds more than " + std::to_string(kMaxValueElements) + " elements");
+  }
+  const auto raw_kind = read_scalar<std::uint8_t>(archive);
+  switch (static_cast<ValueKind>(raw_kind)) {
+    case ValueKind::None: value = Value(); return;
+    case ValueKind::Bool: {
+      const auto raw = read_scalar<std::uint8_t>(archive);
+      if (raw > 1) throw ProtocolError("received Value holds a bool byte " + std::to_string(raw));
+      value = Value(raw == 1);
+      return;
+    }
+    case ValueKind::Int: value = Value(read_scalar<std::int64_t>(archive)); return;
+    case ValueKind::Float: value = Value(read_scalar<double>(archive)); return;
+    case ValueKind::String: value = Value(read_text(archive, true, "string")); return;
+    case ValueKind::Bytes: value = Value(Bytes{read_text(archive, false, "bytes")}); return;
+    case ValueKind::Tensor: {
+      Tensor tensor;
+      archive(tensor);
+      value = Value(std::move(tensor));
+      return;
+    }
+    case ValueKind::List: {
+      const std::size_t count = read_count(archive, 1, "list");
+      ValueList list(count);
+      for (Value& element : list) load_value(archive, element, depth + 1, budget);
+      value = Value(std::move(list));
+      return;
+    }
+    case ValueKind::Map: {
+      // An entry takes at least a key length (8 bytes) and a kind byte.
+      const std::size_t count = read_count(archive, sizeof(std::uint64_t) + 1, "map");
+      ValueMap map;
+      map.reserve(count);  // no reallocation below: the views in `keys` stay valid
+      std::unordered_set<std::string_view> keys;  // a linear search per key would let a peer make this quadratic
+      keys.reserve(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        std::string key = read_text(archive, true, "map key");
+        if (keys.contains(key)) throw ProtocolError("received Value map holds the key '" + key + "' twice");
+        Value element;
+        load_value(archive, element, depth + 1, budget);
+        map.append_unchecked(std::move(key), std::move(element));
+        keys.insert(std::prev(map.end())->first);
+      }
+      value = Value(std::move(map));
+      return;
+    }
+  }
+  throw ProtocolError("received Value has an invalid kind byte " + std::to_string(raw_kind));
+}
+
+}  // namespace
+
+void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Value& value) {
+  TreeBudget budget;
+  save_value(archive, value, 1, budget);
+}
+
+void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Value& value) {
+  TreeBudget budget;
+  load_value(archive, value, 1, budget);
+}
+
+}  // namespace ferry
