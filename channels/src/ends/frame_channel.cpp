@@ -12,7 +12,10 @@ namespace ferry::detail {
 
 SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options)
     : writer_(std::move(writer)),
-      encoder_(writer_->passes_fds() ? HandlePassing::FdPassing : HandlePassing::ProcFd, options.pool),
+      encoder_(writer_->carries_copies() ? HandlePassing::Copying
+               : writer_->passes_fds()   ? HandlePassing::FdPassing
+                                         : HandlePassing::ProcFd,
+               options.pool),
       transport_(transport),
       options_(options),
       owner_(::getpid()) {
@@ -98,7 +101,8 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
   used_ = true;
   bool written = false;
   try {
-    written = writer_->write(frame.iovecs(), frame.fds, deadline);
+    written = frame.copies.empty() ? writer_->write(frame.iovecs(), frame.fds, deadline)
+                                   : writer_->write_copies(frame.iovecs(), frame.copies, deadline);
   } catch (const ChannelClosed&) {
     encoder_.rollback();
     open_ = false;
@@ -246,7 +250,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     if (status == ReadStatus::Closed) decoder_.release_all();
     if (status != ReadStatus::Frame) return status;
     try {
-      decoder_.decode(header_, payload, fds_);
+      decoder_.decode(header_, payload, fds_, reader_->copied_storages());
     } catch (...) {
       reader_->release();
       throw;
@@ -299,6 +303,11 @@ bool ReceiverCore::has_buffered_frame() {
 int ReceiverCore::readiness_fd() {
   std::lock_guard lock(mutex_);
   return open_ ? reader_->readiness_fd() : -1;
+}
+
+bool ReceiverCore::readiness_fd_is_a_hint() {
+  std::lock_guard lock(mutex_);
+  return open_ && reader_->readiness_fd_is_a_hint();
 }
 
 bool ReceiverCore::readiness_fd_reports_data() {

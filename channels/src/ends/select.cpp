@@ -172,7 +172,10 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       throw_errno("ppoll in Selector::wait");
     }
     for (std::size_t i = 0; rc > 0 && i < fds.size(); ++i) {
-      if (fds[i].revents != 0) ready[owners[i]] = true;
+      if (fds[i].revents == 0) continue;
+      detail::ReceiverCore* core = cores_[owners[i]];
+      // A hint (a UCX worker's wake-up) counts only once a frame is there.
+      ready[owners[i]] = !core->readiness_fd_is_a_hint() || core->has_buffered_frame();
     }
     // Receivers without a descriptor that reports data are looked at again after the wait.
     for (const std::size_t index : silent) {

@@ -55,6 +55,9 @@ struct EncodedFrame {
   std::array<iovec, 8> parts{};
   std::size_t part_count = 0;
   std::span<const int> fds;
+  /// HandlePassing::Copying: the bytes of each Copied storage, in handle-table order, read
+  /// in place; valid until the next encode call.
+  std::span<const iovec> copies;
   std::uint64_t sequence = 0;
   std::size_t bytes = 0;
   std::span<const iovec> iovecs() const { return {parts.data(), part_count}; }
@@ -64,6 +67,9 @@ struct EncodedFrame {
 enum class HandlePassing {
   FdPassing,  ///< memfds travel with the frame (SCM_RIGHTS over a Unix socket)
   ProcFd,     ///< the receiver opens /proc/<sender pid>/fd/<n>; needs acknowledgements
+  /// No shared memory between the ends (another host): every storage is a Copied entry
+  /// whose bytes the transport carries (EncodedFrame::copies); no leases, pins or segments.
+  Copying,
 };
 
 class MessageEncoder {
@@ -266,6 +272,7 @@ class MessageEncoder {
   std::vector<HandleEntry> entries_;
   std::vector<std::uint32_t> leased_slots_;  // by table index: the slot of a leased storage, or ~0
   std::vector<int> fds_;
+  std::vector<iovec> copies_;  // HandlePassing::Copying: the bytes of each storage
   std::vector<std::uint32_t> new_slots_;
   std::vector<std::uint64_t> new_segment_ids_;
   std::vector<HoldLedger::Pin> new_pins_;
