@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -335,6 +336,53 @@ TEST_F(UcxEndpointTest, AUcxEndIsRefusedBySpawn) {
     EXPECT_NE(std::string(error.what()).find("ucx"), std::string::npos) << error.what();
   }
   EXPECT_THROW(rx->recv_for(5s), PeerDied);  // the refused end was let go without ending its stream
+}
+
+std::size_t count_threads() {
+  std::size_t threads = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++threads;
+  return threads;
+}
+
+// The fixture checks fds; UCX's own thread must be gone too once the last end is.
+TEST_F(UcxEndpointTest, ThreadsAreBackToTheirStartCountAfterTheLastEnd) {
+  const std::size_t threads_before = count_threads();
+  {
+    auto listener = ucx::listen("ucx://127.0.0.1:0", quiet_options());
+    const std::string address = listener.address();
+    std::optional<Receiver<Batch>> rx;
+    std::thread client([&] { rx = ucx::connect_receiver<Batch>(address, quiet_options()); });
+    Sender<Batch> tx = listener.accept_sender<Batch>();
+    client.join();
+    EXPECT_GT(count_threads(), threads_before);  // UCX runs a thread while it is in use
+    std::thread reader([&] { EXPECT_TRUE(rx->recv_for(5s).has_value()); });
+    tx.send(Batch{1, {pattern(1 << 20, 1)}});  // returns once the reader took it (rendezvous)
+    reader.join();
+    rx->close();
+  }
+  EXPECT_EQ(count_threads(), threads_before);
+}
+
+TEST_F(UcxEndpointTest, AUcxEndCarriedAcrossForkIsRefusedInTheChild) {
+  auto listener = ucx::listen("ucx://127.0.0.1:0", quiet_options());
+  const std::string address = listener.address();
+  std::optional<Receiver<Batch>> rx;
+  std::thread client([&] { rx = ucx::connect_receiver<Batch>(address, quiet_options()); });
+  Sender<Batch> tx = listener.accept_sender<Batch>();
+  client.join();
+  const pid_t child = fork_child([&] {
+    try {
+      rx->recv_for(10ms);
+      CHILD_CHECK(false);
+    } catch (const Error& error) {
+      CHILD_CHECK(std::string(error.what()).find("fork") != std::string::npos);
+    }
+  });
+  EXPECT_TRUE(test::child_succeeded(child));
+  tx.send(Batch{4, {}});  // the parent's ends are untouched
+  auto batch = rx->recv_for(5s);
+  EXPECT_TRUE(batch.has_value() && batch->index == 4);
+  rx->close();
 }
 
 }  // namespace

@@ -435,6 +435,8 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   add(body_.bytes().data(), body_.size());
   frame_.fds = fds_;
   frame_.copies = copies_;
+  frame_.copy_owners = passing_ == HandlePassing::Copying ? std::span<const std::shared_ptr<Storage>>(storages_)
+                                                          : std::span<const std::shared_ptr<Storage>>();
   frame_.sequence = next_sequence_;
   return frame_;
 }

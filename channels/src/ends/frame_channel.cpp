@@ -101,8 +101,8 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
   used_ = true;
   bool written = false;
   try {
-    written = frame.copies.empty() ? writer_->write(frame.iovecs(), frame.fds, deadline)
-                                   : writer_->write_copies(frame.iovecs(), frame.copies, deadline);
+    written = !writer_->carries_copies() ? writer_->write(frame.iovecs(), frame.fds, deadline)
+                                   : writer_->write_copies(frame.iovecs(), frame.copies, frame.copy_owners, deadline);
   } catch (const ChannelClosed&) {
     encoder_.rollback();
     open_ = false;

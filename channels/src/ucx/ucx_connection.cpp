@@ -18,6 +18,9 @@ constexpr std::size_t kInlineCopyLimit = std::size_t{16} << 10;
 // The most copies one frame message can describe in its AM header (UCX 1.13 caps AM
 // headers near 8100 bytes).
 constexpr std::size_t kMaxCopies = (7800 - sizeof(FrameAmHeader)) / sizeof(CopyDescriptor);
+// Frames (and bytes) a sender may have in flight before send() waits for the receiver.
+constexpr std::size_t kMaxFramesInFlight = 64;
+constexpr std::size_t kMaxBytesInFlight = std::size_t{256} << 20;
 // Progress rounds a waiter spins before it sleeps on the wake-up fd.
 constexpr int kSpinRounds = 64;
 
@@ -189,25 +192,76 @@ void UcxConnection::send_control(std::span<const std::byte> message, const Deadl
   wait_requests(lock, requests);
 }
 
-void UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iovec> copies) {
+void UcxConnection::reap_locked() {
+  for (Outgoing& frame : outgoing_) {
+    std::erase_if(frame.requests, [&](void* request) {
+      const ucs_status_t status = ucp_request_check_status(request);
+      if (status == UCS_INPROGRESS) return false;
+      if (status != UCS_OK && send_failure_ == UCS_OK) send_failure_ = status;
+      ucp_request_free(request);
+      return true;
+    });
+  }
+  while (!outgoing_.empty() && outgoing_.front().requests.empty()) outgoing_.pop_front();
+}
+
+std::size_t UcxConnection::outgoing_bytes_locked() const noexcept {
+  std::size_t bytes = 0;
+  for (const Outgoing& frame : outgoing_) bytes += frame.bytes;
+  return bytes;
+}
+
+bool UcxConnection::flush(const Deadline& deadline) {
+  std::unique_lock lock(mutex_);
+  const bool done = wait_until(lock, deadline, [&] {
+    reap_locked();
+    return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
+  });
+  if (send_failure_ != UCS_OK || (failed_ && !outgoing_.empty())) {
+    throw ChannelClosed("the receiver at ucx://" + peer_address() + " is gone (" +
+                        (failure_.empty() ? status_text(send_failure_) : failure_) +
+                        "): messages sent last may not have arrived");
+  }
+  return done;
+}
+
+bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iovec> copies,
+                               std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline) {
   if (copies.size() > kMaxCopies) {
     throw Error("a message over ucx:// carries at most " + std::to_string(kMaxCopies) + " tensor storages, not " +
                 std::to_string(copies.size()) + "; send fewer per message");
   }
   std::unique_lock lock(mutex_);
   refuse_after_fork(owner_, "sending");
-  if (failed_) throw ChannelClosed("cannot send: the receiver at ucx://" + peer_address() + " is gone (" + failure_ + ")");
-  // The AM header: the frame's size and one descriptor per copy; it must live until the
-  // send completes (UCX 1.13 has no UCP_AM_SEND_FLAG_COPY_HEADER): it lives in the buffer.
+  const auto gone = [&] {
+    throw ChannelClosed("cannot send: the receiver at ucx://" + peer_address() + " is gone (" +
+                        (failure_.empty() ? status_text(send_failure_) : failure_) + ")");
+  };
+  // Back-pressure: a receiver that does not read holds the frames sent to it.
+  const bool room = wait_until(lock, deadline, [&] {
+    reap_locked();
+    return failed_ || send_failure_ != UCS_OK ||
+           (outgoing_.size() < kMaxFramesInFlight && outgoing_bytes_locked() < kMaxBytesInFlight);
+  });
+  if (failed_ || send_failure_ != UCS_OK) gone();
+  if (!room) return false;
+
   std::size_t frame_bytes = 0;
   for (const iovec& part : parts) frame_bytes += part.iov_len;
   std::size_t inline_bytes = 0;
+  std::size_t total_bytes = frame_bytes;
   for (const iovec& copy : copies) {
     if (copy.iov_len <= kInlineCopyLimit) inline_bytes += copy.iov_len;
+    total_bytes += copy.iov_len;
   }
+  // The message: the AM header (the frame's size and one descriptor per copy), then the
+  // frame, then the small copies.
+  Outgoing& frame = outgoing_.emplace_back();
+  frame.bytes = total_bytes;
+  frame.owners.assign(owners.begin(), owners.end());
   const std::size_t header_bytes = sizeof(FrameAmHeader) + copies.size() * sizeof(CopyDescriptor);
-  send_buffer_.resize(header_bytes + frame_bytes + inline_bytes);
-  std::byte* out = send_buffer_.data();
+  frame.buffer.resize(header_bytes + frame_bytes + inline_bytes);
+  std::byte* out = frame.buffer.data();
   const FrameAmHeader header{frame_bytes, static_cast<std::uint32_t>(copies.size()), 0};
   std::memcpy(out, &header, sizeof header);
   out += sizeof header;
@@ -225,19 +279,26 @@ void UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iov
     if (copy.iov_len > 0) std::memcpy(out, copy.iov_base, copy.iov_len);
     out += copy.iov_len;
   }
-  std::vector<void*> requests;
-  send_am(kFrameAm, send_buffer_.data(), header_bytes, send_buffer_.data() + header_bytes,
-          send_buffer_.size() - header_bytes, false, requests);
-  try {
-    for (const iovec& copy : copies) {
-      if (copy.iov_len <= kInlineCopyLimit) continue;
-      send_am(kCopyAm, nullptr, 0, copy.iov_base, copy.iov_len, true, requests);  // the sender's pages, in place
+  // Once the frame message is started the frame is sent whole: a failure after it is the
+  // peer's death, reported by the next send.
+  send_am(kFrameAm, frame.buffer.data(), header_bytes, frame.buffer.data() + header_bytes,
+          frame.buffer.size() - header_bytes, false, frame.requests);
+  for (const iovec& copy : copies) {
+    if (copy.iov_len <= kInlineCopyLimit) continue;
+    try {
+      send_am(kCopyAm, nullptr, 0, copy.iov_base, copy.iov_len, true, frame.requests);  // the sender's pages
+    } catch (const ChannelClosed&) {
+      if (send_failure_ == UCS_OK) send_failure_ = UCS_ERR_CONNECTION_RESET;
+      break;
     }
-  } catch (...) {
-    wait_requests(lock, requests);
-    throw;
   }
-  wait_requests(lock, requests);
+  // Until a thread of its own progresses the worker, a rendezvous moves only while the
+  // sender progresses too: wait until the frame left (the receiver took its large copies).
+  wait_until(lock, Deadline::never(), [&] {
+    reap_locked();
+    return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
+  });
+  return true;
 }
 
 // ---- receiving -----------------------------------------------------------------
@@ -428,11 +489,21 @@ void UcxConnection::close(std::chrono::milliseconds linger, bool force) noexcept
   // flushing close would wait for the peer to progress its worker, that is for a receiver
   // to read, which a closing sender must not depend on.
   ucp_request_param_t params{};
+  const Deadline until = Deadline::after(linger);
+  if (!force && !failed_) {
+    try {
+      wait_until(lock, until, [&] {
+        reap_locked();
+        return outgoing_.empty() || failed_;
+      });
+    } catch (...) {
+    }
+  }
   if (!force && !failed_) {
     ucs_status_ptr_t flush = ucp_ep_flush_nbx(ep_, &params);
     if (flush != nullptr && !UCS_PTR_IS_ERR(flush)) {
       try {
-        wait_until(lock, Deadline::after(linger), [&] { return ucp_request_check_status(flush) != UCS_INPROGRESS; });
+        wait_until(lock, until, [&] { return ucp_request_check_status(flush) != UCS_INPROGRESS; });
       } catch (...) {
       }
       ucp_request_free(flush);
@@ -449,6 +520,15 @@ void UcxConnection::close(std::chrono::milliseconds linger, bool force) noexcept
   } catch (...) {
   }
   ucp_request_free(request);  // a close still in progress completes inside UCX
+  // Sends that did not finish ended with the endpoint: let their storages go.
+  reap_locked();
+  for (Outgoing& frame : outgoing_) {
+    for (void* pending : frame.requests) {
+      ucp_request_cancel(worker_, pending);
+      ucp_request_free(pending);
+    }
+  }
+  outgoing_.clear();
 }
 
 }  // namespace ferry::ucx::detail

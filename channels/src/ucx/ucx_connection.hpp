@@ -78,9 +78,17 @@ class UcxConnection {
   /// Control message already arrived (no wait); nullopt if none. Throws like receive_control.
   std::optional<std::vector<std::byte>> poll_control();
 
-  /// Sends a frame (`parts`) and the bytes of its Copied storages, read in place; returns
-  /// once UCX no longer needs them. Throws ChannelClosed when the peer is gone.
-  void send_frame(std::span<const iovec> parts, std::span<const iovec> copies);
+  /// Sends a frame (`parts`, copied) and the bytes of its Copied storages, read in place
+  /// (`owners` keep them alive meanwhile), and waits until the frame left: large copies
+  /// travel by rendezvous, which moves only while both workers progress, so it returns
+  /// once the receiver took them (it is reading). Returns false, sending nothing, when
+  /// earlier sends were still in flight at `deadline`. Throws ChannelClosed when the
+  /// peer is gone (then also for a frame whose send it had started).
+  bool send_frame(std::span<const iovec> parts, std::span<const iovec> copies,
+                  std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline);
+  /// Waits until every frame sent has left (false: `deadline` passed first). Throws
+  /// ChannelClosed when the peer is gone.
+  bool flush(const Deadline& deadline);
   /// The oldest complete frame, waiting until `deadline`; nullopt on timeout. Throws
   /// PeerDied when the peer vanished (no complete frame left), ProtocolError for a frame
   /// message that breaks the protocol.
@@ -150,8 +158,19 @@ class UcxConnection {
     void* request = nullptr;
   };
   std::list<RendezvousReceive> receives_;  // the user data of rendezvous receives in flight
-  FrameAmHeader send_header_{};           // must live until its send completes (UCX 1.13)
-  std::vector<std::byte> send_buffer_;
+  // A frame being sent: its message (the AM header must live until its send completes in
+  // UCX 1.13), the storages its copies read, and its UCX requests.
+  struct Outgoing {
+    std::vector<std::byte> buffer;
+    std::vector<std::shared_ptr<Storage>> owners;
+    std::vector<void*> requests;
+    std::size_t bytes = 0;
+  };
+  // Frees completed requests and drops frames that left; records a failed one.
+  void reap_locked();
+  std::size_t outgoing_bytes_locked() const noexcept;
+  std::deque<Outgoing> outgoing_;
+  ucs_status_t send_failure_ = UCS_OK;
 };
 
 }  // namespace ferry::ucx::detail

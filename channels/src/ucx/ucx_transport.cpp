@@ -14,14 +14,18 @@ UcxFrameWriter::~UcxFrameWriter() { close(); }
 
 bool UcxFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
   if (!fds.empty()) throw Error("a ucx:// connection cannot pass file descriptors");
-  return write_copies(parts, {}, deadline);
+  return write_copies(parts, {}, {}, deadline);
 }
 
 bool UcxFrameWriter::write_copies(std::span<const iovec> parts, std::span<const iovec> copies,
-                                  const Deadline& /*deadline*/) {
+                                  std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline) {
   if (!connection_) throw ChannelClosed("cannot send: this end of the ucx:// connection is closed");
-  connection_->send_frame(parts, copies);
-  return true;
+  return connection_->send_frame(parts, copies, owners, deadline);
+}
+
+bool UcxFrameWriter::flush(const Deadline& deadline) {
+  if (!connection_) return true;
+  return connection_->flush(deadline);
 }
 
 void UcxFrameWriter::close() noexcept {

@@ -17,10 +17,13 @@ class UcxFrameWriter final : public FrameWriter {
   ~UcxFrameWriter() override;
   bool passes_fds() const override { return false; }
   bool carries_copies() const override { return true; }
-  /// Sends the frame and waits until UCX is done with it (a started frame is always
-  /// finished, so the deadline does not apply once the peer accepted the connection).
+  /// Starts sending the frame; false when the frames still in flight to a receiver that
+  /// does not read stayed above their limit until `deadline` (nothing is sent then).
   bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
-  bool write_copies(std::span<const iovec> parts, std::span<const iovec> copies, const Deadline& deadline) override;
+  bool write_copies(std::span<const iovec> parts, std::span<const iovec> copies,
+                    std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline) override;
+  /// Waits until every frame sent has left.
+  bool flush(const Deadline& deadline) override;
   void close() noexcept override;
   void shut_down() noexcept override { close(); }
 

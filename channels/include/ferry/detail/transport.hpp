@@ -55,8 +55,10 @@ class FrameWriter {
   /// their bytes (HandlePassing::Copying), which write_copies() sends.
   virtual bool carries_copies() const { return false; }
   /// Writes one frame followed by the bytes of its Copied storages (`copies`, read in
-  /// place, in table order), like write(). Only a transport that carries_copies().
-  virtual bool write_copies(std::span<const iovec> parts, std::span<const iovec> /*copies*/, const Deadline& deadline) {
+  /// place, in table order; `owners` are the storages, which the transport keeps until
+  /// it no longer reads them), like write(). Only a transport that carries_copies().
+  virtual bool write_copies(std::span<const iovec> parts, std::span<const iovec> /*copies*/,
+                            std::span<const std::shared_ptr<Storage>> /*owners*/, const Deadline& deadline) {
     return write(parts, {}, deadline);
   }
   /// Memory this transport lends for the body of the frame about to be encoded for a

@@ -58,6 +58,9 @@ struct EncodedFrame {
   /// HandlePassing::Copying: the bytes of each Copied storage, in handle-table order, read
   /// in place; valid until the next encode call.
   std::span<const iovec> copies;
+  /// HandlePassing::Copying: the storages `copies` read (a transport that reads them after
+  /// write() returned keeps them alive).
+  std::span<const std::shared_ptr<Storage>> copy_owners;
   std::uint64_t sequence = 0;
   std::size_t bytes = 0;
   std::span<const iovec> iovecs() const { return {parts.data(), part_count}; }
