@@ -60,7 +60,9 @@ void MessageDecoder::check_type(const FrameHeader& header, std::span<const std::
                      shown_type_name(expected_type_name_, false) + "; connect a Sender<T> only to a Receiver<T>");
 }
 
-void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds) {
+void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds,
+                            std::deque<std::shared_ptr<Storage>>* copied) {
+  copied_ = copied;
   wants_acknowledgement_ = false;
   frame_claimed_ = false;
   frame_sequence_ = header.sequence;
@@ -176,6 +178,10 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
       storages_.push_back(resolve_cuda(entry, i, cuda_records++));
       continue;
     }
+    if (kind == HandleKind::Copied) {
+      storages_.push_back(take_copied(entry, i));
+      continue;
+    }
     if (kind != HandleKind::NewBlock) {
       throw ProtocolError("handle " + std::to_string(i) + " has an unknown kind " + std::to_string(entry.kind));
     }
@@ -194,6 +200,27 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
     storages_.push_back(resolve_new_block(entry, i));
   }
   body_ = body_.subspan(cuda_records * sizeof(CudaHandleRecord));  // resolve_cuda checked the length
+  if (copied_ != nullptr && !copied_->empty()) {
+    const std::size_t extra = copied_->size();
+    copied_->clear();
+    throw ProtocolError("the transport delivered " + std::to_string(extra) +
+                        " storages more than the frame's handle table names");
+  }
+}
+
+std::shared_ptr<Storage> MessageDecoder::take_copied(const HandleEntry& entry, std::size_t index) {
+  if (copied_ == nullptr || copied_->empty()) {
+    throw ProtocolError("handle " + std::to_string(index) +
+                        " is a copied storage, but its bytes did not come with the frame (only a transport "
+                        "without shared memory, ucx://, carries them)");
+  }
+  std::shared_ptr<Storage> storage = std::move(copied_->front());
+  copied_->pop_front();
+  if (storage->nbytes() != entry.nbytes) {
+    throw ProtocolError("handle " + std::to_string(index) + " field nbytes claims " + std::to_string(entry.nbytes) +
+                        " bytes but " + std::to_string(storage->nbytes()) + " arrived for it");
+  }
+  return storage;
 }
 
 MessageDecoder::SegmentFd MessageDecoder::open_segment(const SegmentEntry& entry, std::size_t index,

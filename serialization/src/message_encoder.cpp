@@ -40,6 +40,7 @@ void MessageEncoder::begin() {
   segment_entries_.clear();
   entries_.clear();
   fds_.clear();
+  copies_.clear();
   new_slots_.clear();
   new_segment_ids_.clear();
   new_pins_.clear();
@@ -114,6 +115,13 @@ std::uint32_t MessageEncoder::append_storage(std::shared_ptr<Storage> travelling
 
 std::uint32_t MessageEncoder::add_storage(const std::shared_ptr<Storage>& storage) {
   if (const auto found = find_source(storage.get())) return *found;
+  if (passing_ == HandlePassing::Copying) {
+    if (storage->device().kind == DeviceKind::Cuda) {
+      throw Error("a CUDA tensor cannot travel on a connection without shared memory (ucx://): UCX as Debian "
+                  "builds it has no CUDA transport; copy the tensor to the CPU before sending it");
+    }
+    return append_storage(storage, storage.get());  // its bytes travel, read in place
+  }
   if (storage->device().kind == DeviceKind::Cuda) return add_cuda_storage(storage);  // CUDA IPC: cuda_handles.cpp
   std::shared_ptr<Storage> travelling = storage;
   if (pool_) {
@@ -327,6 +335,13 @@ void MessageEncoder::fill_handle_table() {
   for (std::size_t i = 0; i < storages_.size(); ++i) {
     const std::shared_ptr<Storage>& storage = storages_[i];
     HandleEntry& entry = entries_[i];
+    if (passing_ == HandlePassing::Copying) {
+      entry = HandleEntry{};
+      entry.kind = static_cast<std::uint32_t>(HandleKind::Copied);
+      entry.nbytes = storage->nbytes();
+      copies_.push_back(iovec{storage->data(), storage->nbytes()});
+      continue;
+    }
     if (storage->device().kind == DeviceKind::Cuda) {  // CUDA IPC: cuda_handles.cpp
       entry = cuda_entry(storage);
       continue;
@@ -423,6 +438,9 @@ const EncodedFrame& MessageEncoder::assemble_frame(std::span<const std::byte> cu
   add(cuda_records.data(), cuda_records.size());
   add(body_.bytes().data(), body_.size());
   frame_.fds = fds_;
+  frame_.copies = copies_;
+  frame_.copy_owners = passing_ == HandlePassing::Copying ? std::span<const std::shared_ptr<Storage>>(storages_)
+                                                          : std::span<const std::shared_ptr<Storage>>();
   frame_.sequence = next_sequence_;
   return frame_;
 }

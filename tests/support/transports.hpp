@@ -20,6 +20,7 @@ inline std::string transport_test_name(const ::testing::TestParamInfo<Transport>
     case Transport::UnixSocket: return "UnixSocket";
     case Transport::ShmRing: return "ShmRing";
     case Transport::InProcess: return "InProcess";
+    case Transport::Ucx: return "Ucx";
   }
   return "Unknown";
 }

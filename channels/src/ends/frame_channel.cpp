@@ -15,7 +15,8 @@ namespace ferry::detail {
 
 SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options)
     : writer_(std::move(writer)),
-      encoder_(writer_->passes_fds()       ? HandlePassing::FdPassing
+      encoder_(writer_->carries_copies() ? HandlePassing::Copying
+               : writer_->passes_fds()   ? HandlePassing::FdPassing
                : writer_->can_pass_fds() ? HandlePassing::ProcFdWhileTakeable
                                          : HandlePassing::ProcFd,
                options.pool),
@@ -105,7 +106,8 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
   used_ = true;
   bool written = false;
   try {
-    written = writer_->write(frame.iovecs(), frame.fds, deadline);
+    written = !writer_->carries_copies() ? writer_->write(frame.iovecs(), frame.fds, deadline)
+                                   : writer_->write_copies(frame.iovecs(), frame.copies, frame.copy_owners, deadline);
   } catch (const ChannelClosed&) {
     encoder_.rollback();
     open_ = false;
@@ -291,7 +293,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     if (status == ReadStatus::Closed) decoder_.release_all();
     if (status != ReadStatus::Frame) return status;
     try {
-      decoder_.decode(header_, payload, fds_);
+      decoder_.decode(header_, payload, fds_, reader_->copied_storages());
     } catch (...) {
       reader_->release();
       throw;
@@ -344,6 +346,11 @@ bool ReceiverCore::has_buffered_frame() {
 int ReceiverCore::readiness_fd() {
   std::lock_guard lock(mutex_);
   return open_ ? reader_->readiness_fd() : -1;
+}
+
+bool ReceiverCore::readiness_fd_is_a_hint() {
+  std::lock_guard lock(mutex_);
+  return open_ && reader_->readiness_fd_is_a_hint();
 }
 
 bool ReceiverCore::readiness_fd_reports_data() {

@@ -230,7 +230,11 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       throw_errno("ppoll in Selector::wait");
     }
     for (std::size_t i = 0; rc > 0 && i < fds.size(); ++i) {
-      if (fds[i].revents != 0 && members_[owners[i]].listener == nullptr) ready[owners[i]] = true;
+      if (fds[i].revents == 0) continue;
+      const detail::SelectorMember& member = members_[owners[i]];
+      if (member.listener != nullptr) continue;  // advance_listeners() looks at those
+      // A hint (a UCX worker's wake-up) counts only once a frame is there.
+      ready[owners[i]] = !member.core->readiness_fd_is_a_hint() || member.core->has_buffered_frame();
     }
     advance_listeners(fds, owners, ready);
     // Receivers without a descriptor that reports data are looked at again after the wait.

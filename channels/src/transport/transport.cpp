@@ -32,6 +32,10 @@ void expect_descriptors(Transport transport, const std::vector<UniqueFd>& fds, s
     throw Error("an in_process channel moves values between threads of one process and cannot reach another "
                 "process; create the channel with Transport::Pipe, UnixSocket or ShmRing");
   }
+  if (transport == Transport::Ucx) {
+    throw Error("a ucx end cannot be handed to another process (spawn, fork): UCX state must not cross fork; "
+                "let the worker connect to the ucx:// address itself");
+  }
   throw Error("transport " + std::string(transport_name(transport)) +
               " cannot be rebuilt in another process in this build");
 }
@@ -44,13 +48,14 @@ std::string_view transport_name(Transport transport) {
     case Transport::UnixSocket: return "unix_socket";
     case Transport::ShmRing: return "shm_ring";
     case Transport::InProcess: return "in_process";
+    case Transport::Ucx: return "ucx";
   }
   return "invalid";
 }
 
 std::optional<Transport> transport_from_name(std::string_view name) {
   for (const Transport transport :
-       {Transport::Pipe, Transport::UnixSocket, Transport::ShmRing, Transport::InProcess}) {
+       {Transport::Pipe, Transport::UnixSocket, Transport::ShmRing, Transport::InProcess, Transport::Ucx}) {
     if (transport_name(transport) == name) return transport;
   }
   return std::nullopt;
@@ -90,6 +95,9 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
     case Transport::ShmRing: return make_ring_transport(ring_capacity, ring_timing, limits);
     case Transport::InProcess:
       throw Error("Transport::InProcess moves values, not frames: create it with ferry::channel<T>()");
+    case Transport::Ucx:
+      throw Error("Transport::Ucx connects processes by address: use ferry::ucx::listen and ferry::ucx::connect_* "
+                  "(ferry/ucx.hpp, library ferry_ucx)");
   }
   throw Error("unknown transport " + std::to_string(static_cast<int>(transport)));
 }
@@ -130,7 +138,8 @@ std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::v
       auto segment = std::make_shared<const RingSegment>(RingSegment::attach(std::move(fds[0])));
       return std::make_unique<RingFrameWriter>(std::move(segment), std::move(fds[1]), ring_timing);
     }
-    case Transport::InProcess: break;
+    case Transport::InProcess:
+    case Transport::Ucx: break;
   }
   throw_cannot_cross(transport);
 }
@@ -150,7 +159,8 @@ std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::v
       auto segment = std::make_shared<const RingSegment>(RingSegment::attach(std::move(fds[0])));
       return std::make_unique<RingFrameReader>(std::move(segment), std::move(fds[1]), ring_timing, limits);
     }
-    case Transport::InProcess: break;
+    case Transport::InProcess:
+    case Transport::Ucx: break;
   }
   throw_cannot_cross(transport);
 }

@@ -228,6 +228,8 @@ class ReceiverCore final : public LiveEnd {
   int readiness_fd();
   /// False when readiness_fd() tells only of the peer's hang-up (FrameReader::readiness_fd_reports_data()).
   bool readiness_fd_reports_data();
+  /// True when readiness_fd() may wake without a frame (FrameReader::readiness_fd_is_a_hint()).
+  bool readiness_fd_is_a_hint();
   /// The word a Selector can sleep on for data (FrameReader::data_futex()); nullptr when
   /// there is none or the end is closed.
   std::atomic<std::uint32_t>* data_futex();

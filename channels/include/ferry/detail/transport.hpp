@@ -19,6 +19,7 @@
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/frame_body.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "ferry/storage.hpp"
 
 namespace ferry {
 
@@ -28,6 +29,7 @@ enum class Transport {
   UnixSocket,  ///< a Unix stream socket; storages' memfds travel as SCM_RIGHTS
   ShmRing,     ///< a ring buffer in a shared memfd (ring_transport.hpp); storages by /proc/<pid>/fd
   InProcess,   ///< a queue between threads of one process; values are moved, not serialized
+  Ucx,         ///< UCX across hosts (ucx:// endpoints, ferry/ucx.hpp): tensors' bytes travel, copied
 };
 
 /// "pipe", "unix_socket", "shm_ring" or "in_process".
@@ -54,6 +56,16 @@ class FrameWriter {
   /// passes a segment's fd instead of naming it by /proc while peers may not take this
   /// process's fds (HandlePassing::ProcFdWhileTakeable).
   virtual bool can_pass_fds() const { return passes_fds(); }
+  /// True for a transport without shared memory between its ends (UCX): tensors travel as
+  /// their bytes (HandlePassing::Copying), which write_copies() sends.
+  virtual bool carries_copies() const { return false; }
+  /// Writes one frame followed by the bytes of its Copied storages (`copies`, read in
+  /// place, in table order; `owners` are the storages, which the transport keeps until
+  /// it no longer reads them), like write(). Only a transport that carries_copies().
+  virtual bool write_copies(std::span<const iovec> parts, std::span<const iovec> /*copies*/,
+                            std::span<const std::shared_ptr<Storage>> /*owners*/, const Deadline& deadline) {
+    return write(parts, {}, deadline);
+  }
   /// Memory this transport lends for the body of the frame about to be encoded for a
   /// write with `deadline` (see BodySpace), or null when it lends none (the default). A
   /// frame whose last part lies in it is then written around it, without copying it.
@@ -120,6 +132,9 @@ class FrameReader {
     payload = buffer;
     return status;
   }
+  /// The storages that arrived for the Copied entries of the frame last read, in table
+  /// order (a transport that carries copies; null otherwise). The decoder takes them.
+  virtual std::deque<std::shared_ptr<Storage>>* copied_storages() { return nullptr; }
   /// Gives the memory of the frame last returned by read_view() back to the writer.
   virtual void release() noexcept {}
   /// Tells the writer that every frame up to `sequence` has been resolved (called only
@@ -151,6 +166,10 @@ class FrameReader {
   /// Selector then sleeps on data_futex() if there is one, and otherwise re-checks
   /// has_buffered_frame() at short intervals.
   virtual bool readiness_fd_reports_data() const { return true; }
+  /// True when readiness_fd() also wakes for events that bring no frame (a UCX worker's
+  /// wake-up fd: connection upkeep, a part of a message): a Selector then asks
+  /// has_buffered_frame() before it reports the reader ready.
+  virtual bool readiness_fd_is_a_hint() const { return false; }
   /// A futex word that the writer wakes after it published data while the word holds 1 (a
   /// sleeping reader, see ring_layout.hpp); nullptr when the transport has none. A waiter
   /// stores 1, re-checks has_buffered_frame(), sleeps while the word holds 1, and stores 0

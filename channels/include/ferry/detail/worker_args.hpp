@@ -206,6 +206,10 @@ void validate_argument(A& arg, std::size_t position, int world_size, StartMethod
           throw SpawnError(where + " holds an end of an in_process channel, which cannot reach another process; "
                                    "create the channel with Transport::Pipe, UnixSocket or ShmRing");
         }
+        if (end.transport() == Transport::Ucx) {
+          throw SpawnError(where + " holds a ucx end, which cannot cross fork or exec (UCX state must not be "
+                                   "touched by a child); let the worker connect to the ucx:// address itself");
+        }
         if (method == StartMethod::Spawn && end.core().used()) {
           throw SpawnError(where + " holds an end that has already carried messages; the spawn start method "
                                    "rebuilds ends from their descriptors, so it needs fresh ones (or use "

@@ -118,6 +118,9 @@ enum class HandleKind : std::uint32_t {
   Leased = 2,    ///< a storage the receiver already leases at `slot`: only the slot travels
   CudaIpc = 3,   ///< a CUDA storage of `nbytes`, leased at `slot`, described by its CudaHandleRecord
                  ///< (cuda_frame.hpp); `segment_slot` and `offset` are unused (zero)
+  Copied = 4,    ///< a storage of `nbytes` whose bytes the transport carries next to the frame (a
+                 ///< transport without shared memory: UCX); the receiver's transport delivers them
+                 ///< into a storage of the receiver's own; `slot`, `segment_slot`, `offset` unused (zero)
 };
 
 /// One storage: `nbytes` at `offset` in the segment leased at `segment_slot` (NewBlock), a

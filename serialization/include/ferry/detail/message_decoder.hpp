@@ -45,7 +45,10 @@ class MessageDecoder {
   /// Resolves a message frame: `payload` is everything after the header; the frame's fds
   /// are taken from the front of `fds`. Throws TypeMismatch or ProtocolError, and PeerDied
   /// when a storage named by /proc path cannot be opened because its sender has exited.
-  void decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds);
+  /// `copied`: the storages a transport without shared memory (UCX) received for the
+  /// frame's Copied entries, in table order; the frame takes exactly those (none: null).
+  void decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds,
+              std::deque<std::shared_ptr<Storage>>* copied = nullptr);
 
   /// Deserializes the body of the frame last decoded.
   template <class T>
@@ -103,6 +106,8 @@ class MessageDecoder {
   void add_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
                    std::size_t& next_fd);
   std::shared_ptr<Storage> resolve_new_block(const HandleEntry& entry, std::size_t index);
+  // The next storage of decode()'s `copied` for the Copied entry `index`, size checked.
+  std::shared_ptr<Storage> take_copied(const HandleEntry& entry, std::size_t index);
   void retire_upstream_board(const SegmentEntry& entry, std::size_t index);
   void claim_frame(std::uint64_t sequence, std::size_t index);
   void add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
@@ -164,6 +169,7 @@ class MessageDecoder {
   ReturnBoard* board() const noexcept { return holds_.board(); }
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
+  std::deque<std::shared_ptr<Storage>>* copied_ = nullptr;  // decode()'s `copied`, while it runs
   bool wants_acknowledgement_ = false;
   bool frame_claimed_ = false;  // the last frame was claimed on the board
   std::uint64_t frame_sequence_ = 0;  // the sequence of the last frame decoded

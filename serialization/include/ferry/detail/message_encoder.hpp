@@ -36,6 +36,12 @@ struct EncodedFrame {
   std::array<iovec, 8> parts{};
   std::size_t part_count = 0;
   std::span<const int> fds;
+  /// HandlePassing::Copying: the bytes of each Copied storage, in handle-table order, read
+  /// in place; valid until the next encode call.
+  std::span<const iovec> copies;
+  /// HandlePassing::Copying: the storages `copies` read (a transport that reads them after
+  /// write() returned keeps them alive).
+  std::span<const std::shared_ptr<Storage>> copy_owners;
   std::uint64_t sequence = 0;
   std::size_t bytes = 0;
   std::span<const iovec> iovecs() const { return {parts.data(), part_count}; }
@@ -49,6 +55,9 @@ enum class HandlePassing {
   /// (fds_takeable_by_peers(), asked once per frame that introduces segments), FdPassing
   /// otherwise: the transport passes fds on a side socket (FrameWriter::can_pass_fds()).
   ProcFdWhileTakeable,
+  /// No shared memory between the ends (another host): every storage is a Copied entry
+  /// whose bytes the transport carries (EncodedFrame::copies); no leases, pins or segments.
+  Copying,
 };
 
 class MessageEncoder {
@@ -254,6 +263,7 @@ class MessageEncoder {
   std::vector<HandleEntry> entries_;
   std::vector<std::uint32_t> leased_slots_;  // by table index: the slot of a leased storage, or ~0
   std::vector<int> fds_;
+  std::vector<iovec> copies_;  // HandlePassing::Copying: the bytes of each storage
   std::vector<std::uint32_t> new_slots_;
   std::vector<std::uint64_t> new_segment_ids_;
   std::vector<HoldLedger::Pin> new_pins_;

@@ -1,0 +1,534 @@
+#include "ucx_connection.hpp"
+
+#include <poll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "ferry/error.hpp"
+
+namespace ferry::ucx::detail {
+namespace {
+
+// Storages up to this size travel inside the frame message (one eager message); larger
+// ones by rendezvous, each in a message of its own, straight into the receiver's storage.
+constexpr std::size_t kInlineCopyLimit = std::size_t{16} << 10;
+// The most copies one frame message can describe in its AM header (UCX 1.13 caps AM
+// headers near 8100 bytes).
+constexpr std::size_t kMaxCopies = (7800 - sizeof(FrameAmHeader)) / sizeof(CopyDescriptor);
+// Frames (and bytes) a sender may have in flight before send() waits for the receiver.
+constexpr std::size_t kMaxFramesInFlight = 64;
+constexpr std::size_t kMaxBytesInFlight = std::size_t{256} << 20;
+// Progress rounds a waiter spins before it sleeps on the wake-up fd.
+constexpr int kSpinRounds = 64;
+
+std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
+
+}  // namespace
+
+UcxConnection::UcxConnection(std::shared_ptr<UcxContext> context, FrameLimits limits)
+    : context_(std::move(context)), limits_(limits), owner_(::getpid()) {}
+
+void UcxConnection::create_worker() {
+  ucp_worker_params_t params{};
+  params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  params.thread_mode = UCS_THREAD_MODE_SINGLE;  // every call is under mutex_
+  check_ucs(ucp_worker_create(context_->handle(), &params, &worker_), "ucp_worker_create");
+  check_ucs(ucp_worker_get_efd(worker_, &wake_fd_), "ucp_worker_get_efd");
+  const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
+      {kControlAm, &UcxConnection::on_control}, {kFrameAm, &UcxConnection::on_frame}, {kCopyAm, &UcxConnection::on_copy}};
+  for (const auto& [id, callback] : handlers) {
+    ucp_am_handler_param_t handler{};
+    handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                         UCP_AM_HANDLER_PARAM_FIELD_ARG | UCP_AM_HANDLER_PARAM_FIELD_FLAGS;
+    handler.id = id;
+    handler.cb = callback;
+    handler.arg = this;
+    handler.flags = UCP_AM_FLAG_WHOLE_MSG;
+    check_ucs(ucp_worker_set_am_recv_handler(worker_, &handler), "ucp_worker_set_am_recv_handler");
+  }
+}
+
+void UcxConnection::create_endpoint(const ucp_ep_params_t& base) {
+  ucp_ep_params_t params = base;
+  params.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLER | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE;
+  params.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  params.err_handler.cb = &UcxConnection::on_error;
+  params.err_handler.arg = this;
+  check_ucs(ucp_ep_create(worker_, &params, &ep_), "ucp_ep_create");
+}
+
+std::shared_ptr<UcxConnection> UcxConnection::connect(std::shared_ptr<UcxContext> context,
+                                                      const sockaddr_storage& address, socklen_t length,
+                                                      FrameLimits limits) {
+  std::shared_ptr<UcxConnection> connection(new UcxConnection(std::move(context), limits));
+  connection->create_worker();
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+  params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+  params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address);
+  params.sockaddr.addrlen = length;
+  connection->create_endpoint(params);
+  return connection;
+}
+
+std::shared_ptr<UcxConnection> UcxConnection::accept(std::shared_ptr<UcxContext> context, ucp_conn_request_h request,
+                                                     FrameLimits limits) {
+  std::shared_ptr<UcxConnection> connection(new UcxConnection(std::move(context), limits));
+  connection->create_worker();  // on failure the listener rejects the request
+  ucp_ep_params_t params{};
+  params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
+  params.conn_request = request;
+  connection->create_endpoint(params);
+  return connection;
+}
+
+UcxConnection::~UcxConnection() {
+  if (!context_ || !context_->in_owner() || ::getpid() != owner_) return;  // a fork child: hands off
+  close(std::chrono::milliseconds(1000));
+  if (worker_ != nullptr) {
+    {
+      // Receives still in flight (the sender died mid-message) end as cancelled.
+      const std::lock_guard lock(mutex_);
+      for (const RendezvousReceive& receive : receives_) ucp_request_cancel(worker_, receive.request);
+      for (int round = 0; round < 1000 && !receives_.empty(); ++round) progress_locked();
+    }
+    ucp_worker_destroy(worker_);
+  }
+}
+
+void UcxConnection::progress_locked() {
+  while (ucp_worker_progress(worker_) != 0) {
+  }
+}
+
+bool UcxConnection::arm_locked() {
+  progress_locked();
+  const ucs_status_t status = ucp_worker_arm(worker_);
+  if (status == UCS_ERR_BUSY) return false;
+  check_ucs(status, "ucp_worker_arm");
+  return true;
+}
+
+template <class Ready>
+bool UcxConnection::wait_until(std::unique_lock<std::mutex>& lock, const Deadline& deadline, Ready ready) {
+  for (int round = 0;; ++round) {
+    progress_locked();
+    if (ready()) return true;
+    if (deadline.expired()) return false;
+    if (round < kSpinRounds) continue;
+    if (!arm_locked()) continue;  // events arrived meanwhile
+    if (ready()) return true;
+    lock.unlock();
+    const bool woke = wait_for_fd(wake_fd_, POLLIN, deadline);
+    lock.lock();
+    if (!woke) {
+      progress_locked();
+      return ready();
+    }
+  }
+}
+
+void UcxConnection::on_error(void* self, ucp_ep_h /*ep*/, ucs_status_t status) {
+  auto* connection = static_cast<UcxConnection*>(self);
+  connection->failed_ = true;
+  if (connection->failure_.empty()) connection->failure_ = status_text(status);
+}
+
+bool UcxConnection::failed() {
+  const std::lock_guard lock(mutex_);
+  progress_locked();
+  return failed_;
+}
+
+std::string UcxConnection::failure() {
+  const std::lock_guard lock(mutex_);
+  return failure_;
+}
+
+void UcxConnection::break_protocol(const std::string& reason) {
+  if (broken_.empty()) broken_ = reason;
+}
+
+// ---- sending -------------------------------------------------------------------
+
+void UcxConnection::send_am(unsigned id, const void* header, std::size_t header_bytes, const void* data,
+                            std::size_t bytes, bool rendezvous, std::vector<void*>& requests) {
+  ucp_request_param_t params{};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  params.flags = rendezvous ? UCP_AM_SEND_FLAG_RNDV : 0;
+  ucs_status_ptr_t request = ucp_am_send_nbx(ep_, id, header, header_bytes, data, bytes, &params);
+  if (UCS_PTR_IS_ERR(request)) {
+    throw ChannelClosed("cannot send on ucx://" + peer_address() + ": " + status_text(UCS_PTR_STATUS(request)));
+  }
+  if (request != nullptr) requests.push_back(request);
+}
+
+void UcxConnection::wait_requests(std::unique_lock<std::mutex>& lock, std::vector<void*>& requests) {
+  ucs_status_t failure = UCS_OK;
+  wait_until(lock, Deadline::never(), [&] {
+    std::erase_if(requests, [&](void* request) {
+      const ucs_status_t status = ucp_request_check_status(request);
+      if (status == UCS_INPROGRESS) return false;
+      if (status != UCS_OK && failure == UCS_OK) failure = status;
+      ucp_request_free(request);
+      return true;
+    });
+    return requests.empty();
+  });
+  if (failure != UCS_OK) {
+    throw ChannelClosed("the peer of ucx://" + peer_address() + " is gone (" + status_text(failure) +
+                        "): the message may not have arrived");
+  }
+}
+
+void UcxConnection::send_control(std::span<const std::byte> message, const Deadline& /*deadline*/) {
+  std::unique_lock lock(mutex_);
+  if (failed_) throw ChannelClosed("the ucx peer is gone: " + failure_);
+  std::vector<void*> requests;
+  send_am(kControlAm, nullptr, 0, message.data(), message.size(), false, requests);
+  wait_requests(lock, requests);
+}
+
+void UcxConnection::reap_locked() {
+  for (Outgoing& frame : outgoing_) {
+    std::erase_if(frame.requests, [&](void* request) {
+      const ucs_status_t status = ucp_request_check_status(request);
+      if (status == UCS_INPROGRESS) return false;
+      if (status != UCS_OK && send_failure_ == UCS_OK) send_failure_ = status;
+      ucp_request_free(request);
+      return true;
+    });
+  }
+  while (!outgoing_.empty() && outgoing_.front().requests.empty()) outgoing_.pop_front();
+}
+
+std::size_t UcxConnection::outgoing_bytes_locked() const noexcept {
+  std::size_t bytes = 0;
+  for (const Outgoing& frame : outgoing_) bytes += frame.bytes;
+  return bytes;
+}
+
+bool UcxConnection::flush(const Deadline& deadline) {
+  std::unique_lock lock(mutex_);
+  const bool done = wait_until(lock, deadline, [&] {
+    reap_locked();
+    return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
+  });
+  if (send_failure_ != UCS_OK || (failed_ && !outgoing_.empty())) {
+    throw ChannelClosed("the receiver at ucx://" + peer_address() + " is gone (" +
+                        (failure_.empty() ? status_text(send_failure_) : failure_) +
+                        "): messages sent last may not have arrived");
+  }
+  return done;
+}
+
+bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iovec> copies,
+                               std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline) {
+  if (copies.size() > kMaxCopies) {
+    throw Error("a message over ucx:// carries at most " + std::to_string(kMaxCopies) + " tensor storages, not " +
+                std::to_string(copies.size()) + "; send fewer per message");
+  }
+  std::unique_lock lock(mutex_);
+  refuse_after_fork(owner_, "sending");
+  const auto gone = [&] {
+    throw ChannelClosed("cannot send: the receiver at ucx://" + peer_address() + " is gone (" +
+                        (failure_.empty() ? status_text(send_failure_) : failure_) + ")");
+  };
+  // Back-pressure: a receiver that does not read holds the frames sent to it.
+  const bool room = wait_until(lock, deadline, [&] {
+    reap_locked();
+    return failed_ || send_failure_ != UCS_OK ||
+           (outgoing_.size() < kMaxFramesInFlight && outgoing_bytes_locked() < kMaxBytesInFlight);
+  });
+  if (failed_ || send_failure_ != UCS_OK) gone();
+  if (!room) return false;
+
+  std::size_t frame_bytes = 0;
+  for (const iovec& part : parts) frame_bytes += part.iov_len;
+  std::size_t inline_bytes = 0;
+  std::size_t total_bytes = frame_bytes;
+  for (const iovec& copy : copies) {
+    if (copy.iov_len <= kInlineCopyLimit) inline_bytes += copy.iov_len;
+    total_bytes += copy.iov_len;
+  }
+  // The message: the AM header (the frame's size and one descriptor per copy), then the
+  // frame, then the small copies.
+  Outgoing& frame = outgoing_.emplace_back();
+  frame.bytes = total_bytes;
+  frame.owners.assign(owners.begin(), owners.end());
+  const std::size_t header_bytes = sizeof(FrameAmHeader) + copies.size() * sizeof(CopyDescriptor);
+  frame.buffer.resize(header_bytes + frame_bytes + inline_bytes);
+  std::byte* out = frame.buffer.data();
+  const FrameAmHeader header{frame_bytes, static_cast<std::uint32_t>(copies.size()), 0};
+  std::memcpy(out, &header, sizeof header);
+  out += sizeof header;
+  for (const iovec& copy : copies) {
+    const CopyDescriptor descriptor{copy.iov_len, copy.iov_len <= kInlineCopyLimit ? 1u : 0u};
+    std::memcpy(out, &descriptor, sizeof descriptor);
+    out += sizeof descriptor;
+  }
+  for (const iovec& part : parts) {
+    std::memcpy(out, part.iov_base, part.iov_len);
+    out += part.iov_len;
+  }
+  for (const iovec& copy : copies) {
+    if (copy.iov_len > kInlineCopyLimit) continue;
+    if (copy.iov_len > 0) std::memcpy(out, copy.iov_base, copy.iov_len);
+    out += copy.iov_len;
+  }
+  // Once the frame message is started the frame is sent whole: a failure after it is the
+  // peer's death, reported by the next send.
+  send_am(kFrameAm, frame.buffer.data(), header_bytes, frame.buffer.data() + header_bytes,
+          frame.buffer.size() - header_bytes, false, frame.requests);
+  for (const iovec& copy : copies) {
+    if (copy.iov_len <= kInlineCopyLimit) continue;
+    try {
+      send_am(kCopyAm, nullptr, 0, copy.iov_base, copy.iov_len, true, frame.requests);  // the sender's pages
+    } catch (const ChannelClosed&) {
+      if (send_failure_ == UCS_OK) send_failure_ = UCS_ERR_CONNECTION_RESET;
+      break;
+    }
+  }
+  // Until a thread of its own progresses the worker, a rendezvous moves only while the
+  // sender progresses too: wait until the frame left (the receiver took its large copies).
+  wait_until(lock, Deadline::never(), [&] {
+    reap_locked();
+    return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
+  });
+  return true;
+}
+
+// ---- receiving -----------------------------------------------------------------
+
+ucs_status_t UcxConnection::on_control(void* self, const void* /*header*/, std::size_t /*header_length*/, void* data,
+                                       std::size_t length, const ucp_am_recv_param_t* param) {
+  auto* connection = static_cast<UcxConnection*>(self);
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 || length > 64 * 1024) {
+    connection->break_protocol("a handshake message of " + std::to_string(length) + " bytes");
+    return UCS_ERR_MESSAGE_TRUNCATED;  // dropped; the sender's send fails
+  }
+  const auto* bytes = static_cast<const std::byte*>(data);
+  connection->controls_.emplace_back(bytes, bytes + length);
+  return UCS_OK;
+}
+
+void UcxConnection::receive_rendezvous(void* descriptor, void* into, std::size_t length, IncomingFrame& frame) {
+  RendezvousReceive& receive = receives_.emplace_back(RendezvousReceive{this, &frame});
+  ucp_request_param_t params{};
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  params.user_data = &receive;
+  params.cb.recv_am = [](void* request, ucs_status_t status, std::size_t /*length*/, void* user_data) {
+    auto* done = static_cast<RendezvousReceive*>(user_data);
+    UcxConnection* connection = done->connection;
+    --done->frame->in_flight;
+    if (status != UCS_OK) connection->break_protocol("a rendezvous receive failed: " + status_text(status));
+    connection->receives_.remove_if([done](const RendezvousReceive& r) { return &r == done; });
+    ucp_request_free(request);
+  };
+  ++frame.in_flight;
+  ucs_status_ptr_t request = ucp_am_recv_data_nbx(worker_, descriptor, into, length, &params);
+  receive.request = request;
+  if (request == nullptr) {  // completed at once: no callback
+    --frame.in_flight;
+    receives_.pop_back();
+  } else if (UCS_PTR_IS_ERR(request)) {
+    --frame.in_flight;
+    receives_.pop_back();
+    break_protocol("ucp_am_recv_data_nbx failed: " + status_text(UCS_PTR_STATUS(request)));
+  }
+}
+
+ucs_status_t UcxConnection::on_frame(void* self, const void* header, std::size_t header_length, void* data,
+                                     std::size_t length, const ucp_am_recv_param_t* param) {
+  auto* connection = static_cast<UcxConnection*>(self);
+  FrameAmHeader am{};
+  if (header_length < sizeof am) {
+    connection->break_protocol("a frame message without its header");
+    return UCS_OK;
+  }
+  std::memcpy(&am, header, sizeof am);
+  if (header_length != sizeof am + std::size_t{am.copy_count} * sizeof(CopyDescriptor) ||
+      am.copy_count > connection->limits_.max_handles || am.frame_bytes < sizeof(FrameHeader) ||
+      am.frame_bytes > length) {
+    connection->break_protocol("a frame message whose header does not describe it");
+    return UCS_OK;
+  }
+  IncomingFrame& frame = connection->frames_.emplace_back();
+  frame.descriptors.resize(am.copy_count);
+  std::memcpy(frame.descriptors.data(), static_cast<const std::byte*>(header) + sizeof am,
+              am.copy_count * sizeof(CopyDescriptor));
+  std::size_t inline_bytes = 0;
+  for (const CopyDescriptor& descriptor : frame.descriptors) {
+    if (descriptor.inline_copy != 0) {
+      inline_bytes += descriptor.nbytes;
+    } else {
+      ++frame.remote_expected;
+    }
+  }
+  if (inline_bytes != length - am.frame_bytes) {
+    frame.remote_expected = 0;
+    connection->break_protocol("a frame message whose inline storages do not add up to its length");
+    return UCS_OK;
+  }
+  frame.bytes.resize(length);  // the frame, then the inline copies (split by UcxFrameReader)
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+    connection->receive_rendezvous(data, frame.bytes.data(), length, frame);
+  } else {
+    std::memcpy(frame.bytes.data(), data, length);
+  }
+  return UCS_OK;
+}
+
+ucs_status_t UcxConnection::on_copy(void* self, const void* /*header*/, std::size_t /*header_length*/, void* data,
+                                    std::size_t length, const ucp_am_recv_param_t* param) {
+  auto* connection = static_cast<UcxConnection*>(self);
+  // The oldest frame still waiting for copy messages takes it (messages on one endpoint
+  // arrive in order).
+  const auto waiting = std::find_if(connection->frames_.begin(), connection->frames_.end(),
+                                    [](const IncomingFrame& frame) { return frame.remote_expected > 0; });
+  if (waiting == connection->frames_.end()) {
+    connection->break_protocol("a storage message arrived that no frame announced");
+    return UCS_OK;
+  }
+  IncomingFrame& frame = *waiting;
+  // Which descriptor: the first remote one not started yet.
+  std::size_t remote_seen = 0;
+  std::size_t remote_total = 0;
+  for (const CopyDescriptor& descriptor : frame.descriptors) remote_total += descriptor.inline_copy == 0 ? 1 : 0;
+  const std::size_t index_among_remote = remote_total - frame.remote_expected;
+  std::size_t index = 0;
+  for (; index < frame.descriptors.size(); ++index) {
+    if (frame.descriptors[index].inline_copy != 0) continue;
+    if (remote_seen++ == index_among_remote) break;
+  }
+  --frame.remote_expected;
+  if (frame.descriptors[index].nbytes != length) {
+    connection->break_protocol("a storage message of " + std::to_string(length) + " bytes where the frame announced " +
+                               std::to_string(frame.descriptors[index].nbytes));
+    return UCS_OK;
+  }
+  std::shared_ptr<Storage> storage;
+  try {
+    storage = Storage::allocate(length, Device::SharedCpu);
+  } catch (const std::exception& error) {
+    connection->break_protocol(std::string("no memory for a received storage: ") + error.what());
+    return UCS_OK;
+  }
+  if (frame.copies.size() < frame.descriptors.size()) frame.copies.resize(frame.descriptors.size());
+  frame.copies[index] = storage;
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+    connection->receive_rendezvous(data, storage->data(), length, frame);
+  } else if (length > 0) {
+    std::memcpy(storage->data(), data, length);
+  }
+  return UCS_OK;
+}
+
+std::optional<std::vector<std::byte>> UcxConnection::poll_control() {
+  return receive_control(Deadline::now());
+}
+
+std::optional<std::vector<std::byte>> UcxConnection::receive_control(const Deadline& deadline) {
+  std::unique_lock lock(mutex_);
+  wait_until(lock, deadline, [&] { return !controls_.empty() || failed_ || !broken_.empty(); });
+  if (!controls_.empty()) {
+    std::vector<std::byte> message = std::move(controls_.front());
+    controls_.pop_front();
+    return message;
+  }
+  if (!broken_.empty()) throw ProtocolError("ucx handshake: " + broken_);
+  if (failed_) throw ChannelClosed("the ucx peer is gone (" + failure_ + ")");
+  return std::nullopt;
+}
+
+std::optional<IncomingFrame> UcxConnection::receive_frame(const Deadline& deadline) {
+  std::unique_lock lock(mutex_);
+  refuse_after_fork(owner_, "receiving");
+  const auto ready = [&] { return (!frames_.empty() && frames_.front().complete()) || failed_ || !broken_.empty(); };
+  wait_until(lock, deadline, ready);
+  if (!frames_.empty() && frames_.front().complete()) {
+    IncomingFrame frame = std::move(frames_.front());
+    frames_.pop_front();
+    return frame;
+  }
+  if (!broken_.empty()) throw ProtocolError("a ucx peer broke the protocol: " + broken_);
+  if (failed_) {
+    throw PeerDied("the sender at ucx://" + peer_address() + " vanished without closing its end (" + failure_ +
+                   "); a partial message was dropped if one was arriving");
+  }
+  return std::nullopt;
+}
+
+bool UcxConnection::frame_ready() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    progress_locked();
+    if ((!frames_.empty() && frames_.front().complete()) || failed_ || !broken_.empty()) return true;
+    if (arm_locked()) return false;
+  }
+}
+
+bool UcxConnection::control_ready() {
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    progress_locked();
+    if (!controls_.empty() || failed_ || !broken_.empty()) return true;
+    if (arm_locked()) return false;
+  }
+}
+
+std::string UcxConnection::peer_address() { return peer_name_; }
+
+void UcxConnection::close(std::chrono::milliseconds linger, bool force) noexcept {
+  std::unique_lock lock(mutex_);
+  if (ep_ == nullptr || ::getpid() != owner_) return;
+  // Flush what was sent (the end-of-stream frame) onto the wire, then close at once: a
+  // flushing close would wait for the peer to progress its worker, that is for a receiver
+  // to read, which a closing sender must not depend on.
+  ucp_request_param_t params{};
+  const Deadline until = Deadline::after(linger);
+  if (!force && !failed_) {
+    try {
+      wait_until(lock, until, [&] {
+        reap_locked();
+        return outgoing_.empty() || failed_;
+      });
+    } catch (...) {
+    }
+  }
+  if (!force && !failed_) {
+    ucs_status_ptr_t flush = ucp_ep_flush_nbx(ep_, &params);
+    if (flush != nullptr && !UCS_PTR_IS_ERR(flush)) {
+      try {
+        wait_until(lock, until, [&] { return ucp_request_check_status(flush) != UCS_INPROGRESS; });
+      } catch (...) {
+      }
+      ucp_request_free(flush);
+    }
+  }
+  params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+  params.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  ucs_status_ptr_t request = ucp_ep_close_nbx(ep_, &params);
+  ep_ = nullptr;
+  if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
+  try {
+    wait_until(lock, Deadline::after(std::chrono::seconds(1)),
+               [&] { return ucp_request_check_status(request) != UCS_INPROGRESS; });
+  } catch (...) {
+  }
+  ucp_request_free(request);  // a close still in progress completes inside UCX
+  // Sends that did not finish ended with the endpoint: let their storages go.
+  reap_locked();
+  for (Outgoing& frame : outgoing_) {
+    for (void* pending : frame.requests) {
+      ucp_request_cancel(worker_, pending);
+      ucp_request_free(pending);
+    }
+  }
+  outgoing_.clear();
+}
+
+}  // namespace ferry::ucx::detail

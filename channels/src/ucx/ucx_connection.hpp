@@ -1,0 +1,176 @@
+// One UCX connection: a UCP worker of its own (so that its wake-up fd tells of this
+// connection only, for Selector and timed reads), one endpoint, and the messages that
+// arrived on it. Messages are active messages of three kinds: control (the handshake),
+// frame (a ferry frame, with its small storages inside) and copy (one large storage,
+// received by rendezvous straight into a Device::SharedCpu storage of the caching
+// allocator). The writer and the reader of a connection share it; every UCX call happens
+// under its mutex, and waits release the mutex while they sleep on the wake-up fd.
+#pragma once
+
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <ucp/api/ucp.h>
+
+#include "ferry/detail/deadline.hpp"
+#include "ferry/detail/frame.hpp"
+#include "ferry/storage.hpp"
+#include "ucx_context.hpp"
+
+namespace ferry::ucx::detail {
+
+/// Active message ids.
+enum AmId : unsigned { kControlAm = 1, kFrameAm = 2, kCopyAm = 3 };
+
+/// The AM header of a frame message. Its data: the frame's bytes, then `copy_count`
+/// CopyDescriptor, then the bytes of the copies marked inline, in order; the others follow
+/// as copy messages, in order.
+struct FrameAmHeader {
+  std::uint64_t frame_bytes = 0;
+  std::uint32_t copy_count = 0;
+  std::uint32_t reserved = 0;
+};
+struct CopyDescriptor {
+  std::uint64_t nbytes = 0;
+  std::uint64_t inline_copy = 0;  ///< 1: inside the frame message; 0: a copy message of its own
+};
+
+/// A frame that arrived (or is arriving): its bytes and its storages.
+struct IncomingFrame {
+  std::vector<std::byte> bytes;  // the frame (header and payload)
+  std::deque<std::shared_ptr<Storage>> copies;
+  std::vector<CopyDescriptor> descriptors;
+  std::size_t remote_expected = 0;  // copy messages this frame still waits to start
+  std::size_t in_flight = 0;        // rendezvous receives not complete yet
+  bool complete() const noexcept { return remote_expected == 0 && in_flight == 0; }
+};
+
+class UcxConnection {
+ public:
+  /// Connects to `address` (a listener's socket address). Failures surface later, as
+  /// failed() (the listener is not there: retry).
+  static std::shared_ptr<UcxConnection> connect(std::shared_ptr<UcxContext> context, const sockaddr_storage& address,
+                                                socklen_t length, FrameLimits limits);
+  /// Accepts the connection request `request` of a listener, on a worker of its own.
+  static std::shared_ptr<UcxConnection> accept(std::shared_ptr<UcxContext> context, ucp_conn_request_h request,
+                                               FrameLimits limits);
+  ~UcxConnection();
+  UcxConnection(const UcxConnection&) = delete;
+  UcxConnection& operator=(const UcxConnection&) = delete;
+
+  /// Sends one control message and waits until it left (or the peer failed). Throws
+  /// ChannelClosed when the peer is gone.
+  void send_control(std::span<const std::byte> message, const Deadline& deadline);
+  /// The next control message, waiting until `deadline`; nullopt on timeout. Throws
+  /// ChannelClosed when the peer is gone.
+  std::optional<std::vector<std::byte>> receive_control(const Deadline& deadline);
+  /// Control message already arrived (no wait); nullopt if none. Throws like receive_control.
+  std::optional<std::vector<std::byte>> poll_control();
+
+  /// Sends a frame (`parts`, copied) and the bytes of its Copied storages, read in place
+  /// (`owners` keep them alive meanwhile), and waits until the frame left: large copies
+  /// travel by rendezvous, which moves only while both workers progress, so it returns
+  /// once the receiver took them (it is reading). Returns false, sending nothing, when
+  /// earlier sends were still in flight at `deadline`. Throws ChannelClosed when the
+  /// peer is gone (then also for a frame whose send it had started).
+  bool send_frame(std::span<const iovec> parts, std::span<const iovec> copies,
+                  std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline);
+  /// Waits until every frame sent has left (false: `deadline` passed first). Throws
+  /// ChannelClosed when the peer is gone.
+  bool flush(const Deadline& deadline);
+  /// The oldest complete frame, waiting until `deadline`; nullopt on timeout. Throws
+  /// PeerDied when the peer vanished (no complete frame left), ProtocolError for a frame
+  /// message that breaks the protocol.
+  std::optional<IncomingFrame> receive_frame(const Deadline& deadline);
+  /// True when a complete frame is queued, the connection failed, or it broke (after
+  /// progressing the worker and arming its wake-up fd, so that a poll on wake_fd() after
+  /// false wakes for the next event).
+  bool frame_ready();
+  /// Like frame_ready(), for control messages (the listener waits on many handshakes).
+  bool control_ready();
+
+  /// The worker's wake-up fd.
+  int wake_fd() const noexcept { return wake_fd_; }
+  /// True once the endpoint reported an error (peer gone, connection refused).
+  bool failed();
+  /// The error's text ("" while none).
+  std::string failure();
+  /// Closes the endpoint, flushing what was sent (unless `force`), waiting at most `linger`.
+  void close(std::chrono::milliseconds linger, bool force = false) noexcept;
+  /// The peer's address ("HOST:PORT") for messages; set once by whoever made the connection.
+  std::string peer_address();
+  void set_peer_address(std::string name) { peer_name_ = std::move(name); }
+
+ private:
+  UcxConnection(std::shared_ptr<UcxContext> context, FrameLimits limits);
+  void create_worker();
+  void create_endpoint(const ucp_ep_params_t& params);
+  // Progresses the worker until it has nothing more to do (mutex_ held).
+  void progress_locked();
+  // Progress, then arm the wake-up fd; true when something may have arrived meanwhile.
+  bool arm_locked();
+  // Waits until `ready()` (checked under the lock after progress) or `deadline`; false on timeout.
+  template <class Ready>
+  bool wait_until(std::unique_lock<std::mutex>& lock, const Deadline& deadline, Ready ready);
+  // Waits for the send requests in `requests` (mutex_ held); throws ChannelClosed on failure.
+  void wait_requests(std::unique_lock<std::mutex>& lock, std::vector<void*>& requests);
+  void send_am(unsigned id, const void* header, std::size_t header_bytes, const void* data, std::size_t bytes,
+               bool rendezvous, std::vector<void*>& requests);
+
+  static void on_error(void* self, ucp_ep_h ep, ucs_status_t status);
+  static ucs_status_t on_control(void* self, const void* header, std::size_t header_length, void* data,
+                                 std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_frame(void* self, const void* header, std::size_t header_length, void* data,
+                               std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_copy(void* self, const void* header, std::size_t header_length, void* data,
+                              std::size_t length, const ucp_am_recv_param_t* param);
+  // Starts receiving a rendezvous message of `length` into `into`; `frame` counts it in flight.
+  void receive_rendezvous(void* descriptor, void* into, std::size_t length, IncomingFrame& frame);
+  void break_protocol(const std::string& reason);
+
+  std::shared_ptr<UcxContext> context_;
+  FrameLimits limits_;
+  pid_t owner_;
+  std::mutex mutex_;
+  ucp_worker_h worker_ = nullptr;
+  ucp_ep_h ep_ = nullptr;
+  int wake_fd_ = -1;
+  bool failed_ = false;
+  std::string failure_;
+  std::string broken_;  // a protocol error in what arrived
+  std::string peer_name_;
+  std::deque<std::vector<std::byte>> controls_;
+  std::list<IncomingFrame> frames_;  // list: rendezvous receives point into its elements
+  struct RendezvousReceive {
+    UcxConnection* connection;
+    IncomingFrame* frame;
+    void* request = nullptr;
+  };
+  std::list<RendezvousReceive> receives_;  // the user data of rendezvous receives in flight
+  // A frame being sent: its message (the AM header must live until its send completes in
+  // UCX 1.13), the storages its copies read, and its UCX requests.
+  struct Outgoing {
+    std::vector<std::byte> buffer;
+    std::vector<std::shared_ptr<Storage>> owners;
+    std::vector<void*> requests;
+    std::size_t bytes = 0;
+  };
+  // Frees completed requests and drops frames that left; records a failed one.
+  void reap_locked();
+  std::size_t outgoing_bytes_locked() const noexcept;
+  std::deque<Outgoing> outgoing_;
+  ucs_status_t send_failure_ = UCS_OK;
+};
+
+}  // namespace ferry::ucx::detail

@@ -1,0 +1,224 @@
+#include "ucx_handshake.hpp"
+
+#include <sodium.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "ferry/detail/frame.hpp"
+#include "ferry/error.hpp"
+
+namespace ferry::ucx::detail {
+namespace {
+
+struct Hello {
+  std::uint32_t magic = kHandshakeMagic;
+  std::uint16_t version = kHandshakeVersion;
+  std::uint16_t frame_version = kFrameVersion;
+  std::array<unsigned char, 32> nonce{};
+};
+struct Claim {
+  std::uint32_t magic = kHandshakeMagic;
+  std::uint16_t version = kHandshakeVersion;
+  std::uint16_t frame_version = kFrameVersion;
+  std::uint8_t role = 0;
+  std::uint8_t reserved[3] = {};
+  std::uint32_t name_bytes = 0;
+  std::uint64_t fingerprint = 0;
+  std::array<unsigned char, 32> nonce{};
+  std::array<unsigned char, crypto_auth_BYTES> mac{};
+};
+struct Verdict {
+  std::uint32_t magic = kHandshakeMagic;
+  std::uint8_t outcome = 0;
+  std::uint8_t reserved[3] = {};
+  std::uint32_t reason_bytes = 0;
+  std::array<unsigned char, crypto_auth_BYTES> mac{};
+};
+constexpr std::size_t kMaxTypeName = 4096;
+constexpr std::size_t kMaxReason = 4096;
+
+void start_sodium() {
+  static const int started = sodium_init();
+  if (started < 0) throw Error("libsodium failed to start (sodium_init)");
+}
+
+template <class Message>
+std::vector<std::byte> pack(const Message& message, std::string_view tail) {
+  std::vector<std::byte> bytes(sizeof message + tail.size());
+  std::memcpy(bytes.data(), &message, sizeof message);
+  if (!tail.empty()) std::memcpy(bytes.data() + sizeof message, tail.data(), tail.size());
+  return bytes;
+}
+
+template <class Message>
+std::optional<Message> unpack(const std::vector<std::byte>& bytes) {
+  if (bytes.size() < sizeof(Message)) return std::nullopt;
+  Message message;
+  std::memcpy(&message, bytes.data(), sizeof message);
+  if (message.magic != kHandshakeMagic) return std::nullopt;
+  return message;
+}
+
+// The bytes a claim's MAC covers.
+std::vector<unsigned char> claim_text(const std::array<unsigned char, 32>& listener_nonce, const Claim& claim,
+                                      std::string_view name) {
+  static constexpr std::string_view label = "ferry-ucx-claim";
+  std::vector<unsigned char> text(label.begin(), label.end());
+  text.insert(text.end(), listener_nonce.begin(), listener_nonce.end());
+  text.insert(text.end(), claim.nonce.begin(), claim.nonce.end());
+  text.push_back(claim.role);
+  const auto* fingerprint = reinterpret_cast<const unsigned char*>(&claim.fingerprint);
+  text.insert(text.end(), fingerprint, fingerprint + sizeof claim.fingerprint);
+  text.insert(text.end(), name.begin(), name.end());
+  return text;
+}
+
+// The bytes the listener's MAC covers.
+std::vector<unsigned char> accept_text(const std::array<unsigned char, 32>& client_nonce,
+                                       const std::array<unsigned char, 32>& listener_nonce) {
+  static constexpr std::string_view label = "ferry-ucx-accept";
+  std::vector<unsigned char> text(label.begin(), label.end());
+  text.insert(text.end(), client_nonce.begin(), client_nonce.end());
+  text.insert(text.end(), listener_nonce.begin(), listener_nonce.end());
+  return text;
+}
+
+std::string version_text(std::uint16_t handshake, std::uint16_t frame) {
+  return "ucx handshake " + std::to_string(handshake) + ", frame version " + std::to_string(frame);
+}
+
+}  // namespace
+
+std::string ClientKind::describe() const {
+  return std::string(role == ClientRole::Receiver ? "a Receiver<" : "a Sender<") + type_name + ">";
+}
+
+SecretKey derive_key(const std::string& secret) {
+  start_sodium();
+  std::string text = secret;
+  if (text.empty()) {
+    if (const char* from_env = std::getenv("FERRY_SECRET")) text = from_env;
+  }
+  SecretKey key;
+  key.configured = !text.empty();
+  static constexpr std::string_view label = "ferry ucx secret";
+  crypto_generichash(key.key.data(), key.key.size(), reinterpret_cast<const unsigned char*>(text.data()), text.size(),
+                     reinterpret_cast<const unsigned char*>(label.data()), label.size());
+  return key;
+}
+
+void client_handshake(UcxConnection& connection, const ClientKind& kind, const SecretKey& key,
+                      const Deadline& deadline) {
+  start_sodium();
+  const std::string where = "ucx://" + connection.peer_address();
+  const auto hello_bytes = connection.receive_control(deadline);
+  if (!hello_bytes) throw Error("the listener at " + where + " sent no handshake before the connect timeout");
+  const auto hello = unpack<Hello>(*hello_bytes);
+  if (!hello) throw ProtocolError("the listener at " + where + " is not a ferry ucx:// listener (bad handshake)");
+  if (hello->version != kHandshakeVersion || hello->frame_version != kFrameVersion) {
+    throw Error("the listener at " + where + " speaks " + version_text(hello->version, hello->frame_version) +
+                "; this build speaks " + version_text(kHandshakeVersion, kFrameVersion) +
+                ": build both sides from the same ferry");
+  }
+  Claim claim;
+  claim.role = static_cast<std::uint8_t>(kind.role);
+  claim.fingerprint = kind.fingerprint;
+  claim.name_bytes = static_cast<std::uint32_t>(kind.type_name.size());
+  randombytes_buf(claim.nonce.data(), claim.nonce.size());
+  const auto text = claim_text(hello->nonce, claim, kind.type_name);
+  crypto_auth(claim.mac.data(), text.data(), text.size(), key.key.data());
+  connection.send_control(pack(claim, kind.type_name), deadline);
+
+  const auto verdict_bytes = connection.receive_control(deadline);
+  if (!verdict_bytes) throw Error("the listener at " + where + " did not answer the handshake before the timeout");
+  const auto verdict = unpack<Verdict>(*verdict_bytes);
+  if (!verdict || verdict->reason_bytes != verdict_bytes->size() - sizeof(Verdict)) {
+    throw ProtocolError("the listener at " + where + " sent a malformed handshake answer");
+  }
+  const std::string reason(reinterpret_cast<const char*>(verdict_bytes->data() + sizeof(Verdict)),
+                           verdict->reason_bytes);
+  switch (static_cast<Outcome>(verdict->outcome)) {
+    case Outcome::Accepted: {
+      const auto proof = accept_text(claim.nonce, hello->nonce);
+      if (crypto_auth_verify(verdict->mac.data(), proof.data(), proof.size(), key.key.data()) != 0) {
+        throw Error("the listener at " + where +
+                    " accepted this client without proving the shared secret: it is not the listener this "
+                    "process expects (check EndpointOptions::secret / FERRY_SECRET on both sides)");
+      }
+      return;
+    }
+    case Outcome::TypeMismatch: throw TypeMismatch("the listener at " + where + " refused " + kind.describe() + ": " + reason);
+    case Outcome::WrongSecret:
+      throw Error("the listener at " + where + " refused this client: " + reason +
+                  " (set the same secret on both sides: ucx::Options::secret or FERRY_SECRET)");
+    case Outcome::Version:
+    case Outcome::Garbage: throw Error("the listener at " + where + " refused this client: " + reason);
+  }
+  throw ProtocolError("the listener at " + where + " sent an unknown handshake outcome");
+}
+
+ServerHandshake::ServerHandshake(UcxConnection& connection, const SecretKey& key) : connection_(connection), key_(key) {
+  start_sodium();
+  Hello hello;
+  randombytes_buf(listener_nonce_.data(), listener_nonce_.size());
+  hello.nonce = listener_nonce_;
+  connection_.send_control(pack(hello, {}), Deadline::never());
+}
+
+std::optional<ClientKind> ServerHandshake::poll() {
+  std::optional<std::vector<std::byte>> bytes;
+  try {
+    bytes = connection_.poll_control();
+  } catch (const ProtocolError& error) {
+    throw Error(std::string("garbage instead of a handshake: ") + error.what());
+  }
+  if (!bytes) return std::nullopt;
+  const auto claim = unpack<Claim>(*bytes);
+  if (!claim || claim->name_bytes > kMaxTypeName || claim->name_bytes != bytes->size() - sizeof(Claim)) {
+    refuse(Outcome::Garbage, "the client's handshake is malformed");
+    throw Error("a client sent a malformed handshake (not a ferry ucx:// client)");
+  }
+  if (claim->version != kHandshakeVersion || claim->frame_version != kFrameVersion) {
+    const std::string reason = "the listener speaks " + version_text(kHandshakeVersion, kFrameVersion) +
+                               ", the client " + version_text(claim->version, claim->frame_version) +
+                               ": build both sides from the same ferry";
+    refuse(Outcome::Version, reason);
+    throw Error("refused a client: " + reason);
+  }
+  const std::string name(reinterpret_cast<const char*>(bytes->data() + sizeof(Claim)), claim->name_bytes);
+  const auto text = claim_text(listener_nonce_, *claim, name);
+  if (crypto_auth_verify(claim->mac.data(), text.data(), text.size(), key_.key.data()) != 0) {
+    refuse(Outcome::WrongSecret, "it did not prove the listener's shared secret");
+    throw Error("refused a client that did not prove the shared secret (wrong or missing secret)");
+  }
+  if (claim->role != static_cast<std::uint8_t>(ClientRole::Receiver) &&
+      claim->role != static_cast<std::uint8_t>(ClientRole::Sender)) {
+    refuse(Outcome::Garbage, "unknown end role");
+    throw Error("refused a client that declared an unknown end role");
+  }
+  client_nonce_ = claim->nonce;
+  return ClientKind{static_cast<ClientRole>(claim->role), claim->fingerprint, name};
+}
+
+void ServerHandshake::accept() {
+  Verdict verdict;
+  verdict.outcome = static_cast<std::uint8_t>(Outcome::Accepted);
+  const auto proof = accept_text(client_nonce_, listener_nonce_);
+  crypto_auth(verdict.mac.data(), proof.data(), proof.size(), key_.key.data());
+  connection_.send_control(pack(verdict, {}), Deadline::never());
+}
+
+void ServerHandshake::refuse(Outcome outcome, const std::string& reason) {
+  Verdict verdict;
+  verdict.outcome = static_cast<std::uint8_t>(outcome);
+  const std::string text = reason.substr(0, kMaxReason);
+  verdict.reason_bytes = static_cast<std::uint32_t>(text.size());
+  try {
+    connection_.send_control(pack(verdict, text), Deadline::never());
+  } catch (const Error&) {
+    // The client is gone already: nobody to tell.
+  }
+}
+
+}  // namespace ferry::ucx::detail

@@ -1,0 +1,78 @@
+// The handshake of a ucx:// connection, before any frame: the listener proves nothing
+// about the network, so both sides prove that they know the shared secret by challenge
+// and response (libsodium's crypto_auth, HMAC-SHA-512-256, keyed by a BLAKE2b hash of the
+// secret), and the client declares its end (direction, type fingerprint and name), which
+// the listener checks against the kinds it serves. The round trip also warms the endpoint
+// up: UCX sends the first messages of a fresh endpoint eagerly (copied) even when large.
+//
+//   listener -> client   Hello   {magic, version, listener nonce}
+//   client -> listener   Claim   {magic, version, role, fingerprint, client nonce, mac, name}
+//   listener -> client   Verdict {magic, outcome, mac over both nonces (Accepted), reason}
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/detail/deadline.hpp"
+#include "ucx_connection.hpp"
+
+namespace ferry::ucx::detail {
+
+inline constexpr std::uint32_t kHandshakeMagic = 0x55595246;  // "FRYU"
+inline constexpr std::uint16_t kHandshakeVersion = 1;
+
+/// The end a client connects as.
+enum class ClientRole : std::uint8_t { Receiver = 1, Sender = 2 };
+
+/// What a client declares: its role and its message type.
+struct ClientKind {
+  ClientRole role = ClientRole::Receiver;
+  std::uint64_t fingerprint = 0;
+  std::string type_name;
+  bool operator==(const ClientKind& other) const = default;
+  /// "a Receiver<Batch>" for messages.
+  std::string describe() const;
+};
+
+/// The key both sides derive from the shared secret.
+struct SecretKey {
+  std::array<unsigned char, 32> key{};
+  bool configured = false;  ///< false: no secret given (allowed on loopback only)
+};
+/// The key of `secret`, or of FERRY_SECRET when `secret` is empty.
+SecretKey derive_key(const std::string& secret);
+
+/// Why a listener refused a client.
+enum class Outcome : std::uint8_t { Accepted = 1, WrongSecret = 2, TypeMismatch = 3, Version = 4, Garbage = 5 };
+
+/// The client's side: proves the secret, declares `kind`, checks the listener's proof.
+/// Throws TypeMismatch, AccessDenied-like Error (wrong secret), Error (version, timeout),
+/// ChannelClosed when the listener went away.
+void client_handshake(UcxConnection& connection, const ClientKind& kind, const SecretKey& key,
+                      const Deadline& deadline);
+
+/// The listener's side of one connection, driven without blocking so that a silent or
+/// garbage-sending client delays no other one.
+class ServerHandshake {
+ public:
+  /// Sends the challenge.
+  ServerHandshake(UcxConnection& connection, const SecretKey& key);
+  /// The client's claim once it arrived and proved the secret; nullopt while it has not
+  /// arrived yet. Throws Error naming why the client is refused (after telling it).
+  std::optional<ClientKind> poll();
+  /// Tells the client it is accepted (with the listener's proof) or refused.
+  void accept();
+  void refuse(Outcome outcome, const std::string& reason);
+
+ private:
+  UcxConnection& connection_;
+  SecretKey key_;
+  std::array<unsigned char, 32> listener_nonce_{};
+  std::array<unsigned char, 32> client_nonce_{};
+};
+
+}  // namespace ferry::ucx::detail

@@ -1,0 +1,56 @@
+// The UCX transport: a FrameWriter/FrameReader pair over one UcxConnection. Frames carry
+// no fds and no shared segments: each tensor storage's bytes travel with its frame
+// (HandlePassing::Copying), and the reader hands the decoder the storages they arrived in.
+#pragma once
+
+#include <deque>
+#include <memory>
+
+#include "ferry/detail/transport.hpp"
+#include "ucx_connection.hpp"
+
+namespace ferry::ucx::detail {
+
+class UcxFrameWriter final : public FrameWriter {
+ public:
+  UcxFrameWriter(std::shared_ptr<UcxConnection> connection, std::chrono::milliseconds close_linger);
+  ~UcxFrameWriter() override;
+  bool passes_fds() const override { return false; }
+  bool carries_copies() const override { return true; }
+  /// Starts sending the frame; false when the frames still in flight to a receiver that
+  /// does not read stayed above their limit until `deadline` (nothing is sent then).
+  bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
+  bool write_copies(std::span<const iovec> parts, std::span<const iovec> copies,
+                    std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline) override;
+  /// Waits until every frame sent has left.
+  bool flush(const Deadline& deadline) override;
+  void close() noexcept override;
+  void shut_down() noexcept override { close(); }
+
+ private:
+  std::shared_ptr<UcxConnection> connection_;
+  std::chrono::milliseconds close_linger_;
+};
+
+class UcxFrameReader final : public FrameReader {
+ public:
+  UcxFrameReader(std::shared_ptr<UcxConnection> connection, const FrameLimits& limits);
+  ~UcxFrameReader() override;
+  ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
+                  const Deadline& deadline) override;
+  std::deque<std::shared_ptr<Storage>>* copied_storages() override { return &copies_; }
+  void close() noexcept override;
+  void shut_down() noexcept override { close(); }
+  bool has_buffered_frame() const override;
+  int readiness_fd() const override { return connection_ ? connection_->wake_fd() : -1; }
+  /// The worker's wake-up fd fires for any UCX event; has_buffered_frame() re-arms it.
+  bool readiness_fd_is_a_hint() const override { return true; }
+
+ private:
+  std::shared_ptr<UcxConnection> connection_;
+  FrameLimits limits_;
+  bool peer_closed_ = false;
+  std::deque<std::shared_ptr<Storage>> copies_;
+};
+
+}  // namespace ferry::ucx::detail
