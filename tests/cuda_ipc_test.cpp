@@ -17,7 +17,7 @@
 
 #include "ferry/cuda.hpp"
 #include "ferry/detail/cuda/hold_counter_board.hpp"
-#include "cuda/runtime.hpp"
+#include "ferry/cuda/runtime.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/detail/unique_fd.hpp"
 #include "support/cuda_kernels.hpp"

@@ -392,9 +392,9 @@ void MessageEncoder::pin_new_storages(FrameKind kind) {
   std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
   board_in_frame_ = true;
   // Named by /proc path, the board's fd must stay open until the receiver opened it (close()
-  // waits for what keepalive_ holds): a frame sent for delivery tracking alone introduces no
-  // segment that would make it wait.
-  if (by_path) keepalive_.emplace_back(next_sequence_, board);
+  // waits for what keepalive_ holds). A frame with new pins and no board yet introduces a
+  // segment, whose keep-alive covers the frame; one sent for delivery tracking alone does not.
+  if (by_path && new_pins_.empty()) keepalive_.emplace_back(next_sequence_, board);
 }
 
 void MessageEncoder::fill_header(FrameKind kind, std::uint64_t fingerprint, std::string_view name,

@@ -11,7 +11,8 @@ cmake --install "$build_dir" --prefix "$scratch/prefix" >/dev/null
 # Only the layers' include/ folders are installed: public headers and ferry/detail/, never
 # a layer's private src/ headers.
 unexpected=$(cd "$scratch/prefix/include" && find ferry -name '*.hpp' ! -path 'ferry/detail/*' -printf '%P\n' |
-  grep -vxF -f <(cd "$source_dir" && ls runtime/include/ferry serialization/include/ferry channels/include/ferry | grep '\.hpp$') || true)
+  grep -vxF -f <(cd "$source_dir" && for layer in runtime serialization channels; do
+    (cd "$layer/include/ferry" && find . -name '*.hpp' ! -path './detail/*' -printf '%P\n'); done) || true)
 if [[ -n $unexpected ]]; then
   echo "check.sh: installed headers that are neither public nor ferry/detail/: $unexpected" >&2
   exit 1

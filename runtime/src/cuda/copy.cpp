@@ -4,7 +4,7 @@
 
 #include "cuda/memory.hpp"
 #include "cuda/cudart.hpp"
-#include "cuda/runtime.hpp"
+#include "ferry/cuda/runtime.hpp"
 #include "ferry/tensor.hpp"
 
 namespace ferry::cuda {

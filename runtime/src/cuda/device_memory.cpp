@@ -8,7 +8,7 @@
 #include "ferry/detail/cuda/block_pool.hpp"
 #include "cuda/memory.hpp"
 #include "cuda/cudart.hpp"
-#include "cuda/runtime.hpp"
+#include "ferry/cuda/runtime.hpp"
 
 namespace ferry {
 namespace cuda {

@@ -15,7 +15,7 @@
 #include "ferry/detail/cuda/block_pool.hpp"
 #include "ferry/detail/cuda/ipc.hpp"
 #include "cuda/cudart.hpp"
-#include "cuda/runtime.hpp"
+#include "ferry/cuda/runtime.hpp"
 #include "cuda/fence_watch.hpp"
 #include "cuda/memory_operations.hpp"
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "cuda/cudart.hpp"
-#include "cuda/runtime.hpp"
+#include "ferry/cuda/runtime.hpp"
 
 namespace ferry::cuda {
 

@@ -1,6 +1,6 @@
 // Checked CUDA calls, device and stream selection, and whether CUDA is usable at all.
 #include "cuda/cudart.hpp"
-#include "cuda/runtime.hpp"
+#include "ferry/cuda/runtime.hpp"
 
 #include <chrono>
 #include <mutex>

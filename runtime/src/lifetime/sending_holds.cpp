@@ -18,13 +18,12 @@ void SendingHolds::unpin(std::span<const std::uint32_t> slots) {
   if (ledger_) ledger_->unpin(slots);
 }
 
-void SendingHolds::take_returned(std::vector<std::uint32_t>& out) {
-  if (!ledger_) return;
+void SendingHolds::take_returned_from_ledger(std::vector<std::uint32_t>& out) {
   ledger_->collect(false);
   ledger_->take_returned(out);
 }
 
-void SendingHolds::retire_dead_upstream_boards(std::vector<FileIdentity>& retired) {
+void SendingHolds::retire_passed_upstream_boards(std::vector<FileIdentity>& retired) {
   for (PassedUpstream& sent : upstream_sent_) sent.retiring = false;
   const auto committed = upstream_sent_.begin() + static_cast<std::ptrdiff_t>(committed_);
   std::size_t count = 0;

@@ -132,7 +132,9 @@ class SendingHolds {
   /// Unpins `slots`: their frame was never sent.
   void unpin(std::span<const std::uint32_t> slots);
   /// Appends the slots the receiver gave back (or that were reclaimed) since the last call.
-  void take_returned(std::vector<std::uint32_t>& out);
+  void take_returned(std::vector<std::uint32_t>& out) {
+    if (ledger_) take_returned_from_ledger(out);  // inline: every frame asks, most have no ledger work
+  }
   /// The last frame the receiver resolved (0: none, or no board yet).
   std::uint64_t resolved() const noexcept { return ledger_ ? ledger_->board()->resolved() : 0; }
   /// See ReturnBoard::request_acknowledgements() (0 without a board).
@@ -145,7 +147,9 @@ class SendingHolds {
   /// At the start of a frame: appends to `retired` the upstream boards passed before of
   /// which no object lives here any more (at most kMaxRetiredPerFrame), for the frame to
   /// retire; forgets entries whose board lives on in another object.
-  void retire_dead_upstream_boards(std::vector<FileIdentity>& retired);
+  void retire_dead_upstream_boards(std::vector<FileIdentity>& retired) {
+    if (!upstream_sent_.empty()) retire_passed_upstream_boards(retired);  // inline: most connections forward nothing
+  }
   /// Appends to `out` the upstream boards of `block` that the receiver does not have yet,
   /// and tracks them as passed by the frame being encoded (a board the receiver has is
   /// tracked only, so that it is not retired while this object of it lives).
@@ -165,6 +169,9 @@ class SendingHolds {
   void closed(KeptSegments& kept, UniqueFd probe, bool probe_by_send);
 
  private:
+  void take_returned_from_ledger(std::vector<std::uint32_t>& out);
+  void retire_passed_upstream_boards(std::vector<FileIdentity>& retired);
+
   std::shared_ptr<HoldLedger> ledger_;  // created with the first storage pinned
   // Return boards passed to the receiver because blocks received on them are forwarded on
   // this connection (SegmentRole::UpstreamBoard), each passed once; one object per
