@@ -82,7 +82,8 @@ TEST_F(CopiedStorageTest, StoragesTravelAsTheirBytesReadInPlace) {
 
 TEST_F(CopiedStorageTest, AFrameWhoseDeliveriesDoNotMatchItsEntriesIsAProtocolError) {
   MessageEncoder encoder(HandlePassing::Copying);
-  const Encoded encoded = encode(encoder, Tensors{{Tensor::from<std::int32_t>({1, 2})}});
+  const Tensors message{{Tensor::from<std::int32_t>({1, 2})}};  // alive: the copies read its pages
+  const Encoded encoded = encode(encoder, message);
   std::deque<UniqueFd> fds;
   {
     MessageDecoder decoder(type_fingerprint<Tensors>(), type_name<Tensors>());
