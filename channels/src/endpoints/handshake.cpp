@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "ferry/error.hpp"
+#include "transport/scm_rights.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -209,15 +210,7 @@ long receive_some(int fd, std::size_t count, std::vector<std::byte>& into, std::
   }
   const int error = errno;
   into.resize(old_size + (got > 0 ? static_cast<std::size_t>(got) : 0));
-  for (cmsghdr* header = CMSG_FIRSTHDR(&message); got >= 0 && header != nullptr; header = CMSG_NXTHDR(&message, header)) {
-    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
-    const std::size_t n = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (std::size_t i = 0; i < n; ++i) {
-      int one = -1;
-      std::memcpy(&one, CMSG_DATA(header) + i * sizeof(int), sizeof one);
-      fds.emplace_back(one);
-    }
-  }
+  if (got >= 0) take_fds(message, fds);
   if (got < 0) {
     if (error == EAGAIN) return -1;
     if (error == ECONNRESET) return 0;
@@ -238,13 +231,7 @@ bool send_now(int fd, const std::vector<std::byte>& bytes, const std::vector<int
   message.msg_iovlen = 1;
   if (!fds.empty()) {
     if (fds.size() > kMaxReplyFds) throw Error("an endpoint reply cannot carry " + std::to_string(fds.size()) + " descriptors");
-    message.msg_control = control.data();
-    message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
+    attach_fds(message, control, fds);
   }
   ssize_t sent = 0;
   while ((sent = ::sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL)) < 0 && errno == EINTR) {

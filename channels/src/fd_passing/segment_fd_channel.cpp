@@ -13,6 +13,7 @@
 #include "ferry/detail/deadline.hpp"
 #include "ferry/error.hpp"
 #include "transport/peer_gone.hpp"
+#include "transport/scm_rights.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -22,15 +23,7 @@ using Control = std::array<char, CMSG_SPACE(sizeof(int) * SegmentFdChannel::kMax
 // The descriptors of one received message, owned at once so that none leaks on an error.
 std::vector<UniqueFd> take_descriptors(msghdr& message) {
   std::vector<UniqueFd> taken;
-  for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header)) {
-    if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
-    const std::size_t n = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (std::size_t i = 0; i < n; ++i) {
-      int fd = -1;
-      std::memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof fd);
-      taken.emplace_back(fd);
-    }
-  }
+  take_fds(message, taken);
   return taken;
 }
 
@@ -46,13 +39,7 @@ bool SegmentFdChannel::send(std::span<const int> fds, const Deadline& deadline) 
     msghdr message{};
     message.msg_iov = &byte;
     message.msg_iovlen = 1;
-    message.msg_control = control.data();
-    message.msg_controllen = CMSG_SPACE(sizeof(int) * n);
-    cmsghdr* header = CMSG_FIRSTHDR(&message);
-    header->cmsg_level = SOL_SOCKET;
-    header->cmsg_type = SCM_RIGHTS;
-    header->cmsg_len = CMSG_LEN(sizeof(int) * n);
-    std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * n);
+    attach_fds(message, control, fds.first(n));
     if (::sendmsg(socket_, &message, MSG_NOSIGNAL | MSG_DONTWAIT) < 0) {
       if (errno == EINTR) continue;
       if (errno == EPIPE || errno == ECONNRESET) throw_receiver_gone();

@@ -15,6 +15,7 @@
 #include "ferry/detail/sigpipe_blocked.hpp"
 #include "ferry/error.hpp"
 #include "transport/peer_gone.hpp"
+#include "transport/scm_rights.hpp"
 
 namespace ferry {
 namespace {
@@ -40,15 +41,7 @@ ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std
       msghdr message{};
       message.msg_iov = const_cast<iovec*>(parts);
       message.msg_iovlen = count;
-      if (!fds.empty()) {
-        message.msg_control = control.data();
-        message.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-        cmsghdr* header = CMSG_FIRSTHDR(&message);
-        header->cmsg_level = SOL_SOCKET;
-        header->cmsg_type = SCM_RIGHTS;
-        header->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-        std::memcpy(CMSG_DATA(header), fds.data(), sizeof(int) * fds.size());
-      }
+      detail::attach_fds(message, control, fds);
       written = ::sendmsg(stream_.get(), &message, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
     } else {
       // The pipe's write end is non-blocking; a blocking write waits for room below.
@@ -234,15 +227,7 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
       message.msg_controllen = control.size();
       got = ::recvmsg(stream_.get(), &message, MSG_CMSG_CLOEXEC);
       if (got >= 0) {
-        for (cmsghdr* header = CMSG_FIRSTHDR(&message); header != nullptr; header = CMSG_NXTHDR(&message, header)) {
-          if (header->cmsg_level != SOL_SOCKET || header->cmsg_type != SCM_RIGHTS) continue;
-          const std::size_t n = (header->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-          for (std::size_t i = 0; i < n; ++i) {
-            int fd = -1;
-            std::memcpy(&fd, CMSG_DATA(header) + i * sizeof(int), sizeof fd);
-            fds.emplace_back(fd);
-          }
-        }
+        detail::take_fds(message, fds);
         if (message.msg_flags & MSG_CTRUNC) {
           throw ProtocolError(
               "file descriptors sent with a frame were dropped by the kernel (MSG_CTRUNC): this process has "
