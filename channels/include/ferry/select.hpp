@@ -15,6 +15,7 @@ namespace ferry {
 class Listener;
 namespace detail {
 class ListenerCore;
+struct SelectorWaitPlan;  // what one pass of Selector's wait looks at (select.cpp)
 /// What a Selector waits on: a receiver's frame core, an InProcess receiver's queue, or a
 /// listener (endpoint.hpp); exactly one is set.
 struct SelectorMember {
@@ -83,6 +84,9 @@ class Selector {
   void advance_listeners(const std::vector<pollfd>& fds, const std::vector<std::size_t>& owners,
                          std::vector<bool>& ready);
   std::optional<std::size_t> wait_until(const Deadline& deadline);
+  // Polls the plan's descriptors once, within its timeout, and marks what is ready in it;
+  // false when a signal interrupted the wait.
+  bool poll_once(detail::SelectorWaitPlan& plan);
   // The next ready index, round-robin from next_.
   std::optional<std::size_t> pick(const std::vector<bool>& ready);
 

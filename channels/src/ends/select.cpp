@@ -25,12 +25,131 @@ bool has_buffered_frame(const detail::SelectorMember& member) {
   return member.core != nullptr ? member.core->has_buffered_frame() : member.queue->ready();
 }
 
-// Sleeps until a ring of `words` (owned by members[word_owners[i]]) gets data, a writer
-// behind `hang_ups` dies, the deadline passes or kHangUpCheckInterval elapses, and marks
-// in `ready` what is ready. False when the kernel has no futex_waitv (nothing waited).
-bool wait_on_futexes(const std::vector<detail::SelectorMember>& members, std::span<std::atomic<std::uint32_t>* const> words,
-                     std::span<const std::size_t> word_owners, std::span<pollfd> hang_ups,
-                     std::span<const std::size_t> hang_up_owners, std::vector<bool>& ready, const Deadline& deadline) {
+}  // namespace
+
+// What one pass of Selector::wait_until() looks at, gathered from the members: what is
+// ready already, the descriptors to poll, and the receivers no descriptor reports data for.
+struct detail::SelectorWaitPlan {
+  std::vector<bool> ready;
+  std::vector<pollfd> fds;
+  std::vector<std::size_t> owners;  // fds[i] belongs to members_[owners[i]]
+  std::vector<std::size_t> silent;  // receivers whose arriving data no descriptor reports
+  std::vector<std::atomic<std::uint32_t>*> words;  // the futex words of silent receivers that have one
+  std::vector<std::size_t> word_owners;            // words[i] belongs to members_[word_owners[i]]
+  bool any_buffered = false;        // a member is ready without waiting
+  bool stream_fds = false;          // a descriptor reports data (futexes cannot wait with it)
+  Deadline poll_until = Deadline::never();  // earlier than the caller's when a handshake expires first
+
+  void reset(std::size_t count, const Deadline& deadline) {
+    ready.assign(count, false);
+    fds.clear();
+    owners.clear();
+    silent.clear();
+    words.clear();
+    word_owners.clear();
+    any_buffered = stream_fds = false;
+    poll_until = deadline;
+  }
+
+  void add_listener(std::size_t index, detail::ListenerCore& listener) {
+    if (!listener.is_open()) return;
+    if (listener.has_waiting_client()) {
+      ready[index] = any_buffered = true;
+      return;
+    }
+    const std::size_t first = fds.size();
+    listener.append_poll_fds(fds);
+    owners.resize(fds.size(), index);
+    stream_fds = stream_fds || fds.size() > first;
+    const Deadline handshakes = listener.next_deadline();
+    if (handshakes.time_point() < poll_until.time_point()) poll_until = handshakes;
+  }
+
+  void add_receiver(std::size_t index, const detail::SelectorMember& member) {
+    // Frames already in user space count as ready: poll() cannot see them.
+    if (has_buffered_frame(member)) {
+      ready[index] = any_buffered = true;
+      return;
+    }
+    if (member.queue != nullptr) {  // an in-process queue: no descriptor, no futex word
+      silent.push_back(index);
+      return;
+    }
+    detail::ReceiverCore* core = member.core;
+    const int fd = core->readiness_fd();
+    const bool reports_data = fd >= 0 && core->readiness_fd_reports_data();
+    if (fd >= 0) {
+      // A descriptor that reports only a hang-up may carry other bytes (a ring's companion
+      // socket carries segment fds): wait for the hang-up alone there.
+      fds.push_back(pollfd{fd, static_cast<short>(reports_data ? POLLIN : POLLRDHUP), 0});
+      owners.push_back(index);
+      stream_fds = stream_fds || reports_data;
+    }
+    if (reports_data) return;
+    // Without a descriptor that reports data: sleep on its futex word, or re-check it at
+    // short intervals.
+    silent.push_back(index);
+    if (std::atomic<std::uint32_t>* word = core->data_futex()) {
+      words.push_back(word);
+      word_owners.push_back(index);
+    }
+  }
+
+  bool nothing_can_wake() const { return fds.empty() && silent.empty() && !any_buffered; }
+
+  // Only rings (and nothing else) wait: they can sleep on their futex words together.
+  bool only_rings_wait() const {
+    return !any_buffered && !silent.empty() && words.size() == silent.size() && !stream_fds &&
+           words.size() <= kMaxFutexWaitWords;
+  }
+
+  // How long ppoll() may sleep (nullptr: for ever). With a frame buffered it only looks, so
+  // the pick among everything ready stays fair; silent receivers cap it at kRecheckInterval.
+  const timespec* poll_timeout(timespec& storage) const {
+    if (any_buffered) {
+      storage = timespec{};
+      return &storage;
+    }
+    const timespec recheck{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kRecheckInterval).count()};
+    if (poll_until.is_never()) {
+      if (silent.empty()) return nullptr;
+      storage = recheck;
+      return &storage;
+    }
+    storage = poll_until.remaining_timespec();
+    const bool recheck_sooner =
+        recheck.tv_sec < storage.tv_sec || (recheck.tv_sec == storage.tv_sec && recheck.tv_nsec < storage.tv_nsec);
+    if (!silent.empty() && recheck_sooner) storage = recheck;
+    return &storage;
+  }
+
+  // Marks the receivers whose descriptors reported events (listeners are advanced apart).
+  void mark_polled(const std::vector<detail::SelectorMember>& members) {
+    for (std::size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      const detail::SelectorMember& member = members[owners[i]];
+      if (member.listener != nullptr) continue;
+      // A hint (a UCX worker's wake-up) counts only once a frame is there.
+      ready[owners[i]] = !member.core->readiness_fd_is_a_hint() || member.core->has_buffered_frame();
+    }
+  }
+
+  // Receivers without a descriptor that reports data are looked at again after the wait.
+  void recheck_silent(const std::vector<detail::SelectorMember>& members) {
+    for (const std::size_t index : silent) {
+      if (!ready[index] && has_buffered_frame(members[index])) ready[index] = true;
+    }
+  }
+};
+
+namespace {
+
+// Sleeps until a ring of the plan's words gets data, a writer behind its hang-up
+// descriptors dies, the deadline passes or kHangUpCheckInterval elapses, and marks in
+// plan.ready what is ready. False when the kernel has no futex_waitv (nothing waited).
+bool wait_on_futexes(const std::vector<detail::SelectorMember>& members, detail::SelectorWaitPlan& plan,
+                     const Deadline& deadline) {
+  const std::span<std::atomic<std::uint32_t>* const> words(plan.words);
   struct Awake {  // leaves every word at 0 however the wait ends
     std::span<std::atomic<std::uint32_t>* const> words;
     ~Awake() {
@@ -44,14 +163,14 @@ bool wait_on_futexes(const std::vector<detail::SelectorMember>& members, std::sp
   bool any = false;
   const auto look = [&] {
     for (std::size_t i = 0; i < words.size(); ++i) {
-      if (has_buffered_frame(members[word_owners[i]])) ready[word_owners[i]] = any = true;
+      if (has_buffered_frame(members[plan.word_owners[i]])) plan.ready[plan.word_owners[i]] = any = true;
     }
     // The companion sockets report a writer's death (nothing else is ever sent on them).
-    while (!hang_ups.empty()) {
-      const int rc = ::poll(hang_ups.data(), hang_ups.size(), 0);
+    while (!plan.fds.empty()) {
+      const int rc = ::poll(plan.fds.data(), plan.fds.size(), 0);
       if (rc >= 0) {
-        for (std::size_t i = 0; rc > 0 && i < hang_ups.size(); ++i) {
-          if (hang_ups[i].revents != 0) ready[hang_up_owners[i]] = any = true;
+        for (std::size_t i = 0; rc > 0 && i < plan.fds.size(); ++i) {
+          if (plan.fds[i].revents != 0) plan.ready[plan.owners[i]] = any = true;
         }
         break;
       }
@@ -126,124 +245,48 @@ std::optional<std::size_t> Selector::wait_for(Timeout timeout) {
 std::optional<std::size_t> Selector::try_wait() { return wait_until(Deadline::now()); }
 
 std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
-  const std::size_t count = members_.size();
-  std::vector<bool> ready(count, false);
-  std::vector<pollfd> fds;
-  std::vector<std::size_t> owners;  // fds[i] belongs to members_[owners[i]]
-  std::vector<std::size_t> silent;  // receivers whose arriving data no descriptor reports
-  std::vector<std::atomic<std::uint32_t>*> words;  // the futex words of silent receivers that have one
-  std::vector<std::size_t> word_owners;            // words[i] belongs to members_[word_owners[i]]
+  detail::SelectorWaitPlan plan;
   while (true) {
-    // Frames already in user space count as ready: poll() cannot see them.
-    fds.clear();
-    owners.clear();
-    silent.clear();
-    words.clear();
-    word_owners.clear();
-    std::fill(ready.begin(), ready.end(), false);
-    bool any_buffered = false;
-    bool stream_fds = false;  // a descriptor that reports data (futexes cannot wait with it)
-    Deadline poll_until = deadline;  // earlier when a listener's handshake expires first
-    for (std::size_t index = 0; index < count; ++index) {
+    plan.reset(members_.size(), deadline);
+    for (std::size_t index = 0; index < members_.size(); ++index) {
       const detail::SelectorMember& member = members_[index];
-      if (!member) continue;
-      if (detail::ListenerCore* listener = member.listener) {
-        if (!listener->is_open()) continue;
-        if (listener->has_waiting_client()) {
-          ready[index] = any_buffered = true;
-          continue;
-        }
-        const std::size_t first = fds.size();
-        listener->append_poll_fds(fds);
-        owners.resize(fds.size(), index);
-        stream_fds = stream_fds || fds.size() > first;
-        const Deadline handshakes = listener->next_deadline();
-        if (handshakes.time_point() < poll_until.time_point()) poll_until = handshakes;
-        continue;
-      }
-      if (has_buffered_frame(member)) {
-        ready[index] = any_buffered = true;
-        continue;
-      }
-      if (member.queue != nullptr) {  // an in-process queue: no descriptor, no futex word
-        silent.push_back(index);
-        continue;
-      }
-      detail::ReceiverCore* core = member.core;
-      const int fd = core->readiness_fd();
-      const bool reports_data = fd >= 0 && core->readiness_fd_reports_data();
-      if (fd >= 0) {
-        // A descriptor that reports only a hang-up may carry other bytes (a ring's companion
-        // socket carries segment fds): wait for the hang-up alone there.
-        fds.push_back(pollfd{fd, static_cast<short>(reports_data ? POLLIN : POLLRDHUP), 0});
-        owners.push_back(index);
-        stream_fds = stream_fds || reports_data;
-      }
-      if (reports_data) continue;
-      // Without a descriptor that reports data (a ring's companion socket reports only a
-      // hang-up; an in-process queue has none): sleep on its futex word, or re-check it at
-      // short intervals.
-      silent.push_back(index);
-      if (std::atomic<std::uint32_t>* word = core->data_futex()) {
-        words.push_back(word);
-        word_owners.push_back(index);
+      if (member.listener != nullptr) {
+        plan.add_listener(index, *member.listener);
+      } else if (member) {
+        plan.add_receiver(index, member);
       }
     }
-    if (fds.empty() && silent.empty() && !any_buffered) {
+    if (plan.nothing_can_wake()) {
       if (!deadline.is_never()) return std::nullopt;
       throw Error("Selector::wait(): no receiver in the set can become ready");
     }
-    // Only rings (and nothing else) wait: sleep on their futex words, as a ring's own
-    // recv() does, instead of waking every kRecheckInterval.
-    if (!any_buffered && !silent.empty() && words.size() == silent.size() && !stream_fds &&
-        words.size() <= kMaxFutexWaitWords && futexes_work_) {
-      if (wait_on_futexes(members_, words, word_owners, fds, owners, ready, deadline)) {
-        if (const auto index = pick(ready)) return index;
+    if (futexes_work_ && plan.only_rings_wait()) {
+      if (wait_on_futexes(members_, plan, deadline)) {
+        if (const auto index = pick(plan.ready)) return index;
         if (deadline.expired()) return std::nullopt;
         continue;
       }
       futexes_work_ = false;  // futex_waitv is missing (Linux before 5.16): re-check instead
     }
-
-    // With a frame buffered, look at the descriptors without waiting: the pick among
-    // everything ready must be fair.
-    timespec zero{};
-    timespec left{};
-    const timespec* timeout = nullptr;
-    if (any_buffered) {
-      timeout = &zero;
-    } else if (!poll_until.is_never()) {
-      left = poll_until.remaining_timespec();
-      timeout = &left;
-    }
-    timespec recheck{};
-    if (!silent.empty() && !any_buffered) {
-      recheck.tv_nsec = std::chrono::duration_cast<std::chrono::nanoseconds>(kRecheckInterval).count();
-      if (timeout == nullptr || recheck.tv_sec < left.tv_sec ||
-          (recheck.tv_sec == left.tv_sec && recheck.tv_nsec < left.tv_nsec)) {
-        timeout = &recheck;
-      }
-    }
-    const int rc = fds.empty() && timeout == &zero ? 0 : ::ppoll(fds.data(), fds.size(), timeout, nullptr);
-    if (rc < 0) {
-      if (errno == EINTR) continue;
-      throw_errno("ppoll in Selector::wait");
-    }
-    for (std::size_t i = 0; rc > 0 && i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      const detail::SelectorMember& member = members_[owners[i]];
-      if (member.listener != nullptr) continue;  // advance_listeners() looks at those
-      // A hint (a UCX worker's wake-up) counts only once a frame is there.
-      ready[owners[i]] = !member.core->readiness_fd_is_a_hint() || member.core->has_buffered_frame();
-    }
-    advance_listeners(fds, owners, ready);
-    // Receivers without a descriptor that reports data are looked at again after the wait.
-    for (const std::size_t index : silent) {
-      if (!ready[index] && has_buffered_frame(members_[index])) ready[index] = true;
-    }
-    if (const auto index = pick(ready)) return index;
+    if (!poll_once(plan)) continue;  // interrupted by a signal
+    if (const auto index = pick(plan.ready)) return index;
     if (deadline.expired()) return std::nullopt;
   }
+}
+
+bool Selector::poll_once(detail::SelectorWaitPlan& plan) {
+  timespec storage{};
+  const timespec* timeout = plan.poll_timeout(storage);
+  const bool look_only = timeout != nullptr && timeout->tv_sec == 0 && timeout->tv_nsec == 0;
+  const int rc = plan.fds.empty() && look_only ? 0 : ::ppoll(plan.fds.data(), plan.fds.size(), timeout, nullptr);
+  if (rc < 0) {
+    if (errno == EINTR) return false;
+    throw_errno("ppoll in Selector::wait");
+  }
+  if (rc > 0) plan.mark_polled(members_);
+  advance_listeners(plan.fds, plan.owners, plan.ready);
+  plan.recheck_silent(members_);
+  return true;
 }
 
 std::optional<std::size_t> Selector::pick(const std::vector<bool>& ready) {
