@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -132,15 +133,28 @@ bool LivingChildren::end() {
 namespace ferry::test {
 namespace {
 
-// True while `pid` runs (a zombie, which whoever adopted it has not reaped yet, is gone).
+// The state letter of /proc/<pid>/task/<tid>/stat ('?' when it cannot be read).
+char thread_state(const std::filesystem::path& stat_path) {
+  std::FILE* stat = std::fopen(stat_path.c_str(), "r");
+  if (stat == nullptr) return '?';
+  char state = '?';
+  if (std::fscanf(stat, "%*d (%*[^)]) %c", &state) != 1) state = '?';
+  std::fclose(stat);
+  return state;
+}
+
+// True while any thread of `pid` runs. A zombie (which whoever adopted it has not reaped
+// yet) is gone, but only once all its threads are: a killed process's main thread can be a
+// zombie while another thread (a sanitizer's background thread) still exits, and the
+// process's descriptors (a listening socket) close only when the last thread is gone.
 bool is_running(pid_t pid) {
   if (::kill(pid, 0) != 0) return false;
-  std::FILE* stat = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-  if (stat == nullptr) return false;
-  char state = '?';
-  const int matched = std::fscanf(stat, "%*d (%*[^)]) %c", &state);
-  std::fclose(stat);
-  return matched == 1 && state != 'Z' && state != 'X';
+  std::error_code error;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
+    const char state = thread_state(task.path() / "stat");
+    if (state != 'Z' && state != 'X' && state != '?') return true;
+  }
+  return false;
 }
 
 }  // namespace
