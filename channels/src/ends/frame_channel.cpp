@@ -78,7 +78,7 @@ void SenderCore::check_limits() const {
       break;
     case Limit::Fds:
       needs = "file descriptors";
-      advice = "send fewer new tensors per message (a Unix socket passes at most 253 per frame)";
+      advice = "send fewer new tensors per message or raise FrameLimits::max_fds";
       break;
     case Limit::BodyBytes:
       needs = "bytes of serialized body";
