@@ -19,5 +19,5 @@ other=$!
 wait "$other"
 wait "$loader"
 cat "$log"
-grep -q "trainer 0 died" "$log"
+grep -Eq "trainer 0 (died|is gone)" "$log"  # seen at its next recv (PeerDied) or send (ChannelClosed)
 grep -q "30 batches trained on" "$log"

@@ -7,6 +7,9 @@
 #include <string>
 #include <vector>
 
+#include <cereal/types/string.hpp>
+#include <cereal/types/vector.hpp>
+
 #include "ferry/channel.hpp"
 
 namespace ferry {
@@ -29,8 +32,16 @@ struct EndDescription {
   bool shares_connection = false;  ///< a duplex socket's end (FrameWriter::shares_connection())
   ChannelOptions options;
 
+  /// ferry's own archives (FrameOutputArchive, FrameInputArchive) are compiled once, in
+  /// the library (declared below); other cereal archives use the template.
   template <class Archive>
   void serialize(Archive& ar) {
+    serialize_fields(ar);
+  }
+
+ private:
+  template <class Archive>
+  void serialize_fields(Archive& ar) {
     auto linger = static_cast<std::int64_t>(options.close_linger.count());
     auto ring = static_cast<std::uint64_t>(options.ring_capacity);
     auto spin = static_cast<std::int64_t>(options.ring_spin.count());
@@ -55,6 +66,11 @@ struct EndDescription {
     }
   }
 };
+
+template <>
+void EndDescription::serialize(FrameOutputArchive& ar);
+template <>
+void EndDescription::serialize(FrameInputArchive& ar);
 
 namespace detail {
 // The untyped halves of describe_end / sender_from_description / receiver_from_description:

@@ -6,6 +6,20 @@
 #include <optional>
 #include <string>
 
+namespace ferry {
+
+// Compiled here once, instead of in every program that spawns workers by exec.
+template <>
+void EndDescription::serialize(FrameOutputArchive& ar) {
+  serialize_fields(ar);
+}
+template <>
+void EndDescription::serialize(FrameInputArchive& ar) {
+  serialize_fields(ar);
+}
+
+}  // namespace ferry
+
 namespace ferry::detail {
 namespace {
 
