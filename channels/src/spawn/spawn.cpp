@@ -10,6 +10,31 @@
 #include "ferry/detail/sigpipe_blocked.hpp"
 
 namespace ferry::detail {
+
+void throw_spawn_argument_error(std::size_t position, std::string_view type, const std::string& problem) {
+  throw SpawnError("argument " + std::to_string(position + 1) + " of spawn (" + std::string(type) + ") " + problem);
+}
+
+void check_handed_end(std::size_t position, std::string_view type, bool open, Transport transport, bool used,
+                      StartMethod method) {
+  if (!open) throw_spawn_argument_error(position, type, "holds a closed or empty channel end; hand workers open ends");
+  if (transport == Transport::InProcess) {
+    throw_spawn_argument_error(position, type,
+                               "holds an end of an in_process channel, which cannot reach another process; create "
+                               "the channel with Transport::Pipe, UnixSocket or ShmRing");
+  }
+  if (transport == Transport::Ucx) {
+    throw_spawn_argument_error(position, type,
+                               "holds a ucx end, which cannot cross fork or exec (UCX state must not be touched by a "
+                               "child); let the worker connect to the ucx:// address itself");
+  }
+  if (method == StartMethod::Spawn && used) {
+    throw_spawn_argument_error(position, type,
+                               "holds an end that has already carried messages; the spawn start method rebuilds ends "
+                               "from their descriptors, so it needs fresh ones (or use StartMethod::Fork)");
+  }
+}
+
 namespace {
 
 void write_all(int fd, const void* data, std::size_t size) {

@@ -175,46 +175,42 @@ inline constexpr bool crosses_exec =
     cereal::traits::is_output_serializable<Wire<V>, FrameOutputArchive>::value &&
     cereal::traits::is_input_serializable<Wire<V>, FrameInputArchive>::value;
 
+/// Throws SpawnError about argument `position` (from 0) of spawn(), of type `type`:
+/// "argument N of spawn (type) <problem>".
+[[noreturn]] void throw_spawn_argument_error(std::size_t position, std::string_view type, const std::string& problem);
+/// Checks one channel end handed to a worker started by `method` (open, able to cross
+/// processes, fresh for StartMethod::Spawn); throws SpawnError about argument `position`.
+void check_handed_end(std::size_t position, std::string_view type, bool open, Transport transport, bool used,
+                      StartMethod method);
+
 /// Checks one spawn() argument (number `position`, from 0) for a group of `world_size`
 /// workers started by `method`; throws SpawnError.
 template <class A>
 void validate_argument(A& arg, std::size_t position, int world_size, StartMethod method) {
   using Traits = ArgTraits<A>;
   using V = typename Traits::Worker;
-  const std::string where = "argument " + std::to_string(position + 1) + " of spawn (" + std::string(type_name<A>()) + ")";
   if constexpr (Traits::per_rank) {
     if (Traits::count(arg) != static_cast<std::size_t>(world_size)) {
-      throw SpawnError(where + " holds " + std::to_string(Traits::count(arg)) + " values for " +
-                       std::to_string(world_size) + " workers; per_rank needs exactly one value per worker");
+      throw_spawn_argument_error(position, type_name<A>(),
+                                 "holds " + std::to_string(Traits::count(arg)) + " values for " +
+                                     std::to_string(world_size) + " workers; per_rank needs exactly one value per worker");
     }
   } else if constexpr (holds_ends<V>) {
     bool any = false;
     for_each_end(arg, [&](auto&) { any = true; });
     if (any && world_size > 1) {
-      throw SpawnError(where + " would be shared by " + std::to_string(world_size) +
-                       " workers, but a channel end belongs to one process; give each worker its own end with "
-                       "ferry::per_rank(std::vector<...>{...})");
+      throw_spawn_argument_error(position, type_name<A>(),
+                                 "would be shared by " + std::to_string(world_size) +
+                                     " workers, but a channel end belongs to one process; give each worker its own "
+                                     "end with ferry::per_rank(std::vector<...>{...})");
     }
   }
   if constexpr (holds_ends<V>) {
     for (int rank = 0; rank < (Traits::per_rank ? world_size : 1); ++rank) {
       for_each_end(Traits::for_rank(arg, rank), [&](auto& end) {
-        if (!end.is_open()) {
-          throw SpawnError(where + " holds a closed or empty channel end; hand workers open ends");
-        }
-        if (end.transport() == Transport::InProcess) {
-          throw SpawnError(where + " holds an end of an in_process channel, which cannot reach another process; "
-                                   "create the channel with Transport::Pipe, UnixSocket or ShmRing");
-        }
-        if (end.transport() == Transport::Ucx) {
-          throw SpawnError(where + " holds a ucx end, which cannot cross fork or exec (UCX state must not be "
-                                   "touched by a child); let the worker connect to the ucx:// address itself");
-        }
-        if (method == StartMethod::Spawn && end.core().used()) {
-          throw SpawnError(where + " holds an end that has already carried messages; the spawn start method "
-                                   "rebuilds ends from their descriptors, so it needs fresh ones (or use "
-                                   "StartMethod::Fork)");
-        }
+        const bool open = end.is_open();
+        const bool frames = open && end.transport() != Transport::InProcess;  // a frame core to ask
+        check_handed_end(position, type_name<A>(), open, end.transport(), frames && end.core().used(), method);
       });
     }
   }
