@@ -57,9 +57,20 @@ TEST_F(FuzzCorpusTest, BodySeedsDecode) {
   EXPECT_TRUE(harness.run(read_bytes(kFuzzDir / "corpus/body/plain")));
 }
 
+TEST_F(FuzzCorpusTest, ValueSeedsDecodeAndHostileOnesAreRefused) {
+  fuzz::ValueHarness harness;
+  EXPECT_TRUE(harness.run(read_bytes(kFuzzDir / "corpus/value/batch")));
+  EXPECT_TRUE(harness.run(read_bytes(kFuzzDir / "corpus/value/depth_limit")));
+  for (const char* hostile : {"too_deep", "truncated", "huge_list", "huge_map", "huge_string", "bad_utf8", "bad_utf8_key",
+                              "duplicate_key", "bad_bool", "bad_kind"}) {
+    EXPECT_FALSE(harness.run(read_bytes(kFuzzDir / "corpus/value" / hostile))) << hostile << " must be refused";
+  }
+}
+
 TEST_F(FuzzCorpusTest, EveryCorpusAndRegressionInputRunsCleanly) {
   fuzz::FrameHarness frames;
   fuzz::BodyHarness bodies;
+  fuzz::ValueHarness values;
   std::size_t inputs = 0;
   for (const char* group : {"corpus", "regressions"}) {
     for (const fs::path& path : files_under(kFuzzDir / group / "frame")) {
@@ -70,6 +81,11 @@ TEST_F(FuzzCorpusTest, EveryCorpusAndRegressionInputRunsCleanly) {
     for (const fs::path& path : files_under(kFuzzDir / group / "body")) {
       SCOPED_TRACE(path.string());
       bodies.run(read_bytes(path));
+      ++inputs;
+    }
+    for (const fs::path& path : files_under(kFuzzDir / group / "value")) {
+      SCOPED_TRACE(path.string());
+      values.run(read_bytes(path));
       ++inputs;
     }
   }

@@ -82,6 +82,11 @@ TEST(ValueTest, Utf8Validation) {
   EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));                        // a surrogate
   EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));                    // above U+10FFFF
   EXPECT_FALSE(is_valid_utf8("\xff"));
+  // Past the 8-byte ASCII steps: a character across a step's edge, a bad byte after several.
+  EXPECT_TRUE(is_valid_utf8("train/12/3456\xc3\xa9.jpg and more ascii"));
+  EXPECT_TRUE(is_valid_utf8("1234567\xe2\x82\xac" "890123456"));
+  EXPECT_FALSE(is_valid_utf8("0123456789abcdef0123\xff"));
+  EXPECT_FALSE(is_valid_utf8("01234567\xc3"));
 }
 
 class ValueChannelTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
@@ -215,6 +220,20 @@ TEST(ValueWireTest, LyingCountsAndBadBytesAreProtocolErrors) {
   const std::uint32_t handle = 0;
   tensor.raw(&ndim, 4).raw(&size, 8).raw(&stride, 8).raw(&offset, 8).raw(&handle, 4);
   EXPECT_NE(decode_error(tensor).find("handle index 0 is out of range"), std::string::npos) << decode_error(tensor);
+}
+
+TEST(ValueWireTest, DuplicateKeysAreFoundInSmallAndLargeMaps) {
+  // Up to 16 entries a key is compared with those before it, above through a hash set.
+  for (const std::size_t count : {std::size_t{16}, std::size_t{17}, std::size_t{1000}}) {
+    BodyBuilder map;
+    map.kind(ValueKind::Map).u64(count);
+    for (std::size_t i = 0; i + 1 < count; ++i) map.text("key" + std::to_string(i)).kind(ValueKind::None);
+    BodyBuilder distinct = map;
+    distinct.text("last").kind(ValueKind::None);
+    EXPECT_EQ(read_body<Value>(distinct.body(), {}).as_map().size(), count);
+    map.text("key0").kind(ValueKind::None);
+    EXPECT_NE(decode_error(map).find("key 'key0' twice"), std::string::npos) << count << ": " << decode_error(map);
+  }
 }
 
 TEST(ValueWireTest, TooManyElementsIsAProtocolError) {

@@ -2,7 +2,9 @@
 
 #include <pybind11/stl.h>
 
+#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "export_registry.hpp"
@@ -101,6 +103,54 @@ Shape shape_from(const std::vector<std::int64_t>& extents) {
 
 }  // namespace
 
+// ---- the ferry.Tensor type ------------------------------------------------------------------
+//
+// A plain CPython heap type holding the ferry::Tensor inline, not a pybind11 class: a
+// received message makes one of these per tensor, and pybind11's instances cost a type
+// lookup, a holder allocation and an entry in its instance registry each (about 2,000
+// instructions to make and free one; this type takes a few hundred). The methods are
+// pybind11 functions taking the object as a handle.
+
+namespace {
+
+struct TensorObject {
+  PyObject_HEAD
+  Tensor tensor;
+};
+
+PyTypeObject* tensor_type = nullptr;  // made by bind_tensor; one reference kept for the process
+
+void tensor_dealloc(PyObject* self) {
+  PyTypeObject* type = Py_TYPE(self);
+  std::destroy_at(&reinterpret_cast<TensorObject*>(self)->tensor);
+  type->tp_free(self);
+  Py_DECREF(type);  // an instance of a heap type holds a reference to it
+}
+
+const char* const kTensorDoc =
+    "A tensor in ferry's memory. torch.from_dlpack(t) and numpy.asarray(t) view its elements "
+    "without a copy; a tensor received from a channel views the sender's pages.";
+
+}  // namespace
+
+bool is_tensor(py::handle object) { return tensor_type != nullptr && PyObject_TypeCheck(object.ptr(), tensor_type); }
+
+const Tensor& tensor_of(py::handle object) {
+  if (!is_tensor(object)) {
+    throw py::type_error("expected a ferry.Tensor, not " +
+                         py::str(py::type::of(object).attr("__qualname__")).cast<std::string>());
+  }
+  return reinterpret_cast<TensorObject*>(object.ptr())->tensor;
+}
+
+py::object wrap_tensor(Tensor&& tensor) {
+  PyObject* made = tensor_type->tp_alloc(tensor_type, 0);  // zeroed; takes a reference to the type
+  if (made == nullptr) throw py::error_already_set();
+  static_assert(std::is_nothrow_move_constructible_v<Tensor>);
+  new (&reinterpret_cast<TensorObject*>(made)->tensor) Tensor(std::move(tensor));
+  return py::reinterpret_steal<py::object>(made);
+}
+
 DType dtype_from_name(std::string_view name) {
   for (int raw = 0; raw < kDTypeCount; ++raw) {
     const auto dtype = static_cast<DType>(raw);
@@ -111,33 +161,58 @@ DType dtype_from_name(std::string_view name) {
 }
 
 void bind_tensor(py::module_& module) {
-  py::class_<Tensor>(module, "Tensor",
-                     "A tensor in ferry's memory. torch.from_dlpack(t) and numpy.asarray(t) view its elements "
-                     "without a copy; a tensor received from a channel views the sender's pages.")
-      .def_property_readonly("shape", [](const Tensor& t) { return to_tuple(t.shape()); })
-      .def_property_readonly("strides", [](const Tensor& t) { return to_tuple(t.strides()); },
-                             "Strides in elements (not bytes, unlike NumPy).")
-      .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
-      .def_property_readonly("device", [](const Tensor& t) { return t.device().to_string(); })
-      .def_property_readonly("storage_offset", &Tensor::storage_offset)
-      .def_property_readonly("nbytes", &Tensor::nbytes)
-      .def_property_readonly("is_shared", &Tensor::is_shared,
-                             "True when the elements are in shared memory: sending copies no bytes.")
-      .def_property_readonly("data_ptr", [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()); })
-      .def("numel", &Tensor::numel)
-      .def("dim", &Tensor::dim)
-      .def("is_contiguous", &Tensor::is_contiguous)
-      .def("shares_storage_with", &Tensor::shares_storage_with, py::arg("other"))
-      .def("__dlpack__", &dlpack_capsule, py::arg("stream") = py::none(),
-           "A DLPack capsule viewing the elements (data at element 0); bool tensors are refused (DLPack 0.6).")
-      .def("__dlpack_device__", &dlpack_device)
-      .def_property_readonly("__array_interface__", &array_interface)
-      .def("__repr__", &Tensor::to_string);
+  PyType_Slot slots[] = {
+      {Py_tp_dealloc, reinterpret_cast<void*>(&tensor_dealloc)},
+      {Py_tp_doc, const_cast<char*>(kTensorDoc)},
+      {0, nullptr},
+  };
+  unsigned int flags = Py_TPFLAGS_DEFAULT;
+#ifdef Py_TPFLAGS_DISALLOW_INSTANTIATION
+  flags |= Py_TPFLAGS_DISALLOW_INSTANTIATION;  // made by ferry only (ferry.empty, received messages)
+#endif
+  PyType_Spec spec{"ferry._ferry.Tensor", static_cast<int>(sizeof(TensorObject)), 0, flags, slots};
+  const py::object type = py::reinterpret_steal<py::object>(PyType_FromSpec(&spec));
+  if (!type) throw py::error_already_set();
+  tensor_type = reinterpret_cast<PyTypeObject*>(type.inc_ref().ptr());
+
+  const py::object property = py::module_::import("builtins").attr("property");
+  const auto add_property = [&](const char* name, auto&& getter, const char* doc = "") {
+    type.attr(name) = property(py::cpp_function([getter](py::handle self) { return getter(tensor_of(self)); }),
+                               py::none(), py::none(), doc);
+  };
+  const auto add_method = [&](const char* name, auto&& method, auto&&... extra) {
+    type.attr(name) = py::cpp_function(std::forward<decltype(method)>(method), py::name(name), py::is_method(type),
+                                       py::sibling(py::getattr(type, name, py::none())),
+                                       std::forward<decltype(extra)>(extra)...);
+  };
+  add_property("shape", [](const Tensor& t) { return to_tuple(t.shape()); });
+  add_property("strides", [](const Tensor& t) { return to_tuple(t.strides()); },
+               "Strides in elements (not bytes, unlike NumPy).");
+  add_property("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); });
+  add_property("device", [](const Tensor& t) { return t.device().to_string(); });
+  add_property("storage_offset", [](const Tensor& t) { return t.storage_offset(); });
+  add_property("nbytes", [](const Tensor& t) { return t.nbytes(); });
+  add_property("is_shared", [](const Tensor& t) { return t.is_shared(); },
+               "True when the elements are in shared memory: sending copies no bytes.");
+  add_property("data_ptr", [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()); });
+  add_property("__array_interface__", [](const Tensor& t) { return array_interface(t); });
+  add_method("numel", [](py::handle self) { return tensor_of(self).numel(); });
+  add_method("dim", [](py::handle self) { return tensor_of(self).dim(); });
+  add_method("is_contiguous", [](py::handle self) { return tensor_of(self).is_contiguous(); });
+  add_method("shares_storage_with",
+             [](py::handle self, py::handle other) { return tensor_of(self).shares_storage_with(tensor_of(other)); },
+             py::arg("other"));
+  add_method("__dlpack__", [](py::handle self, const py::object& stream) { return dlpack_capsule(tensor_of(self), stream); },
+             py::arg("stream") = py::none(),
+             "A DLPack capsule viewing the elements (data at element 0); bool tensors are refused (DLPack 0.6).");
+  add_method("__dlpack_device__", [](py::handle self) { return dlpack_device(tensor_of(self)); });
+  add_method("__repr__", [](py::handle self) { return tensor_of(self).to_string(); });
+  module.add_object("Tensor", type);
 
   module.def(
       "_empty",
       [](const std::vector<std::int64_t>& shape, std::string_view dtype) {
-        return Tensor::empty(shape_from(shape), dtype_from_name(dtype), Device::SharedCpu);
+        return wrap_tensor(Tensor::empty(shape_from(shape), dtype_from_name(dtype), Device::SharedCpu));
       },
       py::arg("shape"), py::arg("dtype"));
 }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "export_registry.hpp"
+#include "tensor_binding.hpp"
 #include "ferry/dlpack.hpp"
 #include "ferry/tensor.hpp"
 
@@ -167,7 +168,7 @@ Value convert(py::handle object, std::size_t depth) {
   if (PyByteArray_Check(object.ptr())) {
     return Value(Bytes{std::string(PyByteArray_AsString(object.ptr()), static_cast<std::size_t>(PyByteArray_Size(object.ptr())))});
   }
-  if (py::isinstance<Tensor>(object)) return Value(object.cast<Tensor>());
+  if (is_tensor(object)) return Value(tensor_of(object));
   if (PyDict_Check(object.ptr())) {
     ValueMap map;
     map.reserve(static_cast<std::size_t>(PyDict_Size(object.ptr())));
@@ -200,36 +201,59 @@ Value convert(py::handle object, std::size_t depth) {
 
 Value to_value(py::handle object) { return convert(object, 1); }
 
-py::object to_python(Value&& value) {
+namespace {
+
+// A new reference, or the Python error that made it fail as a C++ exception.
+PyObject* checked(PyObject* made) {
+  if (made == nullptr) throw py::error_already_set();
+  return made;
+}
+
+// Builds the Python object of `value` (a new reference) with the C API directly: one object
+// per value, nothing temporary (this runs for every element of every received message).
+PyObject* received_object(Value& value) {
   switch (value.kind()) {
-    case ValueKind::None: return py::none();
-    case ValueKind::Bool: return py::bool_(value.as_bool());
-    case ValueKind::Int: return py::int_(value.as_int());
-    case ValueKind::Float: return py::float_(value.as_float());
-    case ValueKind::String: {
-      const std::string& text = value.as_string();
-      return py::reinterpret_steal<py::object>(  // validated UTF-8 on receipt; strict decoding anyway
-          [&] {
-            PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "strict");
-            if (decoded == nullptr) throw py::error_already_set();
-            return decoded;
-          }());
+    case ValueKind::None: Py_INCREF(Py_None); return Py_None;
+    case ValueKind::Bool: {
+      PyObject* flag = value.as_bool() ? Py_True : Py_False;
+      Py_INCREF(flag);
+      return flag;
     }
-    case ValueKind::Bytes: return py::bytes(value.as_bytes().data);
-    case ValueKind::Tensor: return py::cast(std::move(value.as_tensor()));
+    case ValueKind::Int: return checked(PyLong_FromLongLong(value.as_int()));
+    case ValueKind::Float: return checked(PyFloat_FromDouble(value.as_float()));
+    case ValueKind::String: {  // validated UTF-8 on receipt; strict decoding anyway
+      const std::string& text = value.as_string();
+      return checked(PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "strict"));
+    }
+    case ValueKind::Bytes: {
+      const std::string& bytes = value.as_bytes().data;
+      return checked(PyBytes_FromStringAndSize(bytes.data(), static_cast<Py_ssize_t>(bytes.size())));
+    }
+    case ValueKind::Tensor: return wrap_tensor(std::move(value.as_tensor())).release().ptr();
     case ValueKind::List: {
       ValueList& elements = value.as_list();
-      py::list list(elements.size());
-      for (std::size_t i = 0; i < elements.size(); ++i) list[i] = to_python(std::move(elements[i]));
-      return list;
+      const py::object list = py::reinterpret_steal<py::object>(checked(PyList_New(static_cast<Py_ssize_t>(elements.size()))));
+      for (std::size_t i = 0; i < elements.size(); ++i) {
+        PyList_SET_ITEM(list.ptr(), static_cast<Py_ssize_t>(i), received_object(elements[i]));  // steals the reference
+      }
+      return list.inc_ref().ptr();
     }
     case ValueKind::Map: {
-      py::dict dict;
-      for (auto& [key, element] : value.as_map()) dict[py::str(key)] = to_python(std::move(element));
-      return dict;
+      const py::object dict = py::reinterpret_steal<py::object>(checked(PyDict_New()));
+      for (auto& [key, element] : value.as_map()) {
+        const py::object name = py::reinterpret_steal<py::object>(
+            checked(PyUnicode_DecodeUTF8(key.data(), static_cast<Py_ssize_t>(key.size()), "strict")));
+        const py::object item = py::reinterpret_steal<py::object>(received_object(element));
+        if (PyDict_SetItem(dict.ptr(), name.ptr(), item.ptr()) != 0) throw py::error_already_set();
+      }
+      return dict.inc_ref().ptr();
     }
   }
   throw py::type_error("ferry received a Value of an unknown kind");
 }
+
+}  // namespace
+
+py::object to_python(Value&& value) { return py::reinterpret_steal<py::object>(received_object(value)); }
 
 }  // namespace ferry::python

@@ -101,6 +101,14 @@ bool is_valid_utf8(std::string_view text) noexcept {
   const auto* at = reinterpret_cast<const unsigned char*>(text.data());
   const unsigned char* const end = at + text.size();
   while (at < end) {
+    // ASCII, 8 bytes at a time (names and keys usually are): no byte with the top bit set.
+    while (end - at >= 8) {
+      std::uint64_t word;
+      std::memcpy(&word, at, sizeof word);
+      if ((word & 0x8080808080808080ull) != 0) break;
+      at += 8;
+    }
+    if (at == end) break;
     const unsigned char lead = *at;
     if (lead < 0x80) {
       ++at;
@@ -204,7 +212,17 @@ std::string read_text(FrameInputArchive& archive, bool utf8, const char* what) {
   return text;
 }
 
-void load_value(FrameInputArchive& archive, Value& value, std::size_t depth, TreeBudget& budget) {
+// Maps up to this size look for a duplicate key among the keys before it (no allocation);
+// larger ones through a hash set, so that a hostile map cannot make decoding quadratic.
+constexpr std::size_t kLinearKeyCheck = 16;
+
+[[noreturn]] void throw_duplicate_key(const std::string& key) {
+  throw ProtocolError("received Value map holds the key '" + key + "' twice");
+}
+
+// Each value is built in place (returned by value into its parent's storage): no temporary
+// Value is moved or assigned on the way.
+Value load_value(FrameInputArchive& archive, std::size_t depth, TreeBudget& budget) {
   if (depth > kMaxValueDepth) {
     throw ProtocolError("received Value nests deeper than " + std::to_string(kMaxValueDepth) +
                         " levels (a hostile or broken sender)");
@@ -214,47 +232,48 @@ void load_value(FrameInputArchive& archive, Value& value, std::size_t depth, Tre
   }
   const auto raw_kind = read_scalar<std::uint8_t>(archive);
   switch (static_cast<ValueKind>(raw_kind)) {
-    case ValueKind::None: value = Value(); return;
+    case ValueKind::None: return Value();
     case ValueKind::Bool: {
       const auto raw = read_scalar<std::uint8_t>(archive);
       if (raw > 1) throw ProtocolError("received Value holds a bool byte " + std::to_string(raw));
-      value = Value(raw == 1);
-      return;
+      return Value(raw == 1);
     }
-    case ValueKind::Int: value = Value(read_scalar<std::int64_t>(archive)); return;
-    case ValueKind::Float: value = Value(read_scalar<double>(archive)); return;
-    case ValueKind::String: value = Value(read_text(archive, true, "string")); return;
-    case ValueKind::Bytes: value = Value(Bytes{read_text(archive, false, "bytes")}); return;
+    case ValueKind::Int: return Value(read_scalar<std::int64_t>(archive));
+    case ValueKind::Float: return Value(read_scalar<double>(archive));
+    case ValueKind::String: return Value(read_text(archive, true, "string"));
+    case ValueKind::Bytes: return Value(Bytes{read_text(archive, false, "bytes")});
     case ValueKind::Tensor: {
       Tensor tensor;
       archive(tensor);
-      value = Value(std::move(tensor));
-      return;
+      return Value(std::move(tensor));
     }
     case ValueKind::List: {
       const std::size_t count = read_count(archive, 1, "list");
-      ValueList list(count);
-      for (Value& element : list) load_value(archive, element, depth + 1, budget);
-      value = Value(std::move(list));
-      return;
+      ValueList list;
+      list.reserve(count);
+      for (std::size_t i = 0; i < count; ++i) list.push_back(load_value(archive, depth + 1, budget));
+      return Value(std::move(list));
     }
     case ValueKind::Map: {
       // An entry takes at least a key length (8 bytes) and a kind byte.
       const std::size_t count = read_count(archive, sizeof(std::uint64_t) + 1, "map");
       ValueMap map;
       map.reserve(count);  // no reallocation below: the views in `keys` stay valid
-      std::unordered_set<std::string_view> keys;  // a linear search per key would let a peer make this quadratic
-      keys.reserve(count);
+      std::unordered_set<std::string_view> keys;
+      if (count > kLinearKeyCheck) keys.reserve(count);
       for (std::size_t i = 0; i < count; ++i) {
         std::string key = read_text(archive, true, "map key");
-        if (keys.contains(key)) throw ProtocolError("received Value map holds the key '" + key + "' twice");
-        Value element;
-        load_value(archive, element, depth + 1, budget);
-        map.append_unchecked(std::move(key), std::move(element));
-        keys.insert(std::prev(map.end())->first);
+        if (count > kLinearKeyCheck) {
+          if (keys.contains(key)) throw_duplicate_key(key);
+        } else {
+          for (const auto& entry : map) {
+            if (entry.first == key) throw_duplicate_key(key);
+          }
+        }
+        map.append_unchecked(std::move(key), load_value(archive, depth + 1, budget));
+        if (count > kLinearKeyCheck) keys.insert(std::prev(map.end())->first);
       }
-      value = Value(std::move(map));
-      return;
+      return Value(std::move(map));
     }
   }
   throw ProtocolError("received Value has an invalid kind byte " + std::to_string(raw_kind));
@@ -269,7 +288,7 @@ void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Value& value) 
 
 void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Value& value) {
   TreeBudget budget;
-  load_value(archive, value, 1, budget);
+  value = load_value(archive, 1, budget);
 }
 
 }  // namespace ferry

@@ -8,9 +8,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <set>
+#include <string_view>
 
 #include "ferry/detail/body_reader.hpp"
 #include "ferry/detail/message_decoder.hpp"
+#include "ferry/value.hpp"
 #include "fuzz_message.hpp"
 
 namespace ferry::fuzz {
@@ -208,6 +211,53 @@ bool BodyHarness::run(std::span<const std::uint8_t> input) {
   const std::span<const std::byte> body(reinterpret_cast<const std::byte*>(input.data()), input.size());
   try {
     check_message(read_body<FuzzMessage>(body, storages_));
+    return true;
+  } catch (const ProtocolError&) {
+    return false;
+  }
+}
+
+// ---- Values -------------------------------------------------------------------------
+
+namespace {
+
+// What the decoder promises of every Value it returns; `elements` counts the whole tree.
+void check_value(const Value& value, std::size_t depth, std::size_t& elements) {
+  if (depth > kMaxValueDepth) harness_failure("a decoded Value nests deeper than kMaxValueDepth");
+  if (++elements > kMaxValueElements) harness_failure("a decoded Value holds more than kMaxValueElements values");
+  switch (value.kind()) {
+    case ValueKind::String:
+      if (!is_valid_utf8(value.as_string())) harness_failure("a decoded Value string is not valid UTF-8");
+      return;
+    case ValueKind::Tensor: check_view(value.as_tensor()); return;
+    case ValueKind::List:
+      for (const Value& element : value.as_list()) check_value(element, depth + 1, elements);
+      return;
+    case ValueKind::Map: {
+      std::set<std::string_view> keys;
+      for (const auto& [key, element] : value.as_map()) {
+        if (!is_valid_utf8(key)) harness_failure("a decoded Value map key is not valid UTF-8");
+        if (!keys.insert(key).second) harness_failure("a decoded Value map holds a key twice");
+        check_value(element, depth + 1, elements);
+      }
+      return;
+    }
+    default: return;
+  }
+}
+
+}  // namespace
+
+ValueHarness::ValueHarness() {
+  for (const std::size_t bytes : kBodyStorageBytes) storages_.push_back(Storage::allocate(bytes, Device::Cpu));
+}
+
+bool ValueHarness::run(std::span<const std::uint8_t> input) {
+  const std::span<const std::byte> body(reinterpret_cast<const std::byte*>(input.data()), input.size());
+  try {
+    const Value value = read_body<Value>(body, storages_);
+    std::size_t elements = 0;
+    check_value(value, 1, elements);
     return true;
   } catch (const ProtocolError&) {
     return false;

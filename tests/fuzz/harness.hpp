@@ -1,4 +1,4 @@
-// The two fuzz harnesses, shared by the libFuzzer targets and by fuzz_corpus_test (which
+// The fuzz harnesses, shared by the libFuzzer targets and by fuzz_corpus_test (which
 // replays the committed corpus through them in every normal build).
 //
 // Neither harness ever acts on a descriptor number taken from its input: every fd a frame
@@ -52,6 +52,20 @@ class BodyHarness {
  public:
   BodyHarness();
   /// Reads a FuzzMessage from `input`; true when it decoded (false on ProtocolError).
+  bool run(std::span<const std::uint8_t> input);
+
+ private:
+  std::vector<std::shared_ptr<Storage>> storages_;
+};
+
+/// ferry::Value target: the input is the body of one Value message (what a hostile Python
+/// or C++ peer sends: deep nesting, lying counts, bad UTF-8, truncation). Read with the same
+/// table of heap storages as BodyHarness; a decoded tree is checked against the decoder's
+/// promises (depth, element count, valid UTF-8, distinct map keys, views inside storages).
+class ValueHarness {
+ public:
+  ValueHarness();
+  /// Reads a Value from `input`; true when it decoded (false on ProtocolError).
   bool run(std::span<const std::uint8_t> input);
 
  private:

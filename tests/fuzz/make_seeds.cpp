@@ -1,7 +1,7 @@
 // Writes the seed corpus of the fuzz targets: real frames and bodies produced by
 // MessageEncoder, with storages sized so that the harnesses resolve them to their own
 // segments (see fuzz_message.hpp). Deterministic: running it again gives the same files.
-// Usage: ferry_fuzz_seeds <corpus dir>   (writes <dir>/frame/* and <dir>/body/*)
+// Usage: ferry_fuzz_seeds <corpus dir>   (writes <dir>/frame/*, <dir>/body/* and <dir>/value/*)
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ferry/detail/message_encoder.hpp"
+#include "ferry/value.hpp"
 #include "fuzz_message.hpp"
 
 namespace ferry::fuzz {
@@ -100,7 +101,8 @@ Bytes single_frame(const FuzzMessage& message) {
 }
 
 // The body of `message`: the last body_bytes bytes of its frame.
-Bytes body_of(const FuzzMessage& message) {
+template <class Message>
+Bytes body_of(const Message& message) {
   Bytes frame;
   MessageEncoder encoder(HandlePassing::FdPassing);
   append_frame(frame, encoder, encoder.encode(message));
@@ -125,6 +127,58 @@ FuzzMessage body_message() {
   m.either = s4096.view({256, 8});
   m.inner = {FuzzInner{"n", s1.view({1, 1}), {9}}};
   return m;
+}
+
+// A Value like a loader's batch, every kind in it, with tensors on storages met in the
+// order of kBodyStorageBytes (128, 4096, 100, 1, 65536 bytes).
+Value value_batch() {
+  Tensor s128 = Tensor::zeros({32}, DType::Float32, Device::SharedCpu);
+  Tensor s4096 = Tensor::zeros({4, 16, 16}, DType::Float32, Device::SharedCpu);
+  Tensor s100 = Tensor::zeros({100}, DType::UInt8, Device::SharedCpu);
+  Tensor s1 = Tensor::zeros({1}, DType::Bool, Device::SharedCpu);
+  Tensor s65536 = Tensor::zeros({64, 128}, DType::Float64, Device::SharedCpu);
+  ValueList names;
+  for (int i = 0; i < 4; ++i) names.emplace_back("train/7/" + std::to_string(i) + ".jpg");
+  ValueMap meta{{"none", nullptr}, {"yes", true}, {"no", false}, {"pi", 3.25}, {"neg", -(std::int64_t{1} << 40)}};
+  meta.insert_or_assign("bytes", ferry::Bytes{std::string("\0\xff\x80 raw", 8)});
+  meta.insert_or_assign("text", "r\xc3\xa9sum\xc3\xa9 \xe2\x9c\x93 \xf0\x9f\x98\x80");  // résumé ✓ 😀
+  return ValueMap{{"step", 7},
+                  {"mask", s128},
+                  {"images", s4096.transpose(1, 2)},
+                  {"small", ValueList{s100.slice(0, 1, 100, 9), s1, s65536.select(1, 3), s128.view({4, 8})}},
+                  {"names", std::move(names)},
+                  {"meta", std::move(meta)},
+                  {"nested", ValueList{ValueList{}, ValueMap{}, ValueList{1, ValueMap{{"k", ValueList{2.5}}}}}}};
+}
+
+// kMaxValueDepth levels (the most the decoder accepts), lists and maps in turn.
+Value value_at_depth_limit() {
+  Value value = "leaf";
+  for (std::size_t depth = 1; depth < kMaxValueDepth; ++depth) {
+    value = depth % 2 ? Value(ValueList{std::move(value)}) : Value(ValueMap{{"d", std::move(value)}});
+  }
+  return value;
+}
+
+// Hand-made hostile bodies (the decoder refuses each): what a broken or malicious peer sends.
+class RawBody {
+ public:
+  RawBody& kind(ValueKind kind) { return u8(static_cast<std::uint8_t>(kind)); }
+  RawBody& u8(std::uint8_t value) { return raw(&value, 1); }
+  RawBody& u64(std::uint64_t value) { return raw(&value, sizeof value); }
+  RawBody& text(std::string_view text) { return u64(text.size()).raw(text.data(), text.size()); }
+  RawBody& raw(const void* data, std::size_t size) {
+    const auto* begin = static_cast<const std::byte*>(data);
+    bytes.insert(bytes.end(), begin, begin + size);
+    return *this;
+  }
+  Bytes bytes;
+};
+
+Bytes too_deep() {
+  RawBody body;
+  for (std::size_t i = 0; i < kMaxValueDepth; ++i) body.kind(ValueKind::List).u64(1);
+  return body.kind(ValueKind::None).bytes;
 }
 
 void write_file(const std::filesystem::path& path, const Bytes& bytes) {
@@ -155,5 +209,21 @@ int main(int argc, char** argv) {
   write_file(dir / "body" / "tensors", body_of(body_message()));
   write_file(dir / "body" / "rich", body_of(rich_message(a, b, c)));
   write_file(dir / "body" / "plain", body_of(plain_message()));
+  const Bytes batch = body_of(value_batch());
+  write_file(dir / "value" / "batch", batch);
+  write_file(dir / "value" / "depth_limit", body_of(value_at_depth_limit()));
+  // Hostile seeds (each refused): the fuzzer starts next to every check of the decoder.
+  using ferry::ValueKind;
+  write_file(dir / "value" / "too_deep", too_deep());
+  write_file(dir / "value" / "truncated", Bytes(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(batch.size() / 2)));
+  write_file(dir / "value" / "huge_list", RawBody().kind(ValueKind::List).u64(std::uint64_t{1} << 62).kind(ValueKind::None).bytes);
+  write_file(dir / "value" / "huge_map", RawBody().kind(ValueKind::Map).u64(~std::uint64_t{0}).text("k").kind(ValueKind::None).bytes);
+  write_file(dir / "value" / "huge_string", RawBody().kind(ValueKind::String).u64(std::uint64_t{1} << 40).raw("ab", 2).bytes);
+  write_file(dir / "value" / "bad_utf8", RawBody().kind(ValueKind::String).text("ok \xed\xa0\x80 surrogate").bytes);
+  write_file(dir / "value" / "bad_utf8_key", RawBody().kind(ValueKind::Map).u64(1).text("\xc0\xaf").kind(ValueKind::Int).u64(1).bytes);
+  write_file(dir / "value" / "duplicate_key",
+             RawBody().kind(ValueKind::Map).u64(2).text("k").kind(ValueKind::None).text("k").kind(ValueKind::Bool).u8(1).bytes);
+  write_file(dir / "value" / "bad_bool", RawBody().kind(ValueKind::Bool).u8(2).bytes);
+  write_file(dir / "value" / "bad_kind", RawBody().kind(ValueKind::List).u64(1).u8(9).bytes);
   return 0;
 }
