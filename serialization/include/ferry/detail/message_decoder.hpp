@@ -96,6 +96,14 @@ class MessageDecoder {
 
  private:
   void check_type(const FrameHeader& header, std::span<const std::byte> name);
+  // The check of the common frame (no name, the expected fingerprint) inline.
+  void check_type_fast(const FrameHeader& header, std::span<const std::byte> name) {
+    if ((header.flags & kFrameHasTypeName) != 0 || header.type_fingerprint != expected_fingerprint_) {
+      check_type(header, name);
+    }
+  }
+  // decode() of a frame without fds, tables or releases.
+  void decode_body_only(const FrameHeader& header, std::span<const std::byte> payload);
   // A segment's fd, checked by SharedMemory::inspect_received, not mapped yet.
   struct SegmentFd {
     UniqueFd fd;

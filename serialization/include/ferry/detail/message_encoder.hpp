@@ -179,6 +179,8 @@ class MessageEncoder {
   void fill_handle_table();
   void fill_new_block_entry(const std::shared_ptr<Storage>& storage, HandleEntry& entry);
   void pin_new_storages(FrameKind kind);
+  // commit(): the releases the frame announced.
+  void commit_releases();
   void fill_header(FrameKind kind, std::uint64_t fingerprint, std::string_view name, std::size_t cuda_bytes);
   const EncodedFrame& assemble_frame(std::span<const std::byte> cuda_records);
   std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
@@ -267,6 +269,9 @@ class MessageEncoder {
   std::vector<std::uint32_t> new_slots_;
   std::vector<std::uint64_t> new_segment_ids_;
   std::vector<HoldLedger::Pin> new_pins_;
+  // The frame being encoded (or the last one) filled the tables below the header: begin()
+  // empties them. A frame without storages or segment entries leaves them empty.
+  bool tables_filled_ = false;
   bool board_in_frame_ = false;
   bool delivery_tracked_ = false;  // track_delivery(): send the board even without storages
   std::size_t announced_release_count_ = 0;
