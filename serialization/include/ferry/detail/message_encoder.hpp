@@ -82,10 +82,14 @@ class MessageEncoder {
   const EncodedFrame& encode(const T& message, BodySpace* space = nullptr) {
     begin();
     body_.reset(space);
-    {
-      FrameOutputArchive archive(body_, *this);
+    FrameOutputArchive& archive = output_archive();
+    try {
       archive(message);
+    } catch (...) {
+      archive_.reset();  // cereal's state may be half made
+      throw;
     }
+    if (!archive.reusable()) archive_.reset();
     return finish(FrameKind::Message, type_fingerprint<T>(), type_name<T>());
   }
   /// Encodes the end-of-stream frame.
@@ -173,6 +177,11 @@ class MessageEncoder {
     std::weak_ptr<SharedSegment> segment;
   };
   void begin();
+  // The archive of the frame: the last frame's while it is reusable(), a new one otherwise.
+  FrameOutputArchive& output_archive() {
+    if (!archive_) archive_ = std::make_unique<FrameOutputArchive>(body_, *this);
+    return *archive_;
+  }
   const EncodedFrame& finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name);
   // The steps of finish(), in order.
   void refresh_leased_storages();
@@ -254,6 +263,7 @@ class MessageEncoder {
   FrameHeader header_;
   std::string_view type_name_;
   FrameBody body_;
+  std::unique_ptr<FrameOutputArchive> archive_;  // writes into body_; kept while reusable()
   std::vector<std::shared_ptr<Storage>> storages_;  // what travels (a copy, for isolation)
   std::vector<const Storage*> sources_;             // what the message named, by index
   // Open-addressing index of sources_ (pointer -> table index), for frames with many
