@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cereal/types/map.hpp>
+#include <cereal/types/memory.hpp>
 #include <cereal/types/optional.hpp>
 #include <cereal/types/string.hpp>
 #include <cereal/types/variant.hpp>
@@ -73,6 +74,26 @@ class Loopback {
   std::size_t last_frame_bytes_ = 0;
   std::size_t last_fd_count_ = 0;
   std::size_t last_handle_count_ = 0;
+};
+
+// A class with a versioned serialize function and two pointers to one string: what uses
+// cereal's own per-archive state (versions written, shared pointers met).
+struct Versioned {
+  std::int32_t value = 0;
+  std::uint32_t version_read = 0;
+  template <class Archive>
+  void serialize(Archive& ar, std::uint32_t version) {
+    ar(value);
+    version_read = version;
+  }
+};
+
+struct WithArchiveState {
+  std::shared_ptr<std::string> first;
+  std::shared_ptr<std::string> second;
+  Versioned versioned;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(first, second, versioned); }
 };
 
 class SerializationTest : public test::LeakCheckedTest {};
@@ -159,6 +180,67 @@ TEST_F(SerializationTest, ProcFdPassingOpensTheSendersFd) {
   EXPECT_EQ(loop.last_fd_count_, 0u);
   EXPECT_FALSE(loop.encoder_.awaiting_acknowledgement());
   EXPECT_EQ(got.images.storage(), batch.images.storage());
+}
+
+// An encoder and a decoder keep their archive from frame to frame only while cereal's
+// state in it is untouched: a frame whose message uses versions or shared pointers is
+// written whole every time (its body does not shrink to references into an earlier
+// frame), so that any frame reads on its own, also after a frame that was rolled back.
+TEST_F(SerializationTest, ArchiveStateNeverCrossesFrames) {
+  MessageEncoder encoder(HandlePassing::FdPassing);
+  std::vector<std::uint64_t> body_sizes;
+  for (int round = 0; round < 3; ++round) {
+    WithArchiveState message;
+    message.first = std::make_shared<std::string>("shared " + std::to_string(round));
+    message.second = message.first;
+    message.versioned.value = round;
+    const EncodedFrame& frame = encoder.encode(message);
+    std::vector<std::byte> bytes;
+    for (const iovec& part : frame.iovecs()) {
+      const auto* begin = static_cast<const std::byte*>(part.iov_base);
+      bytes.insert(bytes.end(), begin, begin + part.iov_len);
+    }
+    if (round == 1) {
+      encoder.rollback();  // never sent: the next frame must not lean on it
+      continue;
+    }
+    encoder.commit();
+    FrameHeader header;
+    std::memcpy(&header, bytes.data(), sizeof header);
+    body_sizes.push_back(header.body_bytes);
+    // A decoder that saw no earlier frame reads it: nothing refers back.
+    MessageDecoder decoder(type_fingerprint<WithArchiveState>(), type_name<WithArchiveState>());
+    std::deque<UniqueFd> fds;
+    decoder.decode(header, std::span<const std::byte>(bytes).subspan(sizeof header), fds);
+    const auto got = decoder.read<WithArchiveState>();
+    ASSERT_TRUE(got.first && got.second);
+    EXPECT_EQ(*got.first, *message.first);
+    EXPECT_EQ(got.first.get(), got.second.get()) << "one pointee, as sent";
+    EXPECT_EQ(got.versioned.value, round);
+    EXPECT_EQ(got.versioned.version_read, 0u);
+  }
+  ASSERT_EQ(body_sizes.size(), 2u);
+  EXPECT_EQ(body_sizes[0], body_sizes[1]);
+  // One decoder reading frames in a row, plain and stateful mixed.
+  MessageDecoder decoder(type_fingerprint<WithArchiveState>(), type_name<WithArchiveState>());
+  std::deque<UniqueFd> fds;
+  for (int round = 0; round < 4; ++round) {
+    WithArchiveState message;
+    if (round % 2 == 1) message.first = message.second = std::make_shared<std::string>("odd");
+    const EncodedFrame& frame = encoder.encode(message);
+    std::vector<std::byte> bytes;
+    for (const iovec& part : frame.iovecs()) {
+      const auto* begin = static_cast<const std::byte*>(part.iov_base);
+      bytes.insert(bytes.end(), begin, begin + part.iov_len);
+    }
+    encoder.commit();
+    FrameHeader header;
+    std::memcpy(&header, bytes.data(), sizeof header);
+    decoder.decode(header, std::span<const std::byte>(bytes).subspan(sizeof header), fds);
+    const auto got = decoder.read<WithArchiveState>();
+    EXPECT_EQ(static_cast<bool>(got.first), round % 2 == 1);
+    EXPECT_EQ(got.first.get(), got.second.get());
+  }
 }
 
 TEST_F(SerializationTest, TypeNameAndFingerprint) {

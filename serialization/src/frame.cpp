@@ -42,7 +42,7 @@ namespace {
 
 }  // namespace
 
-std::optional<LimitBreach> find_limit_breach(const FrameHeader& header, const FrameLimits& limits) noexcept {
+std::optional<LimitBreach> describe_limit_breach(const FrameHeader& header, const FrameLimits& limits) noexcept {
   using Limit = LimitBreach::Limit;
   const LimitBreach checks[] = {
       {Limit::BodyBytes, "body_bytes", "max_body_bytes", header.body_bytes, limits.max_body_bytes},
@@ -65,19 +65,8 @@ void validate_header(const FrameHeader& header, const FrameLimits& limits) {
   const bool valid = header.magic == kFrameMagic && header.version == kFrameVersion &&
                      (header.kind == static_cast<std::uint8_t>(FrameKind::Message) ||
                       header.kind == static_cast<std::uint8_t>(FrameKind::Close)) &&
-                     header.body_bytes <= limits.max_body_bytes && header.handle_count <= limits.max_handles &&
-                     header.segment_count <= limits.max_segments && header.fd_count <= limits.max_fds &&
-                     header.release_count <= limits.max_releases &&
-                     header.segment_release_count <= limits.max_releases &&
-                     header.type_name_bytes <= limits.max_type_name_bytes && header.fd_count <= header.segment_count;
+                     within_limits(header, limits) && header.fd_count <= header.segment_count;
   if (!valid) throw_invalid_header(header, limits);
-}
-
-std::uint64_t payload_bytes(const FrameHeader& header) {
-  return std::uint64_t{header.type_name_bytes} + std::uint64_t{header.segment_count} * sizeof(SegmentEntry) +
-         std::uint64_t{header.handle_count} * sizeof(HandleEntry) +
-         (std::uint64_t{header.release_count} + header.segment_release_count) * sizeof(std::uint32_t) +
-         header.body_bytes;
 }
 
 }  // namespace ferry

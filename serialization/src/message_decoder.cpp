@@ -68,6 +68,12 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
   frame_sequence_ = header.sequence;
   frame_tracked_ = (header.flags & kFrameTracksDelivery) != 0;
   storages_.clear();
+  if ((header.fd_count | header.segment_count | header.handle_count | header.release_count |
+       header.segment_release_count) == 0) {
+    // The common small message: no fd, table or release, only the type and the body.
+    decode_body_only(header, payload);
+    return;
+  }
   // Take this frame's fds first, so that they are closed whatever goes wrong below.
   if (fds.size() < header.fd_count) {
     const std::size_t arrived = fds.size();
@@ -89,7 +95,7 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
     position += size;
     return part;
   };
-  check_type(header, take(header.type_name_bytes));
+  check_type_fast(header, take(header.type_name_bytes));
   const auto segment_table = take(std::size_t{header.segment_count} * sizeof(SegmentEntry));
   const auto table = take(std::size_t{header.handle_count} * sizeof(HandleEntry));
   const auto releases = take(std::size_t{header.release_count} * sizeof(std::uint32_t));
@@ -126,6 +132,20 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
   // in close()), read after the claim (see ReturnBoard::acknowledgements_requested()).
   if (wants_acknowledgement_ && frame_claimed_ && !board()->acknowledgements_requested()) {
     wants_acknowledgement_ = false;
+  }
+}
+
+void MessageDecoder::decode_body_only(const FrameHeader& header, std::span<const std::byte> payload) {
+  if (header.type_name_bytes > payload.size() || header.body_bytes > payload.size() - header.type_name_bytes) {
+    throw ProtocolError("frame is shorter than its header claims");
+  }
+  check_type_fast(header, payload.first(header.type_name_bytes));
+  body_ = payload.subspan(header.type_name_bytes, static_cast<std::size_t>(header.body_bytes));
+  if (copied_ != nullptr && !copied_->empty()) {
+    const std::size_t extra = copied_->size();
+    copied_->clear();
+    throw ProtocolError("the transport delivered " + std::to_string(extra) +
+                        " storages more than the frame's handle table names");
   }
 }
 

@@ -32,23 +32,28 @@ MessageEncoder::~MessageEncoder() { closed(UniqueFd()); }
 
 void MessageEncoder::begin() {
   body_.reset(nullptr);
-  storages_.clear();
-  // Empty the entries the last frame filled (not the whole table).
-  for (const std::uint32_t at : source_index_used_) source_index_[at] = {nullptr, 0};
-  source_index_used_.clear();
-  sources_.clear();
-  segment_entries_.clear();
-  entries_.clear();
-  fds_.clear();
-  copies_.clear();
-  new_slots_.clear();
-  new_segment_ids_.clear();
-  new_pins_.clear();
-  remember_batch_.clear();
   board_in_frame_ = false;
   takeable_this_frame_.reset();
-  cuda_begin_frame();
-  retire_dead_upstream_boards();
+  // What the last frame filled; a frame without storages or segments (a small message)
+  // filled none of it.
+  if (tables_filled_) {
+    tables_filled_ = false;
+    storages_.clear();
+    // Empty the entries the last frame filled (not the whole table).
+    for (const std::uint32_t at : source_index_used_) source_index_[at] = {nullptr, 0};
+    source_index_used_.clear();
+    sources_.clear();
+    segment_entries_.clear();
+    entries_.clear();
+    fds_.clear();
+    copies_.clear();
+    new_slots_.clear();
+    new_segment_ids_.clear();
+    new_pins_.clear();
+    remember_batch_.clear();
+  }
+  if (cuda_) cuda_begin_frame();
+  if (holds_.passed_upstream_boards()) retire_dead_upstream_boards();
 }
 
 void MessageEncoder::retire_dead_upstream_boards() {
@@ -61,6 +66,7 @@ void MessageEncoder::retire_dead_upstream_boards() {
     entry.device = identity.device;
     entry.inode = identity.inode;
     segment_entries_.push_back(entry);
+    tables_filled_ = true;
   }
 }
 
@@ -106,6 +112,7 @@ void MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
 }
 
 std::uint32_t MessageEncoder::append_storage(std::shared_ptr<Storage> travelling, const Storage* source) {
+  tables_filled_ = true;
   const auto index = static_cast<std::uint32_t>(storages_.size());
   storages_.push_back(std::move(travelling));
   sources_.push_back(source);
@@ -255,6 +262,7 @@ bool MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot_or_r
     entry.inode = identity.inode;
   }
   segment_entries_.push_back(entry);
+  tables_filled_ = true;
   return !by_fd;
 }
 
@@ -304,13 +312,16 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
 }
 
 const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
-  collect_returned_slots();
-  refresh_leased_storages();
+  // Each step is skipped when it has nothing to do (no ledger yet, no storage in the
+  // frame, no death since the last frame), so that a small message pays for none of them.
+  if (holds_.board() != nullptr) collect_returned_slots();
+  if (!storages_.empty()) refresh_leased_storages();
   collect_dead_storages();
   collect_dead_segments();
-  fill_handle_table();
+  if (!storages_.empty()) fill_handle_table();
   pin_new_storages(kind);
-  const std::span<const std::byte> cuda_records = cuda_section();  // at the front of the body
+  // The CUDA records lie at the front of the body.
+  const std::span<const std::byte> cuda_records = cuda_ ? cuda_section() : std::span<const std::byte>();
   fill_header(kind, fingerprint, name, cuda_records.size());
   return assemble_frame(cuda_records);
 }
@@ -363,7 +374,7 @@ void MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>& storag
   entry.segment_slot = segment_slot_for(block->segment());
   entry.offset = block->offset();
   entry.slot = take_slot();
-  pass_upstream_boards(*block);
+  if (block->received()) pass_upstream_boards(*block);  // a block of our own allocator came through no board
   lease_slot(entry.slot, storage, true);
   ++storages_passed_;
   new_slots_.push_back(entry.slot);
@@ -452,6 +463,23 @@ const EncodedFrame& MessageEncoder::encode_close() {
 
 void MessageEncoder::commit() {
   if (header_.flags & kFrameHasTypeName) type_name_sent_ = true;
+  if (announced_release_count_ != 0 || announced_segment_release_count_ != 0) commit_releases();
+  holds_.commit_frame();
+  if (board_in_frame_) {
+    board_sent_ = true;
+    board_sequence_ = next_sequence_;
+    // The kernel holds the passed fd now; ours is no longer needed.
+    if (passing_ == HandlePassing::FdPassing) holds_.board()->close_fd();
+  }
+  ++next_sequence_;
+  if (tables_filled_) {
+    storages_.clear();
+    sources_.clear();
+  }
+  if (cuda_) cuda_end_frame(true);
+}
+
+void MessageEncoder::commit_releases() {
   const auto releases = static_cast<std::ptrdiff_t>(announced_release_count_);
   for (auto it = unannounced_releases_.begin(); it != unannounced_releases_.begin() + releases; ++it) {
     if (slots_[*it].returned) {
@@ -469,17 +497,6 @@ void MessageEncoder::commit() {
                              unannounced_segment_releases_.begin() + segment_releases);
   unannounced_segment_releases_.erase(unannounced_segment_releases_.begin(),
                                       unannounced_segment_releases_.begin() + segment_releases);
-  holds_.commit_frame();
-  if (board_in_frame_) {
-    board_sent_ = true;
-    board_sequence_ = next_sequence_;
-    // The kernel holds the passed fd now; ours is no longer needed.
-    if (passing_ == HandlePassing::FdPassing) holds_.board()->close_fd();
-  }
-  ++next_sequence_;
-  storages_.clear();
-  sources_.clear();
-  cuda_end_frame(true);
 }
 
 void MessageEncoder::rollback() {

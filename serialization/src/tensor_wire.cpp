@@ -125,8 +125,9 @@ void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
                         std::to_string(storages.size()) + " storages");
   }
   const std::shared_ptr<Storage>& storage = storages[handle];
-  if (auto problem = view_bounds_problem(storage->nbytes(), dtype, shape, strides, offset)) {
-    throw ProtocolError("received " + *problem);
+  if (!view_in_bounds(storage->nbytes(), dtype, shape, strides, offset)) [[unlikely]] {
+    const auto problem = view_bounds_problem(storage->nbytes(), dtype, shape, strides, offset);
+    throw ProtocolError("received " + problem.value_or("tensor view is outside its storage"));
   }
   tensor.assign_checked_storage(storage, dtype, std::move(shape), std::move(strides), offset);
 }

@@ -27,7 +27,9 @@ class ReceivedBlock final : public SharedBlock {
         returns_(std::move(returns)),
         own_allocation_(std::move(own_allocation)),
         slot_(slot),
-        generation_(fork_generation()) {}
+        generation_(fork_generation()) {
+    mark_received();
+  }
   ~ReceivedBlock() override {
     // A forked child's copy is not the holder the sender knows: only the receiver returns,
     // and not once it handed the connection to a forked process that may still hold this.

@@ -72,7 +72,7 @@ void SendingHolds::upstream_boards_to_pass(const SharedBlock& block, std::vector
   scratch_.clear();
 }
 
-void SendingHolds::commit_frame() {
+void SendingHolds::commit_passed_upstream_boards() {
   // The receiver knows of the boards this frame retired: forget them. (One that died while
   // the frame was encoded is retired by the next one.)
   std::erase_if(upstream_sent_, [](const PassedUpstream& sent) { return sent.retiring; });

@@ -254,8 +254,10 @@ bool Tensor::is_contiguous() const noexcept {
 }
 
 void* Tensor::data_ptr() const noexcept {
-  if (!storage_ || storage_->data() == nullptr || numel() == 0) return nullptr;
-  return storage_->data() + static_cast<std::size_t>(offset_) * element_size();
+  if (!storage_) return nullptr;
+  std::byte* const base = storage_->data();  // once: a virtual call through the allocation
+  if (base == nullptr || numel() == 0) return nullptr;
+  return base + static_cast<std::size_t>(offset_) * element_size();
 }
 
 std::size_t Tensor::wrap_dim(std::int64_t d) const {

@@ -154,8 +154,12 @@ class SendingHolds {
   /// and tracks them as passed by the frame being encoded (a board the receiver has is
   /// tracked only, so that it is not retired while this object of it lives).
   void upstream_boards_to_pass(const SharedBlock& block, std::vector<std::shared_ptr<ReturnBoard>>& out);
+  /// True when upstream boards were passed on this connection (a forwarder's).
+  bool passed_upstream_boards() const noexcept { return !upstream_sent_.empty(); }
   /// The frame being encoded was sent / not sent.
-  void commit_frame();
+  void commit_frame() {
+    if (!upstream_sent_.empty()) commit_passed_upstream_boards();  // inline: most connections forward nothing
+  }
   void rollback_frame() noexcept;
 
   /// See MessageEncoder::add_holder(), receiver_gone(), hand_over(), adopt().
@@ -170,6 +174,7 @@ class SendingHolds {
 
  private:
   void take_returned_from_ledger(std::vector<std::uint32_t>& out);
+  void commit_passed_upstream_boards();
   void retire_passed_upstream_boards(std::vector<FileIdentity>& retired);
 
   std::shared_ptr<HoldLedger> ledger_;  // created with the first storage pinned

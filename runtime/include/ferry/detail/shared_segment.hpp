@@ -127,11 +127,19 @@ class SharedBlock : public Allocation {
   /// (a sender upstream then keeps the block while that process lives, even when the
   /// forwarder dies). Appends nothing for a block of this process's own allocator.
   virtual void append_return_boards(std::vector<std::shared_ptr<ReturnBoard>>& /*out*/) const {}
+  /// True for a block received from another process (one that may have return boards to
+  /// append): a sender asks before it looks for them, once per new storage it passes.
+  bool received() const noexcept { return received_; }
+
+ protected:
+  /// For the block class of received blocks (append_return_boards()).
+  void mark_received() noexcept { received_ = true; }
 
  private:
   std::shared_ptr<SharedSegment> segment_;
   std::size_t offset_;
   std::size_t size_;
+  bool received_ = false;
 };
 
 }  // namespace ferry

@@ -29,6 +29,13 @@ class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cere
 
   void save_bytes(const void* data, std::size_t size) { body_.append(data, size); }
   MessageEncoder& encoder() noexcept { return encoder_; }
+  /// True when the archive may serve the next frame as it is: none of cereal's own state
+  /// (shared pointers met, polymorphic types named, class versions written, virtual bases,
+  /// deferred data) was touched, so it is what a new archive would be. Making and dropping
+  /// cereal's hash tables costs a small message more than serializing it, so an encoder
+  /// keeps its archive while this holds (archive.cpp; false for a cereal whose members
+  /// this build does not know).
+  bool reusable() const noexcept;
 
  private:
   FrameBody& body_;
@@ -41,6 +48,15 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
  public:
   FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages)
       : InputArchive(this), body_(body), storages_(storages) {}
+  /// Starts over on another body, for an archive that is reusable().
+  void restart(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages) noexcept {
+    body_ = body;
+    position_ = 0;
+    storages_ = storages;
+  }
+  /// As FrameOutputArchive::reusable(): reading the last body touched none of cereal's
+  /// state, so the archive may read the next one.
+  bool reusable() const noexcept;
 
   void load_bytes(void* data, std::size_t size) {
     const std::byte* bytes = take(size);

@@ -15,15 +15,14 @@ namespace ferry {
 
 class Storage;
 
-/// Deserializes a T from `body`, resolving tensors' handle indices through `storages`.
-/// Every way a body can lie is a ProtocolError: short reads, bytes left over, invalid
+/// Deserializes a T from what `archive` reads (a FrameInputArchive over a body and its
+/// storages). Every way a body can lie is a ProtocolError: short reads, bytes left over, invalid
 /// tensors, and cereal's own errors (a std::variant index out of range, ...), which cereal
 /// raises as cereal::Exception and which are converted here.
 template <class T>
-T read_body(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages) {
+T read_body_with(FrameInputArchive& archive) {
   T value{};
   try {
-    FrameInputArchive archive(body, storages);
     archive(value);
     if (archive.remaining() != 0) {
       throw ProtocolError("message body has " + std::to_string(archive.remaining()) +
@@ -34,6 +33,13 @@ T read_body(std::span<const std::byte> body, std::span<const std::shared_ptr<Sto
     throw ProtocolError("message body is not a valid " + std::string(type_name<T>()) + ": " + error.what());
   }
   return value;
+}
+
+/// Deserializes a T from `body`, resolving tensors' handle indices through `storages`.
+template <class T>
+T read_body(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages) {
+  FrameInputArchive archive(body, storages);
+  return read_body_with<T>(archive);
 }
 
 }  // namespace ferry

@@ -159,15 +159,34 @@ struct LimitBreach {
   std::uint64_t limit;
 };
 
+/// True when every count of `header` is within `limits` (inline: every frame sent and
+/// received asks, and almost every one is).
+inline bool within_limits(const FrameHeader& header, const FrameLimits& limits) noexcept {
+  return header.body_bytes <= limits.max_body_bytes && header.handle_count <= limits.max_handles &&
+         header.segment_count <= limits.max_segments && header.fd_count <= limits.max_fds &&
+         header.release_count <= limits.max_releases && header.segment_release_count <= limits.max_releases &&
+         header.type_name_bytes <= limits.max_type_name_bytes;
+}
+
 /// The first count of `header` above `limits` (body, handles, segments, fds, type name,
 /// releases), or nullopt: what the receiver refuses, and what a sender refuses to send.
-std::optional<LimitBreach> find_limit_breach(const FrameHeader& header, const FrameLimits& limits) noexcept;
+/// Inline up to the common answer (none).
+std::optional<LimitBreach> describe_limit_breach(const FrameHeader& header, const FrameLimits& limits) noexcept;
+inline std::optional<LimitBreach> find_limit_breach(const FrameHeader& header, const FrameLimits& limits) noexcept {
+  if (within_limits(header, limits)) [[likely]] return std::nullopt;
+  return describe_limit_breach(header, limits);
+}
 
 /// Checks magic, version, kind and every count against `limits`; throws ProtocolError
 /// naming the field that failed.
 void validate_header(const FrameHeader& header, const FrameLimits& limits);
 
 /// Bytes that follow the header: type name, tables, releases and body.
-std::uint64_t payload_bytes(const FrameHeader& header);
+inline std::uint64_t payload_bytes(const FrameHeader& header) noexcept {
+  return std::uint64_t{header.type_name_bytes} + std::uint64_t{header.segment_count} * sizeof(SegmentEntry) +
+         std::uint64_t{header.handle_count} * sizeof(HandleEntry) +
+         (std::uint64_t{header.release_count} + header.segment_release_count) * sizeof(std::uint32_t) +
+         header.body_bytes;
+}
 
 }  // namespace ferry

@@ -53,9 +53,16 @@ class MessageDecoder {
   /// Deserializes the body of the frame last decoded.
   template <class T>
   T read() {
-    T value = read_body<T>(body_, storages_);
-    storages_.clear();
-    return value;
+    FrameInputArchive& archive = input_archive();
+    try {
+      T value = read_body_with<T>(archive);
+      storages_.clear();
+      if (!archive.reusable()) archive_.reset();
+      return value;
+    } catch (...) {
+      archive_.reset();  // cereal's state may be half made
+      throw;
+    }
   }
 
   /// Records on the return board that the frame last decoded was delivered (its value
@@ -96,6 +103,24 @@ class MessageDecoder {
 
  private:
   void check_type(const FrameHeader& header, std::span<const std::byte> name);
+  // The archive over the body of the frame last decoded: the last frame's while it is
+  // reusable() (FrameOutputArchive::reusable() says why), a new one otherwise.
+  FrameInputArchive& input_archive() {
+    if (!archive_) {
+      archive_ = std::make_unique<FrameInputArchive>(body_, storages_);
+    } else {
+      archive_->restart(body_, storages_);
+    }
+    return *archive_;
+  }
+  // The check of the common frame (no name, the expected fingerprint) inline.
+  void check_type_fast(const FrameHeader& header, std::span<const std::byte> name) {
+    if ((header.flags & kFrameHasTypeName) != 0 || header.type_fingerprint != expected_fingerprint_) {
+      check_type(header, name);
+    }
+  }
+  // decode() of a frame without fds, tables or releases.
+  void decode_body_only(const FrameHeader& header, std::span<const std::byte> payload);
   // A segment's fd, checked by SharedMemory::inspect_received, not mapped yet.
   struct SegmentFd {
     UniqueFd fd;
@@ -169,6 +194,7 @@ class MessageDecoder {
   ReturnBoard* board() const noexcept { return holds_.board(); }
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
+  std::unique_ptr<FrameInputArchive> archive_;
   std::deque<std::shared_ptr<Storage>>* copied_ = nullptr;  // decode()'s `copied`, while it runs
   bool wants_acknowledgement_ = false;
   bool frame_claimed_ = false;  // the last frame was claimed on the board

@@ -82,10 +82,14 @@ class MessageEncoder {
   const EncodedFrame& encode(const T& message, BodySpace* space = nullptr) {
     begin();
     body_.reset(space);
-    {
-      FrameOutputArchive archive(body_, *this);
+    FrameOutputArchive& archive = output_archive();
+    try {
       archive(message);
+    } catch (...) {
+      archive_.reset();  // cereal's state may be half made
+      throw;
     }
+    if (!archive.reusable()) archive_.reset();
     return finish(FrameKind::Message, type_fingerprint<T>(), type_name<T>());
   }
   /// Encodes the end-of-stream frame.
@@ -173,12 +177,19 @@ class MessageEncoder {
     std::weak_ptr<SharedSegment> segment;
   };
   void begin();
+  // The archive of the frame: the last frame's while it is reusable(), a new one otherwise.
+  FrameOutputArchive& output_archive() {
+    if (!archive_) archive_ = std::make_unique<FrameOutputArchive>(body_, *this);
+    return *archive_;
+  }
   const EncodedFrame& finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name);
   // The steps of finish(), in order.
   void refresh_leased_storages();
   void fill_handle_table();
   void fill_new_block_entry(const std::shared_ptr<Storage>& storage, HandleEntry& entry);
   void pin_new_storages(FrameKind kind);
+  // commit(): the releases the frame announced.
+  void commit_releases();
   void fill_header(FrameKind kind, std::uint64_t fingerprint, std::string_view name, std::size_t cuda_bytes);
   const EncodedFrame& assemble_frame(std::span<const std::byte> cuda_records);
   std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
@@ -252,6 +263,7 @@ class MessageEncoder {
   FrameHeader header_;
   std::string_view type_name_;
   FrameBody body_;
+  std::unique_ptr<FrameOutputArchive> archive_;  // writes into body_; kept while reusable()
   std::vector<std::shared_ptr<Storage>> storages_;  // what travels (a copy, for isolation)
   std::vector<const Storage*> sources_;             // what the message named, by index
   // Open-addressing index of sources_ (pointer -> table index), for frames with many
@@ -267,6 +279,9 @@ class MessageEncoder {
   std::vector<std::uint32_t> new_slots_;
   std::vector<std::uint64_t> new_segment_ids_;
   std::vector<HoldLedger::Pin> new_pins_;
+  // The frame being encoded (or the last one) filled the tables below the header: begin()
+  // empties them. A frame without storages or segment entries leaves them empty.
+  bool tables_filled_ = false;
   bool board_in_frame_ = false;
   bool delivery_tracked_ = false;  // track_delivery(): send the board even without storages
   std::size_t announced_release_count_ = 0;

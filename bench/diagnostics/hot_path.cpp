@@ -1,0 +1,159 @@
+// Diagnostics (not a benchmark): the hot paths of ferry_bench's ring rows, run a fixed number
+// of times so that callgrind can count their instructions per message (what noise on a
+// shared machine does not move). Run under callgrind, instrumentation off until the measured
+// loop starts:
+//
+//   valgrind --tool=callgrind --instr-atstart=no --trace-children=yes
+//       --callgrind-out-file=/tmp/hot.%p build/release/bench/ferry_hot_path MODE [N] [MESSAGES]
+//   (one command line)
+//   callgrind_annotate /tmp/hot.<pid>     # one file per process: the sender's and the receiver's
+//
+// Modes (the ring with both ends sleeping at once, so that no spinning is counted):
+//   ring64             a 64-byte message sent and received in one thread (BM_RingSendRecvOneThread)
+//   ping               an empty message to a forked receiver and its reply (AllocPingPong/transport:2)
+//   tensors N          N new 4 KiB tensors per message, round trip (AllocSmallTensors/transport:2/tensors:N)
+//   views N            N views of one new storage per message (AllocSmallTensorsOneStorage/transport:2)
+// Each process prints its instruction count per message when run under callgrind's
+// CALLGRIND_* client requests (valgrind/callgrind.h); without callgrind the program just runs.
+#include <sys/prctl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "support/child_process.hpp"
+
+#if __has_include(<valgrind/callgrind.h>)
+#include <valgrind/callgrind.h>
+#define FERRY_MEASURE_START() CALLGRIND_START_INSTRUMENTATION
+#define FERRY_MEASURE_STOP() \
+  do {                       \
+    CALLGRIND_STOP_INSTRUMENTATION; \
+    CALLGRIND_DUMP_STATS;    \
+  } while (false)
+#else
+#define FERRY_MEASURE_START() ((void)0)
+#define FERRY_MEASURE_STOP() ((void)0)
+#endif
+
+namespace {
+
+using ferry::Tensor;
+
+constexpr int kWarmup = 20;
+constexpr std::int64_t kSmallElements = 1024;  // 4 KiB of float32
+
+struct Message {
+  std::vector<Tensor> tensors;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(tensors); }
+};
+
+ferry::ChannelOptions sleeping() {
+  ferry::ChannelOptions options;
+  options.ring_spin = std::chrono::nanoseconds::zero();
+  return options;
+}
+
+Message make(const std::string& mode, std::int64_t count, int step) {
+  Message message;
+  if (mode == "tensors") {
+    message.tensors.reserve(static_cast<std::size_t>(count));
+    for (std::int64_t i = 0; i < count; ++i) {
+      message.tensors.push_back(Tensor::empty({kSmallElements}, ferry::DType::Float32, ferry::Device::SharedCpu));
+    }
+  } else if (mode == "views") {
+    message.tensors = Tensor::empty({count, kSmallElements}, ferry::DType::Float32, ferry::Device::SharedCpu).unbind();
+  }
+  for (Tensor& tensor : message.tensors) *tensor.data<float>() = static_cast<float>(step);
+  return message;
+}
+
+void one_thread(int messages) {
+  const std::vector<std::uint8_t> bytes(64, 7);
+  auto [tx, rx] = ferry::channel<std::vector<std::uint8_t>>(ferry::Transport::ShmRing, sleeping());
+  for (int i = 0; i < kWarmup; ++i) {
+    tx.send(bytes);
+    (void)rx.recv();
+  }
+  FERRY_MEASURE_START();
+  for (int i = 0; i < messages; ++i) {
+    tx.send(bytes);
+    auto back = rx.recv();
+    if (!back || back->size() != 64) std::abort();
+  }
+  FERRY_MEASURE_STOP();
+}
+
+void round_trips(const std::string& mode, std::int64_t count, int messages) {
+  auto [tx, rx] = ferry::channel<Message>(ferry::Transport::ShmRing, sleeping());
+  auto [reply_tx, reply_rx] = ferry::channel<std::int64_t>(ferry::Transport::ShmRing, sleeping());
+  {
+    ferry::bench::ChildProcess child(
+        [&tx = tx, &rx = rx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
+          ::prctl(PR_SET_NAME, "hot-receiver");
+          tx.detach();
+          reply_rx.close();
+          reply_tx.adopt();
+          int received = 0;
+          while (auto message = rx.recv()) {
+            std::int64_t sum = 0;
+            for (const Tensor& tensor : message->tensors) sum += *static_cast<const unsigned char*>(tensor.data_ptr());
+            message.reset();
+            reply_tx.send(sum);
+            if (++received == kWarmup) FERRY_MEASURE_START();
+          }
+          FERRY_MEASURE_STOP();
+          reply_tx.close();
+        },
+        ferry::bench::Placement::Anywhere, std::chrono::seconds(600));
+    rx.close();
+    reply_tx.detach();
+    int step = 0;
+    for (; step < kWarmup; ++step) {
+      tx.send(make(mode, count, step));
+      (void)reply_rx.recv();
+    }
+    FERRY_MEASURE_START();
+    for (int i = 0; i < messages; ++i, ++step) {
+      tx.send(make(mode, count, step));
+      if (!reply_rx.recv()) std::abort();
+    }
+    FERRY_MEASURE_STOP();
+    tx.close();
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: %s ring64|ping|tensors N|views N [MESSAGES]\n", argv[0]);
+    return 2;
+  }
+  const std::string mode = argv[1];
+  const bool counted = mode == "tensors" || mode == "views";
+  const std::int64_t count = counted && argc > 2 ? std::atoll(argv[2]) : 0;
+  const int messages_at = counted ? 3 : 2;
+  const int messages = argc > messages_at ? std::atoi(argv[messages_at]) : 1000;
+  try {
+    if (mode == "ring64") {
+      one_thread(messages);
+    } else if (mode == "ping" || counted) {
+      round_trips(mode, count, messages);
+    } else {
+      std::fprintf(stderr, "unknown mode %s\n", mode.c_str());
+      return 2;
+    }
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "ferry_hot_path: %s\n", error.what());
+    return 1;
+  }
+  std::printf("%s: %d messages\n", mode.c_str(), messages);
+  return 0;
+}
