@@ -1,12 +1,15 @@
 // One producer, several consumers in forked processes, over a ring and a Unix socket:
 //   fanout/distributor/<transport>/4/<bound>  Distributor to 4 consumers, 1 MiB tensors,
 //                                        FanoutOptions::max_in_flight = bound
-//   fanout/one_to_one/<transport>/4      baseline: four plain channels, sent to in turn
+//   fanout/one_to_one/<transport>/4      baseline: four plain channels, sent to in turn, each
+//                                        given all 64 tensors in turn (as any of the
+//                                        Distributor's consumers may be)
 //   fanout/send/distributor/<transport>/<bound>  Distributor with one consumer, 8-byte messages
 //   fanout/send/plain/<transport>        baseline: a plain Sender, the same messages
 // A plain Sender runs ahead of its consumer by what its transport holds (thousands of small
 // frames); a Distributor by `bound` messages per consumer, so with consumers as fast as the
-// producer the bound-8 rows measure the wait for a place, the bound-256 rows the overhead.
+// producer the small-bound rows measure the wait for a place, the bound-256 rows the
+// overhead (32 is FanoutOptions' default).
 //   fanout/broadcast/<transport>/<bytes>/<consumers>  the same tensor to every consumer
 // Consumers receive and drop. Time per message (per broadcast); compare medians of the
 // rows of one run (--benchmark_repetitions).
@@ -78,7 +81,7 @@ void one_to_one(benchmark::State& state, Transport transport) {
   Consumers<TensorMessage> consumers(transport, static_cast<int>(state.range(0)));
   std::size_t i = 0;
   for (auto _ : state) {
-    consumers.ends[i % consumers.ends.size()].send(messages[i % messages.size()]);
+    consumers.ends[i % consumers.ends.size()].send(messages[(i / consumers.ends.size()) % messages.size()]);
     ++i;
   }
   consumers.ends.clear();
@@ -121,6 +124,9 @@ const bool registered = [] {
     const std::string name(transport_name(transport));
     benchmark::RegisterBenchmark(("fanout/distributor/" + name).c_str(), distributor, transport)
         ->Args({4, 8})
+        ->Args({4, 16})
+        ->Args({4, 32})
+        ->Args({4, 64})
         ->Args({4, 256})
         ->UseRealTime();
     benchmark::RegisterBenchmark(("fanout/one_to_one/" + name).c_str(), one_to_one, transport)->Arg(4)->UseRealTime();

@@ -5,7 +5,9 @@
 // pool's segments.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <linux/futex.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -250,6 +252,42 @@ TEST_F(BlockWireTest, TheReclaimCountWaitsForAHolderCheckInProgress) {
   EXPECT_EQ(board->reclaims_after_checks(std::chrono::seconds(10)), 1u);
   checker.join();
   EXPECT_EQ(board->reclaims(), 1u);
+}
+
+// The delivery doorbell (Distributor, Broadcast): the receiver rings once, when it claims
+// the frame the sender asked for or a later one; a claim below it, or a request withdrawn,
+// does not ring.
+TEST_F(BlockWireTest, TheDeliveryDoorbellRingsOnceWhenTheAwaitedFrameIsResolved) {
+  const auto board = ReturnBoard::create();
+  const auto rung = [](const ReturnBoard::DeliveryWake& wake) {
+    return std::atomic_ref<std::uint32_t>(*wake.doorbell).load() != wake.rung;
+  };
+  ASSERT_TRUE(board->claim_resolved(2));
+  ReturnBoard::DeliveryWake wake = board->request_delivery_wake(5);
+  EXPECT_EQ(wake.resolved, 2u) << "the last claim, read after the request";
+  ASSERT_TRUE(board->claim_resolved(4));
+  EXPECT_FALSE(rung(wake)) << "frame 4 is not the awaited 5";
+  ASSERT_TRUE(board->claim_resolved(6));
+  EXPECT_TRUE(rung(wake)) << "frame 6 covers 5";
+  const ReturnBoard::DeliveryWake after = board->request_delivery_wake(0);  // no request: reads the bell only
+  board->cancel_delivery_wake();
+  ASSERT_TRUE(board->claim_resolved(7));
+  EXPECT_FALSE(rung(after)) << "rang twice for one request";
+  ReturnBoard::DeliveryWake withdrawn = board->request_delivery_wake(9);
+  board->cancel_delivery_wake();
+  ASSERT_TRUE(board->claim_resolved(9));
+  EXPECT_FALSE(rung(withdrawn)) << "rang for a withdrawn request";
+  // A sleeper on the doorbell is woken by the claim (a futex wake on the shared word).
+  ReturnBoard::DeliveryWake awaited = board->request_delivery_wake(10);
+  std::thread receiver([&board] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    (void)board->claim_resolved(10);
+  });
+  while (!rung(awaited)) {
+    const long rc = ::syscall(SYS_futex, awaited.doorbell, FUTEX_WAIT, awaited.rung, nullptr, nullptr, 0);
+    ASSERT_TRUE(rc == 0 || errno == EAGAIN || errno == EINTR) << std::strerror(errno);
+  }
+  receiver.join();
 }
 
 // Two processes check the holders of one board when a used Sender was handed to a forked

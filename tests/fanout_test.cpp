@@ -227,6 +227,33 @@ TEST_P(FanoutTest, ConsumersJoinWhileASendWaits) {
   EXPECT_EQ(first.receivers[0].recv().value(), 0u);
 }
 
+// A send that waits for room sleeps until a consumer's recv() wakes it (the board's
+// doorbell), not until the next liveness check: with checks an hour apart, both waits below
+// end as soon as the consumer reads. The first is woken when half the bound was taken; the
+// second, by a consumer that takes one message of eight and stops, uses that room after a
+// short wait instead of waiting for the half.
+TEST_P(FanoutTest, AWaitingSendWakesWhenAConsumerReads) {
+  using Clock = std::chrono::steady_clock;
+  for (const std::size_t bound : {std::size_t{2}, std::size_t{8}}) {
+    SCOPED_TRACE(bound);
+    FanoutOptions options;
+    options.max_in_flight = bound;
+    options.liveness_check_interval = std::chrono::hours(1);
+    Distributor<std::uint64_t> pool(options);
+    Ends ends = add_consumers(pool, 1);
+    for (std::uint64_t id = 0; id < bound; ++id) pool.send(id);
+    std::thread reader([&rx = ends.receivers[0]] {
+      std::this_thread::sleep_for(20ms);
+      EXPECT_EQ(rx.recv().value(), 0u);
+    });
+    const auto before = Clock::now();
+    EXPECT_TRUE(pool.send_for(bound, 60s));
+    EXPECT_LT(Clock::now() - before, 30s) << "the send slept until its deadline, not until the consumer read";
+    reader.join();
+    EXPECT_EQ(in_flight(pool, ends.ids[0]), bound);
+  }
+}
+
 // ---- consumers in threads (InProcess) ------------------------------------------------------
 
 // Takes jobs until the end of the stream, `work` each; returns what it took.

@@ -28,20 +28,13 @@ namespace ferry {
 /// Storage sharing: every consumer maps the producer's block (one storage, leased to each;
 /// ChannelOptions::pool isolation copies into each consumer's pool instead).
 template <class T>
-class Broadcast {
+class Broadcast : public detail::FanoutBase<T, false> {
  public:
-  explicit Broadcast(FanoutOptions options = {}) : consumers_(options) {}
-  Broadcast(const Broadcast&) = delete;
-  Broadcast& operator=(const Broadcast&) = delete;
+  explicit Broadcast(FanoutOptions options = {}) : detail::FanoutBase<T, false>(options) {}
   /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
   ~Broadcast() = default;
 
-  /// Adds a consumer (any open Sender<T>); see Distributor::add.
-  ConsumerId add(Sender<T> end) { return add(std::move(end), consumers_.options().max_in_flight); }
-  ConsumerId add(Sender<T> end, std::size_t bound) {
-    std::lock_guard lock(mutex_);
-    return consumers_.add(std::move(end), bound);
-  }
+  // add(end[, bound]), stats(), size(): see detail::FanoutBase.
 
   /// Sends `message` to every consumer, waiting for each full one until it has room;
   /// returns how many consumers it reached (consumers found gone are removed, not
@@ -52,29 +45,22 @@ class Broadcast {
   /// this message; returns how many consumers it reached.
   std::size_t send_for(const T& message, Timeout timeout) { return send_until(message, Deadline::after(timeout)); }
 
-  /// Per consumer (those not removed): messages sent, delivered, in flight, skipped.
-  std::vector<ConsumerStats> stats() {
-    std::lock_guard lock(mutex_);
-    return consumers_.stats();
-  }
-  /// Consumers not removed so far.
-  std::size_t size() {
-    std::lock_guard lock(mutex_);
-    return consumers_.all().size();
-  }
-
  private:
   std::size_t send_until(const T& message, const Deadline& deadline) {
+    auto& consumers = this->consumers_;
     detail::FanoutWait wait;
-    std::unique_lock lock(mutex_);
-    consumers_.remove_gone_if_due(nullptr);
+    std::unique_lock lock(this->mutex_);
+    consumers.remove_gone_if_due(nullptr);
     // The consumers this message is for: those present now (one added meanwhile gets the next).
     std::vector<ConsumerId> waiting;
-    waiting.reserve(consumers_.all().size());
-    for (const auto& consumer : consumers_.all()) waiting.push_back(consumer.id);
+    waiting.reserve(consumers.all().size());
+    for (const auto& consumer : consumers.all()) waiting.push_back(consumer.id);
+    const auto is_waiting = [&waiting](const auto& consumer) {
+      return std::find(waiting.begin(), waiting.end(), consumer.id) != waiting.end();
+    };
     std::size_t reached = 0;
     while (true) {
-      auto& all = consumers_.all();
+      auto& all = consumers.all();
       for (std::size_t i = 0; i < all.size();) {
         auto& consumer = all[i];
         const auto it = std::find(waiting.begin(), waiting.end(), consumer.id);
@@ -82,7 +68,7 @@ class Broadcast {
           ++i;
           continue;
         }
-        consumers_.refresh_for_selection(consumer);
+        consumers.refresh_for_selection(consumer);
         if (!consumer.has_room()) {
           ++i;
           continue;
@@ -91,13 +77,13 @@ class Broadcast {
         try {
           // Room in flight; the transport's own room is waited for here (a consumer whose
           // transport stays full until the deadline misses the message).
-          if (consumers_.send_to(consumer, message, deadline)) {
+          if (consumers.send_to(consumer, message, deadline)) {
             ++reached;
           } else {
             ++consumer.skipped;
           }
         } catch (const ChannelClosed&) {
-          consumers_.remove(i, nullptr);
+          consumers.remove(i, nullptr);
           continue;
         }
         ++i;
@@ -107,21 +93,16 @@ class Broadcast {
         return std::none_of(all.begin(), all.end(), [id](const auto& consumer) { return consumer.id == id; });
       });
       if (waiting.empty()) return reached;
-      if (consumers_.remove_gone_if_due(nullptr)) continue;
+      if (consumers.remove_gone_if_due(nullptr)) continue;
       if (deadline.expired()) {
         for (auto& consumer : all) {
-          if (std::find(waiting.begin(), waiting.end(), consumer.id) != waiting.end()) ++consumer.skipped;
+          if (is_waiting(consumer)) ++consumer.skipped;
         }
         return reached;
       }
-      lock.unlock();
-      wait.pause(deadline);
-      lock.lock();
+      consumers.wait_for_room(lock, is_waiting, deadline, wait);
     }
   }
-
-  std::mutex mutex_;
-  detail::FanoutConsumers<T, false> consumers_;
 };
 
 }  // namespace ferry

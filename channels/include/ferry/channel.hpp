@@ -134,6 +134,17 @@ class Sender {
   /// The receiver's recv() has returned every message up to this sequence number (0:
   /// none, or delivery not tracked). Keeps its last value once the receiver is gone.
   std::uint64_t delivered() { return local_ ? local_.taken() : core().delivered(); }
+  /// Asks the receiver to ring a doorbell (a shared futex word) once its recv() has
+  /// returned message `sequence`, for a fan-out that sleeps until a consumer has room
+  /// (see ReturnBoard::request_delivery_wake()); nullopt when the end cannot (InProcess,
+  /// closed, or no message sent yet). cancel_delivery_wake() withdraws the request.
+  std::optional<ReturnBoard::DeliveryWake> request_delivery_wake(std::uint64_t sequence) {
+    if (local_ || !core_) return std::nullopt;
+    return core_->request_delivery_wake(sequence);
+  }
+  void cancel_delivery_wake() {
+    if (!local_ && core_) core_->cancel_delivery_wake();
+  }
   /// True when the receiving end is known to be gone (closed, or every process that held
   /// it exited), or this end is closed; one poll() without waiting. (A transport that
   /// cannot tell answers false; its next send raises ChannelClosed.)

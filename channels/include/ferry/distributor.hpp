@@ -31,21 +31,13 @@ namespace ferry {
 /// first, for the caller to send again. Each message sent is thus either returned by
 /// exactly one consumer's recv() or handed back once.
 template <class T>
-class Distributor {
+class Distributor : public detail::FanoutBase<T, true> {
  public:
-  explicit Distributor(FanoutOptions options = {}) : consumers_(options) {}
-  Distributor(const Distributor&) = delete;
-  Distributor& operator=(const Distributor&) = delete;
+  explicit Distributor(FanoutOptions options = {}) : detail::FanoutBase<T, true>(options) {}
   /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
   ~Distributor() = default;
 
-  /// Adds a consumer (any open Sender<T>), with FanoutOptions::max_in_flight, or `bound`,
-  /// messages in flight at most. Throws ChannelClosed for a closed or empty end.
-  ConsumerId add(Sender<T> end) { return add(std::move(end), consumers_.options().max_in_flight); }
-  ConsumerId add(Sender<T> end, std::size_t bound) {
-    std::lock_guard lock(mutex_);
-    return consumers_.add(std::move(end), bound);
-  }
+  // add(end[, bound]), stats(), size(): see detail::FanoutBase.
 
   /// Sends `message` to the consumer with the fewest messages in flight, blocking while
   /// every consumer is full (or while the chosen one's transport is). Throws
@@ -59,67 +51,53 @@ class Distributor {
   /// Removes the consumers known to be gone, and returns (and forgets) every message that
   /// removed consumers never received, oldest first per consumer.
   std::vector<T> take_undelivered() {
-    std::lock_guard lock(mutex_);
-    consumers_.remove_gone(&undelivered_);
+    std::lock_guard lock(this->mutex_);
+    this->consumers_.remove_gone(&undelivered_);
     return std::exchange(undelivered_, {});
-  }
-
-  /// Per consumer (those not removed): messages sent, delivered, in flight.
-  std::vector<ConsumerStats> stats() {
-    std::lock_guard lock(mutex_);
-    return consumers_.stats();
-  }
-  /// Consumers not removed so far.
-  std::size_t size() {
-    std::lock_guard lock(mutex_);
-    return consumers_.all().size();
   }
 
  private:
   bool send_until(const T& message, const Deadline& deadline) {
+    auto& consumers = this->consumers_;
     detail::FanoutWait wait;
-    std::unique_lock lock(mutex_);
-    consumers_.remove_gone_if_due(&undelivered_);
+    std::unique_lock lock(this->mutex_);
+    consumers.remove_gone_if_due(&undelivered_);
     while (true) {
-      if (consumers_.empty()) {
+      if (consumers.empty()) {
         throw ChannelClosed("cannot send: the Distributor has no consumer (add() one; removed consumers' "
                             "messages are in take_undelivered())");
       }
       if (const std::optional<std::size_t> chosen = least_loaded()) {
-        auto& consumer = consumers_.all()[*chosen];
+        auto& consumer = consumers.all()[*chosen];
         try {
-          if (!consumers_.send_to(consumer, message, deadline)) return false;
+          if (!consumers.send_to(consumer, message, deadline)) return false;
         } catch (const ChannelClosed&) {
-          consumers_.remove(*chosen, &undelivered_);  // gone: try the next one
+          consumers.remove(*chosen, &undelivered_);  // gone: try the next one
           continue;
         }
         turn_ = *chosen + 1;
         return true;
       }
       // Every consumer is full: one that died stays full for ever, so look for those now and then.
-      if (consumers_.remove_gone_if_due(&undelivered_)) continue;
+      if (consumers.remove_gone_if_due(&undelivered_)) continue;
       if (deadline.expired()) return false;
-      lock.unlock();  // add() and the other senders go on meanwhile
-      wait.pause(deadline);
-      lock.lock();
+      consumers.wait_for_room(lock, [](const auto&) { return true; }, deadline, wait);
     }
   }
 
   // The consumer with room and the fewest messages in flight, the first from turn_ among equals.
   std::optional<std::size_t> least_loaded() {
-    auto& all = consumers_.all();
+    auto& all = this->consumers_.all();
     std::optional<std::size_t> best;
-    for (std::size_t k = 0; k < all.size(); ++k) {
-      const std::size_t i = (turn_ + k) % all.size();
-      consumers_.refresh_for_selection(all[i]);
+    const std::size_t first = turn_ < all.size() ? turn_ : 0;
+    for (std::size_t k = 0, i = first; k < all.size(); ++k, i = i + 1 < all.size() ? i + 1 : 0) {
+      this->consumers_.refresh_for_selection(all[i]);
       if (!all[i].has_room()) continue;
       if (!best || all[i].in_flight.size() < all[*best].in_flight.size()) best = i;
     }
     return best;
   }
 
-  std::mutex mutex_;
-  detail::FanoutConsumers<T, true> consumers_;
   std::vector<T> undelivered_;
   std::size_t turn_ = 0;
 };

@@ -14,8 +14,12 @@ namespace ferry {
 struct FanoutOptions {
   /// Messages a consumer may have in flight (sent to it, not yet returned by its recv())
   /// before it is passed over (Distributor) or waited for (Broadcast); at least 1. add()
-  /// may set another bound for one consumer.
-  std::size_t max_in_flight = 8;
+  /// may set another bound for one consumer. A consumer holds at most this many messages
+  /// to read, so a small bound makes fast consumers run dry and sleep (one wake-up per few
+  /// messages) and costs throughput; a large one lets a stalled consumer keep that many
+  /// messages from the others (and keeps their storages pinned). A pool of slow workers
+  /// balances best with 1 to 4; see docs/design/fanout.md, "Limits".
+  std::size_t max_in_flight = 32;
   /// How often sends check that the consumers still live (one poll() each): a consumer
   /// that died or closed is removed within about this long of the next send (a send to it
   /// that fails removes it at once).

@@ -199,6 +199,17 @@ std::uint64_t SenderCore::delivered() {
   return delivered_;
 }
 
+std::optional<ReturnBoard::DeliveryWake> SenderCore::request_delivery_wake(std::uint64_t sequence) {
+  std::lock_guard lock(mutex_);
+  if (!open_) return std::nullopt;
+  return encoder_.request_delivery_wake(sequence);
+}
+
+void SenderCore::cancel_delivery_wake() {
+  std::lock_guard lock(mutex_);
+  encoder_.cancel_delivery_wake();
+}
+
 bool SenderCore::receiver_gone() {
   std::lock_guard lock(mutex_);
   if (!open_) return true;

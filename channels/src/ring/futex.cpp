@@ -46,10 +46,20 @@ bool futex_wait_any(std::span<std::atomic<std::uint32_t>* const> words, std::uin
     throw Error("futex_wait_any: at most " + std::to_string(kMaxFutexWaitWords) + " words, not " +
                 std::to_string(words.size()));
   }
+  std::array<FutexExpectation, kMaxFutexWaitWords> expectations{};
+  for (std::size_t i = 0; i < words.size(); ++i) expectations[i] = FutexExpectation{words[i], expected};
+  return futex_wait_any(std::span<const FutexExpectation>(expectations.data(), words.size()), deadline);
+}
+
+bool futex_wait_any(std::span<const FutexExpectation> words, std::chrono::steady_clock::time_point deadline) {
+  if (words.size() > kMaxFutexWaitWords) {
+    throw Error("futex_wait_any: at most " + std::to_string(kMaxFutexWaitWords) + " words, not " +
+                std::to_string(words.size()));
+  }
   std::array<futex_waitv, kMaxFutexWaitWords> waiters{};
   for (std::size_t i = 0; i < words.size(); ++i) {
-    waiters[i].val = expected;
-    waiters[i].uaddr = reinterpret_cast<std::uintptr_t>(words[i]);
+    waiters[i].val = words[i].expected;
+    waiters[i].uaddr = reinterpret_cast<std::uintptr_t>(words[i].word);
     waiters[i].flags = FUTEX_32;  // shared between processes: not FUTEX_PRIVATE_FLAG
   }
   // futex_waitv takes an absolute time on the clock it is given; steady_clock is CLOCK_MONOTONIC.

@@ -25,6 +25,13 @@ inline constexpr std::size_t kMaxFutexWaitWords = 128;
 /// SystemError on other errors.
 bool futex_wait_any(std::span<std::atomic<std::uint32_t>* const> words, std::uint32_t expected,
                     std::chrono::steady_clock::time_point deadline);
+/// A word futex_wait_any() sleeps on, and the value it sleeps while the word holds.
+struct FutexExpectation {
+  const std::atomic<std::uint32_t>* word;
+  std::uint32_t expected;
+};
+/// Like futex_wait_any() above, with a value of its own for each word.
+bool futex_wait_any(std::span<const FutexExpectation> words, std::chrono::steady_clock::time_point deadline);
 /// Wakes up to `count` waiters of `word` in any process that maps it. Throws SystemError
 /// if the kernel refuses.
 void futex_wake(const std::atomic<std::uint32_t>& word, int count);

@@ -275,6 +275,22 @@ void HoldLedger::collect(bool check_receivers) {
   }
 }
 
+bool HoldLedger::idle() {
+  // A connection that pins nothing now (one that carries no storage, such as a channel of
+  // plain values whose deliveries a Distributor tracks): every frame asks, so this skips
+  // collect()'s allocations and take_returned()'s second lock.
+  if (!belongs_to_this_process()) return true;  // see collect()
+  std::lock_guard lock(mutex_);
+  if (pinned_ != 0 || !kept_segments_.empty() || probe_ || !returned_.empty()) return false;
+  // Returns of slots pinned before must still be cleared from the board (a slot is
+  // reused); none of them holds an allocation any more (pinned_ is 0), so that is all.
+  if (board_reader_ == BoardReader::ThisProcess) {
+    scratch_.clear();
+    board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
+  }
+  return true;
+}
+
 void HoldLedger::receiver_gone() {
   if (!belongs_to_this_process()) return;  // a forked child's copy: the pins are the parent's
   {

@@ -1,6 +1,9 @@
 #include "ferry/detail/return_board.hpp"
 
+#include <linux/futex.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -16,8 +19,8 @@ namespace {
 
 constexpr std::uint64_t kMagic = 0x5352555445525946;  // "FYRETURS"
 // 2: the acknowledgement request word; 3: reclaims, 64 holders; 4: holder checks counted;
-// 5: 252 holders
-constexpr std::uint64_t kVersion = 5;
+// 5: 252 holders; 6: the delivery wake-up request and doorbell
+constexpr std::uint64_t kVersion = 6;
 constexpr std::uint64_t kAbandoned = std::uint64_t{1} << 63;
 constexpr std::uint64_t kRegistering = std::uint64_t{1} << 63;
 constexpr std::size_t kPage = 4096;
@@ -36,6 +39,11 @@ constexpr std::size_t kReclaimsAt = 40;
 constexpr std::uint64_t kCheck = 1;
 constexpr std::uint64_t kReclaim = std::uint64_t{1} << 16;
 constexpr std::uint64_t kChecks = kReclaim - 1;
+// Non-zero: the sender sleeps until the frame of this sequence is resolved (request_delivery_wake()).
+constexpr std::size_t kWakeAtAt = 48;
+// Low 32 bits: the doorbell, a futex word the receiver bumps and wakes when it resolves
+// the frame kWakeAtAt asks for.
+constexpr std::size_t kDoorbellAt = 56;
 constexpr std::size_t kHoldersAt = 64;   // kMaxHolders x {pid word, start time}
 constexpr std::size_t kSummaryAt = kPage;
 constexpr std::size_t kBitmapAt = 2 * kPage;
@@ -302,8 +310,20 @@ bool ReturnBoard::claim_resolved(std::uint64_t sequence) noexcept {
   while (true) {
     if (current & kAbandoned) return false;
     if (current >= sequence) return true;
-    if (resolved_word.compare_exchange_weak(current, sequence, std::memory_order_seq_cst)) return true;
+    if (resolved_word.compare_exchange_weak(current, sequence, std::memory_order_seq_cst)) break;
   }
+  // A sender asleep until this frame (request_delivery_wake()): ring its doorbell, once.
+  // seq_cst, like the claim above and the sender's request then its read of the claim.
+  Atomic wake_at(*word(kWakeAtAt));
+  std::uint64_t wanted = wake_at.load(std::memory_order_seq_cst);
+  if (wanted != 0 && wanted <= sequence && wake_at.compare_exchange_strong(wanted, 0, std::memory_order_seq_cst)) {
+    std::atomic_ref<std::uint32_t> doorbell(*doorbell_word());
+    doorbell.fetch_add(1, std::memory_order_seq_cst);
+    // Shared futex (the board is a shared mapping). It cannot fail for a valid, aligned
+    // word; were it to, the sender's sleep is bounded (it polls the word again then).
+    (void)::syscall(SYS_futex, doorbell_word(), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+  }
+  return true;
 }
 
 bool ReturnBoard::acknowledgements_requested() const noexcept {
@@ -339,6 +359,24 @@ std::uint64_t ReturnBoard::resolved() const noexcept {
 std::uint64_t ReturnBoard::request_acknowledgements() noexcept {
   Atomic(*word(kAcknowledgementsAt)).store(1, std::memory_order_seq_cst);
   return Atomic(*word(kResolvedAt)).load(std::memory_order_seq_cst) & ~kAbandoned;
+}
+
+ReturnBoard::DeliveryWake ReturnBoard::request_delivery_wake(std::uint64_t sequence) noexcept {
+  DeliveryWake wake;
+  wake.doorbell = doorbell_word();
+  wake.rung = std::atomic_ref<std::uint32_t>(*wake.doorbell).load(std::memory_order_seq_cst);
+  Atomic(*word(kWakeAtAt)).store(sequence, std::memory_order_seq_cst);
+  wake.resolved = Atomic(*word(kResolvedAt)).load(std::memory_order_seq_cst) & ~kAbandoned;
+  return wake;
+}
+
+void ReturnBoard::cancel_delivery_wake() noexcept {
+  Atomic wake_at(*word(kWakeAtAt));
+  if (wake_at.load(std::memory_order_relaxed) != 0) wake_at.store(0, std::memory_order_relaxed);
+}
+
+std::uint32_t* ReturnBoard::doorbell_word() const noexcept {
+  return reinterpret_cast<std::uint32_t*>(word(kDoorbellAt));  // the low half (little-endian)
 }
 
 std::uint64_t ReturnBoard::abandon_unresolved() noexcept {

@@ -1,12 +1,15 @@
 // The consumers of a Distributor or Broadcast: each one's Sender, its bound, and what is in
 // flight to it, counted from the delivery acknowledgements its receiver writes
-// (Sender::delivered(), see docs/design/fanout.md). Not thread-safe: the owner locks.
+// (Sender::delivered(), see docs/design/fanout.md); how a send sleeps until a full one has
+// room; and FanoutBase, what the two classes share (the lock, add(), stats(), size()).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -32,6 +35,7 @@ struct InFlight<T, false> {
   std::uint64_t sequence;
 };
 
+/// The consumer set. Not thread-safe: the owner locks (FanoutBase).
 template <class T, bool Copy>
 class FanoutConsumers {
  public:
@@ -67,10 +71,7 @@ class FanoutConsumers {
   void refresh(Consumer& consumer) {
     if (consumer.in_flight.empty()) return;
     consumer.sent_at_refresh = consumer.sent;
-    const std::uint64_t delivered = consumer.end.delivered();
-    while (!consumer.in_flight.empty() && consumer.in_flight.front().sequence <= delivered) {
-      consumer.in_flight.pop_front();
-    }
+    forget_delivered(consumer, consumer.end.delivered());
   }
 
   /// Like refresh(), but reads the consumer's delivery word (a cache line its receiver
@@ -130,6 +131,66 @@ class FanoutConsumers {
     }
   }
 
+  /// Waits until one of the full consumers that `waited_for(consumer)` selects has room
+  /// (or the deadline, or the next liveness check, comes); `lock` (held on entry and on
+  /// return) is released meanwhile, so that add() and other senders go on. `wait` lives
+  /// for one send.
+  ///
+  /// Each such consumer's receiver is asked to ring its board's doorbell once its recv()
+  /// has returned half of the consumer's bound (at least one message), and the send sleeps
+  /// on all the doorbells at once (one futex_waitv). Like a ring writer that waits for a
+  /// quarter of the ring, it wakes once there is room for a run of messages, not one at a
+  /// time, while the consumer still has the other half to read: a consumer as fast as the
+  /// producer neither runs dry nor moves in lock-step with it (a wake-up and a doorbell
+  /// per message), and the wake-ups cost one futex call per half bound. That first sleep
+  /// lasts kHalfBoundWait at most; a send that still finds every consumer full then
+  /// sleeps until any one of them takes a message (a consumer that took fewer than half
+  /// and stalled has its room used). Ends without a board (InProcess) are polled
+  /// instead (FanoutWait::pause).
+  template <class Select>
+  void wait_for_room(std::unique_lock<std::mutex>& lock, const Select& waited_for, const Deadline& deadline,
+                     FanoutWait& wait) {
+    const bool for_half = !wait.waited_for_half();
+    wakes_.clear();
+    bool polled = false;
+    for (Consumer& consumer : consumers_) {
+      if (consumer.has_room() || !waited_for(consumer)) continue;
+      const std::uint64_t target = for_half ? half_bound_sequence(consumer) : consumer.in_flight.front().sequence;
+      std::optional<ReturnBoard::DeliveryWake> wake = consumer.end.request_delivery_wake(target);
+      if (!wake) {
+        polled = true;
+        continue;
+      }
+      forget_delivered(consumer, wake->resolved);
+      consumer.sent_at_refresh = consumer.sent;
+      const bool reached = wake->resolved >= target;
+      wakes_.push_back(std::move(*wake));
+      if (reached) {  // took that many since the last look: no sleep
+        cancel_wakes();
+        return;
+      }
+    }
+    auto until = std::min(deadline.time_point(), liveness_.next());
+    if (for_half) {
+      until = std::min(until, std::chrono::steady_clock::now() + kHalfBoundWait);
+      wait.set_waited_for_half();
+    }
+    lock.unlock();
+    try {
+      if (polled || wakes_.empty()) {
+        wait.pause(until);
+      } else {
+        sleep_on_doorbells(wakes_, until);
+      }
+    } catch (...) {
+      lock.lock();
+      cancel_wakes();
+      throw;
+    }
+    lock.lock();
+    cancel_wakes();
+  }
+
   std::vector<ConsumerStats> stats() {
     std::vector<ConsumerStats> out;
     out.reserve(consumers_.size());
@@ -148,6 +209,26 @@ class FanoutConsumers {
   }
 
  private:
+  static void forget_delivered(Consumer& consumer, std::uint64_t delivered) {
+    while (!consumer.in_flight.empty() && consumer.in_flight.front().sequence <= delivered) {
+      consumer.in_flight.pop_front();
+    }
+  }
+
+  // How long a send's first sleep waits for half a bound to drain (see wait_for_room()).
+  static constexpr std::chrono::microseconds kHalfBoundWait{200};
+
+  // The sequence whose delivery leaves a full consumer with half its bound in flight.
+  static std::uint64_t half_bound_sequence(const Consumer& consumer) {
+    const std::size_t taken = std::clamp<std::size_t>(consumer.bound / 2, 1, consumer.in_flight.size());
+    return consumer.in_flight[taken - 1].sequence;
+  }
+
+  void cancel_wakes() noexcept {
+    for (const ReturnBoard::DeliveryWake& wake : wakes_) wake.board->cancel_delivery_wake();
+    wakes_.clear();
+  }
+
   static bool send_end(Sender<T>& end, const T& message, const Deadline& deadline) {
     if (deadline.is_never()) {
       end.send(message);
@@ -167,7 +248,44 @@ class FanoutConsumers {
   FanoutOptions options_;
   LivenessSchedule liveness_;
   std::vector<Consumer> consumers_;
+  std::vector<ReturnBoard::DeliveryWake> wakes_;  // wait_for_room()'s, kept for its capacity
   ConsumerId next_id_ = 1;
+};
+
+/// What Distributor and Broadcast share: the lock, the consumers, add(), stats(), size().
+template <class T, bool Copy>
+class FanoutBase {
+ public:
+  FanoutBase(const FanoutBase&) = delete;
+  FanoutBase& operator=(const FanoutBase&) = delete;
+
+  /// Adds a consumer (any open Sender<T>), with FanoutOptions::max_in_flight, or `bound`,
+  /// messages in flight at most. Throws ChannelClosed for a closed or empty end.
+  ConsumerId add(Sender<T> end) { return add(std::move(end), consumers_.options().max_in_flight); }
+  ConsumerId add(Sender<T> end, std::size_t bound) {
+    std::lock_guard lock(mutex_);
+    return consumers_.add(std::move(end), bound);
+  }
+
+  /// Per consumer (those not removed): messages sent, delivered, in flight (and, for a
+  /// Broadcast, skipped).
+  std::vector<ConsumerStats> stats() {
+    std::lock_guard lock(mutex_);
+    return consumers_.stats();
+  }
+  /// Consumers not removed so far.
+  std::size_t size() {
+    std::lock_guard lock(mutex_);
+    return consumers_.all().size();
+  }
+
+ protected:
+  explicit FanoutBase(const FanoutOptions& options) : consumers_(options) {}
+  /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
+  ~FanoutBase() = default;
+
+  std::mutex mutex_;
+  FanoutConsumers<T, Copy> consumers_;
 };
 
 }  // namespace ferry::detail

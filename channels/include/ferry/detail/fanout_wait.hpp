@@ -1,21 +1,36 @@
-// How a fan-out send waits while every consumer is full, and when it checks that its
+// How a fan-out send waits while its consumers are full, and when it checks that its
 // consumers still live (Distributor and Broadcast; see docs/design/fanout.md).
 #pragma once
 
 #include <chrono>
+#include <span>
 
 #include "ferry/detail/deadline.hpp"
+#include "ferry/detail/return_board.hpp"
 
 namespace ferry {
 namespace detail {
-/// How a fanout send waits for a consumer to take something: yields for 50 us, then sleeps
-/// that grow to 100 us (the delivery words have no wake-up of their own).
+
+/// Sleeps until one of `doorbells` rings (its word no longer holds the value seen when the
+/// wake-up was requested) or `until` comes: one futex_waitv over all of them (the first
+/// 128; Linux 5.16; on an older kernel, a futex wait on the first, at most 200 us at a
+/// time when there are several). Returns early on a signal. Throws SystemError when the
+/// kernel refuses the wait for another reason.
+void sleep_on_doorbells(std::span<const ReturnBoard::DeliveryWake> doorbells,
+                        std::chrono::steady_clock::time_point until);
+
+/// The state of one fan-out send's waits for room (FanoutConsumers::wait_for_room()).
 class FanoutWait {
  public:
-  /// Yields or sleeps a little, or less when `deadline` comes first.
-  void pause(const Deadline& deadline);
+  /// Polls for a consumer that has no doorbell (InProcess ends): yields for 50 us, then
+  /// sleeps that grow to 100 us, or less when `until` comes first.
+  void pause(std::chrono::steady_clock::time_point until);
+  /// Whether this send already slept once waiting for half a consumer's bound to drain.
+  bool waited_for_half() const noexcept { return waited_for_half_; }
+  void set_waited_for_half() noexcept { waited_for_half_ = true; }
 
  private:
+  bool waited_for_half_ = false;
   unsigned rounds_ = 0;
   unsigned sleeps_ = 0;
   std::chrono::steady_clock::time_point spin_until_;
@@ -27,6 +42,8 @@ class LivenessSchedule {
  public:
   explicit LivenessSchedule(std::chrono::milliseconds interval);
   bool due();
+  /// When the next check is due.
+  std::chrono::steady_clock::time_point next() const noexcept { return next_check_; }
 
  private:
   std::chrono::milliseconds interval_;

@@ -121,6 +121,11 @@ class SenderCore final : public LiveEnd {
   /// as the board tells (0: none, or delivery not tracked). Still answers once the end is
   /// closed or the receiver is gone (the last value read before).
   std::uint64_t delivered();
+  /// Asks the receiver to ring the board's doorbell once its recv() has returned message
+  /// `sequence` (ReturnBoard::request_delivery_wake()); nullopt before the board exists
+  /// or once the end is closed. cancel_delivery_wake() withdraws the request.
+  std::optional<ReturnBoard::DeliveryWake> request_delivery_wake(std::uint64_t sequence);
+  void cancel_delivery_wake();
   /// True when the receiving end is known to be gone (closed in every process that held
   /// it, or its processes died), or this end is closed; one poll() without waiting.
   bool receiver_gone();

@@ -11,6 +11,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -140,6 +141,16 @@ class SendingHolds {
   /// See ReturnBoard::request_acknowledgements() (0 without a board).
   std::uint64_t request_acknowledgements() noexcept {
     return ledger_ ? ledger_->board()->request_acknowledgements() : 0;
+  }
+  /// See ReturnBoard::request_delivery_wake() (nullopt without a board).
+  std::optional<ReturnBoard::DeliveryWake> request_delivery_wake(std::uint64_t sequence) noexcept {
+    if (!ledger_) return std::nullopt;
+    ReturnBoard::DeliveryWake wake = ledger_->board()->request_delivery_wake(sequence);
+    wake.board = ledger_->board();
+    return wake;
+  }
+  void cancel_delivery_wake() noexcept {
+    if (ledger_) ledger_->board()->cancel_delivery_wake();
   }
   /// Storages pinned now.
   std::size_t pinned() const { return ledger_ ? ledger_->pinned() : 0; }

@@ -50,6 +50,10 @@ class HoldLedger {
   /// has exited, and the pins of frames that nobody can resolve any more when the
   /// receiving end is gone (reads /proc; use it when memory is short, not on every send).
   void collect(bool check_receivers);
+  /// True, after clearing the board's returns, when nothing is pinned, kept or returned:
+  /// collect(false) and take_returned() would do nothing (one lock, no allocation; every
+  /// frame of a connection that carries no storage asks). False, doing nothing, otherwise.
+  bool idle();
   /// The receiving end is gone (a write failed): frames not resolved yet never will be.
   void receiver_gone();
   /// The channel closed. `probe` (may be empty) is a descriptor that polls POLLERR or

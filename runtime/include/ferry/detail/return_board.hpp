@@ -27,7 +27,9 @@ namespace ferry {
 ///   header    (page 0)  magic, version, slot capacity, last resolved frame (bit 63: the
 ///                       sender abandoned later frames), returns posted, acknowledgement
 ///                       request, reclaims (low 16 bits: checks of the holders in
-///                       progress; the rest counts reclaims), holder processes
+///                       progress; the rest counts reclaims), delivery wake-up request
+///                       (a frame sequence), doorbell (a 32-bit futex word in the low
+///                       half of its word), holder processes
 ///   summary   (page 1)  bit w set: word w of the bitmap may have bits set
 ///   bitmap    (page 2+) bit s set: the receiver gave storage slot s back
 class ReturnBoard {
@@ -131,8 +133,9 @@ class ReturnBoard {
   /// waited for) when the count was read.
   std::optional<std::uint32_t> reclaims_after_checks(std::chrono::milliseconds patience) const noexcept;
   /// Records that frames up to `sequence` are resolved (their storages are held by the
-  /// receiver from now on, their segments opened). False when the sender abandoned the
-  /// frame.
+  /// receiver from now on, their segments opened), and rings the doorbell when the sender
+  /// asked to be woken at one of them (request_delivery_wake(): one FUTEX_WAKE). False
+  /// when the sender abandoned the frame.
   bool claim_resolved(std::uint64_t sequence) noexcept;
   /// True once the sender asked for acknowledgements on the transport too (it blocks
   /// until a frame is resolved); read after claim_resolved(), both sequentially consistent,
@@ -150,6 +153,23 @@ class ReturnBoard {
   /// resolved; returns the last frame resolved, read after the request (a frame resolved
   /// later is acknowledged). The request stays.
   std::uint64_t request_acknowledgements() noexcept;
+  /// What a sender that sleeps until a frame is resolved waits on: the doorbell (a shared
+  /// futex word), its value before the request, and the last frame resolved, read after
+  /// the request (sequentially consistent with the receiver's claim and its look at the
+  /// request, so that either `resolved` shows the claim or the receiver rings).
+  struct DeliveryWake {
+    std::shared_ptr<ReturnBoard> board;  // keeps the doorbell mapped (filled by SendingHolds)
+    std::uint32_t* doorbell = nullptr;
+    std::uint32_t rung = 0;
+    std::uint64_t resolved = 0;
+  };
+  /// Asks the receiver to ring the doorbell once it resolves frame `sequence` (a later
+  /// request replaces this one; the receiver rings once, then clears the request). For
+  /// Distributor and Broadcast, which sleep on the doorbells of all their full consumers
+  /// at once (futex_waitv).
+  DeliveryWake request_delivery_wake(std::uint64_t sequence) noexcept;
+  /// Withdraws the request (the sender woke for another reason): the receiver need not ring.
+  void cancel_delivery_wake() noexcept;
   /// Marks every frame after the last resolved one as abandoned (the sender recycles their
   /// memory: a receiver that tries to resolve one later fails instead of reading it);
   /// returns the last resolved frame.
@@ -175,6 +195,7 @@ class ReturnBoard {
  private:
   explicit ReturnBoard(SharedMemory memory) : memory_(std::move(memory)) {}
   std::uint64_t* word(std::size_t byte_offset) const noexcept;
+  std::uint32_t* doorbell_word() const noexcept;
   // Sets `bits` in bitmap word `w` and marks the word in the summary.
   void post_bits(std::size_t w, std::uint64_t bits) noexcept;
 

@@ -113,6 +113,11 @@ class MessageEncoder {
   /// acknowledge there too from now on (ReturnBoard::request_acknowledgements()); returns
   /// the last frame resolved, read after asking.
   std::uint64_t request_acknowledgements() noexcept { return holds_.request_acknowledgements(); }
+  /// See ReturnBoard::request_delivery_wake() (nullopt before the board exists).
+  std::optional<ReturnBoard::DeliveryWake> request_delivery_wake(std::uint64_t sequence) noexcept {
+    return holds_.request_delivery_wake(sequence);
+  }
+  void cancel_delivery_wake() noexcept { holds_.cancel_delivery_wake(); }
   /// Asks for delivery acknowledgements: the next frame carries the connection's return
   /// board even when it names no storage, so that the receiver can record on the board
   /// every frame it delivers (MessageDecoder::mark_delivered()), not only those with new
