@@ -293,8 +293,10 @@ bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iov
     }
   }
   // Until a thread of its own progresses the worker, a rendezvous moves only while the
-  // sender progresses too: wait until the frame left (the receiver took its large copies).
-  wait_until(lock, Deadline::never(), [&] {
+  // sender progresses too: wait until the frame left (the receiver took its large copies),
+  // or until `deadline`. A frame still in flight then stays started (its storages kept by
+  // `owners`): later sends and flush() move it on, and a send waits for room first.
+  wait_until(lock, deadline, [&] {
     reap_locked();
     return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
   });
