@@ -11,6 +11,8 @@
 #include <mutex>
 #include <string>
 
+#include <ucs/config/global_opts.h>
+
 #include "ferry/error.hpp"
 
 namespace ferry::ucx::detail {
@@ -106,8 +108,12 @@ std::shared_ptr<UcxContext> UcxContext::get(const KeepaliveSettings& keepalive) 
   default_env("UCX_TCP_KEEPIDLE", std::to_string(keepalive.idle.count()) + "s");
   default_env("UCX_TCP_KEEPINTVL", std::to_string(keepalive.interval.count()) + "s");
   default_env("UCX_TCP_KEEPCNT", std::to_string(keepalive.count));
-  // UCX's own warnings about peers that vanished are ferry's errors to report.
-  default_env("UCX_LOG_LEVEL", "error");
+  // UCX's own warnings about peers that vanished are ferry's errors to report. UCX read its
+  // log level when it was loaded (an environment variable set now would only draw a warning
+  // that it is unused): lower it in place unless the user chose one.
+  if (std::getenv("UCX_LOG_LEVEL") == nullptr && ucs_global_opts.log_component.log_level > UCS_LOG_LEVEL_ERROR) {
+    ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_ERROR;
+  }
 
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
