@@ -197,8 +197,8 @@ class Listener {
 /// options.allowed_peers admits others; removed when the listener closes; a stale file
 /// left by a killed listener is replaced), "unix:@NAME" (Linux's abstract namespace:
 /// nothing on disk), or, in a program that links ferry::ucx, "ucx://HOST:PORT" (across
-/// hosts, on UCX; HOST an IPv4 address, a name, or an IPv6 address in brackets; 0.0.0.0
-/// or [::] for every interface; PORT 0 picks a free one: address() tells which). Across
+/// hosts, on UCX; HOST an IPv4 address or a name, 0.0.0.0 for every interface (IPv6, in
+/// brackets, is refused for now); PORT 0 picks a free one: address() tells which). Across
 /// hosts each tensor's bytes travel: the receiver's tensor is its own copy (in
 /// Device::SharedCpu memory), and its writes are not seen by the sender. Throws
 /// AddressInUse when a live listener holds the address, Error for a malformed address,

@@ -31,8 +31,8 @@ using ferry::detail::ClientEnd;
 using ferry::detail::ConnectionEnds;
 
 constexpr std::string_view kForms =
-    "ucx://HOST:PORT (across hosts, in a program that links ferry::ucx; HOST an IPv4 address, a name, or an IPv6 "
-    "address in brackets, e.g. ucx://10.0.0.5:7000 or ucx://[::1]:7000; PORT 0 picks a free port when listening)";
+    "ucx://HOST:PORT (across hosts, in a program that links ferry::ucx; HOST an IPv4 address or a name, e.g. "
+    "ucx://10.0.0.5:7000; PORT 0 picks a free port when listening)";
 
 KeepaliveSettings keepalive_of(const EndpointOptions& options) {
   return KeepaliveSettings{options.keepalive.idle, options.keepalive.interval, options.keepalive.count};
