@@ -62,9 +62,10 @@ class UcxConnection {
   /// failed() (the listener is not there: retry).
   static std::shared_ptr<UcxConnection> connect(std::shared_ptr<UcxContext> context, const sockaddr_storage& address,
                                                 socklen_t length, FrameLimits limits);
-  /// Accepts the connection request `request` of a listener, on a worker of its own.
-  static std::shared_ptr<UcxConnection> accept(std::shared_ptr<UcxContext> context, ucp_conn_request_h request,
-                                               FrameLimits limits);
+  /// Accepts the connection request `request` of `listener`, on a worker of its own. On
+  /// failure the request is rejected or consumed: the caller does nothing more with it.
+  static std::shared_ptr<UcxConnection> accept(std::shared_ptr<UcxContext> context, ucp_listener_h listener,
+                                               ucp_conn_request_h request, FrameLimits limits);
   ~UcxConnection();
   UcxConnection(const UcxConnection&) = delete;
   UcxConnection& operator=(const UcxConnection&) = delete;

@@ -242,9 +242,8 @@ void UcxListenerCore::start_handshake(ucp_conn_request_h request) {
   if (ucp_conn_request_query(request, &attributes) != UCS_OK) attributes.client_address.ss_family = 0;
   std::shared_ptr<UcxConnection> connection;
   try {
-    connection = UcxConnection::accept(context_, request, options_.channel.limits);
+    connection = UcxConnection::accept(context_, listener_, request, options_.channel.limits);
   } catch (const std::exception& error) {
-    ucp_listener_reject(listener_, request);
     report(std::string("could not accept it: ") + error.what());
     return;
   }
