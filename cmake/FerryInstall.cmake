@@ -2,7 +2,13 @@
 # another project can use `find_package(ferry)` and link `ferry::ferry`.
 include(CMakePackageConfigHelpers)
 
-install(TARGETS ferry ferry_runtime ferry_serialization ferry_channels EXPORT ferryTargets
+# ferry::ucx (ucx:// endpoints) when it was built: a consumer links it only where it uses
+# ucx:// (ferryConfig.cmake then finds UCX and libsodium through pkg-config).
+set(_ferry_installed_targets ferry ferry_runtime ferry_serialization ferry_channels)
+if(FERRY_UCX_ENABLED)
+  list(APPEND _ferry_installed_targets ferry_ucx)
+endif()
+install(TARGETS ${_ferry_installed_targets} EXPORT ferryTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # Each layer's public headers and its ferry/detail/ headers (which the public templates

@@ -3,6 +3,9 @@
 // (type, direction, version, transport, user), socket files, abstract names, many and
 // hostile clients, a listener that dies, fd exhaustion, Selector, and no leaks.
 #include <gtest/gtest.h>
+
+#include <fstream>
+#include <iterator>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -587,6 +590,36 @@ TEST_F(EndpointAddressTest, MalformedAddressesAndUnknownSchemesNameTheAcceptedFo
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("no listener"), std::string::npos) << error.what();
   }
+}
+
+// ferry_tests does not link ferry::ucx: a ucx:// address is an Error that names it and says
+// how to get ucx:// support, at listen and at connect, and no UCX library is loaded.
+TEST_F(EndpointAddressTest, AUcxAddressWithoutFerryUcxSaysHowToGetIt) {
+  EndpointOptions quick;
+  quick.connect_timeout = 1ms;
+  const std::string address = "ucx://127.0.0.1:7000";
+  const auto check = [&](const Error& error) {
+    const std::string what = error.what();
+    EXPECT_NE(what.find(address), std::string::npos) << what;
+    EXPECT_NE(what.find("-DFERRY_WITH_UCX=ON"), std::string::npos) << what;
+    EXPECT_NE(what.find("scripts/install-deps"), std::string::npos) << what;
+    EXPECT_NE(what.find("ferry::ucx"), std::string::npos) << what;
+  };
+  try {
+    (void)listen(address, quick);
+    ADD_FAILURE() << "listened at a ucx:// address without ferry::ucx";
+  } catch (const Error& error) {
+    check(error);
+  }
+  try {
+    (void)connect_receiver<int>(address, quick);
+    ADD_FAILURE() << "connected to a ucx:// address without ferry::ucx";
+  } catch (const Error& error) {
+    check(error);
+  }
+  std::ifstream maps("/proc/self/maps");
+  const std::string mapped((std::istreambuf_iterator<char>(maps)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(mapped.find("libucp"), std::string::npos) << "UCX is loaded in a program that does not use it";
 }
 
 // ---- access ---------------------------------------------------------------------------

@@ -24,6 +24,19 @@ fi
 cmake -S "$source_dir/tests/consumer" -B "$scratch/installed" -G Ninja -DCMAKE_PREFIX_PATH="$scratch/prefix" >/dev/null
 cmake --build "$scratch/installed" >/dev/null
 "$scratch/installed/consumer"
+# A program that does not link ferry::ucx never loads UCX.
+if ldd "$scratch/installed/consumer" | grep -q 'libucp'; then
+  echo "check.sh: the consumer without ucx:// links UCX" >&2
+  exit 1
+fi
+# A ferry built with UCX exports ferry::ucx, and a ucx:// program built against it works.
+if grep -q 'set(FERRY_BUILT_WITH_UCX ON)' "$scratch/prefix"/lib*/cmake/ferry/ferryConfig.cmake; then
+  if [[ ! -x $scratch/installed/consumer_ucx ]]; then
+    echo "check.sh: ferry was built with UCX, but its package gave no ferry::ucx" >&2
+    exit 1
+  fi
+  UCX_TLS=${UCX_TLS:-tcp} "$scratch/installed/consumer_ucx"
+fi
 
 # The same consumer where the CUDA toolkit is out of its view (not on PATH, its prefixes
 # ignored, CUDAToolkit_ROOT pointing nowhere): it must build and run against this ferry
@@ -46,3 +59,4 @@ cmake -S "$source_dir/tests/consumer" -B "$scratch/subdirectory" -G Ninja -DFERR
   -DFERRY_UNITY_BUILD=ON >/dev/null
 cmake --build "$scratch/subdirectory" >/dev/null
 "$scratch/subdirectory/consumer"
+if [[ -x $scratch/subdirectory/consumer_ucx ]]; then UCX_TLS=${UCX_TLS:-tcp} "$scratch/subdirectory/consumer_ucx"; fi

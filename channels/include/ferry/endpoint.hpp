@@ -8,6 +8,7 @@
 // ferry::Sender<Batch> to_trainer = listener.accept_sender<Batch>();
 // ferry::Receiver<Batch> from_loader = ferry::connect_receiver<Batch>("unix:@loader");  // another one
 // ```
+// Across hosts, the same calls take "ucx://HOST:PORT" in a program that links ferry::ucx.
 #pragma once
 
 #include <sys/types.h>
@@ -48,20 +49,41 @@ struct AllowedPeers {
   std::string describe() const;
 };
 
+/// TCP keepalive of ucx:// connections: a peer whose host vanished (link down, power off)
+/// is reported (PeerDied / ChannelClosed) after about idle + interval x count (5 s by
+/// default). UCX 1.13 takes these only from its environment when it starts
+/// (UCX_TCP_KEEPIDLE, UCX_TCP_KEEPINTVL, UCX_TCP_KEEPCNT): the first ucx:// end of a process
+/// sets them unless the environment already does; later settings in that process have no
+/// effect.
+struct Keepalive {
+  std::chrono::seconds idle{1};
+  std::chrono::seconds interval{1};
+  int count = 3;
+};
+
 /// Settings of listen() and connect_*().
 struct EndpointOptions {
   /// How messages travel once connected. UnixSocket (the default): over the connection
   /// itself, tensors' segments as SCM_RIGHTS. ShmRing: the listener makes a shared ring per
   /// direction and passes it to the client over the connection. Pipe works the same way.
-  /// Listener and client must agree; a client of another transport is refused.
+  /// Listener and client must agree; a client of another transport is refused. A ucx://
+  /// address always travels over UCX (leave the default, or say Transport::Ucx).
   Transport transport = Transport::UnixSocket;
   /// How long connect_*() waits in all: for the listener to appear (start order does not
   /// matter), and for it to accept this client.
   std::chrono::milliseconds connect_timeout{10'000};
   /// How long a listener waits for a connected client's handshake before dropping it.
   std::chrono::milliseconds handshake_timeout{5'000};
-  /// Who may connect (listener) and who may be listened to (client).
+  /// Who may connect (listener) and who may be listened to (client). unix: only (the
+  /// kernel tells a Unix socket's peer; TCP has no peer credentials: ucx:// uses `secret`).
   AllowedPeers allowed_peers;
+  /// ucx:// only: the shared secret both sides prove at connect (challenge and response,
+  /// libsodium's keyed hash); empty: the FERRY_SECRET environment variable. A listener on
+  /// an address other than loopback refuses to start without one. Traffic is
+  /// authenticated at connect, not encrypted.
+  std::string secret;
+  /// ucx:// only: how soon a peer whose host vanished is noticed (see Keepalive).
+  Keepalive keepalive;
   /// The options of each connection's channel (limits, ring size, timeouts, pool). A pool
   /// (ChannelOptions::pool) is copied per connection: each peer gets a new pool of the same
   /// settings. Limits: each side enforces its own on what it receives, and its peer's
@@ -138,7 +160,8 @@ class Listener {
     core().serve(detail::client_duplex_kind<In, Out>());
   }
 
-  /// The address clients connect to, as given to listen().
+  /// The address clients connect to: as given to listen(), except that a ucx:// address
+  /// names the port actually bound (port 0 picks a free one).
   const std::string& address() const { return const_core().address(); }
   /// Whether a client of a served kind completed its handshake and waits to be accepted.
   bool has_waiting_client() const noexcept { return core_ && core_->has_waiting_client(); }
@@ -172,16 +195,23 @@ class Listener {
 
 /// Listens at `address`: "unix:PATH" (a socket file, created owner-only unless
 /// options.allowed_peers admits others; removed when the listener closes; a stale file
-/// left by a killed listener is replaced) or "unix:@NAME" (Linux's abstract namespace:
-/// nothing on disk). Throws AddressInUse when a live listener holds the address, Error
-/// for a malformed address or an unknown scheme (naming the accepted forms).
+/// left by a killed listener is replaced), "unix:@NAME" (Linux's abstract namespace:
+/// nothing on disk), or, in a program that links ferry::ucx, "ucx://HOST:PORT" (across
+/// hosts, on UCX; HOST an IPv4 address or a name, 0.0.0.0 for every interface (IPv6, in
+/// brackets, is refused for now); PORT 0 picks a free one: address() tells which). Across
+/// hosts each tensor's bytes travel: the receiver's tensor is its own copy (in
+/// Device::SharedCpu memory), and its writes are not seen by the sender. Throws
+/// AddressInUse when a live listener holds the address, Error for a malformed address,
+/// an unknown scheme (naming the accepted forms), ucx:// without ferry::ucx (saying how to
+/// get it), or ucx:// on an address other than loopback without a secret.
 Listener listen(std::string_view address, EndpointOptions options = {});
 
 /// Connects to the listener at `address` as a Receiver<T> (the listener's
 /// accept_sender<T>). Waits up to options.connect_timeout for the listener to appear and
 /// accept. Throws TypeMismatch when the listener serves no Receiver<T> clients,
-/// UntrustedPeer when one side's user is not allowed by the other, Error for another
-/// refusal (wire version, transport) or the timeout, PeerDied when the listener died.
+/// UntrustedPeer when one side's user is not allowed by the other (unix:) or the secrets
+/// differ (ucx://), Error for another refusal (wire version, transport) or the timeout,
+/// PeerDied when the listener died.
 template <class T>
 Receiver<T> connect_receiver(std::string_view address, const EndpointOptions& options = {}) {
   detail::ConnectionEnds ends = detail::connect_endpoint(address, detail::client_receiver_kind<T>(), options);

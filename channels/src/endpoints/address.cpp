@@ -7,7 +7,7 @@ namespace ferry::detail {
 
 std::string accepted_address_forms() {
   std::string forms;
-  for (const auto& scheme : schemes()) {
+  for (const Scheme* scheme : schemes()) {
     if (!forms.empty()) forms += "; ";
     forms += scheme->forms();
   }

@@ -14,7 +14,7 @@ namespace {
 std::string milliseconds_text(std::chrono::milliseconds duration) { return std::to_string(duration.count()) + " ms"; }
 
 // Connects, retrying while nobody listens, until `deadline`.
-UniqueFd reach_listener(const Scheme& scheme, std::string_view address, std::string_view rest,
+UniqueFd reach_listener(const SocketScheme& scheme, std::string_view address, std::string_view rest,
                         const EndpointOptions& options, const Deadline& deadline) {
   std::chrono::microseconds pause{200};
   while (true) {
@@ -43,16 +43,22 @@ UniqueFd reach_listener(const Scheme& scheme, std::string_view address, std::str
 
 ConnectionEnds connect_endpoint(std::string_view address, const EndKind& kind, const EndpointOptions& options) {
   const Address parsed = parse_address(address);
-  const Scheme* scheme = find_scheme(parsed.scheme);
-  if (scheme == nullptr) {
-    throw Error("unknown scheme \"" + std::string(parsed.scheme) + "\" in endpoint address \"" + std::string(address) +
-                "\"; accepted forms: " + accepted_address_forms());
-  }
+  const Scheme& scheme = scheme_of(address, parsed.scheme);
   if (options.transport == Transport::InProcess) {
     throw Error("an endpoint connects processes: Transport::InProcess cannot carry it (use UnixSocket or ShmRing)");
   }
+  return scheme.connect(address, parsed.rest, kind, options);
+}
+
+std::unique_ptr<ListenerCore> SocketScheme::listen(std::string_view address, std::string_view rest,
+                                                   const EndpointOptions& options) const {
+  return std::make_unique<StreamListenerCore>(listen_point(address, rest, options), std::string(address), options);
+}
+
+ConnectionEnds SocketScheme::connect(std::string_view address, std::string_view rest, const EndKind& kind,
+                                     const EndpointOptions& options) const {
   const Deadline deadline = Deadline::after(options.connect_timeout);
-  UniqueFd connection = reach_listener(*scheme, address, parsed.rest, options, deadline);
+  UniqueFd connection = reach_listener(*this, address, rest, options, deadline);
   const PeerCredentials listener = peer_credentials(connection.get());
   if (!options.allowed_peers.allows(listener)) {
     throw UntrustedPeer("the listener at " + std::string(address) + " (process " + std::to_string(listener.pid) +

@@ -27,16 +27,11 @@ std::string AllowedPeers::describe() const {
 
 Listener listen(std::string_view address, EndpointOptions options) {
   const detail::Address parsed = detail::parse_address(address);
-  const detail::Scheme* scheme = detail::find_scheme(parsed.scheme);
-  if (scheme == nullptr) {
-    throw Error("unknown scheme \"" + std::string(parsed.scheme) + "\" in endpoint address \"" + std::string(address) +
-                "\"; accepted forms: " + detail::accepted_address_forms());
-  }
+  const detail::Scheme& scheme = detail::scheme_of(address, parsed.scheme);
   if (options.transport == Transport::InProcess) {
     throw Error("an endpoint connects processes: Transport::InProcess cannot carry it (use UnixSocket or ShmRing)");
   }
-  auto point = scheme->listen(address, parsed.rest, options);
-  return Listener(std::make_unique<detail::ListenerCore>(std::move(point), std::string(address), options));
+  return Listener(scheme.listen(address, parsed.rest, options));
 }
 
 namespace detail {

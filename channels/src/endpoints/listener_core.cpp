@@ -14,14 +14,14 @@
 
 namespace ferry::detail {
 
-struct ListenerCore::Pending {
+struct StreamListenerCore::Pending {
   AcceptedSocket connection;
   Deadline deadline = Deadline::never();
   std::vector<std::byte> bytes;  // the Hello so far
   std::size_t wanted = kHandshakePrefixBytes;
 };
 
-struct ListenerCore::Waiting {
+struct StreamListenerCore::Waiting {
   AcceptedSocket connection;
   Hello hello;
 };
@@ -34,7 +34,7 @@ std::string who(const PeerCredentials& peer) {
 
 }  // namespace
 
-ListenerCore::ListenerCore(std::unique_ptr<ListeningPoint> point, std::string address, const EndpointOptions& options)
+StreamListenerCore::StreamListenerCore(std::unique_ptr<ListeningPoint> point, std::string address, const EndpointOptions& options)
     : point_(std::move(point)),
       address_(std::move(address)),
       options_(std::make_unique<EndpointOptions>(options)),
@@ -42,26 +42,26 @@ ListenerCore::ListenerCore(std::unique_ptr<ListeningPoint> point, std::string ad
   track();
 }
 
-ListenerCore::~ListenerCore() {
+StreamListenerCore::~StreamListenerCore() {
   untrack();
   close();
 }
 
-void ListenerCore::abandon_in_child() noexcept {
+void StreamListenerCore::abandon_in_child() noexcept {
   if (point_) point_->abandon();
   point_.reset();
   pending_.clear();
   ready_.clear();
 }
 
-void ListenerCore::serve(const EndKind& kind) {
+void StreamListenerCore::serve(const EndKind& kind) {
   for (const EndKind& served : served_) {
     if (served.matches(kind)) return;
   }
   served_.push_back(kind);
 }
 
-std::string ListenerCore::served_kinds() const {
+std::string StreamListenerCore::served_kinds() const {
   if (served_.empty()) return "none yet";
   std::string text;
   for (std::size_t i = 0; i < served_.size(); ++i) {
@@ -71,8 +71,7 @@ std::string ListenerCore::served_kinds() const {
   return text;
 }
 
-void ListenerCore::report(const PeerCredentials& peer, const std::string& reason) {
-  ++refused_;
+void StreamListenerCore::report(const PeerCredentials& peer, const std::string& reason) {
   const std::string line = "ferry: the listener at " + address_ + " refused a client (" + who(peer) + "): " + reason;
   if (options_->on_refusal) {
     options_->on_refusal(line);
@@ -81,7 +80,7 @@ void ListenerCore::report(const PeerCredentials& peer, const std::string& reason
   }
 }
 
-void ListenerCore::refuse(Pending& pending, std::uint8_t status, const std::string& reason) {
+void StreamListenerCore::refuse(Pending& pending, std::uint8_t status, const std::string& reason) {
   Reply reply;
   reply.status = static_cast<ReplyStatus>(status);
   reply.transport = options_->transport;
@@ -92,7 +91,7 @@ void ListenerCore::refuse(Pending& pending, std::uint8_t status, const std::stri
   pending.connection.socket.reset();
 }
 
-void ListenerCore::accept_new_connections() {
+void StreamListenerCore::accept_new_connections() {
   while (point_) {
     std::optional<AcceptedSocket> accepted = point_->accept();
     if (!accepted) return;
@@ -112,7 +111,7 @@ void ListenerCore::accept_new_connections() {
   }
 }
 
-bool ListenerCore::advance(Pending& pending) {
+bool StreamListenerCore::advance(Pending& pending) {
   const PeerCredentials& peer = pending.connection.peer;
   const int fd = pending.connection.socket.get();
   std::vector<UniqueFd> fds;
@@ -184,7 +183,7 @@ bool ListenerCore::advance(Pending& pending) {
   return true;
 }
 
-void ListenerCore::drop_expired() {
+void StreamListenerCore::drop_expired() {
   std::erase_if(pending_, [&](const std::unique_ptr<Pending>& pending) {
     if (!pending->deadline.expired()) return false;
     refuse(*pending, static_cast<std::uint8_t>(ReplyStatus::Malformed),
@@ -194,13 +193,13 @@ void ListenerCore::drop_expired() {
   });
 }
 
-void ListenerCore::append_poll_fds(std::vector<pollfd>& fds) const {
+void StreamListenerCore::append_poll_fds(std::vector<pollfd>& fds) const {
   if (!point_) return;
   fds.push_back(pollfd{point_->fd(), POLLIN, 0});
   for (const auto& pending : pending_) fds.push_back(pollfd{pending->connection.socket.get(), POLLIN, 0});
 }
 
-Deadline ListenerCore::next_deadline() const {
+Deadline StreamListenerCore::next_deadline() const {
   Deadline earliest = Deadline::never();
   for (const auto& pending : pending_) {
     if (pending->deadline.time_point() < earliest.time_point()) earliest = pending->deadline;
@@ -208,7 +207,7 @@ Deadline ListenerCore::next_deadline() const {
   return earliest;
 }
 
-bool ListenerCore::pump(const Deadline& deadline) {
+bool StreamListenerCore::pump(const Deadline& deadline) {
   if (!point_) return false;
   std::vector<pollfd> fds;
   append_poll_fds(fds);
@@ -234,7 +233,7 @@ bool ListenerCore::pump(const Deadline& deadline) {
   return has_waiting_client();
 }
 
-std::optional<ConnectionEnds> ListenerCore::complete(Waiting& waiting) {
+std::optional<ConnectionEnds> StreamListenerCore::complete(Waiting& waiting) {
   ListenerSide side;
   const PeerCredentials peer = waiting.connection.peer;
   const UniqueFd connection = waiting.connection.socket.duplicate();
@@ -259,7 +258,7 @@ std::optional<ConnectionEnds> ListenerCore::complete(Waiting& waiting) {
   return std::move(side.mine);
 }
 
-std::optional<ConnectionEnds> ListenerCore::accept(const EndKind& kind, const Deadline& deadline) {
+std::optional<ConnectionEnds> StreamListenerCore::accept(const EndKind& kind, const Deadline& deadline) {
   serve(kind);
   for (bool first = true;; first = false) {
     if (first) accept_new_connections();  // out of descriptors: throws before waiting
@@ -277,7 +276,7 @@ std::optional<ConnectionEnds> ListenerCore::accept(const EndKind& kind, const De
   }
 }
 
-void ListenerCore::close() noexcept {
+void StreamListenerCore::close() noexcept {
   if (!point_) return;
   if (::getpid() != owner_) point_->abandon();  // a forked copy leaves the socket file alone
   point_.reset();

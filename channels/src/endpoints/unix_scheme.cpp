@@ -167,13 +167,13 @@ class UnixListeningPoint final : public ListeningPoint {
   ino_t inode_ = 0;
 };
 
-class UnixScheme final : public Scheme {
+class UnixScheme final : public SocketScheme {
  public:
   std::string_view name() const noexcept override { return "unix"; }
   std::string_view forms() const noexcept override { return kForms; }
 
-  std::unique_ptr<ListeningPoint> listen(std::string_view address, std::string_view rest,
-                                         const EndpointOptions& options) const override {
+  std::unique_ptr<ListeningPoint> listen_point(std::string_view address, std::string_view rest,
+                                               const EndpointOptions& options) const override {
     return std::make_unique<UnixListeningPoint>(address, rest, options);
   }
 

@@ -96,8 +96,8 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
     case Transport::InProcess:
       throw Error("Transport::InProcess moves values, not frames: create it with ferry::channel<T>()");
     case Transport::Ucx:
-      throw Error("Transport::Ucx connects processes by address: use ferry::ucx::listen and ferry::ucx::connect_* "
-                  "(ferry/ucx.hpp, library ferry_ucx)");
+      throw Error("Transport::Ucx connects processes by address: use ferry::listen and ferry::connect_* with a "
+                  "ucx://HOST:PORT address (in a program that links ferry::ucx)");
   }
   throw Error("unknown transport " + std::to_string(static_cast<int>(transport)));
 }

@@ -14,8 +14,8 @@ namespace ferry::ucx::detail {
 namespace {
 
 constexpr std::string_view kForms =
-    "accepted forms: ucx://HOST:PORT with HOST an IPv4 address, a name, or an IPv6 address in brackets "
-    "(ucx://[::1]:7000); PORT 0 picks a free port when listening";
+    "accepted forms: ucx://HOST:PORT with HOST an IPv4 address or a name (an IPv6 address goes in brackets, "
+    "ucx://[::1]:7000, and is refused for now); PORT 0 picks a free port when listening";
 
 [[noreturn]] void malformed(std::string_view address, const std::string& why) {
   throw Error("malformed ucx address \"" + std::string(address) + "\": " + why + "; " + std::string(kForms));
@@ -56,8 +56,15 @@ UcxAddress parse_ucx_address(std::string_view address) {
   }
   parsed.port = static_cast<std::uint16_t>(port);
 
+  if (parsed.host.find(':') != std::string::npos) {
+    // UCX 1.13's TCP transport (Debian) fails over IPv6: its wire-up connects to an IPv6
+    // address it does not listen on, and a listener then aborts inside ucp_worker_destroy.
+    throw Error("ucx address \"" + std::string(address) +
+                "\" is an IPv6 address, which ucx:// does not carry yet (UCX 1.13's TCP transport fails over "
+                "IPv6); use an IPv4 address or a name that resolves to one");
+  }
   addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
+  hints.ai_family = AF_INET;  // names resolve to IPv4 addresses (see above)
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   const std::string service = std::to_string(port);

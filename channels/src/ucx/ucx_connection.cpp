@@ -74,14 +74,27 @@ std::shared_ptr<UcxConnection> UcxConnection::connect(std::shared_ptr<UcxContext
   return connection;
 }
 
-std::shared_ptr<UcxConnection> UcxConnection::accept(std::shared_ptr<UcxContext> context, ucp_conn_request_h request,
-                                                     FrameLimits limits) {
+std::shared_ptr<UcxConnection> UcxConnection::accept(std::shared_ptr<UcxContext> context, ucp_listener_h listener,
+                                                     ucp_conn_request_h request, FrameLimits limits) {
   std::shared_ptr<UcxConnection> connection(new UcxConnection(std::move(context), limits));
-  connection->create_worker();  // on failure the listener rejects the request
+  try {
+    connection->create_worker();
+  } catch (...) {
+    ucp_listener_reject(listener, request);
+    throw;
+  }
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
   params.conn_request = request;
-  connection->create_endpoint(params);
+  try {
+    connection->create_endpoint(params);
+  } catch (...) {
+    // UCX consumed the request (a reject now would free it twice), and destroying a worker
+    // whose endpoint failed to start from a request aborts inside UCX 1.13: leave the
+    // worker (a few fds) rather than the process.
+    connection->worker_ = nullptr;
+    throw;
+  }
   return connection;
 }
 
@@ -293,8 +306,10 @@ bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iov
     }
   }
   // Until a thread of its own progresses the worker, a rendezvous moves only while the
-  // sender progresses too: wait until the frame left (the receiver took its large copies).
-  wait_until(lock, Deadline::never(), [&] {
+  // sender progresses too: wait until the frame left (the receiver took its large copies),
+  // or until `deadline`. A frame still in flight then stays started (its storages kept by
+  // `owners`): later sends and flush() move it on, and a send waits for room first.
+  wait_until(lock, deadline, [&] {
     reap_locked();
     return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
   });

@@ -62,9 +62,10 @@ class UcxConnection {
   /// failed() (the listener is not there: retry).
   static std::shared_ptr<UcxConnection> connect(std::shared_ptr<UcxContext> context, const sockaddr_storage& address,
                                                 socklen_t length, FrameLimits limits);
-  /// Accepts the connection request `request` of a listener, on a worker of its own.
-  static std::shared_ptr<UcxConnection> accept(std::shared_ptr<UcxContext> context, ucp_conn_request_h request,
-                                               FrameLimits limits);
+  /// Accepts the connection request `request` of `listener`, on a worker of its own. On
+  /// failure the request is rejected or consumed: the caller does nothing more with it.
+  static std::shared_ptr<UcxConnection> accept(std::shared_ptr<UcxContext> context, ucp_listener_h listener,
+                                               ucp_conn_request_h request, FrameLimits limits);
   ~UcxConnection();
   UcxConnection(const UcxConnection&) = delete;
   UcxConnection& operator=(const UcxConnection&) = delete;
@@ -79,11 +80,13 @@ class UcxConnection {
   std::optional<std::vector<std::byte>> poll_control();
 
   /// Sends a frame (`parts`, copied) and the bytes of its Copied storages, read in place
-  /// (`owners` keep them alive meanwhile), and waits until the frame left: large copies
-  /// travel by rendezvous, which moves only while both workers progress, so it returns
-  /// once the receiver took them (it is reading). Returns false, sending nothing, when
-  /// earlier sends were still in flight at `deadline`. Throws ChannelClosed when the
-  /// peer is gone (then also for a frame whose send it had started).
+  /// (`owners` keep them alive meanwhile), and waits until the frame left or `deadline`
+  /// passed: large copies travel by rendezvous, which moves only while both workers
+  /// progress, so it returns once the receiver took them (it is reading). A frame not gone
+  /// at `deadline` stays in flight (true: it is sent, as a timed write of a socket leaves
+  /// bytes in the kernel). Returns false, sending nothing, when the frames in flight were
+  /// still above their cap (kMaxFramesInFlight, kMaxBytesInFlight) at `deadline`. Throws
+  /// ChannelClosed when the peer is gone (then also for a frame whose send it had started).
   bool send_frame(std::span<const iovec> parts, std::span<const iovec> copies,
                   std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline);
   /// Waits until every frame sent has left (false: `deadline` passed first). Throws

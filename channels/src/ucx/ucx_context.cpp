@@ -1,10 +1,17 @@
 #include "ucx_context.hpp"
 
+#include <dirent.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
+
+#include <ucs/config/global_opts.h>
 
 #include "ferry/error.hpp"
 
@@ -33,6 +40,61 @@ void refuse_after_fork(pid_t owner, const char* what) {
   }
 }
 
+namespace {
+
+// The peer's IP address as 16 bytes (IPv4 mapped into IPv6), or false for another family.
+bool ip_of(const sockaddr_storage& address, in6_addr& ip) {
+  if (address.ss_family == AF_INET6) {
+    ip = reinterpret_cast<const sockaddr_in6*>(&address)->sin6_addr;
+    return true;
+  }
+  if (address.ss_family != AF_INET) return false;
+  ip = in6_addr{};
+  ip.s6_addr[10] = 0xff;
+  ip.s6_addr[11] = 0xff;
+  std::memcpy(&ip.s6_addr[12], &reinterpret_cast<const sockaddr_in*>(&address)->sin_addr, 4);
+  return true;
+}
+
+}  // namespace
+
+void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& keepalive) noexcept {
+  in6_addr wanted{};
+  if (!ip_of(peer, wanted)) return;
+  DIR* fds = ::opendir("/proc/self/fd");
+  if (fds == nullptr) return;
+  const int idle = static_cast<int>(keepalive.idle.count());
+  const int interval = static_cast<int>(keepalive.interval.count());
+  const int count = keepalive.count;
+  const unsigned user_timeout = static_cast<unsigned>((idle + interval * count) * 1000);
+  const int self = ::dirfd(fds);
+  while (const dirent* entry = ::readdir(fds)) {
+    char* end = nullptr;
+    const long number = std::strtol(entry->d_name, &end, 10);
+    if (end == entry->d_name || *end != '\0' || number == self) continue;
+    const int fd = static_cast<int>(number);
+    struct stat status {};
+    if (::fstat(fd, &status) != 0 || !S_ISSOCK(status.st_mode)) continue;
+    int type = 0;
+    socklen_t length = sizeof type;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
+    sockaddr_storage other{};
+    socklen_t other_length = sizeof other;
+    in6_addr ip{};
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&other), &other_length) != 0 || !ip_of(other, ip) ||
+        std::memcmp(&ip, &wanted, sizeof ip) != 0) {
+      continue;
+    }
+    const int on = 1;
+    (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+    (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+  }
+  ::closedir(fds);
+}
+
 bool UcxContext::in_owner() const noexcept { return owner_ == ::getpid(); }
 
 std::shared_ptr<UcxContext> UcxContext::get(const KeepaliveSettings& keepalive) {
@@ -46,8 +108,12 @@ std::shared_ptr<UcxContext> UcxContext::get(const KeepaliveSettings& keepalive) 
   default_env("UCX_TCP_KEEPIDLE", std::to_string(keepalive.idle.count()) + "s");
   default_env("UCX_TCP_KEEPINTVL", std::to_string(keepalive.interval.count()) + "s");
   default_env("UCX_TCP_KEEPCNT", std::to_string(keepalive.count));
-  // UCX's own warnings about peers that vanished are ferry's errors to report.
-  default_env("UCX_LOG_LEVEL", "error");
+  // UCX's own warnings about peers that vanished are ferry's errors to report. UCX read its
+  // log level when it was loaded (an environment variable set now would only draw a warning
+  // that it is unused): lower it in place unless the user chose one.
+  if (std::getenv("UCX_LOG_LEVEL") == nullptr && ucs_global_opts.log_component.log_level > UCS_LOG_LEVEL_ERROR) {
+    ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_ERROR;
+  }
 
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
@@ -59,6 +125,7 @@ std::shared_ptr<UcxContext> UcxContext::get(const KeepaliveSettings& keepalive) 
   ucp_config_release(config);
   check_ucs(status, "ucp_init (starting UCX)");
   context->owner_ = ::getpid();
+  context->keepalive_ = keepalive;
   live_context = context;
   return context;
 }

@@ -4,6 +4,7 @@
 // not apply them), so the first context of a process fixes them.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <chrono>
@@ -14,7 +15,7 @@
 
 namespace ferry::ucx::detail {
 
-/// TCP keepalive of UCX's connections (see ferry::ucx::Keepalive).
+/// TCP keepalive of UCX's connections (see ferry::Keepalive, EndpointOptions::keepalive).
 struct KeepaliveSettings {
   std::chrono::seconds idle{1};
   std::chrono::seconds interval{1};
@@ -33,12 +34,22 @@ class UcxContext {
   ucp_context_h handle() const noexcept { return context_; }
   /// True in the process that created the context (a forked child must not touch UCX).
   bool in_owner() const noexcept;
+  /// The keepalive settings the context was made with.
+  const KeepaliveSettings& keepalive() const noexcept { return keepalive_; }
 
  private:
   UcxContext() = default;
   ucp_context_h context_ = nullptr;
   pid_t owner_ = 0;
+  KeepaliveSettings keepalive_;
 };
+
+/// Turns TCP keepalive on (`keepalive`, and TCP_USER_TIMEOUT of the same total, so that
+/// data left unacknowledged fails as soon) for this process's TCP sockets connected to the
+/// host of `peer` (its port aside). UCX 1.13 as Debian builds it leaves its TCP sockets
+/// without keepalive and gives no access to them: a connection's sockets are found in
+/// /proc/self/fd once its handshake is through. Best effort: a failure changes nothing.
+void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& keepalive) noexcept;
 
 /// Throws Error when `status` is not UCS_OK: "<what> failed: <UCX's text>".
 void check_ucs(ucs_status_t status, const std::string& what);

@@ -1,7 +1,9 @@
-// ucx:// listeners and connects (ferry/ucx.hpp): UCP's listener hands connection requests
-// to this process; each becomes a UcxConnection on a worker of its own, whose handshake
-// (ucx_handshake.hpp) proceeds without blocking while accept_*() waits, each with its own
-// deadline. Authenticated clients wait, by kind, until an accept of their kind takes them.
+// The ucx:// scheme (ferry::listen / ferry::connect_* with "ucx://HOST:PORT"): UCP's
+// listener hands connection requests to this process; each becomes a UcxConnection on a
+// worker of its own, whose handshake (ucx_handshake.hpp) proceeds without blocking while
+// accept_*() or a Selector waits, each with its own deadline. Authenticated clients wait,
+// by kind, until an accept of their kind takes them. ferry_channels finds this scheme
+// through ferry_ucx_scheme() (endpoints/scheme_registry.cpp).
 #include <netinet/in.h>
 #include <poll.h>
 
@@ -13,8 +15,9 @@
 #include <utility>
 #include <vector>
 
+#include "endpoints/scheme_registry.hpp"
+#include "ferry/endpoint.hpp"
 #include "ferry/error.hpp"
-#include "ferry/ucx.hpp"
 #include "ucx_address.hpp"
 #include "ucx_connection.hpp"
 #include "ucx_context.hpp"
@@ -24,27 +27,41 @@
 namespace ferry::ucx::detail {
 namespace {
 
-KeepaliveSettings keepalive_of(const Options& options) {
+using ferry::detail::ClientEnd;
+using ferry::detail::ConnectionEnds;
+
+constexpr std::string_view kForms =
+    "ucx://HOST:PORT (across hosts, in a program that links ferry::ucx; HOST an IPv4 address or a name, e.g. "
+    "ucx://10.0.0.5:7000; PORT 0 picks a free port when listening)";
+
+KeepaliveSettings keepalive_of(const EndpointOptions& options) {
   return KeepaliveSettings{options.keepalive.idle, options.keepalive.interval, options.keepalive.count};
 }
 
-ClientKind client_kind(const Kind& kind) {
-  return ClientKind{kind.role == Role::Receiver ? ClientRole::Receiver : ClientRole::Sender, kind.fingerprint,
-                    std::string(kind.type_name)};
+void check_transport(const EndpointOptions& options, std::string_view address) {
+  if (options.transport != Transport::UnixSocket && options.transport != Transport::Ucx) {
+    throw Error("endpoint address \"" + std::string(address) + "\" travels over UCX, not " +
+                std::string(transport_name(options.transport)) +
+                ": leave EndpointOptions::transport at its default (or set Transport::Ucx) for ucx:// addresses");
+  }
 }
 
-// This side's ends for a client of `kind` over `connection`.
-Connected ends_for(ClientRole client_role, std::shared_ptr<UcxConnection> connection, const ChannelOptions& channel,
-                   bool client_side) {
-  Connected ends;
-  ends.channel = channel;
-  // The client that receives meets a listener that sends, and the other way round.
-  const bool this_side_sends = (client_role == ClientRole::Receiver) != client_side;
-  if (this_side_sends) {
-    ends.writer = std::make_unique<UcxFrameWriter>(std::move(connection), channel.close_linger);
-  } else {
-    ends.reader = std::make_unique<UcxFrameReader>(std::move(connection), channel.limits);
-  }
+// This side's ends for a client of `kind` over `connection`; `peer_limits`: what the peer
+// enforces on what it receives (this side's sender keeps to them).
+ConnectionEnds ends_for(const EndKind& kind, std::shared_ptr<UcxConnection> connection, const ChannelOptions& channel,
+                        const FrameLimits& peer_limits, bool client_side) {
+  ConnectionEnds ends;
+  ends.transport = Transport::Ucx;
+  ends.receiver_options = ferry::detail::per_connection_options(channel);
+  ends.sender_options = ends.receiver_options;
+  ends.sender_options.limits = peer_limits;
+  const bool client_sends = kind.end != ClientEnd::Receiver;
+  const bool client_receives = kind.end != ClientEnd::Sender;
+  // The listener sends what the client receives, and receives what it sends.
+  const bool sends = client_side ? client_sends : client_receives;
+  const bool receives = client_side ? client_receives : client_sends;
+  if (sends) ends.writer = std::make_unique<UcxFrameWriter>(connection, channel.close_linger);
+  if (receives) ends.reader = std::make_unique<UcxFrameReader>(connection, channel.limits);
   return ends;
 }
 
@@ -58,38 +75,53 @@ std::uint16_t bound_port(ucp_listener_h listener) {
   return ntohs(reinterpret_cast<const sockaddr_in6*>(&attributes.sockaddr)->sin6_port);
 }
 
-class UcxListenerCore final : public ListenerCore {
+class UcxListenerCore final : public ferry::detail::ListenerCore {
  public:
-  UcxListenerCore(std::string_view address, Options options);
-  ~UcxListenerCore() override { close(); }
-  std::optional<Connected> accept(const Kind& kind, const Deadline& deadline) override;
-  void serve(const Kind& kind) override;
-  const std::string& address() const override { return address_; }
+  UcxListenerCore(std::string_view address, const EndpointOptions& options);
+  ~UcxListenerCore() override {
+    untrack();
+    close();
+  }
+  const std::string& address() const noexcept override { return address_; }
+  void serve(const EndKind& kind) override;
+  std::optional<ConnectionEnds> accept(const EndKind& kind, const Deadline& deadline) override;
+  bool pump(const Deadline& deadline) override;
+  bool has_waiting_client() const noexcept override { return !waiting_.empty(); }
+  void append_poll_fds(std::vector<pollfd>& fds) const override;
+  Deadline next_deadline() const override;
   void close() noexcept override;
+  void abandon_in_child() noexcept override;
+  bool is_open() const noexcept override { return worker_ != nullptr; }
+  std::size_t pending_count() const noexcept override { return pending_.size(); }
 
  private:
   struct Pending {
     std::shared_ptr<UcxConnection> connection;
     std::unique_ptr<ServerHandshake> handshake;
     Deadline deadline;
+    sockaddr_storage client{};  // the client's address (family 0: unknown)
   };
   struct Waiting {
     std::shared_ptr<UcxConnection> connection;
-    ClientKind kind;
+    EndKind kind;
+    FrameLimits limits;
   };
   static void on_connection(ucp_conn_request_h request, void* self);
   // Takes new connection requests and moves every handshake on, without blocking.
-  void pump();
+  void progress();
   void start_handshake(ucp_conn_request_h request);
   void step(std::list<Pending>::iterator pending);
   void drop(std::list<Pending>::iterator pending, const std::string& why, bool flush);
   void report(const std::string& why);
-  bool serves(const ClientKind& kind) const;
+  bool serves(const EndKind& kind) const;
   std::string served_list() const;
+  // Arms every worker; true when one had news already (then a poll must not sleep).
+  bool arm() const;
   // Sleeps until the listener or a handshake has news, `deadline`, or a handshake's deadline.
   void wait(const Deadline& deadline);
+  void refuse_after_fork_here(const char* what) const;
 
-  Options options_;
+  EndpointOptions options_;
   SecretKey key_;
   std::string address_;
   std::shared_ptr<UcxContext> context_;
@@ -99,16 +131,19 @@ class UcxListenerCore final : public ListenerCore {
   std::deque<ucp_conn_request_h> requests_;
   std::list<Pending> pending_;
   std::deque<Waiting> waiting_;
-  std::vector<ClientKind> served_;
+  std::vector<EndKind> served_;
+  mutable bool busy_ = false;  // arm() found news: the next poll must not sleep
 };
 
-UcxListenerCore::UcxListenerCore(std::string_view address, Options options) : options_(std::move(options)) {
+UcxListenerCore::UcxListenerCore(std::string_view address, const EndpointOptions& options) : options_(options) {
+  check_transport(options_, address);
   const UcxAddress parsed = parse_ucx_address(address);
   key_ = derive_key(options_.secret);
   if (!key_.configured && !parsed.loopback) {
     throw Error("refusing to listen at \"" + std::string(address) +
-                "\" without a shared secret: any host that can reach it could connect. Set ucx::Options::secret "
-                "(or FERRY_SECRET) on the listener and its clients, or listen on loopback (127.0.0.1) only");
+                "\" without a shared secret: any host that can reach it could connect. Set "
+                "EndpointOptions::secret (or FERRY_SECRET) on the listener and its clients, or listen on loopback "
+                "(127.0.0.1) only");
   }
   context_ = UcxContext::get(keepalive_of(options_));
   ucp_worker_params_t worker_params{};
@@ -125,20 +160,35 @@ UcxListenerCore::UcxListenerCore(std::string_view address, Options options) : op
     params.conn_handler.arg = this;
     const ucs_status_t status = ucp_listener_create(worker_, &params, &listener_);
     if (status == UCS_ERR_BUSY) {
-      throw Error("cannot listen at \"" + std::string(address) +
-                  "\": the address is in use (another listener, or a socket of a listener that just exited: retry)");
+      throw AddressInUse("cannot listen at \"" + std::string(address) +
+                         "\": the address is in use (another listener, or a socket of a listener that just exited: "
+                         "retry in a moment)");
     }
     check_ucs(status, "listening at \"" + std::string(address) + "\" (ucp_listener_create)");
     address_ = "ucx://" + parsed.text(bound_port(listener_));
   } catch (...) {
     if (listener_ != nullptr) ucp_listener_destroy(listener_);
     ucp_worker_destroy(worker_);
+    worker_ = nullptr;
     throw;
+  }
+  track();
+}
+
+void UcxListenerCore::refuse_after_fork_here(const char* what) const {
+  if (!context_->in_owner()) {
+    throw Error(std::string(what) +
+                ": this ucx:// Listener was carried across fork; UCX state must not be used by a forked child: "
+                "listen in the child instead");
   }
 }
 
 void UcxListenerCore::close() noexcept {
-  if (worker_ == nullptr || !context_->in_owner()) return;
+  if (worker_ == nullptr) return;
+  if (!context_->in_owner()) {
+    abandon_in_child();
+    return;
+  }
   waiting_.clear();
   pending_.clear();
   for (ucp_conn_request_h request : requests_) ucp_listener_reject(listener_, request);
@@ -146,6 +196,17 @@ void UcxListenerCore::close() noexcept {
   ucp_listener_destroy(listener_);
   ucp_worker_destroy(worker_);
   worker_ = nullptr;
+  listener_ = nullptr;
+}
+
+void UcxListenerCore::abandon_in_child() noexcept {
+  // The parent's UCX state: forget it without a UCX call (the connections' and context's
+  // destructors see that this is not their process and leave UCX alone too).
+  waiting_.clear();
+  pending_.clear();
+  requests_.clear();
+  worker_ = nullptr;
+  listener_ = nullptr;
 }
 
 void UcxListenerCore::on_connection(ucp_conn_request_h request, void* self) {
@@ -153,44 +214,46 @@ void UcxListenerCore::on_connection(ucp_conn_request_h request, void* self) {
 }
 
 void UcxListenerCore::report(const std::string& why) {
+  const std::string line = "ferry: the listener at " + address_ + " refused a client: " + why;
   if (options_.on_refusal) {
-    options_.on_refusal(why);
+    options_.on_refusal(line);
   } else {
-    std::fprintf(stderr, "ferry: %s: %s\n", address_.c_str(), why.c_str());
+    std::fprintf(stderr, "%s\n", line.c_str());
   }
 }
 
-bool UcxListenerCore::serves(const ClientKind& kind) const {
-  return std::find(served_.begin(), served_.end(), kind) != served_.end();
+bool UcxListenerCore::serves(const EndKind& kind) const {
+  return std::any_of(served_.begin(), served_.end(), [&](const EndKind& served) { return served.matches(kind); });
 }
 
 std::string UcxListenerCore::served_list() const {
   std::string list;
-  for (const ClientKind& kind : served_) list += (list.empty() ? "" : ", ") + kind.describe();
+  for (const EndKind& kind : served_) list += (list.empty() ? "" : ", ") + kind.describe();
   return list.empty() ? "none yet" : list;
 }
 
-void UcxListenerCore::serve(const Kind& kind) {
-  const ClientKind client = client_kind(kind);
-  if (!serves(client)) served_.push_back(client);
+void UcxListenerCore::serve(const EndKind& kind) {
+  if (!serves(kind)) served_.push_back(kind);
 }
 
 void UcxListenerCore::start_handshake(ucp_conn_request_h request) {
+  ucp_conn_request_attr_t attributes{};
+  attributes.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+  if (ucp_conn_request_query(request, &attributes) != UCS_OK) attributes.client_address.ss_family = 0;
   std::shared_ptr<UcxConnection> connection;
   try {
-    connection = UcxConnection::accept(context_, request, options_.channel.limits);
+    connection = UcxConnection::accept(context_, listener_, request, options_.channel.limits);
   } catch (const std::exception& error) {
-    ucp_listener_reject(listener_, request);
-    report(std::string("could not accept a client: ") + error.what());
+    report(std::string("could not accept it: ") + error.what());
     return;
   }
-  connection->set_peer_address("client of " + address_);
+  connection->set_peer_address("a client of " + address_);
   try {
     auto handshake = std::make_unique<ServerHandshake>(*connection, key_);
     pending_.push_back(Pending{std::move(connection), std::move(handshake),
-                               Deadline::after(options_.handshake_timeout)});
+                               Deadline::after(options_.handshake_timeout), attributes.client_address});
   } catch (const std::exception& error) {
-    report(std::string("a client went away before its handshake: ") + error.what());
+    report(std::string("it went away before its handshake: ") + error.what());
   }
 }
 
@@ -201,11 +264,11 @@ void UcxListenerCore::drop(std::list<Pending>::iterator pending, const std::stri
 }
 
 void UcxListenerCore::step(std::list<Pending>::iterator pending) {
-  std::optional<ClientKind> kind;
+  std::optional<EndKind> kind;
   try {
     kind = pending->handshake->poll();
   } catch (const ChannelClosed& error) {
-    drop(pending, std::string("a client went away during its handshake: ") + error.what(), false);
+    drop(pending, std::string("it went away during its handshake: ") + error.what(), false);
     return;
   } catch (const std::exception& error) {
     drop(pending, error.what(), true);  // refused: let the verdict reach the client
@@ -213,27 +276,32 @@ void UcxListenerCore::step(std::list<Pending>::iterator pending) {
   }
   if (!kind) {
     if (pending->deadline.expired()) {
-      drop(pending, "dropped a client that sent no handshake within ucx::Options::handshake_timeout", false);
+      drop(pending,
+           "it sent no complete handshake within " + std::to_string(options_.handshake_timeout.count()) +
+               " ms (EndpointOptions::handshake_timeout)",
+           false);
     }
     return;
   }
   if (!serves(*kind)) {
-    const std::string reason = "this listener serves " + served_list() + ", not " + kind->describe();
+    const std::string reason = "it connects as " + kind->describe() + ", and this listener serves " + served_list();
     pending->handshake->refuse(Outcome::TypeMismatch, reason);
-    drop(pending, "refused a client: " + reason, true);
+    drop(pending, reason, true);
     return;
   }
   try {
-    pending->handshake->accept();
+    pending->handshake->accept(options_.channel.limits);
   } catch (const std::exception& error) {
-    drop(pending, std::string("a client went away during its handshake: ") + error.what(), false);
+    drop(pending, std::string("it went away during its handshake: ") + error.what(), false);
     return;
   }
-  waiting_.push_back(Waiting{std::move(pending->connection), std::move(*kind)});
+  keep_sockets_alive(pending->client, context_->keepalive());
+  waiting_.push_back(Waiting{std::move(pending->connection), std::move(*kind), pending->handshake->client_limits()});
   pending_.erase(pending);
 }
 
-void UcxListenerCore::pump() {
+void UcxListenerCore::progress() {
+  busy_ = false;
   while (ucp_worker_progress(worker_) != 0) {
   }
   while (!requests_.empty()) {
@@ -244,83 +312,136 @@ void UcxListenerCore::pump() {
   for (auto it = pending_.begin(); it != pending_.end();) step(it++);
 }
 
-void UcxListenerCore::wait(const Deadline& deadline) {
-  // Arm every worker; one that has news already makes the wait a poll.
-  std::vector<pollfd> fds;
-  bool busy = false;
-  while (ucp_worker_progress(worker_) != 0) {
-  }
+bool UcxListenerCore::arm() const {
+  bool news = !requests_.empty();
+  while (ucp_worker_progress(worker_) != 0) news = true;
+  if (!requests_.empty()) news = true;  // the progress above may have brought some
   const ucs_status_t armed = ucp_worker_arm(worker_);
-  if (armed == UCS_ERR_BUSY) busy = true;
+  if (armed == UCS_ERR_BUSY) news = true;
+  for (const Pending& pending : pending_) {
+    if (pending.connection->control_ready()) news = true;  // it arms the connection's worker
+  }
+  return news;
+}
+
+void UcxListenerCore::append_poll_fds(std::vector<pollfd>& fds) const {
+  if (worker_ == nullptr || !context_->in_owner()) return;
+  if (arm()) busy_ = true;
+  fds.push_back(pollfd{wake_fd_, POLLIN, 0});
+  for (const Pending& pending : pending_) fds.push_back(pollfd{pending.connection->wake_fd(), POLLIN, 0});
+}
+
+Deadline UcxListenerCore::next_deadline() const {
+  if (busy_) return Deadline::now();
+  Deadline earliest = Deadline::never();
+  for (const Pending& pending : pending_) {
+    if (pending.deadline.time_point() < earliest.time_point()) earliest = pending.deadline;
+  }
+  return earliest;
+}
+
+void UcxListenerCore::wait(const Deadline& deadline) {
+  std::vector<pollfd> fds;
+  if (arm()) return;
   fds.push_back(pollfd{wake_fd_, POLLIN, 0});
   Deadline until = deadline;
   for (Pending& pending : pending_) {
-    if (pending.connection->control_ready()) busy = true;
     fds.push_back(pollfd{pending.connection->wake_fd(), POLLIN, 0});
     if (pending.deadline.time_point() < until.time_point()) until = pending.deadline;
   }
-  if (busy || !requests_.empty()) return;
-  int timeout_ms = -1;
+  timespec left{};
+  const timespec* timeout = nullptr;
   if (!until.is_never()) {
-    timeout_ms = static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(until.remaining()).count());
+    left = until.remaining_timespec();
+    timeout = &left;
   }
-  if (::poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) {
-    throw SystemError("poll on a ucx listener", errno);
+  if (::ppoll(fds.data(), fds.size(), timeout, nullptr) < 0 && errno != EINTR) {
+    throw SystemError("ppoll on a ucx:// listener", errno);
   }
 }
 
-std::optional<Connected> UcxListenerCore::accept(const Kind& kind, const Deadline& deadline) {
-  if (worker_ == nullptr) throw ChannelClosed("this ucx Listener is closed");
-  if (!context_->in_owner()) {
-    throw Error("accepting: this ucx Listener was carried across fork; listen in the child instead");
-  }
-  serve(kind);
-  const ClientKind wanted = client_kind(kind);
+bool UcxListenerCore::pump(const Deadline& deadline) {
+  if (worker_ == nullptr) return false;
+  refuse_after_fork_here("accepting");
   for (;;) {
-    pump();
+    progress();
+    if (has_waiting_client() || deadline.expired()) return has_waiting_client();
+    wait(deadline);
+  }
+}
+
+std::optional<ConnectionEnds> UcxListenerCore::accept(const EndKind& kind, const Deadline& deadline) {
+  if (worker_ == nullptr) throw ChannelClosed("this ucx:// Listener is closed");
+  refuse_after_fork_here("accepting");
+  serve(kind);
+  for (;;) {
+    progress();
     const auto found = std::find_if(waiting_.begin(), waiting_.end(),
-                                    [&](const Waiting& waiting) { return waiting.kind == wanted; });
+                                    [&](const Waiting& waiting) { return waiting.kind.matches(kind); });
     if (found != waiting_.end()) {
-      std::shared_ptr<UcxConnection> connection = std::move(found->connection);
+      Waiting taken = std::move(*found);
       waiting_.erase(found);
-      return ends_for(wanted.role, std::move(connection), options_.channel, false);
+      if (taken.connection->failed()) {
+        report("it went away before it was accepted");
+        continue;
+      }
+      return ends_for(kind, std::move(taken.connection), options_.channel, taken.limits, false);
     }
     if (deadline.expired()) return std::nullopt;
     wait(deadline);
   }
 }
 
-}  // namespace
+class UcxScheme final : public ferry::detail::Scheme {
+ public:
+  std::string_view name() const noexcept override { return "ucx"; }
+  std::string_view forms() const noexcept override { return kForms; }
 
-std::unique_ptr<ListenerCore> make_listener(std::string_view address, Options options) {
-  return std::make_unique<UcxListenerCore>(address, std::move(options));
-}
-
-Connected connect(std::string_view address, const Kind& kind, const Options& options) {
-  const UcxAddress parsed = parse_ucx_address(address);
-  const SecretKey key = derive_key(options.secret);
-  auto context = UcxContext::get(keepalive_of(options));
-  const Deadline deadline = Deadline::after(options.connect_timeout);
-  const ClientKind client = client_kind(kind);
-  std::string last_failure;
-  for (;;) {
-    auto connection = UcxConnection::connect(context, parsed.socket, parsed.length, options.channel.limits);
-    connection->set_peer_address(parsed.text(parsed.port));
-    try {
-      client_handshake(*connection, client, key, deadline);
-      return ends_for(client.role, std::move(connection), options.channel, true);
-    } catch (const PeerDied&) {
-      throw;
-    } catch (const ChannelClosed& error) {
-      last_failure = error.what();  // no listener there (yet): try again until the deadline
-    }
-    connection->close(std::chrono::milliseconds(0), true);
-    if (deadline.expired()) {
-      throw Error("no ucx:// listener accepted this client at \"" + std::string(address) + "\" within " +
-                  std::to_string(options.connect_timeout.count()) + " ms (last: " + last_failure + ")");
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::unique_ptr<ferry::detail::ListenerCore> listen(std::string_view address, std::string_view /*rest*/,
+                                                      const EndpointOptions& options) const override {
+    return std::make_unique<UcxListenerCore>(address, options);
   }
-}
 
+  ConnectionEnds connect(std::string_view address, std::string_view /*rest*/, const EndKind& kind,
+                         const EndpointOptions& options) const override {
+    check_transport(options, address);
+    const UcxAddress parsed = parse_ucx_address(address);
+    const SecretKey key = derive_key(options.secret);
+    auto context = UcxContext::get(keepalive_of(options));
+    const Deadline deadline = Deadline::after(options.connect_timeout);
+    std::string last_failure;
+    for (;;) {
+      auto connection = UcxConnection::connect(context, parsed.socket, parsed.length, options.channel.limits);
+      connection->set_peer_address(parsed.text(parsed.port));
+      try {
+        const FrameLimits listener_limits = client_handshake(*connection, kind, options.channel.limits, key, deadline);
+        keep_sockets_alive(parsed.socket, context->keepalive());
+        return ends_for(kind, std::move(connection), options.channel, listener_limits, true);
+      } catch (const PeerDied&) {
+        throw;
+      } catch (const ChannelClosed& error) {
+        last_failure = error.what();  // no listener there (yet): try again until the deadline
+      }
+      connection->close(std::chrono::milliseconds(0), true);
+      if (deadline.expired()) {
+        throw Error("no listener at " + std::string(address) + ": nothing accepted this client there within " +
+                    std::to_string(options.connect_timeout.count()) +
+                    " ms (EndpointOptions::connect_timeout; last: " + last_failure +
+                    "); start the listening process or check the address");
+      }
+      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(20), deadline.remaining()));
+    }
+  }
+};
+
+}  // namespace
 }  // namespace ferry::ucx::detail
+
+// Found by ferry_channels through a weak reference (endpoints/scheme_registry.cpp); the
+// ferry::ucx target keeps this object in every program that links it
+// (-Wl,--undefined=ferry_ucx_scheme).
+extern "C" const ferry::detail::Scheme* ferry_ucx_scheme();
+extern "C" const ferry::detail::Scheme* ferry_ucx_scheme() {
+  static const ferry::ucx::detail::UcxScheme scheme;
+  return &scheme;
+}

@@ -7,6 +7,7 @@
 
 #include "ferry/detail/frame.hpp"
 #include "ferry/error.hpp"
+#include "ferry/peer_credentials.hpp"
 
 namespace ferry::ucx::detail {
 namespace {
@@ -17,14 +18,29 @@ struct Hello {
   std::uint16_t frame_version = kFrameVersion;
   std::array<unsigned char, 32> nonce{};
 };
+// Both sides are ferry builds of the same version on little-endian hosts (x86-64,
+// aarch64): integers travel native-endian, as in the unix: handshake.
+struct WireLimits {
+  std::uint64_t max_body_bytes = 0;
+  std::uint32_t max_handles = 0;
+  std::uint32_t max_segments = 0;
+  std::uint32_t max_fds = 0;
+  std::uint32_t max_releases = 0;
+  std::uint32_t max_type_name_bytes = 0;
+  std::uint32_t reserved = 0;
+};
 struct Claim {
   std::uint32_t magic = kHandshakeMagic;
   std::uint16_t version = kHandshakeVersion;
   std::uint16_t frame_version = kFrameVersion;
-  std::uint8_t role = 0;
+  std::uint8_t end = 0;
   std::uint8_t reserved[3] = {};
-  std::uint32_t name_bytes = 0;
-  std::uint64_t fingerprint = 0;
+  std::uint32_t sends_name_bytes = 0;
+  std::uint32_t receives_name_bytes = 0;
+  std::uint32_t reserved2 = 0;
+  std::uint64_t sends = 0;
+  std::uint64_t receives = 0;
+  WireLimits limits;
   std::array<unsigned char, 32> nonce{};
   std::array<unsigned char, crypto_auth_BYTES> mac{};
 };
@@ -33,8 +49,25 @@ struct Verdict {
   std::uint8_t outcome = 0;
   std::uint8_t reserved[3] = {};
   std::uint32_t reason_bytes = 0;
+  std::uint32_t reserved2 = 0;
+  WireLimits limits;
   std::array<unsigned char, crypto_auth_BYTES> mac{};
 };
+
+WireLimits to_wire(const FrameLimits& limits) {
+  return WireLimits{limits.max_body_bytes, limits.max_handles, limits.max_segments, limits.max_fds,
+                    limits.max_releases, limits.max_type_name_bytes, 0};
+}
+FrameLimits from_wire(const WireLimits& wire) {
+  FrameLimits limits;
+  limits.max_body_bytes = wire.max_body_bytes;
+  limits.max_handles = wire.max_handles;
+  limits.max_segments = wire.max_segments;
+  limits.max_fds = wire.max_fds;
+  limits.max_releases = wire.max_releases;
+  limits.max_type_name_bytes = wire.max_type_name_bytes;
+  return limits;
+}
 constexpr std::size_t kMaxTypeName = 4096;
 constexpr std::size_t kMaxReason = 4096;
 
@@ -60,39 +93,39 @@ std::optional<Message> unpack(const std::vector<std::byte>& bytes) {
   return message;
 }
 
-// The bytes a claim's MAC covers.
-std::vector<unsigned char> claim_text(const std::array<unsigned char, 32>& listener_nonce, const Claim& claim,
-                                      std::string_view name) {
+// The bytes a claim's MAC covers: the listener's nonce, the claim (its MAC zeroed) and the
+// type names.
+std::vector<unsigned char> claim_text(const std::array<unsigned char, 32>& listener_nonce, Claim claim,
+                                      std::string_view names) {
   static constexpr std::string_view label = "ferry-ucx-claim";
+  claim.mac.fill(0);
   std::vector<unsigned char> text(label.begin(), label.end());
   text.insert(text.end(), listener_nonce.begin(), listener_nonce.end());
-  text.insert(text.end(), claim.nonce.begin(), claim.nonce.end());
-  text.push_back(claim.role);
-  const auto* fingerprint = reinterpret_cast<const unsigned char*>(&claim.fingerprint);
-  text.insert(text.end(), fingerprint, fingerprint + sizeof claim.fingerprint);
-  text.insert(text.end(), name.begin(), name.end());
+  const auto* fixed = reinterpret_cast<const unsigned char*>(&claim);
+  text.insert(text.end(), fixed, fixed + sizeof claim);
+  text.insert(text.end(), names.begin(), names.end());
   return text;
 }
 
 // The bytes the listener's MAC covers.
 std::vector<unsigned char> accept_text(const std::array<unsigned char, 32>& client_nonce,
-                                       const std::array<unsigned char, 32>& listener_nonce) {
+                                       const std::array<unsigned char, 32>& listener_nonce, const WireLimits& limits) {
   static constexpr std::string_view label = "ferry-ucx-accept";
   std::vector<unsigned char> text(label.begin(), label.end());
   text.insert(text.end(), client_nonce.begin(), client_nonce.end());
   text.insert(text.end(), listener_nonce.begin(), listener_nonce.end());
+  const auto* bytes = reinterpret_cast<const unsigned char*>(&limits);
+  text.insert(text.end(), bytes, bytes + sizeof limits);
   return text;
 }
+
+constexpr const char* kSecretAdvice = " (set the same EndpointOptions::secret, or FERRY_SECRET, on both sides)";
 
 std::string version_text(std::uint16_t handshake, std::uint16_t frame) {
   return "ucx handshake " + std::to_string(handshake) + ", frame version " + std::to_string(frame);
 }
 
 }  // namespace
-
-std::string ClientKind::describe() const {
-  return std::string(role == ClientRole::Receiver ? "a Receiver<" : "a Sender<") + type_name + ">";
-}
 
 SecretKey derive_key(const std::string& secret) {
   start_sodium();
@@ -108,8 +141,8 @@ SecretKey derive_key(const std::string& secret) {
   return key;
 }
 
-void client_handshake(UcxConnection& connection, const ClientKind& kind, const SecretKey& key,
-                      const Deadline& deadline) {
+FrameLimits client_handshake(UcxConnection& connection, const EndKind& kind, const FrameLimits& limits,
+                             const SecretKey& key, const Deadline& deadline) {
   start_sodium();
   const std::string where = "ucx://" + connection.peer_address();
   const auto hello_bytes = connection.receive_control(deadline);
@@ -122,13 +155,19 @@ void client_handshake(UcxConnection& connection, const ClientKind& kind, const S
                 ": build both sides from the same ferry");
   }
   Claim claim;
-  claim.role = static_cast<std::uint8_t>(kind.role);
-  claim.fingerprint = kind.fingerprint;
-  claim.name_bytes = static_cast<std::uint32_t>(kind.type_name.size());
+  claim.end = static_cast<std::uint8_t>(kind.end);
+  claim.sends = kind.sends;
+  claim.receives = kind.receives;
+  const std::string sends_name = kind.sends_name.substr(0, kMaxTypeName);
+  const std::string receives_name = kind.receives_name.substr(0, kMaxTypeName);
+  claim.sends_name_bytes = static_cast<std::uint32_t>(sends_name.size());
+  claim.receives_name_bytes = static_cast<std::uint32_t>(receives_name.size());
+  claim.limits = to_wire(limits);
   randombytes_buf(claim.nonce.data(), claim.nonce.size());
-  const auto text = claim_text(hello->nonce, claim, kind.type_name);
+  const std::string names = sends_name + receives_name;
+  const auto text = claim_text(hello->nonce, claim, names);
   crypto_auth(claim.mac.data(), text.data(), text.size(), key.key.data());
-  connection.send_control(pack(claim, kind.type_name), deadline);
+  connection.send_control(pack(claim, names), deadline);
 
   const auto verdict_bytes = connection.receive_control(deadline);
   if (!verdict_bytes) throw Error("the listener at " + where + " did not answer the handshake before the timeout");
@@ -140,18 +179,18 @@ void client_handshake(UcxConnection& connection, const ClientKind& kind, const S
                            verdict->reason_bytes);
   switch (static_cast<Outcome>(verdict->outcome)) {
     case Outcome::Accepted: {
-      const auto proof = accept_text(claim.nonce, hello->nonce);
+      const auto proof = accept_text(claim.nonce, hello->nonce, verdict->limits);
       if (crypto_auth_verify(verdict->mac.data(), proof.data(), proof.size(), key.key.data()) != 0) {
-        throw Error("the listener at " + where +
-                    " accepted this client without proving the shared secret: it is not the listener this "
-                    "process expects (check EndpointOptions::secret / FERRY_SECRET on both sides)");
+        throw UntrustedPeer("the listener at " + where +
+                            " accepted this client without proving the shared secret: it is not the listener "
+                            "this process expects" + kSecretAdvice);
       }
-      return;
+      return from_wire(verdict->limits);
     }
-    case Outcome::TypeMismatch: throw TypeMismatch("the listener at " + where + " refused " + kind.describe() + ": " + reason);
+    case Outcome::TypeMismatch:
+      throw TypeMismatch("the listener at " + where + " refused this " + kind.describe() + ": " + reason);
     case Outcome::WrongSecret:
-      throw Error("the listener at " + where + " refused this client: " + reason +
-                  " (set the same secret on both sides: ucx::Options::secret or FERRY_SECRET)");
+      throw UntrustedPeer("the listener at " + where + " refused this client: " + reason + kSecretAdvice);
     case Outcome::Version:
     case Outcome::Garbage: throw Error("the listener at " + where + " refused this client: " + reason);
   }
@@ -166,7 +205,7 @@ ServerHandshake::ServerHandshake(UcxConnection& connection, const SecretKey& key
   connection_.send_control(pack(hello, {}), Deadline::never());
 }
 
-std::optional<ClientKind> ServerHandshake::poll() {
+std::optional<EndKind> ServerHandshake::poll() {
   std::optional<std::vector<std::byte>> bytes;
   try {
     bytes = connection_.poll_control();
@@ -175,7 +214,8 @@ std::optional<ClientKind> ServerHandshake::poll() {
   }
   if (!bytes) return std::nullopt;
   const auto claim = unpack<Claim>(*bytes);
-  if (!claim || claim->name_bytes > kMaxTypeName || claim->name_bytes != bytes->size() - sizeof(Claim)) {
+  if (!claim || claim->sends_name_bytes > kMaxTypeName || claim->receives_name_bytes > kMaxTypeName ||
+      std::size_t{claim->sends_name_bytes} + claim->receives_name_bytes != bytes->size() - sizeof(Claim)) {
     refuse(Outcome::Garbage, "the client's handshake is malformed");
     throw Error("a client sent a malformed handshake (not a ferry ucx:// client)");
   }
@@ -186,25 +226,34 @@ std::optional<ClientKind> ServerHandshake::poll() {
     refuse(Outcome::Version, reason);
     throw Error("refused a client: " + reason);
   }
-  const std::string name(reinterpret_cast<const char*>(bytes->data() + sizeof(Claim)), claim->name_bytes);
-  const auto text = claim_text(listener_nonce_, *claim, name);
+  const std::string names(reinterpret_cast<const char*>(bytes->data() + sizeof(Claim)),
+                          bytes->size() - sizeof(Claim));
+  const auto text = claim_text(listener_nonce_, *claim, names);
   if (crypto_auth_verify(claim->mac.data(), text.data(), text.size(), key_.key.data()) != 0) {
     refuse(Outcome::WrongSecret, "it did not prove the listener's shared secret");
     throw Error("refused a client that did not prove the shared secret (wrong or missing secret)");
   }
-  if (claim->role != static_cast<std::uint8_t>(ClientRole::Receiver) &&
-      claim->role != static_cast<std::uint8_t>(ClientRole::Sender)) {
-    refuse(Outcome::Garbage, "unknown end role");
-    throw Error("refused a client that declared an unknown end role");
+  if (claim->end < static_cast<std::uint8_t>(ferry::detail::ClientEnd::Receiver) ||
+      claim->end > static_cast<std::uint8_t>(ferry::detail::ClientEnd::Duplex)) {
+    refuse(Outcome::Garbage, "unknown end");
+    throw Error("refused a client that declared an unknown end");
   }
   client_nonce_ = claim->nonce;
-  return ClientKind{static_cast<ClientRole>(claim->role), claim->fingerprint, name};
+  client_limits_ = from_wire(claim->limits);
+  EndKind kind;
+  kind.end = static_cast<ferry::detail::ClientEnd>(claim->end);
+  kind.sends = claim->sends;
+  kind.receives = claim->receives;
+  kind.sends_name = names.substr(0, claim->sends_name_bytes);
+  kind.receives_name = names.substr(claim->sends_name_bytes);
+  return kind;
 }
 
-void ServerHandshake::accept() {
+void ServerHandshake::accept(const FrameLimits& limits) {
   Verdict verdict;
   verdict.outcome = static_cast<std::uint8_t>(Outcome::Accepted);
-  const auto proof = accept_text(client_nonce_, listener_nonce_);
+  verdict.limits = to_wire(limits);
+  const auto proof = accept_text(client_nonce_, listener_nonce_, verdict.limits);
   crypto_auth(verdict.mac.data(), proof.data(), proof.size(), key_.key.data());
   connection_.send_control(pack(verdict, {}), Deadline::never());
 }

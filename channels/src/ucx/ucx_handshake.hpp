@@ -6,8 +6,10 @@
 // up: UCX sends the first messages of a fresh endpoint eagerly (copied) even when large.
 //
 //   listener -> client   Hello   {magic, version, listener nonce}
-//   client -> listener   Claim   {magic, version, role, fingerprint, client nonce, mac, name}
-//   listener -> client   Verdict {magic, outcome, mac over both nonces (Accepted), reason}
+//   client -> listener   Claim   {magic, version, end, fingerprints, limits, client nonce,
+//                                 mac over the listener's nonce and the claim, type names}
+//   listener -> client   Verdict {magic, outcome, limits, mac over both nonces and the
+//                                 limits (Accepted), reason}
 #pragma once
 
 #include <array>
@@ -18,25 +20,17 @@
 #include <vector>
 
 #include "ferry/detail/deadline.hpp"
+#include "ferry/detail/endpoint_core.hpp"
 #include "ucx_connection.hpp"
 
 namespace ferry::ucx::detail {
 
 inline constexpr std::uint32_t kHandshakeMagic = 0x55595246;  // "FRYU"
-inline constexpr std::uint16_t kHandshakeVersion = 1;
+inline constexpr std::uint16_t kHandshakeVersion = 2;
 
-/// The end a client connects as.
-enum class ClientRole : std::uint8_t { Receiver = 1, Sender = 2 };
-
-/// What a client declares: its role and its message type.
-struct ClientKind {
-  ClientRole role = ClientRole::Receiver;
-  std::uint64_t fingerprint = 0;
-  std::string type_name;
-  bool operator==(const ClientKind& other) const = default;
-  /// "a Receiver<Batch>" for messages.
-  std::string describe() const;
-};
+/// What a client declares: ferry::detail::EndKind (its end, the types it sends and
+/// receives), and the limits it enforces on what it receives.
+using ferry::detail::EndKind;
 
 /// The key both sides derive from the shared secret.
 struct SecretKey {
@@ -49,11 +43,12 @@ SecretKey derive_key(const std::string& secret);
 /// Why a listener refused a client.
 enum class Outcome : std::uint8_t { Accepted = 1, WrongSecret = 2, TypeMismatch = 3, Version = 4, Garbage = 5 };
 
-/// The client's side: proves the secret, declares `kind`, checks the listener's proof.
-/// Throws TypeMismatch, AccessDenied-like Error (wrong secret), Error (version, timeout),
-/// ChannelClosed when the listener went away.
-void client_handshake(UcxConnection& connection, const ClientKind& kind, const SecretKey& key,
-                      const Deadline& deadline);
+/// The client's side: proves the secret, declares `kind` and the limits it enforces,
+/// checks the listener's proof; returns the listener's limits. Throws TypeMismatch,
+/// UntrustedPeer (wrong secret, either way), Error (version, timeout), ChannelClosed when
+/// the listener went away.
+FrameLimits client_handshake(UcxConnection& connection, const EndKind& kind, const FrameLimits& limits,
+                             const SecretKey& key, const Deadline& deadline);
 
 /// The listener's side of one connection, driven without blocking so that a silent or
 /// garbage-sending client delays no other one.
@@ -63,9 +58,12 @@ class ServerHandshake {
   ServerHandshake(UcxConnection& connection, const SecretKey& key);
   /// The client's claim once it arrived and proved the secret; nullopt while it has not
   /// arrived yet. Throws Error naming why the client is refused (after telling it).
-  std::optional<ClientKind> poll();
-  /// Tells the client it is accepted (with the listener's proof) or refused.
-  void accept();
+  std::optional<EndKind> poll();
+  /// The limits the client enforces on what it receives (once poll() returned its kind).
+  const FrameLimits& client_limits() const noexcept { return client_limits_; }
+  /// Tells the client it is accepted (with the listener's proof and `limits`, which the
+  /// listener enforces) or refused.
+  void accept(const FrameLimits& limits);
   void refuse(Outcome outcome, const std::string& reason);
 
  private:
@@ -73,6 +71,7 @@ class ServerHandshake {
   SecretKey key_;
   std::array<unsigned char, 32> listener_nonce_{};
   std::array<unsigned char, 32> client_nonce_{};
+  FrameLimits client_limits_;
 };
 
 }  // namespace ferry::ucx::detail

@@ -75,8 +75,8 @@ ReadStatus UcxFrameReader::read(FrameHeader& header, std::vector<std::byte>& pay
   if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
     peer_closed_ = true;
     // Nothing more will be read: let the sender's closing flush end now, not when this
-    // end is dropped.
-    connection_->close(std::chrono::milliseconds(0), true);
+    // end is dropped (unless this side's writer of a duplex connection still sends on it).
+    if (connection_.use_count() == 1) connection_->close(std::chrono::milliseconds(0), true);
     return ReadStatus::Closed;
   }
   return ReadStatus::Frame;

@@ -74,46 +74,65 @@ struct ConnectionEnds {
   PeerCredentials peer;
 };
 
-/// A scheme's listening socket (scheme_registry.hpp makes them).
-class ListeningPoint;
-
-/// A listener: the scheme's listening socket, the handshakes in progress (side by side,
-/// each with its own deadline) and the clients that completed theirs, oldest first. All
-/// work happens inside accept() and pump(), in the calling thread: no thread of its own.
-/// Use from one thread at a time. A forked worker (spawn) drops its inherited copy
-/// (LiveEnd::abandon_in_child) without removing the socket file.
-class ListenerCore final : public LiveEnd {
+/// A listener, whatever its scheme: the handshakes in progress (side by side, each with
+/// its own deadline) and the clients that completed theirs, oldest first. All work happens
+/// inside accept() and pump(), in the calling thread: no thread of its own. Use from one
+/// thread at a time. A forked worker (spawn) drops its inherited copy
+/// (LiveEnd::abandon_in_child) without touching what the parent's copy holds (a socket
+/// file, UCX state). Listener wraps one; Selector drives it through pump().
+class ListenerCore : public LiveEnd {
  public:
-  ListenerCore(std::unique_ptr<ListeningPoint> point, std::string address, const EndpointOptions& options);
-  ~ListenerCore();
-  ListenerCore(const ListenerCore&) = delete;
-  ListenerCore& operator=(const ListenerCore&) = delete;
-
-  /// The address clients connect to.
-  const std::string& address() const noexcept { return address_; }
+  virtual ~ListenerCore() = default;
+  /// The address clients connect to (for ucx://, with the port actually bound).
+  virtual const std::string& address() const noexcept = 0;
   /// Adds `kind` to the kinds served: clients of it wait for accept() instead of being refused.
-  void serve(const EndKind& kind);
+  virtual void serve(const EndKind& kind) = 0;
   /// Takes the oldest client of `kind` (serving the kind first), or waits for one until
   /// `deadline`; std::nullopt when none came. Throws SystemError when the process is out of
   /// descriptors (the listener goes on).
-  std::optional<ConnectionEnds> accept(const EndKind& kind, const Deadline& deadline);
+  virtual std::optional<ConnectionEnds> accept(const EndKind& kind, const Deadline& deadline) = 0;
   /// Accepts new connections and advances handshakes until `deadline` or until something
   /// happened; returns whether a client is waiting.
-  bool pump(const Deadline& deadline);
+  virtual bool pump(const Deadline& deadline) = 0;
   /// True when a client of a served kind completed its handshake and waits for accept().
-  bool has_waiting_client() const noexcept { return !ready_.empty(); }
+  virtual bool has_waiting_client() const noexcept = 0;
   /// Appends the descriptors to poll for progress (POLLIN) to `fds`.
-  void append_poll_fds(std::vector<pollfd>& fds) const;
-  /// The earliest deadline of a handshake in progress (Deadline::never() when none).
-  Deadline next_deadline() const;
+  virtual void append_poll_fds(std::vector<pollfd>& fds) const = 0;
+  /// The earliest deadline of a handshake in progress (Deadline::never() when none; now
+  /// when progress is due without a descriptor reporting it).
+  virtual Deadline next_deadline() const = 0;
   /// Closes the listening socket (removing its file) and every waiting connection.
-  void close() noexcept;
+  virtual void close() noexcept = 0;
+  virtual bool is_open() const noexcept = 0;
+  /// Handshakes in progress (for tests).
+  virtual std::size_t pending_count() const noexcept = 0;
+
+ protected:
+  ListenerCore() = default;
+};
+
+/// A stream-socket scheme's listening socket (scheme_registry.hpp makes them).
+class ListeningPoint;
+
+/// The listener of a scheme whose connections are stream sockets that pass fds (unix:):
+/// the scheme's listening socket, the endpoint handshake (handshake.hpp) on each new
+/// connection, and the accept queue.
+class StreamListenerCore final : public ListenerCore {
+ public:
+  StreamListenerCore(std::unique_ptr<ListeningPoint> point, std::string address, const EndpointOptions& options);
+  ~StreamListenerCore() override;
+
+  const std::string& address() const noexcept override { return address_; }
+  void serve(const EndKind& kind) override;
+  std::optional<ConnectionEnds> accept(const EndKind& kind, const Deadline& deadline) override;
+  bool pump(const Deadline& deadline) override;
+  bool has_waiting_client() const noexcept override { return !ready_.empty(); }
+  void append_poll_fds(std::vector<pollfd>& fds) const override;
+  Deadline next_deadline() const override;
+  void close() noexcept override;
   void abandon_in_child() noexcept override;
-  bool is_open() const noexcept { return point_ != nullptr; }
-  /// Clients refused or dropped so far (for tests and statistics).
-  std::uint64_t refused_count() const noexcept { return refused_; }
-  /// Handshakes in progress and clients waiting (for tests).
-  std::size_t pending_count() const noexcept { return pending_.size(); }
+  bool is_open() const noexcept override { return point_ != nullptr; }
+  std::size_t pending_count() const noexcept override { return pending_.size(); }
 
  private:
   struct Pending;
@@ -136,7 +155,6 @@ class ListenerCore final : public LiveEnd {
   std::vector<EndKind> served_;
   std::vector<std::unique_ptr<Pending>> pending_;
   std::deque<std::unique_ptr<Waiting>> ready_;
-  std::uint64_t refused_ = 0;
 };
 
 /// Connects to `address` as a client of `kind`: waits for the listener to appear, checks

@@ -29,7 +29,7 @@ enum class Transport {
   UnixSocket,  ///< a Unix stream socket; storages' memfds travel as SCM_RIGHTS
   ShmRing,     ///< a ring buffer in a shared memfd (ring_transport.hpp); storages by /proc/<pid>/fd
   InProcess,   ///< a queue between threads of one process; values are moved, not serialized
-  Ucx,         ///< UCX across hosts (ucx:// endpoints, ferry/ucx.hpp): tensors' bytes travel, copied
+  Ucx,         ///< UCX across hosts (ucx:// endpoints, library ferry::ucx): tensors' bytes travel, copied
 };
 
 /// "pipe", "unix_socket", "shm_ring" or "in_process".
