@@ -372,6 +372,23 @@ TEST_F(UcxEndpointTest, AUcxEndIsRefusedBySpawn) {
   EXPECT_THROW(rx->recv_for(5s), PeerDied);  // the refused end was let go without ending its stream
 }
 
+TEST_F(UcxEndpointTest, AFanOutRefusesAUcxEndClearly) {
+  auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+  const std::string address = listener.address();
+  std::optional<Receiver<Batch>> rx;
+  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_options()); });
+  Sender<Batch> tx = listener.accept_sender<Batch>();
+  client.join();
+  Distributor<Batch> pool;
+  try {
+    pool.add(std::move(tx));
+    ADD_FAILURE() << "a Distributor took a ucx end";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("ucx://"), std::string::npos) << error.what();
+  }
+  EXPECT_EQ(pool.size(), 0u);
+}
+
 TEST_F(UcxEndpointTest, DuplexEndsCarryTensorsBothWays) {
   auto listener = listen("ucx://127.0.0.1:0", quiet_options());
   const std::string address = listener.address();
