@@ -18,6 +18,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <cstdlib>
@@ -161,7 +162,7 @@ TEST_F(UcxEndpointTest, TensorsOfEverySizeTravelBothWaysWithTheirContents) {
     to_child.close();
     EXPECT_FALSE(from_child.recv_for(10s).has_value());  // the child's end of stream
   }
-  EXPECT_TRUE(wait_child(child).exited);
+  EXPECT_TRUE(test::child_succeeded(child));
 }
 
 TEST_F(UcxEndpointTest, TypeAndDirectionMismatchesAreRefusedAndTheListenerGoesOn) {
@@ -372,6 +373,49 @@ TEST_F(UcxEndpointTest, AUcxEndIsRefusedBySpawn) {
   EXPECT_THROW(rx->recv_for(5s), PeerDied);  // the refused end was let go without ending its stream
 }
 
+// 64 clients of another process connect at once; each gets its own stream and its own tensor.
+TEST_F(UcxEndpointTest, SixtyFourClientsConnectAtOnceAndEachGetsItsOwnStream) {
+  constexpr int kClients = 64;
+  AddressPipe pipe;
+  const pid_t child = fork_child([&] {
+    const std::string address = pipe.get();
+    std::vector<std::thread> clients;
+    std::atomic<int> good{0};
+    for (int i = 0; i < kClients; ++i) {
+      clients.emplace_back([&] {
+        try {
+          Receiver<Batch> rx = connect_receiver<Batch>(address, quiet_options());
+          const auto batch = rx.recv_for(30s);
+          if (batch && batch->tensors.size() == 1 &&
+              has_pattern(batch->tensors[0], 4096, static_cast<std::uint8_t>(batch->index))) {
+            ++good;
+          }
+        } catch (const std::exception& error) {
+          std::fprintf(stderr, "client: %s\n", error.what());
+        }
+      });
+    }
+    for (auto& client : clients) client.join();
+    CHILD_CHECK(good == kClients);
+  });
+  {
+    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    pipe.put(listener.address());
+    std::vector<Sender<Batch>> senders;
+    for (int i = 0; i < kClients; ++i) {
+      auto tx = listener.accept_sender_for<Batch>(30s);
+      ASSERT_TRUE(tx.has_value()) << "client " << i << " was not accepted";
+      Batch batch;
+      batch.index = i;
+      batch.tensors.push_back(pattern(4096, static_cast<std::uint8_t>(i)));
+      tx->send(batch);
+      senders.push_back(std::move(*tx));
+    }
+    for (auto& tx : senders) tx.close();
+  }
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
 TEST_F(UcxEndpointTest, AFanOutRefusesAUcxEndClearly) {
   auto listener = listen("ucx://127.0.0.1:0", quiet_options());
   const std::string address = listener.address();
@@ -541,7 +585,7 @@ TEST_F(UcxEndpointTest, SendForTimesOutWhileARendezvousIsStuckAtAStoppedReceiver
   ASSERT_EQ(::kill(child, SIGCONT), 0);
   tx->close();
   EXPECT_EQ(report_pipe.get(), std::to_string(accepted));
-  EXPECT_TRUE(wait_child(child).exited);
+  EXPECT_TRUE(test::child_succeeded(child));
 }
 
 // ---- two hosts: two network namespaces joined by a veth pair ----------------------------
