@@ -390,7 +390,9 @@ void MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>& storag
 
 void MessageEncoder::pin_new_storages(FrameKind kind) {
   if (!new_pins_.empty()) holds_.pin(new_pins_, next_sequence_);
-  const bool tracked = delivery_tracked_ && kind == FrameKind::Message;
+  // Without shared memory (Copying) there is no board: the reader reports deliveries on
+  // its transport (FrameReader::frame_delivered()).
+  const bool tracked = delivery_tracked_ && kind == FrameKind::Message && passing_ != HandlePassing::Copying;
   if (board_sent_ || (new_pins_.empty() && !tracked)) return;
   // The board goes first in the table, so that the receiver can give blocks back even when
   // a later entry fails. A frame sent for delivery tracking alone may be the first to need it.

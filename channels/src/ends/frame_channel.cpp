@@ -195,7 +195,9 @@ std::uint64_t SenderCore::last_sequence() {
 
 std::uint64_t SenderCore::delivered() {
   std::lock_guard lock(mutex_);
-  delivered_ = std::max(delivered_, encoder_.resolved_on_board());
+  // The board says it on one host; a transport without one (UCX) reports it itself.
+  const std::uint64_t reported = open_ ? writer_->delivered_by_reader() : 0;
+  delivered_ = std::max({delivered_, encoder_.resolved_on_board(), reported});
   return delivered_;
 }
 

@@ -38,7 +38,8 @@ void UcxConnection::create_worker() {
   check_ucs(ucp_worker_create(context_->handle(), &params, &worker_), "ucp_worker_create");
   check_ucs(ucp_worker_get_efd(worker_, &wake_fd_), "ucp_worker_get_efd");
   const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
-      {kControlAm, &UcxConnection::on_control}, {kFrameAm, &UcxConnection::on_frame}, {kCopyAm, &UcxConnection::on_copy}};
+      {kControlAm, &UcxConnection::on_control}, {kFrameAm, &UcxConnection::on_frame}, {kCopyAm, &UcxConnection::on_copy},
+      {kDeliveredAm, &UcxConnection::on_delivered}};
   for (const auto& [id, callback] : handlers) {
     ucp_am_handler_param_t handler{};
     handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -316,7 +317,46 @@ bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iov
   return true;
 }
 
+void UcxConnection::send_delivered(std::uint64_t sequence) noexcept {
+  std::lock_guard lock(mutex_);
+  if (failed_ || ep_ == nullptr || owner_ != ::getpid()) return;
+  try {
+    // Queued with the frames sent, so that its buffer lives until UCX is done with it.
+    Outgoing& report = outgoing_.emplace_back();
+    report.buffer.resize(sizeof sequence);
+    std::memcpy(report.buffer.data(), &sequence, sizeof sequence);
+    send_am(kDeliveredAm, nullptr, 0, report.buffer.data(), report.buffer.size(), false, report.requests);
+    reap_locked();
+  } catch (const std::exception&) {
+    // The peer is gone (its death is reported at the next operation) or memory ran out:
+    // the writer then sees fewer deliveries, never more.
+    if (!outgoing_.empty() && outgoing_.back().requests.empty()) outgoing_.pop_back();
+  }
+}
+
+std::uint64_t UcxConnection::delivered() {
+  std::lock_guard lock(mutex_);
+  if (worker_ != nullptr && owner_ == ::getpid()) {
+    progress_locked();
+    reap_locked();
+  }
+  return delivered_;
+}
+
 // ---- receiving -----------------------------------------------------------------
+
+ucs_status_t UcxConnection::on_delivered(void* self, const void* /*header*/, std::size_t /*header_length*/,
+                                         void* data, std::size_t length, const ucp_am_recv_param_t* param) {
+  auto* connection = static_cast<UcxConnection*>(self);
+  std::uint64_t sequence = 0;
+  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 || length != sizeof sequence) {
+    connection->break_protocol("a delivery report of " + std::to_string(length) + " bytes");
+    return UCS_ERR_MESSAGE_TRUNCATED;
+  }
+  std::memcpy(&sequence, data, sizeof sequence);
+  connection->delivered_ = std::max(connection->delivered_, sequence);
+  return UCS_OK;
+}
 
 ucs_status_t UcxConnection::on_control(void* self, const void* /*header*/, std::size_t /*header_length*/, void* data,
                                        std::size_t length, const ucp_am_recv_param_t* param) {

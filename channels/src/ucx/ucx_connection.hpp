@@ -31,7 +31,7 @@
 namespace ferry::ucx::detail {
 
 /// Active message ids.
-enum AmId : unsigned { kControlAm = 1, kFrameAm = 2, kCopyAm = 3 };
+enum AmId : unsigned { kControlAm = 1, kFrameAm = 2, kCopyAm = 3, kDeliveredAm = 4 };
 
 /// The AM header of a frame message. Its data: the frame's bytes, then `copy_count`
 /// CopyDescriptor, then the bytes of the copies marked inline, in order; the others follow
@@ -103,6 +103,13 @@ class UcxConnection {
   /// Like frame_ready(), for control messages (the listener waits on many handshakes).
   bool control_ready();
 
+  /// Tells the writer at the other end that recv() returned its frame `sequence`, which it
+  /// tracks (a fan-out's consumer): a small message, not waited for. Nothing once the
+  /// connection failed.
+  void send_delivered(std::uint64_t sequence) noexcept;
+  /// The highest sequence the reader at the other end reported delivered (0: none), after
+  /// progressing the worker.
+  std::uint64_t delivered();
   /// The worker's wake-up fd.
   int wake_fd() const noexcept { return wake_fd_; }
   /// True once the endpoint reported an error (peer gone, connection refused).
@@ -136,6 +143,8 @@ class UcxConnection {
                                  std::size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_frame(void* self, const void* header, std::size_t header_length, void* data,
                                std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_delivered(void* self, const void* header, std::size_t header_length, void* data,
+                                   std::size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_copy(void* self, const void* header, std::size_t header_length, void* data,
                               std::size_t length, const ucp_am_recv_param_t* param);
   // Starts receiving a rendezvous message of `length` into `into`; `frame` counts it in flight.
@@ -153,6 +162,7 @@ class UcxConnection {
   std::string failure_;
   std::string broken_;  // a protocol error in what arrived
   std::string peer_name_;
+  std::uint64_t delivered_ = 0;  // the highest sequence the peer's reader reported delivered
   std::deque<std::vector<std::byte>> controls_;
   std::list<IncomingFrame> frames_;  // list: rendezvous receives point into its elements
   struct RendezvousReceive {

@@ -24,6 +24,7 @@ class UcxFrameWriter final : public FrameWriter {
                     std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline) override;
   /// Waits until every frame sent has left.
   bool flush(const Deadline& deadline) override;
+  std::uint64_t delivered_by_reader() override { return connection_ ? connection_->delivered() : 0; }
   void close() noexcept override;
   void shut_down() noexcept override { close(); }
 
@@ -39,6 +40,9 @@ class UcxFrameReader final : public FrameReader {
   ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
                   const Deadline& deadline) override;
   std::deque<std::shared_ptr<Storage>>* copied_storages() override { return &copies_; }
+  void frame_delivered(std::uint64_t sequence) override {
+    if (connection_) connection_->send_delivered(sequence);
+  }
   void close() noexcept override;
   void shut_down() noexcept override { close(); }
   bool has_buffered_frame() const override;

@@ -61,11 +61,6 @@ class FanoutConsumers {
   /// Takes `end` in as a consumer with `bound` messages in flight at most.
   ConsumerId add(Sender<T>&& end, std::size_t bound) {
     if (!end.is_open()) throw ChannelClosed("cannot add a consumer: this Sender is closed, moved from or empty");
-    if (end.transport() == Transport::Ucx) {
-      throw Error("cannot add a ucx:// end to a Distributor or Broadcast: across hosts the receiver reports its "
-                  "deliveries on no shared board, so the fan-out could not tell when a consumer has room; send on "
-                  "each ucx end directly, or fan out on the receiving host");
-    }
     end.track_delivery();
     const std::uint64_t base = end.last_sequence();
     consumers_.push_back(Consumer{next_id_, std::move(end), std::max<std::size_t>(bound, 1), {}, base});

@@ -195,6 +195,7 @@ class ReceiverCore final : public LiveEnd {
     }
     reader_->release();  // the payload may lie in the transport's memory until decoded
     decoder_.mark_delivered();
+    if (const std::uint64_t tracked = decoder_.tracked_sequence()) reader_->frame_delivered(tracked);
     return status;
   }
   /// Closes the end; on a duplex socket also for every other process holding it (the

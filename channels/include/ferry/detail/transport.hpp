@@ -82,6 +82,10 @@ class FrameWriter {
   /// Waits until the reader acknowledged `sequence`; false when the deadline passed or
   /// the reader is gone. Transports that pass fds need no acknowledgements: true at once.
   virtual bool wait_acknowledged(std::uint64_t /*sequence*/, const Deadline& /*deadline*/) { return true; }
+  /// The highest sequence the reader reported delivered (returned by recv()) on this
+  /// transport, for a transport without a return board (UCX; see
+  /// FrameReader::frame_delivered()); 0 for the others, whose board says it.
+  virtual std::uint64_t delivered_by_reader() { return 0; }
   /// Finishes frames accepted by timed writes but not fully written yet; false if the
   /// deadline passed first.
   virtual bool flush(const Deadline& /*deadline*/) { return true; }
@@ -140,6 +144,10 @@ class FrameReader {
   /// Tells the writer that every frame up to `sequence` has been resolved (called only
   /// when the decoder asks for it: MessageDecoder::wants_acknowledgement()).
   virtual void acknowledge(std::uint64_t /*sequence*/) {}
+  /// recv() returned the frame of `sequence`, whose sender tracks its delivery: a transport
+  /// without a return board (UCX) tells the writer (FrameWriter::delivered_by_reader());
+  /// the others need nothing (the decoder marked it on the board).
+  virtual void frame_delivered(std::uint64_t /*sequence*/) {}
   virtual void close() noexcept = 0;
   /// Refuses everything the writer sends from now on, in every process that holds this
   /// end, before close(): the writer's next write raises ChannelClosed. Only an end that

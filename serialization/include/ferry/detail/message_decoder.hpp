@@ -75,6 +75,9 @@ class MessageDecoder {
     if (!frame_tracked_) return;
     if (ReturnBoard* returns = board()) (void)returns->claim_resolved(frame_sequence_);
   }
+  /// The last frame's sequence when its sender tracks its delivery (kFrameTracksDelivery),
+  /// else 0: a transport without a return board reports it (FrameReader::frame_delivered()).
+  std::uint64_t tracked_sequence() const noexcept { return frame_tracked_ ? frame_sequence_ : 0; }
 
   /// True when the last frame named segments by /proc path and its sender needs an
   /// acknowledgement on the transport to let them go: the frame was not recorded on the
