@@ -160,9 +160,20 @@ DType dtype_from_name(std::string_view name) {
                         "'; use bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32 or float64");
 }
 
+// tp_new: only ferry makes ferry.Tensor objects (wrap_tensor), so that each holds a
+// constructed Tensor; also copy.copy, pickle and type(t)() come here (Python before 3.10 has
+// no Py_TPFLAGS_DISALLOW_INSTANTIATION).
+PyObject* refuse_new(PyTypeObject* /*type*/, PyObject* /*args*/, PyObject* /*kwargs*/) {
+  PyErr_SetString(PyExc_TypeError,
+                  "ferry.Tensor objects are made by ferry.empty() and by receiving messages; they cannot be "
+                  "constructed, copied or pickled (use torch.from_dlpack or numpy.asarray to copy one)");
+  return nullptr;
+}
+
 void bind_tensor(py::module_& module) {
   PyType_Slot slots[] = {
       {Py_tp_dealloc, reinterpret_cast<void*>(&tensor_dealloc)},
+      {Py_tp_new, reinterpret_cast<void*>(&refuse_new)},
       {Py_tp_doc, const_cast<char*>(kTensorDoc)},
       {0, nullptr},
   };

@@ -177,7 +177,18 @@ Value convert(py::handle object, std::size_t depth) {
         throw py::type_error("ferry sends dicts with str keys only, not " + type_name_of(key) + " (" +
                              py::repr(key).cast<std::string>() + ")");
       }
-      map.append_unchecked(key.cast<std::string>(), convert(element, depth + 1));  // a dict's keys are distinct
+      if (PyUnicode_CheckExact(key.ptr())) {
+        map.append_unchecked(key.cast<std::string>(), convert(element, depth + 1));  // distinct str keys: distinct text
+        continue;
+      }
+      // A str subclass may define its own equality: two keys of one text would reach the
+      // peer as a duplicate, which its decoder refuses.
+      const std::size_t before = map.size();
+      map.insert_or_assign(key.cast<std::string>(), convert(element, depth + 1));
+      if (map.size() == before) {
+        throw py::value_error("ferry cannot send a dict with two keys of the same text (" +
+                              py::repr(key).cast<std::string>() + "): its str subclass keys compare unequal");
+      }
     }
     return Value(std::move(map));
   }

@@ -1,6 +1,7 @@
 """The ferry package on its own, in one process: conversions of every message type,
 what is copied and what is not, errors, waiting without the GIL, iteration and `with`."""
 
+import copy
 import os
 import threading
 import time
@@ -24,6 +25,18 @@ class Ends:
 
 
 class MessagesTest(unittest.TestCase):
+    def test_str_subclass_keys_of_one_text_are_refused_before_sending(self):
+        class Key(str):
+            def __eq__(self, other):
+                return self is other
+
+            def __hash__(self):
+                return id(self)
+
+        with self.assertRaises(ValueError):
+            Ends().tx.send({Key("a"): 1, Key("a"): 2})
+        self.assertEqual(Ends().round_trip({Key("a"): 1, "b": 2}), {"a": 1, "b": 2})
+
     def test_every_value_kind_round_trips_and_dicts_keep_their_order(self):
         message = {"none": None, "yes": True, "no": False, "int": -(2**63), "big": 2**63 - 1, "float": 0.25,
                    "text": "résumé ✓", "bytes": b"\x00\xff", "array": bytearray(b"ab"), "list": [1, [2, [3]]],
@@ -62,6 +75,12 @@ class MessagesTest(unittest.TestCase):
 
 
 class TensorTest(unittest.TestCase):
+    def test_tensors_are_made_by_ferry_only(self):
+        tensor = ferry.empty((4,), "float32")
+        for make in (lambda: type(tensor)(), lambda: copy.copy(tensor), lambda: copy.deepcopy(tensor)):
+            with self.assertRaises(TypeError):
+                make()
+
     def test_empty_is_shared_memory_that_torch_and_numpy_view_writably(self):
         tensor = ferry.empty((2, 3), torch.float32)
         self.assertTrue(tensor.is_shared)

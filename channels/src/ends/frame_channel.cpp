@@ -196,7 +196,8 @@ std::uint64_t SenderCore::last_sequence() {
 std::uint64_t SenderCore::delivered() {
   std::lock_guard lock(mutex_);
   // The board says it on one host; a transport without one (UCX) reports it itself.
-  const std::uint64_t reported = open_ ? writer_->delivered_by_reader() : 0;
+  // Never more than was sent: a lying peer cannot make a fan-out forget messages in flight.
+  const std::uint64_t reported = open_ ? std::min(writer_->delivered_by_reader(), encoder_.last_sequence()) : 0;
   delivered_ = std::max({delivered_, encoder_.resolved_on_board(), reported});
   return delivered_;
 }

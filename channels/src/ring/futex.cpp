@@ -74,7 +74,7 @@ bool futex_wait_any(std::span<const FutexExpectation> words, std::chrono::steady
   if (::syscall(SYS_futex_waitv, waiters.data(), static_cast<unsigned>(words.size()), 0u, limit, CLOCK_MONOTONIC) >= 0) {
     return true;
   }
-  if (errno == ENOSYS) return false;
+  if (errno == ENOSYS || errno == EPERM) return false;  // before Linux 5.16, or refused by a seccomp filter
   if (errno == EAGAIN || errno == ETIMEDOUT || errno == EINTR) return true;
   throw_errno("futex_waitv");
 }

@@ -21,8 +21,8 @@ inline constexpr std::size_t kMaxFutexWaitWords = 128;
 /// Sleeps while every word of `words` holds `expected`, at most until `deadline` (on the
 /// steady clock; time_point::max(): no limit), with the same outcomes as futex_wait (at
 /// most kMaxFutexWaitWords words; Error beyond). Returns false, without waiting, on a
-/// kernel without futex_waitv (before Linux 5.16): the caller then has to poll. Throws
-/// SystemError on other errors.
+/// kernel without futex_waitv (before Linux 5.16) or a seccomp filter that refuses it: the
+/// caller then has to poll. Throws SystemError on other errors.
 bool futex_wait_any(std::span<std::atomic<std::uint32_t>* const> words, std::uint32_t expected,
                     std::chrono::steady_clock::time_point deadline);
 /// A word futex_wait_any() sleeps on, and the value it sleeps while the word holds.

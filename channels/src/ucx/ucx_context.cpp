@@ -66,16 +66,13 @@ void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& k
   const int idle = static_cast<int>(keepalive.idle.count());
   const int interval = static_cast<int>(keepalive.interval.count());
   const int count = keepalive.count;
-  const unsigned user_timeout = static_cast<unsigned>((idle + interval * count) * 1000);
   const int self = ::dirfd(fds);
   while (const dirent* entry = ::readdir(fds)) {
     char* end = nullptr;
     const long number = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0' || number == self) continue;
     const int fd = static_cast<int>(number);
-    struct stat status {};
-    if (::fstat(fd, &status) != 0 || !S_ISSOCK(status.st_mode)) continue;
-    int type = 0;
+    int type = 0;  // getsockopt fails (ENOTSOCK) for what is not a socket, without touching files
     socklen_t length = sizeof type;
     if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
     sockaddr_storage other{};
@@ -90,7 +87,6 @@ void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& k
     (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
     (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
-    (void)::setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
   }
   ::closedir(fds);
 }

@@ -26,7 +26,8 @@
 namespace ferry::ucx::detail {
 
 inline constexpr std::uint32_t kHandshakeMagic = 0x55595246;  // "FRYU"
-inline constexpr std::uint16_t kHandshakeVersion = 2;
+// 3: readers report the delivery of tracked frames (AM id 4), which a fan-out relies on.
+inline constexpr std::uint16_t kHandshakeVersion = 3;
 
 /// What a client declares: ferry::detail::EndKind (its end, the types it sends and
 /// receives), and the limits it enforces on what it receives.

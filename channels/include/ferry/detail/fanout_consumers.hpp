@@ -151,7 +151,8 @@ class FanoutConsumers {
   void wait_for_room(std::unique_lock<std::mutex>& lock, const Select& waited_for, const Deadline& deadline,
                      FanoutWait& wait) {
     const bool for_half = !wait.waited_for_half();
-    wakes_.clear();
+    // This call's own requests: several threads may send at once, and each waits on its own.
+    std::vector<ReturnBoard::DeliveryWake> wakes;
     bool polled = false;
     for (Consumer& consumer : consumers_) {
       if (consumer.has_room() || !waited_for(consumer)) continue;
@@ -164,9 +165,9 @@ class FanoutConsumers {
       forget_delivered(consumer, wake->resolved);
       consumer.sent_at_refresh = consumer.sent;
       const bool reached = wake->resolved >= target;
-      wakes_.push_back(std::move(*wake));
+      wakes.push_back(std::move(*wake));
       if (reached) {  // took that many since the last look: no sleep
-        cancel_wakes();
+        cancel_wakes(wakes);
         return;
       }
     }
@@ -177,18 +178,18 @@ class FanoutConsumers {
     }
     lock.unlock();
     try {
-      if (polled || wakes_.empty()) {
+      if (polled || wakes.empty()) {
         wait.pause(until);
       } else {
-        sleep_on_doorbells(wakes_, until);
+        sleep_on_doorbells(wakes, until);
       }
     } catch (...) {
       lock.lock();
-      cancel_wakes();
+      cancel_wakes(wakes);
       throw;
     }
     lock.lock();
-    cancel_wakes();
+    cancel_wakes(wakes);
   }
 
   std::vector<ConsumerStats> stats() {
@@ -224,9 +225,9 @@ class FanoutConsumers {
     return consumer.in_flight[taken - 1].sequence;
   }
 
-  void cancel_wakes() noexcept {
-    for (const ReturnBoard::DeliveryWake& wake : wakes_) wake.board->cancel_delivery_wake();
-    wakes_.clear();
+  static void cancel_wakes(std::vector<ReturnBoard::DeliveryWake>& wakes) noexcept {
+    for (const ReturnBoard::DeliveryWake& wake : wakes) wake.board->cancel_delivery_wake();
+    wakes.clear();
   }
 
   static bool send_end(Sender<T>& end, const T& message, const Deadline& deadline) {
@@ -248,7 +249,6 @@ class FanoutConsumers {
   FanoutOptions options_;
   LivenessSchedule liveness_;
   std::vector<Consumer> consumers_;
-  std::vector<ReturnBoard::DeliveryWake> wakes_;  // wait_for_room()'s, kept for its capacity
   ConsumerId next_id_ = 1;
 };
 
