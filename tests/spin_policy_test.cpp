@@ -2,7 +2,12 @@
 // waker's CPU that RingEnd::wake leaves in the futex word for it; and futex_wait_any, on
 // which a Selector sleeps for many rings at once.
 #include <gtest/gtest.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <sched.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 
 #include <atomic>
 #include <chrono>
@@ -14,6 +19,7 @@
 #include "ring/futex.hpp"
 #include "ring/ring_end.hpp"
 #include "ring/spin_policy.hpp"
+#include "support/process.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -272,6 +278,31 @@ TEST(FutexWaitAnyTest, AWakeOfAnyWordEndsTheWait) {
   if (!waited_at_all) GTEST_SKIP() << "this kernel has no futex_waitv";
   EXPECT_NE(words[1].load(), 1u);
   EXPECT_LT(std::chrono::steady_clock::now() - start, 10s) << "the wake of one word did not end the wait";
+}
+
+// A seccomp filter that refuses futex_waitv (EPERM, as profiles older than the call do) is
+// a kernel without it: false at once, so that the caller polls, not an exception.
+TEST(FutexWaitAnyTest, ASeccompFilterThatRefusesFutexWaitvIsLikeAKernelWithoutIt) {
+  const pid_t child = test::fork_child([] {
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_futex_waitv, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog program{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+    CHILD_CHECK(::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0);
+    CHILD_CHECK(::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0);
+    std::atomic<std::uint32_t> word{1};
+    std::vector<std::atomic<std::uint32_t>*> waited{&word};
+    const auto start = std::chrono::steady_clock::now();
+    CHILD_CHECK(!futex_wait_any(waited, 1, start + 20s));
+    CHILD_CHECK(std::chrono::steady_clock::now() - start < 10s);
+  });
+  EXPECT_TRUE(test::child_succeeded(child));
 }
 
 TEST(FutexWaitAnyTest, AWordThatNoLongerHoldsTheValueEndsTheWaitAtOnce) {
