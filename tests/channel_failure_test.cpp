@@ -453,5 +453,29 @@ TEST(PipeTransport, ProgramsExecdAfterAPipeChannelGetTheDefaultSigpipe) {
   EXPECT_EQ(status, "141\n") << "`yes` did not end by SIGPIPE: the shell inherited SIGPIPE ignored";
 }
 
+// A transport without a return board (UCX) reports deliveries itself; a peer that reports
+// more than was sent cannot make a fan-out forget messages in flight.
+class OverReportingWriter final : public FrameWriter {
+ public:
+  bool passes_fds() const override { return false; }
+  bool carries_copies() const override { return true; }
+  bool write(std::span<const iovec>, std::span<const int>, const Deadline&) override { return true; }
+  bool write_copies(std::span<const iovec>, std::span<const iovec>, std::span<const std::shared_ptr<Storage>>,
+                    const Deadline&) override {
+    return true;
+  }
+  std::uint64_t delivered_by_reader() override { return 1'000'000; }
+  void close() noexcept override {}
+};
+
+TEST(DeliveryReportTest, ReportedDeliveriesNeverExceedWhatWasSent) {
+  Sender<int> tx = detail::sender_over<int>(std::make_unique<OverReportingWriter>(), Transport::Ucx, ChannelOptions{});
+  tx.track_delivery();
+  for (int i = 0; i < 3; ++i) tx.send(i);
+  EXPECT_EQ(tx.delivered(), tx.last_sequence());
+  EXPECT_LT(tx.delivered(), 1'000'000u);
+  tx.detach();
+}
+
 }  // namespace
 }  // namespace ferry
