@@ -1,5 +1,7 @@
 #include "ferry/detail/fanout_wait.hpp"
 
+#include <time.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -22,6 +24,26 @@ const std::atomic<std::uint32_t>& doorbell(const ReturnBoard::DeliveryWake& wake
   // A plain 32-bit word of the board's shared mapping (futex.cpp checks that the layouts agree).
   return *reinterpret_cast<const std::atomic<std::uint32_t>*>(wake.doorbell);
 }
+
+// CLOCK_MONOTONIC_COARSE: CLOCK_MONOTONIC (steady_clock's clock) as of the last tick.
+std::chrono::steady_clock::time_point coarse_now() noexcept {
+  timespec now{};
+  (void)::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // cannot fail for a valid clock id
+  return std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec)));
+}
+
+// The coarse clock's tick (a few ms; the kernel's HZ); a day when it cannot be read, so
+// that the precise clock is used.
+std::chrono::nanoseconds coarse_tick() noexcept {
+  timespec tick{};
+  if (::clock_getres(CLOCK_MONOTONIC_COARSE, &tick) != 0) return std::chrono::hours(24);
+  return std::chrono::seconds(tick.tv_sec) + std::chrono::nanoseconds(tick.tv_nsec);
+}
+
+std::chrono::steady_clock::time_point now_for(bool coarse) noexcept {
+  return coarse ? coarse_now() : std::chrono::steady_clock::now();
+}
 }  // namespace
 
 void sleep_on_doorbells(std::span<const ReturnBoard::DeliveryWake> doorbells,
@@ -39,7 +61,9 @@ void sleep_on_doorbells(std::span<const ReturnBoard::DeliveryWake> doorbells,
 }
 
 LivenessSchedule::LivenessSchedule(std::chrono::milliseconds interval)
-    : interval_(std::max(interval, std::chrono::milliseconds(1))), next_check_(std::chrono::steady_clock::now()) {}
+    : interval_(std::max(interval, std::chrono::milliseconds(1))),
+      coarse_(interval_ >= 2 * coarse_tick()),
+      next_check_(now_for(coarse_)) {}
 
 void FanoutWait::pause(std::chrono::steady_clock::time_point until) {
   const auto now = std::chrono::steady_clock::now();
@@ -56,7 +80,7 @@ void FanoutWait::pause(std::chrono::steady_clock::time_point until) {
 }
 
 bool LivenessSchedule::due() {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = now_for(coarse_);
   if (now < next_check_) return false;
   next_check_ = now + interval_;
   return true;

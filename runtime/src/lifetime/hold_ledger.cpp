@@ -283,8 +283,10 @@ bool HoldLedger::idle() {
   std::lock_guard lock(mutex_);
   if (pinned_ != 0 || !kept_segments_.empty() || probe_ || !returned_.empty()) return false;
   // Returns of slots pinned before must still be cleared from the board (a slot is
-  // reused); none of them holds an allocation any more (pinned_ is 0), so that is all.
-  if (board_reader_ == BoardReader::ThisProcess) {
+  // reused); none of them holds an allocation any more (pinned_ is 0), so that is all. A
+  // ledger that never pinned a slot has none to clear, and leaves alone the board's count
+  // word, which shares a cache line with the delivery word its receiver writes per frame.
+  if (board_reader_ == BoardReader::ThisProcess && !pins_.empty()) {
     scratch_.clear();
     board_->take_returns(static_cast<std::uint32_t>(pins_.size()), scratch_);
   }

@@ -37,7 +37,9 @@ class FanoutWait {
 };
 
 /// Tells when the consumers' liveness is due for a check: once per `interval` (at least
-/// 1 ms), and at the first call.
+/// 1 ms), and at the first call. due() runs at every send, so for an interval of at least
+/// two ticks of the coarse monotonic clock (a tick is a few ms) it reads that clock (a few
+/// ns, one tick late at most) rather than the precise one.
 class LivenessSchedule {
  public:
   explicit LivenessSchedule(std::chrono::milliseconds interval);
@@ -47,6 +49,7 @@ class LivenessSchedule {
 
  private:
   std::chrono::milliseconds interval_;
+  bool coarse_;  // reads CLOCK_MONOTONIC_COARSE
   std::chrono::steady_clock::time_point next_check_;
 };
 }  // namespace detail
