@@ -19,12 +19,30 @@ namespace ferry::ucx::detail {
 namespace {
 
 std::mutex context_mutex;
-std::weak_ptr<UcxContext> live_context;
+std::weak_ptr<UcxContext> live_contexts[2];  // [0]: IPv4, [1]: IPv6
 
 // Sets `name` unless the user already did (their setting wins).
 void default_env(const char* name, const std::string& value) {
   if (::setenv(name, value.c_str(), 0) != 0) throw Error(std::string("setenv(") + name + ") failed");
 }
+
+// Sets an environment variable for its lifetime unless the user set it (their setting
+// wins), then removes it again.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name), set_(std::getenv(name) == nullptr) {
+    if (set_ && ::setenv(name, value, 0) != 0) throw Error(std::string("setenv(") + name + ") failed");
+  }
+  ~ScopedEnv() {
+    if (set_) (void)::unsetenv(name_);  // cannot fail for a valid name
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool set_;
+};
 
 }  // namespace
 
@@ -93,8 +111,9 @@ void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& k
 
 bool UcxContext::in_owner() const noexcept { return owner_ == ::getpid(); }
 
-std::shared_ptr<UcxContext> UcxContext::get(const KeepaliveSettings& keepalive) {
+std::shared_ptr<UcxContext> UcxContext::get(const KeepaliveSettings& keepalive, int family) {
   const std::lock_guard lock(context_mutex);
+  std::weak_ptr<UcxContext>& live_context = live_contexts[family == AF_INET6 ? 1 : 0];
   if (auto context = live_context.lock()) {
     // A context alive in the parent when this process was forked is the parent's: a fresh
     // one is made only once the parent's last ucx end is gone.
@@ -111,8 +130,12 @@ std::shared_ptr<UcxContext> UcxContext::get(const KeepaliveSettings& keepalive) 
     ucs_global_opts.log_component.log_level = UCS_LOG_LEVEL_ERROR;
   }
 
+  // One family per context (see the header); UCX reads the variable when the context
+  // starts, and ucp_config_modify does not apply it.
+  const ScopedEnv address_family("UCX_TCP_AF_PRIO", family == AF_INET6 ? "inet6" : "inet");
   ucp_config_t* config = nullptr;
   check_ucs(ucp_config_read(nullptr, nullptr, &config), "ucp_config_read");
+
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES;
   params.features = UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;

@@ -1,7 +1,10 @@
-// The process's UCP context: created on first use by a ucx:// end, shared by every worker,
-// cleaned up when the last one goes. Keepalive settings reach UCX only as environment
-// variables read by ucp_init (UCX 1.13 accepts UCX_TCP_KEEP* in ucp_config_modify but does
-// not apply them), so the first context of a process fixes them.
+// The process's UCP contexts, one per address family (IPv4, IPv6): created on first use by
+// a ucx:// end of that family, shared by its workers, cleaned up when the last one goes.
+// UCX 1.13's TCP transport listens on one family per device, and its wire-up works only in
+// the family of the address connected to, so each context is made with UCX_TCP_AF_PRIO set
+// to its own. Keepalive settings reach UCX only as environment variables read by ucp_init
+// (UCX 1.13 accepts UCX_TCP_KEEP* in ucp_config_modify but does not apply them), so the
+// first context of a process fixes them.
 #pragma once
 
 #include <sys/socket.h>
@@ -24,9 +27,10 @@ struct KeepaliveSettings {
 
 class UcxContext {
  public:
-  /// The process's context, made with `keepalive` if none lives yet. Throws Error when
-  /// called in a process forked from one that used UCX, or when UCX fails to start.
-  static std::shared_ptr<UcxContext> get(const KeepaliveSettings& keepalive);
+  /// The process's context for addresses of `family` (AF_INET or AF_INET6), made with
+  /// `keepalive` if none lives yet. Throws Error when called in a process forked from one
+  /// that used UCX, or when UCX fails to start.
+  static std::shared_ptr<UcxContext> get(const KeepaliveSettings& keepalive, int family);
   ~UcxContext();
   UcxContext(const UcxContext&) = delete;
   UcxContext& operator=(const UcxContext&) = delete;
@@ -44,8 +48,7 @@ class UcxContext {
   KeepaliveSettings keepalive_;
 };
 
-/// Turns TCP keepalive on (`keepalive`, and TCP_USER_TIMEOUT of the same total, so that
-/// data left unacknowledged fails as soon) for this process's TCP sockets connected to the
+/// Turns TCP keepalive on (`keepalive`) for this process's TCP sockets connected to the
 /// host of `peer` (its port aside). UCX 1.13 as Debian builds it leaves its TCP sockets
 /// without keepalive and gives no access to them: a connection's sockets are found in
 /// /proc/self/fd once its handshake is through. Best effort: a failure changes nothing.

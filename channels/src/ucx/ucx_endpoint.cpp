@@ -145,7 +145,7 @@ UcxListenerCore::UcxListenerCore(std::string_view address, const EndpointOptions
                 "EndpointOptions::secret (or FERRY_SECRET) on the listener and its clients, or listen on loopback "
                 "(127.0.0.1) only");
   }
-  context_ = UcxContext::get(keepalive_of(options_));
+  context_ = UcxContext::get(keepalive_of(options_), parsed.socket.ss_family);
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
   worker_params.thread_mode = UCS_THREAD_MODE_SINGLE;
@@ -407,7 +407,7 @@ class UcxScheme final : public ferry::detail::Scheme {
     check_transport(options, address);
     const UcxAddress parsed = parse_ucx_address(address);
     const SecretKey key = derive_key(options.secret);
-    auto context = UcxContext::get(keepalive_of(options));
+    auto context = UcxContext::get(keepalive_of(options), parsed.socket.ss_family);
     const Deadline deadline = Deadline::after(options.connect_timeout);
     std::string last_failure;
     for (;;) {
