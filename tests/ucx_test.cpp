@@ -165,6 +165,41 @@ TEST_F(UcxEndpointTest, TensorsOfEverySizeTravelBothWaysWithTheirContents) {
   EXPECT_TRUE(test::child_succeeded(child));
 }
 
+// Storages in shared memory travel by rendezvous with their segment's UCX registration,
+// made once per segment: twenty round trips of 1 MiB tensors (sent from the caching
+// allocator, received into it, echoed back as received) register no more segments than
+// the first two did.
+TEST_F(UcxEndpointTest, SharedSegmentsAreRegisteredWithUcxOncePerSegment) {
+  AddressPipe pipe;
+  const pid_t child = fork_child([&] {
+    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    pipe.put(listener.address());
+    auto endpoint = listener.accept_duplex_for<Batch, Batch>(10s);
+    CHILD_CHECK(endpoint.has_value());
+    while (auto batch = endpoint->recv()) endpoint->send(*batch);  // the received storages themselves
+  });
+  {
+    auto endpoint = connect_duplex<Batch, Batch>(pipe.get(), quiet_options());
+    ucx::detail::UcxRegistrations& registrations = ucx::detail::UcxContext::get({}, AF_INET)->registrations();
+    std::size_t after_two = 0;
+    for (int round = 0; round < 20; ++round) {
+      Batch batch;
+      batch.index = round;
+      batch.tensors.push_back(pattern(1u << 20, static_cast<std::uint8_t>(round), Device::SharedCpu));
+      endpoint.send(batch);
+      auto reply = endpoint.recv_for(10s);
+      ASSERT_TRUE(reply.has_value());
+      ASSERT_EQ(reply->tensors.size(), 1u);
+      EXPECT_EQ(reply->tensors[0].device(), Device::SharedCpu);
+      EXPECT_TRUE(has_pattern(reply->tensors[0], 1u << 20, static_cast<std::uint8_t>(round)));
+      if (round == 1) after_two = registrations.size();
+    }
+    EXPECT_GE(after_two, 1u);
+    EXPECT_EQ(registrations.size(), after_two);
+  }
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
 TEST_F(UcxEndpointTest, TypeAndDirectionMismatchesAreRefusedAndTheListenerGoesOn) {
   auto listener = listen("ucx://127.0.0.1:0", quiet_options());
   listener.serve_sender<Batch>();

@@ -169,10 +169,14 @@ void UcxConnection::break_protocol(const std::string& reason) {
 // ---- sending -------------------------------------------------------------------
 
 void UcxConnection::send_am(unsigned id, const void* header, std::size_t header_bytes, const void* data,
-                            std::size_t bytes, bool rendezvous, std::vector<void*>& requests) {
+                            std::size_t bytes, bool rendezvous, std::vector<void*>& requests, ucp_mem_h memh) {
   ucp_request_param_t params{};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
   params.flags = rendezvous ? UCP_AM_SEND_FLAG_RNDV : 0;
+  if (memh != nullptr) {
+    params.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    params.memh = memh;
+  }
   ucs_status_ptr_t request = ucp_am_send_nbx(ep_, id, header, header_bytes, data, bytes, &params);
   if (UCS_PTR_IS_ERR(request)) {
     throw ChannelClosed("cannot send on ucx://" + peer_address() + ": " + status_text(UCS_PTR_STATUS(request)));
@@ -297,10 +301,12 @@ bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iov
   // peer's death, reported by the next send.
   send_am(kFrameAm, frame.buffer.data(), header_bytes, frame.buffer.data() + header_bytes,
           frame.buffer.size() - header_bytes, false, frame.requests);
-  for (const iovec& copy : copies) {
+  for (std::size_t i = 0; i < copies.size(); ++i) {
+    const iovec& copy = copies[i];
     if (copy.iov_len <= kInlineCopyLimit) continue;
+    const ucp_mem_h memh = i < owners.size() ? context_->registrations().handle_for(*owners[i]) : nullptr;
     try {
-      send_am(kCopyAm, nullptr, 0, copy.iov_base, copy.iov_len, true, frame.requests);  // the sender's pages
+      send_am(kCopyAm, nullptr, 0, copy.iov_base, copy.iov_len, true, frame.requests, memh);  // the sender's pages
     } catch (const ChannelClosed&) {
       if (send_failure_ == UCS_OK) send_failure_ = UCS_ERR_CONNECTION_RESET;
       break;
@@ -370,10 +376,15 @@ ucs_status_t UcxConnection::on_control(void* self, const void* /*header*/, std::
   return UCS_OK;
 }
 
-void UcxConnection::receive_rendezvous(void* descriptor, void* into, std::size_t length, IncomingFrame& frame) {
+void UcxConnection::receive_rendezvous(void* descriptor, void* into, std::size_t length, IncomingFrame& frame,
+                                       ucp_mem_h memh) {
   RendezvousReceive& receive = receives_.emplace_back(RendezvousReceive{this, &frame});
   ucp_request_param_t params{};
   params.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  if (memh != nullptr) {
+    params.op_attr_mask |= UCP_OP_ATTR_FIELD_MEMH;
+    params.memh = memh;
+  }
   params.user_data = &receive;
   params.cb.recv_am = [](void* request, ucs_status_t status, std::size_t /*length*/, void* user_data) {
     auto* done = static_cast<RendezvousReceive*>(user_data);
@@ -430,7 +441,7 @@ ucs_status_t UcxConnection::on_frame(void* self, const void* header, std::size_t
   }
   frame.bytes.resize(length);  // the frame, then the inline copies (split by UcxFrameReader)
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-    connection->receive_rendezvous(data, frame.bytes.data(), length, frame);
+    connection->receive_rendezvous(data, frame.bytes.data(), length, frame, nullptr);  // a heap buffer
   } else {
     std::memcpy(frame.bytes.data(), data, length);
   }
@@ -475,7 +486,8 @@ ucs_status_t UcxConnection::on_copy(void* self, const void* /*header*/, std::siz
   if (frame.copies.size() < frame.descriptors.size()) frame.copies.resize(frame.descriptors.size());
   frame.copies[index] = storage;
   if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-    connection->receive_rendezvous(data, storage->data(), length, frame);
+    connection->receive_rendezvous(data, storage->data(), length, frame,
+                                   connection->context_->registrations().handle_for(*storage));
   } else if (length > 0) {
     std::memcpy(storage->data(), data, length);
   }

@@ -135,8 +135,9 @@ class UcxConnection {
   bool wait_until(std::unique_lock<std::mutex>& lock, const Deadline& deadline, Ready ready);
   // Waits for the send requests in `requests` (mutex_ held); throws ChannelClosed on failure.
   void wait_requests(std::unique_lock<std::mutex>& lock, std::vector<void*>& requests);
+  // `memh`: the registration of `data`'s segment, or nullptr.
   void send_am(unsigned id, const void* header, std::size_t header_bytes, const void* data, std::size_t bytes,
-               bool rendezvous, std::vector<void*>& requests);
+               bool rendezvous, std::vector<void*>& requests, ucp_mem_h memh = nullptr);
 
   static void on_error(void* self, ucp_ep_h ep, ucs_status_t status);
   static ucs_status_t on_control(void* self, const void* header, std::size_t header_length, void* data,
@@ -148,7 +149,7 @@ class UcxConnection {
   static ucs_status_t on_copy(void* self, const void* header, std::size_t header_length, void* data,
                               std::size_t length, const ucp_am_recv_param_t* param);
   // Starts receiving a rendezvous message of `length` into `into`; `frame` counts it in flight.
-  void receive_rendezvous(void* descriptor, void* into, std::size_t length, IncomingFrame& frame);
+  void receive_rendezvous(void* descriptor, void* into, std::size_t length, IncomingFrame& frame, ucp_mem_h memh);
   void break_protocol(const std::string& reason);
 
   std::shared_ptr<UcxContext> context_;

@@ -143,6 +143,7 @@ std::shared_ptr<UcxContext> UcxContext::get(const KeepaliveSettings& keepalive, 
   const ucs_status_t status = ucp_init(&params, config, &context->context_);
   ucp_config_release(config);
   check_ucs(status, "ucp_init (starting UCX)");
+  context->registrations_ = std::make_unique<UcxRegistrations>(context->context_);
   context->owner_ = ::getpid();
   context->keepalive_ = keepalive;
   live_context = context;
@@ -152,7 +153,12 @@ std::shared_ptr<UcxContext> UcxContext::get(const KeepaliveSettings& keepalive, 
 UcxContext::~UcxContext() {
   // A forked child leaves the parent's UCX alone (its memory is a copy; cleaning up would
   // touch the parent's connections).
-  if (context_ != nullptr && in_owner()) ucp_cleanup(context_);
+  if (context_ == nullptr || !in_owner()) {
+    (void)registrations_.release();  // the parent's registrations: not this process's to undo
+    return;
+  }
+  registrations_.reset();
+  ucp_cleanup(context_);
 }
 
 }  // namespace ferry::ucx::detail

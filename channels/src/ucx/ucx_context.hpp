@@ -16,6 +16,8 @@
 
 #include <ucp/api/ucp.h>
 
+#include "ucx_registrations.hpp"
+
 namespace ferry::ucx::detail {
 
 /// TCP keepalive of UCX's connections (see ferry::Keepalive, EndpointOptions::keepalive).
@@ -40,10 +42,13 @@ class UcxContext {
   bool in_owner() const noexcept;
   /// The keepalive settings the context was made with.
   const KeepaliveSettings& keepalive() const noexcept { return keepalive_; }
+  /// The shared segments registered with this context.
+  UcxRegistrations& registrations() noexcept { return *registrations_; }
 
  private:
   UcxContext() = default;
   ucp_context_h context_ = nullptr;
+  std::unique_ptr<UcxRegistrations> registrations_;  // gone before the context
   pid_t owner_ = 0;
   KeepaliveSettings keepalive_;
 };
