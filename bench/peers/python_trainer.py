@@ -2,7 +2,7 @@
 
 Every step a new image batch (float32 [64, 3, 224, 224], 36.75 MiB, filled anew), ten small
 float32 tensors [64] and 64 file names reach the trainer, which views the images as a torch
-tensor. Three feeders, interleaved in rounds in one run:
+tensor. Three feeders and a raw floor, interleaved in rounds in one run:
   ferry        ferry_python_loader (C++, listening) -> ferry.connect_receiver, a Unix
                socket (no copy)
   dataloader   torch.utils.data.DataLoader(num_workers=1, batch_size=None): the worker's
@@ -21,6 +21,11 @@ release" for a busy trainer (it sleeps --step-ms after each batch, the producer 
 unpaced ahead of it), so the batch is waiting when asked for and no wake-up is counted.
 Unpaced: batches per second, where filling 36.75 MiB per batch is part of every feeder's
 cost.
+The raw floor (not a feeder: it moves no image) is the cheapest Python way to receive the
+rest of the message: a producer process writes the pickled dict (the step, the 64 names,
+ten 256-byte strings for the small tensors, the send time) on a socket pair, and the
+trainer reads it (one recv of a length, one of the body) and unpickles it. Its CPU columns
+show what waking, one socket read and making 64 strings cost this machine's trainer.
 
 Usage: PYTHONPATH=build/release/python /usr/bin/python3 bench/peers/python_trainer.py
        [--steps N] [--rounds R] [--pace-ms MS] [--step-ms MS]
@@ -28,6 +33,9 @@ Usage: PYTHONPATH=build/release/python /usr/bin/python3 bench/peers/python_train
 """
 import argparse
 import os
+import pickle
+import socket
+import struct
 import statistics
 import subprocess
 import sys
@@ -69,7 +77,7 @@ def produce(queue, steps, pace, done):
     done.wait()  # the consumer fetches each tensor's fd from this process: stay until it is done
 
 
-def consume(batches, to_images, step=0.0):
+def consume(batches, to_images, step=0.0, check_shape=True):
     """Per batch after the first two (warm-up): latency (us), CPU (us) of getting and releasing
     the batch, CPU (us) of viewing its images; and the wall seconds of the whole loop. `step`:
     seconds the trainer sleeps after each batch (its training step, costing no CPU here)."""
@@ -88,7 +96,7 @@ def consume(batches, to_images, step=0.0):
         images = to_images(batch["images"])
         arrived = time.monotonic_ns()
         viewed = clock()
-        assert images.shape == SHAPE
+        assert not check_shape or images.shape == SHAPE
         sent = batch["sent_ns"]
         released = clock()
         del batch, images
@@ -129,6 +137,34 @@ def run_mp_queue(steps, pace, step=0.0):
     return result
 
 
+def produce_raw(sock, steps, pace):
+    for step in range(steps):
+        time.sleep(pace)
+        body = pickle.dumps({"step": step, "images": None, "small": [bytes(256) for _ in range(10)],
+                             "names": [f"train/{step}/{i}.jpg" for i in range(64)], "sent_ns": time.monotonic_ns()})
+        sock.sendall(struct.pack("<Q", len(body)) + body)
+    sock.sendall(struct.pack("<Q", 0))
+
+
+def raw_batches(sock):
+    while True:
+        size = struct.unpack("<Q", sock.recv(8, socket.MSG_WAITALL))[0]
+        if size == 0:
+            return
+        yield pickle.loads(sock.recv(size, socket.MSG_WAITALL))
+
+
+def run_raw_floor(steps, pace, step=0.0):
+    ours, theirs = socket.socketpair()
+    producer = mp.get_context("fork").Process(target=produce_raw, args=(theirs, steps, pace))
+    producer.start()
+    theirs.close()
+    result = consume(raw_batches(ours), lambda images: images, step, check_shape=False)
+    producer.join()
+    ours.close()
+    return result
+
+
 def percentile(values, fraction):
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -145,7 +181,8 @@ def main():
     args = parser.parse_args()
     cases = {"ferry": lambda pace, step=0.0: run_ferry(args.loader, args.steps, pace, step),
              "dataloader": lambda pace, step=0.0: run_dataloader(args.steps, pace, step),
-             "mp_queue": lambda pace, step=0.0: run_mp_queue(args.steps, pace, step)}
+             "mp_queue": lambda pace, step=0.0: run_mp_queue(args.steps, pace, step),
+             "raw floor": lambda pace, step=0.0: run_raw_floor(args.steps, pace, step)}
     results = {name: {"latency": [], "cpu": [], "queued": [], "view": [], "wall": 0.0, "batches": 0} for name in cases}
     for _ in range(args.rounds):
         for name, run in cases.items():
@@ -181,6 +218,11 @@ def main():
     print(f"ferry trainer CPU per batch (recv + dict of ferry.Tensor + release), p50: {ferry_cpu:.0f} us waiting, "
           f"{ferry_queued:.0f} us queued (goal < 50 us: {'met' if max(ferry_cpu, ferry_queued) < 50 else 'NOT met'}); "
           f"torch.from_dlpack adds {statistics.median(results['ferry']['view']):.0f} us")
+    floor_cpu = statistics.median(results["raw floor"]["cpu"])
+    floor_queued = statistics.median(results["raw floor"]["queued"])
+    print(f"raw floor (socket read + unpickling the same dict without tensors), p50: {floor_cpu:.0f} us waiting, "
+          f"{floor_queued:.0f} us queued; ferry / floor: {ferry_cpu / floor_cpu:.2f}x waiting, "
+          f"{ferry_queued / floor_queued:.2f}x queued")
 
 
 if __name__ == "__main__":
