@@ -669,5 +669,23 @@ TEST_P(FanoutProcessTest, Broadcast64MiBReachesEightConsumersAsOneStorageRecycle
   workers.join();
 }
 
+// The liveness schedule: due at the first call, then once per interval. 20 ms spans two
+// ticks of the coarse clock wherever the kernel's tick is 10 ms or shorter, so due() reads
+// that clock and may come one tick late; 1 ms does not, and reads the precise one.
+TEST(LivenessScheduleTest, IsDueAtOnceAndThenOncePerIntervalOnEitherClock) {
+  for (const auto interval : {20ms, 1ms}) {
+    detail::LivenessSchedule schedule(interval);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_TRUE(schedule.due()) << interval.count() << " ms";
+    const bool soon = std::chrono::steady_clock::now() - start < interval / 2;
+    if (soon) {  // unless this thread was held up
+      EXPECT_FALSE(schedule.due()) << interval.count() << " ms";
+    }
+    std::this_thread::sleep_for(interval + 12ms);  // one tick late at most
+    EXPECT_TRUE(schedule.due()) << interval.count() << " ms";
+    EXPECT_LE(schedule.next() - std::chrono::steady_clock::now(), interval) << interval.count() << " ms";
+  }
+}
+
 }  // namespace
 }  // namespace ferry::fanout_test
