@@ -50,13 +50,13 @@ class PyListener {
   PyListener& operator=(const PyListener&) = delete;
 
   std::unique_ptr<PySender> accept_sender(const py::object& timeout) {
-    return accept<Sender<Value>, PySender>(timeout, [this](std::chrono::nanoseconds slice) {
-      return listener_.accept_sender_for<Value>(slice);
+    return accept<Sender<PyValue>, PySender>(timeout, [this](std::chrono::nanoseconds slice) {
+      return listener_.accept_sender_for<PyValue>(slice);
     });
   }
   std::unique_ptr<PyReceiver> accept_receiver(const py::object& timeout) {
-    return accept<Receiver<Value>, PyReceiver>(timeout, [this](std::chrono::nanoseconds slice) {
-      return listener_.accept_receiver_for<Value>(slice);
+    return accept<Receiver<PyValue>, PyReceiver>(timeout, [this](std::chrono::nanoseconds slice) {
+      return listener_.accept_receiver_for<PyValue>(slice);
     });
   }
   void close() {
@@ -138,7 +138,7 @@ void bind_endpoints(py::module_& module) {
       [](const std::string& address, const py::object& timeout, const std::string& transport) {
         const EndpointOptions options = endpoint_options(transport, timeout);
         py::gil_scoped_release release;
-        return std::make_unique<PyReceiver>(ferry::connect_receiver<Value>(address, options));
+        return std::make_unique<PyReceiver>(ferry::connect_receiver<PyValue>(address, options));
       },
       py::arg("address"), py::arg("timeout") = py::none(), py::arg("transport") = "unix",
       "Connects to the listener at `address` (a C++ accept_sender<ferry::Value>() or a Python "
@@ -148,7 +148,7 @@ void bind_endpoints(py::module_& module) {
       [](const std::string& address, const py::object& timeout, const std::string& transport) {
         const EndpointOptions options = endpoint_options(transport, timeout);
         py::gil_scoped_release release;
-        return std::make_unique<PySender>(ferry::connect_sender<Value>(address, options));
+        return std::make_unique<PySender>(ferry::connect_sender<PyValue>(address, options));
       },
       py::arg("address"), py::arg("timeout") = py::none(), py::arg("transport") = "unix",
       "Connects as a Sender (the listener's accept_receiver); see connect_receiver.");

@@ -52,12 +52,12 @@ EndDescription parse_description(const std::string& bytes) {
 PySender::~PySender() {
   if (can_release_gil()) {  // closing may wait for room to write the end of the stream
     py::gil_scoped_release release;
-    end_ = Sender<Value>();
+    end_ = Sender<PyValue>();
   }
 }
 
 void PySender::send(py::handle object) {
-  Value value = to_value(object);  // with the GIL: reads Python objects
+  PyValue value(to_value(object));  // with the GIL: reads Python objects
   py::gil_scoped_release release;
   end_.send(std::move(value));
 }
@@ -73,18 +73,18 @@ PyReceiver::~PyReceiver() {
   if (can_release_gil()) {
     py::gil_scoped_release release;
     const std::lock_guard lock(mutex_);
-    end_ = Receiver<Value>();
+    end_ = Receiver<PyValue>();
   }
 }
 
-std::optional<Value> PyReceiver::receive_until(std::optional<std::chrono::steady_clock::time_point> deadline,
-                                               bool& ended) {
+std::optional<PyValue> PyReceiver::receive_until(std::optional<std::chrono::steady_clock::time_point> deadline,
+                                                 bool& ended) {
   ended = false;
   for (;;) {
     std::chrono::nanoseconds slice = kSignalCheck;
     if (deadline) slice = std::clamp<std::chrono::nanoseconds>(*deadline - std::chrono::steady_clock::now(),
                                                               std::chrono::nanoseconds(0), slice);
-    RecvResult<Value> result = [&] {
+    RecvResult<PyValue> result = [&] {
       py::gil_scoped_release release;  // another Python thread runs while this one waits
       const std::lock_guard lock(mutex_);
       return end_.recv_for(slice);
@@ -101,9 +101,9 @@ std::optional<Value> PyReceiver::receive_until(std::optional<std::chrono::steady
 
 py::object PyReceiver::recv() {
   bool ended = false;
-  std::optional<Value> value = receive_until(std::nullopt, ended);
+  std::optional<PyValue> value = receive_until(std::nullopt, ended);
   if (!value) throw ChannelClosed("the stream ended: the sender closed it (or this Receiver was closed)");
-  return to_python(std::move(*value));
+  return value->take();
 }
 
 py::object PyReceiver::recv_for(double timeout_seconds) {
@@ -111,8 +111,8 @@ py::object PyReceiver::recv_for(double timeout_seconds) {
   const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
       std::chrono::duration<double>(std::min(timeout_seconds, 1e9)));
   bool ended = false;
-  std::optional<Value> value = receive_until(std::chrono::steady_clock::now() + timeout, ended);
-  if (value) return to_python(std::move(*value));
+  std::optional<PyValue> value = receive_until(std::chrono::steady_clock::now() + timeout, ended);
+  if (value) return value->take();
   if (ended) throw ChannelClosed("the stream ended: the sender closed it (or this Receiver was closed)");
   PyErr_SetString(PyExc_TimeoutError, ("recv_for: no message within " + std::to_string(timeout_seconds) + " s").c_str());
   throw py::error_already_set();
@@ -120,9 +120,9 @@ py::object PyReceiver::recv_for(double timeout_seconds) {
 
 py::object PyReceiver::next() {
   bool ended = false;
-  std::optional<Value> value = receive_until(std::nullopt, ended);
+  std::optional<PyValue> value = receive_until(std::nullopt, ended);
   if (!value) throw py::stop_iteration();
-  return to_python(std::move(*value));
+  return value->take();
 }
 
 void PyReceiver::close() {
@@ -165,7 +165,7 @@ void bind_ends(py::module_& module) {
   module.def(
       "_channel",
       [](const std::string& transport) {
-        auto [sender, receiver] = channel<Value>(transport_from_name(transport));
+        auto [sender, receiver] = channel<PyValue>(transport_from_name(transport));
         return py::make_tuple(std::make_unique<PySender>(std::move(sender)),
                               std::make_unique<PyReceiver>(std::move(receiver)));
       },
@@ -175,9 +175,9 @@ void bind_ends(py::module_& module) {
       [](const py::bytes& bytes) -> py::object {
         const EndDescription description = parse_description(std::string(bytes));
         if (description.role == EndRole::Sender) {
-          return py::cast(std::make_unique<PySender>(sender_from_description<Value>(description)));
+          return py::cast(std::make_unique<PySender>(sender_from_description<PyValue>(description)));
         }
-        return py::cast(std::make_unique<PyReceiver>(receiver_from_description<Value>(description)));
+        return py::cast(std::make_unique<PyReceiver>(receiver_from_description<PyValue>(description)));
       },
       py::arg("description"),
       "Rebuilds an end that a C++ parent described (cereal binary EndDescription) and whose descriptors "

@@ -9,13 +9,14 @@
 
 #include "ferry/channel.hpp"
 #include "ferry/value.hpp"
+#include "py_value.hpp"
 
 namespace ferry::python {
 
 /// The sending end: send() from any thread.
 class PySender {
  public:
-  explicit PySender(Sender<Value> end) : end_(std::move(end)) {}
+  explicit PySender(Sender<PyValue> end) : end_(std::move(end)) {}
   ~PySender();
   PySender(const PySender&) = delete;
   PySender& operator=(const PySender&) = delete;
@@ -23,16 +24,16 @@ class PySender {
   void send(pybind11::handle object);
   void close();
   bool is_open() const noexcept { return end_.is_open(); }
-  Sender<Value>& end() noexcept { return end_; }
+  Sender<PyValue>& end() noexcept { return end_; }
 
  private:
-  Sender<Value> end_;
+  Sender<PyValue> end_;
 };
 
 /// The receiving end. One receive at a time: a second thread's recv() waits for the first.
 class PyReceiver {
  public:
-  explicit PyReceiver(Receiver<Value> end) : end_(std::move(end)) {}
+  explicit PyReceiver(Receiver<PyValue> end) : end_(std::move(end)) {}
   ~PyReceiver();
   PyReceiver(const PyReceiver&) = delete;
   PyReceiver& operator=(const PyReceiver&) = delete;
@@ -45,14 +46,14 @@ class PyReceiver {
   pybind11::object next();
   void close();
   bool is_open() const noexcept { return end_.is_open(); }
-  Receiver<Value>& end() noexcept { return end_; }
+  Receiver<PyValue>& end() noexcept { return end_; }
 
  private:
   // Waits (without the GIL, checking for signals every kSignalCheck) until a message
   // comes, the stream ends (`ended` set) or `deadline` passes; nullopt when none came.
-  std::optional<Value> receive_until(std::optional<std::chrono::steady_clock::time_point> deadline, bool& ended);
+  std::optional<PyValue> receive_until(std::optional<std::chrono::steady_clock::time_point> deadline, bool& ended);
 
-  Receiver<Value> end_;
+  Receiver<PyValue> end_;
   std::mutex mutex_;  // Receiver<T> is for one thread at a time
 };
 

@@ -15,7 +15,7 @@ namespace ferry::python {
 /// outside int64, ValueError for nesting deeper than kMaxValueDepth. Needs the GIL.
 Value to_value(pybind11::handle object);
 
-/// Converts a received value (moving its tensors out). Needs the GIL.
+/// Converts a received value (moving its tensors out); see py_value.cpp. Needs the GIL.
 pybind11::object to_python(Value&& value);
 
 }  // namespace ferry::python

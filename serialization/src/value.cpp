@@ -5,6 +5,7 @@
 #include <string_view>
 #include <unordered_set>
 
+#include "ferry/detail/value_reader.hpp"
 #include "ferry/tensor_wire.hpp"
 
 namespace ferry {
@@ -186,98 +187,58 @@ void save_value(FrameOutputArchive& archive, const Value& value, std::size_t dep
   }
 }
 
-template <class T>
-T read_scalar(FrameInputArchive& archive) {
-  T scalar;
-  std::memcpy(&scalar, archive.take(sizeof(T)), sizeof(T));
-  return scalar;
-}
+// Builds the received tree as ferry::Value, each value in place (returned by value into its
+// parent's storage): no temporary Value is moved or assigned on the way.
+class ValueBuilder {
+ public:
+  using Object = Value;
+  using List = ValueList;
+  struct Map {
+    ValueMap entries;
+    std::size_t count;
+    std::unordered_set<std::string_view> keys;  // views of the keys in `entries`, for large maps
+  };
 
-// A count of elements that each take at least `min_bytes`: a count above what the body
-// still holds is a lie that would make the decoder allocate without bound.
-std::size_t read_count(FrameInputArchive& archive, std::size_t min_bytes, const char* what) {
-  const auto count = read_scalar<std::uint64_t>(archive);
-  if (count > archive.remaining() / min_bytes) {
-    throw ProtocolError("received Value " + std::string(what) + " claims " + std::to_string(count) +
-                        " elements but only " + std::to_string(archive.remaining()) + " bytes remain");
+  Value none() { return Value(); }
+  Value boolean(bool flag) { return Value(flag); }
+  Value integer(std::int64_t number) { return Value(number); }
+  Value real(double number) { return Value(number); }
+  Value string(std::string_view text) { return Value(std::string(text)); }
+  Value bytes(std::string_view data) { return Value(Bytes{std::string(data)}); }
+  Value tensor(Tensor&& tensor) { return Value(std::move(tensor)); }
+  ValueList list(std::size_t count) {
+    ValueList list;
+    list.reserve(count);
+    return list;
   }
-  return static_cast<std::size_t>(count);
-}
-
-std::string read_text(FrameInputArchive& archive, bool utf8, const char* what) {
-  const std::size_t length = read_count(archive, 1, what);
-  const std::byte* bytes = archive.take(length);
-  std::string text(reinterpret_cast<const char*>(bytes), length);  // one copy out of the body, then checked
-  if (utf8 && !is_valid_utf8(text)) throw ProtocolError("received Value " + std::string(what) + " is not valid UTF-8");
-  return text;
-}
-
-// Maps up to this size look for a duplicate key among the keys before it (no allocation);
-// larger ones through a hash set, so that a hostile map cannot make decoding quadratic.
-constexpr std::size_t kLinearKeyCheck = 16;
-
-[[noreturn]] void throw_duplicate_key(const std::string& key) {
-  throw ProtocolError("received Value map holds the key '" + key + "' twice");
-}
-
-// Each value is built in place (returned by value into its parent's storage): no temporary
-// Value is moved or assigned on the way.
-Value load_value(FrameInputArchive& archive, std::size_t depth, TreeBudget& budget) {
-  if (depth > kMaxValueDepth) {
-    throw ProtocolError("received Value nests deeper than " + std::to_string(kMaxValueDepth) +
-                        " levels (a hostile or broken sender)");
+  void append(ValueList& list, Value&& element) { list.push_back(std::move(element)); }
+  Value finish(ValueList&& list) { return Value(std::move(list)); }
+  Map map(std::size_t count) {
+    Map map{ValueMap(), count, {}};
+    map.entries.reserve(count);  // no reallocation below: the views in `keys` stay valid
+    if (count > kLinearKeyCheck) map.keys.reserve(count);
+    return map;
   }
-  if (++budget.elements > kMaxValueElements) {
-    throw ProtocolError("received Value holds more than " + std::to_string(kMaxValueElements) + " elements");
-  }
-  const auto raw_kind = read_scalar<std::uint8_t>(archive);
-  switch (static_cast<ValueKind>(raw_kind)) {
-    case ValueKind::None: return Value();
-    case ValueKind::Bool: {
-      const auto raw = read_scalar<std::uint8_t>(archive);
-      if (raw > 1) throw ProtocolError("received Value holds a bool byte " + std::to_string(raw));
-      return Value(raw == 1);
-    }
-    case ValueKind::Int: return Value(read_scalar<std::int64_t>(archive));
-    case ValueKind::Float: return Value(read_scalar<double>(archive));
-    case ValueKind::String: return Value(read_text(archive, true, "string"));
-    case ValueKind::Bytes: return Value(Bytes{read_text(archive, false, "bytes")});
-    case ValueKind::Tensor: {
-      Tensor tensor;
-      archive(tensor);
-      return Value(std::move(tensor));
-    }
-    case ValueKind::List: {
-      const std::size_t count = read_count(archive, 1, "list");
-      ValueList list;
-      list.reserve(count);
-      for (std::size_t i = 0; i < count; ++i) list.push_back(load_value(archive, depth + 1, budget));
-      return Value(std::move(list));
-    }
-    case ValueKind::Map: {
-      // An entry takes at least a key length (8 bytes) and a kind byte.
-      const std::size_t count = read_count(archive, sizeof(std::uint64_t) + 1, "map");
-      ValueMap map;
-      map.reserve(count);  // no reallocation below: the views in `keys` stay valid
-      std::unordered_set<std::string_view> keys;
-      if (count > kLinearKeyCheck) keys.reserve(count);
-      for (std::size_t i = 0; i < count; ++i) {
-        std::string key = read_text(archive, true, "map key");
-        if (count > kLinearKeyCheck) {
-          if (keys.contains(key)) throw_duplicate_key(key);
-        } else {
-          for (const auto& entry : map) {
-            if (entry.first == key) throw_duplicate_key(key);
-          }
-        }
-        map.append_unchecked(std::move(key), load_value(archive, depth + 1, budget));
-        if (count > kLinearKeyCheck) keys.insert(std::prev(map.end())->first);
+  bool insert(Map& map, std::string_view key, Value&& element) {
+    if (map.count > kLinearKeyCheck) {
+      if (map.keys.contains(key)) return false;
+    } else {
+      for (const auto& entry : map.entries) {
+        if (entry.first == key) return false;
       }
-      return Value(std::move(map));
     }
+    map.entries.append_unchecked(std::string(key), std::move(element));
+    if (map.count > kLinearKeyCheck) map.keys.insert(std::prev(map.entries.end())->first);
+    return true;
   }
-  throw ProtocolError("received Value has an invalid kind byte " + std::to_string(raw_kind));
-}
+  Value finish(Map&& map) { return Value(std::move(map.entries)); }
+
+ private:
+  // Maps up to this size look for a duplicate key among the keys before it (no
+  // allocation); larger ones through a hash set, so that a hostile map cannot make
+  // decoding quadratic.
+  static constexpr std::size_t kLinearKeyCheck = 16;
+};
 
 }  // namespace
 
@@ -287,8 +248,47 @@ void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Value& value) 
 }
 
 void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Value& value) {
-  TreeBudget budget;
-  value = load_value(archive, 1, budget);
+  detail::ValueBudget budget;
+  ValueBuilder builder;
+  value = detail::read_value(archive, builder, 1, budget);
 }
+
+namespace detail {
+
+void enter_received_value(std::size_t depth, ValueBudget& budget) {
+  if (depth > kMaxValueDepth) {
+    throw ProtocolError("received Value nests deeper than " + std::to_string(kMaxValueDepth) +
+                        " levels (a hostile or broken sender)");
+  }
+  if (++budget.elements > kMaxValueElements) {
+    throw ProtocolError("received Value holds more than " + std::to_string(kMaxValueElements) + " elements");
+  }
+}
+
+std::size_t read_value_count(FrameInputArchive& archive, std::size_t min_bytes, const char* what) {
+  const auto count = read_value_scalar<std::uint64_t>(archive);
+  if (count > archive.remaining() / min_bytes) {
+    throw ProtocolError("received Value " + std::string(what) + " claims " + std::to_string(count) +
+                        " elements but only " + std::to_string(archive.remaining()) + " bytes remain");
+  }
+  return static_cast<std::size_t>(count);
+}
+
+std::string_view read_value_text(FrameInputArchive& archive, bool utf8, const char* what) {
+  const std::size_t length = read_value_count(archive, 1, what);
+  const std::string_view text(reinterpret_cast<const char*>(archive.take(length)), length);
+  if (utf8 && !is_valid_utf8(text)) throw ProtocolError("received Value " + std::string(what) + " is not valid UTF-8");
+  return text;
+}
+
+void throw_duplicate_value_key(std::string_view key) {
+  throw ProtocolError("received Value map holds the key '" + std::string(key) + "' twice");
+}
+
+void throw_bad_value_byte(const char* what, unsigned byte) {
+  throw ProtocolError("received Value has an invalid " + std::string(what) + " " + std::to_string(byte));
+}
+
+}  // namespace detail
 
 }  // namespace ferry

@@ -3,7 +3,7 @@
 // address (ferry::listen / ferry.connect_*) or handed over by descriptors: torch sees
 // the loader's pages and the loader sees the trainer's writes, the loader's pool keeps a
 // block while torch views it, every dtype and non-contiguous view arrives right both ways,
-// a received tensor sent back is the same storage, and type mismatches, hostile nesting
+// a received tensor sent back is the same storage, and type mismatches, hostile nesting, duplicate keys
 // and a killed loader are errors in Python.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -40,10 +40,17 @@ struct HostileNesting {
   std::uint64_t depth = 0;
 };
 
+// A map that holds the key "step" twice (a C++ ValueMap cannot): what a lying peer sends.
+struct HostileDuplicateKey {};
+
 }  // namespace
 
 template <>
 constexpr std::string_view type_name<HostileNesting>() {
+  return "ferry::Value";
+}
+template <>
+constexpr std::string_view type_name<HostileDuplicateKey>() {
   return "ferry::Value";
 }
 
@@ -55,6 +62,18 @@ void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const HostileNesting
     archive(std::uint64_t{1});
   }
   archive(static_cast<std::uint8_t>(ValueKind::None));
+}
+
+void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const HostileDuplicateKey&) {
+  archive(static_cast<std::uint8_t>(ValueKind::Map));
+  archive(std::uint64_t{2});
+  for (std::int64_t step = 0; step < 2; ++step) {
+    const std::string key = "step";
+    archive(static_cast<std::uint64_t>(key.size()));
+    archive.save_bytes(key.data(), key.size());
+    archive(static_cast<std::uint8_t>(ValueKind::Int));
+    archive(step);
+  }
 }
 
 // The loader's ends, by address: the loader listens, the trainer connects a Receiver (to
@@ -311,6 +330,15 @@ TEST(PythonTrainerTest, HostileNestingIsAProtocolErrorInPython) {
   const pid_t trainer = test::start_python_trainer("hostile_nesting", {describe_end(rx)});
   rx.detach();
   tx.send(HostileNesting{10'000});
+  tx.close();
+  EXPECT_TRUE(trainer_succeeded(trainer));
+}
+
+TEST(PythonTrainerTest, ADuplicateMapKeyIsAProtocolErrorInPython) {
+  auto [tx, rx] = channel<HostileDuplicateKey>(Transport::UnixSocket);
+  const pid_t trainer = test::start_python_trainer("duplicate_key", {describe_end(rx)});
+  rx.detach();
+  tx.send(HostileDuplicateKey{});
   tx.close();
   EXPECT_TRUE(trainer_succeeded(trainer));
 }

@@ -142,6 +142,14 @@ def hostile_nesting(rx):
         assert "nests deeper than 64 levels" in str(error), str(error)
 
 
+def duplicate_key(rx):
+    try:
+        rx.recv()
+        raise AssertionError("a map with a duplicate key was accepted")
+    except ferry.ProtocolError as error:
+        assert "holds the key 'step' twice" in str(error), str(error)
+
+
 def peer_died(rx):
     assert rx.recv() == {"hello": 1}
     try:

@@ -1,0 +1,183 @@
+#include "py_value.hpp"
+
+#include <string>
+
+#include "ferry/detail/value_reader.hpp"
+#include "tensor_binding.hpp"
+#include "value_conversion.hpp"
+
+namespace py = pybind11;
+
+namespace ferry::python {
+namespace {
+
+// An owned reference, dropped by its destructor (the builder runs under the GIL).
+class Ref {
+ public:
+  explicit Ref(PyObject* object = nullptr) noexcept : object_(object) {}
+  Ref(Ref&& other) noexcept : object_(std::exchange(other.object_, nullptr)) {}
+  Ref& operator=(Ref&& other) noexcept {
+    std::swap(object_, other.object_);
+    return *this;
+  }
+  ~Ref() { Py_XDECREF(object_); }
+  PyObject* get() const noexcept { return object_; }
+  PyObject* release() noexcept { return std::exchange(object_, nullptr); }
+
+ private:
+  PyObject* object_;
+};
+
+// A new reference from the C API, or the Python error that made it fail as an Error (a
+// Python exception must not cross the decoder).
+Ref checked(PyObject* made) {
+  if (made != nullptr) return Ref(made);
+  std::string why = "unknown Python error";
+  if (PyErr_Occurred() != nullptr) {
+    const py::error_already_set error;  // fetches and clears it
+    why = error.what();
+  }
+  throw Error("could not build a received message in Python: " + why);
+}
+
+// detail::read_value's builder of Python objects, one per value, nothing temporary.
+class PythonBuilder {
+ public:
+  using Object = Ref;
+  struct List {
+    Ref list;
+    Py_ssize_t next = 0;
+  };
+  struct Map {
+    Ref dict;
+  };
+
+  Ref none() {
+    Py_INCREF(Py_None);
+    return Ref(Py_None);
+  }
+  Ref boolean(bool flag) {
+    PyObject* object = flag ? Py_True : Py_False;
+    Py_INCREF(object);
+    return Ref(object);
+  }
+  Ref integer(std::int64_t number) { return checked(PyLong_FromLongLong(number)); }
+  Ref real(double number) { return checked(PyFloat_FromDouble(number)); }
+  Ref string(std::string_view text) { return checked(unicode(text)); }
+  Ref bytes(std::string_view data) {
+    return checked(PyBytes_FromStringAndSize(data.data(), static_cast<Py_ssize_t>(data.size())));
+  }
+  Ref tensor(Tensor&& tensor) {
+    try {
+      return Ref(wrap_tensor(std::move(tensor)).release().ptr());
+    } catch (const py::error_already_set& error) {
+      throw Error(std::string("could not build a received message in Python: ") + error.what());
+    }
+  }
+  List list(std::size_t count) { return List{checked(PyList_New(static_cast<Py_ssize_t>(count)))}; }
+  void append(List& list, Ref&& element) { PyList_SET_ITEM(list.list.get(), list.next++, element.release()); }
+  Ref finish(List&& list) { return std::move(list.list); }
+  Map map(std::size_t /*count*/) { return Map{checked(PyDict_New())}; }
+  bool insert(Map& map, std::string_view key, Ref&& element) {
+    const Ref name = checked(unicode(key));
+    const Py_ssize_t before = PyDict_Size(map.dict.get());
+    if (PyDict_SetItem(map.dict.get(), name.get(), element.get()) != 0) (void)checked(nullptr);
+    return PyDict_Size(map.dict.get()) > before;  // not larger: the key was there already
+  }
+  Ref finish(Map&& map) { return std::move(map.dict); }
+
+ private:
+  // Checked as UTF-8 by the reader already; strict decoding anyway.
+  static PyObject* unicode(std::string_view text) {
+    return PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "strict");
+  }
+};
+
+// The Python object of `value`, made by the same builder as a frame's (an in-process channel
+// hands over Values).
+Ref build(Value& value, PythonBuilder& builder) {
+  switch (value.kind()) {
+    case ValueKind::None: return builder.none();
+    case ValueKind::Bool: return builder.boolean(value.as_bool());
+    case ValueKind::Int: return builder.integer(value.as_int());
+    case ValueKind::Float: return builder.real(value.as_float());
+    case ValueKind::String: return builder.string(value.as_string());
+    case ValueKind::Bytes: return builder.bytes(value.as_bytes().data);
+    case ValueKind::Tensor: return builder.tensor(std::move(value.as_tensor()));
+    case ValueKind::List: {
+      ValueList& elements = value.as_list();
+      PythonBuilder::List list = builder.list(elements.size());
+      for (Value& element : elements) builder.append(list, build(element, builder));
+      return builder.finish(std::move(list));
+    }
+    case ValueKind::Map: {
+      PythonBuilder::Map map = builder.map(value.as_map().size());
+      for (auto& [key, element] : value.as_map()) (void)builder.insert(map, key, build(element, builder));
+      return builder.finish(std::move(map));
+    }
+  }
+  throw Error("ferry received a Value of an unknown kind");
+}
+
+}  // namespace
+
+py::object to_python(Value&& value) {
+  PythonBuilder builder;
+  return py::reinterpret_steal<py::object>(build(value, builder).release());
+}
+
+PyValue::PyValue(const PyValue& other) : value_(other.value_) {
+  if (other.object_ != nullptr) {
+    const py::gil_scoped_acquire gil;
+    Py_INCREF(other.object_);
+    object_ = other.object_;
+  }
+}
+
+PyValue& PyValue::operator=(const PyValue& other) {
+  if (this != &other) *this = PyValue(other);
+  return *this;
+}
+
+PyValue& PyValue::operator=(PyValue&& other) noexcept {
+  if (this != &other) {
+    release();
+    value_ = std::move(other.value_);
+    object_ = std::exchange(other.object_, nullptr);
+  }
+  return *this;
+}
+
+PyValue::~PyValue() { release(); }
+
+void PyValue::release() noexcept {
+  if (object_ == nullptr) return;
+  if (_Py_IsFinalizing() != 0) {  // the interpreter is going: leave the object to it
+    object_ = nullptr;
+    return;
+  }
+  const PyGILState_STATE state = PyGILState_Ensure();  // a received message dropped without the GIL
+  Py_DECREF(std::exchange(object_, nullptr));
+  PyGILState_Release(state);
+}
+
+void PyValue::reset(PyObject* object) noexcept {
+  Py_XDECREF(object_);
+  object_ = object;
+}
+
+py::object PyValue::take() {
+  if (object_ != nullptr) return py::reinterpret_steal<py::object>(std::exchange(object_, nullptr));
+  return to_python(std::move(value_));
+}
+
+void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const PyValue& value) { archive(value.value()); }
+
+void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, PyValue& value) {
+  const py::gil_scoped_acquire gil;
+  detail::ValueBudget budget;
+  PythonBuilder builder;
+  value.reset(detail::read_value(archive, builder, 1, budget).release());
+}
+
+}  // namespace ferry::python

@@ -1,0 +1,89 @@
+// The decode of a received ferry::Value body, with every check against a hostile or broken
+// peer (depth, element count, counts against the bytes left, bool bytes, UTF-8, duplicate
+// keys), building what a Builder makes of each value: ferry::Value (value.cpp), or Python
+// objects straight from the frame (the Python module), with no Value tree in between.
+//
+// A Builder provides Object, List and Map types and none(), boolean(b), integer(i),
+// real(d), string(text), bytes(data), tensor(Tensor&&), list(count), append(List&, Object&&),
+// finish(List&&), map(count), insert(Map&, key, Object&&) (false: the key is there already)
+// and finish(Map&&). Text views point into the frame body, valid while the frame is read.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <string_view>
+
+#include "ferry/detail/archive.hpp"
+#include "ferry/error.hpp"
+#include "ferry/tensor.hpp"
+#include "ferry/tensor_wire.hpp"
+#include "ferry/value.hpp"
+
+namespace ferry::detail {
+
+/// The values of one tree counted against kMaxValueElements.
+struct ValueBudget {
+  std::size_t elements = 0;
+};
+
+/// Counts one more value at `depth`; ProtocolError past kMaxValueDepth or kMaxValueElements.
+void enter_received_value(std::size_t depth, ValueBudget& budget);
+/// A count of elements that each take at least `min_bytes`; ProtocolError for a count
+/// above what the body still holds (a lie that would make the decoder allocate without bound).
+std::size_t read_value_count(FrameInputArchive& archive, std::size_t min_bytes, const char* what);
+/// A length-prefixed text of the body, checked as UTF-8 when `utf8`.
+std::string_view read_value_text(FrameInputArchive& archive, bool utf8, const char* what);
+[[noreturn]] void throw_duplicate_value_key(std::string_view key);
+[[noreturn]] void throw_bad_value_byte(const char* what, unsigned byte);
+
+template <class T>
+T read_value_scalar(FrameInputArchive& archive) {
+  T scalar;
+  std::memcpy(&scalar, archive.take(sizeof(T)), sizeof(T));
+  return scalar;
+}
+
+template <class Builder>
+typename Builder::Object read_value(FrameInputArchive& archive, Builder& builder, std::size_t depth,
+                                    ValueBudget& budget) {
+  enter_received_value(depth, budget);
+  const auto raw_kind = read_value_scalar<std::uint8_t>(archive);
+  switch (static_cast<ValueKind>(raw_kind)) {
+    case ValueKind::None: return builder.none();
+    case ValueKind::Bool: {
+      const auto raw = read_value_scalar<std::uint8_t>(archive);
+      if (raw > 1) throw_bad_value_byte("bool byte", raw);
+      return builder.boolean(raw == 1);
+    }
+    case ValueKind::Int: return builder.integer(read_value_scalar<std::int64_t>(archive));
+    case ValueKind::Float: return builder.real(read_value_scalar<double>(archive));
+    case ValueKind::String: return builder.string(read_value_text(archive, true, "string"));
+    case ValueKind::Bytes: return builder.bytes(read_value_text(archive, false, "bytes"));
+    case ValueKind::Tensor: {
+      Tensor tensor;
+      archive(tensor);
+      return builder.tensor(std::move(tensor));
+    }
+    case ValueKind::List: {
+      const std::size_t count = read_value_count(archive, 1, "list");
+      typename Builder::List list = builder.list(count);
+      for (std::size_t i = 0; i < count; ++i) builder.append(list, read_value(archive, builder, depth + 1, budget));
+      return builder.finish(std::move(list));
+    }
+    case ValueKind::Map: {
+      // An entry takes at least a key length (8 bytes) and a kind byte.
+      const std::size_t count = read_value_count(archive, sizeof(std::uint64_t) + 1, "map");
+      typename Builder::Map map = builder.map(count);
+      for (std::size_t i = 0; i < count; ++i) {
+        const std::string_view key = read_value_text(archive, true, "map key");
+        if (!builder.insert(map, key, read_value(archive, builder, depth + 1, budget))) throw_duplicate_value_key(key);
+      }
+      return builder.finish(std::move(map));
+    }
+  }
+  throw_bad_value_byte("kind byte", raw_kind);
+}
+
+}  // namespace ferry::detail
