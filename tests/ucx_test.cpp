@@ -266,6 +266,10 @@ TEST_F(UcxEndpointTest, IPv6AddressesUcxCannotCarryAreRefusedClearly) {
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("is not an IPv6 address"), std::string::npos) << error.what();
   }
+  // A name with addresses of both families resolves to its IPv4 one (a 0.0.0.0 listener takes it).
+  const ucx::detail::UcxAddress local = ucx::detail::parse_ucx_address("ucx://localhost:7000");
+  EXPECT_EQ(local.socket.ss_family, AF_INET);
+  EXPECT_TRUE(local.loopback);
   const ucx::detail::UcxAddress any = ucx::detail::parse_ucx_address("ucx://[::]:7000");
   EXPECT_EQ(any.socket.ss_family, AF_INET6);
   EXPECT_EQ(any.text(7001), "[::]:7001");

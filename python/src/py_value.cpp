@@ -4,7 +4,6 @@
 
 #include "ferry/detail/value_reader.hpp"
 #include "tensor_binding.hpp"
-#include "value_conversion.hpp"
 
 namespace py = pybind11;
 
@@ -28,16 +27,21 @@ class Ref {
   PyObject* object_;
 };
 
-// A new reference from the C API, or the Python error that made it fail as an Error (a
-// Python exception must not cross the decoder).
-Ref checked(PyObject* made) {
-  if (made != nullptr) return Ref(made);
+// The Python error that made a C API call fail, as an Error (a Python exception must not
+// cross the decoder).
+[[noreturn]] void throw_python_failure() {
   std::string why = "unknown Python error";
   if (PyErr_Occurred() != nullptr) {
     const py::error_already_set error;  // fetches and clears it
     why = error.what();
   }
   throw Error("could not build a received message in Python: " + why);
+}
+
+// A new reference from the C API, or its failure as an Error.
+Ref checked(PyObject* made) {
+  if (made == nullptr) throw_python_failure();
+  return Ref(made);
 }
 
 // detail::read_value's builder of Python objects, one per value, nothing temporary.
@@ -81,7 +85,7 @@ class PythonBuilder {
   bool insert(Map& map, std::string_view key, Ref&& element) {
     const Ref name = checked(unicode(key));
     const Py_ssize_t before = PyDict_Size(map.dict.get());
-    if (PyDict_SetItem(map.dict.get(), name.get(), element.get()) != 0) (void)checked(nullptr);
+    if (PyDict_SetItem(map.dict.get(), name.get(), element.get()) != 0) throw_python_failure();
     return PyDict_Size(map.dict.get()) > before;  // not larger: the key was there already
   }
   Ref finish(Map&& map) { return std::move(map.dict); }
@@ -120,11 +124,6 @@ Ref build(Value& value, PythonBuilder& builder) {
 }
 
 }  // namespace
-
-py::object to_python(Value&& value) {
-  PythonBuilder builder;
-  return py::reinterpret_steal<py::object>(build(value, builder).release());
-}
 
 PyValue::PyValue(const PyValue& other) : value_(other.value_) {
   if (other.object_ != nullptr) {
@@ -168,7 +167,8 @@ void PyValue::reset(PyObject* object) noexcept {
 
 py::object PyValue::take() {
   if (object_ != nullptr) return py::reinterpret_steal<py::object>(std::exchange(object_, nullptr));
-  return to_python(std::move(value_));
+  PythonBuilder builder;
+  return py::reinterpret_steal<py::object>(build(value_, builder).release());
 }
 
 void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const PyValue& value) { archive(value.value()); }

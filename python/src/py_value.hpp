@@ -9,6 +9,7 @@
 #include <pybind11/pybind11.h>
 
 #include <string_view>
+#include <utility>
 
 #include "ferry/detail/archive.hpp"
 #include "ferry/detail/type_name.hpp"

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -19,7 +20,7 @@ namespace ferry::ucx::detail {
 namespace {
 
 std::mutex context_mutex;
-std::weak_ptr<UcxContext> live_contexts[2];  // [0]: IPv4, [1]: IPv6
+std::array<std::weak_ptr<UcxContext>, 2> live_contexts;  // [0]: IPv4, [1]: IPv6
 
 // Sets `name` unless the user already did (their setting wins).
 void default_env(const char* name, const std::string& value) {
