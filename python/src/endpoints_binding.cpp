@@ -15,9 +15,6 @@ namespace py = pybind11;
 namespace ferry::python {
 namespace {
 
-// How long an accept waits without the GIL before it checks for signals (Ctrl-C).
-constexpr std::chrono::milliseconds kSignalCheck{100};
-
 EndpointOptions endpoint_options(const std::string& transport, const py::object& connect_timeout) {
   EndpointOptions options;
   if (transport == "unix") {

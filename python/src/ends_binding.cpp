@@ -17,9 +17,6 @@ namespace py = pybind11;
 namespace ferry::python {
 namespace {
 
-// How long a wait runs without the GIL before it checks for signals (Ctrl-C).
-constexpr std::chrono::milliseconds kSignalCheck{100};
-
 // True while the interpreter can still switch threads (not while it shuts down).
 bool can_release_gil() { return _Py_IsFinalizing() == 0 && PyGILState_Check() == 1; }
 

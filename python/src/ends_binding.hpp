@@ -5,6 +5,7 @@
 
 #include <pybind11/pybind11.h>
 
+#include <chrono>
 #include <mutex>
 
 #include "ferry/channel.hpp"
@@ -12,6 +13,10 @@
 #include "py_value.hpp"
 
 namespace ferry::python {
+
+/// How long a wait (recv, send to a full transport, accept) runs without the GIL before it
+/// checks for signals (Ctrl-C).
+inline constexpr std::chrono::milliseconds kSignalCheck{100};
 
 /// The sending end: send() from any thread.
 class PySender {
