@@ -200,6 +200,23 @@ TEST_F(UcxEndpointTest, SharedSegmentsAreRegisteredWithUcxOncePerSegment) {
   EXPECT_TRUE(test::child_succeeded(child));
 }
 
+// A registered segment that died (its last tensor gone, the allocator's cache emptied) is
+// unregistered when the next segment is registered.
+TEST_F(UcxEndpointTest, ADeadSegmentIsUnregisteredAtTheNextRegistration) {
+  const auto context = ucx::detail::UcxContext::get({}, AF_INET);
+  ucx::detail::UcxRegistrations& registrations = context->registrations();
+  const std::size_t before = registrations.size();
+  {
+    const Tensor first = Tensor::zeros({8 << 20}, DType::UInt8, Device::SharedCpu);  // a segment of its own
+    ASSERT_NE(registrations.handle_for(*first.storage()), nullptr);
+    EXPECT_EQ(registrations.size(), before + 1);
+  }
+  release_cached_shared_memory();
+  const Tensor second = Tensor::zeros({8 << 20}, DType::UInt8, Device::SharedCpu);
+  ASSERT_NE(registrations.handle_for(*second.storage()), nullptr);
+  EXPECT_EQ(registrations.size(), before + 1) << "the dead segment is still registered";
+}
+
 TEST_F(UcxEndpointTest, TypeAndDirectionMismatchesAreRefusedAndTheListenerGoesOn) {
   auto listener = listen("ucx://127.0.0.1:0", quiet_options());
   listener.serve_sender<Batch>();
@@ -295,6 +312,22 @@ TEST_F(UcxEndpointTest, MalformedAddressesNameTheAcceptedForms) {
       EXPECT_NE(std::string(error.what()).find("accepted forms"), std::string::npos) << error.what();
     }
   }
+}
+
+// ferry sets UCX_TCP_AF_PRIO for each context it starts, unless the user set it: the user's
+// value must reach UCX unchanged. An order UCX cannot parse proves it did (UCX refuses it),
+// and the variable is still the user's afterwards.
+TEST_F(UcxEndpointTest, AnAddressFamilyOrderTheUserSetReachesUcx) {
+  ASSERT_EQ(::setenv("UCX_TCP_AF_PRIO", "no_such_family", 1), 0);
+  try {
+    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    ADD_FAILURE() << "UCX started with ferry's address family order, not the user's";
+  } catch (const Error& error) {
+    EXPECT_NE(std::string(error.what()).find("UCX"), std::string::npos) << error.what();
+  }
+  ASSERT_NE(std::getenv("UCX_TCP_AF_PRIO"), nullptr);
+  EXPECT_STREQ(std::getenv("UCX_TCP_AF_PRIO"), "no_such_family");
+  ASSERT_EQ(::unsetenv("UCX_TCP_AF_PRIO"), 0);
 }
 
 TEST_F(UcxEndpointTest, SilentAndGarbageClientsDelayNoOther) {
