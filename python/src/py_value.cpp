@@ -31,7 +31,10 @@ class Ref {
 // cross the decoder).
 [[noreturn]] void throw_python_failure() {
   std::string why = "unknown Python error";
-  if (PyErr_Occurred() != nullptr) {
+  if (PyErr_ExceptionMatches(PyExc_MemoryError) != 0) {
+    PyErr_Clear();
+    why = "Python is out of memory (MemoryError); free memory or receive smaller messages";
+  } else if (PyErr_Occurred() != nullptr) {
     const py::error_already_set error;  // fetches and clears it
     why = error.what();
   }

@@ -12,6 +12,11 @@ import torch
 
 import ferry
 
+try:
+    import _testcapi  # CPython's test hooks: makes allocations fail on demand
+except ImportError:
+    _testcapi = None
+
 
 class Ends:
     """A connected pair over a Unix socket, closed at the end of the test."""
@@ -188,6 +193,26 @@ class EndsTest(unittest.TestCase):
         self.assertTrue(issubclass(ferry.TypeMismatch, ferry.ProtocolError))
         self.assertTrue(issubclass(ferry.ChannelClosed, ferry.Error))
         self.assertTrue(issubclass(ferry.ProtocolError, ferry.Error))
+
+    @unittest.skipIf(_testcapi is None, "CPython's _testcapi (allocation failures on demand) is not installed")
+    def test_python_out_of_memory_while_building_a_message_is_a_ferry_error_and_the_next_one_arrives(self):
+        ends = Ends()
+        message = {f"key {i}": f"value {i}" for i in range(2000)}
+        for start in (5, 500):  # the start-th allocation from now fails: while building the dict
+            with self.subTest(start=start):
+                ends.tx.send(message)
+                failure = None
+                _testcapi.set_nomemory(start, start + 1)  # nothing else between here and recv()
+                try:
+                    ends.rx.recv()
+                except ferry.Error as error:
+                    failure = error
+                finally:
+                    _testcapi.remove_mem_hooks()
+                self.assertIsNotNone(failure, "the message was built although an allocation failed")
+                self.assertIn("could not build a received message in Python: Python is out of memory", str(failure))
+        ends.tx.send({"after": 1})
+        self.assertEqual(ends.rx.recv(), {"after": 1})
 
     def test_another_thread_runs_while_one_waits_in_recv(self):
         ends = Ends()
