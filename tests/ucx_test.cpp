@@ -57,6 +57,16 @@ struct Other {
   }
 };
 
+// Bytes in the frame itself (no tensor, so no rendezvous): large ones fill the sockets.
+struct Bulk {
+  std::int64_t index = 0;
+  std::vector<std::uint8_t> bytes;
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(index, bytes);
+  }
+};
+
 Tensor pattern(std::size_t bytes, std::uint8_t seed, Device device = Device::Cpu) {
   Tensor tensor = Tensor::empty({static_cast<std::int64_t>(bytes)}, DType::UInt8, device);
   auto* data = static_cast<std::uint8_t*>(tensor.data_ptr());
@@ -215,6 +225,35 @@ TEST_F(UcxEndpointTest, ADeadSegmentIsUnregisteredAtTheNextRegistration) {
   const Tensor second = Tensor::zeros({8 << 20}, DType::UInt8, Device::SharedCpu);
   ASSERT_NE(registrations.handle_for(*second.storage()), nullptr);
   EXPECT_EQ(registrations.size(), before + 1) << "the dead segment is still registered";
+}
+
+// A receiver that is alive but stops reading for longer than the keepalive bound (a
+// trainer writing a checkpoint) fills the sockets, so the sender waits: its host still
+// answers, so the connection stays, and everything arrives once it reads again.
+TEST_F(UcxEndpointTest, AReceiverThatStopsReadingLongerThanTheKeepaliveBoundKeepsItsConnection) {
+  constexpr int kMessages = 96;  // 96 MiB: more than the sockets and the frames in flight hold
+  AddressPipe pipe;
+  const pid_t child = fork_child([&] {
+    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    pipe.put(listener.address());
+    auto rx = listener.accept_receiver_for<Bulk>(10s);
+    CHILD_CHECK(rx.has_value());
+    CHILD_CHECK(rx->recv_for(10s).has_value());
+    std::this_thread::sleep_for(6s);  // the default bound is 4 s
+    for (int index = 1; index < kMessages; ++index) {
+      auto bulk = rx->recv_for(20s);
+      CHILD_CHECK(bulk.has_value() && bulk->index == index && bulk->bytes.size() == (1u << 20));
+    }
+    CHILD_CHECK(!rx->recv_for(20s).has_value());
+  });
+  {
+    Sender<Bulk> tx = connect_sender<Bulk>(pipe.get(), quiet_options());
+    for (int index = 0; index < kMessages; ++index) {
+      tx.send(Bulk{index, std::vector<std::uint8_t>(1u << 20, static_cast<std::uint8_t>(index))});
+    }
+    tx.close();
+  }
+  EXPECT_TRUE(test::child_succeeded(child, 60s));
 }
 
 TEST_F(UcxEndpointTest, TypeAndDirectionMismatchesAreRefusedAndTheListenerGoesOn) {
@@ -952,6 +991,56 @@ TEST_F(UcxTwoHostsTest, APeerKilledAndALinkSetDownAreSeenInTime) {
   ASSERT_EQ(::kill(cut_off, SIGKILL), 0);
   EXPECT_EQ(wait_child(cut_off).signal, SIGKILL);
   EXPECT_TRUE(test::child_succeeded(server, 60s));
+}
+
+// A host that vanishes while this side's data waits unacknowledged: TCP's keepalive does not
+// run on such a connection (it retransmits, up to tcp_retries2, many minutes), so ferry
+// ends it once the peer's host has acknowledged nothing for the keepalive bound.
+TEST_F(UcxTwoHostsTest, ALinkSetDownWhileDataWaitsUnacknowledgedIsSeenInTime) {
+  AddressPipe address;
+  AddressPipe report;
+  AddressPipe go;
+  const pid_t server = in_namespace(b_, [&] {
+    auto listener = listen(listen_address(), options());
+    address.put(listener.address());
+    auto rx = listener.accept_receiver_for<Batch>(20s);
+    CHILD_CHECK(rx.has_value());
+    CHILD_CHECK(rx->recv_for(20s).has_value());
+    ::pause();  // alive, but its link is about to go down
+  });
+  const std::string where = address.get();
+  const pid_t sender = in_namespace(a_, [&] {
+    Sender<Batch> tx = connect_sender<Batch>(where, options());
+    tx.send(Batch{1, {pattern(1 << 20, 1)}});
+    report.put("connected");
+    (void)go.get();  // the link is down now
+    const auto since = std::chrono::steady_clock::now();
+    std::string outcome = "no error";
+    std::string what;
+    try {
+      // A rendezvous send waits until the receiver took the tensor: this one waits unacknowledged.
+      for (std::int64_t index = 2; std::chrono::steady_clock::now() - since < 40s; ++index) {
+        tx.send(Batch{index, {pattern(4 << 20, 2)}});
+      }
+    } catch (const ChannelClosed& error) {
+      outcome = "ChannelClosed";
+      what = error.what();
+    }
+    const auto took = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - since);
+    report.put(outcome + " " + std::to_string(took.count()) + " " + what);
+    tx.detach();
+  });
+  EXPECT_EQ(report.get(), "connected");
+  ASSERT_EQ(shell("ip -n " + a_ + " link set " + link_a_ + " down"), 0);
+  go.put("go");
+  const std::string outcome = report.get(60s);
+  ASSERT_EQ(outcome.rfind("ChannelClosed", 0), 0u) << outcome;
+  // The default keepalive bound (idle 1 s + 3 x 1 s), the check's own period and a margin.
+  EXPECT_LT(std::stol(outcome.substr(outcome.find(' ') + 1)), 5000 + 3000) << outcome;
+  EXPECT_NE(outcome.find("acknowledged nothing"), std::string::npos) << outcome;
+  EXPECT_TRUE(test::child_succeeded(sender, 30s));
+  ASSERT_EQ(::kill(server, SIGKILL), 0);
+  EXPECT_EQ(wait_child(server).signal, SIGKILL);
 }
 
 std::size_t count_threads() {

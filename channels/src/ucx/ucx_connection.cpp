@@ -23,6 +23,8 @@ constexpr std::size_t kMaxFramesInFlight = 64;
 constexpr std::size_t kMaxBytesInFlight = std::size_t{256} << 20;
 // Progress rounds a waiter spins before it sleeps on the wake-up fd.
 constexpr int kSpinRounds = 64;
+// How often a wait for frames sent looks at whether the peer's host still answers.
+constexpr std::chrono::milliseconds kHostCheck{500};
 
 std::string status_text(ucs_status_t status) { return ucs_status_string(status); }
 
@@ -71,6 +73,7 @@ std::shared_ptr<UcxConnection> UcxConnection::connect(std::shared_ptr<UcxContext
   params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
   params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address);
   params.sockaddr.addrlen = length;
+  connection->sockets_before_ = tcp_sockets();
   connection->create_endpoint(params);
   return connection;
 }
@@ -87,6 +90,7 @@ std::shared_ptr<UcxConnection> UcxConnection::accept(std::shared_ptr<UcxContext>
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
   params.conn_request = request;
+  connection->sockets_before_ = tcp_sockets();
   try {
     connection->create_endpoint(params);
   } catch (...) {
@@ -136,13 +140,42 @@ bool UcxConnection::wait_until(std::unique_lock<std::mutex>& lock, const Deadlin
     if (!arm_locked()) continue;  // events arrived meanwhile
     if (ready()) return true;
     lock.unlock();
-    const bool woke = wait_for_fd(wake_fd_, POLLIN, deadline);
+    const bool woke = wait_for_fd(wake_fd_, POLLIN, sleep_until(deadline));
     lock.lock();
     if (!woke) {
-      progress_locked();
-      return ready();
+      if (deadline.expired()) {
+        progress_locked();
+        return ready();
+      }
+      check_host_locked();
     }
   }
+}
+
+Deadline UcxConnection::sleep_until(const Deadline& deadline) const {
+  if (!watched_host_ || outgoing_.empty()) return deadline;
+  const Deadline check = Deadline::after(kHostCheck);
+  return check.time_point() < deadline.time_point() ? check : deadline;
+}
+
+void UcxConnection::keep_alive(const sockaddr_storage& peer) {
+  keep_sockets_alive(peer, context_->keepalive());
+  const std::lock_guard lock(mutex_);
+  watched_host_ = peer;
+  own_sockets_ = new_sockets_to_host(peer, sockets_before_);
+  sockets_before_ = {};
+  host_silence_ = keepalive_bound(context_->keepalive());
+}
+
+void UcxConnection::check_host_locked() {
+  if (!watched_host_ || outgoing_.empty() || failed_) return;
+  if (!shut_down_unanswering_sockets(*watched_host_, own_sockets_, host_silence_)) return;
+  if (failure_.empty()) {
+    failure_ = "its host acknowledged nothing for " + std::to_string(host_silence_.count()) +
+               " ms while data waited for it: link down or host gone; EndpointOptions::keepalive sets the time";
+  }
+  failed_ = true;
+  progress_locked();  // UCX sees its socket shut down and ends the endpoint's requests
 }
 
 void UcxConnection::on_error(void* self, ucp_ep_h /*ep*/, ucs_status_t status) {

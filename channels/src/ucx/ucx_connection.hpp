@@ -121,6 +121,11 @@ class UcxConnection {
   /// The peer's address ("HOST:PORT") for messages; set once by whoever made the connection.
   std::string peer_address();
   void set_peer_address(std::string name) { peer_name_ = std::move(name); }
+  /// Once the handshake is through: TCP keepalive on the sockets to the peer's host
+  /// (keep_sockets_alive), and while this end waits for frames it sent, a look every
+  /// kHostCheck at those sockets: when the host answered nothing for keepalive_bound() while
+  /// data waited for it, the connection fails (shut_down_unanswering_sockets).
+  void keep_alive(const sockaddr_storage& peer);
 
  private:
   UcxConnection(std::shared_ptr<UcxContext> context, FrameLimits limits);
@@ -133,6 +138,12 @@ class UcxConnection {
   // Waits until `ready()` (checked under the lock after progress) or `deadline`; false on timeout.
   template <class Ready>
   bool wait_until(std::unique_lock<std::mutex>& lock, const Deadline& deadline, Ready ready);
+  // How long one sleep of wait_until lasts at most: until `deadline`, or kHostCheck while
+  // frames sent wait for a watched host (keep_alive()).
+  Deadline sleep_until(const Deadline& deadline) const;
+  // A sleep of wait_until ended without news: fails the connection when its host answered
+  // nothing for the keepalive bound while data waited for it (mutex_ held).
+  void check_host_locked();
   // Waits for the send requests in `requests` (mutex_ held); throws ChannelClosed on failure.
   void wait_requests(std::unique_lock<std::mutex>& lock, std::vector<void*>& requests);
   // `memh`: the registration of `data`'s segment, or nullptr.
@@ -163,6 +174,10 @@ class UcxConnection {
   std::string failure_;
   std::string broken_;  // a protocol error in what arrived
   std::string peer_name_;
+  std::vector<ino_t> sockets_before_;             // tcp_sockets() before the endpoint was made
+  std::optional<sockaddr_storage> watched_host_;  // keep_alive(): the peer, whose host is watched
+  std::vector<ino_t> own_sockets_;                // keep_alive(): the sockets UCX made for this connection
+  std::chrono::milliseconds host_silence_{0};     // keepalive_bound() of the context
   std::uint64_t delivered_ = 0;  // the highest sequence the peer's reader reported delivered
   std::deque<std::vector<std::byte>> controls_;
   std::list<IncomingFrame> frames_;  // list: rendezvous receives point into its elements

@@ -3,13 +3,16 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <string>
 
 #include <ucs/config/global_opts.h>
@@ -75,16 +78,13 @@ bool ip_of(const sockaddr_storage& address, in6_addr& ip) {
   return true;
 }
 
-}  // namespace
-
-void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& keepalive) noexcept {
-  in6_addr wanted{};
-  if (!ip_of(peer, wanted)) return;
+// Calls `each(fd, peer)` for every connected TCP stream socket of this process, found in
+// /proc/self/fd; nothing when /proc cannot be read. A descriptor that is not a socket is
+// passed over by getsockopt, which touches no file.
+template <class Each>
+void for_each_tcp_socket(Each each) noexcept {
   DIR* fds = ::opendir("/proc/self/fd");
   if (fds == nullptr) return;
-  const int idle = static_cast<int>(keepalive.idle.count());
-  const int interval = static_cast<int>(keepalive.interval.count());
-  const int count = keepalive.count;
   const int self = ::dirfd(fds);
   while (const dirent* entry = ::readdir(fds)) {
     char* end = nullptr;
@@ -96,18 +96,89 @@ void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& k
     if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
     sockaddr_storage other{};
     socklen_t other_length = sizeof other;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&other), &other_length) != 0) continue;
+    each(fd, other);
+  }
+  ::closedir(fds);
+}
+
+// Calls `each(fd)` for every TCP socket of this process connected to the host of `peer`
+// (its port aside); nothing for another family.
+template <class Each>
+void for_each_socket_to_host(const sockaddr_storage& peer, Each each) noexcept {
+  in6_addr wanted{};
+  if (!ip_of(peer, wanted)) return;
+  for_each_tcp_socket([&](int fd, const sockaddr_storage& other) {
     in6_addr ip{};
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&other), &other_length) != 0 || !ip_of(other, ip) ||
-        std::memcmp(&ip, &wanted, sizeof ip) != 0) {
-      continue;
-    }
+    if (ip_of(other, ip) && std::memcmp(&ip, &wanted, sizeof ip) == 0) each(fd);
+  });
+}
+
+ino_t inode_of(int fd) noexcept {
+  struct stat status {};
+  return ::fstat(fd, &status) == 0 ? status.st_ino : 0;
+}
+
+}  // namespace
+
+void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& keepalive) noexcept {
+  const int idle = static_cast<int>(keepalive.idle.count());
+  const int interval = static_cast<int>(keepalive.interval.count());
+  const int count = keepalive.count;
+  for_each_socket_to_host(peer, [&](int fd) {
     const int on = 1;
     (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
     (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
     (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
     (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
+  });
+}
+
+std::chrono::milliseconds keepalive_bound(const KeepaliveSettings& keepalive) noexcept {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(keepalive.idle + keepalive.interval * keepalive.count);
+}
+
+std::vector<ino_t> tcp_sockets() noexcept {
+  std::vector<ino_t> inodes;
+  try {
+    for_each_tcp_socket([&](int fd, const sockaddr_storage&) { inodes.push_back(inode_of(fd)); });
+  } catch (const std::bad_alloc&) {
   }
-  ::closedir(fds);
+  std::sort(inodes.begin(), inodes.end());
+  return inodes;
+}
+
+std::vector<ino_t> new_sockets_to_host(const sockaddr_storage& peer, std::span<const ino_t> before) noexcept {
+  std::vector<ino_t> inodes;
+  try {
+    for_each_socket_to_host(peer, [&](int fd) {
+      const ino_t inode = inode_of(fd);
+      if (!std::binary_search(before.begin(), before.end(), inode)) inodes.push_back(inode);
+    });
+  } catch (const std::bad_alloc&) {
+  }
+  std::sort(inodes.begin(), inodes.end());
+  return inodes;
+}
+
+bool shut_down_unanswering_sockets(const sockaddr_storage& peer, std::span<const ino_t> among,
+                                   std::chrono::milliseconds silence) noexcept {
+  bool shut = false;
+  for_each_socket_to_host(peer, [&](int fd) {
+    if (!std::binary_search(among.begin(), among.end(), inode_of(fd))) return;  // not this connection's
+    tcp_info info{};
+    socklen_t length = sizeof info;
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) return;
+    // Data out, retransmitted (the retransmission timer expired), and nothing at all from
+    // that host (no acknowledgement, no window probe answered, no keepalive reply) for
+    // `silence`; a peer that is alive but does not read answers window probes, so its
+    // connection stays.
+    if (info.tcpi_unacked > 0 && info.tcpi_backoff > 0 &&
+        std::chrono::milliseconds(info.tcpi_last_ack_recv) >= silence && ::shutdown(fd, SHUT_RDWR) == 0) {
+      shut = true;
+    }
+  });
+  return shut;
 }
 
 bool UcxContext::in_owner() const noexcept { return owner_ == ::getpid(); }

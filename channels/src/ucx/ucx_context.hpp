@@ -12,7 +12,9 @@
 
 #include <chrono>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include <ucp/api/ucp.h>
 
@@ -58,6 +60,26 @@ class UcxContext {
 /// without keepalive and gives no access to them: a connection's sockets are found in
 /// /proc/self/fd once its handshake is through. Best effort: a failure changes nothing.
 void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& keepalive) noexcept;
+
+/// How long a host may stay silent before its connections count as gone: the keepalive's
+/// idle time plus its probes (idle + interval x count).
+std::chrono::milliseconds keepalive_bound(const KeepaliveSettings& keepalive) noexcept;
+
+/// The inodes of this process's connected TCP sockets now (sorted): taken before UCX makes
+/// a connection's sockets, so that new_sockets_to_host() can tell which are that connection's.
+std::vector<ino_t> tcp_sockets() noexcept;
+/// The inodes of the TCP sockets connected to the host of `peer` that are not in `before`
+/// (sorted): the sockets UCX made for a connection since tcp_sockets() was taken (and any
+/// another thread made to that host meanwhile).
+std::vector<ino_t> new_sockets_to_host(const sockaddr_storage& peer, std::span<const ino_t> before) noexcept;
+
+/// Shuts down (SHUT_RDWR) those of the sockets `among` (inodes, sorted) connected to the host
+/// of `peer` that hold data the host has not acknowledged, retransmitted at least once,
+/// while nothing came from that host for `silence`: the host is gone (link down, power off),
+/// which keepalive does not see on such a socket and TCP would retry for many minutes
+/// (tcp_retries2). UCX then ends the endpoint's requests. True when it shut one down.
+bool shut_down_unanswering_sockets(const sockaddr_storage& peer, std::span<const ino_t> among,
+                                   std::chrono::milliseconds silence) noexcept;
 
 /// Throws Error when `status` is not UCS_OK: "<what> failed: <UCX's text>".
 void check_ucs(ucs_status_t status, const std::string& what);

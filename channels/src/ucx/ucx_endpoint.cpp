@@ -295,7 +295,7 @@ void UcxListenerCore::step(std::list<Pending>::iterator pending) {
     drop(pending, std::string("it went away during its handshake: ") + error.what(), false);
     return;
   }
-  keep_sockets_alive(pending->client, context_->keepalive());
+  pending->connection->keep_alive(pending->client);
   waiting_.push_back(Waiting{std::move(pending->connection), std::move(*kind), pending->handshake->client_limits()});
   pending_.erase(pending);
 }
@@ -415,7 +415,7 @@ class UcxScheme final : public ferry::detail::Scheme {
       connection->set_peer_address(parsed.text(parsed.port));
       try {
         const FrameLimits listener_limits = client_handshake(*connection, kind, options.channel.limits, key, deadline);
-        keep_sockets_alive(parsed.socket, context->keepalive());
+        connection->keep_alive(parsed.socket);
         return ends_for(kind, std::move(connection), options.channel, listener_limits, true);
       } catch (const PeerDied&) {
         throw;
