@@ -23,6 +23,7 @@
 #include <cstring>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -248,9 +249,12 @@ TEST_F(UcxEndpointTest, AReceiverThatStopsReadingLongerThanTheKeepaliveBoundKeep
   });
   {
     Sender<Bulk> tx = connect_sender<Bulk>(pipe.get(), quiet_options());
+    const auto since = std::chrono::steady_clock::now();
     for (int index = 0; index < kMessages; ++index) {
       tx.send(Bulk{index, std::vector<std::uint8_t>(1u << 20, static_cast<std::uint8_t>(index))});
     }
+    // The sends waited for the stalled receiver longer than the bound, checked all along.
+    EXPECT_GE(std::chrono::steady_clock::now() - since, 5s);
     tx.close();
   }
   EXPECT_TRUE(test::child_succeeded(child, 60s));
@@ -357,6 +361,18 @@ TEST_F(UcxEndpointTest, MalformedAddressesNameTheAcceptedForms) {
 // value must reach UCX unchanged. An order UCX cannot parse proves it did (UCX refuses it),
 // and the variable is still the user's afterwards.
 TEST_F(UcxEndpointTest, AnAddressFamilyOrderTheUserSetReachesUcx) {
+  // Puts back what the environment held before, however the test ends.
+  struct RestoredEnv {
+    std::optional<std::string> before;
+    ~RestoredEnv() {
+      if (before) {
+        (void)::setenv("UCX_TCP_AF_PRIO", before->c_str(), 1);
+      } else {
+        (void)::unsetenv("UCX_TCP_AF_PRIO");
+      }
+    }
+  } restored{std::getenv("UCX_TCP_AF_PRIO") ? std::optional<std::string>(std::getenv("UCX_TCP_AF_PRIO"))
+                                             : std::nullopt};
   ASSERT_EQ(::setenv("UCX_TCP_AF_PRIO", "no_such_family", 1), 0);
   try {
     auto listener = listen("ucx://127.0.0.1:0", quiet_options());
@@ -366,7 +382,6 @@ TEST_F(UcxEndpointTest, AnAddressFamilyOrderTheUserSetReachesUcx) {
   }
   ASSERT_NE(std::getenv("UCX_TCP_AF_PRIO"), nullptr);
   EXPECT_STREQ(std::getenv("UCX_TCP_AF_PRIO"), "no_such_family");
-  ASSERT_EQ(::unsetenv("UCX_TCP_AF_PRIO"), 0);
 }
 
 TEST_F(UcxEndpointTest, SilentAndGarbageClientsDelayNoOther) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 #include <utility>
 
 #include "ferry/error.hpp"
@@ -73,7 +74,7 @@ std::shared_ptr<UcxConnection> UcxConnection::connect(std::shared_ptr<UcxContext
   params.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
   params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address);
   params.sockaddr.addrlen = length;
-  connection->sockets_before_ = tcp_sockets();
+  connection->sockets_before_ = sockets();
   connection->create_endpoint(params);
   return connection;
 }
@@ -90,7 +91,7 @@ std::shared_ptr<UcxConnection> UcxConnection::accept(std::shared_ptr<UcxContext>
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
   params.conn_request = request;
-  connection->sockets_before_ = tcp_sockets();
+  connection->sockets_before_ = sockets();
   try {
     connection->create_endpoint(params);
   } catch (...) {
@@ -139,36 +140,46 @@ bool UcxConnection::wait_until(std::unique_lock<std::mutex>& lock, const Deadlin
     if (round < kSpinRounds) continue;
     if (!arm_locked()) continue;  // events arrived meanwhile
     if (ready()) return true;
+    const Deadline sleep = sleep_until(deadline);
     lock.unlock();
-    const bool woke = wait_for_fd(wake_fd_, POLLIN, sleep_until(deadline));
+    const bool woke = wait_for_fd(wake_fd_, POLLIN, sleep);
     lock.lock();
     if (!woke) {
+      check_host_locked();
       if (deadline.expired()) {
         progress_locked();
         return ready();
       }
-      check_host_locked();
     }
   }
 }
 
 Deadline UcxConnection::sleep_until(const Deadline& deadline) const {
   if (!watched_host_ || outgoing_.empty()) return deadline;
-  const Deadline check = Deadline::after(kHostCheck);
+  const auto now = std::chrono::steady_clock::now();
+  if (next_host_check_ <= now) return Deadline::now();
+  const Deadline check = Deadline::after(std::chrono::duration_cast<std::chrono::nanoseconds>(next_host_check_ - now));
   return check.time_point() < deadline.time_point() ? check : deadline;
 }
 
 void UcxConnection::keep_alive(const sockaddr_storage& peer) {
   keep_sockets_alive(peer, context_->keepalive());
   const std::lock_guard lock(mutex_);
-  watched_host_ = peer;
-  own_sockets_ = new_sockets_to_host(peer, sockets_before_);
+  try {
+    own_sockets_ = new_sockets_to_host(peer, sockets_before_);
+    watched_host_ = peer;
+  } catch (const std::bad_alloc&) {
+    // No memory for the list: the host is not watched (a vanished one is seen at tcp_retries2).
+  }
   sockets_before_ = {};
   host_silence_ = keepalive_bound(context_->keepalive());
 }
 
 void UcxConnection::check_host_locked() {
   if (!watched_host_ || outgoing_.empty() || failed_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now < next_host_check_) return;
+  next_host_check_ = now + kHostCheck;
   if (!shut_down_unanswering_sockets(*watched_host_, own_sockets_, host_silence_)) return;
   if (failure_.empty()) {
     failure_ = "its host acknowledged nothing for " + std::to_string(host_silence_.count()) +

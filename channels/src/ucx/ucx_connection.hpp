@@ -138,11 +138,12 @@ class UcxConnection {
   // Waits until `ready()` (checked under the lock after progress) or `deadline`; false on timeout.
   template <class Ready>
   bool wait_until(std::unique_lock<std::mutex>& lock, const Deadline& deadline, Ready ready);
-  // How long one sleep of wait_until lasts at most: until `deadline`, or kHostCheck while
-  // frames sent wait for a watched host (keep_alive()).
+  // How long one sleep of wait_until lasts at most (mutex_ held): until `deadline`, or the
+  // next host check while frames sent wait for a watched host (keep_alive()).
   Deadline sleep_until(const Deadline& deadline) const;
-  // A sleep of wait_until ended without news: fails the connection when its host answered
-  // nothing for the keepalive bound while data waited for it (mutex_ held).
+  // A sleep of wait_until ended without news: when a host check is due (every kHostCheck,
+  // across waits), fails the connection if its host answered nothing for the keepalive
+  // bound while data waited for it (mutex_ held).
   void check_host_locked();
   // Waits for the send requests in `requests` (mutex_ held); throws ChannelClosed on failure.
   void wait_requests(std::unique_lock<std::mutex>& lock, std::vector<void*>& requests);
@@ -174,10 +175,11 @@ class UcxConnection {
   std::string failure_;
   std::string broken_;  // a protocol error in what arrived
   std::string peer_name_;
-  std::vector<ino_t> sockets_before_;             // tcp_sockets() before the endpoint was made
+  std::vector<ino_t> sockets_before_;             // sockets() before the endpoint was made
   std::optional<sockaddr_storage> watched_host_;  // keep_alive(): the peer, whose host is watched
   std::vector<ino_t> own_sockets_;                // keep_alive(): the sockets UCX made for this connection
   std::chrono::milliseconds host_silence_{0};     // keepalive_bound() of the context
+  std::chrono::steady_clock::time_point next_host_check_{};  // check_host_locked() runs again then
   std::uint64_t delivered_ = 0;  // the highest sequence the peer's reader reported delivered
   std::deque<std::vector<std::byte>> controls_;
   std::list<IncomingFrame> frames_;  // list: rendezvous receives point into its elements

@@ -11,8 +11,8 @@
 #include <array>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
-#include <new>
 #include <string>
 
 #include <ucs/config/global_opts.h>
@@ -78,34 +78,40 @@ bool ip_of(const sockaddr_storage& address, in6_addr& ip) {
   return true;
 }
 
-// Calls `each(fd, peer)` for every connected TCP stream socket of this process, found in
-// /proc/self/fd; nothing when /proc cannot be read. A descriptor that is not a socket is
-// passed over by getsockopt, which touches no file.
+// Calls `each(fd)` for every open descriptor of this process, found in /proc/self/fd;
+// nothing when /proc cannot be read.
 template <class Each>
-void for_each_tcp_socket(Each each) noexcept {
-  DIR* fds = ::opendir("/proc/self/fd");
-  if (fds == nullptr) return;
-  const int self = ::dirfd(fds);
-  while (const dirent* entry = ::readdir(fds)) {
+void for_each_fd(Each each) {
+  const std::unique_ptr<DIR, int (*)(DIR*)> fds(::opendir("/proc/self/fd"), &::closedir);
+  if (!fds) return;
+  const int self = ::dirfd(fds.get());
+  while (const dirent* entry = ::readdir(fds.get())) {
     char* end = nullptr;
     const long number = std::strtol(entry->d_name, &end, 10);
     if (end == entry->d_name || *end != '\0' || number == self) continue;
-    const int fd = static_cast<int>(number);
+    each(static_cast<int>(number));
+  }
+}
+
+// Calls `each(fd, peer)` for every connected TCP stream socket of this process. A
+// descriptor that is not a socket is passed over by getsockopt, which touches no file.
+template <class Each>
+void for_each_tcp_socket(Each each) {
+  for_each_fd([&](int fd) {
     int type = 0;  // getsockopt fails (ENOTSOCK) for what is not a socket, without touching files
     socklen_t length = sizeof type;
-    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) continue;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &length) != 0 || type != SOCK_STREAM) return;
     sockaddr_storage other{};
     socklen_t other_length = sizeof other;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&other), &other_length) != 0) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&other), &other_length) != 0) return;
     each(fd, other);
-  }
-  ::closedir(fds);
+  });
 }
 
 // Calls `each(fd)` for every TCP socket of this process connected to the host of `peer`
 // (its port aside); nothing for another family.
 template <class Each>
-void for_each_socket_to_host(const sockaddr_storage& peer, Each each) noexcept {
+void for_each_socket_to_host(const sockaddr_storage& peer, Each each) {
   in6_addr wanted{};
   if (!ip_of(peer, wanted)) return;
   for_each_tcp_socket([&](int fd, const sockaddr_storage& other) {
@@ -138,25 +144,22 @@ std::chrono::milliseconds keepalive_bound(const KeepaliveSettings& keepalive) no
   return std::chrono::duration_cast<std::chrono::milliseconds>(keepalive.idle + keepalive.interval * keepalive.count);
 }
 
-std::vector<ino_t> tcp_sockets() noexcept {
+std::vector<ino_t> sockets() {
   std::vector<ino_t> inodes;
-  try {
-    for_each_tcp_socket([&](int fd, const sockaddr_storage&) { inodes.push_back(inode_of(fd)); });
-  } catch (const std::bad_alloc&) {
-  }
+  for_each_fd([&](int fd) {
+    struct stat status {};
+    if (::fstat(fd, &status) == 0 && S_ISSOCK(status.st_mode)) inodes.push_back(status.st_ino);
+  });
   std::sort(inodes.begin(), inodes.end());
   return inodes;
 }
 
-std::vector<ino_t> new_sockets_to_host(const sockaddr_storage& peer, std::span<const ino_t> before) noexcept {
+std::vector<ino_t> new_sockets_to_host(const sockaddr_storage& peer, std::span<const ino_t> before) {
   std::vector<ino_t> inodes;
-  try {
-    for_each_socket_to_host(peer, [&](int fd) {
-      const ino_t inode = inode_of(fd);
-      if (!std::binary_search(before.begin(), before.end(), inode)) inodes.push_back(inode);
-    });
-  } catch (const std::bad_alloc&) {
-  }
+  for_each_socket_to_host(peer, [&](int fd) {
+    const ino_t inode = inode_of(fd);
+    if (!std::binary_search(before.begin(), before.end(), inode)) inodes.push_back(inode);
+  });
   std::sort(inodes.begin(), inodes.end());
   return inodes;
 }

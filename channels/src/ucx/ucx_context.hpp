@@ -65,13 +65,13 @@ void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& k
 /// idle time plus its probes (idle + interval x count).
 std::chrono::milliseconds keepalive_bound(const KeepaliveSettings& keepalive) noexcept;
 
-/// The inodes of this process's connected TCP sockets now (sorted): taken before UCX makes
-/// a connection's sockets, so that new_sockets_to_host() can tell which are that connection's.
-std::vector<ino_t> tcp_sockets() noexcept;
+/// The inodes of this process's sockets now (sorted): taken before UCX makes a connection's
+/// sockets, so that new_sockets_to_host() can tell which are that connection's.
+std::vector<ino_t> sockets();
 /// The inodes of the TCP sockets connected to the host of `peer` that are not in `before`
-/// (sorted): the sockets UCX made for a connection since tcp_sockets() was taken (and any
-/// another thread made to that host meanwhile).
-std::vector<ino_t> new_sockets_to_host(const sockaddr_storage& peer, std::span<const ino_t> before) noexcept;
+/// (sorted): the sockets UCX made for a connection since sockets() was taken (and any that
+/// another thread, or another handshake, made to that host meanwhile).
+std::vector<ino_t> new_sockets_to_host(const sockaddr_storage& peer, std::span<const ino_t> before);
 
 /// Shuts down (SHUT_RDWR) those of the sockets `among` (inodes, sorted) connected to the host
 /// of `peer` that hold data the host has not acknowledged, retransmitted at least once,
