@@ -852,6 +852,7 @@ class UcxTwoHostsTest : public test::LeakCheckedTest {
       body();
     }));
   }
+  void expect_a_link_set_down_seen_by_a_sender(bool timed);
   static EndpointOptions options() {
     EndpointOptions options = quiet_options("two hosts");
     options.connect_timeout = 10s;
@@ -1010,8 +1011,9 @@ TEST_F(UcxTwoHostsTest, APeerKilledAndALinkSetDownAreSeenInTime) {
 
 // A host that vanishes while this side's data waits unacknowledged: TCP's keepalive does not
 // run on such a connection (it retransmits, up to tcp_retries2, many minutes), so ferry
-// ends it once the peer's host has acknowledged nothing for the keepalive bound.
-TEST_F(UcxTwoHostsTest, ALinkSetDownWhileDataWaitsUnacknowledgedIsSeenInTime) {
+// ends it once the peer's host has acknowledged nothing for the keepalive bound: with send()
+// blocked on the frame, and with send_for() timing out again and again (`timed`).
+void UcxTwoHostsTest::expect_a_link_set_down_seen_by_a_sender(bool timed) {
   AddressPipe address;
   AddressPipe report;
   AddressPipe go;
@@ -1035,7 +1037,12 @@ TEST_F(UcxTwoHostsTest, ALinkSetDownWhileDataWaitsUnacknowledgedIsSeenInTime) {
     try {
       // A rendezvous send waits until the receiver took the tensor: this one waits unacknowledged.
       for (std::int64_t index = 2; std::chrono::steady_clock::now() - since < 40s; ++index) {
-        tx.send(Batch{index, {pattern(4 << 20, 2)}});
+        const Batch batch{index, {pattern(4 << 20, 2)}};
+        if (timed) {
+          (void)tx.send_for(batch, 200ms);
+        } else {
+          tx.send(batch);
+        }
       }
     } catch (const ChannelClosed& error) {
       outcome = "ChannelClosed";
@@ -1057,6 +1064,10 @@ TEST_F(UcxTwoHostsTest, ALinkSetDownWhileDataWaitsUnacknowledgedIsSeenInTime) {
   ASSERT_EQ(::kill(server, SIGKILL), 0);
   EXPECT_EQ(wait_child(server).signal, SIGKILL);
 }
+
+TEST_F(UcxTwoHostsTest, ALinkSetDownWhileASendWaitsIsSeenInTime) { expect_a_link_set_down_seen_by_a_sender(false); }
+
+TEST_F(UcxTwoHostsTest, ALinkSetDownWhileTimedSendsRetryIsSeenInTime) { expect_a_link_set_down_seen_by_a_sender(true); }
 
 std::size_t count_threads() {
   std::size_t threads = 0;
