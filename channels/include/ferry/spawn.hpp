@@ -273,32 +273,11 @@ bool register_worker(std::string_view name, R (*function)(WorkerContext&, P...))
   return detail::register_worker_entry(detail::make_registered_worker(name, function));
 }
 
-/// Starts `n` workers. Each runs `fn(context, args...)` where `context` is its
-/// WorkerContext (rank, world size) and each argument is:
-///   - a Sender<T> / Receiver<T> (or a std::vector of them): handed over; the worker owns
-///     it, and the parent's copy is released (so end-of-stream and peer death work). An end
-///     belongs to one worker: with n > 1 pass ends through per_rank();
-///   - per_rank(std::vector<X>): worker r gets element r;
-///   - anything else: a copy for every worker (with StartMethod::Spawn it travels
-///     serialized with ferry's cereal archives; tensors inside travel as handles). With
-///     StartMethod::Fork a worker's tensors are views of the parent's blocks: the group
-///     keeps the storages of the tensors in the arguments (in any type cereal can walk;
-///     values it cannot save, even at run time, are passed over) until the worker is
-///     reaped, so the parent may drop its copies at once. Tensors the callable captures, or
-///     that only such values hold, are the caller's to keep alive until join().
-/// A worker's ends are closed cleanly when `fn` returns. Channel ends the worker was not
-/// given are closed in it (fork), or never reach it (spawn).
-///
-/// `fn` is a callable (StartMethod::Fork only), a function registered with FERRY_WORKER,
-/// or the name of one. Arguments are moved into spawn(): pass ends with std::move.
-///
-/// Throws SpawnError before any process starts for n <= 0, an unregistered worker, a
-/// missing ferry::init (spawn method), an end shared by several workers, a closed or
-/// in_process end, or per_rank values that do not match n. The ends it was given are gone
-/// then too: let go without ending their streams, so their peers see PeerDied or
-/// ChannelClosed.
-template <class Fn, class... Args>
-WorkerGroup spawn(const SpawnOptions& options, int n, Fn&& fn, Args&&... args) {
+namespace detail {
+/// spawn()'s work. `kMayExec`: whether `options` may ask for StartMethod::Spawn; without it
+/// (spawn(n, ...), always Fork) the exec path is not compiled.
+template <bool kMayExec, class Fn, class... Args>
+WorkerGroup spawn_workers(const SpawnOptions& options, int n, Fn&& fn, Args&&... args) {
   // Without it, a forgotten std::move is a page of std::tuple constructor errors.
   static_assert((std::is_constructible_v<std::decay_t<Args>, Args&&> && ...),
                 "spawn() takes its arguments by value, and channel ends (and per_rank() of them) are move-only: "
@@ -327,7 +306,7 @@ WorkerGroup spawn(const SpawnOptions& options, int n, Fn&& fn, Args&&... args) {
       detail::start_forked_workers(group, stored, [&worker](WorkerContext& context, WorkerValues& values) {
         worker.invoke(context, &values);
       });
-    } else if constexpr (detail::CrossesExec<WorkerValues>::value) {
+    } else if constexpr (kMayExec && detail::CrossesExec<WorkerValues>::value) {
       detail::start_exec_workers<WorkerValues>(group, stored, name);
     } else {
       throw SpawnError("the arguments " + expected + " cannot be serialized, so they cannot reach a worker started "
@@ -342,7 +321,7 @@ WorkerGroup spawn(const SpawnOptions& options, int n, Fn&& fn, Args&&... args) {
       detail::start_forked_workers(group, stored, [&fn](WorkerContext& context, WorkerValues& values) {
         detail::invoke_with_values(fn, context, values, std::index_sequence_for<Args...>{});
       });
-    } else if constexpr (detail::FunctionTraits<F>::value) {
+    } else if constexpr (kMayExec && detail::FunctionTraits<F>::value) {
       using Values = typename detail::FunctionTraits<F>::Values;
       const detail::RegisteredWorker* worker =
           detail::find_worker(reinterpret_cast<detail::FunctionIdentity>(static_cast<F>(fn)));
@@ -364,11 +343,41 @@ WorkerGroup spawn(const SpawnOptions& options, int n, Fn&& fn, Args&&... args) {
   }
   return group;
 }
+}  // namespace detail
 
-/// spawn() with default SpawnOptions (StartMethod::Fork).
+/// Starts `n` workers. Each runs `fn(context, args...)` where `context` is its
+/// WorkerContext (rank, world size) and each argument is:
+///   - a Sender<T> / Receiver<T> (or a std::vector of them): handed over; the worker owns
+///     it, and the parent's copy is released (so end-of-stream and peer death work). An end
+///     belongs to one worker: with n > 1 pass ends through per_rank();
+///   - per_rank(std::vector<X>): worker r gets element r;
+///   - anything else: a copy for every worker (with StartMethod::Spawn it travels
+///     serialized with ferry's cereal archives; tensors inside travel as handles). With
+///     StartMethod::Fork a worker's tensors are views of the parent's blocks: the group
+///     keeps the storages of the tensors in the arguments (in any type cereal can walk;
+///     values it cannot save, even at run time, are passed over) until the worker is
+///     reaped, so the parent may drop its copies at once. Tensors the callable captures, or
+///     that only such values hold, are the caller's to keep alive until join().
+/// A worker's ends are closed cleanly when `fn` returns. Channel ends the worker was not
+/// given are closed in it (fork), or never reach it (spawn).
+///
+/// `fn` is a callable (StartMethod::Fork only), a function registered with FERRY_WORKER,
+/// or the name of one. Arguments are moved into spawn(): pass ends with std::move.
+///
+/// Throws SpawnError before any process starts for n <= 0, an unregistered worker, a
+/// missing ferry::init (spawn method), an end shared by several workers, a closed or
+/// in_process end, or per_rank values that do not match n. The ends it was given are gone
+/// then too: let go without ending their streams, so their peers see PeerDied or
+/// ChannelClosed.
+template <class Fn, class... Args>
+WorkerGroup spawn(const SpawnOptions& options, int n, Fn&& fn, Args&&... args) {
+  return detail::spawn_workers<true>(options, n, std::forward<Fn>(fn), std::forward<Args>(args)...);
+}
+
+/// spawn() with default SpawnOptions (StartMethod::Fork; the exec path is not compiled).
 template <class Fn, class... Args>
 WorkerGroup spawn(int n, Fn&& fn, Args&&... args) {
-  return spawn(SpawnOptions{}, n, std::forward<Fn>(fn), std::forward<Args>(args)...);
+  return detail::spawn_workers<false>(SpawnOptions{}, n, std::forward<Fn>(fn), std::forward<Args>(args)...);
 }
 
 }  // namespace ferry
