@@ -84,6 +84,7 @@ std::shared_ptr<UcxConnection> UcxConnection::accept(std::shared_ptr<UcxContext>
   std::shared_ptr<UcxConnection> connection(new UcxConnection(std::move(context), limits));
   try {
     connection->create_worker();
+    connection->sockets_before_ = sockets();
   } catch (...) {
     ucp_listener_reject(listener, request);
     throw;
@@ -91,7 +92,6 @@ std::shared_ptr<UcxConnection> UcxConnection::accept(std::shared_ptr<UcxContext>
   ucp_ep_params_t params{};
   params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
   params.conn_request = request;
-  connection->sockets_before_ = sockets();
   try {
     connection->create_endpoint(params);
   } catch (...) {
