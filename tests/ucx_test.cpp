@@ -260,6 +260,59 @@ TEST_F(UcxEndpointTest, AReceiverThatStopsReadingLongerThanTheKeepaliveBoundKeep
   EXPECT_TRUE(test::child_succeeded(child, 60s));
 }
 
+// ferry sets keepalive (and watches for a silent host) only on the sockets UCX made for a
+// connection: a TCP connection the program itself has to the same host keeps its settings.
+TEST_F(UcxEndpointTest, KeepaliveIsSetOnTheConnectionsOwnSocketsOnly) {
+  const auto keepalive_of = [](int fd) {
+    int on = -1;
+    socklen_t length = sizeof on;
+    EXPECT_EQ(::getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &length), 0);
+    return on;
+  };
+  // The program's own connection to 127.0.0.1, made before the ucx end.
+  UniqueFd listening(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(listening);
+  sockaddr_in local{};
+  local.sin_family = AF_INET;
+  local.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t local_length = sizeof local;
+  ASSERT_EQ(::bind(listening.get(), reinterpret_cast<sockaddr*>(&local), sizeof local), 0);
+  ASSERT_EQ(::listen(listening.get(), 1), 0);
+  ASSERT_EQ(::getsockname(listening.get(), reinterpret_cast<sockaddr*>(&local), &local_length), 0);
+  UniqueFd mine(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ASSERT_TRUE(mine);
+  ASSERT_EQ(::connect(mine.get(), reinterpret_cast<sockaddr*>(&local), sizeof local), 0);
+  UniqueFd accepted(::accept4(listening.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(accepted);
+
+  AddressPipe pipe;
+  const pid_t child = fork_child([&] {
+    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    pipe.put(listener.address());
+    auto rx = listener.accept_receiver_for<Batch>(10s);
+    CHILD_CHECK(rx.has_value());
+    CHILD_CHECK(rx->recv_for(10s).has_value());
+  });
+  {
+    Sender<Batch> tx = connect_sender<Batch>(pipe.get(), quiet_options());
+    tx.send(Batch{1, {pattern(64, 1)}});
+    EXPECT_EQ(keepalive_of(mine.get()), 0);
+    EXPECT_EQ(keepalive_of(accepted.get()), 0);
+    // ...while the connection's own sockets (some socket to 127.0.0.1 other than those two) have it.
+    bool some_own_socket_has_it = false;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+      const int fd = std::atoi(entry.path().filename().c_str());
+      if (fd == mine.get() || fd == accepted.get() || fd == listening.get()) continue;
+      int on = 0;
+      socklen_t length = sizeof on;
+      if (::getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, &length) == 0 && on == 1) some_own_socket_has_it = true;
+    }
+    EXPECT_TRUE(some_own_socket_has_it);
+    tx.close();
+  }
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
 TEST_F(UcxEndpointTest, TypeAndDirectionMismatchesAreRefusedAndTheListenerGoesOn) {
   auto listener = listen("ucx://127.0.0.1:0", quiet_options());
   listener.serve_sender<Batch>();

@@ -163,15 +163,15 @@ Deadline UcxConnection::sleep_until(const Deadline& deadline) const {
 }
 
 void UcxConnection::keep_alive(const sockaddr_storage& peer) {
-  keep_sockets_alive(peer, context_->keepalive());
   const std::lock_guard lock(mutex_);
   try {
     own_sockets_ = new_sockets_to_host(peer, sockets_before_);
     watched_host_ = peer;
   } catch (const std::bad_alloc&) {
-    // No memory for the list: the host is not watched (a vanished one is seen at tcp_retries2).
+    // No memory for the list: no keepalive and no watch (a vanished host is seen at tcp_retries2).
   }
   sockets_before_ = {};
+  keep_sockets_alive(peer, own_sockets_, context_->keepalive());
   host_silence_ = keepalive_bound(context_->keepalive());
 }
 

@@ -121,10 +121,11 @@ class UcxConnection {
   /// The peer's address ("HOST:PORT") for messages; set once by whoever made the connection.
   std::string peer_address();
   void set_peer_address(std::string name) { peer_name_ = std::move(name); }
-  /// Once the handshake is through: TCP keepalive on the sockets to the peer's host
-  /// (keep_sockets_alive), and while this end waits for frames it sent, a look every
-  /// kHostCheck at those sockets: when the host answered nothing for keepalive_bound() while
-  /// data waited for it, the connection fails (shut_down_unanswering_sockets).
+  /// Once the handshake is through: TCP keepalive on the connection's own sockets (those to
+  /// the peer's host that UCX made since the endpoint was created; keep_sockets_alive), and
+  /// while this end waits for frames it sent, a look every kHostCheck at them: when the host
+  /// answered nothing for keepalive_bound() while data waited for it, the connection fails
+  /// (shut_down_unanswering_sockets). The program's other sockets are left alone.
   void keep_alive(const sockaddr_storage& peer);
 
  private:

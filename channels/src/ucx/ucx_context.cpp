@@ -125,13 +125,22 @@ ino_t inode_of(int fd) noexcept {
   return ::fstat(fd, &status) == 0 ? status.st_ino : 0;
 }
 
+// Calls `each(fd)` for the sockets `among` (inodes, sorted) that are connected to the host of `peer`.
+template <class Each>
+void for_each_own_socket(const sockaddr_storage& peer, std::span<const ino_t> among, Each each) {
+  for_each_socket_to_host(peer, [&](int fd) {
+    if (std::binary_search(among.begin(), among.end(), inode_of(fd))) each(fd);
+  });
+}
+
 }  // namespace
 
-void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& keepalive) noexcept {
+void keep_sockets_alive(const sockaddr_storage& peer, std::span<const ino_t> among,
+                        const KeepaliveSettings& keepalive) noexcept {
   const int idle = static_cast<int>(keepalive.idle.count());
   const int interval = static_cast<int>(keepalive.interval.count());
   const int count = keepalive.count;
-  for_each_socket_to_host(peer, [&](int fd) {
+  for_each_own_socket(peer, among, [&](int fd) {
     const int on = 1;
     (void)::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &on, sizeof on);
     (void)::setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
@@ -167,8 +176,7 @@ std::vector<ino_t> new_sockets_to_host(const sockaddr_storage& peer, std::span<c
 bool shut_down_unanswering_sockets(const sockaddr_storage& peer, std::span<const ino_t> among,
                                    std::chrono::milliseconds silence) noexcept {
   bool shut = false;
-  for_each_socket_to_host(peer, [&](int fd) {
-    if (!std::binary_search(among.begin(), among.end(), inode_of(fd))) return;  // not this connection's
+  for_each_own_socket(peer, among, [&](int fd) {
     tcp_info info{};
     socklen_t length = sizeof info;
     if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &length) != 0) return;

@@ -55,11 +55,7 @@ class UcxContext {
   KeepaliveSettings keepalive_;
 };
 
-/// Turns TCP keepalive on (`keepalive`) for this process's TCP sockets connected to the
-/// host of `peer` (its port aside). UCX 1.13 as Debian builds it leaves its TCP sockets
-/// without keepalive and gives no access to them: a connection's sockets are found in
-/// /proc/self/fd once its handshake is through. Best effort: a failure changes nothing.
-void keep_sockets_alive(const sockaddr_storage& peer, const KeepaliveSettings& keepalive) noexcept;
+
 
 /// How long a host may stay silent before its connections count as gone: the keepalive's
 /// idle time plus its probes (idle + interval x count).
@@ -72,6 +68,13 @@ std::vector<ino_t> sockets();
 /// (sorted): the sockets UCX made for a connection since sockets() was taken (and any that
 /// another thread, or another handshake, made to that host meanwhile).
 std::vector<ino_t> new_sockets_to_host(const sockaddr_storage& peer, std::span<const ino_t> before);
+
+/// Turns TCP keepalive on (`keepalive`) for those of the sockets `among` (inodes, sorted)
+/// connected to the host of `peer`: UCX 1.13 as Debian builds it leaves its TCP sockets
+/// without keepalive and gives no access to them, so a connection's sockets are found in
+/// /proc/self/fd once its handshake is through. Best effort: a failure changes nothing.
+void keep_sockets_alive(const sockaddr_storage& peer, std::span<const ino_t> among,
+                        const KeepaliveSettings& keepalive) noexcept;
 
 /// Shuts down (SHUT_RDWR) those of the sockets `among` (inodes, sorted) connected to the host
 /// of `peer` that hold data the host has not acknowledged, retransmitted at least once,
