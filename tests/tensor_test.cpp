@@ -7,7 +7,9 @@
 #include <string>
 #include <vector>
 #include <numeric>
+#include <random>
 
+#include "ferry/detail/view_bounds.hpp"
 #include "ferry/tensor.hpp"
 #include "support/leak_check.hpp"
 
@@ -62,6 +64,7 @@ TEST_F(TensorTest, FromCopiesValuesAndChecksCount) {
 TEST_F(TensorTest, TypedAccessChecksDTypeAndBounds) {
   Tensor t = Tensor::zeros({2, 2}, DType::Int32);
   EXPECT_THROW(t.data<float>(), Error);
+  EXPECT_THROW(Tensor().data<float>(), Error);
   EXPECT_THROW(t.at<std::int32_t>({2, 0}), Error);
   EXPECT_THROW(t.at<std::int32_t>({0}), Error);
   t.at<std::int32_t>({1, 1}) = 7;
@@ -330,6 +333,39 @@ TEST_F(TensorTest, HalfElements) {
   Tensor t = Tensor::from(std::vector<Half>{Half(1.5f), Half(-2.0f)}, {2});
   EXPECT_EQ(t.dtype(), DType::Float16);
   EXPECT_EQ(static_cast<float>(t.at<Half>({1})), -2.0f);
+}
+
+// The receiver's one-pass check (view_in_bounds) and the check that explains a refusal
+// (view_bounds_problem) agree on every layout, including zero-element views whose reach
+// overflows, negative entries and extents at the edge of the storage.
+TEST(ViewBoundsTest, TheFastCheckAndTheExplainingCheckAgree) {
+  std::mt19937_64 random(7);
+  const std::int64_t edges[] = {0, 1, 2, 3, 7, 64, -1, std::int64_t{1} << 40, std::int64_t{1} << 62,
+                                std::numeric_limits<std::int64_t>::max()};
+  const auto pick = [&] {
+    return random() % 2 == 0 ? edges[random() % std::size(edges)] : static_cast<std::int64_t>(random() % 9);
+  };
+  int valid = 0;
+  for (int round = 0; round < 20000; ++round) {
+    const std::size_t ndim = random() % 4;
+    Shape shape(ndim), strides(ndim);
+    for (std::size_t d = 0; d < ndim; ++d) {
+      shape[d] = pick();
+      strides[d] = pick();
+    }
+    const std::int64_t offset = pick();
+    const std::size_t bytes = static_cast<std::size_t>(random() % 512);
+    const DType dtype = random() % 2 == 0 ? DType::Float32 : DType::UInt8;
+    const bool fast = view_in_bounds(bytes, dtype, shape, strides, offset);
+    const auto problem = view_bounds_problem(bytes, dtype, shape, strides, offset);
+    std::string layout;
+    for (std::size_t d = 0; d < ndim; ++d) layout += std::to_string(shape[d]) + "/" + std::to_string(strides[d]) + " ";
+    ASSERT_EQ(fast, !problem.has_value()) << "sizes/strides " << layout << "offset " << offset << " bytes " << bytes
+                                          << ": " << problem.value_or("valid");
+    valid += fast;
+  }
+  EXPECT_GT(valid, 1000);  // both outcomes were exercised
+  EXPECT_LT(valid, 19000);
 }
 
 }  // namespace

@@ -120,7 +120,7 @@ std::uint32_t MessageEncoder::append_storage(std::shared_ptr<Storage> travelling
   return index;
 }
 
-std::uint32_t MessageEncoder::add_storage(const std::shared_ptr<Storage>& storage) {
+std::uint32_t MessageEncoder::add_other_storage(const std::shared_ptr<Storage>& storage) {
   if (const auto found = find_source(storage.get())) return *found;
   if (passing_ == HandlePassing::Copying) {
     if (storage->device().kind == DeviceKind::Cuda) {

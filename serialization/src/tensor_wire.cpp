@@ -22,7 +22,6 @@ enum class TensorState : std::uint8_t {
 // one bounds check per part: a message of many small tensors pays per tensor, not per field.
 constexpr std::size_t kAfterStateBytes = 2 + sizeof(std::uint32_t);
 constexpr std::size_t kStorageTailBytes = sizeof(std::int64_t) + sizeof(std::uint32_t);
-constexpr std::size_t kMaxRecordBytes = 1 + kAfterStateBytes + 2 * kMaxDims * sizeof(std::int64_t) + kStorageTailBytes;
 
 template <class T>
 std::byte* put(std::byte* at, T value) noexcept {
@@ -51,28 +50,63 @@ void get_entries(const std::byte* at, Shape& entries) noexcept {
 
 }  // namespace
 
+namespace detail {
+
+// A friend of Tensor: a received view's sizes and strides are read straight into the
+// tensor's own Shapes (no temporaries to make, move and destroy per tensor), checked, and
+// only then joined to the storage. A view that fails the check leaves the tensor undefined.
+struct ReceivedView {
+  // `layout`: the ndim sizes, then the ndim strides, as on the wire.
+  static void assign(Tensor& tensor, const std::shared_ptr<Storage>& storage, DType dtype, std::uint32_t ndim,
+                     const std::byte* layout, std::int64_t offset) {
+    Shape& shape = tensor.shape_;
+    Shape& strides = tensor.strides_;
+    shape.resize_for_overwrite(ndim);
+    get_entries(layout, shape);
+    strides.resize_for_overwrite(ndim);
+    get_entries(layout + std::size_t{ndim} * sizeof(std::int64_t), strides);
+    if (!view_in_bounds(storage->nbytes(), dtype, shape.data(), strides.data(), ndim, offset)) [[unlikely]] {
+      std::string problem = view_bounds_problem(storage->nbytes(), dtype, shape, strides, offset)
+                                .value_or("tensor view is outside its storage");
+      tensor = Tensor();
+      throw ProtocolError("received " + problem);
+    }
+    tensor.storage_ = storage;
+    tensor.dtype_ = dtype;
+    tensor.offset_ = offset;
+    tensor.device_ = storage->device();
+    tensor.defined_ = true;
+  }
+};
+
+}  // namespace detail
+
 void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Tensor& tensor) {
   if (!tensor.defined()) {
     archive(static_cast<std::uint8_t>(TensorState::Undefined));
     return;
   }
-  if (tensor.shape().size() > kMaxDims) {  // no Tensor factory or view makes one; the record below has no room
-    throw Error("a tensor with " + std::to_string(tensor.shape().size()) + " dimensions cannot be sent (at most " +
+  const std::size_t ndim = tensor.shape().size();
+  if (ndim > kMaxDims) {  // no Tensor factory or view makes one; the record below has no room
+    throw Error("a tensor with " + std::to_string(ndim) + " dimensions cannot be sent (at most " +
                 std::to_string(kMaxDims) + ")");
   }
   const bool stored = tensor.numel() > 0;
-  std::byte record[kMaxRecordBytes];
-  std::byte* at = put(record, static_cast<std::uint8_t>(stored ? TensorState::Stored : TensorState::NoStorage));
+  // The handle index first: add_storage() may append nothing to the body, but it may throw.
+  const std::uint32_t handle = stored ? archive.encoder().add_storage(tensor.storage()) : 0;
+  const std::size_t bytes =
+      1 + kAfterStateBytes + ndim * sizeof(std::int64_t) + (stored ? ndim * sizeof(std::int64_t) + kStorageTailBytes : 0);
+  std::byte* at = archive.extend(bytes);  // the record is written in place
+  at = put(at, static_cast<std::uint8_t>(stored ? TensorState::Stored : TensorState::NoStorage));
   at = put(at, static_cast<std::uint8_t>(tensor.dtype()));
   at = put(at, static_cast<std::uint8_t>(tensor.device().kind));
-  at = put(at, static_cast<std::uint32_t>(tensor.dim()));
+  at = put(at, static_cast<std::uint32_t>(ndim));
   at = put_entries(at, tensor.shape());
   if (stored) {
     at = put_entries(at, tensor.strides());
     at = put(at, tensor.storage_offset());
-    at = put(at, archive.encoder().add_storage(tensor.storage()));
+    put(at, handle);
   }
-  archive.save_bytes(record, static_cast<std::size_t>(at - record));
 }
 
 void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
@@ -94,10 +128,10 @@ void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
                         std::to_string(kMaxDims));
   }
   const auto dtype = static_cast<DType>(raw_dtype);
-  Shape shape;
-  shape.resize_for_overwrite(ndim);
-  get_entries(archive.take(ndim, sizeof(std::int64_t)), shape);
   if (state == static_cast<std::uint8_t>(TensorState::NoStorage)) {
+    Shape shape;
+    shape.resize_for_overwrite(ndim);
+    get_entries(archive.take(ndim, sizeof(std::int64_t)), shape);
     std::int64_t count = 1;
     for (const std::int64_t extent : shape) {
       if (extent < 0) throw ProtocolError("tensor has a negative size " + std::to_string(extent));
@@ -112,24 +146,17 @@ void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
     }
     return;
   }
-  Shape strides;
-  strides.resize_for_overwrite(ndim);
-  at = archive.take(std::size_t{ndim} * sizeof(std::int64_t) + kStorageTailBytes);
-  get_entries(at, strides);
-  at += std::size_t{ndim} * sizeof(std::int64_t);
-  const auto offset = get<std::int64_t>(at);
-  const auto handle = get<std::uint32_t>(at);
+  // Stored: the sizes, strides, offset and handle, read with one bounds check.
+  const std::byte* layout = archive.take(2 * std::size_t{ndim} * sizeof(std::int64_t) + kStorageTailBytes);
+  const std::byte* tail = layout + 2 * std::size_t{ndim} * sizeof(std::int64_t);
+  const auto offset = get<std::int64_t>(tail);
+  const auto handle = get<std::uint32_t>(tail);
   const auto storages = archive.storages();
   if (handle >= storages.size()) {
     throw ProtocolError("tensor handle index " + std::to_string(handle) + " is out of range: the frame has " +
                         std::to_string(storages.size()) + " storages");
   }
-  const std::shared_ptr<Storage>& storage = storages[handle];
-  if (!view_in_bounds(storage->nbytes(), dtype, shape, strides, offset)) [[unlikely]] {
-    const auto problem = view_bounds_problem(storage->nbytes(), dtype, shape, strides, offset);
-    throw ProtocolError("received " + problem.value_or("tensor view is outside its storage"));
-  }
-  tensor.assign_checked_storage(storage, dtype, std::move(shape), std::move(strides), offset);
+  detail::ReceivedView::assign(tensor, storages[handle], dtype, ndim, layout, offset);
 }
 
 }  // namespace ferry

@@ -22,6 +22,7 @@
 namespace ferry {
 
 namespace detail {
+struct ReceivedView;
 /// A value given to Tensor::fill, before its conversion to the tensor's dtype.
 struct FillValue {
   enum class Kind : std::uint8_t { Bool, Signed, Unsigned, Floating };
@@ -95,13 +96,9 @@ class Tensor {
   static Tensor from_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,
                              std::int64_t storage_offset);
   /// Like from_storage(), for callers that already checked the view with
-  /// view_bounds_problem() (the message decoder): skips the second check.
+  /// view_bounds_problem(): skips the second check.
   static Tensor from_checked_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,
                                      std::int64_t storage_offset);
-  /// Like from_checked_storage(), but makes this tensor that view in place (the message
-  /// decoder fills a message's tensors this way, without a temporary Tensor each).
-  void assign_checked_storage(const std::shared_ptr<Storage>& storage, DType dtype, Shape&& shape, Shape&& strides,
-                              std::int64_t storage_offset);
 
   bool defined() const noexcept { return defined_; }
   DType dtype() const noexcept { return dtype_; }
@@ -115,7 +112,11 @@ class Tensor {
   std::int64_t stride(std::int64_t d) const { return strides_[wrap_dim(d)]; }
   /// Offset of element 0 into the storage, in elements.
   std::int64_t storage_offset() const noexcept { return offset_; }
-  std::int64_t numel() const noexcept;
+  std::int64_t numel() const noexcept {
+    std::int64_t count = 1;
+    for (const std::int64_t extent : shape_) count *= extent;
+    return count;
+  }
   std::size_t element_size() const { return dtype_size(dtype_); }
   /// numel() * element_size(): the bytes of the elements, not of the storage.
   std::size_t nbytes() const { return static_cast<std::size_t>(numel()) * element_size(); }
@@ -157,11 +158,18 @@ class Tensor {
   Tensor& share_memory();
 
   /// Address of element 0 (nullptr for a tensor without elements).
-  void* data_ptr() const noexcept;
+  void* data_ptr() const noexcept {
+    if (!storage_) return nullptr;
+    std::byte* const base = storage_->data();  // once: a virtual call through the allocation
+    if (base == nullptr || numel() == 0) return nullptr;
+    return base + static_cast<std::size_t>(offset_) * dtype_size(dtype_);
+  }
   /// Typed address of element 0; throws Error when T does not match dtype().
   template <class T>
   T* data() const {
-    check_element_type(dtype_of<T>);
+    if (!defined_ || dtype_ != dtype_of<T> || !device().is_cpu()) [[unlikely]] {
+      check_element_type(dtype_of<T>);
+    }
     return static_cast<T*>(data_ptr());
   }
   /// The element at `index` (one entry per dimension); checks dtype and bounds.
@@ -188,6 +196,9 @@ class Tensor {
   std::string to_string() const;
 
  private:
+  // The message decoder writes a received view's shape and strides in place
+  // (serialization/src/tensor_wire.cpp).
+  friend struct detail::ReceivedView;
   Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, std::int64_t offset,
          Device device);
   // A contiguous tensor of `shape` at offset 0: its shape and strides made in place.

@@ -225,23 +225,6 @@ Tensor Tensor::from_checked_storage(std::shared_ptr<Storage> storage, DType dtyp
   return Tensor(std::move(storage), dtype, std::move(shape), std::move(strides), storage_offset, device);
 }
 
-void Tensor::assign_checked_storage(const std::shared_ptr<Storage>& storage, DType dtype, Shape&& shape,
-                                    Shape&& strides, std::int64_t storage_offset) {
-  storage_ = storage;
-  dtype_ = dtype;
-  shape_ = std::move(shape);
-  strides_ = std::move(strides);
-  offset_ = storage_offset;
-  device_ = storage ? storage->device() : Device::Cpu;
-  defined_ = true;
-}
-
-std::int64_t Tensor::numel() const noexcept {
-  std::int64_t count = 1;
-  for (const std::int64_t extent : shape_) count *= extent;
-  return count;
-}
-
 bool Tensor::is_contiguous() const noexcept {
   std::int64_t expected = 1;
   for (std::size_t i = shape_.size(); i-- > 0;) {
@@ -251,13 +234,6 @@ bool Tensor::is_contiguous() const noexcept {
     expected *= shape_[i];
   }
   return true;
-}
-
-void* Tensor::data_ptr() const noexcept {
-  if (!storage_) return nullptr;
-  std::byte* const base = storage_->data();  // once: a virtual call through the allocation
-  if (base == nullptr || numel() == 0) return nullptr;
-  return base + static_cast<std::size_t>(offset_) * element_size();
 }
 
 std::size_t Tensor::wrap_dim(std::int64_t d) const {

@@ -28,6 +28,8 @@ class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cere
   FrameOutputArchive(FrameBody& body, MessageEncoder& encoder) : OutputArchive(this), body_(body), encoder_(encoder) {}
 
   void save_bytes(const void* data, std::size_t size) { body_.append(data, size); }
+  /// Appends `size` bytes for the caller to write at the address returned (FrameBody::extend).
+  std::byte* extend(std::size_t size) { return body_.extend(size); }
   MessageEncoder& encoder() noexcept { return encoder_; }
   /// True when the archive may serve the next frame as it is: none of cereal's own state
   /// (shared pointers met, polymorphic types named, class versions written, virtual bases,

@@ -47,6 +47,14 @@ class FrameBody {
     if (size > 0) std::memcpy(data_ + size_, bytes, size);
     size_ += size;
   }
+  /// Appends `size` bytes that the caller writes at the address returned, before the next
+  /// call (a record written in place instead of copied in).
+  std::byte* extend(std::size_t size) {
+    if (size > fast_end_ - size_) make_room(size);
+    std::byte* const at = data_ + size_;
+    size_ += size;
+    return at;
+  }
   std::span<const std::byte> bytes() const noexcept { return {data_, size_}; }
   std::size_t size() const noexcept { return size_; }
   /// True when the body lies in memory lent by the BodySpace.

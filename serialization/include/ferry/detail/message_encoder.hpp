@@ -101,7 +101,11 @@ class MessageEncoder {
 
   /// Adds `storage` to the frame being encoded (once per storage); returns its index in
   /// the frame's handle table. Heap storages are moved into shared memory first.
-  std::uint32_t add_storage(const std::shared_ptr<Storage>& storage);
+  std::uint32_t add_storage(const std::shared_ptr<Storage>& storage) {
+    // Inline: views of one storage (Tensor::unbind) follow each other in a message.
+    if (!sources_.empty() && sources_.back() == storage.get()) return static_cast<std::uint32_t>(sources_.size() - 1);
+    return add_other_storage(storage);
+  }
 
   /// The receiver has mapped the segments of every frame up to `sequence` (ProcFd only).
   void acknowledge(std::uint64_t sequence);
@@ -182,6 +186,8 @@ class MessageEncoder {
     std::weak_ptr<SharedSegment> segment;
   };
   void begin();
+  // add_storage() of a storage other than the last one added.
+  std::uint32_t add_other_storage(const std::shared_ptr<Storage>& storage);
   // The archive of the frame: the last frame's while it is reusable(), a new one otherwise.
   FrameOutputArchive& output_archive() {
     if (!archive_) archive_ = std::make_unique<FrameOutputArchive>(body_, *this);
