@@ -186,7 +186,7 @@ std::uint64_t HoldLedger::newest_pinned_sequence_locked() const {
   return newest;
 }
 
-void HoldLedger::release_resolved_segments_locked(KeptSegments& released) {
+void HoldLedger::release_resolved_segments_locked(ReleasedSegments& released) {
   if (kept_segments_.empty()) return;
   const std::uint64_t resolved = board_->resolved();
   while (!kept_segments_.empty() && kept_segments_.front().first <= resolved) {
@@ -255,7 +255,7 @@ void HoldLedger::collect(bool check_receivers) {
   if (!belongs_to_this_process()) return;
   const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
   std::vector<std::shared_ptr<Allocation>> dropped;
-  KeptSegments released_segments;  // closed after the lock
+  ReleasedSegments released_segments;  // closed after the lock
   std::lock_guard lock(mutex_);
   release_resolved_segments_locked(released_segments);
   take_board_returns_locked(dropped);
@@ -321,7 +321,7 @@ void HoldLedger::channel_closed(UniqueFd probe, bool probe_by_send) {
   collect(false);
 }
 
-void HoldLedger::release_kept_segments_locked(KeptSegments& released) {
+void HoldLedger::release_kept_segments_locked(ReleasedSegments& released) {
   released.insert(released.end(), std::make_move_iterator(kept_segments_.begin()),
                   std::make_move_iterator(kept_segments_.end()));
   kept_segments_.clear();

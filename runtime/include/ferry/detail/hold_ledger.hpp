@@ -106,19 +106,23 @@ class HoldLedger {
     bool reader_gone() const;
   };
   using KeptSegments = std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>>;
+  // Segments taken out of kept_segments_ under the lock, closed after it: a vector, which
+  // allocates nothing while empty (a deque allocates two blocks as it is made, and
+  // collect() makes one for every frame it is asked about).
+  using ReleasedSegments = std::vector<std::pair<std::uint64_t, std::shared_ptr<const void>>>;
 
   void unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped);
   void reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
   void reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
   // Moves the kept segments whose frames the receiver resolved into `released`.
-  void release_resolved_segments_locked(KeptSegments& released);
+  void release_resolved_segments_locked(ReleasedSegments& released);
   // Unpins the slots the receiver posted on the board (not when handed over).
   void take_board_returns_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
   // Reclaims what no living holder can use any more (see collect()).
   Reclaimed check_holders_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
   // Moves every kept segment into `released` (to close after the lock): nobody will open
   // them any more. Closes the board's fd too once the channel closed.
-  void release_kept_segments_locked(KeptSegments& released);
+  void release_kept_segments_locked(ReleasedSegments& released);
   std::uint64_t newest_pinned_sequence_locked() const;
   bool belongs_to_this_process() const noexcept;
 
