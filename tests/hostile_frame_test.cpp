@@ -1242,5 +1242,30 @@ TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {
   expect_protocol_error(wire.rx, "/proc/");
 }
 
+// The tensor record, byte for byte (tensor_wire.cpp): state, dtype, device, ndim, sizes,
+// strides, offset, handle. The device is the one the tensor had when it was sent, also for
+// a heap tensor that sending moves into shared memory.
+TEST(TensorRecordTest, IsWrittenFieldByFieldWithTheDeviceTheTensorHadWhenSent) {
+  const Tensor heap = Tensor::zeros({3, 5}, DType::Float32, Device::Cpu).slice(1, 1, 4);
+  const Frame frame = encode(OneTensor{heap});
+  const std::byte* body = frame.bytes.data() + frame.body_offset;
+  const auto read = [&](std::size_t at, auto value) {
+    std::memcpy(&value, body + at, sizeof value);
+    return value;
+  };
+  EXPECT_EQ(frame.header().body_bytes, kHandleAt + 4);
+  EXPECT_EQ(read(kStateAt, std::uint8_t{}), 2);  // stored
+  EXPECT_EQ(read(kDTypeAt, std::uint8_t{}), static_cast<std::uint8_t>(DType::Float32));
+  EXPECT_EQ(read(kDTypeAt + 1, std::uint8_t{}), static_cast<std::uint8_t>(DeviceKind::Cpu));
+  EXPECT_EQ(heap.device().kind, DeviceKind::SharedCpu);  // sending moved the storage into shared memory
+  EXPECT_EQ(read(kDimensionsAt, std::uint32_t{}), 2u);
+  EXPECT_EQ(read(kShapeAt, std::int64_t{}), 3);
+  EXPECT_EQ(read(kShapeAt + 8, std::int64_t{}), 3);
+  EXPECT_EQ(read(kStridesAt, std::int64_t{}), 5);
+  EXPECT_EQ(read(kStridesAt + 8, std::int64_t{}), 1);
+  EXPECT_EQ(read(kOffsetAt, std::int64_t{}), 1);
+  EXPECT_EQ(read(kHandleAt, std::uint32_t{}), 0u);
+}
+
 }  // namespace
 }  // namespace ferry

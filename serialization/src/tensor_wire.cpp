@@ -18,7 +18,7 @@ enum class TensorState : std::uint8_t {
 // The wire record of a tensor (unchanged since version 1; every field little-endian as in
 // memory, packed): state (u8); then, unless Undefined, dtype (u8), device kind (u8), ndim
 // (u32) and the ndim sizes (i64); then, when Stored, the ndim strides (i64), the storage
-// offset (i64) and the storage's handle index (u32). Written with one append and read with
+// offset (i64) and the storage's handle index (u32). Written in place in the body and read with
 // one bounds check per part: a message of many small tensors pays per tensor, not per field.
 constexpr std::size_t kAfterStateBytes = 2 + sizeof(std::uint32_t);
 constexpr std::size_t kStorageTailBytes = sizeof(std::int64_t) + sizeof(std::uint32_t);
@@ -59,6 +59,9 @@ struct ReceivedView {
   // `layout`: the ndim sizes, then the ndim strides, as on the wire.
   static void assign(Tensor& tensor, const std::shared_ptr<Storage>& storage, DType dtype, std::uint32_t ndim,
                      const std::byte* layout, std::int64_t offset) {
+    // Undefined until the view passed its check (a Shape that must grow may throw bad_alloc).
+    tensor.storage_.reset();
+    tensor.defined_ = false;
     Shape& shape = tensor.shape_;
     Shape& strides = tensor.strides_;
     shape.resize_for_overwrite(ndim);
@@ -92,14 +95,17 @@ void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Tensor& tensor
                 std::to_string(kMaxDims) + ")");
   }
   const bool stored = tensor.numel() > 0;
-  // The handle index first: add_storage() may append nothing to the body, but it may throw.
+  // Read before add_storage(), which moves a heap storage into shared memory (and so
+  // changes its device): the record names the device the tensor had when it was sent.
+  const auto device = static_cast<std::uint8_t>(tensor.device().kind);
+  // The handle index before the record: add_storage() appends nothing to the body, but it may throw.
   const std::uint32_t handle = stored ? archive.encoder().add_storage(tensor.storage()) : 0;
   const std::size_t bytes =
       1 + kAfterStateBytes + ndim * sizeof(std::int64_t) + (stored ? ndim * sizeof(std::int64_t) + kStorageTailBytes : 0);
   std::byte* at = archive.extend(bytes);  // the record is written in place
   at = put(at, static_cast<std::uint8_t>(stored ? TensorState::Stored : TensorState::NoStorage));
   at = put(at, static_cast<std::uint8_t>(tensor.dtype()));
-  at = put(at, static_cast<std::uint8_t>(tensor.device().kind));
+  at = put(at, device);
   at = put(at, static_cast<std::uint32_t>(ndim));
   at = put_entries(at, tensor.shape());
   if (stored) {
