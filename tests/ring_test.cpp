@@ -70,11 +70,11 @@ std::uint8_t pattern(std::uint64_t index, std::size_t offset) {
 
 // `size` bytes of pattern(index, 0...): it repeats every 256 offsets (7 * 256 is 0 mod 256),
 // so one period is computed and copied, which keeps the long tests quick in the -O0 build.
-std::vector<std::uint8_t> patterned(std::uint64_t index, std::size_t size) {
+Bytes patterned(std::uint64_t index, std::size_t size) {
   std::uint8_t period[256];
   const std::size_t period_bytes = std::min<std::size_t>(size, sizeof period);
   for (std::size_t j = 0; j < period_bytes; ++j) period[j] = pattern(index, j);
-  std::vector<std::uint8_t> bytes(size);
+  Bytes bytes(size);
   for (std::size_t at = 0; at < size; at += period_bytes) {
     std::memcpy(bytes.data() + at, period, std::min(period_bytes, size - at));
   }
