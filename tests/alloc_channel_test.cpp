@@ -28,7 +28,7 @@ namespace {
 using test::child_succeeded;
 using test::fork_child;
 
-constexpr std::size_t MiB = 1024 * 1024;
+constexpr std::size_t kMiB = 1024 * 1024;
 
 struct Batch {
   std::int64_t step = 0;
@@ -97,7 +97,7 @@ TEST_P(AllocChannelTest, NewTensorsInRecycledBlocksNeedNoNewSegments) {
   SharedMemoryStats warm;
   for (int step = 0; step < kSteps; ++step) {
     if (step == 10) warm = pool.stats();
-    Batch batch{step, {filled(pool, MiB / 4, step)}};  // 1 MiB: a segment of its own
+    Batch batch{step, {filled(pool, kMiB / 4, step)}};  // 1 MiB: a segment of its own
     for (int i = 0; i < 10; ++i) batch.tensors.push_back(filled(pool, 1024, step));  // 4 KiB blocks
     data.tx.send(batch);
     ASSERT_EQ(reply.rx.recv().value(), step);
@@ -314,7 +314,7 @@ TEST_P(AllocChannelTest, KilledReceiverHoldingBlocksIsReclaimedWhenMemoryIsNeede
   });
   data.rx.close();
   reply.tx.detach();
-  for (int i = 0; i < 5; ++i) data.tx.send(Batch{i, {filled(pool, 1024, i), filled(pool, MiB / 2, i)}});
+  for (int i = 0; i < 5; ++i) data.tx.send(Batch{i, {filled(pool, 1024, i), filled(pool, kMiB / 2, i)}});
   ASSERT_EQ(reply.rx.recv().value(), 1);
   // Every block is the receiver's alone now, pinned for it.
   EXPECT_EQ(pool.stats().blocks_in_use, 10u);
@@ -324,7 +324,7 @@ TEST_P(AllocChannelTest, KilledReceiverHoldingBlocksIsReclaimedWhenMemoryIsNeede
   ASSERT_EQ(exit.signal, SIGKILL);
   // The channel is still open; the next allocation that finds no cached block collects
   // the dead receiver's blocks before it creates a segment.
-  Tensor needs_memory = filled(pool, 3 * MiB / 4, 0);
+  Tensor needs_memory = filled(pool, 3 * kMiB / 4, 0);
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
   EXPECT_EQ(pool.stats().segments, 1u);
   EXPECT_EQ(data.tx.core().pinned_storages(), 0u);
