@@ -6,6 +6,13 @@
 //                                        Distributor's consumers may be)
 //   fanout/send/distributor/<transport>/<bound>  Distributor with one consumer, 8-byte messages
 //   fanout/send/plain/<transport>        baseline: a plain Sender, the same messages
+//   fanout/send_only/distributor/<bound>  the sends alone: in one thread, 16 8-byte messages
+//                                        sent through a Distributor of one ring consumer
+//                                        (timed), then received (not timed)
+//   fanout/send_only/plain               baseline: the same with a plain ring Sender
+// In the send rows the consumer's pace and its wake-ups set the time as much as the send
+// does (a plain send that fills the ring waits for it like a full Distributor); the
+// send_only rows time the sender's own work, with no other process to wait for.
 // A plain Sender runs ahead of its consumer by what its transport holds (thousands of small
 // frames); a Distributor by `bound` messages per consumer, so with consumers as fast as the
 // producer the small-bound rows measure the wait for a place, the bound-256 rows the
@@ -16,6 +23,7 @@
 #include <benchmark/benchmark.h>
 
 #include <array>
+#include <chrono>
 #include <memory>
 #include <vector>
 
@@ -108,6 +116,34 @@ void send_plain(benchmark::State& state, Transport transport) {
   consumers.children.clear();
 }
 
+// Sends `kBatch` messages with `send` (timed), then receives them from `rx` (not timed).
+template <class Send>
+void timed_sends(benchmark::State& state, Send send, Receiver<std::uint64_t>& rx) {
+  constexpr int kBatch = 16;
+  std::uint64_t value = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < kBatch; ++i) send(value + static_cast<std::uint64_t>(i));
+    const auto stop = std::chrono::steady_clock::now();
+    state.SetIterationTime(std::chrono::duration<double>(stop - start).count() / kBatch);
+    for (int i = 0; i < kBatch; ++i, ++value) {
+      if (rx.recv() != value) state.SkipWithError("a message came back wrong");
+    }
+  }
+}
+
+void send_only_distributor(benchmark::State& state) {
+  auto [tx, rx] = channel<std::uint64_t>(Transport::ShmRing);
+  Distributor<std::uint64_t> pool(bounded(state.range(0)));
+  pool.add(std::move(tx));
+  timed_sends(state, [&pool](std::uint64_t value) { pool.send(value); }, rx);
+}
+
+void send_only_plain(benchmark::State& state) {
+  auto [tx, rx] = channel<std::uint64_t>(Transport::ShmRing);
+  timed_sends(state, [&tx = tx](std::uint64_t value) { tx.send(value); }, rx);
+}
+
 void broadcast(benchmark::State& state, Transport transport) {
   const TensorMessage message{Tensor::zeros({state.range(0)}, DType::UInt8)};
   Consumers<TensorMessage> consumers(transport, static_cast<int>(state.range(1)));
@@ -141,6 +177,8 @@ const bool registered = [] {
     }
     rows->UseRealTime();
   }
+  benchmark::RegisterBenchmark("fanout/send_only/distributor", send_only_distributor)->Arg(32)->Arg(256)->UseManualTime()->MinTime(0.05);
+  benchmark::RegisterBenchmark("fanout/send_only/plain", send_only_plain)->UseManualTime()->MinTime(0.05);
   return true;
 }();
 

@@ -13,6 +13,8 @@
 //   ping               an empty message to a forked receiver and its reply (AllocPingPong/transport:2)
 //   tensors N          N new 4 KiB tensors per message, round trip (AllocSmallTensors/transport:2/tensors:N)
 //   views N            N views of one new storage per message (AllocSmallTensorsOneStorage/transport:2)
+//   send-plain         an 8-byte message sent and received in one thread (fanout/send/plain/shm_ring)
+//   send-distributor   the same through a Distributor with that one consumer (fanout/send/distributor)
 // Each process prints its instruction count per message when run under callgrind's
 // CALLGRIND_* client requests (valgrind/callgrind.h); without callgrind the program just runs.
 #include <sys/prctl.h>
@@ -90,6 +92,25 @@ void one_thread(int messages) {
   FERRY_MEASURE_STOP();
 }
 
+// An 8-byte message sent (through a Distributor of one consumer, or not) and received in one thread.
+void one_thread_sends(bool distributed, int messages) {
+  auto [tx, rx] = ferry::channel<std::uint64_t>(ferry::Transport::ShmRing, sleeping());
+  ferry::Distributor<std::uint64_t> pool;
+  if (distributed) pool.add(std::move(tx));
+  const auto send = [&](std::uint64_t value) { distributed ? pool.send(value) : tx.send(value); };
+  std::uint64_t value = 0;
+  for (; value < kWarmup; ++value) {
+    send(value);
+    (void)rx.recv();
+  }
+  FERRY_MEASURE_START();
+  for (int i = 0; i < messages; ++i, ++value) {
+    send(value);
+    if (rx.recv() != value) std::abort();
+  }
+  FERRY_MEASURE_STOP();
+}
+
 void round_trips(const std::string& mode, std::int64_t count, int messages) {
   auto [tx, rx] = ferry::channel<Message>(ferry::Transport::ShmRing, sleeping());
   auto [reply_tx, reply_rx] = ferry::channel<std::int64_t>(ferry::Transport::ShmRing, sleeping());
@@ -133,7 +154,7 @@ void round_trips(const std::string& mode, std::int64_t count, int messages) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s ring64|ping|tensors N|views N [MESSAGES]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ring64|ping|send-plain|send-distributor|tensors N|views N [MESSAGES]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
@@ -144,6 +165,8 @@ int main(int argc, char** argv) {
   try {
     if (mode == "ring64") {
       one_thread(messages);
+    } else if (mode == "send-plain" || mode == "send-distributor") {
+      one_thread_sends(mode == "send-distributor", messages);
     } else if (mode == "ping" || counted) {
       round_trips(mode, count, messages);
     } else {

@@ -312,9 +312,12 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
 }
 
 const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
-  // Each step is skipped when it has nothing to do (no ledger yet, no storage in the
-  // frame, no death since the last frame), so that a small message pays for none of them.
-  if (holds_.board() != nullptr) collect_returned_slots();
+  // Each step is skipped when it has nothing to do (no ledger yet, no storage ever sent, no
+  // storage in the frame, no death since the last frame), so that a small message pays for
+  // none of them. Every pin, kept segment and passed board of the ledger came with a storage
+  // slot: a connection that never had one (a Distributor's channel of plain values, whose
+  // board only counts deliveries) has no returns to collect.
+  if (holds_.board() != nullptr && !slots_.empty()) collect_returned_slots();
   if (!storages_.empty()) refresh_leased_storages();
   collect_dead_storages();
   collect_dead_segments();

@@ -93,7 +93,7 @@ class Distributor : public detail::FanoutBase<T, true> {
     for (std::size_t k = 0, i = first; k < all.size(); ++k, i = i + 1 < all.size() ? i + 1 : 0) {
       this->consumers_.refresh_for_selection(all[i]);
       if (!all[i].has_room()) continue;
-      if (!best || all[i].in_flight.size() < all[*best].in_flight.size()) best = i;
+      if (!best || all[i].in_flight() < all[*best].in_flight()) best = i;
     }
     return best;
   }
