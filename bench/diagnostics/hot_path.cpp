@@ -97,7 +97,7 @@ void one_thread_sends(bool distributed, int messages) {
   auto [tx, rx] = ferry::channel<std::uint64_t>(ferry::Transport::ShmRing, sleeping());
   ferry::Distributor<std::uint64_t> pool;
   if (distributed) pool.add(std::move(tx));
-  const auto send = [&](std::uint64_t value) { distributed ? pool.send(value) : tx.send(value); };
+  const auto send = [&, &tx = tx](std::uint64_t value) { distributed ? pool.send(value) : tx.send(value); };
   std::uint64_t value = 0;
   for (; value < kWarmup; ++value) {
     send(value);
