@@ -292,6 +292,8 @@ TEST_F(UcxEndpointTest, KeepaliveIsSetOnTheConnectionsOwnSocketsOnly) {
     auto rx = listener.accept_receiver_for<Batch>(10s);
     CHILD_CHECK(rx.has_value());
     CHILD_CHECK(rx->recv_for(10s).has_value());
+    // Alive, and so the connection, until the parent has looked at its sockets and closed.
+    CHILD_CHECK(!rx->recv_for(10s).has_value());
   });
   {
     Sender<Batch> tx = connect_sender<Batch>(pipe.get(), quiet_options());
@@ -707,6 +709,30 @@ TEST_F(UcxEndpointTest, AListenerInASelectorIsReadyWhenAClientCompletedItsHandsh
   ASSERT_TRUE(batch.has_value());
   EXPECT_TRUE(has_pattern(batch->tensors.at(0), 64, 5));
   rx->close();  // nobody reads on: the sender's close need not wait for its flush
+}
+
+// The listener tells a client it is accepted when their handshake ends, before accept():
+// what the client sends then, and closes, waits for accept() like a local client's bytes.
+TEST_F(UcxEndpointTest, WhatAClientSentBeforeClosingReachesTheEndAcceptedAfterIt) {
+  auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+  listener.serve_receiver<Batch>();
+  const std::string address = listener.address();
+  Selector selector;
+  selector.add(listener);
+  std::thread client([&] {
+    Sender<Batch> tx = connect_sender<Batch>(address, quiet_options());
+    tx.send(Batch{7, {pattern(4096, 7)}});
+    tx.close();
+  });
+  ASSERT_TRUE(selector.wait_for(10s).has_value());  // the handshake ended
+  client.join();                                    // the client sent, closed and is gone
+  auto rx = listener.accept_receiver_for<Batch>(0ms);
+  ASSERT_TRUE(rx.has_value());
+  auto batch = rx->recv_for(5s);
+  ASSERT_TRUE(batch.has_value());
+  EXPECT_EQ(batch->index, 7);
+  EXPECT_TRUE(has_pattern(batch->tensors.at(0), 4096, 7));
+  EXPECT_FALSE(rx->recv_for(5s).has_value());  // then its end of stream
 }
 
 // A client that completes UCX's connection and then says nothing: the listener's

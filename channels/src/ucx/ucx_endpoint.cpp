@@ -381,10 +381,9 @@ std::optional<ConnectionEnds> UcxListenerCore::accept(const EndKind& kind, const
     if (found != waiting_.end()) {
       Waiting taken = std::move(*found);
       waiting_.erase(found);
-      if (taken.connection->failed()) {
-        report("it went away before it was accepted");
-        continue;
-      }
+      // Handed out even if the client went away meanwhile: it was told it was accepted when
+      // its handshake ended, so it may have sent frames and closed before this call; its
+      // ends read those, then see it gone (as a local listener's do with a closed client).
       return ends_for(kind, std::move(taken.connection), options_.channel, taken.limits, false);
     }
     if (deadline.expired()) return std::nullopt;
