@@ -1,4 +1,5 @@
 #include "ferry/detail/archive.hpp"
+#include "ferry/detail/storage_collector.hpp"
 
 #include <functional>
 #include <string>
@@ -57,6 +58,17 @@ template struct CerealMember<InDeferments, &In::itsDeferments>;
 #endif
 
 }  // namespace
+
+FrameOutputArchive::FrameOutputArchive(FrameBody& body, MessageEncoder& encoder)
+    : OutputArchive(this), body_(body), encoder_(encoder) {}
+FrameOutputArchive::~FrameOutputArchive() = default;
+
+FrameInputArchive::FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages)
+    : InputArchive(this), body_(body), storages_(storages) {}
+FrameInputArchive::~FrameInputArchive() = default;
+
+StorageCollector::StorageCollector() : OutputArchive(this) {}
+StorageCollector::~StorageCollector() = default;
 
 bool FrameOutputArchive::reusable() const noexcept {
 #ifdef FERRY_KNOWN_CEREAL

@@ -45,6 +45,8 @@ Entry entry_at(std::span<const std::byte> table, std::size_t index) {
 
 }  // namespace
 
+MessageDecoder::~MessageDecoder() = default;
+
 void MessageDecoder::check_type(const FrameHeader& header, std::span<const std::byte> name) {
   if (header.flags & kFrameHasTypeName) {
     peer_type_name_.assign(reinterpret_cast<const char*>(name.data()), name.size());

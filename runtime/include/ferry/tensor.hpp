@@ -68,6 +68,14 @@ class Tensor {
  public:
   /// An undefined tensor (no storage, no shape); `defined()` is false.
   Tensor() = default;
+  // The copies are out of line (tensor.cpp): a view's copy is a shared_ptr and two shapes,
+  // which every translation unit that copies a tensor would otherwise compile again. The
+  // moves and the destructor, which the receive path runs per tensor, stay inline.
+  Tensor(const Tensor& other);
+  Tensor(Tensor&& other) noexcept = default;
+  Tensor& operator=(const Tensor& other);
+  Tensor& operator=(Tensor&& other) noexcept = default;
+  ~Tensor() = default;
 
   /// A contiguous tensor of `shape` whose elements are not initialised.
   static Tensor empty(const Shape& shape, DType dtype, Device device = Device::Cpu);

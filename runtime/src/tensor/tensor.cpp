@@ -11,6 +11,9 @@
 
 namespace ferry {
 
+Tensor::Tensor(const Tensor& other) = default;
+Tensor& Tensor::operator=(const Tensor& other) = default;
+
 Tensor::Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, std::int64_t offset,
                Device device)
     : storage_(std::move(storage)),

@@ -25,7 +25,11 @@ class Storage;
 /// FrameBody); tensors register their storages with `encoder`.
 class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cereal::AllowEmptyClassElision> {
  public:
-  FrameOutputArchive(FrameBody& body, MessageEncoder& encoder) : OutputArchive(this), body_(body), encoder_(encoder) {}
+  // Out of line (archive.cpp), as the input archive's and StorageCollector's: cereal's
+  // archive state (hash tables, maps) is built and torn down there, not in every
+  // translation unit that sends.
+  FrameOutputArchive(FrameBody& body, MessageEncoder& encoder);
+  ~FrameOutputArchive();
 
   void save_bytes(const void* data, std::size_t size) { body_.append(data, size); }
   /// Appends `size` bytes for the caller to write at the address returned (FrameBody::extend).
@@ -48,8 +52,8 @@ class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cere
 /// body raises ProtocolError. Tensors resolve their table index through `storages`.
 class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal::AllowEmptyClassElision> {
  public:
-  FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages)
-      : InputArchive(this), body_(body), storages_(storages) {}
+  FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages);
+  ~FrameInputArchive();
   /// Starts over on another body, for an archive that is reusable().
   void restart(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages) noexcept {
     body_ = body;

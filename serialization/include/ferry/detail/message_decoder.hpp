@@ -41,6 +41,7 @@ class MessageDecoder {
 
   MessageDecoder(std::uint64_t expected_fingerprint, std::string_view expected_type_name)
       : expected_fingerprint_(expected_fingerprint), expected_type_name_(expected_type_name) {}
+  ~MessageDecoder();  // out of line: its members' destructors are compiled once, there
 
   /// Resolves a message frame: `payload` is everything after the header; the frame's fds
   /// are taken from the front of `fds`. Throws TypeMismatch or ProtocolError, and PeerDied

@@ -30,7 +30,8 @@ struct Walkable<cereal::virtual_base_class<B>> : cereal::traits::is_output_seria
 /// tensor it could find.
 class StorageCollector : public cereal::OutputArchive<StorageCollector, cereal::AllowEmptyClassElision> {
  public:
-  StorageCollector() : OutputArchive(this) {}
+  StorageCollector();  // out of line (archive.cpp), as FrameOutputArchive's
+  ~StorageCollector();
   /// Walks `values` (what serialize()/save() functions call on their archive).
   template <class... T>
   StorageCollector& operator()(T&&... values) {
