@@ -276,9 +276,10 @@ void HoldLedger::collect(bool check_receivers) {
 }
 
 bool HoldLedger::idle() {
-  // A connection that pins nothing now (one that carries no storage, such as a channel of
-  // plain values whose deliveries a Distributor tracks): every frame asks, so this skips
-  // collect()'s allocations and take_returned()'s second lock.
+  // A connection that pinned storages before but pins none now: every frame asks (one that
+  // never had a storage slot, such as a Distributor's channel of plain values, is not asked
+  // at all: MessageEncoder::finish), so this skips collect()'s allocations and
+  // take_returned()'s second lock.
   if (!belongs_to_this_process()) return true;  // see collect()
   std::lock_guard lock(mutex_);
   if (pinned_ != 0 || !kept_segments_.empty() || probe_ || !returned_.empty()) return false;

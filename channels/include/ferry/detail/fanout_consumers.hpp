@@ -79,8 +79,7 @@ class FanoutConsumers {
   /// Like refresh(), but reads the consumer's delivery word (a cache line its receiver
   /// writes at every recv) only when the consumer is full or a sixteenth of its bound was
   /// sent since the last read: with a large bound, the counts a selection compares may be
-  /// that many messages too high. (Reading a quarter as often kept 4 consumers of 1 MiB
-  /// tensors at bound 64 to 0.6x the throughput of four plain channels, against 0.9x.)
+  /// that many messages too high (why not less often: docs/design/fanout.md).
   void refresh_for_selection(Consumer& consumer) {
     if (!consumer.has_room() || consumer.sent - consumer.sent_at_refresh >= std::max<std::size_t>(1, consumer.bound / 16)) {
       refresh(consumer);

@@ -52,7 +52,7 @@ class HoldLedger {
   void collect(bool check_receivers);
   /// True, after clearing the board's returns, when nothing is pinned, kept or returned:
   /// collect(false) and take_returned() would do nothing (one lock, no allocation; every
-  /// frame of a connection that carries no storage asks). False, doing nothing, otherwise.
+  /// frame of a connection that pins nothing now asks). False, doing nothing, otherwise.
   bool idle();
   /// The receiving end is gone (a write failed): frames not resolved yet never will be.
   void receiver_gone();
