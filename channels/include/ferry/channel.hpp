@@ -134,6 +134,13 @@ class Sender {
   /// The receiver's recv() has returned every message up to this sequence number (0:
   /// none, or delivery not tracked). Keeps its last value once the receiver is gone.
   std::uint64_t delivered() { return local_ ? local_.taken() : core().delivered(); }
+  /// The return board whose resolved word is delivered() as this end's receiver writes
+  /// it (ReturnBoard::resolved(); no lock, no system call), once the first message went
+  /// after track_delivery(); null before, and for ends whose transport has no board
+  /// (InProcess, Ucx): ask delivered().
+  std::shared_ptr<const ReturnBoard> delivery_board() {
+    return local_ || !core_ ? nullptr : core_->delivery_board();
+  }
   /// Asks the receiver to ring a doorbell (a shared futex word) once its recv() has
   /// returned message `sequence`, for a fan-out that sleeps until a consumer has room
   /// (see ReturnBoard::request_delivery_wake()); nullopt when the end cannot (InProcess,

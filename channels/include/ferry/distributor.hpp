@@ -7,7 +7,6 @@
 
 #include <cstddef>
 #include <mutex>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -67,15 +66,15 @@ class Distributor : public detail::FanoutBase<T, true> {
         throw ChannelClosed("cannot send: the Distributor has no consumer (add() one; removed consumers' "
                             "messages are in take_undelivered())");
       }
-      if (const std::optional<std::size_t> chosen = least_loaded()) {
-        auto& consumer = consumers.all()[*chosen];
+      if (const std::size_t chosen = least_loaded(); chosen != kNone) {
+        auto& consumer = consumers.all()[chosen];
         try {
           if (!consumers.send_to(consumer, message, deadline)) return false;
         } catch (const ChannelClosed&) {
-          consumers.remove(*chosen, &undelivered_);  // gone: try the next one
+          consumers.remove(chosen, &undelivered_);  // gone: try the next one
           continue;
         }
-        turn_ = *chosen + 1;
+        turn_ = chosen + 1;
         return true;
       }
       // Every consumer is full: one that died stays full for ever, so look for those now and then.
@@ -85,15 +84,20 @@ class Distributor : public detail::FanoutBase<T, true> {
     }
   }
 
-  // The consumer with room and the fewest messages in flight, the first from turn_ among equals.
-  std::optional<std::size_t> least_loaded() {
+  static constexpr std::size_t kNone = static_cast<std::size_t>(-1);
+
+  // The index of the consumer with room and the fewest messages in flight, the first from
+  // turn_ among equals; kNone when all are full. (An index, not an optional: the optional's
+  // two parts, stored apart and read back as one, stalled every send.)
+  std::size_t least_loaded() {
     auto& all = this->consumers_.all();
-    std::optional<std::size_t> best;
-    const std::size_t first = turn_ < all.size() ? turn_ : 0;
-    for (std::size_t k = 0, i = first; k < all.size(); ++k, i = i + 1 < all.size() ? i + 1 : 0) {
+    const std::size_t count = all.size();
+    std::size_t best = kNone;
+    const std::size_t first = turn_ < count ? turn_ : 0;
+    for (std::size_t k = 0, i = first; k < count; ++k, i = i + 1 < count ? i + 1 : 0) {
       this->consumers_.refresh_for_selection(all[i]);
       if (!all[i].has_room()) continue;
-      if (!best || all[i].in_flight() < all[*best].in_flight()) best = i;
+      if (best == kNone || all[i].in_flight() < all[best].in_flight()) best = i;
     }
     return best;
   }

@@ -202,6 +202,11 @@ std::uint64_t SenderCore::delivered() {
   return delivered_;
 }
 
+std::shared_ptr<const ReturnBoard> SenderCore::delivery_board() {
+  std::lock_guard lock(mutex_);
+  return encoder_.delivery_board();
+}
+
 std::optional<ReturnBoard::DeliveryWake> SenderCore::request_delivery_wake(std::uint64_t sequence) {
   std::lock_guard lock(mutex_);
   if (!open_) return std::nullopt;

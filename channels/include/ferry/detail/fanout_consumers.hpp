@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -46,6 +47,9 @@ class FanoutConsumers {
     std::uint64_t delivered = 0;  // of those sent, as of the last read of delivered()
     std::uint64_t skipped = 0;
     std::uint64_t sent_at_refresh = 0;  // `sent` when delivered() was last read
+    // The end's delivery board (Sender::delivery_board()), looked up after the first send;
+    // null for an end without one, which is asked delivered() instead.
+    std::shared_ptr<const ReturnBoard> board{};
     [[no_unique_address]] InFlightCopies<T, Copy> copies{};
     std::size_t in_flight() const noexcept { return static_cast<std::size_t>(sent - delivered); }
     bool has_room() const noexcept { return in_flight() < bound; }
@@ -73,7 +77,7 @@ class FanoutConsumers {
   void refresh(Consumer& consumer) {
     if (consumer.in_flight() == 0) return;
     consumer.sent_at_refresh = consumer.sent;
-    forget_delivered(consumer, consumer.end.delivered());
+    forget_delivered(consumer, consumer.board ? consumer.board->resolved() : consumer.end.delivered());
   }
 
   /// Like refresh(), but reads the consumer's delivery word (a cache line its receiver
@@ -97,7 +101,7 @@ class FanoutConsumers {
     } else {
       if (!send_end(consumer.end, message, deadline)) return false;
     }
-    ++consumer.sent;
+    if (++consumer.sent == 1) consumer.board = consumer.end.delivery_board();  // the frame carried it
     return true;
   }
 
@@ -232,12 +236,18 @@ class FanoutConsumers {
     wakes.clear();
   }
 
+  // Only this object uses a consumer's end, always under its owner's lock (FanoutBase), so
+  // a framed end sends without taking the end's own lock too.
   static bool send_end(Sender<T>& end, const T& message, const Deadline& deadline) {
-    if (deadline.is_never()) {
-      end.send(message);
-      return true;
+    if (end.transport() == Transport::InProcess) {
+      if (deadline.is_never()) {
+        end.send(message);
+        return true;
+      }
+      return end.send_for(message, deadline.remaining());  // nothing to flush
     }
-    if (!end.send_for(message, deadline.remaining())) return false;
+    if (!end.core().send_serialized_by_owner(message, deadline)) return false;
+    if (deadline.is_never()) return true;
     // Accepted: finish a frame the deadline cut short now rather than at the next send to
     // this consumer, which may come much later. A consumer gone meanwhile is found by the
     // next send or liveness check (the message is recorded in flight by then).

@@ -69,17 +69,13 @@ class SenderCore final : public LiveEnd {
   template <class T>
   bool send(const T& message, const Deadline& deadline) {
     std::lock_guard lock(mutex_);
-    ensure_open();
-    collect_acknowledgements();
-    const EncodedFrame* frame = nullptr;
-    try {
-      frame = &encoder_.encode(message, writer_->body_space(deadline));
-      check_limits();
-    } catch (...) {
-      encoder_.rollback();
-      throw;
-    }
-    return write_locked(*frame, deadline);
+    return send_locked(message, deadline);
+  }
+  /// send(), for an owner that serializes every use of this end under a lock of its own
+  /// (a fan-out, to which the end was handed): the same, without taking the end's lock.
+  template <class T>
+  bool send_serialized_by_owner(const T& message, const Deadline& deadline) {
+    return send_locked(message, deadline);
   }
   /// Writes the tail of a frame that a timed send accepted but could not finish.
   bool flush(const Deadline& deadline);
@@ -121,6 +117,9 @@ class SenderCore final : public LiveEnd {
   /// as the board tells (0: none, or delivery not tracked). Still answers once the end is
   /// closed or the receiver is gone (the last value read before).
   std::uint64_t delivered();
+  /// MessageEncoder::delivery_board(): reading its resolved word is delivered() without
+  /// the lock, for a fan-out that alone sends on this end.
+  std::shared_ptr<const ReturnBoard> delivery_board();
   /// Asks the receiver to ring the board's doorbell once its recv() has returned message
   /// `sequence` (ReturnBoard::request_delivery_wake()); nullopt before the board exists
   /// or once the end is closed. cancel_delivery_wake() withdraws the request.
@@ -151,6 +150,21 @@ class SenderCore final : public LiveEnd {
   // their release is announced in this very frame).
   void collect_acknowledgements();
   bool write_locked(const EncodedFrame& frame, const Deadline& deadline);
+  // send(), with the end's lock held (or every use serialized by its owner).
+  template <class T>
+  bool send_locked(const T& message, const Deadline& deadline) {
+    ensure_open();
+    collect_acknowledgements();
+    const EncodedFrame* frame = nullptr;
+    try {
+      frame = &encoder_.encode(message, writer_->body_space(deadline));
+      check_limits();
+    } catch (...) {
+      encoder_.rollback();
+      throw;
+    }
+    return write_locked(*frame, deadline);
+  }
 
   std::mutex mutex_;
   std::unique_ptr<FrameWriter> writer_;

@@ -125,6 +125,10 @@ class SendingHolds {
 
   /// The connection's return board, or null before the first storage was pinned.
   ReturnBoard* board() const noexcept { return ledger_ ? ledger_->board().get() : nullptr; }
+  /// The same, shared (null before the first storage was pinned or the board was sent).
+  std::shared_ptr<const ReturnBoard> shared_board() const noexcept {
+    return ledger_ ? ledger_->board() : nullptr;
+  }
   /// The connection's return board, created (with the ledger) when there is none yet.
   const std::shared_ptr<ReturnBoard>& ensure_board();
   /// Pins the allocations of the storages frame `sequence` introduces (see HoldLedger::pin);

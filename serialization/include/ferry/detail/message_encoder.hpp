@@ -122,6 +122,12 @@ class MessageEncoder {
     return holds_.request_delivery_wake(sequence);
   }
   void cancel_delivery_wake() noexcept { holds_.cancel_delivery_wake(); }
+  /// The board whose resolved word counts this connection's deliveries (after
+  /// track_delivery() and the first message frame); null before, and for a connection
+  /// that copies its storages (its transport reports deliveries itself).
+  std::shared_ptr<const ReturnBoard> delivery_board() const noexcept {
+    return delivery_tracked_ && passing_ != HandlePassing::Copying ? holds_.shared_board() : nullptr;
+  }
   /// Asks for delivery acknowledgements: the next frame carries the connection's return
   /// board even when it names no storage, so that the receiver can record on the board
   /// every frame it delivers (MessageDecoder::mark_delivered()), not only those with new
