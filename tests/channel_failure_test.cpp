@@ -477,5 +477,37 @@ TEST(DeliveryReportTest, ReportedDeliveriesNeverExceedWhatWasSent) {
   tx.detach();
 }
 
+TEST(DeliveryReportTest, AnEndWhoseTransportReportsDeliveriesHasNoDeliveryBoard) {
+  Sender<int> tx = detail::sender_over<int>(std::make_unique<OverReportingWriter>(), Transport::Ucx, ChannelOptions{});
+  tx.track_delivery();
+  tx.send(1);
+  EXPECT_EQ(tx.delivery_board(), nullptr);  // a fan-out asks delivered() instead
+  tx.detach();
+  auto [local_tx, local_rx] = channel<int>(Transport::InProcess);
+  local_tx.track_delivery();
+  local_tx.send(1);
+  EXPECT_EQ(local_tx.delivery_board(), nullptr);
+}
+
+TEST(DeliveryReportTest, TheDeliveryBoardCountsWhatRecvReturnedOnceTheFirstMessageWent) {
+  for (const Transport transport : {Transport::Pipe, Transport::UnixSocket, Transport::ShmRing}) {
+    SCOPED_TRACE(std::string(transport_name(transport)));
+    auto [tx, rx] = channel<int>(transport);
+    tx.track_delivery();
+    EXPECT_EQ(tx.delivery_board(), nullptr);  // the board goes with the first message
+    for (int i = 0; i < 3; ++i) tx.send(i);
+    const std::shared_ptr<const ReturnBoard> board = tx.delivery_board();
+    ASSERT_NE(board, nullptr);
+    EXPECT_EQ(board->resolved(), 0u);
+    EXPECT_EQ(rx.recv(), 0);
+    EXPECT_EQ(rx.recv(), 1);
+    EXPECT_EQ(board->resolved(), 2u);
+    EXPECT_EQ(tx.delivered(), 2u);
+    tx.close();
+    EXPECT_EQ(rx.recv(), 2);
+    EXPECT_EQ(board->resolved(), 3u);  // still readable after the end closed
+  }
+}
+
 }  // namespace
 }  // namespace ferry
