@@ -1,6 +1,6 @@
 // The consumers of a Distributor or Broadcast: each one's Sender, its bound, and what is in
 // flight to it, counted from the delivery acknowledgements its receiver writes
-// (Sender::delivered(), see docs/design/fanout.md); how a send sleeps until a full one has
+// (its board's delivery word, see docs/design/fanout.md); how a send sleeps until a full one has
 // room; and FanoutBase, what the two classes share (the lock, add(), stats(), size()).
 #pragma once
 
@@ -44,9 +44,9 @@ class FanoutConsumers {
     // so the messages in flight are those numbered delivered + 1 to sent.
     std::uint64_t base_sequence;  // the end's last sequence when it was added
     std::uint64_t sent = 0;
-    std::uint64_t delivered = 0;  // of those sent, as of the last read of delivered()
+    std::uint64_t delivered = 0;  // of those sent, as of the last read of the delivery word
     std::uint64_t skipped = 0;
-    std::uint64_t sent_at_refresh = 0;  // `sent` when delivered() was last read
+    std::uint64_t sent_at_refresh = 0;  // `sent` when the delivery word was last read
     // The end's delivery board (Sender::delivery_board()), looked up after the first send;
     // null for an end without one, which is asked delivered() instead.
     std::shared_ptr<const ReturnBoard> board{};
