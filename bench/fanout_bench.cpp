@@ -16,7 +16,7 @@
 // A plain Sender runs ahead of its consumer by what its transport holds (thousands of small
 // frames); a Distributor by `bound` messages per consumer, so with consumers as fast as the
 // producer the small-bound rows measure the wait for a place, the bound-256 rows the
-// overhead (32 is FanoutOptions' default).
+// overhead (128 is FanoutOptions' default).
 //   fanout/broadcast/<transport>/<bytes>/<consumers>  the same tensor to every consumer
 // Consumers receive and drop. Time per message (per broadcast); compare medians of the
 // rows of one run (--benchmark_repetitions).
@@ -163,6 +163,7 @@ const bool registered = [] {
         ->Args({4, 16})
         ->Args({4, 32})
         ->Args({4, 64})
+        ->Args({4, 128})
         ->Args({4, 256})
         ->UseRealTime();
     benchmark::RegisterBenchmark(("fanout/one_to_one/" + name).c_str(), one_to_one, transport)->Arg(4)->UseRealTime();

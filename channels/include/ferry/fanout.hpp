@@ -18,8 +18,9 @@ struct FanoutOptions {
   /// to read, so a small bound makes fast consumers run dry and sleep (one wake-up per few
   /// messages) and costs throughput; a large one lets a stalled consumer keep that many
   /// messages from the others (and keeps their storages pinned). A pool of slow workers
-  /// balances best with 1 to 4; see docs/design/fanout.md, "Limits".
-  std::size_t max_in_flight = 32;
+  /// balances best with 1 to 4; see docs/design/fanout.md, "Limits". The default lets
+  /// four consumers as fast as the producer keep up with four plain channels.
+  std::size_t max_in_flight = 128;
   /// How often sends check that the consumers still live (one poll() each): a consumer
   /// that died or closed is removed within about this long of the next send (a send to it
   /// that fails removes it at once).

@@ -25,14 +25,6 @@ const std::atomic<std::uint32_t>& doorbell(const ReturnBoard::DeliveryWake& wake
   return *reinterpret_cast<const std::atomic<std::uint32_t>*>(wake.doorbell);
 }
 
-// CLOCK_MONOTONIC_COARSE: CLOCK_MONOTONIC (steady_clock's clock) as of the last tick.
-std::chrono::steady_clock::time_point coarse_now() noexcept {
-  timespec now{};
-  (void)::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // cannot fail for a valid clock id
-  return std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-      std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec)));
-}
-
 // The coarse clock's tick (a few ms; the kernel's HZ); a day when it cannot be read, so
 // that the precise clock is used.
 std::chrono::nanoseconds coarse_tick() noexcept {
@@ -77,13 +69,6 @@ void FanoutWait::pause(std::chrono::steady_clock::time_point until) {
   auto sleep = std::min<std::chrono::nanoseconds>(kFirstSleep * (1u << doublings), kLongestSleep);
   sleep = std::min<std::chrono::nanoseconds>(sleep, std::max<std::chrono::nanoseconds>(until - now, std::chrono::nanoseconds(0)));
   std::this_thread::sleep_for(sleep);
-}
-
-bool LivenessSchedule::due() {
-  const auto now = now_for(coarse_);
-  if (now < next_check_) return false;
-  next_check_ = now + interval_;
-  return true;
 }
 
 }  // namespace ferry::detail

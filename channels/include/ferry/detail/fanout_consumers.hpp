@@ -47,6 +47,10 @@ class FanoutConsumers {
     std::uint64_t delivered = 0;  // of those sent, as of the last read of the delivery word
     std::uint64_t skipped = 0;
     std::uint64_t sent_at_refresh = 0;  // `sent` when the delivery word was last read
+    std::uint64_t refresh_every;        // sends between two reads of the word (refresh_for_selection())
+    // The end's frame core, for a framed end (sent on without its lock, see send_end());
+    // null for an InProcess end.
+    SenderCore* framed;
     // The end's delivery board (Sender::delivery_board()), looked up after the first send;
     // null for an end without one, which is asked delivered() instead.
     std::shared_ptr<const ReturnBoard> board{};
@@ -69,7 +73,14 @@ class FanoutConsumers {
     if (!end.is_open()) throw ChannelClosed("cannot add a consumer: this Sender is closed, moved from or empty");
     end.track_delivery();
     const std::uint64_t base = end.last_sequence();
-    consumers_.push_back(Consumer{next_id_, std::move(end), std::max<std::size_t>(bound, 1), base});
+    bound = std::max<std::size_t>(bound, 1);
+    SenderCore* framed = end.transport() == Transport::InProcess ? nullptr : &end.core();
+    consumers_.push_back(Consumer{.id = next_id_,
+                                  .end = std::move(end),
+                                  .bound = bound,
+                                  .base_sequence = base,
+                                  .refresh_every = std::max<std::size_t>(1, bound / 16),
+                                  .framed = framed});
     return next_id_++;
   }
 
@@ -85,7 +96,7 @@ class FanoutConsumers {
   /// sent since the last read: with a large bound, the counts a selection compares may be
   /// that many messages too high (why not less often: docs/design/fanout.md).
   void refresh_for_selection(Consumer& consumer) {
-    if (!consumer.has_room() || consumer.sent - consumer.sent_at_refresh >= std::max<std::size_t>(1, consumer.bound / 16)) {
+    if (!consumer.has_room() || consumer.sent - consumer.sent_at_refresh >= consumer.refresh_every) {
       refresh(consumer);
     }
   }
@@ -96,10 +107,10 @@ class FanoutConsumers {
   bool send_to(Consumer& consumer, const T& message, const Deadline& deadline) {
     if constexpr (Copy) {
       T copy(message);  // before sending: a copy that fails leaves nothing half done
-      if (!send_end(consumer.end, copy, deadline)) return false;
+      if (!send_end(consumer, copy, deadline)) return false;
       consumer.copies.messages.push_back(std::move(copy));
     } else {
-      if (!send_end(consumer.end, message, deadline)) return false;
+      if (!send_end(consumer, message, deadline)) return false;
     }
     if (++consumer.sent == 1) consumer.board = consumer.end.delivery_board();  // the frame carried it
     return true;
@@ -238,21 +249,28 @@ class FanoutConsumers {
 
   // Only this object uses a consumer's end, always under its owner's lock (FanoutBase), so
   // a framed end sends without taking the end's own lock too.
-  static bool send_end(Sender<T>& end, const T& message, const Deadline& deadline) {
-    if (end.transport() == Transport::InProcess) {
+  static bool send_end(Consumer& consumer, const T& message, const Deadline& deadline) {
+    if (consumer.framed != nullptr && deadline.is_never()) [[likely]] {
+      return consumer.framed->send_serialized_by_owner(message, deadline);
+    }
+    return send_end_with_deadline(consumer, message, deadline);
+  }
+  // send_end() for an InProcess end, or with a deadline.
+  static bool send_end_with_deadline(Consumer& consumer, const T& message, const Deadline& deadline) {
+    if (consumer.framed == nullptr) {  // InProcess
       if (deadline.is_never()) {
-        end.send(message);
+        consumer.end.send(message);
         return true;
       }
-      return end.send_for(message, deadline.remaining());  // nothing to flush
+      return consumer.end.send_for(message, deadline.remaining());  // nothing to flush
     }
-    if (!end.core().send_serialized_by_owner(message, deadline)) return false;
+    if (!consumer.framed->send_serialized_by_owner(message, deadline)) return false;
     if (deadline.is_never()) return true;
     // Accepted: finish a frame the deadline cut short now rather than at the next send to
     // this consumer, which may come much later. A consumer gone meanwhile is found by the
     // next send or liveness check (the message is recorded in flight by then).
     try {
-      (void)end.flush(std::chrono::milliseconds(0));
+      (void)consumer.framed->flush(Deadline::after(std::chrono::milliseconds(0)));
     } catch (const ChannelClosed&) {
     }
     return true;

@@ -2,6 +2,8 @@
 // consumers still live (Distributor and Broadcast; see docs/design/fanout.md).
 #pragma once
 
+#include <time.h>
+
 #include <chrono>
 #include <span>
 
@@ -36,6 +38,14 @@ class FanoutWait {
   std::chrono::steady_clock::time_point spin_until_;
 };
 
+/// CLOCK_MONOTONIC_COARSE: CLOCK_MONOTONIC (steady_clock's clock) as of the last tick.
+inline std::chrono::steady_clock::time_point coarse_now() noexcept {
+  timespec now{};
+  (void)::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // cannot fail for a valid clock id
+  return std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      std::chrono::seconds(now.tv_sec) + std::chrono::nanoseconds(now.tv_nsec)));
+}
+
 /// Tells when the consumers' liveness is due for a check: once per `interval` (at least
 /// 1 ms), and at the first call. due() runs at every send, so for an interval of at least
 /// two ticks of the coarse monotonic clock (a tick is a few ms) it reads that clock (a few
@@ -43,7 +53,12 @@ class FanoutWait {
 class LivenessSchedule {
  public:
   explicit LivenessSchedule(std::chrono::milliseconds interval);
-  bool due();
+  bool due() noexcept {  // inline: a send's one call into it
+    const auto now = coarse_ ? coarse_now() : std::chrono::steady_clock::now();
+    if (now < next_check_) return false;
+    next_check_ = now + interval_;
+    return true;
+  }
   /// When the next check is due.
   std::chrono::steady_clock::time_point next() const noexcept { return next_check_; }
 
