@@ -178,7 +178,7 @@ const bool registered = [] {
     }
     rows->UseRealTime();
   }
-  benchmark::RegisterBenchmark("fanout/send_only/distributor", send_only_distributor)->Arg(32)->Arg(256)->UseManualTime()->MinTime(0.05);
+  benchmark::RegisterBenchmark("fanout/send_only/distributor", send_only_distributor)->Arg(32)->Arg(128)->Arg(256)->UseManualTime()->MinTime(0.05);
   benchmark::RegisterBenchmark("fanout/send_only/plain", send_only_plain)->UseManualTime()->MinTime(0.05);
   return true;
 }();
