@@ -103,10 +103,6 @@ class Tensor {
   /// A view of `storage`; throws Error when the view would reach outside the storage.
   static Tensor from_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,
                              std::int64_t storage_offset);
-  /// Like from_storage(), for callers that already checked the view with
-  /// view_bounds_problem(): skips the second check.
-  static Tensor from_checked_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,
-                                     std::int64_t storage_offset);
 
   bool defined() const noexcept { return defined_; }
   DType dtype() const noexcept { return dtype_; }

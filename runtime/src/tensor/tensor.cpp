@@ -219,11 +219,6 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, DType dtype, Shape
   if (auto problem = view_bounds_problem(bytes, dtype, shape, strides, storage_offset)) {
     throw Error("Tensor::from_storage: " + *problem);
   }
-  return from_checked_storage(std::move(storage), dtype, std::move(shape), std::move(strides), storage_offset);
-}
-
-Tensor Tensor::from_checked_storage(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides,
-                                    std::int64_t storage_offset) {
   const Device device = storage ? storage->device() : Device::Cpu;
   return Tensor(std::move(storage), dtype, std::move(shape), std::move(strides), storage_offset, device);
 }
