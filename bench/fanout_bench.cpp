@@ -19,7 +19,8 @@
 // overhead (128 is FanoutOptions' default).
 //   fanout/broadcast/<transport>/<bytes>/<consumers>  the same tensor to every consumer
 // Consumers receive and drop. Time per message (per broadcast); compare medians of the
-// rows of one run (--benchmark_repetitions).
+// rows of one run (--benchmark_repetitions, with --benchmark_enable_random_interleaving
+// so that the rows share the machine's swings).
 #include <benchmark/benchmark.h>
 
 #include <array>

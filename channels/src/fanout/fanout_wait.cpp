@@ -34,7 +34,7 @@ std::chrono::nanoseconds coarse_tick() noexcept {
 }
 
 std::chrono::steady_clock::time_point now_for(bool coarse) noexcept {
-  return coarse ? coarse_now() : std::chrono::steady_clock::now();
+  return coarse ? coarse_steady_now() : std::chrono::steady_clock::now();
 }
 }  // namespace
 

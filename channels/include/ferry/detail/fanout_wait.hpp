@@ -39,7 +39,7 @@ class FanoutWait {
 };
 
 /// CLOCK_MONOTONIC_COARSE: CLOCK_MONOTONIC (steady_clock's clock) as of the last tick.
-inline std::chrono::steady_clock::time_point coarse_now() noexcept {
+inline std::chrono::steady_clock::time_point coarse_steady_now() noexcept {
   timespec now{};
   (void)::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);  // cannot fail for a valid clock id
   return std::chrono::steady_clock::time_point(std::chrono::duration_cast<std::chrono::steady_clock::duration>(
@@ -54,7 +54,7 @@ class LivenessSchedule {
  public:
   explicit LivenessSchedule(std::chrono::milliseconds interval);
   bool due() noexcept {  // inline: a send's one call into it
-    const auto now = coarse_ ? coarse_now() : std::chrono::steady_clock::now();
+    const auto now = coarse_ ? coarse_steady_now() : std::chrono::steady_clock::now();
     if (now < next_check_) return false;
     next_check_ = now + interval_;
     return true;
