@@ -127,6 +127,18 @@ TEST_P(FanoutTest, DistributorSendForGivesUpWhenEveryConsumerIsFull) {
   EXPECT_EQ(in_flight(pool, ends.ids[0]), 2u);
 }
 
+// The default bound (FanoutOptions::max_in_flight, 128) holds for an end added without one.
+TEST_P(FanoutTest, ADefaultDistributorPassesOverAConsumerWith128InFlight) {
+  ASSERT_EQ(FanoutOptions{}.max_in_flight, 128u);
+  Distributor<std::uint64_t> pool;
+  Ends ends = add_consumers(pool, 1);
+  for (std::uint64_t id = 0; id < 128; ++id) ASSERT_TRUE(pool.send_for(id, 1s)) << "message " << id;
+  EXPECT_FALSE(pool.send_for(128, 0ms)) << "the consumer has 128 in flight, the default bound";
+  EXPECT_EQ(in_flight(pool, ends.ids[0]), 128u);
+  EXPECT_EQ(ends.receivers[0].recv().value(), 0u);
+  EXPECT_TRUE(pool.send_for(128, 1s)) << "one delivered: room for one more";
+}
+
 TEST_P(FanoutTest, DistributorHandsBackWhatAClosedConsumerNeverReceived) {
   FanoutOptions options;
   options.max_in_flight = 8;
