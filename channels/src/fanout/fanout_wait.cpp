@@ -32,10 +32,6 @@ std::chrono::nanoseconds coarse_tick() noexcept {
   if (::clock_getres(CLOCK_MONOTONIC_COARSE, &tick) != 0) return std::chrono::hours(24);
   return std::chrono::seconds(tick.tv_sec) + std::chrono::nanoseconds(tick.tv_nsec);
 }
-
-std::chrono::steady_clock::time_point now_for(bool coarse) noexcept {
-  return coarse ? coarse_steady_now() : std::chrono::steady_clock::now();
-}
 }  // namespace
 
 void sleep_on_doorbells(std::span<const ReturnBoard::DeliveryWake> doorbells,
@@ -55,7 +51,7 @@ void sleep_on_doorbells(std::span<const ReturnBoard::DeliveryWake> doorbells,
 LivenessSchedule::LivenessSchedule(std::chrono::milliseconds interval)
     : interval_(std::max(interval, std::chrono::milliseconds(1))),
       coarse_(interval_ >= 2 * coarse_tick()),
-      next_check_(now_for(coarse_)) {}
+      next_check_(now_on(coarse_)) {}
 
 void FanoutWait::pause(std::chrono::steady_clock::time_point until) {
   const auto now = std::chrono::steady_clock::now();

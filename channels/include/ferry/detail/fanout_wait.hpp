@@ -54,7 +54,7 @@ class LivenessSchedule {
  public:
   explicit LivenessSchedule(std::chrono::milliseconds interval);
   bool due() noexcept {  // inline: a send's one call into it
-    const auto now = coarse_ ? coarse_steady_now() : std::chrono::steady_clock::now();
+    const auto now = now_on(coarse_);
     if (now < next_check_) return false;
     next_check_ = now + interval_;
     return true;
@@ -63,6 +63,10 @@ class LivenessSchedule {
   std::chrono::steady_clock::time_point next() const noexcept { return next_check_; }
 
  private:
+  static std::chrono::steady_clock::time_point now_on(bool coarse) noexcept {
+    return coarse ? coarse_steady_now() : std::chrono::steady_clock::now();
+  }
+
   std::chrono::milliseconds interval_;
   bool coarse_;  // reads CLOCK_MONOTONIC_COARSE
   std::chrono::steady_clock::time_point next_check_;
