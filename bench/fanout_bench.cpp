@@ -10,6 +10,12 @@
 //                                        sent through a Distributor of one ring consumer
 //                                        (timed), then received (not timed)
 //   fanout/send_only/plain               baseline: the same with a plain ring Sender
+//   fanout/send_only/distributor_tensor/<bound>  the same with the throughput rows' messages,
+//                                        each made anew for its send (a message of one of 64
+//                                        tensors of 1 MiB in turn, whose storage the consumer
+//                                        already holds: a slot number) and handed over as an
+//                                        rvalue (send(T&&) keeps it in flight, not a copy)
+//   fanout/send_only/plain_tensor        baseline: the same with a plain ring Sender
 // In the send rows the consumer's pace and its wake-ups set the time as much as the send
 // does (a plain send that fills the ring waits for it like a full Distributor); the
 // send_only rows time the sender's own work, with no other process to wait for.
@@ -117,32 +123,56 @@ void send_plain(benchmark::State& state, Transport transport) {
   consumers.children.clear();
 }
 
+// The messages of the send_only rows, made for each send: the n-th 8-byte message is n;
+// the n-th tensor message views the (n mod 64)-th of 64 tensors of 1 MiB.
+struct Counted {
+  using Message = std::uint64_t;
+  Message make(std::uint64_t n) const { return n; }
+  bool matches(const Message& got, std::uint64_t n) const { return got == n; }
+};
+struct Tensors {
+  using Message = TensorMessage;
+  std::vector<TensorMessage> all = tensors(64, 1 << 20);
+  Message make(std::uint64_t n) const { return all[n % all.size()]; }
+  bool matches(const Message& got, std::uint64_t n) const {
+    return got.tensor.numel() == all[n % all.size()].tensor.numel();
+  }
+};
+
 // Sends `kBatch` messages with `send` (timed), then receives them from `rx` (not timed).
-template <class Send>
-void timed_sends(benchmark::State& state, Send send, Receiver<std::uint64_t>& rx) {
+template <class Messages, class Send>
+void timed_sends(benchmark::State& state, const Messages& messages, Send send,
+                 Receiver<typename Messages::Message>& rx) {
   constexpr int kBatch = 16;
   std::uint64_t value = 0;
   for (auto _ : state) {
     const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < kBatch; ++i) send(value + static_cast<std::uint64_t>(i));
+    for (int i = 0; i < kBatch; ++i) send(messages.make(value + static_cast<std::uint64_t>(i)));
     const auto stop = std::chrono::steady_clock::now();
     state.SetIterationTime(std::chrono::duration<double>(stop - start).count() / kBatch);
     for (int i = 0; i < kBatch; ++i, ++value) {
-      if (rx.recv() != value) state.SkipWithError("a message came back wrong");
+      const auto got = rx.recv();
+      if (!got || !messages.matches(*got, value)) state.SkipWithError("a message came back wrong");
     }
   }
 }
 
+template <class Messages>
 void send_only_distributor(benchmark::State& state) {
-  auto [tx, rx] = channel<std::uint64_t>(Transport::ShmRing);
-  Distributor<std::uint64_t> pool(bounded(state.range(0)));
+  const Messages messages;
+  using Message = typename Messages::Message;
+  auto [tx, rx] = channel<Message>(Transport::ShmRing);
+  Distributor<Message> pool(bounded(state.range(0)));
   pool.add(std::move(tx));
-  timed_sends(state, [&pool](std::uint64_t value) { pool.send(value); }, rx);
+  timed_sends(state, messages, [&pool](Message&& message) { pool.send(std::move(message)); }, rx);
 }
 
+template <class Messages>
 void send_only_plain(benchmark::State& state) {
-  auto [tx, rx] = channel<std::uint64_t>(Transport::ShmRing);
-  timed_sends(state, [&tx = tx](std::uint64_t value) { tx.send(value); }, rx);
+  const Messages messages;
+  using Message = typename Messages::Message;
+  auto [tx, rx] = channel<Message>(Transport::ShmRing);
+  timed_sends(state, messages, [&tx = tx](const Message& message) { tx.send(message); }, rx);
 }
 
 void broadcast(benchmark::State& state, Transport transport) {
@@ -179,8 +209,18 @@ const bool registered = [] {
     }
     rows->UseRealTime();
   }
-  benchmark::RegisterBenchmark("fanout/send_only/distributor", send_only_distributor)->Arg(32)->Arg(128)->Arg(256)->UseManualTime()->MinTime(0.05);
-  benchmark::RegisterBenchmark("fanout/send_only/plain", send_only_plain)->UseManualTime()->MinTime(0.05);
+  benchmark::RegisterBenchmark("fanout/send_only/distributor", send_only_distributor<Counted>)
+      ->Arg(32)
+      ->Arg(128)
+      ->Arg(256)
+      ->UseManualTime()
+      ->MinTime(0.05);
+  benchmark::RegisterBenchmark("fanout/send_only/plain", send_only_plain<Counted>)->UseManualTime()->MinTime(0.05);
+  benchmark::RegisterBenchmark("fanout/send_only/distributor_tensor", send_only_distributor<Tensors>)
+      ->Arg(128)
+      ->UseManualTime()
+      ->MinTime(0.05);
+  benchmark::RegisterBenchmark("fanout/send_only/plain_tensor", send_only_plain<Tensors>)->UseManualTime()->MinTime(0.05);
   return true;
 }();
 

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -157,6 +158,69 @@ TEST_P(FanoutTest, DistributorHandsBackWhatAClosedConsumerNeverReceived) {
   Ids rest;
   for (int i = 0; i < 5; ++i) rest.push_back(ends.receivers[1].recv().value());
   EXPECT_TRUE(each_once({Ids{first}, rest}, {}, 6));
+}
+
+// A message that counts its copies (moves are free), with a payload a channel's limits
+// may refuse.
+struct Counted {
+  static inline int copies = 0;
+  std::uint64_t id = 0;
+  std::string payload;
+  Counted() = default;
+  Counted(std::uint64_t id_, std::string payload_) : id(id_), payload(std::move(payload_)) {}
+  Counted(const Counted& other) : id(other.id), payload(other.payload) { ++copies; }
+  Counted& operator=(const Counted& other) {
+    id = other.id;
+    payload = other.payload;
+    ++copies;
+    return *this;
+  }
+  Counted(Counted&&) noexcept = default;
+  Counted& operator=(Counted&&) noexcept = default;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(id, payload); }
+};
+
+// send(T&&) keeps the message itself in flight (no copy but the one an InProcess queue
+// makes), hands it back intact from a closed consumer, and leaves it with the caller when
+// no consumer took it or the channel refused it.
+TEST_P(FanoutTest, DistributorKeepsAnRvalueInFlightWithoutCopyingIt) {
+  const int queue_copies = GetParam() == Transport::InProcess ? 1 : 0;
+  ChannelOptions small;
+  small.limits.max_body_bytes = 1024;
+  FanoutOptions options;
+  options.max_in_flight = 2;
+  Distributor<Counted> pool(options);
+  auto [tx, rx] = channel<Counted>(GetParam(), small);
+  pool.add(std::move(tx));
+
+  Counted::copies = 0;
+  pool.send(Counted{0, "zero"});
+  EXPECT_EQ(Counted::copies, queue_copies) << "an rvalue is kept, not copied";
+  const Counted one{1, "one"};
+  pool.send(one);
+  EXPECT_EQ(Counted::copies, 2 * queue_copies + 1) << "an lvalue is copied once to be kept";
+
+  Counted two{2, "two"};
+  EXPECT_FALSE(pool.send_for(std::move(two), 0ms)) << "the consumer is full";
+  EXPECT_EQ(two.id, 2u);
+  EXPECT_EQ(two.payload, "two") << "a message no consumer took stays with the caller";
+  ASSERT_EQ(rx.recv()->payload, "zero");
+  Counted big{3, std::string(4096, 'x')};
+  if (GetParam() != Transport::InProcess) {  // an InProcess queue moves values: no body, no limit
+    EXPECT_THROW(pool.send(std::move(big)), Error);
+    EXPECT_EQ(big.payload.size(), 4096u) << "a message the channel refused stays with the caller";
+    EXPECT_EQ(pool.size(), 1u) << "a refused message is no reason to drop the consumer";
+  }
+  EXPECT_TRUE(pool.send_for(std::move(two), 1s));
+
+  rx.close();
+  std::vector<Counted> back = pool.take_undelivered();
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].id, 1u);
+  EXPECT_EQ(back[0].payload, "one");
+  EXPECT_EQ(back[1].id, 2u);
+  EXPECT_EQ(back[1].payload, "two") << "an rvalue sent is handed back as it was";
 }
 
 TEST_P(FanoutTest, DistributorWithoutConsumersRefusesToSend) {

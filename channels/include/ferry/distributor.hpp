@@ -43,9 +43,14 @@ class Distributor : public detail::FanoutBase<T, true> {
   /// ChannelClosed when there is no consumer (none added, or all removed), and what
   /// Sender::send throws for a message the channel refuses (its limits).
   void send(const T& message) { (void)send_until(message, Deadline::never()); }
+  /// Like send(const T&), but keeps `message` itself in flight instead of a copy of it
+  /// (no copy of its strings, containers or tensors' shapes). After a send that threw,
+  /// `message` holds the message again.
+  void send(T&& message) { (void)send_until(std::move(message), Deadline::never()); }
   /// Like send(), but gives up when every consumer stayed full for `timeout`; returns
-  /// whether a consumer took the message.
+  /// whether a consumer took the message (an rvalue that none took is left in `message`).
   bool send_for(const T& message, Timeout timeout) { return send_until(message, Deadline::after(timeout)); }
+  bool send_for(T&& message, Timeout timeout) { return send_until(std::move(message), Deadline::after(timeout)); }
 
   /// Removes the consumers known to be gone, and returns (and forgets) every message that
   /// removed consumers never received, oldest first per consumer.
@@ -56,7 +61,10 @@ class Distributor : public detail::FanoutBase<T, true> {
   }
 
  private:
-  bool send_until(const T& message, const Deadline& deadline) {
+  // `M`: const T& or T. An rvalue is moved only by a send that succeeds (send_to() moves
+  // it back otherwise), so the loop may offer it to one consumer after another.
+  template <class M>
+  bool send_until(M&& message, const Deadline& deadline) {
     auto& consumers = this->consumers_;
     detail::FanoutWait wait;
     std::unique_lock lock(this->mutex_);
@@ -69,7 +77,7 @@ class Distributor : public detail::FanoutBase<T, true> {
       if (const std::size_t chosen = least_loaded(); chosen != kNone) {
         auto& consumer = consumers.all()[chosen];
         try {
-          if (!consumers.send_to(consumer, message, deadline)) return false;
+          if (!consumers.send_to(consumer, static_cast<M&&>(message), deadline)) return false;
         } catch (const ChannelClosed&) {
           consumers.remove(chosen, &undelivered_);  // gone: try the next one
           continue;

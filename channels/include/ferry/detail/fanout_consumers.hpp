@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -103,12 +104,32 @@ class FanoutConsumers {
 
   /// Sends `message` to `consumer` (waiting at most until `deadline` for room in its
   /// transport) and records it in flight; false when the deadline passed first. Throws
-  /// ChannelClosed when the consumer is gone (nothing recorded).
-  bool send_to(Consumer& consumer, const T& message, const Deadline& deadline) {
+  /// ChannelClosed when the consumer is gone (nothing recorded). With `Copy`, the record
+  /// keeps a copy of `message`, or for an rvalue the message itself (moved in, and moved
+  /// back into `message` when nothing was sent, so that the caller may try another
+  /// consumer).
+  template <class M>
+  bool send_to(Consumer& consumer, M&& message, const Deadline& deadline) {
     if constexpr (Copy) {
-      T copy(message);  // before sending: a copy that fails leaves nothing half done
-      if (!send_end(consumer, copy, deadline)) return false;
-      consumer.copies.messages.push_back(std::move(copy));
+      // Recorded before sending, sent from the record: a record that cannot be made
+      // (bad_alloc) leaves nothing sent, and a message sent is always recorded.
+      auto& kept = consumer.copies.messages;
+      kept.push_back(std::forward<M>(message));
+      const auto take_back = [&kept, &message] {
+        if constexpr (!std::is_lvalue_reference_v<M>) message = std::move(kept.back());
+        kept.pop_back();
+      };
+      bool sent = false;
+      try {
+        sent = send_end(consumer, kept.back(), deadline);
+      } catch (...) {
+        take_back();
+        throw;
+      }
+      if (!sent) {
+        take_back();
+        return false;
+      }
     } else {
       if (!send_end(consumer, message, deadline)) return false;
     }
