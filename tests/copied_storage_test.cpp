@@ -1,7 +1,7 @@
 // HandlePassing::Copying (a transport without shared memory, ucx://): every storage is a
-// Copied entry whose bytes the transport carries; the decoder takes exactly the storages
-// the transport delivered for them, and refuses a frame whose entries and deliveries
-// disagree.
+// Copied entry whose bytes the transport carries (a CUDA storage's from a copy in host
+// memory); the decoder takes exactly the storages the transport delivered for them, and
+// refuses a frame whose entries and deliveries disagree.
 #include <gtest/gtest.h>
 
 #include <cereal/types/vector.hpp>
@@ -9,7 +9,9 @@
 
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
+#include "support/cuda_probe.hpp"
 #include "support/leak_check.hpp"
+#include "support/process.hpp"
 
 namespace ferry {
 namespace {
@@ -100,6 +102,39 @@ TEST_F(CopiedStorageTest, AFrameWhoseDeliveriesDoNotMatchItsEntriesIsAProtocolEr
     too_many.push_back(Storage::allocate(8, Device::SharedCpu));
     EXPECT_THROW(decoder.decode(encoded.header, encoded.payload, fds, &too_many), ProtocolError);
   }
+}
+
+// A CUDA tensor travels as a copy of its storage's bytes in host memory (staged at the
+// sender: UCX as Debian builds it has no CUDA transport) and arrives on the receiver's CPU,
+// each view with its layout. CUDA does not survive fork(): the child uses it, not the test.
+TEST(CopiedStorageCudaTest, ACudaStorageTravelsAsAHostCopyOfItsBytes) {
+  FERRY_SKIP_WITHOUT_GPU();
+  const pid_t child = test::fork_child([] {
+    std::vector<float> values(6 * 5);
+    for (std::size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i);
+    const Tensor host = Tensor::from(values, {6, 5}, Device::Cpu);
+    const Tensor device = host.clone(Device::Cuda(0));
+    MessageEncoder encoder(HandlePassing::Copying);
+    const Tensors message{{device, device.transpose(0, 1), device.slice(1, 1, 5, 2)}};
+    const Encoded encoded = encode(encoder, message);
+    CHILD_CHECK(encoded.copies.size() == 1);  // one storage, staged once
+    CHILD_CHECK(encoded.copies[0].iov_len == device.nbytes());
+    CHILD_CHECK(encoded.copies[0].iov_base != device.data_ptr());
+    CHILD_CHECK(std::memcmp(encoded.copies[0].iov_base, host.data_ptr(), host.nbytes()) == 0);
+    MessageDecoder decoder(type_fingerprint<Tensors>(), type_name<Tensors>());
+    std::deque<UniqueFd> fds;
+    auto storages = deliver(encoded.copies);
+    decoder.decode(encoded.header, encoded.payload, fds, &storages);
+    const Tensors received = decoder.read<Tensors>();
+    CHILD_CHECK(received.tensors.size() == 3);
+    CHILD_CHECK(received.tensors[0].device() == Device::SharedCpu);
+    CHILD_CHECK(received.tensors[0].to_vector<float>() == values);
+    CHILD_CHECK(received.tensors[1].to_vector<float>() == host.transpose(0, 1).to_vector<float>());
+    CHILD_CHECK(received.tensors[2].to_vector<float>() == host.slice(1, 1, 5, 2).to_vector<float>());
+    CHILD_CHECK(received.tensors[1].storage() == received.tensors[0].storage());
+    CHILD_CHECK(device.device() == Device::Cuda(0));  // the sender's tensor stays where it was
+  });
+  EXPECT_TRUE(test::child_succeeded(child));
 }
 
 }  // namespace

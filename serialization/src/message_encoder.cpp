@@ -120,14 +120,24 @@ std::uint32_t MessageEncoder::append_storage(std::shared_ptr<Storage> travelling
   return index;
 }
 
+std::shared_ptr<Storage> MessageEncoder::staged_on_host(const std::shared_ptr<Storage>& device_storage) {
+  const auto bytes = static_cast<std::int64_t>(device_storage->nbytes());
+  auto host = Storage::allocate(device_storage->nbytes(), Device::SharedCpu);
+  // Byte views of both: copy_from() waits for the device's current stream, then copies.
+  const auto whole = [bytes](const std::shared_ptr<Storage>& storage) {
+    return Tensor::from_storage(storage, DType::UInt8, {bytes}, {1}, 0);
+  };
+  whole(host).copy_from(whole(device_storage));
+  return host;
+}
+
 std::uint32_t MessageEncoder::add_other_storage(const std::shared_ptr<Storage>& storage) {
   if (const auto found = find_source(storage.get())) return *found;
   if (passing_ == HandlePassing::Copying) {
-    if (storage->device().kind == DeviceKind::Cuda) {
-      throw Error("a CUDA tensor cannot travel on a connection without shared memory (ucx://): UCX as Debian "
-                  "builds it has no CUDA transport; copy the tensor to the CPU before sending it");
-    }
-    return append_storage(storage, storage.get());  // its bytes travel, read in place
+    // Its bytes travel, read in place; a CUDA storage's from a copy in host memory (UCX as
+    // Debian builds it has no CUDA transport), so the receiver gets them on its CPU.
+    if (storage->device().kind == DeviceKind::Cuda) return append_storage(staged_on_host(storage), storage.get());
+    return append_storage(storage, storage.get());
   }
   if (storage->device().kind == DeviceKind::Cuda) return add_cuda_storage(storage);  // CUDA IPC: cuda_handles.cpp
   std::shared_ptr<Storage> travelling = storage;

@@ -194,6 +194,8 @@ class MessageEncoder {
   void begin();
   // add_storage() of a storage other than the last one added.
   std::uint32_t add_other_storage(const std::shared_ptr<Storage>& storage);
+  // A copy of a CUDA storage's bytes in shared CPU memory (Copying: no CUDA transport).
+  static std::shared_ptr<Storage> staged_on_host(const std::shared_ptr<Storage>& device_storage);
   // The archive of the frame: the last frame's while it is reusable(), a new one otherwise.
   FrameOutputArchive& output_archive() {
     if (!archive_) archive_ = std::make_unique<FrameOutputArchive>(body_, *this);
