@@ -115,7 +115,7 @@ class FanoutConsumers {
       // (bad_alloc) leaves nothing sent, and a message sent is always recorded.
       auto& kept = consumer.copies.messages;
       kept.push_back(std::forward<M>(message));
-      const auto take_back = [&kept, &message] {
+      const auto take_back = [&] {  // [&]: an lvalue `message` is not used
         if constexpr (!std::is_lvalue_reference_v<M>) message = std::move(kept.back());
         kept.pop_back();
       };
