@@ -1,4 +1,5 @@
-// CUDA tensors between processes, on a real GPU. Every test skips, naming the reason, when
+// CUDA tensors between processes, on a real GPU, and staged through host memory for a
+// connection without shared memory (ucx://). Every test skips, naming the reason, when
 // no CUDA device can be used. CUDA does not survive fork(): the test process never touches
 // CUDA; it forks a producer and a consumer, which do.
 #include <gtest/gtest.h>
@@ -9,6 +10,8 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
+#include <deque>
 #include <functional>
 #include <numeric>
 #include <set>
@@ -19,7 +22,10 @@
 #include "ferry/detail/cuda/hold_counter_board.hpp"
 #include "ferry/cuda/runtime.hpp"
 #include "ferry/ferry.hpp"
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "support/copied_frame.hpp"
 #include "support/cuda_kernels.hpp"
 #include "support/cuda_probe.hpp"
 #include "support/leak_check.hpp"
@@ -620,6 +626,38 @@ TEST(CudaCopyTest, CopiesBetweenHostAndDeviceKeepLayouts) {
     CHILD_CHECK(host_values(device.transpose(0, 1).contiguous()) == expected.transpose(0, 1).to_vector<float>());
     CHILD_CHECK(host_values(Tensor::zeros({7}, DType::Float32, Device::Cuda(0))) == std::vector<float>(7, 0.0f));
     CHILD_CHECK(Tensor::empty({0, 3}, DType::Float32, Device::Cuda(0)).device() == Device::Cuda(0));
+  });
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
+// A CUDA tensor on a connection without shared memory (ucx://: UCX as Debian builds it
+// has no CUDA transport) travels as a copy of its storage's bytes in host memory, staged
+// at the sender, and arrives on the receiver's CPU, each view with its layout.
+TEST(CudaStagingTest, ACudaStorageOnACopyingConnectionTravelsAsAHostCopyOfItsBytes) {
+  FERRY_SKIP_WITHOUT_GPU();
+  const pid_t child = fork_child([] {
+    const std::vector<float> values = iota(6 * 5);
+    const Tensor host = Tensor::from(values, {6, 5}, Device::Cpu);
+    const Tensor device = host.clone(Device::Cuda(0));
+    MessageEncoder encoder(HandlePassing::Copying);
+    const CudaMessage message{1, {device, device.transpose(0, 1), device.slice(1, 1, 5, 2)}};
+    const test::CopiedFrame encoded = test::encode_copied(encoder, message);
+    CHILD_CHECK(encoded.copies.size() == 1);  // one storage, staged once
+    CHILD_CHECK(encoded.copies[0].iov_len == device.nbytes());
+    CHILD_CHECK(encoded.copies[0].iov_base != device.data_ptr());
+    CHILD_CHECK(std::memcmp(encoded.copies[0].iov_base, host.data_ptr(), host.nbytes()) == 0);
+    MessageDecoder decoder(type_fingerprint<CudaMessage>(), type_name<CudaMessage>());
+    std::deque<UniqueFd> fds;
+    auto storages = test::deliver_copies(encoded.copies);
+    decoder.decode(encoded.header, encoded.payload, fds, &storages);
+    const CudaMessage received = decoder.read<CudaMessage>();
+    CHILD_CHECK(received.tensors.size() == 3);
+    CHILD_CHECK(received.tensors[0].device() == Device::SharedCpu);
+    CHILD_CHECK(received.tensors[0].to_vector<float>() == values);
+    CHILD_CHECK(received.tensors[1].to_vector<float>() == host.transpose(0, 1).to_vector<float>());
+    CHILD_CHECK(received.tensors[2].to_vector<float>() == host.slice(1, 1, 5, 2).to_vector<float>());
+    CHILD_CHECK(received.tensors[1].storage() == received.tensors[0].storage());
+    CHILD_CHECK(device.device() == Device::Cuda(0));  // the sender's tensor stays where it was
   });
   EXPECT_TRUE(test::child_succeeded(child));
 }

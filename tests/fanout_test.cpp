@@ -223,6 +223,40 @@ TEST_P(FanoutTest, DistributorKeepsAnRvalueInFlightWithoutCopyingIt) {
   EXPECT_EQ(back[1].payload, "two") << "an rvalue sent is handed back as it was";
 }
 
+// An rvalue that a closed consumer refused (ChannelClosed) goes back into the send, which
+// offers it to the next consumer: it arrives there intact, still not copied. (A ring may
+// accept a send for a short while after its reader closed: then the message comes back
+// from take_undelivered() instead.)
+TEST_P(FanoutTest, DistributorOffersAnRvalueARemovedConsumerRefusedToTheNextOneIntact) {
+  const int queue_copies = GetParam() == Transport::InProcess ? 2 : 0;  // an InProcess queue's, per try
+  FanoutOptions options;
+  options.max_in_flight = 2;                          // counts read at every send
+  options.liveness_check_interval = std::chrono::hours(1);  // only the send finds the closed one
+  Distributor<Counted> pool(options);
+  auto [first_tx, first_rx] = channel<Counted>(GetParam());
+  auto [tx, rx] = channel<Counted>(GetParam());
+  pool.add(std::move(first_tx));
+  pool.add(std::move(tx));
+  pool.send(Counted{0, "zero"});  // to the first
+  pool.send(Counted{1, "one"});   // to the second
+  ASSERT_EQ(first_rx.recv()->id, 0u);
+  first_rx.close();  // the first now has the fewest in flight: the next send picks it
+  Counted::copies = 0;
+  pool.send(Counted{2, std::string(100, 'f')});
+  EXPECT_EQ(Counted::copies, queue_copies);
+  std::vector<Counted> got = pool.take_undelivered();
+  ASSERT_EQ(rx.recv()->id, 1u);
+  if (got.empty()) {
+    RecvResult<Counted> next = rx.recv_for(1s);
+    ASSERT_TRUE(next.has_value()) << "the second consumer did not get the message the first refused";
+    got.push_back(std::move(next).value());
+  }
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].id, 2u);
+  EXPECT_EQ(got[0].payload, std::string(100, 'f'));
+  EXPECT_FALSE(rx.try_recv().has_value()) << "delivered once";
+}
+
 TEST_P(FanoutTest, DistributorWithoutConsumersRefusesToSend) {
   Distributor<std::uint64_t> pool;
   EXPECT_THROW(pool.send(1), ChannelClosed);

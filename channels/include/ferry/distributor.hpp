@@ -23,7 +23,8 @@ namespace ferry {
 /// while every consumer is full. Thread-safe; not movable.
 ///
 /// Nothing is silently lost: the Distributor keeps a copy of each message (for tensors, a
-/// reference to the same storage) until the consumer's recv() returned it. A consumer that
+/// reference to the same storage), or the message itself when send() is given an rvalue,
+/// until the consumer's recv() returned it. A consumer that
 /// closed its end or died is removed when a send to it fails, or when a send's periodic
 /// check (FanoutOptions::liveness_check_interval) or take_undelivered() finds it gone;
 /// the messages it never received are then handed back by take_undelivered(), oldest
@@ -45,12 +46,21 @@ class Distributor : public detail::FanoutBase<T, true> {
   void send(const T& message) { (void)send_until(message, Deadline::never()); }
   /// Like send(const T&), but keeps `message` itself in flight instead of a copy of it
   /// (no copy of its strings, containers or tensors' shapes). After a send that threw,
-  /// `message` holds the message again.
-  void send(T&& message) { (void)send_until(std::move(message), Deadline::never()); }
+  /// `message` holds the message again. (For a T whose moves may throw, an rvalue is
+  /// copied as by send(const T&).)
+  void send(T&& message)
+    requires detail::NothrowMovable<T>
+  {
+    (void)send_until(std::move(message), Deadline::never());
+  }
   /// Like send(), but gives up when every consumer stayed full for `timeout`; returns
   /// whether a consumer took the message (an rvalue that none took is left in `message`).
   bool send_for(const T& message, Timeout timeout) { return send_until(message, Deadline::after(timeout)); }
-  bool send_for(T&& message, Timeout timeout) { return send_until(std::move(message), Deadline::after(timeout)); }
+  bool send_for(T&& message, Timeout timeout)
+    requires detail::NothrowMovable<T>
+  {
+    return send_until(std::move(message), Deadline::after(timeout));
+  }
 
   /// Removes the consumers known to be gone, and returns (and forgets) every message that
   /// removed consumers never received, oldest first per consumer.

@@ -22,6 +22,12 @@
 
 namespace ferry::detail {
 
+/// A message type whose moves cannot throw. A Distributor keeps such an rvalue itself: it
+/// moves it into its record and, when no consumer took it, back, and neither move may
+/// fail halfway (a record left behind, or the message lost).
+template <class T>
+concept NothrowMovable = std::is_nothrow_move_constructible_v<T> && std::is_nothrow_move_assignable_v<T>;
+
 /// The copies a consumer keeps of its messages in flight, oldest first: with `Copy` (a
 /// Distributor hands back what a dead consumer never received) a deque of them, without
 /// (a Broadcast) none.
@@ -288,11 +294,13 @@ class FanoutConsumers {
     if (!consumer.framed->send_serialized_by_owner(message, deadline)) return false;
     if (deadline.is_never()) return true;
     // Accepted: finish a frame the deadline cut short now rather than at the next send to
-    // this consumer, which may come much later. A consumer gone meanwhile is found by the
-    // next send or liveness check (the message is recorded in flight by then).
+    // this consumer, which may come much later. Whatever the flush meets, the frame counts
+    // as sent (were it not recorded, the caller could send it twice): a consumer gone
+    // meanwhile is found by the next send or liveness check, another failure by the next
+    // send to it.
     try {
       (void)consumer.framed->flush(Deadline::after(std::chrono::milliseconds(0)));
-    } catch (const ChannelClosed&) {
+    } catch (...) {
     }
     return true;
   }
