@@ -155,11 +155,13 @@ bool UcxConnection::wait_until(std::unique_lock<std::mutex>& lock, const Deadlin
 }
 
 Deadline UcxConnection::sleep_until(const Deadline& deadline) const {
-  if (!watched_host_ || outgoing_.empty()) return deadline;
+  const Deadline longest = Deadline::after(kLongestWakeFdSleep);  // a wake-up UCX failed to give
+  const Deadline until = longest.time_point() < deadline.time_point() ? longest : deadline;
+  if (!watched_host_ || outgoing_.empty()) return until;
   const auto now = std::chrono::steady_clock::now();
   if (next_host_check_ <= now) return Deadline::now();
   const Deadline check = Deadline::after(std::chrono::duration_cast<std::chrono::nanoseconds>(next_host_check_ - now));
-  return check.time_point() < deadline.time_point() ? check : deadline;
+  return check.time_point() < until.time_point() ? check : until;
 }
 
 void UcxConnection::keep_alive(const sockaddr_storage& peer) {

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -29,6 +30,11 @@
 #include "ucx_context.hpp"
 
 namespace ferry::ucx::detail {
+
+/// The longest a wait sleeps on a UCX wake-up fd before it progresses the worker again.
+/// UCX before 1.14 may leave the fd quiet for an event that did arrive (a wake-up stall of
+/// seconds, reported upstream for TCP); such a miss then costs at most this long.
+inline constexpr std::chrono::milliseconds kLongestWakeFdSleep{50};
 
 /// Active message ids.
 enum AmId : unsigned { kControlAm = 1, kFrameAm = 2, kCopyAm = 3, kDeliveredAm = 4 };

@@ -133,6 +133,8 @@ class UcxListenerCore final : public ferry::detail::ListenerCore {
   std::deque<Waiting> waiting_;
   std::vector<EndKind> served_;
   mutable bool busy_ = false;  // arm() found news: the next poll must not sleep
+  // When progress is due again even without a wake-up (kLongestWakeFdSleep after the last).
+  Deadline progress_due_ = Deadline::now();
 };
 
 UcxListenerCore::UcxListenerCore(std::string_view address, const EndpointOptions& options) : options_(options) {
@@ -302,6 +304,7 @@ void UcxListenerCore::step(std::list<Pending>::iterator pending) {
 
 void UcxListenerCore::progress() {
   busy_ = false;
+  progress_due_ = Deadline::after(kLongestWakeFdSleep);
   while (ucp_worker_progress(worker_) != 0) {
   }
   while (!requests_.empty()) {
@@ -333,7 +336,7 @@ void UcxListenerCore::append_poll_fds(std::vector<pollfd>& fds) const {
 
 Deadline UcxListenerCore::next_deadline() const {
   if (busy_) return Deadline::now();
-  Deadline earliest = Deadline::never();
+  Deadline earliest = progress_due_;  // a wake-up UCX failed to give costs no more
   for (const Pending& pending : pending_) {
     if (pending.deadline.time_point() < earliest.time_point()) earliest = pending.deadline;
   }
@@ -344,7 +347,8 @@ void UcxListenerCore::wait(const Deadline& deadline) {
   std::vector<pollfd> fds;
   if (arm()) return;
   fds.push_back(pollfd{wake_fd_, POLLIN, 0});
-  Deadline until = deadline;
+  const Deadline longest = Deadline::after(kLongestWakeFdSleep);  // a wake-up UCX failed to give
+  Deadline until = longest.time_point() < deadline.time_point() ? longest : deadline;
   for (Pending& pending : pending_) {
     fds.push_back(pollfd{pending.connection->wake_fd(), POLLIN, 0});
     if (pending.deadline.time_point() < until.time_point()) until = pending.deadline;
