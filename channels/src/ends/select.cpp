@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <ctime>
+#include <optional>
 #include <span>
 
 #include "ferry/endpoint.hpp"
@@ -18,6 +20,9 @@ namespace {
 constexpr std::chrono::microseconds kRecheckInterval{200};
 // While only rings wait, how often their companion sockets are polled for a dead writer.
 constexpr std::chrono::milliseconds kHangUpCheckInterval{100};
+// How often a receiver whose descriptor is a hint (a UCX worker's wake-up fd) is looked at
+// without a wake-up: UCX before 1.14 may leave the fd quiet for a frame that arrived.
+constexpr std::chrono::milliseconds kHintRecheckInterval{50};
 using Clock = std::chrono::steady_clock;
 
 // True when the member's recv() would return without waiting for the peer to begin a message.
@@ -34,6 +39,7 @@ struct detail::SelectorWaitPlan {
   std::vector<pollfd> fds;
   std::vector<std::size_t> owners;  // fds[i] belongs to members_[owners[i]]
   std::vector<std::size_t> silent;  // receivers whose arriving data no descriptor reports
+  std::vector<std::size_t> hinted;  // receivers whose descriptor is a hint that may be missed
   std::vector<std::atomic<std::uint32_t>*> words;  // the futex words of silent receivers that have one
   std::vector<std::size_t> word_owners;            // words[i] belongs to members_[word_owners[i]]
   bool any_buffered = false;        // a member is ready without waiting
@@ -45,6 +51,7 @@ struct detail::SelectorWaitPlan {
     fds.clear();
     owners.clear();
     silent.clear();
+    hinted.clear();
     words.clear();
     word_owners.clear();
     any_buffered = stream_fds = false;
@@ -84,6 +91,7 @@ struct detail::SelectorWaitPlan {
       fds.push_back(pollfd{fd, static_cast<short>(reports_data ? POLLIN : POLLRDHUP), 0});
       owners.push_back(index);
       stream_fds = stream_fds || reports_data;
+      if (reports_data && core->readiness_fd_is_a_hint()) hinted.push_back(index);
     }
     if (reports_data) return;
     // Without a descriptor that reports data: sleep on its futex word, or re-check it at
@@ -104,22 +112,24 @@ struct detail::SelectorWaitPlan {
   }
 
   // How long ppoll() may sleep (nullptr: for ever). With a frame buffered it only looks, so
-  // the pick among everything ready stays fair; silent receivers cap it at kRecheckInterval.
+  // the pick among everything ready stays fair; silent receivers cap it at kRecheckInterval,
+  // hinted ones at kHintRecheckInterval.
   const timespec* poll_timeout(timespec& storage) const {
     if (any_buffered) {
       storage = timespec{};
       return &storage;
     }
-    const timespec recheck{0, std::chrono::duration_cast<std::chrono::nanoseconds>(kRecheckInterval).count()};
-    if (poll_until.is_never()) {
-      if (silent.empty()) return nullptr;
-      storage = recheck;
-      return &storage;
+    std::optional<std::chrono::nanoseconds> recheck;
+    if (!silent.empty()) {
+      recheck = kRecheckInterval;
+    } else if (!hinted.empty()) {
+      recheck = kHintRecheckInterval;
     }
-    storage = poll_until.remaining_timespec();
-    const bool recheck_sooner =
-        recheck.tv_sec < storage.tv_sec || (recheck.tv_sec == storage.tv_sec && recheck.tv_nsec < storage.tv_nsec);
-    if (!silent.empty() && recheck_sooner) storage = recheck;
+    if (poll_until.is_never() && !recheck) return nullptr;
+    const std::chrono::nanoseconds left = poll_until.is_never() ? *recheck : poll_until.remaining();
+    const std::chrono::nanoseconds sleep = recheck ? std::min(left, *recheck) : left;
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(sleep);
+    storage = timespec{static_cast<std::time_t>(seconds.count()), static_cast<long>((sleep - seconds).count())};
     return &storage;
   }
 
@@ -134,9 +144,13 @@ struct detail::SelectorWaitPlan {
     }
   }
 
-  // Receivers without a descriptor that reports data are looked at again after the wait.
+  // Receivers without a descriptor that reports data, and those whose descriptor is a hint,
+  // are looked at again after the wait.
   void recheck_silent(const std::vector<detail::SelectorMember>& members) {
     for (const std::size_t index : silent) {
+      if (!ready[index] && has_buffered_frame(members[index])) ready[index] = true;
+    }
+    for (const std::size_t index : hinted) {
       if (!ready[index] && has_buffered_frame(members[index])) ready[index] = true;
     }
   }
