@@ -3,11 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <map>
+#include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -284,6 +287,46 @@ TEST_F(SelectorRingTest, ARingNextToAPipeStillWakesTheSelector) {
   EXPECT_EQ(ring_rx.recv().value(), 5);
   EXPECT_TRUE(test::child_succeeded(child));
   pipe_tx.close();
+}
+
+// A reader whose readiness descriptor is a hint that stays quiet (an eventfd nobody
+// writes), as a UCX wake-up fd may for a frame that did arrive (UCX before 1.14); it holds
+// a frame once `arrived` is set.
+class QuietHintReader final : public FrameReader {
+ public:
+  explicit QuietHintReader(std::shared_ptr<std::atomic<bool>> arrived)
+      : arrived_(std::move(arrived)), fd_(::eventfd(0, EFD_CLOEXEC)) {}
+  ReadStatus read(FrameHeader&, std::vector<std::byte>&, std::deque<UniqueFd>&, const Deadline&) override {
+    return ReadStatus::Closed;
+  }
+  bool has_buffered_frame() const override { return arrived_->load(); }
+  int readiness_fd() const override { return fd_.get(); }
+  bool readiness_fd_is_a_hint() const override { return true; }
+  void close() noexcept override {}
+
+ private:
+  std::shared_ptr<std::atomic<bool>> arrived_;
+  UniqueFd fd_;
+};
+
+// A Selector looks at such a receiver now and then without a wake-up, so a frame whose
+// wake-up never came is found long before the wait's deadline.
+TEST(SelectorTest, AReceiverWhoseHintStaysQuietIsStillFoundReady) {
+  auto arrived = std::make_shared<std::atomic<bool>>(false);
+  Receiver<int> rx = detail::receiver_over<int>(std::make_unique<QuietHintReader>(arrived), Transport::Ucx, {});
+  Selector selector;
+  selector.add(rx);
+  EXPECT_FALSE(selector.wait_for(std::chrono::milliseconds(120)).has_value()) << "nothing arrived yet";
+  std::thread arrival([&arrived] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    arrived->store(true);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  const std::optional<std::size_t> index = selector.wait_for(std::chrono::seconds(20));
+  arrival.join();
+  ASSERT_TRUE(index.has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10))
+      << "found only at the deadline: the Selector trusted the quiet descriptor";
 }
 
 TEST(SelectorTest, EmptySelectorRefusesToWaitForEver) {
