@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds and runs tests/consumer against ferry installed with `cmake --install`
-# (find_package), and configures and compiles it against the source tree (add_subdirectory).
+# Builds and runs tests/consumer against ferry installed with `cmake --install` (find_package,
+# its headers precompiled), and configures and compiles it against the source tree (add_subdirectory).
 # Usage: tests/consumer/check.sh <ferry source dir> <ferry build dir> <scratch dir>
 set -euo pipefail
 source_dir=$1 build_dir=$2 scratch=$3
@@ -21,8 +21,14 @@ if [[ -e $scratch/prefix/include/ferry/ring_transport.hpp || -e $scratch/prefix/
   echo "check.sh: a private header was installed" >&2
   exit 1
 fi
-cmake -S "$source_dir/tests/consumer" -B "$scratch/installed" -G Ninja -DCMAKE_PREFIX_PATH="$scratch/prefix" >/dev/null
+cmake -S "$source_dir/tests/consumer" -B "$scratch/installed" -G Ninja -DCMAKE_PREFIX_PATH="$scratch/prefix" \
+  -DFERRY_CONSUMER_PRECOMPILED=ON >/dev/null
 cmake --build "$scratch/installed" >/dev/null
+# The installed headers were precompiled and the program compiled with them.
+if ! compgen -G "$scratch/installed/CMakeFiles/consumer.dir/cmake_pch.hxx.[gp]ch" >/dev/null; then
+  echo "check.sh: the consumer's precompiled header of ferry's installed headers was not made" >&2
+  exit 1
+fi
 "$scratch/installed/consumer"
 # A program that does not link ferry::ucx never loads UCX.
 if ldd "$scratch/installed/consumer" | grep -q 'libucp'; then
