@@ -16,6 +16,14 @@
 //                                        already holds: a slot number) and handed over as an
 //                                        rvalue (send(T&&) keeps it in flight, not a copy)
 //   fanout/send_only/plain_tensor        baseline: the same with a plain ring Sender
+//   fanout/send_only/paired/<bound>, paired_tensor/<bound>  the Distributor's and the plain
+//                                        Sender's batches of the rows above alternated in
+//                                        every iteration (which goes first alternates too);
+//                                        counters: each one's median time per message over
+//                                        the iterations, and `ratio`, Distributor / plain of
+//                                        those medians. A machine whose pace drifts between
+//                                        rows (a VM whose neighbours come and go) moves both
+//                                        halves of a pair alike, so the ratio is read here.
 // In the send rows the consumer's pace and its wake-ups set the time as much as the send
 // does (a plain send that fills the ring waits for it like a full Distributor); the
 // send_only rows time the sender's own work, with no other process to wait for.
@@ -29,6 +37,7 @@
 // so that the rows share the machine's swings).
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <memory>
@@ -139,22 +148,35 @@ struct Tensors {
   }
 };
 
-// Sends `kBatch` messages with `send` (timed), then receives them from `rx` (not timed).
+constexpr int kBatch = 16;
+
+// Sends `kBatch` messages from `value` on with `send` (timed), then receives them from `rx`
+// (not timed); returns the seconds per message sent.
+template <class Messages, class Send>
+double timed_batch(benchmark::State& state, const Messages& messages, Send& send,
+                   Receiver<typename Messages::Message>& rx, std::uint64_t& value) {
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kBatch; ++i) send(messages.make(value + static_cast<std::uint64_t>(i)));
+  const auto stop = std::chrono::steady_clock::now();
+  for (int i = 0; i < kBatch; ++i, ++value) {
+    const auto got = rx.recv();
+    if (!got || !messages.matches(*got, value)) state.SkipWithError("a message came back wrong");
+  }
+  return std::chrono::duration<double>(stop - start).count() / kBatch;
+}
+
 template <class Messages, class Send>
 void timed_sends(benchmark::State& state, const Messages& messages, Send send,
                  Receiver<typename Messages::Message>& rx) {
-  constexpr int kBatch = 16;
   std::uint64_t value = 0;
-  for (auto _ : state) {
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < kBatch; ++i) send(messages.make(value + static_cast<std::uint64_t>(i)));
-    const auto stop = std::chrono::steady_clock::now();
-    state.SetIterationTime(std::chrono::duration<double>(stop - start).count() / kBatch);
-    for (int i = 0; i < kBatch; ++i, ++value) {
-      const auto got = rx.recv();
-      if (!got || !messages.matches(*got, value)) state.SkipWithError("a message came back wrong");
-    }
-  }
+  for (auto _ : state) state.SetIterationTime(timed_batch(state, messages, send, rx, value));
+}
+
+double median_of(std::vector<double> values) {
+  if (values.empty()) return 0;
+  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), middle, values.end());
+  return *middle;
 }
 
 template <class Messages>
@@ -173,6 +195,44 @@ void send_only_plain(benchmark::State& state) {
   using Message = typename Messages::Message;
   auto [tx, rx] = channel<Message>(Transport::ShmRing);
   timed_sends(state, messages, [&tx = tx](const Message& message) { tx.send(message); }, rx);
+}
+
+// A Distributor's batch and a plain Sender's batch in every iteration, in alternating order.
+template <class Messages>
+void send_only_paired(benchmark::State& state) {
+  const Messages messages;
+  using Message = typename Messages::Message;
+  auto [pool_tx, pool_rx] = channel<Message>(Transport::ShmRing);
+  Distributor<Message> pool(bounded(state.range(0)));
+  pool.add(std::move(pool_tx));
+  auto [tx, rx] = channel<Message>(Transport::ShmRing);
+  auto pool_send = [&pool](Message&& message) { pool.send(std::move(message)); };
+  auto plain_send = [&tx = tx](const Message& message) { tx.send(message); };
+  std::uint64_t pool_value = 0;
+  std::uint64_t plain_value = 0;
+  std::vector<double> pool_seconds;
+  std::vector<double> plain_seconds;
+  bool pool_first = true;
+  for (auto _ : state) {
+    double pool_time = 0;
+    double plain_time = 0;
+    if (pool_first) {
+      pool_time = timed_batch(state, messages, pool_send, pool_rx, pool_value);
+      plain_time = timed_batch(state, messages, plain_send, rx, plain_value);
+    } else {
+      plain_time = timed_batch(state, messages, plain_send, rx, plain_value);
+      pool_time = timed_batch(state, messages, pool_send, pool_rx, pool_value);
+    }
+    pool_first = !pool_first;
+    pool_seconds.push_back(pool_time);
+    plain_seconds.push_back(plain_time);
+    state.SetIterationTime(pool_time);
+  }
+  const double pool_median = median_of(std::move(pool_seconds));
+  const double plain_median = median_of(std::move(plain_seconds));
+  state.counters["distributor_ns"] = pool_median * 1e9;
+  state.counters["plain_ns"] = plain_median * 1e9;
+  state.counters["ratio"] = plain_median > 0 ? pool_median / plain_median : 0;
 }
 
 void broadcast(benchmark::State& state, Transport transport) {
@@ -221,6 +281,14 @@ const bool registered = [] {
       ->UseManualTime()
       ->MinTime(0.05);
   benchmark::RegisterBenchmark("fanout/send_only/plain_tensor", send_only_plain<Tensors>)->UseManualTime()->MinTime(0.05);
+  benchmark::RegisterBenchmark("fanout/send_only/paired", send_only_paired<Counted>)
+      ->Arg(128)
+      ->UseManualTime()
+      ->MinTime(0.1);
+  benchmark::RegisterBenchmark("fanout/send_only/paired_tensor", send_only_paired<Tensors>)
+      ->Arg(128)
+      ->UseManualTime()
+      ->MinTime(0.1);
   return true;
 }();
 

@@ -78,7 +78,7 @@ class Distributor : public detail::FanoutBase<T, true> {
     auto& consumers = this->consumers_;
     detail::FanoutWait wait;
     std::unique_lock lock(this->mutex_);
-    consumers.remove_gone_if_due(&undelivered_);
+    consumers.remove_gone_if_due_at_a_few_sends(&undelivered_);
     while (true) {
       if (consumers.empty()) {
         throw ChannelClosed("cannot send: the Distributor has no consumer (add() one; removed consumers' "

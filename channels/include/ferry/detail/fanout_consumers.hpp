@@ -163,6 +163,12 @@ class FanoutConsumers {
     remove_gone(undelivered);
     return true;
   }
+  /// remove_gone_if_due() for a send that may find a consumer with room: looks at the
+  /// clock at one such send in LivenessSchedule::kCallStride (a dead consumer with room is
+  /// found by the send that picks it; this finds one that stays full, or is never picked).
+  void remove_gone_if_due_at_a_few_sends(std::vector<T>* undelivered) {
+    if (liveness_.due_every_few_calls()) remove_gone(undelivered);
+  }
 
   /// Removes every consumer whose receiver is known gone (Sender::receiver_gone()).
   void remove_gone(std::vector<T>* undelivered) {

@@ -59,6 +59,11 @@ class LivenessSchedule {
     next_check_ = now + interval_;
     return true;
   }
+  /// due(), read at one call in kCallStride: for a caller that asks at every send whether
+  /// a check is due, though nothing it sends depends on the answer (a Distributor with a
+  /// consumer that has room), so that only every kCallStride-th send reads the clock.
+  bool due_every_few_calls() noexcept { return ++calls_ % kCallStride == 0 && due(); }
+  static constexpr unsigned kCallStride = 8;
   /// When the next check is due.
   std::chrono::steady_clock::time_point next() const noexcept { return next_check_; }
 
@@ -69,6 +74,7 @@ class LivenessSchedule {
 
   std::chrono::milliseconds interval_;
   bool coarse_;  // reads CLOCK_MONOTONIC_COARSE
+  unsigned calls_ = 0;  // of due_every_few_calls()
   std::chrono::steady_clock::time_point next_check_;
 };
 }  // namespace detail
