@@ -257,6 +257,35 @@ TEST_P(FanoutTest, DistributorOffersAnRvalueARemovedConsumerRefusedToTheNextOneI
   EXPECT_FALSE(rx.try_recv().has_value()) << "delivered once";
 }
 
+// A consumer that closed while others keep room is never picked again; the sends' periodic
+// liveness check (one send in eight looks at the clock) still removes it within eight sends
+// once the interval has passed, and its messages come back.
+TEST_P(FanoutTest, DistributorRemovesAClosedConsumerThatIsNeverPickedWithinEightSends) {
+  FanoutOptions options;
+  options.max_in_flight = 16;
+  options.liveness_check_interval = 1ms;
+  Distributor<std::uint64_t> pool(options);
+  auto [kept_tx, kept_rx] = channel<std::uint64_t>(GetParam());
+  auto [closed_tx, closed_rx] = channel<std::uint64_t>(GetParam());
+  pool.add(std::move(kept_tx));
+  pool.add(std::move(closed_tx));
+  for (std::uint64_t id = 0; id < 4; ++id) pool.send(id);  // two to each
+  for (int i = 0; i < 2; ++i) ASSERT_TRUE(kept_rx.recv().has_value());
+  closed_rx.close();  // two in flight there, none here: the sends below all come here
+  std::this_thread::sleep_for(5ms);
+  std::uint64_t id = 4;
+  for (unsigned send = 0; send < detail::LivenessSchedule::kCallStride && pool.size() == 2; ++send, ++id) {
+    pool.send(id);
+    ASSERT_EQ(kept_rx.recv().value(), id);
+  }
+  EXPECT_EQ(pool.size(), 1u) << "the closed consumer was not removed within eight sends";
+  std::vector<std::uint64_t> back = pool.take_undelivered();
+  std::sort(back.begin(), back.end());
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0] % 2, 1u);  // the second consumer's: 1 and 3
+  EXPECT_EQ(back[1], back[0] + 2);
+}
+
 TEST_P(FanoutTest, DistributorWithoutConsumersRefusesToSend) {
   Distributor<std::uint64_t> pool;
   EXPECT_THROW(pool.send(1), ChannelClosed);

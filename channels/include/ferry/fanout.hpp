@@ -22,8 +22,8 @@ struct FanoutOptions {
   /// four consumers as fast as the producer keep up with four plain channels.
   std::size_t max_in_flight = 128;
   /// How often sends check that the consumers still live (one poll() each): a consumer
-  /// that died or closed is removed within about this long of the next send (a send to it
-  /// that fails removes it at once).
+  /// that died or closed is removed within about this long, at one of the next eight sends
+  /// (at the next, when every consumer is full; a send to it that fails removes it at once).
   std::chrono::milliseconds liveness_check_interval{10};
 };
 
