@@ -21,16 +21,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "ferry/detail/frame.hpp"
+#include "ferry/detail/transport.hpp"
 #include "ring/ring_end.hpp"
 #include "support/round_trip_times.hpp"
 #include "support/tensor_message.hpp"
@@ -196,6 +200,64 @@ BENCHMARK(BM_RingRoundTripBytes)
     ->UseRealTime()
     ->Repetitions(kRepetitions)
     ->ReportAggregatesOnly(true);
+
+// The ring alone, without a channel's encoding and decoding: a frame of the size a 64 B
+// message makes (its header and a 72-byte body) written with the writer and read in place
+// with the reader of make_transport(), each echoed back. The gap between this row and
+// BM_RingRoundTripBytes/bytes:64/spinning:1 is the channel's own work; the gap between this
+// row and BM_RawShmBusyPollRoundTrip is the ring's.
+void BM_RingFrameRoundTrip(benchmark::State& state) {
+  const ScopedPin pin;
+  const RingTiming timing{.spin = std::chrono::seconds(1)};
+  auto [to_child, child_in] = make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
+  auto [child_out, from_child] = make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
+  FrameHeader frame_header;
+  frame_header.body_bytes = 72;
+  std::array<std::byte, 72> body{};
+  const std::array<iovec, 2> parts{iovec{&frame_header, sizeof frame_header}, iovec{body.data(), body.size()}};
+  // Reads one frame in place and hands its header and payload to `use`; false at the end.
+  auto read_one = [](FrameReader& reader, const auto& use) {
+    FrameHeader header;
+    std::span<const std::byte> payload;
+    std::vector<std::byte> buffer;
+    std::deque<UniqueFd> fds;
+    if (reader.read_view(header, payload, buffer, fds, Deadline::never()) != ReadStatus::Frame) return false;
+    use(header, payload);
+    reader.release();
+    return true;
+  };
+  const pid_t child = fork_peer([&] {
+    to_child->close();
+    from_child->close();
+    std::array<std::byte, 72> echo{};
+    FrameHeader echo_header;
+    echo_header.body_bytes = echo.size();
+    const std::array<iovec, 2> echo_parts{iovec{&echo_header, sizeof echo_header}, iovec{echo.data(), echo.size()}};
+    while (read_one(*child_in, [&](const FrameHeader&, std::span<const std::byte> payload) {
+      std::memcpy(echo.data(), payload.data(), std::min(payload.size(), echo.size()));
+    })) {
+      child_out->write(echo_parts, {}, Deadline::never());
+    }
+  });
+  child_in->close();
+  child_out->close();
+  RoundTripTimes times(state);
+  for (auto _ : state) {
+    const auto sample = times.sample();
+    to_child->write(parts, {}, Deadline::never());
+    read_one(*from_child, [&](const FrameHeader&, std::span<const std::byte> payload) {
+      std::memcpy(body.data(), payload.data(), std::min(payload.size(), body.size()));
+    });
+  }
+  times.report(state);
+  FrameHeader close_header;
+  close_header.kind = static_cast<std::uint8_t>(FrameKind::Close);
+  const std::array<iovec, 1> close_parts{iovec{&close_header, sizeof close_header}};
+  to_child->write(close_parts, {}, Deadline::never());
+  to_child->close();
+  reap(child, state);
+}
+BENCHMARK(BM_RingFrameRoundTrip)->UseRealTime()->Repetitions(kRepetitions)->ReportAggregatesOnly(true);
 
 // The default options: adaptive spinning (20 us at most), then the futex.
 void BM_RingRoundTripBytesDefaultSpin(benchmark::State& state) {

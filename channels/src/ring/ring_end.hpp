@@ -88,6 +88,12 @@ class RingEnd {
   /// on. Call after publishing a position with a sequentially consistent store (it pairs
   /// with the sleeper's, see wait()).
   static void wake(std::atomic<std::uint32_t>& word) noexcept;
+  /// Stores `value` into `position` (release), then wakes the peer sleeping on `word`.
+  /// A sequentially consistent fence between the two pairs with the sleeper's store of its
+  /// word and load of the position (see wait()), without a locked write to the position's
+  /// line, which the peer may be polling (docs/design/shm-ring.md, "Waiting").
+  static void publish(std::atomic<std::uint64_t>& position, std::uint64_t value,
+                      std::atomic<std::uint32_t>& word) noexcept;
 
   /// Drops this end's share of the mapping and its companion socket.
   void close() noexcept;

@@ -30,7 +30,8 @@
 // - reader_sleeping / writer_sleeping: futex words. An end that found nothing to do
 //   (no data / no room / no acknowledgement) and spun for its spin budget stores 1 into
 //   its word, re-checks, and sleeps on the word. The peer publishes a position, then
-//   looks at the word (all four accesses sequentially consistent, so one of the two sees
+//   looks at the word (the sleeper's store and load sequentially consistent, the peer's
+//   store and load separated by a sequentially consistent fence, so one of the two sees
 //   the other) and, if it is 1, swaps it to 2 + the CPU the waker runs on (0 if unknown)
 //   and wakes the sleeper, which so learns whether its peer runs on another CPU (its spin
 //   policy uses that: SpinPolicy) and sets the word back to 0. Each word lives

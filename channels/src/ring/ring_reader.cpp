@@ -36,8 +36,7 @@ bool RingFrameReader::has_buffered_frame() const {
 
 void RingFrameReader::publish_head() noexcept {
   RingHeader& header = end_.header();
-  header.head.store(head_, std::memory_order_seq_cst);  // seq_cst: pairs with a sleeping writer (wake)
-  detail::RingEnd::wake(header.writer_sleeping);
+  detail::RingEnd::publish(header.head, head_, header.writer_sleeping);  // pairs with a sleeping writer
 }
 
 bool RingFrameReader::consume(std::uint64_t count) {
@@ -165,8 +164,7 @@ ReadStatus RingFrameReader::read(FrameHeader& header, std::vector<std::byte>& pa
 void RingFrameReader::acknowledge(std::uint64_t sequence) {
   if (!end_.is_open()) return;
   RingHeader& header = end_.header();
-  header.acknowledged.store(sequence, std::memory_order_seq_cst);
-  detail::RingEnd::wake(header.writer_sleeping);
+  detail::RingEnd::publish(header.acknowledged, sequence, header.writer_sleeping);
 }
 
 void RingFrameReader::close() noexcept {

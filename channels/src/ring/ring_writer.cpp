@@ -147,8 +147,7 @@ void RingFrameWriter::publish() {
     fds_to_send_ = {};
   }
   RingHeader& header = end_.header();
-  header.tail.store(tail_, std::memory_order_seq_cst);  // seq_cst: pairs with a sleeping reader (wake)
-  detail::RingEnd::wake(header.reader_sleeping);
+  detail::RingEnd::publish(header.tail, tail_, header.reader_sleeping);  // pairs with a sleeping reader
 }
 
 bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
