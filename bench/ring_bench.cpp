@@ -226,7 +226,8 @@ void BM_RingFrameRoundTrip(benchmark::State& state) {
     reader.release();
     return true;
   };
-  const pid_t child = fork_peer([&] {
+  const pid_t child = fork_peer([&, &to_child = to_child, &child_in = child_in, &child_out = child_out,
+                                 &from_child = from_child] {
     to_child->close();
     from_child->close();
     std::array<std::byte, 72> echo{};
