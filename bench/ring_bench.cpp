@@ -206,49 +206,52 @@ BENCHMARK(BM_RingRoundTripBytes)
 // with the reader of make_transport(), each echoed back. The gap between this row and
 // BM_RingRoundTripBytes/bytes:64/spinning:1 is the channel's own work; the gap between this
 // row and BM_RawShmBusyPollRoundTrip is the ring's.
+// A 64 B message's frame (its header and a 72-byte body), written from and read into the
+// same bytes, with what reading it needs kept from frame to frame.
+class RingFrame {
+ public:
+  RingFrame() { header_.body_bytes = body_.size(); }
+  void write(FrameWriter& writer) {
+    const std::array<iovec, 2> parts{iovec{&header_, sizeof header_}, iovec{body_.data(), body_.size()}};
+    writer.write(parts, {}, Deadline::never());
+  }
+  // Reads the next frame in place into the body; false at the end of the stream.
+  bool read(FrameReader& reader) {
+    std::span<const std::byte> payload;
+    FrameHeader header;
+    if (reader.read_view(header, payload, buffer_, fds_, Deadline::never()) != ReadStatus::Frame) return false;
+    std::memcpy(body_.data(), payload.data(), std::min(payload.size(), body_.size()));
+    reader.release();
+    return true;
+  }
+
+ private:
+  FrameHeader header_;
+  std::array<std::byte, 72> body_{};
+  std::vector<std::byte> buffer_;
+  std::deque<UniqueFd> fds_;
+};
+
 void BM_RingFrameRoundTrip(benchmark::State& state) {
   const ScopedPin pin;
   const RingTiming timing{.spin = std::chrono::seconds(1)};
   auto [to_child, child_in] = make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
   auto [child_out, from_child] = make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
-  FrameHeader frame_header;
-  frame_header.body_bytes = 72;
-  std::array<std::byte, 72> body{};
-  const std::array<iovec, 2> parts{iovec{&frame_header, sizeof frame_header}, iovec{body.data(), body.size()}};
-  // Reads one frame in place and hands its header and payload to `use`; false at the end.
-  auto read_one = [](FrameReader& reader, const auto& use) {
-    FrameHeader header;
-    std::span<const std::byte> payload;
-    std::vector<std::byte> buffer;
-    std::deque<UniqueFd> fds;
-    if (reader.read_view(header, payload, buffer, fds, Deadline::never()) != ReadStatus::Frame) return false;
-    use(header, payload);
-    reader.release();
-    return true;
-  };
   const pid_t child = fork_peer([&, &to_child = to_child, &child_in = child_in, &child_out = child_out,
                                  &from_child = from_child] {
     to_child->close();
     from_child->close();
-    std::array<std::byte, 72> echo{};
-    FrameHeader echo_header;
-    echo_header.body_bytes = echo.size();
-    const std::array<iovec, 2> echo_parts{iovec{&echo_header, sizeof echo_header}, iovec{echo.data(), echo.size()}};
-    while (read_one(*child_in, [&](const FrameHeader&, std::span<const std::byte> payload) {
-      std::memcpy(echo.data(), payload.data(), std::min(payload.size(), echo.size()));
-    })) {
-      child_out->write(echo_parts, {}, Deadline::never());
-    }
+    RingFrame echo;
+    while (echo.read(*child_in)) echo.write(*child_out);
   });
   child_in->close();
   child_out->close();
+  RingFrame frame;
   RoundTripTimes times(state);
   for (auto _ : state) {
     const auto sample = times.sample();
-    to_child->write(parts, {}, Deadline::never());
-    read_one(*from_child, [&](const FrameHeader&, std::span<const std::byte> payload) {
-      std::memcpy(body.data(), payload.data(), std::min(payload.size(), body.size()));
-    });
+    frame.write(*to_child);
+    frame.read(*from_child);
   }
   times.report(state);
   FrameHeader close_header;

@@ -852,8 +852,13 @@ TEST_F(RingTest, TheLongestPeerCheckIntervalStillLetsAnIdleEndSleep) {
 }
 
 TEST_F(RingTest, SleepingReceiverIsWokenBySend) {
-  auto [tx, rx] = channel<int>(Transport::ShmRing, ring_options(4096, std::chrono::nanoseconds::zero()));
-  auto [back_tx, back_rx] = channel<int>(Transport::ShmRing, ring_options(4096, std::chrono::nanoseconds::zero()));
+  // Ends that sleep at once and hardly ever look at their peer: only the publishing end's
+  // wake-up can end a wait, so one lost wake-up (publish's fence and the sleeper's store
+  // and load not pairing) hangs this test into its timeout.
+  ChannelOptions options = ring_options(4096, std::chrono::nanoseconds::zero());
+  options.peer_check_interval = std::chrono::milliseconds::max();
+  auto [tx, rx] = channel<int>(Transport::ShmRing, options);
+  auto [back_tx, back_rx] = channel<int>(Transport::ShmRing, options);
   std::thread echo([&rx = rx, &back_tx = back_tx] {
     while (auto value = rx.recv()) back_tx.send(*value + 1);
     back_tx.close();

@@ -85,8 +85,7 @@ class RingEnd {
   WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
 
   /// Wakes the peer if it sleeps on `word`, leaving in the word the CPU this thread runs
-  /// on. Call after publishing a position with a sequentially consistent store (it pairs
-  /// with the sleeper's, see wait()).
+  /// on. Only publish() calls it, after the fence that pairs with the sleeper (see wait()).
   static void wake(std::atomic<std::uint32_t>& word) noexcept;
   /// Stores `value` into `position` (release), then wakes the peer sleeping on `word`.
   /// A sequentially consistent fence between the two pairs with the sleeper's store of its
