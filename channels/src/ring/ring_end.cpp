@@ -93,16 +93,20 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
   const std::chrono::nanoseconds budget = spin_.budget();
   if (budget > std::chrono::nanoseconds::zero()) {
     // The clock is read every 16 rounds only, the first time after 16 of them: a peer that
-    // answers sooner (a ping-pong between two awake ends) costs no clock read at all.
+    // answers sooner (a ping-pong between two awake ends) costs no clock read at all. A
+    // catch is timed by the last reading, at most 16 rounds short, so that no clock read
+    // stands between seeing the peer's position and returning to the caller.
     Clock::time_point stop = Clock::time_point::max();
+    Clock::time_point last_read{};
     for (unsigned i = 1;; ++i) {
       cpu_relax();
       if (ready()) {
-        spin_.caught(start ? Clock::now() - *start : std::chrono::nanoseconds::zero());
+        spin_.caught(start ? last_read - *start : std::chrono::nanoseconds::zero());
         return WaitOutcome::Ready;
       }
       if (i % 16 != 0) continue;
       const Clock::time_point now = Clock::now();
+      last_read = now;
       if (!start) {
         start = now;
         stop = std::min(now + budget, deadline.time_point());

@@ -86,8 +86,17 @@ ReadStatus RingFrameReader::read_frame(FrameHeader& header, std::span<const std:
   while (true) {
     std::uint64_t count = available();
     if (count == 0) {
+      // While it waits, the reader keeps asking for the line the next frame starts on: once
+      // the writer publishes, the frame's first bytes are on their way with the position,
+      // instead of being fetched only after it.
+      const std::byte* const next_frame = end_.at(head_);
       const detail::WaitOutcome outcome = end_.wait(
-          end_.header().reader_sleeping, [&] { return available() > 0; }, deadline);
+          end_.header().reader_sleeping,
+          [&] {
+            __builtin_prefetch(next_frame);
+            return available() > 0;
+          },
+          deadline);
       if (outcome == detail::WaitOutcome::Timeout) return ReadStatus::Timeout;
       count = available();
       if (count == 0) {  // PeerGone, and nothing left to drain
