@@ -80,10 +80,10 @@ class RingEnd {
   /// `word` (the futex word this end sleeps on, see ring_layout.hpp) with a timeout so
   /// that the peer's liveness is checked every peer_check_interval. Returns Timeout when
   /// the deadline passed, PeerGone when the peer is gone and `ready()` is still false.
-  /// The spin budget adapts to how waits end (SpinPolicy). The clock is read every 16
-  /// spins, never between `ready()` turning true and the return: a wait that ends within
-  /// its first 16 spins reads no clock, and a longer catch counts the time spun up to the
-  /// last reading.
+  /// The spin budget adapts to how waits end (SpinPolicy). While spinning, the clock is
+  /// read every 16 spins and never between `ready()` turning true and the return: a wait
+  /// that ends within its first 16 spins reads no clock, and a longer catch counts the time
+  /// spun up to the last reading. A wait that slept reads it once more to time the wake-up.
   WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
 
   /// Wakes the peer if it sleeps on `word`, leaving in the word the CPU this thread runs

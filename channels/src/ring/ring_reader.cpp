@@ -86,9 +86,9 @@ ReadStatus RingFrameReader::read_frame(FrameHeader& header, std::span<const std:
   while (true) {
     std::uint64_t count = available();
     if (count == 0) {
-      // While it waits, the reader keeps asking for the line the next frame starts on: once
-      // the writer publishes, the frame's first bytes are on their way with the position,
-      // instead of being fetched only after it.
+      // While it waits, the reader keeps asking for the line its next bytes will land on
+      // (where the next frame, or the gap before it, starts): once the writer publishes,
+      // they are on their way with the position, instead of being fetched only after it.
       const std::byte* const next_frame = end_.at(head_);
       const detail::WaitOutcome outcome = end_.wait(
           end_.header().reader_sleeping,

@@ -62,8 +62,8 @@ class SpinPolicy {
   std::chrono::nanoseconds budget() const noexcept { return budget_; }
   std::chrono::nanoseconds setting() const noexcept { return setting_; }
 
-  /// The wait caught the peer after spinning `spun` (zero when it did not read the clock:
-  /// a peer that answered at once).
+  /// The wait caught the peer after spinning `spun`, as far as its last clock reading tells
+  /// (zero when it read the clock at most once: a peer that answered within about 32 spins).
   void caught(std::chrono::nanoseconds spun = std::chrono::nanoseconds::zero()) noexcept;
   /// The wait slept after spinning `spun` (zero: it did not spin) and ended `waited` after
   /// it started, woken by `waker`.
