@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <fcntl.h>
 #include <time.h>
@@ -14,7 +15,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <random>
+#include <stdexcept>
 #include <thread>
 
 #include "ferry/ferry.hpp"
@@ -870,6 +873,52 @@ TEST_F(RingTest, SleepingReceiverIsWokenBySend) {
   tx.close();
   EXPECT_FALSE(back_rx.recv().has_value());
   echo.join();
+}
+
+// The wait of one ring end, on a segment of its own, with a companion socket whose other
+// side stays open (the peer never looks gone) and no spinning.
+struct SleepingEnd {
+  SleepingEnd() : segment(std::make_shared<const RingSegment>(RingSegment::create(4096))) {
+    int pair[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) throw std::runtime_error("socketpair");
+    other_side = UniqueFd(pair[1]);
+    end.emplace(segment, UniqueFd(pair[0]),
+                RingTiming{.spin = std::chrono::nanoseconds::zero(), .peer_check_interval = std::chrono::milliseconds::max()});
+  }
+  RingHeader& header() const { return segment->header(); }
+  std::shared_ptr<const RingSegment> segment;
+  UniqueFd other_side;
+  std::optional<detail::RingEnd> end;
+};
+
+TEST_F(RingTest, AnEndAsleepIsWokenByAPositionPublishedWithoutTheFence) {
+  // What a reader's release of a lone small frame does (publish_unfenced): a writer that
+  // sleeps already is woken at once. Peer checks never come, so a lost wake-up hangs here.
+  SleepingEnd sleeping;
+  RingHeader& header = sleeping.header();
+  detail::WaitOutcome outcome = detail::WaitOutcome::Timeout;
+  std::thread waiter([&] {
+    outcome = sleeping.end->wait(header.writer_sleeping, [&] { return header.head.load() >= 1; }, Deadline::never());
+  });
+  ASSERT_TRUE(wait_until_sleeping(header.writer_sleeping));
+  EXPECT_FALSE(detail::RingEnd::publish_unfenced(header.head, 1, header.writer_sleeping));  // nothing owed
+  waiter.join();
+  EXPECT_EQ(outcome, detail::WaitOutcome::Ready);
+}
+
+TEST_F(RingTest, AWaitWhoseWakeUpWasMissedEndsAfterItsFirstSleep) {
+  // The race publish_unfenced() leaves open: the peer looked at the word just before this
+  // end announced its sleep, and this end's re-check just missed the new position. Modelled
+  // by a condition that turns true only after that re-check, with no wake-up at all: the
+  // first sleep, cut to `first_sleep`, ends the wait (without the cut it would never end).
+  SleepingEnd sleeping;
+  RingHeader& header = sleeping.header();
+  int checks = 0;
+  const detail::WaitOutcome outcome =
+      sleeping.end->wait(header.writer_sleeping, [&] { return ++checks > 2; }, Deadline::never(), kRingRoomFirstSleep);
+  EXPECT_EQ(outcome, detail::WaitOutcome::Ready);
+  EXPECT_EQ(checks, 3);  // before spinning, after announcing, after the first sleep
+  EXPECT_EQ(header.writer_sleeping.load(), 0u);
 }
 
 // ---- descriptors ---------------------------------------------------------------------

@@ -81,7 +81,8 @@ bool RingEnd::peer_gone_lately() {
   return peer_gone();
 }
 
-WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline) {
+WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline,
+                          std::chrono::nanoseconds first_sleep) {
   if (ready()) return WaitOutcome::Ready;
   if (peer_gone_) return WaitOutcome::PeerGone;
   if (deadline.expired()) {  // a poll (try_recv, a zero timeout) or a deadline already past
@@ -117,26 +118,34 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
   }
   if (!start && spin_.setting() > std::chrono::nanoseconds::zero()) start = Clock::now();
   Waker waker = Waker::Unknown;
-  const WaitOutcome outcome = sleep(word, ready, deadline, waker);
+  const WaitOutcome outcome = sleep(word, ready, deadline, first_sleep, waker);
   if (outcome == WaitOutcome::Ready && start) spin_.slept(budget, Clock::now() - *start, waker);
   return outcome;
 }
 
 WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline,
-                           Waker& waker) {
+                           std::chrono::nanoseconds first_sleep, Waker& waker) {
   struct Awake {  // leaves the word at 0 however the wait ends
     std::atomic<std::uint32_t>& word;
     ~Awake() { word.store(0, std::memory_order_relaxed); }
   } awake{word};
   while (true) {
-    // Announce the sleep, then re-check. The store, the position loads in ready() and
-    // the peer's publishing store and load of this word are all sequentially consistent:
-    // either the peer sees the 1 and wakes us, or we see its new position.
-    word.store(kRingSleeping, std::memory_order_seq_cst);
+    // Announce the sleep (unless the word still says so), then re-check. The store and the
+    // position loads in ready() are sequentially consistent, and the peer's publishing
+    // store is separated from its look at this word by a fence (publish();
+    // publish_unfenced() owes it until settle()): either the peer sees the 1 and wakes us,
+    // or we see its new position. A peer's publish_unfenced() can miss the 1 only while it
+    // is being stored, and its position is visible by the end of a short sleep: so the
+    // sleep after a new announcement lasts at most `first_sleep`.
+    std::chrono::nanoseconds longest = std::chrono::nanoseconds::max();
+    if (word.load(std::memory_order_relaxed) != kRingSleeping) {
+      word.store(kRingSleeping, std::memory_order_seq_cst);
+      longest = first_sleep;
+    }
     if (ready()) return WaitOutcome::Ready;
     if (peer_gone_lately()) return ready() ? WaitOutcome::Ready : WaitOutcome::PeerGone;
     if (deadline.expired()) return WaitOutcome::Timeout;
-    auto timeout = std::chrono::nanoseconds(next_peer_check_ - coarse_now());
+    auto timeout = std::min(std::chrono::nanoseconds(next_peer_check_ - coarse_now()), longest);
     if (!deadline.is_never()) timeout = std::min(timeout, deadline.remaining());
     futex_wait(word, kRingSleeping, std::max(timeout, std::chrono::nanoseconds(1000)));
     // Woken with work to do: return without announcing a sleep again, which would make
@@ -165,6 +174,20 @@ void RingEnd::wake(std::atomic<std::uint32_t>& word) noexcept {
 void RingEnd::publish(std::atomic<std::uint64_t>& position, std::uint64_t value,
                       std::atomic<std::uint32_t>& word) noexcept {
   position.store(value, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  wake(word);
+}
+
+bool RingEnd::publish_unfenced(std::atomic<std::uint64_t>& position, std::uint64_t value,
+                               std::atomic<std::uint32_t>& word) noexcept {
+  position.store(value, std::memory_order_release);
+  // A peer asleep for a while has its 1 in the word, seen here without the fence.
+  if (word.load(std::memory_order_relaxed) != kRingSleeping) return true;
+  settle(word);
+  return false;
+}
+
+void RingEnd::settle(std::atomic<std::uint32_t>& word) noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   wake(word);
 }

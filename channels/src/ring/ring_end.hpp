@@ -78,13 +78,16 @@ class RingEnd {
 
   /// Waits until `ready()` holds: checks it, spins for the spin budget, then sleeps on
   /// `word` (the futex word this end sleeps on, see ring_layout.hpp) with a timeout so
-  /// that the peer's liveness is checked every peer_check_interval. Returns Timeout when
+  /// that the peer's liveness is checked every peer_check_interval; the first sleep lasts at
+  /// most `first_sleep` (a wait whose wake-up the peer may owe: see publish_unfenced()).
+  /// Returns Timeout when
   /// the deadline passed, PeerGone when the peer is gone and `ready()` is still false.
   /// The spin budget adapts to how waits end (SpinPolicy). While spinning, the clock is
   /// read every 16 spins and never between `ready()` turning true and the return: a wait
   /// that ends within its first 16 spins reads no clock, and a longer catch counts the time
   /// spun up to the last reading. A wait that slept reads it once more to time the wake-up.
-  WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline);
+  WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline,
+                   std::chrono::nanoseconds first_sleep = std::chrono::nanoseconds::max());
 
   /// Wakes the peer if it sleeps on `word`, leaving in the word the CPU this thread runs
   /// on. Only publish() calls it, after the fence that pairs with the sleeper (see wait()).
@@ -95,6 +98,16 @@ class RingEnd {
   /// line, which the peer may be polling (docs/design/shm-ring.md, "Waiting").
   static void publish(std::atomic<std::uint64_t>& position, std::uint64_t value,
                       std::atomic<std::uint32_t>& word) noexcept;
+  /// Stores `value` into `position` (release) without the fence: the peer sees it as soon
+  /// as with publish(), and a peer already asleep on `word` is woken, but one that goes to
+  /// sleep at this very moment may not be (it then wakes after its `first_sleep`). Returns
+  /// true when that wake-up check is still owed: settle() pays it, after the fence. Used
+  /// where the fence would delay the caller's next message (docs/design/shm-ring.md,
+  /// "Waiting").
+  [[nodiscard]] static bool publish_unfenced(std::atomic<std::uint64_t>& position, std::uint64_t value,
+                                             std::atomic<std::uint32_t>& word) noexcept;
+  /// The fence and the wake-up check that publish_unfenced() left owed.
+  static void settle(std::atomic<std::uint32_t>& word) noexcept;
 
   /// Drops this end's share of the mapping and its companion socket.
   void close() noexcept;
@@ -106,7 +119,8 @@ class RingEnd {
 
  private:
   // Sleeps until ready() holds; `waker` tells who woke us (Unknown when nobody did).
-  WaitOutcome sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline, Waker& waker);
+  WaitOutcome sleep(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline,
+                    std::chrono::nanoseconds first_sleep, Waker& waker);
 
   std::shared_ptr<const RingSegment> segment_;
   std::byte* data_ = nullptr;

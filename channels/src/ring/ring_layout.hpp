@@ -39,12 +39,21 @@
 //   sleeper writes it only on its slow path.
 // - The producer and consumer lines are 128 bytes apart so that the adjacent-line
 //   prefetcher does not couple them.
+// - head after a lone small frame: the reader publishes its head with a release store and a
+//   fence before it looks at writer_sleeping, like every position, except after a frame
+//   that was all the ring held and is small (ring_unfenced_release_limit): then without the
+//   fence, so that the reader's reply is not held up by it (a ping-pong's case). A writer
+//   already asleep is still woken (its 1 is seen without the fence); one that announces its
+//   sleep at that very moment may be missed: the reader pays the fence and the look at its
+//   next read (or Selector check, or close), and a writer waiting for room sleeps at most
+//   kRingRoomFirstSleep after announcing, by when the new head is visible to it.
 // - acknowledged: the highest frame sequence whose segments (SegmentKind::NewProcFd) the
 //   reader has opened, stored when the return board could not tell it or the writer asked
 //   for it (see ring_transport.hpp); the writer keeps those segments open until then.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -65,6 +74,14 @@ inline constexpr std::size_t kRingBodyOffset = 1024;
 // kRingWokenOnCpu + n woken by a peer running on CPU n.
 inline constexpr std::uint32_t kRingSleeping = 1;
 inline constexpr std::uint32_t kRingWokenOnCpu = 2;
+
+/// A frame that was all the ring held when it was read, and is no larger than this (and
+/// than a sixteenth of the capacity), is released without the fence (see "head" above).
+inline constexpr std::uint64_t ring_unfenced_release_limit(std::uint64_t capacity) noexcept {
+  return capacity / 16 < 4096 ? capacity / 16 : 4096;
+}
+/// The longest first sleep of a writer waiting for room (see "head" above).
+inline constexpr std::chrono::milliseconds kRingRoomFirstSleep{1};
 
 /// The record at the start of a gap in the data (see the table above).
 struct RingSkip {

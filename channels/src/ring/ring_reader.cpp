@@ -30,6 +30,7 @@ std::uint64_t RingFrameReader::available() {
 
 bool RingFrameReader::has_buffered_frame() const {
   if (!end_.is_open() || peer_closed_) return true;
+  settle_head();  // a Selector about to sleep must not leave a writer's wake-up owed
   if (held_ > 0 || payload_filled_ > 0 || header_filled_ > 0) return true;
   return end_.header().tail.load(std::memory_order_seq_cst) != head_;
 }
@@ -37,6 +38,13 @@ bool RingFrameReader::has_buffered_frame() const {
 void RingFrameReader::publish_head() noexcept {
   RingHeader& header = end_.header();
   detail::RingEnd::publish(header.head, head_, header.writer_sleeping);  // pairs with a sleeping writer
+  wake_owed_ = false;
+}
+
+void RingFrameReader::settle_head() const noexcept {
+  if (!wake_owed_ || !end_.is_open()) return;
+  wake_owed_ = false;
+  detail::RingEnd::settle(end_.header().writer_sleeping);
 }
 
 bool RingFrameReader::consume(std::uint64_t count) {
@@ -81,6 +89,7 @@ ReadStatus RingFrameReader::read_view(FrameHeader& header, std::span<const std::
 ReadStatus RingFrameReader::read_frame(FrameHeader& header, std::span<const std::byte>& payload,
                                        std::vector<std::byte>& buffer, const Deadline& deadline) {
   release();
+  settle_head();
   if (!end_.is_open() || peer_closed_) return ReadStatus::Closed;
   bool whole_frame_possible = header_filled_ == 0;  // at a frame boundary
   while (true) {
@@ -112,6 +121,7 @@ ReadStatus RingFrameReader::read_frame(FrameHeader& header, std::span<const std:
       if (total <= count) {
         header = frame_header_;
         held_ = total;
+        held_alone_ = total == count && total <= ring_unfenced_release_limit(end_.capacity());
         if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
           release();
           peer_closed_ = true;
@@ -158,6 +168,13 @@ void RingFrameReader::release() noexcept {
   if (held_ == 0 || !end_.is_open()) return;
   head_ += held_;
   held_ = 0;
+  if (held_alone_) {
+    // Without the fence, which would stand between decoding this frame and the reply to it
+    // (ring_layout.hpp, "head after a lone small frame"); paid by settle_head().
+    RingHeader& header = end_.header();
+    wake_owed_ = detail::RingEnd::publish_unfenced(header.head, head_, header.writer_sleeping);
+    return;
+  }
   publish_head();
 }
 
@@ -174,10 +191,12 @@ void RingFrameReader::acknowledge(std::uint64_t sequence) {
   if (!end_.is_open()) return;
   RingHeader& header = end_.header();
   detail::RingEnd::publish(header.acknowledged, sequence, header.writer_sleeping);
+  wake_owed_ = false;  // its fence and look at the word settle an owed one
 }
 
 void RingFrameReader::close() noexcept {
   held_ = 0;
+  settle_head();
   end_.close();
 }
 

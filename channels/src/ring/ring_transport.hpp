@@ -156,6 +156,8 @@ class RingFrameReader final : public FrameReader {
   bool consume(std::uint64_t count);
   // Publishes head_ and wakes the writer if it waits for room.
   void publish_head() noexcept;
+  // Pays the wake-up check that release() left owed, if any (see release()).
+  void settle_head() const noexcept;
   // At a frame boundary with `count` bytes available: skips the gap that starts there, if
   // one does (true); ProtocolError when its record is impossible.
   bool skip_gap(std::uint64_t count);
@@ -164,6 +166,10 @@ class RingFrameReader final : public FrameReader {
   FrameLimits limits_;
   std::uint64_t head_ = 0;  // bytes consumed (private: the shared copy is never read back)
   std::uint64_t held_ = 0;  // bytes of a frame viewed in place, given back by release()
+  // The frame viewed in place was all the ring held and is small (kRingUnfencedRelease):
+  // release() publishes it without the fence.
+  bool held_alone_ = false;
+  mutable bool wake_owed_ = false;  // release() published without the fence; settle_head() pays
   bool peer_closed_ = false;
   FrameHeader frame_header_{};
   std::size_t header_filled_ = 0;

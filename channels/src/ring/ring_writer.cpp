@@ -72,7 +72,7 @@ std::uint64_t RingFrameWriter::room(bool refresh) {
 detail::WaitOutcome RingFrameWriter::wait_for_room(std::uint64_t wanted, const Deadline& deadline) {
   wanted = std::min(wanted, end_.capacity() / 4);
   return end_.wait(
-      end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, deadline);
+      end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, deadline, kRingRoomFirstSleep);
 }
 
 BodySpace* RingFrameWriter::body_space(const Deadline& deadline) {
@@ -87,7 +87,8 @@ std::span<std::byte> RingFrameWriter::lend(std::size_t bytes) {
   const std::uint64_t wanted = kRingBodyOffset + bytes;
   if (room(false) < wanted && room(true) < wanted &&
       end_.wait(
-          end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, lend_deadline_) !=
+          end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, lend_deadline_,
+          kRingRoomFirstSleep) !=
           detail::WaitOutcome::Ready) {
     return {};  // the body stays private; write() then reports the timeout or the dead reader
   }
@@ -167,7 +168,7 @@ bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const 
   if (total <= end_.capacity()) {
     if (total > room(false) && total > room(true)) {
       const detail::WaitOutcome outcome = end_.wait(
-          end_.header().writer_sleeping, [&] { return room(true) >= total; }, deadline);
+          end_.header().writer_sleeping, [&] { return room(true) >= total; }, deadline, kRingRoomFirstSleep);
       if (outcome == detail::WaitOutcome::PeerGone) detail::throw_receiver_gone();
       if (outcome == detail::WaitOutcome::Timeout) return false;
     }
