@@ -900,9 +900,12 @@ TEST_F(RingTest, AnEndAsleepIsWokenByAPositionPublishedWithoutTheFence) {
   std::thread waiter([&] {
     outcome = sleeping.end->wait(header.writer_sleeping, [&] { return header.head.load() >= 1; }, Deadline::never());
   });
-  ASSERT_TRUE(wait_until_sleeping(header.writer_sleeping));
-  EXPECT_FALSE(detail::RingEnd::publish_unfenced(header.head, 1, header.writer_sleeping));  // nothing owed
+  const bool slept = wait_until_sleeping(header.writer_sleeping);
+  const bool owed = detail::RingEnd::publish_unfenced(header.head, 1, header.writer_sleeping);
+  if (owed) detail::RingEnd::settle(header.writer_sleeping);  // so that the waiter ends whatever happened
   waiter.join();
+  ASSERT_TRUE(slept);
+  EXPECT_FALSE(owed);  // it saw the sleeper's 1 and woke it
   EXPECT_EQ(outcome, detail::WaitOutcome::Ready);
 }
 
@@ -910,7 +913,8 @@ TEST_F(RingTest, AWaitWhoseWakeUpWasMissedEndsAfterItsFirstSleep) {
   // The race publish_unfenced() leaves open: the peer looked at the word just before this
   // end announced its sleep, and this end's re-check just missed the new position. Modelled
   // by a condition that turns true only after that re-check, with no wake-up at all: the
-  // first sleep, cut to `first_sleep`, ends the wait (without the cut it would never end).
+  // first sleep, cut to `first_sleep`, ends the wait (without the cut it would end only at
+  // the peer check, an hour away).
   SleepingEnd sleeping;
   RingHeader& header = sleeping.header();
   int checks = 0;

@@ -129,23 +129,35 @@ WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, co
     std::atomic<std::uint32_t>& word;
     ~Awake() { word.store(0, std::memory_order_relaxed); }
   } awake{word};
+  using Clock = std::chrono::steady_clock;
+  // Until when a sleep is cut short for a re-check (see below); none before an announcement.
+  Clock::time_point recheck_until = Clock::time_point::min();
   while (true) {
-    // Announce the sleep (unless the word still says so), then re-check. The store and the
-    // position loads in ready() are sequentially consistent, and the peer's publishing
-    // store is separated from its look at this word by a fence (publish();
-    // publish_unfenced() owes it until settle()): either the peer sees the 1 and wakes us,
-    // or we see its new position. A peer's publish_unfenced() can miss the 1 only while it
-    // is being stored, and its position is visible by the end of a short sleep: so the
-    // sleep after a new announcement lasts at most `first_sleep`.
-    std::chrono::nanoseconds longest = std::chrono::nanoseconds::max();
-    if (word.load(std::memory_order_relaxed) != kRingSleeping) {
+    // Announce the sleep (unless the word still says so), then re-check. The store (or the
+    // load that finds the 1 already there) and the position loads in ready() are
+    // sequentially consistent, and the peer's publishing store is separated from its look
+    // at this word by a fence (publish(); publish_unfenced() owes it until settle()):
+    // either the peer sees the 1 and wakes us, or we see its new position. A peer's
+    // publish_unfenced() can miss the 1 only while it is being stored, and its position is
+    // visible soon after (in practice within microseconds; the C++ model promises only
+    // "in a finite time"): so for `first_sleep` after a new announcement we sleep at most
+    // until then, and re-check.
+    if (word.load(std::memory_order_seq_cst) != kRingSleeping) {
       word.store(kRingSleeping, std::memory_order_seq_cst);
-      longest = first_sleep;
+      if (first_sleep != std::chrono::nanoseconds::max()) recheck_until = Clock::now() + first_sleep;
     }
     if (ready()) return WaitOutcome::Ready;
     if (peer_gone_lately()) return ready() ? WaitOutcome::Ready : WaitOutcome::PeerGone;
     if (deadline.expired()) return WaitOutcome::Timeout;
-    auto timeout = std::min(std::chrono::nanoseconds(next_peer_check_ - coarse_now()), longest);
+    auto timeout = std::chrono::nanoseconds(next_peer_check_ - coarse_now());
+    if (recheck_until != Clock::time_point::min()) {
+      const Clock::time_point now = Clock::now();
+      if (now < recheck_until) {
+        timeout = std::min<std::chrono::nanoseconds>(timeout, recheck_until - now);
+      } else {
+        recheck_until = Clock::time_point::min();  // past: no clock reads on later rounds
+      }
+    }
     if (!deadline.is_never()) timeout = std::min(timeout, deadline.remaining());
     futex_wait(word, kRingSleeping, std::max(timeout, std::chrono::nanoseconds(1000)));
     // Woken with work to do: return without announcing a sleep again, which would make

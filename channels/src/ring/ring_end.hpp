@@ -78,10 +78,10 @@ class RingEnd {
 
   /// Waits until `ready()` holds: checks it, spins for the spin budget, then sleeps on
   /// `word` (the futex word this end sleeps on, see ring_layout.hpp) with a timeout so
-  /// that the peer's liveness is checked every peer_check_interval; the first sleep lasts at
-  /// most `first_sleep` (a wait whose wake-up the peer may owe: see publish_unfenced()).
-  /// Returns Timeout when
-  /// the deadline passed, PeerGone when the peer is gone and `ready()` is still false.
+  /// that the peer's liveness is checked every peer_check_interval. A sleep that begins
+  /// within `first_sleep` of announcing it ends by then and re-checks `ready()` (a wait
+  /// whose wake-up the peer may owe: see publish_unfenced()). Returns Timeout when the
+  /// deadline passed, PeerGone when the peer is gone and `ready()` is still false.
   /// The spin budget adapts to how waits end (SpinPolicy). While spinning, the clock is
   /// read every 16 spins and never between `ready()` turning true and the return: a wait
   /// that ends within its first 16 spins reads no clock, and a longer catch counts the time
@@ -90,7 +90,8 @@ class RingEnd {
                    std::chrono::nanoseconds first_sleep = std::chrono::nanoseconds::max());
 
   /// Wakes the peer if it sleeps on `word`, leaving in the word the CPU this thread runs
-  /// on. Only publish() calls it, after the fence that pairs with the sleeper (see wait()).
+  /// on. Only publish(), publish_unfenced() and settle() call it, after the fence that pairs
+  /// with the sleeper (see wait()), or having seen the sleeper's 1 (publish_unfenced()).
   static void wake(std::atomic<std::uint32_t>& word) noexcept;
   /// Stores `value` into `position` (release), then wakes the peer sleeping on `word`.
   /// A sequentially consistent fence between the two pairs with the sleeper's store of its

@@ -166,7 +166,7 @@ class RingFrameReader final : public FrameReader {
   FrameLimits limits_;
   std::uint64_t head_ = 0;  // bytes consumed (private: the shared copy is never read back)
   std::uint64_t held_ = 0;  // bytes of a frame viewed in place, given back by release()
-  // The frame viewed in place was all the ring held and is small (kRingUnfencedRelease):
+  // The frame viewed in place was all the ring held and is small (ring_unfenced_release_limit):
   // release() publishes it without the fence.
   bool held_alone_ = false;
   mutable bool wake_owed_ = false;  // release() published without the fence; settle_head() pays
