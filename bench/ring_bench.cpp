@@ -201,11 +201,6 @@ BENCHMARK(BM_RingRoundTripBytes)
     ->Repetitions(kRepetitions)
     ->ReportAggregatesOnly(true);
 
-// The ring alone, without a channel's encoding and decoding: a frame of the size a 64 B
-// message makes (its header and a 72-byte body) written with the writer and read in place
-// with the reader of make_transport(), each echoed back. The gap between this row and
-// BM_RingRoundTripBytes/bytes:64/spinning:1 is the channel's own work; the gap between this
-// row and BM_RawShmBusyPollRoundTrip is the ring's.
 // A 64 B message's frame (its header and a 72-byte body), written from and read into the
 // same bytes, with what reading it needs kept from frame to frame.
 class RingFrame {
@@ -232,6 +227,10 @@ class RingFrame {
   std::deque<UniqueFd> fds_;
 };
 
+// The ring alone, without a channel's encoding and decoding: a RingFrame written with the
+// writer and read in place with the reader of make_transport(), echoed back. The gap between
+// this row and BM_RingRoundTripBytes/bytes:64/spinning:1 is the channel's own work; the gap
+// between this row and BM_RawShmBusyPollRoundTrip is the ring's.
 void BM_RingFrameRoundTrip(benchmark::State& state) {
   const ScopedPin pin;
   const RingTiming timing{.spin = std::chrono::seconds(1)};

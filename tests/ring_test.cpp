@@ -925,6 +925,26 @@ TEST_F(RingTest, AWaitWhoseWakeUpWasMissedEndsAfterItsFirstSleep) {
   EXPECT_EQ(header.writer_sleeping.load(), 0u);
 }
 
+TEST_F(RingTest, AWaitReChecksOnceAfterItsFirstSleepNotEveryMillisecond) {
+  // The cut applies to the sleep after an announcement only: a writer blocked for room
+  // pays one extra wake-up per announcement. Counted by the condition's checks over a
+  // 60 ms wait that never succeeds: about 6 (before spinning, then two per sleep), where
+  // re-checking every `first_sleep` would make about 120.
+  SleepingEnd sleeping;
+  RingHeader& header = sleeping.header();
+  int checks = 0;
+  const detail::WaitOutcome outcome = sleeping.end->wait(
+      header.writer_sleeping,
+      [&] {
+        ++checks;
+        return false;
+      },
+      Deadline::after(60ms), kRingRoomFirstSleep);
+  EXPECT_EQ(outcome, detail::WaitOutcome::Timeout);
+  EXPECT_GE(checks, 5);  // the first sleep was cut and re-checked (uncut: 4)
+  EXPECT_LE(checks, 12);
+}
+
 // ---- descriptors ---------------------------------------------------------------------
 
 TEST_F(RingTest, AnEndRebuiltFromItsDescriptorsReadsTheStream) {

@@ -186,8 +186,7 @@ void RingEnd::wake(std::atomic<std::uint32_t>& word) noexcept {
 void RingEnd::publish(std::atomic<std::uint64_t>& position, std::uint64_t value,
                       std::atomic<std::uint32_t>& word) noexcept {
   position.store(value, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  wake(word);
+  settle(word);
 }
 
 bool RingEnd::publish_unfenced(std::atomic<std::uint64_t>& position, std::uint64_t value,

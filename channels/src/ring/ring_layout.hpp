@@ -52,6 +52,7 @@
 //   for it (see ring_transport.hpp); the writer keeps those segments open until then.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -78,7 +79,7 @@ inline constexpr std::uint32_t kRingWokenOnCpu = 2;
 /// A frame that was all the ring held when it was read, and is no larger than this (and
 /// than a sixteenth of the capacity), is released without the fence (see "head" above).
 inline constexpr std::uint64_t ring_unfenced_release_limit(std::uint64_t capacity) noexcept {
-  return capacity / 16 < 4096 ? capacity / 16 : 4096;
+  return std::min<std::uint64_t>(capacity / 16, 4096);
 }
 /// The longest first sleep of a writer waiting for room (see "head" above).
 inline constexpr std::chrono::milliseconds kRingRoomFirstSleep{1};
