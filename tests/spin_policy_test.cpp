@@ -145,12 +145,43 @@ TEST(SpinPolicyTest, WithoutAWakerOnlyAWaitWithinTheSettingBringsSpinningBack) {
   EXPECT_EQ(policy.budget(), kSetting);
 }
 
-TEST(SpinPolicyTest, ASpinInVainHalvesWhenAPeerOnAnotherCpuTookLongerThanTheSetting) {
-  // A peer that needs a little longer than the setting every time: spinning fades out
-  // instead of burning the setting on every wait.
+TEST(SpinPolicyTest, ASpinInVainHalvesWhenAPeerOnAnotherCpuTookLongerThanTheLongestProbe) {
+  // A peer slower than the longest probe: spinning fades out instead of burning the budget
+  // on every wait.
+  SpinPolicy policy(kSetting);
+  policy.slept(kSetting, kSetting * SpinPolicy::kLongestProbe + 1ns, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting / 2);
+}
+
+TEST(SpinPolicyTest, ASpinInVainThatAPeerOnAnotherCpuEndedSoonAfterSpinsAsLongAsTheWaitNextTime) {
+  // The peer was late once: the next wait spins as long as this one lasted, as a catch
+  // after that long would have set it (at least the setting, at most kLongestProbe).
   SpinPolicy policy(kSetting);
   policy.slept(kSetting, kSetting + 1us, Waker::OtherCpu);
-  EXPECT_EQ(policy.budget(), kSetting / 2);
+  EXPECT_EQ(policy.budget(), kSetting + 1us);
+  policy.slept(kSetting + 1us, kSetting * 3, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting * 3);
+  policy.slept(kSetting * 3, kSetting * SpinPolicy::kLongestProbe, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting * SpinPolicy::kLongestProbe);
+  policy.slept(kSetting / 8, kSetting / 2, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting);
+}
+
+TEST(SpinPolicyTest, AHiccupOfTheHostCostsAWakeUpOrTwoNotAFadeOut) {
+  // A steady exchange whose peer answers after 11 us, caught every time. Once the host
+  // stalls the peer for 112 us: that wait halves the budget. The next wait, too short now,
+  // ends 59 us after it began (the peer's answer plus its wake-up of us): it must not halve
+  // again (5.5 us, then 2.75, ... each wait missing the peer), but spin long enough to
+  // catch the peer from the next wait on.
+  SpinPolicy policy(kSetting);
+  policy.caught(11us);
+  ASSERT_EQ(policy.budget(), 22us);
+  policy.slept(22us, 112us, Waker::OtherCpu);
+  ASSERT_EQ(policy.budget(), 11us);
+  policy.slept(11us, 59us, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), 59us);
+  policy.caught(11us);
+  EXPECT_EQ(policy.budget(), 22us);
 }
 
 TEST(SpinPolicyTest, ACutBudgetThatJustMissedAPeerOnAnotherCpuIsRestored) {

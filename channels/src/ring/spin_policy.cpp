@@ -21,8 +21,10 @@ void SpinPolicy::slept(nanoseconds spun, nanoseconds waited, Waker waker) noexce
     // earlier long waits had cut, or takes longer than we should spin.
     if (waker == Waker::SameCpu) {
       budget_ = nanoseconds::zero();
-    } else if (waker == Waker::OtherCpu && waited <= setting_) {
-      budget_ = setting_;
+    } else if (waker == Waker::OtherCpu && waited <= setting_ * kLongestProbe) {
+      // The peer answered soon after the spin gave up (late once, or slowed by a wake-up of
+      // its own): spin as long as this wait lasted next time, as a catch would have set it.
+      budget_ = std::clamp(waited, setting_, setting_ * kLongestProbe);
     } else {
       budget_ /= 2;
       if (budget_ < kMinimumBudget) budget_ = nanoseconds::zero();

@@ -28,8 +28,11 @@ enum class Waker {
 /// - a wait that spun its whole budget in vain halves it (below 500 ns: zero), so spinning
 ///   fades out where the peer is slow; woken by a peer on our own CPU, it drops the budget
 ///   to zero at once (the peer could not run while we spun: more busy threads than CPUs);
-///   woken by a peer on another CPU within the setting, it restores the setting (the
-///   budget was just short, cut by earlier long waits such as a peer busy for milliseconds);
+///   woken by a peer on another CPU within kLongestProbe settings, it spins as long as this
+///   wait lasted next time (at least the setting), as a catch would have: the peer was late
+///   once (the host took its CPU for a while, or it was asleep and its wake-up came on top
+///   of its work). Halving there would make both ends of a steady exchange miss each other
+///   in turn, each wait lengthened by the other's wake-up, until neither spins;
 /// - a wait that did not spin (budget zero) and was woken by a peer on another CPU within
 ///   kRestoreWithin settings spins again: both ends run on their own CPUs and answer
 ///   quickly, only the wake-ups made the waits long. Measured from its start, a wait counts
