@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -154,17 +155,64 @@ TEST(SpinPolicyTest, ASpinInVainHalvesWhenAPeerOnAnotherCpuTookLongerThanTheLong
 }
 
 TEST(SpinPolicyTest, ASpinInVainThatAPeerOnAnotherCpuEndedSoonAfterSpinsAsLongAsTheWaitNextTime) {
-  // The peer was late once: the next wait spins as long as this one lasted, as a catch
-  // after that long would have set it (at least the setting, at most kLongestProbe).
+  // The peer was late once: the next wait spins as long as this one lasted, measured from
+  // its start (at least the setting, and only while that is at most kLongestProbe settings).
   SpinPolicy policy(kSetting);
   policy.slept(kSetting, kSetting + 1us, Waker::OtherCpu);
   EXPECT_EQ(policy.budget(), kSetting + 1us);
-  policy.slept(kSetting + 1us, kSetting * 3, Waker::OtherCpu);
-  EXPECT_EQ(policy.budget(), kSetting * 3);
-  policy.slept(kSetting * 3, kSetting * SpinPolicy::kLongestProbe, Waker::OtherCpu);
+  policy.caught(kSetting / 4);
+  policy.slept(kSetting, kSetting * SpinPolicy::kLongestProbe, Waker::OtherCpu);
   EXPECT_EQ(policy.budget(), kSetting * SpinPolicy::kLongestProbe);
-  policy.slept(kSetting / 8, kSetting / 2, Waker::OtherCpu);
+  policy.caught(kSetting / 4);
+  // A budget that earlier long waits cut below the setting comes back to the setting.
+  policy.slept(kSetting, 5ms, Waker::OtherCpu);
+  policy.slept(kSetting / 2, 5ms, Waker::OtherCpu);
+  ASSERT_EQ(policy.budget(), kSetting / 4);
+  policy.slept(kSetting / 4, kSetting / 2, Waker::OtherCpu);
   EXPECT_EQ(policy.budget(), kSetting);
+}
+
+TEST(SpinPolicyTest, ASpinInVainStretchesTheBudgetOnceBetweenTwoCatches) {
+  SpinPolicy policy(kSetting);
+  policy.slept(kSetting, kSetting * 3, Waker::OtherCpu);
+  ASSERT_EQ(policy.budget(), kSetting * 3);
+  // Missed again: this time it halves, however soon the peer answered.
+  policy.slept(kSetting * 3, kSetting * 3 + 1us, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting * 3 / 2);
+  policy.slept(kSetting * 3 / 2, kSetting * 2, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting * 3 / 4);
+  // A catch allows the next stretch.
+  policy.caught(kSetting / 4);
+  policy.slept(kSetting, kSetting * 2, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting * 2);
+}
+
+TEST(SpinPolicyTest, AStretchedBudgetHalvesWhenThePeerTakesLongerThanTheLongestProbe) {
+  SpinPolicy policy(kSetting);
+  policy.slept(kSetting, kSetting * SpinPolicy::kLongestProbe, Waker::OtherCpu);
+  ASSERT_EQ(policy.budget(), kSetting * SpinPolicy::kLongestProbe);
+  policy.caught(kSetting / 4);
+  policy.slept(kSetting, kSetting * SpinPolicy::kLongestProbe, Waker::OtherCpu);
+  policy.slept(kSetting * SpinPolicy::kLongestProbe, kSetting * SpinPolicy::kLongestProbe + 1ns, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), kSetting * SpinPolicy::kLongestProbe / 2);
+}
+
+TEST(SpinPolicyTest, APeerThatKeepsMissingTheSpinNeverRatchetsTheBudgetUp) {
+  // Every wait spins its budget in vain and the peer answers 15 us later, from what looks
+  // like another CPU (more busy threads than CPUs, our spin delaying the peer): a wait that
+  // spun lasts at least its budget, so stretching each time would climb to the longest
+  // probe. One stretch, then the halving and the rule for waits that did not spin.
+  SpinPolicy policy(kSetting);
+  nanoseconds most = policy.budget();
+  nanoseconds spun_in_all{0};
+  for (int i = 0; i < 60; ++i) {
+    const nanoseconds spun = policy.budget();
+    spun_in_all += spun;
+    policy.slept(spun, spun + 15us, Waker::OtherCpu);
+    most = std::max(most, policy.budget());
+  }
+  EXPECT_EQ(most, kSetting + 15us);
+  EXPECT_LT(spun_in_all, 60 * kSetting);  // stretching every time: about 60 * 4 settings
 }
 
 TEST(SpinPolicyTest, AHiccupOfTheHostCostsAWakeUpOrTwoNotAFadeOut) {
@@ -232,6 +280,10 @@ TEST(SpinPolicyTest, TheLongestPossibleSettingFollowsTheSameRules) {
   policy.slept(policy.budget(), 1s, Waker::SameCpu);
   EXPECT_EQ(policy.budget(), nanoseconds::zero());
   policy.slept(nanoseconds::zero(), 1ms, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), policy.setting());
+  policy.slept(policy.setting(), policy.setting() * 2, Waker::OtherCpu);
+  EXPECT_EQ(policy.budget(), policy.setting() * 2);
+  policy.slept(policy.budget(), policy.setting() * SpinPolicy::kLongestProbe + 1ns, Waker::OtherCpu);
   EXPECT_EQ(policy.budget(), policy.setting());
 }
 

@@ -27,12 +27,17 @@ enum class Waker {
 ///   paying a wake-up every other message;
 /// - a wait that spun its whole budget in vain halves it (below 500 ns: zero), so spinning
 ///   fades out where the peer is slow; woken by a peer on our own CPU, it drops the budget
-///   to zero at once (the peer could not run while we spun: more busy threads than CPUs);
-///   woken by a peer on another CPU within kLongestProbe settings, it spins as long as this
-///   wait lasted next time (at least the setting), as a catch would have: the peer was late
-///   once (the host took its CPU for a while, or it was asleep and its wake-up came on top
-///   of its work). Halving there would make both ends of a steady exchange miss each other
-///   in turn, each wait lengthened by the other's wake-up, until neither spins;
+///   to zero at once (the peer could not run while we spun: more busy threads than CPUs).
+///   One exception, once between two catches: woken by a peer on another CPU within
+///   kLongestProbe settings of the wait's start (its spin included), the next wait spins as
+///   long as this one lasted (at least the setting), as after a wait that did not spin
+///   (below). The peer was late once: the host took its CPU for a while, or it was asleep
+///   and its wake-up came on top of its work. Halving there made both ends of a steady
+///   exchange miss each other in turn, each wait lengthened by the other's wake-up, until
+///   neither spun. Once only, because a wait that spun in vain always lasts at least its
+///   budget: stretching after every such wait would ratchet the budget up to kLongestProbe
+///   settings for a peer that keeps missing it (one that our own spinning delays, while it
+///   seems to run on another CPU; one whose answers alternate between quick and very slow);
 /// - a wait that did not spin (budget zero) and was woken by a peer on another CPU within
 ///   kRestoreWithin settings spins again: both ends run on their own CPUs and answer
 ///   quickly, only the wake-ups made the waits long. Measured from its start, a wait counts
@@ -75,6 +80,7 @@ class SpinPolicy {
  private:
   std::chrono::nanoseconds setting_;
   std::chrono::nanoseconds budget_;
+  bool stretched_ = false;  // a spin in vain stretched the budget since the last catch
 };
 
 }  // namespace ferry::detail
