@@ -98,4 +98,13 @@ void FrameInputArchive::throw_truncated(std::uint64_t count, std::size_t element
                       " at offset " + std::to_string(position_) + " of " + std::to_string(body_.size()));
 }
 
+namespace detail {
+
+void throw_container_size_above_body(std::uint64_t size, std::size_t remaining) {
+  throw ProtocolError("message body holds a container size of " + std::to_string(size) + " elements but only " +
+                      std::to_string(remaining) + " bytes remain");
+}
+
+}  // namespace detail
+
 }  // namespace ferry

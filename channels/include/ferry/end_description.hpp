@@ -84,8 +84,8 @@ std::unique_ptr<ReceiverCore> rebuild_receiver(const EndDescription& description
 }  // namespace detail
 
 namespace detail {
-/// Throws Error for describing an InProcess `end` ("Sender<T>", "Receiver<T>").
-[[noreturn]] void throw_in_process_not_describable(const std::string& end);
+/// Throws Error for describing an InProcess end: `role` "Sender" or "Receiver", `type` its T.
+[[noreturn]] void throw_in_process_not_describable(std::string_view role, std::string_view type);
 }  // namespace detail
 
 /// Describes `sender` (which must be open). The description does not own anything: the
@@ -94,7 +94,7 @@ namespace detail {
 template <class T>
 EndDescription describe_end(Sender<T>& sender) {
   if (sender.transport() == Transport::InProcess && sender.is_open()) {
-    detail::throw_in_process_not_describable("Sender<" + std::string(type_name<T>()) + ">");
+    detail::throw_in_process_not_describable("Sender", type_name<T>());
   }
   return detail::describe_sender(sender.core(), type_fingerprint<T>(), type_name<T>());
 }
@@ -103,7 +103,7 @@ EndDescription describe_end(Sender<T>& sender) {
 template <class T>
 EndDescription describe_end(Receiver<T>& receiver) {
   if (receiver.transport() == Transport::InProcess && receiver.is_open()) {
-    detail::throw_in_process_not_describable("Receiver<" + std::string(type_name<T>()) + ">");
+    detail::throw_in_process_not_describable("Receiver", type_name<T>());
   }
   return detail::describe_receiver(receiver.core(), type_fingerprint<T>(), type_name<T>());
 }

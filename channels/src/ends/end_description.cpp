@@ -105,8 +105,8 @@ std::vector<UniqueFd> claim(const EndDescription& description, EndRole role, std
 
 }  // namespace
 
-void throw_in_process_not_describable(const std::string& end) {
-  throw Error("cannot describe an InProcess " + end +
+void throw_in_process_not_describable(std::string_view role, std::string_view type) {
+  throw Error("cannot describe an InProcess " + std::string(role) + "<" + std::string(type) + ">" +
               " for another process: an in-process channel's values never leave this process; create the channel "
               "with Transport::Pipe, UnixSocket or ShmRing to hand an end to another process");
 }

@@ -15,6 +15,19 @@ void throw_spawn_argument_error(std::size_t position, std::string_view type, con
   throw SpawnError("argument " + std::to_string(position + 1) + " of spawn (" + std::string(type) + ") " + problem);
 }
 
+void throw_per_rank_count_mismatch(std::size_t position, std::string_view type, std::size_t count, int world_size) {
+  throw_spawn_argument_error(position, type,
+                             "holds " + std::to_string(count) + " values for " + std::to_string(world_size) +
+                                 " workers; per_rank needs exactly one value per worker");
+}
+
+void throw_end_shared_by_workers(std::size_t position, std::string_view type, int world_size) {
+  throw_spawn_argument_error(position, type,
+                             "would be shared by " + std::to_string(world_size) +
+                                 " workers, but a channel end belongs to one process; give each worker its own end "
+                                 "with ferry::per_rank(std::vector<...>{...})");
+}
+
 void check_handed_end(std::size_t position, std::string_view type, bool open, Transport transport, bool used,
                       StartMethod method) {
   if (!open) throw_spawn_argument_error(position, type, "holds a closed or empty channel end; hand workers open ends");

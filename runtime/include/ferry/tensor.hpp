@@ -229,6 +229,11 @@ Shape contiguous_strides(const Shape& shape);
 void copy_strided(std::byte* destination, const Shape& destination_strides, const std::byte* source,
                   const Shape& source_strides, const Shape& shape, std::size_t element_size);
 
+namespace detail {
+/// Tensor::from()'s error, out of line (every element type instantiates it).
+[[noreturn]] void throw_values_do_not_fill(std::size_t values, std::int64_t elements);
+}  // namespace detail
+
 template <class T>
 Tensor Tensor::from(std::span<const T> values, const Shape& shape, Device device) {
   if (!device.is_cpu()) {  // device memory: fill a CPU tensor, then copy it over
@@ -237,10 +242,7 @@ Tensor Tensor::from(std::span<const T> values, const Shape& shape, Device device
     return tensor;
   }
   Tensor tensor = empty(shape, dtype_of<T>, device);
-  if (static_cast<std::size_t>(tensor.numel()) != values.size()) {
-    throw Error("Tensor::from: " + std::to_string(values.size()) + " values do not fill shape of " +
-                std::to_string(tensor.numel()) + " elements");
-  }
+  if (static_cast<std::size_t>(tensor.numel()) != values.size()) detail::throw_values_do_not_fill(values.size(), tensor.numel());
   if (!values.empty()) std::memcpy(tensor.data_ptr(), values.data(), values.size() * sizeof(T));
   return tensor;
 }

@@ -32,6 +32,15 @@ Tensor::Tensor(std::shared_ptr<Storage>&& storage, DType dtype, const Shape& sha
       device_(device),
       defined_(true) {}
 
+namespace detail {
+
+void throw_values_do_not_fill(std::size_t values, std::int64_t elements) {
+  throw Error("Tensor::from: " + std::to_string(values) + " values do not fill shape of " + std::to_string(elements) +
+              " elements");
+}
+
+}  // namespace detail
+
 Shape contiguous_strides(const Shape& shape) {
   Shape strides;
   strides.resize_for_overwrite(shape.size());  // every entry is written below

@@ -178,6 +178,11 @@ inline constexpr bool crosses_exec =
 /// Throws SpawnError about argument `position` (from 0) of spawn(), of type `type`:
 /// "argument N of spawn (type) <problem>".
 [[noreturn]] void throw_spawn_argument_error(std::size_t position, std::string_view type, const std::string& problem);
+/// validate_argument()'s two errors that name counts (out of line: every argument type
+/// instantiates it).
+[[noreturn]] void throw_per_rank_count_mismatch(std::size_t position, std::string_view type, std::size_t count,
+                                                int world_size);
+[[noreturn]] void throw_end_shared_by_workers(std::size_t position, std::string_view type, int world_size);
 /// Checks one channel end handed to a worker started by `method` (open, able to cross
 /// processes, fresh for StartMethod::Spawn); throws SpawnError about argument `position`.
 void check_handed_end(std::size_t position, std::string_view type, bool open, Transport transport, bool used,
@@ -191,19 +196,12 @@ void validate_argument(A& arg, std::size_t position, int world_size, StartMethod
   using V = typename Traits::Worker;
   if constexpr (Traits::per_rank) {
     if (Traits::count(arg) != static_cast<std::size_t>(world_size)) {
-      throw_spawn_argument_error(position, type_name<A>(),
-                                 "holds " + std::to_string(Traits::count(arg)) + " values for " +
-                                     std::to_string(world_size) + " workers; per_rank needs exactly one value per worker");
+      throw_per_rank_count_mismatch(position, type_name<A>(), Traits::count(arg), world_size);
     }
   } else if constexpr (holds_ends<V>) {
     bool any = false;
     for_each_end(arg, [&](auto&) { any = true; });
-    if (any && world_size > 1) {
-      throw_spawn_argument_error(position, type_name<A>(),
-                                 "would be shared by " + std::to_string(world_size) +
-                                     " workers, but a channel end belongs to one process; give each worker its own "
-                                     "end with ferry::per_rank(std::vector<...>{...})");
-    }
+    if (any && world_size > 1) throw_end_shared_by_workers(position, type_name<A>(), world_size);
   }
   if constexpr (holds_ends<V>) {
     for (int rank = 0; rank < (Traits::per_rank ? world_size : 1); ++rank) {

@@ -89,6 +89,12 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
   std::span<const std::shared_ptr<Storage>> storages_;
 };
 
+namespace detail {
+/// The check of a received container's size (cereal's SizeTag, below) failed: out of line,
+/// so that every container's load does not carry the message's construction.
+[[noreturn]] void throw_container_size_above_body(std::uint64_t size, std::size_t remaining);
+}  // namespace detail
+
 }  // namespace ferry
 
 // Serialization of the primitives that cereal's containers reduce to, for ferry's archives
@@ -129,8 +135,7 @@ inline void CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, SizeTag<T>& 
   // Every element takes at least one byte, so a count above the bytes left is a lie that
   // would make the container allocate without bound.
   if (static_cast<std::uint64_t>(tag.size) > ar.remaining()) {
-    throw ferry::ProtocolError("message body holds a container size of " + std::to_string(tag.size) +
-                               " elements but only " + std::to_string(ar.remaining()) + " bytes remain");
+    ferry::detail::throw_container_size_above_body(static_cast<std::uint64_t>(tag.size), ar.remaining());
   }
 }
 

@@ -3,9 +3,10 @@
 #pragma once
 
 #include <cereal/details/helpers.hpp>
+#include <cstddef>
 #include <memory>
 #include <span>
-#include <string>
+#include <string_view>
 
 #include "ferry/detail/archive.hpp"
 #include "ferry/error.hpp"
@@ -14,6 +15,13 @@
 namespace ferry {
 
 class Storage;
+
+namespace detail {
+// read_body_with()'s errors, compiled once in the library rather than in every message
+// type's instantiation.
+[[noreturn]] void throw_body_left_over(std::size_t remaining, std::string_view type);
+[[noreturn]] void throw_body_invalid(std::string_view type, const char* what);
+}  // namespace detail
 
 /// Deserializes a T from what `archive` reads (a FrameInputArchive over a body and its
 /// storages). Every way a body can lie is a ProtocolError: short reads, bytes left over, invalid
@@ -24,13 +32,9 @@ T read_body_with(FrameInputArchive& archive) {
   T value{};
   try {
     archive(value);
-    if (archive.remaining() != 0) {
-      throw ProtocolError("message body has " + std::to_string(archive.remaining()) +
-                          " bytes left over after reading a " + std::string(type_name<T>()) +
-                          "; sender and receiver disagree on its layout");
-    }
+    if (archive.remaining() != 0) detail::throw_body_left_over(archive.remaining(), type_name<T>());
   } catch (const cereal::Exception& error) {
-    throw ProtocolError("message body is not a valid " + std::string(type_name<T>()) + ": " + error.what());
+    detail::throw_body_invalid(type_name<T>(), error.what());
   }
   return value;
 }
