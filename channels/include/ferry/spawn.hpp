@@ -56,6 +56,19 @@ UniqueFd write_payload(const EncodedFrame& frame);
 /// Reads a payload written by write_payload and takes ownership of its tensor fds.
 DecodedPayload read_payload(UniqueFd payload);
 
+/// A payload read back and its frame decoded (tables resolved, tensors mapped), ready for
+/// the typed read: the non-template part of decode_payload(), compiled in the library.
+class OpenedPayload;
+struct OpenedPayloadDeleter {
+  void operator()(OpenedPayload* opened) const noexcept;
+};
+/// Reads `payload` and decodes its frame for a message whose type has `fingerprint` and
+/// `type_name`. Throws ProtocolError for a payload that lies, Error for a missing fd.
+std::unique_ptr<OpenedPayload, OpenedPayloadDeleter> open_payload(UniqueFd payload, std::uint64_t fingerprint,
+                                                                  std::string_view type_name);
+/// The decoder of an opened payload, whose read<T>() returns the value.
+MessageDecoder& decoder_of(OpenedPayload& opened) noexcept;
+
 /// The encoded arguments of one worker: the payload memfd, and the encoder that made the
 /// frame in it. The encoder keeps the frame's descriptors (tensor segments, the return
 /// board) open until the worker has inherited them. started() commits the frame; the
@@ -107,9 +120,8 @@ EncodedPayload encode_payload(const WireTuple& wire, std::vector<int>& inherited
 /// Decodes a payload into the wire tuple WireTuple.
 template <class WireTuple>
 WireTuple decode_payload(UniqueFd payload) {
-  DecodedPayload decoded = read_payload(std::move(payload));
-  MessageDecoder decoder(type_fingerprint<WireTuple>(), type_name<WireTuple>());
-  decoder.decode(decoded.header, decoded.rest, decoded.fds);
+  const auto opened = open_payload(std::move(payload), type_fingerprint<WireTuple>(), type_name<WireTuple>());
+  MessageDecoder& decoder = decoder_of(*opened);
   return decoder.read<WireTuple>();
 }
 

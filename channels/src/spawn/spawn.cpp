@@ -127,4 +127,29 @@ DecodedPayload read_payload(UniqueFd payload) {
   return decoded;
 }
 
+// The decoder reads the frame's body and fds where `decoded` keeps them: both live as long
+// as the typed read needs them.
+class OpenedPayload {
+ public:
+  OpenedPayload(DecodedPayload decoded, std::uint64_t fingerprint, std::string_view type_name)
+      : decoded_(std::move(decoded)), decoder_(fingerprint, type_name) {
+    decoder_.decode(decoded_.header, decoded_.rest, decoded_.fds);
+  }
+  MessageDecoder& decoder() noexcept { return decoder_; }
+
+ private:
+  DecodedPayload decoded_;
+  MessageDecoder decoder_;
+};
+
+void OpenedPayloadDeleter::operator()(OpenedPayload* opened) const noexcept { delete opened; }
+
+std::unique_ptr<OpenedPayload, OpenedPayloadDeleter> open_payload(UniqueFd payload, std::uint64_t fingerprint,
+                                                                  std::string_view type_name) {
+  return std::unique_ptr<OpenedPayload, OpenedPayloadDeleter>(
+      new OpenedPayload(read_payload(std::move(payload)), fingerprint, type_name));
+}
+
+MessageDecoder& decoder_of(OpenedPayload& opened) noexcept { return opened.decoder(); }
+
 }  // namespace ferry::detail
