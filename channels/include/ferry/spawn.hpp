@@ -131,34 +131,46 @@ std::string signature_of() {
   return std::string(type_name<std::tuple<std::decay_t<P>...>>());
 }
 
+/// The registered function `identity`, as its own type again.
 template <class R, class... P>
-RegisteredWorker make_registered_worker(std::string_view name, R (*function)(WorkerContext&, P...)) {
+R (*registered_function(FunctionIdentity identity))(WorkerContext&, P...) {
+  return reinterpret_cast<R (*)(WorkerContext&, P...)>(identity);
+}
+
+/// RegisteredWorker::entry of a worker taking P...: in a re-executed program, decodes the
+/// arguments, rebuilds the ends, runs.
+template <class R, class... P>
+void run_registered_entry(FunctionIdentity identity, WorkerContext& context, UniqueFd payload) {
   using Values = std::tuple<std::decay_t<P>...>;
   using WireTuple = std::tuple<Wire<std::decay_t<P>>...>;
+  WireTuple wire = decode_payload<WireTuple>(std::move(payload));
+  Values values = std::apply(
+      [](auto&&... one) { return Values(WireTraits<std::decay_t<P>>::from_wire(std::move(one))...); },
+      std::move(wire));
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    registered_function<R, P...>(identity)(context, static_cast<P&&>(std::get<I>(values))...);
+  }(std::index_sequence_for<P...>{});
+  close_worker_ends(values);
+}
+
+/// RegisteredWorker::invoke of a worker taking P...: in a forked child (spawn by name with
+/// StartMethod::Fork), the values are at hand.
+template <class R, class... P>
+void run_registered_invoke(FunctionIdentity identity, WorkerContext& context, void* values_tuple) {
+  auto& values = *static_cast<std::tuple<std::decay_t<P>...>*>(values_tuple);
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    registered_function<R, P...>(identity)(context, static_cast<P&&>(std::get<I>(values))...);
+  }(std::index_sequence_for<P...>{});
+}
+
+template <class R, class... P>
+RegisteredWorker make_registered_worker(std::string_view name, R (*function)(WorkerContext&, P...)) {
   RegisteredWorker worker;
   worker.name = std::string(name);
   worker.identity = reinterpret_cast<FunctionIdentity>(function);
   worker.signature = signature_of<P...>();
-  // In a re-executed program: decode the arguments, rebuild the ends, run.
-  worker.entry = [function](WorkerContext& context, UniqueFd payload) {
-    WireTuple wire = decode_payload<WireTuple>(std::move(payload));
-    Values values = std::apply(
-        [](auto&&... one) {
-          return Values(WireTraits<std::decay_t<P>>::from_wire(std::move(one))...);
-        },
-        std::move(wire));
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      function(context, static_cast<P&&>(std::get<I>(values))...);
-    }(std::index_sequence_for<P...>{});
-    close_worker_ends(values);
-  };
-  // In a forked child (spawn by name with StartMethod::Fork): the values are at hand.
-  worker.invoke = [function](WorkerContext& context, void* values_tuple) {
-    Values& values = *static_cast<Values*>(values_tuple);
-    [&]<std::size_t... I>(std::index_sequence<I...>) {
-      function(context, static_cast<P&&>(std::get<I>(values))...);
-    }(std::index_sequence_for<P...>{});
-  };
+  worker.entry = &run_registered_entry<R, P...>;
+  worker.invoke = &run_registered_invoke<R, P...>;
   return worker;
 }
 
@@ -316,7 +328,7 @@ WorkerGroup spawn_workers(const SpawnOptions& options, int n, Fn&& fn, Args&&...
     }
     if (options.start_method == StartMethod::Fork) {
       detail::start_forked_workers(group, stored, [&worker](WorkerContext& context, WorkerValues& values) {
-        worker.invoke(context, &values);
+        worker.invoke(worker.identity, context, &values);
       });
     } else if constexpr (kMayExec && detail::CrossesExec<WorkerValues>::value) {
       detail::start_exec_workers<WorkerValues>(group, stored, name);

@@ -3,7 +3,6 @@
 // this is the type-erased table behind it.
 #pragma once
 
-#include <functional>
 #include <string>
 #include <string_view>
 
@@ -12,12 +11,17 @@
 
 namespace ferry::detail {
 
-/// Runs a registered worker in a re-executed process: `payload` holds its encoded
-/// arguments (see ferry/spawn.hpp).
-using WorkerEntry = std::function<void(WorkerContext&, UniqueFd payload)>;
-
-/// A function's address as a registry key (any function pointer converts to this).
+/// A function's address as a registry key (any function pointer converts to this, and
+/// back to its own type).
 using FunctionIdentity = void (*)();
+
+/// Runs the registered worker `function` in a re-executed process: `payload` holds its
+/// encoded arguments (see ferry/spawn.hpp). Plain function pointers, one instantiation per
+/// worker signature (no std::function to compile in every program that registers one).
+using WorkerEntry = void (*)(FunctionIdentity function, WorkerContext& context, UniqueFd payload);
+/// Runs the registered worker `function` in a forked child, given a pointer to a std::tuple
+/// of its argument values (exactly the types RegisteredWorker::signature names).
+using WorkerInvoke = void (*)(FunctionIdentity function, WorkerContext& context, void* values);
 
 /// One registered worker.
 struct RegisteredWorker {
@@ -26,10 +30,8 @@ struct RegisteredWorker {
   /// The worker's argument types after the WorkerContext, e.g. "std::tuple<int, ferry::Receiver<Job> >";
   /// a spawn by name must pass exactly these.
   std::string signature;
-  WorkerEntry entry;
-  /// Runs the worker in a forked child, given a pointer to a std::tuple of its argument
-  /// values (exactly the types `signature` names).
-  std::function<void(WorkerContext&, void* values)> invoke;
+  WorkerEntry entry = nullptr;    // called with `identity`
+  WorkerInvoke invoke = nullptr;  // called with `identity`
 };
 
 /// Registers a worker (during static initialization, through FERRY_WORKER). Registering
