@@ -20,8 +20,6 @@
 #include <cereal/types/vector.hpp>
 
 #include <cstdint>
-#include <deque>
-#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -43,18 +41,9 @@
 namespace ferry {
 namespace detail {
 
-/// A worker's arguments as read back from its payload.
-struct DecodedPayload {
-  FrameHeader header;
-  std::vector<std::byte> rest;  // everything after the header
-  std::deque<UniqueFd> fds;     // the frame's tensor fds, inherited at their numbers
-};
-
 /// Writes `frame` (the encoded arguments of one worker) into a new memfd that the worker
 /// inherits: u32 fd count, the frame's fd numbers (i32 each), then the frame's bytes.
 UniqueFd write_payload(const EncodedFrame& frame);
-/// Reads a payload written by write_payload and takes ownership of its tensor fds.
-DecodedPayload read_payload(UniqueFd payload);
 
 /// A payload read back and its frame decoded (tables resolved, tensors mapped), ready for
 /// the typed read: the non-template part of decode_payload(), compiled in the library.
@@ -62,8 +51,9 @@ class OpenedPayload;
 struct OpenedPayloadDeleter {
   void operator()(OpenedPayload* opened) const noexcept;
 };
-/// Reads `payload` and decodes its frame for a message whose type has `fingerprint` and
-/// `type_name`. Throws ProtocolError for a payload that lies, Error for a missing fd.
+/// Reads `payload` (written by write_payload) and decodes its frame for a message whose type
+/// has `fingerprint` and `type_name` (which must outlive the result: type_name<T>() does).
+/// Throws ProtocolError for a payload that lies, Error for a missing fd.
 std::unique_ptr<OpenedPayload, OpenedPayloadDeleter> open_payload(UniqueFd payload, std::uint64_t fingerprint,
                                                                   std::string_view type_name);
 /// The decoder of an opened payload, whose read<T>() returns the value.

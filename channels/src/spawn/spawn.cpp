@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <deque>
+#include <vector>
 
 #include "ferry/detail/sigpipe_blocked.hpp"
 
@@ -80,6 +82,16 @@ UniqueFd write_payload(const EncodedFrame& frame) {
   return fd;
 }
 
+namespace {
+
+// A worker's arguments as read back from its payload.
+struct DecodedPayload {
+  FrameHeader header;
+  std::vector<std::byte> rest;  // everything after the header
+  std::deque<UniqueFd> fds;     // the frame's tensor fds, inherited at their numbers
+};
+
+// Reads a payload written by write_payload and takes ownership of its tensor fds.
 DecodedPayload read_payload(UniqueFd payload) {
   struct stat st {};
   if (::fstat(payload.get(), &st) != 0) throw_errno("fstat of the worker's argument payload");
@@ -126,6 +138,8 @@ DecodedPayload read_payload(UniqueFd payload) {
   decoded.rest.assign(rest.begin(), rest.end());
   return decoded;
 }
+
+}  // namespace
 
 // The decoder reads the frame's body and fds where `decoded` keeps them: both live as long
 // as the typed read needs them.

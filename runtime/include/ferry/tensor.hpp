@@ -242,7 +242,9 @@ Tensor Tensor::from(std::span<const T> values, const Shape& shape, Device device
     return tensor;
   }
   Tensor tensor = empty(shape, dtype_of<T>, device);
-  if (static_cast<std::size_t>(tensor.numel()) != values.size()) detail::throw_values_do_not_fill(values.size(), tensor.numel());
+  if (static_cast<std::size_t>(tensor.numel()) != values.size()) {
+    detail::throw_values_do_not_fill(values.size(), tensor.numel());
+  }
   if (!values.empty()) std::memcpy(tensor.data_ptr(), values.data(), values.size() * sizeof(T));
   return tensor;
 }

@@ -1,5 +1,6 @@
 #include "ferry/detail/worker_registry.hpp"
 
+#include <functional>
 #include <map>
 #include <mutex>
 #include <set>
