@@ -301,8 +301,8 @@ TEST_F(InProcessTest, MisusesOfAnInProcessEndAreNamedNotReportedAsClosed) {
   auto [tx, rx] = channel<int>(Transport::InProcess);
   expect_misuse([&tx = tx] { (void)tx.core(); }, "frame core");
   expect_misuse([&rx = rx] { (void)rx.core(); }, "frame core");
-  expect_misuse([&tx = tx] { (void)describe_end(tx); }, "another process");
-  expect_misuse([&rx = rx] { (void)describe_end(rx); }, "another process");
+  expect_misuse([&tx = tx] { (void)describe_end(tx); }, "cannot describe an InProcess Sender<int> for another process");
+  expect_misuse([&rx = rx] { (void)describe_end(rx); }, "cannot describe an InProcess Receiver<int> for another process");
   EXPECT_TRUE(tx.is_open());
   EXPECT_TRUE(rx.is_open());
   tx.send(3);

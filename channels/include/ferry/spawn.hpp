@@ -121,10 +121,14 @@ std::string signature_of() {
   return std::string(type_name<std::tuple<std::decay_t<P>...>>());
 }
 
-/// The registered function `identity`, as its own type again.
+/// Calls the registered function `identity` (a R(*)(WorkerContext&, P...) converted to a
+/// FunctionIdentity) with `values` moved in.
 template <class R, class... P>
-R (*registered_function(FunctionIdentity identity))(WorkerContext&, P...) {
-  return reinterpret_cast<R (*)(WorkerContext&, P...)>(identity);
+void call_registered(FunctionIdentity identity, WorkerContext& context, std::tuple<std::decay_t<P>...>& values) {
+  const auto function = reinterpret_cast<R (*)(WorkerContext&, P...)>(identity);
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    function(context, static_cast<P&&>(std::get<I>(values))...);
+  }(std::index_sequence_for<P...>{});
 }
 
 /// RegisteredWorker::entry of a worker taking P...: in a re-executed program, decodes the
@@ -137,9 +141,7 @@ void run_registered_entry(FunctionIdentity identity, WorkerContext& context, Uni
   Values values = std::apply(
       [](auto&&... one) { return Values(WireTraits<std::decay_t<P>>::from_wire(std::move(one))...); },
       std::move(wire));
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    registered_function<R, P...>(identity)(context, static_cast<P&&>(std::get<I>(values))...);
-  }(std::index_sequence_for<P...>{});
+  call_registered<R, P...>(identity, context, values);
   close_worker_ends(values);
 }
 
@@ -147,10 +149,7 @@ void run_registered_entry(FunctionIdentity identity, WorkerContext& context, Uni
 /// StartMethod::Fork), the values are at hand.
 template <class R, class... P>
 void run_registered_invoke(FunctionIdentity identity, WorkerContext& context, void* values_tuple) {
-  auto& values = *static_cast<std::tuple<std::decay_t<P>...>*>(values_tuple);
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    registered_function<R, P...>(identity)(context, static_cast<P&&>(std::get<I>(values))...);
-  }(std::index_sequence_for<P...>{});
+  call_registered<R, P...>(identity, context, *static_cast<std::tuple<std::decay_t<P>...>*>(values_tuple));
 }
 
 template <class R, class... P>
@@ -318,7 +317,7 @@ WorkerGroup spawn_workers(const SpawnOptions& options, int n, Fn&& fn, Args&&...
     }
     if (options.start_method == StartMethod::Fork) {
       detail::start_forked_workers(group, stored, [&worker](WorkerContext& context, WorkerValues& values) {
-        worker.invoke(worker.identity, context, &values);
+        worker.run_forked(context, &values);
       });
     } else if constexpr (kMayExec && detail::CrossesExec<WorkerValues>::value) {
       detail::start_exec_workers<WorkerValues>(group, stored, name);

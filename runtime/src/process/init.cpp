@@ -41,7 +41,7 @@ void set_close_on_exec(int fd) {
     set_close_on_exec(payload.get());
     const detail::RegisteredWorker& worker = detail::find_worker(spec->name);
     WorkerContext context(spec->rank, spec->world_size, StartMethod::Spawn, spec->parent);
-    worker.entry(worker.identity, context, std::move(payload));
+    worker.run_exec(context, std::move(payload));
   });
   std::exit(status);
 }

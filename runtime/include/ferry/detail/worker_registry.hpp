@@ -5,6 +5,7 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "ferry/detail/unique_fd.hpp"
 #include "ferry/worker_context.hpp"
@@ -30,8 +31,13 @@ struct RegisteredWorker {
   /// The worker's argument types after the WorkerContext, e.g. "std::tuple<int, ferry::Receiver<Job> >";
   /// a spawn by name must pass exactly these.
   std::string signature;
-  WorkerEntry entry = nullptr;    // called with `identity`
-  WorkerInvoke invoke = nullptr;  // called with `identity`
+  WorkerEntry entry = nullptr;    // called by run_exec() with `identity`
+  WorkerInvoke invoke = nullptr;  // called by run_forked() with `identity`
+
+  /// Runs the worker in a re-executed process from its argument payload.
+  void run_exec(WorkerContext& context, UniqueFd payload) const { entry(identity, context, std::move(payload)); }
+  /// Runs the worker in a forked child on its argument values (see WorkerInvoke).
+  void run_forked(WorkerContext& context, void* values) const { invoke(identity, context, values); }
 };
 
 /// Registers a worker (during static initialization, through FERRY_WORKER). Registering
