@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
 #include "support/tensor_message.hpp"
 
 namespace ferry::bench {

@@ -19,6 +19,8 @@
 #include "ferry/detail/cuda/hold_counter_board.hpp"
 #include "cuda_frame.hpp"
 #include "ferry/ferry.hpp"
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
 #include "ferry/detail/size_classes.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "cuda_frame.hpp"
+#include "ferry/detail/body_reader.hpp"
 #include "ferry/handle_cache.hpp"
 #include "ferry/detail/object_pool.hpp"
 #include "ferry/detail/peer_fd.hpp"
@@ -46,6 +47,23 @@ Entry entry_at(std::span<const std::byte> table, std::size_t index) {
 }  // namespace
 
 MessageDecoder::~MessageDecoder() = default;
+
+void MessageDecoder::read(void* out, const ReceivedType& type) {
+  FrameInputArchive& archive = input_archive();
+  try {
+    try {
+      type.read(archive, out);
+      if (archive.remaining() != 0) detail::throw_body_left_over(archive.remaining(), type.name);
+    } catch (const cereal::Exception& error) {
+      detail::throw_body_invalid(type.name, error.what());
+    }
+  } catch (...) {
+    archive_.reset();  // cereal's state may be half made
+    throw;
+  }
+  storages_.clear();
+  if (!archive.reusable()) archive_.reset();
+}
 
 void MessageDecoder::check_type(const FrameHeader& header, std::span<const std::byte> name) {
   if (header.flags & kFrameHasTypeName) {

@@ -321,6 +321,20 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
   upstream_scratch_.clear();
 }
 
+const EncodedFrame& MessageEncoder::encode(const void* message, const SentType& type, BodySpace* space) {
+  begin();
+  body_.reset(space);
+  FrameOutputArchive& archive = output_archive();
+  try {
+    type.write(archive, message);
+  } catch (...) {
+    archive_.reset();  // cereal's state may be half made
+    throw;
+  }
+  if (!archive.reusable()) archive_.reset();
+  return finish(FrameKind::Message, type.fingerprint, type.name);
+}
+
 const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
   // Each step is skipped when it has nothing to do (no ledger yet, no storage ever sent, no
   // storage in the frame, no death since the last frame), so that a small message pays for

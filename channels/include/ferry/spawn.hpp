@@ -29,9 +29,7 @@
 #include <vector>
 
 #include "ferry/init.hpp"
-#include "ferry/detail/message_decoder.hpp"
-#include "ferry/detail/message_encoder.hpp"
-#include "ferry/detail/process_identity.hpp"
+#include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/storage_collector.hpp"
 #include "ferry/tensor_wire.hpp"
 #include "ferry/detail/worker_args.hpp"
@@ -41,53 +39,25 @@
 namespace ferry {
 namespace detail {
 
-/// Writes `frame` (the encoded arguments of one worker) into a new memfd that the worker
-/// inherits: u32 fd count, the frame's fd numbers (i32 each), then the frame's bytes.
-UniqueFd write_payload(const EncodedFrame& frame);
-
-/// A payload read back and its frame decoded (tables resolved, tensors mapped), ready for
-/// the typed read: the non-template part of decode_payload(), compiled in the library.
-class OpenedPayload;
-struct OpenedPayloadDeleter {
-  void operator()(OpenedPayload* opened) const noexcept;
-};
-/// Reads `payload` (written by write_payload) and decodes its frame for a message whose type
-/// has `fingerprint` and `type_name` (which must outlive the result: type_name<T>() does).
-/// Throws ProtocolError for a payload that lies, Error for a missing fd.
-std::unique_ptr<OpenedPayload, OpenedPayloadDeleter> open_payload(UniqueFd payload, std::uint64_t fingerprint,
-                                                                  std::string_view type_name);
-/// The decoder of an opened payload, whose read<T>() returns the value.
-MessageDecoder& decoder_of(OpenedPayload& opened) noexcept;
-
-/// The encoded arguments of one worker: the payload memfd, and the encoder that made the
-/// frame in it. The encoder keeps the frame's descriptors (tensor segments, the return
-/// board) open until the worker has inherited them. started() commits the frame; the
-/// encoder's hold ledger then keeps the tensors' blocks pinned until the worker gives them
-/// back or exits. Dropped without started() (the worker never started), the frame is
-/// rolled back and nothing stays pinned.
+/// The encoded arguments of one worker: the payload memfd (u32 fd count, the frame's fd
+/// numbers as i32, then the frame's bytes), and the encoder that made the frame in it. The
+/// encoder keeps the frame's descriptors (tensor segments, the return board) open until the
+/// worker has inherited them. started() commits the frame; the encoder's hold ledger then
+/// keeps the tensors' blocks pinned until the worker gives them back or exits. Dropped
+/// without started() (the worker never started), the frame is rolled back and nothing stays
+/// pinned.
 class EncodedPayload {
  public:
-  EncodedPayload(std::unique_ptr<MessageEncoder> encoder, UniqueFd fd)
-      : encoder_(std::move(encoder)), fd_(std::move(fd)) {}
-  EncodedPayload(EncodedPayload&&) noexcept = default;
+  EncodedPayload(std::unique_ptr<MessageEncoder> encoder, UniqueFd fd);
+  EncodedPayload(EncodedPayload&&) noexcept;
   EncodedPayload& operator=(EncodedPayload&&) = delete;
-  ~EncodedPayload() {
-    if (encoder_ && !started_) encoder_->rollback();
-  }
+  ~EncodedPayload();
   /// The payload memfd, for WorkerGroup::start_exec().
   int fd() const noexcept { return fd_.get(); }
   /// The worker `pid` was started and inherited the descriptors. Registers it as a holder
   /// of the frame's blocks, so that they are unpinned when it exits, even before it read
   /// them.
-  void started(pid_t pid) {
-    encoder_->commit();
-    started_ = true;
-    try {
-      if (const auto worker = identify_process(static_cast<std::int32_t>(pid))) encoder_->add_holder(*worker);
-    } catch (const Error&) {
-      // /proc cannot tell: the worker registers itself when it reads its arguments.
-    }
-  }
+  void started(pid_t pid);
 
  private:
   std::unique_ptr<MessageEncoder> encoder_;
@@ -95,24 +65,30 @@ class EncodedPayload {
   bool started_ = false;
 };
 
+/// Encodes the wire tuple at `wire`, of type `type`, into a payload for one worker; appends
+/// the descriptors of its tensors to `inherited`.
+EncodedPayload encode_payload(const void* wire, const SentType& type, std::vector<int>& inherited);
+
 /// Encodes `wire` (a tuple of wire values) into a payload for one worker; appends the
-/// descriptors the worker must inherit (its ends' and its tensors') to `inherited`.
+/// descriptors the worker must inherit (its tensors' and its ends') to `inherited`.
 template <class WireTuple>
 EncodedPayload encode_payload(const WireTuple& wire, std::vector<int>& inherited) {
-  auto encoder = std::make_unique<MessageEncoder>(HandlePassing::FdPassing);
-  const EncodedFrame& frame = encoder->encode(wire);
-  inherited.insert(inherited.end(), frame.fds.begin(), frame.fds.end());
+  EncodedPayload payload = encode_payload(&wire, sent_type<WireTuple>, inherited);
   std::apply([&](const auto&... value) { (append_end_descriptors(value, inherited), ...); }, wire);
-  UniqueFd payload = write_payload(frame);
-  return EncodedPayload(std::move(encoder), std::move(payload));
+  return payload;
 }
+
+/// Reads `payload` (an EncodedPayload's memfd, inherited), decodes its frame for a message
+/// whose type has `fingerprint` and is `type`, and reads it into `out` (a default-constructed
+/// value of that type). Throws ProtocolError for a payload that lies, Error for a missing fd.
+void decode_payload_into(UniqueFd payload, std::uint64_t fingerprint, const ReceivedType& type, void* out);
 
 /// Decodes a payload into the wire tuple WireTuple.
 template <class WireTuple>
 WireTuple decode_payload(UniqueFd payload) {
-  const auto opened = open_payload(std::move(payload), type_fingerprint<WireTuple>(), type_name<WireTuple>());
-  MessageDecoder& decoder = decoder_of(*opened);
-  return decoder.read<WireTuple>();
+  WireTuple wire{};
+  decode_payload_into(std::move(payload), type_fingerprint<WireTuple>(), received_type<WireTuple>, &wire);
+  return wire;
 }
 
 /// The registry's description of a worker taking P...: its argument types as text.

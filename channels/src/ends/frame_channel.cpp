@@ -1,5 +1,8 @@
 #include "ferry/detail/frame_channel.hpp"
 
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
+
 #include <poll.h>
 #include <unistd.h>
 
@@ -15,16 +18,56 @@ namespace ferry::detail {
 
 SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options)
     : writer_(std::move(writer)),
-      encoder_(writer_->carries_copies() ? HandlePassing::Copying
-               : writer_->passes_fds()   ? HandlePassing::FdPassing
-               : writer_->can_pass_fds() ? HandlePassing::ProcFdWhileTakeable
-                                         : HandlePassing::ProcFd,
-               options.pool),
+      encoder_(std::make_unique<MessageEncoder>(writer_->carries_copies() ? HandlePassing::Copying
+                                                : writer_->passes_fds()   ? HandlePassing::FdPassing
+                                                : writer_->can_pass_fds() ? HandlePassing::ProcFdWhileTakeable
+                                                                          : HandlePassing::ProcFd,
+                                                options.pool)),
       transport_(transport),
       options_(options),
       owner_(::getpid()) {
-  encoder_.limit_type_name(options.limits.max_type_name_bytes);
+  encoder_->limit_type_name(options.limits.max_type_name_bytes);
   track();
+}
+
+void SenderCore::adopt() noexcept {
+  owner_ = ::getpid();
+  try {
+    encoder_->adopt();  // a used end taken over by a forked worker: its returns come here
+  } catch (...) {
+    // Out of memory: the blocks this end sends stay pinned until the receiver exits.
+  }
+}
+
+void SenderCore::hand_over() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    encoder_->hand_over();
+  }
+  detach();
+}
+
+bool SenderCore::send(const void* message, const SentType& type, const Deadline& deadline) {
+  std::lock_guard lock(mutex_);
+  return send_locked(message, type, deadline);
+}
+
+bool SenderCore::send_serialized_by_owner(const void* message, const SentType& type, const Deadline& deadline) {
+  return send_locked(message, type, deadline);
+}
+
+bool SenderCore::send_locked(const void* message, const SentType& type, const Deadline& deadline) {
+  ensure_open();
+  collect_acknowledgements();
+  const EncodedFrame* frame = nullptr;
+  try {
+    frame = &encoder_->encode(message, type, writer_->body_space(deadline));
+    check_limits();
+  } catch (...) {
+    encoder_->rollback();
+    throw;
+  }
+  return write_locked(*frame, deadline);
 }
 
 SenderCore::~SenderCore() {
@@ -46,9 +89,9 @@ SenderCore::~SenderCore() {
     // No end-of-stream, but what the receiver may still hold stays tracked: the probe tells
     // the ledger when the receiving end is gone, also when it died before reading a frame.
     try {
-      encoder_.closed(writer_->liveness_probe(), writer_->probe_by_send());
+      encoder_->closed(writer_->liveness_probe(), writer_->probe_by_send());
     } catch (...) {
-      encoder_.closed(UniqueFd());  // no probe (out of fds): the ledger falls back to its own checks
+      encoder_->closed(UniqueFd());  // no probe (out of fds): the ledger falls back to its own checks
     }
   }
   writer_->close();
@@ -59,7 +102,7 @@ void SenderCore::ensure_open() const {
 }
 
 void SenderCore::check_limits() const {
-  const auto breach = find_limit_breach(encoder_.header(), options_.limits);
+  const auto breach = find_limit_breach(encoder_->header(), options_.limits);
   if (!breach) return;
   using Limit = LimitBreach::Limit;
   const char* needs = "";
@@ -97,8 +140,8 @@ void SenderCore::check_limits() const {
 void SenderCore::collect_acknowledgements() {
   // The return board's resolved frame, no system call; the transport's own acknowledgements
   // (a word of the ring, what the pipe delivered to an earlier wait) come for free as well.
-  if (encoder_.awaiting_acknowledgement()) {
-    encoder_.acknowledge(std::max(encoder_.resolved_on_board(), writer_->acknowledged()));
+  if (encoder_->awaiting_acknowledgement()) {
+    encoder_->acknowledge(std::max(encoder_->resolved_on_board(), writer_->acknowledged()));
   }
 }
 
@@ -109,23 +152,23 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
     written = !writer_->carries_copies() ? writer_->write(frame.iovecs(), frame.fds, deadline)
                                    : writer_->write_copies(frame.iovecs(), frame.copies, frame.copy_owners, deadline);
   } catch (const ChannelClosed&) {
-    encoder_.rollback();
+    encoder_->rollback();
     open_ = false;
-    delivered_ = std::max(delivered_, encoder_.resolved_on_board());  // the ledger goes below
+    delivered_ = std::max(delivered_, encoder_->resolved_on_board());  // the ledger goes below
     gone_probe_.reset();
-    encoder_.receiver_gone();  // frames it did not resolve never will be: unpin them
-    encoder_.closed(UniqueFd());
+    encoder_->receiver_gone();  // frames it did not resolve never will be: unpin them
+    encoder_->closed(UniqueFd());
     writer_->close();
     throw;
   } catch (...) {
-    encoder_.rollback();
+    encoder_->rollback();
     throw;
   }
   if (!written) {
-    encoder_.rollback();
+    encoder_->rollback();
     return false;
   }
-  encoder_.commit();
+  encoder_->commit();
   return true;
 }
 
@@ -137,14 +180,14 @@ void SenderCore::close() {
   try {
     const Deadline linger = Deadline::after(options_.close_linger);
     writer_->flush(linger);
-    const EncodedFrame& frame = encoder_.encode_close();
+    const EncodedFrame& frame = encoder_->encode_close();
     // Bounded, like the rest of close(): a receiver that stopped reading (say, blocked on a
     // send to this process) must not keep close() waiting for room for ever. Without the
     // end-of-stream frame it sees the end dropped (PeerDied) after what was sent before.
     if (writer_->write(frame.iovecs(), frame.fds, linger)) {
-      encoder_.commit();
+      encoder_->commit();
     } else {
-      encoder_.rollback();
+      encoder_->rollback();
       // No room for the end-of-stream frame: end this direction for every process (a
       // socket's, a ring's), so that the receiver sees PeerDied after what was sent. A
       // sent end-of-stream frame ends it by itself, and the direction stays open for a
@@ -154,22 +197,22 @@ void SenderCore::close() {
     // Storages named by /proc path must outlive the receiver's open() of them.
     // The receiver acknowledges on the transport (what wakes a waiting writer) only when
     // asked: ask, look at the board once more, and wait only for what is still missing.
-    if (encoder_.awaiting_acknowledgement()) {
-      const std::uint64_t awaited = encoder_.newest_awaited_sequence();
-      encoder_.acknowledge(std::max(encoder_.request_acknowledgements(), writer_->acknowledged()));
-      if (encoder_.awaiting_acknowledgement()) writer_->wait_acknowledged(awaited, linger);
+    if (encoder_->awaiting_acknowledgement()) {
+      const std::uint64_t awaited = encoder_->newest_awaited_sequence();
+      encoder_->acknowledge(std::max(encoder_->request_acknowledgements(), writer_->acknowledged()));
+      if (encoder_->awaiting_acknowledgement()) writer_->wait_acknowledged(awaited, linger);
     }
-    delivered_ = std::max(delivered_, encoder_.resolved_on_board());  // the ledger goes below
+    delivered_ = std::max(delivered_, encoder_->resolved_on_board());  // the ledger goes below
     // What the receiver holds stays pinned until it gives it back or exits; the probe
     // tells when the receiving end is gone while frames are still unresolved.
-    encoder_.closed(writer_->liveness_probe(), writer_->probe_by_send());
+    encoder_->closed(writer_->liveness_probe(), writer_->probe_by_send());
   } catch (const ChannelClosed&) {
     // The receiver already left: the stream is over either way.
-    delivered_ = std::max(delivered_, encoder_.resolved_on_board());
-    encoder_.receiver_gone();
-    encoder_.closed(UniqueFd());
+    delivered_ = std::max(delivered_, encoder_->resolved_on_board());
+    encoder_->receiver_gone();
+    encoder_->closed(UniqueFd());
   } catch (...) {
-    encoder_.closed(UniqueFd());
+    encoder_->closed(UniqueFd());
     writer_->shut_down();
     writer_->close();
     throw;
@@ -185,37 +228,37 @@ bool SenderCore::flush(const Deadline& deadline) {
 
 void SenderCore::track_delivery() {
   std::lock_guard lock(mutex_);
-  encoder_.track_delivery();
+  encoder_->track_delivery();
 }
 
 std::uint64_t SenderCore::last_sequence() {
   std::lock_guard lock(mutex_);
-  return encoder_.last_sequence();
+  return encoder_->last_sequence();
 }
 
 std::uint64_t SenderCore::delivered() {
   std::lock_guard lock(mutex_);
   // The board says it on one host; a transport without one (UCX) reports it itself.
   // Never more than was sent: a lying peer cannot make a fan-out forget messages in flight.
-  const std::uint64_t reported = open_ ? std::min(writer_->delivered_by_reader(), encoder_.last_sequence()) : 0;
-  delivered_ = std::max({delivered_, encoder_.resolved_on_board(), reported});
+  const std::uint64_t reported = open_ ? std::min(writer_->delivered_by_reader(), encoder_->last_sequence()) : 0;
+  delivered_ = std::max({delivered_, encoder_->resolved_on_board(), reported});
   return delivered_;
 }
 
 std::shared_ptr<const ReturnBoard> SenderCore::delivery_board() {
   std::lock_guard lock(mutex_);
-  return encoder_.delivery_board();
+  return encoder_->delivery_board();
 }
 
 std::optional<ReturnBoard::DeliveryWake> SenderCore::request_delivery_wake(std::uint64_t sequence) {
   std::lock_guard lock(mutex_);
   if (!open_) return std::nullopt;
-  return encoder_.request_delivery_wake(sequence);
+  return encoder_->request_delivery_wake(sequence);
 }
 
 void SenderCore::cancel_delivery_wake() {
   std::lock_guard lock(mutex_);
-  encoder_.cancel_delivery_wake();
+  encoder_->cancel_delivery_wake();
 }
 
 bool SenderCore::receiver_gone() {
@@ -236,8 +279,8 @@ void SenderCore::detach() noexcept {
   std::lock_guard lock(mutex_);
   open_ = false;
   gone_probe_.reset();  // a copy of the connection (a socket's): the peer must see this copy go
-  delivered_ = std::max(delivered_, encoder_.resolved_on_board());
-  encoder_.closed(UniqueFd());
+  delivered_ = std::max(delivered_, encoder_->resolved_on_board());
+  encoder_->closed(UniqueFd());
   writer_->close();
 }
 
@@ -249,22 +292,22 @@ void SenderCore::abandon_in_child() noexcept {
 
 std::size_t SenderCore::tracked_storages() {
   std::lock_guard lock(mutex_);
-  return encoder_.tracked_storages();
+  return encoder_->tracked_storages();
 }
 
 std::uint64_t SenderCore::storages_passed() {
   std::lock_guard lock(mutex_);
-  return encoder_.storages_passed();
+  return encoder_->storages_passed();
 }
 
 std::size_t SenderCore::pinned_storages() {
   std::lock_guard lock(mutex_);
-  return encoder_.pinned_storages();
+  return encoder_->pinned_storages();
 }
 
 std::size_t SenderCore::segments_awaiting_acknowledgement() {
   std::lock_guard lock(mutex_);
-  return encoder_.segments_awaiting_acknowledgement();
+  return encoder_->segments_awaiting_acknowledgement();
 }
 
 // ---- receiver ----------------------------------------------------------------
@@ -272,7 +315,7 @@ std::size_t SenderCore::segments_awaiting_acknowledgement() {
 ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
                            std::string_view type_name, const ChannelOptions& options)
     : reader_(std::move(reader)),
-      decoder_(fingerprint, type_name),
+      decoder_(std::make_unique<MessageDecoder>(fingerprint, type_name)),
       transport_(transport),
       options_(options),
       owner_(::getpid()) {
@@ -286,9 +329,39 @@ ReceiverCore::~ReceiverCore() {
   close_as(owner_ == ::getpid());
 }
 
+void ReceiverCore::adopt() noexcept {
+  owner_ = ::getpid();
+  try {
+    decoder_->register_as_holder();
+  } catch (const std::exception&) {
+    // No place on a board, or /proc unreadable: the next read tries again, and throws if
+    // it still cannot.
+  }
+}
+
+ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Deadline& deadline) {
+  std::lock_guard lock(mutex_);
+  const ReadStatus status = next_locked(deadline);
+  if (status != ReadStatus::Frame) return status;
+  try {
+    decoder_->read(out, type);
+  } catch (const ProtocolError& error) {
+    reader_->release();
+    mark_broken(error.what());
+    throw;
+  } catch (...) {
+    reader_->release();
+    throw;
+  }
+  reader_->release();  // the payload may lie in the transport's memory until decoded
+  decoder_->mark_delivered();
+  if (const std::uint64_t tracked = decoder_->tracked_sequence()) reader_->frame_delivered(tracked);
+  return status;
+}
+
 void ReceiverCore::mark_broken(const std::string& reason) {
   broken_ = reason;
-  decoder_.release_all();
+  decoder_->release_all();
   fds_.clear();
   // Nothing will ever read the rest of the stream: let the transport go, so that the
   // sender gets ChannelClosed instead of blocking on a stream that nobody drains.
@@ -306,18 +379,18 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   try {
     // A forked process that took the end over and could not register when it adopted it
     // (adopt()) refuses to go on holding unprotected blocks; a plain load once registered.
-    decoder_.register_as_holder();
+    decoder_->register_as_holder();
     std::span<const std::byte> payload;
     const ReadStatus status = reader_->read_view(header_, payload, payload_, fds_, deadline);
-    if (status == ReadStatus::Closed) decoder_.release_all();
+    if (status == ReadStatus::Closed) decoder_->release_all();
     if (status != ReadStatus::Frame) return status;
     try {
-      decoder_.decode(header_, payload, fds_, reader_->copied_storages());
+      decoder_->decode(header_, payload, fds_, reader_->copied_storages());
     } catch (...) {
       reader_->release();
       throw;
     }
-    if (decoder_.wants_acknowledgement()) reader_->acknowledge(header_.sequence);
+    if (decoder_->wants_acknowledgement()) reader_->acknowledge(header_.sequence);
     return status;
   } catch (const ProtocolError& error) {
     mark_broken(error.what());
@@ -326,7 +399,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     // The stream may still hold frames of the dead sender (a decode found it dead): never
     // read them, and let the transport's fds go now.
     dead_ = error.what();
-    decoder_.release_all();
+    decoder_->release_all();
     fds_.clear();
     reader_->close();
     throw;
@@ -343,7 +416,7 @@ void ReceiverCore::close() noexcept { close_as(true); }
 void ReceiverCore::detach() noexcept {
   {
     std::lock_guard lock(mutex_);
-    decoder_.hand_over();
+    decoder_->hand_over();
   }
   close_as(false);
 }
@@ -351,7 +424,7 @@ void ReceiverCore::detach() noexcept {
 void ReceiverCore::close_as(bool ending_the_stream) noexcept {
   std::lock_guard lock(mutex_);
   open_ = false;
-  decoder_.release_all();
+  decoder_->release_all();
   fds_.clear();
   if (ending_the_stream) reader_->shut_down();
   reader_->close();
@@ -390,12 +463,12 @@ void ReceiverCore::abandon_in_child() noexcept {
 
 std::size_t ReceiverCore::leased() {
   std::lock_guard lock(mutex_);
-  return decoder_.leased();
+  return decoder_->leased();
 }
 
 std::size_t ReceiverCore::leased_segments() {
   std::lock_guard lock(mutex_);
-  return decoder_.leased_segments();
+  return decoder_->leased_segments();
 }
 
 }  // namespace ferry::detail

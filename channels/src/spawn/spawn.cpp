@@ -9,6 +9,9 @@
 #include <deque>
 #include <vector>
 
+#include "ferry/detail/message_decoder.hpp"
+#include "ferry/detail/message_encoder.hpp"
+#include "ferry/detail/process_identity.hpp"
 #include "ferry/detail/sigpipe_blocked.hpp"
 
 namespace ferry::detail {
@@ -67,8 +70,8 @@ void write_all(int fd, const void* data, std::size_t size) {
   }
 }
 
-}  // namespace
-
+// Writes `frame` into a new memfd that the worker inherits: u32 fd count, the frame's fd
+// numbers (i32 each), then the frame's bytes.
 UniqueFd write_payload(const EncodedFrame& frame) {
   UniqueFd fd(::memfd_create("ferry-worker-arguments", MFD_CLOEXEC));
   if (!fd) throw_errno("memfd_create for a worker's argument payload");
@@ -81,8 +84,6 @@ UniqueFd write_payload(const EncodedFrame& frame) {
   for (const iovec& part : frame.iovecs()) write_all(fd.get(), part.iov_base, part.iov_len);
   return fd;
 }
-
-namespace {
 
 // A worker's arguments as read back from its payload.
 struct DecodedPayload {
@@ -141,29 +142,39 @@ DecodedPayload read_payload(UniqueFd payload) {
 
 }  // namespace
 
-// The decoder reads the frame's body and fds where `decoded` keeps them: both live as long
-// as the typed read needs them.
-class OpenedPayload {
- public:
-  OpenedPayload(DecodedPayload decoded, std::uint64_t fingerprint, std::string_view type_name)
-      : decoded_(std::move(decoded)), decoder_(fingerprint, type_name) {
-    decoder_.decode(decoded_.header, decoded_.rest, decoded_.fds);
-  }
-  MessageDecoder& decoder() noexcept { return decoder_; }
-
- private:
-  DecodedPayload decoded_;
-  MessageDecoder decoder_;
-};
-
-void OpenedPayloadDeleter::operator()(OpenedPayload* opened) const noexcept { delete opened; }
-
-std::unique_ptr<OpenedPayload, OpenedPayloadDeleter> open_payload(UniqueFd payload, std::uint64_t fingerprint,
-                                                                  std::string_view type_name) {
-  return std::unique_ptr<OpenedPayload, OpenedPayloadDeleter>(
-      new OpenedPayload(read_payload(std::move(payload)), fingerprint, type_name));
+void decode_payload_into(UniqueFd payload, std::uint64_t fingerprint, const ReceivedType& type, void* out) {
+  // The decoder reads the frame's body and fds where `decoded` keeps them.
+  DecodedPayload decoded = read_payload(std::move(payload));
+  MessageDecoder decoder(fingerprint, type.name);
+  decoder.decode(decoded.header, decoded.rest, decoded.fds);
+  decoder.read(out, type);
 }
 
-MessageDecoder& decoder_of(OpenedPayload& opened) noexcept { return opened.decoder(); }
+EncodedPayload::EncodedPayload(std::unique_ptr<MessageEncoder> encoder, UniqueFd fd)
+    : encoder_(std::move(encoder)), fd_(std::move(fd)) {}
+
+EncodedPayload::EncodedPayload(EncodedPayload&&) noexcept = default;
+
+EncodedPayload::~EncodedPayload() {
+  if (encoder_ && !started_) encoder_->rollback();
+}
+
+void EncodedPayload::started(pid_t pid) {
+  encoder_->commit();
+  started_ = true;
+  try {
+    if (const auto worker = identify_process(static_cast<std::int32_t>(pid))) encoder_->add_holder(*worker);
+  } catch (const Error&) {
+    // /proc cannot tell: the worker registers itself when it reads its arguments.
+  }
+}
+
+EncodedPayload encode_payload(const void* wire, const SentType& type, std::vector<int>& inherited) {
+  auto encoder = std::make_unique<MessageEncoder>(HandlePassing::FdPassing);
+  const EncodedFrame& frame = encoder->encode(wire, type);
+  inherited.insert(inherited.end(), frame.fds.begin(), frame.fds.end());
+  UniqueFd payload = write_payload(frame);
+  return EncodedPayload(std::move(encoder), std::move(payload));
+}
 
 }  // namespace ferry::detail

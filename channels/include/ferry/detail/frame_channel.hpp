@@ -3,22 +3,28 @@
 #pragma once
 
 #include <sys/types.h>
-#include <unistd.h>
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
+#include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/live_ends.hpp"
-#include "ferry/detail/message_decoder.hpp"
-#include "ferry/detail/message_encoder.hpp"
+#include "ferry/detail/return_board.hpp"
 #include "ferry/shared_allocator.hpp"
+#include "ferry/tensor_wire.hpp"
 #include "ferry/detail/transport.hpp"
 
 namespace ferry {
+
+class MessageDecoder;
+class MessageEncoder;
+struct EncodedFrame;
 
 /// Settings of a channel.
 struct ChannelOptions {
@@ -68,15 +74,17 @@ class SenderCore final : public LiveEnd {
   /// Encodes and writes `message`; false when the deadline passed first.
   template <class T>
   bool send(const T& message, const Deadline& deadline) {
-    std::lock_guard lock(mutex_);
-    return send_locked(message, deadline);
+    return send(&message, sent_type<T>, deadline);
   }
+  /// send(), for the message at `message` of type `type` (compiled once, in the library).
+  bool send(const void* message, const SentType& type, const Deadline& deadline);
   /// send(), for an owner that serializes every use of this end under a lock of its own
   /// (a fan-out, to which the end was handed): the same, without taking the end's lock.
   template <class T>
   bool send_serialized_by_owner(const T& message, const Deadline& deadline) {
-    return send_locked(message, deadline);
+    return send_serialized_by_owner(&message, sent_type<T>, deadline);
   }
+  bool send_serialized_by_owner(const void* message, const SentType& type, const Deadline& deadline);
   /// Writes the tail of a frame that a timed send accepted but could not finish.
   bool flush(const Deadline& deadline);
   /// Sends the end-of-stream frame and releases the transport.
@@ -84,23 +92,10 @@ class SenderCore final : public LiveEnd {
   /// Releases this process's copy of the transport without ending the stream.
   void detach() noexcept;
   /// Makes the calling process the owner: its destructor will close() gracefully.
-  void adopt() noexcept {
-    owner_ = ::getpid();
-    try {
-      encoder_.adopt();  // a used end taken over by a forked worker: its returns come here
-    } catch (...) {
-      // Out of memory: the blocks this end sends stay pinned until the receiver exits.
-    }
-  }
+  void adopt() noexcept;
   /// Releases this process's copy of an end that a forked worker took over (adopt()):
   /// like detach(), and the receiver's returns are left to the worker.
-  void hand_over() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      encoder_.hand_over();
-    }
-    detach();
-  }
+  void hand_over() noexcept;
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }
   FrameWriter& writer() noexcept { return *writer_; }
@@ -151,24 +146,11 @@ class SenderCore final : public LiveEnd {
   void collect_acknowledgements();
   bool write_locked(const EncodedFrame& frame, const Deadline& deadline);
   // send(), with the end's lock held (or every use serialized by its owner).
-  template <class T>
-  bool send_locked(const T& message, const Deadline& deadline) {
-    ensure_open();
-    collect_acknowledgements();
-    const EncodedFrame* frame = nullptr;
-    try {
-      frame = &encoder_.encode(message, writer_->body_space(deadline));
-      check_limits();
-    } catch (...) {
-      encoder_.rollback();
-      throw;
-    }
-    return write_locked(*frame, deadline);
-  }
+  bool send_locked(const void* message, const SentType& type, const Deadline& deadline);
 
   std::mutex mutex_;
   std::unique_ptr<FrameWriter> writer_;
-  MessageEncoder encoder_;
+  std::unique_ptr<MessageEncoder> encoder_;  // never null
   Transport transport_;
   ChannelOptions options_;
   pid_t owner_;
@@ -192,26 +174,14 @@ class ReceiverCore final : public LiveEnd {
   /// local failure while reading a frame (mapping it, ...); after any error but PeerDied
   /// the channel is broken and every later call throws ProtocolError saying why (the
   /// transport is released at once, so the sender's next sends raise ChannelClosed).
+  /// `out` must be default-constructed: the message is read into it.
   template <class T>
   ReadStatus receive(T& out, const Deadline& deadline) {
-    std::lock_guard lock(mutex_);
-    const ReadStatus status = next_locked(deadline);
-    if (status != ReadStatus::Frame) return status;
-    try {
-      out = decoder_.read<T>();
-    } catch (const ProtocolError& error) {
-      reader_->release();
-      mark_broken(error.what());
-      throw;
-    } catch (...) {
-      reader_->release();
-      throw;
-    }
-    reader_->release();  // the payload may lie in the transport's memory until decoded
-    decoder_.mark_delivered();
-    if (const std::uint64_t tracked = decoder_.tracked_sequence()) reader_->frame_delivered(tracked);
-    return status;
+    return receive(&out, received_type<T>, deadline);
   }
+  /// receive(), into `out` (a default-constructed value of `type`; compiled once, in the
+  /// library).
+  ReadStatus receive(void* out, const ReceivedType& type, const Deadline& deadline);
   /// Closes the end; on a duplex socket also for every other process holding it (the
   /// sender's next send raises ChannelClosed at once).
   void close() noexcept;
@@ -223,15 +193,7 @@ class ReceiverCore final : public LiveEnd {
   /// forked child's destructor only lets go of its copy), and registers it as a holder of
   /// what arrived so far (a used end taken over by a forked worker: the sender keeps those
   /// blocks while the worker lives, even once the process that received them exited).
-  void adopt() noexcept {
-    owner_ = ::getpid();
-    try {
-      decoder_.register_as_holder();
-    } catch (const std::exception&) {
-      // No place on a board, or /proc unreadable: the next read tries again, and throws if
-      // it still cannot.
-    }
-  }
+  void adopt() noexcept;
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }
   FrameReader& reader() noexcept { return *reader_; }
@@ -265,7 +227,7 @@ class ReceiverCore final : public LiveEnd {
 
   std::mutex mutex_;
   std::unique_ptr<FrameReader> reader_;
-  MessageDecoder decoder_;
+  std::unique_ptr<MessageDecoder> decoder_;  // never null
   Transport transport_;
   ChannelOptions options_;
   pid_t owner_;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "ferry/detail/archive.hpp"
-#include "ferry/detail/body_reader.hpp"
+#include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/detail/connection_holds.hpp"
@@ -54,17 +54,13 @@ class MessageDecoder {
   /// Deserializes the body of the frame last decoded.
   template <class T>
   T read() {
-    FrameInputArchive& archive = input_archive();
-    try {
-      T value = read_body_with<T>(archive);
-      storages_.clear();
-      if (!archive.reusable()) archive_.reset();
-      return value;
-    } catch (...) {
-      archive_.reset();  // cereal's state may be half made
-      throw;
-    }
+    T value{};
+    read(&value, received_type<T>);
+    return value;
   }
+  /// read(), into `out` (a default-constructed value of `type`; compiled once, here). A body
+  /// that lies is a ProtocolError, as for read_body_with().
+  void read(void* out, const ReceivedType& type);
 
   /// Records on the return board that the frame last decoded was delivered (its value
   /// handed to the receiver's caller), when its sender tracks delivery (the frame has

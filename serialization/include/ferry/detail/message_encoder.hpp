@@ -22,6 +22,7 @@
 #include "ferry/detail/archive.hpp"
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/connection_holds.hpp"
+#include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/id_slot_map.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
@@ -80,18 +81,10 @@ class MessageEncoder {
   /// frame's last part then lies there.
   template <class T>
   const EncodedFrame& encode(const T& message, BodySpace* space = nullptr) {
-    begin();
-    body_.reset(space);
-    FrameOutputArchive& archive = output_archive();
-    try {
-      archive(message);
-    } catch (...) {
-      archive_.reset();  // cereal's state may be half made
-      throw;
-    }
-    if (!archive.reusable()) archive_.reset();
-    return finish(FrameKind::Message, type_fingerprint<T>(), type_name<T>());
+    return encode(&message, sent_type<T>, space);
   }
+  /// encode(), for the message at `message` of type `type` (compiled once, here).
+  const EncodedFrame& encode(const void* message, const SentType& type, BodySpace* space = nullptr);
   /// Encodes the end-of-stream frame.
   const EncodedFrame& encode_close();
   /// The header of the frame last encoded (its counts, for a check against FrameLimits).
