@@ -2,15 +2,31 @@
 
 #include <string>
 
-namespace ferry::detail {
+#include <cereal/details/helpers.hpp>
 
-void throw_body_left_over(std::size_t remaining, std::string_view type) {
+#include "ferry/error.hpp"
+
+namespace ferry {
+namespace {
+
+[[noreturn]] void throw_body_left_over(std::size_t remaining, std::string_view type) {
   throw ProtocolError("message body has " + std::to_string(remaining) + " bytes left over after reading a " +
                       std::string(type) + "; sender and receiver disagree on its layout");
 }
 
-void throw_body_invalid(std::string_view type, const char* what) {
+[[noreturn]] void throw_body_invalid(std::string_view type, const char* what) {
   throw ProtocolError("message body is not a valid " + std::string(type) + ": " + what);
 }
 
-}  // namespace ferry::detail
+}  // namespace
+
+void read_message(FrameInputArchive& archive, void* out, const ReceivedType& type) {
+  try {
+    type.read(archive, out);
+    if (archive.remaining() != 0) throw_body_left_over(archive.remaining(), type.name);
+  } catch (const cereal::Exception& error) {
+    throw_body_invalid(type.name, error.what());
+  }
+}
+
+}  // namespace ferry

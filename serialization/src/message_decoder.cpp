@@ -51,12 +51,7 @@ MessageDecoder::~MessageDecoder() = default;
 void MessageDecoder::read(void* out, const ReceivedType& type) {
   FrameInputArchive& archive = input_archive();
   try {
-    try {
-      type.read(archive, out);
-      if (archive.remaining() != 0) detail::throw_body_left_over(archive.remaining(), type.name);
-    } catch (const cereal::Exception& error) {
-      detail::throw_body_invalid(type.name, error.what());
-    }
+    read_message(archive, out, type);
   } catch (...) {
     archive_.reset();  // cereal's state may be half made
     throw;

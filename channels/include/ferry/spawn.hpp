@@ -78,16 +78,16 @@ EncodedPayload encode_payload(const WireTuple& wire, std::vector<int>& inherited
   return payload;
 }
 
-/// Reads `payload` (an EncodedPayload's memfd, inherited), decodes its frame for a message
-/// whose type has `fingerprint` and is `type`, and reads it into `out` (a default-constructed
-/// value of that type). Throws ProtocolError for a payload that lies, Error for a missing fd.
-void decode_payload_into(UniqueFd payload, std::uint64_t fingerprint, const ReceivedType& type, void* out);
+/// Reads `payload` (an EncodedPayload's memfd, inherited), decodes its frame for a message of
+/// `type`, and reads it into `out` (a default-constructed value of that type). Throws
+/// ProtocolError for a payload that lies, Error for a missing fd.
+void decode_payload_into(UniqueFd payload, const ReceivedType& type, void* out);
 
 /// Decodes a payload into the wire tuple WireTuple.
 template <class WireTuple>
 WireTuple decode_payload(UniqueFd payload) {
   WireTuple wire{};
-  decode_payload_into(std::move(payload), type_fingerprint<WireTuple>(), received_type<WireTuple>, &wire);
+  decode_payload_into(std::move(payload), received_type<WireTuple>, &wire);
   return wire;
 }
 

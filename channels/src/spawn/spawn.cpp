@@ -142,10 +142,10 @@ DecodedPayload read_payload(UniqueFd payload) {
 
 }  // namespace
 
-void decode_payload_into(UniqueFd payload, std::uint64_t fingerprint, const ReceivedType& type, void* out) {
+void decode_payload_into(UniqueFd payload, const ReceivedType& type, void* out) {
   // The decoder reads the frame's body and fds where `decoded` keeps them.
   DecodedPayload decoded = read_payload(std::move(payload));
-  MessageDecoder decoder(fingerprint, type.name);
+  MessageDecoder decoder(type.fingerprint, type.name);
   decoder.decode(decoded.header, decoded.rest, decoded.fds);
   decoder.read(out, type);
 }

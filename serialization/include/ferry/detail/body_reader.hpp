@@ -2,40 +2,29 @@
 // value, shared by MessageDecoder and the fuzz targets.
 #pragma once
 
-#include <cereal/details/helpers.hpp>
 #include <cstddef>
 #include <memory>
 #include <span>
-#include <string_view>
 
 #include "ferry/detail/archive.hpp"
-#include "ferry/error.hpp"
-#include "ferry/detail/type_name.hpp"
+#include "ferry/detail/erased_body.hpp"
 
 namespace ferry {
 
 class Storage;
 
-namespace detail {
-// read_body_with()'s errors, compiled once in the library rather than in every message
-// type's instantiation.
-[[noreturn]] void throw_body_left_over(std::size_t remaining, std::string_view type);
-[[noreturn]] void throw_body_invalid(std::string_view type, const char* what);
-}  // namespace detail
+/// Reads a message of `type` into `out` (a default-constructed value of it) from what
+/// `archive` reads (a FrameInputArchive over a whole body and its storages). Every way a body
+/// can lie is a ProtocolError: short reads, bytes left over, invalid tensors, and cereal's own
+/// errors (a std::variant index out of range, ...), which cereal raises as cereal::Exception
+/// and which are converted here. Compiled once, in the library (MessageDecoder::read uses it).
+void read_message(FrameInputArchive& archive, void* out, const ReceivedType& type);
 
-/// Deserializes a T from what `archive` reads (a FrameInputArchive over a body and its
-/// storages). Every way a body can lie is a ProtocolError: short reads, bytes left over, invalid
-/// tensors, and cereal's own errors (a std::variant index out of range, ...), which cereal
-/// raises as cereal::Exception and which are converted here.
+/// read_message() for a T, returned.
 template <class T>
 T read_body_with(FrameInputArchive& archive) {
   T value{};
-  try {
-    archive(value);
-    if (archive.remaining() != 0) detail::throw_body_left_over(archive.remaining(), type_name<T>());
-  } catch (const cereal::Exception& error) {
-    detail::throw_body_invalid(type_name<T>(), error.what());
-  }
+  read_message(archive, &value, received_type<T>);
   return value;
 }
 

@@ -37,6 +37,7 @@ void read_body_into(FrameInputArchive& archive, void* out) {
 
 /// The receiving side's view of a message type (received_type<T>).
 struct ReceivedType {
+  std::uint64_t fingerprint;
   std::string_view name;
   BodyReader read;
 };
@@ -47,6 +48,6 @@ inline constexpr SentType sent_type{type_fingerprint<T>(), type_name<T>(), &deta
 
 /// T as a ReceivedType.
 template <class T>
-inline constexpr ReceivedType received_type{type_name<T>(), &detail::read_body_into<T>};
+inline constexpr ReceivedType received_type{type_fingerprint<T>(), type_name<T>(), &detail::read_body_into<T>};
 
 }  // namespace ferry

@@ -59,7 +59,7 @@ class MessageDecoder {
     return value;
   }
   /// read(), into `out` (a default-constructed value of `type`; compiled once, here). A body
-  /// that lies is a ProtocolError, as for read_body_with().
+  /// that lies is a ProtocolError (read_message()).
   void read(void* out, const ReceivedType& type);
 
   /// Records on the return board that the frame last decoded was delivered (its value
