@@ -4,8 +4,10 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <utility>
 
+#include "ferry/detail/channel_ends.hpp"
 #include "ferry/detail/frame_channel.hpp"
 #include "ferry/detail/in_process_channel.hpp"
 #include "ferry/detail/type_name.hpp"
@@ -19,6 +21,7 @@ template <class T>
 class RecvResult {
  public:
   RecvResult(ReadStatus status, std::optional<T> value) : status_(status), value_(std::move(value)) {}
+  RecvResult() noexcept : status_(ReadStatus::Closed) {}
   /// True when a value arrived.
   explicit operator bool() const noexcept { return value_.has_value(); }
   bool has_value() const noexcept { return value_.has_value(); }
@@ -39,6 +42,8 @@ class RecvResult {
   std::optional<T> take() && { return std::move(value_); }
 
  private:
+  template <class>
+  friend class Receiver;  // receives in place
   ReadStatus status_;
   std::optional<T> value_;
 };
@@ -51,49 +56,28 @@ template <class T>
 class Sender {
  public:
   Sender() = default;
-  explicit Sender(std::unique_ptr<detail::SenderCore> core) : core_(std::move(core)) {}
-  /// The sending end of a Transport::InProcess channel.
-  explicit Sender(detail::InProcessSender<T> local) : local_(std::move(local)) {}
+  explicit Sender(std::unique_ptr<detail::SenderCore> core) : end_(std::move(core)) {}
+  /// The typed end over an untyped one (channel<T>() makes them).
+  explicit Sender(detail::SenderEnd end) noexcept : end_(std::move(end)) {}
 
   /// Sends `value`, blocking while the transport is full. Tensors inside travel as
   /// handles. Throws ChannelClosed when the receiver is gone or this end was closed, and
   /// Error, sending nothing, when the message is above the channel's limits
   /// (ChannelOptions::limits: storages, body bytes ...), which the receiver enforces.
-  void send(const T& value) {
-    if (local_) {
-      local_.send(T(value), Deadline::never());
-      return;
-    }
-    core().send(value, Deadline::never());
-  }
+  void send(const T& value) { send_until(value, Deadline::never()); }
   /// Like send(const T&); an InProcess channel moves `value` instead of copying it.
-  void send(T&& value) {
-    if (local_) {
-      local_.send(std::move(value), Deadline::never());
-      return;
-    }
-    core().send(value, Deadline::never());
-  }
+  void send(T&& value) { send_until(std::move(value), Deadline::never()); }
   /// Like send(), but gives up when the transport stays full for `timeout`; returns
   /// whether the value was accepted. A value is never half sent: one whose frame was
   /// started when the time ran out is accepted, and the rest of its frame goes out with
   /// the next send(), flush() or close().
-  bool send_for(const T& value, Timeout timeout) {
-    if (local_) return local_.send(T(value), Deadline::after(timeout));
-    return core().send(value, Deadline::after(timeout));
-  }
+  bool send_for(const T& value, Timeout timeout) { return send_until(value, Deadline::after(timeout)); }
   /// Like send_for(const T&); an InProcess channel moves `value` when it accepts it (and
   /// leaves it untouched otherwise).
-  bool send_for(T&& value, Timeout timeout) {
-    if (local_) return local_.send(std::move(value), Deadline::after(timeout));
-    return core().send(value, Deadline::after(timeout));
-  }
+  bool send_for(T&& value, Timeout timeout) { return send_until(std::move(value), Deadline::after(timeout)); }
   /// Finishes writing a value that send_for() accepted but could not finish; returns
   /// false if the transport stayed full for `timeout`. (InProcess: nothing to finish.)
-  bool flush(Timeout timeout) {
-    if (local_) return true;
-    return core().flush(Deadline::after(timeout));
-  }
+  bool flush(Timeout timeout) { return end_.flush(Deadline::after(timeout)); }
   /// Ends the stream: the receiver gets end-of-stream after the values sent before.
   /// Idempotent; does not throw when the receiver is already gone (only ProtocolError,
   /// when another process corrupted a ShmRing's shared positions; the end is closed anyway).
@@ -102,76 +86,69 @@ class Sender {
   /// gets end-of-stream after the values). Only when it does not fit does close() wait, at
   /// most ChannelOptions::close_linger (10 s), for room; a receiver that does not read for
   /// that long gets PeerDied after the values sent before, instead of end-of-stream.
-  void close() {
-    if (local_) local_.close();
-    if (core_) core_->close();
-  }
+  void close() { end_.close(); }
   /// Releases this process's copy of the end without ending the stream; use it in a
   /// forked child that does not use this end, so that the peer can see its death, or in
   /// the process that handed the end to a forked worker (spawn does): the receiver's
   /// returns are then the worker's, and what this process sent stays pinned until the
   /// receiver exits. (InProcess: no effect; the stream ends when the Sender is closed or
   /// destroyed.)
-  void detach() noexcept {
-    if (core_) core_->hand_over();
-  }
+  void detach() noexcept { end_.detach(); }
   /// Makes the calling process the end's owner (whose destructor closes the stream).
-  void adopt() noexcept {
-    if (core_) core_->adopt();
-  }
-  bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
-  Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }
+  void adopt() noexcept { end_.adopt(); }
+  bool is_open() const noexcept { return end_.is_open(); }
+  Transport transport() const { return end_.transport(); }
 
   /// Delivery acknowledgements (Distributor and Broadcast use them). After
   /// track_delivery(), the receiver records on the connection's return board every
   /// message its recv() returns (the next message sent carries the board if none went
   /// yet); an InProcess channel counts what its receiver took without being asked.
-  void track_delivery() {
-    if (!local_) core().track_delivery();
-  }
+  void track_delivery() { end_.track_delivery(); }
   /// The sequence number of the last message sent: messages count from 1 (0: none).
-  std::uint64_t last_sequence() { return local_ ? local_.sent() : core().last_sequence(); }
+  std::uint64_t last_sequence() { return end_.last_sequence(); }
   /// The receiver's recv() has returned every message up to this sequence number (0:
   /// none, or delivery not tracked). Keeps its last value once the receiver is gone.
-  std::uint64_t delivered() { return local_ ? local_.taken() : core().delivered(); }
+  std::uint64_t delivered() { return end_.delivered(); }
   /// The return board whose resolved word is delivered() as this end's receiver writes
   /// it (ReturnBoard::resolved(); no lock, no system call), once the first message went
   /// after track_delivery(); null before, and for ends whose transport has no board
   /// (InProcess, Ucx): ask delivered().
-  std::shared_ptr<const ReturnBoard> delivery_board() {
-    return local_ || !core_ ? nullptr : core_->delivery_board();
-  }
+  std::shared_ptr<const ReturnBoard> delivery_board() { return end_.delivery_board(); }
   /// Asks the receiver to ring a doorbell (a shared futex word) once its recv() has
   /// returned message `sequence`, for a fan-out that sleeps until a consumer has room
   /// (see ReturnBoard::request_delivery_wake()); nullopt when the end cannot (InProcess,
   /// closed, or no message sent yet). cancel_delivery_wake() withdraws the request.
   std::optional<ReturnBoard::DeliveryWake> request_delivery_wake(std::uint64_t sequence) {
-    if (local_ || !core_) return std::nullopt;
-    return core_->request_delivery_wake(sequence);
+    return end_.request_delivery_wake(sequence);
   }
-  void cancel_delivery_wake() {
-    if (!local_ && core_) core_->cancel_delivery_wake();
-  }
+  void cancel_delivery_wake() { end_.cancel_delivery_wake(); }
   /// True when the receiving end is known to be gone (closed, or every process that held
   /// it exited), or this end is closed; one poll() without waiting. (A transport that
   /// cannot tell answers false; its next send raises ChannelClosed.)
-  bool receiver_gone() { return local_ ? local_.receiver_gone() : !core_ || core_->receiver_gone(); }
+  bool receiver_gone() { return end_.receiver_gone(); }
 
   /// The pool of an isolated channel (ChannelOptions::pool): allocate tensors for this
   /// peer from it to send them without a copy. Empty for a channel without isolation (and
   /// for an InProcess channel, whose values are moved, never serialized).
-  std::optional<SharedAllocator> pool() const { return core_ ? core_->pool() : std::nullopt; }
+  std::optional<SharedAllocator> pool() const { return end_.pool(); }
   /// Access to the untyped core (transports and spawn use it). Throws Error for an
   /// InProcess Sender, which has none, and ChannelClosed for an empty one.
-  detail::SenderCore& core() {
-    if (local_) detail::throw_no_frame_core("Sender");
-    if (!core_) throw ChannelClosed("this Sender is empty (moved from or default-constructed)");
-    return *core_;
-  }
+  detail::SenderCore& core() { return end_.core(); }
 
  private:
-  std::unique_ptr<detail::SenderCore> core_;
-  detail::InProcessSender<T> local_;
+  // An InProcess end moves a copy of (or `value` itself) into the queue; the others frame it.
+  template <class V>
+  bool send_until(V&& value, const Deadline& deadline) {
+    if (!end_.is_local()) return end_.send(&value, sent_type<T>, deadline);
+    if constexpr (std::is_same_v<V, T>) {
+      return end_.send_local(&value, &detail::make_parcel<T>, deadline);
+    } else {
+      T copy(value);
+      return end_.send_local(&copy, &detail::make_parcel<T>, deadline);
+    }
+  }
+
+  detail::SenderEnd end_;
 };
 
 /// The receiving end of a channel of T. Move-only; use it from one thread at a time.
@@ -179,15 +156,19 @@ template <class T>
 class Receiver {
  public:
   Receiver() = default;
-  explicit Receiver(std::unique_ptr<detail::ReceiverCore> core) : core_(std::move(core)) {}
-  /// The receiving end of a Transport::InProcess channel.
-  explicit Receiver(detail::InProcessReceiver<T> local) : local_(std::move(local)) {}
+  explicit Receiver(std::unique_ptr<detail::ReceiverCore> core) : end_(std::move(core)) {}
+  /// The typed end over an untyped one (channel<T>() makes them).
+  explicit Receiver(detail::ReceiverEnd end) noexcept : end_(std::move(end)) {}
 
   /// Waits for the next value; std::nullopt once the sender closed the stream, and also
   /// after this end's own close() (where a closed Sender's send() throws instead). Throws
   /// PeerDied when the sender vanished without closing, ProtocolError for a bad frame
   /// (TypeMismatch when the sender sends another type).
-  std::optional<T> recv() { return std::move(receive(Deadline::never())).take(); }
+  std::optional<T> recv() {
+    std::optional<T> value;
+    receive_into(value, Deadline::never());
+    return value;
+  }
   /// Waits at most `timeout` for the next value (any std::chrono::duration; one too long
   /// for nanoseconds, such as milliseconds::max(), waits for ever instead of wrapping).
   RecvResult<T> recv_for(Timeout timeout) { return receive(Deadline::after(timeout)); }
@@ -197,62 +178,57 @@ class Receiver {
   /// inherited the end and does not use it, or the process that handed it to one, lets go
   /// of its copy with detach() instead: on a duplex socket close() ends the stream for
   /// every process.)
-  void close() noexcept {
-    if (local_) local_.close();
-    if (core_) core_->close();
-  }
+  void close() noexcept { end_.close(); }
   /// Closes this process's copy of the end, for a process that handed the end to a
   /// forked worker (spawn does this) or a forked child that does not use it: unlike
   /// close(), what this process received so far is never given back to the sender from
   /// here (the worker inherited it and may still use it); the sender keeps it until every
   /// process holding it has exited.
-  void detach() noexcept {
-    if (local_) local_.close();
-    if (core_) core_->detach();
-  }
+  void detach() noexcept { end_.detach(); }
   /// Makes the calling process the end's owner: its destructor then closes the end for
   /// every process (matters on a duplex socket only; elsewhere the last copy closing does).
-  void adopt() noexcept {
-    if (core_) core_->adopt();
-  }
-  bool is_open() const noexcept { return local_ ? local_.is_open() : core_ && core_->is_open(); }
-  Transport transport() const { return local_ ? Transport::InProcess : core_->transport(); }
+  void adopt() noexcept { end_.adopt(); }
+  bool is_open() const noexcept { return end_.is_open(); }
+  Transport transport() const { return end_.transport(); }
   /// Access to the untyped core (transports and spawn use it). Throws Error for an
   /// InProcess Receiver, which has none, and ChannelClosed for an empty one.
-  detail::ReceiverCore& core() {
-    if (local_) detail::throw_no_frame_core("Receiver");
-    if (!core_) throw ChannelClosed("this Receiver is empty (moved from or default-constructed)");
-    return *core_;
-  }
+  detail::ReceiverCore& core() { return end_.core(); }
 
  private:
-  friend class Selector;  // waits on core_ or on local_'s queue
+  friend class Selector;  // waits on end_'s core or queue
 
   RecvResult<T> receive(const Deadline& deadline) {
-    if (local_) {
-      std::optional<T> value;
-      const ReadStatus status = local_.receive(value, deadline);
-      return RecvResult<T>(status, std::move(value));
-    }
-    T value{};
-    const ReadStatus status = core().receive(value, deadline);
-    if (status == ReadStatus::Frame) return RecvResult<T>(status, std::move(value));
-    return RecvResult<T>(status, std::nullopt);
+    RecvResult<T> result;
+    result.status_ = receive_into(result.value_, deadline);
+    return result;
   }
-  std::unique_ptr<detail::ReceiverCore> core_;
-  detail::InProcessReceiver<T> local_;
+  // Receives the next value into `out` (left empty unless a value arrived).
+  ReadStatus receive_into(std::optional<T>& out, const Deadline& deadline) {
+    if (end_.is_local()) {
+      std::unique_ptr<detail::Parcel> parcel;
+      const ReadStatus status = end_.receive_local(parcel, deadline);
+      // Both ends were made for T by channel<T>(): every parcel holds a T.
+      if (status == ReadStatus::Frame) out.emplace(std::move(static_cast<detail::ParcelOf<T>&>(*parcel).value));
+      return status;
+    }
+    out.emplace();
+    const ReadStatus status = end_.receive(&*out, received_type<T>, deadline);
+    if (status != ReadStatus::Frame) out.reset();
+    return status;
+  }
+
+  detail::ReceiverEnd end_;
 };
 
 namespace detail {
 /// The typed ends over one transport end (channel() and duplex() make them).
 template <class T>
 Sender<T> sender_over(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options) {
-  return Sender<T>(std::make_unique<SenderCore>(std::move(writer), transport, options));
+  return Sender<T>(sender_end_over(std::move(writer), transport, options));
 }
 template <class T>
 Receiver<T> receiver_over(std::unique_ptr<FrameReader> reader, Transport transport, const ChannelOptions& options) {
-  return Receiver<T>(
-      std::make_unique<ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(), type_name<T>(), options));
+  return Receiver<T>(receiver_end_over(std::move(reader), transport, type_fingerprint<T>(), type_name<T>(), options));
 }
 }  // namespace detail
 
@@ -261,14 +237,8 @@ Receiver<T> receiver_over(std::unique_ptr<FrameReader> reader, Transport transpo
 /// process (hand one end to another thread).
 template <class T>
 std::pair<Sender<T>, Receiver<T>> channel(Transport transport, const ChannelOptions& options = {}) {
-  if (transport == Transport::InProcess) {
-    auto queue = std::make_shared<detail::InProcessQueue>(options.queue_capacity);
-    return {Sender<T>(detail::InProcessSender<T>(queue)), Receiver<T>(detail::InProcessReceiver<T>(queue))};
-  }
-  auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity,
-                                         options.ring_timing());
-  return {detail::sender_over<T>(std::move(writer), transport, options),
-          detail::receiver_over<T>(std::move(reader), transport, options)};
+  auto ends = detail::make_channel_ends(transport, options, type_fingerprint<T>(), type_name<T>());
+  return {Sender<T>(std::move(ends.first)), Receiver<T>(std::move(ends.second))};
 }
 
 }  // namespace ferry

@@ -58,7 +58,7 @@ class Selector {
   /// never reused). Throws Error for an empty Receiver (moved from or default-constructed).
   template <class T>
   std::size_t add(Receiver<T>& receiver) {
-    return add_member(detail::SelectorMember{receiver.core_.get(), receiver.local_.queue()});
+    return add_member(receiver.end_.selector_member());
   }
   /// Adds `listener` to the set (it must stay alive while it is in the set); returns its index.
   std::size_t add(Listener& listener);

@@ -41,13 +41,6 @@ bool is_poll(const Deadline& deadline) {
 
 }  // namespace
 
-void throw_no_frame_core(const char* end) {
-  throw Error(std::string("an InProcess ") + end +
-              " has no frame core: its values are moved through an in-process queue, never framed, so it cannot "
-              "be described for or handed to another process, nor used where a pipe, socket or ring end is needed; "
-              "create the channel with Transport::Pipe, UnixSocket or ShmRing for that");
-}
-
 struct InProcessQueue::State {
   explicit State(std::size_t capacity)
       : room(static_cast<moodycamel::LightweightSemaphore::ssize_t>(

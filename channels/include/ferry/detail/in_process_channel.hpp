@@ -5,19 +5,13 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <memory>
-#include <optional>
 #include <utility>
 
 #include "ferry/detail/deadline.hpp"
 #include "ferry/detail/transport.hpp"
 
 namespace ferry::detail {
-
-/// Throws Error for asking an InProcess `end` ("Sender", "Receiver") for its frame core,
-/// which it does not have (Sender<T>::core(), Receiver<T>::core()).
-[[noreturn]] void throw_no_frame_core(const char* end);
 
 /// A value of some type on its way through an in-process channel.
 class Parcel {
@@ -89,95 +83,10 @@ class InProcessQueue {
   std::unique_ptr<State> state_;
 };
 
-/// The sending end's share of an in-process channel of T; closing (or destroying) it
-/// ends the stream, unless it is destroyed while an exception unwinds the stack: then the
-/// receiver gets PeerDied after the values sent (the rule of SenderCore's destructor).
-/// Move-only; empty after a move.
+/// The parcel for a T moved from `value` (see MakeParcel in channel_ends.hpp).
 template <class T>
-class InProcessSender {
- public:
-  InProcessSender() = default;
-  explicit InProcessSender(std::shared_ptr<InProcessQueue> queue) : queue_(std::move(queue)) {}
-  InProcessSender(InProcessSender&&) noexcept = default;
-  InProcessSender& operator=(InProcessSender&& other) noexcept {
-    if (this != &other) {
-      close();
-      queue_ = std::move(other.queue_);
-    }
-    return *this;
-  }
-  ~InProcessSender() {
-    if (!queue_) return;
-    if (std::uncaught_exceptions() == 0) {
-      queue_->close_sender();
-    } else {
-      queue_->drop_sender();
-    }
-  }
-
-  explicit operator bool() const noexcept { return queue_ != nullptr; }
-  /// Moves `value` into the channel once there is room; false (and `value` untouched)
-  /// when the deadline passed first.
-  bool send(T&& value, const Deadline& deadline) {
-    if (!queue_->reserve(deadline)) return false;
-    std::unique_ptr<Parcel> parcel;
-    try {
-      parcel = std::make_unique<ParcelOf<T>>(std::move(value));
-    } catch (...) {
-      queue_->push(nullptr);  // gives the place back
-      throw;
-    }
-    queue_->push(std::move(parcel));
-    return true;
-  }
-  void close() noexcept {
-    if (queue_) queue_->close_sender();
-  }
-  bool is_open() const noexcept { return queue_ && queue_->sender_open(); }
-  /// See InProcessQueue::sent() and taken(); receiver_gone(): the receiver closed.
-  std::uint64_t sent() const noexcept { return queue_ ? queue_->sent() : 0; }
-  std::uint64_t taken() const noexcept { return queue_ ? queue_->taken() : 0; }
-  bool receiver_gone() const noexcept { return !queue_ || !queue_->receiver_open(); }
-
- private:
-  std::shared_ptr<InProcessQueue> queue_;
-};
-
-/// The receiving end's share of an in-process channel of T; closing (or destroying) it
-/// makes further sends fail. Move-only; empty after a move.
-template <class T>
-class InProcessReceiver {
- public:
-  InProcessReceiver() = default;
-  explicit InProcessReceiver(std::shared_ptr<InProcessQueue> queue) : queue_(std::move(queue)) {}
-  InProcessReceiver(InProcessReceiver&&) noexcept = default;
-  InProcessReceiver& operator=(InProcessReceiver&& other) noexcept {
-    if (this != &other) {
-      close();
-      queue_ = std::move(other.queue_);
-    }
-    return *this;
-  }
-  ~InProcessReceiver() { close(); }
-
-  explicit operator bool() const noexcept { return queue_ != nullptr; }
-  /// Moves the next value into `out`, waiting until `deadline`.
-  ReadStatus receive(std::optional<T>& out, const Deadline& deadline) {
-    std::unique_ptr<Parcel> parcel;
-    const ReadStatus status = queue_->receive(parcel, deadline);
-    // Both ends were made for T by channel<T>(): every parcel holds a T.
-    if (status == ReadStatus::Frame) out.emplace(std::move(static_cast<ParcelOf<T>&>(*parcel).value));
-    return status;
-  }
-  void close() noexcept {
-    if (queue_) queue_->close_receiver();
-  }
-  bool is_open() const noexcept { return queue_ && queue_->receiver_open(); }
-  /// The shared queue (a Selector waits on it); null when empty.
-  const InProcessQueue* queue() const noexcept { return queue_.get(); }
-
- private:
-  std::shared_ptr<InProcessQueue> queue_;
-};
+std::unique_ptr<Parcel> make_parcel(void* value) {
+  return std::make_unique<ParcelOf<T>>(std::move(*static_cast<T*>(value)));
+}
 
 }  // namespace ferry::detail

@@ -1,0 +1,119 @@
+// The untyped halves of Sender<T> and Receiver<T>: everything an end does that does not
+// depend on its value type, compiled once in the library. An end is either a frame end
+// (a SenderCore or ReceiverCore over a transport) or an in-process end (a share of an
+// InProcessQueue), or empty; the typed ends add only the conversions of their values.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "ferry/detail/deadline.hpp"
+#include "ferry/detail/erased_body.hpp"
+#include "ferry/detail/return_board.hpp"
+#include "ferry/detail/transport.hpp"
+
+namespace ferry {
+
+class SharedAllocator;
+struct ChannelOptions;
+
+namespace detail {
+
+class SenderCore;
+class ReceiverCore;
+class InProcessQueue;
+class Parcel;
+struct SelectorMember;
+
+/// Makes the parcel that carries the value at `value` (a T, moved from) through an
+/// in-process queue; make_parcel<T> (in_process_channel.hpp) is the one for T.
+using MakeParcel = std::unique_ptr<Parcel> (*)(void* value);
+
+/// The sending end without its value type. Move-only; empty after a move. Destroying it
+/// ends the stream as Sender<T> documents (an in-process end: PeerDied for the receiver
+/// when destroyed while an exception unwinds the stack).
+class SenderEnd {
+ public:
+  SenderEnd() noexcept;
+  explicit SenderEnd(std::unique_ptr<SenderCore> core) noexcept;
+  explicit SenderEnd(std::shared_ptr<InProcessQueue> queue) noexcept;
+  SenderEnd(SenderEnd&&) noexcept;
+  SenderEnd& operator=(SenderEnd&&) noexcept;
+  ~SenderEnd();
+
+  /// True for the end of a Transport::InProcess channel.
+  bool is_local() const noexcept { return queue_ != nullptr; }
+  /// Sends the value at `value` as a frame (a frame end only).
+  bool send(const void* value, const SentType& type, const Deadline& deadline);
+  /// Moves the value at `value` into the in-process queue once there is room (`make` is
+  /// called only then); false, the value untouched, when `deadline` passed first.
+  bool send_local(void* value, MakeParcel make, const Deadline& deadline);
+  bool flush(const Deadline& deadline);
+  void close();
+  void detach() noexcept;
+  void adopt() noexcept;
+  bool is_open() const noexcept;
+  Transport transport() const;
+  void track_delivery();
+  std::uint64_t last_sequence();
+  std::uint64_t delivered();
+  std::shared_ptr<const ReturnBoard> delivery_board();
+  std::optional<ReturnBoard::DeliveryWake> request_delivery_wake(std::uint64_t sequence);
+  void cancel_delivery_wake();
+  bool receiver_gone();
+  std::optional<SharedAllocator> pool() const;
+  /// The frame core; throws Error for an in-process end and ChannelClosed for an empty one.
+  SenderCore& core();
+
+ private:
+  std::unique_ptr<SenderCore> core_;
+  std::shared_ptr<InProcessQueue> queue_;
+};
+
+/// The receiving end without its value type. Move-only; empty after a move. Destroying it
+/// closes it.
+class ReceiverEnd {
+ public:
+  ReceiverEnd() noexcept;
+  explicit ReceiverEnd(std::unique_ptr<ReceiverCore> core) noexcept;
+  explicit ReceiverEnd(std::shared_ptr<InProcessQueue> queue) noexcept;
+  ReceiverEnd(ReceiverEnd&&) noexcept;
+  ReceiverEnd& operator=(ReceiverEnd&&) noexcept;
+  ~ReceiverEnd();
+
+  /// True for the end of a Transport::InProcess channel.
+  bool is_local() const noexcept { return queue_ != nullptr; }
+  /// Reads the next frame's value into the T at `out` (a frame end only).
+  ReadStatus receive(void* out, const ReceivedType& type, const Deadline& deadline);
+  /// Takes the next parcel from the in-process queue, waiting until `deadline`.
+  ReadStatus receive_local(std::unique_ptr<Parcel>& out, const Deadline& deadline);
+  void close() noexcept;
+  void detach() noexcept;
+  void adopt() noexcept;
+  bool is_open() const noexcept;
+  Transport transport() const;
+  /// What a Selector waits on for this end (empty for an empty end).
+  SelectorMember selector_member() const noexcept;
+  /// The frame core; throws Error for an in-process end and ChannelClosed for an empty one.
+  ReceiverCore& core();
+
+ private:
+  std::unique_ptr<ReceiverCore> core_;
+  std::shared_ptr<InProcessQueue> queue_;
+};
+
+/// The untyped ends over one transport end (sender_over<T>() and receiver_over<T>() wrap them).
+SenderEnd sender_end_over(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options);
+ReceiverEnd receiver_end_over(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
+                              std::string_view type_name, const ChannelOptions& options);
+
+/// Both ends of a new channel over `transport` (InProcess included), whose receiver
+/// accepts the type of `fingerprint` / `type_name` (channel<T>() passes T's).
+std::pair<SenderEnd, ReceiverEnd> make_channel_ends(Transport transport, const ChannelOptions& options,
+                                                    std::uint64_t fingerprint, std::string_view type_name);
+
+}  // namespace detail
+}  // namespace ferry
