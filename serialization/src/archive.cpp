@@ -70,6 +70,10 @@ FrameInputArchive::~FrameInputArchive() = default;
 StorageCollector::StorageCollector() : OutputArchive(this) {}
 StorageCollector::~StorageCollector() = default;
 
+std::vector<std::shared_ptr<const void>> StorageCollector::owners() const {
+  return {storages_.begin(), storages_.end()};
+}
+
 bool FrameOutputArchive::reusable() const noexcept {
 #ifdef FERRY_KNOWN_CEREAL
   const Out& base = *this;

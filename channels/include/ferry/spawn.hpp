@@ -91,12 +91,6 @@ WireTuple decode_payload(UniqueFd payload) {
   return wire;
 }
 
-/// The registry's description of a worker taking P...: its argument types as text.
-template <class... P>
-std::string signature_of() {
-  return std::string(type_name<std::tuple<std::decay_t<P>...>>());
-}
-
 /// Calls the registered function `identity` (a R(*)(WorkerContext&, P...) converted to a
 /// FunctionIdentity) with `values` moved in.
 template <class R, class... P>
@@ -128,17 +122,6 @@ void run_registered_invoke(FunctionIdentity identity, WorkerContext& context, vo
   call_registered<R, P...>(identity, context, *static_cast<std::tuple<std::decay_t<P>...>*>(values_tuple));
 }
 
-template <class R, class... P>
-RegisteredWorker make_registered_worker(std::string_view name, R (*function)(WorkerContext&, P...)) {
-  RegisteredWorker worker;
-  worker.name = std::string(name);
-  worker.identity = reinterpret_cast<FunctionIdentity>(function);
-  worker.signature = signature_of<P...>();
-  worker.entry = &run_registered_entry<R, P...>;
-  worker.invoke = &run_registered_invoke<R, P...>;
-  return worker;
-}
-
 /// The storages of the tensors among worker `rank`'s arguments (in the values StorageCollector
 /// can walk; channel ends hold none).
 template <class Stored>
@@ -161,7 +144,7 @@ std::vector<std::shared_ptr<const void>> storages_of_rank(Stored& stored, int ra
         (collect(ArgTraits<std::decay_t<decltype(arg)>>::for_rank(arg, rank)), ...);
       },
       stored);
-  return {collector.storages().begin(), collector.storages().end()};
+  return collector.owners();
 }
 
 /// Starts every rank of `group` by fork(): worker r runs call(context, values) where
@@ -259,7 +242,9 @@ bool register_worker(std::string_view name, R (*function)(WorkerContext&, P...))
   static_assert(detail::all_cross_exec<std::decay_t<P>...>,
                 "every parameter of a registered worker must be serializable with cereal (or be a channel end, a "
                 "vector of ends, or a Tensor-holding serializable type)");
-  return detail::register_worker_entry(detail::make_registered_worker(name, function));
+  return detail::register_worker_entry(name, reinterpret_cast<detail::FunctionIdentity>(function),
+                                       type_name<std::tuple<std::decay_t<P>...>>(),
+                                       &detail::run_registered_entry<R, P...>, &detail::run_registered_invoke<R, P...>);
 }
 
 namespace detail {

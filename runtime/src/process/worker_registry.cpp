@@ -29,7 +29,9 @@ Registry& registry() {
 
 }  // namespace
 
-bool register_worker_entry(RegisteredWorker worker) noexcept {
+bool register_worker_entry(std::string_view name, FunctionIdentity identity, std::string_view signature,
+                           WorkerEntry entry, WorkerInvoke invoke) noexcept {
+  RegisteredWorker worker{std::string(name), identity, std::string(signature), entry, invoke};
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
   auto it = r.by_name.find(worker.name);

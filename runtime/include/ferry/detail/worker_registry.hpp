@@ -42,8 +42,10 @@ struct RegisteredWorker {
 
 /// Registers a worker (during static initialization, through FERRY_WORKER). Registering
 /// the same name again with the same function is harmless; with another function, every
-/// later lookup of the name reports the conflict. Returns true.
-bool register_worker_entry(RegisteredWorker worker) noexcept;
+/// later lookup of the name reports the conflict. `signature` names the argument types
+/// after the WorkerContext (type_name of their std::tuple). Returns true.
+bool register_worker_entry(std::string_view name, FunctionIdentity identity, std::string_view signature,
+                           WorkerEntry entry, WorkerInvoke invoke) noexcept;
 
 /// The worker registered as `name`; throws SpawnError when there is none (or two).
 const RegisteredWorker& find_worker(std::string_view name);

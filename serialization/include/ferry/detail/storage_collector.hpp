@@ -44,6 +44,9 @@ class StorageCollector : public cereal::OutputArchive<StorageCollector, cereal::
   }
   /// The storages met so far, in order (a storage met twice is there twice).
   std::vector<std::shared_ptr<Storage>>& storages() noexcept { return storages_; }
+  /// The same storages as owners to keep alive (spawn() keeps a forked worker's until it
+  /// exits); out of line, so that a program does not compile the conversion.
+  std::vector<std::shared_ptr<const void>> owners() const;
 
  private:
   template <class T>
