@@ -1,7 +1,12 @@
 // The README's example: a struct with tensors sent to a spawned worker, zero copy.
 #include <cstdio>
 
-#include "ferry/ferry.hpp"
+// One header per part of ferry compiles faster than "ferry/ferry.hpp", which includes all of it
+// and cereal's support for every standard type a message may hold.
+#include "ferry/channel.hpp"
+#include "ferry/init.hpp"
+#include "ferry/spawn.hpp"
+#include "ferry/tensor.hpp"
 
 struct Batch {
   std::int64_t step = 0;

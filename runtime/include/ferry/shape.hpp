@@ -2,7 +2,6 @@
 // common tensors inside the object.
 #pragma once
 
-#include <algorithm>
 #include <compare>
 #include <cstddef>
 #include <cstdint>
@@ -75,7 +74,7 @@ class Shape {
   ~Shape() { free_heap(); }
 
   /// The entries as a std::vector.
-  operator std::vector<value_type>() const { return std::vector<value_type>(begin(), end()); }  // NOLINT
+  operator std::vector<value_type>() const;  // NOLINT
 
   size_type size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
@@ -89,10 +88,10 @@ class Shape {
   const_iterator end() const noexcept { return data() + size_; }
   const_iterator cbegin() const noexcept { return begin(); }
   const_iterator cend() const noexcept { return end(); }
-  reverse_iterator rbegin() noexcept { return reverse_iterator(end()); }
-  reverse_iterator rend() noexcept { return reverse_iterator(begin()); }
-  const_reverse_iterator rbegin() const noexcept { return const_reverse_iterator(end()); }
-  const_reverse_iterator rend() const noexcept { return const_reverse_iterator(begin()); }
+  reverse_iterator rbegin() noexcept;
+  reverse_iterator rend() noexcept;
+  const_reverse_iterator rbegin() const noexcept;
+  const_reverse_iterator rend() const noexcept;
 
   reference operator[](size_type i) noexcept { return data()[i]; }
   const_reference operator[](size_type i) const noexcept { return data()[i]; }
@@ -105,11 +104,7 @@ class Shape {
     if (count > capacity_) grow(count);
   }
   void clear() noexcept { size_ = 0; }
-  void resize(size_type count, value_type value = 0) {
-    reserve(count);
-    if (count > size_) std::fill(data() + size_, data() + count, value);
-    size_ = static_cast<std::uint32_t>(count);
-  }
+  void resize(size_type count, value_type value = 0);
   /// Sets the size to `count` without setting new entries: for a caller that writes them
   /// at once (reading them before is undefined behaviour).
   void resize_for_overwrite(size_type count) {
@@ -125,7 +120,7 @@ class Shape {
     if constexpr (std::forward_iterator<It>) {
       const auto count = static_cast<size_type>(std::distance(first, last));
       reserve(count);
-      std::copy(first, last, data());
+      for (value_type* out = data(); first != last; ++first) *out++ = *first;
       size_ = static_cast<std::uint32_t>(count);
     } else {
       clear();
@@ -138,48 +133,22 @@ class Shape {
   }
   void pop_back() noexcept { --size_; }
   /// Inserts `value` before `position`; returns an iterator to it.
-  iterator insert(const_iterator position, value_type value) {
-    const auto at = static_cast<size_type>(position - begin());
-    if (size_ == capacity_) grow(size_type{capacity_} * 2);
-    value_type* first = data();
-    std::copy_backward(first + at, first + size_, first + size_ + 1);
-    first[at] = value;
-    ++size_;
-    return first + at;
-  }
+  iterator insert(const_iterator position, value_type value);
   /// Removes the entry at `position`; returns an iterator to the entry that followed it.
   iterator erase(const_iterator position) noexcept { return erase(position, position + 1); }
-  iterator erase(const_iterator first, const_iterator last) noexcept {
-    value_type* base = data();
-    const auto from = static_cast<size_type>(first - base);
-    const auto to = static_cast<size_type>(last - base);
-    std::copy(base + to, base + size_, base + from);
-    size_ -= static_cast<std::uint32_t>(to - from);
-    return base + from;
-  }
+  iterator erase(const_iterator first, const_iterator last) noexcept;
   void swap(Shape& other) noexcept {
     Shape held(std::move(other));
     other = std::move(*this);
     *this = std::move(held);
   }
 
-  friend bool operator==(const Shape& a, const Shape& b) noexcept {
-    return std::equal(a.begin(), a.end(), b.begin(), b.end());
-  }
-  friend auto operator<=>(const Shape& a, const Shape& b) noexcept {
-    return std::lexicographical_compare_three_way(a.begin(), a.end(), b.begin(), b.end());
-  }
+  friend bool operator==(const Shape& a, const Shape& b) noexcept;
+  friend std::strong_ordering operator<=>(const Shape& a, const Shape& b) noexcept;
 
  private:
   bool on_heap() const noexcept { return capacity_ > kInlineDims; }
-  void grow(size_type count) {
-    count = std::max<size_type>(count, kInlineDims + 1);
-    auto* bigger = new value_type[count];
-    std::copy(begin(), end(), bigger);
-    free_heap();
-    heap_ = bigger;
-    capacity_ = static_cast<std::uint32_t>(count);
-  }
+  void grow(size_type count);
   void free_heap() noexcept {
     if (on_heap()) delete[] heap_;
     capacity_ = kInlineDims;
