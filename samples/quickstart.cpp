@@ -1,8 +1,11 @@
 // The README's example: a struct with tensors sent to a spawned worker, zero copy.
 #include <cstdio>
 
-// One header per part of ferry compiles faster than "ferry/ferry.hpp", which includes all of it
-// and cereal's support for every standard type a message may hold.
+#include <cereal/types/string.hpp>  // cereal's support for the standard types Batch holds
+#include <cereal/types/vector.hpp>
+
+// One header per part of ferry compiles faster than "ferry/ferry.hpp", which includes all of
+// ferry and cereal's support for every standard type.
 #include "ferry/channel.hpp"
 #include "ferry/init.hpp"
 #include "ferry/spawn.hpp"
