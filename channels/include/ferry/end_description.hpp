@@ -32,6 +32,14 @@ struct EndDescription {
   bool shares_connection = false;  ///< a duplex socket's end (FrameWriter::shares_connection())
   ChannelOptions options;
 
+  // Out of line (end_description.cpp): a program that spawns does not compile them.
+  EndDescription();
+  EndDescription(const EndDescription&);
+  EndDescription(EndDescription&&) noexcept;
+  EndDescription& operator=(const EndDescription&);
+  EndDescription& operator=(EndDescription&&) noexcept;
+  ~EndDescription();
+
   /// ferry's own archives (FrameOutputArchive, FrameInputArchive) are compiled once, in
   /// the library (declared below); other cereal archives use the template.
   template <class Archive>

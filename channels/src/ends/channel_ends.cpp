@@ -4,8 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "ends/in_process_queue.hpp"
 #include "ferry/detail/frame_channel.hpp"
-#include "ferry/detail/in_process_channel.hpp"
 #include "ferry/error.hpp"
 #include "ferry/select.hpp"
 

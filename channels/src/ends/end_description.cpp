@@ -8,6 +8,13 @@
 
 namespace ferry {
 
+EndDescription::EndDescription() = default;
+EndDescription::EndDescription(const EndDescription&) = default;
+EndDescription::EndDescription(EndDescription&&) noexcept = default;
+EndDescription& EndDescription::operator=(const EndDescription&) = default;
+EndDescription& EndDescription::operator=(EndDescription&&) noexcept = default;
+EndDescription::~EndDescription() = default;
+
 // Compiled here once, instead of in every program that spawns workers by exec.
 template <>
 void EndDescription::serialize(FrameOutputArchive& ar) {

@@ -5,7 +5,7 @@
 #pragma GCC diagnostic ignored "-Wtsan"
 #endif
 
-#include "ferry/detail/in_process_channel.hpp"
+#include "ends/in_process_queue.hpp"
 
 #include <concurrentqueue/blockingconcurrentqueue.h>
 

@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 
+#include "ends/in_process_queue.hpp"
 #include "ferry/endpoint.hpp"
 #include "ring/futex.hpp"
 #include "ring/ring_layout.hpp"

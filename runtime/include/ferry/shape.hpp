@@ -36,7 +36,7 @@ class Shape {
   Shape() noexcept {}
   /// `count` entries equal to `value`.
   explicit Shape(size_type count, value_type value = 0) { assign(count, value); }
-  Shape(std::initializer_list<value_type> values) { assign(values.begin(), values.end()); }
+  Shape(std::initializer_list<value_type> values);
   template <std::input_iterator It>
   Shape(It first, It last) {
     assign(first, last);

@@ -1,10 +1,13 @@
-// Shape's members that are not on a tensor's creation, copy or receive path: kept out of the
-// header so that every file that includes it does not compile them.
+// Shape's members that need not be inline (none is on the path of copying, moving or
+// receiving a tensor): kept out of the header so that every file that includes it does not
+// compile them.
 #include "ferry/shape.hpp"
 
 #include <algorithm>
 
 namespace ferry {
+
+Shape::Shape(std::initializer_list<value_type> values) { assign(values.begin(), values.end()); }
 
 Shape::operator std::vector<value_type>() const { return std::vector<value_type>(begin(), end()); }
 

@@ -1,15 +1,10 @@
-// Transport::InProcess: a channel between threads of one process. Values of T are moved
-// through a moodycamel BlockingConcurrentQueue, never serialized; tensors inside them are
-// the very same objects on both sides.
+// Transport::InProcess: a channel between threads of one process. Values of T travel in
+// parcels through an in-process queue (channels/src/ends/in_process_queue.hpp), never
+// serialized; tensors inside them are the very same objects on both sides.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
 #include <memory>
 #include <utility>
-
-#include "ferry/detail/deadline.hpp"
-#include "ferry/detail/transport.hpp"
 
 namespace ferry::detail {
 
@@ -27,66 +22,10 @@ class ParcelOf final : public Parcel {
   T value;
 };
 
-/// The state both ends of an in-process channel share, without the value type: a queue of
-/// parcels (an empty one marks the end of the stream) and a semaphore that counts free
-/// places, so that a sender blocks while `capacity` values wait. Values arrive in the order
-/// they were queued, from whichever thread (one producer token, under a lock). The queue
-/// itself lives in in_process_channel.cpp, so that only that file compiles moodycamel's
-/// queue.
-///
-/// End of stream: close_sender() records how many values were sent in all, and the
-/// receiver reports the end only once it has received that many. A sender dropped by an
-/// exception (drop_sender()) ends the stream the same way, but the receiver then gets
-/// PeerDied instead of end of stream, as from a crashed peer on the other transports.
-class InProcessQueue {
- public:
-  explicit InProcessQueue(std::size_t capacity);
-  ~InProcessQueue();
-  InProcessQueue(const InProcessQueue&) = delete;
-  InProcessQueue& operator=(const InProcessQueue&) = delete;
-
-  /// Takes one free place, waiting until `deadline`; false on timeout. Throws
-  /// ChannelClosed when the receiver closed.
-  bool reserve(const Deadline& deadline);
-  /// Queues `parcel` in a place taken by reserve(). Throws ChannelClosed (and gives the
-  /// place back) when either end closed meanwhile.
-  void push(std::unique_ptr<Parcel> parcel);
-  /// Ends the stream after the values sent so far. Idempotent.
-  void close_sender() noexcept;
-  /// Cuts the stream off after the values sent so far, for a sender destroyed while an
-  /// exception unwinds: the receiver gets them, then PeerDied (on every later call).
-  /// No effect once the sender closed.
-  void drop_sender() noexcept;
-  /// Neither end has closed.
-  bool sender_open() const noexcept;
-
-  /// Takes the next parcel, waiting until `deadline`. One receiving thread at a time.
-  /// Throws PeerDied once every value of a dropped sender was taken.
-  ReadStatus receive(std::unique_ptr<Parcel>& out, const Deadline& deadline);
-  /// Closes the receiving end: senders (also those waiting for room) get ChannelClosed,
-  /// and the values still queued are destroyed.
-  void close_receiver() noexcept;
-  bool receiver_open() const noexcept;
-  /// True when receive() would return without waiting (a value or the end of the stream is
-  /// queued, or the receiver closed); false may be briefly stale while a value is being
-  /// queued. For the receiving thread (a Selector waiting on this queue).
-  bool ready() const noexcept;
-  /// Values queued so far, and values the receiver took so far: values leave in the order
-  /// they were queued (from any thread), so the receiver has taken the first taken() of them.
-  std::uint64_t sent() const noexcept;
-  std::uint64_t taken() const noexcept;
-
- private:
-  struct State;
-  // Ends the stream after the values sent so far; `dropped`: as PeerDied.
-  void end_stream(bool dropped) noexcept;
-  std::unique_ptr<State> state_;
-};
-
 /// The parcel for a T moved from `value` (see MakeParcel in channel_ends.hpp).
 template <class T>
 std::unique_ptr<Parcel> make_parcel(void* value) {
-  return std::make_unique<ParcelOf<T>>(std::move(*static_cast<T*>(value)));
+  return std::unique_ptr<Parcel>(new ParcelOf<T>(std::move(*static_cast<T*>(value))));
 }
 
 }  // namespace ferry::detail
