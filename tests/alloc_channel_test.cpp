@@ -17,6 +17,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"

@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"

@@ -11,6 +11,7 @@
 #include <limits>
 #include <thread>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"

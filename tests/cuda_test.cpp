@@ -13,6 +13,7 @@
 #include <new>
 #include <thread>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/cuda.hpp"
 #include "ferry/detail/cuda/block_pool.hpp"
 #include "ferry/detail/cuda/ipc.hpp"

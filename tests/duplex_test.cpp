@@ -9,6 +9,7 @@
 #include <chrono>
 #include <string>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"

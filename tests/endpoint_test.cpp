@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "endpoints/handshake.hpp"
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/ferry.hpp"

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"

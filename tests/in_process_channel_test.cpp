@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/detail/peer_fd.hpp"
 #include "support/leak_check.hpp"

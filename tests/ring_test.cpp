@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/detail/mapping.hpp"
 #include "ring/ring_transport.hpp"

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/ferry.hpp"
 #include "ring/futex.hpp"
 #include "support/leak_check.hpp"

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/detail/body_reader.hpp"
 #include "ferry/channel.hpp"
 #include "ferry/value.hpp"

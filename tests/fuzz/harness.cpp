@@ -1,3 +1,4 @@
+#include "ferry/detail/frame_channel.hpp"
 #include "harness.hpp"
 
 #include <fcntl.h>

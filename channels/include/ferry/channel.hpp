@@ -7,10 +7,12 @@
 #include <type_traits>
 #include <utility>
 
+#include "ferry/channel_options.hpp"
 #include "ferry/detail/channel_ends.hpp"
-#include "ferry/detail/frame_channel.hpp"
 #include "ferry/detail/in_process_channel.hpp"
 #include "ferry/detail/type_name.hpp"
+#include "ferry/shared_allocator.hpp"
+#include "ferry/tensor_wire.hpp"
 
 namespace ferry {
 

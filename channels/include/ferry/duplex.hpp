@@ -95,17 +95,10 @@ class DuplexEnd {
 /// InProcess gives two queues. `options` apply to both directions.
 template <class A, class B>
 std::pair<DuplexEnd<A, B>, DuplexEnd<B, A>> duplex(Transport transport, const ChannelOptions& options = {}) {
-  if (transport == Transport::InProcess) {
-    auto [a_sender, b_receiver] = channel<A>(transport, options);
-    auto [b_sender, a_receiver] = channel<B>(transport, options);
-    return {DuplexEnd<A, B>(std::move(a_sender), std::move(a_receiver)),
-            DuplexEnd<B, A>(std::move(b_sender), std::move(b_receiver))};
-  }
-  DuplexTransport ends = make_duplex_transport(transport, options.limits, options.ring_capacity, options.ring_timing());
-  return {DuplexEnd<A, B>(detail::sender_over<A>(std::move(ends.a_writer), transport, options),
-                          detail::receiver_over<B>(std::move(ends.a_reader), transport, options)),
-          DuplexEnd<B, A>(detail::sender_over<B>(std::move(ends.b_writer), transport, options),
-                          detail::receiver_over<A>(std::move(ends.b_reader), transport, options))};
+  detail::DuplexEnds ends = detail::make_duplex_ends(transport, options, type_fingerprint<A>(), type_name<A>(),
+                                                     type_fingerprint<B>(), type_name<B>());
+  return {DuplexEnd<A, B>(Sender<A>(std::move(ends.a_sender)), Receiver<B>(std::move(ends.a_receiver))),
+          DuplexEnd<B, A>(Sender<B>(std::move(ends.b_sender)), Receiver<A>(std::move(ends.b_receiver)))};
 }
 
 }  // namespace ferry

@@ -85,10 +85,9 @@ namespace detail {
 // `fingerprint` and `type_name` are those of the end's message type.
 EndDescription describe_sender(SenderCore& core, std::uint64_t fingerprint, std::string_view type_name);
 EndDescription describe_receiver(ReceiverCore& core, std::uint64_t fingerprint, std::string_view type_name);
-std::unique_ptr<SenderCore> rebuild_sender(const EndDescription& description, std::uint64_t fingerprint,
-                                           std::string_view type_name);
-std::unique_ptr<ReceiverCore> rebuild_receiver(const EndDescription& description, std::uint64_t fingerprint,
-                                               std::string_view type_name);
+SenderEnd rebuild_sender(const EndDescription& description, std::uint64_t fingerprint, std::string_view type_name);
+ReceiverEnd rebuild_receiver(const EndDescription& description, std::uint64_t fingerprint,
+                             std::string_view type_name);
 }  // namespace detail
 
 namespace detail {

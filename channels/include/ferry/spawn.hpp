@@ -30,6 +30,7 @@
 
 #include "ferry/init.hpp"
 #include "ferry/detail/erased_body.hpp"
+#include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/storage_collector.hpp"
 #include "ferry/tensor_wire.hpp"
 #include "ferry/detail/worker_args.hpp"

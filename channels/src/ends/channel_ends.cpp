@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "ends/in_process_queue.hpp"
@@ -197,5 +198,26 @@ std::pair<SenderEnd, ReceiverEnd> make_channel_ends(Transport transport, const C
   SenderEnd sender = sender_end_over(std::move(writer), transport, options);
   return {std::move(sender), receiver_end_over(std::move(reader), transport, fingerprint, type_name, options)};
 }
+
+DuplexEnds make_duplex_ends(Transport transport, const ChannelOptions& options, std::uint64_t a_fingerprint,
+                            std::string_view a_type_name, std::uint64_t b_fingerprint, std::string_view b_type_name) {
+  DuplexEnds ends;
+  if (transport == Transport::InProcess) {
+    std::tie(ends.a_sender, ends.b_receiver) = make_channel_ends(transport, options, a_fingerprint, a_type_name);
+    std::tie(ends.b_sender, ends.a_receiver) = make_channel_ends(transport, options, b_fingerprint, b_type_name);
+    return ends;
+  }
+  DuplexTransport made = make_duplex_transport(transport, options.limits, options.ring_capacity, options.ring_timing());
+  ends.a_sender = sender_end_over(std::move(made.a_writer), transport, options);
+  ends.a_receiver = receiver_end_over(std::move(made.a_reader), transport, b_fingerprint, b_type_name, options);
+  ends.b_sender = sender_end_over(std::move(made.b_writer), transport, options);
+  ends.b_receiver = receiver_end_over(std::move(made.b_reader), transport, a_fingerprint, a_type_name, options);
+  return ends;
+}
+
+const LiveEnd* as_live_end(SenderCore& core) noexcept { return &core; }
+const LiveEnd* as_live_end(ReceiverCore& core) noexcept { return &core; }
+bool core_used(const SenderCore& core) noexcept { return core.used(); }
+bool core_used(const ReceiverCore& core) noexcept { return core.used(); }
 
 }  // namespace ferry::detail

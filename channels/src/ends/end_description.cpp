@@ -6,6 +6,8 @@
 #include <optional>
 #include <string>
 
+#include "ferry/detail/frame_channel.hpp"
+
 namespace ferry {
 
 EndDescription::EndDescription() = default;
@@ -126,24 +128,23 @@ EndDescription describe_receiver(ReceiverCore& core, std::uint64_t fingerprint, 
   return describe(EndRole::Receiver, core, core.reader(), fingerprint, type_name);
 }
 
-std::unique_ptr<SenderCore> rebuild_sender(const EndDescription& description, std::uint64_t fingerprint,
-                                           std::string_view type_name) {
+SenderEnd rebuild_sender(const EndDescription& description, std::uint64_t fingerprint, std::string_view type_name) {
   std::vector<UniqueFd> fds = claim(description, EndRole::Sender, fingerprint, type_name);
   const ChannelOptions& options = description.options;
-  return std::make_unique<SenderCore>(
+  return SenderEnd(std::make_unique<SenderCore>(
       writer_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
                               options.ring_timing(), description.shares_connection),
-      description.transport, options);
+      description.transport, options));
 }
 
-std::unique_ptr<ReceiverCore> rebuild_receiver(const EndDescription& description, std::uint64_t fingerprint,
-                                               std::string_view type_name) {
+ReceiverEnd rebuild_receiver(const EndDescription& description, std::uint64_t fingerprint,
+                             std::string_view type_name) {
   std::vector<UniqueFd> fds = claim(description, EndRole::Receiver, fingerprint, type_name);
   const ChannelOptions& options = description.options;
-  return std::make_unique<ReceiverCore>(
+  return ReceiverEnd(std::make_unique<ReceiverCore>(
       reader_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
                               options.ring_timing(), description.shares_connection),
-      description.transport, fingerprint, type_name, options);
+      description.transport, fingerprint, type_name, options));
 }
 
 }  // namespace ferry::detail

@@ -9,6 +9,7 @@
 #include <span>
 
 #include "ends/in_process_queue.hpp"
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/endpoint.hpp"
 #include "ring/futex.hpp"
 #include "ring/ring_layout.hpp"

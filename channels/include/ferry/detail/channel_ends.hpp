@@ -10,21 +10,22 @@
 #include <string_view>
 #include <utility>
 
+#include "ferry/channel_options.hpp"
 #include "ferry/detail/deadline.hpp"
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/return_board.hpp"
-#include "ferry/detail/transport.hpp"
 
 namespace ferry {
 
-class SharedAllocator;
-struct ChannelOptions;
+class FrameWriter;
+class FrameReader;
 
 namespace detail {
 
 class SenderCore;
 class ReceiverCore;
 class InProcessQueue;
+class LiveEnd;
 class Parcel;
 struct SelectorMember;
 
@@ -114,6 +115,24 @@ ReceiverEnd receiver_end_over(std::unique_ptr<FrameReader> reader, Transport tra
 /// accepts the type of `fingerprint` / `type_name` (channel<T>() passes T's).
 std::pair<SenderEnd, ReceiverEnd> make_channel_ends(Transport transport, const ChannelOptions& options,
                                                     std::uint64_t fingerprint, std::string_view type_name);
+
+/// The four ends of a new duplex connection (duplex<A, B>() makes its DuplexEnds of them):
+/// side A sends A's type and receives B's, side B the other way round.
+struct DuplexEnds {
+  SenderEnd a_sender;
+  ReceiverEnd a_receiver;
+  SenderEnd b_sender;
+  ReceiverEnd b_receiver;
+};
+DuplexEnds make_duplex_ends(Transport transport, const ChannelOptions& options, std::uint64_t a_fingerprint,
+                            std::string_view a_type_name, std::uint64_t b_fingerprint, std::string_view b_type_name);
+
+/// A frame core as the process-wide registry of live ends sees it (spawn keeps a forked
+/// worker's own ends alive and abandons the others), and whether it ever moved a frame.
+const LiveEnd* as_live_end(SenderCore& core) noexcept;
+const LiveEnd* as_live_end(ReceiverCore& core) noexcept;
+bool core_used(const SenderCore& core) noexcept;
+bool core_used(const ReceiverCore& core) noexcept;
 
 }  // namespace detail
 }  // namespace ferry

@@ -17,6 +17,7 @@
 
 #include "ferry/channel.hpp"
 #include "ferry/detail/fanout_wait.hpp"
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout.hpp"
 

@@ -19,47 +19,13 @@
 #include "ferry/shared_allocator.hpp"
 #include "ferry/tensor_wire.hpp"
 #include "ferry/detail/transport.hpp"
+#include "ferry/channel_options.hpp"
 
 namespace ferry {
 
 class MessageDecoder;
 class MessageEncoder;
 struct EncodedFrame;
-
-/// Settings of a channel.
-struct ChannelOptions {
-  /// Limits the receiver enforces on incoming frames.
-  FrameLimits limits{};
-  /// Bytes of the ring buffer (Transport::ShmRing); rounded up to a power of two, at
-  /// least 4 KiB. Frames larger than the ring still pass: they stream through it.
-  std::size_t ring_capacity = std::size_t{1} << 20;
-  /// How long a ring end with nothing to do spins before it sleeps on its futex
-  /// (Transport::ShmRing); 0 sleeps at once; above an hour counts as an hour.
-  std::chrono::nanoseconds ring_spin = default_ring_spin();
-  /// How often a waiting ring end checks that its peer still exists: a peer that died is
-  /// reported (ChannelClosed / PeerDied) within about this long (Transport::ShmRing);
-  /// 1 ms at least, an hour at most.
-  std::chrono::milliseconds peer_check_interval{100};
-  /// Values an InProcess channel holds before send() blocks (Transport::InProcess).
-  std::size_t queue_capacity = 1024;
-  /// How long close() waits, in all: for room to write the end of the stream (a 56-byte
-  /// frame) when the pipe, socket or ring has no room even for that (a receiver that
-  /// stopped reading then gets PeerDied instead of end-of-stream; with room for it, close()
-  /// does not wait for that), and for the receiver to map storages it was sent by /proc
-  /// path (Transport::Pipe and ShmRing: the sender's fds must stay open until then).
-  std::chrono::milliseconds close_linger{10'000};
-  /// Memory isolation between peers. Empty (the default): a storage travels from whatever
-  /// segment it lives in (usually one of the process-wide caching allocator's), so the
-  /// receiver maps whole segments that may also hold blocks sent to other peers. Set to a
-  /// pool (`SharedAllocator(settings)`, one per peer): the channel passes only segments of
-  /// that pool; a storage from anywhere else is copied into the pool for each send, and a
-  /// heap storage moves into the pool. Allocate tensors for this peer from the pool
-  /// (`Tensor::empty(shape, dtype, pool)`) to send them without a copy.
-  std::optional<SharedAllocator> pool;
-
-  /// The ring's waiting settings (ring_spin, peer_check_interval) as the transport takes them.
-  RingTiming ring_timing() const noexcept { return RingTiming{ring_spin, peer_check_interval}; }
-};
 
 namespace detail {
 

@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/channel_options.hpp"
 #include "ferry/detail/deadline.hpp"
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/frame_body.hpp"
@@ -22,28 +23,6 @@
 #include "ferry/storage.hpp"
 
 namespace ferry {
-
-/// The kinds of channel ferry offers; pick one when creating a channel.
-enum class Transport {
-  Pipe,        ///< a pipe for frames (plus a socket pair beside it); storages by /proc/<pid>/fd
-  UnixSocket,  ///< a Unix stream socket; storages' memfds travel as SCM_RIGHTS
-  ShmRing,     ///< a ring buffer in a shared memfd (ring_transport.hpp); storages by /proc/<pid>/fd
-  InProcess,   ///< a queue between threads of one process; values are moved, not serialized
-  Ucx,         ///< UCX across hosts (ucx:// endpoints, library ferry::ucx): tensors' bytes travel, copied
-};
-
-/// "pipe", "unix_socket", "shm_ring" or "in_process".
-std::string_view transport_name(Transport transport);
-
-/// The transport whose transport_name() is `name`; std::nullopt when there is none.
-std::optional<Transport> transport_from_name(std::string_view name);
-
-/// Outcome of FrameReader::read.
-enum class ReadStatus {
-  Frame,    ///< a whole frame was read
-  Timeout,  ///< the deadline passed before a frame began
-  Closed,   ///< the peer closed its end cleanly (a Close frame) or this end was closed
-};
 
 /// The sending half of a transport.
 class FrameWriter {
@@ -183,21 +162,6 @@ class FrameReader {
   /// stores 1, re-checks has_buffered_frame(), sleeps while the word holds 1, and stores 0
   /// once awake.
   virtual std::atomic<std::uint32_t>* data_futex() { return nullptr; }
-};
-
-/// How long a waiting end of a shared-memory ring spins before it sleeps on its futex by
-/// default: 20 us where the machine has more than one CPU, 0 (sleep at once) otherwise.
-std::chrono::nanoseconds default_ring_spin();
-
-/// How the ends of a shared-memory ring (Transport::ShmRing) wait.
-struct RingTiming {
-  /// Time an end that has nothing to do (no frame, no room) spins before it sleeps; a
-  /// setting above an hour counts as an hour.
-  std::chrono::nanoseconds spin = default_ring_spin();
-  /// How often an end checks that its peer still exists: a waiting end whose peer died
-  /// (or dropped its end) learns it within about this long, and a sending end checks at
-  /// most this often while it finds room. At least 1 ms; above an hour counts as an hour.
-  std::chrono::milliseconds peer_check_interval{100};
 };
 
 /// Creates a connected writer/reader pair of `transport` (Pipe, UnixSocket or ShmRing;

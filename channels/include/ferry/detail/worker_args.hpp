@@ -18,6 +18,7 @@
 #include "ferry/channel.hpp"
 #include "ferry/duplex.hpp"
 #include "ferry/end_description.hpp"
+#include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/type_name.hpp"
 #include "ferry/worker_context.hpp"
 #include "ferry/worker_error.hpp"
@@ -208,7 +209,7 @@ void validate_argument(A& arg, std::size_t position, int world_size, StartMethod
       for_each_end(Traits::for_rank(arg, rank), [&](auto& end) {
         const bool open = end.is_open();
         const bool frames = open && end.transport() != Transport::InProcess;  // a frame core to ask
-        check_handed_end(position, type_name<A>(), open, end.transport(), frames && end.core().used(), method);
+        check_handed_end(position, type_name<A>(), open, end.transport(), frames && core_used(end.core()), method);
       });
     }
   }
@@ -221,7 +222,7 @@ std::vector<const LiveEnd*> ends_of_rank(Stored& stored, int rank) {
   std::apply(
       [&](auto&... arg) {
         (for_each_end(ArgTraits<std::decay_t<decltype(arg)>>::for_rank(arg, rank),
-                      [&](auto& end) { ends.push_back(&end.core()); }),
+                      [&](auto& end) { ends.push_back(as_live_end(end.core())); }),
          ...);
       },
       stored);
