@@ -282,6 +282,31 @@ TEST_F(InProcessTest, EmptyEndsSayWhatIsWrong) {
   EXPECT_THROW(make_transport(Transport::InProcess, FrameLimits{}, 4096), Error);
 }
 
+// A default-constructed (or moved-from) end has no transport: asking for one says so, and
+// closing it does nothing.
+TEST_F(InProcessTest, EmptyEndsHaveNoTransport) {
+  Sender<int> sender;
+  Receiver<int> receiver;
+  EXPECT_FALSE(receiver.is_open());
+  EXPECT_THROW((void)receiver.recv(), ChannelClosed);
+  const auto expect_empty = [](auto&& ask, const char* message) {
+    try {
+      (void)ask();
+      ADD_FAILURE() << "an empty end named a transport";
+    } catch (const ChannelClosed& error) {
+      EXPECT_STREQ(error.what(), message);
+    }
+  };
+  expect_empty([&] { return sender.transport(); }, "this Sender is empty (moved from or default-constructed)");
+  expect_empty([&] { return receiver.transport(); }, "this Receiver is empty (moved from or default-constructed)");
+  sender.close();
+  receiver.close();
+  auto [tx, rx] = channel<int>(Transport::InProcess);
+  Sender<int> moved = std::move(tx);
+  EXPECT_EQ(moved.transport(), Transport::InProcess);
+  expect_empty([&] { return tx.transport(); }, "this Sender is empty (moved from or default-constructed)");  // NOLINT(bugprone-use-after-move)
+}
+
 // Asking an open in-process end for what only a framed end has is a misuse, not a closed
 // channel: the error says what was asked, and the end keeps working.
 template <class F>

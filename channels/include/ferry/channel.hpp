@@ -99,6 +99,7 @@ class Sender {
   /// Makes the calling process the end's owner (whose destructor closes the stream).
   void adopt() noexcept { end_.adopt(); }
   bool is_open() const noexcept { return end_.is_open(); }
+  /// The channel's transport; ChannelClosed for an empty end (moved from or default-constructed).
   Transport transport() const { return end_.transport(); }
 
   /// Delivery acknowledgements (Distributor and Broadcast use them). After
@@ -191,6 +192,7 @@ class Receiver {
   /// every process (matters on a duplex socket only; elsewhere the last copy closing does).
   void adopt() noexcept { end_.adopt(); }
   bool is_open() const noexcept { return end_.is_open(); }
+  /// The channel's transport; ChannelClosed for an empty end (moved from or default-constructed).
   Transport transport() const { return end_.transport(); }
   /// Access to the untyped core (transports and spawn use it). Throws Error for an
   /// InProcess Receiver, which has none, and ChannelClosed for an empty one.
