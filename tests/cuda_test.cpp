@@ -437,8 +437,7 @@ class CudaHandleCheckTest : public test::LeakCheckedTest {
   // containing `needle`, after which the receiver stays broken.
   void expect_refused(const CudaFrame& frame, const std::string& needle) {
     auto [writer, reader] = make_transport(Transport::UnixSocket, FrameLimits{}, 0);
-    Receiver<Payload> rx(std::make_unique<detail::ReceiverCore>(std::move(reader), Transport::UnixSocket,
-                                                                type_fingerprint<Payload>(), type_name<Payload>()));
+    Receiver<Payload> rx = detail::receiver_over<Payload>(std::move(reader), Transport::UnixSocket, ChannelOptions{});
     auto [bytes, owned_fds] = frame.build();
     std::vector<int> fds;
     for (const UniqueFd& fd : owned_fds) fds.push_back(fd.get());

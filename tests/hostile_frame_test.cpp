@@ -48,8 +48,7 @@ struct Wire {
   explicit Wire(Transport transport) {
     auto [raw_writer, reader] = make_transport(transport, FrameLimits{}, 0);
     writer = std::move(raw_writer);
-    rx = Receiver<T>(
-        std::make_unique<detail::ReceiverCore>(std::move(reader), transport, type_fingerprint<T>(), type_name<T>()));
+    rx = detail::receiver_over<T>(std::move(reader), transport, ChannelOptions{});
   }
   void send(const std::vector<std::byte>& bytes, std::vector<int> fds = {}) {
     iovec part{const_cast<std::byte*>(bytes.data()), bytes.size()};

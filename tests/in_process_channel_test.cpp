@@ -282,6 +282,25 @@ TEST_F(InProcessTest, EmptyEndsSayWhatIsWrong) {
   EXPECT_THROW(make_transport(Transport::InProcess, FrameLimits{}, 4096), Error);
 }
 
+// Assigning over an end ends what it held, as destroying it would: the old stream ends
+// after its values, and a receiving end assigned over is closed for its sender.
+TEST_F(InProcessTest, AssigningOverAnEndEndsWhatItHeld) {
+  auto [tx, rx] = channel<int>(Transport::InProcess);
+  auto [tx2, rx2] = channel<int>(Transport::InProcess);
+  tx.send(1);
+  tx = std::move(tx2);
+  EXPECT_EQ(rx.recv(), 1);
+  EXPECT_EQ(rx.recv(), std::nullopt);
+  tx.send(2);
+  EXPECT_EQ(rx2.recv(), 2);
+
+  auto [tx3, rx3] = channel<int>(Transport::InProcess);
+  rx3 = std::move(rx2);
+  EXPECT_THROW(tx3.send(3), ChannelClosed);
+  tx.send(4);
+  EXPECT_EQ(rx3.recv(), 4);
+}
+
 // A default-constructed (or moved-from) end has no transport: asking for one says so, and
 // closing it does nothing.
 TEST_F(InProcessTest, EmptyEndsHaveNoTransport) {

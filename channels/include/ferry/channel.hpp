@@ -58,7 +58,6 @@ template <class T>
 class Sender {
  public:
   Sender() = default;
-  explicit Sender(std::unique_ptr<detail::SenderCore> core) : end_(std::move(core)) {}
   /// The typed end over an untyped one (channel<T>() makes them).
   explicit Sender(detail::SenderEnd end) noexcept : end_(std::move(end)) {}
 
@@ -159,7 +158,6 @@ template <class T>
 class Receiver {
  public:
   Receiver() = default;
-  explicit Receiver(std::unique_ptr<detail::ReceiverCore> core) : end_(std::move(core)) {}
   /// The typed end over an untyped one (channel<T>() makes them).
   explicit Receiver(detail::ReceiverEnd end) noexcept : end_(std::move(end)) {}
 

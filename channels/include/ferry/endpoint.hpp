@@ -183,7 +183,7 @@ class Listener {
   }
   template <class T>
   static Sender<T> sender_of(detail::ConnectionEnds& ends) {
-    return Sender<T>(std::make_unique<detail::SenderCore>(std::move(ends.writer), ends.transport, ends.sender_options));
+    return detail::sender_over<T>(std::move(ends.writer), ends.transport, ends.sender_options);
   }
   template <class T>
   static Receiver<T> receiver_of(detail::ConnectionEnds& ends) {
@@ -222,7 +222,7 @@ Receiver<T> connect_receiver(std::string_view address, const EndpointOptions& op
 template <class T>
 Sender<T> connect_sender(std::string_view address, const EndpointOptions& options = {}) {
   detail::ConnectionEnds ends = detail::connect_endpoint(address, detail::client_sender_kind<T>(), options);
-  return Sender<T>(std::make_unique<detail::SenderCore>(std::move(ends.writer), ends.transport, ends.sender_options));
+  return detail::sender_over<T>(std::move(ends.writer), ends.transport, ends.sender_options);
 }
 
 /// Connects as a DuplexEnd<Out, In> (sends Out, receives In; the listener's
@@ -231,7 +231,7 @@ template <class Out, class In>
 DuplexEnd<Out, In> connect_duplex(std::string_view address, const EndpointOptions& options = {}) {
   detail::ConnectionEnds ends = detail::connect_endpoint(address, detail::client_duplex_kind<Out, In>(), options);
   return DuplexEnd<Out, In>(
-      Sender<Out>(std::make_unique<detail::SenderCore>(std::move(ends.writer), ends.transport, ends.sender_options)),
+      detail::sender_over<Out>(std::move(ends.writer), ends.transport, ends.sender_options),
       detail::receiver_over<In>(std::move(ends.reader), ends.transport, ends.receiver_options));
 }
 
