@@ -8,8 +8,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "ferry/storage.hpp"
 #include "ferry/tensor.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "memory/prefetch_for_write.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 
@@ -343,6 +346,39 @@ TEST_F(SharedAllocatorTest, ZerosClearsARecycledBlock) {
   EXPECT_TRUE(clean.is_shared());
   EXPECT_EQ(clean.device(), Device::SharedCpu);
 }
+
+// A recycled block is prefetched for its writer (prefetch_for_write, PREFETCHW where CPUID
+// says so): a hint that must leave what the block holds as it was.
+TEST_F(SharedAllocatorTest, ARecycledBlockKeepsItsBytesWhenHandedOutAgain) {
+  SharedAllocator pool;
+  const void* address = nullptr;
+  {
+    Tensor first = Tensor::empty({1024}, DType::Int32, pool);
+    first.fill(std::int32_t{7});
+    address = first.data_ptr();
+  }
+  Tensor again = Tensor::empty({1024}, DType::Int32, pool);
+  ASSERT_EQ(again.data_ptr(), address);  // the same block, handed out through the prefetch
+  for (std::int32_t value : again.to_vector<std::int32_t>()) ASSERT_EQ(value, 7);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+TEST(PrefetchForWriteTest, UsesPrefetchwExactlyWhereTheCpuHasIt) {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  bool listed = false;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("flags", 0) == 0) {
+      listed = (line + " ").find(" 3dnowprefetch ") != std::string::npos;
+      break;
+    }
+  }
+  EXPECT_EQ(detail::kHasPrefetchW, listed) << "CPUID and /proc/cpuinfo disagree on PREFETCHW";
+  int value = 5;
+  detail::prefetch_for_write(&value);
+  EXPECT_EQ(value, 5);
+}
+#endif
 
 TEST_F(SharedAllocatorTest, DeviceSharedCpuAllocatesFromTheGlobalPool) {
   const SharedMemoryStats before = shared_memory_stats();

@@ -20,6 +20,7 @@
 #include "ferry/handle_cache.hpp"
 #include "ferry/detail/object_pool.hpp"
 #include "ferry/detail/process_identity.hpp"
+#include "memory/prefetch_for_write.hpp"
 #include "memory/returned_blocks_hook.hpp"
 #include "ferry/detail/size_classes.hpp"
 
@@ -305,7 +306,15 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::hand_out(const Taken& taken,
     release(taken.segment, taken.index, generation_);  // no block: the carved one goes back
     throw;
   }
-  if (zeroed && !taken.fresh) std::memset(block->data(), 0, nbytes);
+  if (zeroed && !taken.fresh) {
+    std::memset(block->data(), 0, nbytes);
+  } else if (!taken.fresh) {
+    // A reused block's lines were last read by a receiver, so they sit in its CPU's cache:
+    // the writer's first store must take the line back from there. Asked for now, the line
+    // arrives while the caller makes its storage and tensor; otherwise the store waits for
+    // it, and the stores queued behind it wait too (one such wait per new tensor).
+    detail::prefetch_for_write(block->data());
+  }
   return block;
 }
 
