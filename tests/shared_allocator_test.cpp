@@ -358,7 +358,7 @@ TEST_F(SharedAllocatorTest, ARecycledBlockKeepsItsBytesWhenHandedOutAgain) {
     address = first.data_ptr();
   }
   Tensor again = Tensor::empty({1024}, DType::Int32, pool);
-  ASSERT_EQ(again.data_ptr(), address);  // the same block, handed out through the prefetch
+  ASSERT_EQ(again.data_ptr(), address);  // the same block, carved from the free list, through the prefetch
   for (std::int32_t value : again.to_vector<std::int32_t>()) ASSERT_EQ(value, 7);
 }
 

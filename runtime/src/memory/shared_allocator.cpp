@@ -260,11 +260,31 @@ void SharedAllocator::Core::forget_parent_locked() {
   generation_ = generation;
 }
 
+namespace {
+
+// How many allocations of a segment ahead a recycled block's first line is asked for.
+constexpr std::size_t kPrefetchAhead = 2;
+
+void prefetch_first_line(const Segment& segment, std::uint32_t index) noexcept {
+  detail::prefetch_for_write(segment.memory->data() + std::size_t{index} * segment.block_bytes);
+}
+
+}  // namespace
+
 inline SharedAllocator::Core::Taken SharedAllocator::Core::carve_locked(Segment& segment) {
   Taken taken{&segment, 0, false};
   if (!segment.free.empty()) {
     taken.index = segment.free.back();
     segment.free.pop_back();
+    // A recycled block's lines were last read by a receiver, so they sit in its CPU's cache
+    // and the writer's first store must take one back: asked for now (this block's, and
+    // the one handed out kPrefetchAhead allocations later), the line arrives while the
+    // caller builds its storage and tensor, instead of holding up its store and the stores
+    // queued behind it.
+    prefetch_first_line(segment, taken.index);
+    if (const std::size_t left = segment.free.size(); left >= kPrefetchAhead) {
+      prefetch_first_line(segment, segment.free[left - kPrefetchAhead]);
+    }
   } else {
     taken.index = segment.fresh_next++;
     taken.fresh = true;
@@ -306,15 +326,7 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::hand_out(const Taken& taken,
     release(taken.segment, taken.index, generation_);  // no block: the carved one goes back
     throw;
   }
-  if (zeroed && !taken.fresh) {
-    std::memset(block->data(), 0, nbytes);
-  } else if (!taken.fresh) {
-    // A reused block's lines were last read by a receiver, so they sit in its CPU's cache:
-    // the writer's first store must take the line back from there. Asked for now, the line
-    // arrives while the caller makes its storage and tensor; otherwise the store waits for
-    // it, and the stores queued behind it wait too (one such wait per new tensor).
-    detail::prefetch_for_write(block->data());
-  }
+  if (zeroed && !taken.fresh) std::memset(block->data(), 0, nbytes);
   return block;
 }
 
