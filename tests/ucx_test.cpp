@@ -34,12 +34,14 @@
 #include "ucx/ucx_address.hpp"
 #include "ucx/ucx_connection.hpp"
 #include "ucx/ucx_context.hpp"
+#include "support/address_pipe.hpp"
 #include "support/process.hpp"
 
 namespace ferry {
 namespace {
 
 using namespace std::chrono_literals;
+using test::AddressPipe;
 using test::fork_child;
 using test::wait_child;
 
@@ -84,39 +86,6 @@ bool has_pattern(const Tensor& tensor, std::size_t bytes, std::uint8_t seed) {
   }
   return true;
 }
-
-// A pipe that carries the listener's address from the process that listens to the other.
-class AddressPipe {
- public:
-  AddressPipe() {
-    int ends[2];
-    if (::pipe(ends) != 0) throw std::runtime_error("pipe");
-    read_ = UniqueFd(ends[0]);
-    write_ = UniqueFd(ends[1]);
-  }
-  void put(const std::string& address) {
-    const std::uint32_t size = static_cast<std::uint32_t>(address.size());
-    if (::write(write_.get(), &size, sizeof size) != sizeof size ||
-        ::write(write_.get(), address.data(), size) != static_cast<ssize_t>(size)) {
-      throw std::runtime_error("write to the address pipe");
-    }
-  }
-  std::string get(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
-    pollfd ready{read_.get(), POLLIN, 0};
-    if (::poll(&ready, 1, static_cast<int>(timeout.count())) != 1) throw std::runtime_error("nothing came on the pipe");
-    std::uint32_t size = 0;
-    if (::read(read_.get(), &size, sizeof size) != sizeof size) throw std::runtime_error("read the address pipe");
-    std::string address(size, '\0');
-    if (::read(read_.get(), address.data(), size) != static_cast<ssize_t>(size)) {
-      throw std::runtime_error("read the address pipe");
-    }
-    return address;
-  }
-
- private:
-  UniqueFd read_;
-  UniqueFd write_;
-};
 
 EndpointOptions quiet_options(std::string secret = "test secret") {
   EndpointOptions options;

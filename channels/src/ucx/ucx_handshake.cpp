@@ -107,16 +107,19 @@ std::vector<unsigned char> claim_text(const std::array<unsigned char, 32>& liste
   return text;
 }
 
-// The bytes the listener's MAC covers.
-std::vector<unsigned char> accept_text(const std::array<unsigned char, 32>& client_nonce,
-                                       const std::array<unsigned char, 32>& listener_nonce, const WireLimits& limits) {
-  static constexpr std::string_view label = "ferry-ucx-accept";
-  std::vector<unsigned char> text(label.begin(), label.end());
-  text.insert(text.end(), client_nonce.begin(), client_nonce.end());
-  text.insert(text.end(), listener_nonce.begin(), listener_nonce.end());
-  const auto* bytes = reinterpret_cast<const unsigned char*>(&limits);
-  text.insert(text.end(), bytes, bytes + sizeof limits);
-  return text;
+// The bytes the listener's MAC covers (without allocating: checked inside a UCX callback).
+constexpr std::string_view kAcceptLabel = "ferry-ucx-accept";
+constexpr std::size_t accept_text_bytes = kAcceptLabel.size() + 32 + 32 + sizeof(WireLimits);
+void accept_text(const std::array<unsigned char, 32>& client_nonce, const std::array<unsigned char, 32>& listener_nonce,
+                 const WireLimits& limits, unsigned char (&text)[accept_text_bytes]) noexcept {
+  unsigned char* out = text;
+  std::memcpy(out, kAcceptLabel.data(), kAcceptLabel.size());
+  out += kAcceptLabel.size();
+  std::memcpy(out, client_nonce.data(), 32);
+  out += 32;
+  std::memcpy(out, listener_nonce.data(), 32);
+  out += 32;
+  std::memcpy(out, &limits, sizeof limits);
 }
 
 constexpr const char* kSecretAdvice = " (set the same EndpointOptions::secret, or FERRY_SECRET, on both sides)";
@@ -167,6 +170,20 @@ FrameLimits client_handshake(UcxConnection& connection, const EndKind& kind, con
   const std::string names = sends_name + receives_name;
   const auto text = claim_text(hello->nonce, claim, names);
   crypto_auth(claim.mac.data(), text.data(), text.size(), key.key.data());
+  // The listener may send frames right behind its verdict: the connection takes them only
+  // once the verdict proved the secret, checked as it arrives.
+  connection.authenticate_if([key, client_nonce = claim.nonce, listener_nonce = hello->nonce](
+                                 std::span<const std::byte> bytes) noexcept {
+    Verdict verdict;
+    if (bytes.size() != sizeof verdict) return false;
+    std::memcpy(&verdict, bytes.data(), sizeof verdict);
+    if (verdict.magic != kHandshakeMagic || verdict.outcome != static_cast<std::uint8_t>(Outcome::Accepted)) {
+      return false;
+    }
+    unsigned char text[accept_text_bytes];
+    accept_text(client_nonce, listener_nonce, verdict.limits, text);
+    return crypto_auth_verify(verdict.mac.data(), text, sizeof text, key.key.data()) == 0;
+  });
   connection.send_control(pack(claim, names), deadline);
 
   const auto verdict_bytes = connection.receive_control(deadline);
@@ -179,8 +196,7 @@ FrameLimits client_handshake(UcxConnection& connection, const EndKind& kind, con
                            verdict->reason_bytes);
   switch (static_cast<Outcome>(verdict->outcome)) {
     case Outcome::Accepted: {
-      const auto proof = accept_text(claim.nonce, hello->nonce, verdict->limits);
-      if (crypto_auth_verify(verdict->mac.data(), proof.data(), proof.size(), key.key.data()) != 0) {
+      if (!connection.authenticated()) {
         throw UntrustedPeer("the listener at " + where +
                             " accepted this client without proving the shared secret: it is not the listener "
                             "this process expects" + kSecretAdvice);
@@ -253,8 +269,10 @@ void ServerHandshake::accept(const FrameLimits& limits) {
   Verdict verdict;
   verdict.outcome = static_cast<std::uint8_t>(Outcome::Accepted);
   verdict.limits = to_wire(limits);
-  const auto proof = accept_text(client_nonce_, listener_nonce_, verdict.limits);
-  crypto_auth(verdict.mac.data(), proof.data(), proof.size(), key_.key.data());
+  unsigned char proof[accept_text_bytes];
+  accept_text(client_nonce_, listener_nonce_, verdict.limits, proof);
+  crypto_auth(verdict.mac.data(), proof, sizeof proof, key_.key.data());
+  connection_.authenticate();  // the client proved the secret; its frames follow the verdict
   connection_.send_control(pack(verdict, {}), Deadline::never());
 }
 
