@@ -7,12 +7,16 @@
 // A process forked after it used UCX must not touch UCX: each test forks its listener
 // before the parent's first UCX call and gets the address through a pipe.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +50,7 @@ EndpointOptions quiet_options() {
   options.secret = "attack test secret";
   options.connect_timeout = 10s;
   options.on_refusal = [](const std::string&) {};
+  options.channel.close_linger = 500ms;
   return options;
 }
 
@@ -206,6 +211,121 @@ TEST_F(UcxAttackTest, FramesBeforeTheHandshakeAllocateNothingAndTheListenerServe
   }  // closed before the wait: the listener's end then closes without waiting for it
   const auto exit = wait_child(listener_process);
   EXPECT_TRUE(exit.exited && exit.code == 0) << exit.describe();
+}
+
+// Forks (before the caller's first UCX call) a process of `peers` silent UCP peers: once
+// the listener's address comes through `go`, each connects; the first `answering` wait
+// until the listener's challenge arrived, the others not at all; then all vanish at once
+// (_Exit: no close, as a killed process), or, with `hold`, stay until killed.
+pid_t fork_silent_peers(AddressPipe& go, int peers, int answering, bool hold) {
+  return fork_child([&go, peers, answering, hold] {
+    const ucx::detail::UcxAddress parsed = ucx::detail::parse_ucx_address(go.get(60s));
+    auto context = ucx::detail::UcxContext::get({}, AF_INET);
+    std::vector<std::unique_ptr<RawUcpPeer>> all;
+    for (int i = 0; i < peers; ++i) all.push_back(std::make_unique<RawUcpPeer>(context->handle(), parsed));
+    for (int i = 0; i < answering; ++i) (void)all[i]->wait_for_handshake(5s);
+    for (auto& peer : all) peer->progress_for(1ms);
+    if (hold) {
+      for (;;) ::pause();
+    }
+    std::_Exit(0);
+  });
+}
+
+bool exited(pid_t child) {
+  int status = 0;
+  return ::waitpid(child, &status, WNOHANG) == child;
+}
+
+// Keeps the listener's handshakes moving (accepting nothing) until `done` or `timeout`.
+template <class Done>
+bool pump_until(Listener& listener, std::chrono::milliseconds timeout, Done done) {
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    (void)listener.accept_sender_for<Batch>(10ms);
+  }
+  return true;
+}
+
+// Two rounds of silent peers that connect and vanish, some after the listener's challenge
+// arrived, some before their connection was accepted: every worker, endpoint and fd goes
+// back, and the second round leaves the listener's memory where the first left it. (The
+// review saw two rounds of 200 such peers take a listener from 17 to 1,211 fds, not given
+// back.)
+TEST_F(UcxAttackTest, SilentPeersThatConnectAndVanishGiveBackEveryFdAndByte) {
+  constexpr int kPeers = 32;
+  AddressPipe go[2];
+  const pid_t rounds[2] = {fork_silent_peers(go[0], kPeers, kPeers / 2, false),
+                           fork_silent_peers(go[1], kPeers, kPeers / 2, false)};
+  EndpointOptions options = quiet_options();
+  options.handshake_timeout = 1s;
+  auto listener = listen("ucx://127.0.0.1:0", options);
+  listener.serve_sender<Batch>();
+  const std::size_t fds_before = test::count_open_fds();
+  std::size_t rss_after_first = 0;
+  for (int round = 0; round < 2; ++round) {
+    go[round].put(listener.address());
+    bool child_gone = false;
+    EXPECT_TRUE(pump_until(listener, 30s, [&] {
+      child_gone = child_gone || exited(rounds[round]);
+      return child_gone && listener.core().pending_count() == 0 && test::count_open_fds() == fds_before;
+    })) << "round " << round << ": " << test::count_open_fds() << " fds open, " << fds_before << " before; "
+        << listener.core().pending_count() << " handshakes pending";
+    if (round == 0) rss_after_first = status_kib("VmRSS");
+  }
+  const std::size_t rss_after_second = status_kib("VmRSS");
+  std::fprintf(stderr, "listener RSS after round 1: %zu KiB, after round 2: %zu KiB\n", rss_after_first,
+               rss_after_second);
+  EXPECT_LT(rss_after_second, rss_after_first + 16 * 1024) << "the second round's peers left memory behind";
+  // And the listener still serves.
+  std::optional<Receiver<Batch>> good;
+  std::thread client([&] { good = connect_receiver<Batch>(listener.address(), quiet_options()); });
+  auto sender = listener.accept_sender_for<Batch>(10s);
+  client.join();
+  EXPECT_TRUE(sender.has_value());
+}
+
+// A flood of silent peers that stay: at most max_pending_handshakes of them hold a
+// connection at any time, and a good client that arrives during the flood is served at once.
+TEST_F(UcxAttackTest, AFloodOfSilentPeersIsCappedAndAGoodClientIsServedMeanwhile) {
+  constexpr std::size_t kCap = 8;
+  AddressPipe go;
+  const pid_t flood = fork_silent_peers(go, 40, 40, true);
+  EndpointOptions options = quiet_options();
+  options.max_pending_handshakes = kCap;
+  options.handshake_timeout = 30s;  // the cap, not the deadline, bounds them here
+  auto listener = listen("ucx://127.0.0.1:0", options);
+  listener.serve_sender<Batch>();
+  const std::size_t fds_before = test::count_open_fds();
+  go.put(listener.address());
+  std::size_t most_pending = 0;
+  EXPECT_TRUE(pump_until(listener, 20s, [&] {
+    most_pending = std::max(most_pending, listener.core().pending_count());
+    return most_pending == kCap;
+  }));
+  std::optional<Receiver<Batch>> good;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread client([&] { good = connect_receiver<Batch>(listener.address(), quiet_options()); });
+  std::optional<Sender<Batch>> sender;
+  while (!sender && std::chrono::steady_clock::now() - start < 10s) {
+    sender = listener.accept_sender_for<Batch>(10ms);
+    most_pending = std::max(most_pending, listener.core().pending_count());
+  }
+  client.join();
+  ASSERT_TRUE(sender.has_value());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s) << "the flood delayed the good client";
+  sender->send(Batch{9});
+  auto batch = good->recv_for(5s);
+  EXPECT_TRUE(batch.has_value() && batch->index == 9);
+  EXPECT_LE(most_pending, kCap);
+  good.reset();  // first: the sender's close then finds its peer gone and waits for nothing
+  sender.reset();
+  ASSERT_EQ(::kill(flood, SIGKILL), 0);
+  EXPECT_EQ(wait_child(flood).signal, SIGKILL);
+  EXPECT_TRUE(pump_until(listener, 20s, [&] {
+    return listener.core().pending_count() == 0 && test::count_open_fds() == fds_before;
+  })) << test::count_open_fds() << " fds open, " << fds_before << " before";
 }
 
 }  // namespace

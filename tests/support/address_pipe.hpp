@@ -29,6 +29,11 @@ class AddressPipe {
       throw std::runtime_error("write to the address pipe");
     }
   }
+  /// True when something waits to be read (no wait).
+  bool ready() const {
+    pollfd readable{read_.get(), POLLIN, 0};
+    return ::poll(&readable, 1, 0) == 1;
+  }
   std::string get(std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
     pollfd ready{read_.get(), POLLIN, 0};
     if (::poll(&ready, 1, static_cast<int>(timeout.count())) != 1) throw std::runtime_error("nothing came on the pipe");

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -82,6 +83,12 @@ struct EndpointOptions {
   /// an address other than loopback refuses to start without one. Traffic is
   /// authenticated at connect, not encrypted.
   std::string secret;
+  /// Listener only: how many clients may be in their handshake at once (connected, not yet
+  /// proved). A client beyond it drops the oldest pending one, so that a flood of silent
+  /// or slow peers holds at most this many connections (over ucx://, each a UCX worker: about
+  /// 12 fds and 4 MB) and a client that completes its handshake promptly still gets in.
+  /// At least 1.
+  std::size_t max_pending_handshakes = 64;
   /// ucx:// only: how soon a peer whose host vanished is noticed (see Keepalive).
   Keepalive keepalive;
   /// The options of each connection's channel (limits, ring size, timeouts, pool). A pool

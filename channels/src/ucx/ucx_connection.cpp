@@ -18,6 +18,8 @@ constexpr std::size_t kMaxFramesInFlight = 64;
 constexpr std::size_t kMaxBytesInFlight = std::size_t{256} << 20;
 // Progress rounds a waiter spins before it sleeps on the wake-up fd.
 constexpr int kSpinRounds = 64;
+// Progress rounds that let a failed endpoint's teardown finish before its worker is destroyed.
+constexpr int kFailedEndpointRounds = 100;
 // How often a wait for frames sent looks at whether the peer's host still answers.
 constexpr std::chrono::milliseconds kHostCheck{500};
 
@@ -89,10 +91,11 @@ std::shared_ptr<UcxConnection> UcxConnection::accept(std::shared_ptr<UcxContext>
   try {
     connection->create_endpoint(params);
   } catch (...) {
-    // UCX consumed the request (a reject now would free it twice), and destroying a worker
-    // whose endpoint failed to start from a request aborts inside UCX 1.13: leave the
-    // worker (a few fds) rather than the process.
-    connection->worker_ = nullptr;
+    // UCX consumed the request (a reject now would free it twice). The failed endpoint's
+    // teardown is still queued on the worker: progress lets it finish, and the destructor
+    // then destroys the worker (destroying it at once aborted inside UCX 1.13; leaving it
+    // leaked about 6 fds per peer that connected and vanished before it was accepted).
+    for (int round = 0; round < kFailedEndpointRounds; ++round) ucp_worker_progress(connection->worker_);
     throw;
   }
   return connection;
@@ -269,30 +272,21 @@ void UcxConnection::send_am(unsigned id, const void* header, std::size_t header_
   if (request != nullptr) requests.push_back(request);
 }
 
-void UcxConnection::wait_requests(std::unique_lock<std::mutex>& lock, std::vector<void*>& requests) {
-  ucs_status_t failure = UCS_OK;
-  wait_until(lock, Deadline::never(), [&] {
-    std::erase_if(requests, [&](void* request) {
-      const ucs_status_t status = ucp_request_check_status(request);
-      if (status == UCS_INPROGRESS) return false;
-      if (status != UCS_OK && failure == UCS_OK) failure = status;
-      ucp_request_free(request);
-      return true;
-    });
-    return requests.empty();
-  });
-  if (failure != UCS_OK) {
-    throw ChannelClosed("the peer of ucx://" + peer_address() + " is gone (" + status_text(failure) +
-                        "): the message may not have arrived");
-  }
-}
-
-void UcxConnection::send_control(std::span<const std::byte> message, const Deadline& /*deadline*/) {
-  std::unique_lock lock(mutex_);
+void UcxConnection::send_control(std::span<const std::byte> message) {
+  const std::lock_guard lock(mutex_);
   if (failed_) throw ChannelClosed("the ucx peer is gone: " + failure_);
-  std::vector<void*> requests;
-  send_am(kControlAm, nullptr, 0, message.data(), message.size(), false, requests);
-  wait_requests(lock, requests);
+  // Queued with the frames sent (its buffer lives until UCX is done with it); it leaves as
+  // the worker progresses, in the next wait or at close. Never waits: a listener drives
+  // many handshakes, and a peer that does not read must stall none of them.
+  Outgoing& control = outgoing_.emplace_back();
+  try {
+    control.buffer.assign(message.begin(), message.end());
+    send_am(kControlAm, nullptr, 0, control.buffer.data(), control.buffer.size(), false, control.requests);
+  } catch (...) {
+    if (control.requests.empty()) outgoing_.pop_back();
+    throw;
+  }
+  reap_locked();
 }
 
 void UcxConnection::reap_locked() {
@@ -588,7 +582,10 @@ std::optional<std::vector<std::byte>> UcxConnection::poll_control() {
 
 std::optional<std::vector<std::byte>> UcxConnection::receive_control(const Deadline& deadline) {
   std::unique_lock lock(mutex_);
-  wait_until(lock, deadline, [&] { return !controls_.empty() || failed_ || !broken_.empty(); });
+  wait_until(lock, deadline, [&] {
+    reap_locked();
+    return !controls_.empty() || failed_ || !broken_.empty() || send_failure_ != UCS_OK;
+  });
   if (!controls_.empty()) {
     std::vector<std::byte> message = std::move(controls_.front());
     controls_.pop_front();
@@ -596,6 +593,7 @@ std::optional<std::vector<std::byte>> UcxConnection::receive_control(const Deadl
   }
   if (!broken_.empty()) throw ProtocolError("ucx handshake: " + broken_);
   if (failed_) throw ChannelClosed("the ucx peer is gone (" + failure_ + ")");
+  if (send_failure_ != UCS_OK) throw ChannelClosed("the ucx peer is gone (" + status_text(send_failure_) + ")");
   return std::nullopt;
 }
 

@@ -62,9 +62,10 @@ class UcxConnection {
   UcxConnection(const UcxConnection&) = delete;
   UcxConnection& operator=(const UcxConnection&) = delete;
 
-  /// Sends one control message and waits until it left (or the peer failed). Throws
-  /// ChannelClosed when the peer is gone.
-  void send_control(std::span<const std::byte> message, const Deadline& deadline);
+  /// Starts sending one control message (copied) and returns without waiting: it leaves
+  /// as the worker progresses (any later wait, or close's linger). Throws ChannelClosed
+  /// when the peer is gone; a send that fails later is reported by receive_control.
+  void send_control(std::span<const std::byte> message);
   /// The next control message, waiting until `deadline`; nullopt on timeout. Throws
   /// ChannelClosed when the peer is gone.
   std::optional<std::vector<std::byte>> receive_control(const Deadline& deadline);
@@ -148,8 +149,6 @@ class UcxConnection {
   // across waits), fails the connection if its host answered nothing for the keepalive
   // bound while data waited for it (mutex_ held).
   void check_host_locked();
-  // Waits for the send requests in `requests` (mutex_ held); throws ChannelClosed on failure.
-  void wait_requests(std::unique_lock<std::mutex>& lock, std::vector<void*>& requests);
   // `memh`: the registration of `data`'s segment, or nullptr.
   void send_am(unsigned id, const void* header, std::size_t header_bytes, const void* data, std::size_t bytes,
                bool rendezvous, std::vector<void*>& requests, ucp_mem_h memh = nullptr);

@@ -147,6 +147,10 @@ UcxListenerCore::UcxListenerCore(std::string_view address, const EndpointOptions
                 "EndpointOptions::secret (or FERRY_SECRET) on the listener and its clients, or listen on loopback "
                 "(127.0.0.1) only");
   }
+  if (options_.max_pending_handshakes == 0) {
+    throw Error("EndpointOptions::max_pending_handshakes is 0: no client could ever connect; leave it at its default "
+                "(64) or set at least 1");
+  }
   context_ = UcxContext::get(keepalive_of(options_), parsed.socket.ss_family);
   ucp_worker_params_t worker_params{};
   worker_params.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -239,6 +243,14 @@ void UcxListenerCore::serve(const EndKind& kind) {
 }
 
 void UcxListenerCore::start_handshake(ucp_conn_request_h request) {
+  if (pending_.size() >= options_.max_pending_handshakes) {
+    // The oldest pending client has had the longest to prove itself: a flood of silent
+    // peers cycles through the slots while a prompt client completes in a round trip.
+    drop(pending_.begin(),
+         "it had not completed its handshake when " + std::to_string(options_.max_pending_handshakes) +
+             " newer clients were waiting (EndpointOptions::max_pending_handshakes)",
+         false);
+  }
   ucp_conn_request_attr_t attributes{};
   attributes.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
   if (ucp_conn_request_query(request, &attributes) != UCS_OK) attributes.client_address.ss_family = 0;
@@ -261,7 +273,9 @@ void UcxListenerCore::start_handshake(ucp_conn_request_h request) {
 
 void UcxListenerCore::drop(std::list<Pending>::iterator pending, const std::string& why, bool flush) {
   report(why);
-  pending->connection->close(std::chrono::milliseconds(flush ? 200 : 0), !flush);
+  // No linger: a refusal's verdict is small and already on its way (a waiting close would
+  // stall every other handshake for each refused peer).
+  pending->connection->close(std::chrono::milliseconds(0), !flush);
   pending_.erase(pending);
 }
 
@@ -310,6 +324,14 @@ void UcxListenerCore::progress() {
   while (!requests_.empty()) {
     ucp_conn_request_h request = requests_.front();
     requests_.pop_front();
+    if (requests_.size() >= options_.max_pending_handshakes) {
+      // More requests at once than may be pending: the older ones would be dropped by the
+      // newer ones anyway, so they get no worker at all.
+      ucp_listener_reject(listener_, request);
+      report("more than " + std::to_string(options_.max_pending_handshakes) +
+             " clients connected at once (EndpointOptions::max_pending_handshakes)");
+      continue;
+    }
     start_handshake(request);
   }
   for (auto it = pending_.begin(); it != pending_.end();) step(it++);

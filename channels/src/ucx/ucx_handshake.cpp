@@ -184,7 +184,7 @@ FrameLimits client_handshake(UcxConnection& connection, const EndKind& kind, con
     accept_text(client_nonce, listener_nonce, verdict.limits, text);
     return crypto_auth_verify(verdict.mac.data(), text, sizeof text, key.key.data()) == 0;
   });
-  connection.send_control(pack(claim, names), deadline);
+  connection.send_control(pack(claim, names));
 
   const auto verdict_bytes = connection.receive_control(deadline);
   if (!verdict_bytes) throw Error("the listener at " + where + " did not answer the handshake before the timeout");
@@ -218,7 +218,7 @@ ServerHandshake::ServerHandshake(UcxConnection& connection, const SecretKey& key
   Hello hello;
   randombytes_buf(listener_nonce_.data(), listener_nonce_.size());
   hello.nonce = listener_nonce_;
-  connection_.send_control(pack(hello, {}), Deadline::never());
+  connection_.send_control(pack(hello, {}));
 }
 
 std::optional<EndKind> ServerHandshake::poll() {
@@ -273,7 +273,7 @@ void ServerHandshake::accept(const FrameLimits& limits) {
   accept_text(client_nonce_, listener_nonce_, verdict.limits, proof);
   crypto_auth(verdict.mac.data(), proof, sizeof proof, key_.key.data());
   connection_.authenticate();  // the client proved the secret; its frames follow the verdict
-  connection_.send_control(pack(verdict, {}), Deadline::never());
+  connection_.send_control(pack(verdict, {}));
 }
 
 void ServerHandshake::refuse(Outcome outcome, const std::string& reason) {
@@ -282,7 +282,7 @@ void ServerHandshake::refuse(Outcome outcome, const std::string& reason) {
   const std::string text = reason.substr(0, kMaxReason);
   verdict.reason_bytes = static_cast<std::uint32_t>(text.size());
   try {
-    connection_.send_control(pack(verdict, text), Deadline::never());
+    connection_.send_control(pack(verdict, text));
   } catch (const Error&) {
     // The client is gone already: nobody to tell.
   }
