@@ -314,7 +314,7 @@ TEST_F(UcxAttackTest, AFloodOfSilentPeersIsCappedAndAGoodClientIsServedMeanwhile
   }
   client.join();
   ASSERT_TRUE(sender.has_value());
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 2s) << "the flood delayed the good client";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s) << "the flood delayed the good client";
   sender->send(Batch{9});
   auto batch = good->recv_for(5s);
   EXPECT_TRUE(batch.has_value() && batch->index == 9);

@@ -600,7 +600,10 @@ std::optional<std::vector<std::byte>> UcxConnection::receive_control(const Deadl
 std::optional<IncomingFrame> UcxConnection::receive_frame(const Deadline& deadline) {
   std::unique_lock lock(mutex_);
   refuse_after_fork(owner_, "receiving");
-  const auto ready = [&] { return (!frames_.empty() && frames_.front().complete()) || failed_ || !broken_.empty(); };
+  const auto ready = [&] {
+    reap_locked();  // the handshake's last messages, sent without waiting
+    return (!frames_.empty() && frames_.front().complete()) || failed_ || !broken_.empty();
+  };
   wait_until(lock, deadline, ready);
   if (!frames_.empty() && frames_.front().complete()) {
     IncomingFrame frame = std::move(frames_.front());

@@ -122,6 +122,7 @@ class UcxListenerCore final : public ferry::detail::ListenerCore {
   void refuse_after_fork_here(const char* what) const;
 
   EndpointOptions options_;
+  Salt salt_{};     // drawn at listen: the key of this listener is its own
   SecretKey key_;
   std::string address_;
   std::shared_ptr<UcxContext> context_;
@@ -140,13 +141,8 @@ class UcxListenerCore final : public ferry::detail::ListenerCore {
 UcxListenerCore::UcxListenerCore(std::string_view address, const EndpointOptions& options) : options_(options) {
   check_transport(options_, address);
   const UcxAddress parsed = parse_ucx_address(address);
-  key_ = derive_key(options_.secret);
-  if (!key_.configured && !parsed.loopback) {
-    throw Error("refusing to listen at \"" + std::string(address) +
-                "\" without a shared secret: any host that can reach it could connect. Set "
-                "EndpointOptions::secret (or FERRY_SECRET) on the listener and its clients, or listen on loopback "
-                "(127.0.0.1) only");
-  }
+  salt_ = random_salt();
+  key_ = derive_key(shared_secret(options_, address, true), salt_);
   if (options_.max_pending_handshakes == 0) {
     throw Error("EndpointOptions::max_pending_handshakes is 0: no client could ever connect; leave it at its default "
                 "(64) or set at least 1");
@@ -263,7 +259,7 @@ void UcxListenerCore::start_handshake(ucp_conn_request_h request) {
   }
   connection->set_peer_address("a client of " + address_);
   try {
-    auto handshake = std::make_unique<ServerHandshake>(*connection, key_);
+    auto handshake = std::make_unique<ServerHandshake>(*connection, key_, salt_);
     pending_.push_back(Pending{std::move(connection), std::move(handshake),
                                Deadline::after(options_.handshake_timeout), attributes.client_address});
   } catch (const std::exception& error) {
@@ -431,7 +427,7 @@ class UcxScheme final : public ferry::detail::Scheme {
                          const EndpointOptions& options) const override {
     check_transport(options, address);
     const UcxAddress parsed = parse_ucx_address(address);
-    const SecretKey key = derive_key(options.secret);
+    const std::string secret = shared_secret(options, address, false);
     auto context = UcxContext::get(keepalive_of(options), parsed.socket.ss_family);
     const Deadline deadline = Deadline::after(options.connect_timeout);
     std::string last_failure;
@@ -439,7 +435,7 @@ class UcxScheme final : public ferry::detail::Scheme {
       auto connection = UcxConnection::connect(context, parsed.socket, parsed.length, options.channel.limits);
       connection->set_peer_address(parsed.text(parsed.port));
       try {
-        const FrameLimits listener_limits = client_handshake(*connection, kind, options.channel.limits, key, deadline);
+        const FrameLimits listener_limits = client_handshake(*connection, kind, options.channel.limits, secret, deadline);
         connection->keep_alive(parsed.socket);
         return ends_for(kind, std::move(connection), options.channel, listener_limits, true);
       } catch (const PeerDied&) {
