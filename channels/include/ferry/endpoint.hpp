@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -77,11 +78,24 @@ struct EndpointOptions {
   /// Who may connect (listener) and who may be listened to (client). unix: only (the
   /// kernel tells a Unix socket's peer; TCP has no peer credentials: ucx:// uses `secret`).
   AllowedPeers allowed_peers;
-  /// ucx:// only: the shared secret both sides prove at connect (challenge and response,
-  /// libsodium's keyed hash); empty: the FERRY_SECRET environment variable. A listener on
-  /// an address other than loopback refuses to start without one. Traffic is
-  /// authenticated at connect, not encrypted.
+  /// ucx:// only: the shared secret both sides prove at connect, the listener first, before
+  /// either tells the other anything about the channel (the key: Argon2id of the secret
+  /// with a salt the listener draws; use a long random text). Empty: the FERRY_SECRET
+  /// environment variable. Without either, listen and connect refuse (loopback too) unless
+  /// allow_no_secret. Only the connect is authenticated: frames afterwards are neither
+  /// encrypted nor authenticated (README, "Trust").
   std::string secret;
+  /// Listener only: how many clients may be in their handshake at once (connected, not yet
+  /// proved). A client beyond it drops the oldest pending one, so that a flood of silent
+  /// or slow peers holds at most this many connections (over ucx://, each a UCX worker: about
+  /// 12 fds and 4 MB) and a client that completes its handshake promptly still gets in.
+  /// At least 1.
+  std::size_t max_pending_handshakes = 64;
+  /// ucx:// only: true lets a listener or client run without a secret. It then gives
+  /// away all access control: anyone who can reach the listener's port can connect as any
+  /// client (the key of an empty secret is public), and a client talks to whoever answers
+  /// at the address. For a trusted, isolated network only.
+  bool allow_no_secret = false;
   /// ucx:// only: how soon a peer whose host vanished is noticed (see Keepalive).
   Keepalive keepalive;
   /// The options of each connection's channel (limits, ring size, timeouts, pool). A pool
@@ -203,7 +217,7 @@ class Listener {
 /// Device::SharedCpu memory), and its writes are not seen by the sender. Throws
 /// AddressInUse when a live listener holds the address, Error for a malformed address,
 /// an unknown scheme (naming the accepted forms), ucx:// without ferry::ucx (saying how to
-/// get it), or ucx:// on an address other than loopback without a secret.
+/// get it), or ucx:// without a secret (unless options.allow_no_secret).
 Listener listen(std::string_view address, EndpointOptions options = {});
 
 /// Connects to the listener at `address` as a Receiver<T> (the listener's

@@ -13,17 +13,13 @@
 namespace ferry::ucx::detail {
 namespace {
 
-// Storages up to this size travel inside the frame message (one eager message); larger
-// ones by rendezvous, each in a message of its own, straight into the receiver's storage.
-constexpr std::size_t kInlineCopyLimit = std::size_t{16} << 10;
-// The most copies one frame message can describe in its AM header (UCX 1.13 caps AM
-// headers near 8100 bytes).
-constexpr std::size_t kMaxCopies = (7800 - sizeof(FrameAmHeader)) / sizeof(CopyDescriptor);
 // Frames (and bytes) a sender may have in flight before send() waits for the receiver.
 constexpr std::size_t kMaxFramesInFlight = 64;
 constexpr std::size_t kMaxBytesInFlight = std::size_t{256} << 20;
 // Progress rounds a waiter spins before it sleeps on the wake-up fd.
 constexpr int kSpinRounds = 64;
+// Progress rounds that let a failed endpoint's teardown finish before its worker is destroyed.
+constexpr int kFailedEndpointRounds = 100;
 // How often a wait for frames sent looks at whether the peer's host still answers.
 constexpr std::chrono::milliseconds kHostCheck{500};
 
@@ -95,10 +91,11 @@ std::shared_ptr<UcxConnection> UcxConnection::accept(std::shared_ptr<UcxContext>
   try {
     connection->create_endpoint(params);
   } catch (...) {
-    // UCX consumed the request (a reject now would free it twice), and destroying a worker
-    // whose endpoint failed to start from a request aborts inside UCX 1.13: leave the
-    // worker (a few fds) rather than the process.
-    connection->worker_ = nullptr;
+    // UCX consumed the request (a reject now would free it twice). The failed endpoint's
+    // teardown is still queued on the worker: progress lets it finish, and the destructor
+    // then destroys the worker (destroying it at once aborted inside UCX 1.13; leaving it
+    // leaked about 6 fds per peer that connected and vanished before it was accepted).
+    for (int round = 0; round < kFailedEndpointRounds; ++round) ucp_worker_progress(connection->worker_);
     throw;
   }
   return connection;
@@ -194,7 +191,11 @@ void UcxConnection::check_host_locked() {
 void UcxConnection::on_error(void* self, ucp_ep_h /*ep*/, ucs_status_t status) {
   auto* connection = static_cast<UcxConnection*>(self);
   connection->failed_ = true;
-  if (connection->failure_.empty()) connection->failure_ = status_text(status);
+  try {
+    if (connection->failure_.empty()) connection->failure_ = status_text(status);
+  } catch (...) {
+    // No memory for the text: failed_ says it all.
+  }
 }
 
 bool UcxConnection::failed() {
@@ -208,8 +209,49 @@ std::string UcxConnection::failure() {
   return failure_;
 }
 
-void UcxConnection::break_protocol(const std::string& reason) {
-  if (broken_.empty()) broken_ = reason;
+void UcxConnection::break_protocol(const std::string& reason) noexcept { break_protocol(reason.c_str()); }
+
+void UcxConnection::break_protocol(const char* reason) noexcept {
+  if (!broken_.empty()) return;
+  try {
+    broken_ = reason;
+  } catch (...) {
+    broken_.assign("out of memory");  // fits the short-string buffer: never allocates
+  }
+}
+
+template <class Body>
+ucs_status_t UcxConnection::guarded(void* self, Body body) noexcept {
+  auto* connection = static_cast<UcxConnection*>(self);
+  try {
+    return body(*connection);
+  } catch (const std::exception& error) {
+    connection->break_protocol(error.what());
+  } catch (...) {
+    connection->break_protocol("an unknown exception in a UCX callback");
+  }
+  return UCS_OK;  // the message is dropped; a rendezvous sender is told it was not taken
+}
+
+bool UcxConnection::refuse_unauthenticated(unsigned id) noexcept {
+  if (authenticated_ || accepted_before_handshake(id)) return false;
+  break_protocol("a message other than the handshake's arrived before the peer proved the shared secret");
+  return true;
+}
+
+void UcxConnection::authenticate() noexcept {
+  const std::lock_guard lock(mutex_);
+  authenticated_ = true;
+}
+
+bool UcxConnection::authenticated() {
+  const std::lock_guard lock(mutex_);
+  return authenticated_;
+}
+
+void UcxConnection::authenticate_if(std::function<bool(std::span<const std::byte>)> check) {
+  const std::lock_guard lock(mutex_);
+  authenticator_ = std::move(check);
 }
 
 // ---- sending -------------------------------------------------------------------
@@ -230,30 +272,21 @@ void UcxConnection::send_am(unsigned id, const void* header, std::size_t header_
   if (request != nullptr) requests.push_back(request);
 }
 
-void UcxConnection::wait_requests(std::unique_lock<std::mutex>& lock, std::vector<void*>& requests) {
-  ucs_status_t failure = UCS_OK;
-  wait_until(lock, Deadline::never(), [&] {
-    std::erase_if(requests, [&](void* request) {
-      const ucs_status_t status = ucp_request_check_status(request);
-      if (status == UCS_INPROGRESS) return false;
-      if (status != UCS_OK && failure == UCS_OK) failure = status;
-      ucp_request_free(request);
-      return true;
-    });
-    return requests.empty();
-  });
-  if (failure != UCS_OK) {
-    throw ChannelClosed("the peer of ucx://" + peer_address() + " is gone (" + status_text(failure) +
-                        "): the message may not have arrived");
-  }
-}
-
-void UcxConnection::send_control(std::span<const std::byte> message, const Deadline& /*deadline*/) {
-  std::unique_lock lock(mutex_);
+void UcxConnection::send_control(std::span<const std::byte> message) {
+  const std::lock_guard lock(mutex_);
   if (failed_) throw ChannelClosed("the ucx peer is gone: " + failure_);
-  std::vector<void*> requests;
-  send_am(kControlAm, nullptr, 0, message.data(), message.size(), false, requests);
-  wait_requests(lock, requests);
+  // Queued with the frames sent (its buffer lives until UCX is done with it); it leaves as
+  // the worker progresses, in the next wait or at close. Never waits: a listener drives
+  // many handshakes, and a peer that does not read must stall none of them.
+  Outgoing& control = outgoing_.emplace_back();
+  try {
+    control.buffer.assign(message.begin(), message.end());
+    send_am(kControlAm, nullptr, 0, control.buffer.data(), control.buffer.size(), false, control.requests);
+  } catch (...) {
+    if (control.requests.empty()) outgoing_.pop_back();
+    throw;
+  }
+  reap_locked();
 }
 
 void UcxConnection::reap_locked() {
@@ -399,27 +432,37 @@ std::uint64_t UcxConnection::delivered() {
 
 ucs_status_t UcxConnection::on_delivered(void* self, const void* /*header*/, std::size_t /*header_length*/,
                                          void* data, std::size_t length, const ucp_am_recv_param_t* param) {
-  auto* connection = static_cast<UcxConnection*>(self);
-  std::uint64_t sequence = 0;
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 || length != sizeof sequence) {
-    connection->break_protocol("a delivery report of " + std::to_string(length) + " bytes");
-    return UCS_ERR_MESSAGE_TRUNCATED;
-  }
-  std::memcpy(&sequence, data, sizeof sequence);
-  connection->delivered_ = std::max(connection->delivered_, sequence);
-  return UCS_OK;
+  return guarded(self, [&](UcxConnection& connection) {
+    if (connection.refuse_unauthenticated(kDeliveredAm)) return UCS_OK;
+    const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    const auto sequence = parse_delivered(
+        rendezvous ? std::span<const std::byte>() : std::span(static_cast<const std::byte*>(data), length), rendezvous);
+    if (!sequence) {
+      connection.break_protocol("a delivery report of " + std::to_string(length) + " bytes");
+      return UCS_OK;
+    }
+    connection.delivered_ = std::max(connection.delivered_, *sequence);
+    return UCS_OK;
+  });
 }
 
 ucs_status_t UcxConnection::on_control(void* self, const void* /*header*/, std::size_t /*header_length*/, void* data,
                                        std::size_t length, const ucp_am_recv_param_t* param) {
-  auto* connection = static_cast<UcxConnection*>(self);
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0 || length > 64 * 1024) {
-    connection->break_protocol("a handshake message of " + std::to_string(length) + " bytes");
-    return UCS_ERR_MESSAGE_TRUNCATED;  // dropped; the sender's send fails
-  }
-  const auto* bytes = static_cast<const std::byte*>(data);
-  connection->controls_.emplace_back(bytes, bytes + length);
-  return UCS_OK;
+  return guarded(self, [&](UcxConnection& connection) {
+    const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
+    if (!control_message_fits(length, rendezvous, connection.controls_.size())) {
+      connection.break_protocol("a handshake message of " + std::to_string(length) + " bytes, or too many at once");
+      return UCS_OK;  // dropped
+    }
+    const auto* bytes = static_cast<const std::byte*>(data);
+    if (!connection.authenticated_ && connection.authenticator_) {
+      const auto check = std::move(connection.authenticator_);
+      connection.authenticator_ = nullptr;
+      if (check(std::span(bytes, length))) connection.authenticated_ = true;
+    }
+    connection.controls_.emplace_back(bytes, bytes + length);
+    return UCS_OK;
+  });
 }
 
 void UcxConnection::receive_rendezvous(void* descriptor, void* into, std::size_t length, IncomingFrame& frame,
@@ -436,7 +479,7 @@ void UcxConnection::receive_rendezvous(void* descriptor, void* into, std::size_t
     auto* done = static_cast<RendezvousReceive*>(user_data);
     UcxConnection* connection = done->connection;
     --done->frame->in_flight;
-    if (status != UCS_OK) connection->break_protocol("a rendezvous receive failed: " + status_text(status));
+    if (status != UCS_OK) connection->break_protocol("a rendezvous receive failed");
     connection->receives_.remove_if([done](const RendezvousReceive& r) { return &r == done; });
     ucp_request_free(request);
   };
@@ -455,89 +498,82 @@ void UcxConnection::receive_rendezvous(void* descriptor, void* into, std::size_t
 
 ucs_status_t UcxConnection::on_frame(void* self, const void* header, std::size_t header_length, void* data,
                                      std::size_t length, const ucp_am_recv_param_t* param) {
-  auto* connection = static_cast<UcxConnection*>(self);
-  FrameAmHeader am{};
-  if (header_length < sizeof am) {
-    connection->break_protocol("a frame message without its header");
-    return UCS_OK;
-  }
-  std::memcpy(&am, header, sizeof am);
-  if (header_length != sizeof am + std::size_t{am.copy_count} * sizeof(CopyDescriptor) ||
-      am.copy_count > connection->limits_.max_handles || am.frame_bytes < sizeof(FrameHeader) ||
-      am.frame_bytes > length) {
-    connection->break_protocol("a frame message whose header does not describe it");
-    return UCS_OK;
-  }
-  IncomingFrame& frame = connection->frames_.emplace_back();
-  frame.descriptors.resize(am.copy_count);
-  std::memcpy(frame.descriptors.data(), static_cast<const std::byte*>(header) + sizeof am,
-              am.copy_count * sizeof(CopyDescriptor));
-  std::size_t inline_bytes = 0;
-  for (const CopyDescriptor& descriptor : frame.descriptors) {
-    if (descriptor.inline_copy != 0) {
-      inline_bytes += descriptor.nbytes;
-    } else {
-      ++frame.remote_expected;
+  return guarded(self, [&](UcxConnection& connection) {
+    if (connection.refuse_unauthenticated(kFrameAm)) return UCS_OK;
+    if (!connection.broken_.empty()) return UCS_OK;  // a broken connection takes nothing more
+    const char* why = nullptr;
+    const auto plan = parse_frame_am(std::span(static_cast<const std::byte*>(header), header_length), length,
+                                     connection.limits_, &why);
+    if (!plan) {
+      connection.break_protocol(why);
+      return UCS_OK;
     }
-  }
-  if (inline_bytes != length - am.frame_bytes) {
-    frame.remote_expected = 0;
-    connection->break_protocol("a frame message whose inline storages do not add up to its length");
+    IncomingFrame& frame = connection.frames_.emplace_back();
+    try {
+      frame.descriptors.resize(plan->header.copy_count);
+      for (std::size_t i = 0; i < frame.descriptors.size(); ++i) frame.descriptors[i] = descriptor_at(*plan, i);
+      frame.remote_expected = plan->remote_count;
+      frame.bytes.resize(length);  // the frame, then the inline copies (split by UcxFrameReader)
+    } catch (...) {
+      connection.frames_.pop_back();
+      throw;
+    }
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+      connection.receive_rendezvous(data, frame.bytes.data(), length, frame, nullptr);  // a heap buffer
+    } else {
+      std::memcpy(frame.bytes.data(), data, length);
+    }
     return UCS_OK;
-  }
-  frame.bytes.resize(length);  // the frame, then the inline copies (split by UcxFrameReader)
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-    connection->receive_rendezvous(data, frame.bytes.data(), length, frame, nullptr);  // a heap buffer
-  } else {
-    std::memcpy(frame.bytes.data(), data, length);
-  }
-  return UCS_OK;
+  });
 }
 
 ucs_status_t UcxConnection::on_copy(void* self, const void* /*header*/, std::size_t /*header_length*/, void* data,
                                     std::size_t length, const ucp_am_recv_param_t* param) {
-  auto* connection = static_cast<UcxConnection*>(self);
-  // The oldest frame still waiting for copy messages takes it (messages on one endpoint
-  // arrive in order).
-  const auto waiting = std::find_if(connection->frames_.begin(), connection->frames_.end(),
-                                    [](const IncomingFrame& frame) { return frame.remote_expected > 0; });
-  if (waiting == connection->frames_.end()) {
-    connection->break_protocol("a storage message arrived that no frame announced");
+  return guarded(self, [&](UcxConnection& connection) {
+    if (connection.refuse_unauthenticated(kCopyAm)) return UCS_OK;
+    if (!connection.broken_.empty()) return UCS_OK;
+    // The oldest frame still waiting for copy messages takes it (messages on one endpoint
+    // arrive in order).
+    const auto waiting = std::find_if(connection.frames_.begin(), connection.frames_.end(),
+                                      [](const IncomingFrame& frame) { return frame.remote_expected > 0; });
+    if (waiting == connection.frames_.end()) {
+      connection.break_protocol("a storage message arrived that no frame announced");
+      return UCS_OK;
+    }
+    IncomingFrame& frame = *waiting;
+    // Which descriptor: the first remote one not started yet.
+    std::size_t remote_seen = 0;
+    std::size_t remote_total = 0;
+    for (const CopyDescriptor& descriptor : frame.descriptors) remote_total += descriptor.inline_copy == 0 ? 1 : 0;
+    const std::size_t index_among_remote = remote_total - frame.remote_expected;
+    std::size_t index = 0;
+    for (; index < frame.descriptors.size(); ++index) {
+      if (frame.descriptors[index].inline_copy != 0) continue;
+      if (remote_seen++ == index_among_remote) break;
+    }
+    --frame.remote_expected;
+    if (frame.descriptors[index].nbytes != length) {
+      connection.break_protocol("a storage message of " + std::to_string(length) +
+                                " bytes where the frame announced " + std::to_string(frame.descriptors[index].nbytes));
+      return UCS_OK;
+    }
+    std::shared_ptr<Storage> storage;
+    try {
+      storage = Storage::allocate(length, Device::SharedCpu);
+    } catch (const std::exception& error) {
+      connection.break_protocol(std::string("no memory for a received storage: ") + error.what());
+      return UCS_OK;
+    }
+    if (frame.copies.size() < frame.descriptors.size()) frame.copies.resize(frame.descriptors.size());
+    frame.copies[index] = storage;
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
+      connection.receive_rendezvous(data, storage->data(), length, frame,
+                                    connection.context_->registrations().handle_for(*storage));
+    } else if (length > 0) {
+      std::memcpy(storage->data(), data, length);
+    }
     return UCS_OK;
-  }
-  IncomingFrame& frame = *waiting;
-  // Which descriptor: the first remote one not started yet.
-  std::size_t remote_seen = 0;
-  std::size_t remote_total = 0;
-  for (const CopyDescriptor& descriptor : frame.descriptors) remote_total += descriptor.inline_copy == 0 ? 1 : 0;
-  const std::size_t index_among_remote = remote_total - frame.remote_expected;
-  std::size_t index = 0;
-  for (; index < frame.descriptors.size(); ++index) {
-    if (frame.descriptors[index].inline_copy != 0) continue;
-    if (remote_seen++ == index_among_remote) break;
-  }
-  --frame.remote_expected;
-  if (frame.descriptors[index].nbytes != length) {
-    connection->break_protocol("a storage message of " + std::to_string(length) + " bytes where the frame announced " +
-                               std::to_string(frame.descriptors[index].nbytes));
-    return UCS_OK;
-  }
-  std::shared_ptr<Storage> storage;
-  try {
-    storage = Storage::allocate(length, Device::SharedCpu);
-  } catch (const std::exception& error) {
-    connection->break_protocol(std::string("no memory for a received storage: ") + error.what());
-    return UCS_OK;
-  }
-  if (frame.copies.size() < frame.descriptors.size()) frame.copies.resize(frame.descriptors.size());
-  frame.copies[index] = storage;
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) {
-    connection->receive_rendezvous(data, storage->data(), length, frame,
-                                   connection->context_->registrations().handle_for(*storage));
-  } else if (length > 0) {
-    std::memcpy(storage->data(), data, length);
-  }
-  return UCS_OK;
+  });
 }
 
 std::optional<std::vector<std::byte>> UcxConnection::poll_control() {
@@ -546,7 +582,10 @@ std::optional<std::vector<std::byte>> UcxConnection::poll_control() {
 
 std::optional<std::vector<std::byte>> UcxConnection::receive_control(const Deadline& deadline) {
   std::unique_lock lock(mutex_);
-  wait_until(lock, deadline, [&] { return !controls_.empty() || failed_ || !broken_.empty(); });
+  wait_until(lock, deadline, [&] {
+    reap_locked();
+    return !controls_.empty() || failed_ || !broken_.empty() || send_failure_ != UCS_OK;
+  });
   if (!controls_.empty()) {
     std::vector<std::byte> message = std::move(controls_.front());
     controls_.pop_front();
@@ -554,13 +593,17 @@ std::optional<std::vector<std::byte>> UcxConnection::receive_control(const Deadl
   }
   if (!broken_.empty()) throw ProtocolError("ucx handshake: " + broken_);
   if (failed_) throw ChannelClosed("the ucx peer is gone (" + failure_ + ")");
+  if (send_failure_ != UCS_OK) throw ChannelClosed("the ucx peer is gone (" + status_text(send_failure_) + ")");
   return std::nullopt;
 }
 
 std::optional<IncomingFrame> UcxConnection::receive_frame(const Deadline& deadline) {
   std::unique_lock lock(mutex_);
   refuse_after_fork(owner_, "receiving");
-  const auto ready = [&] { return (!frames_.empty() && frames_.front().complete()) || failed_ || !broken_.empty(); };
+  const auto ready = [&] {
+    reap_locked();  // the handshake's last messages, sent without waiting
+    return (!frames_.empty() && frames_.front().complete()) || failed_ || !broken_.empty();
+  };
   wait_until(lock, deadline, ready);
   if (!frames_.empty() && frames_.front().complete()) {
     IncomingFrame frame = std::move(frames_.front());

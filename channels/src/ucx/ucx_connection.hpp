@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -27,6 +28,7 @@
 #include "ferry/detail/deadline.hpp"
 #include "ferry/detail/frame.hpp"
 #include "ferry/storage.hpp"
+#include "ucx_am_wire.hpp"
 #include "ucx_context.hpp"
 
 namespace ferry::ucx::detail {
@@ -35,22 +37,6 @@ namespace ferry::ucx::detail {
 /// UCX before 1.14 may leave the fd quiet for an event that did arrive (a wake-up stall of
 /// seconds, reported upstream for TCP); such a miss then costs at most this long.
 inline constexpr std::chrono::milliseconds kLongestWakeFdSleep{50};
-
-/// Active message ids.
-enum AmId : unsigned { kControlAm = 1, kFrameAm = 2, kCopyAm = 3, kDeliveredAm = 4 };
-
-/// The AM header of a frame message. Its data: the frame's bytes, then `copy_count`
-/// CopyDescriptor, then the bytes of the copies marked inline, in order; the others follow
-/// as copy messages, in order.
-struct FrameAmHeader {
-  std::uint64_t frame_bytes = 0;
-  std::uint32_t copy_count = 0;
-  std::uint32_t reserved = 0;
-};
-struct CopyDescriptor {
-  std::uint64_t nbytes = 0;
-  std::uint64_t inline_copy = 0;  ///< 1: inside the frame message; 0: a copy message of its own
-};
 
 /// A frame that arrived (or is arriving): its bytes and its storages.
 struct IncomingFrame {
@@ -76,14 +62,25 @@ class UcxConnection {
   UcxConnection(const UcxConnection&) = delete;
   UcxConnection& operator=(const UcxConnection&) = delete;
 
-  /// Sends one control message and waits until it left (or the peer failed). Throws
-  /// ChannelClosed when the peer is gone.
-  void send_control(std::span<const std::byte> message, const Deadline& deadline);
+  /// Starts sending one control message (copied) and returns without waiting: it leaves
+  /// as the worker progresses (any later wait, or close's linger). Throws ChannelClosed
+  /// when the peer is gone; a send that fails later is reported by receive_control.
+  void send_control(std::span<const std::byte> message);
   /// The next control message, waiting until `deadline`; nullopt on timeout. Throws
   /// ChannelClosed when the peer is gone.
   std::optional<std::vector<std::byte>> receive_control(const Deadline& deadline);
   /// Control message already arrived (no wait); nullopt if none. Throws like receive_control.
   std::optional<std::vector<std::byte>> poll_control();
+  /// The peer proved the shared secret: frame, copy and delivery messages are taken from now on.
+  void authenticate() noexcept;
+  /// For the side that learns of its peer's proof from the peer's last handshake message:
+  /// the next control message to arrive is passed to `check` inside the callback that
+  /// receives it, and `check` returning true authenticates the connection before any
+  /// message behind it is looked at (a peer may send frames right behind its last
+  /// handshake message). `check` must not throw.
+  void authenticate_if(std::function<bool(std::span<const std::byte>)> check);
+  /// Whether the handshake proved the peer.
+  bool authenticated();
 
   /// Sends a frame (`parts`, copied) and the bytes of its Copied storages, read in place
   /// (`owners` keep them alive meanwhile), and waits until the frame left or `deadline`
@@ -152,8 +149,6 @@ class UcxConnection {
   // across waits), fails the connection if its host answered nothing for the keepalive
   // bound while data waited for it (mutex_ held).
   void check_host_locked();
-  // Waits for the send requests in `requests` (mutex_ held); throws ChannelClosed on failure.
-  void wait_requests(std::unique_lock<std::mutex>& lock, std::vector<void*>& requests);
   // `memh`: the registration of `data`'s segment, or nullptr.
   void send_am(unsigned id, const void* header, std::size_t header_bytes, const void* data, std::size_t bytes,
                bool rendezvous, std::vector<void*>& requests, ucp_mem_h memh = nullptr);
@@ -169,7 +164,14 @@ class UcxConnection {
                               std::size_t length, const ucp_am_recv_param_t* param);
   // Starts receiving a rendezvous message of `length` into `into`; `frame` counts it in flight.
   void receive_rendezvous(void* descriptor, void* into, std::size_t length, IncomingFrame& frame, ucp_mem_h memh);
-  void break_protocol(const std::string& reason);
+  // Records the first protocol breach (noexcept: called inside UCX callbacks).
+  void break_protocol(const std::string& reason) noexcept;
+  void break_protocol(const char* reason) noexcept;
+  // Runs a callback's body; an exception breaks the connection instead of unwinding into UCX.
+  template <class Body>
+  static ucs_status_t guarded(void* self, Body body) noexcept;
+  // Breaks the connection when a message of `id` arrives before the handshake ended.
+  bool refuse_unauthenticated(unsigned id) noexcept;
 
   std::shared_ptr<UcxContext> context_;
   FrameLimits limits_;
@@ -181,6 +183,8 @@ class UcxConnection {
   bool failed_ = false;
   std::string failure_;
   std::string broken_;  // a protocol error in what arrived
+  bool authenticated_ = false;  // the handshake proved the peer: frames are taken
+  std::function<bool(std::span<const std::byte>)> authenticator_;  // authenticate_if()
   std::string peer_name_;
   std::vector<ino_t> sockets_before_;             // sockets() before the endpoint was made
   std::optional<sockaddr_storage> watched_host_;  // keep_alive(): the peer, whose host is watched

@@ -122,6 +122,7 @@ class UcxListenerCore final : public ferry::detail::ListenerCore {
   void refuse_after_fork_here(const char* what) const;
 
   EndpointOptions options_;
+  Salt salt_{};     // drawn at listen: the key of this listener is its own
   SecretKey key_;
   std::string address_;
   std::shared_ptr<UcxContext> context_;
@@ -140,12 +141,11 @@ class UcxListenerCore final : public ferry::detail::ListenerCore {
 UcxListenerCore::UcxListenerCore(std::string_view address, const EndpointOptions& options) : options_(options) {
   check_transport(options_, address);
   const UcxAddress parsed = parse_ucx_address(address);
-  key_ = derive_key(options_.secret);
-  if (!key_.configured && !parsed.loopback) {
-    throw Error("refusing to listen at \"" + std::string(address) +
-                "\" without a shared secret: any host that can reach it could connect. Set "
-                "EndpointOptions::secret (or FERRY_SECRET) on the listener and its clients, or listen on loopback "
-                "(127.0.0.1) only");
+  salt_ = random_salt();
+  key_ = derive_key(shared_secret(options_, address, true), salt_);
+  if (options_.max_pending_handshakes == 0) {
+    throw Error("EndpointOptions::max_pending_handshakes is 0: no client could ever connect; leave it at its default "
+                "(64) or set at least 1");
   }
   context_ = UcxContext::get(keepalive_of(options_), parsed.socket.ss_family);
   ucp_worker_params_t worker_params{};
@@ -239,6 +239,14 @@ void UcxListenerCore::serve(const EndKind& kind) {
 }
 
 void UcxListenerCore::start_handshake(ucp_conn_request_h request) {
+  if (pending_.size() >= options_.max_pending_handshakes) {
+    // The oldest pending client has had the longest to prove itself: a flood of silent
+    // peers cycles through the slots while a prompt client completes in a round trip.
+    drop(pending_.begin(),
+         "it had not completed its handshake when " + std::to_string(options_.max_pending_handshakes) +
+             " newer clients were waiting (EndpointOptions::max_pending_handshakes)",
+         false);
+  }
   ucp_conn_request_attr_t attributes{};
   attributes.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
   if (ucp_conn_request_query(request, &attributes) != UCS_OK) attributes.client_address.ss_family = 0;
@@ -251,7 +259,7 @@ void UcxListenerCore::start_handshake(ucp_conn_request_h request) {
   }
   connection->set_peer_address("a client of " + address_);
   try {
-    auto handshake = std::make_unique<ServerHandshake>(*connection, key_);
+    auto handshake = std::make_unique<ServerHandshake>(*connection, key_, salt_);
     pending_.push_back(Pending{std::move(connection), std::move(handshake),
                                Deadline::after(options_.handshake_timeout), attributes.client_address});
   } catch (const std::exception& error) {
@@ -261,7 +269,9 @@ void UcxListenerCore::start_handshake(ucp_conn_request_h request) {
 
 void UcxListenerCore::drop(std::list<Pending>::iterator pending, const std::string& why, bool flush) {
   report(why);
-  pending->connection->close(std::chrono::milliseconds(flush ? 200 : 0), !flush);
+  // No linger: a refusal's verdict is small and already on its way (a waiting close would
+  // stall every other handshake for each refused peer).
+  pending->connection->close(std::chrono::milliseconds(0), !flush);
   pending_.erase(pending);
 }
 
@@ -310,6 +320,14 @@ void UcxListenerCore::progress() {
   while (!requests_.empty()) {
     ucp_conn_request_h request = requests_.front();
     requests_.pop_front();
+    if (requests_.size() >= options_.max_pending_handshakes) {
+      // More requests at once than may be pending: the older ones would be dropped by the
+      // newer ones anyway, so they get no worker at all.
+      ucp_listener_reject(listener_, request);
+      report("more than " + std::to_string(options_.max_pending_handshakes) +
+             " clients connected at once (EndpointOptions::max_pending_handshakes)");
+      continue;
+    }
     start_handshake(request);
   }
   for (auto it = pending_.begin(); it != pending_.end();) step(it++);
@@ -409,7 +427,7 @@ class UcxScheme final : public ferry::detail::Scheme {
                          const EndpointOptions& options) const override {
     check_transport(options, address);
     const UcxAddress parsed = parse_ucx_address(address);
-    const SecretKey key = derive_key(options.secret);
+    const std::string secret = shared_secret(options, address, false);
     auto context = UcxContext::get(keepalive_of(options), parsed.socket.ss_family);
     const Deadline deadline = Deadline::after(options.connect_timeout);
     std::string last_failure;
@@ -417,7 +435,7 @@ class UcxScheme final : public ferry::detail::Scheme {
       auto connection = UcxConnection::connect(context, parsed.socket, parsed.length, options.channel.limits);
       connection->set_peer_address(parsed.text(parsed.port));
       try {
-        const FrameLimits listener_limits = client_handshake(*connection, kind, options.channel.limits, key, deadline);
+        const FrameLimits listener_limits = client_handshake(*connection, kind, options.channel.limits, secret, deadline);
         connection->keep_alive(parsed.socket);
         return ends_for(kind, std::move(connection), options.channel, listener_limits, true);
       } catch (const PeerDied&) {

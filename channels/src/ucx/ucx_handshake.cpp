@@ -3,206 +3,72 @@
 #include <sodium.h>
 
 #include <cstdlib>
-#include <cstring>
+#include <mutex>
+#include <vector>
 
-#include "ferry/detail/frame.hpp"
 #include "ferry/error.hpp"
-#include "ferry/peer_credentials.hpp"
 
 namespace ferry::ucx::detail {
-namespace {
 
-struct Hello {
-  std::uint32_t magic = kHandshakeMagic;
-  std::uint16_t version = kHandshakeVersion;
-  std::uint16_t frame_version = kFrameVersion;
-  std::array<unsigned char, 32> nonce{};
-};
-// Both sides are ferry builds of the same version on little-endian hosts (x86-64,
-// aarch64): integers travel native-endian, as in the unix: handshake.
-struct WireLimits {
-  std::uint64_t max_body_bytes = 0;
-  std::uint32_t max_handles = 0;
-  std::uint32_t max_segments = 0;
-  std::uint32_t max_fds = 0;
-  std::uint32_t max_releases = 0;
-  std::uint32_t max_type_name_bytes = 0;
-  std::uint32_t reserved = 0;
-};
-struct Claim {
-  std::uint32_t magic = kHandshakeMagic;
-  std::uint16_t version = kHandshakeVersion;
-  std::uint16_t frame_version = kFrameVersion;
-  std::uint8_t end = 0;
-  std::uint8_t reserved[3] = {};
-  std::uint32_t sends_name_bytes = 0;
-  std::uint32_t receives_name_bytes = 0;
-  std::uint32_t reserved2 = 0;
-  std::uint64_t sends = 0;
-  std::uint64_t receives = 0;
-  WireLimits limits;
-  std::array<unsigned char, 32> nonce{};
-  std::array<unsigned char, crypto_auth_BYTES> mac{};
-};
-struct Verdict {
-  std::uint32_t magic = kHandshakeMagic;
-  std::uint8_t outcome = 0;
-  std::uint8_t reserved[3] = {};
-  std::uint32_t reason_bytes = 0;
-  std::uint32_t reserved2 = 0;
-  WireLimits limits;
-  std::array<unsigned char, crypto_auth_BYTES> mac{};
-};
-
-WireLimits to_wire(const FrameLimits& limits) {
-  return WireLimits{limits.max_body_bytes, limits.max_handles, limits.max_segments, limits.max_fds,
-                    limits.max_releases, limits.max_type_name_bytes, 0};
-}
-FrameLimits from_wire(const WireLimits& wire) {
-  FrameLimits limits;
-  limits.max_body_bytes = wire.max_body_bytes;
-  limits.max_handles = wire.max_handles;
-  limits.max_segments = wire.max_segments;
-  limits.max_fds = wire.max_fds;
-  limits.max_releases = wire.max_releases;
-  limits.max_type_name_bytes = wire.max_type_name_bytes;
-  return limits;
-}
-constexpr std::size_t kMaxTypeName = 4096;
-constexpr std::size_t kMaxReason = 4096;
-
-void start_sodium() {
-  static const int started = sodium_init();
-  if (started < 0) throw Error("libsodium failed to start (sodium_init)");
+std::string shared_secret(const EndpointOptions& options, std::string_view address, bool listening) {
+  if (!options.secret.empty()) return options.secret;
+  if (const char* from_env = std::getenv("FERRY_SECRET"); from_env != nullptr && *from_env != '\0') return from_env;
+  if (options.allow_no_secret) return {};
+  throw Error(std::string(listening ? "refusing to listen at \"" : "refusing to connect to \"") +
+              std::string(address) +
+              "\" without a shared secret: without one, anyone who can reach the port could connect, and a client "
+              "would talk to whoever answers. Set EndpointOptions::secret (or FERRY_SECRET) to the same long random "
+              "text on the listener and its clients; EndpointOptions::allow_no_secret = true accepts the risk");
 }
 
-template <class Message>
-std::vector<std::byte> pack(const Message& message, std::string_view tail) {
-  std::vector<std::byte> bytes(sizeof message + tail.size());
-  std::memcpy(bytes.data(), &message, sizeof message);
-  if (!tail.empty()) std::memcpy(bytes.data() + sizeof message, tail.data(), tail.size());
-  return bytes;
-}
-
-template <class Message>
-std::optional<Message> unpack(const std::vector<std::byte>& bytes) {
-  if (bytes.size() < sizeof(Message)) return std::nullopt;
-  Message message;
-  std::memcpy(&message, bytes.data(), sizeof message);
-  if (message.magic != kHandshakeMagic) return std::nullopt;
-  return message;
-}
-
-// The bytes a claim's MAC covers: the listener's nonce, the claim (its MAC zeroed) and the
-// type names.
-std::vector<unsigned char> claim_text(const std::array<unsigned char, 32>& listener_nonce, Claim claim,
-                                      std::string_view names) {
-  static constexpr std::string_view label = "ferry-ucx-claim";
-  claim.mac.fill(0);
-  std::vector<unsigned char> text(label.begin(), label.end());
-  text.insert(text.end(), listener_nonce.begin(), listener_nonce.end());
-  const auto* fixed = reinterpret_cast<const unsigned char*>(&claim);
-  text.insert(text.end(), fixed, fixed + sizeof claim);
-  text.insert(text.end(), names.begin(), names.end());
-  return text;
-}
-
-// The bytes the listener's MAC covers.
-std::vector<unsigned char> accept_text(const std::array<unsigned char, 32>& client_nonce,
-                                       const std::array<unsigned char, 32>& listener_nonce, const WireLimits& limits) {
-  static constexpr std::string_view label = "ferry-ucx-accept";
-  std::vector<unsigned char> text(label.begin(), label.end());
-  text.insert(text.end(), client_nonce.begin(), client_nonce.end());
-  text.insert(text.end(), listener_nonce.begin(), listener_nonce.end());
-  const auto* bytes = reinterpret_cast<const unsigned char*>(&limits);
-  text.insert(text.end(), bytes, bytes + sizeof limits);
-  return text;
-}
-
-constexpr const char* kSecretAdvice = " (set the same EndpointOptions::secret, or FERRY_SECRET, on both sides)";
-
-std::string version_text(std::uint16_t handshake, std::uint16_t frame) {
-  return "ucx handshake " + std::to_string(handshake) + ", frame version " + std::to_string(frame);
-}
-
-}  // namespace
-
-SecretKey derive_key(const std::string& secret) {
-  start_sodium();
-  std::string text = secret;
-  if (text.empty()) {
-    if (const char* from_env = std::getenv("FERRY_SECRET")) text = from_env;
+SecretKey client_key(const std::string& secret, const Salt& salt) {
+  struct Entry {
+    std::array<unsigned char, 32> secret_hash;
+    Salt salt;
+    SecretKey key;
+  };
+  static std::mutex mutex;
+  static std::vector<Entry> cache;  // the most recent few
+  constexpr std::size_t kKept = 8;
+  std::array<unsigned char, 32> hash{};
+  crypto_generichash(hash.data(), hash.size(), reinterpret_cast<const unsigned char*>(secret.data()), secret.size(),
+                     nullptr, 0);
+  {
+    const std::lock_guard lock(mutex);
+    for (const Entry& entry : cache) {
+      if (entry.secret_hash == hash && entry.salt == salt) return entry.key;
+    }
   }
-  SecretKey key;
-  key.configured = !text.empty();
-  static constexpr std::string_view label = "ferry ucx secret";
-  crypto_generichash(key.key.data(), key.key.size(), reinterpret_cast<const unsigned char*>(text.data()), text.size(),
-                     reinterpret_cast<const unsigned char*>(label.data()), label.size());
+  const SecretKey key = derive_key(secret, salt);  // slow: outside the lock
+  const std::lock_guard lock(mutex);
+  if (cache.size() == kKept) cache.erase(cache.begin());
+  cache.push_back(Entry{hash, salt, key});
   return key;
 }
 
 FrameLimits client_handshake(UcxConnection& connection, const EndKind& kind, const FrameLimits& limits,
-                             const SecretKey& key, const Deadline& deadline) {
-  start_sodium();
+                             const std::string& secret, const Deadline& deadline) {
   const std::string where = "ucx://" + connection.peer_address();
-  const auto hello_bytes = connection.receive_control(deadline);
-  if (!hello_bytes) throw Error("the listener at " + where + " sent no handshake before the connect timeout");
-  const auto hello = unpack<Hello>(*hello_bytes);
-  if (!hello) throw ProtocolError("the listener at " + where + " is not a ferry ucx:// listener (bad handshake)");
-  if (hello->version != kHandshakeVersion || hello->frame_version != kFrameVersion) {
-    throw Error("the listener at " + where + " speaks " + version_text(hello->version, hello->frame_version) +
-                "; this build speaks " + version_text(kHandshakeVersion, kFrameVersion) +
-                ": build both sides from the same ferry");
+  ClientHandshake machine(where, kind, limits, random_nonce(),
+                          [&secret](const Salt& salt) { return client_key(secret, salt); });
+  while (!machine.done()) {
+    const auto message = connection.receive_control(deadline);
+    if (!message) throw Error("the listener at " + where + " did not complete the handshake before the timeout");
+    const Bytes reply = machine.receive(*message);
+    // The listener may send frames right behind its Verdict: the connection takes them only
+    // once the Verdict proved the secret, checked as it arrives.
+    if (machine.awaiting_verdict()) connection.authenticate_if(machine.verdict_check());
+    if (!reply.empty()) connection.send_control(reply);
   }
-  Claim claim;
-  claim.end = static_cast<std::uint8_t>(kind.end);
-  claim.sends = kind.sends;
-  claim.receives = kind.receives;
-  const std::string sends_name = kind.sends_name.substr(0, kMaxTypeName);
-  const std::string receives_name = kind.receives_name.substr(0, kMaxTypeName);
-  claim.sends_name_bytes = static_cast<std::uint32_t>(sends_name.size());
-  claim.receives_name_bytes = static_cast<std::uint32_t>(receives_name.size());
-  claim.limits = to_wire(limits);
-  randombytes_buf(claim.nonce.data(), claim.nonce.size());
-  const std::string names = sends_name + receives_name;
-  const auto text = claim_text(hello->nonce, claim, names);
-  crypto_auth(claim.mac.data(), text.data(), text.size(), key.key.data());
-  connection.send_control(pack(claim, names), deadline);
-
-  const auto verdict_bytes = connection.receive_control(deadline);
-  if (!verdict_bytes) throw Error("the listener at " + where + " did not answer the handshake before the timeout");
-  const auto verdict = unpack<Verdict>(*verdict_bytes);
-  if (!verdict || verdict->reason_bytes != verdict_bytes->size() - sizeof(Verdict)) {
-    throw ProtocolError("the listener at " + where + " sent a malformed handshake answer");
+  if (!connection.authenticated()) {
+    throw UntrustedPeer("the listener at " + where + " accepted this client without proving the shared secret");
   }
-  const std::string reason(reinterpret_cast<const char*>(verdict_bytes->data() + sizeof(Verdict)),
-                           verdict->reason_bytes);
-  switch (static_cast<Outcome>(verdict->outcome)) {
-    case Outcome::Accepted: {
-      const auto proof = accept_text(claim.nonce, hello->nonce, verdict->limits);
-      if (crypto_auth_verify(verdict->mac.data(), proof.data(), proof.size(), key.key.data()) != 0) {
-        throw UntrustedPeer("the listener at " + where +
-                            " accepted this client without proving the shared secret: it is not the listener "
-                            "this process expects" + kSecretAdvice);
-      }
-      return from_wire(verdict->limits);
-    }
-    case Outcome::TypeMismatch:
-      throw TypeMismatch("the listener at " + where + " refused this " + kind.describe() + ": " + reason);
-    case Outcome::WrongSecret:
-      throw UntrustedPeer("the listener at " + where + " refused this client: " + reason + kSecretAdvice);
-    case Outcome::Version:
-    case Outcome::Garbage: throw Error("the listener at " + where + " refused this client: " + reason);
-  }
-  throw ProtocolError("the listener at " + where + " sent an unknown handshake outcome");
+  return machine.listener_limits();
 }
 
-ServerHandshake::ServerHandshake(UcxConnection& connection, const SecretKey& key) : connection_(connection), key_(key) {
-  start_sodium();
-  Hello hello;
-  randombytes_buf(listener_nonce_.data(), listener_nonce_.size());
-  hello.nonce = listener_nonce_;
-  connection_.send_control(pack(hello, {}), Deadline::never());
+ServerHandshake::ServerHandshake(UcxConnection& connection, const SecretKey& key, const Salt& salt)
+    : connection_(connection), machine_(key, salt, random_nonce()) {
+  connection_.send_control(machine_.hello());
 }
 
 std::optional<EndKind> ServerHandshake::poll() {
@@ -213,58 +79,20 @@ std::optional<EndKind> ServerHandshake::poll() {
     throw Error(std::string("garbage instead of a handshake: ") + error.what());
   }
   if (!bytes) return std::nullopt;
-  const auto claim = unpack<Claim>(*bytes);
-  if (!claim || claim->sends_name_bytes > kMaxTypeName || claim->receives_name_bytes > kMaxTypeName ||
-      std::size_t{claim->sends_name_bytes} + claim->receives_name_bytes != bytes->size() - sizeof(Claim)) {
-    refuse(Outcome::Garbage, "the client's handshake is malformed");
-    throw Error("a client sent a malformed handshake (not a ferry ucx:// client)");
-  }
-  if (claim->version != kHandshakeVersion || claim->frame_version != kFrameVersion) {
-    const std::string reason = "the listener speaks " + version_text(kHandshakeVersion, kFrameVersion) +
-                               ", the client " + version_text(claim->version, claim->frame_version) +
-                               ": build both sides from the same ferry";
-    refuse(Outcome::Version, reason);
-    throw Error("refused a client: " + reason);
-  }
-  const std::string names(reinterpret_cast<const char*>(bytes->data() + sizeof(Claim)),
-                          bytes->size() - sizeof(Claim));
-  const auto text = claim_text(listener_nonce_, *claim, names);
-  if (crypto_auth_verify(claim->mac.data(), text.data(), text.size(), key_.key.data()) != 0) {
-    refuse(Outcome::WrongSecret, "it did not prove the listener's shared secret");
-    throw Error("refused a client that did not prove the shared secret (wrong or missing secret)");
-  }
-  if (claim->end < static_cast<std::uint8_t>(ferry::detail::ClientEnd::Receiver) ||
-      claim->end > static_cast<std::uint8_t>(ferry::detail::ClientEnd::Duplex)) {
-    refuse(Outcome::Garbage, "unknown end");
-    throw Error("refused a client that declared an unknown end");
-  }
-  client_nonce_ = claim->nonce;
-  client_limits_ = from_wire(claim->limits);
-  EndKind kind;
-  kind.end = static_cast<ferry::detail::ClientEnd>(claim->end);
-  kind.sends = claim->sends;
-  kind.receives = claim->receives;
-  kind.sends_name = names.substr(0, claim->sends_name_bytes);
-  kind.receives_name = names.substr(claim->sends_name_bytes);
-  return kind;
+  ListenerHandshake::Step step = machine_.receive(*bytes);
+  if (!step.reply.empty()) connection_.send_control(step.reply);
+  if (!step.refused.empty()) throw Error(step.refused);
+  return std::move(step.claim);
 }
 
 void ServerHandshake::accept(const FrameLimits& limits) {
-  Verdict verdict;
-  verdict.outcome = static_cast<std::uint8_t>(Outcome::Accepted);
-  verdict.limits = to_wire(limits);
-  const auto proof = accept_text(client_nonce_, listener_nonce_, verdict.limits);
-  crypto_auth(verdict.mac.data(), proof.data(), proof.size(), key_.key.data());
-  connection_.send_control(pack(verdict, {}), Deadline::never());
+  connection_.authenticate();  // the client proved the secret; its frames follow the Verdict
+  connection_.send_control(machine_.accept(limits));
 }
 
 void ServerHandshake::refuse(Outcome outcome, const std::string& reason) {
-  Verdict verdict;
-  verdict.outcome = static_cast<std::uint8_t>(outcome);
-  const std::string text = reason.substr(0, kMaxReason);
-  verdict.reason_bytes = static_cast<std::uint32_t>(text.size());
   try {
-    connection_.send_control(pack(verdict, text), Deadline::never());
+    connection_.send_control(ListenerHandshake::refuse(outcome, reason));
   } catch (const Error&) {
     // The client is gone already: nobody to tell.
   }
