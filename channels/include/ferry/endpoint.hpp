@@ -82,6 +82,16 @@ struct EndpointOptions {
   /// an address other than loopback refuses to start without one. Traffic is
   /// authenticated at connect, not encrypted.
   std::string secret;
+  /// Listener only: at most this many connections in their handshake at once (each holds
+  /// a descriptor until its Hello is complete or handshake_timeout passes). A connection
+  /// beyond it whose Hello has not arrived with it is refused at once with Unavailable; its
+  /// client tries again until its connect_timeout. Bounds what silent clients can hold.
+  std::size_t max_pending_handshakes = 64;
+  /// Listener only: at most this many clients of each kind served (accept_sender<T>'s,
+  /// accept_receiver<U>'s, ...) that completed their handshake wait for their accept_*()
+  /// (each holds a descriptor). One more is refused with Unavailable, and its client tries
+  /// again until its connect_timeout. A waiting client that hangs up is dropped.
+  std::size_t max_waiting_connections = 128;
   /// ucx:// only: how soon a peer whose host vanished is noticed (see Keepalive).
   Keepalive keepalive;
   /// The options of each connection's channel (limits, ring size, timeouts, pool). A pool
@@ -90,7 +100,9 @@ struct EndpointOptions {
   /// sender refuses messages above them.
   ChannelOptions channel;
   /// Listener only: told why each refused or dropped client was (type, version, user,
-  /// transport, garbage, silence). Empty (the default): one line on stderr.
+  /// transport, garbage, silence, a full queue, no descriptors left). Empty (the default):
+  /// one line on stderr, at most 10 at once and then one a second (the lines left out are
+  /// counted in the next), so that clients cannot flood the log.
   std::function<void(const std::string&)> on_refusal;
 };
 
