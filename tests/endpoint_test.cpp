@@ -7,6 +7,8 @@
 #include <fstream>
 #include <iterator>
 #include <signal.h>
+#include <sched.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -606,6 +608,82 @@ struct ReadySignal {
     return ::read(read_end.get(), &byte, 1) == 1;
   }
 };
+
+// Pins this process to `cpu`, at the lowest priority (SCHED_IDLE) when `idle`.
+void pin_to(int cpu, bool idle) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  CHILD_CHECK(::sched_setaffinity(0, sizeof set, &set) == 0);
+  if (idle) {
+    const sched_param none{};
+    CHILD_CHECK(::sched_setscheduler(0, SCHED_IDLE, &none) == 0);
+  }
+}
+
+TEST_F(EndpointAddressTest, ASymlinkSwappedInForTheSocketFileIsNeverFollowed) {
+  // An attacker who can write to the directory watches it (inotify) and, the moment the
+  // socket file appears, renames a symlink to a file of the listener's user over it. Both
+  // run on one CPU, the listener at the lowest priority, so the attacker runs between any
+  // two of the listener's system calls. A chmod of the path would make the file 0666.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("ferry-endpoint-" + std::to_string(::getpid()) + "-symlink");
+  std::filesystem::create_directory(dir);
+  const std::string socket = (dir / "sock").string();
+  const std::string victim = (dir / "victim").string();
+  { std::ofstream(victim) << "secret"; }
+  ASSERT_EQ(::chmod(victim.c_str(), 0600), 0);
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &allowed)) ++cpu;
+  ReadySignal watching;
+  UnrelatedProcess attacker([&] {
+    pin_to(cpu, false);
+    const UniqueFd events(::inotify_init1(IN_CLOEXEC));
+    CHILD_CHECK(events && ::inotify_add_watch(events.get(), dir.c_str(), IN_CREATE) >= 0);
+    const std::string link = (dir / "link").string();
+    watching.tell();
+    alignas(inotify_event) char buffer[4096];
+    while (true) {
+      (void)::symlink(victim.c_str(), link.c_str());
+      const ssize_t got = ::read(events.get(), buffer, sizeof buffer);
+      CHILD_CHECK(got > 0);
+      for (ssize_t at = 0; at < got;) {
+        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
+        if (event->len > 0 && std::string_view(event->name) == "sock") (void)::rename(link.c_str(), socket.c_str());
+        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+      }
+    }
+  });
+  ASSERT_TRUE(watching.wait());
+  UnrelatedProcess listener([&] {
+    pin_to(cpu, true);
+    EndpointOptions options = options_for(Transport::UnixSocket);
+    options.allowed_peers.uids = {::geteuid(), 65534};  // and nobody: mode 0666
+    const auto until = std::chrono::steady_clock::now() + 3s;
+    for (int round = 0; round < 300 && std::chrono::steady_clock::now() < until; ++round) {
+      try {
+        listen("unix:" + socket, options).close();
+      } catch (const Error&) {
+        // The attacker's symlink holds the name (AddressInUse): take it away and go on.
+      }
+      std::error_code ignored;
+      std::filesystem::remove(socket, ignored);
+    }
+  });
+  EXPECT_TRUE(listener.succeeded(60s));
+  attacker.kill();
+  struct stat status {};
+  ASSERT_EQ(::stat(victim.c_str(), &status), 0);
+  EXPECT_EQ(status.st_mode & 0777, 0600u) << "the listener changed the mode of a file a symlink pointed to";
+  // Nothing else is left behind (no scratch directory).
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name == "victim" || name == "link" || name == "sock") << name;
+  }
+  std::filesystem::remove_all(dir);
+}
 
 TEST_F(EndpointAddressTest, AbstractNameLeavesNothingOnDiskAndIsFreeAfterSigkill) {
   const std::string address = abstract_address("abstract");
