@@ -7,6 +7,9 @@
 #include <fstream>
 #include <iterator>
 #include <signal.h>
+#include <sched.h>
+#include <sys/inotify.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -366,6 +369,59 @@ TEST_F(EndpointHostileTest, SilentGarbageAndKilledClientsDelayNoOne) {
   EXPECT_EQ(detail::decode_reply(*reply).status, detail::ReplyStatus::Malformed);
 }
 
+// stderr of this process, captured into a file while it lives.
+class CapturedStderr {
+ public:
+  CapturedStderr() : saved_(::dup(STDERR_FILENO)), file_(::memfd_create("stderr", MFD_CLOEXEC)) {
+    if (!saved_ || !file_ || ::dup2(file_.get(), STDERR_FILENO) < 0) throw_errno("capturing stderr");
+  }
+  ~CapturedStderr() { ::dup2(saved_.get(), STDERR_FILENO); }
+  std::vector<std::string> lines() const {
+    std::string text(static_cast<std::size_t>(::lseek(file_.get(), 0, SEEK_END)), '\0');
+    if (::pread(file_.get(), text.data(), text.size(), 0) != static_cast<ssize_t>(text.size())) throw_errno("pread");
+    std::vector<std::string> out;
+    for (std::size_t at = 0, end; (end = text.find('\n', at)) != std::string::npos; at = end + 1) {
+      out.push_back(text.substr(at, end - at));
+    }
+    return out;
+  }
+
+ private:
+  UniqueFd saved_;
+  UniqueFd file_;
+};
+
+TEST_F(EndpointHostileTest, RefusalsOnStderrAreRateLimited) {
+  const std::string address = abstract_address("log");
+  EndpointOptions options;  // no on_refusal: the default log on stderr
+  Listener listener = listen(address, options);
+  CapturedStderr captured;
+  const char junk[] = "GET / HTTP/1.1\r\n\r\n";
+  auto refuse_garbage = [&](int clients) {
+    std::vector<UniqueFd> garbage;
+    for (int i = 0; i < clients; ++i) {
+      garbage.push_back(raw_connect(address));
+      ASSERT_EQ(::send(garbage.back().get(), junk, sizeof junk, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof junk));
+    }
+    while (listener.core().pending_count() > 0 || listener.accept_sender_for<int>(50ms)) {
+    }
+    for (const UniqueFd& fd : garbage) {  // every one was refused (with a reply), logged or not
+      std::vector<UniqueFd> fds;
+      EXPECT_TRUE(detail::receive_message(fd.get(), detail::kMaxReplyBytes, fds, Deadline::after(5s)).has_value());
+    }
+  };
+  refuse_garbage(200);
+  const std::size_t burst = captured.lines().size();
+  EXPECT_GE(burst, 10u);
+  EXPECT_LE(burst, 12u) << "200 refusals at once; the log writes 10 lines, then one a second";
+  std::this_thread::sleep_for(1100ms);
+  refuse_garbage(1);
+  const std::vector<std::string> lines = captured.lines();
+  ASSERT_EQ(lines.size(), burst + 1);
+  EXPECT_NE(lines.back().find("more refusals not shown"), std::string::npos) << lines.back();
+  EXPECT_NE(lines.back().find("does not speak"), std::string::npos) << lines.back();
+}
+
 TEST_F(EndpointHostileTest, SilentClientIsDroppedAtItsDeadline) {
   const std::string address = abstract_address("silent");
   EndpointOptions options = options_for(Transport::UnixSocket);
@@ -553,6 +609,82 @@ struct ReadySignal {
   }
 };
 
+// Pins this process to `cpu`, at the lowest priority (SCHED_IDLE) when `idle`.
+void pin_to(int cpu, bool idle) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(cpu, &set);
+  CHILD_CHECK(::sched_setaffinity(0, sizeof set, &set) == 0);
+  if (idle) {
+    const sched_param none{};
+    CHILD_CHECK(::sched_setscheduler(0, SCHED_IDLE, &none) == 0);
+  }
+}
+
+TEST_F(EndpointAddressTest, ASymlinkSwappedInForTheSocketFileIsNeverFollowed) {
+  // An attacker who can write to the directory watches it (inotify) and, the moment the
+  // socket file appears, renames a symlink to a file of the listener's user over it. Both
+  // run on one CPU, the listener at the lowest priority, so the attacker runs between any
+  // two of the listener's system calls. A chmod of the path would make the file 0666.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
+                                    ("ferry-endpoint-" + std::to_string(::getpid()) + "-symlink");
+  std::filesystem::create_directory(dir);
+  const std::string socket = (dir / "sock").string();
+  const std::string victim = (dir / "victim").string();
+  { std::ofstream(victim) << "secret"; }
+  ASSERT_EQ(::chmod(victim.c_str(), 0600), 0);
+  cpu_set_t allowed;
+  ASSERT_EQ(::sched_getaffinity(0, sizeof allowed, &allowed), 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &allowed)) ++cpu;
+  ReadySignal watching;
+  UnrelatedProcess attacker([&] {
+    pin_to(cpu, false);
+    const UniqueFd events(::inotify_init1(IN_CLOEXEC));
+    CHILD_CHECK(events && ::inotify_add_watch(events.get(), dir.c_str(), IN_CREATE) >= 0);
+    const std::string link = (dir / "link").string();
+    watching.tell();
+    alignas(inotify_event) char buffer[4096];
+    while (true) {
+      (void)::symlink(victim.c_str(), link.c_str());
+      const ssize_t got = ::read(events.get(), buffer, sizeof buffer);
+      CHILD_CHECK(got > 0);
+      for (ssize_t at = 0; at < got;) {
+        const auto* event = reinterpret_cast<const inotify_event*>(buffer + at);
+        if (event->len > 0 && std::string_view(event->name) == "sock") (void)::rename(link.c_str(), socket.c_str());
+        at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+      }
+    }
+  });
+  ASSERT_TRUE(watching.wait());
+  UnrelatedProcess listener([&] {
+    pin_to(cpu, true);
+    EndpointOptions options = options_for(Transport::UnixSocket);
+    options.allowed_peers.uids = {::geteuid(), 65534};  // and nobody: mode 0666
+    const auto until = std::chrono::steady_clock::now() + 3s;
+    for (int round = 0; round < 300 && std::chrono::steady_clock::now() < until; ++round) {
+      try {
+        listen("unix:" + socket, options).close();
+      } catch (const Error&) {
+        // The attacker's symlink holds the name (AddressInUse): take it away and go on.
+      }
+      std::error_code ignored;
+      std::filesystem::remove(socket, ignored);
+    }
+  });
+  EXPECT_TRUE(listener.succeeded(60s));
+  attacker.kill();
+  struct stat status {};
+  ASSERT_EQ(::stat(victim.c_str(), &status), 0);
+  EXPECT_EQ(status.st_mode & 0777, 0600u) << "the listener changed the mode of a file a symlink pointed to";
+  // Nothing else is left behind (no scratch directory).
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    EXPECT_TRUE(name == "victim" || name == "link" || name == "sock") << name;
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(EndpointAddressTest, AbstractNameLeavesNothingOnDiskAndIsFreeAfterSigkill) {
   const std::string address = abstract_address("abstract");
   const std::string name = address.substr(std::string("unix:@").size());
@@ -651,7 +783,11 @@ TEST_F(EndpointAccessTest, AUserThatIsNotAllowedIsRefusedAndTheListenerGoesOn) {
       (void)connect_receiver<int>(address, client);
       CHILD_CHECK(false);
     } catch (const UntrustedPeer& error) {
-      CHILD_CHECK(std::string(error.what()).find("allowed_peers") != std::string::npos);
+      const std::string message = error.what();
+      CHILD_CHECK(message.find("allowed_peers") != std::string::npos);
+      // It is not told whom the listener admits.
+      CHILD_CHECK(message.find("admits") == std::string::npos);
+      CHILD_CHECK(message.find("user 0") == std::string::npos);
     }
   });
   EXPECT_FALSE(listener.accept_sender_for<int>(300ms).has_value());
@@ -691,13 +827,16 @@ TEST_F(EndpointAccessTest, AllowedPeersAdmitAnotherUser) {
 
 // ---- descriptors run out, Selector ---------------------------------------------------------
 
-TEST_F(EndpointHostileTest, RunningOutOfDescriptorsAtAcceptIsAClearErrorAndTheListenerLives) {
+TEST_F(EndpointHostileTest, OutOfDescriptorsTheListenerRefusesWithItsReserveAndLives) {
   const std::string address = abstract_address("emfile");
-  Listener listener = listen(address, options_for(Transport::UnixSocket));
+  EndpointOptions options = options_for(Transport::UnixSocket);
+  Refusals refusals;
+  refusals.attach(options);
+  Listener listener = listen(address, options);
   UnrelatedProcess client([&] {
     listener.close();
     EndpointOptions patient = options_for(Transport::UnixSocket);
-    patient.connect_timeout = 20s;
+    patient.connect_timeout = 20s;  // refused while the listener has no descriptor: it asks again
     CHILD_CHECK(connect_receiver<int>(address, patient).recv().value() == 4);
   });
   rlimit original{};
@@ -712,23 +851,87 @@ TEST_F(EndpointHostileTest, RunningOutOfDescriptorsAtAcceptIsAClearErrorAndTheLi
     if (!fd) break;
     fillers.push_back(std::move(fd));
   }
-  bool clear_error = false;
+  // No exception: the listener takes the client off its backlog with the descriptor it
+  // keeps in reserve, tells it, and reports it.
   const auto until = std::chrono::steady_clock::now() + 10s;
-  while (!clear_error && std::chrono::steady_clock::now() < until) {
-    try {
-      (void)listener.accept_sender_for<int>(50ms);
-    } catch (const SystemError& error) {
-      clear_error = std::string(error.what()).find("out of file descriptors") != std::string::npos;
-    }
+  while (refusals.all().find("out of file descriptors") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    EXPECT_FALSE(listener.accept_sender_for<int>(50ms).has_value());
   }
   fillers.clear();
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &original), 0);
-  EXPECT_TRUE(clear_error);
+  EXPECT_NE(refusals.all().find("out of file descriptors"), std::string::npos) << refusals.all();
+  EXPECT_NE(refusals.all().find("RLIMIT_NOFILE"), std::string::npos) << refusals.all();
   std::optional<Sender<int>> tx = listener.accept_sender_for<int>(10s);
   ASSERT_TRUE(tx.has_value());
   tx->send(4);
   tx->close();
   EXPECT_TRUE(client.succeeded());
+}
+
+// ---- a flood of silent clients -------------------------------------------------------------
+
+// A connection that sends nothing, or an empty fd when the listener's backlog is full.
+UniqueFd silent_connection(const std::string& address) {
+  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  sockaddr_un where{};
+  where.sun_family = AF_UNIX;
+  const std::string name = address.substr(std::string("unix:@").size());
+  std::memcpy(where.sun_path + 1, name.data(), name.size());
+  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&where), length) != 0) return UniqueFd();
+  return fd;
+}
+
+// The listener's open-file limit: below max_pending_handshakes' default (descriptors run
+// out first) and above it (the cap holds first).
+class EndpointFloodTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<rlim_t> {};
+
+INSTANTIATE_TEST_SUITE_P(OpenFileLimits, EndpointFloodTest, ::testing::Values(rlim_t{48}, rlim_t{512}));
+
+TEST_P(EndpointFloodTest, ASilentFloodHeldThenClosedLeavesTheListenerServingWithinASecond) {
+  const rlim_t limit = GetParam();
+  const std::string address = abstract_address("flood-" + std::to_string(limit));
+  ReadySignal ready;
+  UnrelatedProcess server([&] {
+    rlimit low{};
+    CHILD_CHECK(::getrlimit(RLIMIT_NOFILE, &low) == 0);
+    CHILD_CHECK(static_cast<rlim_t>(test::count_open_fds()) + 16 < limit);
+    low.rlim_cur = limit;
+    CHILD_CHECK(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+    Listener listener = listen(address, options_for(Transport::UnixSocket));
+    ready.tell();
+    while (true) {  // a server's accept loop; it goes on after any error
+      try {
+        if (std::optional<Sender<int>> tx = listener.accept_sender_for<int>(100ms)) tx->send(5);
+      } catch (const Error&) {
+      }
+    }
+  });
+  ASSERT_TRUE(ready.wait());
+  std::vector<UniqueFd> flood;
+  for (int i = 0; i < 2000; ++i) {
+    if (UniqueFd fd = silent_connection(address)) flood.push_back(std::move(fd));
+  }
+  EXPECT_GT(flood.size(), static_cast<std::size_t>(limit)) << "the flood must exceed the listener's descriptors";
+  std::this_thread::sleep_for(1500ms);  // held (less than the listener's handshake_timeout)
+  flood.clear();
+  const auto ended = std::chrono::steady_clock::now();
+  EndpointOptions client = options_for(Transport::UnixSocket);
+  client.connect_timeout = 5s;
+  try {
+    EXPECT_EQ(connect_receiver<int>(address, client).recv().value(), 5);
+  } catch (const Error& error) {
+    ADD_FAILURE() << "a good client after the flood: " << error.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - ended;
+  EXPECT_LT(took, 1s) << std::chrono::duration_cast<std::chrono::milliseconds>(took).count() << " ms";
+  // And the next one too: nothing of the flood is left in the way.
+  try {
+    EXPECT_EQ(connect_receiver<int>(address, client).recv().value(), 5);
+  } catch (const Error& error) {
+    ADD_FAILURE() << "a second good client: " << error.what();
+  }
+  server.kill();
 }
 
 TEST_P(EndpointTest, SelectorWaitsOnAListenerAndReceiversTogether) {

@@ -2,8 +2,12 @@
 // transport (also as a member of a C++ struct), and what a decoder refuses from a hostile
 // or broken body (deep nesting, lying counts, bad kind bytes, invalid UTF-8).
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <cstring>
+#include <fstream>
+#include <new>
+#include <string>
 #include <vector>
 
 #include "ferry/detail/frame_channel.hpp"
@@ -11,6 +15,7 @@
 #include "ferry/channel.hpp"
 #include "ferry/value.hpp"
 #include "support/leak_check.hpp"
+#include "support/process.hpp"
 #include "support/transports.hpp"
 
 namespace ferry {
@@ -242,6 +247,67 @@ TEST(ValueWireTest, TooManyElementsIsAProtocolError) {
   wide.kind(ValueKind::List).u64(kMaxValueElements);
   for (std::size_t i = 0; i < kMaxValueElements; ++i) wide.kind(ValueKind::None);
   EXPECT_NE(decode_error(wide).find("more than"), std::string::npos) << decode_error(wide);
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define FERRY_VALUE_TEST_UNDER_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FERRY_VALUE_TEST_UNDER_ASAN 1
+#endif
+#endif
+#ifndef FERRY_VALUE_TEST_UNDER_ASAN
+#define FERRY_VALUE_TEST_UNDER_ASAN 0
+#endif
+
+#if !FERRY_VALUE_TEST_UNDER_ASAN
+// This process's address space (VmSize), in bytes.
+std::size_t address_space_bytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+  }
+  return 0;
+}
+#endif
+
+TEST(ValueWireTest, AHugeClaimedCountReservesNoMoreThanTheBudgetAllows) {
+  // 200 MB: a list that claims one None per byte left (a count the body could hold). Room
+  // reserved for the claim would be gigabytes; the budget allows 2^20 values.
+  const pid_t child = test::fork_child([] {
+    std::vector<std::byte> body(200'000'000);
+    body[0] = static_cast<std::byte>(ValueKind::List);
+    const std::uint64_t count = body.size() - 9;
+    std::memcpy(body.data() + 1, &count, sizeof count);
+#if !FERRY_VALUE_TEST_UNDER_ASAN
+    // 1 GiB more address space than the body takes (ASan's shadow mappings need the
+    // whole address space, so its build checks the error alone).
+    const rlimit tight{address_space_bytes() + (std::size_t{1} << 30), RLIM_INFINITY};
+    CHILD_CHECK(::setrlimit(RLIMIT_AS, &tight) == 0);
+#endif
+    try {
+      (void)read_body<Value>(body, {});
+      CHILD_CHECK(!"a list of 200 million values decoded");
+    } catch (const ProtocolError& error) {
+      CHILD_CHECK(std::string(error.what()).find("more than the 1048576 elements") != std::string::npos);
+    }
+  });
+  EXPECT_TRUE(test::child_succeeded(child, std::chrono::seconds(60)));
+}
+
+TEST(ValueWireTest, ClaimsOfNestedContainersShareOneBudget) {
+  // Each level claims almost the whole budget: every level alone is within it, their sum is
+  // not. Without the shared count, 64 such levels reserve 64 times 2^20 values.
+  BodyBuilder nested;
+  nested.kind(ValueKind::List).u64(kMaxValueElements - 1).kind(ValueKind::List).u64(2);
+  nested.kind(ValueKind::None).kind(ValueKind::None);
+  for (std::size_t i = 0; i < kMaxValueElements; ++i) nested.kind(ValueKind::None);
+  EXPECT_NE(decode_error(nested).find("claims 2 elements: with the values claimed before it"), std::string::npos)
+      << decode_error(nested);
+  BodyBuilder full;  // exactly kMaxValueElements values: accepted
+  full.kind(ValueKind::List).u64(kMaxValueElements - 1);
+  for (std::size_t i = 0; i + 1 < kMaxValueElements; ++i) full.kind(ValueKind::None);
+  EXPECT_EQ(read_body<Value>(full.body(), {}).as_list().size(), kMaxValueElements - 1);
 }
 
 }  // namespace

@@ -274,6 +274,20 @@ std::size_t read_value_count(FrameInputArchive& archive, std::size_t min_bytes, 
   return static_cast<std::size_t>(count);
 }
 
+std::size_t read_value_children(FrameInputArchive& archive, std::size_t min_bytes, const char* what,
+                                ValueBudget& budget) {
+  const std::size_t count = read_value_count(archive, min_bytes, what);
+  // The root is the one value no container claims.
+  const std::size_t allowed = kMaxValueElements - 1 - budget.claimed;
+  if (count > allowed) {
+    throw ProtocolError("received Value " + std::string(what) + " claims " + std::to_string(count) +
+                        " elements: with the values claimed before it, more than the " +
+                        std::to_string(kMaxValueElements) + " elements a Value may hold");
+  }
+  budget.claimed += count;
+  return count;
+}
+
 std::string_view read_value_text(FrameInputArchive& archive, bool utf8, const char* what) {
   const std::size_t length = read_value_count(archive, 1, what);
   const std::string_view text(reinterpret_cast<const char*>(archive.take(length)), length);

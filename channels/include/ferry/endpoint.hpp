@@ -86,11 +86,17 @@ struct EndpointOptions {
   /// encrypted nor authenticated (README, "Trust").
   std::string secret;
   /// Listener only: how many clients may be in their handshake at once (connected, not yet
-  /// proved). A client beyond it drops the oldest pending one, so that a flood of silent
-  /// or slow peers holds at most this many connections (over ucx://, each a UCX worker: about
-  /// 12 fds and 4 MB) and a client that completes its handshake promptly still gets in.
-  /// At least 1.
+  /// proved); bounds what silent or slow peers can hold. At least 1. unix: a connection
+  /// beyond it whose Hello has not arrived with it is refused at once with Unavailable, and
+  /// its client tries again until its connect_timeout. ucx://: a client beyond it drops the
+  /// oldest pending one (each holds a UCX worker: about 12 fds and 4 MB), so a client that
+  /// completes its handshake promptly still gets in.
   std::size_t max_pending_handshakes = 64;
+  /// unix: listener only: at most this many clients of each kind served (accept_sender<T>'s,
+  /// accept_receiver<U>'s, ...) that completed their handshake wait for their accept_*()
+  /// (each holds a descriptor). One more is refused with Unavailable, and its client tries
+  /// again until its connect_timeout. A waiting client that hangs up is dropped.
+  std::size_t max_waiting_connections = 128;
   /// ucx:// only: true lets a listener or client run without a secret. It then gives
   /// away all access control: anyone who can reach the listener's port can connect as any
   /// client (the key of an empty secret is public), and a client talks to whoever answers
@@ -104,7 +110,9 @@ struct EndpointOptions {
   /// sender refuses messages above them.
   ChannelOptions channel;
   /// Listener only: told why each refused or dropped client was (type, version, user,
-  /// transport, garbage, silence). Empty (the default): one line on stderr.
+  /// transport, garbage, silence, a full queue, no descriptors left). Empty (the default):
+  /// one line on stderr, at most 10 at once and then one a second (the lines left out are
+  /// counted in the next), so that clients cannot flood the log.
   std::function<void(const std::string&)> on_refusal;
 };
 

@@ -55,10 +55,15 @@ std::unique_ptr<ListenerCore> SocketScheme::listen(std::string_view address, std
   return std::make_unique<StreamListenerCore>(listen_point(address, rest, options), std::string(address), options);
 }
 
-ConnectionEnds SocketScheme::connect(std::string_view address, std::string_view rest, const EndKind& kind,
-                                     const EndpointOptions& options) const {
-  const Deadline deadline = Deadline::after(options.connect_timeout);
-  UniqueFd connection = reach_listener(*this, address, rest, options, deadline);
+namespace {
+
+// One connection and handshake: this side's ends, or std::nullopt when the listener
+// answered Unavailable (too busy, out of descriptors: worth another try), with its reply
+// in `busy`. Throws for every other refusal and failure.
+std::optional<ConnectionEnds> try_handshake(const SocketScheme& scheme, std::string_view address,
+                                            std::string_view rest, const EndKind& kind,
+                                            const EndpointOptions& options, const Deadline& deadline, Reply& busy) {
+  UniqueFd connection = reach_listener(scheme, address, rest, options, deadline);
   const PeerCredentials listener = peer_credentials(connection.get());
   if (!options.allowed_peers.allows(listener)) {
     throw UntrustedPeer("the listener at " + std::string(address) + " (process " + std::to_string(listener.pid) +
@@ -99,12 +104,37 @@ ConnectionEnds SocketScheme::connect(std::string_view address, std::string_view 
                 std::to_string(prefix.version) + ", this client version " + std::to_string(kEndpointWireVersion) +
                 " (use the same ferry version on both sides)");
   }
-  const Reply reply = decode_reply(*bytes);
+  Reply reply = decode_reply(*bytes);
+  if (reply.status == ReplyStatus::Unavailable) {
+    busy = std::move(reply);
+    return std::nullopt;
+  }
   if (reply.status != ReplyStatus::Accepted) throw_refusal(reply);
   if (reply.transport != options.transport) throw ProtocolError("the listener accepted over another transport");
   ConnectionEnds ends = make_client_side(kind, reply, std::move(connection), std::move(fds), options);
   ends.peer = listener;
   return ends;
+}
+
+}  // namespace
+
+ConnectionEnds SocketScheme::connect(std::string_view address, std::string_view rest, const EndKind& kind,
+                                     const EndpointOptions& options) const {
+  const Deadline deadline = Deadline::after(options.connect_timeout);
+  // A busy listener is asked again, 1 ms doubling to 50 ms apart, until the deadline.
+  std::chrono::microseconds pause{1000};
+  while (true) {
+    Reply busy;
+    if (std::optional<ConnectionEnds> ends = try_handshake(*this, address, rest, kind, options, deadline, busy)) {
+      return std::move(*ends);
+    }
+    if (deadline.expired()) {
+      throw Error(busy.message + "; this client asked again until its connect_timeout (" +
+                  milliseconds_text(options.connect_timeout) + ") passed");
+    }
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline.remaining()));
+    pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(50));
+  }
 }
 
 }  // namespace ferry::detail

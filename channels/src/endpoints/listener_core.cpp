@@ -1,5 +1,6 @@
 // The listener's accept queue: new connections, their handshakes side by side (each with
-// its own deadline), and the clients that completed theirs, oldest first.
+// its own deadline), and the clients that completed theirs, oldest first; both bounded.
+#include <fcntl.h>
 #include <poll.h>
 #include <unistd.h>
 
@@ -10,6 +11,7 @@
 #include "endpoints/connection_ends.hpp"
 #include "endpoints/handshake.hpp"
 #include "ferry/endpoint.hpp"
+#include "endpoints/refusal_log.hpp"
 #include "endpoints/scheme_registry.hpp"
 
 namespace ferry::detail {
@@ -32,13 +34,24 @@ std::string who(const PeerCredentials& peer) {
   return "process " + std::to_string(peer.pid) + ", user " + std::to_string(peer.uid);
 }
 
+// Out of descriptors with no reserve to refuse with: how long the backlog is left alone.
+constexpr std::chrono::milliseconds kAcceptPause{20};
+
+// The descriptor kept free for refusing connections when the process runs out; empty
+// when even that one cannot be had now.
+UniqueFd open_reserve() noexcept { return UniqueFd(::open("/dev/null", O_RDONLY | O_CLOEXEC)); }
+
+constexpr std::uint8_t status_byte(ReplyStatus status) { return static_cast<std::uint8_t>(status); }
+
 }  // namespace
 
 StreamListenerCore::StreamListenerCore(std::unique_ptr<ListeningPoint> point, std::string address, const EndpointOptions& options)
     : point_(std::move(point)),
       address_(std::move(address)),
       options_(std::make_unique<EndpointOptions>(options)),
-      owner_(::getpid()) {
+      owner_(::getpid()),
+      log_(std::make_unique<RefusalLog>()),
+      reserve_(open_reserve()) {
   track();
 }
 
@@ -52,6 +65,7 @@ void StreamListenerCore::abandon_in_child() noexcept {
   point_.reset();
   pending_.clear();
   ready_.clear();
+  reserve_.reset();
 }
 
 void StreamListenerCore::serve(const EndKind& kind) {
@@ -76,39 +90,88 @@ void StreamListenerCore::report(const PeerCredentials& peer, const std::string& 
   if (options_->on_refusal) {
     options_->on_refusal(line);
   } else {
-    std::fprintf(stderr, "%s\n", line.c_str());
+    log_->write(line);
   }
 }
 
-void StreamListenerCore::refuse(Pending& pending, std::uint8_t status, const std::string& reason) {
+void StreamListenerCore::refuse(AcceptedSocket& connection, std::uint8_t status, const std::string& reason,
+                                const std::string& told) {
   Reply reply;
   reply.status = static_cast<ReplyStatus>(status);
   reply.transport = options_->transport;
-  reply.limits = options_->channel.limits;
-  reply.message = "the listener at " + address_ + " refused this client: " + reason;
-  (void)send_now(pending.connection.socket.get(), encode_reply(reply));  // it may be gone already
-  report(pending.connection.peer, reason);
-  pending.connection.socket.reset();
+  if (reply.status != ReplyStatus::NotAllowed) reply.limits = options_->channel.limits;
+  reply.message = "the listener at " + address_ + " refused this client: " + (told.empty() ? reason : told);
+  (void)send_now(connection.socket.get(), encode_reply(reply));  // it may be gone already
+  report(connection.peer, reason);
+  connection.socket.reset();
 }
 
 void StreamListenerCore::accept_new_connections() {
+  if (!accept_paused_until_.is_never()) {
+    if (!accept_paused_until_.expired()) return;
+    accept_paused_until_ = Deadline::never();
+  }
+  if (!reserve_) reserve_ = open_reserve();
   while (point_) {
-    std::optional<AcceptedSocket> accepted = point_->accept();
-    if (!accepted) return;
-    auto pending = std::make_unique<Pending>();
-    pending->connection = std::move(*accepted);
-    pending->deadline = Deadline::after(options_->handshake_timeout);
-    const PeerCredentials& peer = pending->connection.peer;
-    if (!options_->allowed_peers.allows(peer)) {
-      refuse(*pending, static_cast<std::uint8_t>(ReplyStatus::NotAllowed),
-             "its user (" + std::to_string(peer.uid) + ", group " + std::to_string(peer.gid) +
-                 ") is not allowed; the listener admits " + options_->allowed_peers.describe() +
-                 " (EndpointOptions::allowed_peers)");
+    std::optional<AcceptedSocket> accepted;
+    try {
+      accepted = point_->accept();
+    } catch (const SystemError& error) {
+      if (error.code() != EMFILE && error.code() != ENFILE) throw;
+      if (!reserve_) {
+        accept_paused_until_ = Deadline::after(kAcceptPause);  // the backlog waits
+        return;
+      }
+      if (!shed_one()) return;
       continue;
     }
-    // Its hello has usually arrived with the connection already.
-    if (!advance(*pending)) pending_.push_back(std::move(pending));
+    if (!accepted) return;
+    admit(std::move(*accepted));
   }
+}
+
+bool StreamListenerCore::shed_one() {
+  reserve_.reset();
+  std::optional<AcceptedSocket> accepted;
+  try {
+    accepted = point_->accept();
+  } catch (const SystemError&) {
+    // Another thread took the descriptor first: try again later.
+  }
+  if (accepted) {
+    refuse(*accepted, status_byte(ReplyStatus::Unavailable),
+           "this process is out of file descriptors, so the listener refused this client to keep going: close ends "
+           "you no longer need or raise RLIMIT_NOFILE (ulimit -n)",
+           "the listener is out of file descriptors (the client tries again until its connect_timeout)");
+  }
+  reserve_ = open_reserve();
+  return accepted.has_value();
+}
+
+void StreamListenerCore::admit(AcceptedSocket accepted) {
+  auto pending = std::make_unique<Pending>();
+  pending->connection = std::move(accepted);
+  pending->deadline = Deadline::after(options_->handshake_timeout);
+  const PeerCredentials& peer = pending->connection.peer;
+  if (!options_->allowed_peers.allows(peer)) {
+    // The client learns nothing of whom the listener admits.
+    refuse(pending->connection, status_byte(ReplyStatus::NotAllowed),
+           "its user (" + std::to_string(peer.uid) + ", group " + std::to_string(peer.gid) +
+               ") is not allowed; the listener admits " + options_->allowed_peers.describe() +
+               " (EndpointOptions::allowed_peers)",
+           "its user is not allowed (EndpointOptions::allowed_peers)");
+    return;
+  }
+  // Its hello has usually arrived with the connection already.
+  if (advance(*pending)) return;
+  if (pending_.size() >= options_->max_pending_handshakes) {
+    refuse(pending->connection, status_byte(ReplyStatus::Unavailable),
+           "already " + std::to_string(pending_.size()) +
+               " clients are in their handshake (EndpointOptions::max_pending_handshakes)",
+           "too many clients are in their handshake (the client tries again until its connect_timeout)");
+    return;
+  }
+  pending_.push_back(std::move(pending));
 }
 
 bool StreamListenerCore::advance(Pending& pending) {
@@ -120,11 +183,11 @@ bool StreamListenerCore::advance(Pending& pending) {
     try {
       got = receive_some(fd, pending.wanted - pending.bytes.size(), pending.bytes, fds);
     } catch (const Error& error) {
-      refuse(pending, static_cast<std::uint8_t>(ReplyStatus::Malformed), error.what());
+      refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::Malformed), error.what());
       return true;
     }
     if (!fds.empty()) {
-      refuse(pending, static_cast<std::uint8_t>(ReplyStatus::Malformed), "it sent descriptors during its handshake");
+      refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::Malformed), "it sent descriptors during its handshake");
       return true;
     }
     if (got < 0) return false;  // more later
@@ -136,18 +199,18 @@ bool StreamListenerCore::advance(Pending& pending) {
     if (pending.wanted == kHandshakePrefixBytes && pending.bytes.size() == kHandshakePrefixBytes) {
       const Prefix prefix = decode_prefix(pending.bytes.data());
       if (!prefix.magic_ok) {
-        refuse(pending, static_cast<std::uint8_t>(ReplyStatus::Malformed),
+        refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::Malformed),
                "it does not speak ferry's endpoint handshake (its first bytes are not a ferry hello)");
         return true;
       }
       if (prefix.version != kEndpointWireVersion) {
-        refuse(pending, static_cast<std::uint8_t>(ReplyStatus::VersionMismatch),
+        refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::VersionMismatch),
                "it speaks endpoint wire version " + std::to_string(prefix.version) + ", this listener version " +
                    std::to_string(kEndpointWireVersion) + " (use the same ferry version on both sides)");
         return true;
       }
       if (prefix.total_bytes < kHelloFixedBytes || prefix.total_bytes > kMaxHelloBytes) {
-        refuse(pending, static_cast<std::uint8_t>(ReplyStatus::Malformed),
+        refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::Malformed),
                "its hello claims " + std::to_string(prefix.total_bytes) + " bytes (a hello has " +
                    std::to_string(kHelloFixedBytes) + " to " + std::to_string(kMaxHelloBytes) + ")");
         return true;
@@ -159,11 +222,11 @@ bool StreamListenerCore::advance(Pending& pending) {
   try {
     hello = decode_hello(pending.bytes);
   } catch (const ProtocolError& error) {
-    refuse(pending, static_cast<std::uint8_t>(ReplyStatus::Malformed), error.what());
+    refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::Malformed), error.what());
     return true;
   }
   if (hello.transport != options_->transport) {
-    refuse(pending, static_cast<std::uint8_t>(ReplyStatus::TransportMismatch),
+    refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::TransportMismatch),
            "it asked for transport " + std::string(transport_name(hello.transport)) + ", this listener serves " +
                std::string(transport_name(options_->transport)) +
                " (set the same EndpointOptions::transport on both sides)");
@@ -172,8 +235,19 @@ bool StreamListenerCore::advance(Pending& pending) {
   const bool served = std::any_of(served_.begin(), served_.end(),
                                   [&](const EndKind& kind) { return kind.matches(hello.kind); });
   if (!served) {
-    refuse(pending, static_cast<std::uint8_t>(ReplyStatus::TypeMismatch),
+    refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::TypeMismatch),
            "it connects as " + hello.kind.describe() + ", and this listener serves " + served_kinds());
+    return true;
+  }
+  // Counted per kind: clients of one kind the program is not accepting now cannot keep
+  // out those of the kind it is.
+  const auto waiting_alike = static_cast<std::size_t>(std::count_if(
+      ready_.begin(), ready_.end(), [&](const std::unique_ptr<Waiting>& other) { return other->hello.kind.matches(hello.kind); }));
+  if (waiting_alike >= options_->max_waiting_connections) {
+    refuse(pending.connection, status_byte(ReplyStatus::Unavailable),
+           "already " + std::to_string(waiting_alike) + " clients connected as " + hello.kind.describe() +
+               " wait to be accepted (EndpointOptions::max_waiting_connections)",
+           "too many clients wait to be accepted (the client tries again until its connect_timeout)");
     return true;
   }
   auto waiting = std::make_unique<Waiting>();
@@ -186,7 +260,7 @@ bool StreamListenerCore::advance(Pending& pending) {
 void StreamListenerCore::drop_expired() {
   std::erase_if(pending_, [&](const std::unique_ptr<Pending>& pending) {
     if (!pending->deadline.expired()) return false;
-    refuse(*pending, static_cast<std::uint8_t>(ReplyStatus::Malformed),
+    refuse(pending->connection, static_cast<std::uint8_t>(ReplyStatus::Malformed),
            "it sent no complete handshake within " + std::to_string(options_->handshake_timeout.count()) +
                " ms (EndpointOptions::handshake_timeout)");
     return true;
@@ -195,12 +269,15 @@ void StreamListenerCore::drop_expired() {
 
 void StreamListenerCore::append_poll_fds(std::vector<pollfd>& fds) const {
   if (!point_) return;
-  fds.push_back(pollfd{point_->fd(), POLLIN, 0});
+  // Left out (-1: ignored by poll) while out of descriptors without a reserve.
+  fds.push_back(pollfd{accept_paused_until_.is_never() ? point_->fd() : -1, POLLIN, 0});
   for (const auto& pending : pending_) fds.push_back(pollfd{pending->connection.socket.get(), POLLIN, 0});
+  // A waiting client sends nothing until it is accepted: readable means it hung up.
+  for (const auto& waiting : ready_) fds.push_back(pollfd{waiting->connection.socket.get(), POLLIN, 0});
 }
 
 Deadline StreamListenerCore::next_deadline() const {
-  Deadline earliest = Deadline::never();
+  Deadline earliest = accept_paused_until_;
   for (const auto& pending : pending_) {
     if (pending->deadline.time_point() < earliest.time_point()) earliest = pending->deadline;
   }
@@ -222,27 +299,36 @@ bool StreamListenerCore::pump(const Deadline& deadline) {
   const int rc = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
   if (rc < 0 && errno != EINTR) throw_errno("ppoll on a listening endpoint");
   if (rc > 0) {
-    // pending_[i] is fds[i + 1]; new connections are appended after these.
+    // fds: the listening socket, pending_, then ready_ (advance() appends to ready_ only).
     std::vector<bool> readable(pending_.size());
-    for (std::size_t i = 0; i < pending_.size(); ++i) readable[i] = fds[i + 1].revents != 0;
+    for (std::size_t i = 0; i < pending_.size(); ++i) readable[i] = fds[1 + i].revents != 0;
+    std::vector<bool> hung_up(ready_.size());
+    for (std::size_t i = 0; i < ready_.size(); ++i) hung_up[i] = fds[1 + pending_.size() + i].revents != 0;
     std::size_t index = 0;
+    std::erase_if(ready_, [&](std::unique_ptr<Waiting>& waiting) {
+      if (index >= hung_up.size() || !hung_up[index++]) return false;
+      report(waiting->connection.peer, "it went away (or sent bytes out of turn) while it waited to be accepted");
+      return true;
+    });
+    index = 0;
     std::erase_if(pending_, [&](std::unique_ptr<Pending>& pending) { return readable[index++] && advance(*pending); });
-    if (fds[0].revents != 0) accept_new_connections();
   }
+  // Expiry first: nothing accept meets (out of descriptors, say) keeps it from running.
   drop_expired();
+  accept_new_connections();
   return has_waiting_client();
 }
 
 std::optional<ConnectionEnds> StreamListenerCore::complete(Waiting& waiting) {
   ListenerSide side;
   const PeerCredentials peer = waiting.connection.peer;
-  const UniqueFd connection = waiting.connection.socket.duplicate();
+  UniqueFd connection = waiting.connection.socket.duplicate();
   try {
     side = make_listener_side(waiting.hello.kind, waiting.hello.limits, std::move(waiting.connection.socket),
                               *options_);
   } catch (const Error& error) {
-    Pending failed{AcceptedSocket{connection.duplicate(), peer}, Deadline::now(), {}, 0};
-    refuse(failed, static_cast<std::uint8_t>(ReplyStatus::Unavailable),
+    AcceptedSocket failed{std::move(connection), peer};
+    refuse(failed, status_byte(ReplyStatus::Unavailable),
            std::string("the listener could not make its connection: ") + error.what());
     throw;
   }
@@ -261,7 +347,10 @@ std::optional<ConnectionEnds> StreamListenerCore::complete(Waiting& waiting) {
 std::optional<ConnectionEnds> StreamListenerCore::accept(const EndKind& kind, const Deadline& deadline) {
   serve(kind);
   for (bool first = true;; first = false) {
-    if (first) accept_new_connections();  // out of descriptors: throws before waiting
+    if (first) {
+      drop_expired();
+      accept_new_connections();
+    }
     for (auto it = ready_.begin(); it != ready_.end();) {
       if (!(*it)->hello.kind.matches(kind)) {
         ++it;
@@ -282,6 +371,7 @@ void StreamListenerCore::close() noexcept {
   point_.reset();
   pending_.clear();
   ready_.clear();
+  reserve_.reset();
 }
 
 }  // namespace ferry::detail

@@ -39,7 +39,7 @@ class ListeningPoint {
   virtual int fd() const noexcept = 0;
   /// A waiting connection (a blocking stream socket that passes fds, close-on-exec), or
   /// std::nullopt when none waits. Throws SystemError for a failure of this process (out
-  /// of descriptors: EMFILE, ENFILE), with a message saying what to do.
+  /// of descriptors: code() EMFILE or ENFILE, which StreamListenerCore survives).
   virtual std::optional<AcceptedSocket> accept() = 0;
   /// Forgets what the destructor would remove, without removing it (a forked child's copy).
   virtual void abandon() noexcept = 0;

@@ -5,7 +5,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 #include "ferry/endpoint.hpp"
@@ -58,31 +60,93 @@ bool only_own_user(const AllowedPeers& peers) {
   return peers.gids.empty() && peers.uids.size() == 1 && peers.uids.front() == ::geteuid();
 }
 
+// A socket file's path split into its directory and its name in it.
+struct PathParts {
+  std::string directory;
+  std::string name;
+};
+
+PathParts split_path(std::string_view address, const std::string& path) {
+  const std::size_t slash = path.rfind('/');
+  PathParts parts{slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash)),
+                  slash == std::string::npos ? path : path.substr(slash + 1)};
+  if (parts.name.empty() || parts.name == "." || parts.name == "..") {
+    throw Error("malformed endpoint address \"" + std::string(address) + "\": the path must end in a file name");
+  }
+  return parts;
+}
+
+// The address of `name` inside the directory open as `directory`, through /proc/self/fd: a
+// short path that resolves nothing but that descriptor.
+sockaddr_un address_in(int directory, const char* name, socklen_t& length) {
+  sockaddr_un where{};
+  where.sun_family = AF_UNIX;
+  const int size = std::snprintf(where.sun_path, sizeof where.sun_path, "/proc/self/fd/%d/%s", directory, name);
+  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + static_cast<std::size_t>(size) + 1);
+  return where;
+}
+
+// A directory of this process's own (mode 0700) next to the socket file's place: the socket
+// is bound and given its mode in there, where nobody else can put a symlink, then linked to
+// its name (linkat never replaces and never follows the name). Removed when it goes.
+class ScratchDirectory {
+ public:
+  static constexpr const char* kSocket = "socket";
+
+  explicit ScratchDirectory(int parent) : parent_(parent) {
+    static std::atomic<unsigned> counter{0};
+    for (int attempt = 0; attempt < 100; ++attempt) {
+      name_ = ".ferry-listen-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+      if (::mkdirat(parent_, name_.c_str(), 0700) == 0) break;
+      if (errno != EEXIST) throw_errno("mkdir of a scratch directory for a socket file");
+    }
+    fd_ = UniqueFd(::openat(parent_, name_.c_str(), O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (!fd_) {
+      const int error = errno;
+      (void)::unlinkat(parent_, name_.c_str(), AT_REMOVEDIR);
+      throw_system_error("open of a scratch directory for a socket file", error);
+    }
+    // Still the one made above (not another user's put in its place after a rename).
+    struct stat status {};
+    if (::fstat(fd_.get(), &status) != 0) throw_errno("stat of a scratch directory for a socket file");
+    if (status.st_uid != ::geteuid() || (status.st_mode & 077) != 0) {
+      fd_.reset();
+      throw Error("the scratch directory " + name_ +
+                  " for a socket file was replaced by another user's while it was made; listen in a directory "
+                  "that only trusted users can write to");
+    }
+  }
+  ScratchDirectory(const ScratchDirectory&) = delete;
+  ScratchDirectory& operator=(const ScratchDirectory&) = delete;
+  ~ScratchDirectory() {
+    (void)::unlinkat(fd_.get(), kSocket, 0);
+    (void)::unlinkat(parent_, name_.c_str(), AT_REMOVEDIR);
+  }
+  int fd() const noexcept { return fd_.get(); }
+
+ private:
+  int parent_;
+  std::string name_;
+  UniqueFd fd_;
+};
+
 class UnixListeningPoint final : public ListeningPoint {
  public:
   UnixListeningPoint(std::string_view address, std::string_view rest, const EndpointOptions& options)
       : socket_(new_socket()) {
     socklen_t length = 0;
     const sockaddr_un where = socket_address(address, rest, length);
-    const bool abstract = rest.front() == '@';
-    if (!bind_to(where, length)) {
-      if (errno != EADDRINUSE) throw_errno("bind of endpoint " + std::string(address));
-      if (abstract) {
+    if (rest.front() == '@') {
+      if (!bind_to(where, length)) {
+        if (errno != EADDRINUSE) throw_errno("bind of endpoint " + std::string(address));
         throw AddressInUse("endpoint address " + std::string(address) +
                            " is in use: another socket holds that abstract name (it is released only when its "
                            "holder closes it or exits); pick another name or stop that process");
       }
-      replace_stale_file(address, std::string(rest), where, length);
-    }
-    if (!abstract) {
-      path_ = std::string(rest);
+    } else {
       // Before listen(): until then nobody can connect, so the mode is in place first.
-      const mode_t mode = only_own_user(options.allowed_peers) ? 0600 : 0666;
-      if (::chmod(path_.c_str(), mode) != 0) throw_errno("chmod of socket file " + path_);
-      struct stat status {};
-      if (::stat(path_.c_str(), &status) != 0) throw_errno("stat of socket file " + path_);
-      device_ = status.st_dev;
-      inode_ = status.st_ino;
+      place_socket_file(address, std::string(rest), where, length,
+                        only_own_user(options.allowed_peers) ? 0600 : 0666);
     }
     if (::listen(socket_.get(), SOMAXCONN) != 0) {
       const int error = errno;
@@ -108,31 +172,73 @@ class UnixListeningPoint final : public ListeningPoint {
         case ECONNABORTED: continue;
         case EMFILE:
         case ENFILE:
-          throw_system_error(
-              "cannot accept a connection: this process (or the system) is out of file descriptors; the listener "
-              "goes on and the client keeps waiting: close ends you no longer need or raise RLIMIT_NOFILE (ulimit -n)",
-              errno);
+          throw_system_error("cannot accept a connection: this process (or the system) is out of file descriptors",
+                             errno);
         default: throw_errno("accept4 on a listening endpoint");
       }
     }
   }
 
-  void abandon() noexcept override { path_.clear(); }
+  void abandon() noexcept override {
+    name_.clear();
+    directory_.reset();
+  }
 
  private:
   bool bind_to(const sockaddr_un& where, socklen_t length) {
     return ::bind(socket_.get(), reinterpret_cast<const sockaddr*>(&where), length) == 0;
   }
 
-  // A socket file exists at the path: replace it when nothing listens there (a listener
-  // killed before it could remove it), refuse when something does.
-  void replace_stale_file(std::string_view address, const std::string& path, const sockaddr_un& where,
-                          socklen_t length) {
+  // Binds the socket to a file at `path` of exactly `mode`, through no path a symlink
+  // could redirect: bound and chmod'ed inside a scratch directory of this process's own,
+  // then hard-linked to its name, which never replaces what is there.
+  void place_socket_file(std::string_view address, const std::string& path, const sockaddr_un& where,
+                         socklen_t where_length, mode_t mode) {
+    const PathParts parts = split_path(address, path);
+    UniqueFd directory(::open(parts.directory.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC));
+    if (!directory) throw_errno("open of " + parts.directory + ", the directory of endpoint " + std::string(address));
+    {
+      ScratchDirectory scratch(directory.get());
+      socklen_t length = 0;
+      const sockaddr_un inside = address_in(scratch.fd(), ScratchDirectory::kSocket, length);
+      if (!bind_to(inside, length)) throw_errno("bind of endpoint " + std::string(address));
+      if (::fchmodat(scratch.fd(), ScratchDirectory::kSocket, mode, AT_SYMLINK_NOFOLLOW) != 0) throw_errno("chmod of socket file " + path);
+      struct stat status {};
+      if (::fstatat(scratch.fd(), ScratchDirectory::kSocket, &status, AT_SYMLINK_NOFOLLOW) != 0) {
+        throw_errno("stat of socket file " + path);
+      }
+      device_ = status.st_dev;
+      inode_ = status.st_ino;
+      while (::linkat(scratch.fd(), ScratchDirectory::kSocket, directory.get(), parts.name.c_str(), 0) != 0) {
+        if (errno != EEXIST) throw_errno("link of the socket file to " + path);
+        if (!replaced_stale_file(address, directory.get(), parts.name, where, where_length)) {
+          throw AddressInUse("endpoint address " + std::string(address) +
+                             " was taken by another listener while this one replaced the stale socket file");
+        }
+      }
+    }  // the scratch name and directory go; the socket file stays under its name
+    directory_ = std::move(directory);
+    name_ = parts.name;
+  }
+
+  // A file exists at `name`: removes it when it is a socket nothing listens at (a listener
+  // killed before it could remove it) and says so; refuses when it is not a socket or
+  // something listens. The probe and the unlink are two steps: between them another
+  // process that can write to the directory could put a live socket there, which this
+  // unlink would remove (docs/design/endpoints.md: use a directory only trusted users can
+  // write to). False when this process already replaced a stale file once.
+  bool replaced_stale_file(std::string_view address, int directory, const std::string& name, const sockaddr_un& where,
+                           socklen_t length) {
+    if (replaced_) return false;
+    replaced_ = true;
     struct stat status {};
-    if (::lstat(path.c_str(), &status) != 0) throw_errno("lstat of " + path);
+    if (::fstatat(directory, name.c_str(), &status, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) return true;
+      throw_errno("stat of " + std::string(address));
+    }
     if (!S_ISSOCK(status.st_mode)) {
-      throw AddressInUse("endpoint address " + std::string(address) + ": " + path +
-                         " exists and is not a socket; refusing to replace it (remove it or pick another path)");
+      throw AddressInUse("endpoint address " + std::string(address) +
+                         ": the file exists and is not a socket; refusing to replace it (remove it or pick another path)");
     }
     UniqueFd probe = new_socket();
     const int error = connect_once(probe.get(), where, length);
@@ -140,31 +246,31 @@ class UnixListeningPoint final : public ListeningPoint {
       throw AddressInUse("endpoint address " + std::string(address) +
                          " is in use: a live listener accepts connections there; stop it or pick another address");
     }
-    if (error != ECONNREFUSED) throw_system_error("connect to the existing socket file " + path, error);
-    if (::unlink(path.c_str()) != 0 && errno != ENOENT) throw_errno("unlink of the stale socket file " + path);
-    if (!bind_to(where, length)) {
-      if (errno == EADDRINUSE) {
-        throw AddressInUse("endpoint address " + std::string(address) +
-                           " was taken by another listener while this one replaced the stale socket file");
-      }
-      throw_errno("bind of endpoint " + std::string(address));
+    if (error != ECONNREFUSED) throw_system_error("connect to the existing socket file of " + std::string(address), error);
+    if (::unlinkat(directory, name.c_str(), 0) != 0 && errno != ENOENT) {
+      throw_errno("unlink of the stale socket file of " + std::string(address));
     }
+    return true;
   }
 
   // Removes the socket file if it is still the one this listener made.
   void remove_file() noexcept {
-    if (path_.empty()) return;
+    if (name_.empty() || !directory_) return;
     struct stat status {};
-    if (::lstat(path_.c_str(), &status) == 0 && status.st_dev == device_ && status.st_ino == inode_) {
-      (void)::unlink(path_.c_str());
+    if (::fstatat(directory_.get(), name_.c_str(), &status, AT_SYMLINK_NOFOLLOW) == 0 && status.st_dev == device_ &&
+        status.st_ino == inode_) {
+      (void)::unlinkat(directory_.get(), name_.c_str(), 0);
     }
-    path_.clear();
+    name_.clear();
+    directory_.reset();
   }
 
   UniqueFd socket_;
-  std::string path_;  // empty for an abstract name
+  UniqueFd directory_;  // the socket file's directory (O_PATH), for a path
+  std::string name_;    // the socket file's name in it; empty for an abstract name
   dev_t device_ = 0;
   ino_t inode_ = 0;
+  bool replaced_ = false;
 };
 
 class UnixScheme final : public SocketScheme {

@@ -21,6 +21,7 @@
 #include "ferry/peer_credentials.hpp"
 #include "ferry/detail/transport.hpp"
 #include "ferry/detail/type_name.hpp"
+#include "ferry/detail/unique_fd.hpp"
 
 namespace ferry {
 struct EndpointOptions;
@@ -88,8 +89,8 @@ class ListenerCore : public LiveEnd {
   /// Adds `kind` to the kinds served: clients of it wait for accept() instead of being refused.
   virtual void serve(const EndKind& kind) = 0;
   /// Takes the oldest client of `kind` (serving the kind first), or waits for one until
-  /// `deadline`; std::nullopt when none came. Throws SystemError when the process is out of
-  /// descriptors (the listener goes on).
+  /// `deadline`; std::nullopt when none came. Throws SystemError when this side's ends of
+  /// an accepted client cannot be made (out of descriptors; the listener goes on).
   virtual std::optional<ConnectionEnds> accept(const EndKind& kind, const Deadline& deadline) = 0;
   /// Accepts new connections and advances handshakes until `deadline` or until something
   /// happened; returns whether a client is waiting.
@@ -113,10 +114,15 @@ class ListenerCore : public LiveEnd {
 
 /// A stream-socket scheme's listening socket (scheme_registry.hpp makes them).
 class ListeningPoint;
+struct AcceptedSocket;
+class RefusalLog;
 
 /// The listener of a scheme whose connections are stream sockets that pass fds (unix:):
 /// the scheme's listening socket, the endpoint handshake (handshake.hpp) on each new
-/// connection, and the accept queue.
+/// connection, and the accept queue. What a crowd of clients can hold is bounded
+/// (EndpointOptions::max_pending_handshakes, max_waiting_connections); out of descriptors,
+/// a reserved one takes the connections off the backlog to refuse them, so the listener
+/// never stops expiring handshakes and noticing clients that left.
 class StreamListenerCore final : public ListenerCore {
  public:
   StreamListenerCore(std::unique_ptr<ListeningPoint> point, std::string address, const EndpointOptions& options);
@@ -138,10 +144,18 @@ class StreamListenerCore final : public ListenerCore {
   struct Pending;
   struct Waiting;
   void accept_new_connections();
-  // Reads what arrived on pending_[index]; true when it is finished (queued or dropped).
+  // Starts the handshake of a new connection (or refuses it).
+  void admit(AcceptedSocket accepted);
+  // Out of descriptors: takes one connection off the backlog with the reserved descriptor
+  // and refuses it. False when there is no reserve to do it with.
+  bool shed_one();
+  // Reads what arrived on `pending`; true when it is finished (queued or dropped).
   bool advance(Pending& pending);
   void drop_expired();
-  void refuse(Pending& pending, std::uint8_t status, const std::string& reason);
+  // Sends a refusal (the reason, or `told` when the client should learn less), reports
+  // the reason and closes the connection.
+  void refuse(AcceptedSocket& connection, std::uint8_t status, const std::string& reason,
+              const std::string& told = {});
   void report(const PeerCredentials& peer, const std::string& reason);
   std::string served_kinds() const;
   // Builds this side's ends for `waiting` and sends the client its reply; std::nullopt
@@ -155,6 +169,9 @@ class StreamListenerCore final : public ListenerCore {
   std::vector<EndKind> served_;
   std::vector<std::unique_ptr<Pending>> pending_;
   std::deque<std::unique_ptr<Waiting>> ready_;
+  std::unique_ptr<RefusalLog> log_;  // stderr, when options_->on_refusal is empty
+  UniqueFd reserve_;                 // freed to refuse a connection when out of descriptors
+  Deadline accept_paused_until_ = Deadline::never();  // out of descriptors, no reserve
 };
 
 /// Connects to `address` as a client of `kind`: waits for the listener to appear, checks

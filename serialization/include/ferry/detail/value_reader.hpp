@@ -23,9 +23,12 @@
 
 namespace ferry::detail {
 
-/// The values of one tree counted against kMaxValueElements.
+/// The values of one tree counted against kMaxValueElements: those read so far, and the
+/// children every list and map read so far claimed (each value but the root is some
+/// container's child, so an acceptable tree never claims more than kMaxValueElements - 1).
 struct ValueBudget {
   std::size_t elements = 0;
+  std::size_t claimed = 0;
 };
 
 /// Counts one more value at `depth`; ProtocolError past kMaxValueDepth or kMaxValueElements.
@@ -33,6 +36,11 @@ void enter_received_value(std::size_t depth, ValueBudget& budget);
 /// A count of elements that each take at least `min_bytes`; ProtocolError for a count
 /// above what the body still holds (a lie that would make the decoder allocate without bound).
 std::size_t read_value_count(FrameInputArchive& archive, std::size_t min_bytes, const char* what);
+/// The count of a list's or map's children, checked against the bytes left and against
+/// what the element budget still allows, before the builder reserves room for them: all
+/// the room a tree's containers reserve together stays under kMaxValueElements entries.
+std::size_t read_value_children(FrameInputArchive& archive, std::size_t min_bytes, const char* what,
+                                ValueBudget& budget);
 /// A length-prefixed text of the body, checked as UTF-8 when `utf8`.
 std::string_view read_value_text(FrameInputArchive& archive, bool utf8, const char* what);
 [[noreturn]] void throw_duplicate_value_key(std::string_view key);
@@ -67,14 +75,14 @@ typename Builder::Object read_value(FrameInputArchive& archive, Builder& builder
       return builder.tensor(std::move(tensor));
     }
     case ValueKind::List: {
-      const std::size_t count = read_value_count(archive, 1, "list");
+      const std::size_t count = read_value_children(archive, 1, "list", budget);
       typename Builder::List list = builder.list(count);
       for (std::size_t i = 0; i < count; ++i) builder.append(list, read_value(archive, builder, depth + 1, budget));
       return builder.finish(std::move(list));
     }
     case ValueKind::Map: {
       // An entry takes at least a key length (8 bytes) and a kind byte.
-      const std::size_t count = read_value_count(archive, sizeof(std::uint64_t) + 1, "map");
+      const std::size_t count = read_value_children(archive, sizeof(std::uint64_t) + 1, "map", budget);
       typename Builder::Map map = builder.map(count);
       for (std::size_t i = 0; i < count; ++i) {
         const std::string_view key = read_value_text(archive, true, "map key");
