@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <map>
@@ -15,6 +16,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -393,6 +395,127 @@ TEST_P(FanoutTest, AWaitingSendWakesWhenAConsumerReads) {
   }
 }
 
+// Reads each receiver in a thread of its own until the end of its stream (a sender's close()
+// over a pipe or ring waits for its receiver to take the return board the first message
+// carried). `start` is awaited first; returns the ids each received.
+class Readers {
+ public:
+  Readers(std::vector<Receiver<std::uint64_t>>& receivers, const std::atomic<bool>& start) : got_(receivers.size()) {
+    for (std::size_t i = 0; i < receivers.size(); ++i) {
+      threads_.emplace_back([this, i, &rx = receivers[i], &start] {
+        while (!start) std::this_thread::sleep_for(1ms);
+        while (auto id = rx.recv()) got_[i].push_back(*id);
+        ended_again_ += rx.recv().has_value() ? 0 : 1;
+      });
+    }
+  }
+  std::vector<Ids> join() {
+    for (auto& thread : threads_) thread.join();
+    EXPECT_EQ(ended_again_, threads_.size()) << "a stream did not stay ended";
+    return got_;
+  }
+
+ private:
+  std::vector<Ids> got_;
+  std::atomic<std::size_t> ended_again_{0};
+  std::vector<std::thread> threads_;
+};
+
+// close() from a producer thread that does not own the fan-out: each consumer receives what
+// it was sent, then end of stream; later sends and add() throw ChannelClosed.
+template <class Fanout>
+void expect_close_ends_every_stream(Fanout& fanout, std::vector<Receiver<std::uint64_t>>& receivers,
+                                    Transport transport) {
+  constexpr std::uint64_t kMessages = 6;
+  const std::atomic<bool> now{true};
+  Readers readers(receivers, now);
+  std::thread producer([&fanout] {
+    for (std::uint64_t id = 0; id < kMessages; ++id) fanout.send(id);
+    fanout.close();
+  });
+  producer.join();
+  const std::vector<Ids> got = readers.join();
+  if constexpr (std::is_same_v<Fanout, Broadcast<std::uint64_t>>) {
+    for (const Ids& ids : got) EXPECT_EQ(ids, (Ids{0, 1, 2, 3, 4, 5}));
+  } else {
+    EXPECT_TRUE(each_once(got, {}, kMessages));
+  }
+  EXPECT_THROW(fanout.send(kMessages), ChannelClosed);
+  EXPECT_EQ(fanout.size(), 0u);
+  auto [late_tx, late_rx] = channel<std::uint64_t>(transport);
+  EXPECT_THROW(fanout.add(std::move(late_tx)), ChannelClosed);
+  EXPECT_FALSE(late_rx.recv().has_value()) << "a consumer refused after close() keeps an open stream";
+  EXPECT_NO_THROW(fanout.close()) << "close() is idempotent";
+}
+
+TEST_P(FanoutTest, DistributorCloseFromAnotherThreadEndsEveryConsumersStreamAfterItsMessages) {
+  Distributor<std::uint64_t> pool;
+  Ends ends = add_consumers(pool, 3);
+  expect_close_ends_every_stream(pool, ends.receivers, GetParam());
+}
+
+TEST_P(FanoutTest, BroadcastCloseFromAnotherThreadEndsEveryConsumersStreamAfterItsMessages) {
+  Broadcast<std::uint64_t> all;
+  Ends ends = add_consumers(all, 3);
+  expect_close_ends_every_stream(all, ends.receivers, GetParam());
+}
+
+// A send asleep because every consumer is full throws ChannelClosed when another thread
+// closes the fan-out, at once (liveness checks an hour apart cannot be what wakes it), and
+// the consumers, which read only once that send returned, receive what they were sent.
+template <class Fanout>
+void expect_close_ends_a_blocked_send(Fanout& fanout, std::vector<Receiver<std::uint64_t>>& receivers) {
+  using Clock = std::chrono::steady_clock;
+  fanout.send(0);  // bound 1: every consumer is full
+  if constexpr (std::is_same_v<Fanout, Distributor<std::uint64_t>>) {
+    for (std::uint64_t id = 1; id < receivers.size(); ++id) fanout.send(id);
+  }
+  std::atomic<bool> returned{false};
+  Readers readers(receivers, returned);
+  bool threw = false;
+  Clock::time_point returned_at;
+  std::thread sender([&] {
+    try {
+      fanout.send(99);
+    } catch (const ChannelClosed&) {
+      threw = true;
+    }
+    returned_at = Clock::now();
+    returned = true;
+  });
+  std::this_thread::sleep_for(50ms);  // the send is asleep by now
+  const auto closed_at = Clock::now();
+  fanout.close();
+  sender.join();
+  EXPECT_TRUE(threw) << "a send blocked when close() came did not throw ChannelClosed";
+  EXPECT_LT(returned_at - closed_at, 5s) << "the blocked send was not woken by close()";
+  const std::vector<Ids> got = readers.join();
+  std::uint64_t received = 0;
+  for (const Ids& ids : got) {
+    EXPECT_EQ(std::count(ids.begin(), ids.end(), 99u), 0);
+    received += ids.size();
+  }
+  EXPECT_EQ(received, receivers.size());
+}
+
+TEST_P(FanoutTest, DistributorCloseEndsASendBlockedOnFullConsumers) {
+  FanoutOptions options;
+  options.max_in_flight = 1;
+  options.liveness_check_interval = std::chrono::hours(1);
+  Distributor<std::uint64_t> pool(options);
+  Ends ends = add_consumers(pool, 2);
+  expect_close_ends_a_blocked_send(pool, ends.receivers);
+}
+
+TEST_P(FanoutTest, BroadcastCloseEndsASendBlockedOnFullConsumers) {
+  FanoutOptions options;
+  options.max_in_flight = 1;
+  options.liveness_check_interval = std::chrono::hours(1);
+  Broadcast<std::uint64_t> all(options);
+  Ends ends = add_consumers(all, 2);
+  expect_close_ends_a_blocked_send(all, ends.receivers);
+}
+
 // ---- consumers in threads (InProcess) ------------------------------------------------------
 
 // Takes jobs until the end of the stream, `work` each; returns what it took.
@@ -494,6 +617,37 @@ TEST_P(FanoutProcessTest, UnevenWorkersShareTheWorkAndNothingIsDeliveredTwice) {
   std::size_t fast = 0;
   for (int w = 0; w < kWorkers - 1; ++w) fast += received[w].size();
   EXPECT_LT(received[kWorkers - 1].size() * 2, fast / (kWorkers - 1)) << "the slow worker took as much as a fast one";
+}
+
+// Workers in other processes end when a producer thread that does not own the Distributor
+// closes it: each reports what it took (every job once), and the Distributor outlives them.
+TEST_P(FanoutProcessTest, WorkersEndWhenAProducerThreadClosesTheDistributor) {
+  constexpr int kWorkers = 3;
+  constexpr std::uint64_t kJobs = 60;
+  std::vector<Receiver<std::uint64_t>> worker_jobs;
+  std::vector<Sender<Ids>> worker_reports;
+  std::vector<Receiver<Ids>> reports;
+  Distributor<std::uint64_t> pool;
+  for (int w = 0; w < kWorkers; ++w) {
+    auto [tx, rx] = channel<std::uint64_t>(GetParam());
+    pool.add(std::move(tx));
+    worker_jobs.push_back(std::move(rx));
+    auto [report_tx, report_rx] = channel<Ids>(Transport::Pipe);
+    worker_reports.push_back(std::move(report_tx));
+    reports.push_back(std::move(report_rx));
+  }
+  WorkerGroup workers = spawn(forked(), kWorkers, pool_worker, per_rank(std::move(worker_jobs)),
+                              per_rank(std::move(worker_reports)), 100);
+  std::thread producer([&pool] {
+    for (std::uint64_t id = 0; id < kJobs; ++id) pool.send(id);
+    pool.close();
+  });
+  producer.join();
+  std::vector<Ids> received;
+  for (auto& report : reports) received.push_back(report.recv().value());
+  workers.join();
+  EXPECT_TRUE(each_once(received, {}, kJobs));
+  EXPECT_THROW(pool.send(kJobs), ChannelClosed);
 }
 
 // Reads one message late (after its sender closed), then the end of the stream.

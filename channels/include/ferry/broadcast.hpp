@@ -34,12 +34,13 @@ class Broadcast : public detail::FanoutBase<T, false> {
   /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
   ~Broadcast() = default;
 
-  // add(end[, bound]), stats(), size(): see detail::FanoutBase.
+  // add(end[, bound]), close(), stats(), size(): see detail::FanoutBase.
 
   /// Sends `message` to every consumer, waiting for each full one until it has room;
   /// returns how many consumers it reached (consumers found gone are removed, not
-  /// counted; 0 when there are none). Throws what Sender::send throws for a message the
-  /// channels refuse (their limits), after sending it to the consumers before.
+  /// counted; 0 when there are none). Throws ChannelClosed after close() (also when
+  /// close() came while it waited for a full consumer), and what Sender::send throws for
+  /// a message the channels refuse (their limits), after sending it to the consumers before.
   std::size_t send(const T& message) { return send_until(message, Deadline::never()); }
   /// Like send(), but a consumer still full (or whose transport is) after `timeout` misses
   /// this message; returns how many consumers it reached.
@@ -50,6 +51,7 @@ class Broadcast : public detail::FanoutBase<T, false> {
     auto& consumers = this->consumers_;
     detail::FanoutWait wait;
     std::unique_lock lock(this->mutex_);
+    this->throw_if_closed("Broadcast");
     consumers.remove_gone_if_due(nullptr);
     // The consumers this message is for: those present now (one added meanwhile gets the next).
     std::vector<ConsumerId> waiting;
@@ -101,6 +103,7 @@ class Broadcast : public detail::FanoutBase<T, false> {
         return reached;
       }
       consumers.wait_for_room(lock, is_waiting, deadline, wait);
+      this->throw_if_closed("Broadcast");
     }
   }
 };

@@ -37,11 +37,12 @@ class Distributor : public detail::FanoutBase<T, true> {
   /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
   ~Distributor() = default;
 
-  // add(end[, bound]), stats(), size(): see detail::FanoutBase.
+  // add(end[, bound]), close(), stats(), size(): see detail::FanoutBase.
 
   /// Sends `message` to the consumer with the fewest messages in flight, blocking while
   /// every consumer is full (or while the chosen one's transport is). Throws
-  /// ChannelClosed when there is no consumer (none added, or all removed), and what
+  /// ChannelClosed when there is no consumer (none added, or all removed) or after
+  /// close(), and what
   /// Sender::send throws for a message the channel refuses (its limits).
   void send(const T& message) { (void)send_until(message, Deadline::never()); }
   /// Like send(const T&), but keeps `message` itself in flight instead of a copy of it
@@ -78,8 +79,10 @@ class Distributor : public detail::FanoutBase<T, true> {
     auto& consumers = this->consumers_;
     detail::FanoutWait wait;
     std::unique_lock lock(this->mutex_);
+    this->throw_if_closed("Distributor");
     consumers.remove_gone_if_due_at_a_few_sends(&undelivered_);
     while (true) {
+      this->throw_if_closed("Distributor");
       if (consumers.empty()) {
         throw ChannelClosed("cannot send: the Distributor has no consumer (add() one; removed consumers' "
                             "messages are in take_undelivered())");

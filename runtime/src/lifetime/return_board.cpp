@@ -317,13 +317,17 @@ bool ReturnBoard::claim_resolved(std::uint64_t sequence) noexcept {
   Atomic wake_at(*word(kWakeAtAt));
   std::uint64_t wanted = wake_at.load(std::memory_order_seq_cst);
   if (wanted != 0 && wanted <= sequence && wake_at.compare_exchange_strong(wanted, 0, std::memory_order_seq_cst)) {
-    std::atomic_ref<std::uint32_t> doorbell(*doorbell_word());
-    doorbell.fetch_add(1, std::memory_order_seq_cst);
-    // Shared futex (the board is a shared mapping). It cannot fail for a valid, aligned
-    // word; were it to, the sender's sleep is bounded (it polls the word again then).
-    (void)::syscall(SYS_futex, doorbell_word(), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+    ring_doorbell();
   }
   return true;
+}
+
+void ReturnBoard::ring_doorbell() const noexcept {
+  std::atomic_ref<std::uint32_t> doorbell(*doorbell_word());
+  doorbell.fetch_add(1, std::memory_order_seq_cst);
+  // Shared futex (the board is a shared mapping). It cannot fail for a valid, aligned
+  // word; were it to, the sender's sleep is bounded (it polls the word again then).
+  (void)::syscall(SYS_futex, doorbell_word(), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
 bool ReturnBoard::acknowledgements_requested() const noexcept {

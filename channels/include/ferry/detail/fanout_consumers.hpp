@@ -8,9 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -156,6 +158,10 @@ class FanoutConsumers {
     }
     consumers_.erase(consumers_.begin() + static_cast<std::ptrdiff_t>(index));
   }
+
+  /// Takes every consumer out (their ends, still open, for the caller to close outside
+  /// the lock); the messages they were sent stay with their receivers.
+  std::vector<Consumer> take_all() noexcept { return std::exchange(consumers_, {}); }
 
   /// Removes the consumers known gone when a check is due (FanoutOptions::liveness_check_interval);
   /// true when it checked.
@@ -330,7 +336,43 @@ class FanoutBase {
   ConsumerId add(Sender<T> end) { return add(std::move(end), consumers_.options().max_in_flight); }
   ConsumerId add(Sender<T> end, std::size_t bound) {
     std::lock_guard lock(mutex_);
+    if (closed_) {
+      end.close();  // its receiver gets end of stream (not the PeerDied of an end lost to an exception)
+      throw ChannelClosed("cannot add a consumer: this fan-out was closed (close()); its end was closed too");
+    }
     return consumers_.add(std::move(end), bound);
+  }
+
+  /// Ends every consumer's stream: each consumer's recv() returns what was sent to it, then
+  /// end of stream. Later sends and add() throw ChannelClosed, and so does a send asleep
+  /// on full consumers (woken at once). Callable from any thread, also while another
+  /// sends (a send in progress to a consumer's transport finishes first); idempotent.
+  /// Each end closes as Sender::close() does (a consumer whose transport is too full for
+  /// even the end-of-stream header is waited for, at most ChannelOptions::close_linger).
+  /// The messages of consumers removed before stay in take_undelivered().
+  void close() {
+    std::vector<typename FanoutConsumers<T, Copy>::Consumer> consumers;
+    {
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+      consumers = consumers_.take_all();
+    }
+    // A send asleep on full consumers' doorbells wakes, takes the lock and throws (one
+    // that polls, for ends without a board, sees the flag at its next look).
+    for (auto& consumer : consumers) {
+      if (consumer.board) consumer.board->ring_doorbell();
+    }
+    // Outside the lock: stats() and size() (and sends, which throw) need not wait for a
+    // consumer whose transport is full.
+    std::exception_ptr first_error;
+    for (auto& consumer : consumers) {
+      try {
+        consumer.end.close();
+      } catch (...) {
+        if (!first_error) first_error = std::current_exception();
+      }
+    }
+    if (first_error) std::rethrow_exception(first_error);
   }
 
   /// Per consumer (those not removed): messages sent, delivered, in flight (and, for a
@@ -350,8 +392,14 @@ class FanoutBase {
   /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
   ~FanoutBase() = default;
 
+  /// Throws ChannelClosed once close() was called (the lock held).
+  void throw_if_closed(const char* what) const {
+    if (closed_) throw ChannelClosed(std::string("cannot send: this ") + what + " was closed (close())");
+  }
+
   std::mutex mutex_;
   FanoutConsumers<T, Copy> consumers_;
+  bool closed_ = false;
 };
 
 }  // namespace ferry::detail

@@ -170,6 +170,9 @@ class ReturnBoard {
   DeliveryWake request_delivery_wake(std::uint64_t sequence) noexcept;
   /// Withdraws the request (the sender woke for another reason): the receiver need not ring.
   void cancel_delivery_wake() noexcept;
+  /// Rings the doorbell from the sender's side: wakes every thread of the sender asleep on
+  /// it (a fan-out's close() wakes its blocked sends this way). The receiver is not asked.
+  void ring_doorbell() const noexcept;
   /// Marks every frame after the last resolved one as abandoned (the sender recycles their
   /// memory: a receiver that tries to resolve one later fails instead of reading it);
   /// returns the last resolved frame.
