@@ -25,9 +25,30 @@ from ._ferry import (
     _empty,
     _end_from_description,
 )
+from ._ferry import Broadcast, Distributor, Selector, SpawnError
+from ._channels import Duplex, channel, duplex
+from ._fanout import select
+from ._share import share
+from ._spawn import PerRank, WorkerFailed, WorkerGroup, per_rank, spawn
+
+from ._ferry import __version__
 
 __all__ = [
     "AddressInUse",
+    "Broadcast",
+    "Distributor",
+    "Duplex",
+    "PerRank",
+    "Selector",
+    "SpawnError",
+    "WorkerFailed",
+    "WorkerGroup",
+    "channel",
+    "duplex",
+    "per_rank",
+    "select",
+    "share",
+    "spawn",
     "ChannelClosed",
     "Error",
     "Listener",
