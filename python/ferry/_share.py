@@ -36,10 +36,6 @@ def _numpy_share(array):
             "share that")
     if not array.flags.writeable:
         raise ValueError("ferry.share moves writable NumPy arrays; this one is read-only")
-    if array.base is not None:
-        raise ValueError(
-            "ferry.share moves NumPy arrays that own their memory; this one is a view of another array: share the "
-            "array it views (or a copy: numpy.array(view))")
     from . import empty
 
     shared = numpy.asarray(empty(array.shape, array.dtype))
@@ -63,7 +59,8 @@ def share(tensor):
 
     torch: the tensor's storage is replaced (``Tensor.set_``); other tensors that viewed its
     old storage keep viewing the old memory, so share a tensor before taking views of it.
-    NumPy: the array must own its memory, be C-contiguous and writable. A CUDA tensor is
+    NumPy: likewise (``ndarray.data`` is pointed at the new memory); the array must be
+    C-contiguous and writable. A CUDA tensor is
     refused (``TypeError``): ferry shares CPU memory.
     """
     module = type(tensor).__module__

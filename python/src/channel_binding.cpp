@@ -102,6 +102,13 @@ py::object call_for(PySender& sender, PyReceiver& receiver, py::handle request, 
   return receiver.recv_for(left);
 }
 
+// Replaces property `name` of class `type_name` in `module` by one with `doc` (its getter kept).
+void document_property(py::module_& module, const char* type_name, const char* name, const char* doc) {
+  const py::object type = module.attr(type_name);
+  const py::object getter = type.attr("__dict__")[name].attr("fget");
+  type.attr(name) = py::module_::import("builtins").attr("property")(getter, py::none(), py::none(), doc);
+}
+
 }  // namespace
 
 Transport transport_named(const std::string& name) {
@@ -167,9 +174,21 @@ void bind_channels(py::module_& module) {
       },
       py::arg("transport"), py::arg("options"));
   module.def("_call_for", &call_for, py::arg("sender"), py::arg("receiver"), py::arg("request"), py::arg("timeout"));
-  module.def(
-      "_transport_name", [](PySender& sender) { return std::string(transport_name(sender.end().transport())); },
-      py::arg("sender"));
+
+  // Ends and listeners are bound elsewhere; what they show of their channel is added here.
+  const py::object property = py::module_::import("builtins").attr("property");
+  const char* transport_doc = "The channel's transport, named as C++'s transport_name() ('shm_ring', 'unix_socket', "
+                              "'pipe', 'in_process').";
+  module.attr("Sender").attr("transport") =
+      property(py::cpp_function([](PySender& end) { return std::string(transport_name(end.end().transport())); }),
+               py::none(), py::none(), transport_doc);
+  module.attr("Receiver").attr("transport") =
+      property(py::cpp_function([](PyReceiver& end) { return std::string(transport_name(end.end().transport())); }),
+               py::none(), py::none(), transport_doc);
+  document_property(module, "Sender", "is_open", "False once the stream was closed (or the end handed over).");
+  document_property(module, "Receiver", "is_open", "False once this end was closed (or handed over).");
+  document_property(module, "Listener", "is_open", "False once close() was called.");
+  document_property(module, "Listener", "address", "The address clients connect to.");
 }
 
 }  // namespace ferry::python
