@@ -8,7 +8,8 @@ Cases:
            allocator) against torch's DataLoader way (a new storage made shared with
            _new_shared, then mp.Queue.put); neither side fills it
   dict64   a dict of 64 new small tensors (1024 float32 each) per step, made as above
-  small    a 64-byte dict of scalars (pickled, 64 bytes)
+  small    a 64-byte dict of scalars (pickled, 64 bytes), one per step
+  small_stream  the same dicts, 100 per step sent back to back: the step's time / 100
   spawn    ferry.spawn of 4 workers to the last of their first messages, against
            torch.multiprocessing.spawn with an mp.SimpleQueue, same start method
 Each round runs every case for ferry, then for torch (the order alternates between rounds;
@@ -18,7 +19,7 @@ rounds and the ratio torch / ferry of those medians. The consumer does not call
 torch.from_dlpack (ferry's consumer gets ferry.Tensor views; a view costs about 7 us each).
 
 Usage: PYTHONPATH=build/release/python /usr/bin/python3 bench/peers/python_peers.py
-       [--rounds 5] [--steps 50] [--cases batch,dict64,small,spawn] [--start-methods fork,spawn]
+       [--rounds 5] [--steps 50] [--cases batch,dict64,small,small_stream,spawn] [--start-methods fork,spawn]
 """
 import argparse
 import json
@@ -47,7 +48,8 @@ def _ack(fd):
 
 def ferry_consumer(rank, rx, ack_fd):
     for message in rx:
-        _ack(ack_fd)
+        if message.get("more") is None:  # the last item of a step
+            _ack(ack_fd)
         del message
 
 
@@ -56,7 +58,8 @@ def torch_consumer(queue, ack_fd):
         message = queue.get()
         if message is None:
             break
-        _ack(ack_fd)
+        if message.get("more") is None:
+            _ack(ack_fd)
         del message
 
 
@@ -88,14 +91,26 @@ def torch_item(case):
     return dict(SMALL_MESSAGE)
 
 
-def timed_steps(send, make, ack_read, steps):
+STREAM = 100  # items per step of the small_stream case
+
+
+def items_per_step(case):
+    return STREAM if case == "small_stream" else 1
+
+
+def timed_steps(send, make, ack_read, steps, stream=1):
+    """Per-item microseconds of each step: from before the first item of the step was made
+    to the consumer's receipt of its last, divided by the step's items."""
     samples = []
+    more = dict(SMALL_MESSAGE, more=True)
     for step in range(steps + WARM_UP):
         start = time.perf_counter()
+        for _ in range(stream - 1):
+            send(dict(more))
         send(make())
         received = _wait_ack(ack_read)
         if step >= WARM_UP:
-            samples.append((received - start) * 1e6)
+            samples.append((received - start) * 1e6 / stream)
     return samples
 
 
@@ -107,7 +122,7 @@ class FerryPeer:
         os.close(ack_write)
 
     def run(self, case, steps):
-        return timed_steps(self.tx.send, lambda: ferry_item(case), self.ack_read, steps)
+        return timed_steps(self.tx.send, lambda: ferry_item(case), self.ack_read, steps, items_per_step(case))
 
     def close(self):
         self.tx.close()
@@ -125,7 +140,7 @@ class TorchPeer:
         os.close(ack_write)
 
     def run(self, case, steps):
-        return timed_steps(self.queue.put, lambda: torch_item(case), self.ack_read, steps)
+        return timed_steps(self.queue.put, lambda: torch_item(case), self.ack_read, steps, items_per_step(case))
 
     def close(self):
         self.queue.put(None)
@@ -174,7 +189,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--steps", type=int, default=50)
-    parser.add_argument("--cases", default="batch,dict64,small,spawn")
+    parser.add_argument("--cases", default="batch,dict64,small,small_stream,spawn")
     parser.add_argument("--start-methods", default="fork,spawn")
     parser.add_argument("--spawns", type=int, default=3, help="spawns per round and start method")
     options = parser.parse_args()
@@ -197,7 +212,7 @@ def main():
         for round_index in range(options.rounds):
             order = [("ferry", ferry_peer), ("torch", torch_peer)]
             for case in transfer_cases:
-                steps = options.steps if case != "small" else options.steps * 20
+                steps = options.steps * 20 if case == "small" else options.steps
                 for side, peer in order[::-1] if round_index % 2 else order:
                     samples = peer.run(case, steps)
                     rows.setdefault(f"{case}/{side}/p50", []).append(percentile(samples, 0.5))
