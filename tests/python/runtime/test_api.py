@@ -8,8 +8,14 @@ import threading
 import time
 import unittest
 
-import numpy as np
-import torch
+try:
+    import numpy as np
+except ImportError:  # this interpreter lacks it: every test here needs it
+    raise unittest.SkipTest("needs numpy (python3-numpy on Debian)")
+try:
+    import torch
+except ImportError:  # this interpreter lacks it: every test here needs it
+    raise unittest.SkipTest("needs torch (python3-torch on Debian)")
 
 import ferry
 
