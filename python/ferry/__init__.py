@@ -18,6 +18,7 @@ from ._ferry import (
     Tensor,
     TypeMismatch,
     UntrustedPeer,
+    connect_duplex,
     connect_receiver,
     connect_sender,
     listen,
@@ -25,9 +26,30 @@ from ._ferry import (
     _empty,
     _end_from_description,
 )
+from ._ferry import Broadcast, Distributor, Selector, SpawnError
+from ._channels import Duplex, channel, duplex
+from ._fanout import select
+from ._share import share
+from ._spawn import PerRank, WorkerFailed, WorkerGroup, per_rank, spawn
+
+from ._ferry import __version__
 
 __all__ = [
     "AddressInUse",
+    "Broadcast",
+    "Distributor",
+    "Duplex",
+    "PerRank",
+    "Selector",
+    "SpawnError",
+    "WorkerFailed",
+    "WorkerGroup",
+    "channel",
+    "duplex",
+    "per_rank",
+    "select",
+    "share",
+    "spawn",
     "ChannelClosed",
     "Error",
     "Listener",
@@ -38,6 +60,7 @@ __all__ = [
     "Tensor",
     "TypeMismatch",
     "UntrustedPeer",
+    "connect_duplex",
     "connect_receiver",
     "connect_sender",
     "empty",

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "ends_binding.hpp"
+#include "ferry/duplex.hpp"
 #include "ferry/endpoint.hpp"
 
 namespace py = pybind11;
@@ -21,10 +22,13 @@ EndpointOptions endpoint_options(const std::string& transport, const py::object&
     options.transport = Transport::UnixSocket;
   } else if (transport == "shm_ring") {
     options.transport = Transport::ShmRing;
+  } else if (transport == "unix_socket") {
+    options.transport = Transport::UnixSocket;
   } else if (transport == "pipe") {
     options.transport = Transport::Pipe;
   } else {
-    throw py::value_error("ferry endpoints carry messages over unix, shm_ring or pipe, not '" + transport + "'");
+    throw py::value_error("ferry endpoints carry messages over 'unix_socket' (or 'unix'), 'shm_ring' or 'pipe', not '" +
+                          transport + "'");
   }
   if (!connect_timeout.is_none()) {
     const auto seconds = connect_timeout.cast<double>();
@@ -33,6 +37,19 @@ EndpointOptions endpoint_options(const std::string& transport, const py::object&
         std::chrono::duration<double>(std::min(seconds, 1e9)));
   }
   return options;
+}
+
+// A duplex end of Value on its way to Python (made by accept_duplex and connect_duplex).
+struct DuplexHalves {
+  explicit DuplexHalves(DuplexEnd<PyValue, PyValue> end) : end(std::move(end)) {}
+  DuplexEnd<PyValue, PyValue> end;
+};
+
+// The Python ferry.Duplex over `halves`.
+py::object python_duplex(std::unique_ptr<DuplexHalves> halves) {
+  const py::object duplex = py::module_::import("ferry._channels").attr("Duplex");
+  return duplex(std::make_unique<PySender>(std::move(halves->end.sender)),
+                std::make_unique<PyReceiver>(std::move(halves->end.receiver)));
 }
 
 // A listener accepting ends of Value, one accept at a time.
@@ -55,6 +72,24 @@ class PyListener {
     return accept<Receiver<PyValue>, PyReceiver>(timeout, [this](std::chrono::nanoseconds slice) {
       return listener_.accept_receiver_for<PyValue>(slice);
     });
+  }
+  // This side's halves of an accepted duplex client.
+  std::unique_ptr<DuplexHalves> accept_duplex(const py::object& timeout) {
+    return accept<DuplexEnd<PyValue, PyValue>, DuplexHalves>(timeout, [this](std::chrono::nanoseconds slice) {
+      return listener_.accept_duplex_for<PyValue, PyValue>(slice);
+    });
+  }
+  // Declares a kind of client served before accepting one (so clients of several kinds
+  // may connect in any order).
+  void serve(const std::string& kind) {
+    const std::lock_guard lock(mutex_);
+    if (kind == "sender") {
+      listener_.serve_sender<PyValue>();
+    } else if (kind == "receiver") {
+      listener_.serve_receiver<PyValue>();
+    } else {
+      listener_.serve_duplex<PyValue, PyValue>();
+    }
   }
   void close() {
     py::gil_scoped_release release;
@@ -111,6 +146,21 @@ void bind_endpoints(py::module_& module) {
            "TimeoutError after `timeout` seconds (None: wait for ever).")
       .def("accept_receiver", &PyListener::accept_receiver, py::arg("timeout") = py::none(),
            "Waits for a client that connected with connect_sender(); returns this side's Receiver.")
+      .def(
+          "accept_duplex",
+          [](PyListener& self, const py::object& timeout) { return python_duplex(self.accept_duplex(timeout)); },
+          py::arg("timeout") = py::none(),
+          "Waits for a client that connected with connect_duplex(); returns this side's ferry.Duplex.")
+      .def(
+          "serve_sender", [](PyListener& self) { self.serve("sender"); },
+          "Declares that clients for accept_sender() (connect_receiver() clients) are served: they wait instead of "
+          "being refused, so clients of several kinds may connect in any order. Call before the first accept.")
+      .def(
+          "serve_receiver", [](PyListener& self) { self.serve("receiver"); },
+          "Declares that clients for accept_receiver() (connect_sender() clients) are served; see serve_sender().")
+      .def(
+          "serve_duplex", [](PyListener& self) { self.serve("duplex"); },
+          "Declares that clients for accept_duplex() (connect_duplex() clients) are served; see serve_sender().")
       .def("close", &PyListener::close, "Stops listening (accepted ends live on).")
       .def_property_readonly("address", &PyListener::address)
       .def_property_readonly("is_open", &PyListener::is_open)
@@ -149,6 +199,19 @@ void bind_endpoints(py::module_& module) {
       },
       py::arg("address"), py::arg("timeout") = py::none(), py::arg("transport") = "unix",
       "Connects as a Sender (the listener's accept_receiver); see connect_receiver.");
+  module.def(
+      "connect_duplex",
+      [](const std::string& address, const py::object& timeout, const std::string& transport) {
+        const EndpointOptions options = endpoint_options(transport, timeout);
+        std::unique_ptr<DuplexHalves> halves;
+        {
+          py::gil_scoped_release release;
+          halves = std::make_unique<DuplexHalves>(ferry::connect_duplex<PyValue, PyValue>(address, options));
+        }
+        return python_duplex(std::move(halves));
+      },
+      py::arg("address"), py::arg("timeout") = py::none(), py::arg("transport") = "unix",
+      "Connects as a ferry.Duplex (the listener's accept_duplex); see connect_receiver.");
 }
 
 }  // namespace ferry::python

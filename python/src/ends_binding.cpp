@@ -149,7 +149,7 @@ void bind_ends(py::module_& module) {
            "PeerDied when the sender vanished, ProtocolError/TypeMismatch for a bad message.")
       .def("recv_for", &PyReceiver::recv_for, py::arg("timeout"),
            "Like recv(), waiting at most `timeout` seconds; raises TimeoutError when nothing came.")
-      .def("close", &PyReceiver::close)
+      .def("close", &PyReceiver::close, "Closes this end; the sender's next send() raises ChannelClosed.")
       .def_property_readonly("is_open", &PyReceiver::is_open)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyReceiver::next)

@@ -5,6 +5,7 @@
 #include "ferry/endpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/peer_credentials.hpp"
+#include "error_text.hpp"
 
 namespace py = pybind11;
 
@@ -31,19 +32,19 @@ void bind_errors(py::module_& module) {
     try {
       if (raised) std::rethrow_exception(raised);
     } catch (const TypeMismatch& e) {
-      PyErr_SetString(type_mismatch.ptr(), e.what());
+      PyErr_SetString(type_mismatch.ptr(), python_error_text(e.what()).c_str());
     } catch (const ProtocolError& e) {
-      PyErr_SetString(protocol_error.ptr(), e.what());
+      PyErr_SetString(protocol_error.ptr(), python_error_text(e.what()).c_str());
     } catch (const PeerDied& e) {
-      PyErr_SetString(peer_died.ptr(), e.what());
+      PyErr_SetString(peer_died.ptr(), python_error_text(e.what()).c_str());
     } catch (const ChannelClosed& e) {
-      PyErr_SetString(channel_closed.ptr(), e.what());
+      PyErr_SetString(channel_closed.ptr(), python_error_text(e.what()).c_str());
     } catch (const AddressInUse& e) {
-      PyErr_SetString(address_in_use.ptr(), e.what());
+      PyErr_SetString(address_in_use.ptr(), python_error_text(e.what()).c_str());
     } catch (const UntrustedPeer& e) {
-      PyErr_SetString(untrusted_peer.ptr(), e.what());
+      PyErr_SetString(untrusted_peer.ptr(), python_error_text(e.what()).c_str());
     } catch (const Error& e) {
-      PyErr_SetString(error.ptr(), e.what());
+      PyErr_SetString(error.ptr(), python_error_text(e.what()).c_str());
     }
   });
 }

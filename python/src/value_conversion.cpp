@@ -95,6 +95,34 @@ Tensor tensor_from_array_interface(py::handle object, const py::dict& interface)
   return tensor_for(view);
 }
 
+// The device a tensor lives on, as its library names it ("cuda:0"), or from its DLPack
+// device type and index.
+std::string device_name(const py::object& tensor, int type, int index) {
+  if (py::hasattr(tensor, "device")) return py::str(tensor.attr("device")).cast<std::string>();
+  std::string kind;
+  switch (type) {
+    case kDLCUDA: kind = "cuda"; break;
+    case kDLCUDAManaged: kind = "cuda (managed memory)"; break;
+    case kDLROCM: kind = "rocm"; break;
+    case kDLVulkan: kind = "vulkan"; break;
+    case kDLMetal: kind = "metal"; break;
+    default: kind = "DLPack device type " + std::to_string(type); break;
+  }
+  return kind + ":" + std::to_string(index);
+}
+
+// A NumPy scalar (numpy.float32(1.5), numpy.int64(3), numpy.bool_(True)): sent as the
+// Python number it holds, as `item()` gives it. nullptr for anything else.
+py::object numpy_scalar_item(py::handle object) {
+  PyObject* numpy = PyDict_GetItemString(PyImport_GetModuleDict(), "numpy");  // borrowed; set once imported
+  if (numpy == nullptr) return py::object();  // NumPy was never imported: this is no NumPy scalar
+  const py::object generic = py::reinterpret_borrow<py::object>(numpy).attr("generic");
+  const int is_scalar = PyObject_IsInstance(object.ptr(), generic.ptr());
+  if (is_scalar < 0) throw py::error_already_set();
+  if (is_scalar == 0) return py::object();
+  return object.attr("item")();
+}
+
 // A torch tensor (or anything with __dlpack__ on the CPU). DLPack 0.6 has no bool: a torch
 // bool tensor is read as uint8 and sent as bool.
 Tensor tensor_from_dlpack_object(py::handle object) {
@@ -109,8 +137,10 @@ Tensor tensor_from_dlpack_object(py::handle object) {
     const auto device = source.attr("__dlpack_device__")().cast<py::tuple>();
     const auto type = device[0].cast<int>();
     if (type != kDLCPU && type != kDLCUDAHost) {
-      throw py::type_error("ferry sends CPU tensors from Python; this one is on DLPack device type " +
-                           std::to_string(type) + " (move it to the CPU first)");
+      throw py::type_error("ferry sends CPU tensors from Python; this tensor is on " +
+                           device_name(source, type, device[1].cast<int>()) +
+                           ": send a CPU copy (tensor.cpu(), or tensor.to('cpu', non_blocking=True) into pinned "
+                           "memory), or keep it on the device and send what the receiver needs to know instead");
     }
   }
   const py::object capsule = source.attr("__dlpack__")();  // its destructor releases the tensor
@@ -200,6 +230,9 @@ Value convert(py::handle object, std::size_t depth) {
     return Value(std::move(list));
   }
   if (py::hasattr(object, "__array_interface__")) {
+    if (const py::object item = numpy_scalar_item(object)) {
+      if (PyBool_Check(item.ptr()) || PyLong_Check(item.ptr()) || PyFloat_Check(item.ptr())) return convert(item, depth);
+    }
     return Value(tensor_from_array_interface(object, object.attr("__array_interface__").cast<py::dict>()));
   }
   if (py::hasattr(object, "__dlpack__")) return Value(tensor_from_dlpack_object(object));
