@@ -7,6 +7,9 @@
 //  - when `abandoned` is given and becomes true (the end's close() from another thread),
 //    the wait ends within that period with `Abandoned` thrown.
 // A timeout from Python is None (no limit) or a number of seconds >= 0, everywhere.
+// The check takes the GIL (main thread only) while the waiting call holds ferry's locks of
+// the object it waits on: a binding must never lock such an object (call one of its methods
+// that locks, e.g. SenderCore's) with the GIL held, or the two threads wait for each other.
 #pragma once
 
 #include <pybind11/pybind11.h>
