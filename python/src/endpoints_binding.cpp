@@ -1,12 +1,14 @@
 #include "endpoints_binding.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 
+#include "blocking_call.hpp"
 #include "ends_binding.hpp"
 #include "ferry/duplex.hpp"
 #include "ferry/endpoint.hpp"
@@ -30,12 +32,10 @@ EndpointOptions endpoint_options(const std::string& transport, const py::object&
     throw py::value_error("ferry endpoints carry messages over 'unix_socket' (or 'unix'), 'shm_ring' or 'pipe', not '" +
                           transport + "'");
   }
-  if (!connect_timeout.is_none()) {
-    const auto seconds = connect_timeout.cast<double>();
-    if (!(seconds >= 0)) throw py::value_error("timeout must be a number of seconds >= 0");
-    options.connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
-        std::chrono::duration<double>(std::min(seconds, 1e9)));
-  }
+  // None: no limit, as everywhere in the package (C++'s default is 10 s).
+  const auto limit = timeout_from_python(connect_timeout, "connect_sender()/connect_receiver()");
+  options.connect_timeout = limit ? std::chrono::duration_cast<std::chrono::milliseconds>(*limit)
+                                  : std::chrono::milliseconds::max();
   return options;
 }
 
@@ -64,19 +64,19 @@ class PyListener {
   PyListener& operator=(const PyListener&) = delete;
 
   std::unique_ptr<PySender> accept_sender(const py::object& timeout) {
-    return accept<Sender<PyValue>, PySender>(timeout, [this](std::chrono::nanoseconds slice) {
-      return listener_.accept_sender_for<PyValue>(slice);
+    return accept<PySender>(timeout, "Listener.accept_sender()", [this](std::chrono::nanoseconds limit) {
+      return listener_.accept_sender_for<PyValue>(limit);
     });
   }
   std::unique_ptr<PyReceiver> accept_receiver(const py::object& timeout) {
-    return accept<Receiver<PyValue>, PyReceiver>(timeout, [this](std::chrono::nanoseconds slice) {
-      return listener_.accept_receiver_for<PyValue>(slice);
+    return accept<PyReceiver>(timeout, "Listener.accept_receiver()", [this](std::chrono::nanoseconds limit) {
+      return listener_.accept_receiver_for<PyValue>(limit);
     });
   }
   // This side's halves of an accepted duplex client.
   std::unique_ptr<DuplexHalves> accept_duplex(const py::object& timeout) {
-    return accept<DuplexEnd<PyValue, PyValue>, DuplexHalves>(timeout, [this](std::chrono::nanoseconds slice) {
-      return listener_.accept_duplex_for<PyValue, PyValue>(slice);
+    return accept<DuplexHalves>(timeout, "Listener.accept_duplex()", [this](std::chrono::nanoseconds limit) {
+      return listener_.accept_duplex_for<PyValue, PyValue>(limit);
     });
   }
   // Declares a kind of client served before accepting one (so clients of several kinds
@@ -92,47 +92,37 @@ class PyListener {
     }
   }
   void close() {
+    closing_.store(true, std::memory_order_release);  // an accept waiting in another thread gives up
     py::gil_scoped_release release;
-    const std::lock_guard lock(mutex_);  // waits at most one slice of a waiting accept
+    const std::lock_guard lock(mutex_);  // the waiting accept leaves within 50 ms
     listener_.close();
   }
   std::string address() const { return listener_.address(); }
   bool is_open() const noexcept { return listener_.is_open(); }
 
  private:
-  // Accepts in slices of kSignalCheck without the GIL until a client comes or `timeout`
-  // (seconds, None: for ever) passes (TimeoutError).
-  template <class End, class PyEnd, class Accept>
-  std::unique_ptr<PyEnd> accept(const py::object& timeout, Accept&& accept_for) {
-    std::optional<std::chrono::steady_clock::time_point> deadline;
-    if (!timeout.is_none()) {
-      const auto seconds = timeout.cast<double>();
-      if (!(seconds >= 0)) throw py::value_error("timeout must be a number of seconds >= 0");
-      deadline = std::chrono::steady_clock::now() +
-                 std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(std::min(seconds, 1e9)));
-    }
-    for (;;) {
-      std::chrono::nanoseconds slice = kSignalCheck;
-      if (deadline) {
-        slice = std::clamp<std::chrono::nanoseconds>(*deadline - std::chrono::steady_clock::now(),
-                                                     std::chrono::nanoseconds(0), slice);
-      }
-      std::optional<End> end = [&] {
-        py::gil_scoped_release release;  // other Python threads run while this one waits for a client
-        const std::lock_guard lock(mutex_);
-        return accept_for(slice);
-      }();
-      if (end) return std::make_unique<PyEnd>(std::move(*end));
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      if (deadline && std::chrono::steady_clock::now() >= *deadline) {
-        PyErr_SetString(PyExc_TimeoutError, ("no client connected to " + listener_.address() + " in time").c_str());
-        throw py::error_already_set();
-      }
-    }
+  // Waits (call_blocking) until a client comes or `timeout` (seconds, None: no limit)
+  // passes (TimeoutError).
+  template <class PyEnd, class Accept>
+  std::unique_ptr<PyEnd> accept(const py::object& timeout, const char* api, Accept&& accept_for) {
+    const auto limit = timeout_from_python(timeout, api);
+    auto end = call_blocking(
+        [&] {
+          const std::lock_guard lock(mutex_);
+          if (!listener_.is_open()) throw ChannelClosed(std::string(api) + ": this Listener is closed");
+          return accept_for(timeout_or_forever(limit));
+        },
+        &closing_, (std::string(api) + ": this Listener was closed by another thread while it waited").c_str());
+    if (end) return std::make_unique<PyEnd>(std::move(*end));
+    PyErr_SetString(PyExc_TimeoutError, (std::string(api) + ": no client connected to " + listener_.address() +
+                                         " within " + std::to_string(py::cast<double>(timeout)) + " s")
+                                            .c_str());
+    throw py::error_already_set();
   }
 
   Listener listener_;
   std::mutex mutex_;
+  std::atomic<bool> closing_{false};  // close() was called: a waiting accept gives up
 };
 
 }  // namespace
@@ -143,14 +133,17 @@ void bind_endpoints(py::module_& module) {
                          "ferry.Value messages.")
       .def("accept_sender", &PyListener::accept_sender, py::arg("timeout") = py::none(),
            "Waits for a client that connected with connect_receiver(); returns this side's Sender. "
-           "TimeoutError after `timeout` seconds (None: wait for ever).")
+           "TimeoutError after `timeout` seconds (None: no limit). Ctrl-C raises KeyboardInterrupt; close() "
+           "from another thread makes it raise ChannelClosed.")
       .def("accept_receiver", &PyListener::accept_receiver, py::arg("timeout") = py::none(),
-           "Waits for a client that connected with connect_sender(); returns this side's Receiver.")
+           "Waits for a client that connected with connect_sender(); returns this side's Receiver. "
+           "`timeout` as in accept_sender().")
       .def(
           "accept_duplex",
           [](PyListener& self, const py::object& timeout) { return python_duplex(self.accept_duplex(timeout)); },
           py::arg("timeout") = py::none(),
-          "Waits for a client that connected with connect_duplex(); returns this side's ferry.Duplex.")
+          "Waits for a client that connected with connect_duplex(); returns this side's ferry.Duplex. "
+          "`timeout` as in accept_sender().")
       .def(
           "serve_sender", [](PyListener& self) { self.serve("sender"); },
           "Declares that clients for accept_sender() (connect_receiver() clients) are served: they wait instead of "
@@ -184,18 +177,19 @@ void bind_endpoints(py::module_& module) {
       "connect_receiver",
       [](const std::string& address, const py::object& timeout, const std::string& transport) {
         const EndpointOptions options = endpoint_options(transport, timeout);
-        py::gil_scoped_release release;
-        return std::make_unique<PyReceiver>(ferry::connect_receiver<PyValue>(address, options));
+        return std::make_unique<PyReceiver>(call_blocking(
+            [&] { return ferry::connect_receiver<PyValue>(address, options); }, nullptr, ""));
       },
       py::arg("address"), py::arg("timeout") = py::none(), py::arg("transport") = "unix",
       "Connects to the listener at `address` (a C++ accept_sender<ferry::Value>() or a Python "
-      "accept_sender()); waits up to `timeout` seconds (default 10) for it to appear and accept.");
+      "accept_sender()); waits up to `timeout` seconds (None: no limit) for it to appear and accept "
+      "(Error after that); Ctrl-C raises KeyboardInterrupt.");
   module.def(
       "connect_sender",
       [](const std::string& address, const py::object& timeout, const std::string& transport) {
         const EndpointOptions options = endpoint_options(transport, timeout);
-        py::gil_scoped_release release;
-        return std::make_unique<PySender>(ferry::connect_sender<PyValue>(address, options));
+        return std::make_unique<PySender>(call_blocking(
+            [&] { return ferry::connect_sender<PyValue>(address, options); }, nullptr, ""));
       },
       py::arg("address"), py::arg("timeout") = py::none(), py::arg("transport") = "unix",
       "Connects as a Sender (the listener's accept_receiver); see connect_receiver.");
@@ -203,11 +197,8 @@ void bind_endpoints(py::module_& module) {
       "connect_duplex",
       [](const std::string& address, const py::object& timeout, const std::string& transport) {
         const EndpointOptions options = endpoint_options(transport, timeout);
-        std::unique_ptr<DuplexHalves> halves;
-        {
-          py::gil_scoped_release release;
-          halves = std::make_unique<DuplexHalves>(ferry::connect_duplex<PyValue, PyValue>(address, options));
-        }
+        auto halves = std::make_unique<DuplexHalves>(call_blocking(
+            [&] { return ferry::connect_duplex<PyValue, PyValue>(address, options); }, nullptr, ""));
         return python_duplex(std::move(halves));
       },
       py::arg("address"), py::arg("timeout") = py::none(), py::arg("transport") = "unix",

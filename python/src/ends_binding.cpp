@@ -9,6 +9,7 @@
 #include <sstream>
 #include <string>
 
+#include "blocking_call.hpp"
 #include "ferry/end_description.hpp"
 #include "value_conversion.hpp"
 
@@ -55,13 +56,22 @@ PySender::~PySender() {
 
 void PySender::send(py::handle object) {
   PyValue value(to_value(object));  // with the GIL: reads Python objects
-  py::gil_scoped_release release;
-  end_.send(std::move(value));
+  call_blocking([&] { end_.send(std::move(value)); }, &closing_,
+                "Sender.send(): this Sender was closed by another thread while send() waited for room; the "
+                "message was not sent");
+}
+
+bool PySender::send_for(py::handle object, const py::object& timeout) {
+  const auto limit = timeout_from_python(timeout, "Sender.send_for()");
+  PyValue value(to_value(object));
+  return call_blocking([&] { return end_.send_for(std::move(value), timeout_or_forever(limit)); }, &closing_,
+                       "Sender.send_for(): this Sender was closed by another thread while send_for() waited for "
+                       "room; the message was not sent");
 }
 
 void PySender::close() {
-  py::gil_scoped_release release;
-  end_.close();
+  closing_.store(true, std::memory_order_release);  // a send waiting in another thread gives up
+  call_blocking([&] { end_.close(); }, nullptr, "");
 }
 
 // ---- PyReceiver -----------------------------------------------------------------------------
@@ -74,58 +84,54 @@ PyReceiver::~PyReceiver() {
   }
 }
 
-std::optional<PyValue> PyReceiver::receive_until(std::optional<std::chrono::steady_clock::time_point> deadline,
-                                                 bool& ended) {
+std::optional<PyValue> PyReceiver::receive_within(std::chrono::nanoseconds timeout, bool& ended) {
   ended = false;
-  for (;;) {
-    std::chrono::nanoseconds slice = kSignalCheck;
-    if (deadline) slice = std::clamp<std::chrono::nanoseconds>(*deadline - std::chrono::steady_clock::now(),
-                                                              std::chrono::nanoseconds(0), slice);
-    RecvResult<PyValue> result = [&] {
-      py::gil_scoped_release release;  // another Python thread runs while this one waits
-      const std::lock_guard lock(mutex_);
-      return end_.recv_for(slice);
-    }();
-    if (result.has_value()) return std::move(result).take();
-    if (result.closed()) {
-      ended = true;
-      return std::nullopt;
-    }
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();  // Ctrl-C in the main thread
-    if (deadline && std::chrono::steady_clock::now() >= *deadline) return std::nullopt;
+  RecvResult<PyValue> result;
+  try {
+    result = call_blocking(
+        [&] {
+          const std::lock_guard lock(mutex_);
+          return end_.recv_for(timeout);
+        },
+        &closing_, "");  // Abandoned: the end of this end's stream, below
+  } catch (const Abandoned&) {
+    ended = true;  // closed by another thread: the end of this end's stream
+    return std::nullopt;
   }
+  if (result.has_value()) return std::move(result).take();
+  ended = result.closed();
+  return std::nullopt;
 }
 
 py::object PyReceiver::recv() {
   bool ended = false;
-  std::optional<PyValue> value = receive_until(std::nullopt, ended);
+  std::optional<PyValue> value = receive_within(std::chrono::nanoseconds::max(), ended);
   if (!value) throw ChannelClosed("the stream ended: the sender closed it (or this Receiver was closed)");
   return value->take();
 }
 
-py::object PyReceiver::recv_for(double timeout_seconds) {
-  if (!(timeout_seconds >= 0)) throw py::value_error("recv_for: the timeout must be a number of seconds >= 0");
-  const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
-      std::chrono::duration<double>(std::min(timeout_seconds, 1e9)));
+py::object PyReceiver::recv_for(const py::object& timeout) {
+  const auto limit = timeout_from_python(timeout, "Receiver.recv_for()");
   bool ended = false;
-  std::optional<PyValue> value = receive_until(std::chrono::steady_clock::now() + timeout, ended);
+  std::optional<PyValue> value = receive_within(timeout_or_forever(limit), ended);
   if (value) return value->take();
   if (ended) throw ChannelClosed("the stream ended: the sender closed it (or this Receiver was closed)");
-  PyErr_SetString(PyExc_TimeoutError, ("recv_for: no message within " + std::to_string(timeout_seconds) + " s").c_str());
+  PyErr_SetString(PyExc_TimeoutError,
+                  ("Receiver.recv_for(): no message within " + std::to_string(py::cast<double>(timeout)) + " s").c_str());
   throw py::error_already_set();
 }
 
 py::object PyReceiver::next() {
   bool ended = false;
-  std::optional<PyValue> value = receive_until(std::nullopt, ended);
+  std::optional<PyValue> value = receive_within(std::chrono::nanoseconds::max(), ended);
   if (!value) throw py::stop_iteration();
   return value->take();
 }
 
 void PyReceiver::close() {
+  closing_.store(true, std::memory_order_release);  // a recv waiting in another thread gives up
   py::gil_scoped_release release;
-  const std::lock_guard lock(mutex_);  // waits at most one kSignalCheck slice of a waiting recv()
-  end_.close();
+  end_.close();  // thread-safe against a recv in another thread (it leaves within 50 ms)
 }
 
 // ---- the module -----------------------------------------------------------------------------
@@ -135,7 +141,14 @@ void bind_ends(py::module_& module) {
       .def("send", &PySender::send, py::arg("message"),
            "Sends a message (None, bool, int, float, str, bytes, list, tuple, dict, tensors); blocks, "
            "without the GIL, while the transport is full.")
-      .def("close", &PySender::close, "Ends the stream: the receiver's iteration stops after what was sent.")
+      .def("send_for", &PySender::send_for, py::arg("message"), py::arg("timeout"),
+           "Like send(), giving up when the transport stays full for `timeout` seconds (None: no limit); "
+           "returns whether the message was accepted (False: nothing of it was sent). A message whose frame "
+           "had begun to go out is accepted, and its rest goes out with the next send or close().")
+      .def("close", &PySender::close,
+           "Ends the stream: the receiver's iteration stops after what was sent. A send() blocked in another "
+           "thread raises ChannelClosed; close() itself waits for room for the end of the stream at most 10 s "
+           "(the receiver then sees PeerDied instead). Ctrl-C interrupts it.")
       .def_property_readonly("is_open", &PySender::is_open)
       .def("__enter__", [](py::object self) { return self; })
       .def("__exit__", [](PySender& self, const py::args&) {
@@ -148,8 +161,10 @@ void bind_ends(py::module_& module) {
            "The next message; waits without the GIL. Raises ChannelClosed at the end of the stream, "
            "PeerDied when the sender vanished, ProtocolError/TypeMismatch for a bad message.")
       .def("recv_for", &PyReceiver::recv_for, py::arg("timeout"),
-           "Like recv(), waiting at most `timeout` seconds; raises TimeoutError when nothing came.")
-      .def("close", &PyReceiver::close, "Closes this end; the sender's next send() raises ChannelClosed.")
+           "Like recv(), waiting at most `timeout` seconds (None: no limit); raises TimeoutError when "
+           "nothing came.")
+      .def("close", &PyReceiver::close,
+           "Closes this end; a recv() blocked in another thread raises ChannelClosed (iteration stops).")
       .def_property_readonly("is_open", &PyReceiver::is_open)
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", &PyReceiver::next)

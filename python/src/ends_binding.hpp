@@ -1,22 +1,21 @@
 // ferry.Sender and ferry.Receiver: the ends of a channel of ferry::Value seen from Python.
-// Waiting (a full transport, an empty one) releases the GIL; a thread waiting in recv()
-// still sees Ctrl-C (signals are checked every 100 ms).
+// Every wait (a full transport, an empty one) releases the GIL, raises KeyboardInterrupt
+// within 50 ms of Ctrl-C in the main thread, and ends when another thread closes the end
+// (call_blocking, blocking_call.hpp).
 #pragma once
 
 #include <pybind11/pybind11.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
+#include <optional>
 
 #include "ferry/channel.hpp"
 #include "ferry/value.hpp"
 #include "py_value.hpp"
 
 namespace ferry::python {
-
-/// How long a wait (recv, send to a full transport, accept) runs without the GIL before it
-/// checks for signals (Ctrl-C).
-inline constexpr std::chrono::milliseconds kSignalCheck{100};
 
 /// The sending end: send() from any thread.
 class PySender {
@@ -27,12 +26,17 @@ class PySender {
   PySender& operator=(const PySender&) = delete;
 
   void send(pybind11::handle object);
+  /// Like send(), giving up when the transport stays full for `timeout` seconds (None: no
+  /// limit); whether the message was accepted.
+  bool send_for(pybind11::handle object, const pybind11::object& timeout);
+  /// Ends the stream; a send() blocked in another thread ends with ChannelClosed.
   void close();
   bool is_open() const noexcept { return end_.is_open(); }
   Sender<PyValue>& end() noexcept { return end_; }
 
  private:
   Sender<PyValue> end_;
+  std::atomic<bool> closing_{false};  // close() was called: a waiting send gives up
 };
 
 /// The receiving end. One receive at a time: a second thread's recv() waits for the first.
@@ -45,8 +49,8 @@ class PyReceiver {
 
   /// The next message; ChannelClosed once the sender closed the stream.
   pybind11::object recv();
-  /// The next message within `timeout_seconds`; TimeoutError when none came.
-  pybind11::object recv_for(double timeout_seconds);
+  /// The next message within `timeout` seconds (None: no limit); TimeoutError when none came.
+  pybind11::object recv_for(const pybind11::object& timeout);
   /// For iteration: the next message; StopIteration once the sender closed the stream.
   pybind11::object next();
   void close();
@@ -54,12 +58,13 @@ class PyReceiver {
   Receiver<PyValue>& end() noexcept { return end_; }
 
  private:
-  // Waits (without the GIL, checking for signals every kSignalCheck) until a message
-  // comes, the stream ends (`ended` set) or `deadline` passes; nullopt when none came.
-  std::optional<PyValue> receive_until(std::optional<std::chrono::steady_clock::time_point> deadline, bool& ended);
+  // Waits (call_blocking) until a message comes, the stream ends or this end is closed
+  // (`ended` set) or `timeout` passes; nullopt when none came.
+  std::optional<PyValue> receive_within(std::chrono::nanoseconds timeout, bool& ended);
 
   Receiver<PyValue> end_;
-  std::mutex mutex_;  // Receiver<T> is for one thread at a time
+  std::mutex mutex_;  // Receiver<T> is for one thread at a time: recv() against recv()
+  std::atomic<bool> closing_{false};  // close() was called: a waiting recv gives up
 };
 
 /// Adds ferry.Sender, ferry.Receiver and the functions that make ends to `module`.

@@ -12,6 +12,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -25,6 +27,36 @@
 
 namespace ferry {
 namespace {
+
+// The modules of `required` (space-separated) that the test's interpreter cannot import.
+std::string missing_python_modules(const std::string& required) {
+  const std::string command = std::string(FERRY_TEST_PYTHON_EXECUTABLE) +
+                              " -c \"import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if "
+                              "importlib.util.find_spec(m) is None))\" " + required;
+  const std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), &::pclose);
+  if (!pipe) return "(the interpreter did not start)";
+  std::string output;
+  char buffer[256];
+  while (std::fgets(buffer, sizeof buffer, pipe.get()) != nullptr) output += buffer;
+  while (!output.empty() && (output.back() == '\n' || output.back() == ' ')) output.pop_back();
+  return output;
+}
+
+// Every trainer scenario imports numpy and torch: without them, each test is skipped,
+// saying what is missing, instead of failing.
+class PythonModules : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const std::string missing = missing_python_modules("numpy torch");
+    if (!missing.empty()) {
+      GTEST_SKIP() << FERRY_TEST_PYTHON_EXECUTABLE << " has no " << missing
+                   << "; install Debian's python3-numpy and python3-torch, or configure with "
+                      "-DPython3_EXECUTABLE=/usr/bin/python3";
+    }
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kPythonModules =
+    ::testing::AddGlobalTestEnvironment(new PythonModules);
 
 // A C++ message type that is not Value.
 struct Batch {

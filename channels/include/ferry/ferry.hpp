@@ -28,3 +28,4 @@
 #include "ferry/peer_credentials.hpp"
 #include "ferry/tensor.hpp"
 #include "ferry/tensor_wire.hpp"
+#include "ferry/wait_interruption.hpp"

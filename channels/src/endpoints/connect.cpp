@@ -1,11 +1,11 @@
 // connect_*(): find the listener, check who it is, handshake, build this side's ends.
 #include <algorithm>
-#include <thread>
 
 #include "endpoints/address.hpp"
 #include "endpoints/connection_ends.hpp"
 #include "endpoints/handshake.hpp"
 #include "ferry/endpoint.hpp"
+#include "ferry/wait_interruption.hpp"
 #include "endpoints/scheme_registry.hpp"
 
 namespace ferry::detail {
@@ -25,7 +25,7 @@ UniqueFd reach_listener(const SocketScheme& scheme, std::string_view address, st
                   " (EndpointOptions::connect_timeout); start the listening process or check the address");
     }
     // Nothing to wait on but time: the listener's socket does not exist yet.
-    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline.remaining()));
+    interruptible_sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline.remaining()));
     pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(20));
   }
 }

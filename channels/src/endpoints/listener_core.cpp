@@ -10,6 +10,7 @@
 
 #include "endpoints/connection_ends.hpp"
 #include "endpoints/handshake.hpp"
+#include "ferry/wait_interruption.hpp"
 #include "ferry/endpoint.hpp"
 #include "endpoints/refusal_log.hpp"
 #include "endpoints/scheme_registry.hpp"
@@ -290,14 +291,17 @@ bool StreamListenerCore::pump(const Deadline& deadline) {
   append_poll_fds(fds);
   const Deadline handshakes = next_deadline();
   const Deadline& until = handshakes.time_point() < deadline.time_point() ? handshakes : deadline;
+  bool sliced = false;  // cut short for the thread's wait-interruption check
+  const std::chrono::nanoseconds limit = sleep_limit(until, sliced);
   timespec left{};
   const timespec* timeout = nullptr;
-  if (!until.is_never()) {
-    left = until.remaining_timespec();
+  if (limit != std::chrono::nanoseconds::max()) {
+    left = to_timespec(limit);
     timeout = &left;
   }
   const int rc = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
   if (rc < 0 && errno != EINTR) throw_errno("ppoll on a listening endpoint");
+  if (rc < 0 || (rc == 0 && sliced)) wait_interruption_point(rc < 0);  // may throw: nothing is lost
   if (rc > 0) {
     // fds: the listening socket, pending_, then ready_ (advance() appends to ready_ only).
     std::vector<bool> readable(pending_.size());

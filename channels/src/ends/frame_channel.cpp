@@ -2,6 +2,7 @@
 
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
+#include "ferry/wait_interruption.hpp"
 
 #include <poll.h>
 #include <unistd.h>
@@ -71,6 +72,7 @@ bool SenderCore::send_locked(const void* message, const SentType& type, const De
 }
 
 SenderCore::~SenderCore() {
+  const WaitInterruptionSuspended uninterrupted;  // a destructor's close runs to its end
   untrack();
   // Destroyed while an exception unwinds (a failing worker or stage): do not end the stream
   // cleanly, so that the receiver sees the failure (PeerDied) instead of end-of-stream.
@@ -395,6 +397,8 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   } catch (const ProtocolError& error) {
     mark_broken(error.what());
     throw;
+  } catch (const WaitInterrupted&) {
+    throw;  // the thread's check abandoned the wait: the stream is where it was
   } catch (const PeerDied& error) {
     // The stream may still hold frames of the dead sender (a decode found it dead): never
     // read them, and let the transport's fds go now.

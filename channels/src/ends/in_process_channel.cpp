@@ -17,16 +17,28 @@
 #include <string>
 
 #include "ferry/error.hpp"
+#include "ferry/wait_interruption.hpp"
 
 namespace ferry::detail {
 namespace {
 
-std::int64_t microseconds_left(const Deadline& deadline) {
-  return std::max<std::int64_t>(1, (deadline.remaining().count() + 999) / 1000);
-}
-
 bool is_poll(const Deadline& deadline) {
   return deadline.time_point() == Deadline::Clock::time_point::min() || deadline.expired();
+}
+
+// Runs `wait_for(microseconds)` (a timed wait of the queue or its semaphore; true when it
+// got what it waits for) until it succeeds or `deadline` passes, in slices that honour the
+// thread's wait-interruption check.
+template <class WaitFor>
+bool wait_in_slices(const Deadline& deadline, const WaitFor& wait_for) {
+  while (true) {
+    bool sliced = false;
+    const std::chrono::nanoseconds limit = sleep_limit(deadline, sliced);
+    const std::int64_t micros = std::max<std::int64_t>(1, (limit.count() + 999) / 1000);
+    if (wait_for(micros)) return true;
+    if (!sliced) return false;
+    wait_interruption_point();
+  }
 }
 
 [[noreturn]] void throw_receiver_closed() {
@@ -69,9 +81,9 @@ InProcessQueue::~InProcessQueue() = default;
 
 bool InProcessQueue::reserve(const Deadline& deadline) {
   if (state_->receiver_closed.load(std::memory_order_acquire)) throw_receiver_closed();
-  if (deadline.is_never()) return state_->room.wait();
   if (is_poll(deadline)) return state_->room.tryWait();
-  return state_->room.wait(microseconds_left(deadline));
+  if (deadline.is_never() && !wait_interruptible()) return state_->room.wait();
+  return wait_in_slices(deadline, [&](std::int64_t micros) { return state_->room.wait(micros); });
 }
 
 void InProcessQueue::push(std::unique_ptr<Parcel> parcel) {
@@ -119,10 +131,12 @@ ReadStatus InProcessQueue::receive(std::unique_ptr<Parcel>& out, const Deadline&
       return ReadStatus::Closed;
     }
     std::unique_ptr<Parcel> parcel;
-    if (deadline.is_never()) {
+    if (deadline.is_never() && !wait_interruptible()) {
       s.queue.wait_dequeue(parcel);
     } else if (is_poll(deadline) ? !s.queue.try_dequeue(parcel)
-                                 : !s.queue.wait_dequeue_timed(parcel, microseconds_left(deadline))) {
+                                 : !wait_in_slices(deadline, [&](std::int64_t micros) {
+                                     return s.queue.wait_dequeue_timed(parcel, micros);
+                                   })) {
       return ReadStatus::Timeout;
     }
     if (!parcel) {  // the end marker: values from other threads may still be on their way

@@ -11,6 +11,7 @@
 #include "ends/in_process_queue.hpp"
 #include "ferry/detail/frame_channel.hpp"
 #include "ferry/endpoint.hpp"
+#include "ferry/wait_interruption.hpp"
 #include "ring/futex.hpp"
 #include "ring/ring_layout.hpp"
 
@@ -127,6 +128,10 @@ struct detail::SelectorWaitPlan {
     } else if (!hinted.empty()) {
       recheck = kHintRecheckInterval;
     }
+    // The thread's wait-interruption check, when installed, is due at most this far away.
+    if (const auto slice = detail::wait_interruption_slice(); slice != std::chrono::nanoseconds::max()) {
+      recheck = recheck ? std::min(*recheck, slice) : slice;
+    }
     if (poll_until.is_never() && !recheck) return nullptr;
     const std::chrono::nanoseconds left = poll_until.is_never() ? *recheck : poll_until.remaining();
     const std::chrono::nanoseconds sleep = recheck ? std::min(left, *recheck) : left;
@@ -196,7 +201,9 @@ bool wait_on_futexes(const std::vector<detail::SelectorMember>& members, detail:
   look();
   if (any || deadline.expired()) return true;
   // Wake up at the deadline, and every kHangUpCheckInterval to look for dead writers.
-  const auto until = std::min(deadline.time_point(), Clock::now() + kHangUpCheckInterval);
+  const auto until = std::min(deadline.time_point(),
+                              Clock::now() + std::min<std::chrono::nanoseconds>(kHangUpCheckInterval,
+                                                                                detail::wait_interruption_slice()));
   if (!futex_wait_any(words, kRingSleeping, until)) return false;
   look();
   return true;
@@ -280,13 +287,18 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       if (wait_on_futexes(members_, plan, deadline)) {
         if (const auto index = pick(plan.ready)) return index;
         if (deadline.expired()) return std::nullopt;
+        detail::wait_interruption_point();  // may throw: nothing was taken
         continue;
       }
       futexes_work_ = false;  // futex_waitv is missing (Linux before 5.16): re-check instead
     }
-    if (!poll_once(plan)) continue;  // interrupted by a signal
+    if (!poll_once(plan)) {  // interrupted by a signal
+      detail::wait_interruption_point(true);
+      continue;
+    }
     if (const auto index = pick(plan.ready)) return index;
     if (deadline.expired()) return std::nullopt;
+    detail::wait_interruption_point();  // may throw: nothing was taken
   }
 }
 

@@ -26,7 +26,7 @@ long futex(const std::atomic<std::uint32_t>& word, int op, std::uint32_t value, 
 
 }  // namespace
 
-void futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout) {
+bool futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout) {
   timespec relative{};
   const timespec* limit = nullptr;
   if (timeout >= std::chrono::nanoseconds::zero()) {
@@ -34,9 +34,10 @@ void futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, 
     relative.tv_nsec = static_cast<long>(timeout.count() % 1'000'000'000);
     limit = &relative;
   }
-  if (futex(word, FUTEX_WAIT, expected, limit) == 0) return;
+  if (futex(word, FUTEX_WAIT, expected, limit) == 0) return false;
   // EAGAIN: the word changed before we slept; ETIMEDOUT and EINTR: the caller re-checks.
-  if (errno == EAGAIN || errno == ETIMEDOUT || errno == EINTR) return;
+  if (errno == EINTR) return true;
+  if (errno == EAGAIN || errno == ETIMEDOUT) return false;
   throw_errno("futex(FUTEX_WAIT)");
 }
 

@@ -11,9 +11,10 @@ namespace ferry {
 /// Sleeps while `word` holds `expected`, at most `timeout` (negative: no limit). Returns
 /// when woken, when the word no longer holds `expected`, on a signal or on timeout; the
 /// caller re-checks its condition in every case. The word may live in a MAP_SHARED mapping
-/// seen by other processes (the wait is not FUTEX_PRIVATE). Throws SystemError on errors
-/// other than those four outcomes.
-void futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout);
+/// seen by other processes (the wait is not FUTEX_PRIVATE). Returns true when a signal
+/// handler ended the sleep (EINTR). Throws SystemError on errors other than those four
+/// outcomes.
+bool futex_wait(const std::atomic<std::uint32_t>& word, std::uint32_t expected, std::chrono::nanoseconds timeout);
 
 /// The most words futex_wait_any() waits on (the kernel's FUTEX_WAITV_MAX).
 inline constexpr std::size_t kMaxFutexWaitWords = 128;

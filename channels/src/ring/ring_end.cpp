@@ -18,6 +18,7 @@
 #include <optional>
 
 #include "ferry/error.hpp"
+#include "ferry/wait_interruption.hpp"
 #include "ring/futex.hpp"
 
 namespace ferry::detail {
@@ -159,13 +160,15 @@ WaitOutcome RingEnd::sleep(std::atomic<std::uint32_t>& word, Condition ready, co
       }
     }
     if (!deadline.is_never()) timeout = std::min(timeout, deadline.remaining());
-    futex_wait(word, kRingSleeping, std::max(timeout, std::chrono::nanoseconds(1000)));
+    timeout = std::min(timeout, wait_interruption_slice());  // the thread's check, if any
+    const bool signalled = futex_wait(word, kRingSleeping, std::max(timeout, std::chrono::nanoseconds(1000)));
     // Woken with work to do: return without announcing a sleep again, which would make
     // a streaming peer pay a needless wake-up.
     if (ready()) {
       waker = waker_of(word.load(std::memory_order_relaxed));
       return WaitOutcome::Ready;
     }
+    wait_interruption_point(signalled);  // may throw: the Awake guard leaves the word at 0
   }
 }
 

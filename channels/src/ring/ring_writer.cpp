@@ -4,12 +4,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "fd_passing/segment_fd_channel.hpp"
 #include "ferry/error.hpp"
+#include "ferry/wait_interruption.hpp"
 #include "ring/ring_transport.hpp"
 #include "transport/peer_gone.hpp"
 
@@ -144,6 +146,7 @@ void RingFrameWriter::publish() {
   // (so the reader finds them there once it has the frame), and only for a frame that is
   // accepted: publishing is what accepts it.
   if (!fds_to_send_.empty()) [[unlikely]] {
+    const detail::WaitInterruptionSuspended committed;  // the frame is accepted: finish it
     detail::SegmentFdChannel(end_.companion_fd()).send(fds_to_send_, Deadline::never());
     fds_to_send_ = {};
   }
@@ -189,6 +192,9 @@ bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const 
     tail_ += n;
   };
   std::size_t written = 0;
+  // Once a piece went out, the rest follows: no interruption check runs then (a deadline
+  // still stops the wait, keeping the rest in pending_).
+  std::optional<detail::WaitInterruptionSuspended> committed;
   while (written < total) {
     std::uint64_t free = room(true);
     if (free < std::min<std::uint64_t>(total - written, end_.capacity() / 4)) {
@@ -210,6 +216,7 @@ bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const 
     cursor.take(n, copy);
     written += n;
     publish();
+    if (!committed) committed.emplace();
   }
   return true;
 }

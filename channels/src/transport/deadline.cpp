@@ -5,6 +5,7 @@
 #include <cerrno>
 
 #include "ferry/error.hpp"
+#include "ferry/wait_interruption.hpp"
 
 namespace ferry {
 
@@ -15,27 +16,42 @@ std::chrono::nanoseconds Deadline::remaining() const {
                                         : std::chrono::nanoseconds::zero();
 }
 
-timespec Deadline::remaining_timespec() const {
-  const auto left = remaining();
+timespec Deadline::remaining_timespec() const { return to_timespec(remaining()); }
+
+std::chrono::nanoseconds sleep_limit(const Deadline& deadline, bool& sliced) noexcept {
+  const std::chrono::nanoseconds left = deadline.is_never() ? std::chrono::nanoseconds::max() : deadline.remaining();
+  const std::chrono::nanoseconds slice = detail::wait_interruption_slice();
+  sliced = slice < left;
+  return sliced ? slice : left;
+}
+
+timespec to_timespec(std::chrono::nanoseconds duration) noexcept {
   timespec ts{};
-  ts.tv_sec = static_cast<time_t>(left.count() / 1'000'000'000);
-  ts.tv_nsec = static_cast<long>(left.count() % 1'000'000'000);
+  ts.tv_sec = static_cast<time_t>(duration.count() / 1'000'000'000);
+  ts.tv_nsec = static_cast<long>(duration.count() % 1'000'000'000);
   return ts;
 }
 
 bool wait_for_fd(int fd, short events, const Deadline& deadline) {
   pollfd entry{fd, events, 0};
   while (true) {
+    bool sliced = false;
+    const std::chrono::nanoseconds limit = sleep_limit(deadline, sliced);
     timespec left{};
     const timespec* timeout = nullptr;
-    if (!deadline.is_never()) {
-      left = deadline.remaining_timespec();
+    if (limit != std::chrono::nanoseconds::max()) {
+      left = to_timespec(limit);
       timeout = &left;
     }
     const int rc = ::ppoll(&entry, 1, timeout, nullptr);
     if (rc > 0) return true;
-    if (rc == 0) return false;
+    if (rc == 0) {
+      if (!sliced) return false;
+      detail::wait_interruption_point();
+      continue;
+    }
     if (errno != EINTR) throw_errno("ppoll on fd " + std::to_string(fd));
+    detail::wait_interruption_point(true);
   }
 }
 

@@ -10,10 +10,12 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <optional>
 
 #include "fd_passing/segment_fd_channel.hpp"
 #include "ferry/detail/sigpipe_blocked.hpp"
 #include "ferry/error.hpp"
+#include "ferry/wait_interruption.hpp"
 #include "transport/peer_gone.hpp"
 #include "transport/scm_rights.hpp"
 
@@ -22,6 +24,11 @@ namespace {
 
 constexpr std::size_t kReadBufferBytes = 64 * 1024;
 constexpr std::size_t kMaxFdsPerRead = 253;  // SCM_MAX_FD
+
+// Whether a write or read may block in the system call itself: only when it waits for
+// ever and no wait-interruption check is installed (a blocked sendmsg or read would not
+// call it); otherwise it waits in ppoll, which does.
+bool may_block(const Deadline& deadline) { return deadline.is_never() && !detail::wait_interruptible(); }
 
 }  // namespace
 
@@ -62,17 +69,17 @@ ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std
 }
 
 bool StreamFrameWriter::flush_pending(const Deadline& deadline) {
-  std::size_t done = 0;
-  while (done < pending_.size()) {
-    const iovec part{pending_.data() + done, pending_.size() - done};
-    const ssize_t written = write_some(&part, 1, {}, deadline.is_never());
+  // What went out leaves pending_ at once: an interrupted wait (its exception) keeps the
+  // rest, and only the rest, for the next flush.
+  while (!pending_.empty()) {
+    const iovec part{pending_.data(), pending_.size()};
+    const ssize_t written = write_some(&part, 1, {}, may_block(deadline));
     if (written < 0) {
       if (!wait_for_fd(stream_.get(), POLLOUT, deadline)) break;
       continue;
     }
-    done += static_cast<std::size_t>(written);
+    pending_.erase(pending_.begin(), pending_.begin() + written);
   }
-  pending_.erase(pending_.begin(), pending_.begin() + static_cast<std::ptrdiff_t>(done));
   return pending_.empty();
 }
 
@@ -83,8 +90,10 @@ bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int>
   if (!side_) throw Error("this pipe end has no side socket to pass fds on");
   // A pipe: the fds go out on the side socket before the frame (so the reader finds them
   // there once it has the frame), and only when the frame's first byte is sure to follow:
-  // the pipe has room, and nothing else writes to it.
-  if (!deadline.is_never() && !wait_for_fd(stream_.get(), POLLOUT, deadline)) return false;
+  // the pipe has room, and nothing else writes to it. Once the fds begin to go out, the
+  // frame must follow: no interruption check runs any more.
+  if (!wait_for_fd(stream_.get(), POLLOUT, deadline)) return false;
+  const detail::WaitInterruptionSuspended committed;
   if (!detail::SegmentFdChannel(side_.get()).send(fds, deadline)) return false;
   return write_frame(parts, {}, deadline, true);
 }
@@ -108,7 +117,9 @@ bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<cons
     }
   };
   bool started = false;
-  const bool wait = deadline.is_never();
+  // Once a byte of the frame went out, the rest follows: no interruption check runs then.
+  std::optional<detail::WaitInterruptionSuspended> committed;
+  const bool wait = may_block(deadline);
   // One sendmsg carries at most kMaxFdsPerRead fds: a frame with more sends each earlier
   // batch with one byte of the frame (it has bytes enough: a header, and a segment entry
   // per fd), and the last batch with the rest.
@@ -121,6 +132,7 @@ bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<cons
       if (wait_for_fd(stream_.get(), POLLOUT, started ? Deadline::never() : deadline)) continue;
       return false;
     }
+    if (!started) committed.emplace();
     started = true;
     fds = fds.subspan(kMaxFdsPerRead);
     advance(1);
@@ -140,6 +152,7 @@ bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<cons
       }
       return true;
     }
+    if (!started) committed.emplace();
     started = true;
     fds = {};
     advance(static_cast<std::size_t>(written));
@@ -247,7 +260,9 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
 ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
                                    const Deadline& deadline) {
   if (!stream_ || peer_closed_) return ReadStatus::Closed;
-  const bool timed = !deadline.is_never();
+  // Timed (or interruptible): wait in ppoll, then read what is there. A timed read stopped
+  // in the middle of a frame resumes there.
+  const bool timed = !may_block(deadline);
   if (!in_frame_) {
     while (buffered() < sizeof(FrameHeader)) {
       if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;

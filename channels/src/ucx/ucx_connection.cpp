@@ -1,3 +1,4 @@
+#include "ferry/wait_interruption.hpp"
 #include "ucx_connection.hpp"
 
 #include <poll.h>
@@ -130,6 +131,8 @@ bool UcxConnection::arm_locked() {
 
 template <class Ready>
 bool UcxConnection::wait_until(std::unique_lock<std::mutex>& lock, const Deadline& deadline, Ready ready) {
+  // Requests in flight point into the caller's memory: a wait is never abandoned midway.
+  const ferry::detail::WaitInterruptionSuspended uninterrupted;
   for (int round = 0;; ++round) {
     progress_locked();
     if (ready()) return true;

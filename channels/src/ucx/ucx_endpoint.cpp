@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/wait_interruption.hpp"
 #include "endpoints/scheme_registry.hpp"
 #include "ferry/endpoint.hpp"
 #include "ferry/error.hpp"
@@ -371,15 +372,17 @@ void UcxListenerCore::wait(const Deadline& deadline) {
     fds.push_back(pollfd{pending.connection->wake_fd(), POLLIN, 0});
     if (pending.deadline.time_point() < until.time_point()) until = pending.deadline;
   }
+  bool sliced = false;  // cut short for the thread's wait-interruption check
+  const std::chrono::nanoseconds limit = sleep_limit(until, sliced);
   timespec left{};
   const timespec* timeout = nullptr;
-  if (!until.is_never()) {
-    left = until.remaining_timespec();
+  if (limit != std::chrono::nanoseconds::max()) {
+    left = to_timespec(limit);
     timeout = &left;
   }
-  if (::ppoll(fds.data(), fds.size(), timeout, nullptr) < 0 && errno != EINTR) {
-    throw SystemError("ppoll on a ucx:// listener", errno);
-  }
+  const int rc = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
+  if (rc < 0 && errno != EINTR) throw SystemError("ppoll on a ucx:// listener", errno);
+  if (rc < 0 || (rc == 0 && sliced)) ferry::detail::wait_interruption_point(rc < 0);  // may throw: nothing is lost
 }
 
 bool UcxListenerCore::pump(const Deadline& deadline) {
@@ -450,7 +453,8 @@ class UcxScheme final : public ferry::detail::Scheme {
                     " ms (EndpointOptions::connect_timeout; last: " + last_failure +
                     "); start the listening process or check the address");
       }
-      std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(20), deadline.remaining()));
+      ferry::detail::interruptible_sleep_for(
+          std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(20), deadline.remaining()));
     }
   }
 };

@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "ferry/wait_interruption.hpp"
 #include "process/worker_launch.hpp"
 #include "process/worker_report.hpp"
 
@@ -53,22 +54,30 @@ void flush_output() noexcept {
   std::fflush(nullptr);
 }
 
-// Polls `fds` until one is ready or `deadline`; false on timeout. Retries on EINTR.
+// Polls `fds` until one is ready or `deadline`; false on timeout. Honours the thread's
+// wait-interruption check (its exception leaves here); retries on other EINTRs.
 bool poll_until(std::vector<pollfd>& fds, Clock::time_point deadline) {
   while (true) {
     timespec left{};
     const timespec* timeout = nullptr;
+    const std::chrono::nanoseconds slice = detail::wait_interruption_slice();
+    std::chrono::nanoseconds sleep = std::chrono::nanoseconds::max();
     if (deadline != Clock::time_point::max()) {
-      const auto remaining = std::max(Clock::duration::zero(), deadline - Clock::now());
-      const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(remaining).count();
-      left.tv_sec = static_cast<time_t>(ns / 1'000'000'000);
-      left.tv_nsec = static_cast<long>(ns % 1'000'000'000);
+      sleep = std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::max(Clock::duration::zero(), deadline - Clock::now()));
+    }
+    const bool sliced = slice < sleep;  // cut short for the check
+    sleep = std::min(sleep, slice);
+    if (sleep != std::chrono::nanoseconds::max()) {
+      left.tv_sec = static_cast<time_t>(sleep.count() / 1'000'000'000);
+      left.tv_nsec = static_cast<long>(sleep.count() % 1'000'000'000);
       timeout = &left;
     }
     const int rc = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
     if (rc > 0) return true;
-    if (rc == 0) return false;
-    if (errno != EINTR) throw_errno("ppoll while supervising workers");
+    if (rc == 0 && !sliced) return false;
+    if (rc < 0 && errno != EINTR) throw_errno("ppoll while supervising workers");
+    detail::wait_interruption_point(rc < 0);  // may throw: the workers are left as they are
   }
 }
 
@@ -409,6 +418,7 @@ void WorkerGroup::join() { wait_until(Clock::time_point::max()); }
 bool WorkerGroup::join(Timeout timeout) { return wait_until(deadline_after(timeout.nanoseconds())); }
 
 int WorkerGroup::stop_all() noexcept {
+  const detail::WaitInterruptionSuspended uninterrupted;  // noexcept: stopping runs to its end
   int signalled = 0;
   for (Worker& worker : workers_) {
     if (!worker.process.running()) continue;

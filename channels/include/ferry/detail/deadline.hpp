@@ -38,9 +38,20 @@ class Deadline {
   Clock::time_point at_;
 };
 
+/// How long a kernel wait may sleep now: what is left of `deadline` (nanoseconds::max() for
+/// never), cut short where the thread's wait-interruption check (ferry/wait_interruption.hpp)
+/// is due first; `sliced` says whether it was. After a sliced sleep that found nothing, the
+/// caller calls detail::wait_interruption_point() and waits again.
+std::chrono::nanoseconds sleep_limit(const Deadline& deadline, bool& sliced) noexcept;
+
+/// `duration` (>= 0) as a timespec for ppoll/futex.
+timespec to_timespec(std::chrono::nanoseconds duration) noexcept;
+
 /// Waits until `fd` is ready for `events` (POLLIN/POLLOUT) or the deadline passes.
 /// Returns false on timeout; true when ready or when the fd reports an error or hang-up
-/// (the next read/write then says which). Retries on EINTR; throws SystemError otherwise.
+/// (the next read/write then says which). Honours the thread's wait-interruption check
+/// (its exception leaves this function), retries on other EINTRs; throws SystemError on
+/// other failures.
 bool wait_for_fd(int fd, short events, const Deadline& deadline);
 
 }  // namespace ferry

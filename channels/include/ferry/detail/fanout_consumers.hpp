@@ -22,6 +22,7 @@
 #include "ferry/detail/frame_channel.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout.hpp"
+#include "ferry/wait_interruption.hpp"
 
 namespace ferry::detail {
 
@@ -229,6 +230,9 @@ class FanoutConsumers {
       until = std::min(until, std::chrono::steady_clock::now() + kHalfBoundWait);
       wait.set_waited_for_half();
     }
+    if (const auto slice = wait_interruption_slice(); slice != std::chrono::nanoseconds::max()) {
+      until = std::min(until, std::chrono::steady_clock::now() + slice);  // the thread's check is due
+    }
     lock.unlock();
     try {
       if (polled || wakes.empty()) {
@@ -236,6 +240,7 @@ class FanoutConsumers {
       } else {
         sleep_on_doorbells(wakes, until);
       }
+      wait_interruption_point();  // may throw: nothing of this message was sent
     } catch (...) {
       lock.lock();
       cancel_wakes(wakes);

@@ -1,0 +1,234 @@
+"""Blocking calls of the ferry package: Ctrl-C (SIGINT to a child process) raises
+KeyboardInterrupt in each of them, Sender.send_for gives up at its deadline, close() from
+another thread ends a blocked send, recv or accept, and timeout=None means no limit.
+
+The latency of each KeyboardInterrupt (from the parent's kill() to the child's except
+clause, on CLOCK_MONOTONIC, which both processes share) is printed; the assertion is a
+generous 1 s, so that a loaded machine does not fail it (ferry checks every 50 ms).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import unittest
+
+import ferry
+
+CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blocking_child.py")
+TRANSPORTS = ("unix", "pipe", "shm_ring", "in_process")
+ENDPOINT_TRANSPORTS = ("unix", "shm_ring", "pipe")
+
+
+def unique_address(tag):
+    return f"unix:@ferry-blocking-test-{os.getpid()}-{tag}-{time.monotonic_ns()}"
+
+
+class CtrlCTest(unittest.TestCase):
+    """Each blocking call, in a child process, ends with KeyboardInterrupt after SIGINT."""
+
+    latencies = []
+
+    @classmethod
+    def tearDownClass(cls):
+        if cls.latencies:
+            ordered = sorted(ms for _, ms in cls.latencies)
+            print(f"\nKeyboardInterrupt latency over {len(ordered)} calls: median {ordered[len(ordered) // 2]:.1f} ms,"
+                  f" max {ordered[-1]:.1f} ms", file=sys.stderr)
+            for name, ms in cls.latencies:
+                print(f"  {name}: {ms:.1f} ms", file=sys.stderr)
+
+    def interrupt(self, scenario, transport="unix"):
+        address = unique_address(scenario)
+        with subprocess.Popen([sys.executable, CHILD, scenario, transport, address], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as child:
+            report = self.signal_child(child)
+        self.assertEqual(report["outcome"], "KeyboardInterrupt")
+        latency_ms = (report["at"] - report["sent"]) * 1000
+        self.latencies.append((f"{scenario}/{transport}", latency_ms))
+        self.assertLess(latency_ms, 1000)
+
+    def signal_child(self, child):
+        """Sends SIGINT to `child` once it sits in its call; its report, with the time sent."""
+        try:
+            self.assertEqual(child.stdout.readline().strip(), "ready", child.stderr.read() if child.poll() is not None else "")
+            time.sleep(0.3)  # well inside the call
+            self.assertIsNone(child.poll(), "the call returned before the signal")
+            sent = time.monotonic()
+            child.send_signal(signal.SIGINT)
+            line = child.stdout.readline()
+            self.assertTrue(line, "the child printed no outcome: " + child.stderr.read())
+            return dict(json.loads(line), sent=sent)
+        finally:
+            child.kill()
+            child.wait()
+
+    def test_recv(self):
+        for transport in TRANSPORTS:
+            with self.subTest(transport=transport):
+                self.interrupt("recv", transport)
+
+    def test_recv_for_without_limit_and_iteration(self):
+        self.interrupt("recv_for_none", "shm_ring")
+        self.interrupt("iterate", "unix")
+
+    def test_send_on_a_full_transport(self):
+        for transport in TRANSPORTS:
+            with self.subTest(transport=transport):
+                self.interrupt("send", transport)
+
+    def test_send_for_on_a_full_transport(self):
+        self.interrupt("send_for", "shm_ring")
+        self.interrupt("send_for", "pipe")
+
+    def test_close_waiting_for_room(self):
+        self.interrupt("close", "unix")
+
+    def test_accept(self):
+        for transport in ENDPOINT_TRANSPORTS:
+            with self.subTest(transport=transport):
+                self.interrupt("accept_sender", transport)
+        self.interrupt("accept_receiver", "unix")
+
+    def test_connect_waiting_for_a_listener(self):
+        self.interrupt("connect_sender", "unix")
+        self.interrupt("connect_receiver", "shm_ring")
+
+
+MESSAGE = b"x" * 1000  # a frame below PIPE_BUF: written whole or not at all, never left half sent
+
+
+def fill(tx):
+    """Sends MESSAGE until the transport is full; the count."""
+    sent = 0
+    while tx.send_for(MESSAGE, 0):
+        sent += 1
+    return sent
+
+
+class SendForTest(unittest.TestCase):
+    def test_send_for_returns_false_at_its_deadline_and_true_once_there_is_room(self):
+        for transport in TRANSPORTS:
+            with self.subTest(transport=transport):
+                tx, rx = ferry._channel(transport)
+                sent = fill(tx)
+                started = time.monotonic()
+                self.assertFalse(tx.send_for(b"L" * len(MESSAGE), 0.2))  # as large: no room
+                waited = time.monotonic() - started
+                self.assertGreaterEqual(waited, 0.19)
+                self.assertLess(waited, 1.2)
+                for _ in range(sent):
+                    self.assertEqual(rx.recv(), MESSAGE)
+                self.assertTrue(tx.send_for(b"on time", None))
+                self.assertEqual(rx.recv(), b"on time")
+                tx.close()
+                self.assertEqual(list(rx), [])
+
+    def test_a_bad_timeout_is_refused_naming_the_call(self):
+        tx, rx = ferry._channel("unix")
+        with self.assertRaisesRegex(ValueError, r"send_for\(\)"):
+            tx.send_for(1, -1)
+        with self.assertRaisesRegex(ValueError, r"recv_for\(\)"):
+            rx.recv_for(float("nan"))
+        with self.assertRaises(TypeError):
+            rx.recv_for("soon")
+
+
+class CloseFromAnotherThreadTest(unittest.TestCase):
+    """close() in one thread ends a call blocked in another within ferry's 50 ms check."""
+
+    def close_later(self, what, delay=0.2):
+        timer = threading.Timer(delay, what.close)
+        timer.start()
+        return timer
+
+    def test_a_blocked_send_raises_channel_closed_and_nothing_of_it_arrives(self):
+        for transport in TRANSPORTS:
+            with self.subTest(transport=transport):
+                tx, rx = ferry._channel(transport)
+                sent = fill(tx)
+                drained = []
+                # The receiver makes room only after the close began: close() waits for room
+                # for the end of the stream (at most 10 s), not for the peer to die.
+                timer = self.close_later(tx)
+                started = time.monotonic()
+                with self.assertRaises(ferry.ChannelClosed):
+                    tx.send(b"N" * len(MESSAGE))
+                ended = time.monotonic() - started
+                drain = threading.Thread(target=lambda: drained.extend(rx))
+                drain.start()
+                timer.join(10)
+                drain.join(10)
+                self.assertFalse(timer.is_alive() or drain.is_alive(), "close() or the receiver is still waiting")
+                self.assertLess(ended, 1.2)
+                self.assertEqual(len(drained), sent)
+                self.assertEqual(set(drained), {MESSAGE})
+                self.assertFalse(tx.is_open)
+
+    def test_a_blocked_recv_raises_channel_closed_and_iteration_stops(self):
+        for transport in TRANSPORTS:
+            with self.subTest(transport=transport):
+                tx, rx = ferry._channel(transport)
+                timer = self.close_later(rx)
+                started = time.monotonic()
+                with self.assertRaises(ferry.ChannelClosed):
+                    rx.recv()
+                self.assertLess(time.monotonic() - started, 1.2)
+                timer.join()
+                self.assertFalse(rx.is_open)
+                tx2, rx2 = ferry._channel(transport)
+                timer = self.close_later(rx2)
+                self.assertEqual(list(rx2), [])
+                timer.join()
+
+    def test_a_blocked_accept_raises_channel_closed(self):
+        listener = ferry.listen(unique_address("accept"))
+        timer = self.close_later(listener)
+        started = time.monotonic()
+        with self.assertRaises(ferry.ChannelClosed):
+            listener.accept_sender()
+        self.assertLess(time.monotonic() - started, 1.2)
+        timer.join()
+        self.assertFalse(listener.is_open)
+
+
+class TimeoutNoneTest(unittest.TestCase):
+    """None is no limit in every call that takes a timeout."""
+
+    def test_recv_for_and_send_for_with_none_wait_until_it_happens(self):
+        tx, rx = ferry._channel("shm_ring")
+        threading.Timer(0.3, tx.send, args=("late",)).start()
+        self.assertEqual(rx.recv_for(None), "late")
+        self.assertTrue(tx.send_for("now", None))
+        self.assertEqual(rx.recv_for(timeout=None), "now")
+
+    def test_accept_and_connect_with_none_wait_for_each_other(self):
+        for transport in ENDPOINT_TRANSPORTS:
+            with self.subTest(transport=transport):
+                address = unique_address("none")
+                connected = []
+                # The client starts first and waits (None: no limit) for the listener to appear.
+                client = threading.Thread(
+                    target=lambda: connected.append(ferry.connect_receiver(address, timeout=None, transport=transport)))
+                client.start()
+                time.sleep(0.3)
+                with ferry.listen(address, transport=transport) as listener:
+                    tx = listener.accept_sender(timeout=None)
+                client.join(10)
+                self.assertEqual(len(connected), 1)
+                tx.send({"hello": transport})
+                self.assertEqual(connected[0].recv(), {"hello": transport})
+
+    def test_finite_timeouts_still_end(self):
+        with ferry.listen(unique_address("finite")) as listener:
+            with self.assertRaises(TimeoutError):
+                listener.accept_sender(timeout=0.1)
+        with self.assertRaises(ferry.Error):
+            ferry.connect_sender(unique_address("nobody"), timeout=0.1)
+
+
+if __name__ == "__main__":
+    unittest.main()
