@@ -40,6 +40,12 @@ pid_t read_process_id() noexcept { return ::getpid(); }
   return true;
 }();
 
+// Another process owns or closed the end, or it was handed away (by any process).
+bool is_elsewhere(std::uint64_t word) noexcept {
+  const Standing standing = standing_of(word);
+  return standing == Standing::HandedAway || (standing != Standing::Fresh && pid_of(word) != current_process_id());
+}
+
 bool process_alive(pid_t pid) noexcept { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 constexpr std::size_t kPageBytes = 4096;
@@ -67,10 +73,7 @@ bool EndClaim::fresh_here() const noexcept {
   return word_->load(std::memory_order_acquire) == make_word(current_process_id(), Standing::Fresh);
 }
 
-bool EndClaim::elsewhere() const noexcept {
-  const std::uint64_t word = word_->load(std::memory_order_acquire);
-  return standing_of(word) != Standing::Fresh && pid_of(word) != current_process_id();
-}
+bool EndClaim::elsewhere() const noexcept { return is_elsewhere(word_->load(std::memory_order_acquire)); }
 
 void EndClaim::claim_slow(const char* role) {
   const std::uint64_t mine = make_word(current_process_id(), Standing::Owned);
@@ -84,7 +87,7 @@ void EndClaim::claim_slow(const char* role) {
 
 void EndClaim::check_not_elsewhere(const char* role) const {
   const std::uint64_t word = word_->load(std::memory_order_acquire);
-  if (standing_of(word) != Standing::Fresh && pid_of(word) != current_process_id()) throw_elsewhere(role, word);
+  if (is_elsewhere(word)) throw_elsewhere(role, word);
 }
 
 bool EndClaim::take_for_closing(bool take_fresh_of_others) noexcept {
