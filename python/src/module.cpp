@@ -5,6 +5,7 @@
 #include "endpoints_binding.hpp"
 #include "ends_binding.hpp"
 #include "errors.hpp"
+#include "handover_binding.hpp"
 #include "tensor_binding.hpp"
 
 PYBIND11_MODULE(_ferry, module) {
@@ -13,4 +14,5 @@ PYBIND11_MODULE(_ferry, module) {
   ferry::python::bind_tensor(module);
   ferry::python::bind_ends(module);
   ferry::python::bind_endpoints(module);
+  ferry::python::bind_handover(module);
 }
