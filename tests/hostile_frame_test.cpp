@@ -751,7 +751,9 @@ TEST_P(HostileFrameTest, ProcessThatTookAReceiverOverRefusesToReadWhileTheBoardH
     });
     EXPECT_TRUE(test::child_succeeded(taker));
     EXPECT_TRUE(fillers.end());
-    // The taker's copy broke, not this process's: it still reads (the same storage again).
+    // The taker's copy broke, not this process's: once it takes the end back from the
+    // taker, which exited, it reads on (the same storage again).
+    rx.adopt();
     const OneTensor second = rx.recv_for(kRecvBound).value();
     EXPECT_EQ(second.tensor.data<float>(), first.tensor.data<float>());
     EXPECT_EQ(second.tensor.data<float>()[0], 2.0f);

@@ -93,3 +93,11 @@ def empty(shape, dtype="float32"):
     if isinstance(shape, int):
         shape = (shape,)
     return _empty(list(shape), _dtype_name(dtype))
+
+
+# One process per end, and ends and tensors through multiprocessing (_reductions.py).
+from ._ferry import EndOwnedElsewhere  # noqa: E402
+from . import _reductions  # noqa: E402
+
+_reductions.register()
+__all__.append("EndOwnedElsewhere")

@@ -9,6 +9,7 @@
 #include "fanout_binding.hpp"
 #include "share_binding.hpp"
 #include "spawn_binding.hpp"
+#include "handover_binding.hpp"
 #include "tensor_binding.hpp"
 
 PYBIND11_MODULE(_ferry, module) {
@@ -22,4 +23,5 @@ PYBIND11_MODULE(_ferry, module) {
   ferry::python::bind_fanout(module);
   ferry::python::bind_spawn(module);
   ferry::python::bind_share(module);
+  ferry::python::bind_handover(module);
 }

@@ -54,6 +54,12 @@ class RecvResult {
 /// threads. Destroying the Sender in the process that owns it closes the stream, unless it
 /// is destroyed by an exception unwinding the stack: then the receiver sees PeerDied, as
 /// it would for a crash, instead of a clean end of stream.
+///
+/// An end belongs to one process (see ferry/detail/end_claim.hpp). A copy inherited
+/// through fork() may be used only after a handover (spawn(), or detach() in the giving
+/// process and adopt() in the taking one), or when no process used the end yet (the first
+/// user takes it); any other use throws EndOwnedElsewhere. A copy that does not own the
+/// end never ends the stream: its close() and destructor only let go of its descriptors.
 template <class T>
 class Sender {
  public:
@@ -95,7 +101,9 @@ class Sender {
   /// receiver exits. (InProcess: no effect; the stream ends when the Sender is closed or
   /// destroyed.)
   void detach() noexcept { end_.detach(); }
-  /// Makes the calling process the end's owner (whose destructor closes the stream).
+  /// Makes the calling process the end's owner (whose destructor closes the stream); from
+  /// then on the process that owned it before is refused (EndOwnedElsewhere). No effect
+  /// on an end its owner closed.
   void adopt() noexcept { end_.adopt(); }
   bool is_open() const noexcept { return end_.is_open(); }
   /// The channel's transport; ChannelClosed for an empty end (moved from or default-constructed).
@@ -154,6 +162,7 @@ class Sender {
 };
 
 /// The receiving end of a channel of T. Move-only; use it from one thread at a time.
+/// It belongs to one process, as a Sender does.
 template <class T>
 class Receiver {
  public:
@@ -186,8 +195,9 @@ class Receiver {
   /// here (the worker inherited it and may still use it); the sender keeps it until every
   /// process holding it has exited.
   void detach() noexcept { end_.detach(); }
-  /// Makes the calling process the end's owner: its destructor then closes the end for
-  /// every process (matters on a duplex socket only; elsewhere the last copy closing does).
+  /// Makes the calling process the end's owner: it alone may receive (the process that
+  /// owned it before is refused with EndOwnedElsewhere), and its destructor closes the end
+  /// for every process (matters on a duplex socket only; elsewhere the last copy closing does).
   void adopt() noexcept { end_.adopt(); }
   bool is_open() const noexcept { return end_.is_open(); }
   /// The channel's transport; ChannelClosed for an empty end (moved from or default-constructed).

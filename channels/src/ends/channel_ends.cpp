@@ -54,6 +54,7 @@ bool SenderEnd::send(const void* value, const SentType& type, const Deadline& de
 }
 
 bool SenderEnd::send_local(void* value, MakeParcel make, const Deadline& deadline) {
+  queue_->check_process("Sender");
   if (!queue_->reserve(deadline)) return false;
   std::unique_ptr<Parcel> parcel;
   try {
@@ -146,6 +147,7 @@ ReadStatus ReceiverEnd::receive(void* out, const ReceivedType& type, const Deadl
 }
 
 ReadStatus ReceiverEnd::receive_local(std::unique_ptr<Parcel>& out, const Deadline& deadline) {
+  queue_->check_process("Receiver");
   return queue_->receive(out, deadline);
 }
 

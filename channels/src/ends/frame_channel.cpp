@@ -25,14 +25,13 @@ SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport,
                                                                           : HandlePassing::ProcFd,
                                                 options.pool)),
       transport_(transport),
-      options_(options),
-      owner_(::getpid()) {
+      options_(options) {
   encoder_->limit_type_name(options.limits.max_type_name_bytes);
   track();
 }
 
 void SenderCore::adopt() noexcept {
-  owner_ = ::getpid();
+  claim_.adopt();
   try {
     encoder_->adopt();  // a used end taken over by a forked worker: its returns come here
   } catch (...) {
@@ -48,6 +47,11 @@ void SenderCore::hand_over() noexcept {
   detach();
 }
 
+void SenderCore::hand_away() noexcept {
+  claim_.mark_handed_away();
+  detach();
+}
+
 bool SenderCore::send(const void* message, const SentType& type, const Deadline& deadline) {
   std::lock_guard lock(mutex_);
   return send_locked(message, type, deadline);
@@ -58,7 +62,7 @@ bool SenderCore::send_serialized_by_owner(const void* message, const SentType& t
 }
 
 bool SenderCore::send_locked(const void* message, const SentType& type, const Deadline& deadline) {
-  ensure_open();
+  ensure_usable();
   collect_acknowledgements();
   const EncodedFrame* frame = nullptr;
   try {
@@ -74,15 +78,19 @@ bool SenderCore::send_locked(const void* message, const SentType& type, const De
 SenderCore::~SenderCore() {
   const WaitInterruptionSuspended uninterrupted;  // a destructor's close runs to its end
   untrack();
+  // Only the owner ends the stream (or the process that made the end, while nobody took
+  // it); a copy inherited through fork() lets go of its descriptors and nothing more.
   // Destroyed while an exception unwinds (a failing worker or stage): do not end the stream
   // cleanly, so that the receiver sees the failure (PeerDied) instead of end-of-stream.
-  if (open_ && owner_ == ::getpid() && std::uncaught_exceptions() == 0) {
+  const bool owner = open_ && claim_.take_for_closing(false);
+  if (owner && std::uncaught_exceptions() == 0) {
     try {
       close();
     } catch (const Error&) {
       // The receiver is gone; there is nobody left to tell.
     }
-  } else if (open_ && owner_ == ::getpid()) {
+  } else if (owner) {
+    claim_.mark_closed();
     // End this direction for every process (a socket's or a ring's; a pipe's ends with its
     // last write end), so that the receiver sees the end dropped (PeerDied) now rather than
     // when this process exits: neither the ledger's probe nor a duplex socket's other
@@ -99,8 +107,12 @@ SenderCore::~SenderCore() {
   writer_->close();
 }
 
-void SenderCore::ensure_open() const {
-  if (!open_) throw ChannelClosed("cannot send: this Sender was closed");
+void SenderCore::ensure_usable() {
+  if (!open_) {
+    claim_.check_not_elsewhere("Sender");  // a copy let go of because another process owns it
+    throw ChannelClosed("cannot send: this Sender was closed");
+  }
+  claim_.claim_for_use("Sender");
 }
 
 void SenderCore::check_limits() const {
@@ -177,6 +189,13 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
 void SenderCore::close() {
   std::lock_guard lock(mutex_);
   if (!open_) return;
+  // A copy whose end another process owns (or closed) only lets go of its descriptors: its
+  // end of stream would cut the owner's stream short.
+  if (!claim_.take_for_closing(true)) {
+    detach_locked();
+    return;
+  }
+  claim_.mark_closed();
   open_ = false;
   gone_probe_.reset();
   try {
@@ -224,7 +243,7 @@ void SenderCore::close() {
 
 bool SenderCore::flush(const Deadline& deadline) {
   std::lock_guard lock(mutex_);
-  ensure_open();
+  ensure_usable();
   return writer_->flush(deadline);
 }
 
@@ -279,6 +298,18 @@ bool SenderCore::receiver_gone() {
 
 void SenderCore::detach() noexcept {
   std::lock_guard lock(mutex_);
+  detach_locked();
+}
+
+void SenderCore::release_if_owned_elsewhere() noexcept {
+  // The claim first: an end whose operation this very thread is in is this process's.
+  if (!claim_.elsewhere()) return;
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock || !open_) return;
+  detach_locked();
+}
+
+void SenderCore::detach_locked() noexcept {
   open_ = false;
   gone_probe_.reset();  // a copy of the connection (a socket's): the peer must see this copy go
   delivered_ = std::max(delivered_, encoder_->resolved_on_board());
@@ -319,20 +350,19 @@ ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transp
     : reader_(std::move(reader)),
       decoder_(std::make_unique<MessageDecoder>(fingerprint, type_name)),
       transport_(transport),
-      options_(options),
-      owner_(::getpid()) {
+      options_(options) {
   track();
 }
 
 ReceiverCore::~ReceiverCore() {
   untrack();
-  // Another process's copy (a forked child that used the end without adopting it) only
-  // lets go of its descriptors: the owner may still be reading.
-  close_as(owner_ == ::getpid());
+  // Another process's copy (inherited through fork()) only lets go of its descriptors:
+  // the owner may still be reading.
+  close_as(closes_for_everyone());
 }
 
 void ReceiverCore::adopt() noexcept {
-  owner_ = ::getpid();
+  claim_.adopt();
   try {
     decoder_->register_as_holder();
   } catch (const std::exception&) {
@@ -375,7 +405,11 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   if (!broken_.empty()) {
     throw ProtocolError("this Receiver is broken after an earlier error: " + broken_);
   }
-  if (!open_) return ReadStatus::Closed;
+  if (!open_) {
+    claim_.check_not_elsewhere("Receiver");  // a copy let go of because another process owns it
+    return ReadStatus::Closed;
+  }
+  claim_.claim_for_use("Receiver");
   used_ = true;
   if (!dead_.empty()) throw PeerDied(dead_);
   try {
@@ -415,7 +449,21 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   }
 }
 
-void ReceiverCore::close() noexcept { close_as(true); }
+void ReceiverCore::close() noexcept { close_as(closes_for_everyone()); }
+
+void ReceiverCore::hand_away() noexcept {
+  claim_.mark_handed_away();
+  detach();
+}
+
+void ReceiverCore::release_if_owned_elsewhere() noexcept {
+  // The claim first: an end whose operation this very thread is in is this process's.
+  if (!claim_.elsewhere()) return;
+  std::unique_lock lock(mutex_, std::try_to_lock);
+  if (!lock || !open_) return;
+  decoder_->hand_over();
+  close_locked(false);
+}
 
 void ReceiverCore::detach() noexcept {
   {
@@ -427,6 +475,10 @@ void ReceiverCore::detach() noexcept {
 
 void ReceiverCore::close_as(bool ending_the_stream) noexcept {
   std::lock_guard lock(mutex_);
+  close_locked(ending_the_stream);
+}
+
+void ReceiverCore::close_locked(bool ending_the_stream) noexcept {
   open_ = false;
   decoder_->release_all();
   fds_.clear();

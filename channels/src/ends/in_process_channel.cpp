@@ -79,6 +79,14 @@ InProcessQueue::InProcessQueue(std::size_t capacity) : state_(std::make_unique<S
 
 InProcessQueue::~InProcessQueue() = default;
 
+void InProcessQueue::throw_other_process(const char* role) const {
+  throw EndOwnedElsewhere(std::string("this InProcess ") + role + " belongs to process " + std::to_string(creator_) +
+                              ", which made the channel; this process holds a copy inherited through fork(), and "
+                              "what it sends or takes never reaches the other process. Create the channel with "
+                              "Transport::Pipe, UnixSocket or ShmRing to reach another process",
+                          role, creator_, true, EndOwnedElsewhere::Reason::UsedElsewhere);
+}
+
 bool InProcessQueue::reserve(const Deadline& deadline) {
   if (state_->receiver_closed.load(std::memory_order_acquire)) throw_receiver_closed();
   if (is_poll(deadline)) return state_->room.tryWait();

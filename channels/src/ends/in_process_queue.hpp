@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "ferry/detail/deadline.hpp"
+#include "ferry/detail/end_claim.hpp"
 #include "ferry/detail/in_process_channel.hpp"
 #include "ferry/detail/transport.hpp"
 
@@ -30,6 +31,11 @@ class InProcessQueue {
   InProcessQueue(const InProcessQueue&) = delete;
   InProcessQueue& operator=(const InProcessQueue&) = delete;
 
+  /// Throws EndOwnedElsewhere in any process but the one that made the queue: a child of
+  /// fork() holds a private copy, which no other process ever reads (`role` names the end).
+  void check_process(const char* role) const {
+    if (current_process_id() != creator_) [[unlikely]] throw_other_process(role);
+  }
   /// Takes one free place, waiting until `deadline`; false on timeout. Throws
   /// ChannelClosed when the receiver closed.
   bool reserve(const Deadline& deadline);
@@ -65,7 +71,9 @@ class InProcessQueue {
   struct State;
   // Ends the stream after the values sent so far; `dropped`: as PeerDied.
   void end_stream(bool dropped) noexcept;
+  [[noreturn]] void throw_other_process(const char* role) const;
   std::unique_ptr<State> state_;
+  pid_t creator_ = current_process_id();
 };
 
 }  // namespace ferry::detail

@@ -55,6 +55,12 @@ void abandon_live_ends_except(std::span<const LiveEnd* const> keep) noexcept {
   }
 }
 
+void release_ends_owned_elsewhere() noexcept {
+  LiveEnds& list = live_ends();
+  std::lock_guard lock(list.mutex);
+  for (LiveEnd* end : list.ends) end->release_if_owned_elsewhere();
+}
+
 std::size_t live_end_count() {
   LiveEnds& list = live_ends();
   std::lock_guard lock(list.mutex);

@@ -7,6 +7,8 @@
 
 #include "ring/ring_end.hpp"
 
+#include "ferry/detail/live_ends.hpp"
+
 #include <poll.h>
 #include <sched.h>
 #include <time.h>
@@ -79,6 +81,9 @@ bool RingEnd::peer_gone() {
 bool RingEnd::peer_gone_lately() {
   if (peer_gone_) return true;
   if (coarse_now() < next_peer_check_) return false;
+  // As often, copies of ends other processes own are let go of (live_ends.hpp): one of
+  // them may be what keeps this end's peer from seeing its owner die.
+  release_ends_owned_elsewhere();
   return peer_gone();
 }
 

@@ -4,6 +4,10 @@
 
 #include <cerrno>
 
+#include <algorithm>
+
+#include "ferry/detail/live_ends.hpp"
+
 #include "ferry/error.hpp"
 #include "ferry/wait_interruption.hpp"
 
@@ -35,19 +39,19 @@ timespec to_timespec(std::chrono::nanoseconds duration) noexcept {
 bool wait_for_fd(int fd, short events, const Deadline& deadline) {
   pollfd entry{fd, events, 0};
   while (true) {
+    // At most kReleaseCheck at a time: a long wait lets go of this process's copies of
+    // ends that other processes own, which would keep their peers waiting (live_ends.hpp);
+    // and at most the wait-interruption slice, so that an installed check runs.
     bool sliced = false;
-    const std::chrono::nanoseconds limit = sleep_limit(deadline, sliced);
-    timespec left{};
-    const timespec* timeout = nullptr;
-    if (limit != std::chrono::nanoseconds::max()) {
-      left = to_timespec(limit);
-      timeout = &left;
-    }
-    const int rc = ::ppoll(&entry, 1, timeout, nullptr);
+    const std::chrono::nanoseconds limit =
+        std::min<std::chrono::nanoseconds>(sleep_limit(deadline, sliced), detail::kReleaseCheck);
+    const timespec timeout = to_timespec(limit);
+    const int rc = ::ppoll(&entry, 1, &timeout, nullptr);
     if (rc > 0) return true;
     if (rc == 0) {
-      if (!sliced) return false;
-      detail::wait_interruption_point();
+      if (limit >= detail::kReleaseCheck / 2) detail::release_ends_owned_elsewhere();
+      if (!deadline.is_never() && deadline.expired()) return false;
+      if (sliced) detail::wait_interruption_point();
       continue;
     }
     if (errno != EINTR) throw_errno("ppoll on fd " + std::to_string(fd));

@@ -3,16 +3,19 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
 #include <optional>
 
 #include "fd_passing/segment_fd_channel.hpp"
+#include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/sigpipe_blocked.hpp"
 #include "ferry/error.hpp"
 #include "ferry/wait_interruption.hpp"
@@ -49,7 +52,13 @@ ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std
       message.msg_iov = const_cast<iovec*>(parts);
       message.msg_iovlen = count;
       detail::attach_fds(message, control, fds);
-      written = ::sendmsg(stream_.get(), &message, MSG_NOSIGNAL | (wait ? 0 : MSG_DONTWAIT));
+      // Never blocking in the kernel: a blocking write waits for room in wait_for_fd(),
+      // which lets go of copies of ends owned elsewhere while it waits (live_ends.hpp).
+      written = ::sendmsg(stream_.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (written < 0 && errno == EAGAIN && wait) {
+        wait_for_fd(stream_.get(), POLLOUT, Deadline::never());
+        continue;
+      }
     } else {
       // The pipe's write end is non-blocking; a blocking write waits for room below.
       detail::SigpipeBlocked blocked;
@@ -225,7 +234,26 @@ StreamFrameReader::StreamFrameReader(UniqueFd stream, UniqueFd side, bool is_soc
       is_socket_(is_socket),
       shares_connection_(shares_connection && is_socket),
       limits_(limits),
-      buffer_(kReadBufferBytes) {}
+      buffer_(kReadBufferBytes) {
+  // An untimed read must not sleep in the kernel for ever: it wakes every kReleaseCheck to
+  // let go of copies of ends owned elsewhere (live_ends.hpp). A socket's blocking recvmsg
+  // times out (SO_RCVTIMEO: no extra system call while data flows); the pipe's read end is
+  // non-blocking, and an empty pipe is waited for in wait_for_fd().
+  if (!stream_) return;
+  if (is_socket_) {
+    const auto slice = std::chrono::duration_cast<std::chrono::microseconds>(detail::kReleaseCheck);
+    const timeval timeout{static_cast<time_t>(slice.count() / 1'000'000),
+                          static_cast<suseconds_t>(slice.count() % 1'000'000)};
+    if (::setsockopt(stream_.get(), SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout) != 0) {
+      throw_errno("setsockopt(SO_RCVTIMEO) on a ferry socket");
+    }
+  } else {
+    const int flags = ::fcntl(stream_.get(), F_GETFL);
+    if (flags < 0 || ::fcntl(stream_.get(), F_SETFL, flags | O_NONBLOCK) != 0) {
+      throw_errno("fcntl(O_NONBLOCK) on a ferry pipe");
+    }
+  }
+}
 
 std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, std::deque<UniqueFd>& fds) {
   while (true) {
@@ -252,6 +280,14 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
     }
     if (got >= 0) return static_cast<std::size_t>(got);
     if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {  // see the constructor
+      if (is_socket_) {
+        detail::release_ends_owned_elsewhere();
+      } else {
+        wait_for_fd(stream_.get(), POLLIN, Deadline::never());
+      }
+      continue;
+    }
     if (errno == ECONNRESET) return 0;
     throw_errno(is_socket_ ? "recvmsg on a ferry socket" : "read on a ferry pipe");
   }

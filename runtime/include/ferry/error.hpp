@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace ferry {
 
@@ -45,6 +46,36 @@ class TypeMismatch : public ProtocolError {
 class TooManyHolders : public Error {
  public:
   using Error::Error;
+};
+
+/// A channel end was used in a process that does not own it. An end belongs to one process
+/// at a time; a copy inherited through fork() may be used only where the end was handed
+/// over (ferry::spawn, detach() in the giving process and adopt() in the taking one, or a
+/// description rebuilt by an exec'd process), or where no process had used it yet (the
+/// first user takes it). The copy that loses gets this error instead of sharing a stream.
+class EndOwnedElsewhere : public Error {
+ public:
+  /// Why the end is not this process's.
+  enum class Reason : unsigned char {
+    UsedElsewhere,  ///< another process owns it (took it first, or adopted it)
+    Closed,         ///< the owner closed it (its end of stream went out)
+    HandedAway,     ///< it was handed to a process that rebuilt it from its descriptors
+  };
+  EndOwnedElsewhere(const std::string& what, std::string role, int owner, bool owner_alive, Reason reason)
+      : Error(what), role_(std::move(role)), owner_(owner), owner_alive_(owner_alive), reason_(reason) {}
+  /// "Sender" or "Receiver".
+  const std::string& role() const noexcept { return role_; }
+  /// The process that owns (or closed, or handed away) the end.
+  int owner() const noexcept { return owner_; }
+  /// Whether that process was still running when the error was raised.
+  bool owner_alive() const noexcept { return owner_alive_; }
+  Reason reason() const noexcept { return reason_; }
+
+ private:
+  std::string role_;
+  int owner_;
+  bool owner_alive_;
+  Reason reason_;
 };
 
 /// A system call failed; `code()` is the errno value.

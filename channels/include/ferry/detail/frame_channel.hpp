@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -13,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "ferry/detail/end_claim.hpp"
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/return_board.hpp"
@@ -62,6 +64,12 @@ class SenderCore final : public LiveEnd {
   /// Releases this process's copy of an end that a forked worker took over (adopt()):
   /// like detach(), and the receiver's returns are left to the worker.
   void hand_over() noexcept;
+  /// For an end just described to a process that rebuilds it from duplicates of its
+  /// descriptors (pickling): no process holding this copy may use it any more
+  /// (EndClaim::mark_handed_away()), and this copy is released as detach() does.
+  void hand_away() noexcept;
+  /// Whether this process owns the end (its sends go through), or may take it (fresh).
+  bool owned_here() const noexcept { return claim_.held() || claim_.fresh_here(); }
   bool is_open() const noexcept { return open_; }
   Transport transport() const noexcept { return transport_; }
   FrameWriter& writer() noexcept { return *writer_; }
@@ -94,6 +102,7 @@ class SenderCore final : public LiveEnd {
   /// Storages passed by fd or /proc path so far (a repeat send of a leased one is not).
   std::uint64_t storages_passed();
   void abandon_in_child() noexcept override;
+  void release_if_owned_elsewhere() noexcept override;
   /// Storages pinned because the receiver may still hold them (for tests and statistics).
   std::size_t pinned_storages();
   /// Segments named by fd number kept open until the receiver has them (for tests and
@@ -103,7 +112,11 @@ class SenderCore final : public LiveEnd {
   const std::optional<SharedAllocator>& pool() const noexcept { return options_.pool; }
 
  private:
-  void ensure_open() const;
+  // Throws ChannelClosed when this end was closed here, EndOwnedElsewhere when another
+  // process owns it; takes a fresh end for this process.
+  void ensure_usable();
+  // detach(), with the lock held.
+  void detach_locked() noexcept;
   // Throws Error when the frame just encoded breaks the channel's FrameLimits, which the
   // receiver enforces (it shares them): refused here, it is not sent and breaks nothing.
   void check_limits() const;
@@ -119,8 +132,8 @@ class SenderCore final : public LiveEnd {
   std::unique_ptr<MessageEncoder> encoder_;  // never null
   Transport transport_;
   ChannelOptions options_;
-  pid_t owner_;
-  bool open_ = true;
+  EndClaim claim_;  // which process may send (end_claim.hpp)
+  std::atomic<bool> open_{true};  // atomic: the long-wait release (live_ends.hpp) clears it from any thread
   bool used_ = false;
   std::uint64_t delivered_ = 0;  // the board's last word, read before the ledger goes
   UniqueFd gone_probe_;          // receiver_gone()'s liveness probe, made at its first call
@@ -182,6 +195,9 @@ class ReceiverCore final : public LiveEnd {
   /// there is none or the end is closed.
   std::atomic<std::uint32_t>* data_futex();
   void abandon_in_child() noexcept override;
+  void release_if_owned_elsewhere() noexcept override;
+  /// See SenderCore::hand_away().
+  void hand_away() noexcept;
   /// Segments this end leases from the sender (for tests and statistics).
   std::size_t leased_segments();
 
@@ -190,14 +206,18 @@ class ReceiverCore final : public LiveEnd {
   void mark_broken(const std::string& reason);
   // Closes the end; `ending_the_stream` also shuts a duplex socket's direction down.
   void close_as(bool ending_the_stream) noexcept;
+  void close_locked(bool ending_the_stream) noexcept;
+  // Whether closing here ends the stream for every process: this process owns the end,
+  // or made it and nobody took it yet.
+  bool closes_for_everyone() const noexcept { return claim_.held() || claim_.fresh_here(); }
 
   std::mutex mutex_;
   std::unique_ptr<FrameReader> reader_;
   std::unique_ptr<MessageDecoder> decoder_;  // never null
   Transport transport_;
   ChannelOptions options_;
-  pid_t owner_;
-  bool open_ = true;
+  EndClaim claim_;  // which process may receive (end_claim.hpp)
+  std::atomic<bool> open_{true};  // atomic: the long-wait release (live_ends.hpp) clears it from any thread
   bool used_ = false;
   std::string broken_;
   std::string dead_;  // why the peer is known dead (PeerDied is reported again)

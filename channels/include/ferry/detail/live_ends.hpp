@@ -3,6 +3,7 @@
 // or a peer would never see end-of-stream (nor the parent's death) on them.
 #pragma once
 
+#include <chrono>
 #include <span>
 
 namespace ferry::detail {
@@ -14,6 +15,11 @@ class LiveEnd {
   /// protocol: no Close frame, no locks taken. Only for a freshly forked child, which has
   /// one thread.
   virtual void abandon_in_child() noexcept = 0;
+  /// Lets go of this process's copy of the end (its descriptors, as detach() does) when
+  /// another process owns it (EndClaim::elsewhere()), so that the copy no longer keeps the
+  /// connection open for a peer waiting on the owner. Skips an end another thread is using.
+  /// (A listener has no owner to yield to: nothing.)
+  virtual void release_if_owned_elsewhere() noexcept {}
 
  protected:
   LiveEnd() = default;
@@ -28,6 +34,16 @@ class LiveEnd {
 
 /// In a freshly forked child: abandons every live end except those in `keep`.
 void abandon_live_ends_except(std::span<const LiveEnd* const> keep) noexcept;
+
+/// Lets go of every copy in this process of an end that another process owns (see
+/// LiveEnd::release_if_owned_elsewhere()). Called by waits that block for long (every
+/// kReleaseCheck), so that a process blocked on one channel does not keep another open:
+/// after fork(), a child that took an end and then died must be seen dead by its peer,
+/// although the parent still holds a copy of the end it never used.
+void release_ends_owned_elsewhere() noexcept;
+
+/// How often a long wait lets go of copies owned elsewhere.
+inline constexpr std::chrono::milliseconds kReleaseCheck{100};
 
 /// The number of live ends in this process (for tests).
 std::size_t live_end_count();
