@@ -91,6 +91,24 @@ class Slow(Dataset):
         return torch.tensor(index)
 
 
+class SlowAt(Dataset):
+    def __init__(self, slow_index, delay, size):
+        self.slow_index, self.delay, self.size = slow_index, delay, size
+
+    def __len__(self):
+        return self.size
+
+    def __getitem__(self, index):
+        if index == self.slow_index:
+            time.sleep(self.delay)
+        return torch.tensor(index)
+
+
+def failing_init(worker_id):
+    if worker_id == 1:
+        raise OSError(f"worker {worker_id} cannot open its shard")
+
+
 def assert_same(test, expected, actual, where="batch"):
     """Equal structure, types, dtypes, shapes and values."""
     test.assertIs(type(actual), type(expected), where)
@@ -215,26 +233,39 @@ class SameBatchesTest(unittest.TestCase):
         self.assertIsInstance(batch["array"], torch.Tensor)  # default_collate made it a tensor
         self.assertTrue(in_memfd(batch["array"].data_ptr()))
 
-    def test_out_of_order_yields_every_batch(self):
-        ours = DataLoader(Slow(0.001, 96), batch_size=4, num_workers=2, in_order=False)
-        self.assertEqual(sorted(int(v) for batch in ours for v in batch), list(range(96)))
+    def test_out_of_order_yields_a_slow_batch_after_those_ready_before_it(self):
+        ours = DataLoader(SlowAt(0, 0.5, 48), batch_size=4, num_workers=2, in_order=False)
+        order = [int(batch[0]) // 4 for batch in ours]
+        self.assertEqual(sorted(order), list(range(12)))
+        self.assertGreater(order.index(0), 0)  # batch 0 (worker 0's, slow) came after others
+        in_order = DataLoader(SlowAt(0, 0.2, 48), batch_size=4, num_workers=2)
+        self.assertEqual([int(batch[0]) // 4 for batch in in_order], list(range(12)))
 
 
 class FailureTest(unittest.TestCase):
     def test_a_dataset_exception_is_raised_in_the_trainer_with_the_worker_and_its_traceback(self):
         messages = []
         for kind in (TorchDataLoader, DataLoader):
-            loader = kind(RaisesAt(37), batch_size=4, num_workers=2)
+            iterator = iter(kind(RaisesAt(37), batch_size=4, num_workers=2))
             seen = []
             with self.assertRaises(ValueError) as raised:
-                for batch in loader:
+                for batch in iterator:
                     seen.extend(batch.tolist())
             self.assertEqual(seen, list(range(36)))  # every batch before the failing one, in order
+            self.assertEqual([v for batch in iterator for v in batch.tolist()], list(range(40, 100)))  # then on
             messages.append(str(raised.exception))
         for message in messages:
             self.assertIn("Caught ValueError in DataLoader worker process 1", message)
             self.assertIn("no sample at index 37", message)
             self.assertIn('raise ValueError(f"no sample at index {index}")', message)
+
+    def test_a_failing_worker_init_fn_is_raised_in_the_trainer_like_torchs(self):
+        for kind in (TorchDataLoader, DataLoader):
+            with self.subTest(kind.__module__):
+                loader = kind(Samples(40), batch_size=4, num_workers=2, worker_init_fn=failing_init)
+                with self.assertRaisesRegex(OSError, "(?s)Caught OSError in DataLoader worker process 1.*"
+                                                     "worker 1 cannot open its shard"):
+                    list(loader)
 
     def test_a_worker_killed_mid_epoch_is_a_runtime_error_naming_it_and_the_signal_within_a_second(self):
         iterator = iter(DataLoader(Slow(0.002), batch_size=4, num_workers=2))
