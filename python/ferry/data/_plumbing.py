@@ -79,9 +79,9 @@ class WorkerProcesses:
         self._results = [None] * count
         self._closed = False
         address = f"unix:@ferry-data-{os.getpid()}-{secrets.token_hex(8)}"
-        listener = ferry.listen(address, transport=transport)
         with _live_lock:
             _live.add(self)
+        listener = None
         try:
             watchdog = threading.current_thread() is not threading.main_thread()
             for worker_id in range(count):
@@ -91,12 +91,16 @@ class WorkerProcesses:
                     daemon=True)
                 process.start()
                 self.processes.append(process)
+            # Listening only now, so that no worker inherits the listening socket (a worker's
+            # connect waits for the address to appear).
+            listener = ferry.listen(address, transport=transport)
             self._accept_all(listener, count)
         except BaseException:
             self.shutdown()
             raise
         finally:
-            listener.close()
+            if listener is not None:
+                listener.close()
 
     def _accept_all(self, listener, count):
         # Each worker connects its result Sender, says hello on it, then connects its task

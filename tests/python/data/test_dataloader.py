@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import unittest
 
@@ -165,6 +166,11 @@ def in_memfd(address):
     return False
 
 
+def unix_sockets():
+    with open("/proc/net/unix") as table:
+        return table.readlines()
+
+
 def open_fds():
     return len(os.listdir("/proc/self/fd"))
 
@@ -222,9 +228,21 @@ class SameBatchesTest(unittest.TestCase):
                 theirs, ours = loaders(Samples(40), **options)
                 assert_same(self, list(theirs), list(ours))
 
-    def test_spawned_workers_give_torchs_batches(self):
-        theirs, ours = loaders(Stream(20), batch_size=4, num_workers=2, multiprocessing_context="spawn", seeded=True)
-        assert_same(self, list(theirs), list(ours))
+    def test_spawned_and_forkserver_workers_give_torchs_batches(self):
+        for method in ("spawn", "forkserver"):
+            with self.subTest(method):
+                theirs, ours = loaders(Stream(20), batch_size=4, num_workers=2, multiprocessing_context=method,
+                                       seeded=True)
+                assert_same(self, list(theirs), list(ours))
+
+    def test_an_iterator_made_on_a_thread_that_ended_keeps_its_workers(self):
+        made = []
+        maker = threading.Thread(target=lambda: made.append(iter(DataLoader(Samples(40), batch_size=4,
+                                                                              num_workers=2))))
+        maker.start()
+        maker.join()  # the kernel's parent-death signal would follow this thread
+        time.sleep(0.3)
+        self.assertEqual([int(v) for batch in made[0] for v in batch["label"]], list(range(40)))
 
     def test_the_trainer_views_the_workers_memory_without_a_copy(self):
         batch = next(iter(DataLoader(Samples(), batch_size=16, num_workers=2)))
@@ -298,36 +316,52 @@ class FailureTest(unittest.TestCase):
         self.assertEqual([int(v) for batch in patient for v in batch], list(range(8)))
 
     def test_the_trainer_killed_leaves_no_worker_shared_memory_socket_or_descriptor(self):
+        # Made on the main thread, workers die by PR_SET_PDEATHSIG; on a thread, by their watchdog.
+        for on_thread in (False, True):
+            with self.subTest(iterator_made_on_a_thread=on_thread):
+                self.kill_a_trainer(on_thread)
+
+    def kill_a_trainer(self, on_thread):
         shm_before = set(os.listdir("/dev/shm"))
         trainer = subprocess.Popen(
             [sys.executable, "-c", textwrap.dedent(f"""
-                import sys, time
+                import sys, threading, time
                 sys.path[:0] = {sys.path!r}
                 import torch
                 from ferry.data import DataLoader
                 class Images(torch.utils.data.Dataset):
                     def __len__(self): return 100000
                     def __getitem__(self, i): return torch.zeros(3, 64, 64, dtype=torch.uint8)
-                iterator = iter(DataLoader(Images(), batch_size=32, num_workers=2))
-                held = [next(iterator) for _ in range(4)]
-                print(" ".join(map(str, iterator._workers.pids())), flush=True)
+                made = []
+                make = lambda: made.append(iter(DataLoader(Images(), batch_size=32, num_workers=2)))
+                if {on_thread!r}:
+                    maker = threading.Thread(target=make)
+                    maker.start()
+                    maker.join()
+                else:
+                    make()
+                held = [next(made[0]) for _ in range(4)]
+                print(" ".join(map(str, made[0]._workers.pids())), flush=True)
                 time.sleep(60)
             """)], stdout=subprocess.PIPE, text=True)
         try:
             workers = [int(pid) for pid in trainer.stdout.readline().split()]
             self.assertEqual(len(workers), 2)
-            sockets = [line for line in open("/proc/net/unix") if f"@ferry-data-{trainer.pid}-" in line]
+            sockets = [line for line in unix_sockets() if f"@ferry-data-{trainer.pid}-" in line]
             self.assertTrue(sockets)  # the workers' connections exist while the trainer lives
         finally:
             trainer.kill()
             trainer.wait()
             trainer.stdout.close()
+        def left_behind():
+            return ([pid for pid in workers if not is_gone(pid)],
+                    set(os.listdir("/dev/shm")) - shm_before,
+                    [line for line in unix_sockets() if f"@ferry-data-{trainer.pid}-" in line])
+
         deadline = time.monotonic() + 1.0
-        while not all(is_gone(pid) for pid in workers) and time.monotonic() < deadline:
+        while any(left_behind()) and time.monotonic() < deadline:
             time.sleep(0.01)
-        self.assertTrue(all(is_gone(pid) for pid in workers), "a worker outlived the trainer")
-        self.assertEqual(set(os.listdir("/dev/shm")), shm_before)
-        self.assertEqual([line for line in open("/proc/net/unix") if f"@ferry-data-{trainer.pid}-" in line], [])
+        self.assertEqual(left_behind(), ([], set(), []), "left a second after the trainer was killed")
 
 
 class ResourcesTest(unittest.TestCase):
