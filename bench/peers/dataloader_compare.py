@@ -120,24 +120,44 @@ class SmallNet(nn.Module):
         return self.head(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def train(loader_class, dataset, epochs, workers):
-    """(seconds per epoch, [loss of every step]) of a fixed-seed training run."""
-    torch.manual_seed(0)
-    model = SmallNet()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    loader = loader_class(dataset, batch_size=32, shuffle=True, num_workers=workers,
-                          generator=torch.Generator().manual_seed(0), persistent_workers=True)
-    losses, times = [], []
-    for _ in range(epochs):
+class Training:
+    """One fixed-seed training run fed by one kind of loader, an epoch at a time."""
+
+    def __init__(self, loader_class, dataset, workers):
+        torch.manual_seed(0)
+        self.model = SmallNet()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        self.loader = loader_class(dataset, batch_size=32, shuffle=True, num_workers=workers,
+                                   generator=torch.Generator().manual_seed(0), persistent_workers=True)
+        self.losses = []
+
+    def epoch(self):
+        """Seconds this epoch took."""
         began = time.perf_counter()
-        for images, labels in loader:
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(images.float() / 255.0), labels)
+        for images, labels in self.loader:
+            self.optimizer.zero_grad()
+            loss = F.cross_entropy(self.model(images.float() / 255.0), labels)
             loss.backward()
-            optimizer.step()
-            losses.append(loss.item())
-        times.append(time.perf_counter() - began)
-    return statistics.median(times), losses
+            self.optimizer.step()
+            self.losses.append(loss.item())
+        return time.perf_counter() - began
+
+
+def pipeline(dataset, epochs, workers):
+    """({loader: [seconds of each epoch after the first]}, {loader: losses}): both trainings
+    side by side, their epochs alternated (torch, ferry, ferry, torch, ...), so that both see
+    the machine in the same state; the first epoch (worker start-up) is not counted."""
+    runs = {name: Training(kind, dataset, workers) for name, kind in LOADERS.items()}
+    times = {name: [] for name in LOADERS}
+    for epoch in range(epochs + 1):
+        order = list(LOADERS) if epoch % 2 == 0 else list(reversed(LOADERS))
+        for name in order:
+            seconds = runs[name].epoch()
+            if epoch > 0:
+                times[name].append(seconds)
+    losses = {name: run.losses for name, run in runs.items()}
+    del runs
+    return times, losses
 
 
 # ---- the report ---------------------------------------------------------------------------
@@ -169,7 +189,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=100, help="measured batches per run (dicts, images)")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per pipeline run")
+    parser.add_argument("--epochs", type=int, default=6, help="measured pipeline epochs per loader")
     parser.add_argument("--photos", type=int, default=256, help="samples per pipeline epoch")
     parser.add_argument("--only", default="dicts,images,pipeline")
     options = parser.parse_args()
@@ -188,19 +208,17 @@ def main():
                                                                              options.workers)))
     if "pipeline" in scenarios:
         dataset = Photos(options.photos)
-        results = alternate(options.rounds, lambda kind: train(kind, dataset, options.epochs, options.workers))
-        print(f"\n3. sklearn's sample JPEGs, decode + random crop/flip, a small CNN, "
-              f"{options.epochs} epochs of {options.photos // 32} steps")
+        times, losses = pipeline(dataset, options.epochs, options.workers)
+        print(f"\n3. sklearn's sample JPEGs, decode + random crop/flip, a small CNN; "
+              f"{options.epochs} epochs of {options.photos // 32} steps measured per loader, alternated")
         for name in LOADERS:
-            times = [r[0] for r in results[name]]
-            print(f"  {name:8} seconds per epoch (median of rounds) {statistics.median(times):.3f}   "
-                  f"per round: {', '.join(f'{t:.3f}' for t in times)}")
-        losses = [r[1] for rows in results.values() for r in rows]
-        same = all(run == losses[0] for run in losses)
-        print(f"  ferry/torch epoch time: {statistics.median(r[0] for r in results['ferry']) / statistics.median(r[0] for r in results['torch']):.3f}"
-              f"; losses at every step identical across loaders and rounds: {same} "
-              f"(first steps {', '.join(f'{v:.6f}' for v in losses[0][:3])}; last {losses[0][-1]:.6f})")
-
+            print(f"  {name:8} seconds per epoch (median) {statistics.median(times[name]):.3f}   "
+                  f"per epoch: {', '.join(f'{t:.3f}' for t in times[name])}")
+        ratios = [f / t for f, t in zip(times["ferry"], times["torch"])]
+        print(f"  ferry/torch epoch time: median of the per-epoch ratios {statistics.median(ratios):.3f} "
+              f"(range {min(ratios):.3f}-{max(ratios):.3f}); losses at every step identical: "
+              f"{losses['ferry'] == losses['torch']} ({len(losses['ferry'])} steps; first "
+              f"{', '.join(f'{v:.6f}' for v in losses['ferry'][:3])}; last {losses['ferry'][-1]:.6f})")
 
 if __name__ == "__main__":
     main()
