@@ -197,7 +197,7 @@ def main():
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, num_workers={options.workers}, "
           f"{options.rounds} rounds alternated")
     if "dicts" in scenarios:
-        dataset = Dicts()
+        dataset = Dicts(64 * (options.batches + 10))
         report_throughput("1. batches of 64 dicts of 16 small tensors held in memory",
                           alternate(options.rounds, lambda kind: throughput(kind, dataset, options.batches,
                                                                              options.workers)))
