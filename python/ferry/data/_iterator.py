@@ -70,7 +70,10 @@ class FerryDataLoaderIter(_BaseDataLoaderIter):
         self._worker_queue_idx_cycle = itertools.cycle(range(self._num_workers))
         if not first_iter:
             for worker_id in range(self._num_workers):
-                self._workers.put(worker_id, {"resume": self._shared_seed})
+                try:
+                    self._workers.put(worker_id, {"resume": self._shared_seed})
+                except _plumbing.WorkerGone as gone:
+                    self._fail(gone)
             for worker_id in range(self._num_workers):
                 while "resumed" not in self._receive(worker_id):
                     pass  # a result of the epoch that was left early
@@ -91,7 +94,10 @@ class FerryDataLoaderIter(_BaseDataLoaderIter):
                 break
         else:
             return
-        self._workers.put(worker_id, {"i": self._send_idx, "x": pickle.dumps(index)})
+        try:
+            self._workers.put(worker_id, {"i": self._send_idx, "x": pickle.dumps(index)})
+        except _plumbing.WorkerGone as gone:
+            self._fail(gone)
         self._task_info[self._send_idx] = (worker_id,)
         self._worker_tasks[worker_id].append(self._send_idx)
         self._tasks_outstanding += 1
@@ -220,4 +226,7 @@ class FerryDataLoaderIter(_BaseDataLoaderIter):
             self._workers.shutdown()
 
     def __del__(self):
-        self._shutdown_workers()
+        try:
+            self._shutdown_workers()
+        except Exception:  # at interpreter exit, multiprocessing may have ended the workers already
+            pass

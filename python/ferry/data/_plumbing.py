@@ -226,7 +226,7 @@ def _die_with_parent(parent, watchdog):
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed in a DataLoader worker")
-    if os.getppid() != parent:  # the trainer died before prctl: nobody will send the signal
+    if os.getppid() != parent:  # the parent died before prctl: nobody will send the signal
         os._exit(1)
 
 
@@ -236,11 +236,27 @@ def _watch_parent(parent):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _parent_to_follow(trainer_pid):
+    """The process whose death ends this worker: the trainer, or the forkserver that the
+    trainer started (it exits when the trainer dies). Exits at once if the trainer is gone."""
+    parent = os.getppid()
+    if parent == trainer_pid:
+        return parent
+    try:
+        with open(f"/proc/{parent}/stat") as stat:  # "pid (name) state ppid ..."
+            grandparent = int(stat.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        grandparent = None
+    if grandparent != trainer_pid:
+        os._exit(1)  # reparented: the trainer died before this worker started
+    return parent
+
+
 def _worker_bootstrap(address, transport, worker_id, trainer_pid, watchdog, main, args):
     # The plumbing objects a forked worker inherited stay referenced by its copy of _live, so
     # they are never destroyed here (the process ends with os._exit).
-    parent = os.getppid()
-    _die_with_parent(trainer_pid if parent == trainer_pid else parent, watchdog)
+    parent = _parent_to_follow(trainer_pid)
+    _die_with_parent(parent, watchdog)
     results = ferry.connect_sender(address, timeout=CONNECT_TIMEOUT, transport=transport)
     results.send({"hello": worker_id})
     tasks = ferry.connect_receiver(address, timeout=CONNECT_TIMEOUT, transport=transport)
