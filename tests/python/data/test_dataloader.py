@@ -115,6 +115,7 @@ def assert_same(test, expected, actual, where="batch"):
     test.assertIs(type(actual), type(expected), where)
     if isinstance(expected, torch.Tensor):
         test.assertEqual(actual.dtype, expected.dtype, where)
+        test.assertEqual(actual.requires_grad, expected.requires_grad, where)
         test.assertEqual(actual.shape, expected.shape, where)
         test.assertTrue(torch.equal(actual, expected), f"{where}: {actual} != {expected}")
     elif isinstance(expected, np.ndarray):
@@ -214,8 +215,13 @@ class SameBatchesTest(unittest.TestCase):
                 assert_same(self, expected, actual)
 
     def test_without_batching_and_with_a_batch_sampler_and_a_collate_fn(self):
-        def collate(samples):  # a user collate: tensors made on the heap, moved as handles
-            return Pair(torch.stack([s["float"] for s in samples]), [s["name"] for s in samples])
+        def collate(samples):  # a user collate: tensors and arrays made on the heap, moved as handles
+            floats = torch.stack([s["float"] for s in samples])
+            return {"pair": Pair(floats, [s["name"] for s in samples]),
+                    "arrays": np.stack([s["array"] for s in samples]),
+                    "masks": torch.stack([s["mask"] for s in samples]),
+                    "leaf": floats.sum(1).detach().requires_grad_(),
+                    "again": floats}  # the same tensor twice
 
         cases = {
             "batch_size=None": dict(batch_size=None, num_workers=2, seeded=True),
