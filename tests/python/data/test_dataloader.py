@@ -321,6 +321,33 @@ class FailureTest(unittest.TestCase):
         patient = DataLoader(Slow(0.01, 8), batch_size=2, num_workers=2, timeout=5)
         self.assertEqual([int(v) for batch in patient for v in batch], list(range(8)))
 
+    def test_ctrl_c_while_the_trainer_waits_is_a_keyboard_interrupt_at_once(self):
+        trainer = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import sys, time
+            sys.path[:0] = {sys.path!r}
+            import torch
+            from ferry.data import DataLoader
+            class Slow(torch.utils.data.Dataset):
+                def __len__(self): return 100
+                def __getitem__(self, i): time.sleep(30); return torch.tensor(i)
+            iterator = iter(DataLoader(Slow(), batch_size=1, num_workers=2))
+            print(" ".join(map(str, iterator._workers.pids())), flush=True)
+            try:
+                next(iterator)
+            except KeyboardInterrupt:
+                print("KeyboardInterrupt", flush=True)
+            del iterator
+        """)], stdout=subprocess.PIPE, text=True)  # SIGINT at its default action, as in a terminal
+        with trainer:
+            workers = [int(pid) for pid in trainer.stdout.readline().split()]
+            time.sleep(0.3)  # waiting for the first batch
+            sent = time.monotonic()
+            trainer.send_signal(signal.SIGINT)
+            self.assertEqual(trainer.stdout.readline().strip(), "KeyboardInterrupt")
+            self.assertLess(time.monotonic() - sent, 0.5)
+            self.assertEqual(trainer.wait(timeout=30), 0)
+        self.assertTrue(all(is_gone(pid) for pid in workers))
+
     def test_the_trainer_killed_leaves_no_worker_shared_memory_socket_or_descriptor(self):
         # Made on the main thread, workers die by PR_SET_PDEATHSIG; on a thread, by their watchdog.
         for on_thread in (False, True):
