@@ -110,7 +110,10 @@ class WorkerProcesses:
         for _ in range(count):
             results = self._wait(lambda: listener.accept_receiver(timeout=CHECK_INTERVAL), deadline)
             hello = self._wait(lambda: results.recv_for(CHECK_INTERVAL), deadline)
-            worker_id = hello["hello"]
+            worker_id = hello.get("hello") if isinstance(hello, dict) else None
+            if not isinstance(worker_id, int) or not 0 <= worker_id < count or self._results[worker_id] is not None:
+                raise RuntimeError(f"a process that is not one of this DataLoader's workers connected to its "
+                                   f"listener and said {hello!r}")
             self._results[worker_id] = results
             self._tasks[worker_id] = self._wait(lambda: listener.accept_sender(timeout=CHECK_INTERVAL), deadline)
 

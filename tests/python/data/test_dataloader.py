@@ -22,6 +22,8 @@ except ImportError as missing:
 from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import Dataset, IterableDataset, get_worker_info
 
+import ferry
+
 from ferry.data import DataLoader
 
 Pair = collections.namedtuple("Pair", "left right")
@@ -311,6 +313,21 @@ class FailureTest(unittest.TestCase):
         with self.assertRaisesRegex(RuntimeError, "DataLoader worker 1 .* killed by signal 9"):
             next(iterator)
         self.assertLess(time.monotonic() - began, 1.0)
+
+    def test_a_stranger_saying_hello_on_the_listener_is_refused(self):
+        from ferry.data import _plumbing
+
+        def impostor(address, transport, worker_id, trainer_pid, watchdog, main, args):
+            ferry.connect_sender(address, timeout=30, transport=transport).send({"hello": 7})
+            time.sleep(30)
+
+        real = _plumbing._worker_bootstrap
+        _plumbing._worker_bootstrap = impostor
+        try:
+            with self.assertRaisesRegex(RuntimeError, "not one of this DataLoader's workers .*'hello': 7"):
+                iter(DataLoader(Samples(8), batch_size=4, num_workers=1))
+        finally:
+            _plumbing._worker_bootstrap = real
 
     def test_timeout(self):
         iterator = iter(DataLoader(Slow(0.3, 8), batch_size=2, num_workers=2, timeout=0.05))
