@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "blocking_call.hpp"
 #include "ends_binding.hpp"
 #include "ferry/duplex.hpp"
 #include "value_conversion.hpp"
@@ -99,7 +100,7 @@ py::object call_for(PySender& sender, PyReceiver& receiver, py::handle request, 
     throw py::error_already_set();
   }
   const double left = std::chrono::duration<double>(std::max(Clock::duration::zero(), deadline - Clock::now())).count();
-  return receiver.recv_for(left);
+  return receiver.recv_for(py::float_(left));
 }
 
 // Replaces property `name` of class `type_name` in `module` by one with `doc` (its getter kept).

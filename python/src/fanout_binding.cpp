@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "blocking_call.hpp"
 #include "ends_binding.hpp"
 #include "ferry/broadcast.hpp"
 #include "ferry/distributor.hpp"

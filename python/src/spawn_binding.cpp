@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "blocking_call.hpp"
 #include "ends_binding.hpp"
 #include "error_text.hpp"
 #include "ferry/detail/live_ends.hpp"

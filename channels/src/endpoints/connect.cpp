@@ -132,7 +132,7 @@ ConnectionEnds SocketScheme::connect(std::string_view address, std::string_view 
       throw Error(busy.message + "; this client asked again until its connect_timeout (" +
                   milliseconds_text(options.connect_timeout) + ") passed");
     }
-    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline.remaining()));
+    interruptible_sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline.remaining()));
     pause = std::min<std::chrono::microseconds>(pause * 2, std::chrono::milliseconds(50));
   }
 }
