@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "handshake_harness.hpp"
 #include "harness.hpp"
 #include "support/leak_check.hpp"
 
@@ -67,6 +68,25 @@ TEST_F(FuzzCorpusTest, ValueSeedsDecodeAndHostileOnesAreRefused) {
   }
 }
 
+TEST_F(FuzzCorpusTest, HandshakeSeedsDecodeAsTheyShould) {
+  EXPECT_EQ(fuzz::run_handshake(read_bytes(kFuzzDir / "corpus/handshake/hello_receiver")), 1);
+  EXPECT_EQ(fuzz::run_handshake(read_bytes(kFuzzDir / "corpus/handshake/hello_duplex")), 1);
+  EXPECT_EQ(fuzz::run_handshake(read_bytes(kFuzzDir / "corpus/handshake/reply_accepted")), 1);
+  EXPECT_EQ(fuzz::run_handshake(read_bytes(kFuzzDir / "corpus/handshake/reply_refused")), 1);
+  EXPECT_EQ(fuzz::run_handshake(read_bytes(kFuzzDir / "corpus/handshake/hello_truncated")), 0);
+}
+
+TEST_F(FuzzCorpusTest, ListenerScriptsAcceptWhatTheyShould) {
+  // Both kinds served are accepted; every hostile client refused; a Hello in two parts
+  // accepted; silent clients past the pending cap and clients past the waiting cap refused,
+  // a waiting client that hangs up dropped (the one left is accepted).
+  EXPECT_EQ(fuzz::run_listener(read_bytes(kFuzzDir / "corpus/listener/accept_both_kinds")), 2);
+  EXPECT_EQ(fuzz::run_listener(read_bytes(kFuzzDir / "corpus/listener/refusals")), 0);
+  EXPECT_EQ(fuzz::run_listener(read_bytes(kFuzzDir / "corpus/listener/split_hello")), 1);
+  EXPECT_EQ(fuzz::run_listener(read_bytes(kFuzzDir / "corpus/listener/pending_cap")), 0);
+  EXPECT_EQ(fuzz::run_listener(read_bytes(kFuzzDir / "corpus/listener/waiting_cap")), 1);
+}
+
 TEST_F(FuzzCorpusTest, EveryCorpusAndRegressionInputRunsCleanly) {
   fuzz::FrameHarness frames;
   fuzz::BodyHarness bodies;
@@ -86,6 +106,16 @@ TEST_F(FuzzCorpusTest, EveryCorpusAndRegressionInputRunsCleanly) {
     for (const fs::path& path : files_under(kFuzzDir / group / "value")) {
       SCOPED_TRACE(path.string());
       values.run(read_bytes(path));
+      ++inputs;
+    }
+    for (const fs::path& path : files_under(kFuzzDir / group / "handshake")) {
+      SCOPED_TRACE(path.string());
+      fuzz::run_handshake(read_bytes(path));
+      ++inputs;
+    }
+    for (const fs::path& path : files_under(kFuzzDir / group / "listener")) {
+      SCOPED_TRACE(path.string());
+      fuzz::run_listener(read_bytes(path));
       ++inputs;
     }
   }

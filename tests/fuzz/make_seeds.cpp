@@ -1,7 +1,8 @@
 // Writes the seed corpus of the fuzz targets: real frames and bodies produced by
 // MessageEncoder, with storages sized so that the harnesses resolve them to their own
 // segments (see fuzz_message.hpp). Deterministic: running it again gives the same files.
-// Usage: ferry_fuzz_seeds <corpus dir>   (writes <dir>/frame/*, <dir>/body/* and <dir>/value/*)
+// Usage: ferry_fuzz_seeds <corpus dir>   (writes <dir>/frame/*, body/*, value/*, handshake/*
+// and listener/*)
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -10,9 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "endpoints/handshake.hpp"
 #include "ferry/detail/message_encoder.hpp"
 #include "ferry/value.hpp"
 #include "fuzz_message.hpp"
+#include "handshake_harness.hpp"
 
 namespace ferry::fuzz {
 namespace {
@@ -189,6 +192,98 @@ void write_file(const std::filesystem::path& path, const Bytes& bytes) {
   std::printf("%s (%zu bytes)\n", path.c_str(), bytes.size());
 }
 
+// ---- the endpoint handshake ------------------------------------------------------------
+
+Bytes hello_of(const detail::EndKind& kind, Transport transport) {
+  return detail::encode_hello(detail::Hello{detail::kEndpointWireVersion, kind, transport, FrameLimits{}});
+}
+
+// A listener script (see ListenerOp in handshake_harness.hpp).
+class Script {
+ public:
+  Script& connect(int times = 1) {
+    for (int i = 0; i < times; ++i) op(ListenerOp::Connect);
+    return *this;
+  }
+  Script& send(std::uint8_t client, const Bytes& bytes) {
+    op(ListenerOp::Send);
+    bytes_.push_back(static_cast<std::byte>(client));
+    bytes_.push_back(static_cast<std::byte>(bytes.size()));
+    bytes_.insert(bytes_.end(), bytes.begin(), bytes.end());
+    return *this;
+  }
+  Script& close(std::uint8_t client) {
+    op(ListenerOp::Close);
+    bytes_.push_back(static_cast<std::byte>(client));
+    return *this;
+  }
+  Script& pump() { return op(ListenerOp::Pump); }
+  Script& accept(bool sender) {
+    op(ListenerOp::Accept);
+    bytes_.push_back(static_cast<std::byte>(sender ? 1 : 0));
+    return *this;
+  }
+  Script& read() { return op(ListenerOp::Read); }
+  const Bytes& bytes() const { return bytes_; }
+
+ private:
+  Script& op(ListenerOp what) {
+    bytes_.push_back(static_cast<std::byte>(what));
+    return *this;
+  }
+  Bytes bytes_;
+};
+
+void write_handshake_seeds(const std::filesystem::path& dir) {
+  const Bytes receiver = hello_of(detail::client_receiver_kind<int>(), Transport::UnixSocket);
+  const Bytes sender = hello_of(detail::client_sender_kind<double>(), Transport::UnixSocket);
+  const Bytes duplex = hello_of(detail::client_duplex_kind<int, double>(), Transport::ShmRing);
+  Bytes other_version = receiver;
+  other_version[8] = std::byte{99};
+  detail::Reply refused;
+  refused.status = detail::ReplyStatus::TypeMismatch;
+  refused.message = "it connects as Receiver<int>, and this listener serves Sender<double>";
+  detail::Reply accepted;
+  accepted.transport = Transport::ShmRing;
+  accepted.writer_fds = 2;
+  accepted.reader_fds = 2;
+  write_file(dir / "handshake" / "hello_receiver", receiver);
+  write_file(dir / "handshake" / "hello_duplex", duplex);
+  write_file(dir / "handshake" / "hello_truncated", Bytes(receiver.begin(), receiver.begin() + 40));
+  write_file(dir / "handshake" / "reply_accepted", detail::encode_reply(accepted));
+  write_file(dir / "handshake" / "reply_refused", detail::encode_reply(refused));
+
+  const Bytes garbage{std::byte{'G'}, std::byte{'E'}, std::byte{'T'}, std::byte{' '}, std::byte{'/'}};
+  write_file(dir / "listener" / "accept_both_kinds",
+             Script().connect(2).send(0, receiver).send(1, sender).pump().accept(false).accept(true).read().bytes());
+  write_file(dir / "listener" / "refusals",
+             Script()
+                 .connect(4)
+                 .send(0, garbage)
+                 .send(1, Bytes(receiver.begin(), receiver.begin() + 20))
+                 .close(1)
+                 .send(2, other_version)
+                 .send(3, duplex)
+                 .pump()
+                 .read()
+                 .bytes());
+  write_file(dir / "listener" / "split_hello",
+             Script()
+                 .connect()
+                 .send(0, Bytes(receiver.begin(), receiver.begin() + 10))
+                 .pump()
+                 .send(0, Bytes(receiver.begin() + 10, receiver.end()))
+                 .pump()
+                 .accept(false)
+                 .read()
+                 .bytes());
+  write_file(dir / "listener" / "pending_cap", Script().connect(8).pump().read().send(7, receiver).pump().read().bytes());
+  Script waiting;
+  waiting.connect(4);
+  for (std::uint8_t i = 0; i < 4; ++i) waiting.send(i, receiver);
+  write_file(dir / "listener" / "waiting_cap", waiting.pump().read().close(0).pump().accept(false).accept(false).read().bytes());
+}
+
 }  // namespace
 }  // namespace ferry::fuzz
 
@@ -225,5 +320,6 @@ int main(int argc, char** argv) {
              RawBody().kind(ValueKind::Map).u64(2).text("k").kind(ValueKind::None).text("k").kind(ValueKind::Bool).u8(1).bytes);
   write_file(dir / "value" / "bad_bool", RawBody().kind(ValueKind::Bool).u8(2).bytes);
   write_file(dir / "value" / "bad_kind", RawBody().kind(ValueKind::List).u64(1).u8(9).bytes);
+  write_handshake_seeds(dir);
   return 0;
 }

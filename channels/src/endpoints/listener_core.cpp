@@ -137,7 +137,8 @@ bool StreamListenerCore::shed_one() {
   try {
     accepted = point_->accept();
   } catch (const SystemError&) {
-    // Another thread took the descriptor first: try again later.
+    // Another thread (or, for ENFILE, process) took the descriptor first: wait a little.
+    accept_paused_until_ = Deadline::after(kAcceptPause);
   }
   if (accepted) {
     refuse(*accepted, status_byte(ReplyStatus::Unavailable),
