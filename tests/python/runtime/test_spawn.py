@@ -1,4 +1,4 @@
-"""ferry.spawn with real worker processes over real transports: the issue's four-worker
+"""ferry.spawn with real worker processes over real transports: the README's four-worker
 program on every transport and start method, per_rank, handing ends over, and every way
 a worker can fail (WorkerFailed names rank, pid and cause)."""
 
@@ -64,7 +64,7 @@ def serve_duplex(rank, end):
 
 
 def four_worker_program(transport, start_method):
-    """The issue's example, returning what the collector saw."""
+    """The README's Python example, returning what the collector saw."""
     pairs = [ferry.channel(transport=transport) for _ in range(4)]
     backs = [ferry.channel(transport) for _ in range(4)]
     group = ferry.spawn(work, nprocs=4, join=False, start_method=start_method,
