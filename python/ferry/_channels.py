@@ -94,6 +94,9 @@ class Duplex:
         return f"<ferry.Duplex open={self.is_open}>"
 
 
+Duplex.__module__ = "ferry"  # as users name it
+
+
 def duplex(transport="shm_ring", **options):
     """A connected pair of :class:`Duplex` ends: what one sends, the other receives.
 

@@ -63,6 +63,8 @@ class WorkerFailed(_ferry.Error):
         super().__init__(_describe_failure(details))
 
 
+
+
 def _signal_name(number):
     import signal
 
@@ -143,6 +145,10 @@ class WorkerGroup:
     def exit_status(self, rank):
         """How worker ``rank`` ended: (exited, exit code, signal), or None while it runs."""
         return self._group.exit_status(rank)
+
+
+for _public in (PerRank, WorkerFailed, WorkerGroup):
+    _public.__module__ = "ferry"  # as users name them
 
 
 def _duplex_type():
@@ -267,9 +273,14 @@ def _start_forked(group, fn, rank, args, ends):
 _WORKER_CODE = "import sys; sys.path.insert(0, {path!r}); from ferry import _spawn; _spawn._exec_main()"
 
 
-def _record_command_line():
+def _command_line():
+    """How a worker interpreter is started: this interpreter, running _exec_main."""
     package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    _ferry._record_command_line([sys.executable, "-c", _WORKER_CODE.format(path=package_parent)])
+    return [sys.executable, "-c", _WORKER_CODE.format(path=package_parent)]
+
+
+def _record_command_line():
+    _ferry._record_command_line(_command_line())
 
 
 class _EndPickler(pickle.Pickler):
@@ -318,7 +329,7 @@ def _start_exec(group, fn, rank, args):
 
 def _exec_main():
     """The entry of an interpreter that ferry.spawn started with start_method='spawn'."""
-    _ferry._run_exec_worker(sys.argv)
+    _ferry._run_exec_worker(_command_line())  # recorded too, for spawns in the worker
 
 
 def _exec_worker(rank, world_size, payload_fd):

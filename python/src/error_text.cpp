@@ -7,7 +7,9 @@ namespace ferry::python {
 namespace {
 
 // Longer phrases first: a phrase may contain a shorter one.
-constexpr std::array<std::pair<std::string_view, std::string_view>, 17> kPythonNames{{
+constexpr std::array<std::pair<std::string_view, std::string_view>, 18> kPythonNames{{
+    {"; a program that uses the spawn start method must call ferry::init(argc, argv) first thing in main()",
+     "; the new interpreter ended before it reached ferry's worker entry (its stderr says why)"},
     {"use SpawnOptions::start_method = StartMethod::Spawn (the worker registered with FERRY_WORKER, and ferry::init "
      "in main)",
      "use ferry.spawn(..., start_method='spawn')"},

@@ -105,7 +105,7 @@ py::dict failure_details(const WorkerFailed& failure) {
       break;
     case WorkerFailure::StartFailed:
       details["cause"] = "start_failed";
-      details["start_failure"] = d.message;
+      details["start_failure"] = python_error_text(d.message);
       details["exit_code"] = d.exit_code;
       if (d.signal != 0) details["signal"] = d.signal;
       break;

@@ -1,4 +1,4 @@
-"""ferry.spawn with real worker processes over real transports: the issue's four-worker
+"""ferry.spawn with real worker processes over real transports: the README's four-worker
 program on every transport and start method, per_rank, handing ends over, and every way
 a worker can fail (WorkerFailed names rank, pid and cause)."""
 
@@ -52,13 +52,19 @@ def send_then_return(rank, out):
     out.send(rank)  # the end is closed cleanly when the function returns
 
 
+def spawn_grandchild(rank, out, start_method):
+    inner_tx, inner_rx = ferry.channel()
+    ferry.spawn(send_then_return, args=(inner_tx,), start_method=start_method)
+    out.send({"rank": rank, "grandchild": inner_rx.recv()})
+
+
 def serve_duplex(rank, end):
     for request in end:
         end.send(request * 2)
 
 
 def four_worker_program(transport, start_method):
-    """The issue's example, returning what the collector saw."""
+    """The README's Python example, returning what the collector saw."""
     pairs = [ferry.channel(transport=transport) for _ in range(4)]
     backs = [ferry.channel(transport) for _ in range(4)]
     group = ferry.spawn(work, nprocs=4, join=False, start_method=start_method,
@@ -169,6 +175,13 @@ class HandoverTest(unittest.TestCase):
             ferry.spawn(send_then_return, args=(tx,), start_method="spawn")
         ferry.spawn(send_then_return, args=(tx,))  # fork hands over a used end
         self.assertEqual(rx.recv(), 0)
+
+    def test_a_worker_spawns_workers_of_its_own(self):
+        for start_method in START_METHODS:
+            with self.subTest(start_method=start_method):
+                tx, rx = ferry.channel()
+                ferry.spawn(spawn_grandchild, args=(tx, start_method), start_method=start_method)
+                self.assertEqual(rx.recv(), {"rank": 0, "grandchild": 0})
 
     def test_the_parent_lets_go_of_handed_ends(self):
         tx, rx = ferry.channel()
