@@ -1,6 +1,7 @@
 #include "fanout_binding.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
@@ -130,13 +131,6 @@ py::list stats_list(const std::vector<ConsumerStats>& stats) {
   return out;
 }
 
-template <class F>
-concept Closable = requires(F& fanout) { fanout.close(); };
-
-/// Whether the C++ fan-outs have close() (else closing destroys the fan-out, whose
-/// destructor closes every consumer's end).
-constexpr bool kFanoutHasClose = Closable<Distributor<PyValue>> && Closable<Broadcast<PyValue>>;
-
 // A Distributor or a Broadcast of PyValue; closed, its sends raise ChannelClosed.
 template <class F>
 class PyFanout {
@@ -161,15 +155,13 @@ class PyFanout {
     return fanout.add(std::move(sender.end()), static_cast<std::size_t>(bound));
   }
 
+  // Ends every consumer's stream after what it was sent (C++'s close(), safe from any
+  // thread); later sends raise ChannelClosed.
   void close() {
     py::gil_scoped_release release;
-    if constexpr (kFanoutHasClose) {
-      const std::shared_lock lock(mutex_);
-      if (fanout_) fanout_->close();
-    } else {
-      const std::unique_lock lock(mutex_);  // waits for sends under way
-      fanout_.reset();
-    }
+    const std::shared_lock lock(mutex_);
+    closed_.store(true, std::memory_order_release);
+    if (fanout_) fanout_->close();
   }
 
   py::list stats() {
@@ -183,7 +175,7 @@ class PyFanout {
   }
   bool is_open() {
     const std::shared_lock lock(mutex_);
-    return fanout_ != nullptr;
+    return fanout_ != nullptr && !closed_.load(std::memory_order_acquire);
   }
 
  protected:
@@ -192,8 +184,9 @@ class PyFanout {
     return *fanout_;
   }
 
-  std::shared_mutex mutex_;  // exclusive only to destroy the fan-out (close without F::close)
+  std::shared_mutex mutex_;
   std::unique_ptr<F> fanout_;
+  std::atomic<bool> closed_{false};  // close() was called
 };
 
 class PyDistributor : public PyFanout<Distributor<PyValue>> {
@@ -275,7 +268,6 @@ void bind_common(C& cls) {
 }  // namespace
 
 void bind_fanout(py::module_& module) {
-  module.attr("_fanout_has_close") = py::bool_(kFanoutHasClose);
 
   py::class_<PySelector>(module, "Selector",
                          "A set of Receivers waited on at once from one thread: wait() returns the index of one "
