@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <deque>
 #include <list>
-#include <thread>
 #include <utility>
 #include <vector>
 
