@@ -27,6 +27,9 @@ SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport,
       transport_(transport),
       options_(options) {
   encoder_->limit_type_name(options.limits.max_type_name_bytes);
+  // UCX state never crosses fork: a ucx:// end belongs to the process that made it from the
+  // start, so a forked child's use is refused (EndOwnedElsewhere) and never takes it over.
+  if (transport == Transport::Ucx) claim_.adopt();
   track();
 }
 
@@ -351,6 +354,7 @@ ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transp
       decoder_(std::make_unique<MessageDecoder>(fingerprint, type_name)),
       transport_(transport),
       options_(options) {
+  if (transport == Transport::Ucx) claim_.adopt();  // as SenderCore's: UCX never crosses fork
   track();
 }
 

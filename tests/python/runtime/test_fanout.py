@@ -178,7 +178,9 @@ class DistributorTest(unittest.TestCase):
             pool.send("late")
 
     def test_close_from_another_thread_keeps_take_undelivered(self):
-        tx, rx = ferry.channel()
+        # A Unix socket carries the message's descriptors itself: closing does not wait for
+        # this thread's receiver to map them (over a ring or pipe it would, up to close_linger).
+        tx, rx = ferry.channel("unix_socket")
         pool = ferry.Distributor(max_in_flight=1)
         pool.add(tx)
         pool.send("one")
