@@ -127,7 +127,9 @@ struct detail::SelectorWaitPlan {
     } else if (!hinted.empty()) {
       recheck = kHintRecheckInterval;
     }
-    if (poll_until.is_never() && !recheck) return nullptr;
+    // A long wait wakes every kReleaseCheck to let go of copies of ends owned elsewhere
+    // (live_ends.hpp; Selector::wait_until).
+    if (!recheck) recheck = kReleaseCheck;
     const std::chrono::nanoseconds left = poll_until.is_never() ? *recheck : poll_until.remaining();
     const std::chrono::nanoseconds sleep = recheck ? std::min(left, *recheck) : left;
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(sleep);
@@ -262,6 +264,18 @@ std::optional<std::size_t> Selector::try_wait() { return wait_until(Deadline::no
 
 std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
   detail::SelectorWaitPlan plan;
+  // Waiting for long, every kReleaseCheck: let go of copies of ends other processes took,
+  // one of which may be what keeps a member's peer from ending (live_ends.hpp). The clock
+  // is read only after a round that found nothing ready.
+  std::optional<Deadline::Clock::time_point> next_release;
+  const auto after_idle_round = [&next_release] {
+    const Deadline::Clock::time_point now = Deadline::Clock::now();
+    if (next_release && now >= *next_release) {
+      detail::release_ends_owned_elsewhere();
+      next_release.reset();
+    }
+    if (!next_release) next_release = now + detail::kReleaseCheck;
+  };
   while (true) {
     plan.reset(members_.size(), deadline);
     for (std::size_t index = 0; index < members_.size(); ++index) {
@@ -280,6 +294,7 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       if (wait_on_futexes(members_, plan, deadline)) {
         if (const auto index = pick(plan.ready)) return index;
         if (deadline.expired()) return std::nullopt;
+        after_idle_round();
         continue;
       }
       futexes_work_ = false;  // futex_waitv is missing (Linux before 5.16): re-check instead
@@ -287,6 +302,7 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
     if (!poll_once(plan)) continue;  // interrupted by a signal
     if (const auto index = pick(plan.ready)) return index;
     if (deadline.expired()) return std::nullopt;
+    after_idle_round();
   }
 }
 
