@@ -216,6 +216,25 @@ TEST_P(EndOwnershipTest, AKilledChildThatTookTheSenderIsSeenByTheParentsReceiver
   EXPECT_THROW(rx.recv(), PeerDied);  // untimed: ctest's timeout stops a hang
 }
 
+// The same through a Selector's untimed wait.
+TEST_P(EndOwnershipTest, AKilledChildThatTookTheSenderIsSeenByTheParentsSelector) {
+  auto [tx, rx] = channel<int>(GetParam());
+  auto [other_tx, other_rx] = channel<int>(GetParam());
+  const pid_t child = fork_child([&tx = tx, &other_rx = other_rx] {
+    other_rx.detach();
+    tx.send(7);
+    ::pause();
+  });
+  EXPECT_EQ(rx.recv(), 7);
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  ASSERT_EQ(wait_child(child).signal, SIGKILL);
+  Selector selector;
+  selector.add(other_rx);
+  const std::size_t index = selector.add(rx);
+  EXPECT_EQ(selector.wait(), index);  // untimed: ctest's timeout stops a hang
+  EXPECT_THROW(rx.recv(), PeerDied);
+}
+
 // A copy whose end another process owns is never used by this one, closed or not: recv()
 // on a closed copy raises, instead of reporting an end of stream that did not happen.
 TEST_P(EndOwnershipTest, AReleasedCopyRaisesInsteadOfReportingTheEndOfTheStream) {

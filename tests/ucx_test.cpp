@@ -1186,6 +1186,10 @@ TEST_F(UcxEndpointTest, AUcxEndCarriedAcrossForkIsRefusedInTheChild) {
   std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_options()); });
   Sender<Batch> tx = listener.accept_sender<Batch>();
   client.join();
+  // The parent owns its ends (it used them), so the child's copy is refused before UCX
+  // is asked (EndOwnedElsewhere, naming fork); a fresh end would be the child's to take.
+  tx.send(Batch{3, {}});
+  ASSERT_EQ(rx->recv_for(5s).value().index, 3);
   const pid_t child = fork_child([&] {
     try {
       rx->recv_for(10ms);

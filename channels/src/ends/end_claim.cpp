@@ -12,6 +12,9 @@
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
+
+std::atomic<pid_t> g_current_process_id{0};
+
 namespace {
 
 // The word: bits 0-31 the process id, bits 32-39 the standing. An owned end's word is
@@ -26,16 +29,12 @@ std::uint64_t make_word(pid_t pid, Standing standing) noexcept {
 pid_t pid_of(std::uint64_t word) noexcept { return static_cast<pid_t>(word & kPidMask); }
 Standing standing_of(std::uint64_t word) noexcept { return static_cast<Standing>(word >> kStandingShift); }
 
-std::atomic<pid_t> g_process_id{0};
-
-pid_t read_process_id() noexcept { return ::getpid(); }
-
 // Registered before main(): every child of fork() learns its own id before it runs
 // anything else.
 [[maybe_unused]] const bool g_process_id_tracked = [] {
-  g_process_id.store(read_process_id(), std::memory_order_relaxed);
-  const int rc = ::pthread_atfork(nullptr, nullptr,
-                                  [] { g_process_id.store(read_process_id(), std::memory_order_relaxed); });
+  g_current_process_id.store(read_current_process_id(), std::memory_order_relaxed);
+  const int rc = ::pthread_atfork(
+      nullptr, nullptr, [] { g_current_process_id.store(read_current_process_id(), std::memory_order_relaxed); });
   if (rc != 0) throw_system_error("pthread_atfork", rc);
   return true;
 }();
@@ -52,10 +51,7 @@ constexpr std::size_t kPageBytes = 4096;
 
 }  // namespace
 
-pid_t current_process_id() noexcept {
-  const pid_t pid = g_process_id.load(std::memory_order_relaxed);
-  return pid != 0 ? pid : read_process_id();  // before static initialization ran
-}
+pid_t read_current_process_id() noexcept { return ::getpid(); }
 
 EndClaim::EndClaim() {
   void* page = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);

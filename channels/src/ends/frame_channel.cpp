@@ -65,7 +65,7 @@ bool SenderCore::send_serialized_by_owner(const void* message, const SentType& t
 }
 
 bool SenderCore::send_locked(const void* message, const SentType& type, const Deadline& deadline) {
-  ensure_usable();
+  if (!open_.load(std::memory_order_relaxed) || !claim_.owned_by_caller()) [[unlikely]] ensure_usable();
   collect_acknowledgements();
   const EncodedFrame* frame = nullptr;
   try {
@@ -409,11 +409,13 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   if (!broken_.empty()) {
     throw ProtocolError("this Receiver is broken after an earlier error: " + broken_);
   }
-  if (!open_) {
-    claim_.check_not_elsewhere("Receiver");  // a copy let go of because another process owns it
-    return ReadStatus::Closed;
+  if (!open_.load(std::memory_order_relaxed) || !claim_.owned_by_caller()) [[unlikely]] {
+    if (!open_) {
+      claim_.check_not_elsewhere("Receiver");  // a copy let go of because another process owns it
+      return ReadStatus::Closed;
+    }
+    claim_.claim_for_use("Receiver");
   }
-  claim_.claim_for_use("Receiver");
   used_ = true;
   if (!dead_.empty()) throw PeerDied(dead_);
   try {

@@ -128,11 +128,13 @@ struct detail::SelectorWaitPlan {
     } else if (!hinted.empty()) {
       recheck = kHintRecheckInterval;
     }
-    // The thread's wait-interruption check, when installed, is due at most this far away.
+    // The thread's wait-interruption check, when installed, is due at most this far away;
+    // and a long wait wakes every kReleaseCheck to let go of copies of ends owned elsewhere
+    // (live_ends.hpp; Selector::wait_until).
     if (const auto slice = detail::wait_interruption_slice(); slice != std::chrono::nanoseconds::max()) {
       recheck = recheck ? std::min(*recheck, slice) : slice;
     }
-    if (poll_until.is_never() && !recheck) return nullptr;
+    recheck = recheck ? std::min<std::chrono::nanoseconds>(*recheck, kReleaseCheck) : kReleaseCheck;
     const std::chrono::nanoseconds left = poll_until.is_never() ? *recheck : poll_until.remaining();
     const std::chrono::nanoseconds sleep = recheck ? std::min(left, *recheck) : left;
     const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(sleep);
@@ -269,6 +271,18 @@ std::optional<std::size_t> Selector::try_wait() { return wait_until(Deadline::no
 
 std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
   detail::SelectorWaitPlan plan;
+  // Waiting for long, every kReleaseCheck: let go of copies of ends other processes took,
+  // one of which may be what keeps a member's peer from ending (live_ends.hpp). The clock
+  // is read only after a round that found nothing ready.
+  std::optional<Deadline::Clock::time_point> next_release;
+  const auto after_idle_round = [&next_release] {
+    const Deadline::Clock::time_point now = Deadline::Clock::now();
+    if (next_release && now >= *next_release) {
+      detail::release_ends_owned_elsewhere();
+      next_release.reset();
+    }
+    if (!next_release) next_release = now + detail::kReleaseCheck;
+  };
   while (true) {
     plan.reset(members_.size(), deadline);
     for (std::size_t index = 0; index < members_.size(); ++index) {
@@ -287,6 +301,7 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
       if (wait_on_futexes(members_, plan, deadline)) {
         if (const auto index = pick(plan.ready)) return index;
         if (deadline.expired()) return std::nullopt;
+        after_idle_round();
         detail::wait_interruption_point();  // may throw: nothing was taken
         continue;
       }
@@ -298,6 +313,7 @@ std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
     }
     if (const auto index = pick(plan.ready)) return index;
     if (deadline.expired()) return std::nullopt;
+    after_idle_round();
     detail::wait_interruption_point();  // may throw: nothing was taken
   }
 }

@@ -22,9 +22,18 @@
 
 namespace ferry::detail {
 
+/// This process's id as end_claim.cpp keeps it (0 before static initialization ran).
+extern std::atomic<pid_t> g_current_process_id;
+/// getpid(), for the time before static initialization.
+pid_t read_current_process_id() noexcept;
+
 /// This process's id, without a system call (glibc no longer caches getpid()): set at
-/// start and in every child fork() makes (pthread_atfork).
-pid_t current_process_id() noexcept;
+/// start and in every child fork() makes (pthread_atfork). Inline: every send and
+/// receive reads it.
+inline pid_t current_process_id() noexcept {
+  const pid_t pid = g_current_process_id.load(std::memory_order_relaxed);
+  return pid != 0 ? pid : read_current_process_id();
+}
 
 /// The claim word of one end (see the contract above). Not copyable; one per end object.
 class EndClaim {
@@ -35,13 +44,16 @@ class EndClaim {
   EndClaim(const EndClaim&) = delete;
   EndClaim& operator=(const EndClaim&) = delete;
 
+  /// True when the calling process owns the end: the check on every send and receive
+  /// (claim_for_use() when false).
+  bool owned_by_caller() const noexcept {
+    return word_->load(std::memory_order_relaxed) == static_cast<std::uint64_t>(current_process_id());
+  }
   /// Returns when the calling process may use the end: it owns it, or takes it because it
   /// is fresh. Throws EndOwnedElsewhere otherwise; `role` ("Sender", "Receiver") names the
   /// end in the message.
   void claim_for_use(const char* role) {
-    if (word_->load(std::memory_order_relaxed) != static_cast<std::uint64_t>(current_process_id())) [[unlikely]] {
-      claim_slow(role);
-    }
+    if (!owned_by_caller()) [[unlikely]] claim_slow(role);
   }
   /// Throws EndOwnedElsewhere when another process owns, closed or handed away the end;
   /// unlike claim_for_use(), never takes a fresh end.
