@@ -38,7 +38,7 @@ until ip -n "$loader_ns" link show "$tag-a" | grep -q 'state UP' && ip -n "$trai
   sleep 0.01
 done
 
-export FERRY_SECRET="sample-secret-$$"  # both hosts prove it; a listener off loopback needs one
+export FERRY_SECRET="sample-secret-$$-$RANDOM$RANDOM"  # both sides prove it; without one both refuse
 export UCX_TLS=tcp
 address="ucx://10.77.0.1:7407"
 ip netns exec "$loader_ns" "$dir/service_loader" --address "$address" --batches 20 > "$log" 2>&1 &
