@@ -38,15 +38,16 @@ until ip -n "$loader_ns" link show "$tag-a" | grep -q 'state UP' && ip -n "$trai
   sleep 0.01
 done
 
-export FERRY_SECRET="sample-secret-$$"  # both hosts prove it; a listener off loopback needs one
+export FERRY_SECRET="sample-$(cat /proc/sys/kernel/random/uuid)"  # both sides prove it; without one both refuse
 export UCX_TLS=tcp
 address="ucx://10.77.0.1:7407"
-ip netns exec "$loader_ns" "$dir/service_loader" --address "$address" --batches 20 > "$log" 2>&1 &
+# The batches outlast both trainers' connects (each derives the key, about 0.2 s, first).
+ip netns exec "$loader_ns" "$dir/service_loader" --address "$address" --batches 100 > "$log" 2>&1 &
 loader=$!
-ip netns exec "$trainer_ns" "$dir/service_trainer" --address "$address" --name b --steps 100 --step-ms 1 &
+ip netns exec "$trainer_ns" "$dir/service_trainer" --address "$address" --name b --steps 100 --step-ms 5 &
 other=$!
-ip netns exec "$trainer_ns" "$dir/service_trainer" --address "$address" --name a --steps 100 --step-ms 1 || { cat "$log"; exit 1; }
+ip netns exec "$trainer_ns" "$dir/service_trainer" --address "$address" --name a --steps 100 --step-ms 5 || { cat "$log"; exit 1; }
 wait "$other"
 wait "$loader"
 cat "$log"
-grep -q "20 batches trained on" "$log"
+grep -q "100 batches trained on" "$log"

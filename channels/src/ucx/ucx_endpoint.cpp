@@ -212,7 +212,12 @@ void UcxListenerCore::abandon_in_child() noexcept {
 }
 
 void UcxListenerCore::on_connection(ucp_conn_request_h request, void* self) {
-  static_cast<UcxListenerCore*>(self)->requests_.push_back(request);
+  auto* listener = static_cast<UcxListenerCore*>(self);
+  try {
+    listener->requests_.push_back(request);
+  } catch (...) {
+    ucp_listener_reject(listener->listener_, request);  // no memory to queue it: nothing unwinds into UCX
+  }
 }
 
 void UcxListenerCore::report(const std::string& why) {

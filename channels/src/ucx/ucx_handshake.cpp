@@ -27,20 +27,20 @@ SecretKey client_key(const std::string& secret, const Salt& salt) {
     Salt salt;
     SecretKey key;
   };
+  // One derivation at a time (each takes 64 MiB and a fifth of a second): clients that
+  // connect at once to one listener wait for the first one's key instead of each deriving
+  // it (64 at once would need 4 GiB and outlast their connect timeout).
   static std::mutex mutex;
   static std::vector<Entry> cache;  // the most recent few
   constexpr std::size_t kKept = 8;
   std::array<unsigned char, 32> hash{};
   crypto_generichash(hash.data(), hash.size(), reinterpret_cast<const unsigned char*>(secret.data()), secret.size(),
                      nullptr, 0);
-  {
-    const std::lock_guard lock(mutex);
-    for (const Entry& entry : cache) {
-      if (entry.secret_hash == hash && entry.salt == salt) return entry.key;
-    }
-  }
-  const SecretKey key = derive_key(secret, salt);  // slow: outside the lock
   const std::lock_guard lock(mutex);
+  for (const Entry& entry : cache) {
+    if (entry.secret_hash == hash && entry.salt == salt) return entry.key;
+  }
+  const SecretKey key = derive_key(secret, salt);
   if (cache.size() == kKept) cache.erase(cache.begin());
   cache.push_back(Entry{hash, salt, key});
   return key;
