@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "ferry/detail/transport.hpp"
+#include "ferry/channel_options.hpp"
 
 namespace ferry {
 
