@@ -337,17 +337,20 @@ class FanoutConsumers {
 
   // After `consumer`'s count was refreshed: ends its rate sample once it delivered its window
   // (or, while its window holds it back, once work_ahead passed with some delivered), and
-  // sets its window to what it delivers in work_ahead, at most doubling it, lowering it only
-  // when the window held it back (an idle consumer's rate is the producer's, not its own).
+  // sets its window to what it delivers in work_ahead, at most doubling or halving it,
+  // lowering it only when the window held it back (an idle consumer's rate is the
+  // producer's, not its own).
   void pace(Consumer& consumer) {
     if (!paced()) return;
     const bool full = !consumer.has_room();
     consumer.sample_limited = consumer.sample_limited || full;
     const std::uint64_t delivered = consumer.delivered - consumer.sample_from;
     if (delivered == 0 || (delivered < consumer.window && !full)) return;
+    // A full consumer's sample ends early only after work_ahead: the coarse clock tells
+    // (a few ns, where a full consumer is looked at at every send).
+    if (delivered < consumer.window && coarse_steady_now() - consumer.sample_since < work_ahead_) return;
     const Clock::time_point now = Clock::now();
     const Clock::duration elapsed = std::max(now - consumer.sample_since, Clock::duration(1));
-    if (delivered < consumer.window && elapsed < work_ahead_) return;
     consumer.per_message = elapsed / static_cast<Clock::rep>(delivered);
     const double fits = static_cast<double>(delivered) * (static_cast<double>(work_ahead_.count()) /
                                                            static_cast<double>(elapsed.count()));
@@ -357,7 +360,7 @@ class FanoutConsumers {
     if (target > consumer.window) {
       set_window(consumer, std::min(target, consumer.window * 2));
     } else if (consumer.sample_limited) {
-      set_window(consumer, target);
+      set_window(consumer, std::max(target, consumer.window / 2));  // at most halved: one stall is not a pace
     }
     consumer.sample_from = consumer.delivered;
     consumer.sample_since = now;
