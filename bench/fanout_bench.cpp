@@ -1,6 +1,7 @@
 // One producer, several consumers in forked processes, over a ring and a Unix socket:
 //   fanout/distributor/<transport>/4/<bound>  Distributor to 4 consumers, 1 MiB tensors,
 //                                        FanoutOptions::max_in_flight = bound
+//   fanout/distributor_fixed/<transport>/4/128  the same without pace (work_ahead 0)
 //   fanout/one_to_one/<transport>/4      baseline: four plain channels, sent to in turn, each
 //                                        given all 64 tensors in turn (as any of the
 //                                        Distributor's consumers may be)
@@ -92,6 +93,22 @@ void distributor(benchmark::State& state, Transport transport) {
   Consumers<TensorMessage> consumers(transport, static_cast<int>(state.range(0)));
   {
     Distributor<TensorMessage> pool(bounded(state.range(1)));
+    for (auto& end : consumers.ends) pool.add(std::move(end));
+    std::size_t i = 0;
+    for (auto _ : state) pool.send(messages[i++ % messages.size()]);
+  }
+  consumers.children.clear();
+  state.SetItemsProcessed(state.iterations());
+}
+
+// distributor() without pace (FanoutOptions::work_ahead 0): the window is the bound.
+void distributor_fixed(benchmark::State& state, Transport transport) {
+  const auto messages = tensors(64, 1 << 20);
+  Consumers<TensorMessage> consumers(transport, static_cast<int>(state.range(0)));
+  {
+    FanoutOptions options = bounded(state.range(1));
+    options.work_ahead = {};
+    Distributor<TensorMessage> pool(options);
     for (auto& end : consumers.ends) pool.add(std::move(end));
     std::size_t i = 0;
     for (auto _ : state) pool.send(messages[i++ % messages.size()]);
@@ -256,6 +273,9 @@ const bool registered = [] {
         ->Args({4, 64})
         ->Args({4, 128})
         ->Args({4, 256})
+        ->UseRealTime();
+    benchmark::RegisterBenchmark(("fanout/distributor_fixed/" + name).c_str(), distributor_fixed, transport)
+        ->Args({4, 128})
         ->UseRealTime();
     benchmark::RegisterBenchmark(("fanout/one_to_one/" + name).c_str(), one_to_one, transport)->Arg(4)->UseRealTime();
     benchmark::RegisterBenchmark(("fanout/send/distributor/" + name).c_str(), send_distributor, transport)

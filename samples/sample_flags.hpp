@@ -9,8 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include "ferry/channel_options.hpp"
 #include "ferry/spawn.hpp"
-#include "ferry/detail/transport.hpp"
 
 namespace samples {
 

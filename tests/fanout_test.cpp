@@ -91,6 +91,7 @@ INSTANTIATE_TEST_SUITE_P(Transports, FanoutTest, ::testing::ValuesIn(every_trans
 TEST_P(FanoutTest, DistributorSendsToTheConsumerWithTheFewestInFlight) {
   FanoutOptions options;
   options.max_in_flight = 4;
+  options.work_ahead = {};  // a fixed bound (no pace)
   Distributor<std::uint64_t> pool(options);
   Ends ends = add_consumers(pool, 3);
   for (std::uint64_t id = 0; id < 3; ++id) pool.send(id);
@@ -113,6 +114,7 @@ TEST_P(FanoutTest, DistributorSendsToTheConsumerWithTheFewestInFlight) {
 TEST_P(FanoutTest, DistributorSendForGivesUpWhenEveryConsumerIsFull) {
   FanoutOptions options;
   options.max_in_flight = 2;
+  options.work_ahead = {};  // a fixed bound (no pace)
   Distributor<std::uint64_t> pool(options);
   Ends ends = add_consumers(pool, 2);
   for (std::uint64_t id = 0; id < 4; ++id) ASSERT_TRUE(pool.send_for(id, 1s));
@@ -145,6 +147,7 @@ TEST_P(FanoutTest, ADefaultDistributorPassesOverAConsumerWith128InFlight) {
 TEST_P(FanoutTest, DistributorHandsBackWhatAClosedConsumerNeverReceived) {
   FanoutOptions options;
   options.max_in_flight = 8;
+  options.work_ahead = {};  // a fixed bound (no pace)
   Distributor<std::uint64_t> pool(options);
   Ends ends = add_consumers(pool, 2);
   for (std::uint64_t id = 0; id < 6; ++id) pool.send(id);  // 0 2 4 to one, 1 3 5 to the other
@@ -192,6 +195,7 @@ TEST_P(FanoutTest, DistributorKeepsAnRvalueInFlightWithoutCopyingIt) {
   small.limits.max_body_bytes = 1024;
   FanoutOptions options;
   options.max_in_flight = 2;
+  options.work_ahead = {};  // a fixed bound (no pace)
   Distributor<Counted> pool(options);
   auto [tx, rx] = channel<Counted>(GetParam(), small);
   pool.add(std::move(tx));
@@ -233,6 +237,7 @@ TEST_P(FanoutTest, DistributorOffersAnRvalueARemovedConsumerRefusedToTheNextOneI
   const int queue_copies = GetParam() == Transport::InProcess ? 2 : 0;  // an InProcess queue's, per try
   FanoutOptions options;
   options.max_in_flight = 2;                          // counts read at every send
+  options.work_ahead = {};  // a fixed bound (no pace)
   options.liveness_check_interval = std::chrono::hours(1);  // only the send finds the closed one
   Distributor<Counted> pool(options);
   auto [first_tx, first_rx] = channel<Counted>(GetParam());
@@ -265,6 +270,7 @@ TEST_P(FanoutTest, DistributorOffersAnRvalueARemovedConsumerRefusedToTheNextOneI
 TEST_P(FanoutTest, DistributorRemovesAClosedConsumerThatIsNeverPickedWithinEightSends) {
   FanoutOptions options;
   options.max_in_flight = 16;
+  options.work_ahead = {};  // a fixed bound (no pace)
   options.liveness_check_interval = 1ms;
   Distributor<std::uint64_t> pool(options);
   auto [kept_tx, kept_rx] = channel<std::uint64_t>(GetParam());
@@ -354,6 +360,7 @@ TEST_P(FanoutTest, BroadcastSkipsAFullConsumerAfterItsTimeoutAndDropsAClosedOne)
 TEST_P(FanoutTest, ConsumersJoinWhileASendWaits) {
   FanoutOptions options;
   options.max_in_flight = 1;
+  options.work_ahead = {};  // a fixed bound (no pace)
   Distributor<std::uint64_t> pool(options);
   Ends first = add_consumers(pool, 1);
   pool.send(0);
@@ -379,6 +386,7 @@ TEST_P(FanoutTest, AWaitingSendWakesWhenAConsumerReads) {
     SCOPED_TRACE(bound);
     FanoutOptions options;
     options.max_in_flight = bound;
+    options.work_ahead = {};  // a fixed bound (no pace)
     options.liveness_check_interval = std::chrono::hours(1);
     Distributor<std::uint64_t> pool(options);
     Ends ends = add_consumers(pool, 1);
@@ -648,6 +656,86 @@ TEST_P(FanoutProcessTest, WorkersEndWhenAProducerThreadClosesTheDistributor) {
   workers.join();
   EXPECT_TRUE(each_once(received, {}, kJobs));
   EXPECT_THROW(pool.send(kJobs), ChannelClosed);
+}
+
+// A pool worker that also reports how long its work took (microseconds, as measured).
+void timed_pool_worker(WorkerContext&, Receiver<std::uint64_t> jobs, Sender<Ids> report, Sender<std::uint64_t> busy_us,
+                       int work_us) {
+  Ids got;
+  std::chrono::steady_clock::duration busy{};
+  while (auto job = jobs.recv()) {
+    got.push_back(*job);
+    const auto start = std::chrono::steady_clock::now();
+    std::this_thread::sleep_for(std::chrono::microseconds(work_us));
+    busy += std::chrono::steady_clock::now() - start;
+  }
+  report.send(got);
+  busy_us.send(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::microseconds>(busy).count()));
+}
+
+// With default FanoutOptions, four workers, one ten times slower (5 ms a job against
+// 0.5 ms), share a burst of 400 jobs by speed: the slow one gets at most 1.5 times its share
+// by the speeds the workers measured (about 13 jobs), not a quarter of them, as "fewest in
+// flight" with 128 places each gave.
+TEST_P(FanoutProcessTest, ADefaultDistributorSharesABurstAmongUnevenWorkersBySpeed) {
+  constexpr int kWorkers = 4;
+  constexpr std::uint64_t kJobs = 400;
+  std::vector<Receiver<std::uint64_t>> worker_jobs;
+  std::vector<Sender<Ids>> worker_reports;
+  std::vector<Receiver<Ids>> reports;
+  std::vector<Sender<std::uint64_t>> worker_busy;
+  std::vector<Receiver<std::uint64_t>> busy;
+  std::vector<int> work_us;
+  Distributor<std::uint64_t> pool;  // the defaults
+  for (int w = 0; w < kWorkers; ++w) {
+    auto [tx, rx] = channel<std::uint64_t>(GetParam());
+    pool.add(std::move(tx));
+    worker_jobs.push_back(std::move(rx));
+    auto [report_tx, report_rx] = channel<Ids>(Transport::Pipe);
+    worker_reports.push_back(std::move(report_tx));
+    reports.push_back(std::move(report_rx));
+    auto [busy_tx, busy_rx] = channel<std::uint64_t>(Transport::Pipe);
+    worker_busy.push_back(std::move(busy_tx));
+    busy.push_back(std::move(busy_rx));
+    work_us.push_back(w == 0 ? 5'000 : 500);  // the first is ten times slower
+  }
+  WorkerGroup workers = spawn(forked(), kWorkers, timed_pool_worker, per_rank(std::move(worker_jobs)),
+                              per_rank(std::move(worker_reports)), per_rank(std::move(worker_busy)),
+                              per_rank(std::move(work_us)));
+  for (std::uint64_t id = 0; id < kJobs; ++id) pool.send(id);
+  const auto stats = pool.stats();
+  pool.close();
+  std::vector<Ids> received;
+  double speed_sum = 0;
+  double slow_speed = 0;
+  for (int w = 0; w < kWorkers; ++w) {
+    received.push_back(reports[w].recv().value());
+    const double speed = static_cast<double>(received[w].size()) / static_cast<double>(std::max<std::uint64_t>(1, busy[w].recv().value()));
+    speed_sum += speed;
+    if (w == 0) slow_speed = speed;
+  }
+  workers.join();
+  EXPECT_TRUE(each_once(received, {}, kJobs));
+  const double share = static_cast<double>(kJobs) * slow_speed / speed_sum;
+  EXPECT_LE(static_cast<double>(received[0].size()), 1.5 * share)
+      << "the slow worker took " << received[0].size() << " of " << kJobs << " jobs; its share by speed is " << share;
+  EXPECT_LT(stats[0].window, stats[1].window) << "the slow worker's window is not below a fast one's";
+}
+
+// Consumers that do not read yet (the producer's own thread reads them after sending) do not
+// hold a default Distributor's sends up for ever: a window that stays full with nothing
+// delivered gets the consumer's bound back.
+TEST_P(FanoutTest, ADefaultDistributorSendsToConsumersThatReadOnlyLater) {
+  constexpr std::uint64_t kMessages = 40;
+  Distributor<std::uint64_t> pool;
+  Ends ends = add_consumers(pool, 2);
+  for (std::uint64_t id = 0; id < kMessages; ++id) pool.send(id);
+  std::vector<Ids> got(2);
+  for (std::size_t c = 0; c < 2; ++c) {
+    const std::size_t sent = pool.stats()[c].sent;
+    for (std::size_t i = 0; i < sent; ++i) got[c].push_back(ends.receivers[c].recv().value());
+  }
+  EXPECT_TRUE(each_once(got, {}, kMessages));
 }
 
 // Reads one message late (after its sender closed), then the end of the stream.

@@ -21,7 +21,7 @@ enum class Transport {
   Ucx,         ///< UCX across hosts (ucx:// endpoints, library ferry::ucx): tensors' bytes travel, copied
 };
 
-/// "pipe", "unix_socket", "shm_ring" or "in_process".
+/// "pipe", "unix_socket", "shm_ring", "in_process" or "ucx".
 std::string_view transport_name(Transport transport);
 
 /// The transport whose transport_name() is `name`; std::nullopt when there is none.

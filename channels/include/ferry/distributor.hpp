@@ -18,9 +18,11 @@
 namespace ferry {
 
 /// Sends each message to one consumer: the one with the fewest messages in flight (sent,
-/// not yet returned by its recv()); among equals, the next in turn. A consumer with
-/// FanoutOptions::max_in_flight messages in flight is full and passed over; send() blocks
-/// while every consumer is full. Thread-safe; not movable.
+/// not yet returned by its recv()); among equals, the next in turn. A consumer with its
+/// window of messages in flight is full and passed over; send() blocks while every
+/// consumer is full. The window is FanoutOptions::max_in_flight at most, less for a
+/// consumer whose measured pace says so (FanoutOptions::work_ahead): a burst is shared by
+/// the consumers' speeds. Thread-safe; not movable.
 ///
 /// Nothing is silently lost: the Distributor keeps a copy of each message (for tensors, a
 /// reference to the same storage), or the message itself when send() is given an rvalue,
@@ -100,6 +102,7 @@ class Distributor : public detail::FanoutBase<T, true> {
       }
       // Every consumer is full: one that died stays full for ever, so look for those now and then.
       if (consumers.remove_gone_if_due(&undelivered_)) continue;
+      if (consumers.reopen_stalled_windows()) continue;
       if (deadline.expired()) return false;
       consumers.wait_for_room(lock, [](const auto&) { return true; }, deadline, wait);
     }

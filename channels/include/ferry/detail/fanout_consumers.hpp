@@ -5,6 +5,8 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -46,10 +48,12 @@ struct InFlightCopies<T, false> {};
 template <class T, bool Copy>
 class FanoutConsumers {
  public:
+  using Clock = std::chrono::steady_clock;
   struct Consumer {
     ConsumerId id;
     Sender<T> end;
     std::size_t bound;
+    std::size_t window;  // messages it may have in flight now: `bound`, or less by its pace (pace())
     // Only this object sends on the end since add(), and a send that failed or timed out
     // committed nothing: the n-th message sent has the end's sequence base_sequence + n,
     // so the messages in flight are those numbered delivered + 1 to sent.
@@ -59,6 +63,13 @@ class FanoutConsumers {
     std::uint64_t skipped = 0;
     std::uint64_t sent_at_refresh = 0;  // `sent` when the delivery word was last read
     std::uint64_t refresh_every;        // sends between two reads of the word (refresh_for_selection())
+    // Its pace (a Distributor with FanoutOptions::work_ahead): the sample of its delivery rate
+    // under way, which began at `sample_since` with `sample_from` delivered (the first send,
+    // then the end of the sample before), and whether its window held it back meanwhile.
+    std::uint64_t sample_from = 0;
+    Clock::time_point sample_since{};
+    bool sample_limited = false;
+    Clock::duration per_message{};  // its time per message over the last sample
     // The end's frame core, for a framed end (sent on without its lock, see send_end());
     // null for an InProcess end.
     SenderCore* framed;
@@ -67,13 +78,15 @@ class FanoutConsumers {
     std::shared_ptr<const ReturnBoard> board{};
     [[no_unique_address]] InFlightCopies<T, Copy> copies{};
     std::size_t in_flight() const noexcept { return static_cast<std::size_t>(sent - delivered); }
-    bool has_room() const noexcept { return in_flight() < bound; }
+    bool has_room() const noexcept { return in_flight() < window; }
     // The end's sequence number of the n-th message sent (1: the first).
     std::uint64_t sequence_of(std::uint64_t n) const noexcept { return base_sequence + n; }
   };
 
   explicit FanoutConsumers(const FanoutOptions& options)
-      : options_(options), liveness_(options.liveness_check_interval) {}
+      : options_(options),
+        work_ahead_(Copy ? std::chrono::duration_cast<Clock::duration>(options.work_ahead) : Clock::duration::zero()),
+        liveness_(options.liveness_check_interval) {}
 
   const FanoutOptions& options() const noexcept { return options_; }
   std::vector<Consumer>& all() noexcept { return consumers_; }
@@ -86,11 +99,13 @@ class FanoutConsumers {
     const std::uint64_t base = end.last_sequence();
     bound = std::max<std::size_t>(bound, 1);
     SenderCore* framed = end.transport() == Transport::InProcess ? nullptr : &end.core();
+    const std::size_t window = paced() ? std::min(bound, kFirstWindow) : bound;
     consumers_.push_back(Consumer{.id = next_id_,
                                   .end = std::move(end),
                                   .bound = bound,
+                                  .window = window,
                                   .base_sequence = base,
-                                  .refresh_every = std::max<std::size_t>(1, bound / 16),
+                                  .refresh_every = refresh_interval(window),
                                   .framed = framed});
     return next_id_++;
   }
@@ -100,6 +115,7 @@ class FanoutConsumers {
     if (consumer.in_flight() == 0) return;
     consumer.sent_at_refresh = consumer.sent;
     forget_delivered(consumer, consumer.board ? consumer.board->resolved() : consumer.end.delivered());
+    pace(consumer);
   }
 
   /// Like refresh(), but reads the consumer's delivery word (a cache line its receiver
@@ -143,7 +159,10 @@ class FanoutConsumers {
     } else {
       if (!send_end(consumer, message, deadline)) return false;
     }
-    if (++consumer.sent == 1) consumer.board = consumer.end.delivery_board();  // the frame carried it
+    if (++consumer.sent == 1) {
+      consumer.board = consumer.end.delivery_board();  // the frame carried it
+      if (paced()) consumer.sample_since = Clock::now();
+    }
     return true;
   }
 
@@ -158,6 +177,27 @@ class FanoutConsumers {
       }
     }
     consumers_.erase(consumers_.begin() + static_cast<std::ptrdiff_t>(index));
+  }
+
+  /// A Distributor whose consumers are all full: gives their bound back to those full by
+  /// their window alone that delivered nothing for 4 x max(work_ahead, their time per
+  /// message). They are not slow but not reading (yet): the producer's own thread may read
+  /// them after sending, and must not wait for ever. True when it reopened one.
+  bool reopen_stalled_windows() {
+    if (!paced()) return false;
+    std::optional<Clock::time_point> now;
+    bool reopened = false;
+    for (Consumer& consumer : consumers_) {
+      if (!stalled_by_window(consumer)) continue;
+      if (!now) now = Clock::now();
+      if (*now - consumer.sample_since < patience(consumer)) continue;
+      set_window(consumer, consumer.bound);
+      consumer.sample_from = consumer.delivered;
+      consumer.sample_since = *now;
+      consumer.sample_limited = false;
+      reopened = true;
+    }
+    return reopened;
   }
 
   /// Takes every consumer out (their ends, still open, for the caller to close outside
@@ -218,14 +258,15 @@ class FanoutConsumers {
       }
       forget_delivered(consumer, wake->resolved);
       consumer.sent_at_refresh = consumer.sent;
-      const bool reached = wake->resolved >= target;
+      pace(consumer);
+      const bool reached = wake->resolved >= target || consumer.has_room();
       wakes.push_back(std::move(*wake));
       if (reached) {  // took that many since the last look: no sleep
         cancel_wakes(wakes);
         return;
       }
     }
-    auto until = std::min(deadline.time_point(), liveness_.next());
+    auto until = std::min({deadline.time_point(), liveness_.next(), next_reopening()});
     if (for_half) {
       until = std::min(until, std::chrono::steady_clock::now() + kHalfBoundWait);
       wait.set_waited_for_half();
@@ -262,6 +303,7 @@ class FanoutConsumers {
       entry.in_flight = consumer.in_flight();
       entry.delivered = consumer.sent - entry.in_flight;
       entry.skipped = consumer.skipped;
+      entry.window = consumer.window;
       out.push_back(entry);
     }
     return out;
@@ -282,9 +324,68 @@ class FanoutConsumers {
   // How long a send's first sleep waits for half a bound to drain (see wait_for_room()).
   static constexpr std::chrono::microseconds kHalfBoundWait{200};
 
-  // How many deliveries leave a full consumer with half its bound in flight.
+  // How many deliveries leave a full consumer with half its window in flight.
   static std::uint64_t half_bound(const Consumer& consumer) {
-    return std::clamp<std::size_t>(consumer.bound / 2, 1, consumer.in_flight());
+    return std::clamp<std::size_t>(consumer.window / 2, 1, consumer.in_flight());
+  }
+
+  // ---- pace (docs/design/fanout.md, "Pace") ----
+  // The window of a consumer not measured yet.
+  static constexpr std::size_t kFirstWindow = 4;
+
+  bool paced() const noexcept { return work_ahead_ > Clock::duration::zero(); }
+  static std::uint64_t refresh_interval(std::size_t window) { return std::max<std::size_t>(1, window / 16); }
+  static void set_window(Consumer& consumer, std::size_t window) {
+    consumer.window = window;
+    consumer.refresh_every = refresh_interval(window);
+  }
+
+  // After `consumer`'s count was refreshed: ends its rate sample once it delivered its window
+  // (or, while its window holds it back, once work_ahead passed with some delivered), and
+  // sets its window to what it delivers in work_ahead, at most doubling or halving it,
+  // lowering it only when the window held it back (an idle consumer's rate is the
+  // producer's, not its own).
+  void pace(Consumer& consumer) {
+    if (!paced()) return;
+    const bool full = !consumer.has_room();
+    consumer.sample_limited = consumer.sample_limited || full;
+    const std::uint64_t delivered = consumer.delivered - consumer.sample_from;
+    if (delivered == 0 || (delivered < consumer.window && !full)) return;
+    // A full consumer's sample ends early only after work_ahead: the coarse clock tells
+    // (a few ns, where a full consumer is looked at at every send).
+    if (delivered < consumer.window && coarse_steady_now() - consumer.sample_since < work_ahead_) return;
+    const Clock::time_point now = Clock::now();
+    const Clock::duration elapsed = std::max(now - consumer.sample_since, Clock::duration(1));
+    consumer.per_message = elapsed / static_cast<Clock::rep>(delivered);
+    const double fits = static_cast<double>(delivered) * (static_cast<double>(work_ahead_.count()) /
+                                                           static_cast<double>(elapsed.count()));
+    const std::size_t target = fits >= static_cast<double>(consumer.bound)
+                                   ? consumer.bound
+                                   : std::max<std::size_t>(1, static_cast<std::size_t>(std::ceil(fits)));
+    if (target > consumer.window) {
+      set_window(consumer, std::min(target, consumer.window * 2));
+    } else if (consumer.sample_limited) {
+      set_window(consumer, std::max(target, consumer.window / 2));  // at most halved: one stall is not a pace
+    }
+    consumer.sample_from = consumer.delivered;
+    consumer.sample_since = now;
+    consumer.sample_limited = !consumer.has_room();
+  }
+
+  bool stalled_by_window(const Consumer& consumer) const noexcept {
+    return consumer.window < consumer.bound && !consumer.has_room() && consumer.delivered == consumer.sample_from;
+  }
+  Clock::duration patience(const Consumer& consumer) const noexcept {
+    return 4 * std::max(work_ahead_, consumer.per_message);
+  }
+  // When reopen_stalled_windows() may reopen one (time_point::max(): none is stalled).
+  Clock::time_point next_reopening() const noexcept {
+    Clock::time_point next = Clock::time_point::max();
+    if (!paced()) return next;
+    for (const Consumer& consumer : consumers_) {
+      if (stalled_by_window(consumer)) next = std::min(next, consumer.sample_since + patience(consumer));
+    }
+    return next;
   }
 
   static void cancel_wakes(std::vector<ReturnBoard::DeliveryWake>& wakes) noexcept {
@@ -324,6 +425,7 @@ class FanoutConsumers {
   }
 
   FanoutOptions options_;
+  Clock::duration work_ahead_;  // zero: no pace (a Broadcast, or FanoutOptions::work_ahead 0)
   LivenessSchedule liveness_;
   std::vector<Consumer> consumers_;
   ConsumerId next_id_ = 1;
