@@ -63,8 +63,8 @@ class WaitInterruptionTest : public ::testing::TestWithParam<Transport> {};
 
 TEST_P(WaitInterruptionTest, RecvOnAnEmptyChannelIsInterruptedAndTheChannelGoesOn) {
   auto [tx, rx] = channel<std::string>(GetParam());
-  interrupted_after_100ms([&] { (void)rx.recv(); });
-  interrupted_after_100ms([&] { (void)rx.recv_for(10s); });
+  interrupted_after_100ms([&rx = rx] { (void)rx.recv(); });
+  interrupted_after_100ms([&rx = rx] { (void)rx.recv_for(10s); });
   tx.send("after");
   const auto message = rx.recv();
   ASSERT_TRUE(message.has_value());
@@ -80,8 +80,8 @@ TEST_P(WaitInterruptionTest, SendOnAFullTransportIsInterruptedAndNothingOfItArri
   int sent = 0;
   while (tx.send_for(message, 0ms)) ++sent;  // full
   ASSERT_GT(sent, 0);
-  interrupted_after_100ms([&] { tx.send("interrupted"); });
-  interrupted_after_100ms([&] { (void)tx.send_for("interrupted too", 10s); });
+  interrupted_after_100ms([&tx = tx] { tx.send("interrupted"); });
+  interrupted_after_100ms([&tx = tx] { (void)tx.send_for("interrupted too", 10s); });
   EXPECT_FALSE(tx.send_for(std::string("refused"), 0ms));  // still full, the end usable
   // The last send_for() may have left the tail of its frame to the next write: flush it as
   // the receiver makes room.
@@ -155,7 +155,7 @@ TEST(WaitInterruption, ChecksNestAndASuspendedScopeRunsNone) {
   auto [tx, rx] = channel<int>(Transport::Pipe);
   InterruptAt never{Clock::time_point::max()};
   const ScopedWaitInterruption outer(&InterruptAt::check, &never);
-  interrupted_after_100ms([&] { (void)rx.recv(); });  // the inner one fires; the outer ran too
+  interrupted_after_100ms([&rx = rx] { (void)rx.recv(); });  // the inner one fires; the outer ran too
   EXPECT_GE(never.calls, 1);
   const int before = never.calls;
   {
