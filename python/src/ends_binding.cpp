@@ -29,6 +29,9 @@ Transport transport_from_name(const std::string& name) {
   throw py::value_error("ferry has no transport '" + name + "'; use pipe, unix, shm_ring or in_process");
 }
 
+
+}  // namespace
+
 // A description written by cereal's binary archive (how a C++ parent hands ends to a
 // Python child it starts; see tests/python/).
 EndDescription parse_description(const std::string& bytes) {
@@ -42,8 +45,6 @@ EndDescription parse_description(const std::string& bytes) {
   }
   return description;
 }
-
-}  // namespace
 
 // ---- PySender -------------------------------------------------------------------------------
 

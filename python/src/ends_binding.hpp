@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "ferry/channel.hpp"
+#include "ferry/end_description.hpp"
 #include "ferry/value.hpp"
 #include "py_value.hpp"
 
@@ -69,5 +70,9 @@ class PyReceiver {
 
 /// Adds ferry.Sender, ferry.Receiver and the functions that make ends to `module`.
 void bind_ends(pybind11::module_& module);
+
+/// An EndDescription written by cereal's binary archive (ends handed to a Python process by
+/// a C++ parent, by spawn or by pickling). ValueError when `bytes` is not one.
+EndDescription parse_description(const std::string& bytes);
 
 }  // namespace ferry::python

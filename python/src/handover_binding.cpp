@@ -30,18 +30,6 @@ py::tuple describe(const EndDescription& description) {
   return py::make_tuple(py::bytes(out.str()), fds);
 }
 
-EndDescription parse(const std::string& bytes) {
-  EndDescription description;
-  try {
-    std::istringstream in(bytes);
-    cereal::BinaryInputArchive archive(in);
-    archive(description);
-  } catch (const cereal::Exception& error) {
-    throw py::value_error(std::string("not a ferry end description: ") + error.what());
-  }
-  return description;
-}
-
 // Refuses, in Python's terms, an end whose protocol state lives in this process.
 template <class Core>
 void require_fresh(Core& core, const char* role) {
@@ -86,7 +74,7 @@ void bind_handover(py::module_& module) {
   module.def(
       "_rebuild_end",
       [](const py::bytes& bytes, const py::list& fds) -> py::object {
-        EndDescription description = parse(std::string(bytes));
+        EndDescription description = parse_description(std::string(bytes));
         description.fds.clear();
         for (const py::handle fd : fds) description.fds.push_back(fd.cast<std::int32_t>());
         if (description.role == EndRole::Sender) {
