@@ -498,7 +498,11 @@ TEST_F(EndpointHostileTest, VersionMismatchNamesBothVersionsOnBothSides) {
 TEST_P(EndpointTest, ServesManyClientsAtOnce) {
   constexpr int kClients = 256;
   const std::string address = abstract_address("many");
-  const EndpointOptions options = options_for(GetParam());
+  EndpointOptions options = options_for(GetParam());
+  // More clients of a kind than max_waiting_connections wait for their accept: the rest
+  // are told Unavailable and ask again, until connect_timeout; under a sanitizer the
+  // listener may need longer than the default 10 s to reach them.
+  options.connect_timeout = std::chrono::seconds(60);
   UnrelatedProcess clients([&] {
     std::vector<std::thread> threads;
     std::atomic<int> good{0};
