@@ -1,12 +1,15 @@
 // Typed channels between real processes over every transport: values, tensors of every
 // dtype, views, zero copy, the cache hit, end of stream and timeouts.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 #include <signal.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <fstream>
 #include <numeric>
 #include <limits>
 #include <thread>
@@ -15,6 +18,7 @@
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
+#include "support/syscall_fault.hpp"
 #include "support/transports.hpp"
 
 namespace ferry {
@@ -671,6 +675,86 @@ TEST_P(ChannelTest, ChannelsWorkBetweenThreadsOfOneProcess) {
   }
   producer.join();
   EXPECT_EQ(received, 200);
+}
+
+
+// ---- streams grow to hold a large frame whole ------------------------------------
+
+using Bytes = std::vector<std::uint8_t>;
+
+Bytes numbered_bytes(std::size_t size) {
+  Bytes bytes(size);
+  for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<std::uint8_t>(i * 7 + i / 251);
+  return bytes;
+}
+
+struct StreamEnds {
+  Sender<Bytes> tx;
+  Receiver<Bytes> rx;
+  int writer_fd;
+};
+
+StreamEnds stream_ends(Transport transport) {
+  ChannelOptions options;
+  auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity, options.ring_timing());
+  const int writer_fd = writer->descriptors().at(0);
+  return {detail::sender_over<Bytes>(std::move(writer), transport, options),
+          detail::receiver_over<Bytes>(std::move(reader), transport, options), writer_fd};
+}
+
+TEST(StreamGrowthTest, APipeGrowsToHoldALargeMessageWhole) {
+  StreamEnds ends = stream_ends(Transport::Pipe);
+  const int before = ::fcntl(ends.writer_fd, F_GETPIPE_SZ);
+  ASSERT_GT(before, 0);
+  const Bytes message = numbered_bytes(static_cast<std::size_t>(before) * 3);
+  // Nobody reads yet: the whole frame must fit in the pipe, or the send waits out its time.
+  const auto started = std::chrono::steady_clock::now();
+  ASSERT_TRUE(ends.tx.send_for(message, 2s));
+  EXPECT_LT(std::chrono::steady_clock::now() - started, 1s);
+  ASSERT_GE(::fcntl(ends.writer_fd, F_GETPIPE_SZ), static_cast<int>(message.size()));  // else recv() waits for the tail
+  EXPECT_EQ(ends.rx.recv(), message);
+}
+
+TEST(StreamGrowthTest, APipeCarryingSmallMessagesKeepsItsSize) {
+  StreamEnds ends = stream_ends(Transport::Pipe);
+  const int before = ::fcntl(ends.writer_fd, F_GETPIPE_SZ);
+  const Bytes message = numbered_bytes(4096);
+  ends.tx.send(message);
+  EXPECT_EQ(ends.rx.recv(), message);
+  EXPECT_EQ(::fcntl(ends.writer_fd, F_GETPIPE_SZ), before);
+}
+
+TEST(StreamGrowthTest, ASocketsSendBufferGrowsToHoldALargeMessageWhole) {
+  StreamEnds ends = stream_ends(Transport::UnixSocket);
+  int doubled = 0;
+  socklen_t size = sizeof doubled;
+  ASSERT_EQ(::getsockopt(ends.writer_fd, SOL_SOCKET, SO_SNDBUF, &doubled, &size), 0);
+  const Bytes message = numbered_bytes(static_cast<std::size_t>(doubled));  // twice what it holds
+  ends.tx.send(message);
+  ASSERT_EQ(::getsockopt(ends.writer_fd, SOL_SOCKET, SO_SNDBUF, &doubled, &size), 0);
+  // The kernel caps what a process may ask for at net.core.wmem_max.
+  std::size_t wmem_max = 0;
+  std::ifstream("/proc/sys/net/core/wmem_max") >> wmem_max;
+  if (wmem_max == 0) GTEST_SKIP() << "cannot read /proc/sys/net/core/wmem_max, the cap on SO_SNDBUF";
+  EXPECT_GE(static_cast<std::size_t>(doubled) / 2, std::min(message.size(), wmem_max));
+  EXPECT_EQ(ends.rx.recv(), message);
+}
+
+TEST(StreamGrowthTest, APipeThatCannotGrowStillCarriesLargeMessages) {
+  FERRY_SKIP_WITHOUT_SYSCALL_FAULTS();
+  const pid_t child = fork_child([] {
+    CHILD_CHECK(test::fail_fcntl_command(F_SETPIPE_SZ, EPERM).empty());
+    StreamEnds ends = stream_ends(Transport::Pipe);
+    const int before = ::fcntl(ends.writer_fd, F_GETPIPE_SZ);
+    const Bytes message = numbered_bytes(std::size_t{1} << 20);
+    std::thread reader([&] {
+      for (int i = 0; i < 3; ++i) CHILD_CHECK(ends.rx.recv() == message);
+    });
+    for (int i = 0; i < 3; ++i) ends.tx.send(message);
+    reader.join();
+    CHILD_CHECK(::fcntl(ends.writer_fd, F_GETPIPE_SZ) == before);
+  });
+  EXPECT_TRUE(child_succeeded(child));
 }
 
 }  // namespace

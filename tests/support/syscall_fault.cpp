@@ -80,6 +80,19 @@ std::string fail_syscall(long number, int error) {
   });
 }
 
+std::string fail_fcntl_command(int command, int error) {
+  if (kNativeArch == 0) return "no seccomp filter is written for this architecture";
+  constexpr std::uint32_t kCommand = offsetof(seccomp_data, args) + sizeof(std::uint64_t);  // low half
+  return install_after_prelude({
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_fcntl, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, kCommand),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<std::uint32_t>(command), 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, fail_with(error)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  });
+}
+
 std::string fail_fallocate_from(std::uint64_t min_bytes, int error) {
   if (kNativeArch == 0) return "no seccomp filter is written for this architecture";
   if (min_bytes >= (std::uint64_t{1} << 32)) return "min_bytes must be below 4 GiB";

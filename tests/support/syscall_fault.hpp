@@ -22,6 +22,11 @@ std::string fail_fallocate_from(std::uint64_t min_bytes, int error);
 /// that lacks the call: ENOSYS). Forked children only, as above; returns "" once installed.
 std::string fail_syscall(long number, int error);
 
+/// Installs a seccomp filter under which every fcntl(2) with command `command` (its second
+/// argument, e.g. F_SETPIPE_SZ) fails with `error`; other fcntl commands and other calls run
+/// as usual. Forked children only, as above; returns "" once installed.
+std::string fail_fcntl_command(int command, int error);
+
 /// "" when fail_fallocate_from() works here (asked once, in a forked child); otherwise why not.
 std::string syscall_faults_unavailable_reason();
 

@@ -1,5 +1,8 @@
 // connect_*(): find the listener, check who it is, handshake, build this side's ends.
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <string>
 
 #include "endpoints/address.hpp"
 #include "endpoints/connection_ends.hpp"
@@ -13,6 +16,17 @@ namespace {
 
 std::string milliseconds_text(std::chrono::milliseconds duration) { return std::to_string(duration.count()) + " ms"; }
 
+// Whether the process `pid` (as SO_PEERCRED gives it: 0 when it is not visible from here)
+// runs in this process's PID namespace. When /proc cannot tell, it is taken to.
+bool in_this_pid_namespace(pid_t pid) {
+  if (pid <= 0) return false;
+  struct stat mine {};
+  struct stat theirs {};
+  if (::stat("/proc/self/ns/pid", &mine) != 0) return true;
+  if (::stat(("/proc/" + std::to_string(pid) + "/ns/pid").c_str(), &theirs) != 0) return true;
+  return mine.st_ino == theirs.st_ino && mine.st_dev == theirs.st_dev;
+}
+
 // Connects, retrying while nobody listens, until `deadline`.
 UniqueFd reach_listener(const SocketScheme& scheme, std::string_view address, std::string_view rest,
                         const EndpointOptions& options, const Deadline& deadline) {
@@ -22,7 +36,11 @@ UniqueFd reach_listener(const SocketScheme& scheme, std::string_view address, st
     if (deadline.expired()) {
       throw Error("no listener at " + std::string(address) + ": nothing accepted connections there within " +
                   milliseconds_text(options.connect_timeout) +
-                  " (EndpointOptions::connect_timeout); start the listening process or check the address");
+                  " (EndpointOptions::connect_timeout); start the listening process or check the address" +
+                  (address.starts_with("unix:@")
+                       ? std::string("; an abstract name (unix:@NAME) is reachable only in the listener's network "
+                                     "namespace: from another container, use a unix:PATH in a directory both share")
+                       : std::string()));
     }
     // Nothing to wait on but time: the listener's socket does not exist yet.
     interruptible_sleep_for(std::min<std::chrono::nanoseconds>(pause, deadline.remaining()));
@@ -70,6 +88,15 @@ std::optional<ConnectionEnds> try_handshake(const SocketScheme& scheme, std::str
                         ") runs as user " + std::to_string(listener.uid) + ", group " + std::to_string(listener.gid) +
                         "; this client admits only " + options.allowed_peers.describe() +
                         " (EndpointOptions::allowed_peers): refusing to connect");
+  }
+  // Holders of shared storages are known by their process ids (the return board), which
+  // mean nothing in another PID namespace: a storage would be taken back while the peer
+  // still reads it, or never.
+  if (!in_this_pid_namespace(listener.pid)) {
+    throw Error("the listener at " + std::string(address) +
+                " runs in another PID namespace (another container): ferry tells which shared tensors a peer "
+                "still holds by its process id, which means nothing across PID namespaces; run both in one PID "
+                "namespace (docker run --pid=container:NAME or --pid=host, Kubernetes shareProcessNamespace)");
   }
   Hello hello;
   hello.kind = kind;

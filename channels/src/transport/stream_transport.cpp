@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cerrno>
 #include <csignal>
@@ -107,10 +108,56 @@ bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int>
   return write_frame(parts, {}, deadline, true);
 }
 
+std::size_t StreamFrameWriter::read_capacity() const noexcept {
+  if (!is_socket_) {
+    const int capacity = ::fcntl(stream_.get(), F_GETPIPE_SZ);
+    return capacity > 0 ? static_cast<std::size_t>(capacity) : 0;
+  }
+  int doubled = 0;  // the kernel keeps twice what was asked for, half of it for bookkeeping
+  socklen_t size = sizeof doubled;
+  if (::getsockopt(stream_.get(), SOL_SOCKET, SO_SNDBUF, &doubled, &size) != 0 || doubled <= 0) return 0;
+  return static_cast<std::size_t>(doubled) / 2;
+}
+
+std::size_t StreamFrameWriter::request_capacity(std::size_t bytes) const noexcept {
+  const int wanted = static_cast<int>(bytes);
+  if (!is_socket_) {
+    const int capacity = ::fcntl(stream_.get(), F_SETPIPE_SZ, wanted);
+    return capacity > 0 ? static_cast<std::size_t>(capacity) : 0;
+  }
+  if (::setsockopt(stream_.get(), SOL_SOCKET, SO_SNDBUF, &wanted, sizeof wanted) != 0) return 0;
+  return read_capacity();
+}
+
+void StreamFrameWriter::grow_for(std::size_t frame_bytes) noexcept {
+  if (growth_refused_) return;
+  if (capacity_ == 0 && (capacity_ = read_capacity()) == 0) {
+    growth_refused_ = true;
+    return;
+  }
+  if (frame_bytes <= capacity_ || capacity_ >= kMaxStreamBufferBytes) return;
+  const std::size_t wanted = std::min(std::bit_ceil(frame_bytes), kMaxStreamBufferBytes);
+  // A pipe may refuse a size (EPERM: above pipe-max-size, or the user's pipe pages are
+  // spent): smaller ones are tried once. A socket takes any size, capped by the kernel.
+  for (std::size_t size = wanted; size > capacity_; size /= 2) {
+    const std::size_t granted = request_capacity(size);
+    if (granted > capacity_) {
+      growth_refused_ = granted < size;  // capped below what was asked: no more to gain
+      capacity_ = granted;
+      return;
+    }
+    if (is_socket_) break;
+  }
+  growth_refused_ = true;
+}
+
 bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline,
                                     bool must_start) {
   std::array<iovec, 8> remaining{};
   if (parts.size() > remaining.size()) throw Error("a frame has too many parts");
+  std::size_t frame_bytes = 0;
+  for (const iovec& part : parts) frame_bytes += part.iov_len;
+  grow_for(frame_bytes);
   std::copy(parts.begin(), parts.end(), remaining.begin());
   iovec* next = remaining.data();
   std::size_t count = parts.size();

@@ -28,6 +28,15 @@ namespace ferry {
 /// a pipe with SIGPIPE blocked in the writing thread, and the SIGPIPE that a write to a pipe
 /// without readers raises is consumed at once (the write reports EPIPE: ChannelClosed).
 ///
+/// The stream grows to hold a whole frame: before writing a frame larger than what the
+/// stream holds, the writer asks for room for the frame, at most kMaxStreamBufferBytes. A
+/// pipe's capacity becomes the frame's size rounded up to a power of two (F_SETPIPE_SZ; the
+/// kernel caps it at /proc/sys/fs/pipe-max-size for unprivileged users and refuses it when
+/// the user's pipe pages are spent); a socket's send buffer, which holds what the reader has
+/// not read yet, becomes the frame's size (SO_SNDBUF; the kernel doubles it and caps it at
+/// net.core.wmem_max). A stream that carries only small frames keeps the kernel's default
+/// size; a refusal is kept (never asked again) and frames go out in pieces as before.
+///
 /// Timed writes never leave half a frame: a frame that was started when the deadline
 /// passed is accepted, and its unwritten tail is kept here and written before the next
 /// frame (or by close()). A timed write returns false only when no byte of it went out.
@@ -67,6 +76,12 @@ class StreamFrameWriter final : public FrameWriter {
   bool flush_pending(const Deadline& deadline);
   // Reads the acknowledgement records on the side socket (non-blocking) into acknowledged_.
   void read_acknowledgements();
+  // Raises the stream's capacity towards `frame_bytes` (see the class comment); never throws.
+  void grow_for(std::size_t frame_bytes) noexcept;
+  // A pipe's capacity, or what a socket's send buffer holds; 0 when it cannot be read.
+  std::size_t read_capacity() const noexcept;
+  // Asks for a capacity of `bytes`; what the stream holds then, or 0 when refused.
+  std::size_t request_capacity(std::size_t bytes) const noexcept;
 
   UniqueFd stream_;
   UniqueFd side_;  // a pipe's side socket (segment fds out, acknowledgements in)
@@ -76,7 +91,12 @@ class StreamFrameWriter final : public FrameWriter {
   std::vector<std::byte> pending_;  // unwritten tail of the last frame
   std::uint64_t acknowledged_ = 0;
   bool reader_gone_ = false;
+  std::size_t capacity_ = 0;  // what the stream holds, as last read (0: not read yet)
+  bool growth_refused_ = false;
 };
+
+/// The most a writer asks its stream to hold (StreamFrameWriter grows it for large frames).
+inline constexpr std::size_t kMaxStreamBufferBytes = std::size_t{1} << 20;
 
 /// Reads frames from a pipe or a stream socket, buffering so that a small frame costs one
 /// read system call. With a pipe, `side` is this end of the socket pair next to it: the
