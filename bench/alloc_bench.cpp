@@ -334,11 +334,11 @@ bool read_all(int fd, void* data, std::size_t size) {
 }
 
 // A pair of connected fds (pipe: [0] reads, [1] writes; socket: either end both).
-std::array<ferry::UniqueFd, 2> raw_link(bool socket) {
+std::array<ferry::detail::UniqueFd, 2> raw_link(bool socket) {
   int fds[2];
   const int rc = socket ? ::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) : ::pipe2(fds, O_CLOEXEC);
   if (rc != 0) throw std::runtime_error("raw baseline: pipe2/socketpair failed");
-  return {ferry::UniqueFd(fds[0]), ferry::UniqueFd(fds[1])};
+  return {ferry::detail::UniqueFd(fds[0]), ferry::detail::UniqueFd(fds[1])};
 }
 
 void AllocSmallBlocksRaw(benchmark::State& state) {

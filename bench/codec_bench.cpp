@@ -22,13 +22,13 @@ namespace {
 template <class Make>
 void encode_decode_made(benchmark::State& state, Make make) {
   using T = std::decay_t<decltype(make())>;
-  MessageEncoder encoder(HandlePassing::FdPassing);
-  MessageDecoder decoder(type_fingerprint<T>(), type_name<T>());
-  std::deque<UniqueFd> fds;
+  detail::MessageEncoder encoder(detail::HandlePassing::FdPassing);
+  detail::MessageDecoder decoder(detail::type_fingerprint<T>(), detail::type_name<T>());
+  std::deque<detail::UniqueFd> fds;
   std::vector<std::byte> bytes;
   for (auto _ : state) {
     const T message = make();
-    const EncodedFrame& frame = encoder.encode(message);
+    const detail::EncodedFrame& frame = encoder.encode(message);
     bytes.clear();
     for (const iovec& part : frame.iovecs()) {
       const auto* begin = static_cast<const std::byte*>(part.iov_base);
@@ -36,9 +36,9 @@ void encode_decode_made(benchmark::State& state, Make make) {
     }
     for (const int fd : frame.fds) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
     encoder.commit();
-    FrameHeader header;
+    detail::FrameHeader header;
     std::memcpy(&header, bytes.data(), sizeof header);
-    validate_header(header, FrameLimits{});
+    detail::validate_header(header, FrameLimits{});
     decoder.decode(header, std::span<const std::byte>(bytes).subspan(sizeof header), fds);
     benchmark::DoNotOptimize(decoder.read<T>());
   }

@@ -100,10 +100,10 @@ sockaddr_un abstract_socket_address(const std::string& address, socklen_t& lengt
   return where;
 }
 
-UniqueFd raw_listen(const std::string& address) {
+detail::UniqueFd raw_listen(const std::string& address) {
   socklen_t length = 0;
   const sockaddr_un where = abstract_socket_address(address, length);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  detail::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (::bind(fd.get(), reinterpret_cast<const sockaddr*>(&where), length) != 0 || ::listen(fd.get(), SOMAXCONN) != 0) {
     throw std::runtime_error("raw listen failed");
   }
@@ -114,7 +114,7 @@ UniqueFd raw_listen(const std::string& address) {
 bool raw_connect_and_read(const std::string& address) {
   socklen_t length = 0;
   const sockaddr_un where = abstract_socket_address(address, length);
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  detail::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   while (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&where), length) != 0) {
     if (errno != ECONNREFUSED && errno != EAGAIN) return false;
     std::this_thread::sleep_for(100us);
@@ -124,7 +124,7 @@ bool raw_connect_and_read(const std::string& address) {
 }
 
 void raw_accept_and_write(int listening) {
-  UniqueFd connection(::accept4(listening, nullptr, nullptr, SOCK_CLOEXEC));
+  detail::UniqueFd connection(::accept4(listening, nullptr, nullptr, SOCK_CLOEXEC));
   const char byte = 1;
   if (!connection || ::write(connection.get(), &byte, 1) != 1) throw std::runtime_error("raw accept failed");
 }
@@ -134,7 +134,7 @@ void connect_to_first_message(benchmark::State& state, std::optional<Transport> 
   const std::string address = bench_address("first");
   const auto iterations = static_cast<std::int64_t>(state.max_iterations);
   if (!transport) {
-    UniqueFd listening = raw_listen(address);
+    detail::UniqueFd listening = raw_listen(address);
     bench::ChildProcess child([&] {
       listening.reset();
       for (std::int64_t i = 0; i < iterations; ++i) {
@@ -162,7 +162,7 @@ void connect_to_first_message(benchmark::State& state, std::optional<Transport> 
 void accepts(benchmark::State& state, std::optional<Transport> transport) {
   constexpr int kClients = 64;
   const std::string address = bench_address("accepts");
-  UniqueFd raw_listening;
+  detail::UniqueFd raw_listening;
   Listener listener;
   if (transport) {
     listener = listen(address, endpoint_options(*transport));

@@ -64,7 +64,7 @@ struct Consumers {
       auto [tx, rx] = channel<T>(transport);
       children.push_back(std::make_unique<ChildProcess>(
           [&rx = rx] {
-            const detail::LiveEnd* keep[] = {&rx.core()};
+            const detail::LiveEnd* keep[] = {&detail::EndAccess::core(rx)};
             detail::abandon_live_ends_except(keep);
             while (rx.recv()) {
             }

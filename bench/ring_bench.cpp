@@ -206,25 +206,25 @@ BENCHMARK(BM_RingRoundTripBytes)
 class RingFrame {
  public:
   RingFrame() { header_.body_bytes = body_.size(); }
-  void write(FrameWriter& writer) {
+  void write(detail::FrameWriter& writer) {
     const std::array<iovec, 2> parts{iovec{&header_, sizeof header_}, iovec{body_.data(), body_.size()}};
-    writer.write(parts, {}, Deadline::never());
+    writer.write(parts, {}, detail::Deadline::never());
   }
   // Reads the next frame in place into the body; false at the end of the stream.
-  bool read(FrameReader& reader) {
+  bool read(detail::FrameReader& reader) {
     std::span<const std::byte> payload;
-    FrameHeader header;
-    if (reader.read_view(header, payload, buffer_, fds_, Deadline::never()) != ReadStatus::Frame) return false;
+    detail::FrameHeader header;
+    if (reader.read_view(header, payload, buffer_, fds_, detail::Deadline::never()) != ReadStatus::Frame) return false;
     std::memcpy(body_.data(), payload.data(), std::min(payload.size(), body_.size()));
     reader.release();
     return true;
   }
 
  private:
-  FrameHeader header_;
+  detail::FrameHeader header_;
   std::array<std::byte, 72> body_{};
   std::vector<std::byte> buffer_;
-  std::deque<UniqueFd> fds_;
+  std::deque<detail::UniqueFd> fds_;
 };
 
 // The ring alone, without a channel's encoding and decoding: a RingFrame written with the
@@ -234,8 +234,8 @@ class RingFrame {
 void BM_RingFrameRoundTrip(benchmark::State& state) {
   const ScopedPin pin;
   const RingTiming timing{.spin = std::chrono::seconds(1)};
-  auto [to_child, child_in] = make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
-  auto [child_out, from_child] = make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
+  auto [to_child, child_in] = detail::make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
+  auto [child_out, from_child] = detail::make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
   const pid_t child = fork_peer([&, &to_child = to_child, &child_in = child_in, &child_out = child_out,
                                  &from_child = from_child] {
     to_child->close();
@@ -253,10 +253,10 @@ void BM_RingFrameRoundTrip(benchmark::State& state) {
     frame.read(*from_child);
   }
   times.report(state);
-  FrameHeader close_header;
-  close_header.kind = static_cast<std::uint8_t>(FrameKind::Close);
+  detail::FrameHeader close_header;
+  close_header.kind = static_cast<std::uint8_t>(detail::FrameKind::Close);
   const std::array<iovec, 1> close_parts{iovec{&close_header, sizeof close_header}};
-  to_child->write(close_parts, {}, Deadline::never());
+  to_child->write(close_parts, {}, detail::Deadline::never());
   to_child->close();
   reap(child, state);
 }
@@ -521,8 +521,8 @@ void BM_RawUnixSocketRoundTrip(benchmark::State& state) {
   const ScopedPin pin;
   int ends[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) std::abort();
-  UniqueFd parent_end(ends[0]);
-  UniqueFd child_end(ends[1]);
+  detail::UniqueFd parent_end(ends[0]);
+  detail::UniqueFd child_end(ends[1]);
   auto exchange = [](int fd, char* buffer, bool send_first) {
     auto read_all = [&] {
       for (std::size_t got = 0; got < 64;) {

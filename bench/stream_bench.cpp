@@ -72,12 +72,12 @@ bool read_all(int fd, void* data, std::size_t size) {
 // shape of a ferry ping-pong, which is two channels), as (parent end, child end) for each
 // direction.
 struct RawLink {
-  UniqueFd parent_out, parent_in, child_in, child_out;
+  detail::UniqueFd parent_out, parent_in, child_in, child_out;
 };
 
 enum class RawShape { Pipes, Socketpair, SocketpairPerDirection };
 
-void make_socketpair(UniqueFd& a, UniqueFd& b) {
+void make_socketpair(detail::UniqueFd& a, detail::UniqueFd& b) {
   int ends[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) throw std::runtime_error("socketpair");
   a.reset(ends[0]);
@@ -150,7 +150,7 @@ void send_fd(int socket, int fd) {
   if (::sendmsg(socket, &message, MSG_NOSIGNAL) != 1) throw std::runtime_error("sendmsg");
 }
 
-UniqueFd receive_fd(int socket) {
+detail::UniqueFd receive_fd(int socket) {
   char byte = 0;
   iovec part{&byte, 1};
   alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
@@ -159,25 +159,25 @@ UniqueFd receive_fd(int socket) {
   message.msg_iovlen = 1;
   message.msg_control = control.data();
   message.msg_controllen = control.size();
-  if (::recvmsg(socket, &message, MSG_CMSG_CLOEXEC) <= 0) return UniqueFd();
+  if (::recvmsg(socket, &message, MSG_CMSG_CLOEXEC) <= 0) return detail::UniqueFd();
   int fd = -1;
   std::memcpy(&fd, CMSG_DATA(CMSG_FIRSTHDR(&message)), sizeof fd);
-  return UniqueFd(fd);
+  return detail::UniqueFd(fd);
 }
 
 void raw_fd_mmap_round_trip(benchmark::State& state, std::size_t size, bool fresh, RawShape shape) {
-  std::vector<SharedMemory> segments;
+  std::vector<detail::SharedMemory> segments;
   // One more than the loop uses: the untimed warm-up round trip takes the first.
   const auto count = fresh ? static_cast<std::size_t>(state.max_iterations) + 1 : 1;
-  for (std::size_t i = 0; i < count; ++i) segments.push_back(SharedMemory::create(size));
+  for (std::size_t i = 0; i < count; ++i) segments.push_back(detail::SharedMemory::create(size));
   std::size_t next = 0;
   RawLink link = make_raw_link(shape);
   {
     ChildProcess child([&] {
       link.parent_out.reset();
       link.parent_in.reset();
-      while (UniqueFd fd = receive_fd(link.child_in.get())) {
-        Mapping mapping = Mapping::map_shared(fd.get(), size);
+      while (detail::UniqueFd fd = receive_fd(link.child_in.get())) {
+        detail::Mapping mapping = detail::Mapping::map_shared(fd.get(), size);
         benchmark::DoNotOptimize(mapping.data());
         mapping.reset();
         fd.reset();

@@ -40,13 +40,13 @@ constexpr std::uint64_t kStop = ~std::uint64_t{0};
 std::chrono::microseconds work_of(int worker) { return worker == 0 ? 5000us : 500us; }
 
 struct Pipe {
-  UniqueFd read;
-  UniqueFd write;
+  detail::UniqueFd read;
+  detail::UniqueFd write;
   Pipe() {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-    read = UniqueFd(fds[0]);
-    write = UniqueFd(fds[1]);
+    read = detail::UniqueFd(fds[0]);
+    write = detail::UniqueFd(fds[1]);
   }
 };
 
@@ -91,7 +91,7 @@ void distributor(benchmark::State& state, bool paced) {
       auto [tx, rx] = channel<std::uint64_t>(Transport::ShmRing);
       children.push_back(std::make_unique<ChildProcess>(
           [&rx = rx, w, done_fd = done.write.get()] {
-            const detail::LiveEnd* keep[] = {&rx.core()};
+            const detail::LiveEnd* keep[] = {&detail::EndAccess::core(rx)};
             detail::abandon_live_ends_except(keep);
             while (rx.recv()) {
               std::this_thread::sleep_for(work_of(w));

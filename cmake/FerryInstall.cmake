@@ -12,8 +12,9 @@ install(TARGETS ${_ferry_installed_targets} EXPORT ferryTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR})
 # Each layer's public headers and its ferry/detail/ headers (which the public templates
-# include); the headers in <layer>/src/ stay behind. ferry/dlpack.hpp only in a build with
-# DLPack (it includes <dlpack/dlpack.h>).
+# include); the headers in <layer>/internal/ and <layer>/src/ stay behind (tests/consumer/
+# check_installed_headers.sh checks that every installed header is reachable from a public
+# one). ferry/dlpack.hpp only in a build with DLPack (it includes <dlpack/dlpack.h>).
 set(_ferry_header_exclusions)
 if(NOT FERRY_HAS_DLPACK)
   set(_ferry_header_exclusions PATTERN dlpack.hpp EXCLUDE)

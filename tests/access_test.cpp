@@ -35,7 +35,7 @@ void become_nobody() {
 
 // A listening Unix socket in the abstract namespace, unique to this process.
 struct SocketListener {
-  UniqueFd fd;
+  detail::UniqueFd fd;
   sockaddr_un address{};
   socklen_t length = 0;
   SocketListener() {
@@ -49,15 +49,15 @@ struct SocketListener {
     if (::listen(fd.get(), 4) != 0) throw_errno("listen");
   }
   // Connects from this process (in a child: that child is the peer) and keeps the socket open.
-  UniqueFd connect() const {
-    UniqueFd client(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  detail::UniqueFd connect() const {
+    detail::UniqueFd client(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!client || ::connect(client.get(), reinterpret_cast<const sockaddr*>(&address), length) != 0) {
       throw_errno("connect");
     }
     return client;
   }
-  UniqueFd accept() const {
-    UniqueFd accepted(::accept4(fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  detail::UniqueFd accept() const {
+    detail::UniqueFd accepted(::accept4(fd.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!accepted) throw_errno("accept4");
     return accepted;
   }
@@ -65,7 +65,7 @@ struct SocketListener {
 
 TEST_F(AccessTest, SharedSegmentsAreOwnerOnly) {
   for (const std::size_t bytes : {std::size_t{1}, std::size_t{4096}, std::size_t{1} << 20}) {
-    SharedMemory segment = SharedMemory::create(bytes);
+    detail::SharedMemory segment = detail::SharedMemory::create(bytes);
     struct stat st {};
     ASSERT_EQ(::fstat(segment.fd(), &st), 0);
     EXPECT_EQ(st.st_mode & 07777, 0600u) << "a segment of " << bytes << " bytes";
@@ -78,7 +78,7 @@ TEST_F(AccessTest, SharedSegmentsAreOwnerOnly) {
   ASSERT_EQ(::fstat(heap.storage()->shared_block()->segment()->fd(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
   // And a connection's return board, which its receiver maps read-write.
-  const auto board = ReturnBoard::create();
+  const auto board = detail::ReturnBoard::create();
   ASSERT_EQ(::fstat(board->fd(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0600u);
 }
@@ -86,7 +86,7 @@ TEST_F(AccessTest, SharedSegmentsAreOwnerOnly) {
 TEST_F(AccessTest, PeerCredentialsOfASocketPairAreItsCreator) {
   int ends[2];
   ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends), 0);
-  UniqueFd a(ends[0]), b(ends[1]);
+  detail::UniqueFd a(ends[0]), b(ends[1]);
   const PeerCredentials peer = peer_credentials(a.get());
   EXPECT_EQ(peer.pid, ::getpid());
   EXPECT_EQ(peer.uid, ::getuid());
@@ -97,11 +97,11 @@ TEST_F(AccessTest, PeerCredentialsOfASocketPairAreItsCreator) {
 TEST_F(AccessTest, PeerCredentialsOfAConnectedProcess) {
   SocketListener listener;
   const pid_t child = fork_child([&] {
-    UniqueFd client = listener.connect();
+    detail::UniqueFd client = listener.connect();
     char byte = 0;
     CHILD_CHECK(::read(client.get(), &byte, 1) == 0);  // wait for the parent to hang up
   });
-  UniqueFd accepted = listener.accept();
+  detail::UniqueFd accepted = listener.accept();
   const PeerCredentials peer = peer_credentials(accepted.get());
   EXPECT_EQ(peer.pid, child);
   EXPECT_EQ(peer.uid, ::getuid());
@@ -120,7 +120,7 @@ TEST_F(AccessTest, PeerCredentialsOfAConnectedProcess) {
 TEST_F(AccessTest, PipesHaveNoPeerCredentials) {
   int ends[2];
   ASSERT_EQ(::pipe2(ends, O_CLOEXEC), 0);
-  UniqueFd read_end(ends[0]), write_end(ends[1]);
+  detail::UniqueFd read_end(ends[0]), write_end(ends[1]);
   try {
     peer_credentials(read_end.get());
     ADD_FAILURE() << "expected SystemError";
@@ -134,11 +134,11 @@ TEST_F(AccessTest, PeerOfAnotherUserIsRefused) {
   SocketListener listener;
   const pid_t child = fork_child([&] {
     become_nobody();
-    UniqueFd client = listener.connect();
+    detail::UniqueFd client = listener.connect();
     char byte = 0;
     CHILD_CHECK(::read(client.get(), &byte, 1) == 0);
   });
-  UniqueFd accepted = listener.accept();
+  detail::UniqueFd accepted = listener.accept();
   EXPECT_EQ(peer_credentials(accepted.get()).uid, kNobody);
   EXPECT_THROW(require_peer_uid(accepted.get(), ::getuid()), UntrustedPeer);
   accepted.reset();
@@ -171,13 +171,13 @@ TEST_F(AccessTest, AnotherUserCannotTakeSegmentsWithPidfdGetfd) {
   const pid_t owner = ::getpid();
   const pid_t child = fork_child([&] {
     become_nobody();
-    PeerFdOpener opener;
-    const std::uint64_t fallbacks = PeerFdOpener::fallback_count();
-    PeerFdOpener::Taken taken = opener.take(owner, fd);
+    detail::PeerFdOpener opener;
+    const std::uint64_t fallbacks = detail::PeerFdOpener::fallback_count();
+    detail::PeerFdOpener::Taken taken = opener.take(owner, fd);
     CHILD_CHECK(!taken.fd);
-    CHILD_CHECK(taken.method == PeerFdOpener::Method::ProcPath);  // pidfd_getfd refused first
+    CHILD_CHECK(taken.method == detail::PeerFdOpener::Method::ProcPath);  // pidfd_getfd refused first
     CHILD_CHECK(taken.error == EACCES || taken.error == EPERM);
-    CHILD_CHECK(PeerFdOpener::fallback_count() == fallbacks + 1);
+    CHILD_CHECK(detail::PeerFdOpener::fallback_count() == fallbacks + 1);
     CHILD_CHECK(!opener.exited(owner, std::chrono::milliseconds(0)));
   });
   EXPECT_TRUE(child_succeeded(child));

@@ -88,7 +88,7 @@ TEST_P(AllocChannelTest, NewTensorsInRecycledBlocksNeedNoNewSegments) {
       CHILD_CHECK(batch->tensors.size() == 11);
       for (const Tensor& t : batch->tensors) CHILD_CHECK(all_equal(t, step));
       // Segments stay leased; only a handful are ever needed.
-      CHILD_CHECK(data.rx.core().leased_segments() <= 4);
+      CHILD_CHECK(detail::EndAccess::core(data.rx).leased_segments() <= 4);
       reply.tx.send(step);
     }
     CHILD_CHECK(!data.rx.recv().has_value());
@@ -120,7 +120,7 @@ TEST_P(AllocChannelTest, HundredSmallTensorsShareOneSegment) {
       auto batch = data.rx.recv();
       CHILD_CHECK(batch.has_value() && batch->tensors.size() == 100);
       for (std::size_t i = 0; i < 100; ++i) CHILD_CHECK(all_equal(batch->tensors[i], round * 100 + static_cast<int>(i)));
-      CHILD_CHECK(data.rx.core().leased_segments() == 1);
+      CHILD_CHECK(detail::EndAccess::core(data.rx).leased_segments() == 1);
       CHILD_CHECK(test::count_ferry_mappings() == 1);
     }
     CHILD_CHECK(!data.rx.recv().has_value());
@@ -210,12 +210,12 @@ TEST_P(AllocChannelTest, ReceivedStorageKeepsItsIdentityWhileLeasedAndItsBlockCo
       CHILD_CHECK(t.storage().get() == first);
       CHILD_CHECK(t.storage()->id() == first_id);
       CHILD_CHECK(t.data_ptr() == first_data);
-      CHILD_CHECK(data.rx.core().leased() == 1);
+      CHILD_CHECK(detail::EndAccess::core(data.rx).leased() == 1);
       reply.tx.send(round);
     }  // every tensor of the storage is dropped here, after each round
     auto last = data.rx.recv();  // releases the first storage's slot before resolving its own
     CHILD_CHECK(last.has_value() && last->step == kRounds && all_equal(last->tensors.at(0), 6));
-    CHILD_CHECK(data.rx.core().leased() == 1);
+    CHILD_CHECK(detail::EndAccess::core(data.rx).leased() == 1);
     reply.tx.send(kRounds);
     CHILD_CHECK(!data.rx.recv().has_value());
   });
@@ -227,13 +227,13 @@ TEST_P(AllocChannelTest, ReceivedStorageKeepsItsIdentityWhileLeasedAndItsBlockCo
       data.tx.send(Batch{round, {shared}});
       ASSERT_EQ(reply.rx.recv().value(), round);
     }
-    EXPECT_EQ(data.tx.core().storages_passed(), 1u) << "a storage the receiver leases travels as its slot";
+    EXPECT_EQ(detail::EndAccess::core(data.tx).storages_passed(), 1u) << "a storage the receiver leases travels as its slot";
   }  // the sender's last reference dies: the next frame announces the release
   const Tensor next = filled(pool, 1024, 6);
   data.tx.send(Batch{kRounds, {next}});
   ASSERT_EQ(reply.rx.recv().value(), kRounds);
   release_cached_shared_memory();  // reads the return board
-  EXPECT_EQ(data.tx.core().pinned_storages(), 1u) << "the receiver gave the released block back";
+  EXPECT_EQ(detail::EndAccess::core(data.tx).pinned_storages(), 1u) << "the receiver gave the released block back";
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
   data.tx.close();
   EXPECT_TRUE(child_succeeded(child));
@@ -259,7 +259,7 @@ TEST_P(AllocChannelTest, UnboundViewsOfOneStorageTravelAsOneBlock) {
   for (std::size_t i = 0; i < views.size(); ++i) views[i].fill(static_cast<std::int32_t>(i));
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
   data.tx.send(Batch{0, std::move(views)});
-  EXPECT_EQ(data.tx.core().tracked_storages(), 1u);  // one lease for the receiver, however many views
+  EXPECT_EQ(detail::EndAccess::core(data.tx).tracked_storages(), 1u);  // one lease for the receiver, however many views
   data.tx.close();
   EXPECT_TRUE(child_succeeded(child));
 }
@@ -319,7 +319,7 @@ TEST_P(AllocChannelTest, KilledReceiverHoldingBlocksIsReclaimedWhenMemoryIsNeede
   ASSERT_EQ(reply.rx.recv().value(), 1);
   // Every block is the receiver's alone now, pinned for it.
   EXPECT_EQ(pool.stats().blocks_in_use, 10u);
-  EXPECT_EQ(data.tx.core().pinned_storages(), 10u);
+  EXPECT_EQ(detail::EndAccess::core(data.tx).pinned_storages(), 10u);
   ::kill(child, SIGKILL);
   const test::ChildExit exit = test::wait_child(child);
   ASSERT_EQ(exit.signal, SIGKILL);
@@ -328,7 +328,7 @@ TEST_P(AllocChannelTest, KilledReceiverHoldingBlocksIsReclaimedWhenMemoryIsNeede
   Tensor needs_memory = filled(pool, 3 * kMiB / 4, 0);
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
   EXPECT_EQ(pool.stats().segments, 1u);
-  EXPECT_EQ(data.tx.core().pinned_storages(), 0u);
+  EXPECT_EQ(detail::EndAccess::core(data.tx).pinned_storages(), 0u);
   data.tx.close();  // tolerates the dead receiver
 }
 
@@ -386,7 +386,7 @@ TEST_P(AllocChannelTest, ClosedChannelReclaimsFramesOfAReceiverThatDiedBeforeRea
   ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
   pool.trim();  // the closed channel's probe sees the reading end gone
   EXPECT_EQ(pool.stats().blocks_in_use, 0u);
-  EXPECT_EQ(live_hold_ledgers(), 0u);
+  EXPECT_EQ(detail::live_hold_ledgers(), 0u);
 }
 
 struct Stamped {
@@ -585,7 +585,7 @@ TEST_P(AllocChannelTest, SenderHandedToAForkedWorkerGetsItsBlocksBack) {
           if (acks.recv() != step) throw std::runtime_error("lost step");
         }
         report.send(pool.stats().segments);
-        report.send(out.core().pinned_storages());
+        report.send(detail::EndAccess::core(out).pinned_storages());
       },
       std::move(data.tx), std::move(ack.rx), std::move(report.tx));
   const auto segments = report.rx.recv();
@@ -621,7 +621,7 @@ TEST_P(AllocChannelTest, SenderDestroyedByAnExceptionReclaimsFramesOfAReceiverTh
   ASSERT_EQ(test::wait_child(child).signal, SIGKILL);
   pool.trim();  // nobody can read the frame any more
   EXPECT_EQ(pool.stats().blocks_in_use, 0u);
-  EXPECT_EQ(live_hold_ledgers(), 0u);
+  EXPECT_EQ(detail::live_hold_ledgers(), 0u);
 }
 
 TEST_P(AllocChannelTest, IsolatedChannelPassesOnlyItsPoolsSegments) {
@@ -631,7 +631,7 @@ TEST_P(AllocChannelTest, IsolatedChannelPassesOnlyItsPoolsSegments) {
   Ends<Batch> data(GetParam(), options);
   Ends<int> reply(GetParam());
   Tensor foreign = filled(SharedAllocator::global(), 1024, 3);  // a block of the process-wide pool
-  const FileIdentity foreign_segment = foreign.storage()->shared_block()->segment()->identity();
+  const detail::FileIdentity foreign_segment = foreign.storage()->shared_block()->segment()->identity();
   const pid_t child = fork_child([&] {
     data.tx.detach();
     reply.rx.close();
@@ -643,7 +643,7 @@ TEST_P(AllocChannelTest, IsolatedChannelPassesOnlyItsPoolsSegments) {
     for (const Tensor& t : batch->tensors) {
       CHILD_CHECK(t.storage()->shared_block()->segment()->identity() != foreign_segment);
     }
-    CHILD_CHECK(data.rx.core().leased_segments() == 1);
+    CHILD_CHECK(detail::EndAccess::core(data.rx).leased_segments() == 1);
     batch->tensors[1].fill(std::int32_t{8});  // the pool's tensor travelled without a copy
     reply.tx.send(1);
     CHILD_CHECK(!data.rx.recv().has_value());
@@ -737,12 +737,12 @@ TEST_P(AllocChannelTest, ForwarderKilledWhileAThirdProcessHoldsTheBlockLeavesItI
   ::kill(b, SIGKILL);
   ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
   pool.trim();  // reads the holders: B is dead, C lives
-  EXPECT_EQ(ab.tx.core().pinned_storages(), 1u);
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 1u);
   const std::vector<Tensor> reuse = allocate_over(pool);
   go.tx.send(1);
   ASSERT_EQ(held.rx.recv().value(), 2);
   pool.trim();  // C let go: it unregistered from A's connection
-  EXPECT_EQ(ab.tx.core().pinned_storages(), 0u) << "A kept the dead forwarder's block after C let go of it";
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 0u) << "A kept the dead forwarder's block after C let go of it";
   go.tx.send(2);
   EXPECT_TRUE(child_succeeded(c)) << "C saw its block recycled by A after B died";
   ab.tx.close();
@@ -804,12 +804,12 @@ TEST_P(AllocChannelTest, ProcessDownstreamStaysRegisteredUpstreamWhileItHoldsABl
   go.tx.send(1);
   ASSERT_EQ(held.rx.recv().value(), 2);
   pool.trim();
-  EXPECT_EQ(ab.tx.core().pinned_storages(), 2u) << "C still holds a block that came on the second connection";
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 2u) << "C still holds a block that came on the second connection";
   const std::vector<Tensor> reuse = allocate_over(pool);
   go.tx.send(2);
   ASSERT_EQ(held.rx.recv().value(), 3);
   pool.trim();
-  EXPECT_EQ(ab.tx.core().pinned_storages(), 0u);
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 0u);
   go.tx.send(3);
   EXPECT_TRUE(child_succeeded(c)) << "C saw a block recycled while it held it";
   ab.tx.close();
@@ -871,7 +871,7 @@ TEST_P(AllocChannelTest, ProcessThatHandedAForwardedBlockToAForkedWorkerStaysReg
   ::kill(b, SIGKILL);
   ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
   pool.trim();  // B is dead; C lives, registered for W
-  EXPECT_EQ(ab.tx.core().pinned_storages(), 1u) << "C let go of A's board before W took the block over";
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 1u) << "C let go of A's board before W took the block over";
   const std::vector<Tensor> reuse = allocate_over(pool);
   go.tx.send(1);
   EXPECT_EQ(result.rx.recv().value(), 1) << "W saw its block recycled by A";
@@ -921,7 +921,7 @@ TEST_P(AllocChannelTest, TwoForwardersKilledWhileTheLastProcessHoldsTheBlockLeav
     ASSERT_EQ(test::wait_child(forwarder_pid).signal, SIGKILL);
   }
   pool.trim();
-  EXPECT_EQ(ab.tx.core().pinned_storages(), 1u);
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 1u);
   const std::vector<Tensor> reuse = allocate_over(pool);
   go.tx.send(1);
   EXPECT_TRUE(child_succeeded(d)) << "D saw its block recycled by A after B and C died";
@@ -987,7 +987,7 @@ TEST_P(AllocChannelTest, OwnBlockForwardedBackAfterTheSenderReclaimedItIsRefused
   ::kill(b, SIGKILL);
   ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
   pool.trim();  // B was the only holder: A reclaims the block
-  EXPECT_EQ(ab.tx.core().pinned_storages(), 0u);
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 0u);
   const std::vector<Tensor> reuse = allocate_over(pool);
   try {
     const auto echo = ba.rx.recv();
@@ -1033,7 +1033,7 @@ TEST_P(AllocChannelTest, ReceiverAdoptedByAForkedProcessKeepsWhatArrivedAfterThe
   ASSERT_EQ(held.rx.recv().value(), 1);
   ASSERT_TRUE(child_succeeded(b));  // B exited; C holds the block
   pool.trim();
-  EXPECT_EQ(ab.tx.core().pinned_storages(), 1u);
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 1u);
   const std::vector<Tensor> reuse = allocate_over(pool);
   go.tx.send(1);
   EXPECT_EQ(result.rx.recv().value(), 1) << "C saw its block recycled after B exited";
@@ -1080,7 +1080,7 @@ TEST_P(AllocChannelTest, FrameForwardedByAProcessThatDiedBeforeItWasReadFailsOnc
   ::kill(b, SIGKILL);
   ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
   pool.trim();  // B was the only holder: A reclaims the block
-  EXPECT_EQ(ab.tx.core().pinned_storages(), 0u);
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 0u);
   const std::vector<Tensor> reuse = allocate_over(pool);
   go.tx.send(1);
   EXPECT_TRUE(child_succeeded(c));
@@ -1107,7 +1107,7 @@ TEST_P(AllocChannelTest, FrameThatIntroducesOnlyAnUpstreamBoardIsReadableAfterIt
     CHILD_CHECK(go.rx.recv().value() == 1);
     ba.tx.send(a2.rx.recv().value());
     // The receiver has not read the second frame yet: its board is what close() waits for.
-    CHILD_CHECK(ba.tx.core().writer().passes_fds() || ba.tx.core().segments_awaiting_acknowledgement() == 1);
+    CHILD_CHECK(detail::EndAccess::core(ba.tx).writer().passes_fds() || detail::EndAccess::core(ba.tx).segments_awaiting_acknowledgement() == 1);
     sent.tx.send(1);
     ba.tx.close();
   });
@@ -1161,7 +1161,7 @@ TEST_P(AllocChannelTest, ForwarderLetsGoOfTheBoardOfAConnectionItNoLongerHoldsBl
     ab.rx.close();
     ba.tx.send(Batch{1, {}});  // announces that B dropped the block
     CHILD_CHECK(go.rx.recv().value() == 1);
-    collect_returned_blocks(false);  // A gave the block back: nothing of A's connection lives here
+    detail::collect_returned_blocks(false);  // A gave the block back: nothing of A's connection lives here
     CHILD_CHECK(open_return_boards() == 0);
   });
   ab.rx.close();
@@ -1333,7 +1333,7 @@ void forward_a_board_that_came_on_two_connections(Transport transport, SecondBlo
     ASSERT_EQ(test::wait_child(forwarder).signal, SIGKILL);
   }
   pool.trim();  // reads the holders of A's connection: B, C and D are dead, E lives
-  EXPECT_EQ(ab.tx.core().pinned_storages(), 2u);  // the first block too: B never gave it back
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 2u);  // the first block too: B never gave it back
   const std::vector<Tensor> reuse = allocate_over(pool);
   go.tx.send(1);
   EXPECT_TRUE(child_succeeded(e)) << "E saw its block recycled by A after B, C and D died";

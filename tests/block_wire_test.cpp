@@ -36,9 +36,9 @@ struct Message {
 
 // A frame as a transport would carry it: bytes, plus duplicates of the fds passed with it.
 struct CapturedFrame {
-  FrameHeader header;
+  detail::FrameHeader header;
   std::vector<std::byte> payload;
-  std::deque<UniqueFd> fds;
+  std::deque<detail::UniqueFd> fds;
 
   // Tables are not aligned in the payload (the type name before them has any length):
   // entries are copied out, edited and copied back.
@@ -49,30 +49,30 @@ struct CapturedFrame {
     change(entry);
     std::memcpy(payload.data() + offset_in_payload, &entry, sizeof entry);
   }
-  void edit_segment(std::size_t index, const std::function<void(SegmentEntry&)>& change) {
-    edit<SegmentEntry>(header.type_name_bytes + index * sizeof(SegmentEntry), change);
+  void edit_segment(std::size_t index, const std::function<void(detail::SegmentEntry&)>& change) {
+    edit<detail::SegmentEntry>(header.type_name_bytes + index * sizeof(detail::SegmentEntry), change);
   }
   // The handle table starts after the type name and the segment table.
-  void edit_handle(std::size_t index, const std::function<void(HandleEntry&)>& change) {
-    edit<HandleEntry>(header.type_name_bytes + header.segment_count * sizeof(SegmentEntry) +
-                          index * sizeof(HandleEntry),
+  void edit_handle(std::size_t index, const std::function<void(detail::HandleEntry&)>& change) {
+    edit<detail::HandleEntry>(header.type_name_bytes + header.segment_count * sizeof(detail::SegmentEntry) +
+                          index * sizeof(detail::HandleEntry),
                       change);
   }
-  HandleEntry handle(std::size_t index) {
-    HandleEntry entry;
-    edit_handle(index, [&](HandleEntry& e) { entry = e; });
+  detail::HandleEntry handle(std::size_t index) {
+    detail::HandleEntry entry;
+    edit_handle(index, [&](detail::HandleEntry& e) { entry = e; });
     return entry;
   }
 };
 
 class FrameLoopback {
  public:
-  explicit FrameLoopback(HandlePassing passing = HandlePassing::FdPassing,
+  explicit FrameLoopback(detail::HandlePassing passing = detail::HandlePassing::FdPassing,
                     std::optional<SharedAllocator> pool = std::nullopt)
       : encoder_(passing, std::move(pool)) {}
 
   CapturedFrame send(const Message& message) {
-    const EncodedFrame& frame = encoder_.encode(message);
+    const detail::EncodedFrame& frame = encoder_.encode(message);
     std::vector<std::byte> bytes;
     for (const iovec& part : frame.iovecs()) {
       const auto* begin = static_cast<const std::byte*>(part.iov_base);
@@ -87,7 +87,7 @@ class FrameLoopback {
   }
 
   Message receive(CapturedFrame& wire) {
-    validate_header(wire.header, FrameLimits{});
+    detail::validate_header(wire.header, FrameLimits{});
     decoder_.decode(wire.header, wire.payload, wire.fds);
     if (decoder_.wants_acknowledgement()) encoder_.acknowledge(wire.header.sequence);
     return decoder_.read<Message>();
@@ -99,9 +99,9 @@ class FrameLoopback {
     return receive(wire);
   }
 
-  MessageEncoder encoder_;
-  MessageDecoder decoder_{type_fingerprint<Message>(), type_name<Message>()};
-  FrameHeader last_;
+  detail::MessageEncoder encoder_;
+  detail::MessageDecoder decoder_{detail::type_fingerprint<Message>(), detail::type_name<Message>()};
+  detail::FrameHeader last_;
 };
 
 Message small_tensors(int count, int seed) {
@@ -166,31 +166,31 @@ TEST_F(BlockWireTest, HundredsOfNewBlocksPerFrameGoBackTogether) {
 }
 
 TEST_F(BlockWireTest, APostBatchPostsItsSlotsToItsBoardWhenItEnds) {
-  const auto board = ReturnBoard::create();
-  const auto other = ReturnBoard::create();
-  const std::vector<std::uint32_t> slots{5, 70, 3, 200, 64, 65, 6, ReturnBoard::kSlots - 1, 7};
+  const auto board = detail::ReturnBoard::create();
+  const auto other = detail::ReturnBoard::create();
+  const std::vector<std::uint32_t> slots{5, 70, 3, 200, 64, 65, 6, detail::ReturnBoard::kSlots - 1, 7};
   std::vector<std::uint32_t> taken;
   {
-    const ReturnBoard::PostBatch batch(board.get());
+    const detail::ReturnBoard::PostBatch batch(board.get());
     {
-      const ReturnBoard::PostBatch inner(board.get());  // joins the outer batch
+      const detail::ReturnBoard::PostBatch inner(board.get());  // joins the outer batch
       for (const std::uint32_t slot : slots) board->post_return(slot);
     }
     other->post_return(9);  // another board: posted at once
-    board->take_returns(ReturnBoard::kSlots, taken);
+    board->take_returns(detail::ReturnBoard::kSlots, taken);
     EXPECT_TRUE(taken.empty());
-    other->take_returns(ReturnBoard::kSlots, taken);
+    other->take_returns(detail::ReturnBoard::kSlots, taken);
     EXPECT_EQ(taken, std::vector<std::uint32_t>{9});
     taken.clear();
   }
-  board->take_returns(ReturnBoard::kSlots, taken);
+  board->take_returns(detail::ReturnBoard::kSlots, taken);
   std::sort(taken.begin(), taken.end());
   std::vector<std::uint32_t> expected = slots;
   std::sort(expected.begin(), expected.end());
   EXPECT_EQ(taken, expected);
   taken.clear();
   board->post_return(5);  // after the batch: at once again
-  board->take_returns(ReturnBoard::kSlots, taken);
+  board->take_returns(detail::ReturnBoard::kSlots, taken);
   EXPECT_EQ(taken, std::vector<std::uint32_t>{5});
 }
 
@@ -202,14 +202,14 @@ TEST_F(BlockWireTest, APostBatchPostsItsSlotsToItsBoardWhenItEnds) {
 // the mark), as the kill leaves it, into a board whose ledger pins one block.
 TEST_F(BlockWireTest, HolderKilledWhileRegisteringStillLetsThePinsBeReclaimed) {
   SharedAllocator pool;
-  const auto ledger = HoldLedger::create();
-  std::vector<HoldLedger::Pin> pins{{0, pool.allocate(4096)}};
+  const auto ledger = detail::HoldLedger::create();
+  std::vector<detail::HoldLedger::Pin> pins{{0, pool.allocate(4096)}};
   ledger->pin(pins, 1);
   ASSERT_EQ(pool.stats().blocks_in_use, 1u);
   const int board_fd = ledger->board()->fd();
   int go[2];
   ASSERT_EQ(::pipe2(go, O_CLOEXEC), 0);
-  UniqueFd go_read(go[0]), go_write(go[1]);
+  detail::UniqueFd go_read(go[0]), go_write(go[1]);
   const pid_t child = test::fork_child([&] {
     const std::uint64_t half_registered = static_cast<std::uint64_t>(::getpid()) | std::uint64_t{1} << 63;
     CHILD_CHECK(::pwrite(board_fd, &half_registered, sizeof half_registered, 64) == sizeof half_registered);
@@ -230,15 +230,15 @@ TEST_F(BlockWireTest, HolderKilledWhileRegisteringStillLetsThePinsBeReclaimed) {
   EXPECT_EQ(ledger->pinned(), 0u) << "the half-registered holder has exited: nobody holds the block";
   EXPECT_EQ(pool.stats().blocks_in_use, 0u);
   EXPECT_EQ(ledger->board()->reclaims(), 1u) << "the reclaim is counted for receivers of forwarded blocks";
-  ledger->channel_closed(UniqueFd());
-  collect_returned_blocks(false);  // forgets the finished ledger
+  ledger->channel_closed(detail::UniqueFd());
+  detail::collect_returned_blocks(false);  // forgets the finished ledger
 }
 
 // A receiver of a forwarded block registers on the board upstream and then reads its
 // reclaim count: while the sender is checking its holders, the read waits for the check
 // to end (or gives up after its patience), so that it sees that check's reclaim.
 TEST_F(BlockWireTest, TheReclaimCountWaitsForAHolderCheckInProgress) {
-  const auto board = ReturnBoard::create();
+  const auto board = detail::ReturnBoard::create();
   EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(0)), 0u);
   board->begin_holder_check();
   EXPECT_EQ(board->reclaims_after_checks(std::chrono::milliseconds(20)), std::nullopt);
@@ -258,27 +258,27 @@ TEST_F(BlockWireTest, TheReclaimCountWaitsForAHolderCheckInProgress) {
 // the frame the sender asked for or a later one; a claim below it, or a request withdrawn,
 // does not ring.
 TEST_F(BlockWireTest, TheDeliveryDoorbellRingsOnceWhenTheAwaitedFrameIsResolved) {
-  const auto board = ReturnBoard::create();
-  const auto rung = [](const ReturnBoard::DeliveryWake& wake) {
+  const auto board = detail::ReturnBoard::create();
+  const auto rung = [](const detail::ReturnBoard::DeliveryWake& wake) {
     return std::atomic_ref<std::uint32_t>(*wake.doorbell).load() != wake.rung;
   };
   ASSERT_TRUE(board->claim_resolved(2));
-  ReturnBoard::DeliveryWake wake = board->request_delivery_wake(5);
+  detail::ReturnBoard::DeliveryWake wake = board->request_delivery_wake(5);
   EXPECT_EQ(wake.resolved, 2u) << "the last claim, read after the request";
   ASSERT_TRUE(board->claim_resolved(4));
   EXPECT_FALSE(rung(wake)) << "frame 4 is not the awaited 5";
   ASSERT_TRUE(board->claim_resolved(6));
   EXPECT_TRUE(rung(wake)) << "frame 6 covers 5";
-  const ReturnBoard::DeliveryWake after = board->request_delivery_wake(0);  // no request: reads the bell only
+  const detail::ReturnBoard::DeliveryWake after = board->request_delivery_wake(0);  // no request: reads the bell only
   board->cancel_delivery_wake();
   ASSERT_TRUE(board->claim_resolved(7));
   EXPECT_FALSE(rung(after)) << "rang twice for one request";
-  ReturnBoard::DeliveryWake withdrawn = board->request_delivery_wake(9);
+  detail::ReturnBoard::DeliveryWake withdrawn = board->request_delivery_wake(9);
   board->cancel_delivery_wake();
   ASSERT_TRUE(board->claim_resolved(9));
   EXPECT_FALSE(rung(withdrawn)) << "rang for a withdrawn request";
   // A sleeper on the doorbell is woken by the claim (a futex wake on the shared word).
-  ReturnBoard::DeliveryWake awaited = board->request_delivery_wake(10);
+  detail::ReturnBoard::DeliveryWake awaited = board->request_delivery_wake(10);
   std::thread receiver([&board] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     (void)board->claim_resolved(10);
@@ -296,7 +296,7 @@ TEST_F(BlockWireTest, TheDeliveryDoorbellRingsOnceWhenTheAwaitedFrameIsResolved)
 // running (a receiver registering meanwhile would read the count before that check's
 // reclaim) nor lose the other's reclaim.
 TEST_F(BlockWireTest, TheReclaimCountWaitsForEveryHolderCheckInProgress) {
-  const auto board = ReturnBoard::create();
+  const auto board = detail::ReturnBoard::create();
   board->begin_holder_check();  // the parent's check: it read the holders (all dead)...
   board->begin_holder_check();  // ...the worker's check, which sees a holder registering
   board->end_holder_check(false);
@@ -318,21 +318,21 @@ TEST_F(BlockWireTest, TheReclaimCountWaitsForEveryHolderCheckInProgress) {
 // that exited gives its place up, or the board would refuse every holder after the first
 // 64 (whose forwarded blocks would then go unprotected). A living holder keeps its place.
 TEST_F(BlockWireTest, ABoardRefusesHoldersOnlyWhileItsPlacesHoldLivingProcesses) {
-  const auto board = ReturnBoard::create();
-  const ProcessIdentity self = current_process();
-  test::LivingChildren children(ReturnBoard::kMaxHolders - 1);
+  const auto board = detail::ReturnBoard::create();
+  const detail::ProcessIdentity self = detail::current_process();
+  test::LivingChildren children(detail::ReturnBoard::kMaxHolders - 1);
   EXPECT_TRUE(board->register_holder(self));
-  for (const ProcessIdentity& child : children.identities()) EXPECT_TRUE(board->register_holder(child));
+  for (const detail::ProcessIdentity& child : children.identities()) EXPECT_TRUE(board->register_holder(child));
   EXPECT_TRUE(board->register_holder(self)) << "already registered";
-  const std::optional<ProcessIdentity> parent = identify_process(::getppid());
+  const std::optional<detail::ProcessIdentity> parent = detail::identify_process(::getppid());
   ASSERT_TRUE(parent.has_value());
   EXPECT_FALSE(board->register_holder(*parent)) << "every place holds a living process";
-  EXPECT_EQ(board->holders().size(), ReturnBoard::kMaxHolders);
+  EXPECT_EQ(board->holders().size(), detail::ReturnBoard::kMaxHolders);
   EXPECT_TRUE(children.end());
   EXPECT_TRUE(board->register_holder(*parent)) << "an exited holder keeps its place for ever";
   const auto holders = board->holders();
-  EXPECT_EQ(holders.size(), ReturnBoard::kMaxHolders);
-  const auto registered = [&holders](const ProcessIdentity& process) {
+  EXPECT_EQ(holders.size(), detail::ReturnBoard::kMaxHolders);
+  const auto registered = [&holders](const detail::ProcessIdentity& process) {
     return std::any_of(holders.begin(), holders.end(), [&process](const auto& holder) {
       return holder.process.pid == process.pid && holder.process.start_time == process.start_time;
     });
@@ -342,15 +342,15 @@ TEST_F(BlockWireTest, ABoardRefusesHoldersOnlyWhileItsPlacesHoldLivingProcesses)
 }
 
 // Another object of `board` in this process, as a second connection that brought it makes.
-std::shared_ptr<ReturnBoard> another_object_of(const ReturnBoard& board) {
-  UniqueFd fd(::fcntl(board.fd(), F_DUPFD_CLOEXEC, 0));
+std::shared_ptr<detail::ReturnBoard> another_object_of(const detail::ReturnBoard& board) {
+  detail::UniqueFd fd(::fcntl(board.fd(), F_DUPFD_CLOEXEC, 0));
   if (!fd) throw std::runtime_error("F_DUPFD_CLOEXEC failed");
-  const SharedMemory::Received file = SharedMemory::inspect_received(fd.get());
-  return ReturnBoard::open_received(SharedMemory::map_received(std::move(fd), file, ReturnBoard::bytes()));
+  const detail::SharedMemory::Received file = detail::SharedMemory::inspect_received(fd.get());
+  return detail::ReturnBoard::open_received(detail::SharedMemory::map_received(std::move(fd), file, detail::ReturnBoard::bytes()));
 }
 
 // How many places of `board` hold `process`.
-std::size_t places_of(const ReturnBoard& board, const ProcessIdentity& process) {
+std::size_t places_of(const detail::ReturnBoard& board, const detail::ProcessIdentity& process) {
   const auto holders = board.holders();
   return static_cast<std::size_t>(std::count_if(holders.begin(), holders.end(), [&process](const auto& holder) {
     return holder.process.pid == process.pid && holder.process.start_time == process.start_time;
@@ -362,10 +362,10 @@ std::size_t places_of(const ReturnBoard& board, const ProcessIdentity& process) 
 // kept for a forked process, and the parent's in a forked child stay (and an object the child
 // inherited, dying there, takes no share of the child's own registration).
 TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTheProcess) {
-  using Role = ReturnBoard::HolderRole;
-  const ProcessIdentity self = current_process();
+  using Role = detail::ReturnBoard::HolderRole;
+  const detail::ProcessIdentity self = detail::current_process();
   {
-    const auto origin = ReturnBoard::create();
+    const auto origin = detail::ReturnBoard::create();
     auto first = another_object_of(*origin);
     auto second = another_object_of(*origin);
     EXPECT_TRUE(first->hold_registration(Role::Downstream));
@@ -378,7 +378,7 @@ TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTh
     EXPECT_EQ(places_of(*origin, self), 0u) << "nothing that came through the board lives here";
   }
   {
-    const auto origin = ReturnBoard::create();
+    const auto origin = detail::ReturnBoard::create();
     auto own = another_object_of(*origin);
     EXPECT_TRUE(own->hold_registration(Role::Receiver));
     own.reset();
@@ -387,7 +387,7 @@ TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTh
     const pid_t other = test::fork_child([] {});
     ASSERT_TRUE(test::child_succeeded(other));
     origin->unregister_holder(self);
-    const auto exited = ProcessIdentity{other, 1};
+    const auto exited = detail::ProcessIdentity{other, 1};
     EXPECT_TRUE(origin->register_holder(exited));
     EXPECT_TRUE(origin->register_holder(self));
     origin->unregister_holder(exited);
@@ -395,7 +395,7 @@ TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTh
     EXPECT_EQ(places_of(*origin, self), 1u);
   }
   {
-    const auto origin = ReturnBoard::create();
+    const auto origin = detail::ReturnBoard::create();
     auto own = another_object_of(*origin);
     auto downstream = another_object_of(*origin);
     EXPECT_TRUE(own->hold_registration(Role::Receiver));
@@ -406,7 +406,7 @@ TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTh
     EXPECT_EQ(places_of(*origin, self), 0u);
   }
   {
-    const auto origin = ReturnBoard::create();
+    const auto origin = detail::ReturnBoard::create();
     auto handed_over = another_object_of(*origin);
     EXPECT_TRUE(handed_over->hold_registration(Role::Downstream));
     handed_over->keep_registration();
@@ -414,13 +414,13 @@ TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTh
     EXPECT_EQ(places_of(*origin, self), 1u) << "kept for a forked process that took the blocks over";
   }
   {
-    const auto origin = ReturnBoard::create();
+    const auto origin = detail::ReturnBoard::create();
     auto inherited = another_object_of(*origin);
     EXPECT_TRUE(inherited->hold_registration(Role::Downstream));
     const pid_t child = test::fork_child([&origin, &inherited] {
       // The child registers for itself (another connection brought the board to it); the
       // object it inherited holds the parent's share, not one of the child's.
-      const ProcessIdentity child_self = current_process();
+      const detail::ProcessIdentity child_self = detail::current_process();
       auto mine = another_object_of(*origin);
       CHILD_CHECK(mine->hold_registration(Role::Downstream));
       inherited.reset();
@@ -437,15 +437,15 @@ TEST_F(BlockWireTest, ADownstreamRegistrationEndsWithTheLastObjectOfItsBoardInTh
 // connections dying while a decoder adds the board again): whenever a thread holds an object
 // with a share, the process is registered, exactly once.
 TEST_F(BlockWireTest, ADownstreamRegistrationHoldsWhileAnObjectOfTheBoardLivesOnAnyThread) {
-  const auto origin = ReturnBoard::create();
-  const ProcessIdentity self = current_process();
+  const auto origin = detail::ReturnBoard::create();
+  const detail::ProcessIdentity self = detail::current_process();
   std::atomic<int> lost{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {
       for (int i = 0; i < 300; ++i) {
         auto object = another_object_of(*origin);
-        if (!object->hold_registration(ReturnBoard::HolderRole::Downstream) || places_of(*origin, self) != 1) {
+        if (!object->hold_registration(detail::ReturnBoard::HolderRole::Downstream) || places_of(*origin, self) != 1) {
           ++lost;
         }
       }
@@ -514,20 +514,20 @@ void expect_refused(const std::function<void(CapturedFrame&)>& tamper, const std
 TEST_F(BlockWireTest, HostileBlockEntriesAreProtocolErrorsNamingTheField) {
   const std::uint64_t segment_bytes = SharedAllocator::global().settings().segment_bytes;
   // A block reaching past the end of its segment.
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [&](HandleEntry& e) { e.offset = segment_bytes - 16; }); }, "offset");
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [&](HandleEntry& e) { e.nbytes = segment_bytes + 1; }); }, "nbytes");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [&](detail::HandleEntry& e) { e.offset = segment_bytes - 16; }); }, "offset");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [&](detail::HandleEntry& e) { e.nbytes = segment_bytes + 1; }); }, "nbytes");
   // offset + nbytes overflowing 64 bits must not wrap around into the segment.
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](HandleEntry& e) { e.offset = ~std::uint64_t{0} - 8; }); },
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.offset = ~std::uint64_t{0} - 8; }); },
                  "offset");
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](HandleEntry& e) { e.nbytes = 0; }); }, "nbytes");
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](HandleEntry& e) { e.segment_slot = 7; }); }, "segment_slot");
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](HandleEntry& e) { e.kind = 9; }); }, "kind");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.nbytes = 0; }); }, "nbytes");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.segment_slot = 7; }); }, "segment_slot");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.kind = 9; }); }, "kind");
   // A block smaller than the tensor that views it: the view check refuses it.
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](HandleEntry& e) { e.nbytes = 64; }); },
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.nbytes = 64; }); },
                  "storage has only 64 bytes");
   // A segment entry claiming another size than its memfd has (entry 0 is the return board).
-  expect_refused([&](CapturedFrame& w) { w.edit_segment(1, [](SegmentEntry& e) { e.size += 4096; }); }, "bytes");
-  expect_refused([&](CapturedFrame& w) { w.edit_segment(0, [](SegmentEntry& e) { e.size += 4096; }); }, "return board");
+  expect_refused([&](CapturedFrame& w) { w.edit_segment(1, [](detail::SegmentEntry& e) { e.size += 4096; }); }, "bytes");
+  expect_refused([&](CapturedFrame& w) { w.edit_segment(0, [](detail::SegmentEntry& e) { e.size += 4096; }); }, "return board");
 }
 
 TEST_F(BlockWireTest, LeasedEntryWithAnotherSizeIsRefused) {
@@ -536,14 +536,14 @@ TEST_F(BlockWireTest, LeasedEntryWithAnotherSizeIsRefused) {
   message.tensors.push_back(Tensor::zeros({1024}, DType::Int32, Device::SharedCpu));
   loop.round_trip(message);
   CapturedFrame wire = loop.send(message);
-  ASSERT_EQ(wire.handle(0).kind, static_cast<std::uint32_t>(HandleKind::Leased));
-  wire.edit_handle(0, [](HandleEntry& e) { e.nbytes = 1 << 20; });
+  ASSERT_EQ(wire.handle(0).kind, static_cast<std::uint32_t>(detail::HandleKind::Leased));
+  wire.edit_handle(0, [](detail::HandleEntry& e) { e.nbytes = 1 << 20; });
   EXPECT_THROW(loop.receive(wire), ProtocolError);
 }
 
 TEST_F(BlockWireTest, IsolatedEncoderPassesOnlyItsPoolsSegments) {
   SharedAllocator pool;
-  FrameLoopback loop(HandlePassing::FdPassing, pool);
+  FrameLoopback loop(detail::HandlePassing::FdPassing, pool);
   Tensor foreign = Tensor::from({1.0, 2.0, 3.0}, Device::SharedCpu);  // global pool
   Tensor heap = Tensor::from({4.0, 5.0});
   Tensor own = Tensor::empty({2}, DType::Float64, pool);

@@ -98,7 +98,7 @@ TEST_P(PeerDeathTest, SenderToABrokenReceiverFailsInsteadOfBlocking) {
   options.peer_check_interval = 20ms;
   ChannelOptions strict = options;
   strict.limits.max_body_bytes = 1024;
-  auto [writer, reader] = make_transport(GetParam(), strict.limits, options.ring_capacity, options.ring_timing());
+  auto [writer, reader] = detail::make_transport(GetParam(), strict.limits, options.ring_capacity, options.ring_timing());
   auto tx = detail::sender_over<std::vector<std::uint8_t>>(std::move(writer), GetParam(), options);
   auto rx = detail::receiver_over<std::vector<std::uint8_t>>(std::move(reader), GetParam(), strict);
   auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
@@ -431,8 +431,8 @@ TEST(PipeTransport, LeavesTheSigpipeDispositionAlone) {
 TEST(PipeTransport, ProgramsExecdAfterAPipeChannelGetTheDefaultSigpipe) {
   int status_pipe[2];
   ASSERT_EQ(::pipe2(status_pipe, O_CLOEXEC), 0);
-  UniqueFd status_read(status_pipe[0]);
-  UniqueFd status_write(status_pipe[1]);
+  detail::UniqueFd status_read(status_pipe[0]);
+  detail::UniqueFd status_write(status_pipe[1]);
   const pid_t child = test::fork_child([&] {
     status_read.reset();
     CHILD_CHECK(::signal(SIGPIPE, SIG_DFL) != SIG_ERR);
@@ -456,13 +456,13 @@ TEST(PipeTransport, ProgramsExecdAfterAPipeChannelGetTheDefaultSigpipe) {
 
 // A transport without a return board (UCX) reports deliveries itself; a peer that reports
 // more than was sent cannot make a fan-out forget messages in flight.
-class OverReportingWriter final : public FrameWriter {
+class OverReportingWriter final : public detail::FrameWriter {
  public:
   bool passes_fds() const override { return false; }
   bool carries_copies() const override { return true; }
-  bool write(std::span<const iovec>, std::span<const int>, const Deadline&) override { return true; }
+  bool write(std::span<const iovec>, std::span<const int>, const detail::Deadline&) override { return true; }
   bool write_copies(std::span<const iovec>, std::span<const iovec>, std::span<const std::shared_ptr<Storage>>,
-                    const Deadline&) override {
+                    const detail::Deadline&) override {
     return true;
   }
   std::uint64_t delivered_by_reader() override { return 1'000'000; }
@@ -482,12 +482,12 @@ TEST(DeliveryReportTest, AnEndWhoseTransportReportsDeliveriesHasNoDeliveryBoard)
   Sender<int> tx = detail::sender_over<int>(std::make_unique<OverReportingWriter>(), Transport::Ucx, ChannelOptions{});
   tx.track_delivery();
   tx.send(1);
-  EXPECT_EQ(tx.delivery_board(), nullptr);  // a fan-out asks delivered() instead
+  EXPECT_EQ(detail::EndAccess::delivery_board(tx), nullptr);  // a fan-out asks delivered() instead
   tx.detach();
   auto [local_tx, local_rx] = channel<int>(Transport::InProcess);
   local_tx.track_delivery();
   local_tx.send(1);
-  EXPECT_EQ(local_tx.delivery_board(), nullptr);
+  EXPECT_EQ(detail::EndAccess::delivery_board(local_tx), nullptr);
 }
 
 TEST(DeliveryReportTest, TheDeliveryBoardCountsWhatRecvReturnedOnceTheFirstMessageWent) {
@@ -495,9 +495,9 @@ TEST(DeliveryReportTest, TheDeliveryBoardCountsWhatRecvReturnedOnceTheFirstMessa
     SCOPED_TRACE(std::string(transport_name(transport)));
     auto [tx, rx] = channel<int>(transport);
     tx.track_delivery();
-    EXPECT_EQ(tx.delivery_board(), nullptr);  // the board goes with the first message
+    EXPECT_EQ(detail::EndAccess::delivery_board(tx), nullptr);  // the board goes with the first message
     for (int i = 0; i < 3; ++i) tx.send(i);
-    const std::shared_ptr<const ReturnBoard> board = tx.delivery_board();
+    const std::shared_ptr<const detail::ReturnBoard> board = detail::EndAccess::delivery_board(tx);
     ASSERT_NE(board, nullptr);
     EXPECT_EQ(board->resolved(), 0u);
     EXPECT_EQ(rx.recv(), 0);

@@ -176,12 +176,12 @@ TEST_P(ChannelTest, SameStorageSentManyTimesIsMappedOnce) {
       CHILD_CHECK(got->images.at<float>({0, 1}) == 8.0f);
     }
     CHILD_CHECK(test::count_ferry_mappings() == 1);
-    CHILD_CHECK(rx.core().leased() == 1);
+    CHILD_CHECK(detail::EndAccess::core(rx).leased() == 1);
     CHILD_CHECK(!rx.recv().has_value());
   });
   rx.close();
   for (int i = 0; i < 200; ++i) tx.send(TrainingBatch{i, "", shared.slice(0, 0, 128 + i % 2), {}});
-  EXPECT_EQ(tx.core().tracked_storages(), 1u);
+  EXPECT_EQ(detail::EndAccess::core(tx).tracked_storages(), 1u);
   tx.close();
   EXPECT_TRUE(child_succeeded(child));
 }
@@ -232,7 +232,7 @@ TEST_P(ChannelTest, EchoedStorageTravelsAsALeaseBothWays) {
       CHILD_CHECK(batch->images.storage()->id() == first_id);
       pong_tx.send(*batch);
     }
-    CHILD_CHECK(pong_tx.core().storages_passed() == 1);
+    CHILD_CHECK(detail::EndAccess::core(pong_tx).storages_passed() == 1);
     pong_tx.close();
   });
   ping_rx.close();
@@ -245,7 +245,7 @@ TEST_P(ChannelTest, EchoedStorageTravelsAsALeaseBothWays) {
     EXPECT_EQ(back->images.storage(), shared.storage());  // our own storage came back
     EXPECT_TRUE(back->extra.at(0).shares_storage_with(shared));
   }
-  EXPECT_EQ(ping_tx.core().storages_passed(), 1u);
+  EXPECT_EQ(detail::EndAccess::core(ping_tx).storages_passed(), 1u);
   ping_tx.close();
   EXPECT_FALSE(pong_rx.recv().has_value());
   EXPECT_TRUE(child_succeeded(child));
@@ -263,11 +263,11 @@ TEST_P(ChannelTest, NewStorageEachTimeIsReleasedWhenTheSenderDropsIt) {
       CHILD_CHECK(got.has_value());
       CHILD_CHECK(got->images.at<std::int64_t>({0}) == i);
       // The sender dropped every earlier storage, so at most one earlier lease remains.
-      CHILD_CHECK(rx.core().leased() <= 2);
+      CHILD_CHECK(detail::EndAccess::core(rx).leased() <= 2);
       reply_tx.send(i);
     }
     CHILD_CHECK(!rx.recv().has_value());
-    CHILD_CHECK(rx.core().leased() == 0);
+    CHILD_CHECK(detail::EndAccess::core(rx).leased() == 0);
     CHILD_CHECK(test::count_ferry_mappings() == 0);
   });
   rx.close();
@@ -293,7 +293,7 @@ TEST_P(ChannelTest, SenderRunningAheadLosesNothing) {
       if (i % 50 == 0) std::this_thread::sleep_for(2ms);  // fall behind now and then
     }
     CHILD_CHECK(!rx.recv().has_value());
-    CHILD_CHECK(rx.core().leased() == 0);
+    CHILD_CHECK(detail::EndAccess::core(rx).leased() == 0);
   });
   rx.close();
   for (int i = 0; i < 500; ++i) {
@@ -427,7 +427,7 @@ template <class T>
 auto& innermost(NestedInATemplateWhoseLongNameMakesTheTypeNameGrowQuickly<T>& value) { return innermost(value.inner); }
 
 TEST_P(ChannelTest, ATypeWhoseNameIsLongerThanTheLimitIsStillSendable) {
-  ASSERT_GT(type_name<LongNamed>().size(), FrameLimits{}.max_type_name_bytes);
+  ASSERT_GT(detail::type_name<LongNamed>().size(), FrameLimits{}.max_type_name_bytes);
   auto [tx, rx] = channel<LongNamed>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
@@ -453,7 +453,7 @@ TEST_P(ChannelTest, LongTypeNamesAreTruncatedButTheirFingerprintsStillTellThemAp
   // fingerprint tells the types apart, and the message says the names are truncated.
   ChannelOptions options;
   options.limits.max_type_name_bytes = 512;
-  auto [writer, reader] = make_transport(GetParam(), options.limits, options.ring_capacity);
+  auto [writer, reader] = detail::make_transport(GetParam(), options.limits, options.ring_capacity);
   Sender<LongNamed> tx = detail::sender_over<LongNamed>(std::move(writer), GetParam(), options);
   Receiver<OtherLongNamed> rx = detail::receiver_over<OtherLongNamed>(std::move(reader), GetParam(), options);
   tx.send(LongNamed{});
@@ -462,7 +462,7 @@ TEST_P(ChannelTest, LongTypeNamesAreTruncatedButTheirFingerprintsStillTellThemAp
     ADD_FAILURE() << "a Sender<LongNamed> reached a Receiver<OtherLongNamed>";
   } catch (const TypeMismatch& error) {
     const std::string what = error.what();
-    EXPECT_NE(what.find(std::string(type_name<LongNamed>().substr(0, 300))), std::string::npos) << what;
+    EXPECT_NE(what.find(std::string(detail::type_name<LongNamed>().substr(0, 300))), std::string::npos) << what;
     EXPECT_NE(what.find("truncated"), std::string::npos) << what;
     EXPECT_LT(what.size(), 4u * 1024) << "the error message carries the names in full";
   }
@@ -504,8 +504,8 @@ TEST_P(ChannelTest, TimeoutsBeyondNanosecondsWaitInsteadOfReturningAtOnce) {
   EXPECT_EQ(saturating_nanoseconds(std::chrono::milliseconds::max()), std::chrono::nanoseconds::max());
   EXPECT_EQ(saturating_nanoseconds(std::chrono::milliseconds::min()), std::chrono::nanoseconds::min());
   EXPECT_EQ(saturating_nanoseconds(std::chrono::seconds(3)), std::chrono::nanoseconds(3'000'000'000));
-  EXPECT_TRUE(Deadline::after(std::chrono::hours::max()).is_never());
-  EXPECT_FALSE(Deadline::after(std::chrono::milliseconds::min()).is_never());
+  EXPECT_TRUE(detail::Deadline::after(std::chrono::hours::max()).is_never());
+  EXPECT_FALSE(detail::Deadline::after(std::chrono::milliseconds::min()).is_never());
   EXPECT_TRUE(rx.recv_for(std::chrono::milliseconds::min()).timed_out());
   // Not a number: no wait (converting it to an integer count would be undefined behaviour).
   volatile double not_a_number = std::numeric_limits<double>::quiet_NaN();
@@ -696,7 +696,7 @@ struct StreamEnds {
 
 StreamEnds stream_ends(Transport transport) {
   ChannelOptions options;
-  auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity, options.ring_timing());
+  auto [writer, reader] = detail::make_transport(transport, options.limits, options.ring_capacity, options.ring_timing());
   const int writer_fd = writer->descriptors().at(0);
   return {detail::sender_over<Bytes>(std::move(writer), transport, options),
           detail::receiver_over<Bytes>(std::move(reader), transport, options), writer_fd};

@@ -25,8 +25,8 @@ struct Tensors {
 class CopiedStorageTest : public test::LeakCheckedTest {};
 
 TEST_F(CopiedStorageTest, StoragesTravelAsTheirBytesReadInPlace) {
-  MessageEncoder encoder(HandlePassing::Copying);
-  MessageDecoder decoder(type_fingerprint<Tensors>(), type_name<Tensors>());
+  detail::MessageEncoder encoder(detail::HandlePassing::Copying);
+  detail::MessageDecoder decoder(detail::type_fingerprint<Tensors>(), detail::type_name<Tensors>());
   Tensor a = Tensor::from<std::int32_t>({1, 2, 3, 4});
   Tensor b = Tensor::from<float>({0.5f});
   Tensors message{{a, b, a}};  // a twice: one storage, one copy
@@ -34,7 +34,7 @@ TEST_F(CopiedStorageTest, StoragesTravelAsTheirBytesReadInPlace) {
   ASSERT_EQ(encoded.copies.size(), 2u);
   EXPECT_EQ(encoded.copies[0].iov_base, a.data_ptr());  // the sender's pages, not a copy
   EXPECT_EQ(encoded.header.segment_count, 0u);
-  std::deque<UniqueFd> fds;
+  std::deque<detail::UniqueFd> fds;
   auto storages = test::deliver_copies(encoded.copies);
   decoder.decode(encoded.header, encoded.payload, fds, &storages);
   const Tensors received = decoder.read<Tensors>();
@@ -48,21 +48,21 @@ TEST_F(CopiedStorageTest, StoragesTravelAsTheirBytesReadInPlace) {
 }
 
 TEST_F(CopiedStorageTest, AFrameWhoseDeliveriesDoNotMatchItsEntriesIsAProtocolError) {
-  MessageEncoder encoder(HandlePassing::Copying);
+  detail::MessageEncoder encoder(detail::HandlePassing::Copying);
   const Tensors message{{Tensor::from<std::int32_t>({1, 2})}};  // alive: the copies read its pages
   const test::CopiedFrame encoded = test::encode_copied(encoder, message);
-  std::deque<UniqueFd> fds;
+  std::deque<detail::UniqueFd> fds;
   {
-    MessageDecoder decoder(type_fingerprint<Tensors>(), type_name<Tensors>());
+    detail::MessageDecoder decoder(detail::type_fingerprint<Tensors>(), detail::type_name<Tensors>());
     EXPECT_THROW(decoder.decode(encoded.header, encoded.payload, fds, nullptr), ProtocolError);  // no bytes at all
   }
   {
-    MessageDecoder decoder(type_fingerprint<Tensors>(), type_name<Tensors>());
+    detail::MessageDecoder decoder(detail::type_fingerprint<Tensors>(), detail::type_name<Tensors>());
     std::deque<std::shared_ptr<Storage>> wrong_size{Storage::allocate(3, Device::SharedCpu)};
     EXPECT_THROW(decoder.decode(encoded.header, encoded.payload, fds, &wrong_size), ProtocolError);
   }
   {
-    MessageDecoder decoder(type_fingerprint<Tensors>(), type_name<Tensors>());
+    detail::MessageDecoder decoder(detail::type_fingerprint<Tensors>(), detail::type_name<Tensors>());
     auto too_many = test::deliver_copies(encoded.copies);
     too_many.push_back(Storage::allocate(8, Device::SharedCpu));
     EXPECT_THROW(decoder.decode(encoded.header, encoded.payload, fds, &too_many), ProtocolError);

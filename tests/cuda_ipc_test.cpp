@@ -407,7 +407,7 @@ void check_dead_producer_releases_the_consumer(bool through_ferry) {
     link.back_tx.send(CudaMessage{});
     auto message = link.rx.recv();  // its fence waits for the producer's work
     CHILD_CHECK(message.has_value());
-    const UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, producer, 0)));
+    const detail::UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, producer, 0)));
     CHILD_CHECK(static_cast<bool>(pidfd));
     const auto killed_at = std::chrono::steady_clock::now();
     auto since_kill = [&] {
@@ -639,15 +639,15 @@ TEST(CudaStagingTest, ACudaStorageOnACopyingConnectionTravelsAsAHostCopyOfItsByt
     const std::vector<float> values = iota(6 * 5);
     const Tensor host = Tensor::from(values, {6, 5}, Device::Cpu);
     const Tensor device = host.clone(Device::Cuda(0));
-    MessageEncoder encoder(HandlePassing::Copying);
+    detail::MessageEncoder encoder(detail::HandlePassing::Copying);
     const CudaMessage message{1, {device, device.transpose(0, 1), device.slice(1, 1, 5, 2)}};
     const test::CopiedFrame encoded = test::encode_copied(encoder, message);
     CHILD_CHECK(encoded.copies.size() == 1);  // one storage, staged once
     CHILD_CHECK(encoded.copies[0].iov_len == device.nbytes());
     CHILD_CHECK(encoded.copies[0].iov_base != device.data_ptr());
     CHILD_CHECK(std::memcmp(encoded.copies[0].iov_base, host.data_ptr(), host.nbytes()) == 0);
-    MessageDecoder decoder(type_fingerprint<CudaMessage>(), type_name<CudaMessage>());
-    std::deque<UniqueFd> fds;
+    detail::MessageDecoder decoder(detail::type_fingerprint<CudaMessage>(), detail::type_name<CudaMessage>());
+    std::deque<detail::UniqueFd> fds;
     auto storages = test::deliver_copies(encoded.copies);
     decoder.decode(encoded.header, encoded.payload, fds, &storages);
     const CudaMessage received = decoder.read<CudaMessage>();

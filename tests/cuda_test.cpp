@@ -371,12 +371,12 @@ struct Payload {
 // with the frame), handle 1 a CudaIpc entry with `record`; the tensor uses handle 1.
 struct CudaFrame {
   std::shared_ptr<HoldCounterBoard> board = HoldCounterBoard::create(16);
-  HandleEntry entry;
-  CudaHandleRecord record{};
+  detail::HandleEntry entry;
+  detail::CudaHandleRecord record{};
   bool with_record = true;
 
   CudaFrame() {
-    entry.kind = static_cast<std::uint32_t>(HandleKind::CudaIpc);
+    entry.kind = static_cast<std::uint32_t>(detail::HandleKind::CudaIpc);
     entry.slot = 1;
     entry.nbytes = 4096;
     record.pid = static_cast<std::int32_t>(::getppid());
@@ -392,21 +392,21 @@ struct CudaFrame {
   // Bytes and fds of the frame: the encoder's frame for a tensor on the board (wire version
   // 3: segment table with the return board and the board's segment, then the board's block
   // as handle 0), spliced. The fds are duplicates: the encoder closes its return board's fd.
-  std::pair<std::vector<std::byte>, std::vector<UniqueFd>> build() const {
-    MessageEncoder encoder(HandlePassing::FdPassing);
+  std::pair<std::vector<std::byte>, std::vector<detail::UniqueFd>> build() const {
+    detail::MessageEncoder encoder(detail::HandlePassing::FdPassing);
     const Tensor on_board = Tensor::from_storage(board->storage(), DType::Float32, {16}, {1}, 0);
-    const EncodedFrame& encoded = encoder.encode(Payload{on_board});
+    const detail::EncodedFrame& encoded = encoder.encode(Payload{on_board});
     std::vector<std::byte> plain;
     for (const iovec& part : encoded.iovecs()) {
       const auto* begin = static_cast<const std::byte*>(part.iov_base);
       plain.insert(plain.end(), begin, begin + part.iov_len);
     }
-    std::vector<UniqueFd> fds;
+    std::vector<detail::UniqueFd> fds;
     for (const int fd : encoded.fds) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
-    FrameHeader header;
+    detail::FrameHeader header;
     std::memcpy(&header, plain.data(), sizeof header);
-    const std::size_t table_at = sizeof header + header.type_name_bytes + header.segment_count * sizeof(SegmentEntry);
-    const std::size_t table_end = table_at + header.handle_count * sizeof(HandleEntry);
+    const std::size_t table_at = sizeof header + header.type_name_bytes + header.segment_count * sizeof(detail::SegmentEntry);
+    const std::size_t table_end = table_at + header.handle_count * sizeof(detail::HandleEntry);
     const std::size_t body_at =
         table_end + (std::size_t{header.release_count} + header.segment_release_count) * sizeof(std::uint32_t);
     std::vector<std::byte> body(plain.begin() + static_cast<std::ptrdiff_t>(body_at), plain.end());
@@ -436,13 +436,13 @@ class CudaHandleCheckTest : public test::LeakCheckedTest {
   // Sends `frame` to a Receiver<Payload> over a Unix socket and expects a ProtocolError
   // containing `needle`, after which the receiver stays broken.
   void expect_refused(const CudaFrame& frame, const std::string& needle) {
-    auto [writer, reader] = make_transport(Transport::UnixSocket, FrameLimits{}, 0);
+    auto [writer, reader] = detail::make_transport(Transport::UnixSocket, FrameLimits{}, 0);
     Receiver<Payload> rx = detail::receiver_over<Payload>(std::move(reader), Transport::UnixSocket, ChannelOptions{});
     auto [bytes, owned_fds] = frame.build();
     std::vector<int> fds;
-    for (const UniqueFd& fd : owned_fds) fds.push_back(fd.get());
+    for (const detail::UniqueFd& fd : owned_fds) fds.push_back(fd.get());
     iovec part{bytes.data(), bytes.size()};
-    writer->write({&part, 1}, fds, Deadline::never());
+    writer->write({&part, 1}, fds, detail::Deadline::never());
     try {
       rx.recv();
       ADD_FAILURE() << "expected a ProtocolError mentioning '" << needle << "'";
@@ -501,10 +501,10 @@ TEST_F(CudaHandleCheckTest, EveryFieldIsCheckedBeforeCudaIsCalled) {
   }
   {
     CudaFrame frame;
-    frame.entry.slot = MessageDecoder::kMaxSlots;
+    frame.entry.slot = detail::MessageDecoder::kMaxSlots;
     expect_refused(frame, "above the limit");
   }
-  for (const std::uint32_t flags : {kCudaRecordHasEvent | kCudaRecordHasFence, std::uint32_t{4}, std::uint32_t{1} << 31}) {
+  for (const std::uint32_t flags : {detail::kCudaRecordHasEvent | detail::kCudaRecordHasFence, std::uint32_t{4}, std::uint32_t{1} << 31}) {
     CudaFrame frame;
     frame.record.flags = flags;
     expect_refused(frame, "expected at most one of event (1) and fence (2)");
@@ -512,7 +512,7 @@ TEST_F(CudaHandleCheckTest, EveryFieldIsCheckedBeforeCudaIsCalled) {
   for (const std::uint64_t offset : {std::uint64_t{4}, cuda::kFenceBufferBytes, cuda::kFenceBufferBytes - 4,
                                      ~std::uint64_t{0}}) {
     CudaFrame frame;
-    frame.record.flags = kCudaRecordHasFence;
+    frame.record.flags = detail::kCudaRecordHasFence;
     frame.record.fence_offset = offset;
     expect_refused(frame, "must be a multiple of 8 inside it");
   }
@@ -531,7 +531,7 @@ TEST_F(CudaHandleCheckTest, AHandleThatCannotBeOpenedGivesItsCountBack) {
     for (const bool fence : {false, true}) {
       CudaFrame frame;
       if (fence) {
-        frame.record.flags = kCudaRecordHasFence;
+        frame.record.flags = detail::kCudaRecordHasFence;
         frame.record.fence_offset = cuda::kFenceBufferBytes - sizeof(std::uint64_t);
         frame.record.fence_value = 1;
       }

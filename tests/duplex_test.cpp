@@ -106,13 +106,13 @@ TEST_P(DuplexTest, RequestsAndRepliesCrossProcesses) {
 TEST_P(DuplexTest, UnixSocketDirectionsShareOneSocket) {
   auto [a, b] = duplex<int, int>(GetParam());
   const bool one_socket = GetParam() == Transport::UnixSocket;
-  EXPECT_EQ(a.sender.core().writer().shares_connection(), one_socket);
-  EXPECT_EQ(b.receiver.core().reader().shares_connection(), one_socket);
+  EXPECT_EQ(detail::EndAccess::core(a.sender).writer().shares_connection(), one_socket);
+  EXPECT_EQ(detail::EndAccess::core(b.receiver).reader().shares_connection(), one_socket);
   if (one_socket) {
     struct stat sender_socket {};
     struct stat receiver_socket {};
-    ASSERT_EQ(::fstat(a.sender.core().writer().descriptors().at(0), &sender_socket), 0);
-    ASSERT_EQ(::fstat(a.receiver.core().reader().descriptors().at(0), &receiver_socket), 0);
+    ASSERT_EQ(::fstat(detail::EndAccess::core(a.sender).writer().descriptors().at(0), &sender_socket), 0);
+    ASSERT_EQ(::fstat(detail::EndAccess::core(a.receiver).reader().descriptors().at(0), &receiver_socket), 0);
     EXPECT_EQ(sender_socket.st_ino, receiver_socket.st_ino) << "one socket carries both directions of a side";
   }
   a.send(1);

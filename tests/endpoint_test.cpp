@@ -163,8 +163,8 @@ TEST_P(EndpointTest, TensorsTravelBothWaysBetweenUnrelatedProcesses) {
 
 // Descriptors this process has taken from peers by pid (pidfd_getfd or /proc).
 std::uint64_t fds_taken_by_pid() {
-  return PeerFdOpener::taken_count(PeerFdOpener::Method::PidfdGetfd) +
-         PeerFdOpener::taken_count(PeerFdOpener::Method::ProcPath);
+  return detail::PeerFdOpener::taken_count(detail::PeerFdOpener::Method::PidfdGetfd) +
+         detail::PeerFdOpener::taken_count(detail::PeerFdOpener::Method::ProcPath);
 }
 
 TEST_P(EndpointTest, SegmentsTravelAsDescriptorsNeverByProcEvenFromANonDumpablePeer) {
@@ -310,8 +310,8 @@ TEST_P(EndpointTest, ShmRingAndUnixSocketClientsRefuseEachOther) {
 // ---- hostile clients, many clients ------------------------------------------------------
 
 // A raw connection to an abstract address.
-UniqueFd raw_connect(const std::string& address) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+detail::UniqueFd raw_connect(const std::string& address) {
+  detail::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_un where{};
   where.sun_family = AF_UNIX;
   const std::string name = address.substr(std::string("unix:@").size());
@@ -330,13 +330,13 @@ TEST_F(EndpointHostileTest, SilentGarbageAndKilledClientsDelayNoOne) {
   Refusals refusals;
   refusals.attach(options);
   Listener listener = listen(address, options);
-  UniqueFd silent = raw_connect(address);
-  UniqueFd garbage = raw_connect(address);
+  detail::UniqueFd silent = raw_connect(address);
+  detail::UniqueFd garbage = raw_connect(address);
   const char junk[] = "GET / HTTP/1.1\r\n\r\n";
   ASSERT_EQ(::send(garbage.get(), junk, sizeof junk, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof junk));
   UnrelatedProcess half_hello([&] {
     listener.close();
-    UniqueFd fd = raw_connect(address);
+    detail::UniqueFd fd = raw_connect(address);
     const std::vector<std::byte> hello =
         detail::encode_hello(detail::Hello{detail::kEndpointWireVersion, detail::client_receiver_kind<int>(),
                                            Transport::UnixSocket, FrameLimits{}});
@@ -361,10 +361,10 @@ TEST_F(EndpointHostileTest, SilentGarbageAndKilledClientsDelayNoOne) {
   EXPECT_EQ(refusals.size(), 2u) << refusals.all();
   EXPECT_NE(refusals.all().find("does not speak"), std::string::npos) << refusals.all();
   EXPECT_NE(refusals.all().find("closed the connection during its handshake"), std::string::npos) << refusals.all();
-  EXPECT_EQ(listener.core().pending_count(), 1u);  // the silent one, until its deadline
+  EXPECT_EQ(detail::EndAccess::core(listener).pending_count(), 1u);  // the silent one, until its deadline
   // The garbage client got a refusal it can read.
-  std::vector<UniqueFd> fds;
-  const auto reply = detail::receive_message(garbage.get(), detail::kMaxReplyBytes, fds, Deadline::after(5s));
+  std::vector<detail::UniqueFd> fds;
+  const auto reply = detail::receive_message(garbage.get(), detail::kMaxReplyBytes, fds, detail::Deadline::after(5s));
   ASSERT_TRUE(reply.has_value());
   EXPECT_EQ(detail::decode_reply(*reply).status, detail::ReplyStatus::Malformed);
 }
@@ -387,8 +387,8 @@ class CapturedStderr {
   }
 
  private:
-  UniqueFd saved_;
-  UniqueFd file_;
+  detail::UniqueFd saved_;
+  detail::UniqueFd file_;
 };
 
 TEST_F(EndpointHostileTest, RefusalsOnStderrAreRateLimited) {
@@ -398,16 +398,16 @@ TEST_F(EndpointHostileTest, RefusalsOnStderrAreRateLimited) {
   CapturedStderr captured;
   const char junk[] = "GET / HTTP/1.1\r\n\r\n";
   auto refuse_garbage = [&](int clients) {
-    std::vector<UniqueFd> garbage;
+    std::vector<detail::UniqueFd> garbage;
     for (int i = 0; i < clients; ++i) {
       garbage.push_back(raw_connect(address));
       ASSERT_EQ(::send(garbage.back().get(), junk, sizeof junk, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof junk));
     }
-    while (listener.core().pending_count() > 0 || listener.accept_sender_for<int>(50ms)) {
+    while (detail::EndAccess::core(listener).pending_count() > 0 || listener.accept_sender_for<int>(50ms)) {
     }
-    for (const UniqueFd& fd : garbage) {  // every one was refused (with a reply), logged or not
-      std::vector<UniqueFd> fds;
-      EXPECT_TRUE(detail::receive_message(fd.get(), detail::kMaxReplyBytes, fds, Deadline::after(5s)).has_value());
+    for (const detail::UniqueFd& fd : garbage) {  // every one was refused (with a reply), logged or not
+      std::vector<detail::UniqueFd> fds;
+      EXPECT_TRUE(detail::receive_message(fd.get(), detail::kMaxReplyBytes, fds, detail::Deadline::after(5s)).has_value());
     }
   };
   refuse_garbage(200);
@@ -429,14 +429,14 @@ TEST_F(EndpointHostileTest, SilentClientIsDroppedAtItsDeadline) {
   Refusals refusals;
   refusals.attach(options);
   Listener listener = listen(address, options);
-  UniqueFd silent = raw_connect(address);
+  detail::UniqueFd silent = raw_connect(address);
   EXPECT_FALSE(listener.accept_sender_for<int>(200ms).has_value());
-  EXPECT_EQ(listener.core().pending_count(), 0u);
+  EXPECT_EQ(detail::EndAccess::core(listener).pending_count(), 0u);
   EXPECT_NE(refusals.all().find("handshake_timeout"), std::string::npos) << refusals.all();
   char byte = 0;
-  std::vector<UniqueFd> fds;
+  std::vector<detail::UniqueFd> fds;
   // Refused with a reply, then closed.
-  EXPECT_TRUE(detail::receive_message(silent.get(), detail::kMaxReplyBytes, fds, Deadline::after(1s)).has_value());
+  EXPECT_TRUE(detail::receive_message(silent.get(), detail::kMaxReplyBytes, fds, detail::Deadline::after(1s)).has_value());
   EXPECT_EQ(::recv(silent.get(), &byte, 1, 0), 0);
 }
 
@@ -447,15 +447,15 @@ TEST_F(EndpointHostileTest, VersionMismatchNamesBothVersionsOnBothSides) {
   refusals.attach(options);
   Listener listener = listen(address, options);
   // A client of another version: the listener's refusal names both.
-  UniqueFd client = raw_connect(address);
+  detail::UniqueFd client = raw_connect(address);
   std::vector<std::byte> hello = detail::encode_hello(
       detail::Hello{detail::kEndpointWireVersion, detail::client_receiver_kind<int>(), Transport::UnixSocket, FrameLimits{}});
   const std::uint32_t future = 99;
   std::memcpy(hello.data() + 8, &future, sizeof future);
   ASSERT_EQ(::send(client.get(), hello.data(), hello.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hello.size()));
   EXPECT_FALSE(listener.accept_sender_for<int>(100ms).has_value());
-  std::vector<UniqueFd> fds;
-  const auto reply = detail::receive_message(client.get(), detail::kMaxReplyBytes, fds, Deadline::after(5s));
+  std::vector<detail::UniqueFd> fds;
+  const auto reply = detail::receive_message(client.get(), detail::kMaxReplyBytes, fds, detail::Deadline::after(5s));
   ASSERT_TRUE(reply.has_value());
   const detail::Reply decoded = detail::decode_reply(*reply);
   EXPECT_EQ(decoded.status, detail::ReplyStatus::VersionMismatch);
@@ -468,7 +468,7 @@ TEST_F(EndpointHostileTest, VersionMismatchNamesBothVersionsOnBothSides) {
   const std::string fake = abstract_address("version-fake");
   std::thread fake_listener;
   {
-    UniqueFd socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    detail::UniqueFd socket(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
     sockaddr_un where{};
     where.sun_family = AF_UNIX;
     const std::string name = fake.substr(6);
@@ -477,9 +477,9 @@ TEST_F(EndpointHostileTest, VersionMismatchNamesBothVersionsOnBothSides) {
     ASSERT_EQ(::bind(socket.get(), reinterpret_cast<const sockaddr*>(&where), length), 0);
     ASSERT_EQ(::listen(socket.get(), 1), 0);
     fake_listener = std::thread([socket = std::move(socket)] {
-      UniqueFd connection(::accept(socket.get(), nullptr, nullptr));
-      std::vector<UniqueFd> ignored;
-      (void)detail::receive_message(connection.get(), detail::kMaxHelloBytes, ignored, Deadline::after(5s));
+      detail::UniqueFd connection(::accept(socket.get(), nullptr, nullptr));
+      std::vector<detail::UniqueFd> ignored;
+      (void)detail::receive_message(connection.get(), detail::kMaxHelloBytes, ignored, detail::Deadline::after(5s));
       std::vector<std::byte> answer = detail::encode_reply(detail::Reply{});
       const std::uint32_t other = 99;
       std::memcpy(answer.data() + 8, &other, sizeof other);
@@ -599,8 +599,8 @@ TEST_F(EndpointAddressTest, AFileThatIsNotASocketIsNeverReplaced) {
 
 // A pipe whose write end an unrelated process writes one byte to when it is ready.
 struct ReadySignal {
-  UniqueFd read_end;
-  UniqueFd write_end;
+  detail::UniqueFd read_end;
+  detail::UniqueFd write_end;
   ReadySignal() {
     int ends[2];
     if (::pipe2(ends, O_CLOEXEC) != 0) throw_errno("pipe2");
@@ -646,7 +646,7 @@ TEST_F(EndpointAddressTest, ASymlinkSwappedInForTheSocketFileIsNeverFollowed) {
   ReadySignal watching;
   UnrelatedProcess attacker([&] {
     pin_to(cpu, false);
-    const UniqueFd events(::inotify_init1(IN_CLOEXEC));
+    const detail::UniqueFd events(::inotify_init1(IN_CLOEXEC));
     CHILD_CHECK(events && ::inotify_add_watch(events.get(), dir.c_str(), IN_CREATE) >= 0);
     const std::string link = (dir / "link").string();
     watching.tell();
@@ -849,11 +849,11 @@ TEST_F(EndpointHostileTest, OutOfDescriptorsTheListenerRefusesWithItsReserveAndL
   ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &original), 0);
   rlimit tight = original;
   tight.rlim_cur = test::count_open_fds() + 0;  // the next descriptor is over the limit
-  std::vector<UniqueFd> fillers;
+  std::vector<detail::UniqueFd> fillers;
   // Fill every number below the limit (holes left by closed fds included).
   ASSERT_EQ(::setrlimit(RLIMIT_NOFILE, &tight), 0);
   while (true) {
-    UniqueFd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+    detail::UniqueFd fd(::open("/dev/null", O_RDONLY | O_CLOEXEC));
     if (!fd) break;
     fillers.push_back(std::move(fd));
   }
@@ -877,14 +877,14 @@ TEST_F(EndpointHostileTest, OutOfDescriptorsTheListenerRefusesWithItsReserveAndL
 // ---- a flood of silent clients -------------------------------------------------------------
 
 // A connection that sends nothing, or an empty fd when the listener's backlog is full.
-UniqueFd silent_connection(const std::string& address) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+detail::UniqueFd silent_connection(const std::string& address) {
+  detail::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   sockaddr_un where{};
   where.sun_family = AF_UNIX;
   const std::string name = address.substr(std::string("unix:@").size());
   std::memcpy(where.sun_path + 1, name.data(), name.size());
   const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&where), length) != 0) return UniqueFd();
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&where), length) != 0) return detail::UniqueFd();
   return fd;
 }
 
@@ -914,9 +914,9 @@ TEST_P(EndpointFloodTest, ASilentFloodHeldThenClosedLeavesTheListenerServingWith
     }
   });
   ASSERT_TRUE(ready.wait());
-  std::vector<UniqueFd> flood;
+  std::vector<detail::UniqueFd> flood;
   for (int i = 0; i < 2000; ++i) {
-    if (UniqueFd fd = silent_connection(address)) flood.push_back(std::move(fd));
+    if (detail::UniqueFd fd = silent_connection(address)) flood.push_back(std::move(fd));
   }
   EXPECT_GT(flood.size(), static_cast<std::size_t>(limit)) << "the flood must exceed the listener's descriptors";
   std::this_thread::sleep_for(1500ms);  // held (less than the listener's handshake_timeout)

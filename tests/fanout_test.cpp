@@ -959,7 +959,7 @@ constexpr std::int64_t kStampEvery = 1 << 20;
 Placement placement_of(const Tensor& tensor) {
   const SharedBlock* block = tensor.storage()->shared_block();
   if (!block) return {};
-  const FileIdentity file = block->segment()->identity();
+  const detail::FileIdentity file = block->segment()->identity();
   return Placement{file.device, file.inode, block->offset(), false};
 }
 

@@ -35,8 +35,8 @@ using test::fork_child;
 constexpr uid_t kNobody = 65534;
 
 struct SocketPair {
-  UniqueFd a;
-  UniqueFd b;
+  detail::UniqueFd a;
+  detail::UniqueFd b;
   SocketPair() {
     int ends[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) throw_errno("socketpair");
@@ -45,8 +45,8 @@ struct SocketPair {
   }
 };
 
-std::vector<UniqueFd> open_files(std::size_t count) {
-  std::vector<UniqueFd> files;
+std::vector<detail::UniqueFd> open_files(std::size_t count) {
+  std::vector<detail::UniqueFd> files;
   for (std::size_t i = 0; i < count; ++i) {
     files.emplace_back(::memfd_create("fd-passing-test", MFD_CLOEXEC));
     if (!files.back()) throw_errno("memfd_create");
@@ -54,9 +54,9 @@ std::vector<UniqueFd> open_files(std::size_t count) {
   return files;
 }
 
-std::vector<int> numbers(const std::vector<UniqueFd>& files) {
+std::vector<int> numbers(const std::vector<detail::UniqueFd>& files) {
   std::vector<int> out;
-  for (const UniqueFd& file : files) out.push_back(file.get());
+  for (const detail::UniqueFd& file : files) out.push_back(file.get());
   return out;
 }
 
@@ -83,9 +83,9 @@ class SegmentFdChannelTest : public test::LeakCheckedTest {};
 
 TEST_F(SegmentFdChannelTest, MoreFdsThanOneMessageCarriesArriveInOrder) {
   SocketPair pair;
-  const std::vector<UniqueFd> files = open_files(600);
-  ASSERT_TRUE(SegmentFdChannel(pair.a.get()).send(numbers(files), Deadline::never()));
-  std::deque<UniqueFd> got;
+  const std::vector<detail::UniqueFd> files = open_files(600);
+  ASSERT_TRUE(SegmentFdChannel(pair.a.get()).send(numbers(files), detail::Deadline::never()));
+  std::deque<detail::UniqueFd> got;
   EXPECT_EQ(SegmentFdChannel(pair.b.get()).receive(files.size(), got), files.size());
   ASSERT_EQ(got.size(), files.size());
   for (std::size_t i = 0; i < files.size(); ++i) {
@@ -99,10 +99,10 @@ TEST_F(SegmentFdChannelTest, MoreFdsThanOneMessageCarriesArriveInOrder) {
 
 TEST_F(SegmentFdChannelTest, AMessageWithMoreFdsThanTheFrameDeclaresIsRefusedAndClosed) {
   SocketPair pair;
-  const std::vector<UniqueFd> files = open_files(10);
+  const std::vector<detail::UniqueFd> files = open_files(10);
   send_raw(pair.a.get(), numbers(files), 10);
   const std::size_t fds_before = count_open_fds();
-  std::deque<UniqueFd> got;
+  std::deque<detail::UniqueFd> got;
   EXPECT_THROW(SegmentFdChannel(pair.b.get()).receive(3, got), ProtocolError);
   EXPECT_TRUE(got.empty());
   EXPECT_EQ(count_open_fds(), fds_before) << "the refused fds were kept";
@@ -110,9 +110,9 @@ TEST_F(SegmentFdChannelTest, AMessageWithMoreFdsThanTheFrameDeclaresIsRefusedAnd
 
 TEST_F(SegmentFdChannelTest, ACountByteThatDisagreesWithTheFdsIsRefused) {
   SocketPair pair;
-  const std::vector<UniqueFd> files = open_files(2);
+  const std::vector<detail::UniqueFd> files = open_files(2);
   send_raw(pair.a.get(), numbers(files), 7);
-  std::deque<UniqueFd> got;
+  std::deque<detail::UniqueFd> got;
   EXPECT_THROW(SegmentFdChannel(pair.b.get()).receive(7, got), ProtocolError);
   send_raw(pair.a.get(), {}, 0);  // a byte without fds
   EXPECT_THROW(SegmentFdChannel(pair.b.get()).receive(1, got), ProtocolError);
@@ -123,8 +123,8 @@ TEST_F(SegmentFdChannelTest, ACountByteThatDisagreesWithTheFdsIsRefused) {
 // is the decoder's to refuse.
 TEST_F(SegmentFdChannelTest, TheReaderTakesWhatCameAndNeverWaits) {
   SocketPair pair;
-  const std::vector<UniqueFd> files = open_files(1);
-  std::deque<UniqueFd> got;
+  const std::vector<detail::UniqueFd> files = open_files(1);
+  std::deque<detail::UniqueFd> got;
   EXPECT_EQ(SegmentFdChannel(pair.b.get()).receive(2, got), 0u);
   send_raw(pair.a.get(), numbers(files), 1);
   EXPECT_EQ(SegmentFdChannel(pair.b.get()).receive(2, got), 1u);
@@ -138,20 +138,20 @@ TEST_F(SegmentFdChannelTest, TheReaderTakesWhatCameAndNeverWaits) {
 // A full socket: a timed send that could not send anything says so, and leaves nothing.
 TEST_F(SegmentFdChannelTest, ATimedSendIntoAFullSocketGivesUpBeforeTheFirstMessage) {
   SocketPair pair;
-  const std::vector<UniqueFd> files = open_files(1);
+  const std::vector<detail::UniqueFd> files = open_files(1);
   std::size_t sent = 0;
-  while (SegmentFdChannel(pair.a.get()).send(numbers(files), Deadline::after(std::chrono::milliseconds(0)))) {
+  while (SegmentFdChannel(pair.a.get()).send(numbers(files), detail::Deadline::after(std::chrono::milliseconds(0)))) {
     ASSERT_LT(++sent, 100000u) << "the socket never filled up";
   }
-  std::deque<UniqueFd> got;
+  std::deque<detail::UniqueFd> got;
   EXPECT_EQ(SegmentFdChannel(pair.b.get()).receive(sent + 1, got), sent);
 }
 
 TEST_F(SegmentFdChannelTest, SendingToAClosedReaderIsChannelClosed) {
   SocketPair pair;
-  const std::vector<UniqueFd> files = open_files(1);
+  const std::vector<detail::UniqueFd> files = open_files(1);
   pair.b.reset();
-  EXPECT_THROW(SegmentFdChannel(pair.a.get()).send(numbers(files), Deadline::never()), ChannelClosed);
+  EXPECT_THROW(SegmentFdChannel(pair.a.get()).send(numbers(files), detail::Deadline::never()), ChannelClosed);
 }
 
 // ---- over channels --------------------------------------------------------------------
@@ -192,7 +192,7 @@ TEST_P(NotDumpableSenderTest, SendsTensorsToAPeerOfTheSameUser) {
     const pid_t sender = fork_child([&, &tx = tx, &rx = rx] {
       rx.detach();
       CHILD_CHECK(::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0);
-      CHILD_CHECK(!fds_takeable_by_peers());
+      CHILD_CHECK(!detail::fds_takeable_by_peers());
       std::vector<Tensor> kept;  // sent again below: leased, not passed again
       for (std::int32_t i = 0; i < 3; ++i) {
         Batch batch{i, {filled(elements, i), filled(elements, 10 + i), filled(16, 20 + i)}};
@@ -222,11 +222,11 @@ TEST_P(NotDumpableSenderTest, SendsTensorsToAPeerOfTheSameUser) {
 TEST(FdsTakeableByPeers, FollowsTheDumpableFlag) {
   const pid_t child = fork_child([] {
     CHILD_CHECK(::prctl(PR_GET_DUMPABLE) == 1);
-    CHILD_CHECK(fds_takeable_by_peers());  // a test process holds capabilities only as root
+    CHILD_CHECK(detail::fds_takeable_by_peers());  // a test process holds capabilities only as root
     CHILD_CHECK(::prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0);
-    CHILD_CHECK(!fds_takeable_by_peers());
+    CHILD_CHECK(!detail::fds_takeable_by_peers());
     CHILD_CHECK(::prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) == 0);
-    CHILD_CHECK(fds_takeable_by_peers());
+    CHILD_CHECK(detail::fds_takeable_by_peers());
   });
   EXPECT_TRUE(child_succeeded(child));
 }
@@ -276,22 +276,22 @@ TEST_P(ManySegmentsTest, AMessageWithMoreNewSegmentsThanOneSendmsgCarriesArrives
 // A peer that sends a batch of fds with every byte of a long frame: the receiver refuses it
 // as soon as it holds more than the frame declares and one batch, not once it ran out of fds.
 TEST(UnixSocketFdBound, ALyingPeerCannotMakeTheReceiverHoldMoreThanAFrameDeclaresAndOneBatch) {
-  auto [writer, reader] = make_transport(Transport::UnixSocket, FrameLimits{}, 0);
+  auto [writer, reader] = detail::make_transport(Transport::UnixSocket, FrameLimits{}, 0);
   const int raw = writer->descriptors().at(0);
-  FrameHeader header;
+  detail::FrameHeader header;
   header.segment_count = 1;
   header.fd_count = 1;
   header.body_bytes = 1000;
   ASSERT_EQ(::send(raw, &header, sizeof header, MSG_NOSIGNAL), static_cast<ssize_t>(sizeof header));
-  const std::vector<UniqueFd> files = open_files(SegmentFdChannel::kMaxFdsPerMessage);
+  const std::vector<detail::UniqueFd> files = open_files(SegmentFdChannel::kMaxFdsPerMessage);
   for (int i = 0; i < 8; ++i) send_raw(raw, numbers(files), 0);  // a byte of the body and 253 fds, 8 times
   const std::size_t fds_before = count_open_fds();
-  FrameHeader got;
+  detail::FrameHeader got;
   std::vector<std::byte> payload;
-  std::deque<UniqueFd> fds;
+  std::deque<detail::UniqueFd> fds;
   try {
     // The body never comes: a reader that does not refuse the fds as they arrive waits.
-    const ReadStatus status = reader->read(got, payload, fds, Deadline::after(std::chrono::seconds(2)));
+    const ReadStatus status = reader->read(got, payload, fds, detail::Deadline::after(std::chrono::seconds(2)));
     ADD_FAILURE() << "not refused: read() returned " << static_cast<int>(status) << " holding " << fds.size()
                   << " fds";
   } catch (const ProtocolError& error) {

@@ -24,7 +24,7 @@ std::vector<std::byte> pattern_bytes(std::size_t size, unsigned seed) {
 }
 
 // A BodySpace over a buffer of its own, lending at most `limit` bytes; counts calls.
-class FakeSpace : public BodySpace {
+class FakeSpace : public detail::BodySpace {
  public:
   explicit FakeSpace(std::size_t limit) : memory_(limit) {}
   std::span<std::byte> lend(std::size_t bytes) override {
@@ -39,7 +39,7 @@ class FakeSpace : public BodySpace {
   std::vector<std::byte> memory_;
 };
 
-void append_all(FrameBody& body, const std::vector<std::byte>& bytes, std::size_t piece) {
+void append_all(detail::FrameBody& body, const std::vector<std::byte>& bytes, std::size_t piece) {
   for (std::size_t at = 0; at < bytes.size(); at += piece) {
     body.append(bytes.data() + at, std::min(piece, bytes.size() - at));
   }
@@ -51,8 +51,8 @@ bool same(std::span<const std::byte> got, const std::vector<std::byte>& want) {
 
 TEST(FrameBodyTest, SmallBodyStaysPrivateAndIsReusedFrameAfterFrame) {
   FakeSpace space(1 << 20);
-  FrameBody body;
-  const auto bytes = pattern_bytes(FrameBody::kLendFrom - 1, 1);
+  detail::FrameBody body;
+  const auto bytes = pattern_bytes(detail::FrameBody::kLendFrom - 1, 1);
   body.reset(&space);
   append_all(body, bytes, 100);
   EXPECT_FALSE(body.lent());
@@ -68,7 +68,7 @@ TEST(FrameBodyTest, SmallBodyStaysPrivateAndIsReusedFrameAfterFrame) {
 
 TEST(FrameBodyTest, LargeBodyMovesIntoLentMemoryWithWhatItHeld) {
   FakeSpace space(1 << 20);
-  FrameBody body;
+  detail::FrameBody body;
   body.reset(&space);
   const auto bytes = pattern_bytes(300'000, 2);
   append_all(body, bytes, 5000);
@@ -80,7 +80,7 @@ TEST(FrameBodyTest, LargeBodyMovesIntoLentMemoryWithWhatItHeld) {
 
 TEST(FrameBodyTest, RefusedLendKeepsTheBodyPrivate) {
   FakeSpace space(1000);  // less than any large body
-  FrameBody body;
+  detail::FrameBody body;
   body.reset(&space);
   const auto bytes = pattern_bytes(100'000, 3);
   append_all(body, bytes, 3000);
@@ -91,7 +91,7 @@ TEST(FrameBodyTest, RefusedLendKeepsTheBodyPrivate) {
 
 TEST(FrameBodyTest, BodyOutgrowingLentMemoryMovesBackIntoPrivateMemory) {
   FakeSpace space(64 << 10);
-  FrameBody body;
+  detail::FrameBody body;
   body.reset(&space);
   const auto bytes = pattern_bytes(200'000, 4);
   append_all(body, bytes, 10'000);
@@ -105,7 +105,7 @@ TEST(FrameBodyTest, BodyOutgrowingLentMemoryMovesBackIntoPrivateMemory) {
 }
 
 TEST(FrameBodyTest, WithoutASpaceABodyOfAnySizeIsPrivate) {
-  FrameBody body;
+  detail::FrameBody body;
   body.reset(nullptr);
   const auto bytes = pattern_bytes(1 << 20, 6);
   append_all(body, bytes, 1 << 20);
@@ -128,8 +128,8 @@ struct Mixed {
 };
 
 std::vector<std::byte> encode_body(const Mixed& message) {
-  MessageEncoder encoder(HandlePassing::FdPassing);
-  const EncodedFrame& frame = encoder.encode(message);
+  detail::MessageEncoder encoder(detail::HandlePassing::FdPassing);
+  const detail::EncodedFrame& frame = encoder.encode(message);
   const iovec& body = frame.iovecs().back();
   const auto* begin = static_cast<const std::byte*>(body.iov_base);
   std::vector<std::byte> out(begin, begin + body.iov_len);
@@ -157,7 +157,7 @@ TEST(FrameBodyTest, VectorsAndStringsReadBackAtAnyAlignment) {
   std::vector<std::byte> buffer(body.size() + 16);
   for (std::size_t shift = 0; shift < 8; ++shift) {
     std::memcpy(buffer.data() + shift, body.data(), body.size());
-    const Mixed got = read_body<Mixed>(std::span<const std::byte>(buffer.data() + shift, body.size()), {});
+    const Mixed got = detail::read_body<Mixed>(std::span<const std::byte>(buffer.data() + shift, body.size()), {});
     EXPECT_EQ(got, message) << "body at offset " << shift;
   }
 }
@@ -167,7 +167,7 @@ TEST(FrameBodyTest, TruncatedVectorIsAProtocolErrorNotAnOverread) {
   // Cut inside the float array, inside the byte array and inside the string.
   for (const std::size_t cut : {std::size_t{30}, std::size_t{5000}, body.size() - 10}) {
     std::vector<std::byte> truncated(body.begin(), body.begin() + static_cast<std::ptrdiff_t>(cut));
-    EXPECT_THROW(read_body<Mixed>(truncated, {}), ProtocolError) << "cut at " << cut;
+    EXPECT_THROW(detail::read_body<Mixed>(truncated, {}), ProtocolError) << "cut at " << cut;
   }
 }
 
@@ -178,7 +178,7 @@ TEST(FrameBodyTest, ElementCountBeyondTheBodyIsAProtocolError) {
   for (const std::uint64_t count : {std::uint64_t{1} << 61, std::uint64_t{body.size() - 9}}) {
     std::vector<std::byte> lying = body;
     std::memcpy(lying.data() + 1, &count, sizeof count);
-    EXPECT_THROW(read_body<Mixed>(lying, {}), ProtocolError) << count;
+    EXPECT_THROW(detail::read_body<Mixed>(lying, {}), ProtocolError) << count;
   }
 }
 

@@ -14,14 +14,14 @@ namespace {
 class HandleCacheTest : public test::LeakCheckedTest {};
 
 // A segment that is in no cache yet (the cache is tested with fake identities).
-std::shared_ptr<SharedSegment> new_segment() { return SharedSegment::create(4096, nullptr); }
+std::shared_ptr<detail::SharedSegment> new_segment() { return detail::SharedSegment::create(4096, nullptr); }
 
 TEST_F(HandleCacheTest, NewSharedStorageIsFoundByItsIdentity) {
   auto storage = Storage::allocate(4096, Device::SharedCpu);
-  const std::shared_ptr<SharedSegment>& segment = storage->shared_block()->segment();
-  const FileIdentity identity = segment->identity();
+  const std::shared_ptr<detail::SharedSegment>& segment = storage->shared_block()->segment();
+  const detail::FileIdentity identity = segment->identity();
   EXPECT_EQ(HandleCache::global().find(identity), segment);
-  EXPECT_EQ(identity, identify_fd(segment->fd()));
+  EXPECT_EQ(identity, detail::identify_fd(segment->fd()));
 }
 
 TEST_F(HandleCacheTest, HoldsWeakReferencesOnly) {
@@ -30,7 +30,7 @@ TEST_F(HandleCacheTest, HoldsWeakReferencesOnly) {
   SharedAllocatorSettings settings;
   settings.max_cached_bytes = 0;
   const SharedAllocator pool(settings);
-  FileIdentity identity;
+  detail::FileIdentity identity;
   {
     auto storage = Storage::allocate(64, pool);
     identity = storage->shared_block()->segment()->identity();
@@ -44,7 +44,7 @@ TEST_F(HandleCacheTest, ExistingLiveEntryWinsOverAnInsert) {
   HandleCache cache;
   auto first = new_segment();
   auto second = new_segment();
-  const FileIdentity identity{1, 2};
+  const detail::FileIdentity identity{1, 2};
   EXPECT_EQ(cache.insert(identity, first), first);
   EXPECT_EQ(cache.insert(identity, second), first);
   first.reset();
@@ -53,7 +53,7 @@ TEST_F(HandleCacheTest, ExistingLiveEntryWinsOverAnInsert) {
 
 TEST_F(HandleCacheTest, DeadEntriesArePurgedAndTheLimitScalesWithLiveOnes) {
   HandleCache cache;
-  std::vector<std::shared_ptr<SharedSegment>> live;
+  std::vector<std::shared_ptr<detail::SharedSegment>> live;
   for (std::uint64_t i = 0; i < 100; ++i) {
     live.push_back(new_segment());
     cache.insert({0, i}, live.back());
@@ -81,7 +81,7 @@ TEST_F(HandleCacheTest, ConcurrentInsertsOfOneIdentityAgreeOnOneSegment) {
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int round = 0; round < kRounds; ++round) {
-        const FileIdentity identity{7, static_cast<std::uint64_t>(round % 64)};
+        const detail::FileIdentity identity{7, static_cast<std::uint64_t>(round % 64)};
         auto mine = new_segment();
         auto winner = cache.insert(identity, mine);
         auto found = cache.find(identity);

@@ -46,15 +46,15 @@ struct Other {
 template <class T>
 struct Wire {
   explicit Wire(Transport transport) {
-    auto [raw_writer, reader] = make_transport(transport, FrameLimits{}, 0);
+    auto [raw_writer, reader] = detail::make_transport(transport, FrameLimits{}, 0);
     writer = std::move(raw_writer);
     rx = detail::receiver_over<T>(std::move(reader), transport, ChannelOptions{});
   }
   void send(const std::vector<std::byte>& bytes, std::vector<int> fds = {}) {
     iovec part{const_cast<std::byte*>(bytes.data()), bytes.size()};
-    writer->write({&part, 1}, fds, Deadline::never());
+    writer->write({&part, 1}, fds, detail::Deadline::never());
   }
-  std::unique_ptr<FrameWriter> writer;
+  std::unique_ptr<detail::FrameWriter> writer;
   Receiver<T> rx;
 };
 
@@ -66,9 +66,9 @@ constexpr std::size_t kDataSegment = 1;
 // the encoder that made it (its segments and /proc paths stay valid, as a live sender's
 // would) and duplicates of the fds passed with it.
 struct Frame {
-  std::unique_ptr<MessageEncoder> encoder;
+  std::unique_ptr<detail::MessageEncoder> encoder;
   std::vector<std::byte> bytes;
-  std::vector<UniqueFd> owned_fds;
+  std::vector<detail::UniqueFd> owned_fds;
   std::vector<int> fds;
   std::size_t segment_offset = 0;
   std::size_t table_offset = 0;
@@ -83,40 +83,40 @@ struct Frame {
     if (encoder) encoder->receiver_gone();
   }
 
-  FrameHeader header() const {
-    FrameHeader h;
+  detail::FrameHeader header() const {
+    detail::FrameHeader h;
     std::memcpy(&h, bytes.data(), sizeof h);
     return h;
   }
-  void set_header(const FrameHeader& h) { std::memcpy(bytes.data(), &h, sizeof h); }
+  void set_header(const detail::FrameHeader& h) { std::memcpy(bytes.data(), &h, sizeof h); }
   void locate() {
-    const FrameHeader h = header();
-    segment_offset = sizeof(FrameHeader) + h.type_name_bytes;
-    table_offset = segment_offset + h.segment_count * sizeof(SegmentEntry);
-    body_offset = table_offset + h.handle_count * sizeof(HandleEntry) +
+    const detail::FrameHeader h = header();
+    segment_offset = sizeof(detail::FrameHeader) + h.type_name_bytes;
+    table_offset = segment_offset + h.segment_count * sizeof(detail::SegmentEntry);
+    body_offset = table_offset + h.handle_count * sizeof(detail::HandleEntry) +
                   (std::size_t{h.release_count} + h.segment_release_count) * sizeof(std::uint32_t);
   }
-  SegmentEntry segment(std::size_t i) const {
-    SegmentEntry e;
+  detail::SegmentEntry segment(std::size_t i) const {
+    detail::SegmentEntry e;
     std::memcpy(&e, bytes.data() + segment_offset + i * sizeof e, sizeof e);
     return e;
   }
-  void set_segment(std::size_t i, const SegmentEntry& e) {
+  void set_segment(std::size_t i, const detail::SegmentEntry& e) {
     std::memcpy(bytes.data() + segment_offset + i * sizeof e, &e, sizeof e);
   }
-  HandleEntry entry(std::size_t i) const {
-    HandleEntry e;
+  detail::HandleEntry entry(std::size_t i) const {
+    detail::HandleEntry e;
     std::memcpy(&e, bytes.data() + table_offset + i * sizeof e, sizeof e);
     return e;
   }
-  void set_entry(std::size_t i, const HandleEntry& e) {
+  void set_entry(std::size_t i, const detail::HandleEntry& e) {
     std::memcpy(bytes.data() + table_offset + i * sizeof e, &e, sizeof e);
   }
   // Removes the segment table (and with it every fd the frame passes).
   void drop_segments() {
-    FrameHeader h = header();
+    detail::FrameHeader h = header();
     const auto begin = bytes.begin() + static_cast<std::ptrdiff_t>(segment_offset);
-    bytes.erase(begin, begin + static_cast<std::ptrdiff_t>(h.segment_count * sizeof(SegmentEntry)));
+    bytes.erase(begin, begin + static_cast<std::ptrdiff_t>(h.segment_count * sizeof(detail::SegmentEntry)));
     h.segment_count = 0;
     h.fd_count = 0;
     set_header(h);
@@ -124,8 +124,8 @@ struct Frame {
     locate();
   }
   // Appends `e` to the segment table (after the segments the handles name).
-  void append_segment(const SegmentEntry& e) {
-    FrameHeader h = header();
+  void append_segment(const detail::SegmentEntry& e) {
+    detail::FrameHeader h = header();
     const auto end = bytes.begin() + static_cast<std::ptrdiff_t>(table_offset);
     const auto* raw = reinterpret_cast<const std::byte*>(&e);
     bytes.insert(end, raw, raw + sizeof e);
@@ -140,10 +140,10 @@ struct Frame {
 };
 
 template <class T>
-Frame encode(const T& message, HandlePassing passing = HandlePassing::FdPassing) {
+Frame encode(const T& message, detail::HandlePassing passing = detail::HandlePassing::FdPassing) {
   Frame frame;
-  frame.encoder = std::make_unique<MessageEncoder>(passing);
-  const EncodedFrame& encoded = frame.encoder->encode(message);
+  frame.encoder = std::make_unique<detail::MessageEncoder>(passing);
+  const detail::EncodedFrame& encoded = frame.encoder->encode(message);
   for (const iovec& part : encoded.iovecs()) {
     const auto* begin = static_cast<const std::byte*>(part.iov_base);
     frame.bytes.insert(frame.bytes.end(), begin, begin + part.iov_len);
@@ -191,8 +191,8 @@ void expect_protocol_error(Receiver<T>& rx, const std::string& needle) {
 class HostileFrameTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {
  protected:
   Tensor tensor_ = Tensor::zeros({4, 8}, DType::Float32, Device::SharedCpu);
-  HandlePassing passing() const {
-    return GetParam() == Transport::UnixSocket ? HandlePassing::FdPassing : HandlePassing::ProcFd;
+  detail::HandlePassing passing() const {
+    return GetParam() == Transport::UnixSocket ? detail::HandlePassing::FdPassing : detail::HandlePassing::ProcFd;
   }
 };
 
@@ -211,7 +211,7 @@ TEST_P(HostileFrameTest, ValidFrameIsAccepted) {
 TEST_P(HostileFrameTest, WrongMagic) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   h.magic = 0xdeadbeef;
   frame.set_header(h);
   wire.send(frame.bytes, frame.fds);
@@ -221,17 +221,17 @@ TEST_P(HostileFrameTest, WrongMagic) {
 TEST_P(HostileFrameTest, WrongVersion) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   h.version = 1;  // a peer built before the caching allocator
   frame.set_header(h);
   wire.send(frame.bytes, frame.fds);
-  expect_protocol_error(wire.rx, "wire version 1, this build speaks version " + std::to_string(kFrameVersion));
+  expect_protocol_error(wire.rx, "wire version 1, this build speaks version " + std::to_string(detail::kFrameVersion));
 }
 
 TEST_P(HostileFrameTest, UnknownFrameKind) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   h.kind = 9;
   frame.set_header(h);
   wire.send(frame.bytes, frame.fds);
@@ -247,25 +247,25 @@ TEST_P(HostileFrameTest, HeaderCountsAboveTheirLimits) {
     std::string field;
     std::uint64_t limit;
     std::string setting;
-    std::function<void(FrameHeader&)> apply;
+    std::function<void(detail::FrameHeader&)> apply;
   };
   const std::vector<Lie> lies = {
-      {"handle_count", limits.max_handles, "max_handles", [&](FrameHeader& h) { h.handle_count = limits.max_handles + 1; }},
+      {"handle_count", limits.max_handles, "max_handles", [&](detail::FrameHeader& h) { h.handle_count = limits.max_handles + 1; }},
       {"segment_count", limits.max_segments, "max_segments",
-       [&](FrameHeader& h) { h.segment_count = limits.max_segments + 1; }},
-      {"fd_count", limits.max_fds, "max_fds", [&](FrameHeader& h) { h.fd_count = limits.max_fds + 1; }},
+       [&](detail::FrameHeader& h) { h.segment_count = limits.max_segments + 1; }},
+      {"fd_count", limits.max_fds, "max_fds", [&](detail::FrameHeader& h) { h.fd_count = limits.max_fds + 1; }},
       {"release_count", limits.max_releases, "max_releases",
-       [&](FrameHeader& h) { h.release_count = limits.max_releases + 1; }},
+       [&](detail::FrameHeader& h) { h.release_count = limits.max_releases + 1; }},
       {"segment_release_count", limits.max_releases, "max_releases",
-       [&](FrameHeader& h) { h.segment_release_count = limits.max_releases + 1; }},
+       [&](detail::FrameHeader& h) { h.segment_release_count = limits.max_releases + 1; }},
       {"type_name_bytes", limits.max_type_name_bytes, "max_type_name_bytes",
-       [&](FrameHeader& h) { h.type_name_bytes = limits.max_type_name_bytes + 1; }},
+       [&](detail::FrameHeader& h) { h.type_name_bytes = limits.max_type_name_bytes + 1; }},
   };
   for (const Lie& lie : lies) {
     SCOPED_TRACE(lie.field);
     Wire<OneTensor> wire(GetParam());
     Frame frame = encode(OneTensor{tensor_}, passing());
-    FrameHeader h = frame.header();
+    detail::FrameHeader h = frame.header();
     lie.apply(h);
     frame.set_header(h);
     wire.send(frame.bytes, frame.fds);
@@ -278,7 +278,7 @@ TEST_P(HostileFrameTest, HeaderCountsAboveTheirLimits) {
 TEST_P(HostileFrameTest, HugeBodyLengthIsRefusedBeforeReading) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   h.body_bytes = std::uint64_t{1} << 40;
   frame.set_header(h);
   wire.send(frame.bytes, frame.fds);
@@ -288,7 +288,7 @@ TEST_P(HostileFrameTest, HugeBodyLengthIsRefusedBeforeReading) {
 TEST_P(HostileFrameTest, TruncatedBody) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   h.body_bytes -= 10;  // the archive runs out of bytes while reading the tensor
   frame.set_header(h);
   frame.bytes.resize(frame.bytes.size() - 10);
@@ -299,7 +299,7 @@ TEST_P(HostileFrameTest, TruncatedBody) {
 TEST_P(HostileFrameTest, LeftoverBodyBytes) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   h.body_bytes += 3;
   frame.set_header(h);
   frame.bytes.resize(frame.bytes.size() + 3);
@@ -382,8 +382,8 @@ TEST_P(HostileFrameTest, LeaseSlotThatWasNeverGranted) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
   frame.drop_segments();  // a frame naming only leases introduces no segment
-  HandleEntry e = frame.entry(0);
-  e.kind = static_cast<std::uint32_t>(HandleKind::Leased);
+  detail::HandleEntry e = frame.entry(0);
+  e.kind = static_cast<std::uint32_t>(detail::HandleKind::Leased);
   e.slot = 3;
   frame.set_entry(0, e);
   wire.send(frame.bytes);
@@ -393,8 +393,8 @@ TEST_P(HostileFrameTest, LeaseSlotThatWasNeverGranted) {
 TEST_P(HostileFrameTest, SlotAboveTheLimit) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  HandleEntry e = frame.entry(0);
-  e.slot = MessageDecoder::kMaxSlots;
+  detail::HandleEntry e = frame.entry(0);
+  e.slot = detail::MessageDecoder::kMaxSlots;
   frame.set_entry(0, e);
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "above the limit");
@@ -403,7 +403,7 @@ TEST_P(HostileFrameTest, SlotAboveTheLimit) {
 // Sends a frame that announces the release of storage slot 7 (or of segment slot 7), which
 // the receiver never leased, and expects the receiver to name it.
 void expect_unknown_release(Wire<OneTensor>& wire, Frame frame, bool segment_slot) {
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   (segment_slot ? h.segment_release_count : h.release_count) = 1;
   frame.set_header(h);
   const std::uint32_t slot = 7;
@@ -442,7 +442,7 @@ TEST_P(HostileFrameTest, NewHandleInASlotThatIsStillLeased) {
 TEST_P(HostileFrameTest, UnknownHandleKind) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  HandleEntry e = frame.entry(0);
+  detail::HandleEntry e = frame.entry(0);
   e.kind = 77;
   frame.set_entry(0, e);
   wire.send(frame.bytes, frame.fds);
@@ -453,7 +453,7 @@ TEST_P(HostileFrameTest, SizeClaimLargerThanTheSegment) {
   Wire<OneTensor> wire(GetParam());
   // The block's size claim reaches one byte past the end of its (real) segment.
   Frame frame = encode(OneTensor{tensor_}, passing());
-  HandleEntry e = frame.entry(0);
+  detail::HandleEntry e = frame.entry(0);
   e.nbytes = frame.segment(kDataSegment).size - e.offset + 1;
   frame.set_entry(0, e);
   wire.send(frame.bytes, frame.fds);
@@ -467,7 +467,7 @@ TEST_P(HostileFrameTest, SizeClaimLargerThanTheSegment) {
 TEST_P(HostileFrameTest, BlockOffsetNotAlignedToABlock) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  HandleEntry e = frame.entry(0);
+  detail::HandleEntry e = frame.entry(0);
   e.offset += 2;  // still inside the segment, by far
   frame.set_entry(0, e);
   wire.send(frame.bytes, frame.fds);
@@ -478,9 +478,9 @@ TEST_P(HostileFrameTest, BlockOffsetNotAlignedToABlock) {
 TEST_P(HostileFrameTest, BlockEndingAtTheLastByteOfItsSegmentIsAccepted) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  HandleEntry e = frame.entry(0);
+  detail::HandleEntry e = frame.entry(0);
   const std::uint64_t segment_bytes = frame.segment(kDataSegment).size;
-  ASSERT_EQ(segment_bytes % kBlockAlignment, 0u);
+  ASSERT_EQ(segment_bytes % detail::kBlockAlignment, 0u);
   e.offset = segment_bytes - e.nbytes;
   frame.set_entry(0, e);
   wire.send(frame.bytes, frame.fds);
@@ -496,7 +496,7 @@ TEST_P(HostileFrameTest, SegmentSizeClaimThatIsNotTheSegments) {
   Wire<OneTensor> wire(GetParam());
   // The segment table claims a larger segment than the memfd it names.
   Frame frame = encode(OneTensor{tensor_}, passing());
-  SegmentEntry s = frame.segment(kDataSegment);
+  detail::SegmentEntry s = frame.segment(kDataSegment);
   s.size += 4096;
   frame.set_segment(kDataSegment, s);
   wire.send(frame.bytes, frame.fds);
@@ -506,7 +506,7 @@ TEST_P(HostileFrameTest, SegmentSizeClaimThatIsNotTheSegments) {
 TEST_P(HostileFrameTest, UnknownSegmentKind) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  SegmentEntry s = frame.segment(kDataSegment);
+  detail::SegmentEntry s = frame.segment(kDataSegment);
   s.kind = 77;
   frame.set_segment(kDataSegment, s);
   wire.send(frame.bytes, frame.fds);
@@ -516,8 +516,8 @@ TEST_P(HostileFrameTest, UnknownSegmentKind) {
 TEST_P(HostileFrameTest, UpstreamBoardBeforeTheConnectionsOwnBoard) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  SegmentEntry s = frame.segment(0);  // the return board
-  s.role = static_cast<std::uint32_t>(SegmentRole::UpstreamBoard);
+  detail::SegmentEntry s = frame.segment(0);  // the return board
+  s.role = static_cast<std::uint32_t>(detail::SegmentRole::UpstreamBoard);
   frame.set_segment(0, s);
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "never sent its own return board");
@@ -526,8 +526,8 @@ TEST_P(HostileFrameTest, UpstreamBoardBeforeTheConnectionsOwnBoard) {
 TEST_P(HostileFrameTest, UpstreamBoardWhoseSizeIsNotABoards) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  SegmentEntry s = frame.segment(kDataSegment);
-  s.role = static_cast<std::uint32_t>(SegmentRole::UpstreamBoard);
+  detail::SegmentEntry s = frame.segment(kDataSegment);
+  s.role = static_cast<std::uint32_t>(detail::SegmentRole::UpstreamBoard);
   frame.set_segment(kDataSegment, s);
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "upstream return board whose field size claims");
@@ -538,8 +538,8 @@ TEST_P(HostileFrameTest, UpstreamBoardWhoseSizeIsNotABoards) {
 TEST_P(HostileFrameTest, RetiredUpstreamBoardWithMoreThanAnIdentity) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  SegmentEntry s = frame.segment(kDataSegment);
-  s.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
+  detail::SegmentEntry s = frame.segment(kDataSegment);
+  s.role = static_cast<std::uint32_t>(detail::SegmentRole::RetiredUpstreamBoard);
   frame.set_segment(kDataSegment, s);
   wire.send(frame.bytes, frame.fds);
   expect_protocol_error(wire.rx, "retires an upstream return board but has fields other than its identity set");
@@ -548,9 +548,9 @@ TEST_P(HostileFrameTest, RetiredUpstreamBoardWithMoreThanAnIdentity) {
 TEST_P(HostileFrameTest, RetiredUpstreamBoardBeforeTheConnectionsOwnBoard) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  SegmentEntry s;  // a well-formed retirement, in the place of the connection's board
-  s.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
-  s.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
+  detail::SegmentEntry s;  // a well-formed retirement, in the place of the connection's board
+  s.kind = static_cast<std::uint32_t>(detail::SegmentKind::NoFd);
+  s.role = static_cast<std::uint32_t>(detail::SegmentRole::RetiredUpstreamBoard);
   s.device = 1;
   s.inode = 2;
   frame.set_segment(0, s);
@@ -563,12 +563,12 @@ TEST_P(HostileFrameTest, RetiredUpstreamBoardBeforeTheConnectionsOwnBoard) {
 TEST_P(HostileFrameTest, RetiredUpstreamBoardThatTheReceiverDoesNotHaveChangesNothing) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  SegmentEntry unknown;
-  unknown.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
-  unknown.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
+  detail::SegmentEntry unknown;
+  unknown.kind = static_cast<std::uint32_t>(detail::SegmentKind::NoFd);
+  unknown.role = static_cast<std::uint32_t>(detail::SegmentRole::RetiredUpstreamBoard);
   unknown.device = 1;
   unknown.inode = 2;
-  SegmentEntry own = unknown;
+  detail::SegmentEntry own = unknown;
   own.device = frame.segment(0).device;
   own.inode = frame.segment(0).inode;
   frame.append_segment(unknown);
@@ -580,13 +580,13 @@ TEST_P(HostileFrameTest, RetiredUpstreamBoardThatTheReceiverDoesNotHaveChangesNo
   // The connection's board still works: the next frame (no new board) resolves against it.
   Tensor ones = Tensor::empty({2}, DType::Float32, Device::SharedCpu);
   ones.fill(1.0f);
-  const EncodedFrame& next = frame.encoder->encode(OneTensor{ones});
+  const detail::EncodedFrame& next = frame.encoder->encode(OneTensor{ones});
   std::vector<std::byte> bytes;
   for (const iovec& part : next.iovecs()) {
     const auto* begin = static_cast<const std::byte*>(part.iov_base);
     bytes.insert(bytes.end(), begin, begin + part.iov_len);
   }
-  std::vector<UniqueFd> owned;
+  std::vector<detail::UniqueFd> owned;
   std::vector<int> fds;
   for (const int fd : next.fds) {
     owned.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
@@ -649,10 +649,10 @@ TEST_P(HostileFrameTest, UpstreamBoardWithAReclaimCountAheadOfTheBoards) {
     Frame frame = encode(received, passing());
     std::optional<std::size_t> upstream;
     for (std::size_t i = 0; i < frame.header().segment_count; ++i) {
-      if (frame.segment(i).role == static_cast<std::uint32_t>(SegmentRole::UpstreamBoard)) upstream = i;
+      if (frame.segment(i).role == static_cast<std::uint32_t>(detail::SegmentRole::UpstreamBoard)) upstream = i;
     }
     ASSERT_TRUE(upstream.has_value()) << "forwarding a received tensor passes its connection's board";
-    SegmentEntry s = frame.segment(*upstream);
+    detail::SegmentEntry s = frame.segment(*upstream);
     s.slot_or_reclaims += 3;
     frame.set_segment(*upstream, s);
     wire.send(frame.bytes, frame.fds);
@@ -663,15 +663,15 @@ TEST_P(HostileFrameTest, UpstreamBoardWithAReclaimCountAheadOfTheBoards) {
 
 // The return board of the connection that brought `tensor` to this process, mapped anew:
 // found by the fd number a frame that forwards the tensor names for it.
-std::shared_ptr<ReturnBoard> upstream_board_of(const OneTensor& tensor) {
-  const Frame frame = encode(tensor, HandlePassing::ProcFd);
+std::shared_ptr<detail::ReturnBoard> upstream_board_of(const OneTensor& tensor) {
+  const Frame frame = encode(tensor, detail::HandlePassing::ProcFd);
   for (std::size_t i = 0; i < frame.header().segment_count; ++i) {
-    const SegmentEntry entry = frame.segment(i);
-    if (entry.role != static_cast<std::uint32_t>(SegmentRole::UpstreamBoard)) continue;
-    UniqueFd fd(::fcntl(entry.fd, F_DUPFD_CLOEXEC, 0));
+    const detail::SegmentEntry entry = frame.segment(i);
+    if (entry.role != static_cast<std::uint32_t>(detail::SegmentRole::UpstreamBoard)) continue;
+    detail::UniqueFd fd(::fcntl(entry.fd, F_DUPFD_CLOEXEC, 0));
     if (!fd) throw std::runtime_error("F_DUPFD_CLOEXEC failed");
-    const SharedMemory::Received file = SharedMemory::inspect_received(fd.get());
-    return ReturnBoard::open_received(SharedMemory::map_received(std::move(fd), file, ReturnBoard::bytes()));
+    const detail::SharedMemory::Received file = detail::SharedMemory::inspect_received(fd.get());
+    return detail::ReturnBoard::open_received(detail::SharedMemory::map_received(std::move(fd), file, detail::ReturnBoard::bytes()));
   }
   return nullptr;
 }
@@ -684,11 +684,11 @@ TEST_P(HostileFrameTest, ForwardedTensorIsRefusedWhileItsOriginsBoardHasNoPlaceF
   OriginProcess origin(GetParam());
   {
     const OneTensor received = origin.receive();
-    const std::shared_ptr<ReturnBoard> board = upstream_board_of(received);
+    const std::shared_ptr<detail::ReturnBoard> board = upstream_board_of(received);
     ASSERT_TRUE(board);
     // This process, the origin's receiver, holds the one other place.
-    test::LivingChildren fillers(ReturnBoard::kMaxHolders - 1);
-    for (const ProcessIdentity& filler : fillers.identities()) ASSERT_TRUE(board->register_holder(filler));
+    test::LivingChildren fillers(detail::ReturnBoard::kMaxHolders - 1);
+    for (const detail::ProcessIdentity& filler : fillers.identities()) ASSERT_TRUE(board->register_holder(filler));
     const auto forward = [&](bool refused) {
       auto [tx, rx] = channel<OneTensor>(GetParam());
       const pid_t consumer = test::fork_child([&, &tx = tx, &rx = rx] {
@@ -736,10 +736,10 @@ TEST_P(HostileFrameTest, ProcessThatTookAReceiverOverRefusesToReadWhileTheBoardH
   Receiver<OneTensor>& rx = origin.receiver();
   {
     const OneTensor first = origin.receive();
-    const std::shared_ptr<ReturnBoard> board = upstream_board_of(first);
+    const std::shared_ptr<detail::ReturnBoard> board = upstream_board_of(first);
     ASSERT_TRUE(board);
-    test::LivingChildren fillers(ReturnBoard::kMaxHolders - 1);  // this process holds the other place
-    for (const ProcessIdentity& filler : fillers.identities()) ASSERT_TRUE(board->register_holder(filler));
+    test::LivingChildren fillers(detail::ReturnBoard::kMaxHolders - 1);  // this process holds the other place
+    for (const detail::ProcessIdentity& filler : fillers.identities()) ASSERT_TRUE(board->register_holder(filler));
     const pid_t taker = test::fork_child([&, &rx = rx] {
       rx.adopt();
       try {
@@ -764,7 +764,7 @@ TEST_P(HostileFrameTest, ProcessThatTookAReceiverOverRefusesToReadWhileTheBoardH
 TEST_P(HostileFrameTest, BlockInASegmentSlotThatWasNeverGranted) {
   Wire<OneTensor> wire(GetParam());
   Frame frame = encode(OneTensor{tensor_}, passing());
-  HandleEntry e = frame.entry(0);
+  detail::HandleEntry e = frame.entry(0);
   e.segment_slot = 9;
   frame.set_entry(0, e);
   wire.send(frame.bytes, frame.fds);
@@ -857,8 +857,8 @@ TEST_P(HostileFrameTest, TypeMismatchNamesBothTypes) {
     ADD_FAILURE() << "expected TypeMismatch";
   } catch (const TypeMismatch& error) {
     const std::string what = error.what();
-    EXPECT_NE(what.find(std::string(type_name<Other>())), std::string::npos) << what;
-    EXPECT_NE(what.find(std::string(type_name<OneTensor>())), std::string::npos) << what;
+    EXPECT_NE(what.find(std::string(detail::type_name<Other>())), std::string::npos) << what;
+    EXPECT_NE(what.find(std::string(detail::type_name<OneTensor>())), std::string::npos) << what;
   }
 }
 
@@ -899,7 +899,7 @@ TEST_F(HostileFdTest, FdThatIsNotAMemfd) {
   Frame frame = encode(OneTensor{tensor_});
   int pipe_ends[2];
   ASSERT_EQ(::pipe2(pipe_ends, O_CLOEXEC), 0);
-  UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
+  detail::UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
   wire.send(frame.bytes, with_data_fd(frame, read_end.get()));
   expect_protocol_error(wire.rx, "not a memfd");
 }
@@ -907,7 +907,7 @@ TEST_F(HostileFdTest, FdThatIsNotAMemfd) {
 TEST_F(HostileFdTest, MemfdWithoutSeals) {
   Wire<OneTensor> wire(Transport::UnixSocket);
   Frame frame = encode(OneTensor{tensor_});
-  UniqueFd unsealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  detail::UniqueFd unsealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(unsealed);
   ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(frame.segment(kDataSegment).size)), 0);
   wire.send(frame.bytes, with_data_fd(frame, unsealed.get()));
@@ -919,7 +919,7 @@ TEST_F(HostileFdTest, ReturnBoardFdThatIsNotAMemfd) {
   Frame frame = encode(OneTensor{tensor_});
   int pipe_ends[2];
   ASSERT_EQ(::pipe2(pipe_ends, O_CLOEXEC), 0);
-  UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
+  detail::UniqueFd read_end(pipe_ends[0]), write_end(pipe_ends[1]);
   std::vector<int> fds = frame.fds;
   fds.at(0) = read_end.get();
   wire.send(frame.bytes, fds);
@@ -946,7 +946,7 @@ TEST_F(HostileFdTest, SealedSegmentSmallerThanItClaims) {
   Wire<OneTensor> wire(Transport::UnixSocket);
   Frame frame = encode(OneTensor{tensor_});
   const std::uint64_t claimed = frame.segment(kDataSegment).size;
-  SharedMemory small = SharedMemory::create(64);  // the frame claims a whole segment
+  detail::SharedMemory small = detail::SharedMemory::create(64);  // the frame claims a whole segment
   wire.send(frame.bytes, with_data_fd(frame, small.fd()));
   expect_protocol_error(wire.rx, "frame claims " + std::to_string(claimed));
 }
@@ -954,7 +954,7 @@ TEST_F(HostileFdTest, SealedSegmentSmallerThanItClaims) {
 TEST_F(HostileFdTest, MoreFdsThanHandles) {
   Wire<OneTensor> wire(Transport::UnixSocket);
   Frame frame = encode(OneTensor{tensor_});
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   h.fd_count = 0;  // header says none, but they arrive with the frame
   frame.set_header(h);
   wire.send(frame.bytes, frame.fds);
@@ -964,7 +964,7 @@ TEST_F(HostileFdTest, MoreFdsThanHandles) {
 TEST_F(HostileFdTest, MoreFdsThanFdSegments) {
   Wire<OneTensor> wire(Transport::UnixSocket);
   Frame frame = encode(OneTensor{tensor_});
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   h.fd_count += 1;  // one fd more than the segment table has NewFd entries
   frame.set_header(h);
   std::vector<int> fds = frame.fds;
@@ -983,7 +983,7 @@ TEST_F(HostileFdTest, FewerFdsThanTheHeaderClaims) {
 TEST_F(HostileFdTest, HeaderClaimsMoreFdsThanHandles) {
   Wire<OneTensor> wire(Transport::UnixSocket);
   Frame frame = encode(OneTensor{tensor_});
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   const std::uint32_t segments = h.segment_count;  // the return board and the tensor's segment
   h.fd_count = segments + 1;
   frame.set_header(h);
@@ -999,7 +999,7 @@ TEST_F(HostileFdTest, FdsWithAFrameThatDeclaresNone) {
   // handles): a peer could fill this process's fd table without declaring a single fd.
   Wire<Other> wire(Transport::UnixSocket);
   Frame frame = encode(Other{1});
-  UniqueFd a(::memfd_create("stray", MFD_CLOEXEC)), b(::memfd_create("stray", MFD_CLOEXEC));
+  detail::UniqueFd a(::memfd_create("stray", MFD_CLOEXEC)), b(::memfd_create("stray", MFD_CLOEXEC));
   ASSERT_TRUE(a && b);
   wire.send(frame.bytes, {a.get(), b.get()});
   expect_protocol_error(wire.rx, "declares 0 (fd_count)");
@@ -1007,8 +1007,8 @@ TEST_F(HostileFdTest, FdsWithAFrameThatDeclaresNone) {
 
 TEST_F(HostileFdTest, FdForAHandleThatIsLeased) {
   Wire<OneTensor> wire(Transport::UnixSocket);
-  MessageEncoder encoder(HandlePassing::FdPassing);
-  auto flatten = [&](const EncodedFrame& encoded) {
+  detail::MessageEncoder encoder(detail::HandlePassing::FdPassing);
+  auto flatten = [&](const detail::EncodedFrame& encoded) {
     Frame frame;
     for (const iovec& part : encoded.iovecs()) {
       const auto* begin = static_cast<const std::byte*>(part.iov_base);
@@ -1027,7 +1027,7 @@ TEST_F(HostileFdTest, FdForAHandleThatIsLeased) {
   wire.send(first.bytes, first.fds);
   ASSERT_TRUE(wire.rx.recv().has_value());
   Frame second = flatten(encoder.encode(OneTensor{tensor_}));  // travels as a lease: no fd, no segment
-  FrameHeader h = second.header();
+  detail::FrameHeader h = second.header();
   ASSERT_EQ(h.fd_count, 0u);
   ASSERT_EQ(h.segment_count, 0u);
   h.fd_count = 1;
@@ -1040,7 +1040,7 @@ TEST_F(HostileFdTest, FdForAHandleThatIsLeased) {
 TEST_F(HostileFdTest, MemfdSealedAgainstShrinkingOnly) {
   Wire<OneTensor> wire(Transport::UnixSocket);
   Frame frame = encode(OneTensor{tensor_});
-  UniqueFd half_sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  detail::UniqueFd half_sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(half_sealed);
   ASSERT_EQ(::ftruncate(half_sealed.get(), static_cast<off_t>(frame.segment(kDataSegment).size)), 0);
   ASSERT_EQ(::fcntl(half_sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
@@ -1057,7 +1057,7 @@ TEST_F(HostileFdTest, MemfdSealedAgainstWriting) {
     for (const std::size_t segment : {kDataSegment, std::size_t{0}}) {  // a data segment, the return board
       Wire<OneTensor> wire(Transport::UnixSocket);
       Frame frame = encode(OneTensor{tensor_});
-      UniqueFd sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+      detail::UniqueFd sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
       ASSERT_TRUE(sealed);
       ASSERT_EQ(::ftruncate(sealed.get(), static_cast<off_t>(frame.segment(segment).size)), 0);
       ASSERT_EQ(::fcntl(sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | write_seal), 0);
@@ -1124,13 +1124,13 @@ TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
 TEST_F(HostileFdTest, FdSegmentWhoseFdIsMissingIsRefusedEvenWhenItsIdentityIsMapped) {
   Wire<OneTensor> wire(Transport::UnixSocket);
   Frame frame = encode(OneTensor{tensor_});
-  SegmentEntry e = frame.segment(kDataSegment);
-  ASSERT_EQ(e.kind, static_cast<std::uint32_t>(SegmentKind::NewFd));
-  const FileIdentity mapped = tensor_.storage()->shared_block()->segment()->identity();
+  detail::SegmentEntry e = frame.segment(kDataSegment);
+  ASSERT_EQ(e.kind, static_cast<std::uint32_t>(detail::SegmentKind::NewFd));
+  const detail::FileIdentity mapped = tensor_.storage()->shared_block()->segment()->identity();
   e.device = mapped.device;
   e.inode = mapped.inode;
   frame.set_segment(kDataSegment, e);
-  FrameHeader h = frame.header();
+  detail::FrameHeader h = frame.header();
   h.fd_count -= 1;  // only the return board's fd travels
   frame.set_header(h);
   wire.send(frame.bytes, {frame.fds.at(0)});
@@ -1143,43 +1143,43 @@ class HostileProcPathTest : public HostileFdTest {
  protected:
   // A Pipe frame for tensor_ whose data segment names `fd` of this process, with `claimed`
   // identity.
-  Frame frame_naming(int fd, const FileIdentity& claimed) {
-    Frame frame = encode(OneTensor{tensor_}, HandlePassing::ProcFd);
-    SegmentEntry e = frame.segment(kDataSegment);
-    EXPECT_EQ(e.kind, static_cast<std::uint32_t>(SegmentKind::NewProcFd));
+  Frame frame_naming(int fd, const detail::FileIdentity& claimed) {
+    Frame frame = encode(OneTensor{tensor_}, detail::HandlePassing::ProcFd);
+    detail::SegmentEntry e = frame.segment(kDataSegment);
+    EXPECT_EQ(e.kind, static_cast<std::uint32_t>(detail::SegmentKind::NewProcFd));
     e.fd = fd;
     e.device = claimed.device;
     e.inode = claimed.inode;
     frame.set_segment(kDataSegment, e);
     return frame;
   }
-  std::uint64_t claimed_size() { return encode(OneTensor{tensor_}, HandlePassing::ProcFd).segment(kDataSegment).size; }
+  std::uint64_t claimed_size() { return encode(OneTensor{tensor_}, detail::HandlePassing::ProcFd).segment(kDataSegment).size; }
 };
 
 TEST_F(HostileProcPathTest, UnsealedMemfdIsRefused) {
   Wire<OneTensor> wire(Transport::Pipe);
-  UniqueFd unsealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  detail::UniqueFd unsealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(unsealed);
   ASSERT_EQ(::ftruncate(unsealed.get(), static_cast<off_t>(claimed_size())), 0);
-  Frame frame = frame_naming(unsealed.get(), identify_fd(unsealed.get()));
+  Frame frame = frame_naming(unsealed.get(), detail::identify_fd(unsealed.get()));
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, "not sealed");
 }
 
 TEST_F(HostileProcPathTest, MemfdSealedAgainstShrinkingOnlyIsRefused) {
   Wire<OneTensor> wire(Transport::Pipe);
-  UniqueFd half_sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  detail::UniqueFd half_sealed(::memfd_create("hostile", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   ASSERT_TRUE(half_sealed);
   ASSERT_EQ(::ftruncate(half_sealed.get(), static_cast<off_t>(claimed_size())), 0);
   ASSERT_EQ(::fcntl(half_sealed.get(), F_ADD_SEALS, F_SEAL_SHRINK), 0);
-  Frame frame = frame_naming(half_sealed.get(), identify_fd(half_sealed.get()));
+  Frame frame = frame_naming(half_sealed.get(), detail::identify_fd(half_sealed.get()));
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, "not sealed");
 }
 
 TEST_F(HostileProcPathTest, SealedSegmentSmallerThanItClaimsIsRefused) {
   Wire<OneTensor> wire(Transport::Pipe);
-  SharedMemory small = SharedMemory::create(64);
+  detail::SharedMemory small = detail::SharedMemory::create(64);
   Frame frame = frame_naming(small.fd(), small.identity());
   wire.send(frame.bytes);
   expect_protocol_error(wire.rx, "frame claims " + std::to_string(claimed_size()));
@@ -1187,8 +1187,8 @@ TEST_F(HostileProcPathTest, SealedSegmentSmallerThanItClaimsIsRefused) {
 
 TEST_F(HostileProcPathTest, SealedSegmentThatIsNotTheOneNamedIsRefused) {
   Wire<OneTensor> wire(Transport::Pipe);
-  SharedMemory other = SharedMemory::create(claimed_size());
-  FileIdentity claimed = other.identity();
+  detail::SharedMemory other = detail::SharedMemory::create(claimed_size());
+  detail::FileIdentity claimed = other.identity();
   claimed.inode += 1;  // not the identity of the file at the path
   Frame frame = frame_naming(other.fd(), claimed);
   wire.send(frame.bytes);
@@ -1209,20 +1209,20 @@ TEST_F(HostileProcPathTest, SenderOfAnotherUserCannotNameASegmentMappedHere) {
   Tensor secret = Tensor::empty({1024}, DType::Int32, Device::SharedCpu);
   secret.fill(std::int32_t{42});
   const SharedBlock& block = *secret.storage()->shared_block();
-  const FileIdentity mapped = block.segment()->identity();
+  const detail::FileIdentity mapped = block.segment()->identity();
   int go[2];
   ASSERT_EQ(::pipe2(go, O_CLOEXEC), 0);
-  UniqueFd go_read(go[0]), go_write(go[1]);
+  detail::UniqueFd go_read(go[0]), go_write(go[1]);
   const pid_t child = test::fork_child([&] {
     if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) throw std::runtime_error("cannot become nobody");
-    Frame frame = encode(OneTensor{Tensor::zeros({1024}, DType::Int32, Device::SharedCpu)}, HandlePassing::ProcFd);
-    SegmentEntry e = frame.segment(kDataSegment);
-    CHILD_CHECK(e.kind == static_cast<std::uint32_t>(SegmentKind::NewProcFd));
+    Frame frame = encode(OneTensor{Tensor::zeros({1024}, DType::Int32, Device::SharedCpu)}, detail::HandlePassing::ProcFd);
+    detail::SegmentEntry e = frame.segment(kDataSegment);
+    CHILD_CHECK(e.kind == static_cast<std::uint32_t>(detail::SegmentKind::NewProcFd));
     e.device = mapped.device;
     e.inode = mapped.inode;
     e.size = block.segment()->size();
     frame.set_segment(kDataSegment, e);
-    HandleEntry h = frame.entry(0);
+    detail::HandleEntry h = frame.entry(0);
     h.offset = block.offset();
     frame.set_entry(0, h);
     wire.send(frame.bytes);
@@ -1237,9 +1237,9 @@ TEST_F(HostileProcPathTest, SenderOfAnotherUserCannotNameASegmentMappedHere) {
 
 TEST_F(HostileFdTest, ProcPathToAForeignFileIsRefused) {
   Wire<OneTensor> wire(Transport::Pipe);
-  Frame frame = encode(OneTensor{tensor_}, HandlePassing::ProcFd);
-  SegmentEntry e = frame.segment(kDataSegment);
-  ASSERT_EQ(e.kind, static_cast<std::uint32_t>(SegmentKind::NewProcFd));
+  Frame frame = encode(OneTensor{tensor_}, detail::HandlePassing::ProcFd);
+  detail::SegmentEntry e = frame.segment(kDataSegment);
+  ASSERT_EQ(e.kind, static_cast<std::uint32_t>(detail::SegmentKind::NewProcFd));
   e.fd = 0;  // stdin: not the segment the frame names
   e.inode += 1;
   frame.set_segment(kDataSegment, e);

@@ -11,14 +11,14 @@ namespace ferry {
 namespace {
 
 TEST(IdSlotMapTest, AnEmptyMapFindsNothing) {
-  IdSlotMap map;
+  detail::IdSlotMap map;
   EXPECT_EQ(map.size(), 0u);
   EXPECT_FALSE(map.find(1).has_value());
   EXPECT_FALSE(map.erase(1));
 }
 
 TEST(IdSlotMapTest, FindsWhatWasInsertedUntilErased) {
-  IdSlotMap map;
+  detail::IdSlotMap map;
   map.insert(7, 70);
   map.insert(8, 80);
   EXPECT_EQ(map.find(7), 70u);
@@ -38,7 +38,7 @@ TEST(IdSlotMapTest, AgreesWithUnorderedMapUnderRandomUse) {
   for (const std::uint64_t range : {std::uint64_t{300}, std::uint64_t{1} << 40}) {
     SCOPED_TRACE(range);
     std::mt19937_64 random(42);
-    IdSlotMap map;
+    detail::IdSlotMap map;
     std::unordered_map<std::uint64_t, std::uint32_t> expected;
     std::vector<std::uint64_t> ids;
     for (int step = 0; step < 20000; ++step) {
@@ -64,7 +64,7 @@ TEST(IdSlotMapTest, AgreesWithUnorderedMapUnderRandomUse) {
 }
 
 TEST(IdSlotMapTest, ConsecutiveIdsInsertedAndErasedInWaves) {
-  IdSlotMap map;
+  detail::IdSlotMap map;
   std::uint64_t next = 1;
   std::vector<std::uint64_t> live;
   for (int wave = 0; wave < 50; ++wave) {

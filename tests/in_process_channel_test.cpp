@@ -279,7 +279,7 @@ TEST_F(InProcessTest, EmptyEndsSayWhatIsWrong) {
   Sender<int> empty;
   EXPECT_FALSE(empty.is_open());
   EXPECT_THROW(empty.send(1), ChannelClosed);
-  EXPECT_THROW(make_transport(Transport::InProcess, FrameLimits{}, 4096), Error);
+  EXPECT_THROW(detail::make_transport(Transport::InProcess, FrameLimits{}, 4096), Error);
 }
 
 // Assigning over an end ends what it held, as destroying it would: the old stream ends
@@ -345,8 +345,8 @@ void expect_misuse(F&& misuse, const std::string& named) {
 
 TEST_F(InProcessTest, MisusesOfAnInProcessEndAreNamedNotReportedAsClosed) {
   auto [tx, rx] = channel<int>(Transport::InProcess);
-  expect_misuse([&tx = tx] { (void)tx.core(); }, "frame core");
-  expect_misuse([&rx = rx] { (void)rx.core(); }, "frame core");
+  expect_misuse([&tx = tx] { (void)detail::EndAccess::core(tx); }, "frame core");
+  expect_misuse([&rx = rx] { (void)detail::EndAccess::core(rx); }, "frame core");
   expect_misuse([&tx = tx] { (void)describe_end(tx); }, "cannot describe an InProcess Sender<int> for another process");
   expect_misuse([&rx = rx] { (void)describe_end(rx); }, "cannot describe an InProcess Receiver<int> for another process");
   EXPECT_TRUE(tx.is_open());

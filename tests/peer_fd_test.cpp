@@ -33,20 +33,20 @@ using namespace std::chrono_literals;
 using test::child_succeeded;
 using test::fork_child;
 using test::wait_child;
-using Method = PeerFdOpener::Method;
+using Method = detail::PeerFdOpener::Method;
 
-FileIdentity identity_of(int fd) {
+detail::FileIdentity identity_of(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno("fstat");
-  return FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+  return detail::FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
 }
 
 // A child that holds a memfd at a known fd number (100 unless taken) until told to exit (a byte on `go`).
 struct FdHolder {
   pid_t pid = -1;
   int fd = -1;
-  FileIdentity identity;
-  UniqueFd go;
+  detail::FileIdentity identity;
+  detail::UniqueFd go;
 };
 
 FdHolder start_holder() {
@@ -69,11 +69,11 @@ FdHolder start_holder() {
   ::close(to_child[0]);
   ::close(from_child[1]);
   holder.go.reset(to_child[1]);
-  UniqueFd answer(from_child[0]);
+  detail::UniqueFd answer(from_child[0]);
   if (::read(answer.get(), &holder.fd, sizeof holder.fd) != sizeof holder.fd) throw_errno("read from the holder");
   // The identity through /proc, without pidfd_getfd (what is under test).
   const std::string path = "/proc/" + std::to_string(holder.pid) + "/fd/" + std::to_string(holder.fd);
-  UniqueFd opened(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  detail::UniqueFd opened(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!opened) throw_errno("open " + path);
   holder.identity = identity_of(opened.get());
   return holder;
@@ -89,21 +89,21 @@ class PeerFdOpenerTest : public test::LeakCheckedTest {};
 TEST_F(PeerFdOpenerTest, TakesADescriptorWithPidfdGetfdThroughOneKeptPidfd) {
   FdHolder holder = start_holder();
   {
-    PeerFdOpener opener;
-    const std::uint64_t by_pidfd = PeerFdOpener::taken_count(Method::PidfdGetfd);
-    const std::uint64_t by_proc = PeerFdOpener::taken_count(Method::ProcPath);
-    PeerFdOpener::Taken first = opener.take(holder.pid, holder.fd);
+    detail::PeerFdOpener opener;
+    const std::uint64_t by_pidfd = detail::PeerFdOpener::taken_count(Method::PidfdGetfd);
+    const std::uint64_t by_proc = detail::PeerFdOpener::taken_count(Method::ProcPath);
+    detail::PeerFdOpener::Taken first = opener.take(holder.pid, holder.fd);
     ASSERT_TRUE(first.fd) << std::strerror(first.error);
     EXPECT_EQ(first.method, Method::PidfdGetfd);
     EXPECT_EQ(identity_of(first.fd.get()), holder.identity);
     EXPECT_TRUE(::fcntl(first.fd.get(), F_GETFD) & FD_CLOEXEC);
     // The pidfd is kept: a second take opens exactly one new descriptor.
     const std::size_t fds = test::count_open_fds();
-    PeerFdOpener::Taken second = opener.take(holder.pid, holder.fd);
+    detail::PeerFdOpener::Taken second = opener.take(holder.pid, holder.fd);
     ASSERT_TRUE(second.fd);
     EXPECT_EQ(test::count_open_fds(), fds + 1);
-    EXPECT_EQ(PeerFdOpener::taken_count(Method::PidfdGetfd), by_pidfd + 2);
-    EXPECT_EQ(PeerFdOpener::taken_count(Method::ProcPath), by_proc);
+    EXPECT_EQ(detail::PeerFdOpener::taken_count(Method::PidfdGetfd), by_pidfd + 2);
+    EXPECT_EQ(detail::PeerFdOpener::taken_count(Method::ProcPath), by_proc);
     EXPECT_FALSE(opener.exited(holder.pid, 0ms));
   }
   stop_holder(holder);
@@ -111,17 +111,17 @@ TEST_F(PeerFdOpenerTest, TakesADescriptorWithPidfdGetfdThroughOneKeptPidfd) {
 
 TEST_F(PeerFdOpenerTest, SwitchedOffItOpensTheProcPath) {
   FdHolder holder = start_holder();
-  PeerFdOpener::allow_pidfd_getfd(false);
+  detail::PeerFdOpener::allow_pidfd_getfd(false);
   {
-    PeerFdOpener opener;
-    const std::uint64_t by_proc = PeerFdOpener::taken_count(Method::ProcPath);
-    PeerFdOpener::Taken taken = opener.take(holder.pid, holder.fd);
+    detail::PeerFdOpener opener;
+    const std::uint64_t by_proc = detail::PeerFdOpener::taken_count(Method::ProcPath);
+    detail::PeerFdOpener::Taken taken = opener.take(holder.pid, holder.fd);
     ASSERT_TRUE(taken.fd) << std::strerror(taken.error);
     EXPECT_EQ(taken.method, Method::ProcPath);
     EXPECT_EQ(identity_of(taken.fd.get()), holder.identity);
-    EXPECT_EQ(PeerFdOpener::taken_count(Method::ProcPath), by_proc + 1);
+    EXPECT_EQ(detail::PeerFdOpener::taken_count(Method::ProcPath), by_proc + 1);
   }
-  PeerFdOpener::allow_pidfd_getfd(true);
+  detail::PeerFdOpener::allow_pidfd_getfd(true);
   stop_holder(holder);
 }
 
@@ -132,19 +132,19 @@ void expect_fallback_when_pidfd_getfd_fails_with(int error) {
   FdHolder holder = start_holder();
   const pid_t child = fork_child([&] {
     CHILD_CHECK(test::fail_syscall(SYS_pidfd_getfd, error).empty());
-    PeerFdOpener opener;
-    const std::uint64_t fallbacks = PeerFdOpener::fallback_count();
-    const std::uint64_t by_proc = PeerFdOpener::taken_count(Method::ProcPath);
-    const std::uint64_t by_pidfd = PeerFdOpener::taken_count(Method::PidfdGetfd);
+    detail::PeerFdOpener opener;
+    const std::uint64_t fallbacks = detail::PeerFdOpener::fallback_count();
+    const std::uint64_t by_proc = detail::PeerFdOpener::taken_count(Method::ProcPath);
+    const std::uint64_t by_pidfd = detail::PeerFdOpener::taken_count(Method::PidfdGetfd);
     for (int i = 0; i < 3; ++i) {
-      PeerFdOpener::Taken taken = opener.take(holder.pid, holder.fd);
+      detail::PeerFdOpener::Taken taken = opener.take(holder.pid, holder.fd);
       CHILD_CHECK(taken.fd);
       CHILD_CHECK(taken.method == Method::ProcPath);
       CHILD_CHECK(identity_of(taken.fd.get()) == holder.identity);
     }
-    CHILD_CHECK(PeerFdOpener::fallback_count() == fallbacks + 1);  // remembered
-    CHILD_CHECK(PeerFdOpener::taken_count(Method::ProcPath) == by_proc + 3);
-    CHILD_CHECK(PeerFdOpener::taken_count(Method::PidfdGetfd) == by_pidfd);
+    CHILD_CHECK(detail::PeerFdOpener::fallback_count() == fallbacks + 1);  // remembered
+    CHILD_CHECK(detail::PeerFdOpener::taken_count(Method::ProcPath) == by_proc + 3);
+    CHILD_CHECK(detail::PeerFdOpener::taken_count(Method::PidfdGetfd) == by_pidfd);
   });
   EXPECT_TRUE(child_succeeded(child));
   stop_holder(holder);
@@ -156,10 +156,10 @@ TEST_F(PeerFdOpenerTest, MissingPidfdGetfdFallsBackToProcOnce) { expect_fallback
 
 TEST_F(PeerFdOpenerTest, APeerThatExitedIsReportedAsExited) {
   FdHolder holder = start_holder();
-  PeerFdOpener opener;
+  detail::PeerFdOpener opener;
   ASSERT_TRUE(opener.take(holder.pid, holder.fd).fd);
   stop_holder(holder);  // exited and reaped
-  PeerFdOpener::Taken taken = opener.take(holder.pid, holder.fd);
+  detail::PeerFdOpener::Taken taken = opener.take(holder.pid, holder.fd);
   EXPECT_FALSE(taken.fd);
   EXPECT_EQ(taken.error, ESRCH);
   EXPECT_TRUE(opener.exited(holder.pid, 0ms));
@@ -169,7 +169,7 @@ TEST_F(PeerFdOpenerTest, APeerThatExitedIsReportedAsExited) {
 // Makes the next fork() of this process get pid `pid` (needs the right to write
 // /proc/sys/kernel/ns_last_pid, root in the pid namespace); false when it cannot.
 bool next_pid_will_be(pid_t pid) {
-  UniqueFd last(::open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC));
+  detail::UniqueFd last(::open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC));
   if (!last) return false;
   const std::string text = std::to_string(pid - 1);
   return ::write(last.get(), text.data(), text.size()) == static_cast<ssize_t>(text.size());
@@ -180,7 +180,7 @@ bool next_pid_will_be(pid_t pid) {
 TEST_F(PeerFdOpenerTest, APidReusedByAnotherProcessIsNotReached) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to choose the pid of a new process (ns_last_pid)";
   FdHolder first = start_holder();
-  PeerFdOpener opener;
+  detail::PeerFdOpener opener;
   ASSERT_TRUE(opener.take(first.pid, first.fd).fd);
   stop_holder(first);
   FdHolder second;
@@ -192,12 +192,12 @@ TEST_F(PeerFdOpenerTest, APidReusedByAnotherProcessIsNotReached) {
   ASSERT_EQ(second.pid, first.pid) << "the pid was not reused";
   ASSERT_EQ(second.fd, first.fd);
   ASSERT_NE(second.identity, first.identity);
-  PeerFdOpener::Taken taken = opener.take(second.pid, second.fd);
+  detail::PeerFdOpener::Taken taken = opener.take(second.pid, second.fd);
   EXPECT_FALSE(taken.fd) << "reached the new process that reused the pid";
   EXPECT_TRUE(opener.exited(second.pid, 0ms));
   // A new opener (a new connection) reaches the new process.
-  PeerFdOpener fresh;
-  PeerFdOpener::Taken reached = fresh.take(second.pid, second.fd);
+  detail::PeerFdOpener fresh;
+  detail::PeerFdOpener::Taken reached = fresh.take(second.pid, second.fd);
   ASSERT_TRUE(reached.fd);
   EXPECT_EQ(identity_of(reached.fd.get()), second.identity);
   reached.fd.reset();
@@ -243,9 +243,9 @@ void round_trips_of_new_segments(Transport transport, bool allow_pidfd_getfd, in
     tx.detach();
     reply_rx.close();
     reply_tx.adopt();
-    PeerFdOpener::allow_pidfd_getfd(allow_pidfd_getfd);
-    const std::uint64_t by_pidfd = PeerFdOpener::taken_count(Method::PidfdGetfd);
-    const std::uint64_t by_proc = PeerFdOpener::taken_count(Method::ProcPath);
+    detail::PeerFdOpener::allow_pidfd_getfd(allow_pidfd_getfd);
+    const std::uint64_t by_pidfd = detail::PeerFdOpener::taken_count(Method::PidfdGetfd);
+    const std::uint64_t by_proc = detail::PeerFdOpener::taken_count(Method::ProcPath);
     int got = 0;
     while (auto message = rx.recv()) {
       CHILD_CHECK(message->data.numel() == elements);
@@ -256,9 +256,9 @@ void round_trips_of_new_segments(Transport transport, bool allow_pidfd_getfd, in
     CHILD_CHECK(got == rounds);
     // Each new segment was taken once, plus the return board with the first.
     const std::uint64_t expected = static_cast<std::uint64_t>(rounds) + 1;
-    CHILD_CHECK(PeerFdOpener::taken_count(allow_pidfd_getfd ? Method::PidfdGetfd : Method::ProcPath) ==
+    CHILD_CHECK(detail::PeerFdOpener::taken_count(allow_pidfd_getfd ? Method::PidfdGetfd : Method::ProcPath) ==
                 (allow_pidfd_getfd ? by_pidfd : by_proc) + expected);
-    CHILD_CHECK(PeerFdOpener::taken_count(allow_pidfd_getfd ? Method::ProcPath : Method::PidfdGetfd) ==
+    CHILD_CHECK(detail::PeerFdOpener::taken_count(allow_pidfd_getfd ? Method::ProcPath : Method::PidfdGetfd) ==
                 (allow_pidfd_getfd ? by_proc : by_pidfd));
     reply_tx.close();
   });
@@ -270,13 +270,13 @@ void round_trips_of_new_segments(Transport transport, bool allow_pidfd_getfd, in
     tx.send(Payload{i, sent.back()});
     ASSERT_EQ(reply_rx.recv().value(), i);
     // Frames before the last one are acknowledged: the board told this send.
-    EXPECT_LE(tx.core().segments_awaiting_acknowledgement(), 1u);
+    EXPECT_LE(detail::EndAccess::core(tx).segments_awaiting_acknowledgement(), 1u);
   }
   // The receiver recorded every frame on the board and acknowledged none on the transport.
-  EXPECT_EQ(tx.core().writer().acknowledged(), 0u);
+  EXPECT_EQ(detail::EndAccess::core(tx).writer().acknowledged(), 0u);
   if (transport == Transport::Pipe) {
     int queued = -1;
-    ASSERT_EQ(::ioctl(tx.core().writer().descriptors().at(1), FIONREAD, &queued), 0);
+    ASSERT_EQ(::ioctl(detail::EndAccess::core(tx).writer().descriptors().at(1), FIONREAD, &queued), 0);
     EXPECT_EQ(queued, 0) << "the receiver wrote acknowledgements to the pipe";
   }
   tx.close();
@@ -300,8 +300,8 @@ TEST_P(FdNamingTransportTest, SenderThatClosesAndExitsRightAfterSendingWaitsForT
   const std::int64_t elements = segment_sized_elements();
   int report[2];
   ASSERT_EQ(::pipe2(report, O_CLOEXEC), 0);
-  UniqueFd report_read(report[0]);
-  UniqueFd report_write(report[1]);
+  detail::UniqueFd report_read(report[0]);
+  detail::UniqueFd report_write(report[1]);
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     report_read.reset();
@@ -310,7 +310,7 @@ TEST_P(FdNamingTransportTest, SenderThatClosesAndExitsRightAfterSendingWaitsForT
     const char closing = 1;
     CHILD_CHECK(::write(report_write.get(), &closing, 1) == 1);
     tx.close();  // waits for the receiver to have the segments
-    const std::uint64_t acknowledged = tx.core().writer().acknowledged();
+    const std::uint64_t acknowledged = detail::EndAccess::core(tx).writer().acknowledged();
     CHILD_CHECK(::write(report_write.get(), &acknowledged, sizeof acknowledged) == sizeof acknowledged);
   });  // exits at once
   tx.detach();

@@ -21,8 +21,8 @@ class ProcessHandleTest : public test::LeakCheckedTest {};
 TEST_F(ProcessHandleTest, ExitedFollowsTheProcessThroughItsZombieState) {
   int ends[2];
   ASSERT_EQ(::pipe(ends), 0);
-  UniqueFd release_read(ends[0]);
-  UniqueFd release_write(ends[1]);
+  detail::UniqueFd release_read(ends[0]);
+  detail::UniqueFd release_write(ends[1]);
   const pid_t child = test::fork_child([&] {
     release_write.reset();
     char byte = 0;
@@ -30,11 +30,11 @@ TEST_F(ProcessHandleTest, ExitedFollowsTheProcessThroughItsZombieState) {
   });
   release_read.reset();
   {
-    const ProcessHandle handle = ProcessHandle::open(child);
+    const detail::ProcessHandle handle = detail::ProcessHandle::open(child);
     ASSERT_TRUE(handle) << "pidfd_open failed with errno " << handle.error();
     EXPECT_EQ(handle.pid(), child);
     EXPECT_EQ(handle.error(), 0);
-    const auto identity = identify_process(child);
+    const auto identity = detail::identify_process(child);
     ASSERT_TRUE(identity.has_value());
     EXPECT_EQ(handle.identity(), *identity);
     EXPECT_FALSE(handle.exited());
@@ -44,33 +44,33 @@ TEST_F(ProcessHandleTest, ExitedFollowsTheProcessThroughItsZombieState) {
     EXPECT_TRUE(handle.exited());
   }
   // Reaped: no such process any more (a pid is not reused this soon).
-  const ProcessHandle gone = ProcessHandle::open(child);
+  const detail::ProcessHandle gone = detail::ProcessHandle::open(child);
   EXPECT_FALSE(gone);
   EXPECT_EQ(gone.error(), ESRCH);
   EXPECT_TRUE(gone.exited());
 }
 
 TEST_F(ProcessHandleTest, AnIdentityWhosePidNowNamesAnotherProcessReadsAsExited) {
-  const ProcessIdentity self = current_process();
-  const ProcessHandle handle = ProcessHandle::open(self);
+  const detail::ProcessIdentity self = detail::current_process();
+  const detail::ProcessHandle handle = detail::ProcessHandle::open(self);
   ASSERT_TRUE(handle);
   EXPECT_EQ(handle.identity(), self);
   EXPECT_FALSE(handle.exited());
 
-  const ProcessHandle earlier = ProcessHandle::open(ProcessIdentity{self.pid, self.start_time + 1});
+  const detail::ProcessHandle earlier = detail::ProcessHandle::open(detail::ProcessIdentity{self.pid, self.start_time + 1});
   EXPECT_FALSE(earlier) << "the pid now names a later process";
   EXPECT_EQ(earlier.error(), ESRCH);
   EXPECT_TRUE(earlier.exited());
 }
 
 TEST_F(ProcessHandleTest, AnInvalidPidOpensNothingAndIsNotCalledExited) {
-  const ProcessHandle none = ProcessHandle::open(pid_t{0});
+  const detail::ProcessHandle none = detail::ProcessHandle::open(pid_t{0});
   EXPECT_FALSE(none);
   EXPECT_EQ(none.error(), EINVAL);
   EXPECT_FALSE(none.exited());
-  const ProcessHandle moved_from = [] {
-    ProcessHandle handle = ProcessHandle::open(::getpid());
-    UniqueFd fd = handle.release_fd();
+  const detail::ProcessHandle moved_from = [] {
+    detail::ProcessHandle handle = detail::ProcessHandle::open(::getpid());
+    detail::UniqueFd fd = handle.release_fd();
     EXPECT_TRUE(fd);
     EXPECT_FALSE(handle);
     return handle;

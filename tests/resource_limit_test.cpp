@@ -86,7 +86,7 @@ TEST_P(ResourceLimitTest, ReceiverAtItsOpenFileLimitGetsAClearError) {
   auto [tx, rx] = channel<IndexedTensor>(GetParam());
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     tx.detach();
-    const std::size_t own_fds = rx.core().reader().descriptors().size();
+    const std::size_t own_fds = detail::EndAccess::core(rx).reader().descriptors().size();
     const std::size_t fds_before = count_open_fds();
     set_soft_limit(RLIMIT_NOFILE, nofile_limit_leaving(4));
     std::vector<IndexedTensor> held;

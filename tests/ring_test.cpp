@@ -61,11 +61,11 @@ ChannelOptions ring_options(std::size_t capacity, std::chrono::nanoseconds spin 
 // The shared header of the ring behind `reader`, mapped a second time, as another process
 // scribbling in the segment would see it.
 struct MappedHeader {
-  explicit MappedHeader(FrameReader& reader, std::size_t capacity)
-      : mapping(Mapping::map_shared(reader.descriptors().at(0), kRingHeaderBytes + capacity)) {}
+  explicit MappedHeader(detail::FrameReader& reader, std::size_t capacity)
+      : mapping(detail::Mapping::map_shared(reader.descriptors().at(0), kRingHeaderBytes + capacity)) {}
   RingHeader& header() const { return *static_cast<RingHeader*>(mapping.data()); }
   std::byte* data() const { return static_cast<std::byte*>(mapping.data()) + kRingHeaderBytes; }
-  Mapping mapping;
+  detail::Mapping mapping;
 };
 
 std::uint8_t pattern(std::uint64_t index, std::size_t offset) {
@@ -192,7 +192,7 @@ struct ClosedFullRing {
 };
 ClosedFullRing close_a_ring_filled_to(Sender<Bytes>& tx, Receiver<Bytes>& rx, std::size_t capacity,
                                       std::size_t leftover) {
-  MappedHeader mapped(rx.core().reader(), capacity);
+  MappedHeader mapped(detail::EndAccess::core(rx).reader(), capacity);
   const auto free_bytes = [&] {
     return capacity - (mapped.header().tail.load() - mapped.header().head.load());
   };
@@ -226,7 +226,7 @@ TEST_F(RingTest, CloseOfARingWithRoomForTheEndOfStreamEndsItCleanlyAtOnce) {
   ChannelOptions options = ring_options(kCapacity);
   options.close_linger = 10s;
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, options);
-  const ClosedFullRing closed = close_a_ring_filled_to(tx, rx, kCapacity, sizeof(FrameHeader));
+  const ClosedFullRing closed = close_a_ring_filled_to(tx, rx, kCapacity, sizeof(detail::FrameHeader));
   EXPECT_LT(closed.close_took, 5s) << "close() waited although the end of the stream fitted";
   for (int i = 0; i < closed.sent; ++i) ASSERT_TRUE(rx.recv().has_value());
   EXPECT_FALSE(rx.recv().has_value());
@@ -238,7 +238,7 @@ TEST_F(RingTest, CloseOfARingWithoutRoomForTheEndOfStreamLingersThenGivesThePeer
   options.close_linger = 100ms;
   options.peer_check_interval = 5ms;
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, options);
-  const ClosedFullRing closed = close_a_ring_filled_to(tx, rx, kCapacity, sizeof(FrameHeader) - 1);
+  const ClosedFullRing closed = close_a_ring_filled_to(tx, rx, kCapacity, sizeof(detail::FrameHeader) - 1);
   EXPECT_GE(closed.close_took, 100ms) << "close() gave up before close_linger";
   EXPECT_LT(closed.close_took, 5s);
   for (int i = 0; i < closed.sent; ++i) ASSERT_TRUE(rx.recv().has_value());
@@ -286,13 +286,13 @@ TEST_F(RingTest, TimedSendOfAFrameLargerThanTheRingIsNeverHalfSent) {
 // Frames written around a body in lent ring space, at the transport level: `name_bytes`
 // of type name make the header and tables exactly 56 + name_bytes long.
 struct LentFrame {
-  FrameHeader header;
+  detail::FrameHeader header;
   std::vector<char> name;
 };
 
 LentFrame lent_frame(std::size_t name_bytes, std::size_t body_bytes) {
   LentFrame frame;
-  frame.header.flags = kFrameHasTypeName;
+  frame.header.flags = detail::kFrameHasTypeName;
   frame.header.type_name_bytes = static_cast<std::uint32_t>(name_bytes);
   frame.header.body_bytes = body_bytes;
   frame.name.resize(name_bytes);
@@ -301,12 +301,12 @@ LentFrame lent_frame(std::size_t name_bytes, std::size_t body_bytes) {
 }
 
 // Reads one frame and checks its type name and body (pattern `seed`).
-void expect_lent_frame(FrameReader& reader, std::size_t name_bytes, std::size_t body_bytes, std::uint64_t seed) {
-  FrameHeader header;
+void expect_lent_frame(detail::FrameReader& reader, std::size_t name_bytes, std::size_t body_bytes, std::uint64_t seed) {
+  detail::FrameHeader header;
   std::span<const std::byte> payload;
   std::vector<std::byte> buffer;
-  std::deque<UniqueFd> fds;
-  ASSERT_EQ(reader.read_view(header, payload, buffer, fds, Deadline::after(10s)), ReadStatus::Frame);
+  std::deque<detail::UniqueFd> fds;
+  ASSERT_EQ(reader.read_view(header, payload, buffer, fds, detail::Deadline::after(10s)), ReadStatus::Frame);
   ASSERT_EQ(header.type_name_bytes, name_bytes);
   ASSERT_EQ(payload.size(), name_bytes + body_bytes);
   for (std::size_t i = 0; i < name_bytes; ++i) {
@@ -319,9 +319,9 @@ void expect_lent_frame(FrameReader& reader, std::size_t name_bytes, std::size_t 
 }
 
 // Lends space for a body of `body_bytes`, fills it and writes the frame around it.
-bool write_lent_frame(FrameWriter& writer, std::size_t name_bytes, std::size_t body_bytes, std::uint64_t seed,
-                      const Deadline& deadline = Deadline::never()) {
-  BodySpace* space = writer.body_space(deadline);
+bool write_lent_frame(detail::FrameWriter& writer, std::size_t name_bytes, std::size_t body_bytes, std::uint64_t seed,
+                      const detail::Deadline& deadline = detail::Deadline::never()) {
+  detail::BodySpace* space = writer.body_space(deadline);
   EXPECT_NE(space, nullptr);
   if (space == nullptr) return false;
   const std::span<std::byte> lent = space->lend(body_bytes);
@@ -341,8 +341,8 @@ bool write_lent_frame(FrameWriter& writer, std::size_t name_bytes, std::size_t b
 // (the body moves forward). Frames of about a third of the ring wrap around it often.
 TEST_F(RingTest, HeaderAndTablesOfAnySizeGoInFrontOfALentBodyAcrossTheWrapPoint) {
   constexpr std::size_t kCapacity = 64 << 10;
-  auto [writer, reader] = make_transport(Transport::ShmRing, FrameLimits{}, kCapacity);
-  const std::size_t header = sizeof(FrameHeader);
+  auto [writer, reader] = detail::make_transport(Transport::ShmRing, FrameLimits{}, kCapacity);
+  const std::size_t header = sizeof(detail::FrameHeader);
   const std::size_t names[] = {0,   1,   kRingBodyOffset - header - 16, kRingBodyOffset - header - 15,
                                kRingBodyOffset - header - 8, kRingBodyOffset - header - 1,
                                kRingBodyOffset - header, kRingBodyOffset - header + 1, 3000};
@@ -359,13 +359,13 @@ TEST_F(RingTest, HeaderAndTablesOfAnySizeGoInFrontOfALentBodyAcrossTheWrapPoint)
 TEST_F(RingTest, LentBodyWhoseHeaderNoLongerFitsWaitsForRoomAndArrivesIntact) {
   constexpr std::size_t kCapacity = 64 << 10;
   constexpr std::size_t kBody = 30'000;
-  auto [writer, reader] = make_transport(Transport::ShmRing, FrameLimits{}, kCapacity);
+  auto [writer, reader] = detail::make_transport(Transport::ShmRing, FrameLimits{}, kCapacity);
   // A first frame, unread (its body lent too: it takes kRingBodyOffset + its body), leaves
   // room for the lent body and 100 bytes more: a 3000-byte header and tables do not fit in
   // front of the body, nor does the body move forward.
   constexpr std::size_t kFirst = kCapacity - kRingBodyOffset - (kRingBodyOffset + kBody + 100);
   ASSERT_TRUE(write_lent_frame(*writer, 0, kFirst, 1));
-  EXPECT_FALSE(write_lent_frame(*writer, 3000, kBody, 2, Deadline::after(20ms)));  // nothing went out
+  EXPECT_FALSE(write_lent_frame(*writer, 3000, kBody, 2, detail::Deadline::after(20ms)));  // nothing went out
   std::thread drain([&reader = reader] {
     std::this_thread::sleep_for(50ms);
     expect_lent_frame(*reader, 0, kFirst, 1);
@@ -378,7 +378,7 @@ TEST_F(RingTest, LentBodyWhoseHeaderNoLongerFitsWaitsForRoomAndArrivesIntact) {
 TEST_F(RingTest, LargeMessageIsSerializedIntoTheRingBehindAGap) {
   constexpr std::size_t kCapacity = 1 << 20;
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(kCapacity));
-  MappedHeader watcher(rx.core().reader(), kCapacity);
+  MappedHeader watcher(detail::EndAccess::core(rx).reader(), kCapacity);
   Bytes big(100'000);
   for (std::size_t j = 0; j < big.size(); ++j) big[j] = pattern(5, j);
   tx.send(big);
@@ -390,7 +390,7 @@ TEST_F(RingTest, LargeMessageIsSerializedIntoTheRingBehindAGap) {
   EXPECT_EQ(std::memcmp(watcher.data() + kRingBodyOffset + 8, big.data(), big.size()), 0);
   // A small message goes in as before: right behind, no gap.
   tx.send(Bytes(100, 3));
-  EXPECT_EQ(watcher.header().tail.load(), kRingBodyOffset + 8 + big.size() + sizeof(FrameHeader) + 8 + 100);
+  EXPECT_EQ(watcher.header().tail.load(), kRingBodyOffset + 8 + big.size() + sizeof(detail::FrameHeader) + 8 + 100);
   EXPECT_EQ(rx.recv().value(), big);
   EXPECT_EQ(rx.recv().value(), Bytes(100, 3));
 }
@@ -403,7 +403,7 @@ using Chunked = std::pair<std::uint64_t, std::vector<Bytes>>;
 std::vector<std::size_t> pick_chunks(std::mt19937_64& rng, std::size_t capacity) {
   const auto roll = rng() % 100;
   if (roll < 30) return {rng() % 300};
-  if (roll < 70) return {FrameBody::kLendFrom + rng() % (capacity / 2)};
+  if (roll < 70) return {detail::FrameBody::kLendFrom + rng() % (capacity / 2)};
   if (roll < 90) return std::vector<std::size_t>(1 + rng() % 12, 4096 + rng() % 4096);
   return {capacity + rng() % capacity};
 }
@@ -466,7 +466,7 @@ TEST_F(RingTest, SenderKilledWhileSerializingIntoTheRingIsPeerDiedNeverAMessage)
   ChannelOptions options = ring_options(kCapacity);
   options.peer_check_interval = 20ms;
   auto [tx, rx] = channel<DiesWhileSerialized>(Transport::ShmRing, options);
-  MappedHeader watcher(rx.core().reader(), kCapacity);
+  MappedHeader watcher(detail::EndAccess::core(rx).reader(), kCapacity);
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
@@ -490,7 +490,7 @@ TEST_F(RingTest, SenderKilledWhileSerializingIntoTheRingIsPeerDiedNeverAMessage)
 
 TEST_F(RingTest, ScribbledWritePositionIsAProtocolError) {
   auto [tx, rx] = channel<int>(Transport::ShmRing, ring_options(4096));
-  MappedHeader scribbler(rx.core().reader(), 4096);
+  MappedHeader scribbler(detail::EndAccess::core(rx).reader(), 4096);
   tx.send(1);
   scribbler.header().tail.store(1'000'000);
   EXPECT_THROW(rx.recv(), ProtocolError);
@@ -499,7 +499,7 @@ TEST_F(RingTest, ScribbledWritePositionIsAProtocolError) {
 
 TEST_F(RingTest, ScribbledReadPositionIsAProtocolErrorForTheSender) {
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
-  MappedHeader scribbler(rx.core().reader(), 4096);
+  MappedHeader scribbler(detail::EndAccess::core(rx).reader(), 4096);
   tx.send(Bytes(3000, 1));
   scribbler.header().head.store(1'000'000);
   EXPECT_THROW(tx.send(Bytes(3000, 2)), ProtocolError);  // needs room: reads the head
@@ -507,9 +507,9 @@ TEST_F(RingTest, ScribbledReadPositionIsAProtocolErrorForTheSender) {
 
 TEST_F(RingTest, ScribbledFrameLengthIsAProtocolError) {
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
-  MappedHeader scribbler(rx.core().reader(), 4096);
+  MappedHeader scribbler(detail::EndAccess::core(rx).reader(), 4096);
   tx.send(Bytes(100, 1));
-  FrameHeader header;
+  detail::FrameHeader header;
   std::memcpy(&header, scribbler.data(), sizeof header);
   header.body_bytes = std::uint64_t{1} << 62;
   std::memcpy(scribbler.data(), &header, sizeof header);
@@ -523,10 +523,10 @@ TEST_F(RingTest, ScribbledFrameLengthIsAProtocolError) {
 
 TEST_F(RingTest, FrameLengthTooShortIsAProtocolErrorNotAnOverread) {
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(4096));
-  MappedHeader scribbler(rx.core().reader(), 4096);
+  MappedHeader scribbler(detail::EndAccess::core(rx).reader(), 4096);
   tx.send(Bytes(100, 1));
   tx.send(Bytes(100, 2));
-  FrameHeader header;
+  detail::FrameHeader header;
   std::memcpy(&header, scribbler.data(), sizeof header);
   header.body_bytes -= 60;  // the rest of the body is taken for the next frame's header
   std::memcpy(scribbler.data(), &header, sizeof header);
@@ -539,7 +539,7 @@ TEST_F(RingTest, ScribbledGapIsAProtocolErrorNotAnOverread) {
   constexpr std::size_t kCapacity = 1 << 20;
   for (const std::uint64_t length : {std::uint64_t{8}, std::uint64_t{kRingBodyOffset + 16}, std::uint64_t{1} << 40}) {
     auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(kCapacity));
-    MappedHeader scribbler(rx.core().reader(), kCapacity);
+    MappedHeader scribbler(detail::EndAccess::core(rx).reader(), kCapacity);
     tx.send(Bytes(100'000, 1));
     RingSkip skip;
     std::memcpy(&skip, scribbler.data(), sizeof skip);
@@ -558,7 +558,7 @@ TEST_F(RingTest, RingCapacityIsRoundedUpToAPowerOfTwoAndLimited) {
   EXPECT_EQ(ring_capacity_for(4097), std::size_t{8192});
   EXPECT_EQ(ring_capacity_for(kRingMaxCapacity), kRingMaxCapacity);
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(5000));
-  MappedHeader scribbler(rx.core().reader(), 8192);
+  MappedHeader scribbler(detail::EndAccess::core(rx).reader(), 8192);
   EXPECT_EQ(scribbler.header().capacity, 8192u);
   tx.send(Bytes(7000, 3));  // fits whole in 8 KiB, not in the 5000 bytes asked for
   auto got = rx.recv();
@@ -575,14 +575,14 @@ TEST_F(RingTest, RingCapacityIsRoundedUpToAPowerOfTwoAndLimited) {
 
 TEST_F(RingTest, ScribbledSegmentHeaderIsRefusedWhenAttaching) {
   auto [tx, rx] = channel<int>(Transport::ShmRing, ring_options(4096));
-  MappedHeader scribbler(rx.core().reader(), 4096);
-  const int fd = rx.core().reader().descriptors().at(0);
-  EXPECT_NO_THROW(RingSegment::attach(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))));
+  MappedHeader scribbler(detail::EndAccess::core(rx).reader(), 4096);
+  const int fd = detail::EndAccess::core(rx).reader().descriptors().at(0);
+  EXPECT_NO_THROW(RingSegment::attach(detail::UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))));
   scribbler.header().capacity = std::uint64_t{1} << 50;
-  EXPECT_THROW(RingSegment::attach(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))), ProtocolError);
+  EXPECT_THROW(RingSegment::attach(detail::UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))), ProtocolError);
   scribbler.header().capacity = 4096;
   scribbler.header().magic = 0;
-  EXPECT_THROW(RingSegment::attach(UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))), ProtocolError);
+  EXPECT_THROW(RingSegment::attach(detail::UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 0))), ProtocolError);
   scribbler.header().magic = kRingMagic;
   // The ends keep their own copy of the capacity: the channel still works.
   tx.send(5);
@@ -596,7 +596,7 @@ TEST_F(RingTest, ScribbledSegmentHeaderIsRefusedWhenAttaching) {
 TEST_F(RingTest, PeerScribblingWhileBothEndsRunNeverCrashesEitherEnd) {
   constexpr std::size_t kCapacity = 4096;
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(kCapacity, 0ns));
-  MappedHeader shared(rx.core().reader(), kCapacity);
+  MappedHeader shared(detail::EndAccess::core(rx).reader(), kCapacity);
   const pid_t scribbler = fork_child([&] {
     std::mt19937_64 rng(20261130);
     auto* bytes = static_cast<unsigned char*>(shared.mapping.data());
@@ -673,7 +673,7 @@ bool wait_until_sleeping(const std::atomic<std::uint32_t>& word) {
 
 TEST_F(RingTest, ReceiverKilledWhileTheSenderIsBlockedOnAFullRing) {
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, quick_check_options());
-  MappedHeader watcher(rx.core().reader(), 4096);
+  MappedHeader watcher(detail::EndAccess::core(rx).reader(), 4096);
   const pid_t child = fork_child([&tx = tx] {
     tx.detach();
     ::pause();  // never reads
@@ -706,7 +706,7 @@ TEST_F(RingTest, ReceiverKilledWhileTheSenderIsBlockedOnAFullRing) {
 
 TEST_F(RingTest, SenderKilledWhileTheReceiverSleepsOnTheFutexIsPeerDied) {
   auto [tx, rx] = channel<int>(Transport::ShmRing, quick_check_options());
-  MappedHeader watcher(rx.core().reader(), 4096);
+  MappedHeader watcher(detail::EndAccess::core(rx).reader(), 4096);
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
@@ -769,7 +769,7 @@ TEST_F(RingTest, SendsIntoTheRingOfAKilledReceiverStopWithinTheCheckInterval) {
 TEST_F(RingTest, SenderKilledMidFrameIsPeerDiedNeverAMessage) {
   constexpr std::size_t kCapacity = 4096;
   auto [tx, rx] = channel<Bytes>(Transport::ShmRing, ring_options(kCapacity));
-  MappedHeader watcher(rx.core().reader(), kCapacity);
+  MappedHeader watcher(detail::EndAccess::core(rx).reader(), kCapacity);
   const pid_t child = fork_child([&, &rx = rx, &tx = tx] {
     rx.close();
     tx.adopt();
@@ -882,13 +882,13 @@ struct SleepingEnd {
   SleepingEnd() : segment(std::make_shared<const RingSegment>(RingSegment::create(4096))) {
     int pair[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) throw std::runtime_error("socketpair");
-    other_side = UniqueFd(pair[1]);
-    end.emplace(segment, UniqueFd(pair[0]),
+    other_side = detail::UniqueFd(pair[1]);
+    end.emplace(segment, detail::UniqueFd(pair[0]),
                 RingTiming{.spin = std::chrono::nanoseconds::zero(), .peer_check_interval = std::chrono::milliseconds::max()});
   }
   RingHeader& header() const { return segment->header(); }
   std::shared_ptr<const RingSegment> segment;
-  UniqueFd other_side;
+  detail::UniqueFd other_side;
   std::optional<detail::RingEnd> end;
 };
 
@@ -899,7 +899,7 @@ TEST_F(RingTest, AnEndAsleepIsWokenByAPositionPublishedWithoutTheFence) {
   RingHeader& header = sleeping.header();
   detail::WaitOutcome outcome = detail::WaitOutcome::Timeout;
   std::thread waiter([&] {
-    outcome = sleeping.end->wait(header.writer_sleeping, [&] { return header.head.load() >= 1; }, Deadline::never());
+    outcome = sleeping.end->wait(header.writer_sleeping, [&] { return header.head.load() >= 1; }, detail::Deadline::never());
   });
   const bool slept = wait_until_sleeping(header.writer_sleeping);
   const bool owed = detail::RingEnd::publish_unfenced(header.head, 1, header.writer_sleeping);
@@ -920,7 +920,7 @@ TEST_F(RingTest, AWaitWhoseWakeUpWasMissedEndsAfterItsFirstSleep) {
   RingHeader& header = sleeping.header();
   int checks = 0;
   const detail::WaitOutcome outcome =
-      sleeping.end->wait(header.writer_sleeping, [&] { return ++checks > 2; }, Deadline::never(), kRingRoomFirstSleep);
+      sleeping.end->wait(header.writer_sleeping, [&] { return ++checks > 2; }, detail::Deadline::never(), kRingRoomFirstSleep);
   EXPECT_EQ(outcome, detail::WaitOutcome::Ready);
   EXPECT_EQ(checks, 3);  // before spinning, after announcing, after the first sleep
   EXPECT_EQ(header.writer_sleeping.load(), 0u);
@@ -940,7 +940,7 @@ TEST_F(RingTest, AWaitReChecksOnceAfterItsFirstSleepNotEveryMillisecond) {
         ++checks;
         return false;
       },
-      Deadline::after(60ms), kRingRoomFirstSleep);
+      detail::Deadline::after(60ms), kRingRoomFirstSleep);
   EXPECT_EQ(outcome, detail::WaitOutcome::Timeout);
   EXPECT_GE(checks, 5);  // the first sleep was cut and re-checked (uncut: 4)
   EXPECT_LE(checks, 12);
@@ -949,28 +949,28 @@ TEST_F(RingTest, AWaitReChecksOnceAfterItsFirstSleepNotEveryMillisecond) {
 // ---- descriptors ---------------------------------------------------------------------
 
 TEST_F(RingTest, AnEndRebuiltFromItsDescriptorsReadsTheStream) {
-  auto [writer, reader] = make_transport(Transport::ShmRing, FrameLimits{}, 4096);
+  auto [writer, reader] = detail::make_transport(Transport::ShmRing, FrameLimits{}, 4096);
   const std::vector<int> fds = reader->descriptors();
   ASSERT_EQ(fds.size(), 2u);  // the segment and the companion socket
   EXPECT_EQ(writer->descriptors().size(), 2u);
   // What an exec'd process would do with inherited copies of the descriptors.
-  RingFrameReader rebuilt(std::make_shared<const RingSegment>(RingSegment::attach(UniqueFd(::fcntl(fds[0], F_DUPFD_CLOEXEC, 0)))),
-                          UniqueFd(::fcntl(fds[1], F_DUPFD_CLOEXEC, 0)), RingTiming{}, FrameLimits{});
+  RingFrameReader rebuilt(std::make_shared<const RingSegment>(RingSegment::attach(detail::UniqueFd(::fcntl(fds[0], F_DUPFD_CLOEXEC, 0)))),
+                          detail::UniqueFd(::fcntl(fds[1], F_DUPFD_CLOEXEC, 0)), RingTiming{}, FrameLimits{});
   reader->close();
-  FrameHeader header;
-  header.kind = static_cast<std::uint8_t>(FrameKind::Message);
+  detail::FrameHeader header;
+  header.kind = static_cast<std::uint8_t>(detail::FrameKind::Message);
   header.body_bytes = 5;
   const char body[] = "hello";
   const iovec parts[] = {{&header, sizeof header}, {const_cast<char*>(body), 5}};
-  ASSERT_TRUE(writer->write(parts, {}, Deadline::never()));
-  FrameHeader got;
+  ASSERT_TRUE(writer->write(parts, {}, detail::Deadline::never()));
+  detail::FrameHeader got;
   std::vector<std::byte> payload;
-  std::deque<UniqueFd> fds_in;
-  ASSERT_EQ(rebuilt.read(got, payload, fds_in, Deadline::after(1s)), ReadStatus::Frame);
+  std::deque<detail::UniqueFd> fds_in;
+  ASSERT_EQ(rebuilt.read(got, payload, fds_in, detail::Deadline::after(1s)), ReadStatus::Frame);
   ASSERT_EQ(payload.size(), 5u);
   EXPECT_EQ(std::memcmp(payload.data(), body, 5), 0);
   writer->close();
-  EXPECT_THROW(rebuilt.read(got, payload, fds_in, Deadline::after(1s)), PeerDied);
+  EXPECT_THROW(rebuilt.read(got, payload, fds_in, detail::Deadline::after(1s)), PeerDied);
 }
 
 }  // namespace

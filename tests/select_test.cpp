@@ -293,11 +293,11 @@ TEST_F(SelectorRingTest, ARingNextToAPipeStillWakesTheSelector) {
 // A reader whose readiness descriptor is a hint that stays quiet (an eventfd nobody
 // writes), as a UCX wake-up fd may for a frame that did arrive (UCX before 1.14); it holds
 // a frame once `arrived` is set.
-class QuietHintReader final : public FrameReader {
+class QuietHintReader final : public detail::FrameReader {
  public:
   explicit QuietHintReader(std::shared_ptr<std::atomic<bool>> arrived)
       : arrived_(std::move(arrived)), fd_(::eventfd(0, EFD_CLOEXEC)) {}
-  ReadStatus read(FrameHeader&, std::vector<std::byte>&, std::deque<UniqueFd>&, const Deadline&) override {
+  ReadStatus read(detail::FrameHeader&, std::vector<std::byte>&, std::deque<detail::UniqueFd>&, const detail::Deadline&) override {
     return ReadStatus::Closed;
   }
   bool has_buffered_frame() const override { return arrived_->load(); }
@@ -307,7 +307,7 @@ class QuietHintReader final : public FrameReader {
 
  private:
   std::shared_ptr<std::atomic<bool>> arrived_;
-  UniqueFd fd_;
+  detail::UniqueFd fd_;
 };
 
 // A Selector looks at such a receiver now and then without a wake-up, so a frame whose

@@ -41,11 +41,11 @@ struct Batch {
 // the way SCM_RIGHTS does.
 class Loopback {
  public:
-  explicit Loopback(HandlePassing passing) : encoder_(passing) {}
+  explicit Loopback(detail::HandlePassing passing) : encoder_(passing) {}
 
   template <class T>
   T round_trip(const T& message) {
-    const EncodedFrame& frame = encoder_.encode(message);
+    const detail::EncodedFrame& frame = encoder_.encode(message);
     std::vector<std::byte> bytes;
     for (const iovec& part : frame.iovecs()) {
       const auto* begin = static_cast<const std::byte*>(part.iov_base);
@@ -53,9 +53,9 @@ class Loopback {
     }
     for (int fd : frame.fds) fds_.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
     encoder_.commit();
-    FrameHeader header;
+    detail::FrameHeader header;
     std::memcpy(&header, bytes.data(), sizeof header);
-    validate_header(header, FrameLimits{});
+    detail::validate_header(header, FrameLimits{});
     const std::span<const std::byte> payload(bytes.data() + sizeof header, bytes.size() - sizeof header);
     last_frame_bytes_ = bytes.size();
     last_fd_count_ = frame.fds.size();
@@ -68,9 +68,9 @@ class Loopback {
     return decoder_.read<T>();
   }
 
-  MessageEncoder encoder_;
-  MessageDecoder decoder_{type_fingerprint<Batch>(), type_name<Batch>()};
-  std::deque<UniqueFd> fds_;
+  detail::MessageEncoder encoder_;
+  detail::MessageDecoder decoder_{detail::type_fingerprint<Batch>(), detail::type_name<Batch>()};
+  std::deque<detail::UniqueFd> fds_;
   std::size_t last_frame_bytes_ = 0;
   std::size_t last_fd_count_ = 0;
   std::size_t last_handle_count_ = 0;
@@ -99,7 +99,7 @@ struct WithArchiveState {
 class SerializationTest : public test::LeakCheckedTest {};
 
 TEST_F(SerializationTest, NestedTensorsEverywhereRoundTrip) {
-  Loopback loop(HandlePassing::FdPassing);
+  Loopback loop(detail::HandlePassing::FdPassing);
   Batch batch;
   batch.step = 7;
   batch.tag = "train";
@@ -133,7 +133,7 @@ TEST_F(SerializationTest, NestedTensorsEverywhereRoundTrip) {
 }
 
 TEST_F(SerializationTest, RepeatedStorageTravelsAsLeaseOnly) {
-  Loopback loop(HandlePassing::FdPassing);
+  Loopback loop(detail::HandlePassing::FdPassing);
   Batch batch;
   batch.images = Tensor::zeros({1024}, DType::Float32, Device::SharedCpu);
   loop.round_trip(batch);
@@ -148,7 +148,7 @@ TEST_F(SerializationTest, RepeatedStorageTravelsAsLeaseOnly) {
 }
 
 TEST_F(SerializationTest, DeadStorageIsReleasedOnTheNextFrame) {
-  Loopback loop(HandlePassing::FdPassing);
+  Loopback loop(detail::HandlePassing::FdPassing);
   {
     Batch batch;
     batch.images = Tensor::zeros({16}, DType::Float32, Device::SharedCpu);
@@ -163,7 +163,7 @@ TEST_F(SerializationTest, DeadStorageIsReleasedOnTheNextFrame) {
 }
 
 TEST_F(SerializationTest, HeapTensorMovesIntoSharedMemoryWhenSent) {
-  Loopback loop(HandlePassing::FdPassing);
+  Loopback loop(detail::HandlePassing::FdPassing);
   Batch batch;
   batch.images = Tensor::from({1.0f, 2.0f});
   EXPECT_FALSE(batch.images.is_shared());
@@ -173,7 +173,7 @@ TEST_F(SerializationTest, HeapTensorMovesIntoSharedMemoryWhenSent) {
 }
 
 TEST_F(SerializationTest, ProcFdPassingOpensTheSendersFd) {
-  Loopback loop(HandlePassing::ProcFd);
+  Loopback loop(detail::HandlePassing::ProcFd);
   Batch batch;
   batch.images = Tensor::zeros({8}, DType::Int16, Device::SharedCpu);
   Batch got = loop.round_trip(batch);
@@ -187,14 +187,14 @@ TEST_F(SerializationTest, ProcFdPassingOpensTheSendersFd) {
 // written whole every time (its body does not shrink to references into an earlier
 // frame), so that any frame reads on its own, also after a frame that was rolled back.
 TEST_F(SerializationTest, ArchiveStateNeverCrossesFrames) {
-  MessageEncoder encoder(HandlePassing::FdPassing);
+  detail::MessageEncoder encoder(detail::HandlePassing::FdPassing);
   std::vector<std::uint64_t> body_sizes;
   for (int round = 0; round < 3; ++round) {
     WithArchiveState message;
     message.first = std::make_shared<std::string>("shared " + std::to_string(round));
     message.second = message.first;
     message.versioned.value = round;
-    const EncodedFrame& frame = encoder.encode(message);
+    const detail::EncodedFrame& frame = encoder.encode(message);
     std::vector<std::byte> bytes;
     for (const iovec& part : frame.iovecs()) {
       const auto* begin = static_cast<const std::byte*>(part.iov_base);
@@ -205,12 +205,12 @@ TEST_F(SerializationTest, ArchiveStateNeverCrossesFrames) {
       continue;
     }
     encoder.commit();
-    FrameHeader header;
+    detail::FrameHeader header;
     std::memcpy(&header, bytes.data(), sizeof header);
     body_sizes.push_back(header.body_bytes);
     // A decoder that saw no earlier frame reads it: nothing refers back.
-    MessageDecoder decoder(type_fingerprint<WithArchiveState>(), type_name<WithArchiveState>());
-    std::deque<UniqueFd> fds;
+    detail::MessageDecoder decoder(detail::type_fingerprint<WithArchiveState>(), detail::type_name<WithArchiveState>());
+    std::deque<detail::UniqueFd> fds;
     decoder.decode(header, std::span<const std::byte>(bytes).subspan(sizeof header), fds);
     const auto got = decoder.read<WithArchiveState>();
     ASSERT_TRUE(got.first && got.second);
@@ -222,19 +222,19 @@ TEST_F(SerializationTest, ArchiveStateNeverCrossesFrames) {
   ASSERT_EQ(body_sizes.size(), 2u);
   EXPECT_EQ(body_sizes[0], body_sizes[1]);
   // One decoder reading frames in a row, plain and stateful mixed.
-  MessageDecoder decoder(type_fingerprint<WithArchiveState>(), type_name<WithArchiveState>());
-  std::deque<UniqueFd> fds;
+  detail::MessageDecoder decoder(detail::type_fingerprint<WithArchiveState>(), detail::type_name<WithArchiveState>());
+  std::deque<detail::UniqueFd> fds;
   for (int round = 0; round < 4; ++round) {
     WithArchiveState message;
     if (round % 2 == 1) message.first = message.second = std::make_shared<std::string>("odd");
-    const EncodedFrame& frame = encoder.encode(message);
+    const detail::EncodedFrame& frame = encoder.encode(message);
     std::vector<std::byte> bytes;
     for (const iovec& part : frame.iovecs()) {
       const auto* begin = static_cast<const std::byte*>(part.iov_base);
       bytes.insert(bytes.end(), begin, begin + part.iov_len);
     }
     encoder.commit();
-    FrameHeader header;
+    detail::FrameHeader header;
     std::memcpy(&header, bytes.data(), sizeof header);
     decoder.decode(header, std::span<const std::byte>(bytes).subspan(sizeof header), fds);
     const auto got = decoder.read<WithArchiveState>();
@@ -244,10 +244,10 @@ TEST_F(SerializationTest, ArchiveStateNeverCrossesFrames) {
 }
 
 TEST_F(SerializationTest, TypeNameAndFingerprint) {
-  EXPECT_EQ(type_name<int>(), "int");
-  EXPECT_NE(type_name<Batch>().find("Batch"), std::string_view::npos) << type_name<Batch>();
-  EXPECT_EQ(type_name<std::vector<int>>().substr(0, 11), "std::vector");
-  EXPECT_NE(type_fingerprint<int>(), type_fingerprint<long>());
+  EXPECT_EQ(detail::type_name<int>(), "int");
+  EXPECT_NE(detail::type_name<Batch>().find("Batch"), std::string_view::npos) << detail::type_name<Batch>();
+  EXPECT_EQ(detail::type_name<std::vector<int>>().substr(0, 11), "std::vector");
+  EXPECT_NE(detail::type_fingerprint<int>(), detail::type_fingerprint<long>());
 }
 
 }  // namespace

@@ -35,23 +35,23 @@ constexpr std::size_t MiB = 1024 * KiB;
 class SharedAllocatorTest : public test::LeakCheckedTest {};
 
 TEST(SizeClassTest, SmallClassesRoundUpByAtMostAQuarter) {
-  EXPECT_EQ(small_size_class(1).bytes, 64u);
-  EXPECT_EQ(small_size_class(64).bytes, 64u);
-  EXPECT_EQ(small_size_class(65).bytes, 128u);
-  EXPECT_EQ(small_size_class(4096).bytes, 4096u);
-  EXPECT_EQ(small_size_class(4097).bytes, 5120u);
-  EXPECT_EQ(small_size_class(8192).bytes, 8192u);
-  EXPECT_EQ(small_size_class(8193).bytes, 10240u);
+  EXPECT_EQ(detail::small_size_class(1).bytes, 64u);
+  EXPECT_EQ(detail::small_size_class(64).bytes, 64u);
+  EXPECT_EQ(detail::small_size_class(65).bytes, 128u);
+  EXPECT_EQ(detail::small_size_class(4096).bytes, 4096u);
+  EXPECT_EQ(detail::small_size_class(4097).bytes, 5120u);
+  EXPECT_EQ(detail::small_size_class(8192).bytes, 8192u);
+  EXPECT_EQ(detail::small_size_class(8193).bytes, 10240u);
   std::uint32_t previous_index = 0;
   std::size_t previous_bytes = 0;
   for (std::size_t n = 1; n <= 300 * KiB; n += 37) {
-    const SizeClass size_class = small_size_class(n);
+    const detail::SizeClass size_class = detail::small_size_class(n);
     ASSERT_GE(size_class.bytes, n);
-    ASSERT_EQ(size_class.bytes % kBlockAlignment, 0u);
+    ASSERT_EQ(size_class.bytes % detail::kBlockAlignment, 0u);
     if (n > 4096) {
       ASSERT_LE(size_class.bytes - n, size_class.bytes / 5 + 1) << n;
     }
-    ASSERT_EQ(small_class_bytes(size_class.index), size_class.bytes);
+    ASSERT_EQ(detail::small_class_bytes(size_class.index), size_class.bytes);
     // Indices grow with sizes, one per class.
     if (size_class.bytes != previous_bytes) {
       ASSERT_GE(size_class.index, previous_index);
@@ -62,42 +62,42 @@ TEST(SizeClassTest, SmallClassesRoundUpByAtMostAQuarter) {
 }
 
 TEST(SizeClassTest, LargeSegmentsRoundUpByAtMostAnEighth) {
-  EXPECT_EQ(small_block_limit(2 * MiB), 256 * KiB);
-  EXPECT_EQ(large_segment_bytes(64 * MiB), 64 * MiB);
-  EXPECT_EQ(large_segment_bytes(64 * MiB + 1), 72 * MiB);
+  EXPECT_EQ(detail::small_block_limit(2 * MiB), 256 * KiB);
+  EXPECT_EQ(detail::large_segment_bytes(64 * MiB), 64 * MiB);
+  EXPECT_EQ(detail::large_segment_bytes(64 * MiB + 1), 72 * MiB);
   for (std::size_t n = 256 * KiB + 1; n < 512 * MiB; n = n * 3 / 2 + 4093) {
-    const std::size_t bytes = large_segment_bytes(n);
+    const std::size_t bytes = detail::large_segment_bytes(n);
     ASSERT_GE(bytes, n);
     ASSERT_EQ(bytes % 4096, 0u);
     ASSERT_LE(bytes - n, n / 8 + 4096) << n;
   }
-  EXPECT_THROW(large_segment_bytes(0), Error);
+  EXPECT_THROW(detail::large_segment_bytes(0), Error);
 }
 
 TEST(ProcessIdentityTest, LivenessFollowsTheProcessNotItsPid) {
-  const ProcessIdentity self = current_process();
+  const detail::ProcessIdentity self = detail::current_process();
   EXPECT_EQ(self.pid, ::getpid());
   EXPECT_GT(self.start_time, 0u);
-  EXPECT_TRUE(process_alive(self));
-  EXPECT_FALSE(process_alive(ProcessIdentity{self.pid, self.start_time + 1}));  // a reused pid
-  EXPECT_FALSE(process_alive(ProcessIdentity{0, 0}));
+  EXPECT_TRUE(detail::process_alive(self));
+  EXPECT_FALSE(detail::process_alive(detail::ProcessIdentity{self.pid, self.start_time + 1}));  // a reused pid
+  EXPECT_FALSE(detail::process_alive(detail::ProcessIdentity{0, 0}));
 
   int ends[2];
   ASSERT_EQ(::pipe(ends), 0);
-  const UniqueFd ready_read(ends[0]);
-  const UniqueFd ready_write(ends[1]);
+  const detail::UniqueFd ready_read(ends[0]);
+  const detail::UniqueFd ready_write(ends[1]);
   const pid_t child = test::fork_child([&] {
-    const ProcessIdentity me = current_process();
+    const detail::ProcessIdentity me = detail::current_process();
     CHILD_CHECK(me.pid == ::getpid() && me.pid != self.pid);  // recomputed after fork
     CHILD_CHECK(::write(ready_write.get(), &me, sizeof me) == sizeof me);
   });
-  ProcessIdentity child_identity;
+  detail::ProcessIdentity child_identity;
   ASSERT_EQ(::read(ready_read.get(), &child_identity, sizeof child_identity),
             static_cast<ssize_t>(sizeof child_identity));
   // Exited but not reaped yet (a zombie), or reaped: either way it no longer runs.
-  while (process_alive(child_identity)) std::this_thread::yield();
+  while (detail::process_alive(child_identity)) std::this_thread::yield();
   EXPECT_TRUE(test::child_succeeded(child));
-  EXPECT_FALSE(process_alive(child_identity));
+  EXPECT_FALSE(detail::process_alive(child_identity));
 }
 
 TEST(ProcessIdentityTest, AForkedChildKnowsItselfWhileAnotherThreadAskedAtTheFork) {
@@ -106,12 +106,12 @@ TEST(ProcessIdentityTest, AForkedChildKnowsItselfWhileAnotherThreadAskedAtTheFor
   // waiting for ever.
   std::atomic<bool> stop{false};
   std::thread asker([&] {
-    while (!stop.load(std::memory_order_relaxed)) current_process();
+    while (!stop.load(std::memory_order_relaxed)) detail::current_process();
   });
   constexpr int kForks = 12;
   int hung = 0;
   for (int i = 0; i < kForks; ++i) {
-    const pid_t child = test::fork_child([] { CHILD_CHECK(current_process().pid == ::getpid()); });
+    const pid_t child = test::fork_child([] { CHILD_CHECK(detail::current_process().pid == ::getpid()); });
     // A hung child never finishes; a slow one (ctest -j2 next to a build) may take more
     // than the 2 s this allowed before, which failed once under that load.
     const test::ChildExit exit = test::wait_child(child, std::chrono::seconds(5));
@@ -128,7 +128,7 @@ TEST_F(SharedAllocatorTest, FreedSmallBlockComesBackForTheNextAllocation) {
   {
     auto block = pool.allocate(4000);
     first = block->data();
-    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(first) % kBlockAlignment, 0u);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(first) % detail::kBlockAlignment, 0u);
     EXPECT_EQ(block->size(), 4000u);
     EXPECT_TRUE(pool.owns(*block));
     EXPECT_FALSE(SharedAllocator::global().owns(*block));
@@ -143,7 +143,7 @@ TEST_F(SharedAllocatorTest, FreedSmallBlockComesBackForTheNextAllocation) {
 
 TEST_F(SharedAllocatorTest, FreedLargeBlockComesBackWithItsSegment) {
   SharedAllocator pool;
-  FileIdentity identity;
+  detail::FileIdentity identity;
   const void* address = nullptr;
   {
     auto block = pool.allocate(5 * MiB);
@@ -526,7 +526,7 @@ TEST_F(SharedAllocatorTest, AForkedChildNeverCarvesTheParentsSegments) {
   SharedAllocator pool;
   auto parent_block = pool.allocate(4096);
   std::memset(parent_block->data(), 1, 4096);
-  const FileIdentity parent_segment = parent_block->segment()->identity();
+  const detail::FileIdentity parent_segment = parent_block->segment()->identity();
   { auto freed = pool.allocate(4096); }  // a free block sits in the parent's slab
   const pid_t child = test::fork_child([&] {
     auto child_block = pool.allocate(4096);
@@ -550,7 +550,7 @@ TEST_F(SharedAllocatorTest, AForkedChildCreatesSegmentsWhileAnotherThreadUsedThe
   // receiving thread, say) must not leave the child's first new segment waiting for ever;
   // neither must a fork while that thread was still making the cache (its first use): the
   // child then waited on the static's initialization guard (1 of 12 children, run after run).
-  const auto probe = SharedSegment::create(4096, nullptr);
+  const auto probe = detail::SharedSegment::create(4096, nullptr);
   std::atomic<bool> stop{false};
   std::thread receiver_like([&] {
     while (!stop.load(std::memory_order_relaxed)) HandleCache::global().find(probe->identity());

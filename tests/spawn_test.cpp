@@ -698,12 +698,12 @@ TEST(EndDescriptionTest, EveryFailedRebuildClosesTheDescriptorsItWasHanded) {
 
 TEST(EndDescriptionTest, TransportsCheckWhatTheyAreRebuiltFrom) {
   try {
-    (void)reader_from_descriptors(Transport::InProcess, {}, FrameLimits{}, 0);
+    (void)detail::reader_from_descriptors(Transport::InProcess, {}, FrameLimits{}, 0);
     FAIL() << "an in_process end was rebuilt from descriptors";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("in_process"), std::string::npos) << error.what();
   }
-  EXPECT_THROW((void)writer_from_descriptors(Transport::UnixSocket, {}, FrameLimits{}, 0), ProtocolError);
+  EXPECT_THROW((void)detail::writer_from_descriptors(Transport::UnixSocket, {}, FrameLimits{}, 0), ProtocolError);
 }
 
 // A worker started by exec rebuilds its ends from their descriptions: every setting of the

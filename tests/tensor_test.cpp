@@ -361,8 +361,8 @@ TEST(ViewBoundsTest, TheFastCheckAndTheExplainingCheckAgree) {
     const std::int64_t offset = pick();
     const std::size_t bytes = static_cast<std::size_t>(random() % 512);
     const DType dtype = random() % 2 == 0 ? DType::Float32 : DType::UInt8;
-    const bool fast = view_in_bounds(bytes, dtype, shape, strides, offset);
-    const auto problem = view_bounds_problem(bytes, dtype, shape, strides, offset);
+    const bool fast = detail::view_in_bounds(bytes, dtype, shape, strides, offset);
+    const auto problem = detail::view_bounds_problem(bytes, dtype, shape, strides, offset);
     std::string layout;
     for (std::size_t d = 0; d < ndim; ++d) layout += std::to_string(shape[d]) + "/" + std::to_string(strides[d]) + " ";
     ASSERT_EQ(fast, !problem.has_value()) << "sizes/strides " << layout << "offset " << offset << " bytes " << bytes

@@ -269,9 +269,9 @@ TEST_F(UcxAttackTest, SilentPeersThatConnectAndVanishGiveBackEveryFdAndByte) {
     bool child_gone = false;
     EXPECT_TRUE(pump_until(listener, 30s, [&] {
       child_gone = child_gone || exited(rounds[round]);
-      return child_gone && listener.core().pending_count() == 0 && test::count_open_fds() == fds_before;
+      return child_gone && detail::EndAccess::core(listener).pending_count() == 0 && test::count_open_fds() == fds_before;
     })) << "round " << round << ": " << test::count_open_fds() << " fds open, " << fds_before << " before; "
-        << listener.core().pending_count() << " handshakes pending";
+        << detail::EndAccess::core(listener).pending_count() << " handshakes pending";
     if (round == 0) rss_after_first = status_kib("VmRSS");
   }
   const std::size_t rss_after_second = status_kib("VmRSS");
@@ -301,7 +301,7 @@ TEST_F(UcxAttackTest, AFloodOfSilentPeersIsCappedAndAGoodClientIsServedMeanwhile
   go.put(listener.address());
   std::size_t most_pending = 0;
   EXPECT_TRUE(pump_until(listener, 20s, [&] {
-    most_pending = std::max(most_pending, listener.core().pending_count());
+    most_pending = std::max(most_pending, detail::EndAccess::core(listener).pending_count());
     return most_pending == kCap;
   }));
   std::optional<Receiver<Batch>> good;
@@ -310,7 +310,7 @@ TEST_F(UcxAttackTest, AFloodOfSilentPeersIsCappedAndAGoodClientIsServedMeanwhile
   std::optional<Sender<Batch>> sender;
   while (!sender && std::chrono::steady_clock::now() - start < 10s) {
     sender = listener.accept_sender_for<Batch>(10ms);
-    most_pending = std::max(most_pending, listener.core().pending_count());
+    most_pending = std::max(most_pending, detail::EndAccess::core(listener).pending_count());
   }
   client.join();
   ASSERT_TRUE(sender.has_value());
@@ -324,7 +324,7 @@ TEST_F(UcxAttackTest, AFloodOfSilentPeersIsCappedAndAGoodClientIsServedMeanwhile
   ASSERT_EQ(::kill(flood, SIGKILL), 0);
   EXPECT_EQ(wait_child(flood).signal, SIGKILL);
   EXPECT_TRUE(pump_until(listener, 20s, [&] {
-    return listener.core().pending_count() == 0 && test::count_open_fds() == fds_before;
+    return detail::EndAccess::core(listener).pending_count() == 0 && test::count_open_fds() == fds_before;
   })) << test::count_open_fds() << " fds open, " << fds_before << " before";
 }
 

@@ -240,7 +240,7 @@ TEST_F(UcxEndpointTest, KeepaliveIsSetOnTheConnectionsOwnSocketsOnly) {
     return on;
   };
   // The program's own connection to 127.0.0.1, made before the ucx end.
-  UniqueFd listening(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ferry::detail::UniqueFd listening(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   ASSERT_TRUE(listening);
   sockaddr_in local{};
   local.sin_family = AF_INET;
@@ -249,10 +249,10 @@ TEST_F(UcxEndpointTest, KeepaliveIsSetOnTheConnectionsOwnSocketsOnly) {
   ASSERT_EQ(::bind(listening.get(), reinterpret_cast<sockaddr*>(&local), sizeof local), 0);
   ASSERT_EQ(::listen(listening.get(), 1), 0);
   ASSERT_EQ(::getsockname(listening.get(), reinterpret_cast<sockaddr*>(&local), &local_length), 0);
-  UniqueFd mine(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  ferry::detail::UniqueFd mine(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   ASSERT_TRUE(mine);
   ASSERT_EQ(::connect(mine.get(), reinterpret_cast<sockaddr*>(&local), sizeof local), 0);
-  UniqueFd accepted(::accept4(listening.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ferry::detail::UniqueFd accepted(::accept4(listening.get(), nullptr, nullptr, SOCK_CLOEXEC));
   ASSERT_TRUE(accepted);
 
   AddressPipe pipe;
@@ -447,7 +447,7 @@ TEST_F(UcxEndpointTest, SilentAndGarbageClientsDelayNoOther) {
   const auto port = static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
   // A raw TCP client that sends garbage, and one that says nothing.
   auto raw_client = [port](bool garbage) {
-    UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    ferry::detail::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     sockaddr_in to{};
     to.sin_family = AF_INET;
     to.sin_port = htons(port);
@@ -459,8 +459,8 @@ TEST_F(UcxEndpointTest, SilentAndGarbageClientsDelayNoOther) {
     }
     return fd;
   };
-  UniqueFd silent = raw_client(false);
-  UniqueFd garbage = raw_client(true);
+  ferry::detail::UniqueFd silent = raw_client(false);
+  ferry::detail::UniqueFd garbage = raw_client(true);
   const auto start = std::chrono::steady_clock::now();
   std::optional<Receiver<Batch>> rx;  // kept until accepted (a client gone before is skipped)
   std::thread good([&] { rx = connect_receiver<Batch>(address, quiet_options()); });
@@ -744,7 +744,7 @@ TEST_F(UcxEndpointTest, ASilentUcxClientDelaysNoOtherAndIsDroppedAtItsHandshakeT
     const ucx::detail::UcxAddress parsed = ucx::detail::parse_ucx_address(address);
     auto context = ucx::detail::UcxContext::get({}, AF_INET);
     auto connection = ucx::detail::UcxConnection::connect(context, parsed.socket, parsed.length, FrameLimits{});
-    CHILD_CHECK(connection->receive_control(Deadline::after(10s)).has_value());  // the listener's challenge
+    CHILD_CHECK(connection->receive_control(ferry::detail::Deadline::after(10s)).has_value());  // the listener's challenge
     connected_pipe.put("connected");
     ::pause();  // silent until killed
   });
@@ -758,10 +758,10 @@ TEST_F(UcxEndpointTest, ASilentUcxClientDelaysNoOtherAndIsDroppedAtItsHandshakeT
   address_pipe.put(listener.address());
   // Accepting (nothing yet) advances the silent client's connection until it is pending.
   const auto start = std::chrono::steady_clock::now();
-  while (listener.core().pending_count() == 0 && std::chrono::steady_clock::now() - start < 10s) {
+  while (detail::EndAccess::core(listener).pending_count() == 0 && std::chrono::steady_clock::now() - start < 10s) {
     EXPECT_FALSE(listener.accept_sender_for<Batch>(10ms).has_value());
   }
-  ASSERT_EQ(listener.core().pending_count(), 1u);
+  ASSERT_EQ(detail::EndAccess::core(listener).pending_count(), 1u);
   const auto silent_since = std::chrono::steady_clock::now();
   // The listener's challenge leaves while it progresses: accepting moves it on.
   while (!connected_pipe.ready() && std::chrono::steady_clock::now() - silent_since < 10s) {
@@ -775,7 +775,7 @@ TEST_F(UcxEndpointTest, ASilentUcxClientDelaysNoOtherAndIsDroppedAtItsHandshakeT
   ASSERT_TRUE(tx.has_value());
   EXPECT_LT(std::chrono::steady_clock::now() - silent_since, kHandshakeTimeout)
       << "the silent client delayed the good one";
-  EXPECT_EQ(listener.core().pending_count(), 1u);  // the silent one, until its deadline
+  EXPECT_EQ(detail::EndAccess::core(listener).pending_count(), 1u);  // the silent one, until its deadline
   EXPECT_TRUE(refusals.empty());
   // Accepting on advances the silent handshake to its deadline.
   while (refusals.empty() && std::chrono::steady_clock::now() - silent_since < 10s) {
@@ -786,7 +786,7 @@ TEST_F(UcxEndpointTest, ASilentUcxClientDelaysNoOtherAndIsDroppedAtItsHandshakeT
   EXPECT_NE(refusals[0].find("handshake_timeout"), std::string::npos) << refusals[0];
   EXPECT_GE(dropped_after, kHandshakeTimeout - 100ms);
   EXPECT_LT(dropped_after, kHandshakeTimeout + 1s);
-  EXPECT_EQ(listener.core().pending_count(), 0u);
+  EXPECT_EQ(detail::EndAccess::core(listener).pending_count(), 0u);
   ASSERT_EQ(::kill(child, SIGKILL), 0);
   EXPECT_EQ(wait_child(child).signal, SIGKILL);
 }
@@ -924,7 +924,7 @@ class UcxTwoHostsTest : public test::LeakCheckedTest {
   // devices in /sys/class/net, which otherwise still lists the first namespace's.
   pid_t in_namespace(const std::string& name, const std::function<void()>& body) {
     return children_.emplace_back(fork_child([&] {
-      UniqueFd ns(::open(("/run/netns/" + name).c_str(), O_RDONLY | O_CLOEXEC));
+      ferry::detail::UniqueFd ns(::open(("/run/netns/" + name).c_str(), O_RDONLY | O_CLOEXEC));
       CHILD_CHECK(ns && ::setns(ns.get(), CLONE_NEWNET) == 0);
       CHILD_CHECK(::unshare(CLONE_NEWNS) == 0);
       CHILD_CHECK(::mount("", "/", nullptr, MS_REC | MS_SLAVE, nullptr) == 0);

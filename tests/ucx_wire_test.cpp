@@ -74,7 +74,7 @@ TEST(UcxHandshakeWire, TheListenerProvesFirstAndARogueListenerLearnsNothing) {
   ListenerHandshake rogue(key_of(9), kSalt, nonce_of(1));
   ClientHandshake client = client_with(key_of(1));
   const Bytes challenge = client.receive(rogue.hello());
-  EXPECT_FALSE(contains(challenge, std::string(type_name<Batch>())));
+  EXPECT_FALSE(contains(challenge, std::string(ferry::detail::type_name<Batch>())));
   EXPECT_EQ(challenge.size(), 40u);  // versions and a nonce
   const auto proof = rogue.receive(challenge);
   EXPECT_THROW((void)client.receive(proof.reply), UntrustedPeer);

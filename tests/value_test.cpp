@@ -76,8 +76,8 @@ TEST(ValueTest, AccessorsNameTheKindTheyFound) {
 }
 
 TEST(ValueTest, ItsWireNameIsTheSameForEveryCompiler) {
-  EXPECT_EQ(type_name<Value>(), "ferry::Value");
-  EXPECT_EQ(type_fingerprint<Value>(), fnv1a64("ferry::Value"));
+  EXPECT_EQ(detail::type_name<Value>(), "ferry::Value");
+  EXPECT_EQ(detail::type_fingerprint<Value>(), detail::fnv1a64("ferry::Value"));
 }
 
 TEST(ValueTest, Utf8Validation) {
@@ -129,7 +129,7 @@ TEST_P(ValueChannelTest, ValueMembersMixWithCppFields) {
 
 TEST_P(ValueChannelTest, AValueReceiverRefusesAStructSenderWithTypeMismatch) {
   const ChannelOptions options;
-  auto [writer, reader] = make_transport(GetParam(), options.limits, options.ring_capacity, options.ring_timing());
+  auto [writer, reader] = detail::make_transport(GetParam(), options.limits, options.ring_capacity, options.ring_timing());
   auto tx = detail::sender_over<Step>(std::move(writer), GetParam(), options);
   auto rx = detail::receiver_over<Value>(std::move(reader), GetParam(), options);
   tx.send(Step{1, Value(), Tensor()});
@@ -168,7 +168,7 @@ class BodyBuilder {
 
 std::string decode_error(const BodyBuilder& body) {
   try {
-    (void)read_body<Value>(body.body(), {});
+    (void)detail::read_body<Value>(body.body(), {});
   } catch (const ProtocolError& error) {
     return error.what();
   }
@@ -179,7 +179,7 @@ TEST(ValueWireTest, NestingDeeperThanTheLimitIsAProtocolError) {
   BodyBuilder at_limit;
   for (std::size_t i = 1; i < kMaxValueDepth; ++i) at_limit.kind(ValueKind::List).u64(1);
   at_limit.kind(ValueKind::None);
-  EXPECT_NO_THROW((void)read_body<Value>(at_limit.body(), {})) << "depth " << kMaxValueDepth << " is allowed";
+  EXPECT_NO_THROW((void)detail::read_body<Value>(at_limit.body(), {})) << "depth " << kMaxValueDepth << " is allowed";
 
   BodyBuilder hostile;  // a million nested one-element lists: without the limit, a stack overflow
   for (int i = 0; i < 1'000'000; ++i) hostile.kind(ValueKind::List).u64(1);
@@ -236,7 +236,7 @@ TEST(ValueWireTest, DuplicateKeysAreFoundInSmallAndLargeMaps) {
     for (std::size_t i = 0; i + 1 < count; ++i) map.text("key" + std::to_string(i)).kind(ValueKind::None);
     BodyBuilder distinct = map;
     distinct.text("last").kind(ValueKind::None);
-    EXPECT_EQ(read_body<Value>(distinct.body(), {}).as_map().size(), count);
+    EXPECT_EQ(detail::read_body<Value>(distinct.body(), {}).as_map().size(), count);
     map.text("key0").kind(ValueKind::None);
     EXPECT_NE(decode_error(map).find("key 'key0' twice"), std::string::npos) << count << ": " << decode_error(map);
   }
@@ -286,7 +286,7 @@ TEST(ValueWireTest, AHugeClaimedCountReservesNoMoreThanTheBudgetAllows) {
     CHILD_CHECK(::setrlimit(RLIMIT_AS, &tight) == 0);
 #endif
     try {
-      (void)read_body<Value>(body, {});
+      (void)detail::read_body<Value>(body, {});
       CHILD_CHECK(!"a list of 200 million values decoded");
     } catch (const ProtocolError& error) {
       CHILD_CHECK(std::string(error.what()).find("more than the 1048576 elements") != std::string::npos);
@@ -307,7 +307,7 @@ TEST(ValueWireTest, ClaimsOfNestedContainersShareOneBudget) {
   BodyBuilder full;  // exactly kMaxValueElements values: accepted
   full.kind(ValueKind::List).u64(kMaxValueElements - 1);
   for (std::size_t i = 0; i + 1 < kMaxValueElements; ++i) full.kind(ValueKind::None);
-  EXPECT_EQ(read_body<Value>(full.body(), {}).as_list().size(), kMaxValueElements - 1);
+  EXPECT_EQ(detail::read_body<Value>(full.body(), {}).as_list().size(), kMaxValueElements - 1);
 }
 
 }  // namespace

@@ -28,7 +28,7 @@ namespace {
 
 void raw_round_trip(benchmark::State& state, std::size_t bytes) {
   const Peer peer("raw-echo", bytes, [bytes](const Ready& ready) { serve_raw_echo(Peer::kLoopback, bytes, ready); });
-  const UniqueFd fd = tcp_connect(peer.host(), peer.port());
+  const detail::UniqueFd fd = tcp_connect(peer.host(), peer.port());
   pin_to(0);
   std::vector<std::byte> out(bytes, std::byte{1});
   std::vector<std::byte> in(bytes);
@@ -45,7 +45,7 @@ void raw_round_trip(benchmark::State& state, std::size_t bytes) {
 
 void raw_stream(benchmark::State& state, std::size_t bytes) {
   const Peer peer("raw-sink", bytes, [bytes](const Ready& ready) { serve_raw_sink(Peer::kLoopback, bytes, ready); });
-  const UniqueFd fd = tcp_connect(peer.host(), peer.port());
+  const detail::UniqueFd fd = tcp_connect(peer.host(), peer.port());
   pin_to(0);
   std::vector<std::byte> block(bytes, std::byte{3});
   std::byte ack{};

@@ -77,8 +77,8 @@ void no_delay(int fd) {
 
 }  // namespace
 
-UniqueFd tcp_connect(const std::string& host, std::uint16_t port) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+detail::UniqueFd tcp_connect(const std::string& host, std::uint16_t port) {
+  detail::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   check(bool(fd), "socket");
   const sockaddr_in where = ipv4(host, port);
   check(::connect(fd.get(), reinterpret_cast<const sockaddr*>(&where), sizeof where) == 0, "connect");
@@ -86,8 +86,8 @@ UniqueFd tcp_connect(const std::string& host, std::uint16_t port) {
   return fd;
 }
 
-UniqueFd tcp_listen(const std::string& host) {
-  UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+detail::UniqueFd tcp_listen(const std::string& host) {
+  detail::UniqueFd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   check(bool(fd), "socket");
   const sockaddr_in where = ipv4(host, 0);
   check(::bind(fd.get(), reinterpret_cast<const sockaddr*>(&where), sizeof where) == 0, "bind");
@@ -102,8 +102,8 @@ std::uint16_t bound_port(int fd) {
   return ntohs(where.sin_port);
 }
 
-UniqueFd tcp_accept(int listening) {
-  UniqueFd fd(::accept4(listening, nullptr, nullptr, SOCK_CLOEXEC));
+detail::UniqueFd tcp_accept(int listening) {
+  detail::UniqueFd fd(::accept4(listening, nullptr, nullptr, SOCK_CLOEXEC));
   check(bool(fd), "accept");
   no_delay(fd.get());
   return fd;
@@ -130,9 +130,9 @@ unsigned last_cpu() { return std::thread::hardware_concurrency() - 1; }
 // ---- the peer's side ------------------------------------------------------------------
 
 void serve_raw_echo(const std::string& host, std::size_t bytes, const Ready& ready) {
-  const UniqueFd listening = tcp_listen(host);
+  const detail::UniqueFd listening = tcp_listen(host);
   ready(bound_port(listening.get()));
-  const UniqueFd fd = tcp_accept(listening.get());
+  const detail::UniqueFd fd = tcp_accept(listening.get());
   std::vector<std::byte> buffer(bytes);
   while (read_all(fd.get(), buffer.data(), bytes) && write_all(fd.get(), buffer.data(), bytes)) {
   }
@@ -141,10 +141,10 @@ void serve_raw_echo(const std::string& host, std::size_t bytes, const Ready& rea
 // Each block straight into a memfd mapping; one byte back per block, so that the writer's
 // iteration ends with its block.
 void serve_raw_sink(const std::string& host, std::size_t bytes, const Ready& ready) {
-  const UniqueFd listening = tcp_listen(host);
+  const detail::UniqueFd listening = tcp_listen(host);
   ready(bound_port(listening.get()));
-  const UniqueFd fd = tcp_accept(listening.get());
-  const UniqueFd memfd(::memfd_create("ferry-ucx-bench", MFD_CLOEXEC));
+  const detail::UniqueFd fd = tcp_accept(listening.get());
+  const detail::UniqueFd memfd(::memfd_create("ferry-ucx-bench", MFD_CLOEXEC));
   check(bool(memfd) && ::ftruncate(memfd.get(), static_cast<off_t>(bytes)) == 0, "memfd");
   void* mapped = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, memfd.get(), 0);
   check(mapped != MAP_FAILED, "mmap");

@@ -34,13 +34,13 @@ void check(bool ok, const char* what);
 bool write_all(int fd, const std::byte* data, std::size_t bytes);
 bool read_all(int fd, std::byte* data, std::size_t bytes);
 /// A TCP socket with TCP_NODELAY connected to `host`:`port` (IPv4).
-UniqueFd tcp_connect(const std::string& host, std::uint16_t port);
+detail::UniqueFd tcp_connect(const std::string& host, std::uint16_t port);
 /// A listening TCP socket at `host` (IPv4, "127.0.0.1" for loopback) on a free port.
-UniqueFd tcp_listen(const std::string& host);
+detail::UniqueFd tcp_listen(const std::string& host);
 /// The port a socket is bound to.
 std::uint16_t bound_port(int fd);
 /// Accepts one connection and sets TCP_NODELAY on it.
-UniqueFd tcp_accept(int listening);
+detail::UniqueFd tcp_accept(int listening);
 
 /// Pins the calling thread to `cpu` (modulo the CPUs), or lets it run anywhere; best effort.
 void pin_to(unsigned cpu);

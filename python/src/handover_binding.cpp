@@ -49,11 +49,11 @@ void bind_handover(py::module_& module) {
       [](py::handle end) -> py::tuple {
         if (py::isinstance<PySender>(end)) {
           Sender<PyValue>& sender = end.cast<PySender&>().end();
-          if (sender.transport() != Transport::InProcess) require_fresh(sender.core(), "Sender");
+          if (sender.transport() != Transport::InProcess) require_fresh(detail::EndAccess::core(sender), "Sender");
           return describe(describe_end(sender));
         }
         Receiver<PyValue>& receiver = end.cast<PyReceiver&>().end();
-        if (receiver.transport() != Transport::InProcess) require_fresh(receiver.core(), "Receiver");
+        if (receiver.transport() != Transport::InProcess) require_fresh(detail::EndAccess::core(receiver), "Receiver");
         return describe(describe_end(receiver));
       },
       py::arg("end"),
@@ -63,9 +63,9 @@ void bind_handover(py::module_& module) {
       "_hand_away",
       [](py::handle end) {
         if (py::isinstance<PySender>(end)) {
-          end.cast<PySender&>().end().core().hand_away();
+          detail::EndAccess::core(end.cast<PySender&>().end()).hand_away();
         } else {
-          end.cast<PyReceiver&>().end().core().hand_away();
+          detail::EndAccess::core(end.cast<PyReceiver&>().end()).hand_away();
         }
       },
       py::arg("end"),

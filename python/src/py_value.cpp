@@ -174,9 +174,9 @@ py::object PyValue::take() {
   return py::reinterpret_steal<py::object>(build(value_, builder).release());
 }
 
-void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const PyValue& value) { archive(value.value()); }
+void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const PyValue& value) { archive(value.value()); }
 
-void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, PyValue& value) {
+void CEREAL_LOAD_FUNCTION_NAME(detail::FrameInputArchive& archive, PyValue& value) {
   const py::gil_scoped_acquire gil;
   detail::ValueBudget budget;
   PythonBuilder builder;

@@ -44,15 +44,15 @@ class PyValue {
 };
 
 /// Writes the Value it holds (a PyValue being sent holds one).
-void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const PyValue& value);
+void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const PyValue& value);
 /// Reads a Value body into Python objects, taking the GIL; ProtocolError as Value's decoder.
-void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, PyValue& value);
+void CEREAL_LOAD_FUNCTION_NAME(detail::FrameInputArchive& archive, PyValue& value);
 
 }  // namespace ferry::python
 
 namespace ferry {
 template <>
-constexpr std::string_view type_name<python::PyValue>() {
-  return type_name<Value>();
+constexpr std::string_view detail::type_name<python::PyValue>() {
+  return detail::type_name<Value>();
 }
 }  // namespace ferry

@@ -17,7 +17,7 @@
 #include "ends_binding.hpp"
 #include "error_text.hpp"
 #include "ferry/detail/live_ends.hpp"
-#include "ferry/detail/worker_group.hpp"
+#include "ferry/worker_group.hpp"
 #include "ferry/detail/worker_registry.hpp"
 #include "ferry/end_description.hpp"
 #include "ferry/init.hpp"
@@ -50,7 +50,7 @@ void raise_outcome(const py::object& outcome) {
 // The entry of the registered worker "ferry.python" in a re-executed interpreter: the
 // payload is what ferry._spawn wrote; ferry._spawn._exec_worker reads it and runs the
 // function. Called inside ferry::init(), which _run_exec_worker called with the GIL.
-void python_entry(detail::FunctionIdentity /*identity*/, WorkerContext& context, UniqueFd payload) {
+void python_entry(detail::FunctionIdentity /*identity*/, WorkerContext& context, detail::UniqueFd payload) {
   const py::object run = py::module_::import("ferry._spawn").attr("_exec_worker");
   raise_outcome(run(context.rank(), context.world_size(), payload.release()));
 }
@@ -215,8 +215,8 @@ class PyWorkerGroup {
 
 // The frame core of a Python end, as the list of live ends sees it.
 const detail::LiveEnd* live_end_of(py::handle end) {
-  if (py::isinstance<PySender>(end)) return detail::as_live_end(end.cast<PySender&>().end().core());
-  return detail::as_live_end(end.cast<PyReceiver&>().end().core());
+  if (py::isinstance<PySender>(end)) return detail::as_live_end(detail::EndAccess::core(end.cast<PySender&>().end()));
+  return detail::as_live_end(detail::EndAccess::core(end.cast<PyReceiver&>().end()));
 }
 
 std::string encode_description(const EndDescription& description) {
@@ -309,7 +309,7 @@ void bind_spawn(py::module_& module) {
           const Transport transport = open ? typed.transport() : Transport::Pipe;
           const bool frames = open && transport != Transport::InProcess && transport != Transport::Ucx;
           return py::make_tuple(open, open ? std::string(transport_name(transport)) : std::string(),
-                                frames && detail::core_used(typed.core()));
+                                frames && detail::core_used(detail::EndAccess::core(typed)));
         };
         if (py::isinstance<PySender>(end)) return state(end.cast<PySender&>().end());
         return state(end.cast<PyReceiver&>().end());

@@ -27,8 +27,8 @@ struct CerealMember {
   friend typename Tag::type member_of(Tag) noexcept { return Member; }
 };
 
-using Out = cereal::OutputArchive<FrameOutputArchive, cereal::AllowEmptyClassElision>;
-using In = cereal::InputArchive<FrameInputArchive, cereal::AllowEmptyClassElision>;
+using Out = cereal::OutputArchive<detail::FrameOutputArchive, cereal::AllowEmptyClassElision>;
+using In = cereal::InputArchive<detail::FrameInputArchive, cereal::AllowEmptyClassElision>;
 using BaseClassSet = std::unordered_set<cereal::traits::detail::base_class_id, cereal::traits::detail::base_class_id_hash>;
 using Deferments = std::vector<std::function<void(void)>>;
 
@@ -59,22 +59,22 @@ template struct CerealMember<InDeferments, &In::itsDeferments>;
 
 }  // namespace
 
-FrameOutputArchive::FrameOutputArchive(FrameBody& body, MessageEncoder& encoder)
+detail::FrameOutputArchive::FrameOutputArchive(detail::FrameBody& body, detail::MessageEncoder& encoder)
     : OutputArchive(this), body_(body), encoder_(encoder) {}
-FrameOutputArchive::~FrameOutputArchive() = default;
+detail::FrameOutputArchive::~FrameOutputArchive() = default;
 
-FrameInputArchive::FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages)
+detail::FrameInputArchive::FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages)
     : InputArchive(this), body_(body), storages_(storages) {}
-FrameInputArchive::~FrameInputArchive() = default;
+detail::FrameInputArchive::~FrameInputArchive() = default;
 
-StorageCollector::StorageCollector() : OutputArchive(this) {}
-StorageCollector::~StorageCollector() = default;
+detail::StorageCollector::StorageCollector() : OutputArchive(this) {}
+detail::StorageCollector::~StorageCollector() = default;
 
-std::vector<std::shared_ptr<const void>> StorageCollector::owners() const {
+std::vector<std::shared_ptr<const void>> detail::StorageCollector::owners() const {
   return {storages_.begin(), storages_.end()};
 }
 
-bool FrameOutputArchive::reusable() const noexcept {
+bool detail::FrameOutputArchive::reusable() const noexcept {
 #ifdef FERRY_KNOWN_CEREAL
   const Out& base = *this;
   return (base.*member_of(OutBases{})).empty() && (base.*member_of(OutPointers{})).empty() &&
@@ -85,7 +85,7 @@ bool FrameOutputArchive::reusable() const noexcept {
 #endif
 }
 
-bool FrameInputArchive::reusable() const noexcept {
+bool detail::FrameInputArchive::reusable() const noexcept {
 #ifdef FERRY_KNOWN_CEREAL
   const In& base = *this;
   return (base.*member_of(InBases{})).empty() && (base.*member_of(InPointers{})).empty() &&
@@ -96,7 +96,7 @@ bool FrameInputArchive::reusable() const noexcept {
 #endif
 }
 
-void FrameInputArchive::throw_truncated(std::uint64_t count, std::size_t element_size) const {
+void detail::FrameInputArchive::throw_truncated(std::uint64_t count, std::size_t element_size) const {
   throw ProtocolError("message body is truncated: needed " + std::to_string(count) +
                       (element_size == 1 ? " bytes" : " elements of " + std::to_string(element_size) + " bytes") +
                       " at offset " + std::to_string(position_) + " of " + std::to_string(body_.size()));

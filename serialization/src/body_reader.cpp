@@ -20,7 +20,7 @@ namespace {
 
 }  // namespace
 
-void read_message(FrameInputArchive& archive, void* out, const ReceivedType& type) {
+void detail::read_message(detail::FrameInputArchive& archive, void* out, const detail::ReceivedType& type) {
   try {
     type.read(archive, out);
     if (archive.remaining() != 0) throw_body_left_over(archive.remaining(), type.name);

@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace ferry {
+namespace ferry::detail {
 
 /// Bits of CudaHandleRecord::flags (at most one of the two; neither: the sender synchronized).
 inline constexpr std::uint32_t kCudaRecordHasEvent = 1;  ///< wait on the event in signal_handle before use
@@ -42,4 +42,4 @@ struct CudaHandleRecord {
 };
 static_assert(sizeof(CudaHandleRecord) == 216);
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -27,7 +27,7 @@ namespace ferry {
 
 // ---- sending ---------------------------------------------------------------------------
 
-struct MessageEncoder::CudaSendState {
+struct detail::MessageEncoder::CudaSendState {
   // Boards of an isolated channel come from its pool, so that they travel without a copy.
   explicit CudaSendState(const std::optional<SharedAllocator>& pool)
       : boards(signals, cuda::kHoldCounterBoardCapacity, pool) {}
@@ -45,7 +45,7 @@ struct MessageEncoder::CudaSendState {
     std::uint32_t board_index;  // in the frame's handle table
   };
   std::vector<Pending> pending;                 // CUDA storages added to the frame
-  std::vector<CudaHandleRecord> records;        // one per CudaIpc entry, in table order
+  std::vector<detail::CudaHandleRecord> records;        // one per CudaIpc entry, in table order
   std::vector<std::pair<std::shared_ptr<cuda::HoldCounterBoard>, std::uint32_t>> counted;  // +1s of this frame
   std::vector<std::pair<int, cuda::SendSignal>> signalled;  // by device
 
@@ -59,7 +59,7 @@ struct MessageEncoder::CudaSendState {
   }
 };
 
-std::uint32_t MessageEncoder::add_cuda_storage(const std::shared_ptr<Storage>& storage) {
+std::uint32_t detail::MessageEncoder::add_cuda_storage(const std::shared_ptr<Storage>& storage) {
   const std::string device = storage->device().to_string();
   if (!cuda_built()) {
     throw Error("cannot send a " + device + " tensor: this build of ferry has no CUDA support");
@@ -84,7 +84,7 @@ std::uint32_t MessageEncoder::add_cuda_storage(const std::shared_ptr<Storage>& s
   return append_storage(storage, storage.get());
 }
 
-HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) {
+detail::HandleEntry detail::MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) {
   const CudaSendState::Pending* pending = nullptr;
   for (const auto& candidate : cuda_->pending) {
     if (candidate.storage == storage.get()) pending = &candidate;
@@ -94,7 +94,7 @@ HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) 
   const int device = storage->device().index;
 
   const cuda::BlockExport exported = cuda::export_allocation(allocation);
-  CudaHandleRecord record{};
+  detail::CudaHandleRecord record{};
   std::memcpy(record.memory_handle, exported.memory_handle.data(), sizeof record.memory_handle);
   std::memcpy(record.pci_bus_id, exported.pci_bus_id.data(), sizeof record.pci_bus_id);
   record.block_id = exported.block_id;
@@ -111,11 +111,11 @@ HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) 
       record.fence_block_id = signal.fence_block_id;
       record.fence_offset = signal.fence_offset;
       record.fence_value = signal.fence_value;
-      record.flags |= kCudaRecordHasFence;
+      record.flags |= detail::kCudaRecordHasFence;
       break;
     case cuda::SignalKind::Event:
       std::memcpy(record.signal_handle, signal.handle.data(), sizeof record.signal_handle);
-      record.flags |= kCudaRecordHasEvent;
+      record.flags |= detail::kCudaRecordHasEvent;
       break;
     case cuda::SignalKind::None:
       break;  // the sending stream was synchronized (the last fallback): nothing to wait for
@@ -125,8 +125,8 @@ HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) 
   pending->board->add(pending->counter, 1);
   cuda_->counted.emplace_back(pending->board, pending->counter);
 
-  HandleEntry entry;
-  entry.kind = static_cast<std::uint32_t>(HandleKind::CudaIpc);
+  detail::HandleEntry entry;
+  entry.kind = static_cast<std::uint32_t>(detail::HandleKind::CudaIpc);
   entry.nbytes = storage->nbytes();
   if (const auto slot = leased_ids_.find(storage->id())) {
     entry.slot = *slot;
@@ -142,12 +142,12 @@ HandleEntry MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) 
   return entry;
 }
 
-std::span<const std::byte> MessageEncoder::cuda_section() const noexcept {
+std::span<const std::byte> detail::MessageEncoder::cuda_section() const noexcept {
   if (!cuda_ || cuda_->records.empty()) return {};
-  return std::as_bytes(std::span<const CudaHandleRecord>(cuda_->records));
+  return std::as_bytes(std::span<const detail::CudaHandleRecord>(cuda_->records));
 }
 
-void MessageEncoder::cuda_begin_frame() noexcept {
+void detail::MessageEncoder::cuda_begin_frame() noexcept {
   if (!cuda_) return;
   cuda_->pending.clear();
   cuda_->records.clear();
@@ -155,7 +155,7 @@ void MessageEncoder::cuda_begin_frame() noexcept {
   cuda_->signalled.clear();
 }
 
-void MessageEncoder::cuda_end_frame(bool sent) noexcept {
+void detail::MessageEncoder::cuda_end_frame(bool sent) noexcept {
   if (!cuda_) return;
   if (!sent) {
     for (const auto& [board, counter] : cuda_->counted) board->add(counter, -1);
@@ -165,7 +165,7 @@ void MessageEncoder::cuda_end_frame(bool sent) noexcept {
 
 // ---- receiving -------------------------------------------------------------------------
 
-struct MessageDecoder::CudaReceiveState {
+struct detail::MessageDecoder::CudaReceiveState {
   using SignalKey = std::tuple<int, cuda::IpcHandle, std::uint64_t, std::uint64_t>;
   cuda::ReceiveSignals signals;
   // What the frame being resolved already waited for: (device, handle, fence offset, value),
@@ -174,10 +174,10 @@ struct MessageDecoder::CudaReceiveState {
 
   // Makes this thread's current stream wait for the record's signal, once per frame, and
   // returns what a storage of the frame keeps while it lives (see hold_received_range).
-  std::shared_ptr<const void> wait(int device, const CudaHandleRecord& record) {
+  std::shared_ptr<const void> wait(int device, const detail::CudaHandleRecord& record) {
     cuda::IpcHandle handle;
     std::memcpy(handle.data(), record.signal_handle, sizeof record.signal_handle);
-    const bool fence = (record.flags & kCudaRecordHasFence) != 0;
+    const bool fence = (record.flags & detail::kCudaRecordHasFence) != 0;
     SignalKey key{device, handle, fence ? record.fence_offset : 0, fence ? record.fence_value : 0};
     for (const auto& [done, keep] : waited) {
       if (done == key) return keep;
@@ -202,10 +202,10 @@ struct MessageDecoder::CudaReceiveState {
 namespace {
 
 // Checks everything in `record` that needs no CUDA call; throws ProtocolError naming `handle`.
-void check_cuda_record(const HandleEntry& entry, const CudaHandleRecord& record, const std::string& handle) {
-  if (entry.slot >= MessageDecoder::kMaxSlots) {
+void check_cuda_record(const detail::HandleEntry& entry, const detail::CudaHandleRecord& record, const std::string& handle) {
+  if (entry.slot >= detail::MessageDecoder::kMaxSlots) {
     throw ProtocolError(handle + " asks for slot " + std::to_string(entry.slot) + ", above the limit of " +
-                        std::to_string(MessageDecoder::kMaxSlots));
+                        std::to_string(detail::MessageDecoder::kMaxSlots));
   }
   if (entry.nbytes == 0) throw ProtocolError(handle + " has no bytes");
   if (record.offset > record.block_bytes || entry.nbytes > record.block_bytes - record.offset) {
@@ -215,8 +215,8 @@ void check_cuda_record(const HandleEntry& entry, const CudaHandleRecord& record,
   if (std::memchr(record.pci_bus_id, '\0', sizeof record.pci_bus_id) == nullptr) {
     throw ProtocolError(handle + " has a PCI bus id without an end");
   }
-  if ((record.flags & ~(kCudaRecordHasEvent | kCudaRecordHasFence)) != 0 ||
-      (record.flags & (kCudaRecordHasEvent | kCudaRecordHasFence)) == (kCudaRecordHasEvent | kCudaRecordHasFence)) {
+  if ((record.flags & ~(detail::kCudaRecordHasEvent | detail::kCudaRecordHasFence)) != 0 ||
+      (record.flags & (detail::kCudaRecordHasEvent | detail::kCudaRecordHasFence)) == (detail::kCudaRecordHasEvent | detail::kCudaRecordHasFence)) {
     throw ProtocolError(handle + " has CUDA record flags " + std::to_string(record.flags) +
                         ": expected at most one of event (1) and fence (2)");
   }
@@ -224,7 +224,7 @@ void check_cuda_record(const HandleEntry& entry, const CudaHandleRecord& record,
     throw ProtocolError(handle + " has " + std::to_string(record.reserved) +
                         " in the reserved field of its CUDA record (must be zero)");
   }
-  if ((record.flags & kCudaRecordHasFence) != 0 &&
+  if ((record.flags & detail::kCudaRecordHasFence) != 0 &&
       (record.fence_offset % sizeof(std::uint64_t) != 0 ||
        record.fence_offset > cuda::kFenceBufferBytes - sizeof(std::uint64_t))) {
     throw ProtocolError(handle + " puts its fence at byte " + std::to_string(record.fence_offset) +
@@ -238,7 +238,7 @@ void check_cuda_record(const HandleEntry& entry, const CudaHandleRecord& record,
 }
 
 // The hold-counter board the record names: an earlier storage of the frame, checked.
-cuda::HoldCounterView hold_counter_board_of(const CudaHandleRecord& record,
+cuda::HoldCounterView hold_counter_board_of(const detail::CudaHandleRecord& record,
                                         std::span<const std::shared_ptr<Storage>> earlier, const std::string& handle) {
   if (record.board_index >= earlier.size()) {
     throw ProtocolError(handle + " refers to hold-counter board " + std::to_string(record.board_index) +
@@ -252,7 +252,7 @@ cuda::HoldCounterView hold_counter_board_of(const CudaHandleRecord& record,
   return board;
 }
 
-cuda::BlockExport block_export_of(const CudaHandleRecord& record) {
+cuda::BlockExport block_export_of(const detail::CudaHandleRecord& record) {
   cuda::BlockExport exported;
   std::memcpy(exported.memory_handle.data(), record.memory_handle, sizeof record.memory_handle);
   std::memcpy(exported.pci_bus_id.data(), record.pci_bus_id, sizeof record.pci_bus_id);
@@ -264,25 +264,25 @@ cuda::BlockExport block_export_of(const CudaHandleRecord& record) {
 
 }  // namespace
 
-CudaHandleRecord MessageDecoder::read_cuda_record(std::uint32_t index, std::size_t record_number) {
+detail::CudaHandleRecord detail::MessageDecoder::read_cuda_record(std::uint32_t index, std::size_t record_number) {
   if (!cuda_built()) {
     throw ProtocolError("the sender shares a CUDA tensor (CUDA handle " + std::to_string(index) +
                         ") but this build of ferry has no CUDA support; build the receiver with the CUDA toolkit "
                         "(FERRY_WITH_CUDA) or send CPU tensors");
   }
-  if (body_.size() / sizeof(CudaHandleRecord) <= record_number) {
+  if (body_.size() / sizeof(detail::CudaHandleRecord) <= record_number) {
     throw ProtocolError("frame body is too short for the CUDA record of handle " + std::to_string(index));
   }
-  CudaHandleRecord record;
+  detail::CudaHandleRecord record;
   std::memcpy(&record, body_.data() + record_number * sizeof record, sizeof record);
   if (!cuda_) cuda_ = std::make_shared<CudaReceiveState>();
   if (record_number == 0) cuda_->waited.clear();  // a new frame
   return record;
 }
 
-std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, std::uint32_t index,
+std::shared_ptr<Storage> detail::MessageDecoder::resolve_cuda(const detail::HandleEntry& entry, std::uint32_t index,
                                                       std::size_t record_number) {
-  const CudaHandleRecord record = read_cuda_record(index, record_number);
+  const detail::CudaHandleRecord record = read_cuda_record(index, record_number);
   const std::string handle = "CUDA handle " + std::to_string(index);
   check_cuda_record(entry, record, handle);  // everything that needs no CUDA call first
   const cuda::HoldCounterView board = hold_counter_board_of(record, storages_, handle);
@@ -307,14 +307,14 @@ std::shared_ptr<Storage> MessageDecoder::resolve_cuda(const HandleEntry& entry, 
   }
 }
 
-std::shared_ptr<Storage> MessageDecoder::open_cuda_storage(const HandleEntry& entry, const CudaHandleRecord& record,
+std::shared_ptr<Storage> detail::MessageDecoder::open_cuda_storage(const detail::HandleEntry& entry, const detail::CudaHandleRecord& record,
                                                            const cuda::HoldCounterView& board, Lease* lease,
                                                            std::shared_ptr<cuda::ReceivedCudaRange> range) {
   const cuda::BlockExport exported = block_export_of(record);
   const int device = cuda::local_device(exported.pci_bus_id);
   if (!range) range = cuda::open_received_range(exported, device, entry.nbytes, record.pid);
   std::shared_ptr<const void> signal;
-  if (record.flags & (kCudaRecordHasEvent | kCudaRecordHasFence)) signal = cuda_->wait(device, record);
+  if (record.flags & (detail::kCudaRecordHasEvent | detail::kCudaRecordHasFence)) signal = cuda_->wait(device, record);
   if (lease != nullptr) {
     if (auto storage = lease->handle.lock()) {
       board.release(record.counter);  // already held by that Storage

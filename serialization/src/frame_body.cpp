@@ -6,7 +6,7 @@
 
 namespace ferry {
 
-void FrameBody::make_room(std::size_t size) {
+void detail::FrameBody::make_room(std::size_t size) {
   if (size > std::numeric_limits<std::size_t>::max() - size_) throw std::length_error("frame body too large");
   const std::size_t needed = size_ + size;
   if (space_ != nullptr && needed >= kLendFrom) {

@@ -46,12 +46,12 @@ Entry entry_at(std::span<const std::byte> table, std::size_t index) {
 
 }  // namespace
 
-MessageDecoder::~MessageDecoder() = default;
+detail::MessageDecoder::~MessageDecoder() = default;
 
-void MessageDecoder::read(void* out, const ReceivedType& type) {
-  FrameInputArchive& archive = input_archive();
+void detail::MessageDecoder::read(void* out, const detail::ReceivedType& type) {
+  detail::FrameInputArchive& archive = input_archive();
   try {
-    read_message(archive, out, type);
+    detail::read_message(archive, out, type);
   } catch (...) {
     archive_.reset();  // cereal's state may be half made
     throw;
@@ -60,28 +60,28 @@ void MessageDecoder::read(void* out, const ReceivedType& type) {
   if (!archive.reusable()) archive_.reset();
 }
 
-void MessageDecoder::check_type(const FrameHeader& header, std::span<const std::byte> name) {
-  if (header.flags & kFrameHasTypeName) {
+void detail::MessageDecoder::check_type(const detail::FrameHeader& header, std::span<const std::byte> name) {
+  if (header.flags & detail::kFrameHasTypeName) {
     peer_type_name_.assign(reinterpret_cast<const char*>(name.data()), name.size());
-    peer_type_name_truncated_ = (header.flags & kFrameTypeNameTruncated) != 0;
+    peer_type_name_truncated_ = (header.flags & detail::kFrameTypeNameTruncated) != 0;
   }
   if (header.type_fingerprint == expected_fingerprint_) return;
   // A truncated name cannot be checked against the fingerprint; it only ever names the type.
   const bool named = !peer_type_name_.empty() &&
-                     (peer_type_name_truncated_ || fnv1a64(peer_type_name_) == header.type_fingerprint);
+                     (peer_type_name_truncated_ || detail::fnv1a64(peer_type_name_) == header.type_fingerprint);
   const std::string sent = named ? shown_type_name(peer_type_name_, peer_type_name_truncated_)
                                  : "an unknown type (fingerprint " + hex(header.type_fingerprint) + ")";
   throw TypeMismatch("type mismatch: the sender sends " + sent + " but this Receiver expects " +
                      shown_type_name(expected_type_name_, false) + "; connect a Sender<T> only to a Receiver<T>");
 }
 
-void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds,
+void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span<const std::byte> payload, std::deque<detail::UniqueFd>& fds,
                             std::deque<std::shared_ptr<Storage>>* copied) {
   copied_ = copied;
   wants_acknowledgement_ = false;
   frame_claimed_ = false;
   frame_sequence_ = header.sequence;
-  frame_tracked_ = (header.flags & kFrameTracksDelivery) != 0;
+  frame_tracked_ = (header.flags & detail::kFrameTracksDelivery) != 0;
   storages_.clear();
   if ((header.fd_count | header.segment_count | header.handle_count | header.release_count |
        header.segment_release_count) == 0) {
@@ -96,7 +96,7 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
     throw ProtocolError("frame claims " + std::to_string(header.fd_count) + " file descriptors but " +
                         std::to_string(arrived) + " arrived");
   }
-  std::vector<UniqueFd> frame_fds;
+  std::vector<detail::UniqueFd> frame_fds;
   frame_fds.reserve(header.fd_count);
   for (std::uint32_t i = 0; i < header.fd_count; ++i) {
     frame_fds.push_back(std::move(fds.front()));
@@ -111,15 +111,15 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
     return part;
   };
   check_type_fast(header, take(header.type_name_bytes));
-  const auto segment_table = take(std::size_t{header.segment_count} * sizeof(SegmentEntry));
-  const auto table = take(std::size_t{header.handle_count} * sizeof(HandleEntry));
+  const auto segment_table = take(std::size_t{header.segment_count} * sizeof(detail::SegmentEntry));
+  const auto table = take(std::size_t{header.handle_count} * sizeof(detail::HandleEntry));
   const auto releases = take(std::size_t{header.release_count} * sizeof(std::uint32_t));
   const auto segment_releases = take(std::size_t{header.segment_release_count} * sizeof(std::uint32_t));
   body_ = take(header.body_bytes);
 
   {
     // Blocks whose last user was the lease give their slots back together, when the batch ends.
-    const ReturnBoard::PostBatch batch(board());
+    const detail::ReturnBoard::PostBatch batch(board());
     for (std::uint32_t i = 0; i < header.release_count; ++i) {
       const auto slot = entry_at<std::uint32_t>(releases, i);
       if (slot >= leases_.size() || !leases_[slot]) {
@@ -150,7 +150,7 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
   }
 }
 
-void MessageDecoder::decode_body_only(const FrameHeader& header, std::span<const std::byte> payload) {
+void detail::MessageDecoder::decode_body_only(const detail::FrameHeader& header, std::span<const std::byte> payload) {
   if (header.type_name_bytes > payload.size() || header.body_bytes > payload.size() - header.type_name_bytes) {
     throw ProtocolError("frame is shorter than its header claims");
   }
@@ -164,23 +164,23 @@ void MessageDecoder::decode_body_only(const FrameHeader& header, std::span<const
   }
 }
 
-void MessageDecoder::give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept {
+void detail::MessageDecoder::give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept {
   // The sender pinned every new block of the frame for us. Blocks we leased give their
   // slot back when they die; the others would stay pinned until this process exits.
   if (!board()) return;
   for (std::uint32_t i = 0; i < count; ++i) {
-    const auto entry = entry_at<HandleEntry>(table, i);
-    if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
+    const auto entry = entry_at<detail::HandleEntry>(table, i);
+    if (entry.kind != static_cast<std::uint32_t>(detail::HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
     if (entry.slot < leases_.size() && leases_[entry.slot]) continue;
     holds_.give_back(entry.slot);
   }
 }
 
-void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const std::byte> segment_table,
-                                    std::span<const std::byte> table, std::vector<UniqueFd>& frame_fds) {
+void detail::MessageDecoder::resolve_tables(const detail::FrameHeader& header, std::span<const std::byte> segment_table,
+                                    std::span<const std::byte> table, std::vector<detail::UniqueFd>& frame_fds) {
   std::size_t next_fd = 0;
   for (std::uint32_t i = 0; i < header.segment_count; ++i) {
-    add_segment(entry_at<SegmentEntry>(segment_table, i), i, frame_fds, next_fd);
+    add_segment(entry_at<detail::SegmentEntry>(segment_table, i), i, frame_fds, next_fd);
   }
   if (next_fd != frame_fds.size()) {
     throw ProtocolError("frame carries " + std::to_string(frame_fds.size()) + " fds but only " +
@@ -190,9 +190,9 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
   std::size_t cuda_records = 0;
   storages_.reserve(header.handle_count);
   for (std::uint32_t i = 0; i < header.handle_count; ++i) {
-    const auto entry = entry_at<HandleEntry>(table, i);
-    const auto kind = static_cast<HandleKind>(entry.kind);
-    if (kind == HandleKind::Leased) {
+    const auto entry = entry_at<detail::HandleEntry>(table, i);
+    const auto kind = static_cast<detail::HandleKind>(entry.kind);
+    if (kind == detail::HandleKind::Leased) {
       if (entry.slot >= leases_.size() || !leases_[entry.slot]) {
         throw ProtocolError("handle " + std::to_string(i) + " refers to slot " + std::to_string(entry.slot) +
                             " which holds no lease");
@@ -209,15 +209,15 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
       storages_.push_back(resolve_lease(leases_[entry.slot]));
       continue;
     }
-    if (kind == HandleKind::CudaIpc) {  // CUDA IPC: cuda_handles.cpp
+    if (kind == detail::HandleKind::CudaIpc) {  // CUDA IPC: cuda_handles.cpp
       storages_.push_back(resolve_cuda(entry, i, cuda_records++));
       continue;
     }
-    if (kind == HandleKind::Copied) {
+    if (kind == detail::HandleKind::Copied) {
       storages_.push_back(take_copied(entry, i));
       continue;
     }
-    if (kind != HandleKind::NewBlock) {
+    if (kind != detail::HandleKind::NewBlock) {
       throw ProtocolError("handle " + std::to_string(i) + " has an unknown kind " + std::to_string(entry.kind));
     }
     if (entry.slot >= kMaxSlots) {
@@ -234,7 +234,7 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
     }
     storages_.push_back(resolve_new_block(entry, i));
   }
-  body_ = body_.subspan(cuda_records * sizeof(CudaHandleRecord));  // resolve_cuda checked the length
+  body_ = body_.subspan(cuda_records * sizeof(detail::CudaHandleRecord));  // resolve_cuda checked the length
   if (copied_ != nullptr && !copied_->empty()) {
     const std::size_t extra = copied_->size();
     copied_->clear();
@@ -243,7 +243,7 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
   }
 }
 
-std::shared_ptr<Storage> MessageDecoder::take_copied(const HandleEntry& entry, std::size_t index) {
+std::shared_ptr<Storage> detail::MessageDecoder::take_copied(const detail::HandleEntry& entry, std::size_t index) {
   if (copied_ == nullptr || copied_->empty()) {
     throw ProtocolError("handle " + std::to_string(index) +
                         " is a copied storage, but its bytes did not come with the frame (only a transport "
@@ -258,25 +258,25 @@ std::shared_ptr<Storage> MessageDecoder::take_copied(const HandleEntry& entry, s
   return storage;
 }
 
-MessageDecoder::SegmentFd MessageDecoder::open_segment(const SegmentEntry& entry, std::size_t index,
-                                                       std::vector<UniqueFd>& frame_fds, std::size_t& next_fd) {
-  if (static_cast<SegmentKind>(entry.kind) == SegmentKind::NewFd) {
+detail::MessageDecoder::SegmentFd detail::MessageDecoder::open_segment(const detail::SegmentEntry& entry, std::size_t index,
+                                                       std::vector<detail::UniqueFd>& frame_fds, std::size_t& next_fd) {
+  if (static_cast<detail::SegmentKind>(entry.kind) == detail::SegmentKind::NewFd) {
     if (next_fd >= frame_fds.size()) {
       throw ProtocolError("frame has more fd segments than the " + std::to_string(frame_fds.size()) +
                           " fds that came with it");
     }
-    UniqueFd fd = std::move(frame_fds[next_fd++]);
-    const SharedMemory::Received file = SharedMemory::inspect_received(fd.get());
+    detail::UniqueFd fd = std::move(frame_fds[next_fd++]);
+    const detail::SharedMemory::Received file = detail::SharedMemory::inspect_received(fd.get());
     return SegmentFd{std::move(fd), file};
   }
   if (entry.pid <= 0 || entry.fd < 0) {
     throw ProtocolError("segment " + std::to_string(index) + " names an invalid process " + std::to_string(entry.pid) +
                         " or fd " + std::to_string(entry.fd));
   }
-  PeerFdOpener::Taken taken = peer_fds_.take(entry.pid, entry.fd);
+  detail::PeerFdOpener::Taken taken = peer_fds_.take(entry.pid, entry.fd);
   if (!taken.fd) {
     const int error = taken.error;
-    const std::string where = PeerFdOpener::describe(entry.pid, entry.fd, taken.method);
+    const std::string where = detail::PeerFdOpener::describe(entry.pid, entry.fd, taken.method);
     if (error == EMFILE || error == ENFILE) {
       throw ProtocolError("cannot open the sender's segment at " + where +
                           ": this process has reached its open-file limit (RLIMIT_NOFILE" +
@@ -294,48 +294,48 @@ MessageDecoder::SegmentFd MessageDecoder::open_segment(const SegmentEntry& entry
                         "); the sender died, or this process may not read it: it must run as the same user, and no "
                         "security module (SELinux, AppArmor) may forbid it");
   }
-  UniqueFd fd = std::move(taken.fd);
-  SharedMemory::Received file;
+  detail::UniqueFd fd = std::move(taken.fd);
+  detail::SharedMemory::Received file;
   try {
-    file = SharedMemory::inspect_received(fd.get());
+    file = detail::SharedMemory::inspect_received(fd.get());
   } catch (const ProtocolError& error) {
-    throw ProtocolError("the file at " + PeerFdOpener::describe(entry.pid, entry.fd, taken.method) +
+    throw ProtocolError("the file at " + detail::PeerFdOpener::describe(entry.pid, entry.fd, taken.method) +
                         " is not a segment this receiver can map (fd reused?): " + error.what());
   }
-  if (file.identity != FileIdentity{entry.device, entry.inode}) {
-    throw ProtocolError("the file at " + PeerFdOpener::describe(entry.pid, entry.fd, taken.method) +
+  if (file.identity != detail::FileIdentity{entry.device, entry.inode}) {
+    throw ProtocolError("the file at " + detail::PeerFdOpener::describe(entry.pid, entry.fd, taken.method) +
                         " is not the segment the frame names (fd reused?)");
   }
   return SegmentFd{std::move(fd), file};
 }
 
-void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std::size_t index, std::vector<detail::UniqueFd>& frame_fds,
                                  std::size_t& next_fd) {
-  if (static_cast<SegmentRole>(entry.role) == SegmentRole::RetiredUpstreamBoard) {
+  if (static_cast<detail::SegmentRole>(entry.role) == detail::SegmentRole::RetiredUpstreamBoard) {
     retire_upstream_board(entry, index);
     return;
   }
-  const auto kind = static_cast<SegmentKind>(entry.kind);
-  if (kind != SegmentKind::NewFd && kind != SegmentKind::NewProcFd) {
+  const auto kind = static_cast<detail::SegmentKind>(entry.kind);
+  if (kind != detail::SegmentKind::NewFd && kind != detail::SegmentKind::NewProcFd) {
     throw ProtocolError("segment " + std::to_string(index) + " has an unknown kind " + std::to_string(entry.kind));
   }
-  if (kind == SegmentKind::NewProcFd) wants_acknowledgement_ = true;
-  const auto role = static_cast<SegmentRole>(entry.role);
-  if (role == SegmentRole::ReturnBoard) {
+  if (kind == detail::SegmentKind::NewProcFd) wants_acknowledgement_ = true;
+  const auto role = static_cast<detail::SegmentRole>(entry.role);
+  if (role == detail::SegmentRole::ReturnBoard) {
     if (board()) throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
-    if (entry.size != ReturnBoard::bytes()) {
+    if (entry.size != detail::ReturnBoard::bytes()) {
       throw ProtocolError("segment " + std::to_string(index) + " is a return board whose field size claims " +
-                          std::to_string(entry.size) + " bytes instead of " + std::to_string(ReturnBoard::bytes()));
+                          std::to_string(entry.size) + " bytes instead of " + std::to_string(detail::ReturnBoard::bytes()));
     }
     SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
-    holds_.adopt_board(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
+    holds_.adopt_board(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
     return;
   }
-  if (role == SegmentRole::UpstreamBoard) {
+  if (role == detail::SegmentRole::UpstreamBoard) {
     add_upstream_board(entry, index, frame_fds, next_fd);
     return;
   }
-  if (role != SegmentRole::Data) {
+  if (role != detail::SegmentRole::Data) {
     throw ProtocolError("segment " + std::to_string(index) + " has an unknown role " + std::to_string(entry.role));
   }
   const std::uint32_t slot = entry.slot_or_reclaims;  // a Data segment's lease
@@ -354,7 +354,7 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
   // take its fd is the proof that it holds the segment (the identity alone is a number any
   // peer can write, also one of another user that could never open our segments).
   SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
-  std::shared_ptr<SharedSegment> segment = HandleCache::global().find(opened.file.identity);
+  std::shared_ptr<detail::SharedSegment> segment = HandleCache::global().find(opened.file.identity);
   if (segment) {
     if (segment->size() != entry.size) {
       throw ProtocolError("segment " + std::to_string(index) + " field size claims " + std::to_string(entry.size) +
@@ -362,32 +362,32 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
     }
     // Already mapped: a passed fd just closes (with `opened`).
   } else {
-    const FileIdentity identity = opened.file.identity;
+    const detail::FileIdentity identity = opened.file.identity;
     segment = HandleCache::global().insert(
-        identity, SharedSegment::adopt(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size)));
+        identity, detail::SharedSegment::adopt(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size)));
   }
   if (slot >= segments_.size()) segments_.resize(std::size_t{slot} + 1);
   segments_[slot] = std::move(segment);
 }
 
-void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
+void detail::MessageDecoder::add_upstream_board(const detail::SegmentEntry& entry, std::size_t index, std::vector<detail::UniqueFd>& frame_fds,
                                         std::size_t& next_fd) {
   if (!board()) {
     throw ProtocolError("segment " + std::to_string(index) +
                         " is an upstream return board but the sender never sent its own return board");
   }
-  if (entry.size != ReturnBoard::bytes()) {
+  if (entry.size != detail::ReturnBoard::bytes()) {
     throw ProtocolError("segment " + std::to_string(index) + " is an upstream return board whose field size claims " +
-                        std::to_string(entry.size) + " bytes instead of " + std::to_string(ReturnBoard::bytes()));
+                        std::to_string(entry.size) + " bytes instead of " + std::to_string(detail::ReturnBoard::bytes()));
   }
   SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
   if (holds_.knows(opened.file.identity)) return;  // a cycle brought it back: the fd just closes
-  holds_.add_upstream_board(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size),
+  holds_.add_upstream_board(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size),
                             entry.slot_or_reclaims, index);
 }
 
-void MessageDecoder::retire_upstream_board(const SegmentEntry& entry, std::size_t index) {
-  if (static_cast<SegmentKind>(entry.kind) != SegmentKind::NoFd || entry.slot_or_reclaims != 0 || entry.pid != 0 ||
+void detail::MessageDecoder::retire_upstream_board(const detail::SegmentEntry& entry, std::size_t index) {
+  if (static_cast<detail::SegmentKind>(entry.kind) != detail::SegmentKind::NoFd || entry.slot_or_reclaims != 0 || entry.pid != 0 ||
       entry.size != 0 || entry.fd != -1 || entry.reserved != 0) {
     throw ProtocolError("segment " + std::to_string(index) +
                         " retires an upstream return board but has fields other than its identity set");
@@ -400,10 +400,10 @@ void MessageDecoder::retire_upstream_board(const SegmentEntry& entry, std::size_
   // a board once nothing of its connection lives there any more, and every block this
   // receiver holds keeps the sender's block pinned (and with it that block's connection).
   // A board this process never took (its frame failed here) has nothing to forget.
-  holds_.retire_upstream_board(FileIdentity{entry.device, entry.inode});
+  holds_.retire_upstream_board(detail::FileIdentity{entry.device, entry.inode});
 }
 
-void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
+void detail::MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
   if (!board()) {
     throw ProtocolError("handle " + std::to_string(index) +
                         " names a new block but the sender never sent its return board");
@@ -415,12 +415,12 @@ void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
   }
 }
 
-std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& entry, std::size_t index) {
+std::shared_ptr<Storage> detail::MessageDecoder::resolve_new_block(const detail::HandleEntry& entry, std::size_t index) {
   if (entry.segment_slot >= segments_.size() || !segments_[entry.segment_slot]) {
     throw ProtocolError("handle " + std::to_string(index) + " field segment_slot names slot " +
                         std::to_string(entry.segment_slot) + " which holds no segment lease");
   }
-  const std::shared_ptr<SharedSegment>& segment = segments_[entry.segment_slot];
+  const std::shared_ptr<detail::SharedSegment>& segment = segments_[entry.segment_slot];
   if (entry.nbytes == 0) throw ProtocolError("handle " + std::to_string(index) + " field nbytes is 0");
   if (entry.offset > segment->size() || entry.nbytes > segment->size() - entry.offset) {
     throw ProtocolError("handle " + std::to_string(index) + " fields offset " + std::to_string(entry.offset) +
@@ -429,9 +429,9 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
   }
   // Allocators hand out aligned blocks only; a block between two would make its elements
   // misaligned for their type (reading one through a typed pointer is undefined behaviour).
-  if (entry.offset % kBlockAlignment != 0) {
+  if (entry.offset % detail::kBlockAlignment != 0) {
     throw ProtocolError("handle " + std::to_string(index) + " field offset " + std::to_string(entry.offset) +
-                        " is not a multiple of the block alignment of " + std::to_string(kBlockAlignment) + " bytes");
+                        " is not a multiple of the block alignment of " + std::to_string(detail::kBlockAlignment) + " bytes");
   }
   // A block this process sent (and someone forwarded back) resolves to the storage it sent;
   // the lease then holds only the block and a weak handle (see Lease).
@@ -460,7 +460,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
   return own ? own : resolve_lease(leases_[entry.slot]);
 }
 
-std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
+std::shared_ptr<Storage> detail::MessageDecoder::resolve_lease(Lease& lease) {
   if (auto handle = lease.handle.lock()) return handle;
   std::shared_ptr<Storage> handle;
   if (lease.core) {
@@ -483,7 +483,7 @@ std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
   return handle;
 }
 
-void MessageDecoder::release_all() noexcept {
+void detail::MessageDecoder::release_all() noexcept {
   peer_fds_.reset();
   leases_.clear();
   segments_.clear();
@@ -491,17 +491,17 @@ void MessageDecoder::release_all() noexcept {
   holds_.reset();
 }
 
-void MessageDecoder::hand_over() noexcept {
+void detail::MessageDecoder::hand_over() noexcept {
   holds_.hand_over();
   release_all();
 }
 
-std::size_t MessageDecoder::leased() const noexcept {
+std::size_t detail::MessageDecoder::leased() const noexcept {
   return static_cast<std::size_t>(
       std::count_if(leases_.begin(), leases_.end(), [](const Lease& lease) { return static_cast<bool>(lease); }));
 }
 
-std::size_t MessageDecoder::leased_segments() const noexcept {
+std::size_t detail::MessageDecoder::leased_segments() const noexcept {
   return static_cast<std::size_t>(std::count_if(segments_.begin(), segments_.end(),
                                                 [](const auto& segment) { return segment != nullptr; }));
 }

@@ -25,12 +25,12 @@ std::size_t pointer_hash(const void* pointer) noexcept {
 
 }  // namespace
 
-MessageEncoder::MessageEncoder(HandlePassing passing, std::optional<SharedAllocator> pool)
+detail::MessageEncoder::MessageEncoder(detail::HandlePassing passing, std::optional<SharedAllocator> pool)
     : passing_(passing), pool_(std::move(pool)) {}
 
-MessageEncoder::~MessageEncoder() { closed(UniqueFd()); }
+detail::MessageEncoder::~MessageEncoder() { closed(detail::UniqueFd()); }
 
-void MessageEncoder::begin() {
+void detail::MessageEncoder::begin() {
   body_.reset(nullptr);
   board_in_frame_ = false;
   takeable_this_frame_.reset();
@@ -56,13 +56,13 @@ void MessageEncoder::begin() {
   if (holds_.passed_upstream_boards()) retire_dead_upstream_boards();
 }
 
-void MessageEncoder::retire_dead_upstream_boards() {
+void detail::MessageEncoder::retire_dead_upstream_boards() {
   retired_scratch_.clear();
   holds_.retire_dead_upstream_boards(retired_scratch_);
-  for (const FileIdentity& identity : retired_scratch_) {
-    SegmentEntry entry;
-    entry.kind = static_cast<std::uint32_t>(SegmentKind::NoFd);
-    entry.role = static_cast<std::uint32_t>(SegmentRole::RetiredUpstreamBoard);
+  for (const detail::FileIdentity& identity : retired_scratch_) {
+    detail::SegmentEntry entry;
+    entry.kind = static_cast<std::uint32_t>(detail::SegmentKind::NoFd);
+    entry.role = static_cast<std::uint32_t>(detail::SegmentRole::RetiredUpstreamBoard);
     entry.device = identity.device;
     entry.inode = identity.inode;
     segment_entries_.push_back(entry);
@@ -70,9 +70,9 @@ void MessageEncoder::retire_dead_upstream_boards() {
   }
 }
 
-void MessageEncoder::track_delivery() { delivery_tracked_ = true; }
+void detail::MessageEncoder::track_delivery() { delivery_tracked_ = true; }
 
-std::optional<std::uint32_t> MessageEncoder::find_source(const Storage* storage) {
+std::optional<std::uint32_t> detail::MessageEncoder::find_source(const Storage* storage) {
   if (sources_.size() <= kLinearSearchLimit) {
     for (std::size_t i = 0; i < sources_.size(); ++i) {
       if (sources_[i] == storage) return static_cast<std::uint32_t>(i);
@@ -86,7 +86,7 @@ std::optional<std::uint32_t> MessageEncoder::find_source(const Storage* storage)
   }
 }
 
-void MessageEncoder::place_source(const Storage* storage, std::uint32_t index) {
+void detail::MessageEncoder::place_source(const Storage* storage, std::uint32_t index) {
   const std::size_t mask = source_index_.size() - 1;
   std::size_t at = pointer_hash(storage) & mask;
   while (source_index_[at].second != 0) at = (at + 1) & mask;
@@ -94,7 +94,7 @@ void MessageEncoder::place_source(const Storage* storage, std::uint32_t index) {
   source_index_used_.push_back(static_cast<std::uint32_t>(at));
 }
 
-void MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
+void detail::MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
   if (sources_.size() <= kLinearSearchLimit) return;
   if (source_index_.size() < 2 * sources_.size()) {
     // Grow at a load of one half (the table is kept, empty, for the next frames).
@@ -111,7 +111,7 @@ void MessageEncoder::index_source(const Storage* storage, std::uint32_t index) {
   place_source(storage, index);
 }
 
-std::uint32_t MessageEncoder::append_storage(std::shared_ptr<Storage> travelling, const Storage* source) {
+std::uint32_t detail::MessageEncoder::append_storage(std::shared_ptr<Storage> travelling, const Storage* source) {
   tables_filled_ = true;
   const auto index = static_cast<std::uint32_t>(storages_.size());
   storages_.push_back(std::move(travelling));
@@ -120,7 +120,7 @@ std::uint32_t MessageEncoder::append_storage(std::shared_ptr<Storage> travelling
   return index;
 }
 
-std::shared_ptr<Storage> MessageEncoder::staged_on_host(const std::shared_ptr<Storage>& device_storage) {
+std::shared_ptr<Storage> detail::MessageEncoder::staged_on_host(const std::shared_ptr<Storage>& device_storage) {
   const auto bytes = static_cast<std::int64_t>(device_storage->nbytes());
   auto host = Storage::allocate(device_storage->nbytes(), Device::SharedCpu);
   // Byte views of both: copy_from() waits for the device's current stream, then copies.
@@ -131,9 +131,9 @@ std::shared_ptr<Storage> MessageEncoder::staged_on_host(const std::shared_ptr<St
   return host;
 }
 
-std::uint32_t MessageEncoder::add_other_storage(const std::shared_ptr<Storage>& storage) {
+std::uint32_t detail::MessageEncoder::add_other_storage(const std::shared_ptr<Storage>& storage) {
   if (const auto found = find_source(storage.get())) return *found;
-  if (passing_ == HandlePassing::Copying) {
+  if (passing_ == detail::HandlePassing::Copying) {
     // Its bytes travel, read in place; a CUDA storage's from a copy in host memory (UCX as
     // Debian builds it has no CUDA transport), so the receiver gets them on its CPU.
     if (storage->device().kind == DeviceKind::Cuda) return append_storage(staged_on_host(storage), storage.get());
@@ -155,13 +155,13 @@ std::uint32_t MessageEncoder::add_other_storage(const std::shared_ptr<Storage>& 
   return append_storage(std::move(travelling), storage.get());
 }
 
-void MessageEncoder::flush_remember_batch() {
+void detail::MessageEncoder::flush_remember_batch() {
   if (remember_batch_.empty()) return;
   (*remember_batch_.front())->shared_block()->segment()->remember_storages(remember_batch_);
   remember_batch_.clear();
 }
 
-void MessageEncoder::lease_slot(std::uint32_t slot, const std::shared_ptr<Storage>& storage, bool returned) {
+void detail::MessageEncoder::lease_slot(std::uint32_t slot, const std::shared_ptr<Storage>& storage, bool returned) {
   leased_ids_.insert(storage->id(), slot);
   leased_.push_back(slot);
   SlotInfo& info = slots_[slot];
@@ -172,7 +172,7 @@ void MessageEncoder::lease_slot(std::uint32_t slot, const std::shared_ptr<Storag
   info.storage = storage;
 }
 
-void MessageEncoder::unlease_slot(std::uint32_t slot) noexcept {
+void detail::MessageEncoder::unlease_slot(std::uint32_t slot) noexcept {
   SlotInfo& info = slots_[slot];
   leased_ids_.erase(info.storage_id);
   // Swap-remove: the last leased slot takes this one's place.
@@ -183,7 +183,7 @@ void MessageEncoder::unlease_slot(std::uint32_t slot) noexcept {
   info.storage.reset();
 }
 
-void MessageEncoder::collect_returned_slots() {
+void detail::MessageEncoder::collect_returned_slots() {
   returned_scratch_.clear();
   holds_.take_returned(returned_scratch_);
   for (const std::uint32_t slot : returned_scratch_) {
@@ -201,7 +201,7 @@ void MessageEncoder::collect_returned_slots() {
   }
 }
 
-void MessageEncoder::collect_dead_storages() {
+void detail::MessageEncoder::collect_dead_storages() {
   const std::uint64_t deaths = sent_storage_deaths();
   if (deaths == seen_storage_deaths_) return;
   seen_storage_deaths_ = deaths;
@@ -216,8 +216,8 @@ void MessageEncoder::collect_dead_storages() {
   }
 }
 
-void MessageEncoder::collect_dead_segments() {
-  const std::uint64_t deaths = sent_segment_deaths();
+void detail::MessageEncoder::collect_dead_segments() {
+  const std::uint64_t deaths = detail::sent_segment_deaths();
   if (deaths == seen_segment_deaths_) return;
   seen_segment_deaths_ = deaths;
   for (auto it = sent_segments_.begin(); it != sent_segments_.end();) {
@@ -231,14 +231,14 @@ void MessageEncoder::collect_dead_segments() {
   }
 }
 
-std::uint32_t MessageEncoder::take_slot() {
+std::uint32_t detail::MessageEncoder::take_slot() {
   if (!free_slots_.empty()) {
     const std::uint32_t slot = free_slots_.back();
     free_slots_.pop_back();
     return slot;
   }
-  if (next_slot_ >= ReturnBoard::kSlots) {
-    throw Error("the receiver holds " + std::to_string(ReturnBoard::kSlots) +
+  if (next_slot_ >= detail::ReturnBoard::kSlots) {
+    throw Error("the receiver holds " + std::to_string(detail::ReturnBoard::kSlots) +
                 " storages of this channel, the most one channel can track; let the receiver drop "
                 "tensors, or send fewer, larger ones");
   }
@@ -246,26 +246,26 @@ std::uint32_t MessageEncoder::take_slot() {
   return next_slot_++;
 }
 
-bool MessageEncoder::passes_fd_now() {
-  if (passing_ != HandlePassing::ProcFdWhileTakeable) return passing_ == HandlePassing::FdPassing;
+bool detail::MessageEncoder::passes_fd_now() {
+  if (passing_ != detail::HandlePassing::ProcFdWhileTakeable) return passing_ == detail::HandlePassing::FdPassing;
   // Asked once per frame that introduces segments: a process may stop being dumpable at
   // any time (prctl, setuid).
-  if (!takeable_this_frame_) takeable_this_frame_ = fds_takeable_by_peers();
+  if (!takeable_this_frame_) takeable_this_frame_ = detail::fds_takeable_by_peers();
   return !*takeable_this_frame_;
 }
 
-bool MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot_or_reclaims, int fd, std::size_t size,
-                                       const FileIdentity& identity) {
-  SegmentEntry entry;
+bool detail::MessageEncoder::add_segment_entry(detail::SegmentRole role, std::uint32_t slot_or_reclaims, int fd, std::size_t size,
+                                       const detail::FileIdentity& identity) {
+  detail::SegmentEntry entry;
   entry.role = static_cast<std::uint32_t>(role);
   entry.slot_or_reclaims = slot_or_reclaims;
   entry.size = size;
   const bool by_fd = passes_fd_now();
   if (by_fd) {
-    entry.kind = static_cast<std::uint32_t>(SegmentKind::NewFd);
+    entry.kind = static_cast<std::uint32_t>(detail::SegmentKind::NewFd);
     fds_.push_back(fd);
   } else {
-    entry.kind = static_cast<std::uint32_t>(SegmentKind::NewProcFd);
+    entry.kind = static_cast<std::uint32_t>(detail::SegmentKind::NewProcFd);
     entry.pid = ::getpid();
     entry.fd = fd;
     entry.device = identity.device;
@@ -276,7 +276,7 @@ bool MessageEncoder::add_segment_entry(SegmentRole role, std::uint32_t slot_or_r
   return !by_fd;
 }
 
-std::uint32_t MessageEncoder::segment_slot_for(const std::shared_ptr<SharedSegment>& segment) {
+std::uint32_t detail::MessageEncoder::segment_slot_for(const std::shared_ptr<detail::SharedSegment>& segment) {
   // The storages of a frame mostly lie in one segment (a slab of small blocks).
   if (segment->id() == last_segment_id_) return last_segment_slot_;
   if (const auto it = sent_segments_.find(segment->id()); it != sent_segments_.end()) {
@@ -300,20 +300,20 @@ std::uint32_t MessageEncoder::segment_slot_for(const std::shared_ptr<SharedSegme
   segment->mark_sent();
   // /proc/<pid>/fd/<n> only works while our fd is open: keep the segment until the receiver
   // acknowledges that it opened it.
-  if (add_segment_entry(SegmentRole::Data, slot, segment->fd(), segment->size(), segment->identity())) {
+  if (add_segment_entry(detail::SegmentRole::Data, slot, segment->fd(), segment->size(), segment->identity())) {
     keepalive_.emplace_back(next_sequence_, segment);
   }
   return slot;
 }
 
-void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
+void detail::MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
   upstream_scratch_.clear();
   holds_.upstream_boards_to_pass(block, upstream_scratch_);
-  for (const std::shared_ptr<ReturnBoard>& board : upstream_scratch_) {
+  for (const std::shared_ptr<detail::ReturnBoard>& board : upstream_scratch_) {
     // We hold the block (its frame on `board` is resolved and we registered there), so the
     // count read now is one no reclaim of this block can have moved.
     // Like a segment's: the frame may introduce no segment that makes close() wait for it.
-    if (add_segment_entry(SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), ReturnBoard::bytes(),
+    if (add_segment_entry(detail::SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), detail::ReturnBoard::bytes(),
                           board->identity())) {
       keepalive_.emplace_back(next_sequence_, board);
     }
@@ -321,10 +321,10 @@ void MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
   upstream_scratch_.clear();
 }
 
-const EncodedFrame& MessageEncoder::encode(const void* message, const SentType& type, BodySpace* space) {
+const detail::EncodedFrame& detail::MessageEncoder::encode(const void* message, const detail::SentType& type, detail::BodySpace* space) {
   begin();
   body_.reset(space);
-  FrameOutputArchive& archive = output_archive();
+  detail::FrameOutputArchive& archive = output_archive();
   try {
     type.write(archive, message);
   } catch (...) {
@@ -332,10 +332,10 @@ const EncodedFrame& MessageEncoder::encode(const void* message, const SentType& 
     throw;
   }
   if (!archive.reusable()) archive_.reset();
-  return finish(FrameKind::Message, type.fingerprint, type.name);
+  return finish(detail::FrameKind::Message, type.fingerprint, type.name);
 }
 
-const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
+const detail::EncodedFrame& detail::MessageEncoder::finish(detail::FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
   // Each step is skipped when it has nothing to do (no ledger yet, no storage ever sent, no
   // storage in the frame, no death since the last frame), so that a small message pays for
   // none of them. Every pin, kept segment and passed board of the ledger came with a storage
@@ -353,7 +353,7 @@ const EncodedFrame& MessageEncoder::finish(FrameKind kind, std::uint64_t fingerp
   return assemble_frame(cuda_records);
 }
 
-void MessageEncoder::refresh_leased_storages() {
+void detail::MessageEncoder::refresh_leased_storages() {
   // A storage of this frame that the receiver still leases keeps its slot even if the
   // reference recorded for it died meanwhile (a receiver re-resolved a storage it received
   // into a new handle on the same Storage object): refresh it before dead entries are
@@ -368,14 +368,14 @@ void MessageEncoder::refresh_leased_storages() {
   }
 }
 
-void MessageEncoder::fill_handle_table() {
+void detail::MessageEncoder::fill_handle_table() {
   entries_.resize(storages_.size());
   for (std::size_t i = 0; i < storages_.size(); ++i) {
     const std::shared_ptr<Storage>& storage = storages_[i];
-    HandleEntry& entry = entries_[i];
-    if (passing_ == HandlePassing::Copying) {
-      entry = HandleEntry{};
-      entry.kind = static_cast<std::uint32_t>(HandleKind::Copied);
+    detail::HandleEntry& entry = entries_[i];
+    if (passing_ == detail::HandlePassing::Copying) {
+      entry = detail::HandleEntry{};
+      entry.kind = static_cast<std::uint32_t>(detail::HandleKind::Copied);
       entry.nbytes = storage->nbytes();
       copies_.push_back(iovec{storage->data(), storage->nbytes()});
       continue;
@@ -386,7 +386,7 @@ void MessageEncoder::fill_handle_table() {
     }
     entry.nbytes = storage->nbytes();
     if (leased_slots_[i] != kNoSlot) {
-      entry.kind = static_cast<std::uint32_t>(HandleKind::Leased);
+      entry.kind = static_cast<std::uint32_t>(detail::HandleKind::Leased);
       entry.slot = leased_slots_[i];
       continue;
     }
@@ -395,9 +395,9 @@ void MessageEncoder::fill_handle_table() {
   flush_remember_batch();
 }
 
-void MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>& storage, HandleEntry& entry) {
+void detail::MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>& storage, detail::HandleEntry& entry) {
   const SharedBlock* block = storage->shared_block();
-  entry.kind = static_cast<std::uint32_t>(HandleKind::NewBlock);
+  entry.kind = static_cast<std::uint32_t>(detail::HandleKind::NewBlock);
   entry.segment_slot = segment_slot_for(block->segment());
   entry.offset = block->offset();
   entry.slot = take_slot();
@@ -405,7 +405,7 @@ void MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>& storag
   lease_slot(entry.slot, storage, true);
   ++storages_passed_;
   new_slots_.push_back(entry.slot);
-  new_pins_.push_back(HoldLedger::Pin{entry.slot, storage->shared_allocation()});
+  new_pins_.push_back(detail::HoldLedger::Pin{entry.slot, storage->shared_allocation()});
   // A block sent back to us (by a receiver that forwards it) resolves to this storage;
   // storages of one segment are remembered together, under one lock.
   if (!remember_batch_.empty() && (*remember_batch_.front())->shared_block()->segment() != block->segment()) {
@@ -415,18 +415,18 @@ void MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>& storag
   storage->mark_sent();
 }
 
-void MessageEncoder::pin_new_storages(FrameKind kind) {
+void detail::MessageEncoder::pin_new_storages(detail::FrameKind kind) {
   if (!new_pins_.empty()) holds_.pin(new_pins_, next_sequence_);
   // Without shared memory (Copying) there is no board: the reader reports deliveries on
   // its transport (FrameReader::frame_delivered()).
-  const bool tracked = delivery_tracked_ && kind == FrameKind::Message && passing_ != HandlePassing::Copying;
+  const bool tracked = delivery_tracked_ && kind == detail::FrameKind::Message && passing_ != detail::HandlePassing::Copying;
   if (board_sent_ || (new_pins_.empty() && !tracked)) return;
   // The board goes first in the table, so that the receiver can give blocks back even when
   // a later entry fails. A frame sent for delivery tracking alone may be the first to need it.
-  const std::shared_ptr<ReturnBoard>& board = holds_.ensure_board();
+  const std::shared_ptr<detail::ReturnBoard>& board = holds_.ensure_board();
   const std::size_t segments = segment_entries_.size();
   const std::size_t fds = fds_.size();
-  const bool by_path = add_segment_entry(SegmentRole::ReturnBoard, 0, board->fd(), ReturnBoard::bytes(), board->identity());
+  const bool by_path = add_segment_entry(detail::SegmentRole::ReturnBoard, 0, board->fd(), detail::ReturnBoard::bytes(), board->identity());
   std::rotate(segment_entries_.begin(), segment_entries_.begin() + static_cast<std::ptrdiff_t>(segments),
               segment_entries_.end());
   std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
@@ -437,17 +437,17 @@ void MessageEncoder::pin_new_storages(FrameKind kind) {
   if (by_path && new_pins_.empty()) keepalive_.emplace_back(next_sequence_, board);
 }
 
-void MessageEncoder::fill_header(FrameKind kind, std::uint64_t fingerprint, std::string_view name,
+void detail::MessageEncoder::fill_header(detail::FrameKind kind, std::uint64_t fingerprint, std::string_view name,
                                  std::size_t cuda_bytes) {
-  header_ = FrameHeader{};
+  header_ = detail::FrameHeader{};
   header_.kind = static_cast<std::uint8_t>(kind);
   header_.type_fingerprint = fingerprint;
   header_.sequence = next_sequence_;
-  const bool with_name = kind == FrameKind::Message && !type_name_sent_;
+  const bool with_name = kind == detail::FrameKind::Message && !type_name_sent_;
   type_name_ = with_name ? name.substr(0, std::min(name.size(), max_type_name_bytes_)) : std::string_view{};
   const bool truncated = with_name && type_name_.size() < name.size();
-  header_.flags = static_cast<std::uint8_t>((with_name ? kFrameHasTypeName : 0) | (truncated ? kFrameTypeNameTruncated : 0) |
-                                            (delivery_tracked_ && kind == FrameKind::Message ? kFrameTracksDelivery : 0));
+  header_.flags = static_cast<std::uint8_t>((with_name ? detail::kFrameHasTypeName : 0) | (truncated ? detail::kFrameTypeNameTruncated : 0) |
+                                            (delivery_tracked_ && kind == detail::FrameKind::Message ? detail::kFrameTracksDelivery : 0));
   header_.type_name_bytes = static_cast<std::uint32_t>(type_name_.size());
   header_.segment_count = static_cast<std::uint32_t>(segment_entries_.size());
   header_.handle_count = static_cast<std::uint32_t>(entries_.size());
@@ -459,7 +459,7 @@ void MessageEncoder::fill_header(FrameKind kind, std::uint64_t fingerprint, std:
   header_.body_bytes = cuda_bytes + body_.size();
 }
 
-const EncodedFrame& MessageEncoder::assemble_frame(std::span<const std::byte> cuda_records) {
+const detail::EncodedFrame& detail::MessageEncoder::assemble_frame(std::span<const std::byte> cuda_records) {
   // Reset field by field: zeroing the whole struct (its iovec array) costs a `rep stos`
   // per message, a noticeable share of a small message's cost on the ring.
   frame_.part_count = 0;
@@ -471,34 +471,34 @@ const EncodedFrame& MessageEncoder::assemble_frame(std::span<const std::byte> cu
   };
   add(&header_, sizeof header_);
   add(type_name_.data(), type_name_.size());
-  add(segment_entries_.data(), segment_entries_.size() * sizeof(SegmentEntry));
-  add(entries_.data(), entries_.size() * sizeof(HandleEntry));
+  add(segment_entries_.data(), segment_entries_.size() * sizeof(detail::SegmentEntry));
+  add(entries_.data(), entries_.size() * sizeof(detail::HandleEntry));
   add(unannounced_releases_.data(), announced_release_count_ * sizeof(std::uint32_t));
   add(unannounced_segment_releases_.data(), announced_segment_release_count_ * sizeof(std::uint32_t));
   add(cuda_records.data(), cuda_records.size());
   add(body_.bytes().data(), body_.size());
   frame_.fds = fds_;
   frame_.copies = copies_;
-  frame_.copy_owners = passing_ == HandlePassing::Copying ? std::span<const std::shared_ptr<Storage>>(storages_)
+  frame_.copy_owners = passing_ == detail::HandlePassing::Copying ? std::span<const std::shared_ptr<Storage>>(storages_)
                                                           : std::span<const std::shared_ptr<Storage>>();
   frame_.sequence = next_sequence_;
   return frame_;
 }
 
-const EncodedFrame& MessageEncoder::encode_close() {
+const detail::EncodedFrame& detail::MessageEncoder::encode_close() {
   begin();
-  return finish(FrameKind::Close, 0, {});
+  return finish(detail::FrameKind::Close, 0, {});
 }
 
-void MessageEncoder::commit() {
-  if (header_.flags & kFrameHasTypeName) type_name_sent_ = true;
+void detail::MessageEncoder::commit() {
+  if (header_.flags & detail::kFrameHasTypeName) type_name_sent_ = true;
   if (announced_release_count_ != 0 || announced_segment_release_count_ != 0) commit_releases();
   holds_.commit_frame();
   if (board_in_frame_) {
     board_sent_ = true;
     board_sequence_ = next_sequence_;
     // The kernel holds the passed fd now; ours is no longer needed.
-    if (passing_ == HandlePassing::FdPassing) holds_.board()->close_fd();
+    if (passing_ == detail::HandlePassing::FdPassing) holds_.board()->close_fd();
   }
   ++next_sequence_;
   if (tables_filled_) {
@@ -508,7 +508,7 @@ void MessageEncoder::commit() {
   if (cuda_) cuda_end_frame(true);
 }
 
-void MessageEncoder::commit_releases() {
+void detail::MessageEncoder::commit_releases() {
   const auto releases = static_cast<std::ptrdiff_t>(announced_release_count_);
   for (auto it = unannounced_releases_.begin(); it != unannounced_releases_.begin() + releases; ++it) {
     if (slots_[*it].returned) {
@@ -528,7 +528,7 @@ void MessageEncoder::commit_releases() {
                                       unannounced_segment_releases_.begin() + segment_releases);
 }
 
-void MessageEncoder::rollback() {
+void detail::MessageEncoder::rollback() {
   // The receiver never saw the frame: forget the storages and segments it introduced and
   // give their slots back; releases stay unannounced for the next frame.
   storages_passed_ -= new_slots_.size();
@@ -555,22 +555,22 @@ void MessageEncoder::rollback() {
   cuda_end_frame(false);
 }
 
-void MessageEncoder::acknowledge(std::uint64_t sequence) {
+void detail::MessageEncoder::acknowledge(std::uint64_t sequence) {
   while (!keepalive_.empty() && keepalive_.front().first <= sequence) keepalive_.pop_front();
   if (board_sent_ && board_sequence_ <= sequence) {
-    if (ReturnBoard* board = holds_.board()) board->close_fd();
+    if (detail::ReturnBoard* board = holds_.board()) board->close_fd();
   }
 }
 
-void MessageEncoder::add_holder(const ProcessIdentity& process) { holds_.add_holder(process); }
+void detail::MessageEncoder::add_holder(const detail::ProcessIdentity& process) { holds_.add_holder(process); }
 
-void MessageEncoder::receiver_gone() { holds_.receiver_gone(); }
+void detail::MessageEncoder::receiver_gone() { holds_.receiver_gone(); }
 
-void MessageEncoder::hand_over() { holds_.hand_over(); }
+void detail::MessageEncoder::hand_over() { holds_.hand_over(); }
 
-void MessageEncoder::adopt() { holds_.adopt(); }
+void detail::MessageEncoder::adopt() { holds_.adopt(); }
 
-void MessageEncoder::closed(UniqueFd probe, bool probe_by_send) {
+void detail::MessageEncoder::closed(detail::UniqueFd probe, bool probe_by_send) {
   // Segments named by fd number that the receiver has not acknowledged stay open with the
   // pins (a Sender dropped by an exception, or a close whose linger ran out, did not wait).
   holds_.closed(keepalive_, std::move(probe), probe_by_send);

@@ -68,8 +68,8 @@ struct ReceivedView {
     get_entries(layout, shape);
     strides.resize_for_overwrite(ndim);
     get_entries(layout + std::size_t{ndim} * sizeof(std::int64_t), strides);
-    if (!view_in_bounds(storage->nbytes(), dtype, shape.data(), strides.data(), ndim, offset)) [[unlikely]] {
-      std::string problem = view_bounds_problem(storage->nbytes(), dtype, shape, strides, offset)
+    if (!detail::view_in_bounds(storage->nbytes(), dtype, shape.data(), strides.data(), ndim, offset)) [[unlikely]] {
+      std::string problem = detail::view_bounds_problem(storage->nbytes(), dtype, shape, strides, offset)
                                 .value_or("tensor view is outside its storage");
       tensor = Tensor();
       throw ProtocolError("received " + problem);
@@ -84,7 +84,7 @@ struct ReceivedView {
 
 }  // namespace detail
 
-void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Tensor& tensor) {
+void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const Tensor& tensor) {
   if (!tensor.defined()) {
     archive(static_cast<std::uint8_t>(TensorState::Undefined));
     return;
@@ -115,7 +115,7 @@ void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Tensor& tensor
   }
 }
 
-void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Tensor& tensor) {
+void CEREAL_LOAD_FUNCTION_NAME(detail::FrameInputArchive& archive, Tensor& tensor) {
   const auto state = static_cast<std::uint8_t>(*archive.take(1));
   if (state == static_cast<std::uint8_t>(TensorState::Undefined)) {
     tensor = Tensor();

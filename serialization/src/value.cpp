@@ -150,12 +150,12 @@ struct TreeBudget {
   std::size_t elements = 0;
 };
 
-void save_text(FrameOutputArchive& archive, const std::string& text) {
+void save_text(detail::FrameOutputArchive& archive, const std::string& text) {
   archive(static_cast<std::uint64_t>(text.size()));
   archive.save_bytes(text.data(), text.size());
 }
 
-void save_value(FrameOutputArchive& archive, const Value& value, std::size_t depth, TreeBudget& budget) {
+void save_value(detail::FrameOutputArchive& archive, const Value& value, std::size_t depth, TreeBudget& budget) {
   if (depth > kMaxValueDepth) {
     throw Error("a Value nested deeper than " + std::to_string(kMaxValueDepth) +
                 " levels cannot be sent (the receiver refuses it); flatten the message");
@@ -242,12 +242,12 @@ class ValueBuilder {
 
 }  // namespace
 
-void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Value& value) {
+void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const Value& value) {
   TreeBudget budget;
   save_value(archive, value, 1, budget);
 }
 
-void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Value& value) {
+void CEREAL_LOAD_FUNCTION_NAME(detail::FrameInputArchive& archive, Value& value) {
   detail::ValueBudget budget;
   ValueBuilder builder;
   value = detail::read_value(archive, builder, 1, budget);
@@ -265,7 +265,7 @@ void enter_received_value(std::size_t depth, ValueBudget& budget) {
   }
 }
 
-std::size_t read_value_count(FrameInputArchive& archive, std::size_t min_bytes, const char* what) {
+std::size_t read_value_count(detail::FrameInputArchive& archive, std::size_t min_bytes, const char* what) {
   const auto count = read_value_scalar<std::uint64_t>(archive);
   if (count > archive.remaining() / min_bytes) {
     throw ProtocolError("received Value " + std::string(what) + " claims " + std::to_string(count) +
@@ -274,7 +274,7 @@ std::size_t read_value_count(FrameInputArchive& archive, std::size_t min_bytes, 
   return static_cast<std::size_t>(count);
 }
 
-std::size_t read_value_children(FrameInputArchive& archive, std::size_t min_bytes, const char* what,
+std::size_t read_value_children(detail::FrameInputArchive& archive, std::size_t min_bytes, const char* what,
                                 ValueBudget& budget) {
   const std::size_t count = read_value_count(archive, min_bytes, what);
   // The root is the one value no container claims.
@@ -288,7 +288,7 @@ std::size_t read_value_children(FrameInputArchive& archive, std::size_t min_byte
   return count;
 }
 
-std::string_view read_value_text(FrameInputArchive& archive, bool utf8, const char* what) {
+std::string_view read_value_text(detail::FrameInputArchive& archive, bool utf8, const char* what) {
   const std::size_t length = read_value_count(archive, 1, what);
   const std::string_view text(reinterpret_cast<const char*>(archive.take(length)), length);
   if (utf8 && !is_valid_utf8(text)) throw ProtocolError("received Value " + std::string(what) + " is not valid UTF-8");

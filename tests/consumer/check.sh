@@ -9,7 +9,7 @@ mkdir -p "$scratch"
 
 cmake --install "$build_dir" --prefix "$scratch/prefix" >/dev/null
 # Only the layers' include/ folders are installed: public headers and ferry/detail/, never
-# a layer's private src/ headers.
+# a layer's internal/ or src/ headers.
 unexpected=$(cd "$scratch/prefix/include" && find ferry -name '*.hpp' ! -path 'ferry/detail/*' -printf '%P\n' |
   grep -vxF -f <(cd "$source_dir" && for layer in runtime serialization channels; do
     (cd "$layer/include/ferry" && find . -name '*.hpp' ! -path './detail/*' -printf '%P\n'); done) || true)
@@ -21,6 +21,9 @@ if [[ -e $scratch/prefix/include/ferry/ring_transport.hpp || -e $scratch/prefix/
   echo "check.sh: a private header was installed" >&2
   exit 1
 fi
+# Every installed header is one a public header reaches: nothing is installed that a user's
+# program could not have needed.
+"$source_dir/tests/consumer/check_installed_headers.sh" "$scratch/prefix/include" >/dev/null
 cmake -S "$source_dir/tests/consumer" -B "$scratch/installed" -G Ninja -DCMAKE_PREFIX_PATH="$scratch/prefix" \
   -DFERRY_CONSUMER_PRECOMPILED=ON >/dev/null
 cmake --build "$scratch/installed" >/dev/null

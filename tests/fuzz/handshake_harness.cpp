@@ -74,17 +74,17 @@ class ScriptedPoint final : public detail::ListeningPoint {
     return next;
   }
   void abandon() noexcept override {}
-  void queue(UniqueFd listener_end) {
+  void queue(detail::UniqueFd listener_end) {
     backlog_.push_back(detail::AcceptedSocket{std::move(listener_end), PeerCredentials{::getpid(), ::geteuid(), ::getegid()}});
   }
 
  private:
-  UniqueFd never_ready_;
+  detail::UniqueFd never_ready_;
   std::deque<detail::AcceptedSocket> backlog_;
 };
 
 struct Client {
-  UniqueFd fd;
+  detail::UniqueFd fd;
   bool accepted = false;  // an Accepted reply arrived
   bool answered = false;  // a reply arrived
 };
@@ -92,10 +92,10 @@ struct Client {
 // Reads what the listener answered `client`, if anything, and checks it.
 void read_reply(Client& client) {
   if (!client.fd || client.answered) return;
-  std::vector<UniqueFd> fds;
+  std::vector<detail::UniqueFd> fds;
   std::optional<std::vector<std::byte>> bytes;
   try {
-    bytes = detail::receive_message(client.fd.get(), detail::kMaxReplyBytes, fds, Deadline::now());
+    bytes = detail::receive_message(client.fd.get(), detail::kMaxReplyBytes, fds, detail::Deadline::now());
   } catch (const PeerDied&) {
     client.fd.reset();  // dropped without a reply (it closed first, or sent descriptors)
     return;
@@ -171,10 +171,10 @@ int run_listener(std::span<const std::uint8_t> input) {
           if (clients.size() >= kMaxListenerClients) break;
           int pair[2];
           if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) handshake_failure("socketpair");
-          backlog.queue(UniqueFd(pair[0]));
+          backlog.queue(detail::UniqueFd(pair[0]));
           const int flags = ::fcntl(pair[1], F_GETFL);
           (void)::fcntl(pair[1], F_SETFL, flags | O_NONBLOCK);
-          clients.push_back(Client{UniqueFd(pair[1])});
+          clients.push_back(Client{detail::UniqueFd(pair[1])});
           break;
         }
         case ListenerOp::Send: {
@@ -193,11 +193,11 @@ int run_listener(std::span<const std::uint8_t> input) {
           if (index && !clients.empty()) clients[*index % clients.size()].fd.reset();
           break;
         }
-        case ListenerOp::Pump: listener.pump(Deadline::now()); break;
+        case ListenerOp::Pump: listener.pump(detail::Deadline::now()); break;
         case ListenerOp::Accept: {
           const auto which = next();
           const detail::EndKind& kind = which && *which % 2 == 1 ? sender : receiver;
-          if (std::optional<detail::ConnectionEnds> taken = listener.accept(kind, Deadline::now())) {
+          if (std::optional<detail::ConnectionEnds> taken = listener.accept(kind, detail::Deadline::now())) {
             ends.push_back(std::move(*taken));
             ++accepted;
           }

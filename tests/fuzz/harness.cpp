@@ -76,9 +76,9 @@ int lowest_free_fd() {
   return probe;
 }
 
-UniqueFd checked(int fd, const char* what) {
+detail::UniqueFd checked(int fd, const char* what) {
   if (fd < 0) harness_failure(what);
-  return UniqueFd(fd);
+  return detail::UniqueFd(fd);
 }
 
 }  // namespace
@@ -90,18 +90,18 @@ FrameHarness::FrameHarness() {
     Segment segment;
     switch (spec.source) {
       case SegmentSource::ReturnBoard:
-        segment.board = ReturnBoard::create();
+        segment.board = detail::ReturnBoard::create();
         segment.fd = checked(::fcntl(segment.board->fd(), F_DUPFD_CLOEXEC, 0), "dup of a return board");
         break;
       case SegmentSource::CachedShared: {
         segment.storage = Storage::allocate(spec.bytes, Device::SharedCpu);
-        const SharedSegment& slab = *segment.storage->shared_block()->segment();
+        const detail::SharedSegment& slab = *segment.storage->shared_block()->segment();
         if (slab.size() != kSegmentBytes) harness_failure("a cached segment is not a slab of kSegmentBytes");
         segment.fd = checked(::fcntl(slab.fd(), F_DUPFD_CLOEXEC, 0), "dup of a segment");
         break;
       }
       case SegmentSource::UncachedShared:
-        segment.uncached = std::make_unique<SharedMemory>(SharedMemory::create(spec.bytes));
+        segment.uncached = std::make_unique<detail::SharedMemory>(detail::SharedMemory::create(spec.bytes));
         segment.fd = checked(::fcntl(segment.uncached->fd(), F_DUPFD_CLOEXEC, 0), "dup of a segment");
         break;
       case SegmentSource::UnsealedMemfd:
@@ -111,13 +111,13 @@ FrameHarness::FrameHarness() {
       case SegmentSource::NotAMemfd: {
         int ends[2];
         if (::pipe2(ends, O_CLOEXEC) != 0) harness_failure("pipe2");
-        segment.fd = UniqueFd(ends[0]);
-        segment.extra = UniqueFd(ends[1]);
+        segment.fd = detail::UniqueFd(ends[0]);
+        segment.extra = detail::UniqueFd(ends[1]);
         break;
       }
     }
     if (!segment.fd) harness_failure("segment without fd");
-    segment.identity = identify_fd(segment.fd.get());
+    segment.identity = detail::identify_fd(segment.fd.get());
     segments_.push_back(std::move(segment));
   }
 }
@@ -127,15 +127,15 @@ FrameHarness::FrameHarness() {
 // the input is ever opened. The claimed identity becomes the segment's, unless `reserved` is
 // non-zero: then the input's identity stays, to exercise the mismatch check.
 void FrameHarness::rewrite_proc_entries(std::vector<std::byte>& payload) const {
-  FrameHeader header;
+  detail::FrameHeader header;
   std::memcpy(&header, payload.data(), sizeof header);
   const std::size_t table = sizeof header + header.type_name_bytes;
   for (std::uint32_t i = 0; i < header.segment_count; ++i) {
-    const std::size_t at = table + std::size_t{i} * sizeof(SegmentEntry);
-    if (at + sizeof(SegmentEntry) > payload.size()) return;
-    SegmentEntry entry;
+    const std::size_t at = table + std::size_t{i} * sizeof(detail::SegmentEntry);
+    if (at + sizeof(detail::SegmentEntry) > payload.size()) return;
+    detail::SegmentEntry entry;
     std::memcpy(&entry, payload.data() + at, sizeof entry);
-    if (entry.kind != static_cast<std::uint32_t>(::ferry::SegmentKind::NewProcFd)) continue;
+    if (entry.kind != static_cast<std::uint32_t>(::ferry::detail::SegmentKind::NewProcFd)) continue;
     const Segment& segment = segments_[static_cast<std::uint32_t>(entry.fd) % segments_.size()];
     if (entry.pid > 0) entry.pid = ::getpid();
     if (entry.fd >= 0) entry.fd = segment.fd.get();
@@ -152,25 +152,25 @@ std::size_t FrameHarness::run(std::span<const std::uint8_t> input) {
   std::size_t decoded = 0;
   std::vector<int> handed;
   {
-    MessageDecoder decoder(type_fingerprint<FuzzMessage>(), type_name<FuzzMessage>());
-    std::deque<UniqueFd> fds;  // what the transport queues for the receiver
+    detail::MessageDecoder decoder(detail::type_fingerprint<FuzzMessage>(), detail::type_name<FuzzMessage>());
+    std::deque<detail::UniqueFd> fds;  // what the transport queues for the receiver
     std::vector<std::byte> frame;
     const FrameLimits limits{};
-    while (input.size() >= sizeof(FrameHeader)) {
-      FrameHeader header;
+    while (input.size() >= sizeof(detail::FrameHeader)) {
+      detail::FrameHeader header;
       std::memcpy(&header, input.data(), sizeof header);
       try {
-        validate_header(header, limits);
+        detail::validate_header(header, limits);
       } catch (const ProtocolError&) {
         break;
       }
-      const std::uint64_t total = payload_bytes(header);
+      const std::uint64_t total = detail::payload_bytes(header);
       if (total > input.size() - sizeof header) break;  // a transport would wait for more
       // The whole frame, header included, so that the /proc rewrite sees the header.
       frame.assign(reinterpret_cast<const std::byte*>(input.data()),
                    reinterpret_cast<const std::byte*>(input.data()) + sizeof header + total);
       input = input.subspan(sizeof header + total);
-      if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) break;
+      if (header.kind == static_cast<std::uint8_t>(detail::FrameKind::Close)) break;
       rewrite_proc_entries(frame);
 
       std::uint64_t count = header.fd_count;
@@ -211,7 +211,7 @@ BodyHarness::BodyHarness() {
 bool BodyHarness::run(std::span<const std::uint8_t> input) {
   const std::span<const std::byte> body(reinterpret_cast<const std::byte*>(input.data()), input.size());
   try {
-    check_message(read_body<FuzzMessage>(body, storages_));
+    check_message(detail::read_body<FuzzMessage>(body, storages_));
     return true;
   } catch (const ProtocolError&) {
     return false;
@@ -256,7 +256,7 @@ ValueHarness::ValueHarness() {
 bool ValueHarness::run(std::span<const std::uint8_t> input) {
   const std::span<const std::byte> body(reinterpret_cast<const std::byte*>(input.data()), input.size());
   try {
-    const Value value = read_body<Value>(body, storages_);
+    const Value value = detail::read_body<Value>(body, storages_);
     std::size_t elements = 0;
     check_value(value, 1, elements);
     return true;

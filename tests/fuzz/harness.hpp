@@ -34,12 +34,12 @@ class FrameHarness {
 
  private:
   struct Segment {
-    UniqueFd fd;                       // what the harness duplicates into a frame
-    FileIdentity identity;
+    detail::UniqueFd fd;                       // what the harness duplicates into a frame
+    detail::FileIdentity identity;
     std::shared_ptr<Storage> storage;  // keeps cached segments in the handle cache
-    std::unique_ptr<SharedMemory> uncached;
-    std::shared_ptr<ReturnBoard> board;
-    UniqueFd extra;                    // the write end of the pipe segment
+    std::unique_ptr<detail::SharedMemory> uncached;
+    std::shared_ptr<detail::ReturnBoard> board;
+    detail::UniqueFd extra;                    // the write end of the pipe segment
   };
   void rewrite_proc_entries(std::vector<std::byte>& payload) const;
   std::vector<Segment> segments_;

@@ -27,20 +27,20 @@ Tensor shared_bytes(std::size_t bytes) { return Tensor::zeros({static_cast<std::
 // Appends one encoded frame to `stream`. Segment entries named by /proc path are made
 // deterministic and point at the harness segment the i-th fd of the frame would be (the
 // harness rewrites pid, fd and identity), so both seed streams resolve alike.
-void append_frame(Bytes& stream, MessageEncoder& encoder, const EncodedFrame& encoded) {
+void append_frame(Bytes& stream, detail::MessageEncoder& encoder, const detail::EncodedFrame& encoded) {
   const std::size_t start = stream.size();
   for (const iovec& part : encoded.iovecs()) {
     const auto* begin = static_cast<const std::byte*>(part.iov_base);
     stream.insert(stream.end(), begin, begin + part.iov_len);
   }
   encoder.commit();
-  FrameHeader header;
+  detail::FrameHeader header;
   std::memcpy(&header, stream.data() + start, sizeof header);
   const std::size_t table = start + sizeof header + header.type_name_bytes;
   for (std::uint32_t i = 0; i < header.segment_count; ++i) {
-    SegmentEntry entry;
+    detail::SegmentEntry entry;
     std::memcpy(&entry, stream.data() + table + i * sizeof entry, sizeof entry);
-    if (entry.kind != static_cast<std::uint32_t>(::ferry::SegmentKind::NewProcFd)) continue;
+    if (entry.kind != static_cast<std::uint32_t>(::ferry::detail::SegmentKind::NewProcFd)) continue;
     entry.pid = 1;
     entry.device = 0;
     entry.inode = 0;
@@ -79,9 +79,9 @@ FuzzMessage plain_message() {
 
 // A stream of three frames: new storages, then a lease reuse with a release and a new block
 // in a leased segment, then close.
-Bytes stream_of_frames(HandlePassing passing) {
+Bytes stream_of_frames(detail::HandlePassing passing) {
   Bytes stream;
-  MessageEncoder encoder(passing);
+  detail::MessageEncoder encoder(passing);
   Tensor a = Tensor::zeros({1024}, DType::Float32, Device::SharedCpu);
   Tensor c = Tensor::zeros({8192}, DType::Int64, Device::SharedCpu);
   {
@@ -98,7 +98,7 @@ Bytes stream_of_frames(HandlePassing passing) {
 
 Bytes single_frame(const FuzzMessage& message) {
   Bytes stream;
-  MessageEncoder encoder(HandlePassing::FdPassing);
+  detail::MessageEncoder encoder(detail::HandlePassing::FdPassing);
   append_frame(stream, encoder, encoder.encode(message));
   return stream;
 }
@@ -107,9 +107,9 @@ Bytes single_frame(const FuzzMessage& message) {
 template <class Message>
 Bytes body_of(const Message& message) {
   Bytes frame;
-  MessageEncoder encoder(HandlePassing::FdPassing);
+  detail::MessageEncoder encoder(detail::HandlePassing::FdPassing);
   append_frame(frame, encoder, encoder.encode(message));
-  FrameHeader header;
+  detail::FrameHeader header;
   std::memcpy(&header, frame.data(), sizeof header);
   return Bytes(frame.end() - static_cast<std::ptrdiff_t>(header.body_bytes), frame.end());
 }
@@ -297,8 +297,8 @@ int main(int argc, char** argv) {
   ferry::Tensor a = ferry::Tensor::zeros({1024}, ferry::DType::Float32, ferry::Device::SharedCpu);
   ferry::Tensor b = ferry::Tensor::zeros({64}, ferry::DType::Float32, ferry::Device::SharedCpu);
   ferry::Tensor c = ferry::Tensor::zeros({8192}, ferry::DType::Int64, ferry::Device::SharedCpu);
-  write_file(dir / "frame" / "fd_stream", stream_of_frames(ferry::HandlePassing::FdPassing));
-  write_file(dir / "frame" / "proc_stream", stream_of_frames(ferry::HandlePassing::ProcFd));
+  write_file(dir / "frame" / "fd_stream", stream_of_frames(ferry::detail::HandlePassing::FdPassing));
+  write_file(dir / "frame" / "proc_stream", stream_of_frames(ferry::detail::HandlePassing::ProcFd));
   write_file(dir / "frame" / "rich", single_frame(rich_message(a, b, c)));
   write_file(dir / "frame" / "plain", single_frame(plain_message()));
   write_file(dir / "body" / "tensors", body_of(body_message()));

@@ -239,7 +239,7 @@ bool run_ucx_am(std::span<const std::uint8_t> input) {
         "the storage count is within the limits");
   check(header.size() == sizeof(FrameAmHeader) + std::size_t{plan->header.copy_count} * sizeof(CopyDescriptor),
         "the header is exactly its descriptors");
-  check(plan->header.frame_bytes >= sizeof(FrameHeader) && plan->header.frame_bytes <= data_length &&
+  check(plan->header.frame_bytes >= sizeof(ferry::detail::FrameHeader) && plan->header.frame_bytes <= data_length &&
             plan->header.frame_bytes <= max_frame_bytes(limits),
         "the frame fits the data and the limits");
   std::size_t remote = 0;

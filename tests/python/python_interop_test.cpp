@@ -78,17 +78,17 @@ struct HostileDuplicateKey {};
 }  // namespace
 
 template <>
-constexpr std::string_view type_name<HostileNesting>() {
+constexpr std::string_view detail::type_name<HostileNesting>() {
   return "ferry::Value";
 }
 template <>
-constexpr std::string_view type_name<HostileDuplicateKey>() {
+constexpr std::string_view detail::type_name<HostileDuplicateKey>() {
   return "ferry::Value";
 }
 
 namespace {
 
-void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const HostileNesting& message) {
+void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const HostileNesting& message) {
   for (std::uint64_t i = 0; i < message.depth; ++i) {
     archive(static_cast<std::uint8_t>(ValueKind::List));
     archive(std::uint64_t{1});
@@ -96,7 +96,7 @@ void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const HostileNesting
   archive(static_cast<std::uint8_t>(ValueKind::None));
 }
 
-void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const HostileDuplicateKey&) {
+void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const HostileDuplicateKey&) {
   archive(static_cast<std::uint8_t>(ValueKind::Map));
   archive(std::uint64_t{2});
   for (std::int64_t step = 0; step < 2; ++step) {
@@ -323,8 +323,8 @@ TEST(PythonTrainerTest, ACppBatchAgainstAPythonValueIsTypeMismatchBothWays) {
   EndDescription to_python = describe_end(batch_rx);
   EndDescription from_python = describe_end(value_tx);
   for (EndDescription* description : {&to_python, &from_python}) {
-    description->type_fingerprint = type_fingerprint<Value>();
-    description->type_name = std::string(type_name<Value>());
+    description->type_fingerprint = detail::type_fingerprint<Value>();
+    description->type_name = std::string(detail::type_name<Value>());
   }
   const pid_t trainer = test::start_python_trainer("type_mismatch", {to_python, from_python});
   batch_rx.detach();

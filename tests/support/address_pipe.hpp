@@ -19,8 +19,8 @@ class AddressPipe {
   AddressPipe() {
     int ends[2];
     if (::pipe(ends) != 0) throw std::runtime_error("pipe");
-    read_ = UniqueFd(ends[0]);
-    write_ = UniqueFd(ends[1]);
+    read_ = detail::UniqueFd(ends[0]);
+    write_ = detail::UniqueFd(ends[1]);
   }
   void put(const std::string& address) {
     const std::uint32_t size = static_cast<std::uint32_t>(address.size());
@@ -47,8 +47,8 @@ class AddressPipe {
   }
 
  private:
-  UniqueFd read_;
-  UniqueFd write_;
+  detail::UniqueFd read_;
+  detail::UniqueFd write_;
 };
 
 }  // namespace ferry::test

@@ -17,15 +17,15 @@ namespace ferry::test {
 /// One encoded frame: its header, the rest of its bytes, and its Copied storages' bytes
 /// (where the transport reads them).
 struct CopiedFrame {
-  FrameHeader header{};
+  detail::FrameHeader header{};
   std::vector<std::byte> payload;
   std::vector<iovec> copies;
 };
 
 /// Encodes `message` with `encoder` (a Copying one) and commits the frame.
 template <class T>
-CopiedFrame encode_copied(MessageEncoder& encoder, const T& message) {
-  const EncodedFrame& frame = encoder.encode(message);
+CopiedFrame encode_copied(detail::MessageEncoder& encoder, const T& message) {
+  const detail::EncodedFrame& frame = encoder.encode(message);
   std::vector<std::byte> bytes;
   for (const iovec& part : frame.iovecs()) {
     const auto* begin = static_cast<const std::byte*>(part.iov_base);
@@ -33,7 +33,7 @@ CopiedFrame encode_copied(MessageEncoder& encoder, const T& message) {
   }
   CopiedFrame encoded;
   std::memcpy(&encoded.header, bytes.data(), sizeof encoded.header);
-  encoded.payload.assign(bytes.begin() + sizeof(FrameHeader), bytes.end());
+  encoded.payload.assign(bytes.begin() + sizeof(detail::FrameHeader), bytes.end());
   encoded.copies.assign(frame.copies.begin(), frame.copies.end());
   EXPECT_TRUE(frame.fds.empty());
   encoder.commit();

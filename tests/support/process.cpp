@@ -91,8 +91,8 @@ bool has_no_children() {
 LivingChildren::LivingChildren(std::size_t count) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-  const UniqueFd read_end(fds[0]);
-  keep_alive_ = UniqueFd(fds[1]);
+  const detail::UniqueFd read_end(fds[0]);
+  keep_alive_ = detail::UniqueFd(fds[1]);
   // Each child is `cat` reading the pipe, which ends when the write end closes: spawned, not
   // forked, since forking a sanitizer-instrumented test process hundreds of times takes seconds.
   posix_spawn_file_actions_t actions;
@@ -108,7 +108,7 @@ LivingChildren::LivingChildren(std::size_t count) {
         throw std::runtime_error(std::string("posix_spawn of /bin/cat failed: ") + std::strerror(rc));
       }
       pids_.push_back(pid);
-      const std::optional<ProcessIdentity> identity = identify_process(pid);
+      const std::optional<detail::ProcessIdentity> identity = detail::identify_process(pid);
       if (!identity) throw std::runtime_error("a living child has no identity in /proc");
       identities_.push_back(*identity);
     }
@@ -162,8 +162,8 @@ bool is_running(pid_t pid) {
 UnrelatedProcess::UnrelatedProcess(const std::function<void()>& body) {
   int ends[2];
   if (::pipe2(ends, O_CLOEXEC) != 0) throw std::runtime_error("pipe2 failed");
-  UniqueFd read_end(ends[0]);
-  UniqueFd write_end(ends[1]);
+  detail::UniqueFd read_end(ends[0]);
+  detail::UniqueFd write_end(ends[1]);
   std::fflush(nullptr);
   const pid_t middle = ::fork();
   if (middle < 0) throw std::runtime_error("fork failed");

@@ -58,14 +58,14 @@ class LivingChildren {
   LivingChildren(const LivingChildren&) = delete;
   LivingChildren& operator=(const LivingChildren&) = delete;
   /// Their identities, as register_holder() takes them.
-  const std::vector<ProcessIdentity>& identities() const noexcept { return identities_; }
+  const std::vector<detail::ProcessIdentity>& identities() const noexcept { return identities_; }
   /// Lets every child exit and reaps it; true when all exited with status 0.
   bool end();
 
  private:
-  UniqueFd keep_alive_;  // the write end of the pipe the children wait on
+  detail::UniqueFd keep_alive_;  // the write end of the pipe the children wait on
   std::vector<pid_t> pids_;
-  std::vector<ProcessIdentity> identities_;
+  std::vector<detail::ProcessIdentity> identities_;
 };
 
 }  // namespace ferry::test
@@ -92,7 +92,7 @@ class UnrelatedProcess {
 
  private:
   pid_t pid_ = -1;
-  UniqueFd outcome_;  // read end: "ok" once body returned; end of file when it exited
+  detail::UniqueFd outcome_;  // read end: "ok" once body returned; end of file when it exited
   bool finished_ = false;
 };
 

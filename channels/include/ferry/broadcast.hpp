@@ -41,13 +41,13 @@ class Broadcast : public detail::FanoutBase<T, false> {
   /// counted; 0 when there are none). Throws ChannelClosed after close() (also when
   /// close() came while it waited for a full consumer), and what Sender::send throws for
   /// a message the channels refuse (their limits), after sending it to the consumers before.
-  std::size_t send(const T& message) { return send_until(message, Deadline::never()); }
+  std::size_t send(const T& message) { return send_until(message, detail::Deadline::never()); }
   /// Like send(), but a consumer still full (or whose transport is) after `timeout` misses
   /// this message; returns how many consumers it reached.
-  std::size_t send_for(const T& message, Timeout timeout) { return send_until(message, Deadline::after(timeout)); }
+  std::size_t send_for(const T& message, Timeout timeout) { return send_until(message, detail::Deadline::after(timeout)); }
 
  private:
-  std::size_t send_until(const T& message, const Deadline& deadline) {
+  std::size_t send_until(const T& message, const detail::Deadline& deadline) {
     auto& consumers = this->consumers_;
     detail::FanoutWait wait;
     std::unique_lock lock(this->mutex_);

@@ -71,20 +71,20 @@ class Sender {
   /// handles. Throws ChannelClosed when the receiver is gone or this end was closed, and
   /// Error, sending nothing, when the message is above the channel's limits
   /// (ChannelOptions::limits: storages, body bytes ...), which the receiver enforces.
-  void send(const T& value) { send_until(value, Deadline::never()); }
+  void send(const T& value) { send_until(value, detail::Deadline::never()); }
   /// Like send(const T&); an InProcess channel moves `value` instead of copying it.
-  void send(T&& value) { send_until(std::move(value), Deadline::never()); }
+  void send(T&& value) { send_until(std::move(value), detail::Deadline::never()); }
   /// Like send(), but gives up when the transport stays full for `timeout`; returns
   /// whether the value was accepted. A value is never half sent: one whose frame was
   /// started when the time ran out is accepted, and the rest of its frame goes out with
   /// the next send(), flush() or close().
-  bool send_for(const T& value, Timeout timeout) { return send_until(value, Deadline::after(timeout)); }
+  bool send_for(const T& value, Timeout timeout) { return send_until(value, detail::Deadline::after(timeout)); }
   /// Like send_for(const T&); an InProcess channel moves `value` when it accepts it (and
   /// leaves it untouched otherwise).
-  bool send_for(T&& value, Timeout timeout) { return send_until(std::move(value), Deadline::after(timeout)); }
+  bool send_for(T&& value, Timeout timeout) { return send_until(std::move(value), detail::Deadline::after(timeout)); }
   /// Finishes writing a value that send_for() accepted but could not finish; returns
   /// false if the transport stayed full for `timeout`. (InProcess: nothing to finish.)
-  bool flush(Timeout timeout) { return end_.flush(Deadline::after(timeout)); }
+  bool flush(Timeout timeout) { return end_.flush(detail::Deadline::after(timeout)); }
   /// Ends the stream: the receiver gets end-of-stream after the values sent before.
   /// Idempotent; does not throw when the receiver is already gone (only ProtocolError,
   /// when another process corrupted a ShmRing's shared positions; the end is closed anyway).
@@ -119,19 +119,6 @@ class Sender {
   /// The receiver's recv() has returned every message up to this sequence number (0:
   /// none, or delivery not tracked). Keeps its last value once the receiver is gone.
   std::uint64_t delivered() { return end_.delivered(); }
-  /// The return board whose resolved word is delivered() as this end's receiver writes
-  /// it (ReturnBoard::resolved(); no lock, no system call), once the first message went
-  /// after track_delivery(); null before, and for ends whose transport has no board
-  /// (InProcess, Ucx): ask delivered().
-  std::shared_ptr<const ReturnBoard> delivery_board() { return end_.delivery_board(); }
-  /// Asks the receiver to ring a doorbell (a shared futex word) once its recv() has
-  /// returned message `sequence`, for a fan-out that sleeps until a consumer has room
-  /// (see ReturnBoard::request_delivery_wake()); nullopt when the end cannot (InProcess,
-  /// closed, or no message sent yet). cancel_delivery_wake() withdraws the request.
-  std::optional<ReturnBoard::DeliveryWake> request_delivery_wake(std::uint64_t sequence) {
-    return end_.request_delivery_wake(sequence);
-  }
-  void cancel_delivery_wake() { end_.cancel_delivery_wake(); }
   /// True when the receiving end is known to be gone (closed, or every process that held
   /// it exited), or this end is closed; one poll() without waiting. (A transport that
   /// cannot tell answers false; its next send raises ChannelClosed.)
@@ -141,15 +128,31 @@ class Sender {
   /// peer from it to send them without a copy. Empty for a channel without isolation (and
   /// for an InProcess channel, whose values are moved, never serialized).
   std::optional<SharedAllocator> pool() const { return end_.pool(); }
-  /// Access to the untyped core (transports and spawn use it). Throws Error for an
-  /// InProcess Sender, which has none, and ChannelClosed for an empty one.
-  detail::SenderCore& core() { return end_.core(); }
 
  private:
+  friend struct detail::EndAccess;  // ferry's own code reaches the core through it
+
+  // The untyped core (transports, spawn, fan-outs). Throws Error for an InProcess Sender,
+  // which has none, and ChannelClosed for an empty one.
+  detail::SenderCore& core() { return end_.core(); }
+  // The return board whose resolved word is delivered() as this end's receiver writes
+  // it (ReturnBoard::resolved(); no lock, no system call), once the first message went
+  // after track_delivery(); null before, and for ends whose transport has no board
+  // (InProcess, Ucx): ask delivered().
+  std::shared_ptr<const detail::ReturnBoard> delivery_board() { return end_.delivery_board(); }
+  // Asks the receiver to ring a doorbell (a shared futex word) once its recv() has
+  // returned message `sequence`, for a fan-out that sleeps until a consumer has room
+  // (see ReturnBoard::request_delivery_wake()); nullopt when the end cannot (InProcess,
+  // closed, or no message sent yet). cancel_delivery_wake() withdraws the request.
+  std::optional<detail::ReturnBoard::DeliveryWake> request_delivery_wake(std::uint64_t sequence) {
+    return end_.request_delivery_wake(sequence);
+  }
+  void cancel_delivery_wake() { end_.cancel_delivery_wake(); }
+
   // An InProcess end moves a copy of (or `value` itself) into the queue; the others frame it.
   template <class V>
-  bool send_until(V&& value, const Deadline& deadline) {
-    if (!end_.is_local()) return end_.send(&value, sent_type<T>, deadline);
+  bool send_until(V&& value, const detail::Deadline& deadline) {
+    if (!end_.is_local()) return end_.send(&value, detail::sent_type<T>, deadline);
     if constexpr (std::is_same_v<V, T>) {
       return end_.send_local(&value, &detail::make_parcel<T>, deadline);
     } else {
@@ -176,14 +179,14 @@ class Receiver {
   /// (TypeMismatch when the sender sends another type).
   std::optional<T> recv() {
     std::optional<T> value;
-    receive_into(value, Deadline::never());
+    receive_into(value, detail::Deadline::never());
     return value;
   }
   /// Waits at most `timeout` for the next value (any std::chrono::duration; one too long
   /// for nanoseconds, such as milliseconds::max(), waits for ever instead of wrapping).
-  RecvResult<T> recv_for(Timeout timeout) { return receive(Deadline::after(timeout)); }
+  RecvResult<T> recv_for(Timeout timeout) { return receive(detail::Deadline::after(timeout)); }
   /// Takes a value if one is ready, without waiting.
-  RecvResult<T> try_recv() { return receive(Deadline::now()); }
+  RecvResult<T> try_recv() { return receive(detail::Deadline::now()); }
   /// Closes this end; the sender's next send() raises ChannelClosed. (A forked child that
   /// inherited the end and does not use it, or the process that handed it to one, lets go
   /// of its copy with detach() instead: on a duplex socket close() ends the stream for
@@ -202,20 +205,21 @@ class Receiver {
   bool is_open() const noexcept { return end_.is_open(); }
   /// The channel's transport; ChannelClosed for an empty end (moved from or default-constructed).
   Transport transport() const { return end_.transport(); }
-  /// Access to the untyped core (transports and spawn use it). Throws Error for an
-  /// InProcess Receiver, which has none, and ChannelClosed for an empty one.
+ private:
+  friend class Selector;            // waits on end_'s core or queue
+  friend struct detail::EndAccess;  // ferry's own code reaches the core through it
+
+  // The untyped core (transports, spawn). Throws Error for an InProcess Receiver, which
+  // has none, and ChannelClosed for an empty one.
   detail::ReceiverCore& core() { return end_.core(); }
 
- private:
-  friend class Selector;  // waits on end_'s core or queue
-
-  RecvResult<T> receive(const Deadline& deadline) {
+  RecvResult<T> receive(const detail::Deadline& deadline) {
     RecvResult<T> result;
     result.status_ = receive_into(result.value_, deadline);
     return result;
   }
   // Receives the next value into `out` (left empty unless a value arrived).
-  ReadStatus receive_into(std::optional<T>& out, const Deadline& deadline) {
+  ReadStatus receive_into(std::optional<T>& out, const detail::Deadline& deadline) {
     if (end_.is_local()) {
       std::unique_ptr<detail::Parcel> parcel;
       const ReadStatus status = end_.receive_local(parcel, deadline);
@@ -224,7 +228,7 @@ class Receiver {
       return status;
     }
     out.emplace();
-    const ReadStatus status = end_.receive(&*out, received_type<T>, deadline);
+    const ReadStatus status = end_.receive(&*out, detail::received_type<T>, deadline);
     if (status != ReadStatus::Frame) out.reset();
     return status;
   }
@@ -235,12 +239,12 @@ class Receiver {
 namespace detail {
 /// The typed ends over one transport end (channel() and duplex() make them).
 template <class T>
-Sender<T> sender_over(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options) {
+Sender<T> sender_over(std::unique_ptr<detail::FrameWriter> writer, Transport transport, const ChannelOptions& options) {
   return Sender<T>(sender_end_over(std::move(writer), transport, options));
 }
 template <class T>
-Receiver<T> receiver_over(std::unique_ptr<FrameReader> reader, Transport transport, const ChannelOptions& options) {
-  return Receiver<T>(receiver_end_over(std::move(reader), transport, type_fingerprint<T>(), type_name<T>(), options));
+Receiver<T> receiver_over(std::unique_ptr<detail::FrameReader> reader, Transport transport, const ChannelOptions& options) {
+  return Receiver<T>(receiver_end_over(std::move(reader), transport, detail::type_fingerprint<T>(), detail::type_name<T>(), options));
 }
 }  // namespace detail
 
@@ -249,7 +253,7 @@ Receiver<T> receiver_over(std::unique_ptr<FrameReader> reader, Transport transpo
 /// process (hand one end to another thread).
 template <class T>
 std::pair<Sender<T>, Receiver<T>> channel(Transport transport, const ChannelOptions& options = {}) {
-  auto ends = detail::make_channel_ends(transport, options, type_fingerprint<T>(), type_name<T>());
+  auto ends = detail::make_channel_ends(transport, options, detail::type_fingerprint<T>(), detail::type_name<T>());
   return {Sender<T>(std::move(ends.first)), Receiver<T>(std::move(ends.second))};
 }
 

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string_view>
 
-#include "ferry/detail/frame.hpp"
+#include "ferry/frame_limits.hpp"
 #include "ferry/shared_allocator.hpp"
 
 namespace ferry {

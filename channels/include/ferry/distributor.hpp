@@ -46,7 +46,7 @@ class Distributor : public detail::FanoutBase<T, true> {
   /// ChannelClosed when there is no consumer (none added, or all removed) or after
   /// close(), and what
   /// Sender::send throws for a message the channel refuses (its limits).
-  void send(const T& message) { (void)send_until(message, Deadline::never()); }
+  void send(const T& message) { (void)send_until(message, detail::Deadline::never()); }
   /// Like send(const T&), but keeps `message` itself in flight instead of a copy of it
   /// (no copy of its strings, containers or tensors' shapes). After a send that threw,
   /// `message` holds the message again. (For a T whose moves may throw, an rvalue is
@@ -54,15 +54,15 @@ class Distributor : public detail::FanoutBase<T, true> {
   void send(T&& message)
     requires detail::NothrowMovable<T>
   {
-    (void)send_until(std::move(message), Deadline::never());
+    (void)send_until(std::move(message), detail::Deadline::never());
   }
   /// Like send(), but gives up when every consumer stayed full for `timeout`; returns
   /// whether a consumer took the message (an rvalue that none took is left in `message`).
-  bool send_for(const T& message, Timeout timeout) { return send_until(message, Deadline::after(timeout)); }
+  bool send_for(const T& message, Timeout timeout) { return send_until(message, detail::Deadline::after(timeout)); }
   bool send_for(T&& message, Timeout timeout)
     requires detail::NothrowMovable<T>
   {
-    return send_until(std::move(message), Deadline::after(timeout));
+    return send_until(std::move(message), detail::Deadline::after(timeout));
   }
 
   /// Removes the consumers known to be gone, and returns (and forgets) every message that
@@ -77,7 +77,7 @@ class Distributor : public detail::FanoutBase<T, true> {
   // `M`: const T& or T. An rvalue is moved only by a send that succeeds (send_to() moves
   // it back otherwise), so the loop may offer it to one consumer after another.
   template <class M>
-  bool send_until(M&& message, const Deadline& deadline) {
+  bool send_until(M&& message, const detail::Deadline& deadline) {
     auto& consumers = this->consumers_;
     detail::FanoutWait wait;
     std::unique_lock lock(this->mutex_);

@@ -52,7 +52,7 @@ class DuplexEnd {
   /// call_for() returns it, ahead of the reply to a later request. After a timeout, take
   /// it with recv()/recv_for() before calling again, or put a request id in the messages.
   RecvResult<In> call_for(const Out& request, Timeout timeout) {
-    const Deadline deadline = Deadline::after(timeout);
+    const detail::Deadline deadline = detail::Deadline::after(timeout);
     const auto left = [&]() -> Timeout { return deadline.is_never() ? timeout : Timeout(deadline.remaining()); };
     if (!sender.send_for(request, left()) || !sender.flush(left())) {
       return RecvResult<In>(ReadStatus::Timeout, std::nullopt);
@@ -95,8 +95,8 @@ class DuplexEnd {
 /// InProcess gives two queues. `options` apply to both directions.
 template <class A, class B>
 std::pair<DuplexEnd<A, B>, DuplexEnd<B, A>> duplex(Transport transport, const ChannelOptions& options = {}) {
-  detail::DuplexEnds ends = detail::make_duplex_ends(transport, options, type_fingerprint<A>(), type_name<A>(),
-                                                     type_fingerprint<B>(), type_name<B>());
+  detail::DuplexEnds ends = detail::make_duplex_ends(transport, options, detail::type_fingerprint<A>(), detail::type_name<A>(),
+                                                     detail::type_fingerprint<B>(), detail::type_name<B>());
   return {DuplexEnd<A, B>(Sender<A>(std::move(ends.a_sender)), Receiver<B>(std::move(ends.a_receiver))),
           DuplexEnd<B, A>(Sender<B>(std::move(ends.b_sender)), Receiver<A>(std::move(ends.b_receiver)))};
 }

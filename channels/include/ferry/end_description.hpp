@@ -76,9 +76,9 @@ struct EndDescription {
 };
 
 template <>
-void EndDescription::serialize(FrameOutputArchive& ar);
+void EndDescription::serialize(detail::FrameOutputArchive& ar);
 template <>
-void EndDescription::serialize(FrameInputArchive& ar);
+void EndDescription::serialize(detail::FrameInputArchive& ar);
 
 namespace detail {
 // The untyped halves of describe_end / sender_from_description / receiver_from_description:
@@ -101,18 +101,18 @@ namespace detail {
 template <class T>
 EndDescription describe_end(Sender<T>& sender) {
   if (sender.transport() == Transport::InProcess && sender.is_open()) {
-    detail::throw_in_process_not_describable("Sender", type_name<T>());
+    detail::throw_in_process_not_describable("Sender", detail::type_name<T>());
   }
-  return detail::describe_sender(sender.core(), type_fingerprint<T>(), type_name<T>());
+  return detail::describe_sender(detail::EndAccess::core(sender), detail::type_fingerprint<T>(), detail::type_name<T>());
 }
 
 /// Describes `receiver` (which must be open; see describe_end(Sender<T>&)).
 template <class T>
 EndDescription describe_end(Receiver<T>& receiver) {
   if (receiver.transport() == Transport::InProcess && receiver.is_open()) {
-    detail::throw_in_process_not_describable("Receiver", type_name<T>());
+    detail::throw_in_process_not_describable("Receiver", detail::type_name<T>());
   }
-  return detail::describe_receiver(receiver.core(), type_fingerprint<T>(), type_name<T>());
+  return detail::describe_receiver(detail::EndAccess::core(receiver), detail::type_fingerprint<T>(), detail::type_name<T>());
 }
 
 /// Rebuilds a Sender<T> from `description` in a process that inherited its descriptors;
@@ -123,13 +123,13 @@ EndDescription describe_end(Receiver<T>& receiver) {
 /// ProtocolError when the descriptors do not fit the transport.
 template <class T>
 Sender<T> sender_from_description(const EndDescription& description) {
-  return Sender<T>(detail::rebuild_sender(description, type_fingerprint<T>(), type_name<T>()));
+  return Sender<T>(detail::rebuild_sender(description, detail::type_fingerprint<T>(), detail::type_name<T>()));
 }
 
 /// Rebuilds a Receiver<T> from `description` (see sender_from_description).
 template <class T>
 Receiver<T> receiver_from_description(const EndDescription& description) {
-  return Receiver<T>(detail::rebuild_receiver(description, type_fingerprint<T>(), type_name<T>()));
+  return Receiver<T>(detail::rebuild_receiver(description, detail::type_fingerprint<T>(), detail::type_name<T>()));
 }
 
 }  // namespace ferry

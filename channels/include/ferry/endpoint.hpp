@@ -139,7 +139,7 @@ class Listener {
   /// Like accept_sender(), waiting at most `timeout`; std::nullopt when no client came.
   template <class T>
   std::optional<Sender<T>> accept_sender_for(Timeout timeout) {
-    auto ends = core().accept(detail::client_receiver_kind<T>(), Deadline::after(timeout));
+    auto ends = core().accept(detail::client_receiver_kind<T>(), detail::Deadline::after(timeout));
     if (!ends) return std::nullopt;
     return sender_of<T>(*ends);
   }
@@ -150,7 +150,7 @@ class Listener {
   }
   template <class T>
   std::optional<Receiver<T>> accept_receiver_for(Timeout timeout) {
-    auto ends = core().accept(detail::client_sender_kind<T>(), Deadline::after(timeout));
+    auto ends = core().accept(detail::client_sender_kind<T>(), detail::Deadline::after(timeout));
     if (!ends) return std::nullopt;
     return receiver_of<T>(*ends);
   }
@@ -162,7 +162,7 @@ class Listener {
   }
   template <class Out, class In>
   std::optional<DuplexEnd<Out, In>> accept_duplex_for(Timeout timeout) {
-    auto ends = core().accept(detail::client_duplex_kind<In, Out>(), Deadline::after(timeout));
+    auto ends = core().accept(detail::client_duplex_kind<In, Out>(), detail::Deadline::after(timeout));
     if (!ends) return std::nullopt;
     return DuplexEnd<Out, In>(sender_of<Out>(*ends), receiver_of<In>(*ends));
   }
@@ -192,13 +192,14 @@ class Listener {
     if (core_) core_->close();
   }
   bool is_open() const noexcept { return core_ && core_->is_open(); }
-  /// The untyped core (Selector uses it).
+ private:
+  friend struct detail::EndAccess;  // Selector reaches the core through it
+
+  // The untyped core (Selector uses it).
   detail::ListenerCore& core() {
     if (!core_ || !core_->is_open()) throw ChannelClosed("this Listener is closed (or moved from)");
     return *core_;
   }
-
- private:
   const detail::ListenerCore& const_core() const {
     if (!core_) throw ChannelClosed("this Listener is empty (moved from or default-constructed)");
     return *core_;

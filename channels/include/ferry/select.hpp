@@ -83,7 +83,7 @@ class Selector {
   // handshakes' deadlines passed) and marks those with a waiting client in `ready`.
   void advance_listeners(const std::vector<pollfd>& fds, const std::vector<std::size_t>& owners,
                          std::vector<bool>& ready);
-  std::optional<std::size_t> wait_until(const Deadline& deadline);
+  std::optional<std::size_t> wait_until(const detail::Deadline& deadline);
   // Polls the plan's descriptors once, within its timeout, and marks what is ready in it;
   // false when a signal interrupted the wait.
   bool poll_once(detail::SelectorWaitPlan& plan);

@@ -26,7 +26,7 @@ namespace ferry::detail {
 /// A connection a listening point accepted, with the peer's credentials as the kernel
 /// recorded them.
 struct AcceptedSocket {
-  UniqueFd socket;
+  detail::UniqueFd socket;
   PeerCredentials peer;
 };
 
@@ -75,7 +75,7 @@ class SocketScheme : public Scheme {
   /// One attempt to connect to `rest`: the connected socket (blocking, close-on-exec), or
   /// an empty one when nobody listens there yet (the caller retries until its deadline).
   /// Throws Error for a malformed address.
-  virtual UniqueFd try_connect(std::string_view address, std::string_view rest) const = 0;
+  virtual detail::UniqueFd try_connect(std::string_view address, std::string_view rest) const = 0;
 
   std::unique_ptr<ListenerCore> listen(std::string_view address, std::string_view rest,
                                        const EndpointOptions& options) const final;

@@ -118,6 +118,12 @@ bool SenderEnd::receiver_gone() {
 
 std::optional<SharedAllocator> SenderEnd::pool() const { return core_ ? core_->pool() : std::nullopt; }
 
+bool send_by_owner(SenderCore& core, const void* message, const SentType& type, const Deadline& deadline) {
+  return core.send_serialized_by_owner(message, type, deadline);
+}
+
+bool flush_by_owner(SenderCore& core, const Deadline& deadline) { return core.flush(deadline); }
+
 SenderCore& SenderEnd::core() {
   if (queue_) throw_no_frame_core("Sender");
   if (!core_) throw_empty("Sender");

@@ -19,11 +19,11 @@ EndDescription::~EndDescription() = default;
 
 // Compiled here once, instead of in every program that spawns workers by exec.
 template <>
-void EndDescription::serialize(FrameOutputArchive& ar) {
+void EndDescription::serialize(detail::FrameOutputArchive& ar) {
   serialize_fields(ar);
 }
 template <>
-void EndDescription::serialize(FrameInputArchive& ar) {
+void EndDescription::serialize(detail::FrameInputArchive& ar) {
   serialize_fields(ar);
 }
 
@@ -63,13 +63,13 @@ EndDescription describe(EndRole role, Core& core, const End& end, std::uint64_t 
 // Takes every descriptor of `description` that is open in this process, in order (the
 // call owns them whatever happens next); throws Error for one that is not open and
 // ProtocolError for one named twice, after taking the others, so that they are closed.
-std::vector<UniqueFd> take_descriptors(const EndDescription& description, const std::string& name) {
-  std::vector<UniqueFd> fds;
+std::vector<detail::UniqueFd> take_descriptors(const EndDescription& description, const std::string& name) {
+  std::vector<detail::UniqueFd> fds;
   fds.reserve(description.fds.size());
   std::optional<int> missing;
   std::optional<int> repeated;
   for (const int fd : description.fds) {
-    if (std::find_if(fds.begin(), fds.end(), [fd](const UniqueFd& taken) { return taken.get() == fd; }) !=
+    if (std::find_if(fds.begin(), fds.end(), [fd](const detail::UniqueFd& taken) { return taken.get() == fd; }) !=
         fds.end()) {
       repeated = repeated.value_or(fd);
     } else if (fd >= 0 && ::fcntl(fd, F_GETFD) >= 0) {
@@ -91,10 +91,10 @@ std::vector<UniqueFd> take_descriptors(const EndDescription& description, const 
 
 // Takes the description's descriptors (closed again if anything below throws), checks the
 // description against the end being rebuilt, and marks the descriptors close-on-exec.
-std::vector<UniqueFd> claim(const EndDescription& description, EndRole role, std::uint64_t fingerprint,
+std::vector<detail::UniqueFd> claim(const EndDescription& description, EndRole role, std::uint64_t fingerprint,
                             std::string_view type_name) {
   const std::string name = std::string(role_name(role)) + "<" + std::string(type_name) + ">";
-  std::vector<UniqueFd> fds = take_descriptors(description, name);
+  std::vector<detail::UniqueFd> fds = take_descriptors(description, name);
   if (description.role != EndRole::Sender && description.role != EndRole::Receiver) {
     throw ProtocolError("a channel end description names no valid role; its descriptors were closed");
   }
@@ -102,7 +102,7 @@ std::vector<UniqueFd> claim(const EndDescription& description, EndRole role, std
     throw TypeMismatch("cannot rebuild a " + name + " from the description of a " + role_name(description.role) +
                        "<" + description.type_name + ">; its descriptors were closed");
   }
-  for (const UniqueFd& fd : fds) {
+  for (const detail::UniqueFd& fd : fds) {
     // The end is ours now; programs we start later must not inherit it.
     const int flags = ::fcntl(fd.get(), F_GETFD);
     if (flags < 0 || ::fcntl(fd.get(), F_SETFD, flags | FD_CLOEXEC) != 0) {
@@ -129,20 +129,20 @@ EndDescription describe_receiver(ReceiverCore& core, std::uint64_t fingerprint, 
 }
 
 SenderEnd rebuild_sender(const EndDescription& description, std::uint64_t fingerprint, std::string_view type_name) {
-  std::vector<UniqueFd> fds = claim(description, EndRole::Sender, fingerprint, type_name);
+  std::vector<detail::UniqueFd> fds = claim(description, EndRole::Sender, fingerprint, type_name);
   const ChannelOptions& options = description.options;
   return SenderEnd(std::make_unique<SenderCore>(
-      writer_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
+      detail::writer_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
                               options.ring_timing(), description.shares_connection),
       description.transport, options));
 }
 
 ReceiverEnd rebuild_receiver(const EndDescription& description, std::uint64_t fingerprint,
                              std::string_view type_name) {
-  std::vector<UniqueFd> fds = claim(description, EndRole::Receiver, fingerprint, type_name);
+  std::vector<detail::UniqueFd> fds = claim(description, EndRole::Receiver, fingerprint, type_name);
   const ChannelOptions& options = description.options;
   return ReceiverEnd(std::make_unique<ReceiverCore>(
-      reader_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
+      detail::reader_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
                               options.ring_timing(), description.shares_connection),
       description.transport, fingerprint, type_name, options));
 }

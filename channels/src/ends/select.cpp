@@ -47,9 +47,9 @@ struct detail::SelectorWaitPlan {
   std::vector<std::size_t> word_owners;            // words[i] belongs to members_[word_owners[i]]
   bool any_buffered = false;        // a member is ready without waiting
   bool stream_fds = false;          // a descriptor reports data (futexes cannot wait with it)
-  Deadline poll_until = Deadline::never();  // earlier than the caller's when a handshake expires first
+  detail::Deadline poll_until = detail::Deadline::never();  // earlier than the caller's when a handshake expires first
 
-  void reset(std::size_t count, const Deadline& deadline) {
+  void reset(std::size_t count, const detail::Deadline& deadline) {
     ready.assign(count, false);
     fds.clear();
     owners.clear();
@@ -71,7 +71,7 @@ struct detail::SelectorWaitPlan {
     listener.append_poll_fds(fds);
     owners.resize(fds.size(), index);
     stream_fds = stream_fds || fds.size() > first;
-    const Deadline handshakes = listener.next_deadline();
+    const detail::Deadline handshakes = listener.next_deadline();
     if (handshakes.time_point() < poll_until.time_point()) poll_until = handshakes;
   }
 
@@ -171,7 +171,7 @@ namespace {
 // descriptors dies, the deadline passes or kHangUpCheckInterval elapses, and marks in
 // plan.ready what is ready. False when the kernel has no futex_waitv (nothing waited).
 bool wait_on_futexes(const std::vector<detail::SelectorMember>& members, detail::SelectorWaitPlan& plan,
-                     const Deadline& deadline) {
+                     const detail::Deadline& deadline) {
   const std::span<std::atomic<std::uint32_t>* const> words(plan.words);
   struct Awake {  // leaves every word at 0 however the wait ends
     std::span<std::atomic<std::uint32_t>* const> words;
@@ -225,7 +225,7 @@ std::size_t Selector::add_member(const detail::SelectorMember& member) {
 
 std::size_t Selector::add(Listener& listener) {
   detail::SelectorMember member;
-  member.listener = &listener.core();
+  member.listener = &detail::EndAccess::core(listener);
   const std::size_t index = add_member(member);
   ++listener_count_;
   return index;
@@ -251,7 +251,7 @@ void Selector::advance_listeners(const std::vector<pollfd>& fds, const std::vect
     detail::ListenerCore* listener = members_[index].listener;
     if (listener == nullptr || !listener->is_open()) continue;
     if (woken[index] || listener->next_deadline().expired()) {
-      if (listener->pump(Deadline::now())) ready[index] = true;
+      if (listener->pump(detail::Deadline::now())) ready[index] = true;
     } else if (listener->has_waiting_client()) {
       ready[index] = true;
     }
@@ -260,23 +260,23 @@ void Selector::advance_listeners(const std::vector<pollfd>& fds, const std::vect
 
 std::size_t Selector::wait() {
   if (empty()) throw Error("Selector::wait() on an empty set would wait for ever; add a receiver first");
-  return *wait_until(Deadline::never());
+  return *wait_until(detail::Deadline::never());
 }
 
 std::optional<std::size_t> Selector::wait_for(Timeout timeout) {
-  return wait_until(Deadline::after(timeout));
+  return wait_until(detail::Deadline::after(timeout));
 }
 
-std::optional<std::size_t> Selector::try_wait() { return wait_until(Deadline::now()); }
+std::optional<std::size_t> Selector::try_wait() { return wait_until(detail::Deadline::now()); }
 
-std::optional<std::size_t> Selector::wait_until(const Deadline& deadline) {
+std::optional<std::size_t> Selector::wait_until(const detail::Deadline& deadline) {
   detail::SelectorWaitPlan plan;
   // Waiting for long, every kReleaseCheck: let go of copies of ends other processes took,
   // one of which may be what keeps a member's peer from ending (live_ends.hpp). The clock
   // is read only after a round that found nothing ready.
-  std::optional<Deadline::Clock::time_point> next_release;
+  std::optional<detail::Deadline::Clock::time_point> next_release;
   const auto after_idle_round = [&next_release] {
-    const Deadline::Clock::time_point now = Deadline::Clock::now();
+    const detail::Deadline::Clock::time_point now = detail::Deadline::Clock::now();
     if (next_release && now >= *next_release) {
       detail::release_ends_owned_elsewhere();
       next_release.reset();

@@ -10,7 +10,7 @@
 
 namespace ferry {
 
-RingFrameReader::RingFrameReader(std::shared_ptr<const RingSegment> segment, UniqueFd companion,
+RingFrameReader::RingFrameReader(std::shared_ptr<const RingSegment> segment, detail::UniqueFd companion,
                                  const RingTiming& timing, const FrameLimits& limits)
     : end_(std::move(segment), std::move(companion), timing), limits_(limits) {
   // A reader rebuilt from inherited descriptors continues where the stream is.
@@ -58,8 +58,8 @@ bool RingFrameReader::consume(std::uint64_t count) {
     head_ += n;
     count -= n;
     if (header_filled_ == sizeof frame_header_) {
-      validate_header(frame_header_, limits_);
-      frame_payload_.resize(static_cast<std::size_t>(payload_bytes(frame_header_)));
+      detail::validate_header(frame_header_, limits_);
+      frame_payload_.resize(static_cast<std::size_t>(detail::payload_bytes(frame_header_)));
       payload_filled_ = 0;
     }
   }
@@ -73,9 +73,9 @@ bool RingFrameReader::consume(std::uint64_t count) {
   return header_filled_ == sizeof frame_header_ && payload_filled_ == frame_payload_.size();
 }
 
-ReadStatus RingFrameReader::read_view(FrameHeader& header, std::span<const std::byte>& payload,
-                                      std::vector<std::byte>& buffer, std::deque<UniqueFd>& fds,
-                                      const Deadline& deadline) {
+ReadStatus RingFrameReader::read_view(detail::FrameHeader& header, std::span<const std::byte>& payload,
+                                      std::vector<std::byte>& buffer, std::deque<detail::UniqueFd>& fds,
+                                      const detail::Deadline& deadline) {
   const ReadStatus status = read_frame(header, payload, buffer, deadline);
   // A frame's fds wait on the companion socket (the writer sent them before it published
   // the frame): take as many as it declares, no more; the decoder refuses a frame whose
@@ -86,8 +86,8 @@ ReadStatus RingFrameReader::read_view(FrameHeader& header, std::span<const std::
   return status;
 }
 
-ReadStatus RingFrameReader::read_frame(FrameHeader& header, std::span<const std::byte>& payload,
-                                       std::vector<std::byte>& buffer, const Deadline& deadline) {
+ReadStatus RingFrameReader::read_frame(detail::FrameHeader& header, std::span<const std::byte>& payload,
+                                       std::vector<std::byte>& buffer, const detail::Deadline& deadline) {
   release();
   settle_head();
   if (!end_.is_open() || peer_closed_) return ReadStatus::Closed;
@@ -116,13 +116,13 @@ ReadStatus RingFrameReader::read_frame(FrameHeader& header, std::span<const std:
     if (whole_frame_possible && count >= sizeof frame_header_) {
       // The common case: the whole frame is in the ring. View it where it lies.
       end_.copy_out(head_, reinterpret_cast<std::byte*>(&frame_header_), sizeof frame_header_);
-      validate_header(frame_header_, limits_);
-      const std::uint64_t total = sizeof frame_header_ + payload_bytes(frame_header_);
+      detail::validate_header(frame_header_, limits_);
+      const std::uint64_t total = sizeof frame_header_ + detail::payload_bytes(frame_header_);
       if (total <= count) {
         header = frame_header_;
         held_ = total;
         held_alone_ = total == count && total <= ring_unfenced_release_limit(end_.capacity());
-        if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
+        if (header.kind == static_cast<std::uint8_t>(detail::FrameKind::Close)) {
           release();
           peer_closed_ = true;
           return ReadStatus::Closed;
@@ -140,7 +140,7 @@ ReadStatus RingFrameReader::read_frame(FrameHeader& header, std::span<const std:
     payload = buffer;
     header_filled_ = 0;
     payload_filled_ = 0;
-    if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
+    if (header.kind == static_cast<std::uint8_t>(detail::FrameKind::Close)) {
       peer_closed_ = true;
       return ReadStatus::Closed;
     }
@@ -178,8 +178,8 @@ void RingFrameReader::release() noexcept {
   publish_head();
 }
 
-ReadStatus RingFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
-                                 const Deadline& deadline) {
+ReadStatus RingFrameReader::read(detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<detail::UniqueFd>& fds,
+                                 const detail::Deadline& deadline) {
   std::span<const std::byte> view;
   const ReadStatus status = read_view(header, view, payload, fds, deadline);
   if (status == ReadStatus::Frame && view.data() != payload.data()) payload.assign(view.begin(), view.end());

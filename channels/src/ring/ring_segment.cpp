@@ -24,10 +24,10 @@ constexpr const char* kSegmentName = "ring:ferry";
 // Maps the header and the data, then the data once more right after it, so that any
 // `capacity` bytes starting inside the data are contiguous in memory: a frame never has to
 // be split at the wrap point, and the reader can decode one in place.
-Mapping map_twice(int fd, std::uint64_t capacity) {
+detail::Mapping map_twice(int fd, std::uint64_t capacity) {
   // The first mapping reaches past the end of the file; the part beyond is replaced below
   // (and would raise SIGBUS if touched before).
-  Mapping mapping = Mapping::map_shared(fd, kRingHeaderBytes + 2 * capacity);
+  detail::Mapping mapping = detail::Mapping::map_shared(fd, kRingHeaderBytes + 2 * capacity);
   void* second = static_cast<std::byte*>(mapping.data()) + kRingHeaderBytes + capacity;
   if (::mmap(second, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, kRingHeaderBytes) == MAP_FAILED) {
     throw_errno("mmap of a ring's data a second time");
@@ -45,7 +45,7 @@ std::size_t ring_capacity_for(std::size_t requested) {
   return std::max(kRingMinCapacity, std::bit_ceil(requested));
 }
 
-RingSegment::RingSegment(UniqueFd fd, Mapping mapping, std::uint64_t capacity)
+RingSegment::RingSegment(detail::UniqueFd fd, detail::Mapping mapping, std::uint64_t capacity)
     : fd_(std::move(fd)),
       mapping_(std::move(mapping)),
       header_(static_cast<RingHeader*>(mapping_.data())),
@@ -74,11 +74,11 @@ RingSegment& RingSegment::operator=(RingSegment&& other) noexcept {
 RingSegment RingSegment::create(std::size_t requested_capacity) {
   const std::size_t capacity = ring_capacity_for(requested_capacity);
   const std::size_t size = kRingHeaderBytes + capacity;
-  UniqueFd fd = create_reserved_memfd(size, kSegmentName, "a ring",
+  detail::UniqueFd fd = detail::create_reserved_memfd(size, kSegmentName, "a ring",
                                       "ask for a smaller ChannelOptions::ring_capacity");
   // Neither end may ever shrink the segment under the other's mapping (SIGBUS).
   if (::fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0) throw_errno("fcntl(F_ADD_SEALS) on a ring");
-  Mapping mapping = map_twice(fd.get(), capacity);
+  detail::Mapping mapping = map_twice(fd.get(), capacity);
   // The fresh memfd is zero-filled: every atomic starts at 0. Start the header's lifetime.
   auto* header = new (mapping.data()) RingHeader{};
   header->magic = kRingMagic;
@@ -88,7 +88,7 @@ RingSegment RingSegment::create(std::size_t requested_capacity) {
   return RingSegment(std::move(fd), std::move(mapping), capacity);
 }
 
-RingSegment RingSegment::attach(UniqueFd fd) {
+RingSegment RingSegment::attach(detail::UniqueFd fd) {
   const int seals = ::fcntl(fd.get(), F_GET_SEALS);
   if (seals < 0 || (seals & kRequiredSeals) != kRequiredSeals) {
     throw ProtocolError("the fd given as a ring segment is not a memfd sealed against shrinking and growing; "
@@ -102,7 +102,7 @@ RingSegment RingSegment::attach(UniqueFd fd) {
   }
   std::uint64_t capacity = 0;
   {
-    const Mapping probe = Mapping::map_shared(fd.get(), kRingHeaderBytes);
+    const detail::Mapping probe = detail::Mapping::map_shared(fd.get(), kRingHeaderBytes);
     const auto* header = static_cast<const RingHeader*>(probe.data());
     if (header->magic != kRingMagic || header->version != kRingVersion || header->header_bytes != kRingHeaderBytes) {
       throw ProtocolError("the ring segment has a wrong magic number, version or header size; it is corrupted or "
@@ -114,7 +114,7 @@ RingSegment RingSegment::attach(UniqueFd fd) {
     throw ProtocolError("the ring segment claims a capacity of " + std::to_string(capacity) +
                         " bytes, which does not match its size of " + std::to_string(size) + " bytes");
   }
-  Mapping mapping = map_twice(fd.get(), capacity);
+  detail::Mapping mapping = map_twice(fd.get(), capacity);
   return RingSegment(std::move(fd), std::move(mapping), capacity);
 }
 

@@ -23,7 +23,7 @@ class RingSegment {
   /// Maps a segment created by another process (passed as an inherited fd), after checking
   /// that it is a sealed memfd whose header and size describe a valid ring; throws
   /// ProtocolError naming the failed check.
-  static RingSegment attach(UniqueFd fd);
+  static RingSegment attach(detail::UniqueFd fd);
 
   RingSegment(RingSegment&& other) noexcept;
   RingSegment& operator=(RingSegment&& other) noexcept;
@@ -43,10 +43,10 @@ class RingSegment {
   void reset() noexcept;
 
  private:
-  RingSegment(UniqueFd fd, Mapping mapping, std::uint64_t capacity);
+  RingSegment(detail::UniqueFd fd, detail::Mapping mapping, std::uint64_t capacity);
 
-  UniqueFd fd_;
-  Mapping mapping_;
+  detail::UniqueFd fd_;
+  detail::Mapping mapping_;
   RingHeader* header_ = nullptr;
   std::byte* data_ = nullptr;
   std::uint64_t capacity_ = 0;

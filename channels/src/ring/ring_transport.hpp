@@ -58,22 +58,22 @@ namespace ferry {
 /// frame went out (a frame no larger than the ring goes out whole or not at all); a frame
 /// larger than the ring that was started before the deadline passed is accepted, and the
 /// part that did not fit is kept here and written by the next write, flush() or close.
-class RingFrameWriter final : public FrameWriter, private BodySpace {
+class RingFrameWriter final : public detail::FrameWriter, private detail::BodySpace {
  public:
   /// `segment` is shared with the reader when both ends live in this process;
   /// `companion` is the writer's side of the companion socket pair.
-  RingFrameWriter(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing);
+  RingFrameWriter(std::shared_ptr<const RingSegment> segment, detail::UniqueFd companion, const RingTiming& timing);
   bool passes_fds() const override { return false; }
   /// True: fds given to write() go out on the companion socket, just before the frame.
   bool can_pass_fds() const override { return true; }
   /// Lends ring space past the tail (at kRingBodyOffset) for the next frame's body, waiting
   /// for room until `deadline` when the body outgrows what is free; null while the rest of
   /// an earlier frame is pending.
-  BodySpace* body_space(const Deadline& deadline) override;
-  bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
+  detail::BodySpace* body_space(const detail::Deadline& deadline) override;
+  bool write(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline) override;
   std::uint64_t acknowledged() override;
-  bool wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) override;
-  bool flush(const Deadline& deadline) override;
+  bool wait_acknowledged(std::uint64_t sequence, const detail::Deadline& deadline) override;
+  bool flush(const detail::Deadline& deadline) override;
   void close() noexcept override;
   /// Shuts this end's companion socket down for writing: the reader's peer check sees the
   /// writer gone (as after a crash) although a liveness probe still holds the socket.
@@ -82,23 +82,23 @@ class RingFrameWriter final : public FrameWriter, private BodySpace {
   /// A duplicate of this end's companion socket: it reports POLLHUP once every process
   /// holding the reader's side has dropped it or died (the hold ledger of a closed channel
   /// polls it to unpin frames that nobody will ever read).
-  UniqueFd liveness_probe() const override;
+  detail::UniqueFd liveness_probe() const override;
 
  private:
   // write() once the end is known open; `fds` go out with the frame's first publish().
-  bool write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline);
+  bool write_frame(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline);
   // Free bytes in the ring, re-reading the reader's head when `refresh`; throws
   // ProtocolError when the shared head breaks the ring's invariant.
   std::uint64_t room(bool refresh);
   // Makes the bytes written so far visible to the reader and wakes it if it sleeps.
   void publish();
   // Waits for at least min(`wanted`, a quarter of the capacity) free bytes.
-  detail::WaitOutcome wait_for_room(std::uint64_t wanted, const Deadline& deadline);
+  detail::WaitOutcome wait_for_room(std::uint64_t wanted, const detail::Deadline& deadline);
   // BodySpace: free ring space from kRingBodyOffset past the tail, at least `bytes` of it.
   std::span<std::byte> lend(std::size_t bytes) override;
   // Writes a frame whose last part is the body in lent space: the other parts go in front
   // of it, after a gap; the body moves only when they do not fit there.
-  bool write_around_lent_body(std::span<const iovec> parts, const Deadline& deadline);
+  bool write_around_lent_body(std::span<const iovec> parts, const detail::Deadline& deadline);
 
   detail::RingEnd end_;
   std::uint64_t tail_ = 0;       // bytes written (private: the shared copy is never read back)
@@ -106,7 +106,7 @@ class RingFrameWriter final : public FrameWriter, private BodySpace {
   std::uint64_t acknowledged_ = 0;
   std::vector<std::byte> pending_;  // unwritten rest of a frame accepted by a timed write
   std::size_t pending_done_ = 0;
-  Deadline lend_deadline_ = Deadline::never();  // of the send whose body may be lent space
+  detail::Deadline lend_deadline_ = detail::Deadline::never();  // of the send whose body may be lent space
   std::byte* lent_ = nullptr;                   // where a lent body starts; null when none
   std::span<const int> fds_to_send_;            // of the frame being written, until published
 };
@@ -121,14 +121,14 @@ class RingFrameWriter final : public FrameWriter, private BodySpace {
 /// pieces is copied out piece by piece instead. Every byte of a viewed frame is copied
 /// once into private memory by the decoder before it is checked or used, so a writer
 /// that scribbles on a frame being decoded gets it rejected, never an out-of-bounds read.
-class RingFrameReader final : public FrameReader {
+class RingFrameReader final : public detail::FrameReader {
  public:
-  RingFrameReader(std::shared_ptr<const RingSegment> segment, UniqueFd companion, const RingTiming& timing,
+  RingFrameReader(std::shared_ptr<const RingSegment> segment, detail::UniqueFd companion, const RingTiming& timing,
                   const FrameLimits& limits);
-  ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
-                  const Deadline& deadline) override;
-  ReadStatus read_view(FrameHeader& header, std::span<const std::byte>& payload, std::vector<std::byte>& buffer,
-                       std::deque<UniqueFd>& fds, const Deadline& deadline) override;
+  ReadStatus read(detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<detail::UniqueFd>& fds,
+                  const detail::Deadline& deadline) override;
+  ReadStatus read_view(detail::FrameHeader& header, std::span<const std::byte>& payload, std::vector<std::byte>& buffer,
+                       std::deque<detail::UniqueFd>& fds, const detail::Deadline& deadline) override;
   void release() noexcept override;
   void acknowledge(std::uint64_t sequence) override;
   void close() noexcept override;
@@ -146,8 +146,8 @@ class RingFrameReader final : public FrameReader {
 
  private:
   // read_view() without the frame's fds.
-  ReadStatus read_frame(FrameHeader& header, std::span<const std::byte>& payload, std::vector<std::byte>& buffer,
-                        const Deadline& deadline);
+  ReadStatus read_frame(detail::FrameHeader& header, std::span<const std::byte>& payload, std::vector<std::byte>& buffer,
+                        const detail::Deadline& deadline);
   // Bytes published and not yet consumed; throws ProtocolError when the shared tail
   // breaks the ring's invariant.
   std::uint64_t available();
@@ -171,14 +171,14 @@ class RingFrameReader final : public FrameReader {
   bool held_alone_ = false;
   mutable bool wake_owed_ = false;  // release() published without the fence; settle_head() pays
   bool peer_closed_ = false;
-  FrameHeader frame_header_{};
+  detail::FrameHeader frame_header_{};
   std::size_t header_filled_ = 0;
   std::vector<std::byte> frame_payload_;
   std::size_t payload_filled_ = 0;
 };
 
 /// Creates a ring of ring_capacity_for(`capacity`) bytes and its two ends.
-std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_ring_transport(
+std::pair<std::unique_ptr<detail::FrameWriter>, std::unique_ptr<detail::FrameReader>> make_ring_transport(
     std::size_t capacity, const RingTiming& timing, const FrameLimits& limits);
 
 }  // namespace ferry

@@ -53,7 +53,7 @@ class PartCursor {
 
 }  // namespace
 
-RingFrameWriter::RingFrameWriter(std::shared_ptr<const RingSegment> segment, UniqueFd companion,
+RingFrameWriter::RingFrameWriter(std::shared_ptr<const RingSegment> segment, detail::UniqueFd companion,
                                  const RingTiming& timing)
     : end_(std::move(segment), std::move(companion), timing) {
   // A writer rebuilt from inherited descriptors continues where the stream is.
@@ -71,13 +71,13 @@ std::uint64_t RingFrameWriter::room(bool refresh) {
   return end_.capacity() - (tail_ - head_seen_);
 }
 
-detail::WaitOutcome RingFrameWriter::wait_for_room(std::uint64_t wanted, const Deadline& deadline) {
+detail::WaitOutcome RingFrameWriter::wait_for_room(std::uint64_t wanted, const detail::Deadline& deadline) {
   wanted = std::min(wanted, end_.capacity() / 4);
   return end_.wait(
       end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, deadline, kRingRoomFirstSleep);
 }
 
-BodySpace* RingFrameWriter::body_space(const Deadline& deadline) {
+detail::BodySpace* RingFrameWriter::body_space(const detail::Deadline& deadline) {
   lent_ = nullptr;
   if (!end_.is_open() || !pending_.empty()) return nullptr;
   lend_deadline_ = deadline;
@@ -98,7 +98,7 @@ std::span<std::byte> RingFrameWriter::lend(std::size_t bytes) {
   return {lent_, static_cast<std::size_t>(room(false) - kRingBodyOffset)};
 }
 
-bool RingFrameWriter::write_around_lent_body(std::span<const iovec> parts, const Deadline& deadline) {
+bool RingFrameWriter::write_around_lent_body(std::span<const iovec> parts, const detail::Deadline& deadline) {
   const std::span<const iovec> front = parts.first(parts.size() - 1);
   const std::size_t body = parts.back().iov_len;
   std::size_t prefix = 0;
@@ -132,7 +132,7 @@ bool RingFrameWriter::write_around_lent_body(std::span<const iovec> parts, const
   return true;
 }
 
-bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
+bool RingFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline) {
   if (!end_.is_open()) throw ChannelClosed("cannot send: this end of the channel is closed");
   struct Forget {  // whatever happens, these fds are not sent with a later frame
     std::span<const int>& fds;
@@ -147,14 +147,14 @@ void RingFrameWriter::publish() {
   // accepted: publishing is what accepts it.
   if (!fds_to_send_.empty()) [[unlikely]] {
     const detail::WaitInterruptionSuspended committed;  // the frame is accepted: finish it
-    detail::SegmentFdChannel(end_.companion_fd()).send(fds_to_send_, Deadline::never());
+    detail::SegmentFdChannel(end_.companion_fd()).send(fds_to_send_, detail::Deadline::never());
     fds_to_send_ = {};
   }
   RingHeader& header = end_.header();
   detail::RingEnd::publish(header.tail, tail_, header.reader_sleeping);  // pairs with a sleeping reader
 }
 
-bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
+bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline) {
   std::byte* const lent = std::exchange(lent_, nullptr);
   if (!pending_.empty() && !flush(deadline)) return false;
   fds_to_send_ = fds;  // after the rest of the frame before it
@@ -221,7 +221,7 @@ bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const 
   return true;
 }
 
-bool RingFrameWriter::flush(const Deadline& deadline) {
+bool RingFrameWriter::flush(const detail::Deadline& deadline) {
   while (pending_done_ < pending_.size()) {
     if (!end_.is_open()) throw ChannelClosed("cannot send: this end of the channel is closed");
     const std::size_t left = pending_.size() - pending_done_;
@@ -248,10 +248,10 @@ void RingFrameWriter::shut_down() noexcept {
   if (end_.is_open() && end_.companion_fd() >= 0) (void)::shutdown(end_.companion_fd(), SHUT_WR);
 }
 
-UniqueFd RingFrameWriter::liveness_probe() const {
+detail::UniqueFd RingFrameWriter::liveness_probe() const {
   const int companion = end_.is_open() ? end_.companion_fd() : -1;
-  if (companion < 0) return UniqueFd();
-  return UniqueFd(::fcntl(companion, F_DUPFD_CLOEXEC, 0));  // empty when dup fails: no probe
+  if (companion < 0) return detail::UniqueFd();
+  return detail::UniqueFd(::fcntl(companion, F_DUPFD_CLOEXEC, 0));  // empty when dup fails: no probe
 }
 
 std::uint64_t RingFrameWriter::acknowledged() {
@@ -261,7 +261,7 @@ std::uint64_t RingFrameWriter::acknowledged() {
   return acknowledged_;
 }
 
-bool RingFrameWriter::wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) {
+bool RingFrameWriter::wait_acknowledged(std::uint64_t sequence, const detail::Deadline& deadline) {
   if (!end_.is_open()) return acknowledged_ >= sequence;
   return end_.wait(
              end_.header().writer_sleeping, [&] { return acknowledged() >= sequence; }, deadline) ==

@@ -13,30 +13,30 @@
 
 namespace ferry {
 
-std::chrono::nanoseconds Deadline::remaining() const {
+std::chrono::nanoseconds detail::Deadline::remaining() const {
   if (at_ == Clock::time_point::min()) return std::chrono::nanoseconds::zero();
   const auto left = at_ - Clock::now();
   return left > Clock::duration::zero() ? std::chrono::duration_cast<std::chrono::nanoseconds>(left)
                                         : std::chrono::nanoseconds::zero();
 }
 
-timespec Deadline::remaining_timespec() const { return to_timespec(remaining()); }
+timespec detail::Deadline::remaining_timespec() const { return detail::to_timespec(remaining()); }
 
-std::chrono::nanoseconds sleep_limit(const Deadline& deadline, bool& sliced) noexcept {
+std::chrono::nanoseconds detail::sleep_limit(const detail::Deadline& deadline, bool& sliced) noexcept {
   const std::chrono::nanoseconds left = deadline.is_never() ? std::chrono::nanoseconds::max() : deadline.remaining();
   const std::chrono::nanoseconds slice = detail::wait_interruption_slice();
   sliced = slice < left;
   return sliced ? slice : left;
 }
 
-timespec to_timespec(std::chrono::nanoseconds duration) noexcept {
+timespec detail::to_timespec(std::chrono::nanoseconds duration) noexcept {
   timespec ts{};
   ts.tv_sec = static_cast<time_t>(duration.count() / 1'000'000'000);
   ts.tv_nsec = static_cast<long>(duration.count() % 1'000'000'000);
   return ts;
 }
 
-bool wait_for_fd(int fd, short events, const Deadline& deadline) {
+bool detail::wait_for_fd(int fd, short events, const detail::Deadline& deadline) {
   pollfd entry{fd, events, 0};
   while (true) {
     // At most kReleaseCheck at a time: a long wait lets go of this process's copies of
@@ -44,8 +44,8 @@ bool wait_for_fd(int fd, short events, const Deadline& deadline) {
     // and at most the wait-interruption slice, so that an installed check runs.
     bool sliced = false;
     const std::chrono::nanoseconds limit =
-        std::min<std::chrono::nanoseconds>(sleep_limit(deadline, sliced), detail::kReleaseCheck);
-    const timespec timeout = to_timespec(limit);
+        std::min<std::chrono::nanoseconds>(detail::sleep_limit(deadline, sliced), detail::kReleaseCheck);
+    const timespec timeout = detail::to_timespec(limit);
     const int rc = ::ppoll(&entry, 1, &timeout, nullptr);
     if (rc > 0) return true;
     if (rc == 0) {

@@ -32,13 +32,13 @@ constexpr std::size_t kMaxFdsPerRead = 253;  // SCM_MAX_FD
 // Whether a write or read may block in the system call itself: only when it waits for
 // ever and no wait-interruption check is installed (a blocked sendmsg or read would not
 // call it); otherwise it waits in ppoll, which does.
-bool may_block(const Deadline& deadline) { return deadline.is_never() && !detail::wait_interruptible(); }
+bool may_block(const detail::Deadline& deadline) { return deadline.is_never() && !detail::wait_interruptible(); }
 
 }  // namespace
 
 // ---- writer ------------------------------------------------------------------
 
-StreamFrameWriter::StreamFrameWriter(UniqueFd stream, UniqueFd side, bool is_socket, bool shares_connection)
+StreamFrameWriter::StreamFrameWriter(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, bool shares_connection)
     : stream_(std::move(stream)),
       side_(std::move(side)),
       is_socket_(is_socket),
@@ -57,7 +57,7 @@ ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std
       // which lets go of copies of ends owned elsewhere while it waits (live_ends.hpp).
       written = ::sendmsg(stream_.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (written < 0 && errno == EAGAIN && wait) {
-        wait_for_fd(stream_.get(), POLLOUT, Deadline::never());
+        detail::wait_for_fd(stream_.get(), POLLOUT, detail::Deadline::never());
         continue;
       }
     } else {
@@ -66,7 +66,7 @@ ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std
       written = ::writev(stream_.get(), parts, static_cast<int>(count));
       if (written < 0 && errno == EPIPE) blocked.consume();
       if (written < 0 && errno == EAGAIN && wait) {
-        wait_for_fd(stream_.get(), POLLOUT, Deadline::never());
+        detail::wait_for_fd(stream_.get(), POLLOUT, detail::Deadline::never());
         continue;
       }
     }
@@ -78,14 +78,14 @@ ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std
   }
 }
 
-bool StreamFrameWriter::flush_pending(const Deadline& deadline) {
+bool StreamFrameWriter::flush_pending(const detail::Deadline& deadline) {
   // What went out leaves pending_ at once: an interrupted wait (its exception) keeps the
   // rest, and only the rest, for the next flush.
   while (!pending_.empty()) {
     const iovec part{pending_.data(), pending_.size()};
     const ssize_t written = write_some(&part, 1, {}, may_block(deadline));
     if (written < 0) {
-      if (!wait_for_fd(stream_.get(), POLLOUT, deadline)) break;
+      if (!detail::wait_for_fd(stream_.get(), POLLOUT, deadline)) break;
       continue;
     }
     pending_.erase(pending_.begin(), pending_.begin() + written);
@@ -93,7 +93,7 @@ bool StreamFrameWriter::flush_pending(const Deadline& deadline) {
   return pending_.empty();
 }
 
-bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
+bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline) {
   if (!stream_) throw ChannelClosed("cannot send: this end of the channel is closed");
   if (!pending_.empty() && !flush_pending(deadline)) return false;
   if (is_socket_ || fds.empty()) return write_frame(parts, fds, deadline, false);
@@ -102,7 +102,7 @@ bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int>
   // there once it has the frame), and only when the frame's first byte is sure to follow:
   // the pipe has room, and nothing else writes to it. Once the fds begin to go out, the
   // frame must follow: no interruption check runs any more.
-  if (!wait_for_fd(stream_.get(), POLLOUT, deadline)) return false;
+  if (!detail::wait_for_fd(stream_.get(), POLLOUT, deadline)) return false;
   const detail::WaitInterruptionSuspended committed;
   if (!detail::SegmentFdChannel(side_.get()).send(fds, deadline)) return false;
   return write_frame(parts, {}, deadline, true);
@@ -151,7 +151,7 @@ void StreamFrameWriter::grow_for(std::size_t frame_bytes) noexcept {
   growth_refused_ = true;
 }
 
-bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline,
+bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline,
                                     bool must_start) {
   std::array<iovec, 8> remaining{};
   if (parts.size() > remaining.size()) throw Error("a frame has too many parts");
@@ -185,7 +185,7 @@ bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<cons
     const ssize_t written = write_some(&one, 1, fds.first(kMaxFdsPerRead), wait);
     if (written < 0) {
       // Once a batch went out, the frame must go out whole: fds cannot wait in pending_.
-      if (wait_for_fd(stream_.get(), POLLOUT, started ? Deadline::never() : deadline)) continue;
+      if (detail::wait_for_fd(stream_.get(), POLLOUT, started ? detail::Deadline::never() : deadline)) continue;
       return false;
     }
     if (!started) committed.emplace();
@@ -199,7 +199,7 @@ bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<cons
       // A frame whose fds went out ahead of it must start, and one whose first batch of
       // fds went out must send the last one, whatever the deadline.
       const bool must_wait = started ? !fds.empty() : must_start;
-      if (wait_for_fd(stream_.get(), POLLOUT, must_wait ? Deadline::never() : deadline)) continue;
+      if (detail::wait_for_fd(stream_.get(), POLLOUT, must_wait ? detail::Deadline::never() : deadline)) continue;
       if (!started) return false;
       // Deadline passed mid-frame: keep the tail, so the stream never holds half a frame.
       for (std::size_t i = 0; i < count; ++i) {
@@ -238,12 +238,12 @@ void StreamFrameWriter::read_acknowledgements() {
   }
 }
 
-bool StreamFrameWriter::wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) {
+bool StreamFrameWriter::wait_acknowledged(std::uint64_t sequence, const detail::Deadline& deadline) {
   if (!side_) return true;
   while (true) {
     read_acknowledgements();
     if (acknowledged_ >= sequence) return true;
-    if (reader_gone_ || !wait_for_fd(side_.get(), POLLIN, deadline)) return false;
+    if (reader_gone_ || !detail::wait_for_fd(side_.get(), POLLIN, deadline)) return false;
   }
 }
 
@@ -252,10 +252,10 @@ void StreamFrameWriter::close() noexcept {
   side_.reset();
 }
 
-UniqueFd StreamFrameWriter::liveness_probe() const {
-  if (!stream_) return UniqueFd();
+detail::UniqueFd StreamFrameWriter::liveness_probe() const {
+  if (!stream_) return detail::UniqueFd();
   if (is_socket_) return stream_.duplicate();
-  return side_ ? side_.duplicate() : UniqueFd();
+  return side_ ? side_.duplicate() : detail::UniqueFd();
 }
 
 void StreamFrameWriter::shut_down() noexcept {
@@ -274,7 +274,7 @@ std::vector<int> StreamFrameWriter::descriptors() const {
 
 // ---- reader ------------------------------------------------------------------
 
-StreamFrameReader::StreamFrameReader(UniqueFd stream, UniqueFd side, bool is_socket, const FrameLimits& limits,
+StreamFrameReader::StreamFrameReader(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, const FrameLimits& limits,
                                      bool shares_connection)
     : stream_(std::move(stream)),
       side_(std::move(side)),
@@ -302,7 +302,7 @@ StreamFrameReader::StreamFrameReader(UniqueFd stream, UniqueFd side, bool is_soc
   }
 }
 
-std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, std::deque<UniqueFd>& fds) {
+std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, std::deque<detail::UniqueFd>& fds) {
   while (true) {
     ssize_t got = 0;
     if (is_socket_) {
@@ -331,7 +331,7 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
       if (is_socket_) {
         detail::release_ends_owned_elsewhere();
       } else {
-        wait_for_fd(stream_.get(), POLLIN, Deadline::never());
+        detail::wait_for_fd(stream_.get(), POLLIN, detail::Deadline::never());
       }
       continue;
     }
@@ -340,15 +340,15 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
   }
 }
 
-ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
-                                   const Deadline& deadline) {
+ReadStatus StreamFrameReader::read(detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<detail::UniqueFd>& fds,
+                                   const detail::Deadline& deadline) {
   if (!stream_ || peer_closed_) return ReadStatus::Closed;
   // Timed (or interruptible): wait in ppoll, then read what is there. A timed read stopped
   // in the middle of a frame resumes there.
   const bool timed = !may_block(deadline);
   if (!in_frame_) {
-    while (buffered() < sizeof(FrameHeader)) {
-      if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+    while (buffered() < sizeof(detail::FrameHeader)) {
+      if (timed && !detail::wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
       if (begin_ > 0) {  // keep the partial header at the front
         std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
         end_ -= begin_;
@@ -363,8 +363,8 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
     }
     std::memcpy(&frame_header_, buffer_.data() + begin_, sizeof frame_header_);
     begin_ += sizeof frame_header_;
-    validate_header(frame_header_, limits_);
-    const std::uint64_t total = payload_bytes(frame_header_);
+    detail::validate_header(frame_header_, limits_);
+    const std::uint64_t total = detail::payload_bytes(frame_header_);
     frame_payload_.resize(total);
     frame_filled_ = std::min<std::uint64_t>(total, buffered());
     if (frame_filled_ > 0) std::memcpy(frame_payload_.data(), buffer_.data() + begin_, frame_filled_);
@@ -373,7 +373,7 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
     in_frame_ = true;
   }
   while (frame_filled_ < frame_payload_.size()) {
-    if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+    if (timed && !detail::wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
     const std::size_t got =
         receive(frame_payload_.data() + frame_filled_, frame_payload_.size() - frame_filled_, fds);
     bound_queued_fds(frame_header_.fd_count, fds);
@@ -387,7 +387,7 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
   // many as it declares, no more: the decoder refuses a frame whose fds did not all come.
   if (!is_socket_ && header.fd_count > 0 && side_) detail::SegmentFdChannel(side_.get()).receive(header.fd_count, fds);
   check_queued_fds(header, fds);
-  if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
+  if (header.kind == static_cast<std::uint8_t>(detail::FrameKind::Close)) {
     peer_closed_ = true;
     return ReadStatus::Closed;
   }
@@ -397,14 +397,14 @@ ReadStatus StreamFrameReader::read(FrameHeader& header, std::vector<std::byte>& 
 bool StreamFrameReader::has_buffered_frame() const {
   if (!stream_ || peer_closed_) return true;  // read() returns Closed at once
   if (in_frame_) return frame_filled_ == frame_payload_.size();
-  if (buffered() < sizeof(FrameHeader)) return false;
-  FrameHeader header;
+  if (buffered() < sizeof(detail::FrameHeader)) return false;
+  detail::FrameHeader header;
   std::memcpy(&header, buffer_.data() + begin_, sizeof header);
-  if (header.magic != kFrameMagic) return true;  // read() reports the bad frame at once
-  return buffered() - sizeof header >= payload_bytes(header);
+  if (header.magic != detail::kFrameMagic) return true;  // read() reports the bad frame at once
+  return buffered() - sizeof header >= detail::payload_bytes(header);
 }
 
-void StreamFrameReader::bound_queued_fds(std::uint64_t declared, const std::deque<UniqueFd>& fds) const {
+void StreamFrameReader::bound_queued_fds(std::uint64_t declared, const std::deque<detail::UniqueFd>& fds) const {
   // A frame's fds come in batches of at most kMaxFdsPerRead, each with a byte of the frame,
   // and a recvmsg takes at most one batch: while a frame is read, the queue holds its fds
   // and at most one batch more. Checked after every recvmsg, so that a peer that sends
@@ -415,7 +415,7 @@ void StreamFrameReader::bound_queued_fds(std::uint64_t declared, const std::dequ
   }
 }
 
-void StreamFrameReader::check_queued_fds(const FrameHeader& header, const std::deque<UniqueFd>& fds) const {
+void StreamFrameReader::check_queued_fds(const detail::FrameHeader& header, const std::deque<detail::UniqueFd>& fds) const {
   // The kernel delivers a frame's fds with the first byte of the sendmsg that carried them,
   // and a recvmsg stops after the first message with fds. So once a frame is complete, the
   // queue holds its own fds plus, when bytes of later frames are buffered, at most one more

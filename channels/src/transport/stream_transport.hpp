@@ -40,17 +40,17 @@ namespace ferry {
 /// Timed writes never leave half a frame: a frame that was started when the deadline
 /// passed is accepted, and its unwritten tail is kept here and written before the next
 /// frame (or by close()). A timed write returns false only when no byte of it went out.
-class StreamFrameWriter final : public FrameWriter {
+class StreamFrameWriter final : public detail::FrameWriter {
  public:
-  StreamFrameWriter(UniqueFd stream, UniqueFd side, bool is_socket, bool shares_connection = false);
+  StreamFrameWriter(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, bool shares_connection = false);
   bool passes_fds() const override { return is_socket_; }
   bool can_pass_fds() const override { return is_socket_ || side_; }
-  bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
+  bool write(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline) override;
   /// What wait_acknowledged() read from the pipe so far (no system call).
   std::uint64_t acknowledged() override { return acknowledged_; }
-  bool wait_acknowledged(std::uint64_t sequence, const Deadline& deadline) override;
+  bool wait_acknowledged(std::uint64_t sequence, const detail::Deadline& deadline) override;
   /// Writes any pending frame tail, waiting until `deadline`; false if some is left.
-  bool flush(const Deadline& deadline) override { return flush_pending(deadline); }
+  bool flush(const detail::Deadline& deadline) override { return flush_pending(deadline); }
   void close() noexcept override;
   void shut_down() noexcept override;
   bool shares_connection() const override { return shares_connection_; }
@@ -60,7 +60,7 @@ class StreamFrameWriter final : public FrameWriter {
   /// side socket, which reports POLLHUP once every process holding the reader has dropped
   /// it (a duplicate of the data pipe's write end would keep the stream open, and a reader
   /// waiting for more would never see the sender gone).
-  UniqueFd liveness_probe() const override;
+  detail::UniqueFd liveness_probe() const override;
   /// A shared socket whose reader shut down fails a zero-length send with EPIPE; after this
   /// end's own shut_down() every send does, so the probe is then polled only.
   bool probe_by_send() const override { return shares_connection_ && !shut_down_; }
@@ -68,12 +68,12 @@ class StreamFrameWriter final : public FrameWriter {
  private:
   // Writes one whole frame on the stream (a socket: `fds` with its first byte); with
   // `must_start`, waits for its first byte to go out whatever the deadline.
-  bool write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline,
+  bool write_frame(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline,
                    bool must_start);
   // One write or sendmsg; returns bytes written, or -1 with errno (EAGAIN when full).
   ssize_t write_some(const iovec* parts, std::size_t count, std::span<const int> fds, bool wait);
   // Writes the tail of an earlier frame; false when the deadline passed first.
-  bool flush_pending(const Deadline& deadline);
+  bool flush_pending(const detail::Deadline& deadline);
   // Reads the acknowledgement records on the side socket (non-blocking) into acknowledged_.
   void read_acknowledgements();
   // Raises the stream's capacity towards `frame_bytes` (see the class comment); never throws.
@@ -83,8 +83,8 @@ class StreamFrameWriter final : public FrameWriter {
   // Asks for a capacity of `bytes`; what the stream holds then, or 0 when refused.
   std::size_t request_capacity(std::size_t bytes) const noexcept;
 
-  UniqueFd stream_;
-  UniqueFd side_;  // a pipe's side socket (segment fds out, acknowledgements in)
+  detail::UniqueFd stream_;
+  detail::UniqueFd side_;  // a pipe's side socket (segment fds out, acknowledgements in)
   bool is_socket_;
   bool shares_connection_;
   bool shut_down_ = false;  // this process ended the direction (shutdown(SHUT_WR))
@@ -105,12 +105,12 @@ inline constexpr std::size_t kMaxStreamBufferBytes = std::size_t{1} << 20;
 /// timed read that ends in the middle of a frame keeps what it read and resumes there.
 /// With `shares_connection` (a duplex socket), shut_down() refuses the writer's later
 /// frames with shutdown(SHUT_RD).
-class StreamFrameReader final : public FrameReader {
+class StreamFrameReader final : public detail::FrameReader {
  public:
-  StreamFrameReader(UniqueFd stream, UniqueFd side, bool is_socket, const FrameLimits& limits,
+  StreamFrameReader(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, const FrameLimits& limits,
                     bool shares_connection = false);
-  ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
-                  const Deadline& deadline) override;
+  ReadStatus read(detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<detail::UniqueFd>& fds,
+                  const detail::Deadline& deadline) override;
   void acknowledge(std::uint64_t sequence) override;
   void close() noexcept override;
   void shut_down() noexcept override;
@@ -121,23 +121,23 @@ class StreamFrameReader final : public FrameReader {
 
  private:
   // Reads what is available (at least one byte, blocking) into `into`; returns 0 at EOF.
-  std::size_t receive(std::byte* into, std::size_t capacity, std::deque<UniqueFd>& fds);
+  std::size_t receive(std::byte* into, std::size_t capacity, std::deque<detail::UniqueFd>& fds);
   std::size_t buffered() const noexcept { return end_ - begin_; }
   // Throws ProtocolError when more fds are queued than `declared` (the frame being read, or
   // the most any frame may declare before its header came) and one batch of fds.
-  void bound_queued_fds(std::uint64_t declared, const std::deque<UniqueFd>& fds) const;
+  void bound_queued_fds(std::uint64_t declared, const std::deque<detail::UniqueFd>& fds) const;
   // Throws ProtocolError when more fds are queued than the frame just read and the frames
   // already buffered can account for.
-  void check_queued_fds(const FrameHeader& header, const std::deque<UniqueFd>& fds) const;
+  void check_queued_fds(const detail::FrameHeader& header, const std::deque<detail::UniqueFd>& fds) const;
 
-  UniqueFd stream_;
-  UniqueFd side_;  // a pipe's side socket (segment fds in, acknowledgements out)
+  detail::UniqueFd stream_;
+  detail::UniqueFd side_;  // a pipe's side socket (segment fds in, acknowledgements out)
   bool is_socket_;
   bool shares_connection_;
   FrameLimits limits_;
   bool peer_closed_ = false;
   bool in_frame_ = false;             // header read, payload incomplete
-  FrameHeader frame_header_{};
+  detail::FrameHeader frame_header_{};
   std::vector<std::byte> frame_payload_;
   std::size_t frame_filled_ = 0;
   std::vector<std::byte> buffer_;

@@ -13,13 +13,13 @@
 namespace ferry {
 namespace {
 
-std::pair<UniqueFd, UniqueFd> make_pipe(int flags) {
+std::pair<detail::UniqueFd, detail::UniqueFd> make_pipe(int flags) {
   int ends[2];
   if (::pipe2(ends, O_CLOEXEC | flags) != 0) throw_errno("pipe2");
-  return {UniqueFd(ends[0]), UniqueFd(ends[1])};
+  return {detail::UniqueFd(ends[0]), detail::UniqueFd(ends[1])};
 }
 
-void expect_descriptors(Transport transport, const std::vector<UniqueFd>& fds, std::size_t count,
+void expect_descriptors(Transport transport, const std::vector<detail::UniqueFd>& fds, std::size_t count,
                         const char* role) {
   if (fds.size() != count) {
     throw ProtocolError("a " + std::string(transport_name(transport)) + " " + role + " is rebuilt from " +
@@ -68,7 +68,7 @@ std::chrono::nanoseconds default_ring_spin() {
   return spin;
 }
 
-std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_transport(
+std::pair<std::unique_ptr<detail::FrameWriter>, std::unique_ptr<detail::FrameReader>> detail::make_transport(
     Transport transport, const FrameLimits& limits, std::size_t ring_capacity, const RingTiming& ring_timing) {
   switch (transport) {
     case Transport::Pipe: {
@@ -79,18 +79,18 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
       // go out on it when peers may not take them from this process (SegmentFdChannel).
       int side[2];
       if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, side) != 0) throw_errno("socketpair beside a pipe");
-      UniqueFd writer_side(side[0]);
-      UniqueFd reader_side(side[1]);
+      detail::UniqueFd writer_side(side[0]);
+      detail::UniqueFd reader_side(side[1]);
       return {std::make_unique<StreamFrameWriter>(std::move(data_write), std::move(writer_side), false),
               std::make_unique<StreamFrameReader>(std::move(data_read), std::move(reader_side), false, limits)};
     }
     case Transport::UnixSocket: {
       int ends[2];
       if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) throw_errno("socketpair");
-      UniqueFd writer_end(ends[0]);
-      UniqueFd reader_end(ends[1]);
-      return {std::make_unique<StreamFrameWriter>(std::move(writer_end), UniqueFd(), true),
-              std::make_unique<StreamFrameReader>(std::move(reader_end), UniqueFd(), true, limits)};
+      detail::UniqueFd writer_end(ends[0]);
+      detail::UniqueFd reader_end(ends[1]);
+      return {std::make_unique<StreamFrameWriter>(std::move(writer_end), detail::UniqueFd(), true),
+              std::make_unique<StreamFrameReader>(std::move(reader_end), detail::UniqueFd(), true, limits)};
     }
     case Transport::ShmRing: return make_ring_transport(ring_capacity, ring_timing, limits);
     case Transport::InProcess:
@@ -102,28 +102,28 @@ std::pair<std::unique_ptr<FrameWriter>, std::unique_ptr<FrameReader>> make_trans
   throw Error("unknown transport " + std::to_string(static_cast<int>(transport)));
 }
 
-DuplexTransport make_duplex_transport(Transport transport, const FrameLimits& limits, std::size_t ring_capacity,
+detail::DuplexTransport detail::make_duplex_transport(Transport transport, const FrameLimits& limits, std::size_t ring_capacity,
                                       const RingTiming& ring_timing) {
   if (transport != Transport::UnixSocket) {
-    auto [a_writer, b_reader] = make_transport(transport, limits, ring_capacity, ring_timing);
-    auto [b_writer, a_reader] = make_transport(transport, limits, ring_capacity, ring_timing);
+    auto [a_writer, b_reader] = detail::make_transport(transport, limits, ring_capacity, ring_timing);
+    auto [b_writer, a_reader] = detail::make_transport(transport, limits, ring_capacity, ring_timing);
     return {std::move(a_writer), std::move(a_reader), std::move(b_writer), std::move(b_reader)};
   }
   int ends[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, ends) != 0) throw_errno("socketpair");
-  UniqueFd a_end(ends[0]);
-  UniqueFd b_end(ends[1]);
+  detail::UniqueFd a_end(ends[0]);
+  detail::UniqueFd b_end(ends[1]);
   // Each side's reader holds its own descriptor of the side's socket, so that either half
   // can be closed, detached or handed to another process on its own.
-  UniqueFd a_read_end = a_end.duplicate();
-  UniqueFd b_read_end = b_end.duplicate();
-  return {std::make_unique<StreamFrameWriter>(std::move(a_end), UniqueFd(), true, true),
-          std::make_unique<StreamFrameReader>(std::move(a_read_end), UniqueFd(), true, limits, true),
-          std::make_unique<StreamFrameWriter>(std::move(b_end), UniqueFd(), true, true),
-          std::make_unique<StreamFrameReader>(std::move(b_read_end), UniqueFd(), true, limits, true)};
+  detail::UniqueFd a_read_end = a_end.duplicate();
+  detail::UniqueFd b_read_end = b_end.duplicate();
+  return {std::make_unique<StreamFrameWriter>(std::move(a_end), detail::UniqueFd(), true, true),
+          std::make_unique<StreamFrameReader>(std::move(a_read_end), detail::UniqueFd(), true, limits, true),
+          std::make_unique<StreamFrameWriter>(std::move(b_end), detail::UniqueFd(), true, true),
+          std::make_unique<StreamFrameReader>(std::move(b_read_end), detail::UniqueFd(), true, limits, true)};
 }
 
-std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
+std::unique_ptr<detail::FrameWriter> detail::writer_from_descriptors(Transport transport, std::vector<detail::UniqueFd> fds,
                                                      const FrameLimits& /*limits*/, std::size_t /*ring_capacity*/,
                                                      const RingTiming& ring_timing, bool shares_connection) {
   switch (transport) {
@@ -132,7 +132,7 @@ std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::v
       return std::make_unique<StreamFrameWriter>(std::move(fds[0]), std::move(fds[1]), false);
     case Transport::UnixSocket:
       expect_descriptors(transport, fds, 1, "writer");
-      return std::make_unique<StreamFrameWriter>(std::move(fds[0]), UniqueFd(), true, shares_connection);
+      return std::make_unique<StreamFrameWriter>(std::move(fds[0]), detail::UniqueFd(), true, shares_connection);
     case Transport::ShmRing: {  // the ring's memfd, this end's companion socket
       expect_descriptors(transport, fds, 2, "writer");
       auto segment = std::make_shared<const RingSegment>(RingSegment::attach(std::move(fds[0])));
@@ -144,7 +144,7 @@ std::unique_ptr<FrameWriter> writer_from_descriptors(Transport transport, std::v
   throw_cannot_cross(transport);
 }
 
-std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::vector<UniqueFd> fds,
+std::unique_ptr<detail::FrameReader> detail::reader_from_descriptors(Transport transport, std::vector<detail::UniqueFd> fds,
                                                      const FrameLimits& limits, std::size_t /*ring_capacity*/,
                                                      const RingTiming& ring_timing, bool shares_connection) {
   switch (transport) {
@@ -153,7 +153,7 @@ std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::v
       return std::make_unique<StreamFrameReader>(std::move(fds[0]), std::move(fds[1]), false, limits);
     case Transport::UnixSocket:
       expect_descriptors(transport, fds, 1, "reader");
-      return std::make_unique<StreamFrameReader>(std::move(fds[0]), UniqueFd(), true, limits, shares_connection);
+      return std::make_unique<StreamFrameReader>(std::move(fds[0]), detail::UniqueFd(), true, limits, shares_connection);
     case Transport::ShmRing: {  // the ring's memfd, this end's companion socket
       expect_descriptors(transport, fds, 2, "reader");
       auto segment = std::make_shared<const RingSegment>(RingSegment::attach(std::move(fds[0])));

@@ -14,9 +14,9 @@ std::uint64_t saturating_add(std::uint64_t a, std::uint64_t b) noexcept {
 }  // namespace
 
 std::uint64_t max_frame_bytes(const FrameLimits& limits) noexcept {
-  std::uint64_t bytes = sizeof(FrameHeader) + std::uint64_t{limits.max_type_name_bytes};
-  bytes = saturating_add(bytes, std::uint64_t{limits.max_segments} * sizeof(SegmentEntry));
-  bytes = saturating_add(bytes, std::uint64_t{limits.max_handles} * sizeof(HandleEntry));
+  std::uint64_t bytes = sizeof(ferry::detail::FrameHeader) + std::uint64_t{limits.max_type_name_bytes};
+  bytes = saturating_add(bytes, std::uint64_t{limits.max_segments} * sizeof(ferry::detail::SegmentEntry));
+  bytes = saturating_add(bytes, std::uint64_t{limits.max_handles} * sizeof(ferry::detail::HandleEntry));
   bytes = saturating_add(bytes, std::uint64_t{limits.max_releases} * 2 * sizeof(std::uint32_t));
   return saturating_add(bytes, limits.max_body_bytes);
 }
@@ -38,7 +38,7 @@ std::optional<FrameAmPlan> parse_frame_am(std::span<const std::byte> header, std
     *why = "a frame message whose header is not the size its storage count says";
     return std::nullopt;
   }
-  if (plan.header.frame_bytes < sizeof(FrameHeader) || plan.header.frame_bytes > max_frame_bytes(limits) ||
+  if (plan.header.frame_bytes < sizeof(ferry::detail::FrameHeader) || plan.header.frame_bytes > max_frame_bytes(limits) ||
       plan.header.frame_bytes > data_length) {
     *why = "a frame message whose frame size is outside the limits or its data";
     return std::nullopt;

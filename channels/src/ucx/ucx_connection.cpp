@@ -130,7 +130,7 @@ bool UcxConnection::arm_locked() {
 }
 
 template <class Ready>
-bool UcxConnection::wait_until(std::unique_lock<std::mutex>& lock, const Deadline& deadline, Ready ready) {
+bool UcxConnection::wait_until(std::unique_lock<std::mutex>& lock, const ferry::detail::Deadline& deadline, Ready ready) {
   // Requests in flight point into the caller's memory: a wait is never abandoned midway.
   const ferry::detail::WaitInterruptionSuspended uninterrupted;
   for (int round = 0;; ++round) {
@@ -140,9 +140,9 @@ bool UcxConnection::wait_until(std::unique_lock<std::mutex>& lock, const Deadlin
     if (round < kSpinRounds) continue;
     if (!arm_locked()) continue;  // events arrived meanwhile
     if (ready()) return true;
-    const Deadline sleep = sleep_until(deadline);
+    const ferry::detail::Deadline sleep = sleep_until(deadline);
     lock.unlock();
-    const bool woke = wait_for_fd(wake_fd_, POLLIN, sleep);
+    const bool woke = ferry::detail::wait_for_fd(wake_fd_, POLLIN, sleep);
     lock.lock();
     if (!woke) {
       check_host_locked();
@@ -154,13 +154,13 @@ bool UcxConnection::wait_until(std::unique_lock<std::mutex>& lock, const Deadlin
   }
 }
 
-Deadline UcxConnection::sleep_until(const Deadline& deadline) const {
-  const Deadline longest = Deadline::after(kLongestWakeFdSleep);  // a wake-up UCX failed to give
-  const Deadline until = longest.time_point() < deadline.time_point() ? longest : deadline;
+ferry::detail::Deadline UcxConnection::sleep_until(const ferry::detail::Deadline& deadline) const {
+  const ferry::detail::Deadline longest = ferry::detail::Deadline::after(kLongestWakeFdSleep);  // a wake-up UCX failed to give
+  const ferry::detail::Deadline until = longest.time_point() < deadline.time_point() ? longest : deadline;
   if (!watched_host_ || outgoing_.empty()) return until;
   const auto now = std::chrono::steady_clock::now();
-  if (next_host_check_ <= now) return Deadline::now();
-  const Deadline check = Deadline::after(std::chrono::duration_cast<std::chrono::nanoseconds>(next_host_check_ - now));
+  if (next_host_check_ <= now) return ferry::detail::Deadline::now();
+  const ferry::detail::Deadline check = ferry::detail::Deadline::after(std::chrono::duration_cast<std::chrono::nanoseconds>(next_host_check_ - now));
   return check.time_point() < until.time_point() ? check : until;
 }
 
@@ -311,7 +311,7 @@ std::size_t UcxConnection::outgoing_bytes_locked() const noexcept {
   return bytes;
 }
 
-bool UcxConnection::flush(const Deadline& deadline) {
+bool UcxConnection::flush(const ferry::detail::Deadline& deadline) {
   std::unique_lock lock(mutex_);
   const bool done = wait_until(lock, deadline, [&] {
     reap_locked();
@@ -326,7 +326,7 @@ bool UcxConnection::flush(const Deadline& deadline) {
 }
 
 bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iovec> copies,
-                               std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline) {
+                               std::span<const std::shared_ptr<Storage>> owners, const ferry::detail::Deadline& deadline) {
   if (copies.size() > kMaxCopies) {
     throw Error("a message over ucx:// carries at most " + std::to_string(kMaxCopies) + " tensor storages, not " +
                 std::to_string(copies.size()) + "; send fewer per message");
@@ -580,10 +580,10 @@ ucs_status_t UcxConnection::on_copy(void* self, const void* /*header*/, std::siz
 }
 
 std::optional<std::vector<std::byte>> UcxConnection::poll_control() {
-  return receive_control(Deadline::now());
+  return receive_control(ferry::detail::Deadline::now());
 }
 
-std::optional<std::vector<std::byte>> UcxConnection::receive_control(const Deadline& deadline) {
+std::optional<std::vector<std::byte>> UcxConnection::receive_control(const ferry::detail::Deadline& deadline) {
   std::unique_lock lock(mutex_);
   wait_until(lock, deadline, [&] {
     reap_locked();
@@ -600,7 +600,7 @@ std::optional<std::vector<std::byte>> UcxConnection::receive_control(const Deadl
   return std::nullopt;
 }
 
-std::optional<IncomingFrame> UcxConnection::receive_frame(const Deadline& deadline) {
+std::optional<IncomingFrame> UcxConnection::receive_frame(const ferry::detail::Deadline& deadline) {
   std::unique_lock lock(mutex_);
   refuse_after_fork(owner_, "receiving");
   const auto ready = [&] {
@@ -648,7 +648,7 @@ void UcxConnection::close(std::chrono::milliseconds linger, bool force) noexcept
   // flushing close would wait for the peer to progress its worker, that is for a receiver
   // to read, which a closing sender must not depend on.
   ucp_request_param_t params{};
-  const Deadline until = Deadline::after(linger);
+  const ferry::detail::Deadline until = ferry::detail::Deadline::after(linger);
   if (!force && !failed_) {
     try {
       wait_until(lock, until, [&] {
@@ -674,7 +674,7 @@ void UcxConnection::close(std::chrono::milliseconds linger, bool force) noexcept
   ep_ = nullptr;
   if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
   try {
-    wait_until(lock, Deadline::after(std::chrono::seconds(1)),
+    wait_until(lock, ferry::detail::Deadline::after(std::chrono::seconds(1)),
                [&] { return ucp_request_check_status(request) != UCS_INPROGRESS; });
   } catch (...) {
   }

@@ -68,7 +68,7 @@ class UcxConnection {
   void send_control(std::span<const std::byte> message);
   /// The next control message, waiting until `deadline`; nullopt on timeout. Throws
   /// ChannelClosed when the peer is gone.
-  std::optional<std::vector<std::byte>> receive_control(const Deadline& deadline);
+  std::optional<std::vector<std::byte>> receive_control(const ferry::detail::Deadline& deadline);
   /// Control message already arrived (no wait); nullopt if none. Throws like receive_control.
   std::optional<std::vector<std::byte>> poll_control();
   /// The peer proved the shared secret: frame, copy and delivery messages are taken from now on.
@@ -91,14 +91,14 @@ class UcxConnection {
   /// still above their cap (kMaxFramesInFlight, kMaxBytesInFlight) at `deadline`. Throws
   /// ChannelClosed when the peer is gone (then also for a frame whose send it had started).
   bool send_frame(std::span<const iovec> parts, std::span<const iovec> copies,
-                  std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline);
+                  std::span<const std::shared_ptr<Storage>> owners, const ferry::detail::Deadline& deadline);
   /// Waits until every frame sent has left (false: `deadline` passed first). Throws
   /// ChannelClosed when the peer is gone.
-  bool flush(const Deadline& deadline);
+  bool flush(const ferry::detail::Deadline& deadline);
   /// The oldest complete frame, waiting until `deadline`; nullopt on timeout. Throws
   /// PeerDied when the peer vanished (no complete frame left), ProtocolError for a frame
   /// message that breaks the protocol.
-  std::optional<IncomingFrame> receive_frame(const Deadline& deadline);
+  std::optional<IncomingFrame> receive_frame(const ferry::detail::Deadline& deadline);
   /// True when a complete frame is queued, the connection failed, or it broke (after
   /// progressing the worker and arming its wake-up fd, so that a poll on wake_fd() after
   /// false wakes for the next event).
@@ -141,10 +141,10 @@ class UcxConnection {
   bool arm_locked();
   // Waits until `ready()` (checked under the lock after progress) or `deadline`; false on timeout.
   template <class Ready>
-  bool wait_until(std::unique_lock<std::mutex>& lock, const Deadline& deadline, Ready ready);
+  bool wait_until(std::unique_lock<std::mutex>& lock, const ferry::detail::Deadline& deadline, Ready ready);
   // How long one sleep of wait_until lasts at most (mutex_ held): until `deadline`, or the
   // next host check while frames sent wait for a watched host (keep_alive()).
-  Deadline sleep_until(const Deadline& deadline) const;
+  ferry::detail::Deadline sleep_until(const ferry::detail::Deadline& deadline) const;
   // A sleep of wait_until ended without news: when a host check is due (every kHostCheck,
   // across waits), fails the connection if its host answered nothing for the keepalive
   // bound while data waited for it (mutex_ held).

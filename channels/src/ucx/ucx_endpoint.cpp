@@ -84,11 +84,11 @@ class UcxListenerCore final : public ferry::detail::ListenerCore {
   }
   const std::string& address() const noexcept override { return address_; }
   void serve(const EndKind& kind) override;
-  std::optional<ConnectionEnds> accept(const EndKind& kind, const Deadline& deadline) override;
-  bool pump(const Deadline& deadline) override;
+  std::optional<ConnectionEnds> accept(const EndKind& kind, const ferry::detail::Deadline& deadline) override;
+  bool pump(const ferry::detail::Deadline& deadline) override;
   bool has_waiting_client() const noexcept override { return !waiting_.empty(); }
   void append_poll_fds(std::vector<pollfd>& fds) const override;
-  Deadline next_deadline() const override;
+  ferry::detail::Deadline next_deadline() const override;
   void close() noexcept override;
   void abandon_in_child() noexcept override;
   bool is_open() const noexcept override { return worker_ != nullptr; }
@@ -98,7 +98,7 @@ class UcxListenerCore final : public ferry::detail::ListenerCore {
   struct Pending {
     std::shared_ptr<UcxConnection> connection;
     std::unique_ptr<ServerHandshake> handshake;
-    Deadline deadline;
+    ferry::detail::Deadline deadline;
     sockaddr_storage client{};  // the client's address (family 0: unknown)
   };
   struct Waiting {
@@ -118,7 +118,7 @@ class UcxListenerCore final : public ferry::detail::ListenerCore {
   // Arms every worker; true when one had news already (then a poll must not sleep).
   bool arm() const;
   // Sleeps until the listener or a handshake has news, `deadline`, or a handshake's deadline.
-  void wait(const Deadline& deadline);
+  void wait(const ferry::detail::Deadline& deadline);
   void refuse_after_fork_here(const char* what) const;
 
   EndpointOptions options_;
@@ -135,7 +135,7 @@ class UcxListenerCore final : public ferry::detail::ListenerCore {
   std::vector<EndKind> served_;
   mutable bool busy_ = false;  // arm() found news: the next poll must not sleep
   // When progress is due again even without a wake-up (kLongestWakeFdSleep after the last).
-  Deadline progress_due_ = Deadline::now();
+  ferry::detail::Deadline progress_due_ = ferry::detail::Deadline::now();
 };
 
 UcxListenerCore::UcxListenerCore(std::string_view address, const EndpointOptions& options) : options_(options) {
@@ -266,7 +266,7 @@ void UcxListenerCore::start_handshake(ucp_conn_request_h request) {
   try {
     auto handshake = std::make_unique<ServerHandshake>(*connection, key_, salt_);
     pending_.push_back(Pending{std::move(connection), std::move(handshake),
-                               Deadline::after(options_.handshake_timeout), attributes.client_address});
+                               ferry::detail::Deadline::after(options_.handshake_timeout), attributes.client_address});
   } catch (const std::exception& error) {
     report(std::string("it went away before its handshake: ") + error.what());
   }
@@ -319,7 +319,7 @@ void UcxListenerCore::step(std::list<Pending>::iterator pending) {
 
 void UcxListenerCore::progress() {
   busy_ = false;
-  progress_due_ = Deadline::after(kLongestWakeFdSleep);
+  progress_due_ = ferry::detail::Deadline::after(kLongestWakeFdSleep);
   while (ucp_worker_progress(worker_) != 0) {
   }
   while (!requests_.empty()) {
@@ -357,31 +357,31 @@ void UcxListenerCore::append_poll_fds(std::vector<pollfd>& fds) const {
   for (const Pending& pending : pending_) fds.push_back(pollfd{pending.connection->wake_fd(), POLLIN, 0});
 }
 
-Deadline UcxListenerCore::next_deadline() const {
-  if (busy_) return Deadline::now();
-  Deadline earliest = progress_due_;  // a wake-up UCX failed to give costs no more
+ferry::detail::Deadline UcxListenerCore::next_deadline() const {
+  if (busy_) return ferry::detail::Deadline::now();
+  ferry::detail::Deadline earliest = progress_due_;  // a wake-up UCX failed to give costs no more
   for (const Pending& pending : pending_) {
     if (pending.deadline.time_point() < earliest.time_point()) earliest = pending.deadline;
   }
   return earliest;
 }
 
-void UcxListenerCore::wait(const Deadline& deadline) {
+void UcxListenerCore::wait(const ferry::detail::Deadline& deadline) {
   std::vector<pollfd> fds;
   if (arm()) return;
   fds.push_back(pollfd{wake_fd_, POLLIN, 0});
-  const Deadline longest = Deadline::after(kLongestWakeFdSleep);  // a wake-up UCX failed to give
-  Deadline until = longest.time_point() < deadline.time_point() ? longest : deadline;
+  const ferry::detail::Deadline longest = ferry::detail::Deadline::after(kLongestWakeFdSleep);  // a wake-up UCX failed to give
+  ferry::detail::Deadline until = longest.time_point() < deadline.time_point() ? longest : deadline;
   for (Pending& pending : pending_) {
     fds.push_back(pollfd{pending.connection->wake_fd(), POLLIN, 0});
     if (pending.deadline.time_point() < until.time_point()) until = pending.deadline;
   }
   bool sliced = false;  // cut short for the thread's wait-interruption check
-  const std::chrono::nanoseconds limit = sleep_limit(until, sliced);
+  const std::chrono::nanoseconds limit = ferry::detail::sleep_limit(until, sliced);
   timespec left{};
   const timespec* timeout = nullptr;
   if (limit != std::chrono::nanoseconds::max()) {
-    left = to_timespec(limit);
+    left = ferry::detail::to_timespec(limit);
     timeout = &left;
   }
   const int rc = ::ppoll(fds.data(), fds.size(), timeout, nullptr);
@@ -389,7 +389,7 @@ void UcxListenerCore::wait(const Deadline& deadline) {
   if (rc < 0 || (rc == 0 && sliced)) ferry::detail::wait_interruption_point(rc < 0);  // may throw: nothing is lost
 }
 
-bool UcxListenerCore::pump(const Deadline& deadline) {
+bool UcxListenerCore::pump(const ferry::detail::Deadline& deadline) {
   if (worker_ == nullptr) return false;
   refuse_after_fork_here("accepting");
   for (;;) {
@@ -399,7 +399,7 @@ bool UcxListenerCore::pump(const Deadline& deadline) {
   }
 }
 
-std::optional<ConnectionEnds> UcxListenerCore::accept(const EndKind& kind, const Deadline& deadline) {
+std::optional<ConnectionEnds> UcxListenerCore::accept(const EndKind& kind, const ferry::detail::Deadline& deadline) {
   if (worker_ == nullptr) throw ChannelClosed("this ucx:// Listener is closed");
   refuse_after_fork_here("accepting");
   serve(kind);
@@ -436,7 +436,7 @@ class UcxScheme final : public ferry::detail::Scheme {
     const UcxAddress parsed = parse_ucx_address(address);
     const std::string secret = shared_secret(options, address, false);
     auto context = UcxContext::get(keepalive_of(options), parsed.socket.ss_family);
-    const Deadline deadline = Deadline::after(options.connect_timeout);
+    const ferry::detail::Deadline deadline = ferry::detail::Deadline::after(options.connect_timeout);
     std::string last_failure;
     for (;;) {
       auto connection = UcxConnection::connect(context, parsed.socket, parsed.length, options.channel.limits);

@@ -47,7 +47,7 @@ SecretKey client_key(const std::string& secret, const Salt& salt) {
 }
 
 FrameLimits client_handshake(UcxConnection& connection, const EndKind& kind, const FrameLimits& limits,
-                             const std::string& secret, const Deadline& deadline) {
+                             const std::string& secret, const ferry::detail::Deadline& deadline) {
   const std::string where = "ucx://" + connection.peer_address();
   ClientHandshake machine(where, kind, limits, random_nonce(),
                           [&secret](const Salt& salt) { return client_key(secret, salt); });

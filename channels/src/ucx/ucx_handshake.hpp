@@ -29,7 +29,7 @@ SecretKey client_key(const std::string& secret, const Salt& salt);
 /// (wrong secret, either way), Error (version, timeout), ChannelClosed when the listener
 /// went away.
 FrameLimits client_handshake(UcxConnection& connection, const EndKind& kind, const FrameLimits& limits,
-                             const std::string& secret, const Deadline& deadline);
+                             const std::string& secret, const ferry::detail::Deadline& deadline);
 
 /// The listener's side of one connection, driven without blocking so that a silent or
 /// garbage-sending client delays no other one.

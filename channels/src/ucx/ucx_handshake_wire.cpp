@@ -19,7 +19,7 @@ using Mac = std::array<unsigned char, 32>;
 struct Versions {
   std::uint32_t magic = kHandshakeMagic;
   std::uint16_t version = kHandshakeVersion;
-  std::uint16_t frame_version = kFrameVersion;
+  std::uint16_t frame_version = ferry::detail::kFrameVersion;
 };
 struct HelloWire {
   Versions versions;
@@ -144,7 +144,7 @@ std::string version_text(std::uint16_t handshake, std::uint16_t frame) {
   return "ucx handshake " + std::to_string(handshake) + ", frame version " + std::to_string(frame);
 }
 bool same_versions(const Versions& versions) noexcept {
-  return versions.version == kHandshakeVersion && versions.frame_version == kFrameVersion;
+  return versions.version == kHandshakeVersion && versions.frame_version == ferry::detail::kFrameVersion;
 }
 
 constexpr const char* kSecretAdvice = " (set the same EndpointOptions::secret, or FERRY_SECRET, on both sides)";
@@ -205,7 +205,7 @@ ListenerHandshake::Step ListenerHandshake::receive(std::span<const std::byte> me
         return refusal(Outcome::Garbage, "a client sent a malformed handshake (not a ferry ucx:// client)");
       }
       if (!same_versions(*versions)) {
-        return refusal(Outcome::Version, "the listener speaks " + version_text(kHandshakeVersion, kFrameVersion) +
+        return refusal(Outcome::Version, "the listener speaks " + version_text(kHandshakeVersion, ferry::detail::kFrameVersion) +
                                              ", the client " + version_text(versions->version, versions->frame_version) +
                                              ": build both sides from the same ferry");
       }
@@ -291,7 +291,7 @@ Bytes ClientHandshake::on_hello(std::span<const std::byte> message) {
   }
   if (!same_versions(*versions)) {
     throw Error("the listener at " + where_ + " speaks " + version_text(versions->version, versions->frame_version) +
-                "; this build speaks " + version_text(kHandshakeVersion, kFrameVersion) +
+                "; this build speaks " + version_text(kHandshakeVersion, ferry::detail::kFrameVersion) +
                 ": build both sides from the same ferry");
   }
   const auto hello = fixed_part<HelloWire>(message);

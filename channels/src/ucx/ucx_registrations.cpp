@@ -1,6 +1,6 @@
 #include "ucx_registrations.hpp"
 
-#include "ferry/detail/shared_segment.hpp"
+#include "ferry/allocation.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry::ucx::detail {
@@ -15,7 +15,7 @@ ucp_mem_h UcxRegistrations::handle_for(const Storage& storage) {
   const Allocation* allocation = storage.allocation();
   const SharedBlock* block = allocation != nullptr ? allocation->shared_block() : nullptr;
   if (block == nullptr) return nullptr;
-  const std::shared_ptr<SharedSegment>& segment = block->segment();
+  const std::shared_ptr<ferry::detail::SharedSegment>& segment = block->segment();
   const std::lock_guard lock(mutex_);
   if (const auto found = entries_.find(segment->id()); found != entries_.end()) return found->second.handle;
   drop_dead_locked();

@@ -14,9 +14,11 @@
 #include <ucp/api/ucp.h>
 
 namespace ferry {
-class SharedSegment;
 class Storage;
 }  // namespace ferry
+namespace ferry::detail {
+class SharedSegment;
+}  // namespace ferry::detail
 
 namespace ferry::ucx::detail {
 
@@ -38,7 +40,7 @@ class UcxRegistrations {
 
  private:
   struct Entry {
-    std::weak_ptr<SharedSegment> segment;
+    std::weak_ptr<ferry::detail::SharedSegment> segment;
     ucp_mem_h handle = nullptr;  // nullptr: UCX refused it
   };
   void drop_dead_locked() noexcept;

@@ -12,18 +12,18 @@ UcxFrameWriter::UcxFrameWriter(std::shared_ptr<UcxConnection> connection, std::c
 
 UcxFrameWriter::~UcxFrameWriter() { close(); }
 
-bool UcxFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) {
+bool UcxFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const ferry::detail::Deadline& deadline) {
   if (!fds.empty()) throw Error("a ucx:// connection cannot pass file descriptors");
   return write_copies(parts, {}, {}, deadline);
 }
 
 bool UcxFrameWriter::write_copies(std::span<const iovec> parts, std::span<const iovec> copies,
-                                  std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline) {
+                                  std::span<const std::shared_ptr<Storage>> owners, const ferry::detail::Deadline& deadline) {
   if (!connection_) throw ChannelClosed("cannot send: this end of the ucx:// connection is closed");
   return connection_->send_frame(parts, copies, owners, deadline);
 }
 
-bool UcxFrameWriter::flush(const Deadline& deadline) {
+bool UcxFrameWriter::flush(const ferry::detail::Deadline& deadline) {
   if (!connection_) return true;
   return connection_->flush(deadline);
 }
@@ -40,16 +40,16 @@ UcxFrameReader::UcxFrameReader(std::shared_ptr<UcxConnection> connection, const 
 
 UcxFrameReader::~UcxFrameReader() { close(); }
 
-ReadStatus UcxFrameReader::read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& /*fds*/,
-                                const Deadline& deadline) {
+ReadStatus UcxFrameReader::read(ferry::detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<ferry::detail::UniqueFd>& /*fds*/,
+                                const ferry::detail::Deadline& deadline) {
   if (!connection_ || peer_closed_) return ReadStatus::Closed;
   copies_.clear();
   std::optional<IncomingFrame> frame = connection_->receive_frame(deadline);
   if (!frame) return ReadStatus::Timeout;
   // The frame's bytes, then its inline storages (UcxConnection::send_frame).
   std::memcpy(&header, frame->bytes.data(), sizeof header);
-  validate_header(header, limits_);
-  const std::uint64_t payload_size = payload_bytes(header);
+  ferry::detail::validate_header(header, limits_);
+  const std::uint64_t payload_size = ferry::detail::payload_bytes(header);
   std::size_t position = sizeof header + payload_size;
   std::size_t inline_bytes = 0;
   for (const CopyDescriptor& descriptor : frame->descriptors) {
@@ -72,7 +72,7 @@ ReadStatus UcxFrameReader::read(FrameHeader& header, std::vector<std::byte>& pay
     position += descriptor.nbytes;
     copies_.push_back(std::move(storage));
   }
-  if (header.kind == static_cast<std::uint8_t>(FrameKind::Close)) {
+  if (header.kind == static_cast<std::uint8_t>(ferry::detail::FrameKind::Close)) {
     peer_closed_ = true;
     // Nothing more will be read: let the sender's closing flush end now, not when this
     // end is dropped (unless this side's writer of a duplex connection still sends on it).

@@ -11,7 +11,7 @@
 
 namespace ferry::ucx::detail {
 
-class UcxFrameWriter final : public FrameWriter {
+class UcxFrameWriter final : public ferry::detail::FrameWriter {
  public:
   UcxFrameWriter(std::shared_ptr<UcxConnection> connection, std::chrono::milliseconds close_linger);
   ~UcxFrameWriter() override;
@@ -19,11 +19,11 @@ class UcxFrameWriter final : public FrameWriter {
   bool carries_copies() const override { return true; }
   /// Starts sending the frame; false when the frames still in flight to a receiver that
   /// does not read stayed above their limit until `deadline` (nothing is sent then).
-  bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override;
+  bool write(std::span<const iovec> parts, std::span<const int> fds, const ferry::detail::Deadline& deadline) override;
   bool write_copies(std::span<const iovec> parts, std::span<const iovec> copies,
-                    std::span<const std::shared_ptr<Storage>> owners, const Deadline& deadline) override;
+                    std::span<const std::shared_ptr<Storage>> owners, const ferry::detail::Deadline& deadline) override;
   /// Waits until every frame sent has left.
-  bool flush(const Deadline& deadline) override;
+  bool flush(const ferry::detail::Deadline& deadline) override;
   std::uint64_t delivered_by_reader() override { return connection_ ? connection_->delivered() : 0; }
   void close() noexcept override;
   void shut_down() noexcept override { close(); }
@@ -33,12 +33,12 @@ class UcxFrameWriter final : public FrameWriter {
   std::chrono::milliseconds close_linger_;
 };
 
-class UcxFrameReader final : public FrameReader {
+class UcxFrameReader final : public ferry::detail::FrameReader {
  public:
   UcxFrameReader(std::shared_ptr<UcxConnection> connection, const FrameLimits& limits);
   ~UcxFrameReader() override;
-  ReadStatus read(FrameHeader& header, std::vector<std::byte>& payload, std::deque<UniqueFd>& fds,
-                  const Deadline& deadline) override;
+  ReadStatus read(ferry::detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<ferry::detail::UniqueFd>& fds,
+                  const ferry::detail::Deadline& deadline) override;
   std::deque<std::shared_ptr<Storage>>* copied_storages() override { return &copies_; }
   void frame_delivered(std::uint64_t sequence) override {
     if (connection_) connection_->send_delivered(sequence);

@@ -8,9 +8,11 @@
 
 #include "ferry/detail/shared_memory.hpp"
 
-namespace ferry {
-
+namespace ferry::detail {
 class SharedSegment;
+}  // namespace ferry::detail
+
+namespace ferry {
 
 /// Maps the identity of a shared segment to the SharedSegment that maps it in this
 /// process, so that a segment received on several channels (or sent back to the process
@@ -24,12 +26,12 @@ class HandleCache {
   static HandleCache& global();
 
   /// The live segment mapped for `identity`, or nullptr.
-  std::shared_ptr<SharedSegment> find(const FileIdentity& identity);
+  std::shared_ptr<detail::SharedSegment> find(const detail::FileIdentity& identity);
 
   /// Records `segment` for `identity` unless a live segment is already recorded; returns
   /// the segment the cache holds afterwards (the existing one wins, so concurrent
   /// receivers of one segment end up sharing one mapping).
-  std::shared_ptr<SharedSegment> insert(const FileIdentity& identity, const std::shared_ptr<SharedSegment>& segment);
+  std::shared_ptr<detail::SharedSegment> insert(const detail::FileIdentity& identity, const std::shared_ptr<detail::SharedSegment>& segment);
 
   /// Entries held, live or dead (for tests and statistics).
   std::size_t size() const;
@@ -42,7 +44,7 @@ class HandleCache {
   void purge_locked();
 
   mutable std::mutex mutex_;
-  std::unordered_map<FileIdentity, std::weak_ptr<SharedSegment>, FileIdentityHash> entries_;
+  std::unordered_map<detail::FileIdentity, std::weak_ptr<detail::SharedSegment>, detail::FileIdentityHash> entries_;
   std::size_t limit_ = 128;
 };
 

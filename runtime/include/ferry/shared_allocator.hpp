@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <memory>
 
-#include "ferry/detail/shared_segment.hpp"
+#include "ferry/allocation.hpp"
 
 namespace ferry {
 

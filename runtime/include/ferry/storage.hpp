@@ -7,8 +7,8 @@
 #include <memory>
 #include <mutex>
 
+#include "ferry/allocation.hpp"
 #include "ferry/device.hpp"
-#include "ferry/detail/shared_segment.hpp"
 
 namespace ferry {
 

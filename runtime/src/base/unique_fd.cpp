@@ -7,7 +7,7 @@
 
 namespace ferry {
 
-void UniqueFd::reset(int fd) noexcept {
+void detail::UniqueFd::reset(int fd) noexcept {
   if (fd_ >= 0) {
     // close() may report EINTR/EIO, but the descriptor is released on Linux either way,
     // and a destructor has no one to report to.
@@ -16,10 +16,10 @@ void UniqueFd::reset(int fd) noexcept {
   fd_ = fd;
 }
 
-UniqueFd UniqueFd::duplicate() const {
+detail::UniqueFd detail::UniqueFd::duplicate() const {
   const int copy = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
   if (copy < 0) throw_errno("fcntl(F_DUPFD_CLOEXEC) on fd " + std::to_string(fd_));
-  return UniqueFd(copy);
+  return detail::UniqueFd(copy);
 }
 
 }  // namespace ferry

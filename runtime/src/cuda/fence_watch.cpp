@@ -40,7 +40,7 @@ struct WatchedFence {
 };
 
 struct Producer {
-  ProcessHandle pidfd;
+  ferry::detail::ProcessHandle pidfd;
   std::map<std::pair<const void*, std::uint64_t>, WatchedFence> fences;  // by (buffer, offset)
 };
 
@@ -56,7 +56,7 @@ class FenceWatch {
     std::unique_lock lock(mutex_);
     auto it = producers_.find(producer);
     if (it == producers_.end()) {
-      ProcessHandle pidfd = ProcessHandle::open(producer);
+      ferry::detail::ProcessHandle pidfd = ferry::detail::ProcessHandle::open(producer);
       if (!pidfd) {
         const bool gone = pidfd.error() == ESRCH;
         lock.unlock();
@@ -87,7 +87,7 @@ class FenceWatch {
 
   void start_locked() {
     if (thread_started_) return;
-    wake_fd_ = UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    wake_fd_ = ferry::detail::UniqueFd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
     if (!wake_fd_) return;  // retried with the next producer
     try {
       std::thread([this] { run(); }).detach();
@@ -180,7 +180,7 @@ class FenceWatch {
   std::map<pid_t, Producer> producers_;
   std::mutex streams_mutex_;
   std::map<int, cudaStream_t> streams_;
-  UniqueFd wake_fd_;
+  ferry::detail::UniqueFd wake_fd_;
   bool thread_started_ = false;
 };
 

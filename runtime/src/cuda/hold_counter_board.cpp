@@ -111,18 +111,18 @@ bool HoldCounterBoard::consumers_all_dead_locked() {
     const bool known = std::any_of(consumers_.begin(), consumers_.end(), [pid](const auto& c) { return c.pid() == pid; });
     if (known) continue;
     // Without pidfd support, the handle asks /proc (ProcessHandle::exited()).
-    consumers_.push_back(ProcessHandle::open(pid));
+    consumers_.push_back(ferry::detail::ProcessHandle::open(pid));
   }
   // Nobody registered yet: the frames are still in flight, or were never read.
   if (consumers_.empty()) return false;
-  return std::all_of(consumers_.begin(), consumers_.end(), [](const ProcessHandle& consumer) { return consumer.exited(); });
+  return std::all_of(consumers_.begin(), consumers_.end(), [](const ferry::detail::ProcessHandle& consumer) { return consumer.exited(); });
 }
 
 std::vector<pid_t> HoldCounterBoard::live_consumers() {
   std::lock_guard lock(mutex_);
   consumers_all_dead_locked();  // refreshes the list
   std::vector<pid_t> alive;
-  for (const ProcessHandle& consumer : consumers_) {
+  for (const ferry::detail::ProcessHandle& consumer : consumers_) {
     if (!consumer.exited()) alive.push_back(consumer.pid());
   }
   return alive;

@@ -19,7 +19,7 @@ namespace {
 // dropped without being read (their returns are the parent's to take).
 struct Registry {
   std::mutex mutex;
-  std::vector<std::shared_ptr<HoldLedger>> ledgers;
+  std::vector<std::shared_ptr<detail::HoldLedger>> ledgers;
   std::uint64_t generation = 0;
 };
 
@@ -43,12 +43,12 @@ Registry& registry() {
 // The allocator collects through this hook (memory/ does not depend on lifetime/). Linked
 // with the ledgers: a program that makes none has nothing to collect.
 [[maybe_unused]] const bool g_collector_installed =
-    (install_returned_block_collector([](bool check_receivers) { collect_returned_blocks(check_receivers); }), true);
+    (install_returned_block_collector([](bool check_receivers) { detail::collect_returned_blocks(check_receivers); }), true);
 
 // Takes the ledgers a forked child inherited out of the registry (caller holds the lock).
-std::vector<std::shared_ptr<HoldLedger>> take_inherited_locked(Registry& reg) {
-  std::vector<std::shared_ptr<HoldLedger>> inherited;
-  const std::uint64_t generation = fork_generation();
+std::vector<std::shared_ptr<detail::HoldLedger>> take_inherited_locked(Registry& reg) {
+  std::vector<std::shared_ptr<detail::HoldLedger>> inherited;
+  const std::uint64_t generation = detail::fork_generation();
   if (reg.generation != generation) {
     inherited.swap(reg.ledgers);
     reg.generation = generation;
@@ -72,21 +72,21 @@ bool socket_reader_shut_down(int fd) {
 // alive while a running process has that pid. One killed between the two steps of its
 // registration never finishes it, and must not keep the pins for ever.
 bool registering_holder_alive(std::int32_t pid) noexcept {
-  std::optional<ProcessIdentity> process;
+  std::optional<detail::ProcessIdentity> process;
   try {
-    process = identify_process(pid);
+    process = detail::identify_process(pid);
   } catch (...) {
     return true;  // exists but cannot be inspected: never reclaim from a live process
   }
   // No /proc entry: gone, or hidden from us (hidepid), which process_alive() tells apart.
-  return process_alive(process.value_or(ProcessIdentity{pid, 0}));
+  return detail::process_alive(process.value_or(detail::ProcessIdentity{pid, 0}));
 }
 
 }  // namespace
 
 // `by_send`: the probe is a socket whose own sending side is open (after this side's
 // shutdown(SHUT_WR) a zero-length send fails with EPIPE whatever the reader does).
-bool HoldLedger::ReceiverProbe::reader_gone() const {
+bool detail::HoldLedger::ReceiverProbe::reader_gone() const {
   if (!fd) return false;
   pollfd entry{fd.get(), POLLOUT, 0};
   while (true) {
@@ -99,12 +99,12 @@ bool HoldLedger::ReceiverProbe::reader_gone() const {
   }
 }
 
-HoldLedger::HoldLedger() : board_(ReturnBoard::create()), generation_(fork_generation()) {}
+detail::HoldLedger::HoldLedger() : board_(detail::ReturnBoard::create()), generation_(detail::fork_generation()) {}
 
-std::shared_ptr<HoldLedger> HoldLedger::create() {
-  auto ledger = std::shared_ptr<HoldLedger>(new HoldLedger());
+std::shared_ptr<detail::HoldLedger> detail::HoldLedger::create() {
+  auto ledger = std::shared_ptr<detail::HoldLedger>(new detail::HoldLedger());
   Registry& reg = registry();
-  std::vector<std::shared_ptr<HoldLedger>> dropped;
+  std::vector<std::shared_ptr<detail::HoldLedger>> dropped;
   {
     std::lock_guard lock(reg.mutex);
     dropped = take_inherited_locked(reg);
@@ -123,11 +123,11 @@ std::shared_ptr<HoldLedger> HoldLedger::create() {
   return ledger;  // `dropped` dies here, outside the lock
 }
 
-HoldLedger::~HoldLedger() = default;
+detail::HoldLedger::~HoldLedger() = default;
 
-bool HoldLedger::belongs_to_this_process() const noexcept { return generation_ == fork_generation(); }
+bool detail::HoldLedger::belongs_to_this_process() const noexcept { return generation_ == detail::fork_generation(); }
 
-void HoldLedger::pin(std::span<Pin> pins, std::uint64_t sequence) {
+void detail::HoldLedger::pin(std::span<Pin> pins, std::uint64_t sequence) {
   std::lock_guard lock(mutex_);
   for (Pin& pin : pins) {
     if (pin.slot >= pins_.size()) pins_.resize(std::size_t{pin.slot} + 1);
@@ -138,13 +138,13 @@ void HoldLedger::pin(std::span<Pin> pins, std::uint64_t sequence) {
   }
 }
 
-void HoldLedger::unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped) {
+void detail::HoldLedger::unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped) {
   if (slot >= pins_.size() || pins_[slot].allocation == nullptr) return;
   dropped.push_back(std::move(pins_[slot].allocation));  // leaves the pin empty
   --pinned_;
 }
 
-void HoldLedger::unpin(std::span<const std::uint32_t> slots) {
+void detail::HoldLedger::unpin(std::span<const std::uint32_t> slots) {
   const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
   std::vector<std::shared_ptr<Allocation>> dropped;
   std::lock_guard lock(mutex_);
@@ -152,13 +152,13 @@ void HoldLedger::unpin(std::span<const std::uint32_t> slots) {
   // `dropped` dies after the lock is released: a block's death may lock its allocator.
 }
 
-void HoldLedger::take_returned(std::vector<std::uint32_t>& out) {
+void detail::HoldLedger::take_returned(std::vector<std::uint32_t>& out) {
   std::lock_guard lock(mutex_);
   out.insert(out.end(), returned_.begin(), returned_.end());
   returned_.clear();
 }
 
-void HoldLedger::reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
+void detail::HoldLedger::reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
   const std::uint64_t resolved = board_->abandon_unresolved();
   for (std::uint32_t slot = 0; slot < pins_.size(); ++slot) {
     if (pins_[slot].allocation != nullptr && pins_[slot].sequence > resolved) {
@@ -168,7 +168,7 @@ void HoldLedger::reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocatio
   }
 }
 
-void HoldLedger::reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
+void detail::HoldLedger::reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
   board_->abandon_unresolved();
   for (std::uint32_t slot = 0; slot < pins_.size(); ++slot) {
     if (pins_[slot].allocation != nullptr) {
@@ -178,7 +178,7 @@ void HoldLedger::reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dr
   }
 }
 
-std::uint64_t HoldLedger::newest_pinned_sequence_locked() const {
+std::uint64_t detail::HoldLedger::newest_pinned_sequence_locked() const {
   std::uint64_t newest = 0;
   for (const Entry& entry : pins_) {
     if (entry.allocation != nullptr) newest = std::max(newest, entry.sequence);
@@ -186,7 +186,7 @@ std::uint64_t HoldLedger::newest_pinned_sequence_locked() const {
   return newest;
 }
 
-void HoldLedger::release_resolved_segments_locked(ReleasedSegments& released) {
+void detail::HoldLedger::release_resolved_segments_locked(ReleasedSegments& released) {
   if (kept_segments_.empty()) return;
   const std::uint64_t resolved = board_->resolved();
   while (!kept_segments_.empty() && kept_segments_.front().first <= resolved) {
@@ -197,7 +197,7 @@ void HoldLedger::release_resolved_segments_locked(ReleasedSegments& released) {
   if (channel_ == ChannelState::Closed && kept_segments_.empty()) board_->close_fd();
 }
 
-void HoldLedger::take_board_returns_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
+void detail::HoldLedger::take_board_returns_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
   scratch_.clear();
   // Handed over: the returns on the board are the other process's.
   if (board_reader_ == BoardReader::ThisProcess) {
@@ -215,15 +215,15 @@ void HoldLedger::take_board_returns_locked(std::vector<std::shared_ptr<Allocatio
   }
 }
 
-HoldLedger::Reclaimed HoldLedger::check_holders_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
+detail::HoldLedger::Reclaimed detail::HoldLedger::check_holders_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
   // Marked on the board while it runs: a process that registers as a holder meanwhile (a
   // receiver of a block forwarded from this connection) waits for its end and then sees
   // whether it reclaimed (ReturnBoard::reclaims_after_checks()). The mark ends however this
   // is left (an exception from holders() included).
   struct HolderCheck {
-    ReturnBoard& board;
+    detail::ReturnBoard& board;
     Reclaimed outcome = Reclaimed::Nothing;
-    explicit HolderCheck(ReturnBoard& checked) : board(checked) { board.begin_holder_check(); }
+    explicit HolderCheck(detail::ReturnBoard& checked) : board(checked) { board.begin_holder_check(); }
     ~HolderCheck() { board.end_holder_check(outcome == Reclaimed::Everything); }
     HolderCheck(const HolderCheck&) = delete;
     HolderCheck& operator=(const HolderCheck&) = delete;
@@ -231,7 +231,7 @@ HoldLedger::Reclaimed HoldLedger::check_holders_locked(std::vector<std::shared_p
   HolderCheck check(*board_);
   const auto holders = board_->holders();
   const bool all_dead = !holders.empty() && std::none_of(holders.begin(), holders.end(), [](const auto& holder) {
-    return holder.registering ? registering_holder_alive(holder.process.pid) : process_alive(holder.process);
+    return holder.registering ? registering_holder_alive(holder.process.pid) : detail::process_alive(holder.process);
   });
   if (all_dead) {
     reclaim_all_locked(dropped);
@@ -250,7 +250,7 @@ HoldLedger::Reclaimed HoldLedger::check_holders_locked(std::vector<std::shared_p
   return check.outcome = Reclaimed::Unresolved;
 }
 
-void HoldLedger::collect(bool check_receivers) {
+void detail::HoldLedger::collect(bool check_receivers) {
   // In a forked child the ledger is the parent's: leave it (and its lock) alone.
   if (!belongs_to_this_process()) return;
   const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
@@ -275,7 +275,7 @@ void HoldLedger::collect(bool check_receivers) {
   }
 }
 
-bool HoldLedger::idle() {
+bool detail::HoldLedger::idle() {
   // A connection that pinned storages before but pins none now: every frame asks (one that
   // never had a storage slot, such as a Distributor's channel of plain values, is not asked
   // at all: MessageEncoder::finish), so this skips collect()'s allocations and
@@ -294,7 +294,7 @@ bool HoldLedger::idle() {
   return true;
 }
 
-void HoldLedger::receiver_gone() {
+void detail::HoldLedger::receiver_gone() {
   if (!belongs_to_this_process()) return;  // a forked child's copy: the pins are the parent's
   {
     std::lock_guard lock(mutex_);
@@ -303,7 +303,7 @@ void HoldLedger::receiver_gone() {
   collect(true);
 }
 
-void HoldLedger::channel_closed(UniqueFd probe, bool probe_by_send) {
+void detail::HoldLedger::channel_closed(detail::UniqueFd probe, bool probe_by_send) {
   if (!belongs_to_this_process()) {
     // A forked child's copy of the parent's ledger (a channel end the child abandoned): the
     // pins are the parent's, and its lock may have been held by another thread at fork.
@@ -322,34 +322,34 @@ void HoldLedger::channel_closed(UniqueFd probe, bool probe_by_send) {
   collect(false);
 }
 
-void HoldLedger::release_kept_segments_locked(ReleasedSegments& released) {
+void detail::HoldLedger::release_kept_segments_locked(ReleasedSegments& released) {
   released.insert(released.end(), std::make_move_iterator(kept_segments_.begin()),
                   std::make_move_iterator(kept_segments_.end()));
   kept_segments_.clear();
   if (channel_ == ChannelState::Closed) board_->close_fd();  // kept for them (channel_closed())
 }
 
-void HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments) {
+void detail::HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments) {
   if (!belongs_to_this_process()) return;  // a forked child's copy: the segments are the parent's to keep
   std::lock_guard lock(mutex_);
   for (auto& kept : segments) kept_segments_.push_back(std::move(kept));
 }
 
-void HoldLedger::hand_over() {
+void detail::HoldLedger::hand_over() {
   if (!belongs_to_this_process()) return;
   std::lock_guard lock(mutex_);
   board_reader_ = BoardReader::HandedOver;
 }
 
-void HoldLedger::adopt_in_child(const std::shared_ptr<HoldLedger>& ledger) {
+void detail::HoldLedger::adopt_in_child(const std::shared_ptr<detail::HoldLedger>& ledger) {
   if (!ledger || ledger->belongs_to_this_process()) return;
   {
     // A forked process that adopts an end runs no other thread yet.
     std::lock_guard lock(ledger->mutex_);
-    ledger->generation_ = fork_generation();
+    ledger->generation_ = detail::fork_generation();
   }
   Registry& reg = registry();
-  std::vector<std::shared_ptr<HoldLedger>> dropped;
+  std::vector<std::shared_ptr<detail::HoldLedger>> dropped;
   {
     std::lock_guard lock(reg.mutex);
     dropped = take_inherited_locked(reg);
@@ -357,7 +357,7 @@ void HoldLedger::adopt_in_child(const std::shared_ptr<HoldLedger>& ledger) {
   }
 }
 
-std::shared_ptr<Allocation> HoldLedger::find_pinned(const SharedSegment* segment, std::size_t offset) const {
+std::shared_ptr<Allocation> detail::HoldLedger::find_pinned(const detail::SharedSegment* segment, std::size_t offset) const {
   std::lock_guard lock(mutex_);
   for (const Entry& entry : pins_) {
     const SharedBlock* block = entry.allocation ? entry.allocation->shared_block() : nullptr;
@@ -366,27 +366,27 @@ std::shared_ptr<Allocation> HoldLedger::find_pinned(const SharedSegment* segment
   return nullptr;
 }
 
-std::size_t HoldLedger::pinned() const {
+std::size_t detail::HoldLedger::pinned() const {
   std::lock_guard lock(mutex_);
   return pinned_;
 }
 
-bool HoldLedger::finished() const {
+bool detail::HoldLedger::finished() const {
   std::lock_guard lock(mutex_);
   return channel_ == ChannelState::Closed && pinned_ == 0;
 }
 
-void collect_returned_blocks(bool check_receivers) {
+void detail::collect_returned_blocks(bool check_receivers) {
   Registry& reg = registry();
-  std::vector<std::shared_ptr<HoldLedger>> inherited;
-  std::vector<std::shared_ptr<HoldLedger>> ledgers;
+  std::vector<std::shared_ptr<detail::HoldLedger>> inherited;
+  std::vector<std::shared_ptr<detail::HoldLedger>> ledgers;
   {
     std::lock_guard lock(reg.mutex);
     inherited = take_inherited_locked(reg);
     ledgers = reg.ledgers;
   }
   for (const auto& ledger : ledgers) ledger->collect(check_receivers);
-  std::vector<std::shared_ptr<HoldLedger>> finished;
+  std::vector<std::shared_ptr<detail::HoldLedger>> finished;
   {
     std::lock_guard lock(reg.mutex);
     for (auto it = reg.ledgers.begin(); it != reg.ledgers.end();) {
@@ -401,19 +401,19 @@ void collect_returned_blocks(bool check_receivers) {
   // `finished`, `ledgers` and `inherited` die here, outside the registry's lock.
 }
 
-std::shared_ptr<HoldLedger> own_ledger_of_board(const FileIdentity& identity) {
+std::shared_ptr<detail::HoldLedger> detail::own_ledger_of_board(const detail::FileIdentity& identity) {
   Registry& reg = registry();
   std::lock_guard lock(reg.mutex);
-  if (reg.generation != fork_generation()) return nullptr;  // the inherited ledgers are the parent's
+  if (reg.generation != detail::fork_generation()) return nullptr;  // the inherited ledgers are the parent's
   const auto it = std::find_if(reg.ledgers.begin(), reg.ledgers.end(),
                                [&identity](const auto& ledger) { return ledger->board()->identity() == identity; });
   return it == reg.ledgers.end() ? nullptr : *it;
 }
 
-std::size_t live_hold_ledgers() {
+std::size_t detail::live_hold_ledgers() {
   Registry& reg = registry();
   std::lock_guard lock(reg.mutex);
-  return reg.generation == fork_generation() ? reg.ledgers.size() : 0;
+  return reg.generation == detail::fork_generation() ? reg.ledgers.size() : 0;
 }
 
 }  // namespace ferry

@@ -41,7 +41,7 @@ bool peer_side_failure(int error) noexcept {
 
 }  // namespace
 
-bool fds_takeable_by_peers() noexcept {
+bool detail::fds_takeable_by_peers() noexcept {
   // The kernel's rule (ptrace_may_access with PTRACE_MODE_READ, which opening
   // /proc/<pid>/fd/<n> needs): a process that is not dumpable (SUID_DUMP_USER, 1) is
   // refused to unprivileged peers, and so is one whose permitted capabilities the peer lacks.
@@ -56,11 +56,11 @@ bool fds_takeable_by_peers() noexcept {
   return true;
 }
 
-bool PeerFdOpener::ensure_pidfd(pid_t pid, Taken& taken) {
+bool detail::PeerFdOpener::ensure_pidfd(pid_t pid, Taken& taken) {
   if (pid_ == pid) return !refused_;
   refused_ = false;
   pid_ = pid;
-  pidfd_ = ProcessHandle::open(pid);
+  pidfd_ = detail::ProcessHandle::open(pid);
   if (pidfd_) return true;
   const int error = pidfd_.error();
   if (error == ENOSYS) {
@@ -79,7 +79,7 @@ bool PeerFdOpener::ensure_pidfd(pid_t pid, Taken& taken) {
   return false;
 }
 
-PeerFdOpener::Taken PeerFdOpener::take(pid_t pid, int fd) {
+detail::PeerFdOpener::Taken detail::PeerFdOpener::take(pid_t pid, int fd) {
   Taken taken;
   if (pidfd_getfd_usable()) {
     if (ensure_pidfd(pid, taken)) {
@@ -108,7 +108,7 @@ PeerFdOpener::Taken PeerFdOpener::take(pid_t pid, int fd) {
   return take_by_proc(pid, fd);
 }
 
-PeerFdOpener::Taken PeerFdOpener::take_by_proc(pid_t pid, int fd) {
+detail::PeerFdOpener::Taken detail::PeerFdOpener::take_by_proc(pid_t pid, int fd) {
   Taken taken;
   taken.method = Method::ProcPath;
   const std::string path = describe(pid, fd, Method::ProcPath);
@@ -121,29 +121,29 @@ PeerFdOpener::Taken PeerFdOpener::take_by_proc(pid_t pid, int fd) {
   return taken;
 }
 
-std::string PeerFdOpener::describe(pid_t pid, int fd, Method method) {
+std::string detail::PeerFdOpener::describe(pid_t pid, int fd, Method method) {
   std::string text = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(fd);
   if (method == Method::PidfdGetfd) text += " (taken with pidfd_getfd)";
   return text;
 }
 
-bool PeerFdOpener::exited(pid_t pid, std::chrono::milliseconds grace) const {
+bool detail::PeerFdOpener::exited(pid_t pid, std::chrono::milliseconds grace) const {
   // The kept pidfd never names a later process that reused the pid.
-  return pid == pid_ && pidfd_ ? pidfd_.exited(grace) : ProcessHandle::open(pid).exited(grace);
+  return pid == pid_ && pidfd_ ? pidfd_.exited(grace) : detail::ProcessHandle::open(pid).exited(grace);
 }
 
-void PeerFdOpener::reset() noexcept {
-  pidfd_ = ProcessHandle();
+void detail::PeerFdOpener::reset() noexcept {
+  pidfd_ = detail::ProcessHandle();
   pid_ = 0;
   refused_ = false;
 }
 
-void PeerFdOpener::allow_pidfd_getfd(bool allowed) noexcept { g_allowed.store(allowed, std::memory_order_relaxed); }
+void detail::PeerFdOpener::allow_pidfd_getfd(bool allowed) noexcept { g_allowed.store(allowed, std::memory_order_relaxed); }
 
-std::uint64_t PeerFdOpener::taken_count(Method method) noexcept {
+std::uint64_t detail::PeerFdOpener::taken_count(Method method) noexcept {
   return (method == Method::PidfdGetfd ? g_taken_by_pidfd : g_taken_by_proc).load(std::memory_order_relaxed);
 }
 
-std::uint64_t PeerFdOpener::fallback_count() noexcept { return g_fallbacks.load(std::memory_order_relaxed); }
+std::uint64_t detail::PeerFdOpener::fallback_count() noexcept { return g_fallbacks.load(std::memory_order_relaxed); }
 
 }  // namespace ferry

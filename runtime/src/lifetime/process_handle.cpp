@@ -14,7 +14,7 @@ namespace {
 // The start time of `pid`, or 0 when it cannot be read (gone, or /proc unreadable).
 std::uint64_t start_time_of(pid_t pid) noexcept {
   try {
-    const std::optional<ProcessIdentity> process = identify_process(pid);
+    const std::optional<detail::ProcessIdentity> process = detail::identify_process(pid);
     return process ? process->start_time : 0;
   } catch (...) {
     return 0;
@@ -23,8 +23,8 @@ std::uint64_t start_time_of(pid_t pid) noexcept {
 
 }  // namespace
 
-ProcessHandle ProcessHandle::open(pid_t pid) noexcept {
-  ProcessHandle handle;
+detail::ProcessHandle detail::ProcessHandle::open(pid_t pid) noexcept {
+  detail::ProcessHandle handle;
   handle.identity_.pid = pid;
   if (pid <= 0) {
     handle.error_ = EINVAL;
@@ -42,8 +42,8 @@ ProcessHandle ProcessHandle::open(pid_t pid) noexcept {
   return handle;
 }
 
-ProcessHandle ProcessHandle::open(const ProcessIdentity& process) noexcept {
-  ProcessHandle handle = open(process.pid);
+detail::ProcessHandle detail::ProcessHandle::open(const detail::ProcessIdentity& process) noexcept {
+  detail::ProcessHandle handle = open(process.pid);
   const std::uint64_t found = handle.identity_.start_time;
   if (found != 0 && process.start_time != 0 && found != process.start_time) {
     handle.fd_.reset();  // a later process with the same pid: `process` has exited
@@ -53,7 +53,7 @@ ProcessHandle ProcessHandle::open(const ProcessIdentity& process) noexcept {
   return handle;
 }
 
-bool ProcessHandle::exited(std::chrono::milliseconds grace) const noexcept {
+bool detail::ProcessHandle::exited(std::chrono::milliseconds grace) const noexcept {
   if (fd_) {
     // A pidfd turns readable when the process exits (when it becomes a zombie).
     pollfd entry{fd_.get(), POLLIN, 0};
@@ -66,7 +66,7 @@ bool ProcessHandle::exited(std::chrono::milliseconds grace) const noexcept {
   if (identity_.pid <= 0) return false;
   if (error_ == ESRCH) return true;  // there was no such process when the handle was opened
   // No pidfd (a kernel before 5.3, seccomp, out of fds).
-  if (identity_.start_time != 0) return !process_alive(identity_);
+  if (identity_.start_time != 0) return !detail::process_alive(identity_);
   return ::kill(identity_.pid, 0) != 0 && errno == ESRCH;  // only a reaped process is recognised
 }
 

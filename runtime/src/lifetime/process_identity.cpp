@@ -66,7 +66,7 @@ std::optional<StatFields> parse_stat(std::string_view text) {
 // The fields of /proc/<pid>/stat, or nullopt when the process does not exist.
 std::optional<StatFields> read_stat(std::int32_t pid) {
   const std::string path = "/proc/" + std::to_string(pid) + "/stat";
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  detail::UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd) {
     if (errno == ENOENT || errno == ESRCH) return std::nullopt;
     throw_errno("open " + path);
@@ -88,16 +88,16 @@ std::optional<StatFields> read_stat(std::int32_t pid) {
 
 }  // namespace
 
-ProcessIdentity current_process() {
+detail::ProcessIdentity detail::current_process() {
   // Lock-free, so that a fork while another thread asks leaves nothing locked in the child.
   // Threads of one fork generation compute the same identity, so concurrent stores agree;
   // the generation is published last.
   static std::atomic<std::uint64_t> cached_generation{~std::uint64_t{0}};
   static std::atomic<std::int32_t> cached_pid{0};
   static std::atomic<std::uint64_t> cached_start_time{0};
-  const std::uint64_t generation = fork_generation();
+  const std::uint64_t generation = detail::fork_generation();
   if (cached_generation.load(std::memory_order_acquire) == generation) {
-    return ProcessIdentity{cached_pid.load(std::memory_order_relaxed),
+    return detail::ProcessIdentity{cached_pid.load(std::memory_order_relaxed),
                            cached_start_time.load(std::memory_order_relaxed)};
   }
   const std::int32_t pid = ::getpid();
@@ -106,17 +106,17 @@ ProcessIdentity current_process() {
   cached_pid.store(pid, std::memory_order_relaxed);
   cached_start_time.store(fields->start_time, std::memory_order_relaxed);
   cached_generation.store(generation, std::memory_order_release);
-  return ProcessIdentity{pid, fields->start_time};
+  return detail::ProcessIdentity{pid, fields->start_time};
 }
 
-std::optional<ProcessIdentity> identify_process(std::int32_t pid) {
+std::optional<detail::ProcessIdentity> detail::identify_process(std::int32_t pid) {
   if (pid <= 0) return std::nullopt;
   const auto fields = read_stat(pid);
   if (!fields) return std::nullopt;
-  return ProcessIdentity{pid, fields->start_time};
+  return detail::ProcessIdentity{pid, fields->start_time};
 }
 
-bool process_alive(const ProcessIdentity& process) noexcept {
+bool detail::process_alive(const detail::ProcessIdentity& process) noexcept {
   if (process.pid <= 0) return false;
   // kill(pid, 0) tells whether the pid exists at all (EPERM: it does, another user's).
   if (::kill(process.pid, 0) != 0 && errno == ESRCH) return false;

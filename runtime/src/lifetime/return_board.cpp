@@ -24,7 +24,7 @@ constexpr std::uint64_t kVersion = 6;
 constexpr std::uint64_t kAbandoned = std::uint64_t{1} << 63;
 constexpr std::uint64_t kRegistering = std::uint64_t{1} << 63;
 constexpr std::size_t kPage = 4096;
-constexpr std::size_t kBitmapWords = ReturnBoard::kSlots / 64;
+constexpr std::size_t kBitmapWords = detail::ReturnBoard::kSlots / 64;
 constexpr std::size_t kSummaryWords = kBitmapWords / 64;
 
 // Byte offsets of the fields.
@@ -47,7 +47,7 @@ constexpr std::size_t kDoorbellAt = 56;
 constexpr std::size_t kHoldersAt = 64;   // kMaxHolders x {pid word, start time}
 constexpr std::size_t kSummaryAt = kPage;
 constexpr std::size_t kBitmapAt = 2 * kPage;
-static_assert(kHoldersAt + ReturnBoard::kMaxHolders * 16 == kPage, "the holders fill the header page");
+static_assert(kHoldersAt + detail::ReturnBoard::kMaxHolders * 16 == kPage, "the holders fill the header page");
 static_assert(kSummaryWords * 8 <= kPage);
 static_assert(std::atomic_ref<std::uint64_t>::is_always_lock_free, "shared-memory atomics must be lock-free");
 
@@ -67,11 +67,11 @@ struct Registrations {
   };
   std::mutex mutex;
   std::uint64_t generation = 0;
-  std::unordered_map<FileIdentity, Registration, FileIdentityHash> boards;
+  std::unordered_map<detail::FileIdentity, Registration, detail::FileIdentityHash> boards;
 
   // Call with `mutex` held.
-  std::unordered_map<FileIdentity, Registration, FileIdentityHash>& of_this_generation() {
-    if (const std::uint64_t now = fork_generation(); generation != now) {
+  std::unordered_map<detail::FileIdentity, Registration, detail::FileIdentityHash>& of_this_generation() {
+    if (const std::uint64_t now = detail::fork_generation(); generation != now) {
       boards.clear();
       generation = now;
     }
@@ -100,25 +100,25 @@ Registrations& registrations() {
 
 }  // namespace
 
-std::size_t ReturnBoard::bytes() noexcept { return kBitmapAt + kBitmapWords * 8; }
+std::size_t detail::ReturnBoard::bytes() noexcept { return kBitmapAt + kBitmapWords * 8; }
 
-std::uint64_t* ReturnBoard::word(std::size_t byte_offset) const noexcept {
+std::uint64_t* detail::ReturnBoard::word(std::size_t byte_offset) const noexcept {
   return reinterpret_cast<std::uint64_t*>(memory_.data() + byte_offset);
 }
 
-std::shared_ptr<ReturnBoard> ReturnBoard::create() {
-  auto board = std::shared_ptr<ReturnBoard>(new ReturnBoard(SharedMemory::create(bytes(), "ferry-returns")));
+std::shared_ptr<detail::ReturnBoard> detail::ReturnBoard::create() {
+  auto board = std::shared_ptr<detail::ReturnBoard>(new detail::ReturnBoard(detail::SharedMemory::create(bytes(), "ferry-returns")));
   *board->word(kMagicAt) = kMagic;
   *board->word(kVersionAt) = kVersion << 32 | kSlots;
   return board;  // the rest of a new memfd reads as zero
 }
 
-std::shared_ptr<ReturnBoard> ReturnBoard::open_received(SharedMemory memory) {
+std::shared_ptr<detail::ReturnBoard> detail::ReturnBoard::open_received(detail::SharedMemory memory) {
   if (memory.size() != bytes()) {
     throw ProtocolError("received return board has " + std::to_string(memory.size()) + " bytes, expected " +
                         std::to_string(bytes()));
   }
-  auto board = std::shared_ptr<ReturnBoard>(new ReturnBoard(std::move(memory)));
+  auto board = std::shared_ptr<detail::ReturnBoard>(new detail::ReturnBoard(std::move(memory)));
   if (Atomic(*board->word(kMagicAt)).load(std::memory_order_relaxed) != kMagic ||
       Atomic(*board->word(kVersionAt)).load(std::memory_order_relaxed) != (kVersion << 32 | kSlots)) {
     throw ProtocolError("received return board has a wrong magic number or version; build both sides from the "
@@ -128,10 +128,10 @@ std::shared_ptr<ReturnBoard> ReturnBoard::open_received(SharedMemory memory) {
 }
 
 namespace {
-constinit thread_local ReturnBoard::PostBatch* t_post_batch = nullptr;  // the outermost open one
+constinit thread_local detail::ReturnBoard::PostBatch* t_post_batch = nullptr;  // the outermost open one
 }  // namespace
 
-void ReturnBoard::post_return(std::uint32_t slot) noexcept {
+void detail::ReturnBoard::post_return(std::uint32_t slot) noexcept {
   if (slot >= kSlots) return;
   if (PostBatch* batch = t_post_batch; batch != nullptr && batch->board_ == this) {
     batch->add(slot);
@@ -141,7 +141,7 @@ void ReturnBoard::post_return(std::uint32_t slot) noexcept {
   Atomic(*word(kPostedAt)).fetch_add(1, std::memory_order_release);
 }
 
-void ReturnBoard::post_bits(std::size_t w, std::uint64_t bits) noexcept {
+void detail::ReturnBoard::post_bits(std::size_t w, std::uint64_t bits) noexcept {
   const std::uint64_t before = Atomic(*word(kBitmapAt + w * 8)).fetch_or(bits, std::memory_order_release);
   // Whoever makes a bitmap word non-zero marks it in the summary; a post into a word that
   // already has bits needs not (the sender takes the whole word once it sees the mark, and
@@ -151,12 +151,12 @@ void ReturnBoard::post_bits(std::size_t w, std::uint64_t bits) noexcept {
   }
 }
 
-ReturnBoard::PostBatch::PostBatch(ReturnBoard* board) noexcept
+detail::ReturnBoard::PostBatch::PostBatch(detail::ReturnBoard* board) noexcept
     : board_(board), outermost_(t_post_batch == nullptr) {
   if (outermost_) t_post_batch = this;
 }
 
-ReturnBoard::PostBatch::~PostBatch() {
+detail::ReturnBoard::PostBatch::~PostBatch() {
   if (!outermost_) return;
   t_post_batch = nullptr;
   post_word();
@@ -164,13 +164,13 @@ ReturnBoard::PostBatch::~PostBatch() {
   if (count_ > 0) Atomic(*board_->word(kPostedAt)).fetch_add(count_, std::memory_order_release);
 }
 
-void ReturnBoard::PostBatch::post_word() noexcept {
+void detail::ReturnBoard::PostBatch::post_word() noexcept {
   if (bits_ == 0) return;
   board_->post_bits(word_, bits_);
   bits_ = 0;
 }
 
-bool ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
+bool detail::ReturnBoard::register_holder(const detail::ProcessIdentity& process) noexcept {
   const auto pid = static_cast<std::uint64_t>(process.pid);
   // Takes place `i` if its pid word still reads `expected`: marks it registering, then
   // publishes the start time and clears the mark. seq_cst: a sender's check of the holders
@@ -205,14 +205,14 @@ bool ReturnBoard::register_holder(const ProcessIdentity& process) noexcept {
   for (std::size_t i = 0; i < kMaxHolders; ++i) {
     std::uint64_t current = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);
     if (current == 0 || (current & kRegistering) != 0) continue;  // a registration in progress: skip it
-    const ProcessIdentity holder{static_cast<std::int32_t>(current & 0x7fffffff),
+    const detail::ProcessIdentity holder{static_cast<std::int32_t>(current & 0x7fffffff),
                                  Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed)};
-    if (!process_alive(holder) && claim(i, current)) return true;
+    if (!detail::process_alive(holder) && claim(i, current)) return true;
   }
   return false;
 }
 
-void ReturnBoard::unregister_holder(const ProcessIdentity& process) noexcept {
+void detail::ReturnBoard::unregister_holder(const detail::ProcessIdentity& process) noexcept {
   const auto pid = static_cast<std::uint64_t>(process.pid);
   for (std::size_t i = 0; i < kMaxHolders; ++i) {
     Atomic pid_word(*word(kHoldersAt + i * 16));
@@ -227,12 +227,12 @@ void ReturnBoard::unregister_holder(const ProcessIdentity& process) noexcept {
   }
 }
 
-bool ReturnBoard::hold_registration(HolderRole role) {
-  const ProcessIdentity self = current_process();
+bool detail::ReturnBoard::hold_registration(HolderRole role) {
+  const detail::ProcessIdentity self = detail::current_process();
   Registrations& all = registrations();
   const std::lock_guard lock(all.mutex);
   auto& boards = all.of_this_generation();
-  const std::uint64_t generation = fork_generation();
+  const std::uint64_t generation = detail::fork_generation();
   auto& registration = boards[identity()];
   if (!register_holder(self)) {
     if (registration.objects == 0 && !registration.kept) boards.erase(identity());
@@ -247,18 +247,18 @@ bool ReturnBoard::hold_registration(HolderRole role) {
   return true;
 }
 
-void ReturnBoard::keep_registration() noexcept {
+void detail::ReturnBoard::keep_registration() noexcept {
   Registrations& all = registrations();
   const std::lock_guard lock(all.mutex);
-  if (!holds_registration_ || registration_generation_ != fork_generation()) return;
+  if (!holds_registration_ || registration_generation_ != detail::fork_generation()) return;
   all.of_this_generation().find(identity())->second.kept = true;  // present: this object holds a share
 }
 
-ReturnBoard::~ReturnBoard() {
+detail::ReturnBoard::~ReturnBoard() {
   if (!holds_registration_) return;
   Registrations& all = registrations();
   const std::lock_guard lock(all.mutex);
-  if (registration_generation_ != fork_generation()) return;  // the parent's, inherited by fork
+  if (registration_generation_ != detail::fork_generation()) return;  // the parent's, inherited by fork
   auto& boards = all.of_this_generation();
   const auto it = boards.find(identity());
   if (it == boards.end() || --it->second.objects > 0 || it->second.kept) return;
@@ -269,17 +269,17 @@ ReturnBoard::~ReturnBoard() {
   // (as it always has: its sender's checks need no change).
   if (!downstream) return;
   try {
-    unregister_holder(current_process());
+    unregister_holder(detail::current_process());
   } catch (...) {
     // /proc unreadable: staying registered only keeps the upstream sender's pins longer.
   }
 }
 
-std::uint32_t ReturnBoard::reclaims() const noexcept {
+std::uint32_t detail::ReturnBoard::reclaims() const noexcept {
   return static_cast<std::uint32_t>(Atomic(*word(kReclaimsAt)).load(std::memory_order_seq_cst) / kReclaim);
 }
 
-std::optional<std::uint32_t> ReturnBoard::reclaims_after_checks(std::chrono::milliseconds patience) const noexcept {
+std::optional<std::uint32_t> detail::ReturnBoard::reclaims_after_checks(std::chrono::milliseconds patience) const noexcept {
   const auto deadline = std::chrono::steady_clock::now() + patience;
   Atomic reclaims_word(*word(kReclaimsAt));
   while (true) {
@@ -292,17 +292,17 @@ std::optional<std::uint32_t> ReturnBoard::reclaims_after_checks(std::chrono::mil
   }
 }
 
-void ReturnBoard::begin_holder_check() noexcept {
+void detail::ReturnBoard::begin_holder_check() noexcept {
   Atomic(*word(kReclaimsAt)).fetch_add(kCheck, std::memory_order_seq_cst);
 }
 
-void ReturnBoard::end_holder_check(bool reclaimed) noexcept {
+void detail::ReturnBoard::end_holder_check(bool reclaimed) noexcept {
   // One step, as two processes may check at once: their checks end in any order, and one
   // ending neither hides the other nor loses its reclaim (modular: minus kCheck).
   Atomic(*word(kReclaimsAt)).fetch_add((reclaimed ? kReclaim : 0) - kCheck, std::memory_order_seq_cst);
 }
 
-bool ReturnBoard::claim_resolved(std::uint64_t sequence) noexcept {
+bool detail::ReturnBoard::claim_resolved(std::uint64_t sequence) noexcept {
   // seq_cst, like acknowledgements_requested() after it and the sender's side in
   // request_acknowledgements(): of the two stores, at least one is seen by the other side.
   Atomic resolved_word(*word(kResolvedAt));
@@ -322,7 +322,7 @@ bool ReturnBoard::claim_resolved(std::uint64_t sequence) noexcept {
   return true;
 }
 
-void ReturnBoard::ring_doorbell() const noexcept {
+void detail::ReturnBoard::ring_doorbell() const noexcept {
   std::atomic_ref<std::uint32_t> doorbell(*doorbell_word());
   doorbell.fetch_add(1, std::memory_order_seq_cst);
   // Shared futex (the board is a shared mapping). It cannot fail for a valid, aligned
@@ -330,11 +330,11 @@ void ReturnBoard::ring_doorbell() const noexcept {
   (void)::syscall(SYS_futex, doorbell_word(), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
 }
 
-bool ReturnBoard::acknowledgements_requested() const noexcept {
+bool detail::ReturnBoard::acknowledgements_requested() const noexcept {
   return Atomic(*word(kAcknowledgementsAt)).load(std::memory_order_seq_cst) != 0;
 }
 
-void ReturnBoard::take_returns(std::uint32_t slot_limit, std::vector<std::uint32_t>& out) noexcept {
+void detail::ReturnBoard::take_returns(std::uint32_t slot_limit, std::vector<std::uint32_t>& out) noexcept {
   const std::uint64_t posted = Atomic(*word(kPostedAt)).load(std::memory_order_acquire);
   if (posted == last_posted_) return;
   last_posted_ = posted;
@@ -356,16 +356,16 @@ void ReturnBoard::take_returns(std::uint32_t slot_limit, std::vector<std::uint32
   }
 }
 
-std::uint64_t ReturnBoard::resolved() const noexcept {
+std::uint64_t detail::ReturnBoard::resolved() const noexcept {
   return Atomic(*word(kResolvedAt)).load(std::memory_order_acquire) & ~kAbandoned;
 }
 
-std::uint64_t ReturnBoard::request_acknowledgements() noexcept {
+std::uint64_t detail::ReturnBoard::request_acknowledgements() noexcept {
   Atomic(*word(kAcknowledgementsAt)).store(1, std::memory_order_seq_cst);
   return Atomic(*word(kResolvedAt)).load(std::memory_order_seq_cst) & ~kAbandoned;
 }
 
-ReturnBoard::DeliveryWake ReturnBoard::request_delivery_wake(std::uint64_t sequence) noexcept {
+detail::ReturnBoard::DeliveryWake detail::ReturnBoard::request_delivery_wake(std::uint64_t sequence) noexcept {
   DeliveryWake wake;
   wake.doorbell = doorbell_word();
   wake.rung = std::atomic_ref<std::uint32_t>(*wake.doorbell).load(std::memory_order_seq_cst);
@@ -374,16 +374,16 @@ ReturnBoard::DeliveryWake ReturnBoard::request_delivery_wake(std::uint64_t seque
   return wake;
 }
 
-void ReturnBoard::cancel_delivery_wake() noexcept {
+void detail::ReturnBoard::cancel_delivery_wake() noexcept {
   Atomic wake_at(*word(kWakeAtAt));
   if (wake_at.load(std::memory_order_relaxed) != 0) wake_at.store(0, std::memory_order_relaxed);
 }
 
-std::uint32_t* ReturnBoard::doorbell_word() const noexcept {
+std::uint32_t* detail::ReturnBoard::doorbell_word() const noexcept {
   return reinterpret_cast<std::uint32_t*>(word(kDoorbellAt));  // the low half (little-endian)
 }
 
-std::uint64_t ReturnBoard::abandon_unresolved() noexcept {
+std::uint64_t detail::ReturnBoard::abandon_unresolved() noexcept {
   Atomic resolved_word(*word(kResolvedAt));
   std::uint64_t current = resolved_word.load(std::memory_order_acquire);
   while (!(current & kAbandoned)) {
@@ -392,7 +392,7 @@ std::uint64_t ReturnBoard::abandon_unresolved() noexcept {
   return current & ~kAbandoned;
 }
 
-std::vector<ReturnBoard::Holder> ReturnBoard::holders() const {
+std::vector<detail::ReturnBoard::Holder> detail::ReturnBoard::holders() const {
   std::vector<Holder> out;
   for (std::size_t i = 0; i < kMaxHolders; ++i) {
     const std::uint64_t pid_word = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);

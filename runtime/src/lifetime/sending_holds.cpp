@@ -4,33 +4,33 @@
 
 namespace ferry {
 
-void SendingHolds::pin(std::span<HoldLedger::Pin> pins, std::uint64_t sequence) {
-  if (!ledger_) ledger_ = HoldLedger::create();
+void detail::SendingHolds::pin(std::span<detail::HoldLedger::Pin> pins, std::uint64_t sequence) {
+  if (!ledger_) ledger_ = detail::HoldLedger::create();
   ledger_->pin(pins, sequence);
 }
 
-const std::shared_ptr<ReturnBoard>& SendingHolds::ensure_board() {
-  if (!ledger_) ledger_ = HoldLedger::create();
+const std::shared_ptr<detail::ReturnBoard>& detail::SendingHolds::ensure_board() {
+  if (!ledger_) ledger_ = detail::HoldLedger::create();
   return ledger_->board();
 }
 
-void SendingHolds::unpin(std::span<const std::uint32_t> slots) {
+void detail::SendingHolds::unpin(std::span<const std::uint32_t> slots) {
   if (ledger_) ledger_->unpin(slots);
 }
 
-void SendingHolds::take_returned_from_ledger(std::vector<std::uint32_t>& out) {
+void detail::SendingHolds::take_returned_from_ledger(std::vector<std::uint32_t>& out) {
   if (ledger_->idle()) return;  // the common case of a connection that leases nothing now
   ledger_->collect(false);
   ledger_->take_returned(out);
 }
 
-void SendingHolds::retire_passed_upstream_boards(std::vector<FileIdentity>& retired) {
+void detail::SendingHolds::retire_passed_upstream_boards(std::vector<detail::FileIdentity>& retired) {
   for (PassedUpstream& sent : upstream_sent_) sent.retiring = false;
   const auto committed = upstream_sent_.begin() + static_cast<std::ptrdiff_t>(committed_);
   std::size_t count = 0;
   for (auto it = upstream_sent_.begin(); it != committed && count < kMaxRetiredPerFrame; ++it) {
     if (it->retiring || !it->board.expired()) continue;
-    const FileIdentity identity = it->identity;
+    const detail::FileIdentity identity = it->identity;
     const auto same_board = [&identity](const PassedUpstream& other) { return other.identity == identity; };
     // A board that came on several connections lives here in one object per connection:
     // while one lives, the receiver keeps the board, and this entry just goes.
@@ -46,10 +46,10 @@ void SendingHolds::retire_passed_upstream_boards(std::vector<FileIdentity>& reti
   }
 }
 
-void SendingHolds::upstream_boards_to_pass(const SharedBlock& block, std::vector<std::shared_ptr<ReturnBoard>>& out) {
+void detail::SendingHolds::upstream_boards_to_pass(const SharedBlock& block, std::vector<std::shared_ptr<detail::ReturnBoard>>& out) {
   scratch_.clear();
   block.append_return_boards(scratch_);  // nothing for a block of our own allocator
-  for (std::shared_ptr<ReturnBoard>& board : scratch_) {
+  for (std::shared_ptr<detail::ReturnBoard>& board : scratch_) {
     if (board->fd() < 0) continue;  // never for a received board (it keeps its fd)
     if (ledger_ && board->identity() == ledger_->board()->identity()) continue;
     // The receiver has the board (passed before and not retired by this frame; maybe by
@@ -73,33 +73,33 @@ void SendingHolds::upstream_boards_to_pass(const SharedBlock& block, std::vector
   scratch_.clear();
 }
 
-void SendingHolds::commit_passed_upstream_boards() {
+void detail::SendingHolds::commit_passed_upstream_boards() {
   // The receiver knows of the boards this frame retired: forget them. (One that died while
   // the frame was encoded is retired by the next one.)
   std::erase_if(upstream_sent_, [](const PassedUpstream& sent) { return sent.retiring; });
   committed_ = upstream_sent_.size();
 }
 
-void SendingHolds::rollback_frame() noexcept {
+void detail::SendingHolds::rollback_frame() noexcept {
   upstream_sent_.erase(upstream_sent_.begin() + static_cast<std::ptrdiff_t>(committed_), upstream_sent_.end());
   for (PassedUpstream& sent : upstream_sent_) sent.retiring = false;  // retired by the next frame instead
 }
 
-void SendingHolds::add_holder(const ProcessIdentity& process) {
+void detail::SendingHolds::add_holder(const detail::ProcessIdentity& process) {
   if (ledger_) ledger_->board()->register_holder(process);
 }
 
-void SendingHolds::receiver_gone() {
+void detail::SendingHolds::receiver_gone() {
   if (ledger_) ledger_->receiver_gone();
 }
 
-void SendingHolds::hand_over() {
+void detail::SendingHolds::hand_over() {
   if (ledger_) ledger_->hand_over();
 }
 
-void SendingHolds::adopt() { HoldLedger::adopt_in_child(ledger_); }
+void detail::SendingHolds::adopt() { detail::HoldLedger::adopt_in_child(ledger_); }
 
-void SendingHolds::closed(KeptSegments& kept, UniqueFd probe, bool probe_by_send) {
+void detail::SendingHolds::closed(KeptSegments& kept, detail::UniqueFd probe, bool probe_by_send) {
   if (!ledger_) return;
   if (!kept.empty()) ledger_->keep_until_resolved(std::exchange(kept, {}));
   ledger_->channel_closed(std::move(probe), probe_by_send);

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "ferry/error.hpp"
-#include "ferry/detail/shared_segment.hpp"
+#include "ferry/allocation.hpp"
 
 namespace ferry {
 namespace {
@@ -34,14 +34,14 @@ namespace {
 [[maybe_unused]] const HandleCache& g_cache_made_at_start = HandleCache::global();
 }  // namespace
 
-std::shared_ptr<SharedSegment> HandleCache::find(const FileIdentity& identity) {
+std::shared_ptr<detail::SharedSegment> HandleCache::find(const detail::FileIdentity& identity) {
   std::lock_guard lock(mutex_);
   const auto it = entries_.find(identity);
   return it == entries_.end() ? nullptr : it->second.lock();
 }
 
-std::shared_ptr<SharedSegment> HandleCache::insert(const FileIdentity& identity,
-                                                   const std::shared_ptr<SharedSegment>& segment) {
+std::shared_ptr<detail::SharedSegment> HandleCache::insert(const detail::FileIdentity& identity,
+                                                   const std::shared_ptr<detail::SharedSegment>& segment) {
   std::lock_guard lock(mutex_);
   auto [it, inserted] = entries_.try_emplace(identity, segment);
   if (!inserted) {

@@ -6,15 +6,15 @@
 
 namespace ferry {
 
-Mapping Mapping::map_shared(int fd, std::size_t length) {
+detail::Mapping detail::Mapping::map_shared(int fd, std::size_t length) {
   void* address = ::mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (address == MAP_FAILED) {
     throw_errno("mmap of " + std::to_string(length) + " bytes of fd " + std::to_string(fd));
   }
-  return Mapping(address, length);
+  return detail::Mapping(address, length);
 }
 
-Mapping& Mapping::operator=(Mapping&& other) noexcept {
+detail::Mapping& detail::Mapping::operator=(detail::Mapping&& other) noexcept {
   if (this != &other) {
     reset();
     address_ = std::exchange(other.address_, nullptr);
@@ -23,7 +23,7 @@ Mapping& Mapping::operator=(Mapping&& other) noexcept {
   return *this;
 }
 
-void Mapping::reset() noexcept {
+void detail::Mapping::reset() noexcept {
   if (address_ != nullptr) {
     // munmap only fails for invalid arguments, which this type never holds.
     (void)::munmap(address_, length_);

@@ -45,7 +45,7 @@ void validate(const SharedAllocatorSettings& settings) {
 // One segment of a pool: a slab of equal blocks of one small class, or a whole segment
 // serving one large block.
 struct Segment {
-  std::shared_ptr<SharedSegment> memory;
+  std::shared_ptr<detail::SharedSegment> memory;
   std::size_t bytes = 0;
   std::size_t block_bytes = 0;
   std::uint32_t class_index = kLargeClass;
@@ -84,12 +84,12 @@ class SharedAllocator::Core {
   std::size_t release_many(std::span<ReleaseBatch::Pending> blocks) noexcept;
   void handles_gone() noexcept;
   void release_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
-                      std::vector<std::shared_ptr<SharedSegment>>& released) noexcept;
+                      std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept;
   // release_locked() once sync_fork_locked() ran under this lock. (This and the other
   // steps of a cached allocation or a release are inlined: a call's saving and restoring
   // of registers costs as much as their work.)
   [[gnu::always_inline]] void release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
-                             std::vector<std::shared_ptr<SharedSegment>>& released) noexcept;
+                             std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept;
   SharedMemoryStats stats();
   SharedAllocatorSettings settings();
   void configure(const SharedAllocatorSettings& settings);
@@ -109,13 +109,13 @@ class SharedAllocator::Core {
   std::shared_ptr<SharedBlock> hand_out(const Taken& taken, std::size_t nbytes, bool zeroed);
   [[gnu::always_inline]] void make_available_locked(Segment& segment);
   void move_to_front_locked(Segment& segment);
-  void enforce_limit_locked(std::vector<std::shared_ptr<SharedSegment>>& released);
-  void release_idle_locked(std::vector<std::shared_ptr<SharedSegment>>& released);
-  void release_segment_locked(Segment& segment, std::vector<std::shared_ptr<SharedSegment>>& released);
+  void enforce_limit_locked(std::vector<std::shared_ptr<detail::SharedSegment>>& released);
+  void release_idle_locked(std::vector<std::shared_ptr<detail::SharedSegment>>& released);
+  void release_segment_locked(Segment& segment, std::vector<std::shared_ptr<detail::SharedSegment>>& released);
   // Every call under the lock starts with this: a plain comparison, except in a forked
   // child's first call, which forgets the parent's segments.
   void sync_fork_locked() {
-    if (fork_generation() != generation_) [[unlikely]] forget_parent_locked();
+    if (detail::fork_generation() != generation_) [[unlikely]] forget_parent_locked();
   }
   void forget_parent_locked();
   // A small segment's key is its size class, a large one's its size (at least 64 KiB, so
@@ -219,7 +219,7 @@ class OwnedBlock final : public SharedBlock {
 }  // namespace
 
 SharedAllocator::Core::Core(const SharedAllocatorSettings& settings)
-    : settings_(settings), small_limit_(small_block_limit(settings.segment_bytes)), generation_(fork_generation()) {
+    : settings_(settings), small_limit_(detail::small_block_limit(settings.segment_bytes)), generation_(detail::fork_generation()) {
   validate(settings);
   register_fork_handlers();
   std::lock_guard lock(pools().mutex);
@@ -246,7 +246,7 @@ void SharedAllocator::Core::handles_gone() noexcept {
 }
 
 void SharedAllocator::Core::forget_parent_locked() {
-  const std::uint64_t generation = fork_generation();
+  const std::uint64_t generation = detail::fork_generation();
   // A forked child: the segments are shared with the parent, which keeps carving them.
   // Forget them (blocks inherited from the parent still map them until they die).
   for (Segment& segment : segments_) segment.memory.reset();
@@ -306,11 +306,11 @@ inline SharedAllocator::Core::Taken SharedAllocator::Core::carve_locked(Segment&
 inline SharedAllocator::Core::Taken SharedAllocator::Core::take_cached_locked(std::size_t nbytes) {
   sync_fork_locked();
   if (nbytes <= small_limit_) [[likely]] {
-    const std::uint32_t index = small_size_class(nbytes).index;
+    const std::uint32_t index = detail::small_size_class(nbytes).index;
     if (index >= available_.size() || available_[index].empty()) return {};
     return carve_locked(*available_[index].front());
   }
-  const auto it = large_free_.find(large_segment_bytes(nbytes));
+  const auto it = large_free_.find(detail::large_segment_bytes(nbytes));
   if (it == large_free_.end() || it->second.empty()) return {};
   Segment* segment = it->second.back();
   it->second.pop_back();
@@ -353,20 +353,20 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::allocate(std::size_t nbytes,
   }
 
   std::size_t segment_bytes = 0;
-  SizeClass size_class{};
+  detail::SizeClass size_class{};
   bool small = false;
   {
     std::lock_guard lock(mutex);
     small = nbytes <= small_limit_;
     if (small) {
-      size_class = small_size_class(nbytes);
+      size_class = detail::small_size_class(nbytes);
       segment_bytes = settings_.segment_bytes;
     } else {
-      segment_bytes = large_segment_bytes(nbytes);
+      segment_bytes = detail::large_segment_bytes(nbytes);
     }
   }
   // Creating the segment (memfd, reserving its pages, mmap) is the slow part: unlocked.
-  std::shared_ptr<SharedSegment> memory = SharedSegment::create(segment_bytes, this);
+  std::shared_ptr<detail::SharedSegment> memory = detail::SharedSegment::create(segment_bytes, this);
   HandleCache::global().insert(memory->identity(), memory);
 
   std::unique_lock lock(mutex);
@@ -410,7 +410,7 @@ void SharedAllocator::Core::move_to_front_locked(Segment& segment) {
 }
 
 void SharedAllocator::Core::release(Segment* segment, std::uint32_t index, std::uint64_t generation) noexcept {
-  std::vector<std::shared_ptr<SharedSegment>> released;
+  std::vector<std::shared_ptr<detail::SharedSegment>> released;
   bool unused = false;
   {
     std::lock_guard lock(mutex);
@@ -423,7 +423,7 @@ void SharedAllocator::Core::release(Segment* segment, std::uint32_t index, std::
 }
 
 std::size_t SharedAllocator::Core::release_many(std::span<ReleaseBatch::Pending> blocks) noexcept {
-  std::vector<std::shared_ptr<SharedSegment>> released;
+  std::vector<std::shared_ptr<detail::SharedSegment>> released;
   std::size_t others = 0;
   bool unused = false;
   {
@@ -445,13 +445,13 @@ std::size_t SharedAllocator::Core::release_many(std::span<ReleaseBatch::Pending>
 }
 
 void SharedAllocator::Core::release_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
-                                           std::vector<std::shared_ptr<SharedSegment>>& released) noexcept {
+                                           std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept {
   sync_fork_locked();
   release_synced_locked(segment, index, generation, released);
 }
 
 inline void SharedAllocator::Core::release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
-                                                  std::vector<std::shared_ptr<SharedSegment>>& released) noexcept {
+                                                  std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept {
   if (generation != generation_) return;  // a block of the parent's pool, in a forked child
   --segment->used;
   bytes_in_use_ -= segment->block_bytes;
@@ -469,20 +469,20 @@ inline void SharedAllocator::Core::release_synced_locked(Segment* segment, std::
   enforce_limit_locked(released);
 }
 
-inline void SharedAllocator::Core::enforce_limit_locked(std::vector<std::shared_ptr<SharedSegment>>& released) {
+inline void SharedAllocator::Core::enforce_limit_locked(std::vector<std::shared_ptr<detail::SharedSegment>>& released) {
   if (total_bytes_ - bytes_in_use_ > settings_.max_cached_bytes && !idle_.empty()) [[unlikely]] {
     release_idle_locked(released);
   }
 }
 
-void SharedAllocator::Core::release_idle_locked(std::vector<std::shared_ptr<SharedSegment>>& released) {
+void SharedAllocator::Core::release_idle_locked(std::vector<std::shared_ptr<detail::SharedSegment>>& released) {
   while (total_bytes_ - bytes_in_use_ > settings_.max_cached_bytes && !idle_.empty()) {
     release_segment_locked(*idle_.front(), released);
   }
 }
 
 void SharedAllocator::Core::release_segment_locked(Segment& segment,
-                                                   std::vector<std::shared_ptr<SharedSegment>>& released) {
+                                                   std::vector<std::shared_ptr<detail::SharedSegment>>& released) {
   if (segment.idle) idle_.erase(segment.idle_at);
   if (segment.available) available_[segment.class_index].erase(segment.available_at);
   if (segment.class_index == kLargeClass) {
@@ -521,17 +521,17 @@ SharedAllocatorSettings SharedAllocator::Core::settings() {
 
 void SharedAllocator::Core::configure(const SharedAllocatorSettings& settings) {
   validate(settings);
-  std::vector<std::shared_ptr<SharedSegment>> released;
+  std::vector<std::shared_ptr<detail::SharedSegment>> released;
   std::lock_guard lock(mutex);
   sync_fork_locked();
   settings_ = settings;
-  small_limit_ = small_block_limit(settings.segment_bytes);
+  small_limit_ = detail::small_block_limit(settings.segment_bytes);
   enforce_limit_locked(released);
 }
 
 void SharedAllocator::Core::trim() {
   collect_returned_blocks_through_hook(true);
-  std::vector<std::shared_ptr<SharedSegment>> released;
+  std::vector<std::shared_ptr<detail::SharedSegment>> released;
   std::lock_guard lock(mutex);
   sync_fork_locked();
   while (!idle_.empty()) release_segment_locked(*idle_.front(), released);

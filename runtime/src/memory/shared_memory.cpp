@@ -54,19 +54,19 @@ std::uint64_t file_size_limit() {
 
 }  // namespace
 
-FileIdentity identify_fd(int fd) {
+detail::FileIdentity detail::identify_fd(int fd) {
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno("fstat of fd " + std::to_string(fd));
-  return FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+  return detail::FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
 }
 
-UniqueFd create_reserved_memfd(std::size_t size, const char* name, std::string_view what, std::string_view remedy) {
+detail::UniqueFd detail::create_reserved_memfd(std::size_t size, const char* name, std::string_view what, std::string_view remedy) {
   if (size == 0) throw Error("cannot create " + std::string(what) + " of 0 bytes: a segment needs at least one byte");
   // A memfd counts as a file for RLIMIT_FSIZE: growing it past the limit fails with EFBIG
   // *and* sends SIGXFSZ, whose default action kills the process. Check first, so that the
   // caller gets an exception instead.
   if (size > file_size_limit()) throw_file_size_limit(size, what, remedy);
-  UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  detail::UniqueFd fd(::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) throw_errno("memfd_create for " + std::string(what));
   // memfds are created with mode 0777. Only holders of the fd or of access to
   // /proc/<pid>/fd (same user, or root) can reach one, but owner-only is the right default:
@@ -84,18 +84,18 @@ UniqueFd create_reserved_memfd(std::size_t size, const char* name, std::string_v
   return fd;
 }
 
-SharedMemory SharedMemory::create(std::size_t size, const char* name) {
-  UniqueFd fd = create_reserved_memfd(size, name, "a shared segment", "send smaller tensors");
+detail::SharedMemory detail::SharedMemory::create(std::size_t size, const char* name) {
+  detail::UniqueFd fd = detail::create_reserved_memfd(size, name, "a shared segment", "send smaller tensors");
   // A peer must never be able to shrink the segment under a mapping (SIGBUS).
   if (::fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0) {
     throw_errno("fcntl(F_ADD_SEALS) on a new memfd");
   }
-  Mapping mapping = Mapping::map_shared(fd.get(), size);
-  const FileIdentity identity = identify_fd(fd.get());
-  return SharedMemory(std::move(fd), std::move(mapping), size, identity);
+  detail::Mapping mapping = detail::Mapping::map_shared(fd.get(), size);
+  const detail::FileIdentity identity = detail::identify_fd(fd.get());
+  return detail::SharedMemory(std::move(fd), std::move(mapping), size, identity);
 }
 
-SharedMemory::Received SharedMemory::inspect_received(int fd) {
+detail::SharedMemory::Received detail::SharedMemory::inspect_received(int fd) {
   // Seals first: a size read before them could change before they were set (a peer that
   // shrinks the file under our mapping makes us SIGBUS); once sealed, it cannot.
   const int seals = ::fcntl(fd, F_GET_SEALS);
@@ -115,18 +115,18 @@ SharedMemory::Received SharedMemory::inspect_received(int fd) {
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno("fstat of a received memfd");
-  return Received{FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)},
+  return Received{detail::FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)},
                   static_cast<std::uint64_t>(st.st_size)};
 }
 
-SharedMemory SharedMemory::map_received(UniqueFd fd, const Received& received, std::size_t expected_size) {
+detail::SharedMemory detail::SharedMemory::map_received(detail::UniqueFd fd, const Received& received, std::size_t expected_size) {
   if (received.size != expected_size) {
     throw ProtocolError("received memfd has " + std::to_string(received.size) + " bytes but the frame claims " +
                         std::to_string(expected_size));
   }
   if (expected_size == 0) throw ProtocolError("received memfd is empty");
-  Mapping mapping = Mapping::map_shared(fd.get(), expected_size);
-  return SharedMemory(std::move(fd), std::move(mapping), expected_size, received.identity);
+  detail::Mapping mapping = detail::Mapping::map_shared(fd.get(), expected_size);
+  return detail::SharedMemory(std::move(fd), std::move(mapping), expected_size, received.identity);
 }
 
 }  // namespace ferry

@@ -1,4 +1,4 @@
-#include "ferry/detail/shared_segment.hpp"
+#include "ferry/allocation.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -15,29 +15,29 @@ std::atomic<std::uint64_t> g_sent_segment_deaths{0};
 
 }  // namespace
 
-SharedSegment::SharedSegment(SharedMemory memory, const void* owner)
+detail::SharedSegment::SharedSegment(detail::SharedMemory memory, const void* owner)
     : memory_(std::move(memory)),
       owner_(owner),
-      generation_(fork_generation()),
+      generation_(detail::fork_generation()),
       id_(g_next_segment_id.fetch_add(1, std::memory_order_relaxed)) {}
 
-bool SharedSegment::created_in_this_process() const noexcept {
-  return owner_ != nullptr && generation_ == fork_generation();
+bool detail::SharedSegment::created_in_this_process() const noexcept {
+  return owner_ != nullptr && generation_ == detail::fork_generation();
 }
 
-std::shared_ptr<SharedSegment> SharedSegment::create(std::size_t size, const void* owner) {
-  return std::shared_ptr<SharedSegment>(new SharedSegment(SharedMemory::create(size), owner));
+std::shared_ptr<detail::SharedSegment> detail::SharedSegment::create(std::size_t size, const void* owner) {
+  return std::shared_ptr<detail::SharedSegment>(new detail::SharedSegment(detail::SharedMemory::create(size), owner));
 }
 
-std::shared_ptr<SharedSegment> SharedSegment::adopt(SharedMemory memory) {
-  return std::shared_ptr<SharedSegment>(new SharedSegment(std::move(memory), nullptr));
+std::shared_ptr<detail::SharedSegment> detail::SharedSegment::adopt(detail::SharedMemory memory) {
+  return std::shared_ptr<detail::SharedSegment>(new detail::SharedSegment(std::move(memory), nullptr));
 }
 
-SharedSegment::~SharedSegment() {
+detail::SharedSegment::~SharedSegment() {
   if (sent_.load(std::memory_order_relaxed)) g_sent_segment_deaths.fetch_add(1, std::memory_order_release);
 }
 
-inline SharedSegment::Remembered& SharedSegment::remembered_at(std::uint64_t offset) noexcept {
+inline detail::SharedSegment::Remembered& detail::SharedSegment::remembered_at(std::uint64_t offset) noexcept {
   const std::size_t mask = remembered_.size() - 1;
   // Offsets are multiples of the block alignment (64): hash what varies.
   for (std::size_t at = static_cast<std::size_t>((offset >> 6) * 0x9e3779b97f4a7c15ull >> 32) & mask;;
@@ -47,7 +47,7 @@ inline SharedSegment::Remembered& SharedSegment::remembered_at(std::uint64_t off
   }
 }
 
-void SharedSegment::remember_storages(std::span<const std::shared_ptr<Storage>* const> storages) {
+void detail::SharedSegment::remember_storages(std::span<const std::shared_ptr<Storage>* const> storages) {
   std::lock_guard lock(mutex_);
   if (2 * (remembered_count_ + storages.size()) > remembered_.size()) {
     // Grow to a load of at most one half, for every storage of this call being new.
@@ -72,7 +72,7 @@ void SharedSegment::remember_storages(std::span<const std::shared_ptr<Storage>* 
   any_remembered_.store(true, std::memory_order_release);
 }
 
-std::shared_ptr<Storage> SharedSegment::find_storage(std::uint64_t offset, std::uint64_t nbytes) {
+std::shared_ptr<Storage> detail::SharedSegment::find_storage(std::uint64_t offset, std::uint64_t nbytes) {
   // A process that never sent a block of this segment has nothing to find: skip the lock.
   if (!any_remembered_.load(std::memory_order_acquire)) return nullptr;
   std::lock_guard lock(mutex_);
@@ -82,6 +82,6 @@ std::shared_ptr<Storage> SharedSegment::find_storage(std::uint64_t offset, std::
   return entry.storage.lock();
 }
 
-std::uint64_t sent_segment_deaths() noexcept { return g_sent_segment_deaths.load(std::memory_order_acquire); }
+std::uint64_t detail::sent_segment_deaths() noexcept { return g_sent_segment_deaths.load(std::memory_order_acquire); }
 
 }  // namespace ferry

@@ -31,7 +31,7 @@ ExitStatus status_from(const siginfo_t& info) {
 
 }  // namespace
 
-std::string signal_name(int signal) {
+std::string detail::signal_name(int signal) {
   if (signal >= SIGRTMIN && signal <= SIGRTMAX) {
     return signal == SIGRTMIN ? "SIGRTMIN" : "SIGRTMIN+" + std::to_string(signal - SIGRTMIN);
   }
@@ -41,13 +41,13 @@ std::string signal_name(int signal) {
 
 std::string ExitStatus::describe() const {
   if (exited) return "exited with status " + std::to_string(code);
-  std::string text = "was killed by signal " + signal_name(signal);
+  std::string text = "was killed by signal " + detail::signal_name(signal);
   if (const char* description = ::sigdescr_np(signal)) text += std::string(" (") + description + ")";
   return text;
 }
 
-ChildProcess::ChildProcess(pid_t pid) : pid_(pid), owner_(::getpid()) {
-  ProcessHandle handle = ProcessHandle::open(pid);
+detail::ChildProcess::ChildProcess(pid_t pid) : pid_(pid), owner_(::getpid()) {
+  detail::ProcessHandle handle = detail::ProcessHandle::open(pid);
   if (!handle) {
     const int error = handle.error();
     ::kill(pid, SIGKILL);
@@ -60,13 +60,13 @@ ChildProcess::ChildProcess(pid_t pid) : pid_(pid), owner_(::getpid()) {
   pidfd_ = handle.release_fd();
 }
 
-ChildProcess::ChildProcess(ChildProcess&& other) noexcept
+detail::ChildProcess::ChildProcess(detail::ChildProcess&& other) noexcept
     : pid_(other.pid_), owner_(other.owner_), pidfd_(std::move(other.pidfd_)), status_(std::move(other.status_)) {
   other.pid_ = -1;
   other.status_.reset();
 }
 
-ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
+detail::ChildProcess& detail::ChildProcess::operator=(detail::ChildProcess&& other) noexcept {
   if (this != &other) {
     kill_and_reap();
     pid_ = other.pid_;
@@ -79,9 +79,9 @@ ChildProcess& ChildProcess::operator=(ChildProcess&& other) noexcept {
   return *this;
 }
 
-ChildProcess::~ChildProcess() { kill_and_reap(); }
+detail::ChildProcess::~ChildProcess() { kill_and_reap(); }
 
-void ChildProcess::kill_and_reap() noexcept {
+void detail::ChildProcess::kill_and_reap() noexcept {
   if (!running()) return;
   if (::getpid() != owner_) {  // a forked copy: the process is not ours to kill
     pidfd_.reset();
@@ -96,7 +96,7 @@ void ChildProcess::kill_and_reap() noexcept {
   pidfd_.reset();
 }
 
-std::optional<ExitStatus> ChildProcess::reap(bool block) {
+std::optional<ExitStatus> detail::ChildProcess::reap(bool block) {
   if (!running()) return status_;
   siginfo_t info;
   std::memset(&info, 0, sizeof info);
@@ -118,17 +118,17 @@ std::optional<ExitStatus> ChildProcess::reap(bool block) {
   return status_;
 }
 
-std::optional<ExitStatus> ChildProcess::try_wait() { return reap(false); }
+std::optional<ExitStatus> detail::ChildProcess::try_wait() { return reap(false); }
 
-ExitStatus ChildProcess::wait() {
+ExitStatus detail::ChildProcess::wait() {
   if (pid_ < 0) throw Error("ChildProcess::wait on an empty ChildProcess");
   return *reap(true);
 }
 
-void ChildProcess::send_signal(int signal) {
+void detail::ChildProcess::send_signal(int signal) {
   if (!running() || ::getpid() != owner_) return;
   if (send_pidfd_signal(pidfd_.get(), signal) != 0 && errno != ESRCH) {
-    throw_errno("sending " + signal_name(signal) + " to child process " + std::to_string(pid_));
+    throw_errno("sending " + detail::signal_name(signal) + " to child process " + std::to_string(pid_));
   }
 }
 

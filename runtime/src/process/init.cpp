@@ -37,7 +37,7 @@ void set_close_on_exec(int fd) {
   if (detail::bind_to_parent(spec->parent, spec->parent_death_signal) != 0) std::_Exit(1);
   const int status = detail::run_reported(spec->report_fd, [&] {
     set_close_on_exec(spec->report_fd);  // our own children must not hold the report pipe
-    UniqueFd payload(spec->payload_fd);
+    detail::UniqueFd payload(spec->payload_fd);
     set_close_on_exec(payload.get());
     const detail::RegisteredWorker& worker = detail::find_worker(spec->name);
     WorkerContext context(spec->rank, spec->world_size, StartMethod::Spawn, spec->parent);

@@ -1,4 +1,4 @@
-#include "ferry/detail/worker_group.hpp"
+#include "ferry/worker_group.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -29,11 +29,11 @@ using Clock = std::chrono::steady_clock;
 // Waits longer than this wait for ever (and never overflow the clock).
 constexpr std::chrono::hours kForever{24 * 365 * 100};
 
-std::pair<UniqueFd, UniqueFd> make_report_pipe() {
+std::pair<detail::UniqueFd, detail::UniqueFd> make_report_pipe() {
   int ends[2];
   if (::pipe2(ends, O_CLOEXEC) != 0) throw_errno("pipe2 for a worker's report pipe");
-  UniqueFd read_end(ends[0]);
-  UniqueFd write_end(ends[1]);
+  detail::UniqueFd read_end(ends[0]);
+  detail::UniqueFd write_end(ends[1]);
   // Only the parent's end is non-blocking: a worker's report must not be cut short.
   if (::fcntl(read_end.get(), F_SETFL, O_NONBLOCK) != 0) throw_errno("fcntl(O_NONBLOCK) on a report pipe");
   return {std::move(read_end), std::move(write_end)};
@@ -225,7 +225,7 @@ void WorkerGroup::start_forked(int rank, const std::function<void(WorkerContext&
     ::_exit(status);
   }
   report_write.reset();
-  worker.process = ChildProcess(pid);
+  worker.process = detail::ChildProcess(pid);
   worker.report = std::move(report_read);
   worker.started = true;
   worker.method = StartMethod::Fork;
@@ -291,7 +291,7 @@ void WorkerGroup::start_exec(int rank, std::string_view name, int payload_fd, st
     ::_exit(127);
   }
   report_write.reset();
-  worker.process = ChildProcess(pid);
+  worker.process = detail::ChildProcess(pid);
   worker.report = std::move(report_read);
   worker.started = true;
   worker.method = StartMethod::Spawn;

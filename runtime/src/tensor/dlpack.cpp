@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "ferry/detail/shared_segment.hpp"
+#include "ferry/allocation.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry {

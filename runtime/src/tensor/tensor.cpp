@@ -58,7 +58,7 @@ Shape contiguous_strides(const Shape& shape) {
   return strides;
 }
 
-std::optional<std::string> view_bounds_problem(std::size_t storage_bytes, DType dtype, const Shape& shape,
+std::optional<std::string> detail::view_bounds_problem(std::size_t storage_bytes, DType dtype, const Shape& shape,
                                                const Shape& strides, std::int64_t offset) {
   if (shape.size() > kMaxDims) {
     return "tensor has " + std::to_string(shape.size()) + " dimensions, more than the limit of " +
@@ -225,7 +225,7 @@ Tensor Tensor::from_storage(std::shared_ptr<Storage> storage, DType dtype, Shape
                             std::int64_t storage_offset) {
   if (!is_valid_dtype(static_cast<std::uint8_t>(dtype))) throw Error("Tensor::from_storage: invalid dtype");
   const std::size_t bytes = storage ? storage->nbytes() : 0;
-  if (auto problem = view_bounds_problem(bytes, dtype, shape, strides, storage_offset)) {
+  if (auto problem = detail::view_bounds_problem(bytes, dtype, shape, strides, storage_offset)) {
     throw Error("Tensor::from_storage: " + *problem);
   }
   const Device device = storage ? storage->device() : Device::Cpu;

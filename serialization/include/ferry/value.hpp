@@ -172,12 +172,18 @@ class Value {
   std::variant<std::monostate, bool, std::int64_t, double, std::string, Bytes, Tensor, ValueList, ValueMap> data_;
 };
 
+}  // namespace ferry
+
+namespace ferry::detail {
 /// Value's name on the wire, the same whatever compiler built each peer (GCC and Clang
 /// spell type names differently): a C++ loader and the Python module must agree on it.
 template <>
 constexpr std::string_view type_name<Value>() {
   return "ferry::Value";
 }
+}  // namespace ferry::detail
+
+namespace ferry {
 
 inline ValueMap::ValueMap(std::initializer_list<Entry> entries) {
   entries_.reserve(entries.size());
@@ -199,12 +205,12 @@ inline void ValueMap::append_unchecked(std::string key, Value value) {
 /// Writes `value`: a kind byte, then its payload (tensors as in tensor_wire.hpp). Throws
 /// Error, writing nothing the receiver would accept, when the tree is deeper than
 /// kMaxValueDepth or holds more than kMaxValueElements values.
-void CEREAL_SAVE_FUNCTION_NAME(FrameOutputArchive& archive, const Value& value);
+void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const Value& value);
 
 /// Reads a value; ProtocolError for a bad kind byte, nesting deeper than kMaxValueDepth,
 /// more than kMaxValueElements values, a count larger than the bytes left, invalid UTF-8,
 /// a duplicate map key, or an invalid tensor.
-void CEREAL_LOAD_FUNCTION_NAME(FrameInputArchive& archive, Value& value);
+void CEREAL_LOAD_FUNCTION_NAME(detail::FrameInputArchive& archive, Value& value);
 
 /// True when `text` is valid UTF-8 (no overlong forms, surrogates or code points above U+10FFFF).
 bool is_valid_utf8(std::string_view text) noexcept;

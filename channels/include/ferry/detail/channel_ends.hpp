@@ -15,12 +15,11 @@
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/return_board.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 class FrameWriter;
 class FrameReader;
 
-namespace detail {
 
 class SenderCore;
 class ReceiverCore;
@@ -134,5 +133,32 @@ const LiveEnd* as_live_end(ReceiverCore& core) noexcept;
 bool core_used(const SenderCore& core) noexcept;
 bool core_used(const ReceiverCore& core) noexcept;
 
-}  // namespace detail
-}  // namespace ferry
+/// What the fan-outs (Distributor, Broadcast) send through: SenderCore's
+/// send_serialized_by_owner() and flush(), without the end's own lock (the fan-out's lock
+/// serializes its ends), reachable where the frame core's class is not.
+bool send_by_owner(SenderCore& core, const void* message, const SentType& type, const Deadline& deadline);
+bool flush_by_owner(SenderCore& core, const Deadline& deadline);
+
+/// How ferry's own code (spawn, fan-outs, end descriptions, Selector, tests) reaches the
+/// untyped core of a typed end: Sender, Receiver and Listener keep core() and the delivery
+/// board private and befriend this struct, so that a user's code never names them.
+struct EndAccess {
+  template <class End>
+  static auto& core(End& end) {
+    return end.core();
+  }
+  template <class End>
+  static auto delivery_board(End& end) {
+    return end.delivery_board();
+  }
+  template <class End>
+  static auto request_delivery_wake(End& end, std::uint64_t sequence) {
+    return end.request_delivery_wake(sequence);
+  }
+  template <class End>
+  static void cancel_delivery_wake(End& end) {
+    end.cancel_delivery_wake();
+  }
+};
+
+}  // namespace ferry::detail

@@ -6,7 +6,7 @@
 
 #include "ferry/timeout.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// When a blocking operation stops waiting: never, now (poll once), or at a time point.
 class Deadline {
@@ -54,4 +54,4 @@ timespec to_timespec(std::chrono::nanoseconds duration) noexcept;
 /// other failures.
 bool wait_for_fd(int fd, short events, const Deadline& deadline);
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -21,7 +21,6 @@
 
 #include "ferry/channel.hpp"
 #include "ferry/detail/fanout_wait.hpp"
-#include "ferry/detail/frame_channel.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout.hpp"
 #include "ferry/wait_interruption.hpp"
@@ -98,7 +97,7 @@ class FanoutConsumers {
     end.track_delivery();
     const std::uint64_t base = end.last_sequence();
     bound = std::max<std::size_t>(bound, 1);
-    SenderCore* framed = end.transport() == Transport::InProcess ? nullptr : &end.core();
+    SenderCore* framed = end.transport() == Transport::InProcess ? nullptr : &EndAccess::core(end);
     const std::size_t window = paced() ? std::min(bound, kFirstWindow) : bound;
     consumers_.push_back(Consumer{.id = next_id_,
                                   .end = std::move(end),
@@ -160,7 +159,7 @@ class FanoutConsumers {
       if (!send_end(consumer, message, deadline)) return false;
     }
     if (++consumer.sent == 1) {
-      consumer.board = consumer.end.delivery_board();  // the frame carried it
+      consumer.board = EndAccess::delivery_board(consumer.end);  // the frame carried it
       if (paced()) consumer.sample_since = Clock::now();
     }
     return true;
@@ -251,7 +250,7 @@ class FanoutConsumers {
     for (Consumer& consumer : consumers_) {
       if (consumer.has_room() || !waited_for(consumer)) continue;
       const std::uint64_t target = consumer.sequence_of(consumer.delivered + (for_half ? half_bound(consumer) : 1));
-      std::optional<ReturnBoard::DeliveryWake> wake = consumer.end.request_delivery_wake(target);
+      std::optional<ReturnBoard::DeliveryWake> wake = EndAccess::request_delivery_wake(consumer.end, target);
       if (!wake) {
         polled = true;
         continue;
@@ -397,7 +396,7 @@ class FanoutConsumers {
   // a framed end sends without taking the end's own lock too.
   static bool send_end(Consumer& consumer, const T& message, const Deadline& deadline) {
     if (consumer.framed != nullptr && deadline.is_never()) [[likely]] {
-      return consumer.framed->send_serialized_by_owner(message, deadline);
+      return send_by_owner(*consumer.framed, &message, sent_type<T>, deadline);
     }
     return send_end_with_deadline(consumer, message, deadline);
   }
@@ -410,7 +409,7 @@ class FanoutConsumers {
       }
       return consumer.end.send_for(message, deadline.remaining());  // nothing to flush
     }
-    if (!consumer.framed->send_serialized_by_owner(message, deadline)) return false;
+    if (!send_by_owner(*consumer.framed, &message, sent_type<T>, deadline)) return false;
     if (deadline.is_never()) return true;
     // Accepted: finish a frame the deadline cut short now rather than at the next send to
     // this consumer, which may come much later. Whatever the flush meets, the frame counts
@@ -418,7 +417,7 @@ class FanoutConsumers {
     // meanwhile is found by the next send or liveness check, another failure by the next
     // send to it.
     try {
-      (void)consumer.framed->flush(Deadline::after(std::chrono::milliseconds(0)));
+      (void)flush_by_owner(*consumer.framed, Deadline::after(std::chrono::milliseconds(0)));
     } catch (...) {
     }
     return true;

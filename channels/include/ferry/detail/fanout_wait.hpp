@@ -10,8 +10,7 @@
 #include "ferry/detail/deadline.hpp"
 #include "ferry/detail/return_board.hpp"
 
-namespace ferry {
-namespace detail {
+namespace ferry::detail {
 
 /// Sleeps until one of `doorbells` rings (its word no longer holds the value seen when the
 /// wake-up was requested) or `until` comes: one futex_waitv over all of them (the first
@@ -77,5 +76,4 @@ class LivenessSchedule {
   unsigned calls_ = 0;  // of due_every_few_calls()
   std::chrono::steady_clock::time_point next_check_;
 };
-}  // namespace detail
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -23,13 +23,12 @@
 #include "ferry/detail/transport.hpp"
 #include "ferry/channel_options.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 class MessageDecoder;
 class MessageEncoder;
 struct EncodedFrame;
 
-namespace detail {
 
 /// The sending end of a connection, without its message type.
 class SenderCore final : public LiveEnd {
@@ -226,5 +225,4 @@ class ReceiverCore final : public LiveEnd {
   std::deque<UniqueFd> fds_;
 };
 
-}  // namespace detail
-}  // namespace ferry
+}  // namespace ferry::detail

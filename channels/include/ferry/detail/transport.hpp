@@ -22,7 +22,7 @@
 #include "ferry/detail/unique_fd.hpp"
 #include "ferry/storage.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// The sending half of a transport.
 class FrameWriter {
@@ -200,4 +200,4 @@ std::unique_ptr<FrameReader> reader_from_descriptors(Transport transport, std::v
                                                      const RingTiming& ring_timing = {},
                                                      bool shares_connection = false);
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -18,39 +18,14 @@
 #include "ferry/channel.hpp"
 #include "ferry/duplex.hpp"
 #include "ferry/end_description.hpp"
+#include "ferry/per_rank.hpp"
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/type_name.hpp"
 #include "ferry/worker_context.hpp"
 #include "ferry/worker_error.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
-/// One value per worker: worker r receives element r. The vector must hold exactly as
-/// many values as there are workers. Channel ends must be given this way when there is
-/// more than one worker, since an end belongs to one process:
-///
-/// ```cpp
-/// std::vector<ferry::Receiver<Job>> job_ends = ...;   // one per worker
-/// ferry::spawn(4, work, ferry::per_rank(std::move(job_ends)));
-/// ```
-template <class T>
-class PerRank {
- public:
-  explicit PerRank(std::vector<T> values) : values_(std::move(values)) {}
-  std::vector<T>& values() noexcept { return values_; }
-  const std::vector<T>& values() const noexcept { return values_; }
-
- private:
-  std::vector<T> values_;
-};
-
-/// Gives worker r `values[r]` (see PerRank).
-template <class T>
-PerRank<T> per_rank(std::vector<T> values) {
-  return PerRank<T>(std::move(values));
-}
-
-namespace detail {
 
 template <class A>
 struct IsEnd : std::false_type {};
@@ -209,7 +184,7 @@ void validate_argument(A& arg, std::size_t position, int world_size, StartMethod
       for_each_end(Traits::for_rank(arg, rank), [&](auto& end) {
         const bool open = end.is_open();
         const bool frames = open && end.transport() != Transport::InProcess;  // a frame core to ask
-        check_handed_end(position, type_name<A>(), open, end.transport(), frames && core_used(end.core()), method);
+        check_handed_end(position, type_name<A>(), open, end.transport(), frames && core_used(EndAccess::core(end)), method);
       });
     }
   }
@@ -222,7 +197,7 @@ std::vector<const LiveEnd*> ends_of_rank(Stored& stored, int rank) {
   std::apply(
       [&](auto&... arg) {
         (for_each_end(ArgTraits<std::decay_t<decltype(arg)>>::for_rank(arg, rank),
-                      [&](auto& end) { ends.push_back(as_live_end(end.core())); }),
+                      [&](auto& end) { ends.push_back(as_live_end(EndAccess::core(end))); }),
          ...);
       },
       stored);
@@ -265,5 +240,4 @@ void invoke_with_values(Fn& fn, WorkerContext& context, Values& values, std::ind
   }
 }
 
-}  // namespace detail
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -8,23 +8,12 @@
 #include <string>
 
 #include "ferry/detail/unique_fd.hpp"
+#include "ferry/exit_status.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// The name of a signal: "SIGSEGV", "SIGKILL", "SIGRTMIN+3"; "signal 99" when unknown.
 std::string signal_name(int signal);
-
-/// How a process ended.
-struct ExitStatus {
-  bool exited = false;  ///< it called exit(); `code` holds the status
-  int code = 0;         ///< exit status when `exited`
-  int signal = 0;       ///< the signal that killed it when !exited
-
-  /// True for exit status 0.
-  bool success() const noexcept { return exited && code == 0; }
-  /// "exited with status 3", "was killed by signal SIGSEGV (Segmentation fault)".
-  std::string describe() const;
-};
 
 /// Owns a child process of this process. The owner must reap it (wait() or try_wait());
 /// destroying a ChildProcess that still runs kills it with SIGKILL and reaps it, so no
@@ -71,4 +60,4 @@ class ChildProcess {
   std::optional<ExitStatus> status_;
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

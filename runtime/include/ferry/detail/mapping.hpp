@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <utility>
 
-namespace ferry {
+namespace ferry::detail {
 
 /// Owns one mmap()ed region and unmaps it when destroyed. Move-only.
 class Mapping {
@@ -31,4 +31,4 @@ class Mapping {
   std::size_t length_ = 0;
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

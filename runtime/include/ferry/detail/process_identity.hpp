@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <optional>
 
-namespace ferry {
+namespace ferry::detail {
 
 /// A process, named by its pid and its start time (clock ticks after boot, as in
 /// /proc/<pid>/stat), so that a pid reused by a later process is not mistaken for it.
@@ -31,10 +31,8 @@ std::optional<ProcessIdentity> identify_process(std::int32_t pid);
 /// never throws.
 bool process_alive(const ProcessIdentity& process) noexcept;
 
-namespace detail {
 // Counted by a fork handler that process_identity.cpp registers before main().
 extern std::atomic<std::uint64_t> g_fork_generation;
-}  // namespace detail
 
 /// A number that every fork() increments in the child. State that belongs to the process
 /// that created it (free lists, holds on another process's memory) records the value at
@@ -42,4 +40,4 @@ extern std::atomic<std::uint64_t> g_fork_generation;
 /// every block allocated or freed asks.
 inline std::uint64_t fork_generation() noexcept { return detail::g_fork_generation.load(std::memory_order_relaxed); }
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -21,7 +21,7 @@
 #include "ferry/detail/process_identity.hpp"
 #include "ferry/detail/shared_memory.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// Layout (all words are 64-bit atomics, little-endian):
 ///   header    (page 0)  magic, version, slot capacity, last resolved frame (bit 63: the
@@ -211,4 +211,4 @@ class ReturnBoard {
   std::uint64_t registration_generation_ = 0;
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -11,7 +11,7 @@
 #include "ferry/detail/mapping.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// Identity of an open file: equal for every fd of the same memfd, in every process.
 struct FileIdentity {
@@ -83,4 +83,4 @@ class SharedMemory {
   FileIdentity identity_;
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -3,7 +3,7 @@
 
 #include <utility>
 
-namespace ferry {
+namespace ferry::detail {
 
 /// Owns one file descriptor and closes it when destroyed. Move-only.
 class UniqueFd {
@@ -34,4 +34,4 @@ class UniqueFd {
   int fd_ = -1;
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -17,9 +17,12 @@
 #include "ferry/detail/frame_body.hpp"
 
 namespace ferry {
+class Storage;
+}  // namespace ferry
+
+namespace ferry::detail {
 
 class MessageEncoder;
-class Storage;
 
 /// Output archive: appends to `body` (which may lie in memory a transport lent, see
 /// FrameBody); tensors register their storages with `encoder`.
@@ -89,26 +92,24 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
   std::span<const std::shared_ptr<Storage>> storages_;
 };
 
-namespace detail {
 /// The check of a received container's size (cereal's SizeTag, below) failed: out of line,
 /// so that every container's load does not carry the message's construction.
 [[noreturn]] void throw_container_size_above_body(std::uint64_t size, std::size_t remaining);
-}  // namespace detail
 
-}  // namespace ferry
+}  // namespace ferry::detail
 
 // Serialization of the primitives that cereal's containers reduce to, for ferry's archives
 // (the same set cereal's own binary archive provides).
 namespace cereal {
 
 template <class T>
-inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(ferry::FrameOutputArchive& ar,
+inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(ferry::detail::FrameOutputArchive& ar,
                                                                             const T& value) {
   ar.save_bytes(std::addressof(value), sizeof(value));
 }
 
 template <class T>
-inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, T& value) {
+inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(ferry::detail::FrameInputArchive& ar, T& value) {
   ar.load_bytes(std::addressof(value), sizeof(value));
   if constexpr (std::is_same_v<T, bool>) {
     // A byte other than 0 or 1 is not a valid bool: reading it would be undefined behaviour.
@@ -119,18 +120,18 @@ inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(ferry
 }
 
 template <class Archive, class T>
-inline CEREAL_ARCHIVE_RESTRICT(ferry::FrameInputArchive, ferry::FrameOutputArchive)
+inline CEREAL_ARCHIVE_RESTRICT(ferry::detail::FrameInputArchive, ferry::detail::FrameOutputArchive)
     CEREAL_SERIALIZE_FUNCTION_NAME(Archive& ar, NameValuePair<T>& pair) {
   ar(pair.value);
 }
 
 template <class T>
-inline void CEREAL_SAVE_FUNCTION_NAME(ferry::FrameOutputArchive& ar, const SizeTag<T>& tag) {
+inline void CEREAL_SAVE_FUNCTION_NAME(ferry::detail::FrameOutputArchive& ar, const SizeTag<T>& tag) {
   ar(tag.size);
 }
 
 template <class T>
-inline void CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, SizeTag<T>& tag) {
+inline void CEREAL_LOAD_FUNCTION_NAME(ferry::detail::FrameInputArchive& ar, SizeTag<T>& tag) {
   ar(tag.size);
   // Every element takes at least one byte, so a count above the bytes left is a lie that
   // would make the container allocate without bound.
@@ -146,7 +147,7 @@ namespace detail {
 // fresh storage, where cereal's resize() would zero-fill every element first. A range not
 // aligned for T (a body's fields are packed) is read with resize() and memcpy instead.
 template <class T, class Container>
-void assign_elements(ferry::FrameInputArchive& ar, Container& out, std::uint64_t count) {
+void assign_elements(ferry::detail::FrameInputArchive& ar, Container& out, std::uint64_t count) {
   static_assert(std::is_trivially_copyable_v<T>);
   const std::byte* bytes = ar.take(count, sizeof(T));
   const auto n = static_cast<std::size_t>(count);
@@ -166,31 +167,31 @@ void assign_elements(ferry::FrameInputArchive& ar, Container& out, std::uint64_t
 // than cereal's templates, so these are the ones chosen for ferry's input archive.
 template <class T, class A>
 inline std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>> CEREAL_LOAD_FUNCTION_NAME(
-    ferry::FrameInputArchive& ar, std::vector<T, A>& vector) {
+    ferry::detail::FrameInputArchive& ar, std::vector<T, A>& vector) {
   size_type count = 0;
   ar(make_size_tag(count));
   detail::assign_elements<T>(ar, vector, count);
 }
 
 template <class CharT, class Traits, class Alloc>
-inline void CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, std::basic_string<CharT, Traits, Alloc>& string) {
+inline void CEREAL_LOAD_FUNCTION_NAME(ferry::detail::FrameInputArchive& ar, std::basic_string<CharT, Traits, Alloc>& string) {
   size_type count = 0;
   ar(make_size_tag(count));
   detail::assign_elements<CharT>(ar, string, count);
 }
 
 template <class T>
-inline void CEREAL_SAVE_FUNCTION_NAME(ferry::FrameOutputArchive& ar, const BinaryData<T>& data) {
+inline void CEREAL_SAVE_FUNCTION_NAME(ferry::detail::FrameOutputArchive& ar, const BinaryData<T>& data) {
   ar.save_bytes(data.data, static_cast<std::size_t>(data.size));
 }
 
 template <class T>
-inline void CEREAL_LOAD_FUNCTION_NAME(ferry::FrameInputArchive& ar, BinaryData<T>& data) {
+inline void CEREAL_LOAD_FUNCTION_NAME(ferry::detail::FrameInputArchive& ar, BinaryData<T>& data) {
   ar.load_bytes(data.data, static_cast<std::size_t>(data.size));
 }
 
 }  // namespace cereal
 
-CEREAL_REGISTER_ARCHIVE(ferry::FrameOutputArchive)
-CEREAL_REGISTER_ARCHIVE(ferry::FrameInputArchive)
-CEREAL_SETUP_ARCHIVE_TRAITS(ferry::FrameInputArchive, ferry::FrameOutputArchive)
+CEREAL_REGISTER_ARCHIVE(ferry::detail::FrameOutputArchive)
+CEREAL_REGISTER_ARCHIVE(ferry::detail::FrameInputArchive)
+CEREAL_SETUP_ARCHIVE_TRAITS(ferry::detail::FrameInputArchive, ferry::detail::FrameOutputArchive)

@@ -10,7 +10,7 @@
 #include "ferry/detail/archive.hpp"
 #include "ferry/detail/type_name.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// Writes the message at `message` (a const T*) with `archive`.
 using BodyWriter = void (*)(FrameOutputArchive& archive, const void* message);
@@ -24,7 +24,6 @@ struct SentType {
   BodyWriter write;
 };
 
-namespace detail {
 template <class T>
 void write_body(FrameOutputArchive& archive, const void* message) {
   archive(*static_cast<const T*>(message));
@@ -33,7 +32,6 @@ template <class T>
 void read_body_into(FrameInputArchive& archive, void* out) {
   archive(*static_cast<T*>(out));
 }
-}  // namespace detail
 
 /// The receiving side's view of a message type (received_type<T>).
 struct ReceivedType {
@@ -50,4 +48,4 @@ inline constexpr SentType sent_type{type_fingerprint<T>(), type_name<T>(), &deta
 template <class T>
 inline constexpr ReceivedType received_type{type_fingerprint<T>(), type_name<T>(), &detail::read_body_into<T>};
 
-}  // namespace ferry
+}  // namespace ferry::detail

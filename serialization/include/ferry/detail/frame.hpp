@@ -30,7 +30,9 @@
 #include <cstdint>
 #include <optional>
 
-namespace ferry {
+#include "ferry/frame_limits.hpp"
+
+namespace ferry::detail {
 
 inline constexpr std::uint32_t kFrameMagic = 0x59525246;  // "FRRY"
 /// Version 3: storages are blocks of leased segments, with a return board per connection;
@@ -137,18 +139,6 @@ struct HandleEntry {
 };
 static_assert(sizeof(HandleEntry) == 32);
 
-/// Limits a receiver enforces on a header before it reads the rest of the frame.
-struct FrameLimits {
-  std::uint64_t max_body_bytes = std::uint64_t{1} << 30;
-  std::uint32_t max_handles = 1u << 16;
-  std::uint32_t max_segments = 1u << 16;
-  /// fds a frame passes (new segments on a Unix socket, or from a sender that is not
-  /// dumpable): 253 (SCM_MAX_FD) per sendmsg, so more travel in several.
-  std::uint32_t max_fds = 4096;
-  std::uint32_t max_releases = 1u << 20;
-  std::uint32_t max_type_name_bytes = 4096;
-};
-
 /// A count of a frame header above its FrameLimits member.
 struct LimitBreach {
   enum class Limit { BodyBytes, Handles, Segments, Fds, Releases, TypeNameBytes };
@@ -189,4 +179,4 @@ inline std::uint64_t payload_bytes(const FrameHeader& header) noexcept {
          header.body_bytes;
 }
 
-}  // namespace ferry
+}  // namespace ferry::detail

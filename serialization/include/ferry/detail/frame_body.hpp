@@ -7,7 +7,7 @@
 #include <span>
 #include <vector>
 
-namespace ferry {
+namespace ferry::detail {
 
 /// Memory that a transport lends for the body of the frame being encoded (the shared-memory
 /// ring lends free ring space): a large body serialized there needs no second copy into the
@@ -79,4 +79,4 @@ class FrameBody {
   bool lent_ = false;
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

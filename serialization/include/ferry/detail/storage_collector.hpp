@@ -10,11 +10,10 @@
 
 #include "ferry/tensor.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 class StorageCollector;
 
-namespace detail {
 /// True when StorageCollector can walk a value of type T (for cereal::base_class<B>: B).
 template <class T>
 struct Walkable : cereal::traits::is_output_serializable<T, StorageCollector> {};
@@ -22,7 +21,6 @@ template <class B>
 struct Walkable<cereal::base_class<B>> : cereal::traits::is_output_serializable<B, StorageCollector> {};
 template <class B>
 struct Walkable<cereal::virtual_base_class<B>> : cereal::traits::is_output_serializable<B, StorageCollector> {};
-}  // namespace detail
 
 /// A cereal output archive that serializes nothing and remembers the storage of every tensor
 /// it meets, through whatever serialize()/save() the value's types have. Values cereal cannot
@@ -63,25 +61,25 @@ class StorageCollector : public cereal::OutputArchive<StorageCollector, cereal::
 
 inline void save(StorageCollector& collector, const Tensor& tensor) { collector.add(tensor); }
 
-}  // namespace ferry
+}  // namespace ferry::detail
 
-CEREAL_REGISTER_ARCHIVE(ferry::StorageCollector)
+CEREAL_REGISTER_ARCHIVE(ferry::detail::StorageCollector)
 
 // What cereal's containers reduce to: nothing to collect there.
 namespace cereal {
 
 template <class T>
-inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(ferry::StorageCollector&, const T&) {}
+inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(ferry::detail::StorageCollector&, const T&) {}
 
 template <class T>
-inline void CEREAL_SAVE_FUNCTION_NAME(ferry::StorageCollector& collector, const NameValuePair<T>& pair) {
+inline void CEREAL_SAVE_FUNCTION_NAME(ferry::detail::StorageCollector& collector, const NameValuePair<T>& pair) {
   collector(pair.value);
 }
 
 template <class T>
-inline void CEREAL_SAVE_FUNCTION_NAME(ferry::StorageCollector&, const SizeTag<T>&) {}
+inline void CEREAL_SAVE_FUNCTION_NAME(ferry::detail::StorageCollector&, const SizeTag<T>&) {}
 
 template <class T>
-inline void CEREAL_SAVE_FUNCTION_NAME(ferry::StorageCollector&, const BinaryData<T>&) {}
+inline void CEREAL_SAVE_FUNCTION_NAME(ferry::detail::StorageCollector&, const BinaryData<T>&) {}
 
 }  // namespace cereal

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <string_view>
 
-namespace ferry {
+namespace ferry::detail {
 
 /// The compiler's spelling of T's name, e.g. "Batch" or "std::vector<int>".
 template <class T>
@@ -41,4 +41,4 @@ constexpr std::uint64_t type_fingerprint() {
   return fnv1a64(type_name<T>());
 }
 
-}  // namespace ferry
+}  // namespace ferry::detail

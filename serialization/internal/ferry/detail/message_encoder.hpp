@@ -30,7 +30,7 @@
 #include "ferry/detail/type_name.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// A frame ready for a transport: byte parts in order and the fds to pass with it.
 struct EncodedFrame {
@@ -301,4 +301,4 @@ class MessageEncoder {
   EncodedFrame frame_;
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -20,12 +20,11 @@
 #include "ferry/detail/process_identity.hpp"
 #include "ferry/detail/return_board.hpp"
 #include "ferry/detail/shared_memory.hpp"
-#include "ferry/detail/shared_segment.hpp"
+#include "ferry/allocation.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
-namespace detail {
 /// Where the blocks received on one connection give their storage slots back: shared by
 /// the connection's ReceivingHolds and every block it made, so that hand_over() can silence
 /// the blocks that live on in this process.
@@ -51,7 +50,6 @@ struct ReturnPath {
   mutable std::mutex mutex_;
   std::vector<std::shared_ptr<ReturnBoard>> upstream_;
 };
-}  // namespace detail
 
 /// One connection's holds, receiver side. Not thread-safe (the decoder's); the blocks it
 /// makes may die on any thread.
@@ -210,4 +208,4 @@ class SendingHolds {
   std::vector<std::shared_ptr<ReturnBoard>> scratch_;
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

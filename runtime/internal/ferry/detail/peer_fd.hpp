@@ -11,7 +11,7 @@
 #include "ferry/detail/process_handle.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// True when another process of the same user may take this process's descriptors
 /// (pidfd_getfd, /proc/<pid>/fd/<n>) as far as this process can tell: it is dumpable and
@@ -74,4 +74,4 @@ class PeerFdOpener {
   bool refused_ = false;  // pidfd_getfd refused for pid_: use /proc
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

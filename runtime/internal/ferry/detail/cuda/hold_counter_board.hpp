@@ -85,7 +85,7 @@ class HoldCounterBoard {
   mutable std::mutex mutex_;
   std::vector<std::uint32_t> free_counters_;
   // The consumers seen in the header, to tell reliably whether they died.
-  std::vector<ProcessHandle> consumers_;
+  std::vector<ferry::detail::ProcessHandle> consumers_;
 };
 
 /// The receiver's side of one board: a received segment, checked.

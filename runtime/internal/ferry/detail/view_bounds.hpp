@@ -9,7 +9,7 @@
 #include "ferry/dtype.hpp"
 #include "ferry/tensor.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// Describes why a view of `storage_bytes` bytes with this layout would be invalid (too
 /// many dimensions, a negative size/stride/offset, an element count or extent that
@@ -46,4 +46,4 @@ inline bool view_in_bounds(std::size_t storage_bytes, DType dtype, const Shape& 
   return view_in_bounds(storage_bytes, dtype, shape.data(), strides.data(), shape.size(), offset);
 }
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "ferry/detail/return_board.hpp"
-#include "ferry/detail/shared_segment.hpp"
+#include "ferry/allocation.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// One connection's pins. Created by a channel's encoder and registered with the process,
 /// so that it outlives the channel while the receiver still holds blocks, and so that an
@@ -154,4 +154,4 @@ std::shared_ptr<HoldLedger> own_ledger_of_board(const FileIdentity& identity);
 /// blocks), for tests and statistics.
 std::size_t live_hold_ledgers();
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -18,19 +18,20 @@
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/detail/connection_holds.hpp"
 #include "ferry/detail/return_board.hpp"
-#include "ferry/detail/shared_segment.hpp"
+#include "ferry/allocation.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor_wire.hpp"
 #include "ferry/detail/type_name.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
-namespace ferry {
-
-struct CudaHandleRecord;  // cuda_frame.hpp
-namespace cuda {
+namespace ferry::cuda {
 class ReceivedCudaRange;
 class HoldCounterView;
-}  // namespace cuda
+}  // namespace ferry::cuda
+
+namespace ferry::detail {
+
+struct CudaHandleRecord;  // cuda_frame.hpp
 
 class MessageDecoder {
  public:
@@ -202,4 +203,4 @@ class MessageDecoder {
   bool frame_tracked_ = false;        // it had kFrameTracksDelivery
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

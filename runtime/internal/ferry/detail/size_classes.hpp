@@ -7,16 +7,14 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace ferry {
+namespace ferry::detail {
 
 /// Alignment and smallest size of every block: a cache line, enough for any vector load.
 inline constexpr std::size_t kBlockAlignment = 64;
 
-namespace detail {
 inline constexpr std::size_t kPageBytes = 4096;
 inline constexpr std::uint32_t kPowerOfTwoClasses = 7;  // 64 B ... 4 KiB
 inline constexpr unsigned kFirstSteppedExponent = 12;   // classes above 2^12 come in quarter steps
-}  // namespace detail
 
 /// A small request's class: the block size that serves it and its index (0, 1, ...).
 struct SizeClass {
@@ -54,4 +52,4 @@ std::size_t small_block_limit(std::size_t segment_bytes);
 /// an eighth of it is unused. Throws Error when the size cannot be represented.
 std::size_t large_segment_bytes(std::size_t nbytes);
 
-}  // namespace ferry
+}  // namespace ferry::detail

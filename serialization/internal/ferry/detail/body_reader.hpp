@@ -10,8 +10,11 @@
 #include "ferry/detail/erased_body.hpp"
 
 namespace ferry {
-
 class Storage;
+}  // namespace ferry
+
+namespace ferry::detail {
+
 
 /// Reads a message of `type` into `out` (a default-constructed value of it) from what
 /// `archive` reads (a FrameInputArchive over a whole body and its storages). Every way a body
@@ -35,4 +38,4 @@ T read_body(std::span<const std::byte> body, std::span<const std::shared_ptr<Sto
   return read_body_with<T>(archive);
 }
 
-}  // namespace ferry
+}  // namespace ferry::detail

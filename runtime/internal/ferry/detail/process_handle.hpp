@@ -9,7 +9,7 @@
 #include "ferry/detail/process_identity.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
-namespace ferry {
+namespace ferry::detail {
 
 /// A pidfd on one process (close-on-exec), or an empty handle that remembers why it could
 /// not be opened. Move-only.
@@ -46,4 +46,4 @@ class ProcessHandle {
   int error_ = 0;
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

@@ -6,7 +6,7 @@
 #include <optional>
 #include <vector>
 
-namespace ferry {
+namespace ferry::detail {
 
 /// A map from non-zero 64-bit ids to 32-bit slots in one flat table (open addressing,
 /// linear probing, deletion by backward shift): finding, adding and removing an entry
@@ -86,4 +86,4 @@ class IdSlotMap {
   int shift_ = 64;
 };
 
-}  // namespace ferry
+}  // namespace ferry::detail

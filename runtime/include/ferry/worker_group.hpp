@@ -16,8 +16,9 @@
 #include <vector>
 
 #include "ferry/detail/child_process.hpp"
-#include "ferry/timeout.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "ferry/exit_status.hpp"
+#include "ferry/timeout.hpp"
 #include "ferry/worker_context.hpp"
 #include "ferry/worker_error.hpp"
 
@@ -80,8 +81,8 @@ class WorkerGroup {
 
  private:
   struct Worker {
-    ChildProcess process;
-    UniqueFd report;          // read end of the worker's report pipe (non-blocking)
+    detail::ChildProcess process;
+    detail::UniqueFd report;          // read end of the worker's report pipe (non-blocking)
     std::string report_bytes;
     bool started = false;     // start_forked/start_exec succeeded
     StartMethod method = StartMethod::Fork;

@@ -1,0 +1,2 @@
+// Reached from ferry/public.hpp.
+#pragma once
