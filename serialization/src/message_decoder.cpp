@@ -120,20 +120,10 @@ void MessageDecoder::decode(const FrameHeader& header, std::span<const std::byte
   {
     // Blocks whose last user was the lease give their slots back together, when the batch ends.
     const ReturnBoard::PostBatch batch(board());
-    for (std::uint32_t i = 0; i < header.release_count; ++i) {
-      const auto slot = entry_at<std::uint32_t>(releases, i);
-      if (slot >= leases_.size() || !leases_[slot]) {
-        throw ProtocolError("frame releases slot " + std::to_string(slot) + " which holds no lease");
-      }
-      leases_[slot] = Lease{};
-    }
+    for (std::uint32_t i = 0; i < header.release_count; ++i) leases_.release(entry_at<std::uint32_t>(releases, i));
   }
   for (std::uint32_t i = 0; i < header.segment_release_count; ++i) {
-    const auto slot = entry_at<std::uint32_t>(segment_releases, i);
-    if (slot >= segments_.size() || !segments_[slot]) {
-      throw ProtocolError("frame releases segment slot " + std::to_string(slot) + " which holds no lease");
-    }
-    segments_[slot] = nullptr;
+    segments_.release(entry_at<std::uint32_t>(segment_releases, i));
   }
 
   try {
@@ -171,7 +161,7 @@ void MessageDecoder::give_back_unresolved(std::span<const std::byte> table, std:
   for (std::uint32_t i = 0; i < count; ++i) {
     const auto entry = entry_at<HandleEntry>(table, i);
     if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
-    if (entry.slot < leases_.size() && leases_[entry.slot]) continue;
+    if (leases_.find(entry.slot) != nullptr) continue;
     holds_.give_back(entry.slot);
   }
 }
@@ -193,20 +183,7 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
     const auto entry = entry_at<HandleEntry>(table, i);
     const auto kind = static_cast<HandleKind>(entry.kind);
     if (kind == HandleKind::Leased) {
-      if (entry.slot >= leases_.size() || !leases_[entry.slot]) {
-        throw ProtocolError("handle " + std::to_string(i) + " refers to slot " + std::to_string(entry.slot) +
-                            " which holds no lease");
-      }
-      if (leases_[entry.slot].memory()->device().kind == DeviceKind::Cuda) {
-        throw ProtocolError("handle " + std::to_string(i) + " refers to the CUDA storage at slot " +
-                            std::to_string(entry.slot) + " as a plain lease");
-      }
-      if (leases_[entry.slot].memory()->size() != entry.nbytes) {
-        throw ProtocolError("handle " + std::to_string(i) + " field nbytes claims " + std::to_string(entry.nbytes) +
-                            " bytes but the storage leased at slot " + std::to_string(entry.slot) + " has " +
-                            std::to_string(leases_[entry.slot].memory()->size()));
-      }
-      storages_.push_back(resolve_lease(leases_[entry.slot]));
+      storages_.push_back(resolve_leased(entry, i));
       continue;
     }
     if (kind == HandleKind::CudaIpc) {  // CUDA IPC: cuda_handles.cpp
@@ -220,14 +197,7 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
     if (kind != HandleKind::NewBlock) {
       throw ProtocolError("handle " + std::to_string(i) + " has an unknown kind " + std::to_string(entry.kind));
     }
-    if (entry.slot >= kMaxSlots) {
-      throw ProtocolError("handle " + std::to_string(i) + " asks for slot " + std::to_string(entry.slot) +
-                          ", above the limit of " + std::to_string(kMaxSlots));
-    }
-    if (entry.slot < leases_.size() && leases_[entry.slot]) {
-      throw ProtocolError("handle " + std::to_string(i) + " reuses slot " + std::to_string(entry.slot) +
-                          " before releasing it");
-    }
+    leases_.check_free(entry.slot, i);
     if (!frame_claimed_) {
       claim_frame(header.sequence, i);
       frame_claimed_ = true;
@@ -241,6 +211,25 @@ void MessageDecoder::resolve_tables(const FrameHeader& header, std::span<const s
     throw ProtocolError("the transport delivered " + std::to_string(extra) +
                         " storages more than the frame's handle table names");
   }
+}
+
+std::shared_ptr<Storage> MessageDecoder::resolve_leased(const HandleEntry& entry, std::size_t index) {
+  Lease* lease = leases_.find(entry.slot);
+  if (lease == nullptr) {
+    throw ProtocolError("handle " + std::to_string(index) + " refers to slot " + std::to_string(entry.slot) +
+                        " which holds no lease");
+  }
+  const Allocation* memory = lease->memory();
+  if (memory->device().kind == DeviceKind::Cuda) {
+    throw ProtocolError("handle " + std::to_string(index) + " refers to the CUDA storage at slot " +
+                        std::to_string(entry.slot) + " as a plain lease");
+  }
+  if (memory->size() != entry.nbytes) {
+    throw ProtocolError("handle " + std::to_string(index) + " field nbytes claims " + std::to_string(entry.nbytes) +
+                        " bytes but the storage leased at slot " + std::to_string(entry.slot) + " has " +
+                        std::to_string(memory->size()));
+  }
+  return resolve_lease(*lease);
 }
 
 std::shared_ptr<Storage> MessageDecoder::take_copied(const HandleEntry& entry, std::size_t index) {
@@ -339,14 +328,7 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
     throw ProtocolError("segment " + std::to_string(index) + " has an unknown role " + std::to_string(entry.role));
   }
   const std::uint32_t slot = entry.slot_or_reclaims;  // a Data segment's lease
-  if (slot >= kMaxSegmentSlots) {
-    throw ProtocolError("segment " + std::to_string(index) + " asks for segment slot " + std::to_string(slot) +
-                        ", above the limit of " + std::to_string(kMaxSegmentSlots));
-  }
-  if (slot < segments_.size() && segments_[slot]) {
-    throw ProtocolError("segment " + std::to_string(index) + " reuses segment slot " + std::to_string(slot) +
-                        " before releasing it");
-  }
+  segments_.check_free(slot, index);
   // A segment already mapped in this process (received on another channel, or ours sent
   // back) is not mapped again. Its fd is checked (seals, then identity and size: one fcntl
   // and one fstat) before its identity is looked up. A sender naming its fd by number is
@@ -366,8 +348,7 @@ void MessageDecoder::add_segment(const SegmentEntry& entry, std::size_t index, s
     segment = HandleCache::global().insert(
         identity, SharedSegment::adopt(SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size)));
   }
-  if (slot >= segments_.size()) segments_.resize(std::size_t{slot} + 1);
-  segments_[slot] = std::move(segment);
+  segments_.place(slot, std::move(segment));
 }
 
 void MessageDecoder::add_upstream_board(const SegmentEntry& entry, std::size_t index, std::vector<UniqueFd>& frame_fds,
@@ -416,11 +397,12 @@ void MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
 }
 
 std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& entry, std::size_t index) {
-  if (entry.segment_slot >= segments_.size() || !segments_[entry.segment_slot]) {
+  const std::shared_ptr<SharedSegment>* found = segments_.find(entry.segment_slot);
+  if (found == nullptr) {
     throw ProtocolError("handle " + std::to_string(index) + " field segment_slot names slot " +
                         std::to_string(entry.segment_slot) + " which holds no segment lease");
   }
-  const std::shared_ptr<SharedSegment>& segment = segments_[entry.segment_slot];
+  const std::shared_ptr<SharedSegment>& segment = *found;
   if (entry.nbytes == 0) throw ProtocolError("handle " + std::to_string(index) + " field nbytes is 0");
   if (entry.offset > segment->size() || entry.nbytes > segment->size() - entry.offset) {
     throw ProtocolError("handle " + std::to_string(index) + " fields offset " + std::to_string(entry.offset) +
@@ -455,9 +437,8 @@ std::shared_ptr<Storage> MessageDecoder::resolve_new_block(const HandleEntry& en
   } else {
     lease.core = Storage::adopt(std::move(block), true);
   }
-  if (entry.slot >= leases_.size()) leases_.resize(std::size_t{entry.slot} + 1);
-  leases_[entry.slot] = std::move(lease);
-  return own ? own : resolve_lease(leases_[entry.slot]);
+  leases_.place(entry.slot, std::move(lease));
+  return own ? own : resolve_lease(*leases_.find(entry.slot));
 }
 
 std::shared_ptr<Storage> MessageDecoder::resolve_lease(Lease& lease) {
@@ -496,14 +477,8 @@ void MessageDecoder::hand_over() noexcept {
   release_all();
 }
 
-std::size_t MessageDecoder::leased() const noexcept {
-  return static_cast<std::size_t>(
-      std::count_if(leases_.begin(), leases_.end(), [](const Lease& lease) { return static_cast<bool>(lease); }));
-}
+std::size_t MessageDecoder::leased() const noexcept { return leases_.live().size(); }
 
-std::size_t MessageDecoder::leased_segments() const noexcept {
-  return static_cast<std::size_t>(std::count_if(segments_.begin(), segments_.end(),
-                                                [](const auto& segment) { return segment != nullptr; }));
-}
+std::size_t MessageDecoder::leased_segments() const noexcept { return segments_.live().size(); }
 
 }  // namespace ferry
