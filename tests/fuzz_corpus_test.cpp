@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "codec_harness.hpp"
 #include "handshake_harness.hpp"
 #include "harness.hpp"
 #include "support/leak_check.hpp"
@@ -50,6 +51,17 @@ TEST_F(FuzzCorpusTest, FrameSeedsDecodeAsRealFrames) {
   EXPECT_EQ(harness.run(read_bytes(kFuzzDir / "corpus/frame/proc_stream")), 2u);
   EXPECT_EQ(harness.run(read_bytes(kFuzzDir / "corpus/frame/rich")), 1u);
   EXPECT_EQ(harness.run(read_bytes(kFuzzDir / "corpus/frame/plain")), 1u);
+}
+
+TEST_F(FuzzCorpusTest, CodecSeedsDeliverWhatTheyShould) {
+  // Every intact message of a connection's life arrives; a corrupted frame ends the run
+  // after the one message before it.
+  EXPECT_EQ(fuzz::run_codec(read_bytes(kFuzzDir / "corpus/codec/life")), 5u);
+  EXPECT_EQ(fuzz::run_codec(read_bytes(kFuzzDir / "corpus/codec/not_sent")), 2u);
+  for (const char* seed : {"cut", "flipped", "lost_fd", "lying_release", "receiver_gone"}) {
+    EXPECT_EQ(fuzz::run_codec(read_bytes(kFuzzDir / "corpus/codec" / seed)), 1u) << seed;
+  }
+  EXPECT_EQ(fuzz::run_codec(read_bytes(kFuzzDir / "corpus/codec/receiver_lets_go")), 2u);
 }
 
 TEST_F(FuzzCorpusTest, BodySeedsDecode) {
@@ -111,6 +123,11 @@ TEST_F(FuzzCorpusTest, EveryCorpusAndRegressionInputRunsCleanly) {
     for (const fs::path& path : files_under(kFuzzDir / group / "handshake")) {
       SCOPED_TRACE(path.string());
       fuzz::run_handshake(read_bytes(path));
+      ++inputs;
+    }
+    for (const fs::path& path : files_under(kFuzzDir / group / "codec")) {
+      SCOPED_TRACE(path.string());
+      fuzz::run_codec(read_bytes(path));
       ++inputs;
     }
     for (const fs::path& path : files_under(kFuzzDir / group / "listener")) {

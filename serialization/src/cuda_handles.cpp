@@ -133,11 +133,7 @@ detail::HandleEntry detail::MessageEncoder::cuda_entry(const std::shared_ptr<Sto
   } else {
     // A slot like any storage's, but never pinned and never given back on the return board:
     // the hold-counter board's counter is the hold (see MessageEncoder::commit).
-    entry.slot = take_slot();
-    lease_slot(entry.slot, storage, false);
-    new_slots_.push_back(entry.slot);
-    storage->mark_sent();
-    ++storages_passed_;
+    entry.slot = lease_storage(storage, false);
   }
   return entry;
 }
@@ -288,7 +284,7 @@ std::shared_ptr<Storage> detail::MessageDecoder::resolve_cuda(const detail::Hand
   const cuda::HoldCounterView board = hold_counter_board_of(record, storages_, handle);
   // This frame gave this process one hold on the counter: from here on, a failure gives it
   // back, so that a broken frame cannot pin the producer's memory.
-  Lease* lease = entry.slot < leases_.size() && leases_[entry.slot] ? &leases_[entry.slot] : nullptr;
+  Lease* lease = leases_.find(entry.slot);
   std::shared_ptr<cuda::ReceivedCudaRange> range;
   if (lease != nullptr) {
     range = std::dynamic_pointer_cast<cuda::ReceivedCudaRange>(lease->allocation);
@@ -326,9 +322,8 @@ std::shared_ptr<Storage> detail::MessageDecoder::open_cuda_storage(const detail:
   if (lease != nullptr) {
     lease->handle = storage;
   } else {
-    if (entry.slot >= leases_.size()) leases_.resize(entry.slot + 1);
     // No core: owning the CUDA storage would hold the producer's memory (see Lease).
-    leases_[entry.slot] = Lease{range, nullptr, storage};
+    leases_.place(entry.slot, Lease{range, nullptr, storage});
   }
   return storage;
 }

@@ -119,21 +119,11 @@ void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span
 
   {
     // Blocks whose last user was the lease give their slots back together, when the batch ends.
-    const detail::ReturnBoard::PostBatch batch(board());
-    for (std::uint32_t i = 0; i < header.release_count; ++i) {
-      const auto slot = entry_at<std::uint32_t>(releases, i);
-      if (slot >= leases_.size() || !leases_[slot]) {
-        throw ProtocolError("frame releases slot " + std::to_string(slot) + " which holds no lease");
-      }
-      leases_[slot] = Lease{};
-    }
+    const ReturnBoard::PostBatch batch(board());
+    for (std::uint32_t i = 0; i < header.release_count; ++i) leases_.release(entry_at<std::uint32_t>(releases, i));
   }
   for (std::uint32_t i = 0; i < header.segment_release_count; ++i) {
-    const auto slot = entry_at<std::uint32_t>(segment_releases, i);
-    if (slot >= segments_.size() || !segments_[slot]) {
-      throw ProtocolError("frame releases segment slot " + std::to_string(slot) + " which holds no lease");
-    }
-    segments_[slot] = nullptr;
+    segments_.release(entry_at<std::uint32_t>(segment_releases, i));
   }
 
   try {
@@ -169,9 +159,9 @@ void detail::MessageDecoder::give_back_unresolved(std::span<const std::byte> tab
   // slot back when they die; the others would stay pinned until this process exits.
   if (!board()) return;
   for (std::uint32_t i = 0; i < count; ++i) {
-    const auto entry = entry_at<detail::HandleEntry>(table, i);
-    if (entry.kind != static_cast<std::uint32_t>(detail::HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
-    if (entry.slot < leases_.size() && leases_[entry.slot]) continue;
+    const auto entry = entry_at<HandleEntry>(table, i);
+    if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
+    if (leases_.find(entry.slot) != nullptr) continue;
     holds_.give_back(entry.slot);
   }
 }
@@ -190,23 +180,10 @@ void detail::MessageDecoder::resolve_tables(const detail::FrameHeader& header, s
   std::size_t cuda_records = 0;
   storages_.reserve(header.handle_count);
   for (std::uint32_t i = 0; i < header.handle_count; ++i) {
-    const auto entry = entry_at<detail::HandleEntry>(table, i);
-    const auto kind = static_cast<detail::HandleKind>(entry.kind);
-    if (kind == detail::HandleKind::Leased) {
-      if (entry.slot >= leases_.size() || !leases_[entry.slot]) {
-        throw ProtocolError("handle " + std::to_string(i) + " refers to slot " + std::to_string(entry.slot) +
-                            " which holds no lease");
-      }
-      if (leases_[entry.slot].memory()->device().kind == DeviceKind::Cuda) {
-        throw ProtocolError("handle " + std::to_string(i) + " refers to the CUDA storage at slot " +
-                            std::to_string(entry.slot) + " as a plain lease");
-      }
-      if (leases_[entry.slot].memory()->size() != entry.nbytes) {
-        throw ProtocolError("handle " + std::to_string(i) + " field nbytes claims " + std::to_string(entry.nbytes) +
-                            " bytes but the storage leased at slot " + std::to_string(entry.slot) + " has " +
-                            std::to_string(leases_[entry.slot].memory()->size()));
-      }
-      storages_.push_back(resolve_lease(leases_[entry.slot]));
+    const auto entry = entry_at<HandleEntry>(table, i);
+    const auto kind = static_cast<HandleKind>(entry.kind);
+    if (kind == HandleKind::Leased) {
+      storages_.push_back(resolve_leased(entry, i));
       continue;
     }
     if (kind == detail::HandleKind::CudaIpc) {  // CUDA IPC: cuda_handles.cpp
@@ -220,14 +197,7 @@ void detail::MessageDecoder::resolve_tables(const detail::FrameHeader& header, s
     if (kind != detail::HandleKind::NewBlock) {
       throw ProtocolError("handle " + std::to_string(i) + " has an unknown kind " + std::to_string(entry.kind));
     }
-    if (entry.slot >= kMaxSlots) {
-      throw ProtocolError("handle " + std::to_string(i) + " asks for slot " + std::to_string(entry.slot) +
-                          ", above the limit of " + std::to_string(kMaxSlots));
-    }
-    if (entry.slot < leases_.size() && leases_[entry.slot]) {
-      throw ProtocolError("handle " + std::to_string(i) + " reuses slot " + std::to_string(entry.slot) +
-                          " before releasing it");
-    }
+    leases_.check_free(entry.slot, i);
     if (!frame_claimed_) {
       claim_frame(header.sequence, i);
       frame_claimed_ = true;
@@ -243,7 +213,26 @@ void detail::MessageDecoder::resolve_tables(const detail::FrameHeader& header, s
   }
 }
 
-std::shared_ptr<Storage> detail::MessageDecoder::take_copied(const detail::HandleEntry& entry, std::size_t index) {
+std::shared_ptr<Storage> detail::MessageDecoder::resolve_leased(const HandleEntry& entry, std::size_t index) {
+  Lease* lease = leases_.find(entry.slot);
+  if (lease == nullptr) {
+    throw ProtocolError("handle " + std::to_string(index) + " refers to slot " + std::to_string(entry.slot) +
+                        " which holds no lease");
+  }
+  const Allocation* memory = lease->memory();
+  if (memory->device().kind == DeviceKind::Cuda) {
+    throw ProtocolError("handle " + std::to_string(index) + " refers to the CUDA storage at slot " +
+                        std::to_string(entry.slot) + " as a plain lease");
+  }
+  if (memory->size() != entry.nbytes) {
+    throw ProtocolError("handle " + std::to_string(index) + " field nbytes claims " + std::to_string(entry.nbytes) +
+                        " bytes but the storage leased at slot " + std::to_string(entry.slot) + " has " +
+                        std::to_string(memory->size()));
+  }
+  return resolve_lease(*lease);
+}
+
+std::shared_ptr<Storage> detail::MessageDecoder::take_copied(const HandleEntry& entry, std::size_t index) {
   if (copied_ == nullptr || copied_->empty()) {
     throw ProtocolError("handle " + std::to_string(index) +
                         " is a copied storage, but its bytes did not come with the frame (only a transport "
@@ -339,14 +328,7 @@ void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std:
     throw ProtocolError("segment " + std::to_string(index) + " has an unknown role " + std::to_string(entry.role));
   }
   const std::uint32_t slot = entry.slot_or_reclaims;  // a Data segment's lease
-  if (slot >= kMaxSegmentSlots) {
-    throw ProtocolError("segment " + std::to_string(index) + " asks for segment slot " + std::to_string(slot) +
-                        ", above the limit of " + std::to_string(kMaxSegmentSlots));
-  }
-  if (slot < segments_.size() && segments_[slot]) {
-    throw ProtocolError("segment " + std::to_string(index) + " reuses segment slot " + std::to_string(slot) +
-                        " before releasing it");
-  }
+  segments_.check_free(slot, index);
   // A segment already mapped in this process (received on another channel, or ours sent
   // back) is not mapped again. Its fd is checked (seals, then identity and size: one fcntl
   // and one fstat) before its identity is looked up. A sender naming its fd by number is
@@ -366,8 +348,7 @@ void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std:
     segment = HandleCache::global().insert(
         identity, detail::SharedSegment::adopt(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size)));
   }
-  if (slot >= segments_.size()) segments_.resize(std::size_t{slot} + 1);
-  segments_[slot] = std::move(segment);
+  segments_.place(slot, std::move(segment));
 }
 
 void detail::MessageDecoder::add_upstream_board(const detail::SegmentEntry& entry, std::size_t index, std::vector<detail::UniqueFd>& frame_fds,
@@ -415,12 +396,13 @@ void detail::MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t ind
   }
 }
 
-std::shared_ptr<Storage> detail::MessageDecoder::resolve_new_block(const detail::HandleEntry& entry, std::size_t index) {
-  if (entry.segment_slot >= segments_.size() || !segments_[entry.segment_slot]) {
+std::shared_ptr<Storage> detail::MessageDecoder::resolve_new_block(const HandleEntry& entry, std::size_t index) {
+  const std::shared_ptr<SharedSegment>* found = segments_.find(entry.segment_slot);
+  if (found == nullptr) {
     throw ProtocolError("handle " + std::to_string(index) + " field segment_slot names slot " +
                         std::to_string(entry.segment_slot) + " which holds no segment lease");
   }
-  const std::shared_ptr<detail::SharedSegment>& segment = segments_[entry.segment_slot];
+  const std::shared_ptr<SharedSegment>& segment = *found;
   if (entry.nbytes == 0) throw ProtocolError("handle " + std::to_string(index) + " field nbytes is 0");
   if (entry.offset > segment->size() || entry.nbytes > segment->size() - entry.offset) {
     throw ProtocolError("handle " + std::to_string(index) + " fields offset " + std::to_string(entry.offset) +
@@ -455,9 +437,8 @@ std::shared_ptr<Storage> detail::MessageDecoder::resolve_new_block(const detail:
   } else {
     lease.core = Storage::adopt(std::move(block), true);
   }
-  if (entry.slot >= leases_.size()) leases_.resize(std::size_t{entry.slot} + 1);
-  leases_[entry.slot] = std::move(lease);
-  return own ? own : resolve_lease(leases_[entry.slot]);
+  leases_.place(entry.slot, std::move(lease));
+  return own ? own : resolve_lease(*leases_.find(entry.slot));
 }
 
 std::shared_ptr<Storage> detail::MessageDecoder::resolve_lease(Lease& lease) {
@@ -496,14 +477,8 @@ void detail::MessageDecoder::hand_over() noexcept {
   release_all();
 }
 
-std::size_t detail::MessageDecoder::leased() const noexcept {
-  return static_cast<std::size_t>(
-      std::count_if(leases_.begin(), leases_.end(), [](const Lease& lease) { return static_cast<bool>(lease); }));
-}
+std::size_t detail::MessageDecoder::leased() const noexcept { return leases_.live().size(); }
 
-std::size_t detail::MessageDecoder::leased_segments() const noexcept {
-  return static_cast<std::size_t>(std::count_if(segments_.begin(), segments_.end(),
-                                                [](const auto& segment) { return segment != nullptr; }));
-}
+std::size_t detail::MessageDecoder::leased_segments() const noexcept { return segments_.live().size(); }
 
 }  // namespace ferry

@@ -13,8 +13,6 @@
 namespace ferry {
 namespace {
 
-// Mirrors MessageDecoder::kMaxSegmentSlots (serialization must not depend on the decoder).
-constexpr std::uint32_t kMaxSegmentSlots = 1u << 20;
 // Frames with more storages than this find repeated ones through a hash index.
 constexpr std::size_t kLinearSearchLimit = 16;
 constexpr std::uint32_t kNoSlot = UINT32_MAX;
@@ -161,89 +159,49 @@ void detail::MessageEncoder::flush_remember_batch() {
   remember_batch_.clear();
 }
 
-void detail::MessageEncoder::lease_slot(std::uint32_t slot, const std::shared_ptr<Storage>& storage, bool returned) {
+std::uint32_t detail::MessageEncoder::lease_storage(const std::shared_ptr<Storage>& storage, bool returned) {
+  const std::uint32_t slot = storage_slots_.take(LeasedStorage{storage->id(), storage}, returned);
   leased_ids_.insert(storage->id(), slot);
-  leased_.push_back(slot);
-  SlotInfo& info = slots_[slot];
-  info.state = SlotState::Leased;
-  info.returned = returned;
-  info.leased_at = static_cast<std::uint32_t>(leased_.size() - 1);
-  info.storage_id = storage->id();
-  info.storage = storage;
+  new_slots_.push_back(slot);
+  ++storages_passed_;
+  storage->mark_sent();
+  return slot;
 }
 
-void detail::MessageEncoder::unlease_slot(std::uint32_t slot) noexcept {
-  SlotInfo& info = slots_[slot];
-  leased_ids_.erase(info.storage_id);
-  // Swap-remove: the last leased slot takes this one's place.
-  const std::uint32_t moved = leased_.back();
-  leased_[info.leased_at] = moved;
-  slots_[moved].leased_at = info.leased_at;
-  leased_.pop_back();
-  info.storage.reset();
+void detail::MessageEncoder::free_storage_slot(std::uint32_t slot) {
+  if (storage_slots_.state(slot) == detail::SlotTable<LeasedStorage>::State::Live) {
+    leased_ids_.erase(storage_slots_.at(slot).storage_id);
+  }
+  storage_slots_.free(slot);
 }
 
 void detail::MessageEncoder::collect_returned_slots() {
   returned_scratch_.clear();
   holds_.take_returned(returned_scratch_);
   for (const std::uint32_t slot : returned_scratch_) {
-    if (slot >= slots_.size()) continue;
-    SlotInfo& info = slots_[slot];
-    if (!info.returned) continue;  // a CUDA slot is never given back on the board (a lying receiver)
-    switch (info.state) {
-      case SlotState::Free: continue;
-      case SlotState::Leased: unlease_slot(slot); break;  // the receiver dropped its leases
-      case SlotState::Dying: std::erase(unannounced_releases_, slot); break;
-      case SlotState::Released: break;  // the normal case
-    }
-    info = SlotInfo{};
-    free_slots_.push_back(slot);
+    // Live: the receiver dropped its leases. Not returnable: a CUDA slot is never given
+    // back on the board (a lying receiver).
+    if (storage_slots_.returnable(slot)) free_storage_slot(slot);
   }
 }
 
 void detail::MessageEncoder::collect_dead_storages() {
-  const std::uint64_t deaths = sent_storage_deaths();
-  if (deaths == seen_storage_deaths_) return;
-  seen_storage_deaths_ = deaths;
-  // Backwards: unlease_slot() moves the last entry into the place of the one it removes.
-  for (std::size_t i = leased_.size(); i-- > 0;) {
-    const std::uint32_t slot = leased_[i];
-    if (slots_[slot].storage.expired()) {
-      unannounced_releases_.push_back(slot);
-      unlease_slot(slot);
-      slots_[slot].state = SlotState::Dying;
-    }
-  }
+  if (!storage_slots_.saw_deaths(sent_storage_deaths())) return;
+  storage_slots_.retire_where([this](std::uint32_t, const LeasedStorage& leased) {
+    if (!leased.storage.expired()) return false;
+    leased_ids_.erase(leased.storage_id);
+    return true;
+  });
 }
 
 void detail::MessageEncoder::collect_dead_segments() {
-  const std::uint64_t deaths = detail::sent_segment_deaths();
-  if (deaths == seen_segment_deaths_) return;
-  seen_segment_deaths_ = deaths;
-  for (auto it = sent_segments_.begin(); it != sent_segments_.end();) {
-    if (it->second.segment.expired()) {
-      unannounced_segment_releases_.push_back(it->second.slot);
-      if (it->first == last_segment_id_) last_segment_id_ = 0;
-      it = sent_segments_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
-std::uint32_t detail::MessageEncoder::take_slot() {
-  if (!free_slots_.empty()) {
-    const std::uint32_t slot = free_slots_.back();
-    free_slots_.pop_back();
-    return slot;
-  }
-  if (next_slot_ >= detail::ReturnBoard::kSlots) {
-    throw Error("the receiver holds " + std::to_string(detail::ReturnBoard::kSlots) +
-                " storages of this channel, the most one channel can track; let the receiver drop "
-                "tensors, or send fewer, larger ones");
-  }
-  slots_.resize(std::size_t{next_slot_} + 1);
-  return next_slot_++;
+  if (!segment_slots_.saw_deaths(sent_segment_deaths())) return;
+  segment_slots_.retire_where([this](std::uint32_t, const LeasedSegment& leased) {
+    if (!leased.segment.expired()) return false;
+    sent_segments_.erase(leased.segment_id);
+    if (leased.segment_id == last_segment_id_) last_segment_id_ = 0;
+    return true;
+  });
 }
 
 bool detail::MessageEncoder::passes_fd_now() {
@@ -279,23 +237,15 @@ bool detail::MessageEncoder::add_segment_entry(detail::SegmentRole role, std::ui
 std::uint32_t detail::MessageEncoder::segment_slot_for(const std::shared_ptr<detail::SharedSegment>& segment) {
   // The storages of a frame mostly lie in one segment (a slab of small blocks).
   if (segment->id() == last_segment_id_) return last_segment_slot_;
-  if (const auto it = sent_segments_.find(segment->id()); it != sent_segments_.end()) {
-    last_segment_id_ = it->first;
-    last_segment_slot_ = it->second.slot;
-    return it->second.slot;
-  }
-  std::uint32_t slot = 0;
-  if (!free_segment_slots_.empty()) {
-    slot = free_segment_slots_.back();
-    free_segment_slots_.pop_back();
-  } else {
-    if (next_segment_slot_ >= kMaxSegmentSlots) {
-      throw Error("the receiver leases " + std::to_string(kMaxSegmentSlots) +
-                  " segments of this channel, the most one channel can track");
-    }
-    slot = next_segment_slot_++;
-  }
-  sent_segments_.emplace(segment->id(), SentSegment{slot, segment});
+  const auto it = sent_segments_.find(segment->id());
+  last_segment_slot_ = it != sent_segments_.end() ? it->second : lease_segment(segment);
+  last_segment_id_ = segment->id();
+  return last_segment_slot_;
+}
+
+std::uint32_t detail::MessageEncoder::lease_segment(const std::shared_ptr<SharedSegment>& segment) {
+  const std::uint32_t slot = segment_slots_.take(LeasedSegment{segment->id(), segment}, false);
+  sent_segments_.emplace(segment->id(), slot);
   new_segment_ids_.push_back(segment->id());
   segment->mark_sent();
   // /proc/<pid>/fd/<n> only works while our fd is open: keep the segment until the receiver
@@ -341,7 +291,7 @@ const detail::EncodedFrame& detail::MessageEncoder::finish(detail::FrameKind kin
   // none of them. Every pin, kept segment and passed board of the ledger came with a storage
   // slot: a connection that never had one (a Distributor's channel of plain values, whose
   // board only counts deliveries) has no returns to collect.
-  if (holds_.board() != nullptr && !slots_.empty()) collect_returned_slots();
+  if (holds_.board() != nullptr && !storage_slots_.never_used()) collect_returned_slots();
   if (!storages_.empty()) refresh_leased_storages();
   collect_dead_storages();
   collect_dead_segments();
@@ -364,7 +314,7 @@ void detail::MessageEncoder::refresh_leased_storages() {
     // Only a storage marked sent can be leased (a new one skips the lookup).
     const auto slot = storages_[i]->was_sent() ? leased_ids_.find(storages_[i]->id()) : std::nullopt;
     leased_slots_[i] = slot.value_or(kNoSlot);
-    if (slot) slots_[*slot].storage = storages_[i];
+    if (slot) storage_slots_.at(*slot).storage = storages_[i];
   }
 }
 
@@ -400,19 +350,15 @@ void detail::MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>
   entry.kind = static_cast<std::uint32_t>(detail::HandleKind::NewBlock);
   entry.segment_slot = segment_slot_for(block->segment());
   entry.offset = block->offset();
-  entry.slot = take_slot();
+  entry.slot = lease_storage(storage, true);
   if (block->received()) pass_upstream_boards(*block);  // a block of our own allocator came through no board
-  lease_slot(entry.slot, storage, true);
-  ++storages_passed_;
-  new_slots_.push_back(entry.slot);
-  new_pins_.push_back(detail::HoldLedger::Pin{entry.slot, storage->shared_allocation()});
+  new_pins_.push_back(HoldLedger::Pin{entry.slot, storage->shared_allocation()});
   // A block sent back to us (by a receiver that forwards it) resolves to this storage;
   // storages of one segment are remembered together, under one lock.
   if (!remember_batch_.empty() && (*remember_batch_.front())->shared_block()->segment() != block->segment()) {
     flush_remember_batch();
   }
   remember_batch_.push_back(&storage);
-  storage->mark_sent();
 }
 
 void detail::MessageEncoder::pin_new_storages(detail::FrameKind kind) {
@@ -452,10 +398,10 @@ void detail::MessageEncoder::fill_header(detail::FrameKind kind, std::uint64_t f
   header_.segment_count = static_cast<std::uint32_t>(segment_entries_.size());
   header_.handle_count = static_cast<std::uint32_t>(entries_.size());
   header_.fd_count = static_cast<std::uint32_t>(fds_.size());
-  announced_release_count_ = unannounced_releases_.size();
-  header_.release_count = static_cast<std::uint32_t>(announced_release_count_);
-  announced_segment_release_count_ = unannounced_segment_releases_.size();
-  header_.segment_release_count = static_cast<std::uint32_t>(announced_segment_release_count_);
+  announced_releases_ = storage_slots_.announce();
+  header_.release_count = static_cast<std::uint32_t>(announced_releases_.size());
+  announced_segment_releases_ = segment_slots_.announce();
+  header_.segment_release_count = static_cast<std::uint32_t>(announced_segment_releases_.size());
   header_.body_bytes = cuda_bytes + body_.size();
 }
 
@@ -471,10 +417,10 @@ const detail::EncodedFrame& detail::MessageEncoder::assemble_frame(std::span<con
   };
   add(&header_, sizeof header_);
   add(type_name_.data(), type_name_.size());
-  add(segment_entries_.data(), segment_entries_.size() * sizeof(detail::SegmentEntry));
-  add(entries_.data(), entries_.size() * sizeof(detail::HandleEntry));
-  add(unannounced_releases_.data(), announced_release_count_ * sizeof(std::uint32_t));
-  add(unannounced_segment_releases_.data(), announced_segment_release_count_ * sizeof(std::uint32_t));
+  add(segment_entries_.data(), segment_entries_.size() * sizeof(SegmentEntry));
+  add(entries_.data(), entries_.size() * sizeof(HandleEntry));
+  add(announced_releases_.data(), announced_releases_.size_bytes());
+  add(announced_segment_releases_.data(), announced_segment_releases_.size_bytes());
   add(cuda_records.data(), cuda_records.size());
   add(body_.bytes().data(), body_.size());
   frame_.fds = fds_;
@@ -491,8 +437,8 @@ const detail::EncodedFrame& detail::MessageEncoder::encode_close() {
 }
 
 void detail::MessageEncoder::commit() {
-  if (header_.flags & detail::kFrameHasTypeName) type_name_sent_ = true;
-  if (announced_release_count_ != 0 || announced_segment_release_count_ != 0) commit_releases();
+  if (header_.flags & kFrameHasTypeName) type_name_sent_ = true;
+  if (!announced_releases_.empty() || !announced_segment_releases_.empty()) commit_releases();
   holds_.commit_frame();
   if (board_in_frame_) {
     board_sent_ = true;
@@ -509,38 +455,24 @@ void detail::MessageEncoder::commit() {
 }
 
 void detail::MessageEncoder::commit_releases() {
-  const auto releases = static_cast<std::ptrdiff_t>(announced_release_count_);
-  for (auto it = unannounced_releases_.begin(); it != unannounced_releases_.begin() + releases; ++it) {
-    if (slots_[*it].returned) {
-      slots_[*it].state = SlotState::Released;  // reusable once the receiver gives it back
-    } else {
-      // A CUDA slot: frames are ordered, so the receiver drops the lease before it resolves
-      // any later use of the slot, and it gives nothing back on the board.
-      slots_[*it] = SlotInfo{};
-      free_slots_.push_back(*it);
-    }
-  }
-  unannounced_releases_.erase(unannounced_releases_.begin(), unannounced_releases_.begin() + releases);
-  const auto segment_releases = static_cast<std::ptrdiff_t>(announced_segment_release_count_);
-  free_segment_slots_.insert(free_segment_slots_.end(), unannounced_segment_releases_.begin(),
-                             unannounced_segment_releases_.begin() + segment_releases);
-  unannounced_segment_releases_.erase(unannounced_segment_releases_.begin(),
-                                      unannounced_segment_releases_.begin() + segment_releases);
+  // A CUDA slot is free at once: frames are ordered, so the receiver drops the lease
+  // before it resolves any later use of the slot, and it gives nothing back on the board.
+  // So is a segment slot. Other storage slots wait for the receiver's return.
+  storage_slots_.commit_announced();
+  segment_slots_.commit_announced();
+  announced_releases_ = {};
+  announced_segment_releases_ = {};
 }
 
 void detail::MessageEncoder::rollback() {
   // The receiver never saw the frame: forget the storages and segments it introduced and
   // give their slots back; releases stay unannounced for the next frame.
   storages_passed_ -= new_slots_.size();
-  for (const std::uint32_t slot : new_slots_) {
-    if (slots_[slot].state == SlotState::Leased) unlease_slot(slot);
-    slots_[slot] = SlotInfo{};
-    free_slots_.push_back(slot);
-  }
+  for (const std::uint32_t slot : new_slots_) free_storage_slot(slot);
   if (!new_slots_.empty()) holds_.unpin(new_slots_);
   for (const std::uint64_t id : new_segment_ids_) {
     if (const auto it = sent_segments_.find(id); it != sent_segments_.end()) {
-      free_segment_slots_.push_back(it->second.slot);
+      segment_slots_.free(it->second);
       if (id == last_segment_id_) last_segment_id_ = 0;
       sent_segments_.erase(it);
     }

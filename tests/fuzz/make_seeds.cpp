@@ -1,8 +1,8 @@
 // Writes the seed corpus of the fuzz targets: real frames and bodies produced by
 // MessageEncoder, with storages sized so that the harnesses resolve them to their own
 // segments (see fuzz_message.hpp). Deterministic: running it again gives the same files.
-// Usage: ferry_fuzz_seeds <corpus dir>   (writes <dir>/frame/*, body/*, value/*, handshake/*
-// and listener/*)
+// Usage: ferry_fuzz_seeds <corpus dir>   (writes <dir>/frame/*, body/*, value/*, handshake/*,
+// listener/* and codec/*)
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "endpoints/handshake.hpp"
+#include "codec_harness.hpp"
 #include "ferry/detail/message_encoder.hpp"
 #include "ferry/value.hpp"
 #include "fuzz_message.hpp"
@@ -284,6 +285,32 @@ void write_handshake_seeds(const std::filesystem::path& dir) {
   write_file(dir / "listener" / "waiting_cap", waiting.pump().read().close(0).pump().accept(false).accept(false).read().bytes());
 }
 
+// Codec scripts (see codec_harness.hpp): a connection's life, then each way a frame or an
+// end can fail.
+void write_script(const std::filesystem::path& path, const CodecScript& script) {
+  const auto* begin = reinterpret_cast<const std::byte*>(script.bytes().data());
+  write_file(path, Bytes(begin, begin + script.bytes().size()));
+}
+
+void write_codec_seeds(const std::filesystem::path& dir) {
+  // Three storages (small, medium, one in a segment of its own), sent, sent again as
+  // leases, one dropped on both sides (released, its slot given back and reused), the
+  // large one dropped (its segment released).
+  CodecScript life;
+  life.allocate(0, 6, 1).allocate(1, 12, 2).allocate(2, 20, 3).send(0b111).send(0b011);
+  life.drop_sent(0).drop_received(255).send(0b110).allocate(3, 6, 4).send(0b1010);
+  life.drop_sent(2).drop_received(255).send(0);
+  write_script(dir / "codec" / "life", life);
+  const auto one_then = [] { return CodecScript().allocate(0, 8, 7).send(1).allocate(1, 16, 8); };
+  write_script(dir / "codec" / "not_sent", one_then().send_not_sent(0b11).send(0b11));
+  write_script(dir / "codec" / "cut", one_then().send_corrupted(0b11, 0, 3, 0, 0));
+  write_script(dir / "codec" / "flipped", one_then().send_corrupted(0b11, 1, 0x40, 0, 60));
+  write_script(dir / "codec" / "lost_fd", one_then().send_corrupted(0b11, 2, 0, 0, 0));
+  write_script(dir / "codec" / "lying_release", one_then().send_corrupted(0b11, 3, 9, 0, 0));
+  write_script(dir / "codec" / "receiver_lets_go", one_then().send(0b10).receiver_lets_go());
+  write_script(dir / "codec" / "receiver_gone", one_then().send_not_sent(0b10).receiver_gone());
+}
+
 }  // namespace
 }  // namespace ferry::fuzz
 
@@ -321,5 +348,6 @@ int main(int argc, char** argv) {
   write_file(dir / "value" / "bad_bool", RawBody().kind(ValueKind::Bool).u8(2).bytes);
   write_file(dir / "value" / "bad_kind", RawBody().kind(ValueKind::List).u64(1).u8(9).bytes);
   write_handshake_seeds(dir);
+  write_codec_seeds(dir);
   return 0;
 }

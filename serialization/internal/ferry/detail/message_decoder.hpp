@@ -18,6 +18,8 @@
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/detail/connection_holds.hpp"
 #include "ferry/detail/return_board.hpp"
+#include "ferry/detail/shared_segment.hpp"
+#include "ferry/detail/slot_table.hpp"
 #include "ferry/allocation.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor_wire.hpp"
@@ -38,7 +40,7 @@ class MessageDecoder {
   /// The most storage slots a sender may lease to one receiver.
   static constexpr std::uint32_t kMaxSlots = ReturnBoard::kSlots;
   /// The most segment slots a sender may lease to one receiver.
-  static constexpr std::uint32_t kMaxSegmentSlots = 1u << 20;
+  static constexpr std::uint32_t kMaxSegmentSlots = detail::kMaxSegmentSlots;
 
   MessageDecoder(std::uint64_t expected_fingerprint, std::string_view expected_type_name)
       : expected_fingerprint_(expected_fingerprint), expected_type_name_(expected_type_name) {}
@@ -174,6 +176,8 @@ class MessageDecoder {
     const Allocation* memory() const noexcept { return core ? core->allocation() : allocation.get(); }
   };
   std::shared_ptr<Storage> resolve_lease(Lease& lease);
+  // A Leased entry `index`: the storage leased at its slot, checked against the entry.
+  std::shared_ptr<Storage> resolve_leased(const HandleEntry& entry, std::size_t index);
 
   // CUDA storages (defined in serialization/src/cuda_handles.cpp): resolves the CudaIpc
   // entry `index` with the `record`-th CUDA record of the frame; the events opened so far.
@@ -187,8 +191,9 @@ class MessageDecoder {
                                              std::shared_ptr<cuda::ReceivedCudaRange> range);
   std::shared_ptr<CudaReceiveState> cuda_;
 
-  std::vector<Lease> leases_;                              // by storage slot
-  std::vector<std::shared_ptr<SharedSegment>> segments_;   // by segment slot
+  // The sender's leases, numbered as the sender numbered them (see detail::SlotTable).
+  detail::SlotTable<Lease> leases_{kMaxSlots, detail::kStorageSlotNames};
+  detail::SlotTable<std::shared_ptr<SharedSegment>> segments_{kMaxSegmentSlots, detail::kSegmentSlotNames};
   PeerFdOpener peer_fds_;  // takes segments named by the sender's pid and fd number
   ReceivingHolds holds_;  // the return board, upstream boards, this process's registrations
   // The return board, or null before the frame that carries it.

@@ -24,6 +24,7 @@
 #include "ferry/detail/connection_holds.hpp"
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/id_slot_map.hpp"
+#include "ferry/detail/slot_table.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor_wire.hpp"
@@ -137,12 +138,12 @@ class MessageEncoder {
   /// The newest sequence whose acknowledgement is awaited (0: none).
   std::uint64_t newest_awaited_sequence() const noexcept { return keepalive_.empty() ? 0 : keepalive_.back().first; }
   /// Storages the receiver currently leases from this sender, as far as it knows.
-  std::size_t tracked_storages() const noexcept { return leased_.size(); }
+  std::size_t tracked_storages() const noexcept { return storage_slots_.live().size(); }
   /// Storages passed so far as new ones (a NewBlock entry, or a CudaIpc entry that took a
   /// new slot), not as leases of storages the receiver holds.
   std::uint64_t storages_passed() const noexcept { return storages_passed_; }
   /// Segments the receiver currently leases from this sender, as far as it knows.
-  std::size_t tracked_segments() const noexcept { return sent_segments_.size(); }
+  std::size_t tracked_segments() const noexcept { return segment_slots_.live().size(); }
   /// Storages pinned because the receiver may still hold them.
   std::size_t pinned_storages() const { return holds_.pinned(); }
 
@@ -167,21 +168,15 @@ class MessageEncoder {
   void adopt();
 
  private:
-  enum class SlotState : std::uint8_t {
-    Free,      // unused
-    Leased,    // the receiver leases it; the storage lives here
-    Dying,     // the storage died here; release not announced yet
-    Released,  // release announced; waiting for the receiver to give the slot back
-  };
-  struct SlotInfo {
-    SlotState state = SlotState::Free;
-    bool returned = true;        // false for CUDA storages: the receiver gives nothing back on the board
-    std::uint32_t leased_at = 0;  // Leased: index in leased_
+  // What a storage slot names: the storage the receiver leases (weak: its death here is
+  // what releases the slot), and its id (the key of leased_ids_).
+  struct LeasedStorage {
     std::uint64_t storage_id = 0;
-    std::weak_ptr<Storage> storage;  // Leased: the storage that lives here
+    std::weak_ptr<Storage> storage;
   };
-  struct SentSegment {
-    std::uint32_t slot;
+  // What a segment slot names (sent_segments_ finds the slot by the id).
+  struct LeasedSegment {
+    std::uint64_t segment_id = 0;
     std::weak_ptr<SharedSegment> segment;
   };
   void begin();
@@ -216,14 +211,16 @@ class MessageEncoder {
   void cuda_end_frame(bool sent) noexcept;
   std::shared_ptr<CudaSendState> cuda_;
 
-  // Slot `slot` (taken) is leased to `storage` / no longer leased (it must be Leased).
-  void lease_slot(std::uint32_t slot, const std::shared_ptr<Storage>& storage, bool returned);
-  void unlease_slot(std::uint32_t slot) noexcept;
+  // A new storage slot for `storage`; `returned`: the receiver gives it back on the return
+  // board (false for CUDA storages, whose hold counter is the hold).
+  std::uint32_t lease_storage(const std::shared_ptr<Storage>& storage, bool returned);
+  // Frees a storage slot (given back, or its frame not sent).
+  void free_storage_slot(std::uint32_t slot);
   void collect_returned_slots();
   void collect_dead_storages();
   void collect_dead_segments();
-  std::uint32_t take_slot();
   std::uint32_t segment_slot_for(const std::shared_ptr<SharedSegment>& segment);
+  std::uint32_t lease_segment(const std::shared_ptr<SharedSegment>& segment);
   void pass_upstream_boards(const SharedBlock& block);
   void retire_dead_upstream_boards();
   // Adds a segment entry for the frame; true when it names the fd by /proc (the segment
@@ -243,21 +240,14 @@ class MessageEncoder {
   std::uint64_t next_sequence_ = 1;
   bool type_name_sent_ = false;
   std::size_t max_type_name_bytes_ = FrameLimits{}.max_type_name_bytes;
-  std::uint64_t seen_storage_deaths_ = 0;
-  std::uint64_t seen_segment_deaths_ = 0;
   std::uint64_t storages_passed_ = 0;
 
-  IdSlotMap leased_ids_;                              // Storage::id() -> slot, of leased storages
-  std::vector<std::uint32_t> leased_;                 // the slots in state Leased
-  std::vector<SlotInfo> slots_;                       // by storage slot
-  std::vector<std::uint32_t> unannounced_releases_;       // slots whose storage died
-  std::vector<std::uint32_t> free_slots_;                 // given back by the receiver
-  std::uint32_t next_slot_ = 0;
-
-  std::unordered_map<std::uint64_t, SentSegment> sent_segments_;  // by SharedSegment::id()
-  std::vector<std::uint32_t> unannounced_segment_releases_;
-  std::vector<std::uint32_t> free_segment_slots_;
-  std::uint32_t next_segment_slot_ = 0;
+  // The receiver's leases, as far as this end knows: storages and segments, each numbered
+  // by a slot table (its free list, releases to announce, deaths seen).
+  detail::SlotTable<LeasedStorage> storage_slots_{ReturnBoard::kSlots, detail::kStorageSlotNames};
+  IdSlotMap leased_ids_;  // Storage::id() -> slot, of the Live storage slots
+  detail::SlotTable<LeasedSegment> segment_slots_{detail::kMaxSegmentSlots, detail::kSegmentSlotNames};
+  std::unordered_map<std::uint64_t, std::uint32_t> sent_segments_;  // SharedSegment::id() -> slot
   std::uint64_t last_segment_id_ = 0;  // the segment segment_slot_for() found last (0: none)
   std::uint32_t last_segment_slot_ = 0;
 
@@ -296,8 +286,8 @@ class MessageEncoder {
   bool tables_filled_ = false;
   bool board_in_frame_ = false;
   bool delivery_tracked_ = false;  // track_delivery(): send the board even without storages
-  std::size_t announced_release_count_ = 0;
-  std::size_t announced_segment_release_count_ = 0;
+  std::span<const std::uint32_t> announced_releases_;          // storage slots the frame releases
+  std::span<const std::uint32_t> announced_segment_releases_;  // segment slots the frame releases
   EncodedFrame frame_;
 };
 
