@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/detail/live_ends.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
@@ -318,6 +319,24 @@ TEST(EndOwnership, AWaitingThreadLetsGoOfCopiesOwnedElsewhere) {
   EXPECT_FALSE(rx.is_open());
   done.post();
   EXPECT_TRUE(test::child_succeeded(child));
+}
+
+// Only ends that lived through a fork() can be owned elsewhere: until one exists, waits do
+// not wake every kReleaseCheck to let go of copies.
+TEST(EndOwnership, OnlyEndsCopiedByForkMakeWaitsWakeToLetGoOfCopies) {
+  const std::size_t before = detail::ends_copied_by_fork();
+  {
+    auto [tx, rx] = channel<int>(Transport::UnixSocket);
+    EXPECT_EQ(detail::ends_copied_by_fork(), before);
+    const pid_t child = fork_child([] {});
+    EXPECT_TRUE(test::child_succeeded(child));
+    EXPECT_EQ(detail::ends_copied_by_fork(), before + 2);  // both ends have a copy in the child
+    EXPECT_EQ(detail::release_check_slice(), std::chrono::nanoseconds(detail::kReleaseCheck));
+    auto [later_tx, later_rx] = channel<int>(Transport::Pipe);  // made after the fork: nobody else has it
+    EXPECT_EQ(detail::ends_copied_by_fork(), before + 2);
+  }
+  EXPECT_EQ(detail::ends_copied_by_fork(), before);
+  EXPECT_EQ(detail::release_check_slice() == std::chrono::nanoseconds::max(), detail::ends_copied_by_fork() == 0);
 }
 
 }  // namespace

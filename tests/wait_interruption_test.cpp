@@ -197,5 +197,30 @@ TEST(WaitInterruption, ASignalHandledInTheWaitingThreadRunsTheCheckAtOnce) {
               static_cast<long long>(took.count()));
 }
 
+// A check installed with a longer period is called that much less often during a wait
+// that a signal would end; a wait a signal does not end (in-process) still calls it every
+// kWaitInterruptionPeriod.
+TEST(WaitInterruption, ALongerPeriodChecksLessOftenExceptInWaitsASignalDoesNotEnd) {
+  auto [tx, rx] = channel<int>(Transport::UnixSocket);
+  InterruptAt never{Clock::time_point::max()};
+  {
+    const ScopedWaitInterruption scope(&InterruptAt::check, &never, 1s);
+    EXPECT_TRUE(rx.recv_for(300ms).timed_out());
+  }
+  EXPECT_EQ(never.calls, 0);
+  {
+    const ScopedWaitInterruption scope(&InterruptAt::check, &never);
+    EXPECT_TRUE(rx.recv_for(300ms).timed_out());
+  }
+  EXPECT_GE(never.calls, 3);  // every 50 ms: about 5
+  auto [in_tx, in_rx] = channel<int>(Transport::InProcess);
+  never.calls = 0;
+  {
+    const ScopedWaitInterruption scope(&InterruptAt::check, &never, 1s);
+    EXPECT_TRUE(in_rx.recv_for(300ms).timed_out());
+  }
+  EXPECT_GE(never.calls, 3);
+}
+
 }  // namespace wait_interruption_test
 }  // namespace ferry

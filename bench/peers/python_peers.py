@@ -12,6 +12,9 @@ Cases:
   small_stream  the same dicts, 100 per step sent back to back: the step's time / 100
   spawn    ferry.spawn of 4 workers to the last of their first messages, against
            torch.multiprocessing.spawn with an mp.SimpleQueue, same start method
+The small cases' floor (a reference, not a contender) follows the transfer rounds: the same
+dicts pickled and written on a plain pipe to a consumer blocked in os.read, which shows what
+waking a sleeping Python process for a message costs this machine.
 Each round runs every case for ferry, then for torch (the order alternates between rounds;
 the spawn rounds come first, before any queue's feeder thread runs);
 each round gives p50 and p99 per case and side, and the report gives the median over the
@@ -24,6 +27,7 @@ Usage: PYTHONPATH=build/release/python /usr/bin/python3 bench/peers/python_peers
 import argparse
 import json
 import os
+import pickle
 import statistics
 import struct
 import sys
@@ -148,6 +152,49 @@ class TorchPeer:
         os.close(self.ack_read)
 
 
+class RawPipePeer:
+    """The floor of the small cases (not a contender): the same 64-byte dict pickled and
+    written on a plain pipe by the producer and read and unpickled by a consumer process
+    blocked in os.read, the cheapest way a Python process wakes another for a message."""
+
+    def __init__(self):
+        self.ack_read, ack_write = os.pipe()
+        data_read, self.data_write = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.close(self.ack_read)
+            os.close(self.data_write)
+            raw_pipe_consumer(data_read, ack_write)
+            os._exit(0)
+        os.close(ack_write)
+        os.close(data_read)
+
+    def send(self, message):
+        body = pickle.dumps(message)
+        os.write(self.data_write, struct.pack("<I", len(body)) + body)
+
+    def run(self, case, steps):
+        return timed_steps(self.send, lambda: dict(SMALL_MESSAGE), self.ack_read, steps, items_per_step(case))
+
+    def close(self):
+        os.write(self.data_write, struct.pack("<I", 0))
+        os.waitpid(self.pid, 0)
+        os.close(self.data_write)
+        os.close(self.ack_read)
+
+
+def raw_pipe_consumer(data_read, ack_fd):
+    with os.fdopen(data_read, "rb", buffering=1 << 16) as data:
+        while True:
+            size = struct.unpack("<I", data.read(4))[0]
+            if size == 0:
+                return
+            message = pickle.loads(data.read(size))
+            if message.get("more") is None:
+                _ack(ack_fd)
+            del message
+
+
 # ---- spawn to first message -----------------------------------------------------------------
 def ferry_first_message(rank, tx):
     tx.send(rank)
@@ -196,6 +243,7 @@ def main():
     cases = options.cases.split(",")
     transfer_cases = [case for case in cases if case != "spawn"]
     rows = {}  # name -> list of per-round figures
+    floors = {}  # small cases over a raw pipe: name -> list of per-round figures
 
     # Spawns first: the fork start method refuses while this process runs other threads,
     # and torch's queues run a feeder thread each.
@@ -219,6 +267,15 @@ def main():
                     rows.setdefault(f"{case}/{side}/p99", []).append(percentile(samples, 0.99))
         ferry_peer.close()
         torch_peer.close()
+        floor_cases = [case for case in transfer_cases if case in ("small", "small_stream")]
+        if floor_cases:  # after torch's feeder threads: fork() here copies no other thread
+            floor_peer = RawPipePeer()
+            for _ in range(options.rounds):
+                for case in floor_cases:
+                    samples = floor_peer.run(case, options.steps * 20 if case == "small" else options.steps)
+                    floors.setdefault(f"{case}/p50", []).append(percentile(samples, 0.5))
+                    floors.setdefault(f"{case}/p99", []).append(percentile(samples, 0.99))
+            floor_peer.close()
 
     report = {}
     print(f"{'case':<24}{'ferry us':>12}{'torch us':>12}{'torch/ferry':>13}   (medians over {options.rounds} rounds)")
@@ -231,6 +288,14 @@ def main():
                                     "ferry_rounds": rows[f"{case}/ferry/{stat}"],
                                     "torch_rounds": rows[f"{case}/torch/{stat}"]}
         print(f"{case + ' ' + stat:<24}{ferry_value:>12.1f}{torch_value:>12.1f}{ratio:>13.2f}")
+    for name in sorted(floors):
+        floor = statistics.median(floors[name])
+        case, stat = name.split("/")
+        torch_value = report[name]["torch_us"]
+        print(f"floor: {case + ' ' + stat:<17}{floor:>12.1f} us over a raw pipe (pickle, os.write, os.read); "
+              f"torch / floor {torch_value / floor:.2f}")
+        report[name]["raw_pipe_us"] = floor
+        report[name]["raw_pipe_rounds"] = floors[name]
     print(json.dumps(report))
 
 

@@ -94,7 +94,7 @@ class PyListener {
   void close() {
     closing_.store(true, std::memory_order_release);  // an accept waiting in another thread gives up
     py::gil_scoped_release release;
-    const std::lock_guard lock(mutex_);  // the waiting accept leaves within 50 ms
+    const std::lock_guard lock(mutex_);  // the waiting accept leaves within 250 ms
     listener_.close();
   }
   std::string address() const { return listener_.address(); }

@@ -132,7 +132,7 @@ py::object PyReceiver::next() {
 void PyReceiver::close() {
   closing_.store(true, std::memory_order_release);  // a recv waiting in another thread gives up
   py::gil_scoped_release release;
-  end_.close();  // thread-safe against a recv in another thread (it leaves within 50 ms)
+  end_.close();  // thread-safe against a recv in another thread (it leaves within 250 ms)
 }
 
 // ---- the module -----------------------------------------------------------------------------

@@ -1,5 +1,9 @@
 #include "py_value.hpp"
 
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
 #include <string>
 
 #include "ferry/detail/value_reader.hpp"
@@ -47,6 +51,57 @@ Ref checked(PyObject* made) {
   return Ref(made);
 }
 
+// Checked as UTF-8 by the reader already; strict decoding anyway.
+PyObject* unicode(std::string_view text) {
+  return PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "strict");
+}
+
+// The str objects of the dict keys received lately, by their text: a stream of messages
+// repeats the same few keys, and a key found here is not decoded again, nor hashed again
+// when it goes into the dict (a str keeps its hash). Direct-mapped; used under the GIL only;
+// its references live as long as the process (a few hundred short strs at most).
+class KeyCache {
+ public:
+  static KeyCache& instance() {
+    static KeyCache* cache = new KeyCache();  // never destroyed: the interpreter may be gone by then
+    return *cache;
+  }
+
+  // A new reference to a str of `text`.
+  PyObject* key(std::string_view text) {
+    if (text.size() > kLongestKey) return unicode(text);
+    Slot& slot = slots_[slot_of(text)];
+    if (slot.key != nullptr && slot.size == text.size() && std::memcmp(slot.text, text.data(), text.size()) == 0) {
+      Py_INCREF(slot.key);
+      return slot.key;
+    }
+    PyObject* made = unicode(text);
+    if (made == nullptr) return nullptr;
+    Py_INCREF(made);
+    Py_XDECREF(std::exchange(slot.key, made));
+    slot.size = text.size();
+    std::memcpy(slot.text, text.data(), text.size());
+    return made;
+  }
+
+ private:
+  static constexpr std::size_t kLongestKey = 47;
+  static constexpr std::size_t kSlots = 512;
+  struct Slot {
+    PyObject* key = nullptr;
+    std::size_t size = 0;
+    char text[kLongestKey];
+  };
+
+  static std::size_t slot_of(std::string_view text) noexcept {
+    std::uint32_t hash = 2166136261u;  // FNV-1a
+    for (const char c : text) hash = (hash ^ static_cast<unsigned char>(c)) * 16777619u;
+    return (hash ^ (hash >> 16)) % kSlots;
+  }
+
+  std::array<Slot, kSlots> slots_{};
+};
+
 // detail::read_value's builder of Python objects, one per value, nothing temporary.
 class PythonBuilder {
  public:
@@ -84,9 +139,12 @@ class PythonBuilder {
   List list(std::size_t count) { return List{checked(PyList_New(static_cast<Py_ssize_t>(count)))}; }
   void append(List& list, Ref&& element) { PyList_SET_ITEM(list.list.get(), list.next++, element.release()); }
   Ref finish(List&& list) { return std::move(list.list); }
-  Map map(std::size_t /*count*/) { return Map{checked(PyDict_New())}; }
+  // Sized for its entries at once (the reader checked the count against the bytes left).
+  Map map(std::size_t count) {
+    return Map{checked(_PyDict_NewPresized(static_cast<Py_ssize_t>(std::min<std::size_t>(count, kPresizedEntries))))};
+  }
   bool insert(Map& map, std::string_view key, Ref&& element) {
-    const Ref name = checked(unicode(key));
+    const Ref name = checked(KeyCache::instance().key(key));
     const Py_ssize_t before = PyDict_Size(map.dict.get());
     if (PyDict_SetItem(map.dict.get(), name.get(), element.get()) != 0) throw_python_failure();
     return PyDict_Size(map.dict.get()) > before;  // not larger: the key was there already
@@ -94,10 +152,7 @@ class PythonBuilder {
   Ref finish(Map&& map) { return std::move(map.dict); }
 
  private:
-  // Checked as UTF-8 by the reader already; strict decoding anyway.
-  static PyObject* unicode(std::string_view text) {
-    return PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "strict");
-  }
+  static constexpr std::size_t kPresizedEntries = 1024;  // a larger dict grows as it fills
 };
 
 // The Python object of `value`, made by the same builder as a frame's (an in-process channel

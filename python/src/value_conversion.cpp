@@ -169,6 +169,15 @@ std::string type_name_of(py::handle object) {
   return py::str(py::type::of(object).attr("__qualname__")).cast<std::string>();
 }
 
+// The UTF-8 text of a str (PyUnicode_AsUTF8AndSize keeps it with the str: an ASCII str's
+// own bytes). Raises for a str with lone surrogates.
+std::string utf8_of(py::handle text) {
+  Py_ssize_t size = 0;
+  const char* bytes = PyUnicode_AsUTF8AndSize(text.ptr(), &size);
+  if (bytes == nullptr) throw py::error_already_set();
+  return std::string(bytes, static_cast<std::size_t>(size));
+}
+
 Value convert(py::handle object, std::size_t depth) {
   if (depth > kMaxValueDepth) {
     throw py::value_error("ferry cannot send a value nested deeper than " + std::to_string(kMaxValueDepth) +
@@ -188,12 +197,7 @@ Value convert(py::handle object, std::size_t depth) {
     return Value(static_cast<std::int64_t>(integer));
   }
   if (PyFloat_Check(object.ptr())) return Value(PyFloat_AsDouble(object.ptr()));
-  if (PyUnicode_Check(object.ptr())) {
-    Py_ssize_t size = 0;
-    const char* text = PyUnicode_AsUTF8AndSize(object.ptr(), &size);  // fails for lone surrogates
-    if (text == nullptr) throw py::error_already_set();
-    return Value(std::string(text, static_cast<std::size_t>(size)));
-  }
+  if (PyUnicode_Check(object.ptr())) return Value(utf8_of(object));  // fails for lone surrogates
   if (PyBytes_Check(object.ptr())) return Value(Bytes{std::string(py::reinterpret_borrow<py::bytes>(object))});
   if (PyByteArray_Check(object.ptr())) {
     return Value(Bytes{std::string(PyByteArray_AsString(object.ptr()), static_cast<std::size_t>(PyByteArray_Size(object.ptr())))});
@@ -202,13 +206,20 @@ Value convert(py::handle object, std::size_t depth) {
   if (PyDict_Check(object.ptr())) {
     ValueMap map;
     map.reserve(static_cast<std::size_t>(PyDict_Size(object.ptr())));
-    for (const auto& [key, element] : py::reinterpret_borrow<py::dict>(object)) {
-      if (!PyUnicode_Check(key.ptr())) {
+    // PyDict_Next hands out borrowed references; converting an element runs no Python code
+    // that could change the dict (only a tensor's __dlpack__, which must not).
+    Py_ssize_t position = 0;
+    PyObject* key_object = nullptr;
+    PyObject* element_object = nullptr;
+    while (PyDict_Next(object.ptr(), &position, &key_object, &element_object) != 0) {
+      const py::handle key(key_object);
+      const py::handle element(element_object);
+      if (!PyUnicode_Check(key_object)) {
         throw py::type_error("ferry sends dicts with str keys only, not " + type_name_of(key) + " (" +
                              py::repr(key).cast<std::string>() + ")");
       }
-      if (PyUnicode_CheckExact(key.ptr())) {
-        map.append_unchecked(key.cast<std::string>(), convert(element, depth + 1));  // distinct str keys: distinct text
+      if (PyUnicode_CheckExact(key_object)) {
+        map.append_unchecked(utf8_of(key), convert(element, depth + 1));  // distinct str keys: distinct text
         continue;
       }
       // A str subclass may define its own equality: two keys of one text would reach the

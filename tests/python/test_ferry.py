@@ -42,6 +42,22 @@ class MessagesTest(unittest.TestCase):
             Ends().tx.send({Key("a"): 1, Key("a"): 2})
         self.assertEqual(Ends().round_trip({Key("a"): 1, "b": 2}), {"a": 1, "b": 2})
 
+    def test_received_keys_are_reused_across_messages_and_never_mixed_up(self):
+        ends = Ends("shm_ring")
+        first = ends.round_trip({"step": 1, "loss": 0.5})
+        second = ends.round_trip({"step": 2, "loss": 0.25})
+        self.assertEqual(second, {"step": 2, "loss": 0.25})
+        # The same key text arrives as the same str object (decoded and hashed once).
+        self.assertEqual([id(key) for key in first], [id(key) for key in second])
+        # Many keys (more than the cache holds, so slots are taken over), keys of one length
+        # that differ in one byte, a prefix of another, non-ASCII keys and keys longer than
+        # the cache keeps: every message arrives exactly as sent, twice over.
+        keys = [f"k{i}" for i in range(2000)] + ["ab", "ac", "a", "abc", "schlüssel", "ключ", "x" * 47, "y" * 300]
+        for _ in range(2):
+            for start in range(0, len(keys), 250):
+                message = {key: index for index, key in enumerate(keys[start:start + 250])}
+                self.assertEqual(list(ends.round_trip(message).items()), list(message.items()))
+
     def test_every_value_kind_round_trips_and_dicts_keep_their_order(self):
         message = {"none": None, "yes": True, "no": False, "int": -(2**63), "big": 2**63 - 1, "float": 0.25,
                    "text": "résumé ✓", "bytes": b"\x00\xff", "array": bytearray(b"ab"), "list": [1, [2, [3]]],

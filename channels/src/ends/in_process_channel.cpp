@@ -28,16 +28,16 @@ bool is_poll(const Deadline& deadline) {
 
 // Runs `wait_for(microseconds)` (a timed wait of the queue or its semaphore; true when it
 // got what it waits for) until it succeeds or `deadline` passes, in slices that honour the
-// thread's wait-interruption check.
+// thread's wait-interruption check (such a wait sleeps on through a signal).
 template <class WaitFor>
 bool wait_in_slices(const Deadline& deadline, const WaitFor& wait_for) {
   while (true) {
     bool sliced = false;
-    const std::chrono::nanoseconds limit = sleep_limit(deadline, sliced);
+    const std::chrono::nanoseconds limit = sleep_limit(deadline, sliced, detail::SignalWake::Deaf);
     const std::int64_t micros = std::max<std::int64_t>(1, (limit.count() + 999) / 1000);
     if (wait_for(micros)) return true;
     if (!sliced) return false;
-    wait_interruption_point();
+    wait_interruption_point(false, detail::SignalWake::Deaf);
   }
 }
 

@@ -3,12 +3,32 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <unordered_set>
 
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
+
+namespace {
+// How many of the live ends lived through a fork() (LiveEnd::copied_by_fork_).
+std::atomic<std::size_t> g_ends_copied_by_fork{0};
+}  // namespace
+
+struct LiveEndsAccess {
+  static void mark_copied_by_fork(const std::unordered_set<LiveEnd*>& ends) noexcept {
+    for (LiveEnd* end : ends) {
+      if (end->copied_by_fork_) continue;
+      end->copied_by_fork_ = true;
+      g_ends_copied_by_fork.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  static void forget(LiveEnd& end) noexcept {
+    if (end.copied_by_fork_) g_ends_copied_by_fork.fetch_sub(1, std::memory_order_relaxed);
+  }
+};
+
 namespace {
 
 struct LiveEnds {
@@ -20,9 +40,13 @@ LiveEnds& live_ends() {
   static LiveEnds* instance = [] {
     auto* created = new LiveEnds();  // never destroyed: ends may outlive static destruction
     // A fork() while another thread changes the list must not leave the child's copy of
-    // the mutex locked: hold it across fork().
-    const int rc = ::pthread_atfork([] { live_ends().mutex.lock(); }, [] { live_ends().mutex.unlock(); },
-                                    [] { live_ends().mutex.unlock(); });
+    // the mutex locked: hold it across fork(). Every end alive now has a copy in the child.
+    const int rc = ::pthread_atfork(
+        [] {
+          live_ends().mutex.lock();
+          LiveEndsAccess::mark_copied_by_fork(live_ends().ends);
+        },
+        [] { live_ends().mutex.unlock(); }, [] { live_ends().mutex.unlock(); });
     if (rc != 0) throw_system_error("pthread_atfork", rc);
     return created;
   }();
@@ -44,7 +68,7 @@ void LiveEnd::track() {
 void LiveEnd::untrack() noexcept {
   LiveEnds& list = live_ends();
   std::lock_guard lock(list.mutex);
-  list.ends.erase(this);
+  if (list.ends.erase(this) != 0) LiveEndsAccess::forget(*this);
 }
 
 void abandon_live_ends_except(std::span<const LiveEnd* const> keep) noexcept {
@@ -59,6 +83,12 @@ void release_ends_owned_elsewhere() noexcept {
   LiveEnds& list = live_ends();
   std::lock_guard lock(list.mutex);
   for (LiveEnd* end : list.ends) end->release_if_owned_elsewhere();
+}
+
+std::size_t ends_copied_by_fork() noexcept { return g_ends_copied_by_fork.load(std::memory_order_relaxed); }
+
+std::chrono::nanoseconds release_check_slice() noexcept {
+  return ends_copied_by_fork() != 0 ? std::chrono::nanoseconds(kReleaseCheck) : std::chrono::nanoseconds::max();
 }
 
 std::size_t live_end_count() {

@@ -22,9 +22,9 @@ std::chrono::nanoseconds detail::Deadline::remaining() const {
 
 timespec detail::Deadline::remaining_timespec() const { return detail::to_timespec(remaining()); }
 
-std::chrono::nanoseconds detail::sleep_limit(const detail::Deadline& deadline, bool& sliced) noexcept {
+std::chrono::nanoseconds detail::sleep_limit(const detail::Deadline& deadline, bool& sliced, detail::SignalWake wake) noexcept {
   const std::chrono::nanoseconds left = deadline.is_never() ? std::chrono::nanoseconds::max() : deadline.remaining();
-  const std::chrono::nanoseconds slice = detail::wait_interruption_slice();
+  const std::chrono::nanoseconds slice = detail::wait_interruption_slice(wake);
   sliced = slice < left;
   return sliced ? slice : left;
 }
@@ -39,17 +39,19 @@ timespec detail::to_timespec(std::chrono::nanoseconds duration) noexcept {
 bool detail::wait_for_fd(int fd, short events, const detail::Deadline& deadline) {
   pollfd entry{fd, events, 0};
   while (true) {
-    // At most kReleaseCheck at a time: a long wait lets go of this process's copies of
-    // ends that other processes own, which would keep their peers waiting (live_ends.hpp);
-    // and at most the wait-interruption slice, so that an installed check runs.
+    // At most kReleaseCheck at a time while ends were copied by fork(): a long wait lets go
+    // of this process's copies of ends that other processes own, which would keep their
+    // peers waiting (live_ends.hpp); and at most the wait-interruption slice, so that an
+    // installed check runs. Otherwise it sleeps until the descriptor or the deadline.
     bool sliced = false;
-    const std::chrono::nanoseconds limit =
-        std::min<std::chrono::nanoseconds>(detail::sleep_limit(deadline, sliced), detail::kReleaseCheck);
-    const timespec timeout = detail::to_timespec(limit);
-    const int rc = ::ppoll(&entry, 1, &timeout, nullptr);
+    const std::chrono::nanoseconds release = detail::release_check_slice();
+    const std::chrono::nanoseconds limit = std::min(sleep_limit(deadline, sliced), release);
+    const bool forever = limit == std::chrono::nanoseconds::max();
+    const timespec timeout = to_timespec(limit);
+    const int rc = ::ppoll(&entry, 1, forever ? nullptr : &timeout, nullptr);
     if (rc > 0) return true;
     if (rc == 0) {
-      if (limit >= detail::kReleaseCheck / 2) detail::release_ends_owned_elsewhere();
+      if (limit >= release / 2) detail::release_ends_owned_elsewhere();
       if (!deadline.is_never() && deadline.expired()) return false;
       if (sliced) detail::wait_interruption_point();
       continue;

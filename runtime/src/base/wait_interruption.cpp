@@ -11,6 +11,12 @@ struct WaitInterruptionAccess {
   static thread_local ScopedWaitInterruption* innermost;
   static thread_local std::chrono::steady_clock::time_point due;
 
+  static std::chrono::nanoseconds period(detail::SignalWake wake) noexcept {
+    return wake == detail::SignalWake::Deaf
+               ? std::min<std::chrono::nanoseconds>(innermost->period_, kWaitInterruptionPeriod)
+               : innermost->period_;
+  }
+
   static void run_all() {
     for (ScopedWaitInterruption* scope = innermost; scope != nullptr; scope = scope->outer_) {
       scope->check_(scope->context_);
@@ -26,8 +32,12 @@ const char* WaitInterrupted::what() const noexcept {
   return "a blocking ferry call was interrupted by the check installed with ScopedWaitInterruption";
 }
 
-ScopedWaitInterruption::ScopedWaitInterruption(WaitInterruptionCheck check, void* context) noexcept
-    : check_(check), context_(context), outer_(WaitInterruptionAccess::innermost) {
+ScopedWaitInterruption::ScopedWaitInterruption(WaitInterruptionCheck check, void* context,
+                                               std::chrono::nanoseconds period) noexcept
+    : check_(check),
+      context_(context),
+      outer_(WaitInterruptionAccess::innermost),
+      period_(outer_ != nullptr ? std::min(outer_->period_, period) : period) {
   WaitInterruptionAccess::innermost = this;
   if (outer_ == nullptr) WaitInterruptionAccess::due = std::chrono::steady_clock::time_point::min();
 }
@@ -38,21 +48,21 @@ namespace detail {
 
 bool wait_interruptible() noexcept { return WaitInterruptionAccess::innermost != nullptr; }
 
-std::chrono::nanoseconds wait_interruption_slice() noexcept {
+std::chrono::nanoseconds wait_interruption_slice(SignalWake wake) noexcept {
   if (WaitInterruptionAccess::innermost == nullptr) return std::chrono::nanoseconds::max();
   const auto now = std::chrono::steady_clock::now();
   auto& due = WaitInterruptionAccess::due;
-  if (due == std::chrono::steady_clock::time_point::min()) due = now + kWaitInterruptionPeriod;
+  if (due == std::chrono::steady_clock::time_point::min()) due = now + WaitInterruptionAccess::period(wake);
   return std::max(std::chrono::nanoseconds::zero(), std::chrono::duration_cast<std::chrono::nanoseconds>(due - now));
 }
 
-void wait_interruption_point(bool signalled) {
+void wait_interruption_point(bool signalled, SignalWake wake) {
   if (WaitInterruptionAccess::innermost == nullptr) return;
   const auto now = std::chrono::steady_clock::now();
   auto& due = WaitInterruptionAccess::due;
-  if (due == std::chrono::steady_clock::time_point::min()) due = now + kWaitInterruptionPeriod;
+  if (due == std::chrono::steady_clock::time_point::min()) due = now + WaitInterruptionAccess::period(wake);
   if (!signalled && now < due) return;
-  due = now + kWaitInterruptionPeriod;
+  due = now + WaitInterruptionAccess::period(wake);
   WaitInterruptionAccess::run_all();
 }
 
@@ -61,8 +71,9 @@ void interruptible_sleep_for(std::chrono::nanoseconds duration) {
   while (true) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= until) return;
-    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(until - now, wait_interruption_slice()));
-    wait_interruption_point();
+    // sleep_for sleeps on through a signal (it retries nanosleep after EINTR).
+    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(until - now, wait_interruption_slice(SignalWake::Deaf)));
+    wait_interruption_point(false, SignalWake::Deaf);
   }
 }
 

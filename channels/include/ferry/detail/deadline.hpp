@@ -5,6 +5,7 @@
 #include <ctime>
 
 #include "ferry/timeout.hpp"
+#include "ferry/wait_interruption.hpp"
 
 namespace ferry::detail {
 
@@ -41,8 +42,10 @@ class Deadline {
 /// How long a kernel wait may sleep now: what is left of `deadline` (nanoseconds::max() for
 /// never), cut short where the thread's wait-interruption check (ferry/wait_interruption.hpp)
 /// is due first; `sliced` says whether it was. After a sliced sleep that found nothing, the
-/// caller calls detail::wait_interruption_point() and waits again.
-std::chrono::nanoseconds sleep_limit(const Deadline& deadline, bool& sliced) noexcept;
+/// caller calls detail::wait_interruption_point() and waits again. `wake`: whether the
+/// sleep ends when a signal handler runs (detail::SignalWake).
+std::chrono::nanoseconds sleep_limit(const Deadline& deadline, bool& sliced,
+                                     detail::SignalWake wake = detail::SignalWake::Ends) noexcept;
 
 /// `duration` (>= 0) as a timespec for ppoll/futex.
 timespec to_timespec(std::chrono::nanoseconds duration) noexcept;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <span>
 
 namespace ferry::detail {
@@ -30,6 +31,10 @@ class LiveEnd {
   void track();
   /// Removes this end from the list (call first in the derived destructor).
   void untrack() noexcept;
+
+ private:
+  friend struct LiveEndsAccess;
+  bool copied_by_fork_ = false;  // a fork() happened while this end was tracked (under the list's mutex)
 };
 
 /// In a freshly forked child: abandons every live end except those in `keep`.
@@ -44,6 +49,16 @@ void release_ends_owned_elsewhere() noexcept;
 
 /// How often a long wait lets go of copies owned elsewhere.
 inline constexpr std::chrono::milliseconds kReleaseCheck{100};
+
+/// How many ends alive in this process lived through a fork() (as the parent's or the
+/// child's copy): only such an end can be owned elsewhere, since an end's claim word is
+/// shared only with the processes fork() made (end_claim.hpp). While there are none, long
+/// waits need not wake every kReleaseCheck (one relaxed load).
+std::size_t ends_copied_by_fork() noexcept;
+
+/// The longest a wait may sleep before it lets go of copies owned elsewhere:
+/// kReleaseCheck while ends_copied_by_fork(), otherwise no limit (nanoseconds::max()).
+std::chrono::nanoseconds release_check_slice() noexcept;
 
 /// The number of live ends in this process (for tests).
 std::size_t live_end_count();
