@@ -476,7 +476,8 @@ const EncodedFrame& MessageEncoder::assemble_frame(std::span<const std::byte> cu
   add(unannounced_releases_.data(), announced_release_count_ * sizeof(std::uint32_t));
   add(unannounced_segment_releases_.data(), announced_segment_release_count_ * sizeof(std::uint32_t));
   add(cuda_records.data(), cuda_records.size());
-  add(body_.bytes().data(), body_.size());
+  add(body_.bytes().data(), body_.bytes().size());
+  add(body_.borrowed().data(), body_.borrowed().size());
   frame_.fds = fds_;
   frame_.copies = copies_;
   frame_.copy_owners = passing_ == HandlePassing::Copying ? std::span<const std::shared_ptr<Storage>>(storages_)

@@ -153,7 +153,7 @@ void StreamFrameWriter::grow_for(std::size_t frame_bytes) noexcept {
 
 bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline,
                                     bool must_start) {
-  std::array<iovec, 8> remaining{};
+  std::array<iovec, 16> remaining{};
   if (parts.size() > remaining.size()) throw Error("a frame has too many parts");
   std::size_t frame_bytes = 0;
   for (const iovec& part : parts) frame_bytes += part.iov_len;
