@@ -113,6 +113,157 @@ TEST(FrameBodyTest, WithoutASpaceABodyOfAnySizeIsPrivate) {
   EXPECT_TRUE(same(body.bytes(), bytes));
 }
 
+// ---- borrowed bytes: a byte message's elements written from where it holds them ---------
+
+TEST(FrameBodyTest, LargeBorrowedBytesStayInPlaceAfterWhatWasAppended) {
+  FrameBody body;
+  body.allow_borrowing(true);
+  body.reset(nullptr);
+  const auto head = pattern_bytes(8, 7);
+  const auto bytes = pattern_bytes(FrameBody::kBorrowFrom, 8);
+  append_all(body, head, 8);
+  body.append_borrowed(bytes.data(), bytes.size());
+  EXPECT_TRUE(same(body.bytes(), head));
+  EXPECT_EQ(body.borrowed().data(), bytes.data());
+  EXPECT_EQ(body.borrowed().size(), bytes.size());
+  EXPECT_EQ(body.size(), head.size() + bytes.size());
+  body.reset(nullptr);  // the next frame borrows nothing until it asks
+  EXPECT_TRUE(body.borrowed().empty());
+  EXPECT_EQ(body.size(), 0u);
+}
+
+TEST(FrameBodyTest, BorrowedBytesAreCopiedWhenSmallNotAllowedOrLent) {
+  const auto small = pattern_bytes(FrameBody::kBorrowFrom - 1, 9);
+  const auto large = pattern_bytes(100'000, 10);
+  FrameBody body;
+  body.allow_borrowing(true);
+  body.reset(nullptr);
+  body.append_borrowed(small.data(), small.size());
+  EXPECT_TRUE(body.borrowed().empty());
+  EXPECT_TRUE(same(body.bytes(), small));
+
+  body.allow_borrowing(false);
+  body.reset(nullptr);
+  body.append_borrowed(large.data(), large.size());
+  EXPECT_TRUE(body.borrowed().empty());
+  EXPECT_TRUE(same(body.bytes(), large));
+
+  FakeSpace space(1 << 20);  // a transport that lends memory: the body goes there
+  body.allow_borrowing(true);
+  body.reset(&space);
+  body.append_borrowed(large.data(), large.size());
+  EXPECT_TRUE(body.borrowed().empty());
+  EXPECT_TRUE(body.lent());
+  EXPECT_TRUE(same(body.bytes(), large));
+}
+
+TEST(FrameBodyTest, BytesAppendedAfterBorrowedOnesCopyThemInFirst) {
+  const auto first = pattern_bytes(50'000, 11);
+  const auto second = pattern_bytes(40'000, 12);
+  const auto tail = pattern_bytes(3, 13);
+  FrameBody body;
+  body.allow_borrowing(true);
+  body.reset(nullptr);
+  body.append_borrowed(first.data(), first.size());
+  body.append_borrowed(second.data(), second.size());  // one borrow per body: copied in after
+  body.append(tail.data(), tail.size());
+  std::vector<std::byte> want = first;
+  want.insert(want.end(), second.begin(), second.end());
+  want.insert(want.end(), tail.begin(), tail.end());
+  EXPECT_TRUE(body.borrowed().empty());
+  EXPECT_TRUE(same(body.bytes(), want));
+  EXPECT_EQ(body.size(), want.size());
+}
+
+// The frame's bytes in order, whatever parts they are in.
+std::vector<std::byte> flatten(const EncodedFrame& frame) {
+  std::vector<std::byte> out;
+  for (const iovec& part : frame.iovecs()) {
+    const auto* begin = static_cast<const std::byte*>(part.iov_base);
+    out.insert(out.end(), begin, begin + part.iov_len);
+  }
+  return out;
+}
+
+// Whether a part of `frame` lies in [data, data + size).
+bool refers_to(const EncodedFrame& frame, const void* data, std::size_t size) {
+  const auto* begin = static_cast<const std::byte*>(data);
+  for (const iovec& part : frame.iovecs()) {
+    const auto* at = static_cast<const std::byte*>(part.iov_base);
+    if (at >= begin && at < begin + size) return true;
+  }
+  return false;
+}
+
+template <class T>
+void expect_borrowed_frame_is_the_copied_one(const T& message, std::size_t bytes) {
+  MessageEncoder copying(HandlePassing::FdPassing);
+  MessageEncoder borrowing(HandlePassing::FdPassing);
+  borrowing.borrow_message_bytes(true);
+  const std::vector<std::byte> copied = flatten(copying.encode(message));
+  const EncodedFrame& frame = borrowing.encode(message);
+  EXPECT_EQ(frame.iovecs().back().iov_base, static_cast<const void*>(message.data()));
+  EXPECT_EQ(frame.iovecs().back().iov_len, bytes);
+  EXPECT_EQ(flatten(frame), copied);  // the same frame on the wire
+  copying.rollback();
+  borrowing.rollback();
+}
+
+TEST(FrameBodyTest, AByteMessagesElementsAreWrittenFromWhereItHoldsThem) {
+  const std::vector<std::uint8_t> bytes(100'000, 5);
+  expect_borrowed_frame_is_the_copied_one(bytes, bytes.size());
+  std::vector<float> floats(30'000);
+  std::iota(floats.begin(), floats.end(), 0.5f);
+  expect_borrowed_frame_is_the_copied_one(floats, floats.size() * sizeof(float));
+  const std::string text(70'000, 'x');
+  expect_borrowed_frame_is_the_copied_one(text, text.size());
+}
+
+struct Holder {
+  std::vector<std::uint8_t> bytes;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(bytes); }
+};
+
+// Its save() serializes a vector made for the moment: gone before the frame is written.
+struct Packed {
+  std::size_t size = 0;
+  template <class Archive>
+  void save(Archive& ar) const { ar(std::vector<std::uint8_t>(size, 3)); }
+  template <class Archive>
+  void load(Archive& ar) {
+    std::vector<std::uint8_t> bytes;
+    ar(bytes);
+    size = bytes.size();
+  }
+};
+
+// Encodes `message` with and without borrowing: the same frame, in as many parts.
+template <class T>
+void expect_nothing_borrowed(const T& message) {
+  MessageEncoder copying(HandlePassing::FdPassing);
+  MessageEncoder borrowing(HandlePassing::FdPassing);
+  borrowing.borrow_message_bytes(true);
+  const EncodedFrame& expected = copying.encode(message);
+  const EncodedFrame& frame = borrowing.encode(message);
+  EXPECT_EQ(frame.part_count, expected.part_count);
+  EXPECT_EQ(flatten(frame), flatten(expected));
+  copying.rollback();
+  borrowing.rollback();
+}
+
+TEST(FrameBodyTest, OnlyAByteMessagesOwnElementsAreBorrowed) {
+  const Holder holder{std::vector<std::uint8_t>(100'000, 4)};
+  expect_nothing_borrowed(holder);  // a member: not the message
+  expect_nothing_borrowed(Packed{100'000});
+  expect_nothing_borrowed(std::vector<std::uint8_t>(FrameBody::kBorrowFrom - 1, 6));  // small
+  MessageEncoder encoder(HandlePassing::FdPassing);
+  encoder.borrow_message_bytes(true);
+  const EncodedFrame& frame = encoder.encode(holder);
+  EXPECT_FALSE(refers_to(frame, holder.bytes.data(), holder.bytes.size()));
+  encoder.rollback();
+}
+
 // ---- input archive: vectors and strings copied once ------------------------------------
 
 struct Mixed {

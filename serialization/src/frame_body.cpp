@@ -7,6 +7,14 @@
 namespace ferry {
 
 void detail::FrameBody::make_room(std::size_t size) {
+  if (!borrowed_.empty()) {
+    // Bytes follow the borrowed ones: copy those in first, to keep the body in order.
+    const std::span<const std::byte> borrowed = borrowed_;
+    borrowed_ = {};
+    update_fast_end();
+    append(borrowed.data(), borrowed.size());
+    if (size <= fast_end_ - size_) return;
+  }
   if (size > std::numeric_limits<std::size_t>::max() - size_) throw std::length_error("frame body too large");
   const std::size_t needed = size_ + size;
   if (space_ != nullptr && needed >= kLendFrom) {

@@ -422,7 +422,8 @@ const detail::EncodedFrame& detail::MessageEncoder::assemble_frame(std::span<con
   add(announced_releases_.data(), announced_releases_.size_bytes());
   add(announced_segment_releases_.data(), announced_segment_releases_.size_bytes());
   add(cuda_records.data(), cuda_records.size());
-  add(body_.bytes().data(), body_.size());
+  add(body_.bytes().data(), body_.bytes().size());
+  add(body_.borrowed().data(), body_.borrowed().size());
   frame_.fds = fds_;
   frame_.copies = copies_;
   frame_.copy_owners = passing_ == detail::HandlePassing::Copying ? std::span<const std::shared_ptr<Storage>>(storages_)

@@ -27,6 +27,7 @@ SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport,
       transport_(transport),
       options_(options) {
   encoder_->limit_type_name(options.limits.max_type_name_bytes);
+  encoder_->borrow_message_bytes(true);  // every frame is written before send() returns
   // UCX state never crosses fork: a ucx:// end belongs to the process that made it from the
   // start, so a forked child's use is refused (EndOwnedElsewhere) and never takes it over.
   if (transport == Transport::Ucx) claim_.adopt();

@@ -153,7 +153,7 @@ void StreamFrameWriter::grow_for(std::size_t frame_bytes) noexcept {
 
 bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline,
                                     bool must_start) {
-  std::array<iovec, 8> remaining{};
+  std::array<iovec, 16> remaining{};
   if (parts.size() > remaining.size()) throw Error("a frame has too many parts");
   std::size_t frame_bytes = 0;
   for (const iovec& part : parts) frame_bytes += part.iov_len;
@@ -340,31 +340,71 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
   }
 }
 
+void StreamFrameReader::fill(std::uint64_t declared_fds, std::deque<detail::UniqueFd>& fds) {
+  const std::size_t got = receive(buffer_.data() + end_, buffer_.size() - end_, fds);
+  bound_queued_fds(declared_fds, fds);
+  if (got == 0) throw PeerDied(buffered() == 0 ? detail::kSenderGone : detail::kSenderGoneMidFrame);
+  end_ += got;
+}
+
+void StreamFrameReader::compact() noexcept {
+  if (begin_ == 0) return;
+  if (buffered() > 0) std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
+  end_ -= begin_;
+  begin_ = 0;
+}
+
+void StreamFrameReader::make_room(std::size_t frame_bytes) {
+  if (begin_ + frame_bytes <= buffer_.size()) return;
+  compact();
+  if (frame_bytes <= buffer_.size()) return;
+  // Grown at most once per size class: a stream of large frames keeps its buffer.
+  buffer_.resize(std::max(frame_bytes, std::min(2 * buffer_.size(), kMaxStagedFrameBytes)));
+}
+
 ReadStatus StreamFrameReader::read(detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<detail::UniqueFd>& fds,
                                    const detail::Deadline& deadline) {
+  std::span<const std::byte> view;
+  const ReadStatus status = read_view(header, view, payload, fds, deadline);
+  if (status == ReadStatus::Frame && view.data() != payload.data()) payload.assign(view.begin(), view.end());
+  release();
+  return status;
+}
+
+ReadStatus StreamFrameReader::read_view(detail::FrameHeader& header, std::span<const std::byte>& payload,
+                                        std::vector<std::byte>& buffer, std::deque<detail::UniqueFd>& fds,
+                                        const detail::Deadline& deadline) {
+  release();  // the caller is done with the last frame's payload
   if (!stream_ || peer_closed_) return ReadStatus::Closed;
   // Timed (or interruptible): wait in ppoll, then read what is there. A timed read stopped
-  // in the middle of a frame resumes there.
+  // in the middle of a frame resumes there: a frame read in place keeps its bytes in the
+  // buffer (its header is read again), a large one keeps them in frame_payload_.
   const bool timed = !may_block(deadline);
   if (!in_frame_) {
     while (buffered() < sizeof(detail::FrameHeader)) {
-      if (timed && !detail::wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
-      if (begin_ > 0) {  // keep the partial header at the front
-        std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
-        end_ -= begin_;
-        begin_ = 0;
-      }
-      const std::size_t got = receive(buffer_.data() + end_, buffer_.size() - end_, fds);
-      bound_queued_fds(limits_.max_fds, fds);  // before a header: what any frame may declare
-      if (got == 0) {
-        throw PeerDied(buffered() == 0 ? detail::kSenderGone : detail::kSenderGoneMidFrame);
-      }
-      end_ += got;
+      if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+      compact();  // keep the partial header at the front: the next read takes as much as fits
+      fill(limits_.max_fds, fds);  // before a header: what any frame may declare
     }
     std::memcpy(&frame_header_, buffer_.data() + begin_, sizeof frame_header_);
+    validate_header(frame_header_, limits_);
+    const std::uint64_t total = payload_bytes(frame_header_);
+    if (total <= kMaxStagedFrameBytes - sizeof(detail::FrameHeader)) {
+      // Read whole into the buffer and viewed there until release(): no copy.
+      const std::size_t frame_bytes = sizeof(detail::FrameHeader) + static_cast<std::size_t>(total);
+      make_room(frame_bytes);
+      while (buffered() < frame_bytes) {
+        if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+        fill(frame_header_.fd_count, fds);
+      }
+      payload = std::span<const std::byte>(buffer_.data() + begin_ + sizeof(detail::FrameHeader), total);
+      begin_ += frame_bytes;
+      viewed_ = true;
+      return finish_frame(header, fds);
+    }
+    // Larger than the buffer may grow: read into a payload of its own, starting with what
+    // the buffer already holds.
     begin_ += sizeof frame_header_;
-    detail::validate_header(frame_header_, limits_);
-    const std::uint64_t total = detail::payload_bytes(frame_header_);
     frame_payload_.resize(total);
     frame_filled_ = std::min<std::uint64_t>(total, buffered());
     if (frame_filled_ > 0) std::memcpy(frame_payload_.data(), buffer_.data() + begin_, frame_filled_);
@@ -381,8 +421,13 @@ ReadStatus StreamFrameReader::read(detail::FrameHeader& header, std::vector<std:
     frame_filled_ += got;
   }
   in_frame_ = false;
+  buffer.swap(frame_payload_);
+  payload = buffer;
+  return finish_frame(header, fds);
+}
+
+ReadStatus StreamFrameReader::finish_frame(detail::FrameHeader& header, std::deque<detail::UniqueFd>& fds) {
   header = frame_header_;
-  payload.swap(frame_payload_);
   // A pipe: the frame's fds wait on the side socket (the writer sent them first); take as
   // many as it declares, no more: the decoder refuses a frame whose fds did not all come.
   if (!is_socket_ && header.fd_count > 0 && side_) detail::SegmentFdChannel(side_.get()).receive(header.fd_count, fds);
@@ -392,6 +437,12 @@ ReadStatus StreamFrameReader::read(detail::FrameHeader& header, std::vector<std:
     return ReadStatus::Closed;
   }
   return ReadStatus::Frame;
+}
+
+void StreamFrameReader::release() noexcept {
+  if (!viewed_) return;
+  viewed_ = false;
+  if (begin_ == end_) begin_ = end_ = 0;
 }
 
 bool StreamFrameReader::has_buffered_frame() const {

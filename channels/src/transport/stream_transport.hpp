@@ -98,8 +98,16 @@ class StreamFrameWriter final : public detail::FrameWriter {
 /// The most a writer asks its stream to hold (StreamFrameWriter grows it for large frames).
 inline constexpr std::size_t kMaxStreamBufferBytes = std::size_t{1} << 20;
 
+/// The largest frame (header included) that StreamFrameReader reads whole into its buffer
+/// and hands out in place (read_view()); larger ones are read into a payload of their own.
+inline constexpr std::size_t kMaxStagedFrameBytes = 2 * kMaxStreamBufferBytes;
+
 /// Reads frames from a pipe or a stream socket, buffering so that a small frame costs one
-/// read system call. With a pipe, `side` is this end of the socket pair next to it: the
+/// read system call. A frame of up to kMaxStagedFrameBytes is read whole into the buffer,
+/// which grows to hold it (and stays grown), and read_view() hands its payload out in place
+/// until release(): the body is copied once, by the kernel, before the decoder reads it. A
+/// larger frame is read into a payload of its own (what the buffer held of it copied
+/// there first). With a pipe, `side` is this end of the socket pair next to it: the
 /// fds a frame declares are received there once the frame is read (SegmentFdChannel), and
 /// acknowledgements go back on it. Enforces FrameLimits on every header before reading the rest. A
 /// timed read that ends in the middle of a frame keeps what it read and resumes there.
@@ -109,8 +117,13 @@ class StreamFrameReader final : public detail::FrameReader {
  public:
   StreamFrameReader(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, const FrameLimits& limits,
                     bool shares_connection = false);
+  /// read_view(), with the payload copied into `payload` (or swapped in) and released.
   ReadStatus read(detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<detail::UniqueFd>& fds,
                   const detail::Deadline& deadline) override;
+  ReadStatus read_view(detail::FrameHeader& header, std::span<const std::byte>& payload, std::vector<std::byte>& buffer,
+                       std::deque<detail::UniqueFd>& fds, const detail::Deadline& deadline) override;
+  /// Lets the buffer reuse the bytes of the frame last viewed (also done by the next read).
+  void release() noexcept override;
   void acknowledge(std::uint64_t sequence) override;
   void close() noexcept override;
   void shut_down() noexcept override;
@@ -123,6 +136,15 @@ class StreamFrameReader final : public detail::FrameReader {
   // Reads what is available (at least one byte, blocking) into `into`; returns 0 at EOF.
   std::size_t receive(std::byte* into, std::size_t capacity, std::deque<detail::UniqueFd>& fds);
   std::size_t buffered() const noexcept { return end_ - begin_; }
+  // One receive() into the buffer's free tail (there is room); PeerDied at the end of the
+  // stream. `declared_fds` bounds the fds queued meanwhile (bound_queued_fds).
+  void fill(std::uint64_t declared_fds, std::deque<detail::UniqueFd>& fds);
+  // Moves the buffered bytes to the front of the buffer.
+  void compact() noexcept;
+  // Makes room for a frame of `frame_bytes` starting at begin_: compacts, grows the buffer.
+  void make_room(std::size_t frame_bytes);
+  // The steps after a whole frame was read: its fds, the checks, the end-of-stream frame.
+  ReadStatus finish_frame(detail::FrameHeader& header, std::deque<detail::UniqueFd>& fds);
   // Throws ProtocolError when more fds are queued than `declared` (the frame being read, or
   // the most any frame may declare before its header came) and one batch of fds.
   void bound_queued_fds(std::uint64_t declared, const std::deque<detail::UniqueFd>& fds) const;
@@ -143,6 +165,7 @@ class StreamFrameReader final : public detail::FrameReader {
   std::vector<std::byte> buffer_;
   std::size_t begin_ = 0;
   std::size_t end_ = 0;
+  bool viewed_ = false;  // a frame's payload lies in buffer_ before begin_ until release()
 };
 
 }  // namespace ferry

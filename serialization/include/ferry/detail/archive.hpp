@@ -35,6 +35,23 @@ class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cere
   ~FrameOutputArchive();
 
   void save_bytes(const void* data, std::size_t size) { body_.append(data, size); }
+  /// Saves an array's bytes (cereal's binary_data): the bytes offered by offer_borrow()
+  /// are appended borrowed (FrameBody::append_borrowed), any others copied.
+  void save_binary(const void* data, std::size_t size) {
+    if (data != offered_ || size != offered_size_ || data == nullptr) {
+      body_.append(data, size);
+      return;
+    }
+    offered_ = nullptr;
+    body_.append_borrowed(data, size);
+  }
+  /// Marks the elements of the message being written (a byte message's own elements,
+  /// alive until its frame is written: see detail::write_body) as bytes the body may leave
+  /// in place; offer_borrow(nullptr, 0) withdraws the offer.
+  void offer_borrow(const void* data, std::size_t size) noexcept {
+    offered_ = data;
+    offered_size_ = size;
+  }
   /// Appends `size` bytes for the caller to write at the address returned (FrameBody::extend).
   std::byte* extend(std::size_t size) { return body_.extend(size); }
   MessageEncoder& encoder() noexcept { return encoder_; }
@@ -49,6 +66,8 @@ class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cere
  private:
   FrameBody& body_;
   MessageEncoder& encoder_;
+  const void* offered_ = nullptr;  // offer_borrow()
+  std::size_t offered_size_ = 0;
 };
 
 /// Input archive: reads from a received body; every read is bounds-checked and a short
@@ -182,7 +201,7 @@ inline void CEREAL_LOAD_FUNCTION_NAME(ferry::detail::FrameInputArchive& ar, std:
 
 template <class T>
 inline void CEREAL_SAVE_FUNCTION_NAME(ferry::detail::FrameOutputArchive& ar, const BinaryData<T>& data) {
-  ar.save_bytes(data.data, static_cast<std::size_t>(data.size));
+  ar.save_binary(data.data, static_cast<std::size_t>(data.size));
 }
 
 template <class T>

@@ -5,7 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
+#include <type_traits>
+#include <vector>
 
 #include "ferry/detail/archive.hpp"
 #include "ferry/detail/type_name.hpp"
@@ -24,9 +27,31 @@ struct SentType {
   BodyWriter write;
 };
 
+/// A message type whose body is a size and its elements' bytes, written from where the
+/// message holds them (a vector of numbers, a string): a large one may be borrowed.
+template <class T>
+struct borrowable_elements : std::false_type {};
+template <class T, class A>
+struct borrowable_elements<std::vector<T, A>>
+    : std::bool_constant<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>> {};
+template <class C, class Traits, class A>
+struct borrowable_elements<std::basic_string<C, Traits, A>> : std::true_type {};
+
 template <class T>
 void write_body(FrameOutputArchive& archive, const void* message) {
-  archive(*static_cast<const T*>(message));
+  const T& value = *static_cast<const T*>(message);
+  if constexpr (borrowable_elements<T>::value) {
+    // Only the message's own elements are offered: those of a container that a user's
+    // save() builds for a moment would be gone before the frame is written.
+    struct Offer {
+      FrameOutputArchive& archive;
+      ~Offer() { archive.offer_borrow(nullptr, 0); }
+    } offer{archive};
+    archive.offer_borrow(value.data(), value.size() * sizeof(typename T::value_type));
+    archive(value);
+  } else {
+    archive(value);
+  }
 }
 template <class T>
 void read_body_into(FrameInputArchive& archive, void* out) {

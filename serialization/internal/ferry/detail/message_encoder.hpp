@@ -35,7 +35,8 @@ namespace ferry::detail {
 
 /// A frame ready for a transport: byte parts in order and the fds to pass with it.
 struct EncodedFrame {
-  std::array<iovec, 8> parts{};
+  /// Header, type name, four tables, CUDA records, body, borrowed body (FrameBody).
+  std::array<iovec, 9> parts{};
   std::size_t part_count = 0;
   std::span<const int> fds;
   /// HandlePassing::Copying: the bytes of each Copied storage, in handle-table order, read
@@ -75,8 +76,13 @@ class MessageEncoder {
   /// 4096 unless set): a longer name is truncated and flagged (kFrameTypeNameTruncated),
   /// never refused; the fingerprint is always of the full name.
   void limit_type_name(std::size_t bytes) noexcept { max_type_name_bytes_ = bytes; }
+  /// Lets a frame end with a large byte message's elements where the message holds them,
+  /// written from there instead of copied into the body (FrameBody::allow_borrowing): for
+  /// a caller that writes each frame before the message can change or die.
+  void borrow_message_bytes(bool allowed) noexcept { body_.allow_borrowing(allowed); }
 
-  /// Encodes `message` into a frame. The frame stays valid until the next encode call.
+  /// Encodes `message` into a frame. The frame stays valid until the next encode call (and,
+  /// after borrow_message_bytes(true), while `message` lives unchanged).
   /// Call commit() once the transport sent it, or rollback() if it was not sent. `space`
   /// (may be null): where the transport lends memory for a large body (FrameBody); the
   /// frame's last part then lies there.

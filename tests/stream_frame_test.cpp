@@ -1,0 +1,364 @@
+// Frames over the pipe and Unix socket transports as the reader meets them: split at every
+// place, back to back in one stream, cut short by a dying writer, lying about their length.
+// A frame of up to kMaxStagedFrameBytes is read whole into the reader's buffer and handed
+// out in place (read_view); a larger one is read into a payload of its own. Both are tested
+// on each side of that size and of the buffer's initial 64 KiB.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "ferry/detail/frame_channel.hpp"
+#include "ferry/detail/transport.hpp"
+#include "ferry/ferry.hpp"
+#include "support/leak_check.hpp"
+#include "support/process.hpp"
+#include "transport/stream_transport.hpp"
+
+namespace ferry {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Body sizes on each side of the places where the reader changes how it reads: its initial
+// buffer (64 KiB), and the largest frame it reads in place.
+const std::vector<std::size_t> kBodySizes = {
+    0,
+    1,
+    100,
+    64 * 1024 - sizeof(FrameHeader),
+    64 * 1024 - sizeof(FrameHeader) + 1,
+    64 * 1024,
+    200 * 1024 + 3,
+    kMaxStagedFrameBytes - sizeof(FrameHeader),
+    kMaxStagedFrameBytes - sizeof(FrameHeader) + 1,
+    kMaxStagedFrameBytes + 4099,
+};
+
+// A valid frame header followed by `body` bytes numbered from `seed` (the reader checks the
+// header only; what the body says is the decoder's business).
+std::vector<std::byte> make_frame(std::size_t body, unsigned seed) {
+  FrameHeader header;
+  header.sequence = seed;
+  header.body_bytes = body;
+  std::vector<std::byte> bytes(sizeof header + body);
+  std::memcpy(bytes.data(), &header, sizeof header);
+  for (std::size_t i = 0; i < body; ++i) bytes[sizeof header + i] = static_cast<std::byte>((i * 13 + seed) % 251);
+  return bytes;
+}
+
+bool same_body(std::span<const std::byte> payload, const std::vector<std::byte>& frame) {
+  return payload.size() == frame.size() - sizeof(FrameHeader) &&
+         std::memcmp(payload.data(), frame.data() + sizeof(FrameHeader), payload.size()) == 0;
+}
+
+// Writes all of `bytes` on `fd` (the writer end's stream, written around its FrameWriter),
+// waiting for room while the stream is full.
+void write_raw(int fd, std::span<const std::byte> bytes) {
+  while (!bytes.empty()) {
+    const ssize_t written = ::write(fd, bytes.data(), bytes.size());
+    if (written < 0 && errno == EINTR) continue;
+    if (written < 0 && errno == EAGAIN) {
+      pollfd entry{fd, POLLOUT, 0};
+      ::poll(&entry, 1, -1);
+      continue;
+    }
+    if (written < 0) throw std::runtime_error(std::string("test write: ") + std::strerror(errno));
+    bytes = bytes.subspan(static_cast<std::size_t>(written));
+  }
+}
+
+class StreamFrameTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {
+ protected:
+  void SetUp() override {
+    test::LeakCheckedTest::SetUp();
+    connect();
+  }
+  // A new connection (the test's earlier one, if any, is let go of).
+  void connect() {
+    auto [writer, reader] = make_transport(GetParam(), FrameLimits{}, 0);
+    writer_ = std::move(writer);
+    reader_ = std::move(reader);
+    fd_ = writer_->descriptors().at(0);
+  }
+  void TearDown() override {
+    writer_.reset();
+    reader_.reset();
+    test::LeakCheckedTest::TearDown();
+  }
+
+  // A read that finds less than a whole frame: it keeps what it read and times out.
+  void expect_incomplete() {
+    std::span<const std::byte> payload;
+    ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::now()), ReadStatus::Timeout);
+  }
+  // Writes `frame` in pieces that end at `cuts` (increasing, inside the frame) and at most
+  // 16 KiB long (what a pipe holds while nobody reads), reading after each piece.
+  void deliver_in_pieces(const std::vector<std::byte>& frame, const std::vector<std::size_t>& cuts) {
+    std::size_t at = 0;
+    std::size_t next_cut = 0;
+    while (at < frame.size()) {
+      std::size_t end = std::min(frame.size(), at + 16 * 1024);
+      while (next_cut < cuts.size() && cuts[next_cut] <= at) ++next_cut;
+      if (next_cut < cuts.size()) end = std::min(end, cuts[next_cut]);
+      write_raw(fd_, std::span(frame).subspan(at, end - at));
+      at = end;
+      if (at < frame.size()) expect_incomplete();
+    }
+  }
+  void expect_frame(const std::vector<std::byte>& frame) {
+    std::span<const std::byte> payload;
+    ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(5s)), ReadStatus::Frame);
+    FrameHeader sent;
+    std::memcpy(&sent, frame.data(), sizeof sent);
+    EXPECT_EQ(header_.sequence, sent.sequence);
+    EXPECT_TRUE(same_body(payload, frame)) << "body of " << payload.size() << " bytes differs";
+    reader_->release();
+  }
+
+  std::unique_ptr<FrameWriter> writer_;
+  std::unique_ptr<FrameReader> reader_;
+  int fd_ = -1;
+  FrameHeader header_{};
+  std::vector<std::byte> buffer_;
+  std::deque<UniqueFd> fds_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, StreamFrameTest, ::testing::Values(Transport::Pipe, Transport::UnixSocket),
+                         [](const ::testing::TestParamInfo<Transport>& info) {
+                           return info.param == Transport::Pipe ? std::string("Pipe") : std::string("UnixSocket");
+                         });
+
+TEST_P(StreamFrameTest, ASmallFrameSplitAtEveryByteArrivesWhole) {
+  const std::vector<std::byte> frame = make_frame(40, 1);
+  for (std::size_t cut = 1; cut < frame.size(); ++cut) {
+    SCOPED_TRACE("cut at byte " + std::to_string(cut));
+    deliver_in_pieces(frame, {cut});
+    expect_frame(frame);
+  }
+}
+
+TEST_P(StreamFrameTest, FramesOfEverySizeSplitAroundTheHeaderAndTheBufferArriveWhole) {
+  unsigned seed = 2;
+  for (const std::size_t body : kBodySizes) {
+    const std::vector<std::byte> frame = make_frame(body, seed++);
+    const std::size_t header = sizeof(FrameHeader);
+    const std::vector<std::vector<std::size_t>> cut_sets = {
+        {},                                              // in 16 KiB pieces
+        {1},                                             // one byte of the header first
+        {header - 1},                                    // all but one byte of the header
+        {header},                                        // the header alone
+        {header + 1},                                    // the header and one byte of the body
+        {64 * 1024 - 1, 64 * 1024, 64 * 1024 + 1},       // around the initial buffer
+        {frame.size() - 1},                              // all but the last byte
+    };
+    for (const auto& cuts : cut_sets) {
+      SCOPED_TRACE("body of " + std::to_string(body) + " bytes, first cut at " +
+                   (cuts.empty() ? std::string("none") : std::to_string(cuts.front())));
+      std::vector<std::size_t> inside;
+      for (const std::size_t cut : cuts) {
+        if (cut > 0 && cut < frame.size()) inside.push_back(cut);
+      }
+      deliver_in_pieces(frame, inside);
+      expect_frame(frame);
+    }
+  }
+}
+
+TEST_P(StreamFrameTest, ReadCopiesWhatReadViewHandsOutInPlace) {
+  for (const std::size_t body : {std::size_t{100}, std::size_t{300 * 1024}, kMaxStagedFrameBytes + 1}) {
+    const std::vector<std::byte> frame = make_frame(body, 7);
+    deliver_in_pieces(frame, {});
+    std::vector<std::byte> payload(3, std::byte{9});  // what it held before is replaced
+    ASSERT_EQ(reader_->read(header_, payload, fds_, Deadline::after(5s)), ReadStatus::Frame);
+    EXPECT_TRUE(same_body(payload, frame));
+  }
+}
+
+TEST_P(StreamFrameTest, AFrameUpToTheLargestReadInPlaceIsNotCopiedOutOfTheReadersBuffer) {
+  for (const std::size_t body : {std::size_t{100}, std::size_t{300 * 1024}, kMaxStagedFrameBytes - sizeof(FrameHeader)}) {
+    const std::vector<std::byte> frame = make_frame(body, 8);
+    deliver_in_pieces(frame, {});
+    std::span<const std::byte> payload;
+    ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(5s)), ReadStatus::Frame);
+    EXPECT_TRUE(same_body(payload, frame));
+    EXPECT_TRUE(buffer_.empty()) << "the payload was copied into the caller's buffer";
+    reader_->release();
+  }
+}
+
+// A writer process sends frames of every size back to back, through the transport's own
+// writer; the reader meets them wherever the kernel cuts the stream, and frames that follow
+// a large one in the buffer must survive the buffer growing and moving its bytes.
+TEST_P(StreamFrameTest, FramesOfMixedSizesBackToBackFromAnotherProcessArriveInOrder) {
+  std::vector<std::vector<std::byte>> frames;
+  unsigned seed = 20;
+  for (int round = 0; round < 2; ++round) {
+    for (const std::size_t body : kBodySizes) {
+      frames.push_back(make_frame(body, seed++));
+      frames.push_back(make_frame(5, seed++));  // a small one right behind it
+    }
+  }
+  const pid_t child = test::fork_child([&] {
+    reader_.reset();
+    for (const auto& frame : frames) {
+      const iovec part{const_cast<std::byte*>(frame.data()), frame.size()};
+      CHILD_CHECK(writer_->write({&part, 1}, {}, Deadline::never()));
+    }
+    writer_->close();
+  });
+  writer_.reset();
+  for (const auto& frame : frames) {
+    ASSERT_NO_FATAL_FAILURE(expect_frame(frame));
+  }
+  std::span<const std::byte> payload;
+  EXPECT_THROW(reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(5s)), PeerDied);
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
+// A writer killed after the header and part of the body: the reader reports the sender gone
+// in the middle of a frame, for frames read in place and for larger ones.
+TEST_P(StreamFrameTest, AWriterKilledInTheMiddleOfABodyIsPeerDeathMidFrame) {
+  for (const std::size_t body : {std::size_t{300}, std::size_t{200 * 1024}, kMaxStagedFrameBytes + 4099}) {
+    SCOPED_TRACE("body of " + std::to_string(body) + " bytes");
+    connect();
+    const std::vector<std::byte> frame = make_frame(body, 3);
+    const std::size_t sent = sizeof(FrameHeader) + body / 2;
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    const pid_t child = test::fork_child([&] {
+      reader_.reset();
+      write_raw(fd_, std::span(frame).first(sent));
+      const char byte = 'w';
+      CHILD_CHECK(::write(ready[1], &byte, 1) == 1);
+      ::pause();  // killed here, with the rest of the frame unwritten
+    });
+    ::close(ready[1]);
+    writer_.reset();
+    // What the writer sends is read (each read times out waiting for the rest) until it
+    // says it sent all it will, and once more after that.
+    std::span<const std::byte> payload;
+    pollfd done{ready[0], POLLIN, 0};
+    while (::poll(&done, 1, 0) == 0) {
+      ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(10ms)), ReadStatus::Timeout);
+    }
+    ::close(ready[0]);
+    EXPECT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(10ms)), ReadStatus::Timeout);
+    ASSERT_EQ(::kill(child, SIGKILL), 0);
+    EXPECT_EQ(test::wait_child(child).signal, SIGKILL);
+    try {
+      reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(5s));
+      ADD_FAILURE() << "expected PeerDied";
+    } catch (const PeerDied& error) {
+      EXPECT_NE(std::string(error.what()).find("middle of a frame"), std::string::npos) << error.what();
+    }
+    reader_.reset();
+  }
+}
+
+// A header that claims fewer bytes than its body has: the frame ends early, and what follows
+// is read as the next header, which is refused; one that claims more waits for bytes that
+// never come, and the writer's end is peer death.
+TEST_P(StreamFrameTest, LyingLengthsAreRefusedOrEndInPeerDeath) {
+  for (const std::size_t body : {std::size_t{100}, std::size_t{100 * 1024}, kMaxStagedFrameBytes + 100}) {
+    SCOPED_TRACE("body of " + std::to_string(body) + " bytes");
+    connect();
+    std::vector<std::byte> shorter = make_frame(body, 4);
+    FrameHeader header;
+    std::memcpy(&header, shorter.data(), sizeof header);
+    header.body_bytes = body - 64;
+    std::memcpy(shorter.data(), &header, sizeof header);
+    const pid_t child = test::fork_child([&] {
+      reader_.reset();
+      write_raw(fd_, shorter);
+    });
+    writer_.reset();
+    std::span<const std::byte> payload;
+    ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(5s)), ReadStatus::Frame);
+    EXPECT_EQ(payload.size(), body - 64);
+    reader_->release();
+    try {
+      reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(5s));
+      ADD_FAILURE() << "expected a ProtocolError for the body's bytes read as a header";
+    } catch (const ProtocolError& error) {
+      EXPECT_NE(std::string(error.what()).find("magic"), std::string::npos) << error.what();
+    }
+    EXPECT_TRUE(test::child_succeeded(child));
+    reader_.reset();
+
+    // The longer one, on a fresh connection.
+    connect();
+    const pid_t liar = test::fork_child([&] {
+      reader_.reset();
+      std::vector<std::byte> longer = make_frame(body, 5);
+      std::memcpy(&header, longer.data(), sizeof header);
+      header.body_bytes = body + 64;
+      std::memcpy(longer.data(), &header, sizeof header);
+      write_raw(fd_, longer);
+    });
+    writer_.reset();
+    EXPECT_THROW(reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(5s)), PeerDied);
+    EXPECT_TRUE(test::child_succeeded(liar));
+    reader_.reset();
+  }
+}
+
+// ---- typed messages: large bodies next to tensors whose fds travel with the frame -------
+
+struct BytesAndTensors {
+  std::vector<std::uint8_t> bytes;
+  std::vector<Tensor> tensors;
+  template <class Archive>
+  void serialize(Archive& ar) { ar(bytes, tensors); }
+};
+
+std::vector<std::uint8_t> numbered(std::size_t size, unsigned seed) {
+  std::vector<std::uint8_t> out(size);
+  for (std::size_t i = 0; i < size; ++i) out[i] = static_cast<std::uint8_t>((i * 31 + seed) % 253);
+  return out;
+}
+
+TEST_P(StreamFrameTest, LargeBodiesTravelWithNewTensorsAndTheirFds) {
+  // More new tensors than one sendmsg passes fds for (253), next to bodies on each side of
+  // the sizes the reader reads in place.
+  const std::vector<std::pair<std::size_t, int>> shapes = {
+      {100 * 1024, 1}, {kMaxStagedFrameBytes, 3}, {300 * 1024, 300}, {kMaxStagedFrameBytes + 1, 260}, {64, 2}};
+  auto [tx, rx] = channel<BytesAndTensors>(GetParam());
+  const pid_t child = test::fork_child([&, &rx = rx, &tx = tx] {
+    tx.detach();
+    unsigned seed = 0;
+    for (const auto& [size, count] : shapes) {
+      const auto got = rx.recv();
+      CHILD_CHECK(got.has_value());
+      CHILD_CHECK(got->bytes == numbered(size, seed));
+      CHILD_CHECK(got->tensors.size() == static_cast<std::size_t>(count));
+      for (int i = 0; i < count; ++i) CHILD_CHECK(got->tensors[i].at<std::int32_t>({0}) == i + static_cast<int>(seed));
+      ++seed;
+    }
+    CHILD_CHECK(!rx.recv().has_value());
+  });
+  rx.close();
+  unsigned seed = 0;
+  for (const auto& [size, count] : shapes) {
+    BytesAndTensors message{numbered(size, seed), {}};
+    for (int i = 0; i < count; ++i) {
+      message.tensors.push_back(Tensor::zeros({4}, DType::Int32, Device::SharedCpu));
+      message.tensors.back().at<std::int32_t>({0}) = i + static_cast<int>(seed);
+    }
+    tx.send(message);
+    ++seed;
+  }
+  tx.close();
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
+}  // namespace
+}  // namespace ferry
