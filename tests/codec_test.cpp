@@ -15,6 +15,8 @@
 namespace ferry {
 namespace {
 
+using namespace ferry::detail;  // the codecs and their wire types
+
 struct CodecTensors {
   std::vector<Tensor> tensors;
   template <class Archive>

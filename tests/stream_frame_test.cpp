@@ -26,6 +26,8 @@
 namespace ferry {
 namespace {
 
+using namespace ferry::detail;  // frames, fds and deadlines
+
 using namespace std::chrono_literals;
 
 // Body sizes on each side of the places where the reader changes how it reads: its initial

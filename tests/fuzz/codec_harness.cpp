@@ -13,6 +13,8 @@
 namespace ferry::fuzz {
 namespace {
 
+using namespace ferry::detail;  // the codecs and their wire types
+
 [[noreturn]] void codec_failure(const char* what) {
   std::fprintf(stderr, "codec fuzz harness: %s\n", what);
   std::abort();

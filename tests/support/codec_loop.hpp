@@ -18,6 +18,8 @@
 
 namespace ferry::test {
 
+using namespace ferry::detail;  // the codecs and their wire types
+
 /// One frame on its way: the bytes a transport carries (header first) and its fds.
 struct WireFrame {
   std::vector<std::byte> bytes;
