@@ -1107,7 +1107,7 @@ TEST_P(AllocChannelTest, FrameThatIntroducesOnlyAnUpstreamBoardIsReadableAfterIt
     CHILD_CHECK(go.rx.recv().value() == 1);
     ba.tx.send(a2.rx.recv().value());
     // The receiver has not read the second frame yet: its board is what close() waits for.
-    CHILD_CHECK(detail::EndAccess::core(ba.tx).writer().passes_fds() || detail::EndAccess::core(ba.tx).segments_awaiting_acknowledgement() == 1);
+    CHILD_CHECK(detail::EndAccess::core(ba.tx).writer().capabilities().passes_fds || detail::EndAccess::core(ba.tx).segments_awaiting_acknowledgement() == 1);
     sent.tx.send(1);
     ba.tx.close();
   });

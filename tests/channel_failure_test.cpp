@@ -458,8 +458,7 @@ TEST(PipeTransport, ProgramsExecdAfterAPipeChannelGetTheDefaultSigpipe) {
 // more than was sent cannot make a fan-out forget messages in flight.
 class OverReportingWriter final : public detail::FrameWriter {
  public:
-  bool passes_fds() const override { return false; }
-  bool carries_copies() const override { return true; }
+  OverReportingWriter() : FrameWriter(copying()) {}
   bool write(std::span<const iovec>, std::span<const int>, const detail::Deadline&) override { return true; }
   bool write_copies(std::span<const iovec>, std::span<const iovec>, std::span<const std::shared_ptr<Storage>>,
                     const detail::Deadline&) override {
@@ -467,6 +466,13 @@ class OverReportingWriter final : public detail::FrameWriter {
   }
   std::uint64_t delivered_by_reader() override { return 1'000'000; }
   void close() noexcept override {}
+
+ private:
+  static detail::TransportCapabilities copying() noexcept {
+    detail::TransportCapabilities capabilities;
+    capabilities.carries_copies = true;
+    return capabilities;
+  }
 };
 
 TEST(DeliveryReportTest, ReportedDeliveriesNeverExceedWhatWasSent) {

@@ -106,8 +106,8 @@ TEST_P(DuplexTest, RequestsAndRepliesCrossProcesses) {
 TEST_P(DuplexTest, UnixSocketDirectionsShareOneSocket) {
   auto [a, b] = duplex<int, int>(GetParam());
   const bool one_socket = GetParam() == Transport::UnixSocket;
-  EXPECT_EQ(detail::EndAccess::core(a.sender).writer().shares_connection(), one_socket);
-  EXPECT_EQ(detail::EndAccess::core(b.receiver).reader().shares_connection(), one_socket);
+  EXPECT_EQ(detail::EndAccess::core(a.sender).writer().capabilities().shares_connection, one_socket);
+  EXPECT_EQ(detail::EndAccess::core(b.receiver).reader().capabilities().shares_connection, one_socket);
   if (one_socket) {
     struct stat sender_socket {};
     struct stat receiver_socket {};

@@ -296,16 +296,21 @@ TEST_F(SelectorRingTest, ARingNextToAPipeStillWakesTheSelector) {
 class QuietHintReader final : public detail::FrameReader {
  public:
   explicit QuietHintReader(std::shared_ptr<std::atomic<bool>> arrived)
-      : arrived_(std::move(arrived)), fd_(::eventfd(0, EFD_CLOEXEC)) {}
+      : FrameReader(hinting()), arrived_(std::move(arrived)), fd_(::eventfd(0, EFD_CLOEXEC)) {}
   ReadStatus read(detail::FrameHeader&, std::vector<std::byte>&, std::deque<detail::UniqueFd>&, const detail::Deadline&) override {
     return ReadStatus::Closed;
   }
   bool has_buffered_frame() const override { return arrived_->load(); }
   int readiness_fd() const override { return fd_.get(); }
-  bool readiness_fd_is_a_hint() const override { return true; }
   void close() noexcept override {}
 
  private:
+  static detail::TransportCapabilities hinting() noexcept {
+    detail::TransportCapabilities capabilities;
+    capabilities.readiness_fd_is_a_hint = true;
+    return capabilities;
+  }
+
   std::shared_ptr<std::atomic<bool>> arrived_;
   detail::UniqueFd fd_;
 };

@@ -55,7 +55,7 @@ EndDescription describe(EndRole role, Core& core, const End& end, std::uint64_t 
   description.type_name = std::string(type_name);
   const std::vector<int> fds = end.descriptors();
   description.fds.assign(fds.begin(), fds.end());
-  description.shares_connection = end.shares_connection();
+  description.shares_connection = end.capabilities().shares_connection;
   description.options = core.options();
   return description;
 }

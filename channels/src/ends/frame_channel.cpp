@@ -17,12 +17,21 @@ namespace ferry::detail {
 
 // ---- sender ------------------------------------------------------------------
 
+namespace {
+
+// How the encoder of a writer with `capabilities` hands segments over.
+HandlePassing handle_passing(const TransportCapabilities& capabilities) noexcept {
+  if (capabilities.carries_copies) return HandlePassing::Copying;
+  if (capabilities.passes_fds) return HandlePassing::FdPassing;
+  if (capabilities.can_pass_fds) return HandlePassing::ProcFdWhileTakeable;
+  return HandlePassing::ProcFd;
+}
+
+}  // namespace
+
 SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options)
     : writer_(std::move(writer)),
-      encoder_(std::make_unique<MessageEncoder>(writer_->carries_copies() ? HandlePassing::Copying
-                                                : writer_->passes_fds()   ? HandlePassing::FdPassing
-                                                : writer_->can_pass_fds() ? HandlePassing::ProcFdWhileTakeable
-                                                                          : HandlePassing::ProcFd,
+      encoder_(std::make_unique<MessageEncoder>(handle_passing(writer_->capabilities()),
                                                 options.pool)),
       transport_(transport),
       options_(options) {
@@ -101,9 +110,10 @@ SenderCore::~SenderCore() {
     // direction may keep it open.
     writer_->shut_down();
     // No end-of-stream, but what the receiver may still hold stays tracked: the probe tells
-    // the ledger when the receiving end is gone, also when it died before reading a frame.
+    // the ledger when the receiving end is gone, also when it died before reading a frame
+    // (polled only: this end shut its direction down).
     try {
-      encoder_->closed(writer_->liveness_probe(), writer_->probe_by_send());
+      encoder_->closed(writer_->liveness_probe(), false);
     } catch (...) {
       encoder_->closed(UniqueFd());  // no probe (out of fds): the ledger falls back to its own checks
     }
@@ -167,7 +177,7 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
   used_ = true;
   bool written = false;
   try {
-    written = !writer_->carries_copies() ? writer_->write(frame.iovecs(), frame.fds, deadline)
+    written = !writer_->capabilities().carries_copies ? writer_->write(frame.iovecs(), frame.fds, deadline)
                                    : writer_->write_copies(frame.iovecs(), frame.copies, frame.copy_owners, deadline);
   } catch (const ChannelClosed&) {
     encoder_->rollback();
@@ -202,6 +212,7 @@ void SenderCore::close() {
   claim_.mark_closed();
   open_ = false;
   gone_probe_.reset();
+  bool shut_down = false;  // this direction was ended without an end-of-stream frame
   try {
     const Deadline linger = Deadline::after(options_.close_linger);
     writer_->flush(linger);
@@ -218,6 +229,7 @@ void SenderCore::close() {
       // sent end-of-stream frame ends it by itself, and the direction stays open for a
       // duplex socket's probe to tell a reader that shut its side down.
       writer_->shut_down();
+      shut_down = true;
     }
     // Storages named by /proc path must outlive the receiver's open() of them.
     // The receiver acknowledges on the transport (what wakes a waiting writer) only when
@@ -230,7 +242,7 @@ void SenderCore::close() {
     delivered_ = std::max(delivered_, encoder_->resolved_on_board());  // the ledger goes below
     // What the receiver holds stays pinned until it gives it back or exits; the probe
     // tells when the receiving end is gone while frames are still unresolved.
-    encoder_->closed(writer_->liveness_probe(), writer_->probe_by_send());
+    encoder_->closed(writer_->liveness_probe(), writer_->capabilities().probe_by_send && !shut_down);
   } catch (const ChannelClosed&) {
     // The receiver already left: the stream is over either way.
     delivered_ = std::max(delivered_, encoder_->resolved_on_board());
@@ -505,12 +517,12 @@ int ReceiverCore::readiness_fd() {
 
 bool ReceiverCore::readiness_fd_is_a_hint() {
   std::lock_guard lock(mutex_);
-  return open_ && reader_->readiness_fd_is_a_hint();
+  return open_ && reader_->capabilities().readiness_fd_is_a_hint;
 }
 
 bool ReceiverCore::readiness_fd_reports_data() {
   std::lock_guard lock(mutex_);
-  return reader_->readiness_fd_reports_data();
+  return reader_->capabilities().readiness_fd_reports_data;
 }
 
 std::atomic<std::uint32_t>* ReceiverCore::data_futex() {

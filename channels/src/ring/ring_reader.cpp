@@ -10,9 +10,20 @@
 
 namespace ferry {
 
+namespace {
+// The companion socket never carries data, so it cannot tell that a frame arrived.
+detail::TransportCapabilities ring_reader_capabilities() noexcept {
+  detail::TransportCapabilities capabilities;
+  capabilities.readiness_fd_reports_data = false;
+  return capabilities;
+}
+}  // namespace
+
 RingFrameReader::RingFrameReader(std::shared_ptr<const RingSegment> segment, detail::UniqueFd companion,
                                  const RingTiming& timing, const FrameLimits& limits)
-    : end_(std::move(segment), std::move(companion), timing), limits_(limits) {
+    : FrameReader(ring_reader_capabilities()),
+      end_(std::move(segment), std::move(companion), timing),
+      limits_(limits) {
   // A reader rebuilt from inherited descriptors continues where the stream is.
   head_ = end_.header().head.load(std::memory_order_acquire);
 }

@@ -63,9 +63,6 @@ class RingFrameWriter final : public detail::FrameWriter, private detail::BodySp
   /// `segment` is shared with the reader when both ends live in this process;
   /// `companion` is the writer's side of the companion socket pair.
   RingFrameWriter(std::shared_ptr<const RingSegment> segment, detail::UniqueFd companion, const RingTiming& timing);
-  bool passes_fds() const override { return false; }
-  /// True: fds given to write() go out on the companion socket, just before the frame.
-  bool can_pass_fds() const override { return true; }
   /// Lends ring space past the tail (at kRingBodyOffset) for the next frame's body, waiting
   /// for room until `deadline` when the body outgrows what is free; null while the rest of
   /// an earlier frame is pending.
@@ -139,8 +136,6 @@ class RingFrameReader final : public detail::FrameReader {
   bool has_buffered_frame() const override;
   /// The companion socket: POLLRDHUP (hang-up) when the writer's process is gone.
   int readiness_fd() const override { return end_.is_open() ? end_.companion_fd() : -1; }
-  /// False: the companion socket never carries data, so it cannot tell that a frame arrived.
-  bool readiness_fd_reports_data() const override { return false; }
   /// The ring's reader_sleeping word: the writer wakes it after publishing.
   std::atomic<std::uint32_t>* data_futex() override { return end_.is_open() ? &end_.header().reader_sleeping : nullptr; }
 

@@ -53,9 +53,19 @@ class PartCursor {
 
 }  // namespace
 
+namespace {
+// fds given to write() go out on the companion socket, just before the frame.
+detail::TransportCapabilities ring_writer_capabilities() noexcept {
+  detail::TransportCapabilities capabilities;
+  capabilities.can_pass_fds = true;
+  return capabilities;
+}
+}  // namespace
+
 RingFrameWriter::RingFrameWriter(std::shared_ptr<const RingSegment> segment, detail::UniqueFd companion,
                                  const RingTiming& timing)
-    : end_(std::move(segment), std::move(companion), timing) {
+    : FrameWriter(ring_writer_capabilities()),
+      end_(std::move(segment), std::move(companion), timing) {
   // A writer rebuilt from inherited descriptors continues where the stream is.
   tail_ = end_.header().tail.load(std::memory_order_acquire);
   head_seen_ = end_.header().head.load(std::memory_order_acquire);

@@ -38,8 +38,31 @@ bool may_block(const detail::Deadline& deadline) { return deadline.is_never() &&
 
 // ---- writer ------------------------------------------------------------------
 
+namespace {
+
+// A socket passes fds with its frames; a pipe only on its side socket, when it has one. A
+// shared socket's probe tells by a zero-length send that its reader shut down (every send
+// fails after this end's own shut_down(), so the probe is then polled only).
+detail::TransportCapabilities stream_writer_capabilities(bool is_socket, bool has_side, bool shares_connection) {
+  detail::TransportCapabilities capabilities;
+  capabilities.passes_fds = is_socket;
+  capabilities.can_pass_fds = is_socket || has_side;
+  capabilities.shares_connection = shares_connection && is_socket;
+  capabilities.probe_by_send = capabilities.shares_connection;
+  return capabilities;
+}
+
+detail::TransportCapabilities stream_reader_capabilities(bool is_socket, bool shares_connection) {
+  detail::TransportCapabilities capabilities;
+  capabilities.shares_connection = shares_connection && is_socket;
+  return capabilities;
+}
+
+}  // namespace
+
 StreamFrameWriter::StreamFrameWriter(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, bool shares_connection)
-    : stream_(std::move(stream)),
+    : FrameWriter(stream_writer_capabilities(is_socket, side.valid(), shares_connection)),
+      stream_(std::move(stream)),
       side_(std::move(side)),
       is_socket_(is_socket),
       shares_connection_(shares_connection && is_socket) {}
@@ -276,7 +299,8 @@ std::vector<int> StreamFrameWriter::descriptors() const {
 
 StreamFrameReader::StreamFrameReader(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, const FrameLimits& limits,
                                      bool shares_connection)
-    : stream_(std::move(stream)),
+    : FrameReader(stream_reader_capabilities(is_socket, shares_connection)),
+      stream_(std::move(stream)),
       side_(std::move(side)),
       is_socket_(is_socket),
       shares_connection_(shares_connection && is_socket),

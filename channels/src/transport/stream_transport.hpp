@@ -43,8 +43,6 @@ namespace ferry {
 class StreamFrameWriter final : public detail::FrameWriter {
  public:
   StreamFrameWriter(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, bool shares_connection = false);
-  bool passes_fds() const override { return is_socket_; }
-  bool can_pass_fds() const override { return is_socket_ || side_; }
   bool write(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline) override;
   /// What wait_acknowledged() read from the pipe so far (no system call).
   std::uint64_t acknowledged() override { return acknowledged_; }
@@ -53,7 +51,6 @@ class StreamFrameWriter final : public detail::FrameWriter {
   bool flush(const detail::Deadline& deadline) override { return flush_pending(deadline); }
   void close() noexcept override;
   void shut_down() noexcept override;
-  bool shares_connection() const override { return shares_connection_; }
   std::vector<int> descriptors() const override;
   /// A socket: a duplicate of the stream, which reports POLLHUP once the reader is gone
   /// (after shut_down(), once the reader closed its socket too). A pipe: a duplicate of the
@@ -61,9 +58,6 @@ class StreamFrameWriter final : public detail::FrameWriter {
   /// it (a duplicate of the data pipe's write end would keep the stream open, and a reader
   /// waiting for more would never see the sender gone).
   detail::UniqueFd liveness_probe() const override;
-  /// A shared socket whose reader shut down fails a zero-length send with EPIPE; after this
-  /// end's own shut_down() every send does, so the probe is then polled only.
-  bool probe_by_send() const override { return shares_connection_ && !shut_down_; }
 
  private:
   // Writes one whole frame on the stream (a socket: `fds` with its first byte); with
@@ -127,7 +121,6 @@ class StreamFrameReader final : public detail::FrameReader {
   void acknowledge(std::uint64_t sequence) override;
   void close() noexcept override;
   void shut_down() noexcept override;
-  bool shares_connection() const override { return shares_connection_; }
   std::vector<int> descriptors() const override;
   bool has_buffered_frame() const override;
   int readiness_fd() const override { return stream_.get(); }

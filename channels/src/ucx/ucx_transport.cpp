@@ -7,8 +7,23 @@
 
 namespace ferry::ucx::detail {
 
+namespace {
+// No shared memory between the ends: tensors travel as their bytes.
+ferry::detail::TransportCapabilities copying_capabilities() noexcept {
+  ferry::detail::TransportCapabilities capabilities;
+  capabilities.carries_copies = true;
+  return capabilities;
+}
+// The worker's wake-up fd fires for any UCX event; has_buffered_frame() re-arms it.
+ferry::detail::TransportCapabilities hinting_capabilities() noexcept {
+  ferry::detail::TransportCapabilities capabilities;
+  capabilities.readiness_fd_is_a_hint = true;
+  return capabilities;
+}
+}  // namespace
+
 UcxFrameWriter::UcxFrameWriter(std::shared_ptr<UcxConnection> connection, std::chrono::milliseconds close_linger)
-    : connection_(std::move(connection)), close_linger_(close_linger) {}
+    : FrameWriter(copying_capabilities()), connection_(std::move(connection)), close_linger_(close_linger) {}
 
 UcxFrameWriter::~UcxFrameWriter() { close(); }
 
@@ -36,7 +51,7 @@ void UcxFrameWriter::close() noexcept {
 }
 
 UcxFrameReader::UcxFrameReader(std::shared_ptr<UcxConnection> connection, const FrameLimits& limits)
-    : connection_(std::move(connection)), limits_(limits) {}
+    : FrameReader(hinting_capabilities()), connection_(std::move(connection)), limits_(limits) {}
 
 UcxFrameReader::~UcxFrameReader() { close(); }
 

@@ -15,8 +15,6 @@ class UcxFrameWriter final : public ferry::detail::FrameWriter {
  public:
   UcxFrameWriter(std::shared_ptr<UcxConnection> connection, std::chrono::milliseconds close_linger);
   ~UcxFrameWriter() override;
-  bool passes_fds() const override { return false; }
-  bool carries_copies() const override { return true; }
   /// Starts sending the frame; false when the frames still in flight to a receiver that
   /// does not read stayed above their limit until `deadline` (nothing is sent then).
   bool write(std::span<const iovec> parts, std::span<const int> fds, const ferry::detail::Deadline& deadline) override;
@@ -47,8 +45,6 @@ class UcxFrameReader final : public ferry::detail::FrameReader {
   void shut_down() noexcept override { close(); }
   bool has_buffered_frame() const override;
   int readiness_fd() const override { return connection_ ? connection_->wake_fd() : -1; }
-  /// The worker's wake-up fd fires for any UCX event; has_buffered_frame() re-arms it.
-  bool readiness_fd_is_a_hint() const override { return true; }
 
  private:
   std::shared_ptr<UcxConnection> connection_;

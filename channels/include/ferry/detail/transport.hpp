@@ -24,23 +24,53 @@
 
 namespace ferry::detail {
 
+/// What one end of a transport can do: plain data that the transport fills in once, when
+/// it makes the end, and that the channel core reads (it never changes afterwards). The
+/// virtual functions of FrameWriter and FrameReader are the operations only.
+struct TransportCapabilities {
+  // ---- a writing end ----
+  /// memfds travel with frames by default (else the receiver opens /proc/<pid>/fd/<n>).
+  bool passes_fds = false;
+  /// fds given to write() reach the reader all the same, on a side socket next to the
+  /// frames (a pipe, a ring; see SegmentFdChannel), or with them (passes_fds). The encoder
+  /// of such a transport passes a segment's fd instead of naming it by /proc while peers
+  /// may not take this process's fds (HandlePassing::ProcFdWhileTakeable).
+  bool can_pass_fds = false;
+  /// No shared memory between the ends (UCX): tensors travel as their bytes
+  /// (HandlePassing::Copying), which FrameWriter::write_copies() sends.
+  bool carries_copies = false;
+  /// A zero-length send on FrameWriter::liveness_probe() failing with EPIPE also means the
+  /// reader is gone (a duplex socket whose reader may shut its direction down), until this
+  /// end shuts its own direction down (FrameWriter::shut_down()); the probe is polled only
+  /// from then on.
+  bool probe_by_send = false;
+  // ---- either end ----
+  /// This end's connection also carries the opposite direction (one socket for both
+  /// directions of a duplex connection, make_duplex_transport()).
+  bool shares_connection = false;
+  // ---- a reading end (see FrameReader's readiness) ----
+  /// False when FrameReader::readiness_fd() reports only the peer's hang-up, not arriving
+  /// data: a Selector then sleeps on data_futex() if there is one, and otherwise re-checks
+  /// has_buffered_frame() at short intervals.
+  bool readiness_fd_reports_data = true;
+  /// FrameReader::readiness_fd() also wakes for events that bring no frame (a UCX worker's
+  /// wake-up fd: connection upkeep, a part of a message): a Selector then asks
+  /// has_buffered_frame() before it reports the reader ready.
+  bool readiness_fd_is_a_hint = false;
+};
+
 /// The sending half of a transport.
 class FrameWriter {
  public:
+  explicit FrameWriter(const TransportCapabilities& capabilities) noexcept : capabilities_(capabilities) {}
   virtual ~FrameWriter() = default;
-  /// Whether memfds travel with frames by default (else the receiver opens /proc/<pid>/fd/<n>).
-  virtual bool passes_fds() const = 0;
-  /// Whether fds given to write() reach the reader all the same, on a side socket next to
-  /// the frames (a pipe, a ring; see SegmentFdChannel). The encoder of such a transport
-  /// passes a segment's fd instead of naming it by /proc while peers may not take this
-  /// process's fds (HandlePassing::ProcFdWhileTakeable).
-  virtual bool can_pass_fds() const { return passes_fds(); }
-  /// True for a transport without shared memory between its ends (UCX): tensors travel as
-  /// their bytes (HandlePassing::Copying), which write_copies() sends.
-  virtual bool carries_copies() const { return false; }
+  FrameWriter(const FrameWriter&) = delete;
+  FrameWriter& operator=(const FrameWriter&) = delete;
+  /// What this end can do (fixed when it was made).
+  const TransportCapabilities& capabilities() const noexcept { return capabilities_; }
   /// Writes one frame followed by the bytes of its Copied storages (`copies`, read in
   /// place, in table order; `owners` are the storages, which the transport keeps until
-  /// it no longer reads them), like write(). Only a transport that carries_copies().
+  /// it no longer reads them), like write(). Only a transport that carries_copies.
   virtual bool write_copies(std::span<const iovec> parts, std::span<const iovec> /*copies*/,
                             std::span<const std::shared_ptr<Storage>> /*owners*/, const Deadline& deadline) {
     return write(parts, {}, deadline);
@@ -76,29 +106,30 @@ class FrameWriter {
   /// connection open (a duplex socket's other direction, the liveness probe the hold
   /// ledger keeps, a forked copy). Sockets shut their sending side down, the ring its
   /// companion socket; a pipe needs nothing (its probe is not the data pipe). Afterwards
-  /// the probe is polled only (probe_by_send() is false).
+  /// the probe is polled only (whatever capabilities().probe_by_send says).
   virtual void shut_down() noexcept {}
-  /// True when this end's connection also carries the opposite direction (one socket for
-  /// both directions of a duplex connection, make_duplex_transport()).
-  virtual bool shares_connection() const { return false; }
   /// The descriptors of this end, for handing it to an exec'd process (may be empty).
   virtual std::vector<int> descriptors() const { return {}; }
   /// A new descriptor that tells when the reading end is gone (closed in every process, or
-  /// shut down): poll() reports POLLERR or POLLHUP, or, when probe_by_send(), a
-  /// zero-length send fails with EPIPE. Empty when the transport cannot tell. A closed
+  /// shut down): poll() reports POLLERR or POLLHUP, or, with capabilities().probe_by_send,
+  /// a zero-length send fails with EPIPE. Empty when the transport cannot tell. A closed
   /// channel keeps it while frames it sent are unresolved, to unpin their memory if nobody
   /// will ever read them; it must not keep the stream open for the reader.
   virtual UniqueFd liveness_probe() const { return UniqueFd(); }
-  /// True when a zero-length send on liveness_probe() failing with EPIPE also means the
-  /// reader is gone (a duplex socket whose reader may shut its direction down, as long as
-  /// this end did not shut its own down).
-  virtual bool probe_by_send() const { return false; }
+
+ private:
+  TransportCapabilities capabilities_;
 };
 
 /// The receiving half of a transport.
 class FrameReader {
  public:
+  explicit FrameReader(const TransportCapabilities& capabilities) noexcept : capabilities_(capabilities) {}
   virtual ~FrameReader() = default;
+  FrameReader(const FrameReader&) = delete;
+  FrameReader& operator=(const FrameReader&) = delete;
+  /// What this end can do (fixed when it was made).
+  const TransportCapabilities& capabilities() const noexcept { return capabilities_; }
   /// Reads one frame into `header` and `payload` (everything after the header) and
   /// appends the fds that arrived to `fds`. Waits for the start of a frame until
   /// `deadline`. Throws PeerDied when the peer vanished without closing, ProtocolError
@@ -133,8 +164,6 @@ class FrameReader {
   /// shares its connection with a writer of this process needs it (see
   /// FrameWriter::shut_down()).
   virtual void shut_down() noexcept {}
-  /// True when this end's connection also carries the opposite direction (a duplex socket).
-  virtual bool shares_connection() const { return false; }
   virtual std::vector<int> descriptors() const { return {}; }
 
   /// Readiness, for waiting on many readers at once (ferry::Selector). A reader is ready
@@ -146,22 +175,18 @@ class FrameReader {
   /// frame buffered in user space (poll() on the fd cannot see it), or this end closed.
   virtual bool has_buffered_frame() const { return false; }
   /// A descriptor that poll(POLLIN) reports ready when more of the stream (or the peer's
-  /// hang-up) arrived; -1 when the transport has none, in which case a Selector re-checks
-  /// has_buffered_frame() at short intervals.
+  /// hang-up) arrived; -1 when the transport has none (or this end is closed), in which
+  /// case a Selector re-checks has_buffered_frame() at short intervals. What it reports:
+  /// capabilities().readiness_fd_reports_data and readiness_fd_is_a_hint.
   virtual int readiness_fd() const { return -1; }
-  /// False when readiness_fd() reports only the peer's hang-up, not arriving data: a
-  /// Selector then sleeps on data_futex() if there is one, and otherwise re-checks
-  /// has_buffered_frame() at short intervals.
-  virtual bool readiness_fd_reports_data() const { return true; }
-  /// True when readiness_fd() also wakes for events that bring no frame (a UCX worker's
-  /// wake-up fd: connection upkeep, a part of a message): a Selector then asks
-  /// has_buffered_frame() before it reports the reader ready.
-  virtual bool readiness_fd_is_a_hint() const { return false; }
   /// A futex word that the writer wakes after it published data while the word holds 1 (a
   /// sleeping reader, see ring_layout.hpp); nullptr when the transport has none. A waiter
   /// stores 1, re-checks has_buffered_frame(), sleeps while the word holds 1, and stores 0
   /// once awake.
   virtual std::atomic<std::uint32_t>* data_futex() { return nullptr; }
+
+ private:
+  TransportCapabilities capabilities_;
 };
 
 /// Creates a connected writer/reader pair of `transport` (Pipe, UnixSocket or ShmRing;
