@@ -62,6 +62,7 @@ class CodecRun {
   std::vector<CodecMessage> held_by_receiver_;
   std::uint64_t tag_ = 0;
   std::size_t delivered_ = 0;
+  bool corrupted_ = false;  // a corrupted frame was delivered
 };
 
 std::size_t CodecRun::run() {
@@ -148,6 +149,7 @@ void CodecRun::check_delivered(const CodecMessage& sent, const CodecMessage& got
 bool CodecRun::send_corrupted(std::uint16_t mask) {
   test::WireFrame frame = loop_.send(message_of(mask));
   corrupt(frame);
+  corrupted_ = true;
   try {
     if (frame.bytes.size() >= sizeof(FrameHeader) &&
         frame.header().kind == static_cast<std::uint8_t>(FrameKind::Message)) {
@@ -183,10 +185,14 @@ void CodecRun::finish() {
   loop_.decoder.release_all();
   loop_.encoder.receiver_gone();
   // Every block the receiver held gave its slot back, and every frame it never resolved
-  // was abandoned: nothing stays pinned.
+  // was abandoned: nothing stays pinned. (A corrupted frame resolved in part may name
+  // slots other than those the sender pinned: those pins wait for the receiving process to
+  // exit, as for any lying receiver, which never happens here.)
   loop_.encoder.encode(CodecMessage{});
   loop_.encoder.rollback();
-  if (loop_.encoder.pinned_storages() != 0) codec_failure("the sender still pins storages after both ends let go");
+  if (!corrupted_ && loop_.encoder.pinned_storages() != 0) {
+    codec_failure("the sender still pins storages after both ends let go");
+  }
 }
 
 }  // namespace

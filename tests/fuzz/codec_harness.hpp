@@ -6,7 +6,8 @@
 //     storage and segment leases (the two slot tables stay in step);
 //   - a corrupted frame is refused with ProtocolError or decodes (then the run ends, as a
 //     broken receiver ends its channel); nothing else may escape;
-//   - once both ends let go, the sender holds no pin.
+//   - once both ends let go after intact frames only, the sender holds no pin (what a
+//     corrupted frame resolved in part pinned waits for the receiving process's exit).
 // Neither end acts on a descriptor number from the input: fds travel as duplicates of the
 // sender's own, and a /proc entry a corruption makes is neutralized (pid 0).
 #pragma once

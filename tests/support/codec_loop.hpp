@@ -38,7 +38,7 @@ struct WireFrame {
   void set_handle(std::size_t i, const HandleEntry& entry) { store(handles_at() + i * sizeof(HandleEntry), entry); }
   std::vector<std::uint32_t> releases() const {
     std::vector<std::uint32_t> out(header().release_count);
-    std::memcpy(out.data(), bytes.data() + releases_at(), out.size() * sizeof(std::uint32_t));
+    if (!out.empty()) std::memcpy(out.data(), bytes.data() + releases_at(), out.size() * sizeof(std::uint32_t));
     return out;
   }
   /// Appends a storage release of `slot` to the frame, as a lying sender would.
