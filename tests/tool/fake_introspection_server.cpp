@@ -11,8 +11,8 @@
 //   fake_introspection_server close                              accepts and closes at once
 //
 // serve: end 0 (send, "batches", or --label) reports 1000 messages of 64 bytes, with --advance
-// 1000 + 100 k at request k (from 0); end 1 (recv, "results") 7 messages, blocked since the
-// start when --stalled.
+// 1000 + 100 k at request k (from 0); end 1 (send, "results") 7 messages, blocked (waiting for
+// room) since the start when --stalled.
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -67,7 +67,7 @@ std::string snapshot(long pid, std::uint64_t request, std::uint64_t started_ns, 
          ",\"tensors\":" + std::to_string(messages) +
          ",\"new_segments\":3,\"in_flight\":2,\"blocked_ns\":0,\"blocked_now\":false,\"last_activity_ns\":" +
          std::to_string(now) +
-         "},{\"id\":1,\"direction\":\"recv\",\"label\":\"results\",\"transport\":\"pipe\",\"peer_pid\":null,"
+         "},{\"id\":1,\"direction\":\"send\",\"label\":\"results\",\"transport\":\"pipe\",\"peer_pid\":null,"
          "\"state\":\"open\",\"messages\":7,\"bytes\":448,\"tensors\":0,\"new_segments\":0,\"in_flight\":0,"
          "\"blocked_ns\":" + blocked + ",\"blocked_now\":" + (stalled ? "true" : "false") +
          ",\"last_activity_ns\":" + std::to_string(started_ns) +

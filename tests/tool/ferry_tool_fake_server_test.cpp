@@ -99,7 +99,7 @@ TEST(FerryTool, TopOnceMarksAStalledEnd) {
   FakeServer server({"serve", "--advance", "--stalled"});
   ToolRun run = run_tool({"top", "--once", "--interval", "0.2"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  std::regex stalled("\n *" + pid_text(server.pid()) + " +fake_server +1 +recv +results[^\n]* 100% +STALLED\n");
+  std::regex stalled("\n *" + pid_text(server.pid()) + " +fake_server +1 +send +results[^\n]* 100% +STALLED\n");
   EXPECT_TRUE(std::regex_search(run.out, stalled)) << run.out;
   std::regex busy("\n *" + pid_text(server.pid()) + " +fake_server +0 +send +batches[^\n]*open\n");
   EXPECT_TRUE(std::regex_search(run.out, busy)) << run.out;

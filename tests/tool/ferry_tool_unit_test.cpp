@@ -254,6 +254,15 @@ TEST(ToolTop, RatesFromTwoSnapshots) {
   std::vector<TopRow> first = top_rows({}, after);
   EXPECT_FALSE(first[0].has_rates);
   EXPECT_FALSE(first[0].stalled);
+  // A receive end blocked with nothing coming is waiting, not stalled.
+  before[1].ends[0].direction = "recv";
+  after[1].ends[0].direction = "recv";
+  std::vector<TopRow> waiting = top_rows(before, after);
+  EXPECT_EQ(waiting[1].pid, 13);
+  EXPECT_FALSE(waiting[1].stalled);
+  TopFrame frame = render_top_frame(waiting, TopSummary{"12:00:00", 2, 0, ""}, 200, 50);
+  EXPECT_NE(frame.lines.back().find("waiting"), std::string::npos) << frame.lines.back();
+  EXPECT_TRUE(frame.stalled_lines.empty());
 }
 
 TEST(ToolTop, BusiestFirst) {

@@ -81,7 +81,7 @@ INNER
   header=$(grep -n "MSG/S" <<<"$screen" | head -1 | cut -d: -f1)
   [[ -n $header ]] || fail "no table header"
   first=$(sed -n "$((header + 1))p" <<<"$screen")
-  [[ $first =~ ^\ *${stalled_pid}\ +fake_server\ +1\ +recv\ +results\ .*STALLED$ ]] ||
+  [[ $first =~ ^\ *${stalled_pid}\ +fake_server\ +1\ +send\ +results\ .*STALLED$ ]] ||
     fail "the stalled end is not first: '$first'"
   grep -qE "^ *${busy_pid} +fake_server +0 +send +batches .* [0-9.]+k? +[0-9.]+ [KM]?i?B/s " <<<"$screen" ||
     fail "no rate for the busy end"

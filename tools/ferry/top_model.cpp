@@ -22,7 +22,7 @@ void derive_rates(TopRow& row, const EndSnapshot& before, std::uint64_t interval
   row.bytes_per_second = per_second(before.bytes, row.end.bytes, seconds);
   double blocked = row.end.blocked_ns >= before.blocked_ns ? static_cast<double>(row.end.blocked_ns - before.blocked_ns) : 0;
   row.blocked_percent = std::clamp(100.0 * blocked / static_cast<double>(interval_ns), 0.0, 100.0);
-  row.stalled = row.end.blocked_now && row.end.messages == before.messages;
+  row.stalled = row.end.direction == "send" && row.end.blocked_now && row.end.messages == before.messages;
 }
 
 bool busier(const TopRow& a, const TopRow& b) {

@@ -1,7 +1,9 @@
 // `ferry top`'s figures and frame, without the terminal. Contract: top_rows() pairs each end
 // of `current` with the same end (pid, end id) in `previous` and derives its rates over the
 // process's monotonic_ns interval: messages/s, bytes/s and the % of the interval spent
-// blocked. An end is STALLED when it is blocked now and carried no message in the interval.
+// blocked. A send end is STALLED when it is blocked now (waiting for room: its consumer
+// does not keep up) and carried no message in the interval; a receive end blocked now is
+// only "waiting" (for its producer, whose own send end says whether it is stuck).
 // Rows come stalled first, then busiest (bytes/s, then messages/s) first. render_top_frame()
 // lays them out in at most `width` x `height` cells.
 #pragma once

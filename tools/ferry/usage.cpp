@@ -13,8 +13,9 @@ Commands:
                        listeners, workers, shared memory in use and mapped.
   top                  Live view, refreshed every second: per channel end, messages/s,
                        bytes/s, messages in total and in flight, % of time blocked, state.
-                       Stalled ends (blocked now, no message in the last interval) come
-                       first, marked STALLED; then the busiest. Keys: q or Ctrl-C quits.
+                       Stalled ends (send ends blocked now for room, no message in the
+                       last interval: the consumer does not keep up) come first, marked
+                       STALLED; then the busiest. Keys: q or Ctrl-C quits.
       --interval SECONDS   refresh period (default 1)
       --once               print one frame as text (rates over one interval) and exit
       -n N                 print N frames as text, one per interval, and exit
