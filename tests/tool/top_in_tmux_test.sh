@@ -4,10 +4,13 @@
 # the width, the stalled end first and highlighted, rates), that a resize re-lays it out,
 # and that q, Ctrl-C and SIGTERM each quit with status 0, leave the alternate screen and
 # restore the terminal's settings exactly (stty -g before and after).
-# Usage: top_in_tmux_test.sh FERRY_BINARY FAKE_SERVER_BINARY   (exit 77: skipped)
+# With PIPELINE_BINARY (introspected_pipeline.cpp), also a real three-process pipeline whose
+# sink stalls: its relay's send end must show as STALLED, first.
+# Usage: top_in_tmux_test.sh FERRY_BINARY FAKE_SERVER_BINARY [PIPELINE_BINARY]   (exit 77: skipped)
 set -euo pipefail
 ferry=$1
 fake=$2
+pipeline=${3:-}
 if ! command -v tmux >/dev/null; then
   echo "SKIPPED: tmux is not installed (scripts/install-deps installs it)"
   exit 77
@@ -22,6 +25,8 @@ cleanup() {
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
   done
+  exec 3>&-  # the pipeline's stdin: it exits when it closes
+  [[ -n ${pipeline_pid:-} ]] && { kill -KILL "$pipeline_pid" 2>/dev/null || true; wait "$pipeline_pid" 2>/dev/null || true; }
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -131,3 +136,31 @@ INNER
 run_top q
 run_top C-c
 run_top TERM
+
+if [[ -n $pipeline ]]; then
+  mkfifo "$work/pipeline.in"
+  FERRY_INTROSPECT=1 "$pipeline" 50 --stall <"$work/pipeline.in" >"$work/pipeline.out" &
+  pipeline_pid=$!
+  exec 3>"$work/pipeline.in"
+  for _ in $(seq 200); do
+    grep -q ready "$work/pipeline.out" && break
+    sleep 0.05
+  done
+  read -r _ source_pid relay_pid sink_pid <"$work/pipeline.out" || fail "the pipeline did not start"
+  tmux -L "$socket" -f /dev/null new-session -d -s top -x 120 -y 30 "$ferry top --interval 0.5; sleep 60"
+  wait_for_screen "^ *${relay_pid} .* send .*unix_socket.* STALLED"
+  screen=$(tmux -L "$socket" capture-pane -p -t top)
+  header=$(grep -n "MSG/S" <<<"$screen" | head -1 | cut -d: -f1)
+  sed -n "$((header + 1))p" <<<"$screen" | grep -q STALLED || fail "the stalled relay is not first"
+  for pid in "$source_pid" "$sink_pid"; do
+    grep -qE "^ *$pid " <<<"$screen" || fail "pid $pid of the pipeline is not shown"
+  done
+  tmux -L "$socket" send-keys -t top q
+  for _ in $(seq 50); do
+    [[ $(alternate_on) == 0 ]] && break
+    sleep 0.1
+  done
+  [[ $(alternate_on) == 0 ]] || fail "ferry top did not quit on q over the pipeline"
+  tmux -L "$socket" kill-server
+  echo "ok: ferry top shows the real pipeline's stalled relay first"
+fi
