@@ -21,6 +21,13 @@ if [[ -e $scratch/prefix/include/ferry/ring_transport.hpp || -e $scratch/prefix/
   echo "check.sh: a private header was installed" >&2
   exit 1
 fi
+# The `ferry` tool (FERRY_BUILD_TOOLS) is installed into bin/ and runs from there.
+if grep -q '^FERRY_BUILD_TOOLS:BOOL=ON' "$build_dir/CMakeCache.txt"; then
+  if ! "$scratch/prefix/bin/ferry" --help | grep -q 'ferry ps\|  ps '; then
+    echo "check.sh: bin/ferry was not installed, or its --help does not list ps" >&2
+    exit 1
+  fi
+fi
 cmake -S "$source_dir/tests/consumer" -B "$scratch/installed" -G Ninja -DCMAKE_PREFIX_PATH="$scratch/prefix" \
   -DFERRY_CONSUMER_PRECOMPILED=ON >/dev/null
 cmake --build "$scratch/installed" >/dev/null

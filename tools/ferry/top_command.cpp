@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <ctime>
 #include <limits>
@@ -105,7 +106,10 @@ int run_interactive(const TopOptions& options) {
 
 }  // namespace
 
-int run_top(const TopOptions& options) {
+int run_top(const TopOptions& given) {
+  TopOptions options = given;
+  // A hung process must not slow the refresh (nor q) beyond one interval.
+  options.timeout = std::min(options.timeout, options.interval);
   if (options.frames || !::isatty(STDOUT_FILENO)) return run_batch(options);
   return run_interactive(options);
 }

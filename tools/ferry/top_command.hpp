@@ -12,7 +12,7 @@ namespace ferry::cli {
 
 struct TopOptions {
   std::chrono::milliseconds interval{1000};
-  std::chrono::milliseconds timeout{2000};  ///< per refresh, for every process at once
+  std::chrono::milliseconds timeout{2000};  ///< per refresh, for every process at once (at most `interval`)
   std::optional<int> frames;                ///< batch mode: print this many frames
 };
 
