@@ -3,10 +3,12 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <unordered_set>
 
 #include "ferry/error.hpp"
+#include "introspection/server.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -32,6 +34,10 @@ LiveEnds& live_ends() {
 // Made before main(): a fork() while another thread is still making it would leave the child
 // waiting for ever on the static's initialization guard.
 [[maybe_unused]] const LiveEnds& g_live_ends_made_at_start = live_ends();
+
+// FERRY_INTROSPECT=1 turns introspection on as the channel layer starts: this file is in
+// every program that makes a channel end or a listener.
+[[maybe_unused]] const bool g_introspection_from_environment = start_introspection_from_environment();
 
 }  // namespace
 
@@ -59,6 +65,17 @@ void release_ends_owned_elsewhere() noexcept {
   LiveEnds& list = live_ends();
   std::lock_guard lock(list.mutex);
   for (LiveEnd* end : list.ends) end->release_if_owned_elsewhere();
+}
+
+void describe_live_ends(Snapshot& out) {
+  LiveEnds& list = live_ends();
+  std::lock_guard lock(list.mutex);
+  for (const LiveEnd* end : list.ends) end->describe(out);
+}
+
+std::uint64_t next_end_id() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::size_t live_end_count() {

@@ -4,7 +4,12 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <span>
+
+namespace ferry {
+struct Snapshot;
+}
 
 namespace ferry::detail {
 
@@ -20,6 +25,10 @@ class LiveEnd {
   /// connection open for a peer waiting on the owner. Skips an end another thread is using.
   /// (A listener has no owner to yield to: nothing.)
   virtual void release_if_owned_elsewhere() noexcept {}
+  /// Appends what introspection reports of this end to `out` (ferry/introspection.hpp).
+  /// Called from any thread while the end lives: reads only atomics and what never changes
+  /// after construction, and takes none of the end's locks.
+  virtual void describe(Snapshot& /*out*/) const {}
 
  protected:
   LiveEnd() = default;
@@ -47,5 +56,11 @@ inline constexpr std::chrono::milliseconds kReleaseCheck{100};
 
 /// The number of live ends in this process (for tests).
 std::size_t live_end_count();
+
+/// Calls describe(out) on every live end (introspection), under the list's lock.
+void describe_live_ends(Snapshot& out);
+
+/// A new id for an end or listener, unique in this process.
+std::uint64_t next_end_id() noexcept;
 
 }  // namespace ferry::detail
