@@ -122,6 +122,13 @@ TEST(FerryToolPipeline, ReportsTheCountsThatWereSent) {
   const EndSnapshot& relay_in = end_of(relay, "recv", "shm_ring");
   const EndSnapshot& relay_out = end_of(relay, "send", "unix_socket");
   const EndSnapshot& sink_in = end_of(sink, "recv", "unix_socket");
+  EXPECT_EQ(source_out.label, "to relay");
+  EXPECT_EQ(relay_in.label, "to relay");
+  EXPECT_EQ(relay_out.label, "to sink");
+  EXPECT_EQ(sink_in.label, "to sink");
+  // Where the runtime knows the peer (ends handed to spawned workers may not), it is the relay.
+  EXPECT_EQ(source_out.peer_pid.value_or(pipeline.relay), pipeline.relay);
+  EXPECT_EQ(sink_in.peer_pid.value_or(pipeline.relay), pipeline.relay);
   for (const EndSnapshot* end : {&source_out, &relay_in, &relay_out, &sink_in}) {
     EXPECT_EQ(end->messages, static_cast<std::uint64_t>(messages_sent)) << end->direction << " " << end->transport;
     EXPECT_GT(end->bytes, static_cast<std::uint64_t>(messages_sent) * 200) << end->direction << " " << end->transport;
@@ -155,7 +162,7 @@ TEST(FerryToolPipeline, AStalledSinkShowsAsBlocked) {
   }
   ASSERT_TRUE(blocked) << "the relay's send end never showed as blocked";
   ToolRun show = run_tool({"show", std::to_string(pipeline.relay)});
-  EXPECT_TRUE(std::regex_search(show.out, std::regex("send [^\n]*unix_socket [^\n]* blocked ")))) << show.out;
+  EXPECT_TRUE(std::regex_search(show.out, std::regex("send [^\n]*unix_socket [^\n]* blocked "))) << show.out;
   ToolRun top = run_tool({"top", "--once", "--interval", "0.5"});
   ASSERT_EQ(top.exit_code, 0) << top.err;
   EXPECT_TRUE(std::regex_search(top.out, std::regex("\n *" + std::to_string(pipeline.relay) +

@@ -83,9 +83,14 @@ int run(int argc, char** argv) {
   }
   const std::int64_t count = std::atoll(argv[1]);
   const bool stall = argc > 2 && std::string(argv[2]) == "--stall";
-  auto [to_relay, relay_in] = ferry::channel<Message>(ferry::Transport::ShmRing);
-  auto [relay_out, sink_in] = ferry::channel<Message>(ferry::Transport::UnixSocket);
-  auto [ack_out, acks] = ferry::channel<Ack>(ferry::Transport::Pipe);
+  auto labelled = [](const char* name) {
+    ferry::ChannelOptions options;
+    options.name = name;
+    return options;
+  };
+  auto [to_relay, relay_in] = ferry::channel<Message>(ferry::Transport::ShmRing, labelled("to relay"));
+  auto [relay_out, sink_in] = ferry::channel<Message>(ferry::Transport::UnixSocket, labelled("to sink"));
+  auto [ack_out, acks] = ferry::channel<Ack>(ferry::Transport::Pipe, labelled("acks"));
   auto relays = ferry::spawn(1, relay, std::move(relay_in), std::move(relay_out));
   auto sinks = ferry::spawn(1, sink, count, stall, std::move(sink_in), std::move(ack_out));
   Message message;
