@@ -300,6 +300,13 @@ TEST(ToolTop, FrameFitsTheTerminal) {
   EXPECT_NE(frame.lines[frame.header_line].find("MSG/S"), std::string::npos);
   TopFrame wide = render_top_frame(rows, summary, 200, 100);
   EXPECT_EQ(wide.lines.size(), 3u + rows.size());
+  // A closed end that never carried a message is hidden, and counted in the header.
+  rows[5].end.state = "closed";
+  rows[5].end.messages = 0;
+  rows[6].end.state = "closed";  // closed after carrying messages: still shown
+  TopFrame hidden = render_top_frame(rows, summary, 300, 100);
+  EXPECT_EQ(hidden.lines.size(), 2u + rows.size());
+  EXPECT_NE(hidden.lines[0].find("1 unused closed ends hidden"), std::string::npos) << hidden.lines[0];
 }
 
 }  // namespace

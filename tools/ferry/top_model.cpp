@@ -53,7 +53,7 @@ std::string header_text(const std::vector<TopRow>& rows, const TopSummary& summa
                      human_byte_rate(bytes);
   if (stalled > 0) text += "  " + std::to_string(stalled) + " STALLED";
   if (summary.unreadable > 0) text += "  " + std::to_string(summary.unreadable) + " unreadable";
-  return text + "   (q quits)";
+  return text + "  (q quits)";
 }
 
 Table rows_table(const std::vector<TopRow>& rows) {
@@ -106,10 +106,20 @@ std::vector<TopRow> top_rows(const std::vector<Snapshot>& previous, const std::v
   return rows;
 }
 
-TopFrame render_top_frame(const std::vector<TopRow>& rows, const TopSummary& summary, std::size_t width,
+TopFrame render_top_frame(const std::vector<TopRow>& all_rows, const TopSummary& summary, std::size_t width,
                           std::size_t height) {
+  // Closed ends that never carried a message (a forked worker's copies of its parent's
+  // ends) are left out: they would only push the live ones down.
+  std::vector<TopRow> rows;
+  for (const TopRow& row : all_rows) {
+    if (row.end.state != "closed" || row.end.messages != 0) rows.push_back(row);
+  }
   TopFrame frame;
-  frame.lines.push_back(cut_to_width(printable(header_text(rows, summary)), width));
+  std::string header = header_text(rows, summary);
+  if (rows.size() < all_rows.size()) {
+    header += "  (" + std::to_string(all_rows.size() - rows.size()) + " unused closed ends hidden)";
+  }
+  frame.lines.push_back(cut_to_width(printable(header), width));
   if (summary.unreadable > 0) frame.lines.push_back(cut_to_width(printable(summary.first_problem), width));
   frame.lines.emplace_back();
   if (rows.empty()) {

@@ -5,7 +5,8 @@
 // does not keep up) and carried no message in the interval; a receive end blocked now is
 // only "waiting" (for its producer, whose own send end says whether it is stuck).
 // Rows come stalled first, then busiest (bytes/s, then messages/s) first. render_top_frame()
-// lays them out in at most `width` x `height` cells.
+// lays them out in at most `width` x `height` cells, leaving out closed ends that never
+// carried a message (a forked worker's copies of its parent's ends).
 #pragma once
 
 #include <cstddef>
