@@ -29,6 +29,7 @@ from ._ferry import (
 from ._ferry import Broadcast, Distributor, Selector, SpawnError
 from ._channels import Duplex, channel, duplex
 from ._fanout import select
+from ._introspection import disable_introspection, enable_introspection, introspection_enabled, snapshot
 from ._share import share
 from ._spawn import PerRank, WorkerFailed, WorkerGroup, per_rank, spawn
 
@@ -49,6 +50,10 @@ __all__ = [
     "per_rank",
     "select",
     "share",
+    "snapshot",
+    "enable_introspection",
+    "disable_introspection",
+    "introspection_enabled",
     "spawn",
     "ChannelClosed",
     "Error",

@@ -12,8 +12,9 @@ _OPTIONS_DOC = """
     names and defaults of C++'s ``ChannelOptions`` (durations in seconds):
     ``ring_capacity`` (bytes, 1 MiB), ``ring_spin`` (20 us on a machine with several
     CPUs), ``peer_check_interval`` (0.1), ``queue_capacity`` (1024, in_process),
-    ``close_linger`` (10.0) and ``limits`` (a dict of ``max_body_bytes``, ``max_handles``,
-    ``max_segments``, ``max_fds``, ``max_releases``, ``max_type_name_bytes``).
+    ``close_linger`` (10.0), ``limits`` (a dict of ``max_body_bytes``, ``max_handles``,
+    ``max_segments``, ``max_fds``, ``max_releases``, ``max_type_name_bytes``) and ``name``
+    (a label for the ends in ``ferry.snapshot()`` and ``ferry ps``; empty).
 """
 
 

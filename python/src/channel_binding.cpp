@@ -139,10 +139,14 @@ ChannelOptions channel_options(const py::dict& options) {
       result.close_linger = seconds_option<std::chrono::milliseconds>(value, "close_linger");
     } else if (name == "limits") {
       result.limits = limits_option(value);
+    } else if (name == "name") {
+      if (!py::isinstance<py::str>(value)) throw py::type_error("the channel's name option must be a str");
+      result.name = value.cast<std::string>();
     } else {
       throw py::type_error("ferry channels have no option '" + name +
                            "'; the options are ring_capacity, ring_spin, peer_check_interval, queue_capacity, "
-                           "close_linger (durations in seconds) and limits (a dict)");
+                           "close_linger (durations in seconds), limits (a dict) and name (a label for "
+                           "ferry.snapshot())");
     }
   }
   return result;

@@ -10,6 +10,7 @@
 #include "share_binding.hpp"
 #include "spawn_binding.hpp"
 #include "handover_binding.hpp"
+#include "introspection_binding.hpp"
 #include "tensor_binding.hpp"
 
 PYBIND11_MODULE(_ferry, module) {
@@ -24,4 +25,5 @@ PYBIND11_MODULE(_ferry, module) {
   ferry::python::bind_spawn(module);
   ferry::python::bind_share(module);
   ferry::python::bind_handover(module);
+  ferry::python::bind_introspection(module);
 }

@@ -24,6 +24,13 @@ fi
 # Every installed header is one a public header reaches: nothing is installed that a user's
 # program could not have needed.
 "$source_dir/tests/consumer/check_installed_headers.sh" "$scratch/prefix/include" >/dev/null
+# The `ferry` tool (FERRY_BUILD_TOOLS) is installed into bin/ and runs from there.
+if grep -q '^FERRY_BUILD_TOOLS:BOOL=ON' "$build_dir/CMakeCache.txt"; then
+  if ! "$scratch/prefix/bin/ferry" --help | grep -q 'ferry ps\|  ps '; then
+    echo "check.sh: bin/ferry was not installed, or its --help does not list ps" >&2
+    exit 1
+  fi
+fi
 cmake -S "$source_dir/tests/consumer" -B "$scratch/installed" -G Ninja -DCMAKE_PREFIX_PATH="$scratch/prefix" \
   -DFERRY_CONSUMER_PRECOMPILED=ON >/dev/null
 cmake --build "$scratch/installed" >/dev/null

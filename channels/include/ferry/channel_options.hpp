@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <string_view>
 
 #include "ferry/frame_limits.hpp"
@@ -79,6 +80,9 @@ struct ChannelOptions {
   /// heap storage moves into the pool. Allocate tensors for this peer from the pool
   /// (`Tensor::empty(shape, dtype, pool)`) to send them without a copy.
   std::optional<SharedAllocator> pool;
+  /// A label for the channel's ends in introspection (ferry::snapshot(), `ferry ps`,
+  /// `ferry top`); empty by default. Never sent to the peer.
+  std::string name;
 
   /// The ring's waiting settings (ring_spin, peer_check_interval) as the transport takes them.
   RingTiming ring_timing() const noexcept { return RingTiming{ring_spin, peer_check_interval}; }

@@ -22,6 +22,7 @@
 #include "ferry/error.hpp"
 #include "ferry/handle_cache.hpp"
 #include "ferry/init.hpp"
+#include "ferry/introspection.hpp"
 #include "ferry/select.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/spawn.hpp"

@@ -95,8 +95,26 @@ void StreamListenerCore::report(const PeerCredentials& peer, const std::string& 
   }
 }
 
+namespace {
+
+ListenerCore::Refusal refusal_of(ReplyStatus status) noexcept {
+  switch (status) {
+    case ReplyStatus::VersionMismatch: return ListenerCore::Refusal::VersionMismatch;
+    case ReplyStatus::TypeMismatch: return ListenerCore::Refusal::TypeMismatch;
+    case ReplyStatus::NotAllowed: return ListenerCore::Refusal::NotAllowed;
+    case ReplyStatus::TransportMismatch: return ListenerCore::Refusal::TransportMismatch;
+    case ReplyStatus::Unavailable: return ListenerCore::Refusal::Unavailable;
+    case ReplyStatus::Accepted:
+    case ReplyStatus::Malformed: break;
+  }
+  return ListenerCore::Refusal::Malformed;
+}
+
+}  // namespace
+
 void StreamListenerCore::refuse(AcceptedSocket& connection, std::uint8_t status, const std::string& reason,
-                                const std::string& told) {
+                                const std::string& told, std::optional<Refusal> counted_as) {
+  count_refusal(counted_as.value_or(refusal_of(static_cast<ReplyStatus>(status))));
   Reply reply;
   reply.status = static_cast<ReplyStatus>(status);
   reply.transport = options_->transport;
@@ -174,6 +192,7 @@ void StreamListenerCore::admit(AcceptedSocket accepted) {
     return;
   }
   pending_.push_back(std::move(pending));
+  publish_pending(pending_.size());
 }
 
 bool StreamListenerCore::advance(Pending& pending) {
@@ -194,6 +213,7 @@ bool StreamListenerCore::advance(Pending& pending) {
     }
     if (got < 0) return false;  // more later
     if (got == 0) {
+      count_refusal(Refusal::ClientLeft);
       report(peer, "it closed the connection during its handshake (it exited or was killed)");
       pending.connection.socket.reset();
       return true;
@@ -264,9 +284,11 @@ void StreamListenerCore::drop_expired() {
     if (!pending->deadline.expired()) return false;
     refuse(pending->connection, static_cast<std::uint8_t>(ReplyStatus::Malformed),
            "it sent no complete handshake within " + std::to_string(options_->handshake_timeout.count()) +
-               " ms (EndpointOptions::handshake_timeout)");
+               " ms (EndpointOptions::handshake_timeout)",
+           {}, Refusal::HandshakeTimeout);
     return true;
   });
+  publish_pending(pending_.size());
 }
 
 void StreamListenerCore::append_poll_fds(std::vector<pollfd>& fds) const {
@@ -312,11 +334,13 @@ bool StreamListenerCore::pump(const Deadline& deadline) {
     std::size_t index = 0;
     std::erase_if(ready_, [&](std::unique_ptr<Waiting>& waiting) {
       if (index >= hung_up.size() || !hung_up[index++]) return false;
+      count_refusal(Refusal::ClientLeft);
       report(waiting->connection.peer, "it went away (or sent bytes out of turn) while it waited to be accepted");
       return true;
     });
     index = 0;
     std::erase_if(pending_, [&](std::unique_ptr<Pending>& pending) { return readable[index++] && advance(*pending); });
+    publish_pending(pending_.size());
   }
   // Expiry first: nothing accept meets (out of descriptors, say) keeps it from running.
   drop_expired();
@@ -342,9 +366,11 @@ std::optional<ConnectionEnds> StreamListenerCore::complete(Waiting& waiting) {
   reply.limits = options_->channel.limits;
   const std::vector<int> fds = side.descriptors_to_pass(reply.writer_fds, reply.reader_fds);
   if (!send_now(connection.get(), encode_reply(reply), fds)) {
+    count_refusal(Refusal::ClientLeft);
     report(peer, "it went away before it was accepted");
     return std::nullopt;
   }
+  count_accepted();
   side.mine.peer = peer;
   return std::move(side.mine);
 }

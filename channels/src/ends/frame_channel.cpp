@@ -3,6 +3,7 @@
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
 #include "ferry/wait_interruption.hpp"
+#include "introspection/describe_end.hpp"
 
 #include <poll.h>
 #include <unistd.h>
@@ -40,7 +41,15 @@ SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport,
   // UCX state never crosses fork: a ucx:// end belongs to the process that made it from the
   // start, so a forked child's use is refused (EndOwnedElsewhere) and never takes it over.
   if (transport == Transport::Ucx) claim_.adopt();
+  stats_.id = next_end_id();
   track();
+}
+
+void SenderCore::describe(Snapshot& out) const {
+  const std::uint64_t sent = stats_.messages.load(std::memory_order_relaxed);
+  const std::uint64_t resolved = stats_.resolved.load(std::memory_order_relaxed);
+  describe_end(out, stats_, EndFacts{true, transport_, options_.name, open_.load(std::memory_order_relaxed),
+                                     resolved != 0 && resolved < sent ? sent - resolved : 0});
 }
 
 void SenderCore::adopt() noexcept {
@@ -76,6 +85,7 @@ bool SenderCore::send_serialized_by_owner(const void* message, const SentType& t
 
 bool SenderCore::send_locked(const void* message, const SentType& type, const Deadline& deadline) {
   if (!open_.load(std::memory_order_relaxed) || !claim_.owned_by_caller()) [[unlikely]] ensure_usable();
+  const ActiveEnd active(stats_);
   collect_acknowledgements();
   const EncodedFrame* frame = nullptr;
   try {
@@ -197,6 +207,9 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
     return false;
   }
   encoder_->commit();
+  const FrameHeader& header = encoder_->header();
+  stats_.count(frame.bytes, header.handle_count, header.segment_count);
+  stats_.resolved.store(encoder_->resolved_on_board(), std::memory_order_relaxed);
   return true;
 }
 
@@ -368,7 +381,12 @@ ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transp
       transport_(transport),
       options_(options) {
   if (transport == Transport::Ucx) claim_.adopt();  // as SenderCore's: UCX never crosses fork
+  stats_.id = next_end_id();
   track();
+}
+
+void ReceiverCore::describe(Snapshot& out) const {
+  describe_end(out, stats_, EndFacts{false, transport_, options_.name, open_.load(std::memory_order_relaxed), 0});
 }
 
 ReceiverCore::~ReceiverCore() {
@@ -390,6 +408,7 @@ void ReceiverCore::adopt() noexcept {
 
 ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Deadline& deadline) {
   std::lock_guard lock(mutex_);
+  const ActiveEnd active(stats_);
   const ReadStatus status = next_locked(deadline);
   if (status != ReadStatus::Frame) return status;
   try {
@@ -403,6 +422,7 @@ ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Dead
     throw;
   }
   reader_->release();  // the payload may lie in the transport's memory until decoded
+  stats_.count(sizeof(FrameHeader) + payload_bytes(header_), header_.handle_count, header_.segment_count);
   decoder_->mark_delivered();
   if (const std::uint64_t tracked = decoder_->tracked_sequence()) reader_->frame_delivered(tracked);
   return status;
@@ -456,6 +476,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     // The stream may still hold frames of the dead sender (a decode found it dead): never
     // read them, and let the transport's fds go now.
     dead_ = error.what();
+    stats_.peer_died.store(true, std::memory_order_relaxed);
     decoder_->release_all();
     fds_.clear();
     reader_->close();

@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "ferry/error.hpp"
+#include "introspection/server.hpp"
 
 namespace ferry::detail {
 
@@ -57,6 +58,10 @@ LiveEnds& live_ends() {
 // waiting for ever on the static's initialization guard.
 [[maybe_unused]] const LiveEnds& g_live_ends_made_at_start = live_ends();
 
+// FERRY_INTROSPECT=1 turns introspection on as the channel layer starts: this file is in
+// every program that makes a channel end or a listener.
+[[maybe_unused]] const bool g_introspection_from_environment = start_introspection_from_environment();
+
 }  // namespace
 
 void LiveEnd::track() {
@@ -89,6 +94,17 @@ std::size_t ends_copied_by_fork() noexcept { return g_ends_copied_by_fork.load(s
 
 std::chrono::nanoseconds release_check_slice() noexcept {
   return ends_copied_by_fork() != 0 ? std::chrono::nanoseconds(kReleaseCheck) : std::chrono::nanoseconds::max();
+}
+
+void describe_live_ends(Snapshot& out) {
+  LiveEnds& list = live_ends();
+  std::lock_guard lock(list.mutex);
+  for (const LiveEnd* end : list.ends) end->describe(out);
+}
+
+std::uint64_t next_end_id() noexcept {
+  static std::atomic<std::uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
 }
 
 std::size_t live_end_count() {

@@ -7,6 +7,7 @@
 
 #include "ring/ring_end.hpp"
 
+#include "ferry/detail/end_stats.hpp"
 #include "ferry/detail/live_ends.hpp"
 
 #include <poll.h>
@@ -97,6 +98,9 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
   }
   using Clock = Deadline::Clock;
   std::optional<Clock::time_point> start;
+  // Blocked from the first clock reading (after 16 rounds) or the sleep: a peer that
+  // answers sooner costs nothing here either.
+  BlockedSpan blocked;
   const std::chrono::nanoseconds budget = spin_.budget();
   if (budget > std::chrono::nanoseconds::zero()) {
     // The clock is read every 16 rounds only, the first time after 16 of them: a peer that
@@ -109,6 +113,7 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
       cpu_relax();
       if (ready()) {
         spin_.caught(start ? last_read - *start : std::chrono::nanoseconds::zero());
+        blocked.end_at(to_ns(last_read));
         return WaitOutcome::Ready;
       }
       if (i % 16 != 0) continue;
@@ -116,6 +121,7 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
       last_read = now;
       if (!start) {
         start = now;
+        blocked.begin_at(to_ns(now));
         stop = std::min(now + budget, deadline.time_point());
       } else if (now >= stop) {
         break;
@@ -123,9 +129,18 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
     }
   }
   if (!start && spin_.setting() > std::chrono::nanoseconds::zero()) start = Clock::now();
+  if (start) {
+    blocked.begin_at(to_ns(*start));
+  } else {
+    blocked.begin_now();
+  }
   Waker waker = Waker::Unknown;
   const WaitOutcome outcome = sleep(word, ready, deadline, first_sleep, waker);
-  if (outcome == WaitOutcome::Ready && start) spin_.slept(budget, Clock::now() - *start, waker);
+  if (outcome == WaitOutcome::Ready && start) {
+    const Clock::time_point now = Clock::now();
+    spin_.slept(budget, now - *start, waker);
+    blocked.end_at(to_ns(now));
+  }
   return outcome;
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "ferry/detail/end_stats.hpp"
 #include "ferry/detail/live_ends.hpp"
 
 #include "ferry/error.hpp"
@@ -38,6 +39,8 @@ timespec detail::to_timespec(std::chrono::nanoseconds duration) noexcept {
 
 bool detail::wait_for_fd(int fd, short events, const detail::Deadline& deadline) {
   pollfd entry{fd, events, 0};
+  detail::BlockedSpan blocked;  // charged to the channel end waiting here, if introspected
+  if (blocked.active() && !deadline.expired()) blocked.begin_now();
   while (true) {
     // At most kReleaseCheck at a time while ends were copied by fork(): a long wait lets go
     // of this process's copies of ends that other processes own, which would keep their

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -104,6 +105,7 @@ class WorkerGroup {
   pid_t parent_ = -1;
   std::vector<Worker> workers_;
   std::optional<WorkerFailed> failure_;
+  std::uint64_t table_key_;  // its entries in introspection's worker table (worker_table.hpp)
 };
 
 }  // namespace ferry

@@ -1,4 +1,5 @@
 #include "ferry/detail/child_process.hpp"
+#include "ferry/detail/worker_table.hpp"
 
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -114,6 +115,7 @@ std::optional<ExitStatus> detail::ChildProcess::reap(bool block) {
   }
   if (info.si_pid == 0) return std::nullopt;  // still running (WNOHANG)
   status_ = status_from(info);
+  detail::record_child_ended(pid_, *status_);  // introspection's list of workers
   pidfd_.reset();
   return status_;
 }

@@ -11,6 +11,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/detail/worker_registry.hpp"
+#include "ferry/detail/worker_table.hpp"
 #include "process/worker_launch.hpp"
 #include "process/worker_report.hpp"
 
@@ -35,6 +36,7 @@ void set_close_on_exec(int fd) {
   }
   // PR_SET_PDEATHSIG survived exec; the parent may have died since it was set.
   if (detail::bind_to_parent(spec->parent, spec->parent_death_signal) != 0) std::_Exit(1);
+  detail::set_worker_rank(spec->rank);
   const int status = detail::run_reported(spec->report_fd, [&] {
     set_close_on_exec(spec->report_fd);  // our own children must not hold the report pipe
     detail::UniqueFd payload(spec->payload_fd);

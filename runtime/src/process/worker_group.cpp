@@ -16,6 +16,7 @@
 #include <string>
 #include <thread>
 
+#include "ferry/detail/worker_table.hpp"
 #include "ferry/wait_interruption.hpp"
 #include "process/worker_launch.hpp"
 #include "process/worker_report.hpp"
@@ -128,17 +129,19 @@ constexpr std::size_t kSanitizerThreads = 0;
 // Before a fork (see SpawnOptions::fork_with_threads).
 void check_no_other_threads(const SpawnOptions& options) {
   if (options.fork_with_threads) return;
+  // ferry's background threads (introspection's server) hold no lock a worker needs.
+  const std::size_t allowed = 1 + kSanitizerThreads + static_cast<std::size_t>(std::max(0, detail::background_threads()));
   std::size_t threads = thread_count();
   // A thread whose function returned (joined, or detached) stays listed until the kernel has
   // released it, a moment after join() returned: only a thread still listed a while later runs.
   const auto patience_end = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
-  while (threads > 1 + kSanitizerThreads && std::chrono::steady_clock::now() < patience_end) {
+  while (threads > allowed && std::chrono::steady_clock::now() < patience_end) {
     std::this_thread::sleep_for(std::chrono::microseconds(200));
     threads = thread_count();
   }
-  if (threads <= 1 + kSanitizerThreads) return;
+  if (threads <= allowed) return;
   throw SpawnError(
-      "cannot fork a worker: this process runs " + std::to_string(threads - 1 - kSanitizerThreads) +
+      "cannot fork a worker: this process runs " + std::to_string(threads - allowed) +
       " other thread(s), and a forked worker hangs if one of them held a lock at the fork (inside malloc, "
       "iostreams, a logger, a mutex of yours); use SpawnOptions::start_method = StartMethod::Spawn (the worker "
       "registered with FERRY_WORKER, and ferry::init in main), spawn before starting the threads, or set "
@@ -155,7 +158,8 @@ std::string_view start_method_name(StartMethod method) {
   return "invalid";
 }
 
-WorkerGroup::WorkerGroup(int world_size, const SpawnOptions& options) : options_(options), parent_(::getpid()) {
+WorkerGroup::WorkerGroup(int world_size, const SpawnOptions& options)
+    : options_(options), parent_(::getpid()), table_key_(detail::new_worker_group_key()) {
   if (world_size <= 0) {
     throw SpawnError("cannot spawn " + std::to_string(world_size) + " workers: the number of workers must be at least 1");
   }
@@ -179,6 +183,8 @@ WorkerGroup::WorkerGroup(int world_size, const SpawnOptions& options) : options_
 WorkerGroup& WorkerGroup::operator=(WorkerGroup&& other) noexcept {
   if (this != &other) {
     terminate();
+    if (!workers_.empty()) detail::forget_worker_group(table_key_);
+    table_key_ = other.table_key_;  // other's workers_ is left empty: its destructor forgets nothing
     options_ = other.options_;
     parent_ = other.parent_;
     workers_ = std::move(other.workers_);
@@ -189,6 +195,7 @@ WorkerGroup& WorkerGroup::operator=(WorkerGroup&& other) noexcept {
 
 WorkerGroup::~WorkerGroup() {
   if (running() > 0) terminate();
+  if (!workers_.empty()) detail::forget_worker_group(table_key_);  // empty: moved from
 }
 
 WorkerGroup::Worker& WorkerGroup::prepare(int rank) {
@@ -217,6 +224,8 @@ void WorkerGroup::start_forked(int rank, const std::function<void(WorkerContext&
       ::_exit(127);
     }
     detail::unblock_all_signals();
+    detail::set_worker_rank(rank);
+    detail::run_forked_worker_hook();  // introspection's server, when the parent ran one
     const int status = detail::run_reported(report_write.get(), [&] {
       WorkerContext context(rank, size(), StartMethod::Fork, parent_);
       body(context);
@@ -229,6 +238,7 @@ void WorkerGroup::start_forked(int rank, const std::function<void(WorkerContext&
   worker.report = std::move(report_read);
   worker.started = true;
   worker.method = StartMethod::Fork;
+  detail::record_worker_started(table_key_, rank, pid);
 }
 
 void WorkerGroup::start_exec(int rank, std::string_view name, int payload_fd, std::span<const int> inherited) {
@@ -295,6 +305,7 @@ void WorkerGroup::start_exec(int rank, std::string_view name, int payload_fd, st
   worker.report = std::move(report_read);
   worker.started = true;
   worker.method = StartMethod::Spawn;
+  detail::record_worker_started(table_key_, rank, pid);
 }
 
 // ---- supervision -------------------------------------------------------------

@@ -6,6 +6,8 @@
 #include <poll.h>
 #include <sys/types.h>
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -83,6 +85,21 @@ struct ConnectionEnds {
 /// file, UCX state). Listener wraps one; Selector drives it through pump().
 class ListenerCore : public LiveEnd {
  public:
+  /// Why a listener refused a client, as introspection counts it.
+  enum class Refusal : std::uint8_t {
+    NotAllowed,         ///< EndpointOptions::allowed_peers
+    VersionMismatch,    ///< another endpoint wire version
+    TypeMismatch,       ///< a kind of end the listener does not serve
+    TransportMismatch,  ///< another transport
+    Malformed,          ///< not a ferry hello, or a broken one
+    HandshakeTimeout,   ///< no complete hello within EndpointOptions::handshake_timeout
+    Unavailable,        ///< too many clients, or the listener out of descriptors
+    ClientLeft,         ///< the client went away before it was accepted
+  };
+  static constexpr std::size_t kRefusals = 8;
+  /// "not_allowed", "version_mismatch", ...
+  static const char* refusal_name(Refusal refusal) noexcept;
+
   virtual ~ListenerCore() = default;
   /// The address clients connect to (for ucx://, with the port actually bound).
   virtual const std::string& address() const noexcept = 0;
@@ -107,9 +124,21 @@ class ListenerCore : public LiveEnd {
   virtual bool is_open() const noexcept = 0;
   /// Handshakes in progress (for tests).
   virtual std::size_t pending_count() const noexcept = 0;
+  /// Appends the listener's figures to out.listeners (see LiveEnd::describe()).
+  void describe(Snapshot& out) const override;
 
  protected:
   ListenerCore() = default;
+  // Counters for introspection: written by the thread inside accept() or pump(), read by
+  // any thread.
+  void count_accepted() noexcept;
+  void count_refusal(Refusal refusal) noexcept;
+  void publish_pending(std::size_t pending) noexcept { pending_now_.store(pending, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<std::uint64_t> accepted_{0};
+  std::array<std::atomic<std::uint64_t>, kRefusals> refused_{};
+  std::atomic<std::size_t> pending_now_{0};
 };
 
 /// A stream-socket scheme's listening socket (scheme_registry.hpp makes them).
@@ -155,7 +184,7 @@ class StreamListenerCore final : public ListenerCore {
   // Sends a refusal (the reason, or `told` when the client should learn less), reports
   // the reason and closes the connection.
   void refuse(AcceptedSocket& connection, std::uint8_t status, const std::string& reason,
-              const std::string& told = {});
+              const std::string& told = {}, std::optional<Refusal> counted_as = std::nullopt);
   void report(const PeerCredentials& peer, const std::string& reason);
   std::string served_kinds() const;
   // Builds this side's ends for `waiting` and sends the client its reply; std::nullopt

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ferry/channel.hpp"
+#include "ferry/detail/fanout_registry.hpp"
 #include "ferry/detail/fanout_wait.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout.hpp"
@@ -487,6 +488,12 @@ class FanoutBase {
     std::lock_guard lock(mutex_);
     return consumers_.stats();
   }
+  /// stats(), or std::nullopt when another thread holds the fan-out's lock (introspection).
+  std::optional<std::vector<ConsumerStats>> try_stats() {
+    std::unique_lock lock(mutex_, std::try_to_lock);
+    if (!lock) return std::nullopt;
+    return consumers_.stats();
+  }
   /// Consumers not removed so far.
   std::size_t size() {
     std::lock_guard lock(mutex_);
@@ -506,6 +513,10 @@ class FanoutBase {
   std::mutex mutex_;
   FanoutConsumers<T, Copy> consumers_;
   bool closed_ = false;
+  // Last: registered once the rest is made, unregistered before it goes. (A Distributor
+  // keeps copies of what it sent, to resend them: Copy.)
+  FanoutRegistration registration_{Copy ? "distributor" : "broadcast", this,
+                                   [](void* self) { return static_cast<FanoutBase*>(self)->try_stats(); }};
 };
 
 }  // namespace ferry::detail

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ferry/detail/end_claim.hpp"
+#include "ferry/detail/end_stats.hpp"
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/return_board.hpp"
@@ -102,6 +103,9 @@ class SenderCore final : public LiveEnd {
   std::uint64_t storages_passed();
   void abandon_in_child() noexcept override;
   void release_if_owned_elsewhere() noexcept override;
+  void describe(Snapshot& out) const override;
+  /// The end's counters (introspection).
+  EndStats& stats() noexcept { return stats_; }
   /// Storages pinned because the receiver may still hold them (for tests and statistics).
   std::size_t pinned_storages();
   /// Segments named by fd number kept open until the receiver has them (for tests and
@@ -136,6 +140,7 @@ class SenderCore final : public LiveEnd {
   bool used_ = false;
   std::uint64_t delivered_ = 0;  // the board's last word, read before the ledger goes
   UniqueFd gone_probe_;          // receiver_gone()'s liveness probe, made at its first call
+  EndStats stats_;               // introspection's counters (end_stats.hpp)
 };
 
 /// The receiving end of a connection, without its message type.
@@ -195,6 +200,9 @@ class ReceiverCore final : public LiveEnd {
   std::atomic<std::uint32_t>* data_futex();
   void abandon_in_child() noexcept override;
   void release_if_owned_elsewhere() noexcept override;
+  void describe(Snapshot& out) const override;
+  /// The end's counters (introspection).
+  EndStats& stats() noexcept { return stats_; }
   /// See SenderCore::hand_away().
   void hand_away() noexcept;
   /// Segments this end leases from the sender (for tests and statistics).
@@ -223,6 +231,7 @@ class ReceiverCore final : public LiveEnd {
   FrameHeader header_;
   std::vector<std::byte> payload_;
   std::deque<UniqueFd> fds_;
+  EndStats stats_;  // introspection's counters (end_stats.hpp)
 };
 
 }  // namespace ferry::detail

@@ -5,7 +5,12 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <span>
+
+namespace ferry {
+struct Snapshot;
+}
 
 namespace ferry::detail {
 
@@ -21,6 +26,10 @@ class LiveEnd {
   /// connection open for a peer waiting on the owner. Skips an end another thread is using.
   /// (A listener has no owner to yield to: nothing.)
   virtual void release_if_owned_elsewhere() noexcept {}
+  /// Appends what introspection reports of this end to `out` (ferry/introspection.hpp).
+  /// Called from any thread while the end lives: reads only atomics and what never changes
+  /// after construction, and takes none of the end's locks.
+  virtual void describe(Snapshot& /*out*/) const {}
 
  protected:
   LiveEnd() = default;
@@ -62,5 +71,11 @@ std::chrono::nanoseconds release_check_slice() noexcept;
 
 /// The number of live ends in this process (for tests).
 std::size_t live_end_count();
+
+/// Calls describe(out) on every live end (introspection), under the list's lock.
+void describe_live_ends(Snapshot& out);
+
+/// A new id for an end or listener, unique in this process.
+std::uint64_t next_end_id() noexcept;
 
 }  // namespace ferry::detail

@@ -1,0 +1,131 @@
+// The counters of one channel end that introspection reports (ferry/introspection.hpp),
+// kept in the end itself (SenderCore, ReceiverCore) and read by any thread without a lock.
+//
+// Contract:
+// - Each counter has one writer: the thread inside the end's send or recv (they run under
+//   the end's lock, or under a fan-out's, which owns the end). It adds with a relaxed load
+//   and store, no locked instruction; readers see each counter tear-free, the counters
+//   together only roughly consistent.
+// - Per message: four additions. Only while introspection is on (introspecting()): the
+//   time of the last activity (a coarse clock, a few milliseconds of resolution) and the
+//   time blocked, measured on the waiting path only (a ring end that spun 16 rounds without
+//   its peer answering, a pipe or socket end about to poll): an end that finds room or a
+//   message at once reads no clock.
+#pragma once
+
+#include <time.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace ferry::detail {
+
+/// Whether introspection is on in this process (ferry::enable_introspection(), or
+/// FERRY_INTROSPECT=1). Relaxed: a counter that starts a little late is fine.
+inline std::atomic<bool> g_introspecting{false};
+inline bool introspecting() noexcept { return g_introspecting.load(std::memory_order_relaxed); }
+
+/// CLOCK_MONOTONIC in nanoseconds (what steady_clock reads on Linux).
+inline std::int64_t monotonic_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+/// CLOCK_MONOTONIC_COARSE in nanoseconds: the same clock, read without the hardware
+/// counter (a few nanoseconds), at the kernel tick's resolution.
+inline std::int64_t coarse_monotonic_ns() noexcept {
+  timespec now{};
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
+  return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+}
+
+struct EndStats {
+  std::uint64_t id = 0;  ///< next_end_id(), set as the end is made
+  std::atomic<std::uint64_t> messages{0};
+  std::atomic<std::uint64_t> bytes{0};
+  std::atomic<std::uint64_t> tensors{0};       ///< tensor storages the frames named
+  std::atomic<std::uint64_t> new_segments{0};  ///< shared-memory segments the frames introduced
+  std::atomic<std::uint64_t> blocked_ns{0};    ///< total time waiting for room or for a message
+  std::atomic<std::int64_t> blocked_since_ns{0};  ///< monotonic_ns() the current wait began; 0: none
+  std::atomic<std::int64_t> last_activity_ns{0};  ///< monotonic time of the last message; 0: none yet
+  std::atomic<std::uint64_t> resolved{0};  ///< sender: the last frame the receiver resolved, as far as known
+  std::atomic<std::int32_t> peer_pid{0};   ///< 0: unknown
+  std::atomic<bool> peer_died{false};
+
+  /// One message moved: `frame_bytes` on the wire, naming `storages` and introducing `segments`.
+  void count(std::uint64_t frame_bytes, std::uint32_t storages, std::uint32_t segments) noexcept {
+    add(messages, 1);
+    add(bytes, frame_bytes);
+    if (storages != 0) add(tensors, storages);
+    if (segments != 0) add(new_segments, segments);
+    if (introspecting()) last_activity_ns.store(coarse_monotonic_ns(), std::memory_order_relaxed);
+  }
+  static void add(std::atomic<std::uint64_t>& counter, std::uint64_t amount) noexcept {
+    counter.store(counter.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);
+  }
+};
+
+/// The end whose send or recv this thread is in, while introspection is on (else nullptr):
+/// the transports' waits charge their blocked time to it.
+inline constinit thread_local EndStats* t_active_end = nullptr;
+
+/// Makes `stats` the thread's active end for its lifetime (nothing while introspection is off).
+class ActiveEnd {
+ public:
+  explicit ActiveEnd(EndStats& stats) noexcept {
+    if (introspecting()) [[unlikely]] {
+      previous_ = t_active_end;
+      t_active_end = &stats;
+      set_ = true;
+    }
+  }
+  ~ActiveEnd() {
+    if (set_) [[unlikely]] t_active_end = previous_;
+  }
+  ActiveEnd(const ActiveEnd&) = delete;
+  ActiveEnd& operator=(const ActiveEnd&) = delete;
+
+ private:
+  EndStats* previous_ = nullptr;
+  bool set_ = false;
+};
+
+/// A transport's wait, charged to the thread's active end (if any): blocked from begin()
+/// until end() or destruction. Reads no clock when there is no active end.
+class BlockedSpan {
+ public:
+  BlockedSpan() noexcept : stats_(t_active_end) {}
+  ~BlockedSpan() {
+    if (since_ != 0) [[unlikely]] end_at(monotonic_ns());
+  }
+  BlockedSpan(const BlockedSpan&) = delete;
+  BlockedSpan& operator=(const BlockedSpan&) = delete;
+
+  bool active() const noexcept { return stats_ != nullptr; }
+  /// The wait began at `at` (monotonic ns); nothing after the first call.
+  void begin_at(std::int64_t at) noexcept {
+    if (stats_ == nullptr || since_ != 0) return;
+    since_ = at;
+    stats_->blocked_since_ns.store(at, std::memory_order_relaxed);
+  }
+  void begin_now() noexcept {
+    if (stats_ != nullptr && since_ == 0) begin_at(monotonic_ns());
+  }
+  /// The wait ended at `at`.
+  void end_at(std::int64_t at) noexcept {
+    if (since_ == 0) return;
+    if (at > since_) EndStats::add(stats_->blocked_ns, static_cast<std::uint64_t>(at - since_));
+    stats_->blocked_since_ns.store(0, std::memory_order_relaxed);
+    since_ = 0;
+  }
+
+ private:
+  EndStats* stats_;
+  std::int64_t since_ = 0;
+};
+
+inline std::int64_t to_ns(std::chrono::steady_clock::time_point at) noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(at.time_since_epoch()).count();
+}
+
+}  // namespace ferry::detail

@@ -1,0 +1,438 @@
+// Introspection (ferry/introspection.hpp): snapshot() counts what the ends moved, the server
+// answers on its abstract socket, only to the same user, and no client can disturb the
+// process; the socket goes with the process.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/ferry.hpp"
+#include "ferry/introspection.hpp"
+#include "support/leak_check.hpp"
+#include "support/process.hpp"
+
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Item {
+  int index = 0;
+  std::string text;
+  template <class Archive>
+  void serialize(Archive& archive) {
+    archive(index, text);
+  }
+};
+
+const ferry::EndSnapshot* find_end(const ferry::Snapshot& snapshot, const std::string& label, bool sends) {
+  for (const ferry::EndSnapshot& end : snapshot.ends) {
+    if (end.label == label && end.sends == sends) return &end;
+  }
+  return nullptr;
+}
+
+std::string introspection_name(pid_t pid) { return "ferry-introspect." + std::to_string(pid); }
+
+// A connection to `pid`'s introspection socket; an invalid fd when there is none.
+ferry::UniqueFd connect_to(pid_t pid) {
+  ferry::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd) return fd;
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  const std::string name = introspection_name(pid);
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), length) != 0) return ferry::UniqueFd();
+  return fd;
+}
+
+// Reads until end of file (at most `limit`).
+std::string read_all(int fd, std::chrono::milliseconds limit = 5s) {
+  std::string text;
+  const auto until = std::chrono::steady_clock::now() + limit;
+  char buffer[4096];
+  while (std::chrono::steady_clock::now() < until) {
+    pollfd entry{fd, POLLIN, 0};
+    if (::poll(&entry, 1, 100) <= 0) continue;
+    const ssize_t got = ::read(fd, buffer, sizeof buffer);
+    if (got <= 0) break;
+    text.append(buffer, static_cast<std::size_t>(got));
+  }
+  return text;
+}
+
+// Sends `request` to `pid`'s server and returns its whole reply.
+std::string ask(pid_t pid, const std::string& request) {
+  ferry::UniqueFd fd = connect_to(pid);
+  if (!fd) return "<no server>";
+  if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+    return "<send failed>";
+  }
+  return read_all(fd.get());
+}
+
+// Whether /proc/net/unix lists `@ferry-introspect.<pid>`.
+bool socket_listed(pid_t pid) {
+  std::ifstream table("/proc/net/unix");
+  const std::string wanted = "@" + introspection_name(pid);
+  std::string line;
+  while (std::getline(table, line)) {
+    if (line.size() >= wanted.size() && line.compare(line.size() - wanted.size(), wanted.size(), wanted) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::size_t thread_count() {
+  std::size_t count = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) ++count;
+  return count;
+}
+
+// Waits (up to 2 s) until `condition` holds.
+template <class Condition>
+bool eventually(Condition condition) {
+  const auto until = std::chrono::steady_clock::now() + 2s;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(5ms);
+  }
+  return true;
+}
+
+class IntrospectionTest : public ::testing::TestWithParam<ferry::Transport> {
+ protected:
+  void TearDown() override { ferry::disable_introspection(); }
+};
+
+TEST_P(IntrospectionTest, SnapshotCountsWhatWasSentAndReceived) {
+  constexpr int kMessages = 100;
+  ferry::ChannelOptions options;
+  options.name = "jobs";
+  auto [sender, receiver] = ferry::channel<Item>(GetParam(), options);
+  const pid_t child = ferry::test::fork_child([&, &receiver = receiver] {
+    std::uint64_t bytes = 0;
+    for (int i = 0; i < kMessages; ++i) {
+      auto item = receiver.recv();
+      CHILD_CHECK(item && item->index == i);
+    }
+    const ferry::Snapshot mine = ferry::snapshot();
+    const ferry::EndSnapshot* end = find_end(mine, "jobs", false);
+    CHILD_CHECK(end != nullptr);
+    CHILD_CHECK(end->messages == kMessages);
+    CHILD_CHECK(end->bytes > 0);
+    CHILD_CHECK(end->state == "open");
+    CHILD_CHECK(end->transport == ferry::transport_name(GetParam()));
+    bytes = end->bytes;
+    CHILD_CHECK(bytes >= kMessages * sizeof(int));
+  });
+  receiver.close();
+  for (int i = 0; i < kMessages; ++i) sender.send(Item{i, "item " + std::to_string(i)});
+  const ferry::Snapshot mine = ferry::snapshot();
+  const ferry::EndSnapshot* end = find_end(mine, "jobs", true);
+  ASSERT_NE(end, nullptr);
+  EXPECT_EQ(end->messages, static_cast<std::uint64_t>(kMessages));
+  EXPECT_GT(end->bytes, static_cast<std::uint64_t>(kMessages * sizeof(int)));
+  EXPECT_EQ(end->tensors, 0u);
+  EXPECT_EQ(end->transport, ferry::transport_name(GetParam()));
+  EXPECT_EQ(end->state, "open");
+  EXPECT_EQ(mine.pid, ::getpid());
+  EXPECT_EQ(mine.role, "main");
+  EXPECT_FALSE(mine.rank.has_value());
+  sender.close();
+  EXPECT_TRUE(ferry::test::child_succeeded(child));
+  const ferry::EndSnapshot* closed = find_end(ferry::snapshot(), "jobs", true);
+  ASSERT_NE(closed, nullptr);
+  EXPECT_EQ(closed->state, "closed");
+}
+
+TEST_P(IntrospectionTest, TensorsAndNewSegmentsAreCounted) {
+  ferry::ChannelOptions options;
+  options.name = "tensors";
+  auto [sender, receiver] = ferry::channel<ferry::Tensor>(GetParam(), options);
+  const pid_t child = ferry::test::fork_child([&, &receiver = receiver] {
+    for (int i = 0; i < 3; ++i) CHILD_CHECK(receiver.recv().has_value());
+    const ferry::EndSnapshot* end = find_end(ferry::snapshot(), "tensors", false);
+    CHILD_CHECK(end != nullptr && end->messages == 3 && end->tensors == 3 && end->new_segments >= 1);
+  });
+  receiver.close();
+  for (int i = 0; i < 3; ++i) sender.send(ferry::Tensor::zeros({256}, ferry::DType::Float32));
+  sender.close();
+  const ferry::Snapshot mine = ferry::snapshot();
+  const ferry::EndSnapshot* end = find_end(mine, "tensors", true);
+  ASSERT_NE(end, nullptr);
+  EXPECT_EQ(end->messages, 3u);
+  EXPECT_EQ(end->tensors, 3u);
+  EXPECT_GE(end->new_segments, 1u);
+  EXPECT_GT(mine.shared_memory.segments, 0u);
+  EXPECT_TRUE(ferry::test::child_succeeded(child));
+}
+
+TEST_P(IntrospectionTest, StalledReceiverShowsTheSenderBlocked) {
+  ferry::enable_introspection();
+  ferry::ChannelOptions options;
+  options.name = "stalled";
+  options.ring_capacity = 4096;
+  auto [sender, receiver] = ferry::channel<std::vector<char>>(GetParam(), options);
+  std::thread filler([&, &sender = sender] {
+    // Far more than any pipe, socket or 4 KiB ring holds: blocks until the receiver reads.
+    for (int i = 0; i < 64; ++i) sender.send(std::vector<char>(64 * 1024, 'x'));
+  });
+  EXPECT_TRUE(eventually([] {
+    const ferry::EndSnapshot* end = find_end(ferry::snapshot(), "stalled", true);
+    return end != nullptr && end->blocked_now && end->blocked_ns > 0;
+  }));
+  for (int i = 0; i < 64; ++i) ASSERT_TRUE(receiver.recv().has_value());
+  filler.join();
+  const ferry::EndSnapshot* end = find_end(ferry::snapshot(), "stalled", true);
+  ASSERT_NE(end, nullptr);
+  EXPECT_FALSE(end->blocked_now);
+  EXPECT_GT(end->blocked_ns, 0u);
+  EXPECT_GT(end->last_activity_ns, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, IntrospectionTest,
+                         ::testing::Values(ferry::Transport::ShmRing, ferry::Transport::Pipe,
+                                           ferry::Transport::UnixSocket),
+                         [](const auto& info) { return std::string(ferry::transport_name(info.param)); });
+
+class IntrospectionServerTest : public ::testing::Test {
+ protected:
+  void TearDown() override { ferry::disable_introspection(); }
+};
+
+TEST_F(IntrospectionServerTest, OffByDefaultWithoutTheEnvironmentVariable) {
+  ASSERT_EQ(std::getenv("FERRY_INTROSPECT"), nullptr);
+  EXPECT_FALSE(ferry::introspection_enabled());
+  EXPECT_FALSE(socket_listed(::getpid()));
+  EXPECT_FALSE(connect_to(::getpid()).valid());
+}
+
+// Run in a process started with FERRY_INTROSPECT=1 (the next test); skipped otherwise.
+TEST(IntrospectionEnvironmentChild, OnFromTheStart) {
+  if (std::getenv("FERRY_INTROSPECTION_TEST_CHILD") == nullptr) GTEST_SKIP() << "run by EnvironmentVariableTurnsItOn";
+  EXPECT_TRUE(ferry::introspection_enabled());
+  EXPECT_TRUE(socket_listed(::getpid()));
+  EXPECT_EQ(ask(::getpid(), "snapshot\n").rfind("{\"version\":1,", 0), 0u);
+}
+
+TEST_F(IntrospectionServerTest, EnvironmentVariableTurnsItOn) {
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    char filter[] = "--gtest_filter=IntrospectionEnvironmentChild.OnFromTheStart";
+    char program[] = "introspection_test";
+    char* argv[] = {program, filter, nullptr};
+    char on[] = "FERRY_INTROSPECT=1";
+    char marker[] = "FERRY_INTROSPECTION_TEST_CHILD=1";
+    char* envp[] = {on, marker, nullptr};
+    ::execve("/proc/self/exe", argv, envp);
+    ::_exit(127);
+  }
+  EXPECT_TRUE(ferry::test::child_succeeded(child));
+}
+
+TEST_F(IntrospectionServerTest, AnswersASnapshotOverItsSocket) {
+  ferry::ChannelOptions options;
+  options.name = "over \"the\" socket";
+  auto [sender, receiver] = ferry::channel<int>(ferry::Transport::ShmRing, options);
+  for (int i = 0; i < 5; ++i) sender.send(i);
+  ferry::enable_introspection();
+  EXPECT_TRUE(ferry::introspection_enabled());
+  EXPECT_TRUE(socket_listed(::getpid()));
+  const std::string reply = ask(::getpid(), "snapshot\n");
+  ASSERT_FALSE(reply.empty());
+  EXPECT_EQ(reply.back(), '\n');
+  EXPECT_EQ(reply.find('\n'), reply.size() - 1) << "one line";
+  EXPECT_EQ(reply.rfind("{\"version\":1,\"pid\":" + std::to_string(::getpid()) + ",", 0), 0u) << reply;
+  EXPECT_NE(reply.find("\"label\":\"over \\\"the\\\" socket\",\"transport\":\"shm_ring\""), std::string::npos) << reply;
+  EXPECT_NE(reply.find("\"direction\":\"send\""), std::string::npos);
+  EXPECT_NE(reply.find("\"messages\":5,"), std::string::npos) << reply;
+  EXPECT_NE(reply.find("\"role\":\"main\",\"rank\":null"), std::string::npos);
+  EXPECT_NE(reply.find("\"shared_memory\":{\"segments\":"), std::string::npos);
+  EXPECT_EQ(ask(::getpid(), "garbage\n").rfind("{\"error\":", 0), 0u);
+  EXPECT_EQ(ferry::to_json(ferry::snapshot()).rfind("{\"version\":1,", 0), 0u);
+}
+
+TEST_F(IntrospectionServerTest, AKilledProcessLeavesNoSocket) {
+  int ready[2];
+  ASSERT_EQ(::pipe(ready), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ferry::enable_introspection();
+    const char byte = 1;
+    if (::write(ready[1], &byte, 1) != 1) ::_exit(1);
+    while (true) ::pause();
+  }
+  ::close(ready[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+  ::close(ready[0]);
+  EXPECT_TRUE(socket_listed(child));
+  EXPECT_EQ(ask(child, "snapshot\n").rfind("{\"version\":1,\"pid\":" + std::to_string(child), 0), 0u);
+  ASSERT_EQ(::kill(child, SIGKILL), 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_FALSE(socket_listed(child));
+  EXPECT_FALSE(connect_to(child).valid());
+}
+
+TEST_F(IntrospectionServerTest, HostileClientsDoNotDisturbARunningChannel) {
+  ferry::enable_introspection();
+  constexpr int kMessages = 20000;
+  auto [sender, receiver] = ferry::channel<int>(ferry::Transport::ShmRing);
+  const pid_t child = ferry::test::fork_child([&, &receiver = receiver] {
+    for (int i = 0; i < kMessages; ++i) {
+      auto value = receiver.recv();
+      CHILD_CHECK(value && *value == i);
+    }
+  });
+  receiver.close();
+  // One that sends garbage without a newline, one that floods, one that asks and never
+  // reads, then silent ones (more than the server serves at once: the last are closed).
+  ferry::UniqueFd garbage = connect_to(::getpid());
+  ASSERT_TRUE(garbage.valid());
+  const std::string junk(100, '\x7f');
+  ASSERT_EQ(::send(garbage.get(), junk.data(), junk.size(), MSG_NOSIGNAL), static_cast<ssize_t>(junk.size()));
+  ferry::UniqueFd flood = connect_to(::getpid());
+  ASSERT_TRUE(flood.valid());
+  const std::string lots(64 * 1024, 'a');
+  (void)::send(flood.get(), lots.data(), lots.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+  ferry::UniqueFd deaf = connect_to(::getpid());
+  ASSERT_TRUE(deaf.valid());
+  const int small = 1;
+  ASSERT_EQ(::setsockopt(deaf.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
+  ASSERT_EQ(::send(deaf.get(), "snapshot\n", 9, MSG_NOSIGNAL), 9);
+  std::vector<ferry::UniqueFd> silent;
+  for (int i = 0; i < 12; ++i) silent.push_back(connect_to(::getpid()));
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kMessages; ++i) sender.send(i);
+  sender.close();
+  EXPECT_TRUE(ferry::test::child_succeeded(child, 20s));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+  // Once the silent ones are dropped (1 s), the server answers again.
+  std::this_thread::sleep_for(1200ms);
+  EXPECT_EQ(ask(::getpid(), "snapshot\n").rfind("{\"version\":1,", 0), 0u);
+  EXPECT_GT(ferry::snapshot().introspection.dropped, 0u);
+}
+
+TEST_F(IntrospectionServerTest, AnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root: a child must drop to another uid (65534)";
+  ferry::enable_introspection();
+  const std::uint64_t before = ferry::snapshot().introspection.refused_other_user;
+  const pid_t parent = ::getpid();
+  const pid_t child = ferry::test::fork_child([parent] {
+    CHILD_CHECK(::setgid(65534) == 0 && ::setuid(65534) == 0);
+    ferry::UniqueFd fd = connect_to(parent);  // the abstract socket admits anyone to connect
+    CHILD_CHECK(fd.valid());
+    CHILD_CHECK(::send(fd.get(), "snapshot\n", 9, MSG_NOSIGNAL) == 9 || errno == EPIPE || errno == ECONNRESET);
+    CHILD_CHECK(read_all(fd.get()).empty());  // closed without a word
+  });
+  EXPECT_TRUE(ferry::test::child_succeeded(child));
+  EXPECT_EQ(ferry::snapshot().introspection.refused_other_user, before + 1);
+}
+
+TEST_F(IntrospectionServerTest, EnableAndDisableLeaveNoDescriptorOrThread) {
+  const std::size_t fds = ferry::test::count_open_fds();
+  const std::size_t threads = thread_count();
+  for (int round = 0; round < 3; ++round) {
+    ferry::enable_introspection();
+    ferry::enable_introspection();  // idempotent
+    EXPECT_EQ(thread_count(), threads + 1);
+    EXPECT_EQ(ask(::getpid(), "snapshot\n").rfind("{\"version\":1,", 0), 0u);
+    ferry::UniqueFd silent = connect_to(::getpid());
+    ferry::disable_introspection();
+    EXPECT_FALSE(ferry::introspection_enabled());
+  }
+  EXPECT_TRUE(eventually([&] { return thread_count() == threads; }));
+  EXPECT_EQ(ferry::test::count_open_fds(), fds);
+  EXPECT_FALSE(socket_listed(::getpid()));
+}
+
+TEST_F(IntrospectionServerTest, ForkedWorkersAreListedAndServeTheirOwn) {
+  ferry::enable_introspection();
+  ferry::ChannelOptions options;
+  options.name = "to worker";
+  auto [sender, receiver] = ferry::channel<int>(ferry::Transport::ShmRing, options);
+  auto [report, reported] = ferry::channel<int>(ferry::Transport::Pipe);
+  ferry::WorkerGroup workers = ferry::spawn(
+      1,
+      [](ferry::WorkerContext& context, ferry::Receiver<int> in, ferry::Sender<int> out) {
+        const ferry::Snapshot mine = ferry::snapshot();
+        const bool ok = mine.role == "worker" && mine.rank == context.rank() && ferry::introspection_enabled() &&
+                        socket_listed(::getpid());
+        out.send(ok ? 1 : 0);
+        while (in.recv()) {
+        }
+      },
+      std::move(receiver), std::move(report));
+  EXPECT_EQ(reported.recv(), std::optional<int>(1));
+  ferry::Snapshot running = ferry::snapshot();
+  ASSERT_EQ(running.workers.size(), 1u);
+  EXPECT_EQ(running.workers[0].rank, 0);
+  EXPECT_EQ(running.workers[0].pid, workers.pid(0));
+  EXPECT_EQ(running.workers[0].state, "running");
+  sender.close();
+  workers.join();
+  const ferry::Snapshot done = ferry::snapshot();
+  ASSERT_EQ(done.workers.size(), 1u);
+  EXPECT_EQ(done.workers[0].state, "exited");
+  EXPECT_EQ(done.workers[0].exit_code, std::optional<int>(0));
+}
+
+TEST_F(IntrospectionServerTest, ListenersAndFanoutsAreListed) {
+  const std::string address = "unix:@ferry-introspection-test." + std::to_string(::getpid());
+  ferry::Listener listener = ferry::listen(address);
+  ferry::EndpointOptions quick;
+  quick.connect_timeout = 5s;
+  bool refused = false;
+  std::optional<ferry::Receiver<int>> client;
+  std::thread clients([&] {
+    try {
+      ferry::connect_sender<int>(address, quick);  // a kind the listener does not serve
+    } catch (const ferry::Error&) {
+      refused = true;
+    }
+    client = ferry::connect_receiver<int>(address, quick);
+  });
+  std::optional<ferry::Sender<int>> accepted = listener.accept_sender_for<int>(10s);
+  clients.join();
+  EXPECT_TRUE(refused);
+  ASSERT_TRUE(accepted.has_value());
+  bool found = false;
+  for (const ferry::ListenerSnapshot& entry : ferry::snapshot().listeners) {
+    if (entry.address != address) continue;
+    found = true;
+    EXPECT_EQ(entry.accepted, 1u);
+    EXPECT_EQ(entry.refused.count("type_mismatch"), 1u);
+  }
+  EXPECT_TRUE(found);
+  ferry::Distributor<int> distributor;
+  auto [a, a_out] = ferry::channel<int>(ferry::Transport::Pipe);
+  auto [b, b_out] = ferry::channel<int>(ferry::Transport::Pipe);
+  distributor.add(std::move(a));
+  distributor.add(std::move(b));
+  distributor.send(7);
+  const ferry::Snapshot mine = ferry::snapshot();
+  ASSERT_EQ(mine.fanouts.size(), 1u);
+  EXPECT_EQ(mine.fanouts[0].kind, "distributor");
+  ASSERT_EQ(mine.fanouts[0].consumers.size(), 2u);
+  EXPECT_EQ(mine.fanouts[0].consumers[0].sent + mine.fanouts[0].consumers[1].sent, 1u);
+}
+
+}  // namespace
