@@ -203,6 +203,7 @@ TEST_P(IntrospectionTest, StalledReceiverShowsTheSenderBlocked) {
   EXPECT_FALSE(end->blocked_now);
   EXPECT_GT(end->blocked_ns, 0u);
   EXPECT_GT(end->last_activity_ns, 0);
+  EXPECT_LE(ferry::snapshot().monotonic_ns - end->last_activity_ns, std::int64_t{2'000'000'000});
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, IntrospectionTest,
@@ -422,6 +423,12 @@ TEST_F(IntrospectionServerTest, ListenersAndFanoutsAreListed) {
     EXPECT_EQ(entry.refused.count("type_mismatch"), 1u);
   }
   EXPECT_TRUE(found);
+  // Both ends of the connection know their peer from the handshake (here: this process).
+  int with_peer = 0;
+  for (const ferry::EndSnapshot& end : ferry::snapshot().ends) {
+    if (end.peer_pid == ::getpid() && end.state == "open") ++with_peer;
+  }
+  EXPECT_EQ(with_peer, 2);
   ferry::Distributor<int> distributor;
   auto [a, a_out] = ferry::channel<int>(ferry::Transport::Pipe);
   auto [b, b_out] = ferry::channel<int>(ferry::Transport::Pipe);
