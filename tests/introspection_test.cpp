@@ -396,6 +396,27 @@ TEST_F(IntrospectionServerTest, ForkedWorkersAreListedAndServeTheirOwn) {
   EXPECT_EQ(done.workers[0].exit_code, std::optional<int>(0));
 }
 
+// Reports whether this exec-started worker knows itself and serves introspection.
+void report_introspection(ferry::WorkerContext& context, ferry::Sender<int> out) {
+  const ferry::Snapshot mine = ferry::snapshot();
+  const bool ok = mine.role == "worker" && mine.rank == context.rank() && ferry::introspection_enabled() &&
+                  socket_listed(::getpid());
+  out.send(ok ? 1 : 0);
+}
+FERRY_WORKER(report_introspection);
+
+TEST_F(IntrospectionServerTest, ExecWorkersGetItFromTheirParent) {
+  ASSERT_EQ(std::getenv("FERRY_INTROSPECT"), nullptr);
+  ferry::enable_introspection();
+  auto [report, reported] = ferry::channel<int>(ferry::Transport::Pipe);
+  ferry::SpawnOptions options;
+  options.start_method = ferry::StartMethod::Spawn;
+  ferry::WorkerGroup workers = ferry::spawn(options, 1, report_introspection, std::move(report));
+  EXPECT_EQ(reported.recv(), std::optional<int>(1));
+  workers.join();
+  EXPECT_EQ(std::getenv("FERRY_INTROSPECT"), nullptr) << "this process's environment stays as it was";
+}
+
 TEST_F(IntrospectionServerTest, ListenersAndFanoutsAreListed) {
   const std::string address = "unix:@ferry-introspection-test." + std::to_string(::getpid());
   ferry::Listener listener = ferry::listen(address);

@@ -82,6 +82,7 @@ void reset_after_fork_in_child() {
   s.restart_in_worker = s.enabled;
   s.enabled = false;
   g_activity_clock.store(0, std::memory_order_relaxed);  // nothing ticks here
+  set_introspection_for_workers(false);
   g_serving.store(false, std::memory_order_relaxed);
   // g_introspecting stays as it was: the child goes on measuring (its snapshot() shows it).
   s.listener.reset();
@@ -273,6 +274,7 @@ void start_locked(Server& s) {
   g_activity_clock.store(monotonic_ns(), std::memory_order_relaxed);
   g_introspecting.store(true, std::memory_order_relaxed);
   g_serving.store(true, std::memory_order_relaxed);
+  set_introspection_for_workers(true);
 }
 
 void stop_locked(Server& s) noexcept {
@@ -289,6 +291,7 @@ void stop_locked(Server& s) noexcept {
   s.enabled = false;
   g_introspecting.store(false, std::memory_order_relaxed);
   g_serving.store(false, std::memory_order_relaxed);
+  set_introspection_for_workers(false);
 }
 
 void restart_in_forked_worker() noexcept {
