@@ -6,7 +6,9 @@ round trips are judged on their median single round trip (counter rtt_p50_ns), w
 preempted now and then on a shared machine does not inflate; the others on real time.
 
 Goals: the 64 B ring round trip at most 2% slower with introspection on, every other row
-at most 1%. (With it off, the only costs are four relaxed additions per message.)
+at most 1%. (With it off, the only costs are four relaxed additions per message.) Run it on
+an idle machine: where the load average exceeds the CPUs, the rows whose ends sleep (pipe,
+socket, a futex-sleeping ring) vary between runs by more than these goals.
 
 Usage: bench/introspection_overhead.py [--rounds N] [--filter REGEX] [--min-time S]
                                        [--bench PATH] [--baseline PATH]

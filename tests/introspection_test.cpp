@@ -203,6 +203,7 @@ TEST_P(IntrospectionTest, StalledReceiverShowsTheSenderBlocked) {
   EXPECT_FALSE(end->blocked_now);
   EXPECT_GT(end->blocked_ns, 0u);
   EXPECT_GT(end->last_activity_ns, 0);
+  EXPECT_LE(ferry::snapshot().monotonic_ns - end->last_activity_ns, std::int64_t{2'000'000'000});
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, IntrospectionTest,
@@ -395,6 +396,27 @@ TEST_F(IntrospectionServerTest, ForkedWorkersAreListedAndServeTheirOwn) {
   EXPECT_EQ(done.workers[0].exit_code, std::optional<int>(0));
 }
 
+// Reports whether this exec-started worker knows itself and serves introspection.
+void report_introspection(ferry::WorkerContext& context, ferry::Sender<int> out) {
+  const ferry::Snapshot mine = ferry::snapshot();
+  const bool ok = mine.role == "worker" && mine.rank == context.rank() && ferry::introspection_enabled() &&
+                  socket_listed(::getpid());
+  out.send(ok ? 1 : 0);
+}
+FERRY_WORKER(report_introspection);
+
+TEST_F(IntrospectionServerTest, ExecWorkersGetItFromTheirParent) {
+  ASSERT_EQ(std::getenv("FERRY_INTROSPECT"), nullptr);
+  ferry::enable_introspection();
+  auto [report, reported] = ferry::channel<int>(ferry::Transport::Pipe);
+  ferry::SpawnOptions options;
+  options.start_method = ferry::StartMethod::Spawn;
+  ferry::WorkerGroup workers = ferry::spawn(options, 1, report_introspection, std::move(report));
+  EXPECT_EQ(reported.recv(), std::optional<int>(1));
+  workers.join();
+  EXPECT_EQ(std::getenv("FERRY_INTROSPECT"), nullptr) << "this process's environment stays as it was";
+}
+
 TEST_F(IntrospectionServerTest, ListenersAndFanoutsAreListed) {
   const std::string address = "unix:@ferry-introspection-test." + std::to_string(::getpid());
   ferry::Listener listener = ferry::listen(address);
@@ -422,6 +444,12 @@ TEST_F(IntrospectionServerTest, ListenersAndFanoutsAreListed) {
     EXPECT_EQ(entry.refused.count("type_mismatch"), 1u);
   }
   EXPECT_TRUE(found);
+  // Both ends of the connection know their peer from the handshake (here: this process).
+  int with_peer = 0;
+  for (const ferry::EndSnapshot& end : ferry::snapshot().ends) {
+    if (end.peer_pid == ::getpid() && end.state == "open") ++with_peer;
+  }
+  EXPECT_EQ(with_peer, 2);
   ferry::Distributor<int> distributor;
   auto [a, a_out] = ferry::channel<int>(ferry::Transport::Pipe);
   auto [b, b_out] = ferry::channel<int>(ferry::Transport::Pipe);

@@ -239,12 +239,15 @@ class Receiver {
 namespace detail {
 /// The typed ends over one transport end (channel() and duplex() make them).
 template <class T>
-Sender<T> sender_over(std::unique_ptr<detail::FrameWriter> writer, Transport transport, const ChannelOptions& options) {
-  return Sender<T>(sender_end_over(std::move(writer), transport, options));
+Sender<T> sender_over(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options,
+                      pid_t peer_pid = 0) {
+  return Sender<T>(sender_end_over(std::move(writer), transport, options, peer_pid));
 }
 template <class T>
-Receiver<T> receiver_over(std::unique_ptr<detail::FrameReader> reader, Transport transport, const ChannelOptions& options) {
-  return Receiver<T>(receiver_end_over(std::move(reader), transport, detail::type_fingerprint<T>(), detail::type_name<T>(), options));
+Receiver<T> receiver_over(std::unique_ptr<FrameReader> reader, Transport transport, const ChannelOptions& options,
+                          pid_t peer_pid = 0) {
+  return Receiver<T>(
+      receiver_end_over(std::move(reader), transport, type_fingerprint<T>(), type_name<T>(), options, peer_pid));
 }
 }  // namespace detail
 

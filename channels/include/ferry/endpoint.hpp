@@ -206,11 +206,11 @@ class Listener {
   }
   template <class T>
   static Sender<T> sender_of(detail::ConnectionEnds& ends) {
-    return detail::sender_over<T>(std::move(ends.writer), ends.transport, ends.sender_options);
+    return detail::sender_over<T>(std::move(ends.writer), ends.transport, ends.sender_options, ends.peer.pid);
   }
   template <class T>
   static Receiver<T> receiver_of(detail::ConnectionEnds& ends) {
-    return detail::receiver_over<T>(std::move(ends.reader), ends.transport, ends.receiver_options);
+    return detail::receiver_over<T>(std::move(ends.reader), ends.transport, ends.receiver_options, ends.peer.pid);
   }
 
   std::unique_ptr<detail::ListenerCore> core_;
@@ -238,14 +238,14 @@ Listener listen(std::string_view address, EndpointOptions options = {});
 template <class T>
 Receiver<T> connect_receiver(std::string_view address, const EndpointOptions& options = {}) {
   detail::ConnectionEnds ends = detail::connect_endpoint(address, detail::client_receiver_kind<T>(), options);
-  return detail::receiver_over<T>(std::move(ends.reader), ends.transport, ends.receiver_options);
+  return detail::receiver_over<T>(std::move(ends.reader), ends.transport, ends.receiver_options, ends.peer.pid);
 }
 
 /// Connects as a Sender<T> (the listener's accept_receiver<T>); see connect_receiver.
 template <class T>
 Sender<T> connect_sender(std::string_view address, const EndpointOptions& options = {}) {
   detail::ConnectionEnds ends = detail::connect_endpoint(address, detail::client_sender_kind<T>(), options);
-  return detail::sender_over<T>(std::move(ends.writer), ends.transport, ends.sender_options);
+  return detail::sender_over<T>(std::move(ends.writer), ends.transport, ends.sender_options, ends.peer.pid);
 }
 
 /// Connects as a DuplexEnd<Out, In> (sends Out, receives In; the listener's
@@ -254,8 +254,8 @@ template <class Out, class In>
 DuplexEnd<Out, In> connect_duplex(std::string_view address, const EndpointOptions& options = {}) {
   detail::ConnectionEnds ends = detail::connect_endpoint(address, detail::client_duplex_kind<Out, In>(), options);
   return DuplexEnd<Out, In>(
-      detail::sender_over<Out>(std::move(ends.writer), ends.transport, ends.sender_options),
-      detail::receiver_over<In>(std::move(ends.reader), ends.transport, ends.receiver_options));
+      detail::sender_over<Out>(std::move(ends.writer), ends.transport, ends.sender_options, ends.peer.pid),
+      detail::receiver_over<In>(std::move(ends.reader), ends.transport, ends.receiver_options, ends.peer.pid));
 }
 
 }  // namespace ferry

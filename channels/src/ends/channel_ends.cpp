@@ -187,13 +187,18 @@ ReceiverCore& ReceiverEnd::core() {
   return *core_;
 }
 
-SenderEnd sender_end_over(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options) {
-  return SenderEnd(std::make_unique<SenderCore>(std::move(writer), transport, options));
+SenderEnd sender_end_over(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options,
+                          pid_t peer_pid) {
+  auto core = std::make_unique<SenderCore>(std::move(writer), transport, options);
+  core->stats().peer_pid.store(peer_pid, std::memory_order_relaxed);
+  return SenderEnd(std::move(core));
 }
 
 ReceiverEnd receiver_end_over(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
-                              std::string_view type_name, const ChannelOptions& options) {
-  return ReceiverEnd(std::make_unique<ReceiverCore>(std::move(reader), transport, fingerprint, type_name, options));
+                              std::string_view type_name, const ChannelOptions& options, pid_t peer_pid) {
+  auto core = std::make_unique<ReceiverCore>(std::move(reader), transport, fingerprint, type_name, options);
+  core->stats().peer_pid.store(peer_pid, std::memory_order_relaxed);
+  return ReceiverEnd(std::move(core));
 }
 
 std::pair<SenderEnd, ReceiverEnd> make_channel_ends(Transport transport, const ChannelOptions& options,

@@ -81,6 +81,8 @@ void reset_after_fork_in_child() {
   }
   s.restart_in_worker = s.enabled;
   s.enabled = false;
+  g_activity_clock.store(0, std::memory_order_relaxed);  // nothing ticks here
+  set_introspection_for_workers(false);
   g_serving.store(false, std::memory_order_relaxed);
   // g_introspecting stays as it was: the child goes on measuring (its snapshot() shows it).
   s.listener.reset();
@@ -204,18 +206,25 @@ void accept_clients(Server& s, int listener, std::vector<Client>& clients) {
 void serve(Server& s, int listener, int wake) {
   std::vector<Client> clients;
   std::vector<pollfd> fds;
+  auto next_tick = std::chrono::steady_clock::now();
   while (true) {
+    if (std::chrono::steady_clock::now() >= next_tick) {
+      // The clock the ends copy as their last activity (end_stats.hpp).
+      g_activity_clock.store(monotonic_ns(), std::memory_order_relaxed);
+      next_tick = std::chrono::steady_clock::now() + kActivityTick;
+    }
     fds.clear();
     fds.push_back(pollfd{wake, POLLIN, 0});
     fds.push_back(pollfd{listener, POLLIN, 0});
     auto now = std::chrono::steady_clock::now();
-    auto earliest = now + std::chrono::hours(1);
+    auto earliest = next_tick;
     for (const Client& client : clients) {
       fds.push_back(pollfd{client.socket.get(), static_cast<short>(client.replying ? POLLOUT : POLLIN), 0});
       earliest = std::min(earliest, client.deadline);
     }
     const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(earliest - now).count() + 1;
     const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(wait, 0)));
+    g_activity_clock.store(monotonic_ns(), std::memory_order_relaxed);
     if (rc < 0 && errno != EINTR) return;  // cannot happen with valid descriptors
     if (rc > 0 && fds[0].revents != 0) return;  // disable_introspection()
     now = std::chrono::steady_clock::now();
@@ -262,8 +271,10 @@ void start_locked(Server& s) {
   s.listener = std::move(listener);
   s.wake = std::move(wake);
   s.enabled = true;
+  g_activity_clock.store(monotonic_ns(), std::memory_order_relaxed);
   g_introspecting.store(true, std::memory_order_relaxed);
   g_serving.store(true, std::memory_order_relaxed);
+  set_introspection_for_workers(true);
 }
 
 void stop_locked(Server& s) noexcept {
@@ -280,6 +291,7 @@ void stop_locked(Server& s) noexcept {
   s.enabled = false;
   g_introspecting.store(false, std::memory_order_relaxed);
   g_serving.store(false, std::memory_order_relaxed);
+  set_introspection_for_workers(false);
 }
 
 void restart_in_forked_worker() noexcept {

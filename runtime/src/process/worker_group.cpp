@@ -264,9 +264,16 @@ void WorkerGroup::start_exec(int rank, std::string_view name, int payload_fd, st
   spec.name = std::string(name);
   std::vector<std::string> environment;
   const std::string prefix = std::string(detail::kWorkerVariable) + "=";
+  // A parent that runs introspection (ferry::enable_introspection()) passes it on.
+  const bool introspected = detail::introspection_for_workers();
+  constexpr std::string_view kIntrospect = "FERRY_INTROSPECT=";
   for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    if (std::string_view(*entry).substr(0, prefix.size()) != prefix) environment.emplace_back(*entry);
+    const std::string_view variable(*entry);
+    if (variable.substr(0, prefix.size()) == prefix) continue;
+    if (introspected && variable.substr(0, kIntrospect.size()) == kIntrospect) continue;
+    environment.emplace_back(*entry);
   }
+  if (introspected) environment.push_back(std::string(kIntrospect) + "1");
   environment.push_back(prefix + detail::encode_spec(spec));
   std::vector<char*> argv;
   for (const std::string& argument : *arguments) argv.push_back(const_cast<char*>(argument.c_str()));

@@ -42,6 +42,7 @@ WorkerTable& worker_table() {
 std::atomic<int> g_worker_rank{-1};
 std::atomic<int> g_background_threads{0};
 std::atomic<ForkedWorkerHook> g_forked_worker_hook{nullptr};
+std::atomic<bool> g_introspection_for_workers{false};
 
 }  // namespace
 
@@ -92,6 +93,9 @@ std::optional<int> worker_rank() noexcept {
 
 void add_background_thread(int delta) noexcept { g_background_threads.fetch_add(delta, std::memory_order_relaxed); }
 int background_threads() noexcept { return g_background_threads.load(std::memory_order_relaxed); }
+
+void set_introspection_for_workers(bool on) noexcept { g_introspection_for_workers.store(on); }
+bool introspection_for_workers() noexcept { return g_introspection_for_workers.load(); }
 
 void set_forked_worker_hook(ForkedWorkerHook hook) noexcept { g_forked_worker_hook.store(hook); }
 

@@ -4,6 +4,8 @@
 // InProcessQueue), or empty; the typed ends add only the conversions of their values.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -106,9 +108,12 @@ class ReceiverEnd {
 };
 
 /// The untyped ends over one transport end (sender_over<T>() and receiver_over<T>() wrap them).
-SenderEnd sender_end_over(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options);
+/// `peer_pid`: the process at the other end when known (an endpoint's handshake), for
+/// introspection; 0 when not.
+SenderEnd sender_end_over(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options,
+                          pid_t peer_pid = 0);
 ReceiverEnd receiver_end_over(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
-                              std::string_view type_name, const ChannelOptions& options);
+                              std::string_view type_name, const ChannelOptions& options, pid_t peer_pid = 0);
 
 /// Both ends of a new channel over `transport` (InProcess included), whose receiver
 /// accepts the type of `fingerprint` / `type_name` (channel<T>() passes T's).

@@ -7,13 +7,11 @@
 //   and store, no locked instruction; readers see each counter tear-free, the counters
 //   together only roughly consistent.
 // - Per message: four additions. Only while introspection is on (introspecting()): the
-//   time of the last activity (a coarse clock, a few milliseconds of resolution) and the
-//   time blocked, measured on the waiting path only (a ring end that spun 16 rounds without
-//   its peer answering, a pipe or socket end about to poll): an end that finds room or a
-//   message at once reads no clock.
+//   time of the last activity, copied from a word the introspection server's thread sets
+//   every kActivityTick (no clock read per message), and the time blocked, measured on the
+//   waiting path only (a ring end that spun 16 rounds without its peer answering, a pipe or
+//   socket end about to poll): an end that finds room or a message at once reads no clock.
 #pragma once
-
-#include <time.h>
 
 #include <atomic>
 #include <chrono>
@@ -31,13 +29,11 @@ inline std::int64_t monotonic_ns() noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-/// CLOCK_MONOTONIC_COARSE in nanoseconds: the same clock, read without the hardware
-/// counter (a few nanoseconds), at the kernel tick's resolution.
-inline std::int64_t coarse_monotonic_ns() noexcept {
-  timespec now{};
-  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &now);
-  return static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
-}
+/// monotonic_ns() as of the introspection server's last tick (every kActivityTick); 0 where
+/// no server runs in this process (a child forked without one): last activity is then not
+/// known. Reading it is a plain load: a clock read costs 10-50 ns, too much per message.
+inline std::atomic<std::int64_t> g_activity_clock{0};
+inline constexpr std::chrono::milliseconds kActivityTick{20};
 
 struct EndStats {
   std::uint64_t id = 0;  ///< next_end_id(), set as the end is made
@@ -47,7 +43,7 @@ struct EndStats {
   std::atomic<std::uint64_t> new_segments{0};  ///< shared-memory segments the frames introduced
   std::atomic<std::uint64_t> blocked_ns{0};    ///< total time waiting for room or for a message
   std::atomic<std::int64_t> blocked_since_ns{0};  ///< monotonic_ns() the current wait began; 0: none
-  std::atomic<std::int64_t> last_activity_ns{0};  ///< monotonic time of the last message; 0: none yet
+  std::atomic<std::int64_t> last_activity_ns{0};  ///< monotonic time of the last message, to kActivityTick; 0: unknown
   std::atomic<std::uint64_t> resolved{0};  ///< sender: the last frame the receiver resolved, as far as known
   std::atomic<std::int32_t> peer_pid{0};   ///< 0: unknown
   std::atomic<bool> peer_died{false};
@@ -58,7 +54,9 @@ struct EndStats {
     add(bytes, frame_bytes);
     if (storages != 0) add(tensors, storages);
     if (segments != 0) add(new_segments, segments);
-    if (introspecting()) last_activity_ns.store(coarse_monotonic_ns(), std::memory_order_relaxed);
+    if (introspecting()) [[unlikely]] {
+      last_activity_ns.store(g_activity_clock.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    }
   }
   static void add(std::atomic<std::uint64_t>& counter, std::uint64_t amount) noexcept {
     counter.store(counter.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);

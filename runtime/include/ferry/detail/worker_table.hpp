@@ -44,6 +44,11 @@ std::optional<int> worker_rank() noexcept;
 void add_background_thread(int delta) noexcept;
 int background_threads() noexcept;
 
+/// Whether introspection runs in this process: workers started by exec then get
+/// FERRY_INTROSPECT=1 in their environment (set by the layer above).
+void set_introspection_for_workers(bool on) noexcept;
+bool introspection_for_workers() noexcept;
+
 /// Called in a worker just started by fork(), before its function runs (the introspection
 /// server restarts there); one hook, set by the layer above.
 using ForkedWorkerHook = void (*)() noexcept;
