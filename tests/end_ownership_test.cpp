@@ -339,5 +339,89 @@ TEST(EndOwnership, OnlyEndsCopiedByForkMakeWaitsWakeToLetGoOfCopies) {
   EXPECT_EQ(detail::release_check_slice() == std::chrono::nanoseconds::max(), detail::ends_copied_by_fork() == 0);
 }
 
+// Claim words share pages: 1,000 channels (2,000 ends) add a handful of mappings, not one
+// per end, and their pages are unmapped once the ends are gone.
+TEST(EndOwnership, ClaimWordsOfManyEndsShareAFewPages) {
+  const std::size_t before = test::count_mappings();
+  {
+    std::vector<std::pair<Sender<int>, Receiver<int>>> channels;
+    channels.reserve(1000);
+    for (int i = 0; i < 1000; ++i) channels.push_back(channel<int>(Transport::UnixSocket));
+    const std::size_t with_channels = test::count_mappings();
+    EXPECT_LE(with_channels, before + 8) << "2,000 claim words took " << with_channels - before << " mappings";
+    channels.front().first.send(1);
+    EXPECT_EQ(channels.front().second.recv(), 1);
+  }
+  EXPECT_LE(test::count_mappings(), before + 1);
+}
+
+// A child never hands out the unused words of a page it inherited while its parent hands
+// them out too: ends made after a fork on both sides keep their own words.
+TEST(EndOwnership, EndsMadeAfterAForkInParentAndChildKeepTheirOwnWords) {
+  auto [first_tx, first_rx] = channel<int>(Transport::UnixSocket);  // a page with unused words
+  constexpr int kChannels = 100;
+  const auto use_all = [](auto& channels, int value) {
+    try {  // false, not a throw: the other process must not be left waiting for a signal
+      for (auto& [tx, rx] : channels) {
+        tx.send(value);
+        if (rx.recv() != value) return false;
+      }
+      return true;
+    } catch (const EndOwnedElsewhere&) {
+      return false;
+    }
+  };
+  Signal parent_made;
+  Signal child_made;
+  Signal parent_used;
+  const pid_t child = fork_child([&] {
+    parent_made.wait();
+    std::vector<std::pair<Sender<int>, Receiver<int>>> mine;
+    for (int i = 0; i < kChannels; ++i) mine.push_back(channel<int>(Transport::UnixSocket));
+    CHILD_CHECK(use_all(mine, 1));
+    child_made.post();
+    parent_used.wait();
+    CHILD_CHECK(use_all(mine, 2));
+  });
+  std::vector<std::pair<Sender<int>, Receiver<int>>> mine;
+  for (int i = 0; i < kChannels; ++i) mine.push_back(channel<int>(Transport::UnixSocket));
+  EXPECT_TRUE(use_all(mine, 1));
+  parent_made.post();
+  child_made.wait();
+  EXPECT_TRUE(use_all(mine, 2));  // EndOwnedElsewhere if the child's ends took these words
+  parent_used.post();
+  EXPECT_TRUE(test::child_succeeded(child));
+  first_tx.send(3);
+  EXPECT_EQ(first_rx.recv(), 3);
+}
+
+// A word taken before a fork is not handed out again after the parent dropped its copy of
+// the end: the child that owns the end goes on using it while the parent makes new ends.
+TEST(EndOwnership, AWordTakenBeforeAForkIsNotHandedOutAgain) {
+  auto [tx, rx] = channel<int>(Transport::UnixSocket);
+  Signal took;
+  Signal parent_made;
+  const pid_t child = fork_child([&tx = tx, &took, &parent_made] {
+    tx.send(1);  // the child owns the Sender now
+    took.post();
+    parent_made.wait();
+    tx.send(2);  // EndOwnedElsewhere if a new end of the parent took its word
+    tx.close();
+  });
+  took.wait();
+  { const Sender<int> dropped = std::move(tx); }  // lets go of the parent's copy only
+  std::vector<std::pair<Sender<int>, Receiver<int>>> made;
+  for (int i = 0; i < 50; ++i) {
+    made.push_back(channel<int>(Transport::UnixSocket));
+    made.back().first.send(i);
+    EXPECT_EQ(made.back().second.recv(), i);
+  }
+  parent_made.post();
+  EXPECT_EQ(rx.recv(), 1);
+  EXPECT_EQ(rx.recv(), 2);
+  EXPECT_FALSE(rx.recv().has_value());
+  EXPECT_TRUE(test::child_succeeded(child));
+}
+
 }  // namespace
 }  // namespace ferry

@@ -62,7 +62,8 @@ class Duplex:
 
     def call_for(self, request, timeout):
         """Like call(), waiting at most ``timeout`` seconds in all (for room to send the
-        request, then for the reply); raises TimeoutError when the time ran out.
+        request, then for the reply; None: no limit); raises TimeoutError when the time ran
+        out, ChannelClosed when close() in another thread ended the wait.
 
         A reply that comes late is not dropped: the next recv() or call() returns it, ahead
         of the reply to a later request (take it with recv_for(), or put an id in messages).

@@ -112,7 +112,8 @@ class WorkerGroup:
 
         Returns True when all finished, False when the time ran out. Raises
         :class:`WorkerFailed` as soon as one fails (raised, exited non-zero, was killed),
-        after terminating the others. Ctrl-C raises KeyboardInterrupt.
+        after terminating the others. Ctrl-C raises KeyboardInterrupt; terminate() from
+        another thread ends the wait with :class:`ferry.Error`.
         """
         outcome = self._group.join(timeout)
         if isinstance(outcome, dict):

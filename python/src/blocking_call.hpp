@@ -68,11 +68,6 @@ auto call_blocking(const Wait& wait, const std::atomic<bool>* abandoned, const c
   }
 }
 
-/// The slice of the bindings that wait in a loop of timed C++ waits without the GIL,
-/// checking for signals between slices (Selector, fan-out, join, call_for): Ctrl-C raises
-/// within this period.
-inline constexpr std::chrono::milliseconds kSignalCheck{50};
-
 /// A timeout given to a Python API: None is no limit (std::nullopt); otherwise a number of
 /// seconds >= 0 (ValueError naming `api` otherwise).
 std::optional<std::chrono::nanoseconds> timeout_from_python(const pybind11::handle& timeout, const char* api);

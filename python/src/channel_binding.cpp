@@ -8,6 +8,7 @@
 
 #include "blocking_call.hpp"
 #include "ends_binding.hpp"
+#include "ferry/detail/deadline.hpp"
 #include "ferry/duplex.hpp"
 #include "value_conversion.hpp"
 
@@ -15,8 +16,6 @@ namespace py = pybind11;
 
 namespace ferry::python {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Seconds (an int or a float >= 0) as a duration of D; ValueError naming `what` otherwise.
 template <class D>
@@ -71,36 +70,32 @@ std::pair<py::object, py::object> ends_pair(Sender<PyValue> sender, Receiver<PyV
 }
 
 // DuplexEnd::call_for's work on a Python pair of halves: the request is sent within the
-// time (checking for Ctrl-C every kSignalCheck), then the reply waited for in what is left.
-py::object call_for(PySender& sender, PyReceiver& receiver, py::handle request, double timeout_seconds) {
-  if (!(timeout_seconds >= 0)) throw py::value_error("call_for: the timeout must be a number of seconds >= 0");
-  const auto timeout = std::chrono::duration_cast<Clock::duration>(
-      std::chrono::duration<double>(std::min(timeout_seconds, 1e9)));
-  const Clock::time_point deadline = Clock::now() + timeout;
+// time, then the reply waited for in what is left; both waits as Sender.send_for() and
+// Receiver.recv_for() wait (call_blocking: Ctrl-C, and close() from another thread).
+py::object call_for(PySender& sender, PyReceiver& receiver, py::handle request, const py::object& timeout) {
+  const std::optional<std::chrono::nanoseconds> limit = timeout_from_python(timeout, "Duplex.call_for()");
+  const Deadline deadline = Deadline::after(Timeout(timeout_or_forever(limit)));
+  const auto left = [&] { return deadline.is_never() ? std::chrono::nanoseconds::max() : deadline.remaining(); };
   const PyValue value(to_value(request));
-  const auto slice = [&] {
-    return std::clamp<Clock::duration>(deadline - Clock::now(), Clock::duration::zero(), kSignalCheck);
-  };
-  const auto in_time = [&](auto&& step) {  // runs `step(slice)` until it succeeds or the time is up
-    for (;;) {
-      bool done = false;
-      {
-        py::gil_scoped_release release;
-        done = step(Timeout(slice()));
-      }
-      if (done) return true;
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      if (Clock::now() >= deadline) return false;
-    }
-  };
-  if (!in_time([&](Timeout t) { return sender.end().send_for(value, t); }) ||
-      !in_time([&](Timeout t) { return sender.end().flush(t); })) {
-    PyErr_SetString(PyExc_TimeoutError, ("call_for: the request found no room within " +
-                                         std::to_string(timeout_seconds) + " s").c_str());
+  const bool sent = call_blocking(
+      [&] { return sender.end().send_for(value, Timeout(left())) && sender.end().flush(Timeout(left())); },
+      &sender.closing(),
+      "Duplex.call_for(): this Duplex was closed by another thread while call_for() waited for room; the request "
+      "was not sent");
+  if (!sent) {
+    PyErr_SetString(PyExc_TimeoutError, ("Duplex.call_for(): the request found no room within " +
+                                         std::to_string(py::cast<double>(timeout)) + " s").c_str());
     throw py::error_already_set();
   }
-  const double left = std::chrono::duration<double>(std::max(Clock::duration::zero(), deadline - Clock::now())).count();
-  return receiver.recv_for(py::float_(left));
+  if (!limit) return receiver.recv();
+  try {
+    return receiver.recv_for(py::float_(std::chrono::duration<double>(left()).count()));
+  } catch (py::error_already_set& error) {
+    if (!error.matches(PyExc_TimeoutError)) throw;
+    PyErr_SetString(PyExc_TimeoutError,
+                    ("Duplex.call_for(): no reply within " + std::to_string(py::cast<double>(timeout)) + " s").c_str());
+    throw py::error_already_set();
+  }
 }
 
 // Replaces property `name` of class `type_name` in `module` by one with `doc` (its getter kept).

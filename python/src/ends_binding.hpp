@@ -34,6 +34,8 @@ class PySender {
   void close();
   bool is_open() const noexcept { return end_.is_open(); }
   Sender<PyValue>& end() noexcept { return end_; }
+  /// True once close() was called: what a wait on end() made elsewhere gives up on.
+  const std::atomic<bool>& closing() const noexcept { return closing_; }
 
  private:
   Sender<PyValue> end_;

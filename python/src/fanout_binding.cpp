@@ -23,85 +23,103 @@ namespace py = pybind11;
 namespace ferry::python {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-std::optional<Clock::time_point> deadline_from(const py::object& timeout) {
-  if (timeout.is_none()) return std::nullopt;
-  const auto seconds = timeout.cast<double>();
-  if (!(seconds >= 0)) throw py::value_error("timeout must be a number of seconds >= 0, or None to wait for ever");
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(seconds, 1e9)));
-}
-
-Clock::duration slice_until(const std::optional<Clock::time_point>& deadline) {
-  if (!deadline) return kSignalCheck;
-  return std::clamp<Clock::duration>(*deadline - Clock::now(), Clock::duration::zero(), kSignalCheck);
-}
-
-void check_signals() {
-  if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-}
-
 // ---- Selector -----------------------------------------------------------------------------
 
+// The lock of a Selector or fan-out is taken only without the GIL: a wait holds it while its
+// Ctrl-C check takes the GIL (blocking_call.hpp).
 class PySelector {
  public:
   std::size_t add(const py::object& receiver) {
     auto& end = receiver.cast<PyReceiver&>().end();
-    const std::lock_guard lock(mutex_);
-    const std::size_t index = selector_.add(end);
+    std::size_t index = 0;
+    {
+      py::gil_scoped_release release;
+      const std::lock_guard lock(mutex_);
+      throw_if_closed("add()");
+      index = selector_.add(end);
+    }
     if (members_.size() <= index) members_.resize(index + 1);
     members_[index] = receiver;  // keeps the Receiver alive while it is in the set
     return index;
   }
   void remove(std::size_t index) {
-    const std::lock_guard lock(mutex_);
-    selector_.remove(index);
+    {
+      py::gil_scoped_release release;
+      const std::lock_guard lock(mutex_);
+      selector_.remove(index);
+    }
     if (index < members_.size()) members_[index] = py::object();
   }
   bool contains(std::size_t index) {
+    py::gil_scoped_release release;
     const std::lock_guard lock(mutex_);
     return selector_.contains(index);
   }
   std::size_t size() {
+    py::gil_scoped_release release;
     const std::lock_guard lock(mutex_);
     return selector_.size();
   }
   py::object receiver(std::size_t index) {
-    const std::lock_guard lock(mutex_);
     if (index >= members_.size() || !members_[index]) throw py::key_error("no receiver " + std::to_string(index) + " in this Selector");
     return members_[index];
   }
 
   // The index of a ready receiver, waiting at most `timeout` seconds (None: for ever);
-  // None when none became ready.
-  py::object wait(const py::object& timeout) {
-    const std::optional<Clock::time_point> deadline = deadline_from(timeout);
-    for (;;) {
-      std::optional<std::size_t> ready;
-      {
-        py::gil_scoped_release release;
-        const std::lock_guard lock(mutex_);
-        if (selector_.empty()) {
-          throw ChannelClosed("the Selector is empty: add() receivers to it (each one is removed with remove() once "
-                              "its stream ended)");
-        }
-        ready = selector_.wait_for(slice_until(deadline));
-      }
-      if (ready) return py::int_(*ready);
-      check_signals();
-      if (deadline && Clock::now() >= *deadline) return py::none();
-    }
-  }
-  py::object try_wait() {
-    const std::lock_guard lock(mutex_);
-    const std::optional<std::size_t> ready = selector_.try_wait();
+  // None when none became ready. Interruptible (call_blocking): Ctrl-C, and close() from
+  // another thread (ChannelClosed).
+  py::object wait(const py::object& timeout, const char* api) {
+    const std::optional<std::chrono::nanoseconds> limit =
+        timeout_from_python(timeout, (std::string("Selector.") + api).c_str());
+    const std::optional<std::size_t> ready = call_blocking(
+        [&] {
+          const std::lock_guard lock(mutex_);
+          throw_if_closed(api);
+          if (selector_.empty()) {
+            throw ChannelClosed(std::string("Selector.") + api + ": the Selector is empty: add() receivers to it (each one is "
+                                "removed with remove() once its stream ended)");
+          }
+          return selector_.wait_for(Timeout(timeout_or_forever(limit)));
+        },
+        &closed_, closed_message(api).c_str());
     return ready ? py::object(py::int_(*ready)) : py::none();
   }
+  py::object try_wait() {
+    std::optional<std::size_t> ready;
+    {
+      py::gil_scoped_release release;
+      const std::lock_guard lock(mutex_);
+      throw_if_closed("try_wait()");
+      ready = selector_.try_wait();
+    }
+    return ready ? py::object(py::int_(*ready)) : py::none();
+  }
+  // Empties the set for good: a wait() in another thread raises ChannelClosed within
+  // kWaitInterruptionPeriod; later calls raise it too. The receivers stay open.
+  void close() {
+    closed_.store(true, std::memory_order_release);
+    const std::size_t count = members_.size();  // add() refuses from now on
+    {
+      py::gil_scoped_release release;
+      const std::lock_guard lock(mutex_);  // a wait in progress leaves first
+      for (std::size_t index = 0; index < count; ++index) selector_.remove(index);
+    }
+    members_.clear();
+  }
+  bool is_open() const { return !closed_.load(std::memory_order_acquire); }
 
  private:
+  void throw_if_closed(const char* api) const {
+    if (closed_.load(std::memory_order_acquire)) throw ChannelClosed(closed_message(api));
+  }
+  static std::string closed_message(const char* api) {
+    return std::string("Selector.") + api + ": this Selector was closed (Selector.close()); make a new one";
+  }
+
   std::mutex mutex_;  // one wait at a time (Selector is for one thread)
   Selector selector_;
-  std::vector<py::object> members_;
+  std::vector<py::object> members_;  // with the GIL
+  std::atomic<bool> closed_{false};  // close() was called: a wait gives up
 };
 
 // ---- Distributor and Broadcast ----------------------------------------------------------
@@ -131,7 +149,9 @@ py::list stats_list(const std::vector<ConsumerStats>& stats) {
   return out;
 }
 
-// A Distributor or a Broadcast of PyValue; closed, its sends raise ChannelClosed.
+// A Distributor or a Broadcast of PyValue; closed, its sends raise ChannelClosed. Its
+// sends wait through call_blocking: Ctrl-C raises KeyboardInterrupt, and close() from
+// another thread ends them with ChannelClosed within kWaitInterruptionPeriod.
 template <class F>
 class PyFanout {
  public:
@@ -147,44 +167,62 @@ class PyFanout {
   PyFanout& operator=(const PyFanout&) = delete;
 
   ConsumerId add(PySender& sender, const py::object& max_in_flight) {
+    std::optional<std::size_t> bound;
+    if (!max_in_flight.is_none()) {
+      const auto count = max_in_flight.cast<long long>();
+      if (count < 1) throw py::value_error("max_in_flight must be at least 1");
+      bound = static_cast<std::size_t>(count);
+    }
+    Sender<PyValue> end = std::move(sender.end());
+    py::gil_scoped_release release;
     const std::shared_lock lock(mutex_);
     F& fanout = open();
-    if (max_in_flight.is_none()) return fanout.add(std::move(sender.end()));
-    const auto bound = max_in_flight.cast<long long>();
-    if (bound < 1) throw py::value_error("max_in_flight must be at least 1");
-    return fanout.add(std::move(sender.end()), static_cast<std::size_t>(bound));
+    return bound ? fanout.add(std::move(end), *bound) : fanout.add(std::move(end));
   }
 
   // Ends every consumer's stream after what it was sent (C++'s close(), safe from any
-  // thread); later sends raise ChannelClosed.
+  // thread); a send waiting in another thread and later sends raise ChannelClosed.
   void close() {
+    closed_.store(true, std::memory_order_release);  // a waiting send gives up
     py::gil_scoped_release release;
     const std::shared_lock lock(mutex_);
-    closed_.store(true, std::memory_order_release);
     if (fanout_) fanout_->close();
   }
 
   py::list stats() {
-    const std::shared_lock lock(mutex_);
-    if (!fanout_) return py::list();
-    return stats_list(fanout_->stats());
+    std::vector<ConsumerStats> stats;
+    {
+      py::gil_scoped_release release;
+      const std::shared_lock lock(mutex_);
+      if (fanout_) stats = fanout_->stats();
+    }
+    return stats_list(stats);
   }
   std::size_t size() {
+    py::gil_scoped_release release;
     const std::shared_lock lock(mutex_);
     return fanout_ ? fanout_->size() : 0;
   }
-  bool is_open() {
-    const std::shared_lock lock(mutex_);
-    return fanout_ != nullptr && !closed_.load(std::memory_order_acquire);
-  }
+  bool is_open() const { return !closed_.load(std::memory_order_acquire); }
 
  protected:
   F& open() {
     if (!fanout_) throw ChannelClosed("cannot send: this fan-out was closed");
     return *fanout_;
   }
+  // Runs `send(fanout)` through call_blocking; `abandoned`: the message of ChannelClosed
+  // when close() in another thread ended the wait.
+  template <class Send>
+  auto blocking_send(const std::string& abandoned, const Send& send) {
+    return call_blocking(
+        [&] {
+          const std::shared_lock lock(mutex_);
+          return send(open());
+        },
+        &closed_, abandoned.c_str());
+  }
 
-  std::shared_mutex mutex_;
+  std::shared_mutex mutex_;  // taken without the GIL only
   std::unique_ptr<F> fanout_;
   std::atomic<bool> closed_{false};  // close() was called
 };
@@ -193,22 +231,21 @@ class PyDistributor : public PyFanout<Distributor<PyValue>> {
  public:
   using PyFanout::PyFanout;
 
-  // Sends in slices of send_for (an rvalue no consumer took stays in `value`), checking
-  // for Ctrl-C between them; False when `timeout` passed with every consumer full.
-  bool send(py::handle message, const py::object& timeout) {
+  // Sends to one consumer, waiting while every one is full at most `timeout` (None: no
+  // limit); False when the time passed (an rvalue no consumer took stays in `value`).
+  bool send(py::handle message, const py::object& timeout, const char* api) {
+    const std::optional<std::chrono::nanoseconds> limit = timeout_from_python(timeout, api);
     PyValue value(to_value(message));
-    const std::optional<Clock::time_point> deadline = deadline_from(timeout);
-    for (;;) {
-      bool sent = false;
-      {
-        py::gil_scoped_release release;
-        const std::shared_lock lock(mutex_);
-        sent = open().send_for(std::move(value), Timeout(slice_until(deadline)));
+    const std::string abandoned = std::string(api) +
+                                  ": close() was called in another thread while this send waited for a full "
+                                  "consumer; the message was not sent";
+    return blocking_send(abandoned, [&](Distributor<PyValue>& distributor) {
+      if (!limit) {
+        distributor.send(std::move(value));
+        return true;
       }
-      if (sent) return true;
-      check_signals();
-      if (deadline && Clock::now() >= *deadline) return false;
-    }
+      return distributor.send_for(std::move(value), Timeout(*limit));
+    });
   }
 
   py::list take_undelivered() {
@@ -228,20 +265,17 @@ class PyBroadcast : public PyFanout<Broadcast<PyValue>> {
  public:
   using PyFanout::PyFanout;
 
-  std::size_t send(py::handle message) {
+  // Sends to every consumer, a full one waited for at most `timeout` (None: no limit);
+  // how many it reached.
+  std::size_t send(py::handle message, const py::object& timeout, const char* api) {
+    const std::optional<std::chrono::nanoseconds> limit = timeout_from_python(timeout, api);
     const PyValue value(to_value(message));
-    py::gil_scoped_release release;
-    const std::shared_lock lock(mutex_);
-    return open().send(value);
-  }
-  std::size_t send_for(py::handle message, double timeout_seconds) {
-    if (!(timeout_seconds >= 0)) throw py::value_error("send_for: the timeout must be a number of seconds >= 0");
-    const PyValue value(to_value(message));
-    const auto timeout = std::chrono::duration_cast<std::chrono::nanoseconds>(
-        std::chrono::duration<double>(std::min(timeout_seconds, 1e9)));
-    py::gil_scoped_release release;
-    const std::shared_lock lock(mutex_);
-    return open().send_for(value, timeout);
+    const std::string abandoned = std::string(api) +
+                                  ": close() was called in another thread while this send waited for a full "
+                                  "consumer; the consumers still full did not get the message";
+    return blocking_send(abandoned, [&](Broadcast<PyValue>& broadcast) {
+      return limit ? broadcast.send_for(value, Timeout(*limit)) : broadcast.send(value);
+    });
   }
 };
 
@@ -281,13 +315,25 @@ void bind_fanout(py::module_& module) {
       .def("__contains__", &PySelector::contains, py::arg("index"))
       .def("__len__", &PySelector::size, "The number of receivers in the set.")
       .def("receiver", &PySelector::receiver, py::arg("index"), "The Receiver added as `index`.")
-      .def("wait", &PySelector::wait, py::arg("timeout") = py::none(),
-           "The index of a ready receiver; waits without the GIL at most `timeout` seconds (None: for ever) and "
-           "returns None when none became ready. Raises ChannelClosed when the set is empty.")
       .def(
-          "wait_for", [](PySelector& self, double timeout) { return self.wait(py::float_(timeout)); },
-          py::arg("timeout"), "wait() with a timeout in seconds: an index, or None.")
-      .def("try_wait", &PySelector::try_wait, "The index of a ready receiver without waiting, or None.");
+          "wait", [](PySelector& self, const py::object& timeout) { return self.wait(timeout, "wait()"); },
+          py::arg("timeout") = py::none(),
+          "The index of a ready receiver; waits without the GIL at most `timeout` seconds (None: for ever) and "
+          "returns None when none became ready. Raises ChannelClosed when the set is empty or close() was called "
+          "(also from another thread while it waits), KeyboardInterrupt on Ctrl-C.")
+      .def(
+          "wait_for", [](PySelector& self, const py::object& timeout) { return self.wait(timeout, "wait_for()"); },
+          py::arg("timeout"), "wait() with a timeout in seconds (None: for ever): an index, or None.")
+      .def("try_wait", &PySelector::try_wait, "The index of a ready receiver without waiting, or None.")
+      .def("close", &PySelector::close,
+           "Empties the set for good (the receivers stay open): a wait() in another thread raises ChannelClosed, "
+           "and so do later calls.")
+      .def_property_readonly("is_open", &PySelector::is_open, "False once close() was called.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PySelector& self, const py::args&) {
+        self.close();
+        return false;
+      });
 
   py::class_<PyDistributor> distributor(
       module, "Distributor",
@@ -301,17 +347,20 @@ void bind_fanout(py::module_& module) {
                std::chrono::duration<double>(FanoutOptions{}.liveness_check_interval).count(),
            "FanoutOptions as keyword arguments (liveness_check_interval in seconds).")
       .def(
-          "send", [](PyDistributor& self, py::handle message) { (void)self.send(message, py::none()); },
+          "send",
+          [](PyDistributor& self, py::handle message) { (void)self.send(message, py::none(), "Distributor.send()"); },
           py::arg("message"),
           "Sends `message` to one consumer, waiting without the GIL while every consumer is full. Raises "
-          "ChannelClosed when there is no consumer.")
+          "ChannelClosed when there is no consumer or close() was called (also from another thread while it "
+          "waits: the message was not sent), KeyboardInterrupt on Ctrl-C.")
       .def(
           "send_for",
-          [](PyDistributor& self, py::handle message, double timeout) {
-            return self.send(message, py::float_(timeout));
+          [](PyDistributor& self, py::handle message, const py::object& timeout) {
+            return self.send(message, timeout, "Distributor.send_for()");
           },
           py::arg("message"), py::arg("timeout"),
-          "Like send(), waiting at most `timeout` seconds; returns whether a consumer took the message.")
+          "Like send(), waiting at most `timeout` seconds (None: no limit); returns whether a consumer took the "
+          "message.")
       .def("take_undelivered", &PyDistributor::take_undelivered,
            "Removes the consumers known to be gone and returns the messages they never received, oldest first.");
   bind_common(distributor);
@@ -326,11 +375,21 @@ void bind_fanout(py::module_& module) {
            py::arg("liveness_check_interval") =
                std::chrono::duration<double>(FanoutOptions{}.liveness_check_interval).count(),
            "FanoutOptions as keyword arguments (liveness_check_interval in seconds).")
-      .def("send", &PyBroadcast::send, py::arg("message"),
-           "Sends `message` to every consumer, waiting for each full one; returns how many it reached.")
-      .def("send_for", &PyBroadcast::send_for, py::arg("message"), py::arg("timeout"),
-           "Like send(); a consumer still full after `timeout` seconds misses the message. Returns how many it "
-           "reached.");
+      .def(
+          "send",
+          [](PyBroadcast& self, py::handle message) { return self.send(message, py::none(), "Broadcast.send()"); },
+          py::arg("message"),
+          "Sends `message` to every consumer, waiting without the GIL for each full one; returns how many it "
+          "reached. Raises ChannelClosed after close() (also close() from another thread while it waits: the "
+          "consumers still full did not get the message), KeyboardInterrupt on Ctrl-C.")
+      .def(
+          "send_for",
+          [](PyBroadcast& self, py::handle message, const py::object& timeout) {
+            return self.send(message, timeout, "Broadcast.send_for()");
+          },
+          py::arg("message"), py::arg("timeout"),
+          "Like send(); a consumer still full after `timeout` seconds (None: no limit) misses the message. "
+          "Returns how many it reached.");
   bind_common(broadcast);
 }
 

@@ -6,8 +6,9 @@
 #include <cereal/types/string.hpp>
 #include <cereal/types/vector.hpp>
 
-#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -26,8 +27,6 @@ namespace py = pybind11;
 
 namespace ferry::python {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 /// The registered name under which a re-executed interpreter runs a Python worker.
 constexpr const char* kPythonWorker = "ferry.python";
@@ -60,14 +59,6 @@ void python_invoke(detail::FunctionIdentity /*identity*/, WorkerContext& /*conte
 }
 
 void python_marker() {}
-
-// Seconds, or None for "for ever", as a deadline.
-std::optional<Clock::time_point> deadline_from(const py::object& timeout) {
-  if (timeout.is_none()) return std::nullopt;
-  const auto seconds = timeout.cast<double>();
-  if (!(seconds >= 0)) throw py::value_error("timeout must be a number of seconds >= 0, or None to wait for ever");
-  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(std::min(seconds, 1e9)));
-}
 
 py::dict failure_details(const WorkerFailed& failure) {
   py::dict details;
@@ -151,28 +142,34 @@ class PyWorkerGroup {
     group_.start_exec(rank, kPythonWorker, payload_fd, inherited);
   }
 
-  // Waits (without the GIL, checking for Ctrl-C every kSignalCheck) until every worker
-  // finished (True), the time ran out (False), or one failed (a dict of its details).
+  // Waits (call_blocking) until every worker finished (True), the time ran out (False), or
+  // one failed (a dict of its details). terminate() from another thread ends the wait
+  // (ferry.Error) before it terminates the workers.
   py::object join(const py::object& timeout) {
-    const std::optional<Clock::time_point> deadline = deadline_from(timeout);
-    for (;;) {
-      Clock::duration slice = kSignalCheck;
-      if (deadline) slice = std::clamp<Clock::duration>(*deadline - Clock::now(), Clock::duration::zero(), slice);
-      bool finished = false;
-      try {
-        py::gil_scoped_release release;
-        finished = group_.join(slice);
-      } catch (const WorkerFailed& failure) {
-        return failure_details(failure);
-      }
-      if (finished) return py::bool_(true);
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      if (deadline && Clock::now() >= *deadline) return py::bool_(false);
+    const std::optional<std::chrono::nanoseconds> limit = timeout_from_python(timeout, "WorkerGroup.join()");
+    try {
+      return py::bool_(call_blocking(
+          [&] {
+            const std::lock_guard lock(mutex_);
+            if (!limit) {
+              group_.join();
+              return true;
+            }
+            return group_.join(Timeout(*limit));
+          },
+          &terminating_, ""));
+    } catch (const WorkerFailed& failure) {
+      return failure_details(failure);
+    } catch (const Abandoned&) {
+      throw Error("WorkerGroup.join(): terminate() was called in another thread while join() waited; the workers "
+                  "were terminated");
     }
   }
 
   void terminate() {
+    terminating_.store(true, std::memory_order_release);  // a join waiting in another thread gives up
     py::gil_scoped_release release;
+    const std::lock_guard lock(mutex_);
     group_.terminate();
   }
   int size() const noexcept { return group_.size(); }
@@ -210,7 +207,9 @@ class PyWorkerGroup {
     return options;
   }
 
+  std::mutex mutex_;  // join() against terminate() from another thread; taken without the GIL
   WorkerGroup group_;
+  std::atomic<bool> terminating_{false};  // terminate() was called: a waiting join gives up
 };
 
 // The frame core of a Python end, as the list of live ends sees it.

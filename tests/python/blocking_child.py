@@ -58,6 +58,62 @@ def prepare(scenario, transport, address):
         return (lambda: ferry.connect_sender(address, transport=transport)), ()
     if scenario == "connect_receiver":
         return (lambda: ferry.connect_receiver(address, timeout=None, transport=transport)), ()
+    return prepare_fan(scenario, transport)
+
+
+def sleep_for_ever(rank):
+    """A worker that never finishes (it dies with this process: workers never outlive it)."""
+    while True:
+        time.sleep(60)
+
+
+def full_fanout(kind, transport, window):
+    """A Distributor or Broadcast whose one consumer is full: one message in flight (never
+    received) with a window of 1; with a larger window (a Broadcast), its transport filled."""
+    tx, rx = ferry.channel(transport)
+    fan = kind(max_in_flight=window)
+    fan.add(tx)
+    if window == 1:
+        fan.send(b"in flight")
+    else:  # send_for with no wait: False (Distributor) or 0 reached (Broadcast) once full
+        while fan.send_for(b"x" * 4096, 0):
+            pass
+        while fan.send_for(None, 0):
+            pass
+    return fan, rx
+
+
+def prepare_fan(scenario, transport):
+    """The scenarios of Selector, fan-outs, WorkerGroup.join and Duplex.call_for."""
+    if scenario == "select_wait":
+        tx, rx = ferry.channel(transport)
+        selector = ferry.Selector()
+        selector.add(rx)
+        return selector.wait, (tx, rx, selector)
+    if scenario == "select_iterate":
+        tx, rx = ferry.channel(transport)
+        return (lambda: next(ferry.select([rx]))), (tx, rx)
+    if scenario == "broadcast_send_transport":
+        fan, rx = full_fanout(ferry.Broadcast, transport, 1 << 20)
+        return (lambda: fan.send(b"y" * 4096)), (fan, rx)
+    for kind in (ferry.Distributor, ferry.Broadcast):
+        name = kind.__name__.lower()
+        if scenario == f"{name}_send":
+            fan, rx = full_fanout(kind, transport, 1)
+            return (lambda: fan.send(b"y" * 4096)), (fan, rx)
+        if scenario == f"{name}_send_for":
+            fan, rx = full_fanout(kind, transport, 1)
+            return (lambda: fan.send_for(b"y" * 4096, 3600)), (fan, rx)
+    if scenario == "join":
+        group = ferry.spawn(sleep_for_ever, nprocs=2, join=False)
+        return group.join, (group,)
+    if scenario == "call_for_reply":  # the other end never replies
+        a, b = ferry.duplex(transport)
+        return (lambda: a.call_for("request", None)), (a, b)
+    if scenario == "call_for_room":  # the other end never reads
+        a, b = ferry.duplex(transport)
+        fill(a.sender)
+        return (lambda: a.call_for(b"y" * 4096, 3600)), (a, b)
     raise SystemExit(f"unknown scenario {scenario}")
 
 

@@ -1,6 +1,7 @@
 """Blocking calls of the ferry package: Ctrl-C (SIGINT to a child process) raises
-KeyboardInterrupt in each of them, Sender.send_for gives up at its deadline, close() from
-another thread ends a blocked send, recv or accept, and timeout=None means no limit.
+KeyboardInterrupt in each of them, the timed forms give up at their deadline, close() from
+another thread ends a blocked send, recv, accept, Selector wait, fan-out send or call_for
+(terminate() a join), and timeout=None means no limit.
 
 The latency of each KeyboardInterrupt (from the parent's kill() to the child's except
 clause, on CLOCK_MONOTONIC, which both processes share) is printed; the assertion is a
@@ -98,6 +99,27 @@ class CtrlCTest(unittest.TestCase):
         self.interrupt("connect_sender", "unix")
         self.interrupt("connect_receiver", "shm_ring")
 
+    def test_selector_wait_and_select(self):
+        for transport in TRANSPORTS:
+            with self.subTest(transport=transport):
+                self.interrupt("select_wait", transport)
+        self.interrupt("select_iterate", "unix")
+
+    def test_fanout_sends_waiting_for_a_full_consumer(self):
+        for scenario in ("distributor_send", "distributor_send_for", "broadcast_send", "broadcast_send_for"):
+            with self.subTest(scenario=scenario):
+                self.interrupt(scenario, "shm_ring")
+        for transport in TRANSPORTS:  # the consumer's transport full, not its window
+            with self.subTest(transport=transport):
+                self.interrupt("broadcast_send_transport", transport)
+
+    def test_worker_group_join(self):
+        self.interrupt("join")
+
+    def test_duplex_call_for(self):
+        self.interrupt("call_for_reply", "shm_ring")
+        self.interrupt("call_for_room", "unix")
+
 
 MESSAGE = b"x" * 1000  # a frame below PIPE_BUF: written whole or not at all, never left half sent
 
@@ -194,6 +216,168 @@ class CloseFromAnotherThreadTest(unittest.TestCase):
         self.assertLess(time.monotonic() - started, 1.2)
         timer.join()
         self.assertFalse(listener.is_open)
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+def running_threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def sleep_for_ever(rank):
+    """A worker that never finishes (terminated by the test)."""
+    while True:
+        time.sleep(60)
+
+
+class FanInOutFromAnotherThreadTest(unittest.TestCase):
+    """Selector.wait, the fan-outs' sends, WorkerGroup.join and Duplex.call_for: close()
+    (terminate() for a group) in another thread ends the call with the documented exception
+    within ferry's 50 ms check, their timed forms return at the deadline, and nothing is
+    left behind (descriptors, threads)."""
+
+    def setUp(self):
+        # Whatever ferry makes once per process (caches, a first mapping) is made before counting.
+        tx, rx = ferry.channel("shm_ring")
+        tx.send(1)
+        rx.recv()
+        tx.close()
+        rx.close()
+        self.fds, self.threads = open_fds(), running_threads()
+
+    def tearDown(self):
+        deadline = time.monotonic() + 5  # a thread that returned leaves /proc a moment later
+        while running_threads() > self.threads and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.assertEqual(running_threads(), self.threads, "a thread was left running")
+        self.assertEqual(open_fds(), self.fds, "a descriptor was left open")
+
+    def ends_within(self, call, closer, exception, drain=None):
+        """`call()` raises `exception` within 1 s once `closer()` ran in another thread.
+        `drain`, a Receiver, is read to its end once the call ended (a close() waits for
+        its receiver to take what was sent, at most its linger): what it received."""
+        timer = threading.Timer(0.2, closer)
+        timer.start()
+        started = time.monotonic()
+        drained = []
+        reader = threading.Thread(target=lambda: drained.extend(drain or ()))
+        try:
+            with self.assertRaises(exception) as raised:
+                call()
+            ended = time.monotonic() - started
+        finally:
+            reader.start()
+            timer.join(10)
+            reader.join(10)
+        self.assertFalse(timer.is_alive() or reader.is_alive(), "close() or the receiver is still waiting")
+        self.assertLess(ended, 1.2)
+        return raised.exception, drained
+
+    def returns_at_deadline(self, call, timeout=0.2):
+        started = time.monotonic()
+        result = call(timeout)
+        waited = time.monotonic() - started
+        self.assertGreaterEqual(waited, timeout - 0.01)
+        self.assertLess(waited, timeout + 1)
+        return result
+
+    def test_selector(self):
+        for transport in TRANSPORTS:
+            with self.subTest(transport=transport):
+                tx, rx = ferry.channel(transport)
+                selector = ferry.Selector()
+                selector.add(rx)
+                self.assertIsNone(self.returns_at_deadline(selector.wait))
+                self.assertIsNone(self.returns_at_deadline(selector.wait_for))
+                error, _ = self.ends_within(selector.wait, selector.close, ferry.ChannelClosed)
+                self.assertIn("Selector.close()", str(error))
+                self.assertFalse(selector.is_open)
+                with self.assertRaises(ferry.ChannelClosed):
+                    selector.wait(0)
+                # The receiver stays usable.
+                tx.send("after")
+                self.assertEqual(rx.recv(), "after")
+                tx.close()
+                rx.close()
+
+    def full(self, kind, transport="shm_ring"):
+        tx, rx = ferry.channel(transport)
+        fan = kind(max_in_flight=1)
+        fan.add(tx)
+        fan.send("in flight")
+        return fan, rx
+
+    def test_distributor(self):
+        fan, rx = self.full(ferry.Distributor)
+        self.assertFalse(self.returns_at_deadline(lambda t: fan.send_for("late", t)))
+        _, drained = self.ends_within(lambda: fan.send("blocked"), fan.close, ferry.ChannelClosed, rx)
+        self.assertEqual(drained, ["in flight"])  # the blocked message was not sent
+        fan, rx = self.full(ferry.Distributor)
+        _, drained = self.ends_within(lambda: fan.send_for("blocked", None), fan.close, ferry.ChannelClosed, rx)
+        self.assertEqual(drained, ["in flight"])
+
+    def test_broadcast(self):
+        fan, rx = self.full(ferry.Broadcast)
+        self.assertEqual(self.returns_at_deadline(lambda t: fan.send_for("late", t)), 0)
+        self.assertEqual(fan.stats()[0]["skipped"], 1)
+        _, drained = self.ends_within(lambda: fan.send("blocked"), fan.close, ferry.ChannelClosed, rx)
+        self.assertEqual(drained, ["in flight"])
+
+    def test_broadcast_on_a_full_transport(self):
+        for transport in TRANSPORTS:
+            with self.subTest(transport=transport):
+                tx, rx = ferry.channel(transport)
+                fan = ferry.Broadcast(max_in_flight=1 << 20)
+                fan.add(tx)
+                sent = 0
+                while fan.send_for(MESSAGE, 0):
+                    sent += 1
+                self.assertEqual(self.returns_at_deadline(lambda t: fan.send_for(MESSAGE, t)), 0)
+                # close() waits for room for the end of the stream: the receiver reads only
+                # after the send was abandoned, so that the send cannot finish by itself.
+                timer = threading.Timer(0.2, fan.close)
+                timer.start()
+                started = time.monotonic()
+                with self.assertRaises(ferry.ChannelClosed):
+                    fan.send(b"N" * len(MESSAGE))
+                ended = time.monotonic() - started
+                drained = []
+                drain = threading.Thread(target=lambda: drained.extend(rx))
+                drain.start()
+                timer.join(10)
+                drain.join(10)
+                self.assertFalse(timer.is_alive() or drain.is_alive(), "close() or the receiver is still waiting")
+                self.assertLess(ended, 1.2)
+                self.assertEqual(len(drained), sent)
+                self.assertEqual(set(drained), {MESSAGE})
+
+    def test_worker_group_join(self):
+        group = ferry.spawn(sleep_for_ever, nprocs=2, join=False)
+        self.assertFalse(self.returns_at_deadline(group.join))
+        error, _ = self.ends_within(group.join, group.terminate, ferry.Error)
+        self.assertIn("terminate()", str(error))
+        self.assertEqual(group.join(None), True)  # terminated and reaped: nothing left to wait for
+
+    def test_duplex_call_for(self):
+        for transport in TRANSPORTS:
+            with self.subTest(transport=transport):
+                a, b = ferry.duplex(transport)
+                with self.assertRaisesRegex(TimeoutError, r"Duplex\.call_for\(\)"):
+                    self.returns_at_deadline(lambda t: a.call_for("no reply", t))
+                self.assertEqual(b.recv(), "no reply")
+                # Waiting for the reply, then waiting for room to send the request.
+                self.ends_within(lambda: a.call_for("request", None), a.close, ferry.ChannelClosed)
+                self.assertEqual(list(b), ["request"])
+                b.close()
+                a, b = ferry.duplex(transport)
+                sent = fill(a.sender)
+                _, drained = self.ends_within(lambda: a.call_for(b"N" * len(MESSAGE), 3600), a.sender.close,
+                                              ferry.ChannelClosed, b.receiver)
+                self.assertEqual(drained, [MESSAGE] * sent)  # the request was not sent
+                a.receiver.close()
+                b.close()
 
 
 class TimeoutNoneTest(unittest.TestCase):

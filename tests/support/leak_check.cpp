@@ -54,6 +54,13 @@ std::size_t count_ferry_mappings() {
   return count;
 }
 
+std::size_t count_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::size_t count = 0;
+  for (std::string line; std::getline(maps, line);) ++count;
+  return count;
+}
+
 void LeakCheckedTest::SetUp() {
   release_cached_shared_memory();
   fds_before_ = count_open_fds();

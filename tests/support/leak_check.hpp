@@ -19,6 +19,8 @@ std::set<std::string> dev_shm_entries();
 /// /proc/self/maps that name "/memfd:ferry"; return boards, "/memfd:ferry-returns", are
 /// not counted).
 std::size_t count_ferry_mappings();
+/// Number of memory mappings of this process (lines of /proc/self/maps).
+std::size_t count_mappings();
 
 /// A fixture that records fds and /dev/shm entries in SetUp and checks in TearDown that
 /// both returned to their starting values. Both first empty the shared-memory cache

@@ -2,13 +2,12 @@
 
 #include <pthread.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <new>
 #include <string>
 
+#include "ends/claim_pages.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
@@ -47,71 +46,66 @@ bool is_elsewhere(std::uint64_t word) noexcept {
 
 bool process_alive(pid_t pid) noexcept { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
-constexpr std::size_t kPageBytes = 4096;
-
 }  // namespace
 
 pid_t read_current_process_id() noexcept { return ::getpid(); }
 
-EndClaim::EndClaim() {
-  void* page = ::mmap(nullptr, kPageBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (page == MAP_FAILED) throw_errno("mmap of a channel end's claim word");
-  word_ = new (page) std::atomic<std::uint64_t>(make_word(current_process_id(), Standing::Fresh));
-}
+EndClaim::EndClaim()
+    : slot_(take_claim_word(make_word(current_process_id(), Standing::Fresh))) {}
 
-EndClaim::~EndClaim() { ::munmap(static_cast<void*>(word_), kPageBytes); }
+EndClaim::~EndClaim() { give_back_claim_word(slot_); }
 
 bool EndClaim::held() const noexcept {
-  return word_->load(std::memory_order_acquire) == make_word(current_process_id(), Standing::Owned);
+  return slot_.word->load(std::memory_order_acquire) == make_word(current_process_id(), Standing::Owned);
 }
 
 bool EndClaim::fresh_here() const noexcept {
-  return word_->load(std::memory_order_acquire) == make_word(current_process_id(), Standing::Fresh);
+  return slot_.word->load(std::memory_order_acquire) == make_word(current_process_id(), Standing::Fresh);
 }
 
-bool EndClaim::elsewhere() const noexcept { return is_elsewhere(word_->load(std::memory_order_acquire)); }
+bool EndClaim::elsewhere() const noexcept { return is_elsewhere(slot_.word->load(std::memory_order_acquire)); }
 
 void EndClaim::claim_slow(const char* role) {
   const std::uint64_t mine = make_word(current_process_id(), Standing::Owned);
-  std::uint64_t word = word_->load(std::memory_order_acquire);
+  std::uint64_t word = slot_.word->load(std::memory_order_acquire);
   while (word != mine) {
     if (standing_of(word) != Standing::Fresh) throw_elsewhere(role, word);
     // Fresh: the first process to use it takes it.
-    if (word_->compare_exchange_weak(word, mine, std::memory_order_acq_rel, std::memory_order_acquire)) return;
+    if (slot_.word->compare_exchange_weak(word, mine, std::memory_order_acq_rel, std::memory_order_acquire)) return;
   }
 }
 
 void EndClaim::check_not_elsewhere(const char* role) const {
-  const std::uint64_t word = word_->load(std::memory_order_acquire);
+  const std::uint64_t word = slot_.word->load(std::memory_order_acquire);
   if (is_elsewhere(word)) throw_elsewhere(role, word);
 }
 
 bool EndClaim::take_for_closing(bool take_fresh_of_others) noexcept {
   const pid_t me = current_process_id();
   const std::uint64_t mine = make_word(me, Standing::Owned);
-  std::uint64_t word = word_->load(std::memory_order_acquire);
+  std::uint64_t word = slot_.word->load(std::memory_order_acquire);
   while (word != mine) {
     if (standing_of(word) != Standing::Fresh) return false;
     if (!take_fresh_of_others && pid_of(word) != me) return false;
-    if (word_->compare_exchange_weak(word, mine, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
+    if (slot_.word->compare_exchange_weak(word, mine, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
   }
   return true;
 }
 
 void EndClaim::adopt() noexcept {
   const std::uint64_t mine = make_word(current_process_id(), Standing::Owned);
-  std::uint64_t word = word_->load(std::memory_order_acquire);
+  std::uint64_t word = slot_.word->load(std::memory_order_acquire);
   while (standing_of(word) == Standing::Owned || standing_of(word) == Standing::Fresh) {
-    if (word_->compare_exchange_weak(word, mine, std::memory_order_acq_rel, std::memory_order_acquire)) return;
+    if (slot_.word->compare_exchange_weak(word, mine, std::memory_order_acq_rel, std::memory_order_acquire)) return;
   }
 }
 
 void EndClaim::mark_closed() noexcept {
-  word_->store(make_word(current_process_id(), Standing::Closed), std::memory_order_release);
+  slot_.word->store(make_word(current_process_id(), Standing::Closed), std::memory_order_release);
 }
 
 void EndClaim::mark_handed_away() noexcept {
-  word_->store(make_word(current_process_id(), Standing::HandedAway), std::memory_order_release);
+  slot_.word->store(make_word(current_process_id(), Standing::HandedAway), std::memory_order_release);
 }
 
 void EndClaim::throw_elsewhere(const char* role, std::uint64_t word) const {

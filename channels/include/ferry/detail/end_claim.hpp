@@ -1,7 +1,8 @@
 // Which process may use a channel end. Contract:
-// - Every frame end (SenderCore, ReceiverCore) has one claim word in a page of anonymous
-//   shared memory, so every process that holds a copy of the end through fork() sees the
-//   same word. It names the owning process and the end's standing: fresh (made by that
+// - Every frame end (SenderCore, ReceiverCore) has one claim word in anonymous shared
+//   memory, so every process that holds a copy of the end through fork() sees the same
+//   word. Words share pages (claim_pages.hpp: a page holds 512, and a word stays with its
+//   end in every process that holds a copy of it). It names the owning process and the end's standing: fresh (made by that
 //   process, not used by anyone yet), owned, closed by its owner, or handed away (to a
 //   process that rebuilt it from its descriptors).
 // - A process may send or receive on an end only while the word says it owns it. A fresh
@@ -22,6 +23,14 @@
 
 namespace ferry::detail {
 
+/// One claim word's place and how to give it back (channels/src/ends/claim_pages.hpp).
+struct ClaimPage;
+struct ClaimWord {
+  std::atomic<std::uint64_t>* word;
+  ClaimPage* page;
+  std::uint64_t forks;  // forks this process had made (or been made by) when it was taken
+};
+
 /// This process's id as end_claim.cpp keeps it (0 before static initialization ran).
 extern std::atomic<pid_t> g_current_process_id;
 /// getpid(), for the time before static initialization.
@@ -38,7 +47,7 @@ inline pid_t current_process_id() noexcept {
 /// The claim word of one end (see the contract above). Not copyable; one per end object.
 class EndClaim {
  public:
-  /// A fresh end of the calling process. Throws SystemError when the page cannot be mapped.
+  /// A fresh end of the calling process. Throws SystemError when a page cannot be mapped.
   EndClaim();
   ~EndClaim();
   EndClaim(const EndClaim&) = delete;
@@ -47,7 +56,7 @@ class EndClaim {
   /// True when the calling process owns the end: the check on every send and receive
   /// (claim_for_use() when false).
   bool owned_by_caller() const noexcept {
-    return word_->load(std::memory_order_relaxed) == static_cast<std::uint64_t>(current_process_id());
+    return slot_.word->load(std::memory_order_relaxed) == static_cast<std::uint64_t>(current_process_id());
   }
   /// Returns when the calling process may use the end: it owns it, or takes it because it
   /// is fresh. Throws EndOwnedElsewhere otherwise; `role` ("Sender", "Receiver") names the
@@ -79,7 +88,7 @@ class EndClaim {
   [[noreturn]] void throw_elsewhere(const char* role, std::uint64_t word) const;
   void claim_slow(const char* role);
 
-  std::atomic<std::uint64_t>* word_;
+  ClaimWord slot_;  // the word, and where to give it back
 };
 
 }  // namespace ferry::detail
