@@ -17,6 +17,8 @@
 namespace ferry {
 namespace {
 
+using namespace ferry::detail;  // frame bodies and the encoder
+
 std::vector<std::byte> pattern_bytes(std::size_t size, unsigned seed) {
   std::vector<std::byte> bytes(size);
   for (std::size_t i = 0; i < size; ++i) bytes[i] = static_cast<std::byte>(i * 7 + seed);

@@ -47,15 +47,15 @@ const ferry::EndSnapshot* find_end(const ferry::Snapshot& snapshot, const std::s
 std::string introspection_name(pid_t pid) { return "ferry-introspect." + std::to_string(pid); }
 
 // A connection to `pid`'s introspection socket; an invalid fd when there is none.
-ferry::UniqueFd connect_to(pid_t pid) {
-  ferry::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+ferry::detail::UniqueFd connect_to(pid_t pid) {
+  ferry::detail::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd) return fd;
   sockaddr_un address{};
   address.sun_family = AF_UNIX;
   const std::string name = introspection_name(pid);
   std::memcpy(address.sun_path + 1, name.data(), name.size());
   const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), length) != 0) return ferry::UniqueFd();
+  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&address), length) != 0) return ferry::detail::UniqueFd();
   return fd;
 }
 
@@ -76,7 +76,7 @@ std::string read_all(int fd, std::chrono::milliseconds limit = 5s) {
 
 // Sends `request` to `pid`'s server and returns its whole reply.
 std::string ask(pid_t pid, const std::string& request) {
-  ferry::UniqueFd fd = connect_to(pid);
+  ferry::detail::UniqueFd fd = connect_to(pid);
   if (!fd) return "<no server>";
   if (::send(fd.get(), request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
     return "<send failed>";
@@ -306,20 +306,20 @@ TEST_F(IntrospectionServerTest, HostileClientsDoNotDisturbARunningChannel) {
   receiver.close();
   // One that sends garbage without a newline, one that floods, one that asks and never
   // reads, then silent ones (more than the server serves at once: the last are closed).
-  ferry::UniqueFd garbage = connect_to(::getpid());
+  ferry::detail::UniqueFd garbage = connect_to(::getpid());
   ASSERT_TRUE(garbage.valid());
   const std::string junk(100, '\x7f');
   ASSERT_EQ(::send(garbage.get(), junk.data(), junk.size(), MSG_NOSIGNAL), static_cast<ssize_t>(junk.size()));
-  ferry::UniqueFd flood = connect_to(::getpid());
+  ferry::detail::UniqueFd flood = connect_to(::getpid());
   ASSERT_TRUE(flood.valid());
   const std::string lots(64 * 1024, 'a');
   (void)::send(flood.get(), lots.data(), lots.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-  ferry::UniqueFd deaf = connect_to(::getpid());
+  ferry::detail::UniqueFd deaf = connect_to(::getpid());
   ASSERT_TRUE(deaf.valid());
   const int small = 1;
   ASSERT_EQ(::setsockopt(deaf.get(), SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0);
   ASSERT_EQ(::send(deaf.get(), "snapshot\n", 9, MSG_NOSIGNAL), 9);
-  std::vector<ferry::UniqueFd> silent;
+  std::vector<ferry::detail::UniqueFd> silent;
   for (int i = 0; i < 12; ++i) silent.push_back(connect_to(::getpid()));
   const auto start = std::chrono::steady_clock::now();
   for (int i = 0; i < kMessages; ++i) sender.send(i);
@@ -339,7 +339,7 @@ TEST_F(IntrospectionServerTest, AnotherUserIsRefused) {
   const pid_t parent = ::getpid();
   const pid_t child = ferry::test::fork_child([parent] {
     CHILD_CHECK(::setgid(65534) == 0 && ::setuid(65534) == 0);
-    ferry::UniqueFd fd = connect_to(parent);  // the abstract socket admits anyone to connect
+    ferry::detail::UniqueFd fd = connect_to(parent);  // the abstract socket admits anyone to connect
     CHILD_CHECK(fd.valid());
     CHILD_CHECK(::send(fd.get(), "snapshot\n", 9, MSG_NOSIGNAL) == 9 || errno == EPIPE || errno == ECONNRESET);
     CHILD_CHECK(read_all(fd.get()).empty());  // closed without a word
@@ -356,7 +356,7 @@ TEST_F(IntrospectionServerTest, EnableAndDisableLeaveNoDescriptorOrThread) {
     ferry::enable_introspection();  // idempotent
     EXPECT_EQ(thread_count(), threads + 1);
     EXPECT_EQ(ask(::getpid(), "snapshot\n").rfind("{\"version\":1,", 0), 0u);
-    ferry::UniqueFd silent = connect_to(::getpid());
+    ferry::detail::UniqueFd silent = connect_to(::getpid());
     ferry::disable_introspection();
     EXPECT_FALSE(ferry::introspection_enabled());
   }

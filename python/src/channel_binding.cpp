@@ -74,7 +74,7 @@ std::pair<py::object, py::object> ends_pair(Sender<PyValue> sender, Receiver<PyV
 // Receiver.recv_for() wait (call_blocking: Ctrl-C, and close() from another thread).
 py::object call_for(PySender& sender, PyReceiver& receiver, py::handle request, const py::object& timeout) {
   const std::optional<std::chrono::nanoseconds> limit = timeout_from_python(timeout, "Duplex.call_for()");
-  const Deadline deadline = Deadline::after(Timeout(timeout_or_forever(limit)));
+  const detail::Deadline deadline = detail::Deadline::after(Timeout(timeout_or_forever(limit)));
   const auto left = [&] { return deadline.is_never() ? std::chrono::nanoseconds::max() : deadline.remaining(); };
   const PyValue value(to_value(request));
   const bool sent = call_blocking(
