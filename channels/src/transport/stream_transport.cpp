@@ -390,7 +390,9 @@ ReadStatus StreamFrameReader::read(detail::FrameHeader& header, std::vector<std:
                                    const detail::Deadline& deadline) {
   std::span<const std::byte> view;
   const ReadStatus status = read_view(header, view, payload, fds, deadline);
-  if (status == ReadStatus::Frame && view.data() != payload.data()) payload.assign(view.begin(), view.end());
+  // A frame, or the end-of-stream frame (whose payload lists the leases it releases).
+  const bool read_one = status == ReadStatus::Frame || (status == ReadStatus::Closed && view.data() != nullptr);
+  if (read_one && view.data() != payload.data()) payload.assign(view.begin(), view.end());
   release();
   return status;
 }
