@@ -64,8 +64,7 @@ StreamFrameWriter::StreamFrameWriter(detail::UniqueFd stream, detail::UniqueFd s
     : FrameWriter(stream_writer_capabilities(is_socket, side.valid(), shares_connection)),
       stream_(std::move(stream)),
       side_(std::move(side)),
-      is_socket_(is_socket),
-      shares_connection_(shares_connection && is_socket) {}
+      is_socket_(is_socket) {}
 
 ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std::span<const int> fds, bool wait) {
   while (true) {

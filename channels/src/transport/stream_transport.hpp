@@ -80,7 +80,6 @@ class StreamFrameWriter final : public detail::FrameWriter {
   detail::UniqueFd stream_;
   detail::UniqueFd side_;  // a pipe's side socket (segment fds out, acknowledgements in)
   bool is_socket_;
-  bool shares_connection_;
   bool shut_down_ = false;  // this process ended the direction (shutdown(SHUT_WR))
   std::vector<std::byte> pending_;  // unwritten tail of the last frame
   std::uint64_t acknowledged_ = 0;
