@@ -342,17 +342,17 @@ TEST(EndOwnership, OnlyEndsCopiedByForkMakeWaitsWakeToLetGoOfCopies) {
 // Claim words share pages: 1,000 channels (2,000 ends) add a handful of mappings, not one
 // per end, and their pages are unmapped once the ends are gone.
 TEST(EndOwnership, ClaimWordsOfManyEndsShareAFewPages) {
-  const std::size_t before = test::count_mappings();
+  const std::size_t before = test::count_shared_mappings();
   {
     std::vector<std::pair<Sender<int>, Receiver<int>>> channels;
     channels.reserve(1000);
     for (int i = 0; i < 1000; ++i) channels.push_back(channel<int>(Transport::UnixSocket));
-    const std::size_t with_channels = test::count_mappings();
+    const std::size_t with_channels = test::count_shared_mappings();
     EXPECT_LE(with_channels, before + 8) << "2,000 claim words took " << with_channels - before << " mappings";
     channels.front().first.send(1);
     EXPECT_EQ(channels.front().second.recv(), 1);
   }
-  EXPECT_LE(test::count_mappings(), before + 1);
+  EXPECT_LE(test::count_shared_mappings(), before + 1);
 }
 
 // A child never hands out the unused words of a page it inherited while its parent hands

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,11 +38,12 @@ struct Item {
   }
 };
 
-const ferry::EndSnapshot* find_end(const ferry::Snapshot& snapshot, const std::string& label, bool sends) {
+// A copy, not a pointer: callers often pass a snapshot that dies at the end of the statement.
+std::optional<ferry::EndSnapshot> find_end(const ferry::Snapshot& snapshot, const std::string& label, bool sends) {
   for (const ferry::EndSnapshot& end : snapshot.ends) {
-    if (end.label == label && end.sends == sends) return &end;
+    if (end.label == label && end.sends == sends) return end;
   }
-  return nullptr;
+  return std::nullopt;
 }
 
 std::string introspection_name(pid_t pid) { return "ferry-introspect." + std::to_string(pid); }
@@ -131,8 +133,8 @@ TEST_P(IntrospectionTest, SnapshotCountsWhatWasSentAndReceived) {
       CHILD_CHECK(item && item->index == i);
     }
     const ferry::Snapshot mine = ferry::snapshot();
-    const ferry::EndSnapshot* end = find_end(mine, "jobs", false);
-    CHILD_CHECK(end != nullptr);
+    const std::optional<ferry::EndSnapshot> end = find_end(mine, "jobs", false);
+    CHILD_CHECK(end.has_value());
     CHILD_CHECK(end->messages == kMessages);
     CHILD_CHECK(end->bytes > 0);
     CHILD_CHECK(end->state == "open");
@@ -143,8 +145,8 @@ TEST_P(IntrospectionTest, SnapshotCountsWhatWasSentAndReceived) {
   receiver.close();
   for (int i = 0; i < kMessages; ++i) sender.send(Item{i, "item " + std::to_string(i)});
   const ferry::Snapshot mine = ferry::snapshot();
-  const ferry::EndSnapshot* end = find_end(mine, "jobs", true);
-  ASSERT_NE(end, nullptr);
+  const std::optional<ferry::EndSnapshot> end = find_end(mine, "jobs", true);
+  ASSERT_TRUE(end.has_value());
   EXPECT_EQ(end->messages, static_cast<std::uint64_t>(kMessages));
   EXPECT_GT(end->bytes, static_cast<std::uint64_t>(kMessages * sizeof(int)));
   EXPECT_EQ(end->tensors, 0u);
@@ -155,8 +157,8 @@ TEST_P(IntrospectionTest, SnapshotCountsWhatWasSentAndReceived) {
   EXPECT_FALSE(mine.rank.has_value());
   sender.close();
   EXPECT_TRUE(ferry::test::child_succeeded(child));
-  const ferry::EndSnapshot* closed = find_end(ferry::snapshot(), "jobs", true);
-  ASSERT_NE(closed, nullptr);
+  const std::optional<ferry::EndSnapshot> closed = find_end(ferry::snapshot(), "jobs", true);
+  ASSERT_TRUE(closed.has_value());
   EXPECT_EQ(closed->state, "closed");
 }
 
@@ -166,15 +168,15 @@ TEST_P(IntrospectionTest, TensorsAndNewSegmentsAreCounted) {
   auto [sender, receiver] = ferry::channel<ferry::Tensor>(GetParam(), options);
   const pid_t child = ferry::test::fork_child([&, &receiver = receiver] {
     for (int i = 0; i < 3; ++i) CHILD_CHECK(receiver.recv().has_value());
-    const ferry::EndSnapshot* end = find_end(ferry::snapshot(), "tensors", false);
-    CHILD_CHECK(end != nullptr && end->messages == 3 && end->tensors == 3 && end->new_segments >= 1);
+    const std::optional<ferry::EndSnapshot> end = find_end(ferry::snapshot(), "tensors", false);
+    CHILD_CHECK(end.has_value() && end->messages == 3 && end->tensors == 3 && end->new_segments >= 1);
   });
   receiver.close();
   for (int i = 0; i < 3; ++i) sender.send(ferry::Tensor::zeros({256}, ferry::DType::Float32));
   sender.close();
   const ferry::Snapshot mine = ferry::snapshot();
-  const ferry::EndSnapshot* end = find_end(mine, "tensors", true);
-  ASSERT_NE(end, nullptr);
+  const std::optional<ferry::EndSnapshot> end = find_end(mine, "tensors", true);
+  ASSERT_TRUE(end.has_value());
   EXPECT_EQ(end->messages, 3u);
   EXPECT_EQ(end->tensors, 3u);
   EXPECT_GE(end->new_segments, 1u);
@@ -193,13 +195,13 @@ TEST_P(IntrospectionTest, StalledReceiverShowsTheSenderBlocked) {
     for (int i = 0; i < 64; ++i) sender.send(std::vector<char>(64 * 1024, 'x'));
   });
   EXPECT_TRUE(eventually([] {
-    const ferry::EndSnapshot* end = find_end(ferry::snapshot(), "stalled", true);
-    return end != nullptr && end->blocked_now && end->blocked_ns > 0;
+    const std::optional<ferry::EndSnapshot> end = find_end(ferry::snapshot(), "stalled", true);
+    return end.has_value() && end->blocked_now && end->blocked_ns > 0;
   }));
   for (int i = 0; i < 64; ++i) ASSERT_TRUE(receiver.recv().has_value());
   filler.join();
-  const ferry::EndSnapshot* end = find_end(ferry::snapshot(), "stalled", true);
-  ASSERT_NE(end, nullptr);
+  const std::optional<ferry::EndSnapshot> end = find_end(ferry::snapshot(), "stalled", true);
+  ASSERT_TRUE(end.has_value());
   EXPECT_FALSE(end->blocked_now);
   EXPECT_GT(end->blocked_ns, 0u);
   EXPECT_GT(end->last_activity_ns, 0);

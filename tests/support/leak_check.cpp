@@ -61,6 +61,17 @@ std::size_t count_mappings() {
   return count;
 }
 
+std::size_t count_shared_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::size_t count = 0;
+  for (std::string line; std::getline(maps, line);) {
+    // "start-end perms ...": the fourth permission letter is 's' for MAP_SHARED.
+    const std::size_t perms = line.find(' ');
+    if (perms != std::string::npos && perms + 4 < line.size() && line[perms + 4] == 's') ++count;
+  }
+  return count;
+}
+
 void LeakCheckedTest::SetUp() {
   release_cached_shared_memory();
   fds_before_ = count_open_fds();

@@ -21,6 +21,8 @@ std::set<std::string> dev_shm_entries();
 std::size_t count_ferry_mappings();
 /// Number of memory mappings of this process (lines of /proc/self/maps).
 std::size_t count_mappings();
+/// The shared (MAP_SHARED) lines of /proc/self/maps: a sanitizer's allocator maps only private memory.
+std::size_t count_shared_mappings();
 
 /// A fixture that records fds and /dev/shm entries in SetUp and checks in TearDown that
 /// both returned to their starting values. Both first empty the shared-memory cache
