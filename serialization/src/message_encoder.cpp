@@ -50,7 +50,7 @@ void detail::MessageEncoder::begin() {
     new_pins_.clear();
     remember_batch_.clear();
   }
-  if (cuda_) cuda_begin_frame();
+  if (cuda_) cuda_->begin_frame();
   if (holds_.passed_upstream_boards()) retire_dead_upstream_boards();
 }
 
@@ -137,7 +137,7 @@ std::uint32_t detail::MessageEncoder::add_other_storage(const std::shared_ptr<St
     if (storage->device().kind == DeviceKind::Cuda) return append_storage(staged_on_host(storage), storage.get());
     return append_storage(storage, storage.get());
   }
-  if (storage->device().kind == DeviceKind::Cuda) return add_cuda_storage(storage);  // CUDA IPC: cuda_handles.cpp
+  if (storage->device().kind == DeviceKind::Cuda) return add_cuda_storage(storage);
   std::shared_ptr<Storage> travelling = storage;
   if (pool_) {
     // Isolation: only segments of the channel's pool may reach this receiver.
@@ -151,6 +151,36 @@ std::uint32_t detail::MessageEncoder::add_other_storage(const std::shared_ptr<St
     storage->share_memory();
   }
   return append_storage(std::move(travelling), storage.get());
+}
+
+std::uint32_t detail::MessageEncoder::add_cuda_storage(const std::shared_ptr<Storage>& storage) {
+  if (!cuda_) {
+    cuda_ = detail::CudaRecordWriter::make(pool_);
+    if (!cuda_) {
+      throw Error("cannot send a " + storage->device().to_string() +
+                  " tensor: this build of ferry has no CUDA support");
+    }
+  }
+  // The board travels as an ordinary shared storage (a block of a leased segment), ahead of
+  // the storages that use it.
+  const std::shared_ptr<Storage> board = cuda_->hold(storage);
+  cuda_->board_added(add_storage(board));
+  return append_storage(storage, storage.get());
+}
+
+detail::HandleEntry detail::MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) {
+  cuda_->write_record(*storage);
+  detail::HandleEntry entry;
+  entry.kind = static_cast<std::uint32_t>(detail::HandleKind::CudaIpc);
+  entry.nbytes = storage->nbytes();
+  if (const auto slot = leased_ids_.find(storage->id())) {
+    entry.slot = *slot;
+  } else {
+    // A slot like any storage's, but never pinned and never given back on the return board:
+    // the hold-counter board's counter is the hold (see MessageEncoder::commit).
+    entry.slot = lease_storage(storage, false);
+  }
+  return entry;
 }
 
 void detail::MessageEncoder::flush_remember_batch() {
@@ -298,7 +328,7 @@ const detail::EncodedFrame& detail::MessageEncoder::finish(detail::FrameKind kin
   if (!storages_.empty()) fill_handle_table();
   pin_new_storages(kind);
   // The CUDA records lie at the front of the body.
-  const std::span<const std::byte> cuda_records = cuda_ ? cuda_section() : std::span<const std::byte>();
+  const std::span<const std::byte> cuda_records = cuda_ ? cuda_->records() : std::span<const std::byte>();
   fill_header(kind, fingerprint, name, cuda_records.size());
   return assemble_frame(cuda_records);
 }
@@ -330,7 +360,7 @@ void detail::MessageEncoder::fill_handle_table() {
       copies_.push_back(iovec{storage->data(), storage->nbytes()});
       continue;
     }
-    if (storage->device().kind == DeviceKind::Cuda) {  // CUDA IPC: cuda_handles.cpp
+    if (storage->device().kind == DeviceKind::Cuda) {
       entry = cuda_entry(storage);
       continue;
     }
@@ -452,7 +482,7 @@ void detail::MessageEncoder::commit() {
     storages_.clear();
     sources_.clear();
   }
-  if (cuda_) cuda_end_frame(true);
+  if (cuda_) cuda_->end_frame(true);
 }
 
 void detail::MessageEncoder::commit_releases() {
@@ -485,7 +515,7 @@ void detail::MessageEncoder::rollback() {
   new_segment_ids_.clear();
   storages_.clear();
   sources_.clear();
-  cuda_end_frame(false);
+  if (cuda_) cuda_->end_frame(false);
 }
 
 void detail::MessageEncoder::acknowledge(std::uint64_t sequence) {

@@ -17,6 +17,7 @@
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/detail/connection_holds.hpp"
+#include "ferry/detail/cuda_records.hpp"
 #include "ferry/detail/return_board.hpp"
 #include "ferry/detail/shared_segment.hpp"
 #include "ferry/detail/slot_table.hpp"
@@ -26,14 +27,7 @@
 #include "ferry/detail/type_name.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
-namespace ferry::cuda {
-class ReceivedCudaRange;
-class HoldCounterView;
-}  // namespace ferry::cuda
-
 namespace ferry::detail {
-
-struct CudaHandleRecord;  // cuda_frame.hpp
 
 class MessageDecoder {
  public:
@@ -179,17 +173,10 @@ class MessageDecoder {
   // A Leased entry `index`: the storage leased at its slot, checked against the entry.
   std::shared_ptr<Storage> resolve_leased(const HandleEntry& entry, std::size_t index);
 
-  // CUDA storages (defined in serialization/src/cuda_handles.cpp): resolves the CudaIpc
-  // entry `index` with the `record`-th CUDA record of the frame; the events opened so far.
-  struct CudaReceiveState;
+  // Resolves the CudaIpc entry `index` with the `record`-th CUDA record of the frame, through
+  // the CUDA strategy (cuda_, made with the first CUDA entry; none in a build without CUDA).
   std::shared_ptr<Storage> resolve_cuda(const HandleEntry& entry, std::uint32_t index, std::size_t record);
-  // The steps of resolve_cuda(): the `record`-th CUDA record of the frame (after checking
-  // that this build has CUDA and the body holds it); the storage, opened or found in `lease`.
-  CudaHandleRecord read_cuda_record(std::uint32_t index, std::size_t record);
-  std::shared_ptr<Storage> open_cuda_storage(const HandleEntry& entry, const CudaHandleRecord& record,
-                                             const cuda::HoldCounterView& board, Lease* lease,
-                                             std::shared_ptr<cuda::ReceivedCudaRange> range);
-  std::shared_ptr<CudaReceiveState> cuda_;
+  std::unique_ptr<CudaRecordReader> cuda_;
 
   // The sender's leases, numbered as the sender numbered them (see detail::SlotTable).
   detail::SlotTable<Lease> leases_{kMaxSlots, detail::kStorageSlotNames};

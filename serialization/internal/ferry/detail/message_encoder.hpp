@@ -3,8 +3,9 @@
 // a new storage in it travels as (segment slot, offset, size), and a storage sent again
 // travels as its slot alone. The receiver leases what a frame introduces until a later
 // frame releases it; every storage passed stays pinned (SendingHolds) until the receiver
-// gives its slot back. CUDA storages take slots too but are never pinned (hold-counter
-// boards, cuda_handles.cpp). The protocol and its reasons: docs/design/leases-and-returns.md.
+// gives its slot back. CUDA storages take slots too but are never pinned: their records
+// and holds are the connection's CudaRecordWriter's (cuda_records.hpp). The protocol and its
+// reasons: docs/design/leases-and-returns.md.
 #pragma once
 
 #include <sys/uio.h>
@@ -22,6 +23,7 @@
 #include "ferry/detail/archive.hpp"
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/connection_holds.hpp"
+#include "ferry/detail/cuda_records.hpp"
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/id_slot_map.hpp"
 #include "ferry/detail/slot_table.hpp"
@@ -207,15 +209,11 @@ class MessageEncoder {
   const EncodedFrame& assemble_frame(std::span<const std::byte> cuda_records);
   std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
 
-  // CUDA storages (defined in serialization/src/cuda_handles.cpp): the connection's release
-  // boards and signals (fences or events), and the CUDA records of the frame being encoded.
-  struct CudaSendState;
+  // CUDA storages: the frame carries the hold-counter board of each ahead of it, and its
+  // entry a slot like any storage's; the records are the CUDA strategy's (cuda_).
   std::uint32_t add_cuda_storage(const std::shared_ptr<Storage>& storage);
   HandleEntry cuda_entry(const std::shared_ptr<Storage>& storage);
-  std::span<const std::byte> cuda_section() const noexcept;
-  void cuda_begin_frame() noexcept;
-  void cuda_end_frame(bool sent) noexcept;
-  std::shared_ptr<CudaSendState> cuda_;
+  std::unique_ptr<CudaRecordWriter> cuda_;  // made with the first CUDA storage
 
   // A new storage slot for `storage`; `returned`: the receiver gives it back on the return
   // board (false for CUDA storages, whose hold counter is the hold).
