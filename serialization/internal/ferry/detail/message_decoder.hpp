@@ -66,8 +66,7 @@ class MessageDecoder {
   /// a board arrived; a sender that abandoned later frames refuses the claim, which
   /// changes nothing for a frame already read.
   void mark_delivered() noexcept {
-    if (!frame_tracked_) return;
-    if (ReturnBoard* returns = board()) (void)returns->claim_resolved(frame_sequence_);
+    if (frame_tracked_) holds_.mark_delivered(frame_sequence_);
   }
   /// The last frame's sequence when its sender tracks its delivery (kFrameTracksDelivery),
   /// else 0: a transport without a return board reports it (FrameReader::frame_delivered()).
@@ -182,9 +181,8 @@ class MessageDecoder {
   detail::SlotTable<Lease> leases_{kMaxSlots, detail::kStorageSlotNames};
   detail::SlotTable<std::shared_ptr<SharedSegment>> segments_{kMaxSegmentSlots, detail::kSegmentSlotNames};
   PeerFdOpener peer_fds_;  // takes segments named by the sender's pid and fd number
-  ReceivingHolds holds_;  // the return board, upstream boards, this process's registrations
-  // The return board, or null before the frame that carries it.
-  ReturnBoard* board() const noexcept { return holds_.board(); }
+  // The return path: the return board, upstream boards, this process's registrations.
+  ReceivingHolds holds_;
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
   std::unique_ptr<FrameInputArchive> archive_;

@@ -139,12 +139,12 @@ class MessageEncoder {
   std::uint64_t last_sequence() const noexcept { return next_sequence_ - 1; }
   /// True while segments (or upstream return boards) are kept open for frames the receiver
   /// has not acknowledged.
-  bool awaiting_acknowledgement() const noexcept { return !keepalive_.empty(); }
+  bool awaiting_acknowledgement() const noexcept { return holds_.awaiting_acknowledgement(); }
   /// Segments (upstream return boards too) kept open until the receiver acknowledges their
   /// frames (for tests and statistics).
-  std::size_t segments_awaiting_acknowledgement() const noexcept { return keepalive_.size(); }
+  std::size_t segments_awaiting_acknowledgement() const noexcept { return holds_.kept_for_acknowledgement(); }
   /// The newest sequence whose acknowledgement is awaited (0: none).
-  std::uint64_t newest_awaited_sequence() const noexcept { return keepalive_.empty() ? 0 : keepalive_.back().first; }
+  std::uint64_t newest_awaited_sequence() const noexcept { return holds_.newest_awaited_sequence(); }
   /// Storages the receiver currently leases from this sender, as far as it knows.
   std::size_t tracked_storages() const noexcept { return storage_slots_.live().size(); }
   /// Storages passed so far as new ones (a NewBlock entry, or a CudaIpc entry that took a
@@ -255,12 +255,10 @@ class MessageEncoder {
   std::uint64_t last_segment_id_ = 0;  // the segment segment_slot_for() found last (0: none)
   std::uint32_t last_segment_slot_ = 0;
 
-  SendingHolds holds_;  // pins, the return board, upstream boards passed
-  bool board_sent_ = false;
-  std::uint64_t board_sequence_ = 0;  // frame that carried the board (ProcFd: keep its fd until acknowledged)
-  // Segments and upstream boards named by /proc path stay open until the receiver
-  // acknowledges the frame (close() waits for that).
-  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> keepalive_;
+  // The return path: pins, returns, the return board, what stays open until the receiver
+  // acknowledges its frame (segments and boards named by /proc path: close() waits for
+  // that), upstream boards passed.
+  SendingHolds holds_;
   std::vector<std::uint32_t> returned_scratch_;
   std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;  // boards the frame passes
   std::vector<FileIdentity> retired_scratch_;                    // boards the frame retires
