@@ -232,26 +232,6 @@ std::shared_ptr<Storage> detail::MessageDecoder::resolve_leased(const HandleEntr
   return resolve_lease(*lease);
 }
 
-std::shared_ptr<Storage> detail::MessageDecoder::resolve_cuda(const HandleEntry& entry, std::uint32_t index,
-                                                              std::size_t record) {
-  if (!cuda_) {
-    cuda_ = detail::CudaRecordReader::make();
-    if (!cuda_) {
-      throw ProtocolError("the sender shares a CUDA tensor (CUDA handle " + std::to_string(index) +
-                          ") but this build of ferry has no CUDA support; build the receiver with the CUDA toolkit "
-                          "(FERRY_WITH_CUDA) or send CPU tensors");
-    }
-  }
-  // A CUDA lease has no core (owning the Storage would hold the producer's memory, see Lease).
-  Lease* leased = leases_.find(entry.slot);
-  Lease fresh;
-  Lease& lease = leased != nullptr ? *leased : fresh;
-  std::shared_ptr<Storage> storage =
-      cuda_->resolve(entry, index, record, body_, storages_, {leased != nullptr, lease.allocation, lease.handle});
-  if (leased == nullptr) leases_.place(entry.slot, std::move(fresh));
-  return storage;
-}
-
 std::shared_ptr<Storage> detail::MessageDecoder::take_copied(const HandleEntry& entry, std::size_t index) {
   if (copied_ == nullptr || copied_->empty()) {
     throw ProtocolError("handle " + std::to_string(index) +

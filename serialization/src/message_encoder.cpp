@@ -153,36 +153,6 @@ std::uint32_t detail::MessageEncoder::add_other_storage(const std::shared_ptr<St
   return append_storage(std::move(travelling), storage.get());
 }
 
-std::uint32_t detail::MessageEncoder::add_cuda_storage(const std::shared_ptr<Storage>& storage) {
-  if (!cuda_) {
-    cuda_ = detail::CudaRecordWriter::make(pool_);
-    if (!cuda_) {
-      throw Error("cannot send a " + storage->device().to_string() +
-                  " tensor: this build of ferry has no CUDA support");
-    }
-  }
-  // The board travels as an ordinary shared storage (a block of a leased segment), ahead of
-  // the storages that use it.
-  const std::shared_ptr<Storage> board = cuda_->hold(storage);
-  cuda_->board_added(add_storage(board));
-  return append_storage(storage, storage.get());
-}
-
-detail::HandleEntry detail::MessageEncoder::cuda_entry(const std::shared_ptr<Storage>& storage) {
-  cuda_->write_record(*storage);
-  detail::HandleEntry entry;
-  entry.kind = static_cast<std::uint32_t>(detail::HandleKind::CudaIpc);
-  entry.nbytes = storage->nbytes();
-  if (const auto slot = leased_ids_.find(storage->id())) {
-    entry.slot = *slot;
-  } else {
-    // A slot like any storage's, but never pinned and never given back on the return board:
-    // the hold-counter board's counter is the hold (see MessageEncoder::commit).
-    entry.slot = lease_storage(storage, false);
-  }
-  return entry;
-}
-
 void detail::MessageEncoder::flush_remember_batch() {
   if (remember_batch_.empty()) return;
   (*remember_batch_.front())->shared_block()->segment()->remember_storages(remember_batch_);
