@@ -16,6 +16,7 @@
 #include "ferry/detail/frame_channel.hpp"
 #include "ferry/cuda.hpp"
 #include "ferry/detail/cuda/block_pool.hpp"
+#include "ferry/detail/cuda_records.hpp"
 #include "ferry/detail/cuda/ipc.hpp"
 #include "ferry/detail/cuda/hold_counter_board.hpp"
 #include "cuda_frame.hpp"
@@ -454,6 +455,12 @@ class CudaHandleCheckTest : public test::LeakCheckedTest {
     writer->close();
   }
 };
+
+// The codec's CUDA half is a strategy of its own, which a build without CUDA does not have.
+TEST(CudaRecordsTest, TheCodecHasACudaHalfOnlyInACudaBuild) {
+  EXPECT_EQ(detail::CudaRecordWriter::make(std::nullopt) != nullptr, cuda_built());
+  EXPECT_EQ(detail::CudaRecordReader::make() != nullptr, cuda_built());
+}
 
 TEST_F(CudaHandleCheckTest, ABuildWithoutCudaSaysSo) {
   if (cuda_built()) GTEST_SKIP() << "this build has CUDA";

@@ -296,17 +296,19 @@ TEST_F(SelectorRingTest, ARingNextToAPipeStillWakesTheSelector) {
 class QuietHintReader final : public detail::FrameReader {
  public:
   explicit QuietHintReader(std::shared_ptr<std::atomic<bool>> arrived)
-      : FrameReader(hinting()), arrived_(std::move(arrived)), fd_(::eventfd(0, EFD_CLOEXEC)) {}
+      : QuietHintReader(std::move(arrived), detail::UniqueFd(::eventfd(0, EFD_CLOEXEC))) {}
   ReadStatus read(detail::FrameHeader&, std::vector<std::byte>&, std::deque<detail::UniqueFd>&, const detail::Deadline&) override {
     return ReadStatus::Closed;
   }
   bool has_buffered_frame() const override { return arrived_->load(); }
-  int readiness_fd() const override { return fd_.get(); }
   void close() noexcept override {}
 
  private:
-  static detail::TransportCapabilities hinting() noexcept {
+  QuietHintReader(std::shared_ptr<std::atomic<bool>> arrived, detail::UniqueFd fd)
+      : FrameReader(hinting(fd.get())), arrived_(std::move(arrived)), fd_(std::move(fd)) {}
+  static detail::TransportCapabilities hinting(int fd) noexcept {
     detail::TransportCapabilities capabilities;
+    capabilities.readiness_fd = fd;
     capabilities.readiness_fd_is_a_hint = true;
     return capabilities;
   }

@@ -119,7 +119,7 @@ void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span
 
   {
     // Blocks whose last user was the lease give their slots back together, when the batch ends.
-    const ReturnBoard::PostBatch batch(board());
+    const auto batch = holds_.batch_returns();
     for (std::uint32_t i = 0; i < header.release_count; ++i) leases_.release(entry_at<std::uint32_t>(releases, i));
   }
   for (std::uint32_t i = 0; i < header.segment_release_count; ++i) {
@@ -135,7 +135,7 @@ void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span
   // A frame claimed on the board is acknowledged there (after its segments were opened);
   // the transport carries an acknowledgement only when the sender asked for it (it blocks
   // in close()), read after the claim (see ReturnBoard::acknowledgements_requested()).
-  if (wants_acknowledgement_ && frame_claimed_ && !board()->acknowledgements_requested()) {
+  if (wants_acknowledgement_ && frame_claimed_ && !holds_.acknowledgements_requested()) {
     wants_acknowledgement_ = false;
   }
 }
@@ -157,7 +157,7 @@ void detail::MessageDecoder::decode_body_only(const detail::FrameHeader& header,
 void detail::MessageDecoder::give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept {
   // The sender pinned every new block of the frame for us. Blocks we leased give their
   // slot back when they die; the others would stay pinned until this process exits.
-  if (!board()) return;
+  if (!holds_.has_board()) return;
   for (std::uint32_t i = 0; i < count; ++i) {
     const auto entry = entry_at<HandleEntry>(table, i);
     if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
@@ -186,7 +186,7 @@ void detail::MessageDecoder::resolve_tables(const detail::FrameHeader& header, s
       storages_.push_back(resolve_leased(entry, i));
       continue;
     }
-    if (kind == detail::HandleKind::CudaIpc) {  // CUDA IPC: cuda_handles.cpp
+    if (kind == detail::HandleKind::CudaIpc) {
       storages_.push_back(resolve_cuda(entry, i, cuda_records++));
       continue;
     }
@@ -311,7 +311,7 @@ void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std:
   if (kind == detail::SegmentKind::NewProcFd) wants_acknowledgement_ = true;
   const auto role = static_cast<detail::SegmentRole>(entry.role);
   if (role == detail::SegmentRole::ReturnBoard) {
-    if (board()) throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
+    if (holds_.has_board()) throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
     if (entry.size != detail::ReturnBoard::bytes()) {
       throw ProtocolError("segment " + std::to_string(index) + " is a return board whose field size claims " +
                           std::to_string(entry.size) + " bytes instead of " + std::to_string(detail::ReturnBoard::bytes()));
@@ -353,7 +353,7 @@ void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std:
 
 void detail::MessageDecoder::add_upstream_board(const detail::SegmentEntry& entry, std::size_t index, std::vector<detail::UniqueFd>& frame_fds,
                                         std::size_t& next_fd) {
-  if (!board()) {
+  if (!holds_.has_board()) {
     throw ProtocolError("segment " + std::to_string(index) +
                         " is an upstream return board but the sender never sent its own return board");
   }
@@ -373,7 +373,7 @@ void detail::MessageDecoder::retire_upstream_board(const detail::SegmentEntry& e
     throw ProtocolError("segment " + std::to_string(index) +
                         " retires an upstream return board but has fields other than its identity set");
   }
-  if (!board()) {
+  if (!holds_.has_board()) {
     throw ProtocolError("segment " + std::to_string(index) +
                         " retires an upstream return board but the sender never sent its own return board");
   }
@@ -385,7 +385,7 @@ void detail::MessageDecoder::retire_upstream_board(const detail::SegmentEntry& e
 }
 
 void detail::MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
-  if (!board()) {
+  if (!holds_.has_board()) {
     throw ProtocolError("handle " + std::to_string(index) +
                         " names a new block but the sender never sent its return board");
   }

@@ -50,7 +50,7 @@ void detail::MessageEncoder::begin() {
     new_pins_.clear();
     remember_batch_.clear();
   }
-  if (cuda_) cuda_begin_frame();
+  if (cuda_) cuda_->begin_frame();
   if (holds_.passed_upstream_boards()) retire_dead_upstream_boards();
 }
 
@@ -137,7 +137,7 @@ std::uint32_t detail::MessageEncoder::add_other_storage(const std::shared_ptr<St
     if (storage->device().kind == DeviceKind::Cuda) return append_storage(staged_on_host(storage), storage.get());
     return append_storage(storage, storage.get());
   }
-  if (storage->device().kind == DeviceKind::Cuda) return add_cuda_storage(storage);  // CUDA IPC: cuda_handles.cpp
+  if (storage->device().kind == DeviceKind::Cuda) return add_cuda_storage(storage);
   std::shared_ptr<Storage> travelling = storage;
   if (pool_) {
     // Isolation: only segments of the channel's pool may reach this receiver.
@@ -251,7 +251,7 @@ std::uint32_t detail::MessageEncoder::lease_segment(const std::shared_ptr<Shared
   // /proc/<pid>/fd/<n> only works while our fd is open: keep the segment until the receiver
   // acknowledges that it opened it.
   if (add_segment_entry(detail::SegmentRole::Data, slot, segment->fd(), segment->size(), segment->identity())) {
-    keepalive_.emplace_back(next_sequence_, segment);
+    holds_.keep_until_acknowledged(next_sequence_, segment);
   }
   return slot;
 }
@@ -265,7 +265,7 @@ void detail::MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
     // Like a segment's: the frame may introduce no segment that makes close() wait for it.
     if (add_segment_entry(detail::SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), detail::ReturnBoard::bytes(),
                           board->identity())) {
-      keepalive_.emplace_back(next_sequence_, board);
+      holds_.keep_until_acknowledged(next_sequence_, board);
     }
   }
   upstream_scratch_.clear();
@@ -298,7 +298,7 @@ const detail::EncodedFrame& detail::MessageEncoder::finish(detail::FrameKind kin
   if (!storages_.empty()) fill_handle_table();
   pin_new_storages(kind);
   // The CUDA records lie at the front of the body.
-  const std::span<const std::byte> cuda_records = cuda_ ? cuda_section() : std::span<const std::byte>();
+  const std::span<const std::byte> cuda_records = cuda_ ? cuda_->records() : std::span<const std::byte>();
   fill_header(kind, fingerprint, name, cuda_records.size());
   return assemble_frame(cuda_records);
 }
@@ -330,7 +330,7 @@ void detail::MessageEncoder::fill_handle_table() {
       copies_.push_back(iovec{storage->data(), storage->nbytes()});
       continue;
     }
-    if (storage->device().kind == DeviceKind::Cuda) {  // CUDA IPC: cuda_handles.cpp
+    if (storage->device().kind == DeviceKind::Cuda) {
       entry = cuda_entry(storage);
       continue;
     }
@@ -366,7 +366,7 @@ void detail::MessageEncoder::pin_new_storages(detail::FrameKind kind) {
   // Without shared memory (Copying) there is no board: the reader reports deliveries on
   // its transport (FrameReader::frame_delivered()).
   const bool tracked = delivery_tracked_ && kind == detail::FrameKind::Message && passing_ != detail::HandlePassing::Copying;
-  if (board_sent_ || (new_pins_.empty() && !tracked)) return;
+  if (holds_.board_sent() || (new_pins_.empty() && !tracked)) return;
   // The board goes first in the table, so that the receiver can give blocks back even when
   // a later entry fails. A frame sent for delivery tracking alone may be the first to need it.
   const std::shared_ptr<detail::ReturnBoard>& board = holds_.ensure_board();
@@ -378,9 +378,9 @@ void detail::MessageEncoder::pin_new_storages(detail::FrameKind kind) {
   std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
   board_in_frame_ = true;
   // Named by /proc path, the board's fd must stay open until the receiver opened it (close()
-  // waits for what keepalive_ holds). A frame with new pins and no board yet introduces a
-  // segment, whose keep-alive covers the frame; one sent for delivery tracking alone does not.
-  if (by_path && new_pins_.empty()) keepalive_.emplace_back(next_sequence_, board);
+  // waits for what the holds keep). A frame with new pins and no board yet introduces a
+  // segment, which is kept for the frame; one sent for delivery tracking alone does not.
+  if (by_path && new_pins_.empty()) holds_.keep_until_acknowledged(next_sequence_, board);
 }
 
 void detail::MessageEncoder::fill_header(detail::FrameKind kind, std::uint64_t fingerprint, std::string_view name,
@@ -441,18 +441,14 @@ void detail::MessageEncoder::commit() {
   if (header_.flags & kFrameHasTypeName) type_name_sent_ = true;
   if (!announced_releases_.empty() || !announced_segment_releases_.empty()) commit_releases();
   holds_.commit_frame();
-  if (board_in_frame_) {
-    board_sent_ = true;
-    board_sequence_ = next_sequence_;
-    // The kernel holds the passed fd now; ours is no longer needed.
-    if (passing_ == detail::HandlePassing::FdPassing) holds_.board()->close_fd();
-  }
+  // Passed with the frame, the board's fd is the kernel's now; ours is no longer needed.
+  if (board_in_frame_) holds_.board_sent(next_sequence_, passing_ == detail::HandlePassing::FdPassing);
   ++next_sequence_;
   if (tables_filled_) {
     storages_.clear();
     sources_.clear();
   }
-  if (cuda_) cuda_end_frame(true);
+  if (cuda_) cuda_->end_frame(true);
 }
 
 void detail::MessageEncoder::commit_releases() {
@@ -478,22 +474,16 @@ void detail::MessageEncoder::rollback() {
       sent_segments_.erase(it);
     }
   }
-  while (!keepalive_.empty() && keepalive_.back().first == next_sequence_) keepalive_.pop_back();
-  holds_.rollback_frame();
+  holds_.rollback_frame(next_sequence_);
   board_in_frame_ = false;
   new_slots_.clear();
   new_segment_ids_.clear();
   storages_.clear();
   sources_.clear();
-  cuda_end_frame(false);
+  if (cuda_) cuda_->end_frame(false);
 }
 
-void detail::MessageEncoder::acknowledge(std::uint64_t sequence) {
-  while (!keepalive_.empty() && keepalive_.front().first <= sequence) keepalive_.pop_front();
-  if (board_sent_ && board_sequence_ <= sequence) {
-    if (detail::ReturnBoard* board = holds_.board()) board->close_fd();
-  }
-}
+void detail::MessageEncoder::acknowledge(std::uint64_t sequence) { holds_.acknowledged(sequence); }
 
 void detail::MessageEncoder::add_holder(const detail::ProcessIdentity& process) { holds_.add_holder(process); }
 
@@ -504,9 +494,7 @@ void detail::MessageEncoder::hand_over() { holds_.hand_over(); }
 void detail::MessageEncoder::adopt() { holds_.adopt(); }
 
 void detail::MessageEncoder::closed(detail::UniqueFd probe, bool probe_by_send) {
-  // Segments named by fd number that the receiver has not acknowledged stay open with the
-  // pins (a Sender dropped by an exception, or a close whose linger ran out, did not wait).
-  holds_.closed(keepalive_, std::move(probe), probe_by_send);
+  holds_.closed(std::move(probe), probe_by_send);
 }
 
 }  // namespace ferry

@@ -435,7 +435,7 @@ void ReceiverCore::mark_broken(const std::string& reason) {
   // Nothing will ever read the rest of the stream: let the transport go, so that the
   // sender gets ChannelClosed instead of blocking on a stream that nobody drains.
   reader_->shut_down();
-  reader_->close();
+  close_reader();
 }
 
 ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
@@ -460,7 +460,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     if (status == ReadStatus::Closed) decoder_->release_all();
     if (status != ReadStatus::Frame) return status;
     try {
-      decoder_->decode(header_, payload, fds_, reader_->copied_storages());
+      decoder_->decode(header_, payload, fds_, reader_->capabilities().copied_storages);
     } catch (...) {
       reader_->release();
       throw;
@@ -479,7 +479,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     stats_.peer_died.store(true, std::memory_order_relaxed);
     decoder_->release_all();
     fds_.clear();
-    reader_->close();
+    close_reader();
     throw;
   } catch (const std::exception& error) {
     // Out of memory for a mapping, a failed system call: the frame is half consumed and
@@ -523,7 +523,7 @@ void ReceiverCore::close_locked(bool ending_the_stream) noexcept {
   decoder_->release_all();
   fds_.clear();
   if (ending_the_stream) reader_->shut_down();
-  reader_->close();
+  close_reader();
 }
 
 bool ReceiverCore::has_buffered_frame() {
@@ -531,9 +531,14 @@ bool ReceiverCore::has_buffered_frame() {
   return !open_ || !broken_.empty() || reader_->has_buffered_frame();
 }
 
+void ReceiverCore::close_reader() noexcept {
+  reader_open_ = false;
+  reader_->close();
+}
+
 int ReceiverCore::readiness_fd() {
   std::lock_guard lock(mutex_);
-  return open_ ? reader_->readiness_fd() : -1;
+  return open_ && reader_open_ ? reader_->capabilities().readiness_fd : -1;
 }
 
 bool ReceiverCore::readiness_fd_is_a_hint() {
@@ -548,13 +553,13 @@ bool ReceiverCore::readiness_fd_reports_data() {
 
 std::atomic<std::uint32_t>* ReceiverCore::data_futex() {
   std::lock_guard lock(mutex_);
-  return open_ ? reader_->data_futex() : nullptr;
+  return open_ && reader_open_ ? reader_->capabilities().data_futex : nullptr;
 }
 
 void ReceiverCore::abandon_in_child() noexcept {
   open_ = false;
   fds_.clear();
-  reader_->close();
+  close_reader();
 }
 
 std::size_t ReceiverCore::leased() {

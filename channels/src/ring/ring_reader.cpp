@@ -11,17 +11,20 @@
 namespace ferry {
 
 namespace {
-// The companion socket never carries data, so it cannot tell that a frame arrived.
-detail::TransportCapabilities ring_reader_capabilities() noexcept {
+// The companion socket never carries data, so it tells only of the writer's hang-up
+// (POLLRDHUP); that a frame arrived, the writer tells by waking the ring's reader_sleeping word.
+detail::TransportCapabilities ring_reader_capabilities(const RingSegment& segment, int companion) noexcept {
   detail::TransportCapabilities capabilities;
+  capabilities.readiness_fd = companion;
   capabilities.readiness_fd_reports_data = false;
+  capabilities.data_futex = &segment.header().reader_sleeping;
   return capabilities;
 }
 }  // namespace
 
 RingFrameReader::RingFrameReader(std::shared_ptr<const RingSegment> segment, detail::UniqueFd companion,
                                  const RingTiming& timing, const FrameLimits& limits)
-    : FrameReader(ring_reader_capabilities()),
+    : FrameReader(ring_reader_capabilities(*segment, companion.get())),
       end_(std::move(segment), std::move(companion), timing),
       limits_(limits) {
   // A reader rebuilt from inherited descriptors continues where the stream is.

@@ -132,12 +132,10 @@ class RingFrameReader final : public detail::FrameReader {
   std::vector<int> descriptors() const override { return end_.descriptors(); }
   /// True when the writer published bytes not yet consumed (a frame is written into the
   /// ring whole, so read() then returns without waiting), or this end was closed. There
-  /// is no descriptor that wakes on data: a Selector sleeps on data_futex() instead.
+  /// is no descriptor that wakes on data: a Selector sleeps on the ring's reader_sleeping
+  /// word instead (capabilities().data_futex; readiness_fd is the companion socket, which
+  /// reports the writer's hang-up).
   bool has_buffered_frame() const override;
-  /// The companion socket: POLLRDHUP (hang-up) when the writer's process is gone.
-  int readiness_fd() const override { return end_.is_open() ? end_.companion_fd() : -1; }
-  /// The ring's reader_sleeping word: the writer wakes it after publishing.
-  std::atomic<std::uint32_t>* data_futex() override { return end_.is_open() ? &end_.header().reader_sleeping : nullptr; }
 
  private:
   // read_view() without the frame's fds.

@@ -52,9 +52,11 @@ detail::TransportCapabilities stream_writer_capabilities(bool is_socket, bool ha
   return capabilities;
 }
 
-detail::TransportCapabilities stream_reader_capabilities(bool is_socket, bool shares_connection) {
+// The stream itself tells that data (or the hang-up) arrived.
+detail::TransportCapabilities stream_reader_capabilities(int stream, bool is_socket, bool shares_connection) {
   detail::TransportCapabilities capabilities;
   capabilities.shares_connection = shares_connection && is_socket;
+  capabilities.readiness_fd = stream;
   return capabilities;
 }
 
@@ -298,7 +300,7 @@ std::vector<int> StreamFrameWriter::descriptors() const {
 
 StreamFrameReader::StreamFrameReader(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, const FrameLimits& limits,
                                      bool shares_connection)
-    : FrameReader(stream_reader_capabilities(is_socket, shares_connection)),
+    : FrameReader(stream_reader_capabilities(stream.get(), is_socket, shares_connection)),
       stream_(std::move(stream)),
       side_(std::move(side)),
       is_socket_(is_socket),

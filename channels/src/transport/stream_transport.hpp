@@ -122,7 +122,6 @@ class StreamFrameReader final : public detail::FrameReader {
   void shut_down() noexcept override;
   std::vector<int> descriptors() const override;
   bool has_buffered_frame() const override;
-  int readiness_fd() const override { return stream_.get(); }
 
  private:
   // Reads what is available (at least one byte, blocking) into `into`; returns 0 at EOF.

@@ -14,10 +14,14 @@ ferry::detail::TransportCapabilities copying_capabilities() noexcept {
   capabilities.carries_copies = true;
   return capabilities;
 }
-// The worker's wake-up fd fires for any UCX event; has_buffered_frame() re-arms it.
-ferry::detail::TransportCapabilities hinting_capabilities() noexcept {
+// The worker's wake-up fd fires for any UCX event; has_buffered_frame() re-arms it. The
+// storages of a frame's Copied entries arrive in `copies`.
+ferry::detail::TransportCapabilities hinting_capabilities(const UcxConnection* connection,
+                                                          std::deque<std::shared_ptr<Storage>>* copies) noexcept {
   ferry::detail::TransportCapabilities capabilities;
+  capabilities.readiness_fd = connection != nullptr ? connection->wake_fd() : -1;
   capabilities.readiness_fd_is_a_hint = true;
+  capabilities.copied_storages = copies;
   return capabilities;
 }
 }  // namespace
@@ -51,7 +55,7 @@ void UcxFrameWriter::close() noexcept {
 }
 
 UcxFrameReader::UcxFrameReader(std::shared_ptr<UcxConnection> connection, const FrameLimits& limits)
-    : FrameReader(hinting_capabilities()), connection_(std::move(connection)), limits_(limits) {}
+    : FrameReader(hinting_capabilities(connection.get(), &copies_)), connection_(std::move(connection)), limits_(limits) {}
 
 UcxFrameReader::~UcxFrameReader() { close(); }
 

@@ -37,14 +37,12 @@ class UcxFrameReader final : public ferry::detail::FrameReader {
   ~UcxFrameReader() override;
   ReadStatus read(ferry::detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<ferry::detail::UniqueFd>& fds,
                   const ferry::detail::Deadline& deadline) override;
-  std::deque<std::shared_ptr<Storage>>* copied_storages() override { return &copies_; }
   void frame_delivered(std::uint64_t sequence) override {
     if (connection_) connection_->send_delivered(sequence);
   }
   void close() noexcept override;
   void shut_down() noexcept override { close(); }
   bool has_buffered_frame() const override;
-  int readiness_fd() const override { return connection_ ? connection_->wake_fd() : -1; }
 
  private:
   std::shared_ptr<UcxConnection> connection_;

@@ -80,7 +80,21 @@ void detail::SendingHolds::commit_passed_upstream_boards() {
   committed_ = upstream_sent_.size();
 }
 
-void detail::SendingHolds::rollback_frame() noexcept {
+void detail::SendingHolds::board_sent(std::uint64_t sequence, bool fd_passed) {
+  board_sequence_ = sequence;
+  if (fd_passed) ledger_->board()->close_fd();
+}
+
+void detail::SendingHolds::acknowledged(std::uint64_t sequence) {
+  while (!kept_.empty() && kept_.front().first <= sequence) kept_.pop_front();
+  // A board named by /proc path: the receiver has opened it.
+  if (board_sent() && board_sequence_ <= sequence) {
+    if (detail::ReturnBoard* returns = board()) returns->close_fd();
+  }
+}
+
+void detail::SendingHolds::rollback_frame(std::uint64_t sequence) noexcept {
+  while (!kept_.empty() && kept_.back().first == sequence) kept_.pop_back();
   upstream_sent_.erase(upstream_sent_.begin() + static_cast<std::ptrdiff_t>(committed_), upstream_sent_.end());
   for (PassedUpstream& sent : upstream_sent_) sent.retiring = false;  // retired by the next frame instead
 }
@@ -99,9 +113,9 @@ void detail::SendingHolds::hand_over() {
 
 void detail::SendingHolds::adopt() { detail::HoldLedger::adopt_in_child(ledger_); }
 
-void detail::SendingHolds::closed(KeptSegments& kept, detail::UniqueFd probe, bool probe_by_send) {
+void detail::SendingHolds::closed(detail::UniqueFd probe, bool probe_by_send) {
   if (!ledger_) return;
-  if (!kept.empty()) ledger_->keep_until_resolved(std::exchange(kept, {}));
+  if (!kept_.empty()) ledger_->keep_until_resolved(std::exchange(kept_, {}));
   ledger_->channel_closed(std::move(probe), probe_by_send);
   ledger_.reset();  // the process's registry keeps it while the receiver holds blocks
 }

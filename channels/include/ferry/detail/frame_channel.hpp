@@ -189,14 +189,15 @@ class ReceiverCore final : public LiveEnd {
   /// True when receive() would return at once without waiting for the peer to begin a
   /// frame: a whole frame is buffered, or this end is closed or broken.
   bool has_buffered_frame();
-  /// The descriptor to poll for more data (FrameReader::readiness_fd()); -1 when closed.
+  /// The descriptor to poll for more data (TransportCapabilities::readiness_fd); -1 when
+  /// there is none, or the end or its transport is closed.
   int readiness_fd();
-  /// False when readiness_fd() tells only of the peer's hang-up (FrameReader::readiness_fd_reports_data()).
+  /// False when readiness_fd() tells only of the peer's hang-up (TransportCapabilities::readiness_fd_reports_data).
   bool readiness_fd_reports_data();
-  /// True when readiness_fd() may wake without a frame (FrameReader::readiness_fd_is_a_hint()).
+  /// True when readiness_fd() may wake without a frame (TransportCapabilities::readiness_fd_is_a_hint).
   bool readiness_fd_is_a_hint();
-  /// The word a Selector can sleep on for data (FrameReader::data_futex()); nullptr when
-  /// there is none or the end is closed.
+  /// The word a Selector can sleep on for data (TransportCapabilities::data_futex); nullptr
+  /// when there is none, or the end or its transport is closed.
   std::atomic<std::uint32_t>* data_futex();
   void abandon_in_child() noexcept override;
   void release_if_owned_elsewhere() noexcept override;
@@ -214,6 +215,8 @@ class ReceiverCore final : public LiveEnd {
   // Closes the end; `ending_the_stream` also shuts a duplex socket's direction down.
   void close_as(bool ending_the_stream) noexcept;
   void close_locked(bool ending_the_stream) noexcept;
+  // Closes the transport's end (its readiness descriptor and futex word go with it).
+  void close_reader() noexcept;
   // Whether closing here ends the stream for every process: this process owns the end,
   // or made it and nobody took it yet.
   bool closes_for_everyone() const noexcept { return claim_.held() || claim_.fresh_here(); }
@@ -225,6 +228,7 @@ class ReceiverCore final : public LiveEnd {
   ChannelOptions options_;
   EndClaim claim_;  // which process may receive (end_claim.hpp)
   std::atomic<bool> open_{true};  // atomic: the long-wait release (live_ends.hpp) clears it from any thread
+  bool reader_open_ = true;        // reader_ not closed yet (a broken end closes it while open_)
   bool used_ = false;
   std::string broken_;
   std::string dead_;  // why the peer is known dead (PeerDied is reported again)

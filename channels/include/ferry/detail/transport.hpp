@@ -24,9 +24,11 @@
 
 namespace ferry::detail {
 
-/// What one end of a transport can do: plain data that the transport fills in once, when
-/// it makes the end, and that the channel core reads (it never changes afterwards). The
-/// virtual functions of FrameWriter and FrameReader are the operations only.
+/// What one end of a transport can do, and where a reading end is watched: plain data
+/// that the transport fills in once, when it makes the end, and that the channel core reads
+/// (it never changes afterwards; the descriptor and the futex word are the end's, valid
+/// until its close()). The virtual functions of FrameWriter and FrameReader are the
+/// operations only.
 struct TransportCapabilities {
   // ---- a writing end ----
   /// memfds travel with frames by default (else the receiver opens /proc/<pid>/fd/<n>).
@@ -49,14 +51,27 @@ struct TransportCapabilities {
   /// directions of a duplex connection, make_duplex_transport()).
   bool shares_connection = false;
   // ---- a reading end (see FrameReader's readiness) ----
-  /// False when FrameReader::readiness_fd() reports only the peer's hang-up, not arriving
-  /// data: a Selector then sleeps on data_futex() if there is one, and otherwise re-checks
+  /// A descriptor that poll(POLLIN) reports ready when more of the stream (or the peer's
+  /// hang-up) arrived; -1 when the transport has none, in which case a Selector re-checks
+  /// FrameReader::has_buffered_frame() at short intervals.
+  int readiness_fd = -1;
+  /// False when readiness_fd reports only the peer's hang-up, not arriving data: a
+  /// Selector then sleeps on data_futex if there is one, and otherwise re-checks
   /// has_buffered_frame() at short intervals.
   bool readiness_fd_reports_data = true;
-  /// FrameReader::readiness_fd() also wakes for events that bring no frame (a UCX worker's
-  /// wake-up fd: connection upkeep, a part of a message): a Selector then asks
-  /// has_buffered_frame() before it reports the reader ready.
+  /// readiness_fd also wakes for events that bring no frame (a UCX worker's wake-up fd:
+  /// connection upkeep, a part of a message): a Selector then asks has_buffered_frame()
+  /// before it reports the reader ready.
   bool readiness_fd_is_a_hint = false;
+  /// A futex word that the writer wakes after it published data while the word holds 1 (a
+  /// sleeping reader, see ring_layout.hpp); null when the transport has none. A waiter
+  /// stores 1, re-checks has_buffered_frame(), sleeps while the word holds 1, and stores 0
+  /// once awake.
+  std::atomic<std::uint32_t>* data_futex = nullptr;
+  /// Where a transport that carries copies (carries_copies on its writing end) puts the
+  /// storages that arrived for the Copied entries of the frame last read, in table order;
+  /// the decoder takes them. Null for the others.
+  std::deque<std::shared_ptr<Storage>>* copied_storages = nullptr;
 };
 
 /// The sending half of a transport.
@@ -146,9 +161,6 @@ class FrameReader {
     payload = buffer;
     return status;
   }
-  /// The storages that arrived for the Copied entries of the frame last read, in table
-  /// order (a transport that carries copies; null otherwise). The decoder takes them.
-  virtual std::deque<std::shared_ptr<Storage>>* copied_storages() { return nullptr; }
   /// Gives the memory of the frame last returned by read_view() back to the writer.
   virtual void release() noexcept {}
   /// Tells the writer that every frame up to `sequence` has been resolved (called only
@@ -168,22 +180,13 @@ class FrameReader {
 
   /// Readiness, for waiting on many readers at once (ferry::Selector). A reader is ready
   /// when read() can return without waiting for the peer to begin a frame: a whole frame
-  /// (or the end of the stream) is already held in this process, or `readiness_fd()`
-  /// polls readable (bytes or a hang-up arrived).
+  /// (or the end of the stream) is already held in this process, or
+  /// capabilities().readiness_fd polls readable (bytes or a hang-up arrived); a ring's
+  /// writer wakes capabilities().data_futex instead.
   ///
   /// True when read() would return at once from what this process already holds: a whole
   /// frame buffered in user space (poll() on the fd cannot see it), or this end closed.
   virtual bool has_buffered_frame() const { return false; }
-  /// A descriptor that poll(POLLIN) reports ready when more of the stream (or the peer's
-  /// hang-up) arrived; -1 when the transport has none (or this end is closed), in which
-  /// case a Selector re-checks has_buffered_frame() at short intervals. What it reports:
-  /// capabilities().readiness_fd_reports_data and readiness_fd_is_a_hint.
-  virtual int readiness_fd() const { return -1; }
-  /// A futex word that the writer wakes after it published data while the word holds 1 (a
-  /// sleeping reader, see ring_layout.hpp); nullptr when the transport has none. A waiter
-  /// stores 1, re-checks has_buffered_frame(), sleeps while the word holds 1, and stores 0
-  /// once awake.
-  virtual std::atomic<std::uint32_t>* data_futex() { return nullptr; }
 
  private:
   TransportCapabilities capabilities_;

@@ -1,8 +1,13 @@
-// One connection's holds, the interface the encoder and decoder call: on the sending side
-// the pins of what the receiver may hold (HoldLedger) and the upstream boards passed with
-// forwarded blocks; on the receiving side the return board, the upstream boards, this
-// process's registration as a holder, and the blocks that give their slots back. The frame
-// format stays the encoder's and decoder's. See docs/design/leases-and-returns.md.
+// One connection's return path, the one interface through which the encoder and decoder
+// reach what travels back from the receiver: on the sending side the pins of what the
+// receiver may hold (HoldLedger), the slots it gave back, the segments and boards kept open
+// until it acknowledges their frames, the frames it resolved or asked to acknowledge, and
+// the upstream boards passed with forwarded blocks; on the receiving side the return board
+// (returns, resolved and delivered frames, requests for acknowledgements), the upstream
+// boards, this process's registration as a holder, and the blocks that give their slots
+// back. Neither codec touches a board or a ledger itself. The frame format stays the
+// encoder's and decoder's; CUDA storages are held on hold-counter boards by the codec's CUDA
+// strategy (cuda_records.hpp). See docs/design/leases-and-returns.md.
 #pragma once
 
 #include <atomic>
@@ -86,6 +91,18 @@ class ReceivingHolds {
   void give_back(std::uint32_t slot) noexcept {
     if (returns_) returns_->board->post_return(slot);
   }
+  /// While the result lives, the slots given back on this thread are posted together
+  /// (ReturnBoard::PostBatch); nothing before the board arrived.
+  ReturnBoard::PostBatch batch_returns() const noexcept { return ReturnBoard::PostBatch(board()); }
+  /// Records that frames up to `sequence` were delivered (their values handed to the
+  /// caller); refused, changing nothing, when the sender abandoned them. Nothing before the
+  /// board arrived. Inline: every tracked recv() calls it.
+  void mark_delivered(std::uint64_t sequence) noexcept {
+    if (returns_) (void)returns_->board->claim_resolved(sequence);
+  }
+  /// True when the sender waits for acknowledgements on the transport
+  /// (ReturnBoard::acknowledgements_requested()). Needs the board.
+  bool acknowledgements_requested() const noexcept { return returns_->board->acknowledgements_requested(); }
 
   /// A block received at storage slot `slot`, which gives the slot back when it dies (in
   /// the fork generation and process that received it, unless handed over). `own`: the
@@ -157,6 +174,28 @@ class SendingHolds {
   /// Storages pinned now.
   std::size_t pinned() const { return ledger_ ? ledger_->pinned() : 0; }
 
+  // ---- acknowledgements: what the receiver opened ----
+  /// Keeps `object` (a segment, or an upstream or return board, named by /proc path: the
+  /// receiver opens our fd) open until the receiver acknowledges frame `sequence`.
+  void keep_until_acknowledged(std::uint64_t sequence, std::shared_ptr<const void> object) {
+    kept_.emplace_back(sequence, std::move(object));
+  }
+  /// True once a committed frame carried the return board.
+  bool board_sent() const noexcept { return board_sequence_ != 0; }
+  /// Frame `sequence`, which carried the return board, was sent. `fd_passed`: the board's
+  /// fd travelled with it (the kernel holds it now: this end's closes at once); otherwise it
+  /// stays open until the frame is acknowledged.
+  void board_sent(std::uint64_t sequence, bool fd_passed);
+  /// The receiver acknowledged every frame up to `sequence`: what was kept open for them
+  /// closes.
+  void acknowledged(std::uint64_t sequence);
+  /// True while something is kept open for a frame the receiver has not acknowledged.
+  bool awaiting_acknowledgement() const noexcept { return !kept_.empty(); }
+  /// Segments and boards kept open for unacknowledged frames (for tests and statistics).
+  std::size_t kept_for_acknowledgement() const noexcept { return kept_.size(); }
+  /// The newest frame whose acknowledgement is awaited (0: none).
+  std::uint64_t newest_awaited_sequence() const noexcept { return kept_.empty() ? 0 : kept_.back().first; }
+
   /// At the start of a frame: appends to `retired` the upstream boards passed before of
   /// which no object lives here any more (at most kMaxRetiredPerFrame), for the frame to
   /// retire; forgets entries whose board lives on in another object.
@@ -169,21 +208,24 @@ class SendingHolds {
   void upstream_boards_to_pass(const SharedBlock& block, std::vector<std::shared_ptr<ReturnBoard>>& out);
   /// True when upstream boards were passed on this connection (a forwarder's).
   bool passed_upstream_boards() const noexcept { return !upstream_sent_.empty(); }
-  /// The frame being encoded was sent / not sent.
+  /// The frame being encoded was sent / not sent (frame `sequence`: what it kept open is
+  /// let go of).
   void commit_frame() {
     if (!upstream_sent_.empty()) commit_passed_upstream_boards();  // inline: most connections forward nothing
   }
-  void rollback_frame() noexcept;
+  void rollback_frame(std::uint64_t sequence) noexcept;
 
   /// See MessageEncoder::add_holder(), receiver_gone(), hand_over(), adopt().
   void add_holder(const ProcessIdentity& process);
   void receiver_gone();
   void hand_over();
   void adopt();
-  /// The channel closed: `kept` (moved from, when there is a ledger) stay open until the
-  /// receiver resolved their frames (HoldLedger::keep_until_resolved()), `probe` watches the
+  /// The channel closed: what is kept for unacknowledged frames stays open until the
+  /// receiver resolved them (HoldLedger::keep_until_resolved()), `probe` watches the
   /// receiving end (HoldLedger::channel_closed()); the ledger lives on in the registry.
-  void closed(KeptSegments& kept, UniqueFd probe, bool probe_by_send);
+  /// Segments named by fd number stay open with the pins (a Sender dropped by an exception,
+  /// or a close whose linger ran out, did not wait for their acknowledgements).
+  void closed(UniqueFd probe, bool probe_by_send);
 
  private:
   void take_returned_from_ledger(std::vector<std::uint32_t>& out);
@@ -191,6 +233,8 @@ class SendingHolds {
   void retire_passed_upstream_boards(std::vector<FileIdentity>& retired);
 
   std::shared_ptr<HoldLedger> ledger_;  // created with the first storage pinned
+  KeptSegments kept_;                   // open until the receiver acknowledges their frames
+  std::uint64_t board_sequence_ = 0;    // the frame that carried the return board (0: none yet)
   // Return boards passed to the receiver because blocks received on them are forwarded on
   // this connection (SegmentRole::UpstreamBoard), each passed once; one object per
   // connection that brought the board here is tracked, and the board is retired once all

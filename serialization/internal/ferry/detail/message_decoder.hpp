@@ -17,6 +17,7 @@
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/detail/connection_holds.hpp"
+#include "ferry/detail/cuda_records.hpp"
 #include "ferry/detail/return_board.hpp"
 #include "ferry/detail/shared_segment.hpp"
 #include "ferry/detail/slot_table.hpp"
@@ -26,14 +27,7 @@
 #include "ferry/detail/type_name.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
-namespace ferry::cuda {
-class ReceivedCudaRange;
-class HoldCounterView;
-}  // namespace ferry::cuda
-
 namespace ferry::detail {
-
-struct CudaHandleRecord;  // cuda_frame.hpp
 
 class MessageDecoder {
  public:
@@ -72,8 +66,7 @@ class MessageDecoder {
   /// a board arrived; a sender that abandoned later frames refuses the claim, which
   /// changes nothing for a frame already read.
   void mark_delivered() noexcept {
-    if (!frame_tracked_) return;
-    if (ReturnBoard* returns = board()) (void)returns->claim_resolved(frame_sequence_);
+    if (frame_tracked_) holds_.mark_delivered(frame_sequence_);
   }
   /// The last frame's sequence when its sender tracks its delivery (kFrameTracksDelivery),
   /// else 0: a transport without a return board reports it (FrameReader::frame_delivered()).
@@ -179,25 +172,17 @@ class MessageDecoder {
   // A Leased entry `index`: the storage leased at its slot, checked against the entry.
   std::shared_ptr<Storage> resolve_leased(const HandleEntry& entry, std::size_t index);
 
-  // CUDA storages (defined in serialization/src/cuda_handles.cpp): resolves the CudaIpc
-  // entry `index` with the `record`-th CUDA record of the frame; the events opened so far.
-  struct CudaReceiveState;
+  // Resolves the CudaIpc entry `index` with the `record`-th CUDA record of the frame, through
+  // the CUDA strategy (cuda_, made with the first CUDA entry; none in a build without CUDA).
   std::shared_ptr<Storage> resolve_cuda(const HandleEntry& entry, std::uint32_t index, std::size_t record);
-  // The steps of resolve_cuda(): the `record`-th CUDA record of the frame (after checking
-  // that this build has CUDA and the body holds it); the storage, opened or found in `lease`.
-  CudaHandleRecord read_cuda_record(std::uint32_t index, std::size_t record);
-  std::shared_ptr<Storage> open_cuda_storage(const HandleEntry& entry, const CudaHandleRecord& record,
-                                             const cuda::HoldCounterView& board, Lease* lease,
-                                             std::shared_ptr<cuda::ReceivedCudaRange> range);
-  std::shared_ptr<CudaReceiveState> cuda_;
+  std::unique_ptr<CudaRecordReader> cuda_;
 
   // The sender's leases, numbered as the sender numbered them (see detail::SlotTable).
   detail::SlotTable<Lease> leases_{kMaxSlots, detail::kStorageSlotNames};
   detail::SlotTable<std::shared_ptr<SharedSegment>> segments_{kMaxSegmentSlots, detail::kSegmentSlotNames};
   PeerFdOpener peer_fds_;  // takes segments named by the sender's pid and fd number
-  ReceivingHolds holds_;  // the return board, upstream boards, this process's registrations
-  // The return board, or null before the frame that carries it.
-  ReturnBoard* board() const noexcept { return holds_.board(); }
+  // The return path: the return board, upstream boards, this process's registrations.
+  ReceivingHolds holds_;
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
   std::unique_ptr<FrameInputArchive> archive_;

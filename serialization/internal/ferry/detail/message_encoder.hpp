@@ -3,8 +3,9 @@
 // a new storage in it travels as (segment slot, offset, size), and a storage sent again
 // travels as its slot alone. The receiver leases what a frame introduces until a later
 // frame releases it; every storage passed stays pinned (SendingHolds) until the receiver
-// gives its slot back. CUDA storages take slots too but are never pinned (hold-counter
-// boards, cuda_handles.cpp). The protocol and its reasons: docs/design/leases-and-returns.md.
+// gives its slot back. CUDA storages take slots too but are never pinned: their records
+// and holds are the connection's CudaRecordWriter's (cuda_records.hpp). The protocol and its
+// reasons: docs/design/leases-and-returns.md.
 #pragma once
 
 #include <sys/uio.h>
@@ -22,6 +23,7 @@
 #include "ferry/detail/archive.hpp"
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/connection_holds.hpp"
+#include "ferry/detail/cuda_records.hpp"
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/id_slot_map.hpp"
 #include "ferry/detail/slot_table.hpp"
@@ -137,12 +139,12 @@ class MessageEncoder {
   std::uint64_t last_sequence() const noexcept { return next_sequence_ - 1; }
   /// True while segments (or upstream return boards) are kept open for frames the receiver
   /// has not acknowledged.
-  bool awaiting_acknowledgement() const noexcept { return !keepalive_.empty(); }
+  bool awaiting_acknowledgement() const noexcept { return holds_.awaiting_acknowledgement(); }
   /// Segments (upstream return boards too) kept open until the receiver acknowledges their
   /// frames (for tests and statistics).
-  std::size_t segments_awaiting_acknowledgement() const noexcept { return keepalive_.size(); }
+  std::size_t segments_awaiting_acknowledgement() const noexcept { return holds_.kept_for_acknowledgement(); }
   /// The newest sequence whose acknowledgement is awaited (0: none).
-  std::uint64_t newest_awaited_sequence() const noexcept { return keepalive_.empty() ? 0 : keepalive_.back().first; }
+  std::uint64_t newest_awaited_sequence() const noexcept { return holds_.newest_awaited_sequence(); }
   /// Storages the receiver currently leases from this sender, as far as it knows.
   std::size_t tracked_storages() const noexcept { return storage_slots_.live().size(); }
   /// Storages passed so far as new ones (a NewBlock entry, or a CudaIpc entry that took a
@@ -207,15 +209,11 @@ class MessageEncoder {
   const EncodedFrame& assemble_frame(std::span<const std::byte> cuda_records);
   std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
 
-  // CUDA storages (defined in serialization/src/cuda_handles.cpp): the connection's release
-  // boards and signals (fences or events), and the CUDA records of the frame being encoded.
-  struct CudaSendState;
+  // CUDA storages: the frame carries the hold-counter board of each ahead of it, and its
+  // entry a slot like any storage's; the records are the CUDA strategy's (cuda_).
   std::uint32_t add_cuda_storage(const std::shared_ptr<Storage>& storage);
   HandleEntry cuda_entry(const std::shared_ptr<Storage>& storage);
-  std::span<const std::byte> cuda_section() const noexcept;
-  void cuda_begin_frame() noexcept;
-  void cuda_end_frame(bool sent) noexcept;
-  std::shared_ptr<CudaSendState> cuda_;
+  std::unique_ptr<CudaRecordWriter> cuda_;  // made with the first CUDA storage
 
   // A new storage slot for `storage`; `returned`: the receiver gives it back on the return
   // board (false for CUDA storages, whose hold counter is the hold).
@@ -257,12 +255,10 @@ class MessageEncoder {
   std::uint64_t last_segment_id_ = 0;  // the segment segment_slot_for() found last (0: none)
   std::uint32_t last_segment_slot_ = 0;
 
-  SendingHolds holds_;  // pins, the return board, upstream boards passed
-  bool board_sent_ = false;
-  std::uint64_t board_sequence_ = 0;  // frame that carried the board (ProcFd: keep its fd until acknowledged)
-  // Segments and upstream boards named by /proc path stay open until the receiver
-  // acknowledges the frame (close() waits for that).
-  std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> keepalive_;
+  // The return path: pins, returns, the return board, what stays open until the receiver
+  // acknowledges its frame (segments and boards named by /proc path: close() waits for
+  // that), upstream boards passed.
+  SendingHolds holds_;
   std::vector<std::uint32_t> returned_scratch_;
   std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;  // boards the frame passes
   std::vector<FileIdentity> retired_scratch_;                    // boards the frame retires

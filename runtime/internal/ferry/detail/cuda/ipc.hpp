@@ -1,9 +1,9 @@
 // CUDA IPC between processes: exporting the block behind a producer's storage, opening it
 // in a receiver (once per process and device, whatever the number of storages in it), and
 // the signals (fences, or interprocess events) that order a receiver's work after the
-// sender's writes. No CUDA types here, so that the wire format code
-// (serialization/src/cuda_handles.cpp) compiles in every build; without CUDA these functions
-// throw Error.
+// sender's writes. No CUDA types here: the codec's CUDA half
+// (serialization/src/cuda_records.cpp, built only with CUDA) includes it without the
+// toolkit's headers; in a build without CUDA these functions throw Error.
 #pragma once
 
 #include <sys/types.h>
