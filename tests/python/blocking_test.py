@@ -23,6 +23,10 @@ import ferry
 CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "blocking_child.py")
 TRANSPORTS = ("unix", "pipe", "shm_ring", "in_process")
 ENDPOINT_TRANSPORTS = ("unix", "shm_ring", "pipe")
+# A call that was woken, interrupted or timed out returns within this many seconds: far from
+# the 10 s linger and the unbounded waits these tests guard against, yet loose enough for a
+# loaded 2-core machine (the measured latencies are printed; speed belongs to bench/).
+PROMPT_S = 5.0
 
 
 def unique_address(tag):
@@ -51,7 +55,7 @@ class CtrlCTest(unittest.TestCase):
         self.assertEqual(report["outcome"], "KeyboardInterrupt")
         latency_ms = (report["at"] - report["sent"]) * 1000
         self.latencies.append((f"{scenario}/{transport}", latency_ms))
-        self.assertLess(latency_ms, 1000)
+        self.assertLess(latency_ms, PROMPT_S * 1000)
 
     def signal_child(self, child):
         """Sends SIGINT to `child` once it sits in its call; its report, with the time sent."""
@@ -142,7 +146,7 @@ class SendForTest(unittest.TestCase):
                 self.assertFalse(tx.send_for(b"L" * len(MESSAGE), 0.2))  # as large: no room
                 waited = time.monotonic() - started
                 self.assertGreaterEqual(waited, 0.19)
-                self.assertLess(waited, 1.2)
+                self.assertLess(waited, PROMPT_S)
                 for _ in range(sent):
                     self.assertEqual(rx.recv(), MESSAGE)
                 self.assertTrue(tx.send_for(b"on time", None))
@@ -186,7 +190,7 @@ class CloseFromAnotherThreadTest(unittest.TestCase):
                 timer.join(10)
                 drain.join(10)
                 self.assertFalse(timer.is_alive() or drain.is_alive(), "close() or the receiver is still waiting")
-                self.assertLess(ended, 1.2)
+                self.assertLess(ended, PROMPT_S)
                 self.assertEqual(len(drained), sent)
                 self.assertEqual(set(drained), {MESSAGE})
                 self.assertFalse(tx.is_open)
@@ -199,7 +203,7 @@ class CloseFromAnotherThreadTest(unittest.TestCase):
                 started = time.monotonic()
                 with self.assertRaises(ferry.ChannelClosed):
                     rx.recv()
-                self.assertLess(time.monotonic() - started, 1.2)
+                self.assertLess(time.monotonic() - started, PROMPT_S)
                 timer.join()
                 self.assertFalse(rx.is_open)
                 tx2, rx2 = ferry._channel(transport)
@@ -213,7 +217,7 @@ class CloseFromAnotherThreadTest(unittest.TestCase):
         started = time.monotonic()
         with self.assertRaises(ferry.ChannelClosed):
             listener.accept_sender()
-        self.assertLess(time.monotonic() - started, 1.2)
+        self.assertLess(time.monotonic() - started, PROMPT_S)
         timer.join()
         self.assertFalse(listener.is_open)
 
@@ -272,7 +276,7 @@ class FanInOutFromAnotherThreadTest(unittest.TestCase):
             timer.join(10)
             reader.join(10)
         self.assertFalse(timer.is_alive() or reader.is_alive(), "close() or the receiver is still waiting")
-        self.assertLess(ended, 1.2)
+        self.assertLess(ended, PROMPT_S)
         return raised.exception, drained
 
     def returns_at_deadline(self, call, timeout=0.2):
@@ -280,7 +284,7 @@ class FanInOutFromAnotherThreadTest(unittest.TestCase):
         result = call(timeout)
         waited = time.monotonic() - started
         self.assertGreaterEqual(waited, timeout - 0.01)
-        self.assertLess(waited, timeout + 1)
+        self.assertLess(waited, timeout + PROMPT_S)
         return result
 
     def test_selector(self):
@@ -349,7 +353,7 @@ class FanInOutFromAnotherThreadTest(unittest.TestCase):
                 timer.join(10)
                 drain.join(10)
                 self.assertFalse(timer.is_alive() or drain.is_alive(), "close() or the receiver is still waiting")
-                self.assertLess(ended, 1.2)
+                self.assertLess(ended, PROMPT_S)
                 self.assertEqual(len(drained), sent)
                 self.assertEqual(set(drained), {MESSAGE})
 
