@@ -62,14 +62,14 @@ void detail::MessageDecoder::read(void* out, const detail::ReceivedType& type) {
 
 void detail::MessageDecoder::check_type(const detail::FrameHeader& header, std::span<const std::byte> name) {
   if (header.flags & detail::kFrameHasTypeName) {
-    peer_type_name_.assign(reinterpret_cast<const char*>(name.data()), name.size());
-    peer_type_name_truncated_ = (header.flags & detail::kFrameTypeNameTruncated) != 0;
+    connection_.peer_type_name.assign(reinterpret_cast<const char*>(name.data()), name.size());
+    connection_.peer_type_name_truncated = (header.flags & detail::kFrameTypeNameTruncated) != 0;
   }
   if (header.type_fingerprint == expected_fingerprint_) return;
   // A truncated name cannot be checked against the fingerprint; it only ever names the type.
-  const bool named = !peer_type_name_.empty() &&
-                     (peer_type_name_truncated_ || detail::fnv1a64(peer_type_name_) == header.type_fingerprint);
-  const std::string sent = named ? shown_type_name(peer_type_name_, peer_type_name_truncated_)
+  const bool named = !connection_.peer_type_name.empty() &&
+                     (connection_.peer_type_name_truncated || detail::fnv1a64(connection_.peer_type_name) == header.type_fingerprint);
+  const std::string sent = named ? shown_type_name(connection_.peer_type_name, connection_.peer_type_name_truncated)
                                  : "an unknown type (fingerprint " + hex(header.type_fingerprint) + ")";
   throw TypeMismatch("type mismatch: the sender sends " + sent + " but this Receiver expects " +
                      shown_type_name(expected_type_name_, false) + "; connect a Sender<T> only to a Receiver<T>");
@@ -119,11 +119,11 @@ void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span
 
   {
     // Blocks whose last user was the lease give their slots back together, when the batch ends.
-    const auto batch = holds_.batch_returns();
-    for (std::uint32_t i = 0; i < header.release_count; ++i) leases_.release(entry_at<std::uint32_t>(releases, i));
+    const auto batch = connection_.holds.batch_returns();
+    for (std::uint32_t i = 0; i < header.release_count; ++i) connection_.leases.release(entry_at<std::uint32_t>(releases, i));
   }
   for (std::uint32_t i = 0; i < header.segment_release_count; ++i) {
-    segments_.release(entry_at<std::uint32_t>(segment_releases, i));
+    connection_.segments.release(entry_at<std::uint32_t>(segment_releases, i));
   }
 
   try {
@@ -135,7 +135,7 @@ void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span
   // A frame claimed on the board is acknowledged there (after its segments were opened);
   // the transport carries an acknowledgement only when the sender asked for it (it blocks
   // in close()), read after the claim (see ReturnBoard::acknowledgements_requested()).
-  if (wants_acknowledgement_ && frame_claimed_ && !holds_.acknowledgements_requested()) {
+  if (wants_acknowledgement_ && frame_claimed_ && !connection_.holds.acknowledgements_requested()) {
     wants_acknowledgement_ = false;
   }
 }
@@ -157,12 +157,12 @@ void detail::MessageDecoder::decode_body_only(const detail::FrameHeader& header,
 void detail::MessageDecoder::give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept {
   // The sender pinned every new block of the frame for us. Blocks we leased give their
   // slot back when they die; the others would stay pinned until this process exits.
-  if (!holds_.has_board()) return;
+  if (!connection_.holds.has_board()) return;
   for (std::uint32_t i = 0; i < count; ++i) {
     const auto entry = entry_at<HandleEntry>(table, i);
     if (entry.kind != static_cast<std::uint32_t>(HandleKind::NewBlock) || entry.slot >= kMaxSlots) continue;
-    if (leases_.find(entry.slot) != nullptr) continue;
-    holds_.give_back(entry.slot);
+    if (connection_.leases.find(entry.slot) != nullptr) continue;
+    connection_.holds.give_back(entry.slot);
   }
 }
 
@@ -197,7 +197,7 @@ void detail::MessageDecoder::resolve_tables(const detail::FrameHeader& header, s
     if (kind != detail::HandleKind::NewBlock) {
       throw ProtocolError("handle " + std::to_string(i) + " has an unknown kind " + std::to_string(entry.kind));
     }
-    leases_.check_free(entry.slot, i);
+    connection_.leases.check_free(entry.slot, i);
     if (!frame_claimed_) {
       claim_frame(header.sequence, i);
       frame_claimed_ = true;
@@ -214,7 +214,7 @@ void detail::MessageDecoder::resolve_tables(const detail::FrameHeader& header, s
 }
 
 std::shared_ptr<Storage> detail::MessageDecoder::resolve_leased(const HandleEntry& entry, std::size_t index) {
-  Lease* lease = leases_.find(entry.slot);
+  Lease* lease = connection_.leases.find(entry.slot);
   if (lease == nullptr) {
     throw ProtocolError("handle " + std::to_string(index) + " refers to slot " + std::to_string(entry.slot) +
                         " which holds no lease");
@@ -262,7 +262,7 @@ detail::MessageDecoder::SegmentFd detail::MessageDecoder::open_segment(const det
     throw ProtocolError("segment " + std::to_string(index) + " names an invalid process " + std::to_string(entry.pid) +
                         " or fd " + std::to_string(entry.fd));
   }
-  detail::PeerFdOpener::Taken taken = peer_fds_.take(entry.pid, entry.fd);
+  detail::PeerFdOpener::Taken taken = connection_.peer_fds.take(entry.pid, entry.fd);
   if (!taken.fd) {
     const int error = taken.error;
     const std::string where = detail::PeerFdOpener::describe(entry.pid, entry.fd, taken.method);
@@ -274,7 +274,7 @@ detail::MessageDecoder::SegmentFd detail::MessageDecoder::open_segment(const det
     }
     // A sender killed after writing the frame takes its fds with it: that is a dead peer,
     // not a protocol violation.
-    if (peer_fds_.exited(entry.pid, kSenderExitGrace)) {
+    if (connection_.peer_fds.exited(entry.pid, kSenderExitGrace)) {
       throw PeerDied("the sending process " + std::to_string(entry.pid) +
                      " died before this receiver could map a segment it sent (" + where + ": " +
                      std::strerror(error) + ")");
@@ -311,13 +311,13 @@ void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std:
   if (kind == detail::SegmentKind::NewProcFd) wants_acknowledgement_ = true;
   const auto role = static_cast<detail::SegmentRole>(entry.role);
   if (role == detail::SegmentRole::ReturnBoard) {
-    if (holds_.has_board()) throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
+    if (connection_.holds.has_board()) throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
     if (entry.size != detail::ReturnBoard::bytes()) {
       throw ProtocolError("segment " + std::to_string(index) + " is a return board whose field size claims " +
                           std::to_string(entry.size) + " bytes instead of " + std::to_string(detail::ReturnBoard::bytes()));
     }
     SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
-    holds_.adopt_board(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
+    connection_.holds.adopt_board(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
     return;
   }
   if (role == detail::SegmentRole::UpstreamBoard) {
@@ -328,7 +328,7 @@ void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std:
     throw ProtocolError("segment " + std::to_string(index) + " has an unknown role " + std::to_string(entry.role));
   }
   const std::uint32_t slot = entry.slot_or_reclaims;  // a Data segment's lease
-  segments_.check_free(slot, index);
+  connection_.segments.check_free(slot, index);
   // A segment already mapped in this process (received on another channel, or ours sent
   // back) is not mapped again. Its fd is checked (seals, then identity and size: one fcntl
   // and one fstat) before its identity is looked up. A sender naming its fd by number is
@@ -348,12 +348,12 @@ void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std:
     segment = HandleCache::global().insert(
         identity, detail::SharedSegment::adopt(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size)));
   }
-  segments_.place(slot, std::move(segment));
+  connection_.segments.place(slot, std::move(segment));
 }
 
 void detail::MessageDecoder::add_upstream_board(const detail::SegmentEntry& entry, std::size_t index, std::vector<detail::UniqueFd>& frame_fds,
                                         std::size_t& next_fd) {
-  if (!holds_.has_board()) {
+  if (!connection_.holds.has_board()) {
     throw ProtocolError("segment " + std::to_string(index) +
                         " is an upstream return board but the sender never sent its own return board");
   }
@@ -362,8 +362,8 @@ void detail::MessageDecoder::add_upstream_board(const detail::SegmentEntry& entr
                         std::to_string(entry.size) + " bytes instead of " + std::to_string(detail::ReturnBoard::bytes()));
   }
   SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
-  if (holds_.knows(opened.file.identity)) return;  // a cycle brought it back: the fd just closes
-  holds_.add_upstream_board(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size),
+  if (connection_.holds.knows(opened.file.identity)) return;  // a cycle brought it back: the fd just closes
+  connection_.holds.add_upstream_board(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size),
                             entry.slot_or_reclaims, index);
 }
 
@@ -373,7 +373,7 @@ void detail::MessageDecoder::retire_upstream_board(const detail::SegmentEntry& e
     throw ProtocolError("segment " + std::to_string(index) +
                         " retires an upstream return board but has fields other than its identity set");
   }
-  if (!holds_.has_board()) {
+  if (!connection_.holds.has_board()) {
     throw ProtocolError("segment " + std::to_string(index) +
                         " retires an upstream return board but the sender never sent its own return board");
   }
@@ -381,15 +381,15 @@ void detail::MessageDecoder::retire_upstream_board(const detail::SegmentEntry& e
   // a board once nothing of its connection lives there any more, and every block this
   // receiver holds keeps the sender's block pinned (and with it that block's connection).
   // A board this process never took (its frame failed here) has nothing to forget.
-  holds_.retire_upstream_board(detail::FileIdentity{entry.device, entry.inode});
+  connection_.holds.retire_upstream_board(detail::FileIdentity{entry.device, entry.inode});
 }
 
 void detail::MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t index) {
-  if (!holds_.has_board()) {
+  if (!connection_.holds.has_board()) {
     throw ProtocolError("handle " + std::to_string(index) +
                         " names a new block but the sender never sent its return board");
   }
-  if (!holds_.claim_frame(sequence)) {  // registers this process as a holder first
+  if (!connection_.holds.claim_frame(sequence)) {  // registers this process as a holder first
     throw ProtocolError("the sender gave up on frame " + std::to_string(sequence) +
                         " (it saw this receiver as gone, or it closed the channel and its close linger passed) "
                         "and may have recycled the memory it names");
@@ -397,7 +397,7 @@ void detail::MessageDecoder::claim_frame(std::uint64_t sequence, std::size_t ind
 }
 
 std::shared_ptr<Storage> detail::MessageDecoder::resolve_new_block(const HandleEntry& entry, std::size_t index) {
-  const std::shared_ptr<SharedSegment>* found = segments_.find(entry.segment_slot);
+  const std::shared_ptr<SharedSegment>* found = connection_.segments.find(entry.segment_slot);
   if (found == nullptr) {
     throw ProtocolError("handle " + std::to_string(index) + " field segment_slot names slot " +
                         std::to_string(entry.segment_slot) + " which holds no segment lease");
@@ -419,17 +419,17 @@ std::shared_ptr<Storage> detail::MessageDecoder::resolve_new_block(const HandleE
   // the lease then holds only the block and a weak handle (see Lease).
   std::shared_ptr<Storage> own = segment->find_storage(entry.offset, entry.nbytes);
   std::shared_ptr<Allocation> own_allocation;
-  if (!own && holds_.has_own_upstream() && segment->created_in_this_process()) {
+  if (!own && connection_.holds.has_own_upstream() && segment->created_in_this_process()) {
     // Its storage died here; no pin left means every holder of the connection it left on
     // exited and the block was reclaimed.
-    own_allocation = holds_.find_own_pinned(segment.get(), entry.offset);
+    own_allocation = connection_.holds.find_own_pinned(segment.get(), entry.offset);
     if (!own_allocation) {
       throw PeerDied("handle " + std::to_string(index) +
                      " names a block this process sent, which came back through processes that exited "
                      "meanwhile: it was reclaimed and may hold other data now; the frame cannot be read");
     }
   }
-  auto block = holds_.make_block(segment, entry.offset, entry.nbytes, entry.slot, std::move(own_allocation));
+  auto block = connection_.holds.make_block(segment, entry.offset, entry.nbytes, entry.slot, std::move(own_allocation));
   Lease lease;
   if (own) {
     lease.handle = own;
@@ -437,8 +437,8 @@ std::shared_ptr<Storage> detail::MessageDecoder::resolve_new_block(const HandleE
   } else {
     lease.core = Storage::adopt(std::move(block), true);
   }
-  leases_.place(entry.slot, std::move(lease));
-  return own ? own : resolve_lease(*leases_.find(entry.slot));
+  connection_.leases.place(entry.slot, std::move(lease));
+  return own ? own : resolve_lease(*connection_.leases.find(entry.slot));
 }
 
 std::shared_ptr<Storage> detail::MessageDecoder::resolve_lease(Lease& lease) {
@@ -465,20 +465,20 @@ std::shared_ptr<Storage> detail::MessageDecoder::resolve_lease(Lease& lease) {
 }
 
 void detail::MessageDecoder::release_all() noexcept {
-  peer_fds_.reset();
-  leases_.clear();
-  segments_.clear();
+  connection_.peer_fds.reset();
+  connection_.leases.clear();
+  connection_.segments.clear();
   storages_.clear();
-  holds_.reset();
+  connection_.holds.reset();
 }
 
 void detail::MessageDecoder::hand_over() noexcept {
-  holds_.hand_over();
+  connection_.holds.hand_over();
   release_all();
 }
 
-std::size_t detail::MessageDecoder::leased() const noexcept { return leases_.live().size(); }
+std::size_t detail::MessageDecoder::leased() const noexcept { return connection_.leases.live().size(); }
 
-std::size_t detail::MessageDecoder::leased_segments() const noexcept { return segments_.live().size(); }
+std::size_t detail::MessageDecoder::leased_segments() const noexcept { return connection_.segments.live().size(); }
 
 }  // namespace ferry

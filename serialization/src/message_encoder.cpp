@@ -50,13 +50,13 @@ void detail::MessageEncoder::begin() {
     new_pins_.clear();
     remember_batch_.clear();
   }
-  if (cuda_) cuda_->begin_frame();
-  if (holds_.passed_upstream_boards()) retire_dead_upstream_boards();
+  if (connection_.cuda) connection_.cuda->begin_frame();
+  if (connection_.holds.passed_upstream_boards()) retire_dead_upstream_boards();
 }
 
 void detail::MessageEncoder::retire_dead_upstream_boards() {
   retired_scratch_.clear();
-  holds_.retire_dead_upstream_boards(retired_scratch_);
+  connection_.holds.retire_dead_upstream_boards(retired_scratch_);
   for (const detail::FileIdentity& identity : retired_scratch_) {
     detail::SegmentEntry entry;
     entry.kind = static_cast<std::uint32_t>(detail::SegmentKind::NoFd);
@@ -68,7 +68,7 @@ void detail::MessageEncoder::retire_dead_upstream_boards() {
   }
 }
 
-void detail::MessageEncoder::track_delivery() { delivery_tracked_ = true; }
+void detail::MessageEncoder::track_delivery() { connection_.delivery_tracked = true; }
 
 std::optional<std::uint32_t> detail::MessageEncoder::find_source(const Storage* storage) {
   if (sources_.size() <= kLinearSearchLimit) {
@@ -160,46 +160,46 @@ void detail::MessageEncoder::flush_remember_batch() {
 }
 
 std::uint32_t detail::MessageEncoder::lease_storage(const std::shared_ptr<Storage>& storage, bool returned) {
-  const std::uint32_t slot = storage_slots_.take(LeasedStorage{storage->id(), storage}, returned);
-  leased_ids_.insert(storage->id(), slot);
+  const std::uint32_t slot = connection_.storage_slots.take(LeasedStorage{storage->id(), storage}, returned);
+  connection_.leased_ids.insert(storage->id(), slot);
   new_slots_.push_back(slot);
-  ++storages_passed_;
+  ++connection_.storages_passed;
   storage->mark_sent();
   return slot;
 }
 
 void detail::MessageEncoder::free_storage_slot(std::uint32_t slot) {
-  if (storage_slots_.state(slot) == detail::SlotTable<LeasedStorage>::State::Live) {
-    leased_ids_.erase(storage_slots_.at(slot).storage_id);
+  if (connection_.storage_slots.state(slot) == detail::SlotTable<LeasedStorage>::State::Live) {
+    connection_.leased_ids.erase(connection_.storage_slots.at(slot).storage_id);
   }
-  storage_slots_.free(slot);
+  connection_.storage_slots.free(slot);
 }
 
 void detail::MessageEncoder::collect_returned_slots() {
   returned_scratch_.clear();
-  holds_.take_returned(returned_scratch_);
+  connection_.holds.take_returned(returned_scratch_);
   for (const std::uint32_t slot : returned_scratch_) {
     // Live: the receiver dropped its leases. Not returnable: a CUDA slot is never given
     // back on the board (a lying receiver).
-    if (storage_slots_.returnable(slot)) free_storage_slot(slot);
+    if (connection_.storage_slots.returnable(slot)) free_storage_slot(slot);
   }
 }
 
 void detail::MessageEncoder::collect_dead_storages() {
-  if (!storage_slots_.saw_deaths(sent_storage_deaths())) return;
-  storage_slots_.retire_where([this](std::uint32_t, const LeasedStorage& leased) {
+  if (!connection_.storage_slots.saw_deaths(sent_storage_deaths())) return;
+  connection_.storage_slots.retire_where([this](std::uint32_t, const LeasedStorage& leased) {
     if (!leased.storage.expired()) return false;
-    leased_ids_.erase(leased.storage_id);
+    connection_.leased_ids.erase(leased.storage_id);
     return true;
   });
 }
 
 void detail::MessageEncoder::collect_dead_segments() {
-  if (!segment_slots_.saw_deaths(sent_segment_deaths())) return;
-  segment_slots_.retire_where([this](std::uint32_t, const LeasedSegment& leased) {
+  if (!connection_.segment_slots.saw_deaths(sent_segment_deaths())) return;
+  connection_.segment_slots.retire_where([this](std::uint32_t, const LeasedSegment& leased) {
     if (!leased.segment.expired()) return false;
-    sent_segments_.erase(leased.segment_id);
-    if (leased.segment_id == last_segment_id_) last_segment_id_ = 0;
+    connection_.sent_segments.erase(leased.segment_id);
+    if (leased.segment_id == connection_.last_segment_id) connection_.last_segment_id = 0;
     return true;
   });
 }
@@ -236,36 +236,36 @@ bool detail::MessageEncoder::add_segment_entry(detail::SegmentRole role, std::ui
 
 std::uint32_t detail::MessageEncoder::segment_slot_for(const std::shared_ptr<detail::SharedSegment>& segment) {
   // The storages of a frame mostly lie in one segment (a slab of small blocks).
-  if (segment->id() == last_segment_id_) return last_segment_slot_;
-  const auto it = sent_segments_.find(segment->id());
-  last_segment_slot_ = it != sent_segments_.end() ? it->second : lease_segment(segment);
-  last_segment_id_ = segment->id();
-  return last_segment_slot_;
+  if (segment->id() == connection_.last_segment_id) return connection_.last_segment_slot;
+  const auto it = connection_.sent_segments.find(segment->id());
+  connection_.last_segment_slot = it != connection_.sent_segments.end() ? it->second : lease_segment(segment);
+  connection_.last_segment_id = segment->id();
+  return connection_.last_segment_slot;
 }
 
 std::uint32_t detail::MessageEncoder::lease_segment(const std::shared_ptr<SharedSegment>& segment) {
-  const std::uint32_t slot = segment_slots_.take(LeasedSegment{segment->id(), segment}, false);
-  sent_segments_.emplace(segment->id(), slot);
+  const std::uint32_t slot = connection_.segment_slots.take(LeasedSegment{segment->id(), segment}, false);
+  connection_.sent_segments.emplace(segment->id(), slot);
   new_segment_ids_.push_back(segment->id());
   segment->mark_sent();
   // /proc/<pid>/fd/<n> only works while our fd is open: keep the segment until the receiver
   // acknowledges that it opened it.
   if (add_segment_entry(detail::SegmentRole::Data, slot, segment->fd(), segment->size(), segment->identity())) {
-    holds_.keep_until_acknowledged(next_sequence_, segment);
+    connection_.holds.keep_until_acknowledged(connection_.next_sequence, segment);
   }
   return slot;
 }
 
 void detail::MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
   upstream_scratch_.clear();
-  holds_.upstream_boards_to_pass(block, upstream_scratch_);
+  connection_.holds.upstream_boards_to_pass(block, upstream_scratch_);
   for (const std::shared_ptr<detail::ReturnBoard>& board : upstream_scratch_) {
     // We hold the block (its frame on `board` is resolved and we registered there), so the
     // count read now is one no reclaim of this block can have moved.
     // Like a segment's: the frame may introduce no segment that makes close() wait for it.
     if (add_segment_entry(detail::SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), detail::ReturnBoard::bytes(),
                           board->identity())) {
-      holds_.keep_until_acknowledged(next_sequence_, board);
+      connection_.holds.keep_until_acknowledged(connection_.next_sequence, board);
     }
   }
   upstream_scratch_.clear();
@@ -291,14 +291,14 @@ const detail::EncodedFrame& detail::MessageEncoder::finish(detail::FrameKind kin
   // none of them. Every pin, kept segment and passed board of the ledger came with a storage
   // slot: a connection that never had one (a Distributor's channel of plain values, whose
   // board only counts deliveries) has no returns to collect.
-  if (holds_.board() != nullptr && !storage_slots_.never_used()) collect_returned_slots();
+  if (connection_.holds.board() != nullptr && !connection_.storage_slots.never_used()) collect_returned_slots();
   if (!storages_.empty()) refresh_leased_storages();
   collect_dead_storages();
   collect_dead_segments();
   if (!storages_.empty()) fill_handle_table();
   pin_new_storages(kind);
   // The CUDA records lie at the front of the body.
-  const std::span<const std::byte> cuda_records = cuda_ ? cuda_->records() : std::span<const std::byte>();
+  const std::span<const std::byte> cuda_records = connection_.cuda ? connection_.cuda->records() : std::span<const std::byte>();
   fill_header(kind, fingerprint, name, cuda_records.size());
   return assemble_frame(cuda_records);
 }
@@ -312,9 +312,9 @@ void detail::MessageEncoder::refresh_leased_storages() {
   leased_slots_.resize(storages_.size());
   for (std::size_t i = 0; i < storages_.size(); ++i) {
     // Only a storage marked sent can be leased (a new one skips the lookup).
-    const auto slot = storages_[i]->was_sent() ? leased_ids_.find(storages_[i]->id()) : std::nullopt;
+    const auto slot = storages_[i]->was_sent() ? connection_.leased_ids.find(storages_[i]->id()) : std::nullopt;
     leased_slots_[i] = slot.value_or(kNoSlot);
-    if (slot) storage_slots_.at(*slot).storage = storages_[i];
+    if (slot) connection_.storage_slots.at(*slot).storage = storages_[i];
   }
 }
 
@@ -362,14 +362,14 @@ void detail::MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>
 }
 
 void detail::MessageEncoder::pin_new_storages(detail::FrameKind kind) {
-  if (!new_pins_.empty()) holds_.pin(new_pins_, next_sequence_);
+  if (!new_pins_.empty()) connection_.holds.pin(new_pins_, connection_.next_sequence);
   // Without shared memory (Copying) there is no board: the reader reports deliveries on
   // its transport (FrameReader::frame_delivered()).
-  const bool tracked = delivery_tracked_ && kind == detail::FrameKind::Message && passing_ != detail::HandlePassing::Copying;
-  if (holds_.board_sent() || (new_pins_.empty() && !tracked)) return;
+  const bool tracked = connection_.delivery_tracked && kind == detail::FrameKind::Message && passing_ != detail::HandlePassing::Copying;
+  if (connection_.holds.board_sent() || (new_pins_.empty() && !tracked)) return;
   // The board goes first in the table, so that the receiver can give blocks back even when
   // a later entry fails. A frame sent for delivery tracking alone may be the first to need it.
-  const std::shared_ptr<detail::ReturnBoard>& board = holds_.ensure_board();
+  const std::shared_ptr<detail::ReturnBoard>& board = connection_.holds.ensure_board();
   const std::size_t segments = segment_entries_.size();
   const std::size_t fds = fds_.size();
   const bool by_path = add_segment_entry(detail::SegmentRole::ReturnBoard, 0, board->fd(), detail::ReturnBoard::bytes(), board->identity());
@@ -380,7 +380,7 @@ void detail::MessageEncoder::pin_new_storages(detail::FrameKind kind) {
   // Named by /proc path, the board's fd must stay open until the receiver opened it (close()
   // waits for what the holds keep). A frame with new pins and no board yet introduces a
   // segment, which is kept for the frame; one sent for delivery tracking alone does not.
-  if (by_path && new_pins_.empty()) holds_.keep_until_acknowledged(next_sequence_, board);
+  if (by_path && new_pins_.empty()) connection_.holds.keep_until_acknowledged(connection_.next_sequence, board);
 }
 
 void detail::MessageEncoder::fill_header(detail::FrameKind kind, std::uint64_t fingerprint, std::string_view name,
@@ -388,19 +388,19 @@ void detail::MessageEncoder::fill_header(detail::FrameKind kind, std::uint64_t f
   header_ = detail::FrameHeader{};
   header_.kind = static_cast<std::uint8_t>(kind);
   header_.type_fingerprint = fingerprint;
-  header_.sequence = next_sequence_;
-  const bool with_name = kind == detail::FrameKind::Message && !type_name_sent_;
+  header_.sequence = connection_.next_sequence;
+  const bool with_name = kind == detail::FrameKind::Message && !connection_.type_name_sent;
   type_name_ = with_name ? name.substr(0, std::min(name.size(), max_type_name_bytes_)) : std::string_view{};
   const bool truncated = with_name && type_name_.size() < name.size();
   header_.flags = static_cast<std::uint8_t>((with_name ? detail::kFrameHasTypeName : 0) | (truncated ? detail::kFrameTypeNameTruncated : 0) |
-                                            (delivery_tracked_ && kind == detail::FrameKind::Message ? detail::kFrameTracksDelivery : 0));
+                                            (connection_.delivery_tracked && kind == detail::FrameKind::Message ? detail::kFrameTracksDelivery : 0));
   header_.type_name_bytes = static_cast<std::uint32_t>(type_name_.size());
   header_.segment_count = static_cast<std::uint32_t>(segment_entries_.size());
   header_.handle_count = static_cast<std::uint32_t>(entries_.size());
   header_.fd_count = static_cast<std::uint32_t>(fds_.size());
-  announced_releases_ = storage_slots_.announce();
+  announced_releases_ = connection_.storage_slots.announce();
   header_.release_count = static_cast<std::uint32_t>(announced_releases_.size());
-  announced_segment_releases_ = segment_slots_.announce();
+  announced_segment_releases_ = connection_.segment_slots.announce();
   header_.segment_release_count = static_cast<std::uint32_t>(announced_segment_releases_.size());
   header_.body_bytes = cuda_bytes + body_.size();
 }
@@ -428,7 +428,7 @@ const detail::EncodedFrame& detail::MessageEncoder::assemble_frame(std::span<con
   frame_.copies = copies_;
   frame_.copy_owners = passing_ == detail::HandlePassing::Copying ? std::span<const std::shared_ptr<Storage>>(storages_)
                                                           : std::span<const std::shared_ptr<Storage>>();
-  frame_.sequence = next_sequence_;
+  frame_.sequence = connection_.next_sequence;
   return frame_;
 }
 
@@ -438,25 +438,25 @@ const detail::EncodedFrame& detail::MessageEncoder::encode_close() {
 }
 
 void detail::MessageEncoder::commit() {
-  if (header_.flags & kFrameHasTypeName) type_name_sent_ = true;
+  if (header_.flags & kFrameHasTypeName) connection_.type_name_sent = true;
   if (!announced_releases_.empty() || !announced_segment_releases_.empty()) commit_releases();
-  holds_.commit_frame();
+  connection_.holds.commit_frame();
   // Passed with the frame, the board's fd is the kernel's now; ours is no longer needed.
-  if (board_in_frame_) holds_.board_sent(next_sequence_, passing_ == detail::HandlePassing::FdPassing);
-  ++next_sequence_;
+  if (board_in_frame_) connection_.holds.board_sent(connection_.next_sequence, passing_ == detail::HandlePassing::FdPassing);
+  ++connection_.next_sequence;
   if (tables_filled_) {
     storages_.clear();
     sources_.clear();
   }
-  if (cuda_) cuda_->end_frame(true);
+  if (connection_.cuda) connection_.cuda->end_frame(true);
 }
 
 void detail::MessageEncoder::commit_releases() {
   // A CUDA slot is free at once: frames are ordered, so the receiver drops the lease
   // before it resolves any later use of the slot, and it gives nothing back on the board.
   // So is a segment slot. Other storage slots wait for the receiver's return.
-  storage_slots_.commit_announced();
-  segment_slots_.commit_announced();
+  connection_.storage_slots.commit_announced();
+  connection_.segment_slots.commit_announced();
   announced_releases_ = {};
   announced_segment_releases_ = {};
 }
@@ -464,37 +464,37 @@ void detail::MessageEncoder::commit_releases() {
 void detail::MessageEncoder::rollback() {
   // The receiver never saw the frame: forget the storages and segments it introduced and
   // give their slots back; releases stay unannounced for the next frame.
-  storages_passed_ -= new_slots_.size();
+  connection_.storages_passed -= new_slots_.size();
   for (const std::uint32_t slot : new_slots_) free_storage_slot(slot);
-  if (!new_slots_.empty()) holds_.unpin(new_slots_);
+  if (!new_slots_.empty()) connection_.holds.unpin(new_slots_);
   for (const std::uint64_t id : new_segment_ids_) {
-    if (const auto it = sent_segments_.find(id); it != sent_segments_.end()) {
-      segment_slots_.free(it->second);
-      if (id == last_segment_id_) last_segment_id_ = 0;
-      sent_segments_.erase(it);
+    if (const auto it = connection_.sent_segments.find(id); it != connection_.sent_segments.end()) {
+      connection_.segment_slots.free(it->second);
+      if (id == connection_.last_segment_id) connection_.last_segment_id = 0;
+      connection_.sent_segments.erase(it);
     }
   }
-  holds_.rollback_frame(next_sequence_);
+  connection_.holds.rollback_frame(connection_.next_sequence);
   board_in_frame_ = false;
   new_slots_.clear();
   new_segment_ids_.clear();
   storages_.clear();
   sources_.clear();
-  if (cuda_) cuda_->end_frame(false);
+  if (connection_.cuda) connection_.cuda->end_frame(false);
 }
 
-void detail::MessageEncoder::acknowledge(std::uint64_t sequence) { holds_.acknowledged(sequence); }
+void detail::MessageEncoder::acknowledge(std::uint64_t sequence) { connection_.holds.acknowledged(sequence); }
 
-void detail::MessageEncoder::add_holder(const detail::ProcessIdentity& process) { holds_.add_holder(process); }
+void detail::MessageEncoder::add_holder(const detail::ProcessIdentity& process) { connection_.holds.add_holder(process); }
 
-void detail::MessageEncoder::receiver_gone() { holds_.receiver_gone(); }
+void detail::MessageEncoder::receiver_gone() { connection_.holds.receiver_gone(); }
 
-void detail::MessageEncoder::hand_over() { holds_.hand_over(); }
+void detail::MessageEncoder::hand_over() { connection_.holds.hand_over(); }
 
-void detail::MessageEncoder::adopt() { holds_.adopt(); }
+void detail::MessageEncoder::adopt() { connection_.holds.adopt(); }
 
 void detail::MessageEncoder::closed(detail::UniqueFd probe, bool probe_by_send) {
-  holds_.closed(std::move(probe), probe_by_send);
+  connection_.holds.closed(std::move(probe), probe_by_send);
 }
 
 }  // namespace ferry

@@ -16,8 +16,7 @@
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/peer_fd.hpp"
-#include "ferry/detail/connection_holds.hpp"
-#include "ferry/detail/cuda_records.hpp"
+#include "ferry/detail/connection_state.hpp"
 #include "ferry/detail/return_board.hpp"
 #include "ferry/detail/shared_segment.hpp"
 #include "ferry/detail/slot_table.hpp"
@@ -66,7 +65,7 @@ class MessageDecoder {
   /// a board arrived; a sender that abandoned later frames refuses the claim, which
   /// changes nothing for a frame already read.
   void mark_delivered() noexcept {
-    if (frame_tracked_) holds_.mark_delivered(frame_sequence_);
+    if (frame_tracked_) connection_.holds.mark_delivered(frame_sequence_);
   }
   /// The last frame's sequence when its sender tracks its delivery (kFrameTracksDelivery),
   /// else 0: a transport without a return board reports it (FrameReader::frame_delivered()).
@@ -91,13 +90,15 @@ class MessageDecoder {
   /// receiver over (ReceiverCore::adopt()) holds what arrived so far before it reads again.
   /// Throws TooManyHolders when a board has no place for it, Error when /proc cannot be read.
   /// Inline: every read calls it, and once registered it is one load and two comparisons.
-  void register_as_holder() { holds_.register_as_holder(); }
+  void register_as_holder() { connection_.holds.register_as_holder(); }
   /// Storages leased on this connection.
   std::size_t leased() const noexcept;
   /// Segments leased on this connection.
   std::size_t leased_segments() const noexcept;
 
  private:
+  // A lease keeps a storage the sender still holds (see ReceivingConnection::Lease).
+  using Lease = ReceivingConnection::Lease;
   void check_type(const FrameHeader& header, std::span<const std::byte> name);
   // The archive over the body of the frame last decoded: the last frame's while it is
   // reusable() (FrameOutputArchive::reusable() says why), a new one otherwise.
@@ -137,52 +138,19 @@ class MessageDecoder {
                       std::span<const std::byte> table, std::vector<UniqueFd>& frame_fds);
   void give_back_unresolved(std::span<const std::byte> table, std::uint32_t count) noexcept;
 
-  std::uint64_t expected_fingerprint_;
-  std::string_view expected_type_name_;
-  std::string peer_type_name_;
-  bool peer_type_name_truncated_ = false;  // the sender cut its name (kFrameTypeNameTruncated)
-  // A lease keeps a storage the sender still holds: its memory() is the receiver's hold on
-  // the memory (a ReceivedBlock, which gives the storage slot back through the return board
-  // when it dies, or an opened CUDA range), owned by the core when there is one and by
-  // `allocation` otherwise.
-  //
-  // Identity. For a storage received from another process the lease also owns the Storage
-  // object itself (the "core"), so that the storage keeps its identity (same object, same
-  // id) across messages while the sender holds it, and hands the user *handles*: shared_ptrs
-  // with their own control block that point at the core and announce their last drop
-  // (Storage::announce_dropped). A sender that forwards the storage watches the handle, so
-  // the storage counts as dropped once the user dropped every handle, even though the lease
-  // still owns the core. The core owns the block, so the block is given back once the lease
-  // is released and every handle is gone.
-  //
-  // For a storage this process sent itself (a block coming back, found through the
-  // segment's remembered storages) the lease owns only its block and a weak handle on that
-  // storage: owning it would keep it alive through the lease, its release would never be
-  // announced, and two processes echoing a storage would keep each other's leases alive
-  // forever. CUDA leases have no core either (owning the Storage would hold the producer's
-  // memory).
-  struct Lease {
-    std::shared_ptr<Allocation> allocation;  // leases without a core only
-    std::shared_ptr<Storage> core;   // received storages only
-    std::weak_ptr<Storage> handle;   // what the user holds, while it lives
-    explicit operator bool() const noexcept { return allocation != nullptr || core != nullptr; }
-    const Allocation* memory() const noexcept { return core ? core->allocation() : allocation.get(); }
-  };
   std::shared_ptr<Storage> resolve_lease(Lease& lease);
   // A Leased entry `index`: the storage leased at its slot, checked against the entry.
   std::shared_ptr<Storage> resolve_leased(const HandleEntry& entry, std::size_t index);
 
   // Resolves the CudaIpc entry `index` with the `record`-th CUDA record of the frame, through
-  // the CUDA strategy (cuda_, made with the first CUDA entry; none in a build without CUDA).
+  // the CUDA strategy (connection_.cuda, made with the first CUDA entry; none in a build without CUDA).
   std::shared_ptr<Storage> resolve_cuda(const HandleEntry& entry, std::uint32_t index, std::size_t record);
-  std::unique_ptr<CudaRecordReader> cuda_;
 
-  // The sender's leases, numbered as the sender numbered them (see detail::SlotTable).
-  detail::SlotTable<Lease> leases_{kMaxSlots, detail::kStorageSlotNames};
-  detail::SlotTable<std::shared_ptr<SharedSegment>> segments_{kMaxSegmentSlots, detail::kSegmentSlotNames};
-  PeerFdOpener peer_fds_;  // takes segments named by the sender's pid and fd number
-  // The return path: the return board, upstream boards, this process's registrations.
-  ReceivingHolds holds_;
+  std::uint64_t expected_fingerprint_;
+  std::string_view expected_type_name_;
+  // What this end keeps from frame to frame: the leases, the return path, the CUDA
+  // strategy, the sender's type name (connection_state.hpp). The rest is the frame.
+  ReceivingConnection connection_;
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
   std::unique_ptr<FrameInputArchive> archive_;

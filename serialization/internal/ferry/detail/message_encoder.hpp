@@ -22,11 +22,8 @@
 
 #include "ferry/detail/archive.hpp"
 #include "ferry/detail/frame.hpp"
-#include "ferry/detail/connection_holds.hpp"
-#include "ferry/detail/cuda_records.hpp"
+#include "ferry/detail/connection_state.hpp"
 #include "ferry/detail/erased_body.hpp"
-#include "ferry/detail/id_slot_map.hpp"
-#include "ferry/detail/slot_table.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor_wire.hpp"
@@ -114,21 +111,21 @@ class MessageEncoder {
   /// The last frame the receiver resolved, as the return board tells (0: none, or no
   /// board yet). A frame is resolved after its segments were opened: it acknowledges them
   /// without a system call on either side.
-  std::uint64_t resolved_on_board() const noexcept { return holds_.resolved(); }
+  std::uint64_t resolved_on_board() const noexcept { return connection_.holds.resolved(); }
   /// Before blocking on the transport for acknowledgements: asks the receiver to
   /// acknowledge there too from now on (ReturnBoard::request_acknowledgements()); returns
   /// the last frame resolved, read after asking.
-  std::uint64_t request_acknowledgements() noexcept { return holds_.request_acknowledgements(); }
+  std::uint64_t request_acknowledgements() noexcept { return connection_.holds.request_acknowledgements(); }
   /// See ReturnBoard::request_delivery_wake() (nullopt before the board exists).
   std::optional<ReturnBoard::DeliveryWake> request_delivery_wake(std::uint64_t sequence) noexcept {
-    return holds_.request_delivery_wake(sequence);
+    return connection_.holds.request_delivery_wake(sequence);
   }
-  void cancel_delivery_wake() noexcept { holds_.cancel_delivery_wake(); }
+  void cancel_delivery_wake() noexcept { connection_.holds.cancel_delivery_wake(); }
   /// The board whose resolved word counts this connection's deliveries (after
   /// track_delivery() and the first message frame); null before, and for a connection
   /// that copies its storages (its transport reports deliveries itself).
   std::shared_ptr<const ReturnBoard> delivery_board() const noexcept {
-    return delivery_tracked_ && passing_ != HandlePassing::Copying ? holds_.shared_board() : nullptr;
+    return connection_.delivery_tracked && passing_ != HandlePassing::Copying ? connection_.holds.shared_board() : nullptr;
   }
   /// Asks for delivery acknowledgements: the next frame carries the connection's return
   /// board even when it names no storage, so that the receiver can record on the board
@@ -136,24 +133,24 @@ class MessageEncoder {
   /// blocks. Idempotent.
   void track_delivery();
   /// The sequence of the last frame committed (0: none yet); frames count from 1.
-  std::uint64_t last_sequence() const noexcept { return next_sequence_ - 1; }
+  std::uint64_t last_sequence() const noexcept { return connection_.next_sequence - 1; }
   /// True while segments (or upstream return boards) are kept open for frames the receiver
   /// has not acknowledged.
-  bool awaiting_acknowledgement() const noexcept { return holds_.awaiting_acknowledgement(); }
+  bool awaiting_acknowledgement() const noexcept { return connection_.holds.awaiting_acknowledgement(); }
   /// Segments (upstream return boards too) kept open until the receiver acknowledges their
   /// frames (for tests and statistics).
-  std::size_t segments_awaiting_acknowledgement() const noexcept { return holds_.kept_for_acknowledgement(); }
+  std::size_t segments_awaiting_acknowledgement() const noexcept { return connection_.holds.kept_for_acknowledgement(); }
   /// The newest sequence whose acknowledgement is awaited (0: none).
-  std::uint64_t newest_awaited_sequence() const noexcept { return holds_.newest_awaited_sequence(); }
+  std::uint64_t newest_awaited_sequence() const noexcept { return connection_.holds.newest_awaited_sequence(); }
   /// Storages the receiver currently leases from this sender, as far as it knows.
-  std::size_t tracked_storages() const noexcept { return storage_slots_.live().size(); }
+  std::size_t tracked_storages() const noexcept { return connection_.storage_slots.live().size(); }
   /// Storages passed so far as new ones (a NewBlock entry, or a CudaIpc entry that took a
   /// new slot), not as leases of storages the receiver holds.
-  std::uint64_t storages_passed() const noexcept { return storages_passed_; }
+  std::uint64_t storages_passed() const noexcept { return connection_.storages_passed; }
   /// Segments the receiver currently leases from this sender, as far as it knows.
-  std::size_t tracked_segments() const noexcept { return segment_slots_.live().size(); }
+  std::size_t tracked_segments() const noexcept { return connection_.segment_slots.live().size(); }
   /// Storages pinned because the receiver may still hold them.
-  std::size_t pinned_storages() const { return holds_.pinned(); }
+  std::size_t pinned_storages() const { return connection_.holds.pinned(); }
 
   /// Registers `process` as a holder of what this encoder sent, as the receiver does when
   /// it resolves its first frame: for a frame handed to a process that the sender starts
@@ -176,17 +173,8 @@ class MessageEncoder {
   void adopt();
 
  private:
-  // What a storage slot names: the storage the receiver leases (weak: its death here is
-  // what releases the slot), and its id (the key of leased_ids_).
-  struct LeasedStorage {
-    std::uint64_t storage_id = 0;
-    std::weak_ptr<Storage> storage;
-  };
-  // What a segment slot names (sent_segments_ finds the slot by the id).
-  struct LeasedSegment {
-    std::uint64_t segment_id = 0;
-    std::weak_ptr<SharedSegment> segment;
-  };
+  using LeasedStorage = SendingConnection::LeasedStorage;
+  using LeasedSegment = SendingConnection::LeasedSegment;
   void begin();
   // add_storage() of a storage other than the last one added.
   std::uint32_t add_other_storage(const std::shared_ptr<Storage>& storage);
@@ -210,10 +198,9 @@ class MessageEncoder {
   std::uint32_t append_storage(std::shared_ptr<Storage> travelling, const Storage* source);
 
   // CUDA storages: the frame carries the hold-counter board of each ahead of it, and its
-  // entry a slot like any storage's; the records are the CUDA strategy's (cuda_).
+  // entry a slot like any storage's; the records are the CUDA strategy's (connection_.cuda).
   std::uint32_t add_cuda_storage(const std::shared_ptr<Storage>& storage);
   HandleEntry cuda_entry(const std::shared_ptr<Storage>& storage);
-  std::unique_ptr<CudaRecordWriter> cuda_;  // made with the first CUDA storage
 
   // A new storage slot for `storage`; `returned`: the receiver gives it back on the return
   // board (false for CUDA storages, whose hold counter is the hold).
@@ -241,24 +228,11 @@ class MessageEncoder {
   HandlePassing passing_;
   std::optional<bool> takeable_this_frame_;  // ProcFdWhileTakeable: asked this frame
   std::optional<SharedAllocator> pool_;
-  std::uint64_t next_sequence_ = 1;
-  bool type_name_sent_ = false;
   std::size_t max_type_name_bytes_ = FrameLimits{}.max_type_name_bytes;
-  std::uint64_t storages_passed_ = 0;
 
-  // The receiver's leases, as far as this end knows: storages and segments, each numbered
-  // by a slot table (its free list, releases to announce, deaths seen).
-  detail::SlotTable<LeasedStorage> storage_slots_{ReturnBoard::kSlots, detail::kStorageSlotNames};
-  IdSlotMap leased_ids_;  // Storage::id() -> slot, of the Live storage slots
-  detail::SlotTable<LeasedSegment> segment_slots_{detail::kMaxSegmentSlots, detail::kSegmentSlotNames};
-  std::unordered_map<std::uint64_t, std::uint32_t> sent_segments_;  // SharedSegment::id() -> slot
-  std::uint64_t last_segment_id_ = 0;  // the segment segment_slot_for() found last (0: none)
-  std::uint32_t last_segment_slot_ = 0;
-
-  // The return path: pins, returns, the return board, what stays open until the receiver
-  // acknowledges its frame (segments and boards named by /proc path: close() waits for
-  // that), upstream boards passed.
-  SendingHolds holds_;
+  // What this end keeps from frame to frame: the leases, the return path, the CUDA
+  // strategy, the sequence (connection_state.hpp). The rest is the frame and scratch space.
+  SendingConnection connection_;
   std::vector<std::uint32_t> returned_scratch_;
   std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;  // boards the frame passes
   std::vector<FileIdentity> retired_scratch_;                    // boards the frame retires
@@ -287,7 +261,6 @@ class MessageEncoder {
   // empties them. A frame without storages or segment entries leaves them empty.
   bool tables_filled_ = false;
   bool board_in_frame_ = false;
-  bool delivery_tracked_ = false;  // track_delivery(): send the board even without storages
   std::span<const std::uint32_t> announced_releases_;          // storage slots the frame releases
   std::span<const std::uint32_t> announced_segment_releases_;  // segment slots the frame releases
   EncodedFrame frame_;
