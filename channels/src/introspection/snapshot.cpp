@@ -26,7 +26,12 @@ void describe_end(Snapshot& out, const EndStats& stats, const EndFacts& facts) {
   end.sends = facts.sends;
   end.label = facts.label;
   end.transport = std::string(transport_name(facts.transport));
-  if (const std::int32_t peer = stats.peer_pid.load(relaxed); peer > 0) end.peer_pid = peer;
+  // An endpoint's handshake names the peer; a pair made together tells it in shared memory.
+  if (const std::int32_t peer = stats.peer_pid.load(relaxed); peer > 0) {
+    end.peer_pid = peer;
+  } else if (facts.pair_peer > 0) {
+    end.peer_pid = facts.pair_peer;
+  }
   end.state = stats.peer_died.load(relaxed) ? "peer_died" : facts.open ? "open" : "closed";
   end.messages = stats.messages.load(relaxed);
   end.bytes = stats.bytes.load(relaxed);
