@@ -554,7 +554,9 @@ TEST_F(IntrospectionServerTest, ListenersAndFanoutsAreListed) {
     if (end.peer_pid == ::getpid() && end.state == "open") ++with_peer;
   }
   EXPECT_EQ(with_peer, 2);
-  ferry::Distributor<int> distributor;
+  ferry::FanoutOptions labelled;
+  labelled.name = "workers";
+  ferry::Distributor<int> distributor(labelled);
   auto [a, a_out] = ferry::channel<int>(ferry::Transport::Pipe);
   auto [b, b_out] = ferry::channel<int>(ferry::Transport::Pipe);
   distributor.add(std::move(a));
@@ -563,8 +565,39 @@ TEST_F(IntrospectionServerTest, ListenersAndFanoutsAreListed) {
   const ferry::Snapshot mine = ferry::snapshot();
   ASSERT_EQ(mine.fanouts.size(), 1u);
   EXPECT_EQ(mine.fanouts[0].kind, "distributor");
+  EXPECT_EQ(mine.fanouts[0].label, "workers");
   ASSERT_EQ(mine.fanouts[0].consumers.size(), 2u);
   EXPECT_EQ(mine.fanouts[0].consumers[0].sent + mine.fanouts[0].consumers[1].sent, 1u);
+  EXPECT_NE(ferry::to_json(mine).find(R"("kind":"distributor","label":"workers")"), std::string::npos);
+}
+
+TEST(IntrospectionInProcess, InProcessChannelsAreListedWithTheirQueuesCounts) {
+  ferry::ChannelOptions options;
+  options.name = "local";
+  const std::size_t ends_before = ferry::snapshot().ends.size();
+  {
+    auto [sender, receiver] = ferry::channel<std::string>(ferry::Transport::InProcess, options);
+    for (int i = 0; i < 3; ++i) sender.send("value " + std::to_string(i));
+    ASSERT_EQ(receiver.recv(), std::optional<std::string>("value 0"));
+    const ferry::Snapshot mine = ferry::snapshot();
+    EXPECT_EQ(mine.ends.size(), ends_before + 2);
+    const std::optional<ferry::EndSnapshot> sent = find_end(mine, "local", true);
+    const std::optional<ferry::EndSnapshot> received = find_end(mine, "local", false);
+    ASSERT_TRUE(sent.has_value() && received.has_value());
+    EXPECT_EQ(sent->transport, "in_process");
+    EXPECT_EQ(sent->messages, 3u);
+    EXPECT_EQ(sent->in_flight, std::optional<std::uint64_t>(2));
+    EXPECT_EQ(sent->peer_pid, std::optional<pid_t>(::getpid()));
+    EXPECT_EQ(sent->state, "open");
+    EXPECT_NE(sent->id, received->id);
+    EXPECT_EQ(received->messages, 1u);
+    EXPECT_FALSE(received->in_flight.has_value());
+    EXPECT_NE(ferry::to_json(mine).find(R"("label":"local","transport":"in_process")"), std::string::npos);
+    sender.close();
+    EXPECT_EQ(find_end(ferry::snapshot(), "local", true)->state, "closed");
+    EXPECT_EQ(find_end(ferry::snapshot(), "local", false)->state, "open");
+  }
+  EXPECT_EQ(ferry::snapshot().ends.size(), ends_before);  // gone with the queue
 }
 
 }  // namespace

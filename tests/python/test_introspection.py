@@ -56,6 +56,27 @@ class SnapshotTest(unittest.TestCase):
             tx.close()
             rx.close()
 
+    def test_fanouts_and_in_process_channels_are_labelled(self):
+        pool = ferry.Distributor(name="pool")
+        tx, rx = ferry.channel("pipe")
+        local_tx, local_rx = ferry.channel("in_process", name="local")
+        try:
+            pool.add(tx)
+            pool.send(1)
+            local_tx.send(2)
+            now = ferry.snapshot()
+            self.assertEqual([fanout["label"] for fanout in now["fanouts"]], ["pool"])
+            local = end_labelled(now, "local", "send")
+            self.assertEqual(local["transport"], "in_process")
+            self.assertEqual(local["messages"], 1)
+            self.assertEqual(local["in_flight"], 1)
+            self.assertEqual(local["peer_pid"], os.getpid())
+        finally:
+            rx.close()
+            pool.close()
+            local_tx.close()
+            local_rx.close()
+
     def test_the_name_must_be_a_str(self):
         with self.assertRaises(TypeError):
             ferry.channel("pipe", name=3)

@@ -205,7 +205,7 @@ ReceiverEnd receiver_end_over(std::unique_ptr<FrameReader> reader, Transport tra
 std::pair<SenderEnd, ReceiverEnd> make_channel_ends(Transport transport, const ChannelOptions& options,
                                                     std::uint64_t fingerprint, std::string_view type_name) {
   if (transport == Transport::InProcess) {
-    auto queue = std::make_shared<InProcessQueue>(options.queue_capacity);
+    auto queue = std::make_shared<InProcessQueue>(options.queue_capacity, options.name);
     return {SenderEnd(queue), ReceiverEnd(queue)};
   }
   auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity, options.ring_timing());

@@ -14,6 +14,7 @@
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/worker_table.hpp"
 #include "introspection/describe_end.hpp"
+#include "introspection/described_list.hpp"
 #include "introspection/server.hpp"
 
 namespace ferry {
@@ -88,6 +89,7 @@ struct RegisteredFanout {
   const char* kind;
   void* fanout;
   TryFanoutStats stats;
+  std::string label;
   std::vector<ConsumerStats> last;  // what try_stats() gave last
 };
 
@@ -111,10 +113,11 @@ FanoutList& fanout_list() {
 
 }  // namespace
 
-FanoutRegistration::FanoutRegistration(const char* kind, void* fanout, TryFanoutStats stats) : fanout_(fanout) {
+FanoutRegistration::FanoutRegistration(const char* kind, void* fanout, TryFanoutStats stats, std::string label)
+    : fanout_(fanout) {
   FanoutList& list = fanout_list();
   std::lock_guard lock(list.mutex);
-  list.fanouts.push_back(RegisteredFanout{kind, fanout, stats, {}});
+  list.fanouts.push_back(RegisteredFanout{kind, fanout, stats, std::move(label), {}});
 }
 
 FanoutRegistration::~FanoutRegistration() {
@@ -128,7 +131,7 @@ void describe_fanouts(Snapshot& out) {
   std::lock_guard lock(list.mutex);
   for (RegisteredFanout& entry : list.fanouts) {
     if (auto now = entry.stats(entry.fanout)) entry.last = std::move(*now);
-    out.fanouts.push_back(FanoutSnapshot{entry.kind, "", entry.last});
+    out.fanouts.push_back(FanoutSnapshot{entry.kind, entry.label, entry.last});
   }
 }
 
@@ -210,6 +213,7 @@ Snapshot snapshot() {
   // One lock at a time (each list's, then the allocator's): a fork() in another thread,
   // whose handlers take these locks one by one, never waits on this thread in a cycle.
   detail::describe_live_ends(out);
+  detail::describe_listed(out);
   std::sort(out.ends.begin(), out.ends.end(), [](const EndSnapshot& a, const EndSnapshot& b) { return a.id < b.id; });
   out.shared_memory = shared_memory_stats();
   out.cuda = cuda_figures();
