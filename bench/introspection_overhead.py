@@ -1,19 +1,24 @@
 #!/usr/bin/env python3
-"""Introspection on against off: runs the latency table's round trips of ferry_bench with
-FERRY_INTROSPECT=1 and without, alternated over several rounds in one run, and prints per
-row the median over rounds of each side, and the ratio on / off. Rows that time single
-round trips are judged on their median single round trip (counter rtt_p50_ns), which a peer
-preempted now and then on a shared machine does not inflate; the others on real time.
+"""Introspection's cost: runs the latency table's round trips of ferry_bench with
+FERRY_INTROSPECT=1 ("on") and without ("off"), and optionally a baseline ferry_bench without
+introspection's per-message code, alternated over several rounds in one run (the order
+rotates each round, so that a drift of the machine hits every side alike). Prints per row
+the median over rounds of each side and the ratios on / off and off / baseline. Rows that
+time single round trips are judged on their median single round trip (counter rtt_p50_ns),
+which a peer preempted now and then on a shared machine does not inflate; the others on
+real time.
 
-Goals: the 64 B ring round trip at most 2% slower with introspection on, every other row
-at most 1%. (With it off, the only costs are four relaxed additions per message.) Run it on
-an idle machine: where the load average exceeds the CPUs, the rows whose ends sleep (pipe,
-socket, a futex-sleeping ring) vary between runs by more than these goals.
+Goals: with introspection on, the 64 B ring round trip at most 2% slower than off and every
+other row at most 1%; off, nothing measurable against the baseline (while off, a send or
+recv reads the on/off flag once and touches no counter). Run it on an idle machine: where
+the load average exceeds the CPUs, the rows whose ends sleep (pipe, socket, a
+futex-sleeping ring) vary between runs by more than these goals.
 
 Usage: bench/introspection_overhead.py [--rounds N] [--filter REGEX] [--min-time S]
                                        [--bench PATH] [--baseline PATH]
-  --baseline  compare introspection off in --bench against this other ferry_bench (a build
-              without the counters), instead of on against off: "nothing measurable when off"
+  --baseline  a ferry_bench built without introspection's per-message code (for example
+              with the introspecting() branches of channels/src/ends/frame_channel.cpp
+              taken out), run with introspection off as a third side: off / baseline
 """
 import argparse
 import json
@@ -69,6 +74,13 @@ def run_once(bench, filter_, min_time, introspect):
         return figures(out.name)
 
 
+def ratio_text(numerator, denominator, goal):
+    """`numerator / denominator` against `goal` (None: no goal), and whether it is over."""
+    ratio = numerator / denominator
+    over = goal is not None and ratio > goal
+    return f"{ratio:8.3f}{'  over' if over else ''}", over
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=6)
@@ -80,29 +92,35 @@ def main():
     for path in (args.bench, args.baseline):
         if path is not None and not os.path.exists(path):
             sys.exit(f"introspection_overhead: {path} is missing; build ferry_bench first")
-    # side False: the reference (introspection off; or the baseline binary), True: the one judged.
-    sides = {False: (args.baseline or args.bench, False), True: (args.bench, args.baseline is None)}
-    samples = {False: {}, True: {}}
+    # Each side: (binary, FERRY_INTROSPECT=1 or not).
+    sides = {"off": (args.bench, False), "on": (args.bench, True)}
+    if args.baseline:
+        sides["baseline"] = (args.baseline, False)
+    order = list(sides)
+    samples = {side: {} for side in sides}
     for round_ in range(args.rounds):
-        # Alternate which side goes first, so that a drift of the machine hits both alike.
-        for side in ((False, True) if round_ % 2 == 0 else (True, False)):
+        for side in order[round_ % len(order):] + order[:round_ % len(order)]:
             bench, introspect = sides[side]
             for name, value in run_once(bench, args.filter, args.min_time, introspect).items():
                 samples[side].setdefault(name, []).append(value)
         print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr)
-    reference, judged = ("baseline", "off") if args.baseline else ("off", "on")
-    print(f"{'row':62} {reference + ' ns':>10} {judged + ' ns':>10} {judged + '/' + reference:>12} {'goal':>6}")
+    header = f"{'row (median ns over rounds)':62} {'off':>9} {'on':>9} {'on/off':>8} {'goal':>5}"
+    if args.baseline:
+        header += f" {'baseline':>9} {'off/base':>8}"
+    print(header)
     failed = False
-    for name in sorted(samples[False]):
-        if name not in samples[True]:
+    for name in sorted(samples["off"]):
+        if any(name not in samples[side] for side in sides):
             continue
-        off = statistics.median(samples[False][name])
-        on = statistics.median(samples[True][name])
-        ratio = on / off
+        median = {side: statistics.median(samples[side][name]) for side in sides}
         goal = 1.02 if name == RING_64 else 1.01
-        verdict = "" if ratio <= goal else "  over"
-        failed |= ratio > goal
-        print(f"{name:62} {off:10.0f} {on:10.0f} {ratio:12.3f} {goal:6.2f}{verdict}")
+        on_off, over = ratio_text(median["on"], median["off"], goal)
+        failed |= over
+        line = f"{name:62} {median['off']:9.0f} {median['on']:9.0f} {on_off} {goal:5.2f}"
+        if args.baseline:
+            off_base, _ = ratio_text(median["off"], median["baseline"], None)
+            line += f" {median['baseline']:9.0f} {off_base}"
+        print(line)
     return 1 if failed else 0
 
 

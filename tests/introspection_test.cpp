@@ -123,6 +123,7 @@ class IntrospectionTest : public ::testing::TestWithParam<ferry::Transport> {
 
 TEST_P(IntrospectionTest, SnapshotCountsWhatWasSentAndReceived) {
   constexpr int kMessages = 100;
+  ferry::enable_introspection();  // the forked child inherits it
   ferry::ChannelOptions options;
   options.name = "jobs";
   auto [sender, receiver] = ferry::channel<Item>(GetParam(), options);
@@ -139,6 +140,7 @@ TEST_P(IntrospectionTest, SnapshotCountsWhatWasSentAndReceived) {
     CHILD_CHECK(end->bytes > 0);
     CHILD_CHECK(end->state == "open");
     CHILD_CHECK(end->transport == ferry::transport_name(GetParam()));
+    CHILD_CHECK(!end->in_flight.has_value());  // a receiver does not know it
     bytes = end->bytes;
     CHILD_CHECK(bytes >= kMessages * sizeof(int));
   });
@@ -150,6 +152,7 @@ TEST_P(IntrospectionTest, SnapshotCountsWhatWasSentAndReceived) {
   EXPECT_EQ(end->messages, static_cast<std::uint64_t>(kMessages));
   EXPECT_GT(end->bytes, static_cast<std::uint64_t>(kMessages * sizeof(int)));
   EXPECT_EQ(end->tensors, 0u);
+  EXPECT_FALSE(end->in_flight.has_value());  // deliveries not tracked: not known
   EXPECT_EQ(end->transport, ferry::transport_name(GetParam()));
   EXPECT_EQ(end->state, "open");
   EXPECT_EQ(mine.pid, ::getpid());
@@ -163,6 +166,7 @@ TEST_P(IntrospectionTest, SnapshotCountsWhatWasSentAndReceived) {
 }
 
 TEST_P(IntrospectionTest, TensorsAndNewSegmentsAreCounted) {
+  ferry::enable_introspection();
   ferry::ChannelOptions options;
   options.name = "tensors";
   auto [sender, receiver] = ferry::channel<ferry::Tensor>(GetParam(), options);
@@ -182,6 +186,95 @@ TEST_P(IntrospectionTest, TensorsAndNewSegmentsAreCounted) {
   EXPECT_GE(end->new_segments, 1u);
   EXPECT_GT(mine.shared_memory.segments, 0u);
   EXPECT_TRUE(ferry::test::child_succeeded(child));
+}
+
+TEST_P(IntrospectionTest, NothingIsCountedWhileOffAndCountsStartWhenTurnedOn) {
+  ASSERT_FALSE(ferry::introspection_enabled());
+  ferry::ChannelOptions options;
+  options.name = "late";
+  auto [sender, receiver] = ferry::channel<ferry::Tensor>(GetParam(), options);
+  const ferry::Tensor tensor = ferry::Tensor::zeros({64}, ferry::DType::Float32);
+  for (int i = 0; i < 5; ++i) sender.send(tensor);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(receiver.recv().has_value());
+  std::optional<ferry::EndSnapshot> sent = find_end(ferry::snapshot(), "late", true);
+  ASSERT_TRUE(sent.has_value());
+  EXPECT_EQ(sent->messages, 0u);
+  EXPECT_EQ(sent->bytes, 0u);
+  EXPECT_EQ(sent->tensors, 0u);
+  EXPECT_EQ(find_end(ferry::snapshot(), "late", false)->messages, 0u);
+
+  ferry::enable_introspection();
+  for (int i = 0; i < 3; ++i) sender.send(tensor);
+  sent = find_end(ferry::snapshot(), "late", true);
+  ASSERT_TRUE(sent.has_value());
+  EXPECT_EQ(sent->messages, 3u);
+  EXPECT_EQ(sent->tensors, 3u);
+  EXPECT_GT(sent->bytes, 0u);
+  EXPECT_FALSE(sent->in_flight.has_value());  // deliveries are not tracked
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(receiver.recv().has_value());
+  EXPECT_EQ(find_end(ferry::snapshot(), "late", false)->messages, 3u);
+
+  ferry::disable_introspection();
+  sender.send(tensor);
+  ASSERT_TRUE(receiver.recv().has_value());
+  EXPECT_EQ(find_end(ferry::snapshot(), "late", true)->messages, 3u);
+  EXPECT_EQ(find_end(ferry::snapshot(), "late", false)->messages, 3u);
+}
+
+TEST_P(IntrospectionTest, InFlightIsExactWhereDeliveriesAreTracked) {
+  ferry::ChannelOptions options;
+  options.name = "tracked";
+  auto [sender, receiver] = ferry::channel<int>(GetParam(), options);
+  sender.track_delivery();
+  for (int i = 0; i < 4; ++i) sender.send(i);  // before introspection: not counted
+  ferry::enable_introspection();
+  for (int i = 4; i < 7; ++i) sender.send(i);
+  std::optional<ferry::EndSnapshot> sent = find_end(ferry::snapshot(), "tracked", true);
+  ASSERT_TRUE(sent.has_value() && sent->in_flight.has_value());
+  // Sequence numbers count from the stream's start, not from when introspection began.
+  EXPECT_EQ(*sent->in_flight, 7u);
+  EXPECT_EQ(sent->messages, 3u);
+  for (int i = 0; i < 5; ++i) ASSERT_EQ(receiver.recv(), i);
+  sender.send(7);  // the sender reads the board as it sends
+  sent = find_end(ferry::snapshot(), "tracked", true);
+  ASSERT_TRUE(sent.has_value() && sent->in_flight.has_value());
+  EXPECT_EQ(*sent->in_flight, 3u);  // 5, 6 and 7
+  EXPECT_FALSE(find_end(ferry::snapshot(), "tracked", false)->in_flight.has_value());
+}
+
+TEST_P(IntrospectionTest, PeerPidOfAChannelPairFollowsTheProcessThatTookTheEnd) {
+  ferry::ChannelOptions options;
+  options.name = "pair";
+  auto [sender, receiver] = ferry::channel<int>(GetParam(), options);
+  auto [reply, replies] = ferry::channel<int>(GetParam());
+  // Both ends here: the peer is this process.
+  EXPECT_EQ(find_end(ferry::snapshot(), "pair", true)->peer_pid, std::optional<pid_t>(::getpid()));
+  EXPECT_EQ(find_end(ferry::snapshot(), "pair", false)->peer_pid, std::optional<pid_t>(::getpid()));
+  const pid_t parent = ::getpid();
+  const pid_t child = ferry::test::fork_child([&, &receiver = receiver, &reply = reply] {
+    CHILD_CHECK(receiver.recv() == std::optional<int>(1));  // takes the receiving end
+    const std::optional<ferry::EndSnapshot> mine = find_end(ferry::snapshot(), "pair", false);
+    CHILD_CHECK(mine.has_value() && mine->peer_pid == std::optional<pid_t>(parent));
+    reply.send(2);
+    CHILD_CHECK(!receiver.recv().has_value());
+  });
+  receiver.close();  // this process's copy only: the child took it
+  sender.send(1);
+  ASSERT_EQ(replies.recv(), std::optional<int>(2));
+  EXPECT_EQ(find_end(ferry::snapshot(), "pair", true)->peer_pid, std::optional<pid_t>(child));
+  sender.close();
+  EXPECT_TRUE(ferry::test::child_succeeded(child));
+}
+
+TEST(IntrospectionPeerPid, AnEndHandedAwayLeavesItsPeerUnknown) {
+  ferry::ChannelOptions options;
+  options.name = "handed away";
+  auto [sender, receiver] = ferry::channel<int>(ferry::Transport::UnixSocket, options);
+  ASSERT_EQ(find_end(ferry::snapshot(), "handed away", true)->peer_pid, std::optional<pid_t>(::getpid()));
+  // An end handed to a process that rebuilds it from its descriptors (a pickled end, an
+  // exec-started worker's): this side cannot tell which process that is.
+  ferry::detail::EndAccess::core(receiver).hand_away();
+  EXPECT_FALSE(find_end(ferry::snapshot(), "handed away", true)->peer_pid.has_value());
 }
 
 TEST_P(IntrospectionTest, StalledReceiverShowsTheSenderBlocked) {
@@ -253,8 +346,8 @@ TEST_F(IntrospectionServerTest, AnswersASnapshotOverItsSocket) {
   ferry::ChannelOptions options;
   options.name = "over \"the\" socket";
   auto [sender, receiver] = ferry::channel<int>(ferry::Transport::ShmRing, options);
-  for (int i = 0; i < 5; ++i) sender.send(i);
   ferry::enable_introspection();
+  for (int i = 0; i < 5; ++i) sender.send(i);
   EXPECT_TRUE(ferry::introspection_enabled());
   EXPECT_TRUE(socket_listed(::getpid()));
   const std::string reply = ask(::getpid(), "snapshot\n");
@@ -461,7 +554,9 @@ TEST_F(IntrospectionServerTest, ListenersAndFanoutsAreListed) {
     if (end.peer_pid == ::getpid() && end.state == "open") ++with_peer;
   }
   EXPECT_EQ(with_peer, 2);
-  ferry::Distributor<int> distributor;
+  ferry::FanoutOptions labelled;
+  labelled.name = "workers";
+  ferry::Distributor<int> distributor(labelled);
   auto [a, a_out] = ferry::channel<int>(ferry::Transport::Pipe);
   auto [b, b_out] = ferry::channel<int>(ferry::Transport::Pipe);
   distributor.add(std::move(a));
@@ -470,8 +565,39 @@ TEST_F(IntrospectionServerTest, ListenersAndFanoutsAreListed) {
   const ferry::Snapshot mine = ferry::snapshot();
   ASSERT_EQ(mine.fanouts.size(), 1u);
   EXPECT_EQ(mine.fanouts[0].kind, "distributor");
+  EXPECT_EQ(mine.fanouts[0].label, "workers");
   ASSERT_EQ(mine.fanouts[0].consumers.size(), 2u);
   EXPECT_EQ(mine.fanouts[0].consumers[0].sent + mine.fanouts[0].consumers[1].sent, 1u);
+  EXPECT_NE(ferry::to_json(mine).find(R"("kind":"distributor","label":"workers")"), std::string::npos);
+}
+
+TEST(IntrospectionInProcess, InProcessChannelsAreListedWithTheirQueuesCounts) {
+  ferry::ChannelOptions options;
+  options.name = "local";
+  const std::size_t ends_before = ferry::snapshot().ends.size();
+  {
+    auto [sender, receiver] = ferry::channel<std::string>(ferry::Transport::InProcess, options);
+    for (int i = 0; i < 3; ++i) sender.send("value " + std::to_string(i));
+    ASSERT_EQ(receiver.recv(), std::optional<std::string>("value 0"));
+    const ferry::Snapshot mine = ferry::snapshot();
+    EXPECT_EQ(mine.ends.size(), ends_before + 2);
+    const std::optional<ferry::EndSnapshot> sent = find_end(mine, "local", true);
+    const std::optional<ferry::EndSnapshot> received = find_end(mine, "local", false);
+    ASSERT_TRUE(sent.has_value() && received.has_value());
+    EXPECT_EQ(sent->transport, "in_process");
+    EXPECT_EQ(sent->messages, 3u);
+    EXPECT_EQ(sent->in_flight, std::optional<std::uint64_t>(2));
+    EXPECT_EQ(sent->peer_pid, std::optional<pid_t>(::getpid()));
+    EXPECT_EQ(sent->state, "open");
+    EXPECT_NE(sent->id, received->id);
+    EXPECT_EQ(received->messages, 1u);
+    EXPECT_FALSE(received->in_flight.has_value());
+    EXPECT_NE(ferry::to_json(mine).find(R"("label":"local","transport":"in_process")"), std::string::npos);
+    sender.close();
+    EXPECT_EQ(find_end(ferry::snapshot(), "local", true)->state, "closed");
+    EXPECT_EQ(find_end(ferry::snapshot(), "local", false)->state, "open");
+  }
+  EXPECT_EQ(ferry::snapshot().ends.size(), ends_before);  // gone with the queue
 }
 
 }  // namespace

@@ -124,11 +124,12 @@ class PySelector {
 
 // ---- Distributor and Broadcast ----------------------------------------------------------
 
-FanoutOptions fanout_options(std::size_t max_in_flight, double liveness_check_interval) {
+FanoutOptions fanout_options(std::size_t max_in_flight, double liveness_check_interval, std::string name) {
   if (max_in_flight < 1) throw py::value_error("max_in_flight must be at least 1");
   if (!(liveness_check_interval >= 0)) throw py::value_error("liveness_check_interval must be a number of seconds >= 0");
   FanoutOptions options;
   options.max_in_flight = max_in_flight;
+  options.name = std::move(name);
   options.liveness_check_interval = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::duration<double>(std::min(liveness_check_interval, 1e6)));
   return options;
@@ -155,8 +156,8 @@ py::list stats_list(const std::vector<ConsumerStats>& stats) {
 template <class F>
 class PyFanout {
  public:
-  PyFanout(std::size_t max_in_flight, double liveness_check_interval)
-      : fanout_(std::make_unique<F>(fanout_options(max_in_flight, liveness_check_interval))) {}
+  PyFanout(std::size_t max_in_flight, double liveness_check_interval, std::string name)
+      : fanout_(std::make_unique<F>(fanout_options(max_in_flight, liveness_check_interval, std::move(name)))) {}
   ~PyFanout() {
     if (_Py_IsFinalizing() == 0 && PyGILState_Check() == 1) {
       py::gil_scoped_release release;  // closing may wait for room to end the streams
@@ -342,10 +343,12 @@ void bind_fanout(py::module_& module) {
       "A consumer that closed or died is removed, and the messages it never received are handed back by "
       "take_undelivered(). Thread-safe.");
   distributor
-      .def(py::init<std::size_t, double>(), py::arg("max_in_flight") = FanoutOptions{}.max_in_flight,
+      .def(py::init<std::size_t, double, std::string>(), py::arg("max_in_flight") = FanoutOptions{}.max_in_flight,
            py::arg("liveness_check_interval") =
                std::chrono::duration<double>(FanoutOptions{}.liveness_check_interval).count(),
-           "FanoutOptions as keyword arguments (liveness_check_interval in seconds).")
+           py::kw_only(), py::arg("name") = "",
+           "FanoutOptions as keyword arguments (liveness_check_interval in seconds; name: the label "
+           "ferry.snapshot() and the ferry tool show).")
       .def(
           "send",
           [](PyDistributor& self, py::handle message) { (void)self.send(message, py::none(), "Distributor.send()"); },
@@ -371,10 +374,12 @@ void bind_fanout(py::module_& module) {
       "with max_in_flight messages in flight is waited for (send) or, after send_for's timeout, misses the message. "
       "Thread-safe.");
   broadcast
-      .def(py::init<std::size_t, double>(), py::arg("max_in_flight") = FanoutOptions{}.max_in_flight,
+      .def(py::init<std::size_t, double, std::string>(), py::arg("max_in_flight") = FanoutOptions{}.max_in_flight,
            py::arg("liveness_check_interval") =
                std::chrono::duration<double>(FanoutOptions{}.liveness_check_interval).count(),
-           "FanoutOptions as keyword arguments (liveness_check_interval in seconds).")
+           py::kw_only(), py::arg("name") = "",
+           "FanoutOptions as keyword arguments (liveness_check_interval in seconds; name: the label "
+           "ferry.snapshot() and the ferry tool show).")
       .def(
           "send",
           [](PyBroadcast& self, py::handle message) { return self.send(message, py::none(), "Broadcast.send()"); },

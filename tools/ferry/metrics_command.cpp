@@ -110,7 +110,10 @@ void add_end(Exposition& out, const Snapshot& s, const EndSnapshot& end) {
           labels, std::to_string(end.new_segments));
   out.add("ferry_end_blocked_seconds_total", "counter",
           "Time a channel end spent blocked waiting for room or for a message.", labels, seconds_text(end.blocked_ns));
-  out.add("ferry_end_in_flight", "gauge", "Messages in flight on a channel end.", labels, std::to_string(end.in_flight));
+  if (end.in_flight) {  // absent where not known
+    out.add("ferry_end_in_flight", "gauge", "Messages in flight on a channel end.", labels,
+            std::to_string(*end.in_flight));
+  }
   out.add("ferry_end_blocked", "gauge", "1 while a channel end is blocked waiting, 0 otherwise.", labels,
           end.blocked_now ? "1" : "0");
   std::uint64_t idle = end.last_activity_ns > 0 && end.last_activity_ns <= s.monotonic_ns ? s.monotonic_ns - end.last_activity_ns : 0;

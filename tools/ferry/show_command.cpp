@@ -37,7 +37,7 @@ std::string ends_section(const Snapshot& snapshot) {
                            : human_duration_ns(static_cast<double>(snapshot.monotonic_ns - end.last_activity_ns));
     table.add_row({std::to_string(end.id), end.direction, end.label.empty() ? "-" : end.label, end.transport,
                    optional_number(end.peer_pid), end.state, std::to_string(end.messages), human_bytes(static_cast<double>(end.bytes)),
-                   std::to_string(end.tensors), std::to_string(end.new_segments), std::to_string(end.in_flight),
+                   std::to_string(end.tensors), std::to_string(end.new_segments), optional_number(end.in_flight),
                    human_duration_ns(static_cast<double>(end.blocked_ns)), end.blocked_now ? "blocked" : "-", idle});
   }
   return out + indented(table);

@@ -101,7 +101,7 @@ EndSnapshot read_end(const Reader& in) {
   end.bytes = in.u64("bytes");
   end.tensors = in.u64("tensors");
   end.new_segments = in.u64("new_segments");
-  end.in_flight = in.u64("in_flight");
+  end.in_flight = in.optional_i64("in_flight");
   end.blocked_ns = in.u64("blocked_ns");
   end.blocked_now = in.boolean("blocked_now");
   end.last_activity_ns = in.u64("last_activity_ns");

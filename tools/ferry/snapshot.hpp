@@ -33,7 +33,7 @@ struct EndSnapshot {
   std::uint64_t bytes = 0;
   std::uint64_t tensors = 0;
   std::uint64_t new_segments = 0;
-  std::uint64_t in_flight = 0;
+  std::optional<std::int64_t> in_flight;  ///< null: not known (no return board, or a receiver)
   std::uint64_t blocked_ns = 0;
   bool blocked_now = false;
   std::uint64_t last_activity_ns = 0;

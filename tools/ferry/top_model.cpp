@@ -78,7 +78,7 @@ Table rows_table(const std::vector<TopRow>& rows) {
                    end.peer_pid ? std::to_string(*end.peer_pid) : "-",
                    row.has_rates ? human_count(row.messages_per_second) : "-",
                    row.has_rates ? human_byte_rate(row.bytes_per_second) : "-", human_count(static_cast<double>(end.messages)),
-                   std::to_string(end.in_flight), row.has_rates ? human_percent(row.blocked_percent) : "-",
+                   end.in_flight ? std::to_string(*end.in_flight) : "-", row.has_rates ? human_percent(row.blocked_percent) : "-",
                    state_text(row)});
   }
   return table;

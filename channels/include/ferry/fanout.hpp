@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "ferry/channel_options.hpp"
 
@@ -37,6 +38,8 @@ struct FanoutOptions {
   /// that died or closed is removed within about this long, at one of the next eight sends
   /// (at the next, when every consumer is full; a send to it that fails removes it at once).
   std::chrono::milliseconds liveness_check_interval{10};
+  /// The label introspection shows for the fan-out (ferry/introspection.hpp); may be empty.
+  std::string name;
 };
 
 /// Names a consumer of a Distributor or Broadcast (add() returns it; never reused).

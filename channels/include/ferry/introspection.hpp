@@ -3,8 +3,10 @@
 // socket that the `ferry` command reads (ferry ps / top / show / metrics).
 //
 // Contract:
-// - snapshot() works whether introspection is on or off; the counters behind it are kept
-//   either way. Blocked time and last activity are measured only while introspection is on.
+// - snapshot() works whether introspection is on or off. The per-end counters (messages,
+//   bytes, tensors, new segments, in flight, blocked time, last activity) are kept only
+//   while it is on, so that a process that does not look pays nothing per message: they
+//   count from when it was turned on.
 // - Introspection is off by default. It is on when the environment variable
 //   FERRY_INTROSPECT=1 is set as ferry starts in the process (read once), or after
 //   enable_introspection(). While on, one background thread serves snapshots on the
@@ -38,7 +40,10 @@ struct EndSnapshot {
   std::uint64_t bytes = 0;     ///< frame bytes on the wire (tensor data in shared memory not counted)
   std::uint64_t tensors = 0;   ///< tensor storages named by those messages
   std::uint64_t new_segments = 0;  ///< shared-memory segments they introduced to the receiver
-  std::uint64_t in_flight = 0;     ///< sender: messages the receiver has not resolved yet, as far as known
+  /// Sender: messages its receiver has not returned from recv() yet, where the receiver
+  /// records deliveries on the connection's return board (Sender::track_delivery(), which
+  /// fan-outs call); nullopt (not known) otherwise, and for a receiver.
+  std::optional<std::uint64_t> in_flight;
   std::uint64_t blocked_ns = 0;    ///< total time waiting for room or for a message
   bool blocked_now = false;        ///< inside such a wait right now
   std::int64_t last_activity_ns = 0;  ///< CLOCK_MONOTONIC of the last message (0: none seen)

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "ends/in_process_queue.hpp"
+#include "ends/pair_pids.hpp"
 #include "ferry/detail/frame_channel.hpp"
 #include "ferry/error.hpp"
 #include "ferry/select.hpp"
@@ -204,12 +205,14 @@ ReceiverEnd receiver_end_over(std::unique_ptr<FrameReader> reader, Transport tra
 std::pair<SenderEnd, ReceiverEnd> make_channel_ends(Transport transport, const ChannelOptions& options,
                                                     std::uint64_t fingerprint, std::string_view type_name) {
   if (transport == Transport::InProcess) {
-    auto queue = std::make_shared<InProcessQueue>(options.queue_capacity);
+    auto queue = std::make_shared<InProcessQueue>(options.queue_capacity, options.name);
     return {SenderEnd(queue), ReceiverEnd(queue)};
   }
   auto [writer, reader] = make_transport(transport, options.limits, options.ring_capacity, options.ring_timing());
-  SenderEnd sender = sender_end_over(std::move(writer), transport, options);
-  return {std::move(sender), receiver_end_over(std::move(reader), transport, fingerprint, type_name, options)};
+  auto pair = std::make_shared<PairPids>();
+  SenderEnd sender(std::make_unique<SenderCore>(std::move(writer), transport, options, pair));
+  return {std::move(sender), ReceiverEnd(std::make_unique<ReceiverCore>(std::move(reader), transport, fingerprint,
+                                                                        type_name, options, std::move(pair)))};
 }
 
 DuplexEnds make_duplex_ends(Transport transport, const ChannelOptions& options, std::uint64_t a_fingerprint,
@@ -221,10 +224,15 @@ DuplexEnds make_duplex_ends(Transport transport, const ChannelOptions& options, 
     return ends;
   }
   DuplexTransport made = make_duplex_transport(transport, options.limits, options.ring_capacity, options.ring_timing());
-  ends.a_sender = sender_end_over(std::move(made.a_writer), transport, options);
-  ends.a_receiver = receiver_end_over(std::move(made.a_reader), transport, b_fingerprint, b_type_name, options);
-  ends.b_sender = sender_end_over(std::move(made.b_writer), transport, options);
-  ends.b_receiver = receiver_end_over(std::move(made.b_reader), transport, a_fingerprint, a_type_name, options);
+  // a_sender's frames reach b_receiver, b_sender's a_receiver: a word per direction.
+  auto a_to_b = std::make_shared<PairPids>();
+  auto b_to_a = std::make_shared<PairPids>();
+  ends.a_sender = SenderEnd(std::make_unique<SenderCore>(std::move(made.a_writer), transport, options, a_to_b));
+  ends.a_receiver = ReceiverEnd(std::make_unique<ReceiverCore>(std::move(made.a_reader), transport, b_fingerprint,
+                                                               b_type_name, options, b_to_a));
+  ends.b_sender = SenderEnd(std::make_unique<SenderCore>(std::move(made.b_writer), transport, options, b_to_a));
+  ends.b_receiver = ReceiverEnd(std::make_unique<ReceiverCore>(std::move(made.b_reader), transport, a_fingerprint,
+                                                               a_type_name, options, a_to_b));
   return ends;
 }
 

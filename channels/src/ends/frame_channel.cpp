@@ -2,6 +2,7 @@
 
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
+#include "ends/pair_pids.hpp"
 #include "ferry/wait_interruption.hpp"
 #include "introspection/describe_end.hpp"
 
@@ -30,7 +31,8 @@ HandlePassing handle_passing(const TransportCapabilities& capabilities) noexcept
 
 }  // namespace
 
-SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options)
+SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options,
+                       std::shared_ptr<PairPids> pair)
     : writer_(std::move(writer)),
       encoder_(std::make_unique<MessageEncoder>(handle_passing(writer_->capabilities()),
                                                 options.pool)),
@@ -42,18 +44,25 @@ SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport,
   // start, so a forked child's use is refused (EndOwnedElsewhere) and never takes it over.
   if (transport == Transport::Ucx) claim_.adopt();
   stats_.id = next_end_id();
+  pair_ = std::move(pair);
   track();
 }
 
 void SenderCore::describe(Snapshot& out) const {
-  const std::uint64_t sent = stats_.messages.load(std::memory_order_relaxed);
-  const std::uint64_t resolved = stats_.resolved.load(std::memory_order_relaxed);
-  describe_end(out, stats_, EndFacts{true, transport_, options_.name, open_.load(std::memory_order_relaxed),
-                                     resolved != 0 && resolved < sent ? sent - resolved : 0});
+  constexpr auto relaxed = std::memory_order_relaxed;
+  std::optional<std::uint64_t> in_flight;  // known only where the connection has a return board
+  if (stats_.board.load(relaxed)) {
+    const std::uint64_t sent = stats_.sequence.load(relaxed);
+    const std::uint64_t resolved = stats_.resolved.load(relaxed);
+    in_flight = resolved < sent ? sent - resolved : 0;
+  }
+  describe_end(out, stats_,
+               EndFacts{true, transport_, options_.name, open_.load(relaxed), in_flight, pair_ ? pair_->get(false) : 0});
 }
 
 void SenderCore::adopt() noexcept {
   claim_.adopt();
+  if (pair_) pair_->set(true, current_process_id());
   try {
     encoder_->adopt();  // a used end taken over by a forked worker: its returns come here
   } catch (...) {
@@ -71,6 +80,7 @@ void SenderCore::hand_over() noexcept {
 
 void SenderCore::hand_away() noexcept {
   claim_.mark_handed_away();
+  if (pair_) pair_->set(true, 0);  // the process that rebuilds it is not known here
   detach();
 }
 
@@ -83,9 +93,10 @@ bool SenderCore::send_serialized_by_owner(const void* message, const SentType& t
   return send_locked(message, type, deadline);
 }
 
-bool SenderCore::send_locked(const void* message, const SentType& type, const Deadline& deadline) {
+// Inlined into send_locked() (and the counted copy), so that the plain path gains no call.
+[[gnu::always_inline]] inline bool SenderCore::send_uncounted(const void* message, const SentType& type,
+                                                              const Deadline& deadline) {
   if (!open_.load(std::memory_order_relaxed) || !claim_.owned_by_caller()) [[unlikely]] ensure_usable();
-  const ActiveEnd active(stats_);
   collect_acknowledgements();
   const EncodedFrame* frame = nullptr;
   try {
@@ -96,6 +107,29 @@ bool SenderCore::send_locked(const void* message, const SentType& type, const De
     throw;
   }
   return write_locked(*frame, deadline);
+}
+
+bool SenderCore::send_locked(const void* message, const SentType& type, const Deadline& deadline) {
+  if (introspecting()) [[unlikely]] return send_counted(message, type, deadline);
+  return send_uncounted(message, type, deadline);
+}
+
+// Out of line: while introspection is off, the send path carries none of this.
+[[gnu::noinline]] bool SenderCore::send_counted(const void* message, const SentType& type, const Deadline& deadline) {
+  const ActiveEnd active(stats_);
+  if (!send_uncounted(message, type, deadline)) return false;
+  const FrameHeader& header = encoder_->header();
+  stats_.count(sizeof(FrameHeader) + payload_bytes(header), header.handle_count, header.segment_count);
+  // In flight is known where the receiver records every delivery on the return board
+  // (track_delivery(), as fan-outs do): the board's other claims (frames with new blocks)
+  // say nothing of the frames between them.
+  constexpr auto relaxed = std::memory_order_relaxed;
+  stats_.sequence.store(header.sequence, relaxed);
+  if (stats_.board.load(relaxed) || encoder_->has_delivery_board()) [[unlikely]] {
+    stats_.resolved.store(encoder_->resolved_on_board(), relaxed);
+    stats_.board.store(true, relaxed);
+  }
+  return true;
 }
 
 SenderCore::~SenderCore() {
@@ -137,6 +171,7 @@ void SenderCore::ensure_usable() {
     throw ChannelClosed("cannot send: this Sender was closed");
   }
   claim_.claim_for_use("Sender");
+  if (pair_) pair_->set(true, current_process_id());  // taken by this process (its first use here)
 }
 
 void SenderCore::check_limits() const {
@@ -207,9 +242,6 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
     return false;
   }
   encoder_->commit();
-  const FrameHeader& header = encoder_->header();
-  stats_.count(frame.bytes, header.handle_count, header.segment_count);
-  stats_.resolved.store(encoder_->resolved_on_board(), std::memory_order_relaxed);
   return true;
 }
 
@@ -375,18 +407,22 @@ std::size_t SenderCore::segments_awaiting_acknowledgement() {
 // ---- receiver ----------------------------------------------------------------
 
 ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
-                           std::string_view type_name, const ChannelOptions& options)
+                           std::string_view type_name, const ChannelOptions& options,
+                           std::shared_ptr<PairPids> pair)
     : reader_(std::move(reader)),
       decoder_(std::make_unique<MessageDecoder>(fingerprint, type_name)),
       transport_(transport),
       options_(options) {
   if (transport == Transport::Ucx) claim_.adopt();  // as SenderCore's: UCX never crosses fork
   stats_.id = next_end_id();
+  pair_ = std::move(pair);
   track();
 }
 
 void ReceiverCore::describe(Snapshot& out) const {
-  describe_end(out, stats_, EndFacts{false, transport_, options_.name, open_.load(std::memory_order_relaxed), 0});
+  describe_end(out, stats_,
+               EndFacts{false, transport_, options_.name, open_.load(std::memory_order_relaxed), std::nullopt,
+                        pair_ ? pair_->get(true) : 0});
 }
 
 ReceiverCore::~ReceiverCore() {
@@ -398,6 +434,7 @@ ReceiverCore::~ReceiverCore() {
 
 void ReceiverCore::adopt() noexcept {
   claim_.adopt();
+  if (pair_) pair_->set(false, current_process_id());
   try {
     decoder_->register_as_holder();
   } catch (const std::exception&) {
@@ -406,9 +443,9 @@ void ReceiverCore::adopt() noexcept {
   }
 }
 
-ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Deadline& deadline) {
-  std::lock_guard lock(mutex_);
-  const ActiveEnd active(stats_);
+// Inlined into receive() (and the counted copy), so that the plain path gains no call.
+[[gnu::always_inline]] inline ReadStatus ReceiverCore::receive_uncounted(void* out, const ReceivedType& type,
+                                                                         const Deadline& deadline) {
   const ReadStatus status = next_locked(deadline);
   if (status != ReadStatus::Frame) return status;
   try {
@@ -422,9 +459,25 @@ ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Dead
     throw;
   }
   reader_->release();  // the payload may lie in the transport's memory until decoded
-  stats_.count(sizeof(FrameHeader) + payload_bytes(header_), header_.handle_count, header_.segment_count);
   decoder_->mark_delivered();
   if (const std::uint64_t tracked = decoder_->tracked_sequence()) reader_->frame_delivered(tracked);
+  return status;
+}
+
+ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Deadline& deadline) {
+  std::lock_guard lock(mutex_);
+  if (introspecting()) [[unlikely]] return receive_counted(out, type, deadline);
+  return receive_uncounted(out, type, deadline);
+}
+
+// Out of line: while introspection is off, the receive path carries none of this.
+[[gnu::noinline]] ReadStatus ReceiverCore::receive_counted(void* out, const ReceivedType& type,
+                                                           const Deadline& deadline) {
+  const ActiveEnd active(stats_);
+  const ReadStatus status = receive_uncounted(out, type, deadline);
+  if (status == ReadStatus::Frame) {
+    stats_.count(sizeof(FrameHeader) + payload_bytes(header_), header_.handle_count, header_.segment_count);
+  }
   return status;
 }
 
@@ -448,6 +501,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
       return ReadStatus::Closed;
     }
     claim_.claim_for_use("Receiver");
+    if (pair_) pair_->set(false, current_process_id());  // taken by this process (its first use here)
   }
   used_ = true;
   if (!dead_.empty()) throw PeerDied(dead_);
@@ -493,6 +547,7 @@ void ReceiverCore::close() noexcept { close_as(closes_for_everyone()); }
 
 void ReceiverCore::hand_away() noexcept {
   claim_.mark_handed_away();
+  if (pair_) pair_->set(false, 0);  // the process that rebuilds it is not known here
   detach();
 }
 

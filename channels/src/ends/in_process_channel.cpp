@@ -16,7 +16,9 @@
 #include <mutex>
 #include <string>
 
+#include "ferry/detail/live_ends.hpp"
 #include "ferry/error.hpp"
+#include "ferry/introspection.hpp"
 #include "ferry/wait_interruption.hpp"
 
 namespace ferry::detail {
@@ -75,9 +77,42 @@ struct InProcessQueue::State {
   bool end_seen = false;
 };
 
-InProcessQueue::InProcessQueue(std::size_t capacity) : state_(std::make_unique<State>(capacity)) {}
+InProcessQueue::InProcessQueue(std::size_t capacity, std::string label)
+    : state_(std::make_unique<State>(capacity)),
+      label_(std::move(label)),
+      sender_id_(next_end_id()),
+      receiver_id_(next_end_id()) {
+  list();
+}
 
-InProcessQueue::~InProcessQueue() = default;
+InProcessQueue::~InProcessQueue() { unlist(); }
+
+void InProcessQueue::describe(Snapshot& out) const {
+  const State& s = *state_;
+  const std::uint64_t taken = s.taken.load(std::memory_order_acquire);
+  const bool receiver_closed = s.receiver_closed.load(std::memory_order_acquire);
+  // A send in progress holds the mutex: then the sender is open, and what it sent is what
+  // was taken plus what the queue holds.
+  std::uint64_t sent = taken + s.queue.size_approx();
+  bool sender_closed = false;
+  if (std::unique_lock lock(s.mutex, std::try_to_lock); lock.owns_lock()) {
+    sent = s.sent;
+    sender_closed = s.sender_closed;
+  }
+  const pid_t here = current_process_id();
+  for (const bool sends : {true, false}) {
+    EndSnapshot& end = out.ends.emplace_back();
+    end.id = sends ? sender_id_ : receiver_id_;
+    end.sends = sends;
+    end.label = label_;
+    end.transport = std::string(transport_name(Transport::InProcess));
+    if (here == creator_) end.peer_pid = here;  // a fork()'s copy reaches nobody
+    const bool closed = receiver_closed || (sends && sender_closed);
+    end.state = !sends && s.sender_dropped.load(std::memory_order_relaxed) ? "peer_died" : closed ? "closed" : "open";
+    end.messages = sends ? sent : taken;
+    if (sends) end.in_flight = sent > taken ? sent - taken : 0;
+  }
+}
 
 void InProcessQueue::throw_other_process(const char* role) const {
   throw EndOwnedElsewhere(std::string("this InProcess ") + role + " belongs to process " + std::to_string(creator_) +

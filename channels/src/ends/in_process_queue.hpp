@@ -5,11 +5,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "ferry/detail/deadline.hpp"
 #include "ferry/detail/end_claim.hpp"
 #include "ferry/detail/in_process_channel.hpp"
 #include "ferry/detail/transport.hpp"
+#include "introspection/described_list.hpp"
 
 namespace ferry::detail {
 
@@ -24,9 +26,12 @@ namespace ferry::detail {
 /// receiver reports the end only once it has received that many. A sender dropped by an
 /// exception (drop_sender()) ends the stream the same way, but the receiver then gets
 /// PeerDied instead of end of stream, as from a crashed peer on the other transports.
-class InProcessQueue {
+///
+/// Introspection lists the queue as its two ends (labelled `label`), counted by the queue's
+/// own bookkeeping since it was made.
+class InProcessQueue final : public Described {
  public:
-  explicit InProcessQueue(std::size_t capacity);
+  explicit InProcessQueue(std::size_t capacity, std::string label = {});
   ~InProcessQueue();
   InProcessQueue(const InProcessQueue&) = delete;
   InProcessQueue& operator=(const InProcessQueue&) = delete;
@@ -66,6 +71,8 @@ class InProcessQueue {
   /// they were queued (from any thread), so the receiver has taken the first taken() of them.
   std::uint64_t sent() const noexcept;
   std::uint64_t taken() const noexcept;
+  /// Both ends, for introspection; waits for no lock a send holds.
+  void describe(Snapshot& out) const override;
 
  private:
   struct State;
@@ -74,6 +81,9 @@ class InProcessQueue {
   [[noreturn]] void throw_other_process(const char* role) const;
   std::unique_ptr<State> state_;
   pid_t creator_ = current_process_id();
+  std::string label_;
+  std::uint64_t sender_id_;    // introspection's ids of the two ends (next_end_id())
+  std::uint64_t receiver_id_;
 };
 
 }  // namespace ferry::detail

@@ -1,7 +1,10 @@
 // How the ends (frame_channel.cpp) put themselves into a Snapshot.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "ferry/channel_options.hpp"
@@ -19,7 +22,8 @@ struct EndFacts {
   Transport transport = Transport::Pipe;
   const std::string& label;
   bool open = true;
-  std::uint64_t in_flight = 0;
+  std::optional<std::uint64_t> in_flight;  ///< nullopt: not known
+  pid_t pair_peer = 0;  ///< the peer's process from the pair's word (pair_pids.hpp); 0: not known
 };
 
 /// Appends one end to out.ends.

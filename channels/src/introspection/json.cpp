@@ -120,7 +120,7 @@ void write_end(JsonWriter& json, const EndSnapshot& end) {
   json.field("bytes", end.bytes);
   json.field("tensors", end.tensors);
   json.field("new_segments", end.new_segments);
-  json.field("in_flight", end.in_flight);
+  json.field_optional("in_flight", end.in_flight);
   json.field("blocked_ns", end.blocked_ns);
   json.key("blocked_now");
   json.boolean(end.blocked_now);

@@ -14,6 +14,7 @@
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/worker_table.hpp"
 #include "introspection/describe_end.hpp"
+#include "introspection/described_list.hpp"
 #include "introspection/server.hpp"
 
 namespace ferry {
@@ -26,7 +27,12 @@ void describe_end(Snapshot& out, const EndStats& stats, const EndFacts& facts) {
   end.sends = facts.sends;
   end.label = facts.label;
   end.transport = std::string(transport_name(facts.transport));
-  if (const std::int32_t peer = stats.peer_pid.load(relaxed); peer > 0) end.peer_pid = peer;
+  // An endpoint's handshake names the peer; a pair made together tells it in shared memory.
+  if (const std::int32_t peer = stats.peer_pid.load(relaxed); peer > 0) {
+    end.peer_pid = peer;
+  } else if (facts.pair_peer > 0) {
+    end.peer_pid = facts.pair_peer;
+  }
   end.state = stats.peer_died.load(relaxed) ? "peer_died" : facts.open ? "open" : "closed";
   end.messages = stats.messages.load(relaxed);
   end.bytes = stats.bytes.load(relaxed);
@@ -83,6 +89,7 @@ struct RegisteredFanout {
   const char* kind;
   void* fanout;
   TryFanoutStats stats;
+  std::string label;
   std::vector<ConsumerStats> last;  // what try_stats() gave last
 };
 
@@ -106,10 +113,11 @@ FanoutList& fanout_list() {
 
 }  // namespace
 
-FanoutRegistration::FanoutRegistration(const char* kind, void* fanout, TryFanoutStats stats) : fanout_(fanout) {
+FanoutRegistration::FanoutRegistration(const char* kind, void* fanout, TryFanoutStats stats, std::string label)
+    : fanout_(fanout) {
   FanoutList& list = fanout_list();
   std::lock_guard lock(list.mutex);
-  list.fanouts.push_back(RegisteredFanout{kind, fanout, stats, {}});
+  list.fanouts.push_back(RegisteredFanout{kind, fanout, stats, std::move(label), {}});
 }
 
 FanoutRegistration::~FanoutRegistration() {
@@ -123,7 +131,7 @@ void describe_fanouts(Snapshot& out) {
   std::lock_guard lock(list.mutex);
   for (RegisteredFanout& entry : list.fanouts) {
     if (auto now = entry.stats(entry.fanout)) entry.last = std::move(*now);
-    out.fanouts.push_back(FanoutSnapshot{entry.kind, "", entry.last});
+    out.fanouts.push_back(FanoutSnapshot{entry.kind, entry.label, entry.last});
   }
 }
 
@@ -205,6 +213,7 @@ Snapshot snapshot() {
   // One lock at a time (each list's, then the allocator's): a fork() in another thread,
   // whose handlers take these locks one by one, never waits on this thread in a cycle.
   detail::describe_live_ends(out);
+  detail::describe_listed(out);
   std::sort(out.ends.begin(), out.ends.end(), [](const EndSnapshot& a, const EndSnapshot& b) { return a.id < b.id; });
   out.shared_memory = shared_memory_stats();
   out.cuda = cuda_figures();

@@ -2,15 +2,19 @@
 // kept in the end itself (SenderCore, ReceiverCore) and read by any thread without a lock.
 //
 // Contract:
+// - Kept only while introspection is on (introspecting()): a send or recv reads the flag
+//   once and, while it is off, touches nothing here (one predictable branch; a transport's
+//   wait reads the flag before anything else too). Counts therefore start when
+//   introspection is turned on.
 // - Each counter has one writer: the thread inside the end's send or recv (they run under
 //   the end's lock, or under a fan-out's, which owns the end). It adds with a relaxed load
 //   and store, no locked instruction; readers see each counter tear-free, the counters
 //   together only roughly consistent.
-// - Per message: four additions. Only while introspection is on (introspecting()): the
-//   time of the last activity, copied from a word the introspection server's thread sets
-//   every kActivityTick (no clock read per message), and the time blocked, measured on the
-//   waiting path only (a ring end that spun 16 rounds without its peer answering, a pipe or
-//   socket end about to poll): an end that finds room or a message at once reads no clock.
+// - Per message: four additions and the time of the last activity, copied from a word the
+//   introspection server's thread sets every kActivityTick (no clock read per message).
+//   The time blocked is measured on the waiting path only (a ring end that spun 16 rounds
+//   without its peer answering, a pipe or socket end about to poll): an end that finds
+//   room or a message at once reads no clock.
 #pragma once
 
 #include <atomic>
@@ -44,55 +48,49 @@ struct EndStats {
   std::atomic<std::uint64_t> blocked_ns{0};    ///< total time waiting for room or for a message
   std::atomic<std::int64_t> blocked_since_ns{0};  ///< monotonic_ns() the current wait began; 0: none
   std::atomic<std::int64_t> last_activity_ns{0};  ///< monotonic time of the last message, to kActivityTick; 0: unknown
-  std::atomic<std::uint64_t> resolved{0};  ///< sender: the last frame the receiver resolved, as far as known
+  std::atomic<std::uint64_t> sequence{0};  ///< sender: the sequence number of the last frame counted
+  std::atomic<std::uint64_t> resolved{0};  ///< sender: the last frame the receiver delivered, on the return board
+  std::atomic<bool> board{false};          ///< sender: deliveries are tracked on a return board (in flight is known)
   std::atomic<std::int32_t> peer_pid{0};   ///< 0: unknown
   std::atomic<bool> peer_died{false};
 
-  /// One message moved: `frame_bytes` on the wire, naming `storages` and introducing `segments`.
+  /// One message moved: `frame_bytes` on the wire, naming `storages` and introducing
+  /// `segments` (only while introspection is on).
   void count(std::uint64_t frame_bytes, std::uint32_t storages, std::uint32_t segments) noexcept {
     add(messages, 1);
     add(bytes, frame_bytes);
     if (storages != 0) add(tensors, storages);
     if (segments != 0) add(new_segments, segments);
-    if (introspecting()) [[unlikely]] {
-      last_activity_ns.store(g_activity_clock.load(std::memory_order_relaxed), std::memory_order_relaxed);
-    }
+    last_activity_ns.store(g_activity_clock.load(std::memory_order_relaxed), std::memory_order_relaxed);
   }
   static void add(std::atomic<std::uint64_t>& counter, std::uint64_t amount) noexcept {
     counter.store(counter.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);
   }
 };
 
-/// The end whose send or recv this thread is in, while introspection is on (else nullptr):
-/// the transports' waits charge their blocked time to it.
+/// The end whose counted send or recv this thread is in (else nullptr): the transports'
+/// waits charge their blocked time to it.
 inline constinit thread_local EndStats* t_active_end = nullptr;
 
-/// Makes `stats` the thread's active end for its lifetime (nothing while introspection is off).
+/// Makes `stats` the thread's active end for its lifetime (a send or recv counted because
+/// introspection is on).
 class ActiveEnd {
  public:
-  explicit ActiveEnd(EndStats& stats) noexcept {
-    if (introspecting()) [[unlikely]] {
-      previous_ = t_active_end;
-      t_active_end = &stats;
-      set_ = true;
-    }
-  }
-  ~ActiveEnd() {
-    if (set_) [[unlikely]] t_active_end = previous_;
-  }
+  explicit ActiveEnd(EndStats& stats) noexcept : previous_(t_active_end) { t_active_end = &stats; }
+  ~ActiveEnd() { t_active_end = previous_; }
   ActiveEnd(const ActiveEnd&) = delete;
   ActiveEnd& operator=(const ActiveEnd&) = delete;
 
  private:
-  EndStats* previous_ = nullptr;
-  bool set_ = false;
+  EndStats* previous_;
 };
 
 /// A transport's wait, charged to the thread's active end (if any): blocked from begin()
-/// until end() or destruction. Reads no clock when there is no active end.
+/// until end() or destruction. While introspection is off it reads the flag only (not the
+/// thread-local, which costs a call in a shared library), and never a clock.
 class BlockedSpan {
  public:
-  BlockedSpan() noexcept : stats_(t_active_end) {}
+  BlockedSpan() noexcept : stats_(introspecting() ? t_active_end : nullptr) {}
   ~BlockedSpan() {
     if (since_ != 0) [[unlikely]] end_at(monotonic_ns());
   }

@@ -501,7 +501,10 @@ class FanoutBase {
   }
 
  protected:
-  explicit FanoutBase(const FanoutOptions& options) : consumers_(options) {}
+  explicit FanoutBase(const FanoutOptions& options)
+      : consumers_(options),
+        registration_(Copy ? "distributor" : "broadcast", this,
+                      [](void* self) { return static_cast<FanoutBase*>(self)->try_stats(); }, options.name) {}
   /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
   ~FanoutBase() = default;
 
@@ -515,8 +518,7 @@ class FanoutBase {
   bool closed_ = false;
   // Last: registered once the rest is made, unregistered before it goes. (A Distributor
   // keeps copies of what it sent, to resend them: Copy.)
-  FanoutRegistration registration_{Copy ? "distributor" : "broadcast", this,
-                                   [](void* self) { return static_cast<FanoutBase*>(self)->try_stats(); }};
+  FanoutRegistration registration_;
 };
 
 }  // namespace ferry::detail

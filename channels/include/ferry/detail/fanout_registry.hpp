@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ferry/fanout.hpp"
@@ -17,11 +18,12 @@ namespace ferry::detail {
 /// busy (a send in progress); introspection then reports the figures it read last.
 using TryFanoutStats = std::optional<std::vector<ConsumerStats>> (*)(void* fanout);
 
-/// Keeps `fanout` in the list while it lives. Declare it as the fan-out's last member:
-/// made after what `stats` reads, destroyed before it. Neither copyable nor movable.
+/// Keeps `fanout` in the list while it lives, labelled `label` (FanoutOptions::name). Declare
+/// it as the fan-out's last member: made after what `stats` reads, destroyed before it.
+/// Neither copyable nor movable.
 class FanoutRegistration {
  public:
-  FanoutRegistration(const char* kind, void* fanout, TryFanoutStats stats);
+  FanoutRegistration(const char* kind, void* fanout, TryFanoutStats stats, std::string label = {});
   ~FanoutRegistration();
   FanoutRegistration(const FanoutRegistration&) = delete;
   FanoutRegistration& operator=(const FanoutRegistration&) = delete;

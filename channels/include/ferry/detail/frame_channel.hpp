@@ -28,13 +28,17 @@ namespace ferry::detail {
 
 class MessageDecoder;
 class MessageEncoder;
+class PairPids;
 struct EncodedFrame;
 
 
 /// The sending end of a connection, without its message type.
 class SenderCore final : public LiveEnd {
  public:
-  SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options);
+  /// `pair`: the word that tells which process holds each end, for ends made together
+  /// (channel(), duplex()); null for the others.
+  SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options,
+             std::shared_ptr<PairPids> pair = nullptr);
   ~SenderCore();
   SenderCore(const SenderCore&) = delete;
   SenderCore& operator=(const SenderCore&) = delete;
@@ -129,6 +133,9 @@ class SenderCore final : public LiveEnd {
   bool write_locked(const EncodedFrame& frame, const Deadline& deadline);
   // send(), with the end's lock held (or every use serialized by its owner).
   bool send_locked(const void* message, const SentType& type, const Deadline& deadline);
+  // send_locked(), without introspection's counters / with them (while it is on).
+  bool send_uncounted(const void* message, const SentType& type, const Deadline& deadline);
+  bool send_counted(const void* message, const SentType& type, const Deadline& deadline);
 
   std::mutex mutex_;
   std::unique_ptr<FrameWriter> writer_;
@@ -141,13 +148,15 @@ class SenderCore final : public LiveEnd {
   std::uint64_t delivered_ = 0;  // the board's last word, read before the ledger goes
   UniqueFd gone_probe_;          // receiver_gone()'s liveness probe, made at its first call
   EndStats stats_;               // introspection's counters (end_stats.hpp)
+  std::shared_ptr<PairPids> pair_;  // which process holds each end (pair_pids.hpp); may be null
 };
 
 /// The receiving end of a connection, without its message type.
 class ReceiverCore final : public LiveEnd {
  public:
   ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
-               std::string_view type_name, const ChannelOptions& options = {});
+               std::string_view type_name, const ChannelOptions& options = {},
+               std::shared_ptr<PairPids> pair = nullptr);
   ~ReceiverCore();
   ReceiverCore(const ReceiverCore&) = delete;
   ReceiverCore& operator=(const ReceiverCore&) = delete;
@@ -210,6 +219,9 @@ class ReceiverCore final : public LiveEnd {
   std::size_t leased_segments();
 
  private:
+  // receive(), with the lock held: without introspection's counters / with them.
+  ReadStatus receive_uncounted(void* out, const ReceivedType& type, const Deadline& deadline);
+  ReadStatus receive_counted(void* out, const ReceivedType& type, const Deadline& deadline);
   ReadStatus next_locked(const Deadline& deadline);
   void mark_broken(const std::string& reason);
   // Closes the end; `ending_the_stream` also shuts a duplex socket's direction down.
@@ -236,6 +248,7 @@ class ReceiverCore final : public LiveEnd {
   std::vector<std::byte> payload_;
   std::deque<UniqueFd> fds_;
   EndStats stats_;  // introspection's counters (end_stats.hpp)
+  std::shared_ptr<PairPids> pair_;  // which process holds each end (pair_pids.hpp); may be null
 };
 
 }  // namespace ferry::detail
