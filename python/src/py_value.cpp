@@ -51,15 +51,54 @@ Ref checked(PyObject* made) {
   return Ref(made);
 }
 
-// Checked as UTF-8 by the reader already; strict decoding anyway.
-PyObject* unicode(std::string_view text) {
-  return PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "strict");
+// True when every byte of `text` is ASCII: a word at a time, the tail as one overlapping word.
+bool is_ascii(std::string_view text) noexcept {
+  constexpr std::uint64_t kHighBits = 0x8080808080808080ull;
+  const char* const at = text.data();
+  const std::size_t size = text.size();
+  std::uint64_t seen = 0;
+  if (size >= sizeof seen) {
+    std::uint64_t word = 0;
+    for (std::size_t i = 0; i + sizeof word <= size; i += sizeof word) {
+      std::memcpy(&word, at + i, sizeof word);
+      seen |= word;
+    }
+    std::memcpy(&word, at + size - sizeof word, sizeof word);
+    return ((seen | word) & kHighBits) == 0;
+  }
+  for (std::size_t i = 0; i < size; ++i) seen |= static_cast<unsigned char>(at[i]);
+  return (seen & 0x80) == 0;
+}
+
+// A new str of received text, the one UTF-8 check of it (PythonBuilder::kChecksUtf8):
+// ASCII text (almost every name and key) is copied into a new str as it is; other text goes
+// through Python's strict UTF-8 decoder, which refuses what is_valid_utf8 refuses
+// (overlong forms, surrogates, code points above U+10FFFF, truncated sequences). Invalid
+// text is a ProtocolError naming `what`.
+PyObject* new_str(std::string_view text, const char* what) {
+  const auto size = static_cast<Py_ssize_t>(text.size());
+  if (is_ascii(text)) {
+    PyObject* made = PyUnicode_New(size, 127);
+    if (made == nullptr) throw_python_failure();
+    std::memcpy(PyUnicode_1BYTE_DATA(made), text.data(), text.size());
+    return made;
+  }
+  PyObject* made = PyUnicode_DecodeUTF8(text.data(), size, "strict");
+  if (made == nullptr) {
+    if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError) != 0) {
+      PyErr_Clear();
+      detail::throw_invalid_value_utf8(what);
+    }
+    throw_python_failure();
+  }
+  return made;
 }
 
 // The str objects of the dict keys received lately, by their text: a stream of messages
-// repeats the same few keys, and a key found here is not decoded again, nor hashed again
-// when it goes into the dict (a str keeps its hash). Direct-mapped; used under the GIL only;
-// its references live as long as the process (a few hundred short strs at most).
+// repeats the same few keys, and a key found here is not made again, nor hashed again when
+// it goes into the dict (a str keeps its hash). A key found here has the text of one that
+// new_str accepted, so it is valid UTF-8. Direct-mapped; used under the GIL only; its
+// references live as long as the process (a few hundred short strs at most).
 class KeyCache {
  public:
   static KeyCache& instance() {
@@ -67,16 +106,15 @@ class KeyCache {
     return *cache;
   }
 
-  // A new reference to a str of `text`.
+  // A new reference to a str of `text`; ProtocolError for invalid UTF-8.
   PyObject* key(std::string_view text) {
-    if (text.size() > kLongestKey) return unicode(text);
+    if (text.size() > kLongestKey) return new_str(text, "map key");
     Slot& slot = slots_[slot_of(text)];
     if (slot.key != nullptr && slot.size == text.size() && std::memcmp(slot.text, text.data(), text.size()) == 0) {
       Py_INCREF(slot.key);
       return slot.key;
     }
-    PyObject* made = unicode(text);
-    if (made == nullptr) return nullptr;
+    PyObject* made = new_str(text, "map key");
     Py_INCREF(made);
     Py_XDECREF(std::exchange(slot.key, made));
     slot.size = text.size();
@@ -102,9 +140,11 @@ class KeyCache {
   std::array<Slot, kSlots> slots_{};
 };
 
-// detail::read_value's builder of Python objects, one per value, nothing temporary.
+// detail::read_value's builder of Python objects, one per value, nothing temporary. It
+// checks the UTF-8 of strings and keys itself, as it makes their str objects.
 class PythonBuilder {
  public:
+  static constexpr bool kChecksUtf8 = true;
   using Object = Ref;
   struct List {
     Ref list;
@@ -125,7 +165,7 @@ class PythonBuilder {
   }
   Ref integer(std::int64_t number) { return checked(PyLong_FromLongLong(number)); }
   Ref real(double number) { return checked(PyFloat_FromDouble(number)); }
-  Ref string(std::string_view text) { return checked(unicode(text)); }
+  Ref string(std::string_view text) { return Ref(new_str(text, "string")); }
   Ref bytes(std::string_view data) {
     return checked(PyBytes_FromStringAndSize(data.data(), static_cast<Py_ssize_t>(data.size())));
   }
@@ -144,7 +184,7 @@ class PythonBuilder {
     return Map{checked(_PyDict_NewPresized(static_cast<Py_ssize_t>(std::min<std::size_t>(count, kPresizedEntries))))};
   }
   bool insert(Map& map, std::string_view key, Ref&& element) {
-    const Ref name = checked(KeyCache::instance().key(key));
+    const Ref name(KeyCache::instance().key(key));
     const Py_ssize_t before = PyDict_Size(map.dict.get());
     if (PyDict_SetItem(map.dict.get(), name.get(), element.get()) != 0) throw_python_failure();
     return PyDict_Size(map.dict.get()) > before;  // not larger: the key was there already

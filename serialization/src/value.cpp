@@ -255,44 +255,28 @@ void CEREAL_LOAD_FUNCTION_NAME(detail::FrameInputArchive& archive, Value& value)
 
 namespace detail {
 
-void enter_received_value(std::size_t depth, ValueBudget& budget) {
-  if (depth > kMaxValueDepth) {
-    throw ProtocolError("received Value nests deeper than " + std::to_string(kMaxValueDepth) +
-                        " levels (a hostile or broken sender)");
-  }
-  if (++budget.elements > kMaxValueElements) {
-    throw ProtocolError("received Value holds more than " + std::to_string(kMaxValueElements) + " elements");
-  }
+void throw_value_too_deep() {
+  throw ProtocolError("received Value nests deeper than " + std::to_string(kMaxValueDepth) +
+                      " levels (a hostile or broken sender)");
 }
 
-std::size_t read_value_count(detail::FrameInputArchive& archive, std::size_t min_bytes, const char* what) {
-  const auto count = read_value_scalar<std::uint64_t>(archive);
-  if (count > archive.remaining() / min_bytes) {
-    throw ProtocolError("received Value " + std::string(what) + " claims " + std::to_string(count) +
-                        " elements but only " + std::to_string(archive.remaining()) + " bytes remain");
-  }
-  return static_cast<std::size_t>(count);
+void throw_too_many_value_elements() {
+  throw ProtocolError("received Value holds more than " + std::to_string(kMaxValueElements) + " elements");
 }
 
-std::size_t read_value_children(detail::FrameInputArchive& archive, std::size_t min_bytes, const char* what,
-                                ValueBudget& budget) {
-  const std::size_t count = read_value_count(archive, min_bytes, what);
-  // The root is the one value no container claims.
-  const std::size_t allowed = kMaxValueElements - 1 - budget.claimed;
-  if (count > allowed) {
-    throw ProtocolError("received Value " + std::string(what) + " claims " + std::to_string(count) +
-                        " elements: with the values claimed before it, more than the " +
-                        std::to_string(kMaxValueElements) + " elements a Value may hold");
-  }
-  budget.claimed += count;
-  return count;
+void throw_value_count_above_body(const char* what, std::uint64_t count, std::size_t remaining) {
+  throw ProtocolError("received Value " + std::string(what) + " claims " + std::to_string(count) +
+                      " elements but only " + std::to_string(remaining) + " bytes remain");
 }
 
-std::string_view read_value_text(detail::FrameInputArchive& archive, bool utf8, const char* what) {
-  const std::size_t length = read_value_count(archive, 1, what);
-  const std::string_view text(reinterpret_cast<const char*>(archive.take(length)), length);
-  if (utf8 && !is_valid_utf8(text)) throw ProtocolError("received Value " + std::string(what) + " is not valid UTF-8");
-  return text;
+void throw_value_children_above_budget(const char* what, std::uint64_t count) {
+  throw ProtocolError("received Value " + std::string(what) + " claims " + std::to_string(count) +
+                      " elements: with the values claimed before it, more than the " +
+                      std::to_string(kMaxValueElements) + " elements a Value may hold");
+}
+
+void throw_invalid_value_utf8(const char* what) {
+  throw ProtocolError("received Value " + std::string(what) + " is not valid UTF-8");
 }
 
 void throw_duplicate_value_key(std::string_view key) {

@@ -3,8 +3,8 @@
 // address (ferry::listen / ferry.connect_*) or handed over by descriptors: torch sees
 // the loader's pages and the loader sees the trainer's writes, the loader's pool keeps a
 // block while torch views it, every dtype and non-contiguous view arrives right both ways,
-// a received tensor sent back is the same storage, and type mismatches, hostile nesting, duplicate keys
-// and a killed loader are errors in Python.
+// a received tensor sent back is the same storage, and type mismatches, hostile nesting, duplicate keys,
+// invalid UTF-8 and a killed loader are errors in Python.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -75,6 +75,13 @@ struct HostileNesting {
 // A map that holds the key "step" twice (a C++ ValueMap cannot): what a lying peer sends.
 struct HostileDuplicateKey {};
 
+// A Value whose string or map key is not valid UTF-8 (a C++ Value sends whatever bytes its
+// std::string holds): what a lying peer sends.
+struct HostileText {
+  bool in_key = false;  // else a string, the last element of a list
+  std::string text;
+};
+
 }  // namespace
 
 template <>
@@ -83,6 +90,10 @@ constexpr std::string_view detail::type_name<HostileNesting>() {
 }
 template <>
 constexpr std::string_view detail::type_name<HostileDuplicateKey>() {
+  return "ferry::Value";
+}
+template <>
+constexpr std::string_view detail::type_name<HostileText>() {
   return "ferry::Value";
 }
 
@@ -106,6 +117,32 @@ void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const Hostil
     archive(static_cast<std::uint8_t>(ValueKind::Int));
     archive(step);
   }
+}
+
+void save_text(detail::FrameOutputArchive& archive, const std::string& text) {
+  archive(static_cast<std::uint64_t>(text.size()));
+  archive.save_bytes(text.data(), text.size());
+}
+
+// A valid key and string first (the trainer's key cache holds "step" then), then the
+// invalid text.
+void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const HostileText& message) {
+  archive(static_cast<std::uint8_t>(ValueKind::Map));
+  archive(std::uint64_t{2});
+  save_text(archive, "step");
+  archive(static_cast<std::uint8_t>(ValueKind::String));
+  save_text(archive, "train/0/0.jpg");
+  save_text(archive, message.in_key ? message.text : std::string("names"));
+  if (message.in_key) {
+    archive(static_cast<std::uint8_t>(ValueKind::None));
+    return;
+  }
+  archive(static_cast<std::uint8_t>(ValueKind::List));
+  archive(std::uint64_t{2});
+  archive(static_cast<std::uint8_t>(ValueKind::String));
+  save_text(archive, "train/0/1.jpg");
+  archive(static_cast<std::uint8_t>(ValueKind::String));
+  save_text(archive, message.text);
 }
 
 // The loader's ends, by address: the loader listens, the trainer connects a Receiver (to
@@ -372,6 +409,36 @@ TEST(PythonTrainerTest, ADuplicateMapKeyIsAProtocolErrorInPython) {
   rx.detach();
   tx.send(HostileDuplicateKey{});
   tx.close();
+  EXPECT_TRUE(trainer_succeeded(trainer));
+}
+
+// The invalid forms of is_valid_utf8's test, in ASCII text and alone, short and long (past
+// the trainer's key cache and its word-at-a-time ASCII check), as strings and as keys: each
+// a ProtocolError in Python (tests/python/trainer.py, invalid_text, checks the order).
+TEST(PythonTrainerTest, InvalidUtf8InAStringOrKeyIsAProtocolErrorInPython) {
+  const std::string long_ascii(60, 'k');
+  const std::vector<std::string> texts = {
+      "\xc3",                                   // truncated
+      "train/\xc0\xaf.jpg",                     // overlong '/'
+      "train/0/\xed\xa0\x80.jpg",              // a surrogate
+      "\xf4\x90\x80\x80",                     // above U+10FFFF
+      "01234567\xff",                           // after a whole ASCII word
+      long_ascii + "\xc3" + long_ascii,         // long, truncated in the middle
+      "st\xffp",                                // one byte off a cached key
+  };
+  std::vector<std::pair<Sender<HostileText>, Receiver<HostileText>>> channels;
+  std::vector<EndDescription> descriptions;
+  for (std::size_t i = 0; i < 2 * texts.size(); ++i) {
+    channels.push_back(channel<HostileText>(Transport::UnixSocket));  // one each: an error breaks a receiver
+    descriptions.push_back(describe_end(channels.back().second));
+  }
+  const pid_t trainer = test::start_python_trainer("invalid_text", descriptions);
+  for (std::size_t i = 0; i < channels.size(); ++i) {
+    auto& [tx, rx] = channels[i];
+    rx.detach();
+    tx.send(HostileText{i % 2 == 1, texts[i / 2]});
+    tx.close();
+  }
   EXPECT_TRUE(trainer_succeeded(trainer));
 }
 

@@ -150,6 +150,18 @@ def duplicate_key(rx):
         assert "holds the key 'step' twice" in str(error), str(error)
 
 
+def invalid_text(*receivers):
+    """Each receiver gets one map whose string (even receivers) or key (odd ones) is not
+    valid UTF-8."""
+    for index, rx in enumerate(receivers):
+        what = "map key" if index % 2 else "string"
+        try:
+            message = rx.recv()
+            raise AssertionError(f"invalid UTF-8 in a {what} was accepted: {message!r}")
+        except ferry.ProtocolError as error:
+            assert f"received Value {what} is not valid UTF-8" in str(error), str(error)
+
+
 def peer_died(rx):
     assert rx.recv() == {"hello": 1}
     try:
