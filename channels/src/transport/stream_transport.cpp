@@ -347,6 +347,8 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
       }
     } else {
       got = ::read(stream_.get(), into, capacity);
+      // A read that took less than it asked for emptied the pipe (see await_bytes()).
+      if (got >= 0) pipe_emptied_ = static_cast<std::size_t>(got) < capacity;
     }
     if (got >= 0) return static_cast<std::size_t>(got);
     if (errno == EINTR) continue;
@@ -361,6 +363,14 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
     if (errno == ECONNRESET) return 0;
     throw_errno(is_socket_ ? "recvmsg on a ferry socket" : "read on a ferry pipe");
   }
+}
+
+bool StreamFrameReader::await_bytes(bool timed, const detail::Deadline& deadline) {
+  if (timed) return detail::wait_for_fd(stream_.get(), POLLIN, deadline);
+  // An untimed read of a pipe that the last read emptied waits first: reading it now would
+  // only report EAGAIN (a system call for nothing on every frame of a ping-pong).
+  if (!is_socket_ && pipe_emptied_) detail::wait_for_fd(stream_.get(), POLLIN, detail::Deadline::never());
+  return true;
 }
 
 void StreamFrameReader::fill(std::uint64_t declared_fds, std::deque<detail::UniqueFd>& fds) {
@@ -407,7 +417,7 @@ ReadStatus StreamFrameReader::read_view(detail::FrameHeader& header, std::span<c
   const bool timed = !may_block(deadline);
   if (!in_frame_) {
     while (buffered() < sizeof(detail::FrameHeader)) {
-      if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+      if (!await_bytes(timed, deadline)) return ReadStatus::Timeout;
       compact();  // keep the partial header at the front: the next read takes as much as fits
       fill(limits_.max_fds, fds);  // before a header: what any frame may declare
     }
@@ -419,7 +429,7 @@ ReadStatus StreamFrameReader::read_view(detail::FrameHeader& header, std::span<c
       const std::size_t frame_bytes = sizeof(detail::FrameHeader) + static_cast<std::size_t>(total);
       make_room(frame_bytes);
       while (buffered() < frame_bytes) {
-        if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+        if (!await_bytes(timed, deadline)) return ReadStatus::Timeout;
         fill(frame_header_.fd_count, fds);
       }
       payload = std::span<const std::byte>(buffer_.data() + begin_ + sizeof(detail::FrameHeader), total);
@@ -438,7 +448,7 @@ ReadStatus StreamFrameReader::read_view(detail::FrameHeader& header, std::span<c
     in_frame_ = true;
   }
   while (frame_filled_ < frame_payload_.size()) {
-    if (timed && !detail::wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+    if (!await_bytes(timed, deadline)) return ReadStatus::Timeout;
     const std::size_t got =
         receive(frame_payload_.data() + frame_filled_, frame_payload_.size() - frame_filled_, fds);
     bound_queued_fds(frame_header_.fd_count, fds);

@@ -128,6 +128,10 @@ class StreamFrameReader final : public detail::FrameReader {
   // Reads what is available (at least one byte, blocking) into `into`; returns 0 at EOF.
   std::size_t receive(std::byte* into, std::size_t capacity, std::deque<detail::UniqueFd>& fds);
   std::size_t buffered() const noexcept { return end_ - begin_; }
+  // Waits for bytes to read: a timed read until `deadline` (false when it passed first); an
+  // untimed one on a pipe only when the last read emptied it (a socket's blocking read
+  // waits in recvmsg).
+  bool await_bytes(bool timed, const detail::Deadline& deadline);
   // One receive() into the buffer's free tail (there is room); PeerDied at the end of the
   // stream. `declared_fds` bounds the fds queued meanwhile (bound_queued_fds).
   void fill(std::uint64_t declared_fds, std::deque<detail::UniqueFd>& fds);
@@ -158,6 +162,7 @@ class StreamFrameReader final : public detail::FrameReader {
   std::size_t begin_ = 0;
   std::size_t end_ = 0;
   bool viewed_ = false;  // a frame's payload lies in buffer_ before begin_ until release()
+  bool pipe_emptied_ = true;  // a pipe: the last read took all it held
 };
 
 }  // namespace ferry
