@@ -2,15 +2,20 @@
 // place, back to back in one stream, cut short by a dying writer, lying about their length.
 // A frame of up to kMaxStagedFrameBytes is read whole into the reader's buffer and handed
 // out in place (read_view); a larger one is read into a payload of its own. Both are tested
-// on each side of that size and of the buffer's initial 64 KiB.
+// on each side of that size and of the buffer's initial 64 KiB. An untimed read hands a
+// large byte message out before its body arrived (pending_body()): tested split wherever
+// the reader changes how it reads, released unread, cut short, lying, and next to fds.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
+#include <thread>
 #include <deque>
 #include <span>
 #include <string>
@@ -313,6 +318,362 @@ TEST_P(StreamFrameTest, LyingLengthsAreRefusedOrEndInPeerDeath) {
   }
 }
 
+// ---- an untimed read hands a large byte message out before its body arrived ------------
+
+// Writes `frame` from another process in pieces that end at `cuts`, pausing after each so
+// that the reader meets the stream cut there, then `after` (a frame that follows).
+pid_t write_in_pieces(int fd, const std::vector<std::byte>& frame, const std::vector<std::size_t>& cuts,
+                      const std::vector<std::byte>& after) {
+  return test::fork_child([&] {
+    std::size_t at = 0;
+    for (const std::size_t cut : cuts) {
+      if (cut <= at || cut >= frame.size()) continue;
+      write_raw(fd, std::span(frame).subspan(at, cut - at));
+      at = cut;
+      std::this_thread::sleep_for(2ms);
+    }
+    write_raw(fd, std::span(frame).subspan(at));
+    write_raw(fd, after);
+  });
+}
+
+// Reads the body of the frame just viewed through pending_body(): the bytes ready in place
+// first, some more into place, most of the rest straight into `out`, the last ones into
+// place; true when every byte matches `frame`.
+bool read_pending_body(PendingBody& pending, std::span<const std::byte> payload, const std::vector<std::byte>& frame) {
+  const std::size_t body = payload.size();
+  const std::byte* sent = frame.data() + sizeof(FrameHeader);
+  std::size_t ready = pending.ready();
+  if (ready > body || std::memcmp(payload.data(), sent, ready) != 0) return false;
+  const std::size_t some_more = std::min(body, ready + 100);
+  ready = pending.fill(some_more);
+  if (ready < some_more || std::memcmp(payload.data(), sent, ready) != 0) return false;
+  const std::size_t last = std::min<std::size_t>(10, body - ready);
+  std::vector<std::byte> out(body - ready - last);
+  pending.read_out(out.data(), out.size());
+  if (pending.ready() != body - last || std::memcmp(out.data(), sent + ready, out.size()) != 0) return false;
+  if (pending.fill(body) != body) return false;
+  return std::memcmp(payload.data() + body - last, sent + body - last, last) == 0;
+}
+
+TEST_P(StreamFrameTest, AnUntimedReadHandsOutALargeByteMessageBeforeItsBodyAndReadsItThrough) {
+  const std::size_t header = sizeof(FrameHeader);
+  unsigned seed = 40;
+  for (const std::size_t body : {kFirstReadBytes + kPendingBodyFrom, std::size_t{64 * 1024}, std::size_t{200 * 1024 + 3},
+                                 kMaxStagedFrameBytes - sizeof(FrameHeader)}) {
+    const std::vector<std::vector<std::size_t>> cut_sets = {
+        {},                                                                 // all at once
+        {1},                                                                // one byte of the header first
+        {header},                                                           // the header alone
+        {header + 1},                                                       // and one byte of the body
+        {kFirstReadBytes - 1, kFirstReadBytes, kFirstReadBytes + 1},        // around the first read
+        {header + body / 2},                                                // half the body
+        {header + body - 1},                                                // all but the last byte
+    };
+    for (const auto& cuts : cut_sets) {
+      SCOPED_TRACE("body of " + std::to_string(body) + " bytes, first cut at " +
+                   (cuts.empty() ? std::string("none") : std::to_string(cuts.front())));
+      const std::vector<std::byte> frame = make_frame(body, seed++);
+      const std::vector<std::byte> after = make_frame(5, seed++);
+      const pid_t child = write_in_pieces(fd_, frame, cuts, after);
+      std::span<const std::byte> payload;
+      ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::never()), ReadStatus::Frame);
+      EXPECT_EQ(header_.body_bytes, body);
+      ASSERT_EQ(payload.size(), body);
+      PendingBody* pending = reader_->pending_body();
+      ASSERT_NE(pending, nullptr) << "the body was read before the frame was handed out";
+      EXPECT_LE(pending->ready(), kFirstReadBytes);
+      EXPECT_TRUE(read_pending_body(*pending, payload, frame));
+      reader_->release();
+      EXPECT_EQ(reader_->pending_body(), nullptr);
+      ASSERT_NO_FATAL_FAILURE(expect_frame(after));
+      EXPECT_TRUE(test::child_succeeded(child));
+    }
+  }
+}
+
+TEST_P(StreamFrameTest, SmallFramesAndTimedReadsAreNeverHandedOutBeforeTheirBody) {
+  // Below kPendingBodyFrom still in the stream, a frame with a table, and any timed read.
+  FrameHeader with_release;
+  with_release.release_count = 1;
+  with_release.body_bytes = 100 * 1024;
+  std::vector<std::byte> tabled(sizeof with_release + sizeof(std::uint32_t) + with_release.body_bytes, std::byte{3});
+  std::memcpy(tabled.data(), &with_release, sizeof with_release);
+  const std::vector<std::vector<std::byte>> frames = {make_frame(4096, 50), make_frame(kPendingBodyFrom, 51), tabled};
+  for (const auto& frame : frames) {
+    for (const bool timed : {false, true}) {
+      const pid_t child = write_in_pieces(fd_, frame, {}, {});
+      std::span<const std::byte> payload;
+      ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, timed ? Deadline::after(5s) : Deadline::never()),
+                ReadStatus::Frame);
+      EXPECT_EQ(reader_->pending_body(), nullptr) << "frame of " << frame.size() << " bytes, timed " << timed;
+      EXPECT_TRUE(same_body(payload, frame));
+      reader_->release();
+      EXPECT_TRUE(test::child_succeeded(child));
+    }
+  }
+}
+
+TEST_P(StreamFrameTest, ALargeByteMessageReleasedBeforeItsBodyWasReadIsSkipped) {
+  // Released with none of the rest read, with part of it read, then read by a timed read
+  // (which skips the rest within its deadline) and by an untimed one.
+  for (const std::size_t read_first : {std::size_t{0}, std::size_t{40 * 1024}}) {
+    for (const bool timed_next : {false, true}) {
+      const std::vector<std::byte> frame = make_frame(300 * 1024, 60);
+      const std::vector<std::byte> after = make_frame(70 * 1024, 61);
+      const pid_t child = write_in_pieces(fd_, frame, {sizeof(FrameHeader) + 100 * 1024}, after);
+      std::span<const std::byte> payload;
+      ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::never()), ReadStatus::Frame);
+      PendingBody* pending = reader_->pending_body();
+      ASSERT_NE(pending, nullptr);
+      if (read_first > 0) {
+        std::vector<std::byte> out(read_first);
+        pending->read_out(out.data(), out.size());
+      }
+      reader_->release();
+      if (timed_next) {
+        ASSERT_NO_FATAL_FAILURE(expect_frame(after));
+      } else {
+        ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::never()), ReadStatus::Frame);
+        ASSERT_NE(reader_->pending_body(), nullptr);
+        EXPECT_TRUE(read_pending_body(*reader_->pending_body(), payload, after));
+        reader_->release();
+      }
+      EXPECT_TRUE(test::child_succeeded(child));
+    }
+  }
+}
+
+TEST_P(StreamFrameTest, AWriterKilledInTheMiddleOfAPendingBodyIsPeerDeathMidFrame) {
+  for (const bool read_out : {false, true}) {
+    SCOPED_TRACE(read_out ? "read out" : "filled in place");
+    connect();
+    const std::size_t body = 500 * 1024;
+    const std::vector<std::byte> frame = make_frame(body, 70);
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    const pid_t child = test::fork_child([&] {
+      reader_.reset();
+      // Less than a pipe holds (64 KiB), so that it all goes out before anything is read.
+      write_raw(fd_, std::span(frame).first(sizeof(FrameHeader) + 40 * 1024));
+      const char byte = 'w';
+      CHILD_CHECK(::write(ready[1], &byte, 1) == 1);
+      ::pause();  // killed here, with the rest of the frame unwritten
+    });
+    ::close(ready[1]);
+    writer_.reset();
+    std::span<const std::byte> payload;
+    ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::never()), ReadStatus::Frame);
+    PendingBody* pending = reader_->pending_body();
+    ASSERT_NE(pending, nullptr);
+    char byte = 0;
+    ASSERT_EQ(::read(ready[0], &byte, 1), 1);
+    ::close(ready[0]);
+    ASSERT_EQ(::kill(child, SIGKILL), 0);
+    EXPECT_EQ(test::wait_child(child).signal, SIGKILL);
+    try {
+      std::vector<std::byte> out(body);
+      if (read_out) {
+        pending->read_out(out.data(), body - pending->ready());
+      } else {
+        pending->fill(body);
+      }
+      ADD_FAILURE() << "expected PeerDied";
+    } catch (const PeerDied& error) {
+      EXPECT_NE(std::string(error.what()).find("middle of a frame"), std::string::npos) << error.what();
+    }
+    reader_->release();
+    // The next read finds the stream ended in the middle of the frame too.
+    EXPECT_THROW(reader_->read_view(header_, payload, buffer_, fds_, Deadline::never()), PeerDied);
+    reader_.reset();
+  }
+}
+
+TEST_P(StreamFrameTest, PendingBodiesThatLieAboutTheirLengthAreRefusedOrEndInPeerDeath) {
+  const std::size_t body = 100 * 1024;
+  // Shorter than its body: the reads stop at the end it claims, and the rest of the body is
+  // read as the next header.
+  std::vector<std::byte> shorter = make_frame(body, 80);
+  FrameHeader header;
+  std::memcpy(&header, shorter.data(), sizeof header);
+  header.body_bytes = body - 64;
+  std::memcpy(shorter.data(), &header, sizeof header);
+  pid_t child = write_in_pieces(fd_, shorter, {}, {});
+  std::span<const std::byte> payload;
+  ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::never()), ReadStatus::Frame);
+  ASSERT_NE(reader_->pending_body(), nullptr);
+  EXPECT_EQ(reader_->pending_body()->fill(body), body - 64);
+  std::vector<std::byte> out(64);
+  reader_->pending_body()->read_out(out.data(), out.size());  // nothing left of the frame to read
+  EXPECT_EQ(reader_->pending_body()->ready(), body - 64);
+  reader_->release();
+  try {
+    reader_->read_view(header_, payload, buffer_, fds_, Deadline::never());
+    ADD_FAILURE() << "expected a ProtocolError for the body's bytes read as a header";
+  } catch (const ProtocolError& error) {
+    EXPECT_NE(std::string(error.what()).find("magic"), std::string::npos) << error.what();
+  }
+  EXPECT_TRUE(test::child_succeeded(child));
+
+  // Longer than its body, on a fresh connection: the writer's end is peer death.
+  connect();
+  std::vector<std::byte> longer = make_frame(body, 81);
+  std::memcpy(&header, longer.data(), sizeof header);
+  header.body_bytes = body + 64;
+  std::memcpy(longer.data(), &header, sizeof header);
+  child = test::fork_child([&] {
+    reader_.reset();
+    write_raw(fd_, longer);
+  });
+  writer_.reset();
+  ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::never()), ReadStatus::Frame);
+  ASSERT_NE(reader_->pending_body(), nullptr);
+  EXPECT_THROW(reader_->pending_body()->fill(body + 64), PeerDied);
+  reader_->release();
+  EXPECT_TRUE(test::child_succeeded(child));
+  reader_.reset();
+}
+
+// Only a socket carries fds with a frame's bytes.
+class PendingBodyFdsTest : public test::LeakCheckedTest {};
+
+TEST_F(PendingBodyFdsTest, FdsSentInTheMiddleOfAPendingBodyAreRefusedAndClosed) {
+  auto [writer, reader] = make_transport(Transport::UnixSocket, FrameLimits{}, 0);
+  std::unique_ptr<FrameReader> reader_ = std::move(reader);
+  const int fd_ = writer->descriptors().at(0);
+  FrameHeader header_{};
+  std::vector<std::byte> buffer_;
+  std::deque<UniqueFd> fds_;
+  const std::size_t body = 100 * 1024;
+  const std::vector<std::byte> frame = make_frame(body, 90);
+  const std::size_t first = sizeof(FrameHeader) + 40 * 1024;
+  const pid_t child = test::fork_child([&] {
+    reader_.reset();
+    write_raw(fd_, std::span(frame).first(first));
+    std::this_thread::sleep_for(20ms);  // the reader is past the header: these bytes are mid-body
+    int pipe_ends[2];
+    CHILD_CHECK(::pipe(pipe_ends) == 0);
+    iovec part{const_cast<std::byte*>(frame.data() + first), frame.size() - first};
+    alignas(cmsghdr) char control[CMSG_SPACE(2 * sizeof(int))] = {};
+    msghdr message{};
+    message.msg_iov = &part;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+    cmsghdr* entry = CMSG_FIRSTHDR(&message);
+    entry->cmsg_level = SOL_SOCKET;
+    entry->cmsg_type = SCM_RIGHTS;
+    entry->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    std::memcpy(CMSG_DATA(entry), pipe_ends, sizeof pipe_ends);
+    CHILD_CHECK(::sendmsg(fd_, &message, MSG_NOSIGNAL) > 0);
+  });
+  std::span<const std::byte> payload;
+  ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::never()), ReadStatus::Frame);
+  ASSERT_NE(reader_->pending_body(), nullptr);
+  std::vector<std::byte> out(body);
+  try {
+    reader_->pending_body()->read_out(out.data(), body - reader_->pending_body()->ready());
+    ADD_FAILURE() << "expected a ProtocolError for fds in the middle of a frame";
+  } catch (const ProtocolError& error) {
+    EXPECT_NE(std::string(error.what()).find("declares none"), std::string::npos) << error.what();
+  }
+  reader_->release();
+  EXPECT_TRUE(fds_.empty());
+  EXPECT_TRUE(test::child_succeeded(child));
+  writer.reset();
+  reader_.reset();
+  // TearDown checks that the two fds were closed.
+}
+
+// ---- typed byte messages read straight into their vectors --------------------------------
+
+std::vector<std::uint8_t> numbered(std::size_t size, unsigned seed) {
+  std::vector<std::uint8_t> out(size);
+  for (std::size_t i = 0; i < size; ++i) out[i] = static_cast<std::uint8_t>((i * 31 + seed) % 253);
+  return out;
+}
+
+
+// A large vector followed by more fields: the archive reads the vector's elements out of
+// the stream and the fields after them into place. load() refuses the message when asked to,
+// before reading the vector, leaving most of the body in the stream.
+struct BytesThenFields {
+  std::uint32_t refuse = 0;
+  std::vector<std::uint8_t> bytes;
+  std::uint64_t tail = 0;
+  std::string name;
+  template <class Archive>
+  void save(Archive& ar) const { ar(refuse, bytes, tail, name); }
+  template <class Archive>
+  void load(Archive& ar) {
+    ar(refuse);
+    if (refuse != 0) throw std::runtime_error("this receiver refuses the message");
+    ar(bytes, tail, name);
+  }
+};
+
+TEST_P(StreamFrameTest, ByteMessagesReadStraightIntoTheirStorageArriveWhole) {
+  const std::vector<std::size_t> sizes = {100,        kFirstReadBytes - 100, kFirstReadBytes + kPendingBodyFrom,
+                                          64 * 1024,  1 << 20,               kMaxStagedFrameBytes - 100,
+                                          kMaxStagedFrameBytes + 1};
+  auto [bytes_tx, bytes_rx] = channel<std::vector<std::uint8_t>>(GetParam());
+  auto [floats_tx, floats_rx] = channel<std::vector<float>>(GetParam());
+  auto [text_tx, text_rx] = channel<std::string>(GetParam());
+  auto [fields_tx, fields_rx] = channel<BytesThenFields>(GetParam());
+  const pid_t child = test::fork_child([&, &bytes_rx = bytes_rx, &floats_rx = floats_rx, &text_rx = text_rx,
+                                        &fields_rx = fields_rx, &bytes_tx = bytes_tx, &floats_tx = floats_tx,
+                                        &text_tx = text_tx, &fields_tx = fields_tx] {
+    bytes_tx.detach();
+    floats_tx.detach();
+    text_tx.detach();
+    fields_tx.detach();
+    unsigned seed = 0;
+    for (const std::size_t size : sizes) {
+      const auto bytes = bytes_rx.recv();
+      CHILD_CHECK(bytes.has_value() && *bytes == numbered(size, seed));
+      const auto timed = bytes_rx.recv_for(5s);  // a timed read of the same size, read whole first
+      CHILD_CHECK(timed.has_value() && *timed == numbered(size, seed + 1));
+      const auto floats = floats_rx.recv();
+      CHILD_CHECK(floats.has_value() && floats->size() == size / 4 + 1 && floats->back() == static_cast<float>(seed));
+      const auto text = text_rx.recv();
+      CHILD_CHECK(text.has_value() && text->size() == size && text->front() == 'a' && text->back() == 'z');
+      bool refused = false;
+      try {
+        (void)fields_rx.recv();
+      } catch (const std::runtime_error&) {
+        refused = true;
+      }
+      CHILD_CHECK(refused);  // the rest of that body is skipped: the next message is whole
+      const auto fields = fields_rx.recv();
+      CHILD_CHECK(fields.has_value() && fields->bytes == numbered(size, seed + 2) && fields->tail == size &&
+                  fields->name == "after the bytes");
+      ++seed;
+    }
+    CHILD_CHECK(!bytes_rx.recv().has_value());
+  });
+  bytes_rx.close();
+  floats_rx.close();
+  text_rx.close();
+  fields_rx.close();
+  unsigned seed = 0;
+  for (const std::size_t size : sizes) {
+    bytes_tx.send(numbered(size, seed));
+    bytes_tx.send(numbered(size, seed + 1));
+    std::vector<float> floats(size / 4 + 1, 0.5f);
+    floats.back() = static_cast<float>(seed);
+    floats_tx.send(floats);
+    std::string text(size, 'm');
+    text.front() = 'a';
+    text.back() = 'z';
+    text_tx.send(text);
+    fields_tx.send(BytesThenFields{1, numbered(size, seed + 2), size, "after the bytes"});
+    fields_tx.send(BytesThenFields{0, numbered(size, seed + 2), size, "after the bytes"});
+    ++seed;
+  }
+  bytes_tx.close();
+  EXPECT_TRUE(test::child_succeeded(child, std::chrono::seconds(60)));
+}
+
 // ---- typed messages: large bodies next to tensors whose fds travel with the frame -------
 
 struct BytesAndTensors {
@@ -321,12 +682,6 @@ struct BytesAndTensors {
   template <class Archive>
   void serialize(Archive& ar) { ar(bytes, tensors); }
 };
-
-std::vector<std::uint8_t> numbered(std::size_t size, unsigned seed) {
-  std::vector<std::uint8_t> out(size);
-  for (std::size_t i = 0; i < size; ++i) out[i] = static_cast<std::uint8_t>((i * 31 + seed) % 253);
-  return out;
-}
 
 TEST_P(StreamFrameTest, LargeBodiesTravelWithNewTensorsAndTheirFds) {
   // More new tensors than one sendmsg passes fds for (253), next to bodies on each side of

@@ -64,7 +64,7 @@ detail::FrameOutputArchive::FrameOutputArchive(detail::FrameBody& body, detail::
 detail::FrameOutputArchive::~FrameOutputArchive() = default;
 
 detail::FrameInputArchive::FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages)
-    : InputArchive(this), body_(body), storages_(storages) {}
+    : InputArchive(this), body_(body), storages_(storages), ready_(body.size()) {}
 detail::FrameInputArchive::~FrameInputArchive() = default;
 
 detail::StorageCollector::StorageCollector() : OutputArchive(this) {}

@@ -76,8 +76,9 @@ void detail::MessageDecoder::check_type(const detail::FrameHeader& header, std::
 }
 
 void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span<const std::byte> payload, std::deque<detail::UniqueFd>& fds,
-                            std::deque<std::shared_ptr<Storage>>* copied) {
+                            std::deque<std::shared_ptr<Storage>>* copied, PendingBody* pending) {
   copied_ = copied;
+  pending_ = nullptr;
   wants_acknowledgement_ = false;
   frame_claimed_ = false;
   frame_sequence_ = header.sequence;
@@ -87,8 +88,10 @@ void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span
        header.segment_release_count) == 0) {
     // The common small message: no fd, table or release, only the type and the body.
     decode_body_only(header, payload);
+    pending_ = pending;
     return;
   }
+  if (pending != nullptr) throw Error("a frame with tables was handed over before its body arrived");
   // Take this frame's fds first, so that they are closed whatever goes wrong below.
   if (fds.size() < header.fd_count) {
     const std::size_t arrived = fds.size();

@@ -514,7 +514,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     if (status == ReadStatus::Closed) decoder_->release_all();
     if (status != ReadStatus::Frame) return status;
     try {
-      decoder_->decode(header_, payload, fds_, reader_->capabilities().copied_storages);
+      decoder_->decode(header_, payload, fds_, reader_->capabilities().copied_storages, reader_->pending_body());
     } catch (...) {
       reader_->release();
       throw;

@@ -349,6 +349,8 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
       }
     } else {
       got = ::read(stream_.get(), into, capacity);
+      // A read that took less than it asked for emptied the pipe (see await_bytes()).
+      if (got >= 0) pipe_emptied_ = static_cast<std::size_t>(got) < capacity;
     }
     if (got >= 0) return static_cast<std::size_t>(got);
     if (errno == EINTR) continue;
@@ -365,8 +367,16 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
   }
 }
 
-void StreamFrameReader::fill(std::uint64_t declared_fds, std::deque<detail::UniqueFd>& fds) {
-  const std::size_t got = receive(buffer_.data() + end_, buffer_.size() - end_, fds);
+bool StreamFrameReader::await_bytes(bool timed, const detail::Deadline& deadline) {
+  if (timed) return detail::wait_for_fd(stream_.get(), POLLIN, deadline);
+  // An untimed read of a pipe that the last read emptied waits first: reading it now would
+  // only report EAGAIN (a system call for nothing on every frame of a ping-pong).
+  if (!is_socket_ && pipe_emptied_) detail::wait_for_fd(stream_.get(), POLLIN, detail::Deadline::never());
+  return true;
+}
+
+void StreamFrameReader::fill(std::uint64_t declared_fds, std::deque<detail::UniqueFd>& fds, std::size_t most) {
+  const std::size_t got = receive(buffer_.data() + end_, std::min(most, buffer_.size() - end_), fds);
   bound_queued_fds(declared_fds, fds);
   if (got == 0) throw PeerDied(buffered() == 0 ? detail::kSenderGone : detail::kSenderGoneMidFrame);
   end_ += got;
@@ -391,6 +401,7 @@ ReadStatus StreamFrameReader::read(detail::FrameHeader& header, std::vector<std:
                                    const detail::Deadline& deadline) {
   std::span<const std::byte> view;
   const ReadStatus status = read_view(header, view, payload, fds, deadline);
+  if (pending_) fill(frame_end_ - body_begin_);  // the whole body, to copy it out
   // A frame, or the end-of-stream frame (whose payload lists the leases it releases).
   const bool read_one = status == ReadStatus::Frame || (status == ReadStatus::Closed && view.data() != nullptr);
   if (read_one && view.data() != payload.data()) payload.assign(view.begin(), view.end());
@@ -407,11 +418,14 @@ ReadStatus StreamFrameReader::read_view(detail::FrameHeader& header, std::span<c
   // in the middle of a frame resumes there: a frame read in place keeps its bytes in the
   // buffer (its header is read again), a large one keeps them in frame_payload_.
   const bool timed = !may_block(deadline);
+  if (skip_ > 0 && !skip_rest(timed, deadline, fds)) return ReadStatus::Timeout;
   if (!in_frame_) {
     while (buffered() < sizeof(detail::FrameHeader)) {
-      if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+      if (!await_bytes(timed, deadline)) return ReadStatus::Timeout;
       compact();  // keep the partial header at the front: the next read takes as much as fits
-      fill(limits_.max_fds, fds);  // before a header: what any frame may declare
+      // Before a header, what any frame may declare; untimed, at most kFirstReadBytes, so
+      // that a large body can stay in the stream (hand_out_pending()).
+      fill(limits_.max_fds, fds, timed ? SIZE_MAX : kFirstReadBytes);
     }
     std::memcpy(&frame_header_, buffer_.data() + begin_, sizeof frame_header_);
     validate_header(frame_header_, limits_);
@@ -420,8 +434,14 @@ ReadStatus StreamFrameReader::read_view(detail::FrameHeader& header, std::span<c
       // Read whole into the buffer and viewed there until release(): no copy.
       const std::size_t frame_bytes = sizeof(detail::FrameHeader) + static_cast<std::size_t>(total);
       make_room(frame_bytes);
+      const bool body_only = (frame_header_.fd_count | frame_header_.segment_count | frame_header_.handle_count |
+                              frame_header_.release_count | frame_header_.segment_release_count) == 0;
+      if (!timed && body_only && frame_header_.kind == static_cast<std::uint8_t>(detail::FrameKind::Message) &&
+          buffered() < frame_bytes && frame_bytes - buffered() >= kPendingBodyFrom) {
+        return hand_out_pending(header, payload, fds, frame_bytes);
+      }
       while (buffered() < frame_bytes) {
-        if (timed && !wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+        if (!await_bytes(timed, deadline)) return ReadStatus::Timeout;
         fill(frame_header_.fd_count, fds);
       }
       payload = std::span<const std::byte>(buffer_.data() + begin_ + sizeof(detail::FrameHeader), total);
@@ -440,7 +460,7 @@ ReadStatus StreamFrameReader::read_view(detail::FrameHeader& header, std::span<c
     in_frame_ = true;
   }
   while (frame_filled_ < frame_payload_.size()) {
-    if (timed && !detail::wait_for_fd(stream_.get(), POLLIN, deadline)) return ReadStatus::Timeout;
+    if (!await_bytes(timed, deadline)) return ReadStatus::Timeout;
     const std::size_t got =
         receive(frame_payload_.data() + frame_filled_, frame_payload_.size() - frame_filled_, fds);
     bound_queued_fds(frame_header_.fd_count, fds);
@@ -466,9 +486,69 @@ ReadStatus StreamFrameReader::finish_frame(detail::FrameHeader& header, std::deq
   return ReadStatus::Frame;
 }
 
+ReadStatus StreamFrameReader::hand_out_pending(detail::FrameHeader& header, std::span<const std::byte>& payload,
+                                               std::deque<detail::UniqueFd>& fds, std::size_t frame_bytes) {
+  const std::size_t body_at = sizeof(detail::FrameHeader) + frame_header_.type_name_bytes;
+  body_begin_ = begin_ + body_at;
+  frame_end_ = begin_ + frame_bytes;
+  pending_ = true;
+  viewed_ = true;
+  while (end_ < body_begin_) end_ += receive_pending(buffer_.data() + end_, frame_end_ - end_);
+  payload = std::span<const std::byte>(buffer_.data() + begin_ + sizeof(detail::FrameHeader),
+                                       frame_bytes - sizeof(detail::FrameHeader));
+  return finish_frame(header, fds);
+}
+
+std::size_t StreamFrameReader::receive_pending(std::byte* into, std::size_t capacity) {
+  (void)await_bytes(false, detail::Deadline::never());
+  std::deque<detail::UniqueFd> stray;
+  const std::size_t got = receive(into, capacity, stray);
+  if (!stray.empty()) {
+    throw ProtocolError("the peer sent " + std::to_string(stray.size()) +
+                        " fds in the middle of a frame that declares none; refusing fds that no frame accounts for");
+  }
+  if (got == 0) throw PeerDied(detail::kSenderGoneMidFrame);
+  return got;
+}
+
+std::size_t StreamFrameReader::fill(std::size_t end) {
+  while (end_ - body_begin_ < end && end_ < frame_end_) {
+    end_ += receive_pending(buffer_.data() + end_, frame_end_ - end_);
+  }
+  return end_ - body_begin_;
+}
+
+void StreamFrameReader::read_out(std::byte* into, std::size_t size) {
+  size = std::min(size, frame_end_ - end_);
+  while (size > 0) {
+    const std::size_t got = receive_pending(into, size);
+    into += got;
+    size -= got;
+    end_ += got;  // the bytes' place in the buffer stays unwritten: the decoder is past it
+  }
+}
+
+bool StreamFrameReader::skip_rest(bool timed, const detail::Deadline& deadline, std::deque<detail::UniqueFd>& fds) {
+  while (skip_ > 0) {
+    if (!await_bytes(timed, deadline)) return false;
+    const std::size_t got = receive(buffer_.data(), std::min(skip_, buffer_.size()), fds);
+    bound_queued_fds(0, fds);
+    if (got == 0) throw PeerDied(detail::kSenderGoneMidFrame);
+    skip_ -= got;
+  }
+  return true;
+}
+
 void StreamFrameReader::release() noexcept {
   if (!viewed_) return;
   viewed_ = false;
+  if (pending_) {
+    // Reads of the pending frame stopped at its end: the buffer holds nothing after it.
+    pending_ = false;
+    skip_ = frame_end_ - end_;  // what the decoder did not read (it gave up on the body)
+    begin_ = end_ = 0;
+    return;
+  }
   if (begin_ == end_) begin_ = end_ = 0;
 }
 

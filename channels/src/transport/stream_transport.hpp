@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "ferry/detail/transport.hpp"
@@ -95,18 +96,39 @@ inline constexpr std::size_t kMaxStreamBufferBytes = std::size_t{1} << 20;
 /// and hands out in place (read_view()); larger ones are read into a payload of their own.
 inline constexpr std::size_t kMaxStagedFrameBytes = 2 * kMaxStreamBufferBytes;
 
+/// An untimed read of a new frame reads at most this much at first (see StreamFrameReader).
+inline constexpr std::size_t kFirstReadBytes = std::size_t{16} << 10;
+
+/// The fewest bytes of a message frame without fds, tables or releases still in the stream
+/// when its header and type name are in, for an untimed read to hand it out before its
+/// body arrived (see StreamFrameReader).
+inline constexpr std::size_t kPendingBodyFrom = std::size_t{16} << 10;
+
 /// Reads frames from a pipe or a stream socket, buffering so that a small frame costs one
 /// read system call. A frame of up to kMaxStagedFrameBytes is read whole into the buffer,
 /// which grows to hold it (and stays grown), and read_view() hands its payload out in place
 /// until release(): the body is copied once, by the kernel, before the decoder reads it. A
 /// larger frame is read into a payload of its own (what the buffer held of it copied
-/// there first). With a pipe, `side` is this end of the socket pair next to it: the
+/// there first).
+///
+/// An untimed read (no deadline, no wait-interruption check) of a frame that starts with
+/// an empty buffer reads at most kFirstReadBytes, and a message frame without fds, tables
+/// or releases (a byte message) of which at least kPendingBodyFrom bytes are still in the
+/// stream then is handed out as soon as its type name is in: the rest of its body stays in
+/// the stream, and the decoder reads it through pending_body() as it gets there, the
+/// elements of a large vector or string straight into their storage (one copy, by the
+/// kernel, as a raw read). Those reads stop at the frame's end; release() leaves whatever
+/// the decoder did not read to be skipped by the next read. A timed read never does this:
+/// the rest of a frame may come late (a timed write that stopped mid-frame sends its tail
+/// with the sender's next frame), and the decoder would wait for it past the deadline.
+///
+/// With a pipe, `side` is this end of the socket pair next to it: the
 /// fds a frame declares are received there once the frame is read (SegmentFdChannel), and
 /// acknowledgements go back on it. Enforces FrameLimits on every header before reading the rest. A
 /// timed read that ends in the middle of a frame keeps what it read and resumes there.
 /// With `shares_connection` (a duplex socket), shut_down() refuses the writer's later
 /// frames with shutdown(SHUT_RD).
-class StreamFrameReader final : public detail::FrameReader {
+class StreamFrameReader final : public detail::FrameReader, private detail::PendingBody {
  public:
   StreamFrameReader(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, const FrameLimits& limits,
                     bool shares_connection = false);
@@ -115,6 +137,8 @@ class StreamFrameReader final : public detail::FrameReader {
                   const detail::Deadline& deadline) override;
   ReadStatus read_view(detail::FrameHeader& header, std::span<const std::byte>& payload, std::vector<std::byte>& buffer,
                        std::deque<detail::UniqueFd>& fds, const detail::Deadline& deadline) override;
+  /// The rest of the body of the frame last viewed, while it is still in the stream.
+  detail::PendingBody* pending_body() noexcept override { return pending_ ? this : nullptr; }
   /// Lets the buffer reuse the bytes of the frame last viewed (also done by the next read).
   void release() noexcept override;
   void acknowledge(std::uint64_t sequence) override;
@@ -126,10 +150,30 @@ class StreamFrameReader final : public detail::FrameReader {
  private:
   // Reads what is available (at least one byte, blocking) into `into`; returns 0 at EOF.
   std::size_t receive(std::byte* into, std::size_t capacity, std::deque<detail::UniqueFd>& fds);
+  // PendingBody, over the body of the frame handed out before it arrived (pending_): body
+  // offsets count from body_begin_, and every read stops at frame_end_.
+  std::size_t ready() const noexcept override { return end_ - body_begin_; }
+  std::size_t fill(std::size_t end) override;
+  void read_out(std::byte* into, std::size_t size) override;
+  // One untimed receive() of at most `capacity` bytes of the pending frame into `into`;
+  // PeerDied at the end of the stream, ProtocolError for fds (the frame declares none).
+  std::size_t receive_pending(std::byte* into, std::size_t capacity);
+  // Hands out the frame whose header was just read (begin_), `frame_bytes` long, before its
+  // body arrived: once its type name is in.
+  ReadStatus hand_out_pending(detail::FrameHeader& header, std::span<const std::byte>& payload,
+                              std::deque<detail::UniqueFd>& fds, std::size_t frame_bytes);
+  // Reads and drops the rest of a frame released before its body was read (skip_); false
+  // when `deadline` passed first.
+  bool skip_rest(bool timed, const detail::Deadline& deadline, std::deque<detail::UniqueFd>& fds);
   std::size_t buffered() const noexcept { return end_ - begin_; }
-  // One receive() into the buffer's free tail (there is room); PeerDied at the end of the
-  // stream. `declared_fds` bounds the fds queued meanwhile (bound_queued_fds).
-  void fill(std::uint64_t declared_fds, std::deque<detail::UniqueFd>& fds);
+  // Waits for bytes to read: a timed read until `deadline` (false when it passed first); an
+  // untimed one on a pipe only when the last read emptied it (a socket's blocking read
+  // waits in recvmsg).
+  bool await_bytes(bool timed, const detail::Deadline& deadline);
+  // One receive() of at most `most` bytes into the buffer's free tail (there is room);
+  // PeerDied at the end of the stream. `declared_fds` bounds the fds queued meanwhile
+  // (bound_queued_fds).
+  void fill(std::uint64_t declared_fds, std::deque<detail::UniqueFd>& fds, std::size_t most = SIZE_MAX);
   // Moves the buffered bytes to the front of the buffer.
   void compact() noexcept;
   // Makes room for a frame of `frame_bytes` starting at begin_: compacts, grows the buffer.
@@ -157,6 +201,11 @@ class StreamFrameReader final : public detail::FrameReader {
   std::size_t begin_ = 0;
   std::size_t end_ = 0;
   bool viewed_ = false;  // a frame's payload lies in buffer_ before begin_ until release()
+  bool pipe_emptied_ = true;  // a pipe: the last read took all it held
+  bool pending_ = false;        // the frame viewed was handed out before its body arrived
+  std::size_t body_begin_ = 0;  // pending_: where its body starts in buffer_
+  std::size_t frame_end_ = 0;   // pending_: where it ends in buffer_ (end_ <= frame_end_)
+  std::size_t skip_ = 0;        // bytes of a frame released unread, still in the stream
 };
 
 }  // namespace ferry

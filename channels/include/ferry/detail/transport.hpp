@@ -19,6 +19,7 @@
 #include "ferry/detail/deadline.hpp"
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/frame_body.hpp"
+#include "ferry/detail/pending_body.hpp"
 #include "ferry/detail/unique_fd.hpp"
 #include "ferry/storage.hpp"
 
@@ -161,6 +162,10 @@ class FrameReader {
     payload = buffer;
     return status;
   }
+  /// The end of the body of the frame last returned by read_view() that is still in the
+  /// transport, read by the decoder as it gets there (a stream reader's large message: see
+  /// StreamFrameReader); null when the payload is whole. Valid until release().
+  virtual PendingBody* pending_body() noexcept { return nullptr; }
   /// Gives the memory of the frame last returned by read_view() back to the writer.
   virtual void release() noexcept {}
   /// Tells the writer that every frame up to `sequence` has been resolved (called only

@@ -15,6 +15,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/detail/frame_body.hpp"
+#include "ferry/detail/pending_body.hpp"
 
 namespace ferry {
 class Storage;
@@ -71,9 +72,15 @@ class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cere
 };
 
 /// Input archive: reads from a received body; every read is bounds-checked and a short
-/// body raises ProtocolError. Tensors resolve their table index through `storages`.
+/// body raises ProtocolError. Tensors resolve their table index through `storages`. A body
+/// whose end is still in the transport (defer()) is read from there as the archive gets to
+/// it: the elements of a large vector or string straight into its storage (read_out()).
 class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal::AllowEmptyClassElision> {
  public:
+  /// The fewest pending bytes that read_out() reads straight into their destination (fewer
+  /// are read into place and copied).
+  static constexpr std::size_t kReadOutFrom = std::size_t{4} << 10;
+
   FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages);
   ~FrameInputArchive();
   /// Starts over on another body, for an archive that is reusable().
@@ -81,6 +88,14 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
     body_ = body;
     position_ = 0;
     storages_ = storages;
+    pending_ = nullptr;
+    ready_ = body.size();
+  }
+  /// The body's bytes after pending->ready() are still in the transport: read them from
+  /// `pending` as the archive gets to them (for the body last given; null: none are).
+  void defer(PendingBody* pending) noexcept {
+    pending_ = pending;
+    ready_ = pending != nullptr ? pending->ready() : body_.size();
   }
   /// As FrameOutputArchive::reusable(): reading the last body touched none of cereal's
   /// state, so the archive may read the next one.
@@ -97,7 +112,24 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
     if (count > remaining() / element_size) throw_truncated(count, element_size);
     const std::byte* bytes = body_.data() + position_;
     position_ += static_cast<std::size_t>(count) * element_size;
+    if (position_ > ready_) [[unlikely]] ready_ = pending_->fill(position_);
     return bytes;
+  }
+  /// True when the next `count` elements of `element_size` bytes are in the body and at
+  /// least kReadOutFrom of their bytes are still in the transport (see read_out()).
+  bool pending_elements(std::uint64_t count, std::size_t element_size) const noexcept {
+    return pending_ != nullptr && count <= remaining() / element_size &&
+           position_ + static_cast<std::size_t>(count) * element_size >= ready_ + kReadOutFrom;
+  }
+  /// Consumes the next `size` bytes into `into`: those already read by copying, the rest
+  /// straight from the transport. Only after pending_elements() said so for them.
+  void read_out(void* into, std::size_t size) {
+    auto* out = static_cast<std::byte*>(into);
+    const std::size_t in_place = ready_ - position_;
+    if (in_place > 0) std::memcpy(out, body_.data() + position_, in_place);
+    pending_->read_out(out + in_place, size - in_place);
+    position_ += size;
+    ready_ = position_;
   }
   std::size_t remaining() const noexcept { return body_.size() - position_; }
   std::span<const std::shared_ptr<Storage>> storages() const noexcept { return storages_; }
@@ -109,6 +141,8 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
   std::span<const std::byte> body_;
   std::size_t position_ = 0;
   std::span<const std::shared_ptr<Storage>> storages_;
+  PendingBody* pending_ = nullptr;  // defer(); null when the whole body is in place
+  std::size_t ready_ = 0;           // bytes of the body in place (or read out); position_ <= ready_
 };
 
 /// The check of a received container's size (cereal's SizeTag, below) failed: out of line,
@@ -165,11 +199,19 @@ namespace detail {
 // one copy: assign() from a contiguous range of a trivially copyable type is a memmove into
 // fresh storage, where cereal's resize() would zero-fill every element first. A range not
 // aligned for T (a body's fields are packed) is read with resize() and memcpy instead.
+//
+// Elements still in the transport (FrameInputArchive::read_out()) are read straight into
+// the container's storage, zero-filled first by resize() (a fill costs a fraction of a copy).
 template <class T, class Container>
 void assign_elements(ferry::detail::FrameInputArchive& ar, Container& out, std::uint64_t count) {
   static_assert(std::is_trivially_copyable_v<T>);
-  const std::byte* bytes = ar.take(count, sizeof(T));
   const auto n = static_cast<std::size_t>(count);
+  if (ar.pending_elements(count, sizeof(T))) [[unlikely]] {
+    out.resize(n);
+    ar.read_out(out.data(), n * sizeof(T));
+    return;
+  }
+  const std::byte* bytes = ar.take(count, sizeof(T));
   if (reinterpret_cast<std::uintptr_t>(bytes) % alignof(T) == 0) {
     const auto* first = reinterpret_cast<const T*>(bytes);
     out.assign(first, first + n);

@@ -44,8 +44,10 @@ class MessageDecoder {
   /// when a storage named by /proc path cannot be opened because its sender has exited.
   /// `copied`: the storages a transport without shared memory (UCX) received for the
   /// frame's Copied entries, in table order; the frame takes exactly those (none: null).
+  /// `pending`: the end of the body still in the transport (a frame without fds, tables or
+  /// releases only), read by read() as it gets there (null: the payload is whole).
   void decode(const FrameHeader& header, std::span<const std::byte> payload, std::deque<UniqueFd>& fds,
-              std::deque<std::shared_ptr<Storage>>* copied = nullptr);
+              std::deque<std::shared_ptr<Storage>>* copied = nullptr, PendingBody* pending = nullptr);
 
   /// Deserializes the body of the frame last decoded.
   template <class T>
@@ -108,6 +110,7 @@ class MessageDecoder {
     } else {
       archive_->restart(body_, storages_);
     }
+    if (pending_ != nullptr) [[unlikely]] archive_->defer(pending_);
     return *archive_;
   }
   // The check of the common frame (no name, the expected fingerprint) inline.
@@ -153,6 +156,7 @@ class MessageDecoder {
   ReceivingConnection connection_;
   std::vector<std::shared_ptr<Storage>> storages_;
   std::span<const std::byte> body_;
+  PendingBody* pending_ = nullptr;  // decode()'s `pending`: the end of body_ still in the transport
   std::unique_ptr<FrameInputArchive> archive_;
   std::deque<std::shared_ptr<Storage>>* copied_ = nullptr;  // decode()'s `copied`, while it runs
   bool wants_acknowledgement_ = false;
