@@ -129,7 +129,7 @@ class MessageEncoder {
   }
   /// Whether delivery_board() would give a board (without copying its pointer).
   bool has_delivery_board() const noexcept {
-    return delivery_tracked_ && passing_ != HandlePassing::Copying && holds_.board() != nullptr;
+    return connection_.delivery_tracked && passing_ != HandlePassing::Copying && connection_.holds.board() != nullptr;
   }
   /// Asks for delivery acknowledgements: the next frame carries the connection's return
   /// board even when it names no storage, so that the receiver can record on the board
