@@ -11,9 +11,11 @@ namespace ferry::test {
 
 /// Number of open file descriptors of this process.
 std::size_t count_open_fds();
-/// Number of entries in /dev/shm.
+/// Number of entries in /dev/shm, less those of the suite's Python and torch tests that
+/// ctest may run beside this one (see dev_shm_entries()).
 std::size_t count_dev_shm_entries();
-/// Names of the entries in /dev/shm.
+/// Names of the entries in /dev/shm, less those other programs of the suite make while
+/// running in parallel (multiprocessing's "sem.mp-*" and "psm_*", torch's "torch_*").
 std::set<std::string> dev_shm_entries();
 /// Number of memory mappings of ferry's tensor segments in this process (lines of
 /// /proc/self/maps that name "/memfd:ferry"; return boards, "/memfd:ferry-returns", are
