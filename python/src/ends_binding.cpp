@@ -10,6 +10,7 @@
 #include <string>
 
 #include "blocking_call.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/end_description.hpp"
 #include "value_conversion.hpp"
 
@@ -80,7 +81,7 @@ void PySender::close() {
 PyReceiver::~PyReceiver() {
   if (can_release_gil()) {
     py::gil_scoped_release release;
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     end_ = Receiver<PyValue>();
   }
 }
@@ -91,7 +92,7 @@ std::optional<PyValue> PyReceiver::receive_within(std::chrono::nanoseconds timeo
   try {
     result = call_blocking(
         [&] {
-          const std::lock_guard lock(mutex_);
+          const detail::MutexLock lock(mutex_);
           return end_.recv_for(timeout);
         },
         &closing_, "");  // Abandoned: the end of this end's stream, below

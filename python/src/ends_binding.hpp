@@ -8,10 +8,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <optional>
 
 #include "ferry/channel.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/end_description.hpp"
 #include "ferry/value.hpp"
 #include "py_value.hpp"
@@ -66,7 +66,7 @@ class PyReceiver {
   std::optional<PyValue> receive_within(std::chrono::nanoseconds timeout, bool& ended);
 
   Receiver<PyValue> end_;
-  std::mutex mutex_;  // Receiver<T> is for one thread at a time: recv() against recv()
+  detail::Mutex mutex_;  // Receiver<T> is for one thread at a time: recv() against recv()
   std::atomic<bool> closing_{false};  // close() was called: a waiting recv gives up
 };
 

@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -18,6 +17,7 @@
 #include "ends_binding.hpp"
 #include "error_text.hpp"
 #include "ferry/detail/live_ends.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/worker_group.hpp"
 #include "ferry/detail/worker_registry.hpp"
 #include "ferry/end_description.hpp"
@@ -150,7 +150,7 @@ class PyWorkerGroup {
     try {
       return py::bool_(call_blocking(
           [&] {
-            const std::lock_guard lock(mutex_);
+            const detail::MutexLock lock(mutex_);
             if (!limit) {
               group_.join();
               return true;
@@ -169,7 +169,7 @@ class PyWorkerGroup {
   void terminate() {
     terminating_.store(true, std::memory_order_release);  // a join waiting in another thread gives up
     py::gil_scoped_release release;
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     group_.terminate();
   }
   int size() const noexcept { return group_.size(); }
@@ -207,7 +207,7 @@ class PyWorkerGroup {
     return options;
   }
 
-  std::mutex mutex_;  // join() against terminate() from another thread; taken without the GIL
+  detail::Mutex mutex_;  // join() against terminate() from another thread; taken without the GIL
   WorkerGroup group_;
   std::atomic<bool> terminating_{false};  // terminate() was called: a waiting join gives up
 };
