@@ -20,12 +20,10 @@ namespace {
 
 EndpointOptions endpoint_options(const std::string& transport, const py::object& connect_timeout) {
   EndpointOptions options;
-  if (transport == "unix") {
+  if (transport == "unix" || transport == "unix_socket") {
     options.transport = Transport::UnixSocket;
   } else if (transport == "shm_ring") {
     options.transport = Transport::ShmRing;
-  } else if (transport == "unix_socket") {
-    options.transport = Transport::UnixSocket;
   } else if (transport == "pipe") {
     options.transport = Transport::Pipe;
   } else {

@@ -49,6 +49,7 @@ EndDescription parse_description(const std::string& bytes) {
 
 // ---- PySender -------------------------------------------------------------------------------
 
+// NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
 PySender::~PySender() {
   if (can_release_gil()) {  // closing may wait for room to write the end of the stream
     py::gil_scoped_release release;
@@ -78,6 +79,7 @@ void PySender::close() {
 
 // ---- PyReceiver -----------------------------------------------------------------------------
 
+// NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
 PyReceiver::~PyReceiver() {
   if (can_release_gil()) {
     py::gil_scoped_release release;

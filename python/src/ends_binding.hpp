@@ -22,6 +22,7 @@ namespace ferry::python {
 class PySender {
  public:
   explicit PySender(Sender<PyValue> end) : end_(std::move(end)) {}
+  // NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
   ~PySender();
   PySender(const PySender&) = delete;
   PySender& operator=(const PySender&) = delete;
@@ -46,6 +47,7 @@ class PySender {
 class PyReceiver {
  public:
   explicit PyReceiver(Receiver<PyValue> end) : end_(std::move(end)) {}
+  // NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
   ~PyReceiver();
   PyReceiver(const PyReceiver&) = delete;
   PyReceiver& operator=(const PyReceiver&) = delete;

@@ -157,6 +157,7 @@ class PyFanout {
  public:
   PyFanout(std::size_t max_in_flight, double liveness_check_interval)
       : fanout_(std::make_unique<F>(fanout_options(max_in_flight, liveness_check_interval))) {}
+  // NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
   ~PyFanout() {
     if (_Py_IsFinalizing() == 0 && PyGILState_Check() == 1) {
       py::gil_scoped_release release;  // closing may wait for room to end the streams

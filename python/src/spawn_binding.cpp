@@ -181,6 +181,7 @@ class PyWorkerGroup {
     return py::make_tuple(status->exited, status->code, status->signal);
   }
 
+  // NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
   ~PyWorkerGroup() {
     if (group_.running() > 0 && _Py_IsFinalizing() == 0 && PyGILState_Check() == 1) {
       py::gil_scoped_release release;  // terminating waits for the workers
@@ -237,6 +238,7 @@ void bind_spawn(py::module_& module) {
   static py::exception<SpawnError> spawn_error(module, "SpawnError", module.attr("Error").ptr());
   spawn_error.doc() = "ferry.spawn cannot start the workers as asked (raised before any worker starts).";
   // Registered after errors.cpp's translator, so tried before it (pybind11 tries the last first).
+  // NOLINTNEXTLINE(performance-unnecessary-value-param): pybind11's translator type takes it by value
   py::register_exception_translator([](std::exception_ptr raised) {
     try {
       if (raised) std::rethrow_exception(raised);
@@ -263,6 +265,7 @@ void bind_spawn(py::module_& module) {
         if (ferry::initialized()) return false;
         std::vector<std::string> copy = argv;
         std::vector<char*> pointers;
+        pointers.reserve(copy.size() + 1);
         for (std::string& argument : copy) pointers.push_back(argument.data());
         pointers.push_back(nullptr);
         ferry::init(static_cast<int>(copy.size()), pointers.data());
@@ -274,6 +277,7 @@ void bind_spawn(py::module_& module) {
       [](const std::vector<std::string>& argv) {
         std::vector<std::string> copy = argv;
         std::vector<char*> pointers;
+        pointers.reserve(copy.size() + 1);
         for (std::string& argument : copy) pointers.push_back(argument.data());
         pointers.push_back(nullptr);
         ferry::init(static_cast<int>(copy.size()), pointers.data());  // runs the worker and exits

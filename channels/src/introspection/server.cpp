@@ -130,7 +130,7 @@ bool peer_allowed(int fd) {
 }
 
 std::string error_reply(const std::string& message) {
-  return "{\"error\":\"" + message + "\"}\n";  // messages are ours: no character needs escaping
+  return R"({"error":")" + message + "\"}\n";  // messages are ours: no character needs escaping
 }
 
 std::string answer(const std::string& request) {
@@ -141,7 +141,7 @@ std::string answer(const std::string& request) {
       return error_reply("the snapshot failed");
     }
   }
-  return error_reply("unknown request; send the line \\\"snapshot\\\"");
+  return error_reply(R"(unknown request; send the line \"snapshot\")");
 }
 
 // Reads what the client sent; true when it is to be dropped.
@@ -165,7 +165,7 @@ bool read_request(Client& client) {
       return false;
     }
     if (client.request.size() > kMaxRequestBytes) {
-      client.reply = error_reply("request too long; send the line \\\"snapshot\\\"");
+      client.reply = error_reply(R"(request too long; send the line \"snapshot\")");
       client.replying = true;
       client.deadline = std::chrono::steady_clock::now() + kReplyTimeout;
       return false;
@@ -233,7 +233,7 @@ void serve(Server& s, int listener, int wake) {
     std::vector<bool> done(clients.size(), false);
     for (std::size_t i = 0; i < clients.size(); ++i) {
       Client& client = clients[i];
-      const short revents = rc > 0 ? fds[2 + i].revents : 0;
+      const short revents = rc > 0 ? fds[2 + i].revents : short{0};
       if (revents != 0) {
         if (!client.replying) {
           done[i] = read_request(client);

@@ -27,6 +27,7 @@ std::array<std::weak_ptr<UcxContext>, 2> live_contexts;  // [0]: IPv4, [1]: IPv6
 
 // Sets `name` unless the user already did (their setting wins).
 void default_env(const char* name, const std::string& value) {
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): UCX reads its configuration only from the environment
   if (::setenv(name, value.c_str(), 0) != 0) throw Error(std::string("setenv(") + name + ") failed");
 }
 
@@ -35,9 +36,11 @@ void default_env(const char* name, const std::string& value) {
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name), set_(std::getenv(name) == nullptr) {
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): UCX reads its configuration only from the environment
     if (set_ && ::setenv(name, value, 0) != 0) throw Error(std::string("setenv(") + name + ") failed");
   }
   ~ScopedEnv() {
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): UCX reads its configuration only from the environment
     if (set_) (void)::unsetenv(name_);  // cannot fail for a valid name
   }
   ScopedEnv(const ScopedEnv&) = delete;

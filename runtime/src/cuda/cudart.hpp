@@ -23,6 +23,7 @@ namespace ferry::cuda {
 
 /// Pointers to the loaded runtime's functions, one member per FERRY_CUDART_FUNCTIONS entry.
 struct Cudart {
+// NOLINTNEXTLINE(bugprone-macro-parentheses): `name` is a declarator's name, never an expression
 #define FERRY_CUDART_MEMBER(name) decltype(&::name) name = nullptr;
   FERRY_CUDART_FUNCTIONS(FERRY_CUDART_MEMBER)
 #undef FERRY_CUDART_MEMBER

@@ -146,7 +146,7 @@ void detail::ReceivingHolds::add_upstream_board(detail::SharedMemory memory, std
       const auto ledger = weak.lock();
       return !ledger || ledger == own;
     });
-    own_upstream_ledgers_.push_back(std::move(own));
+    own_upstream_ledgers_.emplace_back(own);
   } else {
     hold_forwarded(*upstream, reclaims_when_forwarded, index);  // before resolving anything
   }
