@@ -4,12 +4,12 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
 #include "blocking_call.hpp"
 #include "ends_binding.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/duplex.hpp"
 #include "ferry/endpoint.hpp"
 
@@ -20,12 +20,10 @@ namespace {
 
 EndpointOptions endpoint_options(const std::string& transport, const py::object& connect_timeout) {
   EndpointOptions options;
-  if (transport == "unix") {
+  if (transport == "unix" || transport == "unix_socket") {
     options.transport = Transport::UnixSocket;
   } else if (transport == "shm_ring") {
     options.transport = Transport::ShmRing;
-  } else if (transport == "unix_socket") {
-    options.transport = Transport::UnixSocket;
   } else if (transport == "pipe") {
     options.transport = Transport::Pipe;
   } else {
@@ -57,7 +55,7 @@ class PyListener {
  public:
   explicit PyListener(Listener listener) : listener_(std::move(listener)) {}
   ~PyListener() {
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     listener_.close();
   }
   PyListener(const PyListener&) = delete;
@@ -82,7 +80,7 @@ class PyListener {
   // Declares a kind of client served before accepting one (so clients of several kinds
   // may connect in any order).
   void serve(const std::string& kind) {
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     if (kind == "sender") {
       listener_.serve_sender<PyValue>();
     } else if (kind == "receiver") {
@@ -94,7 +92,7 @@ class PyListener {
   void close() {
     closing_.store(true, std::memory_order_release);  // an accept waiting in another thread gives up
     py::gil_scoped_release release;
-    const std::lock_guard lock(mutex_);  // the waiting accept leaves within 250 ms
+    const detail::MutexLock lock(mutex_);  // the waiting accept leaves within 250 ms
     listener_.close();
   }
   std::string address() const { return listener_.address(); }
@@ -108,7 +106,7 @@ class PyListener {
     const auto limit = timeout_from_python(timeout, api);
     auto end = call_blocking(
         [&] {
-          const std::lock_guard lock(mutex_);
+          const detail::MutexLock lock(mutex_);
           if (!listener_.is_open()) throw ChannelClosed(std::string(api) + ": this Listener is closed");
           return accept_for(timeout_or_forever(limit));
         },
@@ -121,7 +119,7 @@ class PyListener {
   }
 
   Listener listener_;
-  std::mutex mutex_;
+  detail::Mutex mutex_;
   std::atomic<bool> closing_{false};  // close() was called: a waiting accept gives up
 };
 

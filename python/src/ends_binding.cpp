@@ -10,6 +10,7 @@
 #include <string>
 
 #include "blocking_call.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/end_description.hpp"
 #include "value_conversion.hpp"
 
@@ -48,6 +49,7 @@ EndDescription parse_description(const std::string& bytes) {
 
 // ---- PySender -------------------------------------------------------------------------------
 
+// NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
 PySender::~PySender() {
   if (can_release_gil()) {  // closing may wait for room to write the end of the stream
     py::gil_scoped_release release;
@@ -77,10 +79,11 @@ void PySender::close() {
 
 // ---- PyReceiver -----------------------------------------------------------------------------
 
+// NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
 PyReceiver::~PyReceiver() {
   if (can_release_gil()) {
     py::gil_scoped_release release;
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     end_ = Receiver<PyValue>();
   }
 }
@@ -91,7 +94,7 @@ std::optional<PyValue> PyReceiver::receive_within(std::chrono::nanoseconds timeo
   try {
     result = call_blocking(
         [&] {
-          const std::lock_guard lock(mutex_);
+          const detail::MutexLock lock(mutex_);
           return end_.recv_for(timeout);
         },
         &closing_, "");  // Abandoned: the end of this end's stream, below

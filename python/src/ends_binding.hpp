@@ -8,10 +8,10 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <optional>
 
 #include "ferry/channel.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/end_description.hpp"
 #include "ferry/value.hpp"
 #include "py_value.hpp"
@@ -22,6 +22,7 @@ namespace ferry::python {
 class PySender {
  public:
   explicit PySender(Sender<PyValue> end) : end_(std::move(end)) {}
+  // NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
   ~PySender();
   PySender(const PySender&) = delete;
   PySender& operator=(const PySender&) = delete;
@@ -46,6 +47,7 @@ class PySender {
 class PyReceiver {
  public:
   explicit PyReceiver(Receiver<PyValue> end) : end_(std::move(end)) {}
+  // NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
   ~PyReceiver();
   PyReceiver(const PyReceiver&) = delete;
   PyReceiver& operator=(const PyReceiver&) = delete;
@@ -66,7 +68,7 @@ class PyReceiver {
   std::optional<PyValue> receive_within(std::chrono::nanoseconds timeout, bool& ended);
 
   Receiver<PyValue> end_;
-  std::mutex mutex_;  // Receiver<T> is for one thread at a time: recv() against recv()
+  detail::Mutex mutex_;  // Receiver<T> is for one thread at a time: recv() against recv()
   std::atomic<bool> closing_{false};  // close() was called: a waiting recv gives up
 };
 

@@ -69,6 +69,7 @@ void bind_errors(py::module_& module) {
       "multiprocessing.Process) and that process used it first, adopted it, closed it, or it was "
       "pickled to another process. Attributes: owner (pid), owner_alive.";
   // Most derived first: each C++ class maps to its Python class.
+  // NOLINTNEXTLINE(performance-unnecessary-value-param): pybind11's translator type takes it by value
   py::register_exception_translator([](std::exception_ptr raised) {
     try {
       if (raised) std::rethrow_exception(raised);

@@ -12,7 +12,7 @@ ExportRegistry& ExportRegistry::instance() {
 void ExportRegistry::add(const std::shared_ptr<Storage>& storage) {
   if (!storage || storage->nbytes() == 0 || storage->data() == nullptr) return;
   const auto begin = reinterpret_cast<std::uintptr_t>(storage->data());
-  const std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   Entry& entry = entries_[begin];
   if (entry.storage.lock() != storage) entry = Entry{begin + storage->nbytes(), storage};
   if (entries_.size() >= prune_at_) prune_expired();
@@ -20,7 +20,7 @@ void ExportRegistry::add(const std::shared_ptr<Storage>& storage) {
 
 std::shared_ptr<Storage> ExportRegistry::find(const std::byte* begin, std::size_t bytes) {
   const auto first = reinterpret_cast<std::uintptr_t>(begin);
-  const std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   auto it = entries_.upper_bound(first);
   if (it == entries_.begin()) return nullptr;
   it = std::prev(it);

@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry::python {
@@ -29,11 +29,11 @@ class ExportRegistry {
     std::uintptr_t end = 0;
     std::weak_ptr<Storage> storage;
   };
-  void prune_expired();  // callers hold mutex_
+  void prune_expired() FERRY_REQUIRES(mutex_);
 
-  std::mutex mutex_;
-  std::map<std::uintptr_t, Entry> entries_;  // by first byte
-  std::size_t prune_at_ = 64;
+  detail::Mutex mutex_;
+  std::map<std::uintptr_t, Entry> entries_ FERRY_GUARDED_BY(mutex_);  // by first byte
+  std::size_t prune_at_ FERRY_GUARDED_BY(mutex_) = 64;
 };
 
 }  // namespace ferry::python

@@ -4,7 +4,6 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <shared_mutex>
 #include <string>
@@ -14,6 +13,7 @@
 #include "blocking_call.hpp"
 #include "ends_binding.hpp"
 #include "ferry/broadcast.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/distributor.hpp"
 #include "ferry/select.hpp"
 #include "value_conversion.hpp"
@@ -34,7 +34,7 @@ class PySelector {
     std::size_t index = 0;
     {
       py::gil_scoped_release release;
-      const std::lock_guard lock(mutex_);
+      const detail::MutexLock lock(mutex_);
       throw_if_closed("add()");
       index = selector_.add(end);
     }
@@ -45,19 +45,19 @@ class PySelector {
   void remove(std::size_t index) {
     {
       py::gil_scoped_release release;
-      const std::lock_guard lock(mutex_);
+      const detail::MutexLock lock(mutex_);
       selector_.remove(index);
     }
     if (index < members_.size()) members_[index] = py::object();
   }
   bool contains(std::size_t index) {
     py::gil_scoped_release release;
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     return selector_.contains(index);
   }
   std::size_t size() {
     py::gil_scoped_release release;
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     return selector_.size();
   }
   py::object receiver(std::size_t index) {
@@ -73,7 +73,7 @@ class PySelector {
         timeout_from_python(timeout, (std::string("Selector.") + api).c_str());
     const std::optional<std::size_t> ready = call_blocking(
         [&] {
-          const std::lock_guard lock(mutex_);
+          const detail::MutexLock lock(mutex_);
           throw_if_closed(api);
           if (selector_.empty()) {
             throw ChannelClosed(std::string("Selector.") + api + ": the Selector is empty: add() receivers to it (each one is "
@@ -88,7 +88,7 @@ class PySelector {
     std::optional<std::size_t> ready;
     {
       py::gil_scoped_release release;
-      const std::lock_guard lock(mutex_);
+      const detail::MutexLock lock(mutex_);
       throw_if_closed("try_wait()");
       ready = selector_.try_wait();
     }
@@ -101,7 +101,7 @@ class PySelector {
     const std::size_t count = members_.size();  // add() refuses from now on
     {
       py::gil_scoped_release release;
-      const std::lock_guard lock(mutex_);  // a wait in progress leaves first
+      const detail::MutexLock lock(mutex_);  // a wait in progress leaves first
       for (std::size_t index = 0; index < count; ++index) selector_.remove(index);
     }
     members_.clear();
@@ -116,7 +116,7 @@ class PySelector {
     return std::string("Selector.") + api + ": this Selector was closed (Selector.close()); make a new one";
   }
 
-  std::mutex mutex_;  // one wait at a time (Selector is for one thread)
+  detail::Mutex mutex_;  // one wait at a time (Selector is for one thread)
   Selector selector_;
   std::vector<py::object> members_;  // with the GIL
   std::atomic<bool> closed_{false};  // close() was called: a wait gives up
@@ -158,6 +158,7 @@ class PyFanout {
  public:
   PyFanout(std::size_t max_in_flight, double liveness_check_interval, std::string name)
       : fanout_(std::make_unique<F>(fanout_options(max_in_flight, liveness_check_interval, std::move(name)))) {}
+  // NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
   ~PyFanout() {
     if (_Py_IsFinalizing() == 0 && PyGILState_Check() == 1) {
       py::gil_scoped_release release;  // closing may wait for room to end the streams

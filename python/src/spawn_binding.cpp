@@ -8,7 +8,6 @@
 
 #include <atomic>
 #include <chrono>
-#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -18,6 +17,7 @@
 #include "ends_binding.hpp"
 #include "error_text.hpp"
 #include "ferry/detail/live_ends.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/worker_group.hpp"
 #include "ferry/detail/worker_registry.hpp"
 #include "ferry/end_description.hpp"
@@ -150,7 +150,7 @@ class PyWorkerGroup {
     try {
       return py::bool_(call_blocking(
           [&] {
-            const std::lock_guard lock(mutex_);
+            const detail::MutexLock lock(mutex_);
             if (!limit) {
               group_.join();
               return true;
@@ -169,7 +169,7 @@ class PyWorkerGroup {
   void terminate() {
     terminating_.store(true, std::memory_order_release);  // a join waiting in another thread gives up
     py::gil_scoped_release release;
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     group_.terminate();
   }
   int size() const noexcept { return group_.size(); }
@@ -181,6 +181,7 @@ class PyWorkerGroup {
     return py::make_tuple(status->exited, status->code, status->signal);
   }
 
+  // NOLINTNEXTLINE(bugprone-exception-escape): gil_scoped_release throws only before pybind11 is initialized
   ~PyWorkerGroup() {
     if (group_.running() > 0 && _Py_IsFinalizing() == 0 && PyGILState_Check() == 1) {
       py::gil_scoped_release release;  // terminating waits for the workers
@@ -207,7 +208,7 @@ class PyWorkerGroup {
     return options;
   }
 
-  std::mutex mutex_;  // join() against terminate() from another thread; taken without the GIL
+  detail::Mutex mutex_;  // join() against terminate() from another thread; taken without the GIL
   WorkerGroup group_;
   std::atomic<bool> terminating_{false};  // terminate() was called: a waiting join gives up
 };
@@ -237,6 +238,7 @@ void bind_spawn(py::module_& module) {
   static py::exception<SpawnError> spawn_error(module, "SpawnError", module.attr("Error").ptr());
   spawn_error.doc() = "ferry.spawn cannot start the workers as asked (raised before any worker starts).";
   // Registered after errors.cpp's translator, so tried before it (pybind11 tries the last first).
+  // NOLINTNEXTLINE(performance-unnecessary-value-param): pybind11's translator type takes it by value
   py::register_exception_translator([](std::exception_ptr raised) {
     try {
       if (raised) std::rethrow_exception(raised);
@@ -263,6 +265,7 @@ void bind_spawn(py::module_& module) {
         if (ferry::initialized()) return false;
         std::vector<std::string> copy = argv;
         std::vector<char*> pointers;
+        pointers.reserve(copy.size() + 1);
         for (std::string& argument : copy) pointers.push_back(argument.data());
         pointers.push_back(nullptr);
         ferry::init(static_cast<int>(copy.size()), pointers.data());
@@ -274,6 +277,7 @@ void bind_spawn(py::module_& module) {
       [](const std::vector<std::string>& argv) {
         std::vector<std::string> copy = argv;
         std::vector<char*> pointers;
+        pointers.reserve(copy.size() + 1);
         for (std::string& argument : copy) pointers.push_back(argument.data());
         pointers.push_back(nullptr);
         ferry::init(static_cast<int>(copy.size()), pointers.data());  // runs the worker and exits

@@ -79,6 +79,7 @@ Tensor tensor_from_array_interface(py::handle object, const py::dict& interface)
   if (interface.contains("mask") && !interface["mask"].is_none()) throw py::type_error("ferry cannot send a masked array");
   ForeignView view;
   view.dtype = *dtype;
+  // NOLINTNEXTLINE(performance-no-int-to-ptr): the array interface gives the address as an integer
   view.element0 = reinterpret_cast<const std::byte*>(interface["data"].cast<py::tuple>()[0].cast<std::uintptr_t>());
   if (interface.contains("offset")) view.element0 += interface["offset"].cast<std::int64_t>();
   for (const py::handle extent : interface["shape"].cast<py::tuple>()) view.shape.push_back(extent.cast<std::int64_t>());

@@ -7,6 +7,7 @@
 
 #include "cuda_frame.hpp"
 #include "ferry/detail/body_reader.hpp"
+#include "ferry/detail/errno_text.hpp"
 #include "ferry/handle_cache.hpp"
 #include "ferry/detail/object_pool.hpp"
 #include "ferry/detail/peer_fd.hpp"
@@ -280,9 +281,9 @@ detail::MessageDecoder::SegmentFd detail::MessageDecoder::open_segment(const det
     if (connection_.peer_fds.exited(entry.pid, kSenderExitGrace)) {
       throw PeerDied("the sending process " + std::to_string(entry.pid) +
                      " died before this receiver could map a segment it sent (" + where + ": " +
-                     std::strerror(error) + ")");
+                     detail::errno_text(error) + ")");
     }
-    throw ProtocolError("cannot open the sender's segment at " + where + " (" + std::strerror(error) +
+    throw ProtocolError("cannot open the sender's segment at " + where + " (" + detail::errno_text(error) +
                         "); the sender died, or this process may not read it: it must run as the same user, and no "
                         "security module (SELinux, AppArmor) may forbid it");
   }

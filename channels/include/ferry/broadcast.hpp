@@ -8,12 +8,12 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "ferry/channel.hpp"
 #include "ferry/detail/fanout_consumers.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout.hpp"
 
@@ -50,7 +50,7 @@ class Broadcast : public detail::FanoutBase<T, false> {
   std::size_t send_until(const T& message, const detail::Deadline& deadline) {
     auto& consumers = this->consumers_;
     detail::FanoutWait wait;
-    std::unique_lock lock(this->mutex_);
+    detail::MutexLock lock(this->mutex_);
     this->throw_if_closed("Broadcast");
     consumers.remove_gone_if_due(nullptr);
     // The consumers this message is for: those present now (one added meanwhile gets the next).

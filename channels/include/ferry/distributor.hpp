@@ -6,12 +6,12 @@
 #pragma once
 
 #include <cstddef>
-#include <mutex>
 #include <utility>
 #include <vector>
 
 #include "ferry/channel.hpp"
 #include "ferry/detail/fanout_consumers.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout.hpp"
 
@@ -68,7 +68,7 @@ class Distributor : public detail::FanoutBase<T, true> {
   /// Removes the consumers known to be gone, and returns (and forgets) every message that
   /// removed consumers never received, oldest first per consumer.
   std::vector<T> take_undelivered() {
-    std::lock_guard lock(this->mutex_);
+    const detail::MutexLock lock(this->mutex_);
     this->consumers_.remove_gone(&undelivered_);
     return std::exchange(undelivered_, {});
   }
@@ -80,7 +80,7 @@ class Distributor : public detail::FanoutBase<T, true> {
   bool send_until(M&& message, const detail::Deadline& deadline) {
     auto& consumers = this->consumers_;
     detail::FanoutWait wait;
-    std::unique_lock lock(this->mutex_);
+    detail::MutexLock lock(this->mutex_);
     this->throw_if_closed("Distributor");
     consumers.remove_gone_if_due_at_a_few_sends(&undelivered_);
     while (true) {
@@ -113,7 +113,7 @@ class Distributor : public detail::FanoutBase<T, true> {
   // The index of the consumer with room and the fewest messages in flight, the first from
   // turn_ among equals; kNone when all are full. (An index, not an optional: the optional's
   // two parts, stored apart and read back as one, stalled every send.)
-  std::size_t least_loaded() {
+  std::size_t least_loaded() FERRY_REQUIRES(this->mutex_) {
     auto& all = this->consumers_.all();
     const std::size_t count = all.size();
     std::size_t best = kNone;

@@ -227,7 +227,7 @@ class Listener {
 /// AddressInUse when a live listener holds the address, Error for a malformed address,
 /// an unknown scheme (naming the accepted forms), ucx:// without ferry::ucx (saying how to
 /// get it), or ucx:// without a secret (unless options.allow_no_secret).
-Listener listen(std::string_view address, EndpointOptions options = {});
+Listener listen(std::string_view address, const EndpointOptions& options = {});
 
 /// Connects to the listener at `address` as a Receiver<T> (the listener's
 /// accept_sender<T>). Waits up to options.connect_timeout for the listener to appear and

@@ -25,7 +25,7 @@ std::string AllowedPeers::describe() const {
   return text.empty() ? "nobody" : text;
 }
 
-Listener listen(std::string_view address, EndpointOptions options) {
+Listener listen(std::string_view address, const EndpointOptions& options) {
   const detail::Address parsed = detail::parse_address(address);
   const detail::Scheme& scheme = detail::scheme_of(address, parsed.scheme);
   if (options.transport == Transport::InProcess) {

@@ -7,10 +7,10 @@
 #include <array>
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <new>
 #include <vector>
 
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
@@ -37,8 +37,9 @@ namespace {
 class ClaimPages {
  public:
   ClaimPages() {
-    const int rc = ::pthread_atfork([] { instance().mutex_.lock(); }, [] { instance().after_fork(false); },
-                                    [] { instance().after_fork(true); });
+    // (The analysis cannot follow a lock taken in one handler and released in another.)
+    const int rc = ::pthread_atfork([]() FERRY_NO_THREAD_SAFETY_ANALYSIS { instance().mutex_.lock(); },
+                                    [] { instance().after_fork(false); }, [] { instance().after_fork(true); });
     if (rc != 0) throw_system_error("pthread_atfork for the claim word pages", rc);
   }
 
@@ -48,7 +49,7 @@ class ClaimPages {
   }
 
   ClaimWord take(std::uint64_t initial) {
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     ClaimPage& page = page_with_room();
     std::size_t index = 0;
     if (page.reusable_count > 0) {
@@ -63,7 +64,7 @@ class ClaimPages {
   }
 
   void give_back(const ClaimWord& word) noexcept {
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     ClaimPage* page = word.page;
     if (!page->inherited && word.forks == forks_) {  // no other process can hold a copy of its end
       page->reusable[page->reusable_count++] = static_cast<std::uint16_t>(word.word - page->words);
@@ -75,12 +76,12 @@ class ClaimPages {
   }
 
   std::size_t mapped() noexcept {
-    const std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     return pages_.size();
   }
 
  private:
-  ClaimPage& page_with_room() {
+  ClaimPage& page_with_room() FERRY_REQUIRES(mutex_) {
     for (ClaimPage* page : pages_) {
       if (page->can_hand_out()) return *page;
     }
@@ -94,8 +95,9 @@ class ClaimPages {
     return *page.release();
   }
 
-  // The lock is held since the prepare handler (in the child: by its only thread).
-  void after_fork(bool in_child) noexcept {
+  // The lock is held since the prepare handler (in the child: by its only thread), which
+  // the analysis cannot follow across handlers.
+  void after_fork(bool in_child) noexcept FERRY_NO_THREAD_SAFETY_ANALYSIS {
     ++forks_;  // words taken before now are never handed out again here
     if (in_child) {
       for (ClaimPage* page : pages_) page->inherited = true;  // the parent hands out their unused words
@@ -103,9 +105,9 @@ class ClaimPages {
     mutex_.unlock();
   }
 
-  std::mutex mutex_;
-  std::vector<ClaimPage*> pages_;  // owned; each unmapped and deleted at its last give_back
-  std::uint64_t forks_ = 0;
+  detail::Mutex mutex_;
+  std::vector<ClaimPage*> pages_ FERRY_GUARDED_BY(mutex_);  // owned; each unmapped and deleted at its last give_back
+  std::uint64_t forks_ FERRY_GUARDED_BY(mutex_) = 0;
 };
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "ferry/detail/frame_channel.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
@@ -60,7 +61,9 @@ void SenderCore::describe(Snapshot& out) const {
                EndFacts{true, transport_, options_.name, open_.load(relaxed), in_flight, pair_ ? pair_->get(false) : 0});
 }
 
-void SenderCore::adopt() noexcept {
+// In a forked child, before any other thread of it can use the end: the inherited lock may
+// be held by a thread of the parent, which does not exist here.
+void SenderCore::adopt() noexcept FERRY_NO_THREAD_SAFETY_ANALYSIS {
   claim_.adopt();
   if (pair_) pair_->set(true, current_process_id());
   try {
@@ -72,7 +75,7 @@ void SenderCore::adopt() noexcept {
 
 void SenderCore::hand_over() noexcept {
   {
-    std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     encoder_->hand_over();
   }
   detach();
@@ -85,11 +88,13 @@ void SenderCore::hand_away() noexcept {
 }
 
 bool SenderCore::send(const void* message, const SentType& type, const Deadline& deadline) {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return send_locked(message, type, deadline);
 }
 
-bool SenderCore::send_serialized_by_owner(const void* message, const SentType& type, const Deadline& deadline) {
+// The owner's own lock serializes every use (fanout_consumers.hpp), so this end's is not taken.
+bool SenderCore::send_serialized_by_owner(const void* message, const SentType& type,
+                                          const Deadline& deadline) FERRY_NO_THREAD_SAFETY_ANALYSIS {
   return send_locked(message, type, deadline);
 }
 
@@ -246,7 +251,7 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
 }
 
 void SenderCore::close() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   if (!open_) return;
   // A copy whose end another process owns (or closed) only lets go of its descriptors: its
   // end of stream would cut the owner's stream short.
@@ -303,23 +308,23 @@ void SenderCore::close() {
 }
 
 bool SenderCore::flush(const Deadline& deadline) {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   ensure_usable();
   return writer_->flush(deadline);
 }
 
 void SenderCore::track_delivery() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   encoder_->track_delivery();
 }
 
 std::uint64_t SenderCore::last_sequence() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return encoder_->last_sequence();
 }
 
 std::uint64_t SenderCore::delivered() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   // The board says it on one host; a transport without one (UCX) reports it itself.
   // Never more than was sent: a lying peer cannot make a fan-out forget messages in flight.
   const std::uint64_t reported = open_ ? std::min(writer_->delivered_by_reader(), encoder_->last_sequence()) : 0;
@@ -328,23 +333,23 @@ std::uint64_t SenderCore::delivered() {
 }
 
 std::shared_ptr<const ReturnBoard> SenderCore::delivery_board() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return encoder_->delivery_board();
 }
 
 std::optional<ReturnBoard::DeliveryWake> SenderCore::request_delivery_wake(std::uint64_t sequence) {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   if (!open_) return std::nullopt;
   return encoder_->request_delivery_wake(sequence);
 }
 
 void SenderCore::cancel_delivery_wake() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   encoder_->cancel_delivery_wake();
 }
 
 bool SenderCore::receiver_gone() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   if (!open_) return true;
   if (!gone_probe_) gone_probe_ = writer_->liveness_probe();
   if (!gone_probe_) return false;  // the transport cannot tell (or no fd left): the next send will
@@ -358,15 +363,16 @@ bool SenderCore::receiver_gone() {
 }
 
 void SenderCore::detach() noexcept {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   detach_locked();
 }
 
 void SenderCore::release_if_owned_elsewhere() noexcept {
   // The claim first: an end whose operation this very thread is in is this process's.
   if (!claim_.elsewhere()) return;
-  std::unique_lock lock(mutex_, std::try_to_lock);
-  if (!lock || !open_) return;
+  if (!mutex_.try_lock()) return;
+  const detail::MutexLock lock(mutex_, std::adopt_lock);
+  if (!open_) return;
   detach_locked();
 }
 
@@ -378,29 +384,30 @@ void SenderCore::detach_locked() noexcept {
   writer_->close();
 }
 
-void SenderCore::abandon_in_child() noexcept {
+// In a forked child, where the inherited lock may be held by a thread of the parent.
+void SenderCore::abandon_in_child() noexcept FERRY_NO_THREAD_SAFETY_ANALYSIS {
   open_ = false;
   gone_probe_.reset();
   writer_->close();
 }
 
 std::size_t SenderCore::tracked_storages() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return encoder_->tracked_storages();
 }
 
 std::uint64_t SenderCore::storages_passed() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return encoder_->storages_passed();
 }
 
 std::size_t SenderCore::pinned_storages() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return encoder_->pinned_storages();
 }
 
 std::size_t SenderCore::segments_awaiting_acknowledgement() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return encoder_->segments_awaiting_acknowledgement();
 }
 
@@ -432,7 +439,8 @@ ReceiverCore::~ReceiverCore() {
   close_as(closes_for_everyone());
 }
 
-void ReceiverCore::adopt() noexcept {
+// In a forked child, before any other thread of it can use the end (see SenderCore::adopt()).
+void ReceiverCore::adopt() noexcept FERRY_NO_THREAD_SAFETY_ANALYSIS {
   claim_.adopt();
   if (pair_) pair_->set(false, current_process_id());
   try {
@@ -465,7 +473,7 @@ void ReceiverCore::adopt() noexcept {
 }
 
 ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Deadline& deadline) {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   if (introspecting()) [[unlikely]] return receive_counted(out, type, deadline);
   return receive_uncounted(out, type, deadline);
 }
@@ -554,22 +562,23 @@ void ReceiverCore::hand_away() noexcept {
 void ReceiverCore::release_if_owned_elsewhere() noexcept {
   // The claim first: an end whose operation this very thread is in is this process's.
   if (!claim_.elsewhere()) return;
-  std::unique_lock lock(mutex_, std::try_to_lock);
-  if (!lock || !open_) return;
+  if (!mutex_.try_lock()) return;
+  const detail::MutexLock lock(mutex_, std::adopt_lock);
+  if (!open_) return;
   decoder_->hand_over();
   close_locked(false);
 }
 
 void ReceiverCore::detach() noexcept {
   {
-    std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     decoder_->hand_over();
   }
   close_as(false);
 }
 
 void ReceiverCore::close_as(bool ending_the_stream) noexcept {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   close_locked(ending_the_stream);
 }
 
@@ -582,7 +591,7 @@ void ReceiverCore::close_locked(bool ending_the_stream) noexcept {
 }
 
 bool ReceiverCore::has_buffered_frame() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return !open_ || !broken_.empty() || reader_->has_buffered_frame();
 }
 
@@ -592,38 +601,39 @@ void ReceiverCore::close_reader() noexcept {
 }
 
 int ReceiverCore::readiness_fd() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return open_ && reader_open_ ? reader_->capabilities().readiness_fd : -1;
 }
 
 bool ReceiverCore::readiness_fd_is_a_hint() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return open_ && reader_->capabilities().readiness_fd_is_a_hint;
 }
 
 bool ReceiverCore::readiness_fd_reports_data() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return reader_->capabilities().readiness_fd_reports_data;
 }
 
 std::atomic<std::uint32_t>* ReceiverCore::data_futex() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return open_ && reader_open_ ? reader_->capabilities().data_futex : nullptr;
 }
 
-void ReceiverCore::abandon_in_child() noexcept {
+// In a forked child, where the inherited lock may be held by a thread of the parent.
+void ReceiverCore::abandon_in_child() noexcept FERRY_NO_THREAD_SAFETY_ANALYSIS {
   open_ = false;
   fds_.clear();
   close_reader();
 }
 
 std::size_t ReceiverCore::leased() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return decoder_->leased();
 }
 
 std::size_t ReceiverCore::leased_segments() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return decoder_->leased_segments();
 }
 

@@ -13,10 +13,10 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
-#include <mutex>
 #include <string>
 
 #include "ferry/detail/live_ends.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/error.hpp"
 #include "ferry/introspection.hpp"
 #include "ferry/wait_interruption.hpp"
@@ -63,12 +63,12 @@ struct InProcessQueue::State {
   moodycamel::BlockingConcurrentQueue<std::unique_ptr<Parcel>> queue;
   // Every value goes in through this one token, under `mutex`: the queue keeps the order of
   // one producer only, and the n-th value taken must be the n-th sent (taken() counts them).
-  moodycamel::ProducerToken producer{queue};
+  moodycamel::ProducerToken producer FERRY_GUARDED_BY(mutex){queue};
   std::atomic<std::uint64_t> taken{0};    // values the receiver took
   moodycamel::LightweightSemaphore room;
-  mutable std::mutex mutex;  // orders sends against close_sender() and close_receiver()
-  std::uint64_t sent = 0;                 // guarded by mutex
-  bool sender_closed = false;             // guarded by mutex
+  mutable detail::Mutex mutex;  // orders sends against close_sender() and close_receiver()
+  std::uint64_t sent FERRY_GUARDED_BY(mutex) = 0;
+  bool sender_closed FERRY_GUARDED_BY(mutex) = false;
   std::atomic<bool> sender_dropped{false};  // the sender was destroyed by an exception
   std::atomic<bool> receiver_closed{false};
   std::atomic<std::uint64_t> final_count{0};
@@ -130,7 +130,7 @@ bool InProcessQueue::reserve(const Deadline& deadline) {
 }
 
 void InProcessQueue::push(std::unique_ptr<Parcel> parcel) {
-  std::unique_lock lock(state_->mutex);
+  detail::MutexLock lock(state_->mutex);
   if (!parcel || state_->sender_closed || state_->receiver_closed.load(std::memory_order_acquire)) {
     lock.unlock();
     state_->room.signal();
@@ -151,7 +151,7 @@ void InProcessQueue::close_sender() noexcept { end_stream(false); }
 void InProcessQueue::drop_sender() noexcept { end_stream(true); }
 
 void InProcessQueue::end_stream(bool dropped) noexcept {
-  std::lock_guard lock(state_->mutex);
+  const detail::MutexLock lock(state_->mutex);
   if (state_->sender_closed) return;
   state_->sender_closed = true;
   state_->sender_dropped.store(dropped, std::memory_order_relaxed);  // published by final_count
@@ -161,7 +161,7 @@ void InProcessQueue::end_stream(bool dropped) noexcept {
 }
 
 bool InProcessQueue::sender_open() const noexcept {
-  std::lock_guard lock(state_->mutex);
+  const detail::MutexLock lock(state_->mutex);
   return !state_->sender_closed && !state_->receiver_closed.load(std::memory_order_acquire);
 }
 
@@ -196,7 +196,7 @@ ReadStatus InProcessQueue::receive(std::unique_ptr<Parcel>& out, const Deadline&
 
 void InProcessQueue::close_receiver() noexcept {
   {
-    std::lock_guard lock(state_->mutex);
+    const detail::MutexLock lock(state_->mutex);
     if (state_->receiver_closed.load(std::memory_order_relaxed)) return;
     state_->receiver_closed.store(true, std::memory_order_release);
   }
@@ -212,7 +212,7 @@ bool InProcessQueue::ready() const noexcept {
 }
 
 std::uint64_t InProcessQueue::sent() const noexcept {
-  std::lock_guard lock(state_->mutex);
+  const detail::MutexLock lock(state_->mutex);
   return state_->sent;
 }
 

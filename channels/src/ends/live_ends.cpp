@@ -1,10 +1,10 @@
 #include "ferry/detail/live_ends.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 
 #include <pthread.h>
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <unordered_set>
 
 #include "ferry/error.hpp"
@@ -33,8 +33,8 @@ struct LiveEndsAccess {
 namespace {
 
 struct LiveEnds {
-  std::mutex mutex;
-  std::unordered_set<LiveEnd*> ends;
+  detail::Mutex mutex;
+  std::unordered_set<LiveEnd*> ends FERRY_GUARDED_BY(mutex);
 };
 
 LiveEnds& live_ends() {
@@ -43,11 +43,12 @@ LiveEnds& live_ends() {
     // A fork() while another thread changes the list must not leave the child's copy of
     // the mutex locked: hold it across fork(). Every end alive now has a copy in the child.
     const int rc = ::pthread_atfork(
-        [] {
+        []() FERRY_NO_THREAD_SAFETY_ANALYSIS {
           live_ends().mutex.lock();
           LiveEndsAccess::mark_copied_by_fork(live_ends().ends);
         },
-        [] { live_ends().mutex.unlock(); }, [] { live_ends().mutex.unlock(); });
+        []() FERRY_NO_THREAD_SAFETY_ANALYSIS { live_ends().mutex.unlock(); },
+        []() FERRY_NO_THREAD_SAFETY_ANALYSIS { live_ends().mutex.unlock(); });
     if (rc != 0) throw_system_error("pthread_atfork", rc);
     return created;
   }();
@@ -66,19 +67,19 @@ LiveEnds& live_ends() {
 
 void LiveEnd::track() {
   LiveEnds& list = live_ends();
-  std::lock_guard lock(list.mutex);
+  const detail::MutexLock lock(list.mutex);
   list.ends.insert(this);
 }
 
 void LiveEnd::untrack() noexcept {
   LiveEnds& list = live_ends();
-  std::lock_guard lock(list.mutex);
+  const detail::MutexLock lock(list.mutex);
   if (list.ends.erase(this) != 0) LiveEndsAccess::forget(*this);
 }
 
 void abandon_live_ends_except(std::span<const LiveEnd* const> keep) noexcept {
   LiveEnds& list = live_ends();
-  std::lock_guard lock(list.mutex);
+  const detail::MutexLock lock(list.mutex);
   for (LiveEnd* end : list.ends) {
     if (std::find(keep.begin(), keep.end(), end) == keep.end()) end->abandon_in_child();
   }
@@ -86,7 +87,7 @@ void abandon_live_ends_except(std::span<const LiveEnd* const> keep) noexcept {
 
 void release_ends_owned_elsewhere() noexcept {
   LiveEnds& list = live_ends();
-  std::lock_guard lock(list.mutex);
+  const detail::MutexLock lock(list.mutex);
   for (LiveEnd* end : list.ends) end->release_if_owned_elsewhere();
 }
 
@@ -98,7 +99,7 @@ std::chrono::nanoseconds release_check_slice() noexcept {
 
 void describe_live_ends(Snapshot& out) {
   LiveEnds& list = live_ends();
-  std::lock_guard lock(list.mutex);
+  const detail::MutexLock lock(list.mutex);
   for (const LiveEnd* end : list.ends) end->describe(out);
 }
 
@@ -109,7 +110,7 @@ std::uint64_t next_end_id() noexcept {
 
 std::size_t live_end_count() {
   LiveEnds& list = live_ends();
-  std::lock_guard lock(list.mutex);
+  const detail::MutexLock lock(list.mutex);
   return list.ends.size();
 }
 

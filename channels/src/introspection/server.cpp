@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ferry/detail/end_stats.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/detail/unique_fd.hpp"
 #include "ferry/detail/worker_table.hpp"
 #include "ferry/error.hpp"
@@ -53,7 +54,7 @@ struct Client {
 // Everything the server owns; guarded by the control mutex except while the thread runs
 // (then only the thread touches the fds and clients).
 struct Server {
-  std::mutex control;
+  detail::Mutex control;
   UniqueFd listener;
   UniqueFd wake;  // an eventfd: written to stop the thread
   std::unique_ptr<std::thread> thread;
@@ -68,12 +69,13 @@ Server& server();
 
 std::atomic<bool> g_serving{false};  // introspection_enabled(): the server runs in this process
 
-void lock_for_fork() { server().control.lock(); }
-void unlock_after_fork_in_parent() { server().control.unlock(); }
+// (The analysis cannot follow a lock taken in one fork handler and released in another.)
+void lock_for_fork() FERRY_NO_THREAD_SAFETY_ANALYSIS { server().control.lock(); }
+void unlock_after_fork_in_parent() FERRY_NO_THREAD_SAFETY_ANALYSIS { server().control.unlock(); }
 // In the child of fork(): the thread did not come along. Its descriptors are closed, so
 // that the parent's name goes with the parent (nothing keeps the socket alive after it is
 // killed). A worker that ferry forks restarts the server (restart_in_forked_worker()).
-void reset_after_fork_in_child() {
+void reset_after_fork_in_child() FERRY_NO_THREAD_SAFETY_ANALYSIS {
   Server& s = server();
   if (s.thread) {
     (void)s.thread.release();  // no such thread here: never joined, never destroyed
@@ -128,7 +130,7 @@ bool peer_allowed(int fd) {
 }
 
 std::string error_reply(const std::string& message) {
-  return "{\"error\":\"" + message + "\"}\n";  // messages are ours: no character needs escaping
+  return R"({"error":")" + message + "\"}\n";  // messages are ours: no character needs escaping
 }
 
 std::string answer(const std::string& request) {
@@ -139,7 +141,7 @@ std::string answer(const std::string& request) {
       return error_reply("the snapshot failed");
     }
   }
-  return error_reply("unknown request; send the line \\\"snapshot\\\"");
+  return error_reply(R"(unknown request; send the line \"snapshot\")");
 }
 
 // Reads what the client sent; true when it is to be dropped.
@@ -163,7 +165,7 @@ bool read_request(Client& client) {
       return false;
     }
     if (client.request.size() > kMaxRequestBytes) {
-      client.reply = error_reply("request too long; send the line \\\"snapshot\\\"");
+      client.reply = error_reply(R"(request too long; send the line \"snapshot\")");
       client.replying = true;
       client.deadline = std::chrono::steady_clock::now() + kReplyTimeout;
       return false;
@@ -231,7 +233,7 @@ void serve(Server& s, int listener, int wake) {
     std::vector<bool> done(clients.size(), false);
     for (std::size_t i = 0; i < clients.size(); ++i) {
       Client& client = clients[i];
-      const short revents = rc > 0 ? fds[2 + i].revents : 0;
+      const short revents = rc > 0 ? fds[2 + i].revents : short{0};
       if (revents != 0) {
         if (!client.replying) {
           done[i] = read_request(client);
@@ -254,7 +256,7 @@ void serve(Server& s, int listener, int wake) {
 }
 
 // With the control mutex held.
-void start_locked(Server& s) {
+void start_locked(Server& s) FERRY_REQUIRES(s.control) {
   if (s.enabled) return;
   UniqueFd listener = make_listener();
   UniqueFd wake(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
@@ -277,7 +279,7 @@ void start_locked(Server& s) {
   set_introspection_for_workers(true);
 }
 
-void stop_locked(Server& s) noexcept {
+void stop_locked(Server& s) noexcept FERRY_REQUIRES(s.control) {
   if (!s.enabled) return;
   const std::uint64_t one = 1;
   if (::write(s.wake.get(), &one, sizeof one) < 0) {
@@ -296,7 +298,7 @@ void stop_locked(Server& s) noexcept {
 
 void restart_in_forked_worker() noexcept {
   Server& s = server();
-  std::lock_guard lock(s.control);
+  const detail::MutexLock lock(s.control);
   if (!s.restart_in_worker) return;
   s.restart_in_worker = false;
   try {
@@ -331,13 +333,13 @@ IntrospectionServerStats introspection_server_stats() noexcept {
 void enable_introspection() {
   detail::Server& s = detail::server();
   detail::set_forked_worker_hook(&detail::restart_in_forked_worker);
-  std::lock_guard lock(s.control);
+  const detail::MutexLock lock(s.control);
   detail::start_locked(s);
 }
 
 void disable_introspection() noexcept {
   detail::Server& s = detail::server();
-  std::lock_guard lock(s.control);
+  const detail::MutexLock lock(s.control);
   s.restart_in_worker = false;
   detail::stop_locked(s);
 }

@@ -26,7 +26,7 @@
 namespace ferry {
 namespace {
 
-constexpr std::size_t kReadBufferBytes = 64 * 1024;
+constexpr std::size_t kReadBufferBytes = std::size_t{64} * 1024;
 constexpr std::size_t kMaxFdsPerRead = 253;  // SCM_MAX_FD
 
 // Whether a write or read may block in the system call itself: only when it waits for

@@ -9,6 +9,7 @@
 #include <new>
 #include <utility>
 
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::ucx::detail {
@@ -108,7 +109,7 @@ UcxConnection::~UcxConnection() {
   if (worker_ != nullptr) {
     {
       // Receives still in flight (the sender died mid-message) end as cancelled.
-      const std::lock_guard lock(mutex_);
+      const ferry::detail::MutexLock lock(mutex_);
       for (const RendezvousReceive& receive : receives_) ucp_request_cancel(worker_, receive.request);
       for (int round = 0; round < 1000 && !receives_.empty(); ++round) progress_locked();
     }
@@ -129,8 +130,11 @@ bool UcxConnection::arm_locked() {
   return true;
 }
 
+// Gives `lock` up while it sleeps and takes it back, which the analysis cannot follow through
+// a lock passed by reference: its callers are checked (FERRY_REQUIRES), its body is not.
 template <class Ready>
-bool UcxConnection::wait_until(std::unique_lock<std::mutex>& lock, const ferry::detail::Deadline& deadline, Ready ready) {
+bool UcxConnection::wait_until(ferry::detail::MutexLock& lock, const ferry::detail::Deadline& deadline,
+                               Ready ready) FERRY_NO_THREAD_SAFETY_ANALYSIS {
   // Requests in flight point into the caller's memory: a wait is never abandoned midway.
   const ferry::detail::WaitInterruptionSuspended uninterrupted;
   for (int round = 0;; ++round) {
@@ -165,7 +169,7 @@ ferry::detail::Deadline UcxConnection::sleep_until(const ferry::detail::Deadline
 }
 
 void UcxConnection::keep_alive(const sockaddr_storage& peer) {
-  const std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   try {
     own_sockets_ = new_sockets_to_host(peer, sockets_before_);
     watched_host_ = peer;
@@ -202,13 +206,13 @@ void UcxConnection::on_error(void* self, ucp_ep_h /*ep*/, ucs_status_t status) {
 }
 
 bool UcxConnection::failed() {
-  const std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   progress_locked();
   return failed_;
 }
 
 std::string UcxConnection::failure() {
-  const std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   return failure_;
 }
 
@@ -243,17 +247,17 @@ bool UcxConnection::refuse_unauthenticated(unsigned id) noexcept {
 }
 
 void UcxConnection::authenticate() noexcept {
-  const std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   authenticated_ = true;
 }
 
 bool UcxConnection::authenticated() {
-  const std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   return authenticated_;
 }
 
 void UcxConnection::authenticate_if(std::function<bool(std::span<const std::byte>)> check) {
-  const std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   authenticator_ = std::move(check);
 }
 
@@ -276,7 +280,7 @@ void UcxConnection::send_am(unsigned id, const void* header, std::size_t header_
 }
 
 void UcxConnection::send_control(std::span<const std::byte> message) {
-  const std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   if (failed_) throw ChannelClosed("the ucx peer is gone: " + failure_);
   // Queued with the frames sent (its buffer lives until UCX is done with it); it leaves as
   // the worker progresses, in the next wait or at close. Never waits: a listener drives
@@ -312,8 +316,8 @@ std::size_t UcxConnection::outgoing_bytes_locked() const noexcept {
 }
 
 bool UcxConnection::flush(const ferry::detail::Deadline& deadline) {
-  std::unique_lock lock(mutex_);
-  const bool done = wait_until(lock, deadline, [&] {
+  ferry::detail::MutexLock lock(mutex_);
+  const bool done = wait_until(lock, deadline, [&]() FERRY_REQUIRES(mutex_) {
     reap_locked();
     return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
   });
@@ -331,14 +335,14 @@ bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iov
     throw Error("a message over ucx:// carries at most " + std::to_string(kMaxCopies) + " tensor storages, not " +
                 std::to_string(copies.size()) + "; send fewer per message");
   }
-  std::unique_lock lock(mutex_);
+  ferry::detail::MutexLock lock(mutex_);
   refuse_after_fork(owner_, "sending");
   const auto gone = [&] {
     throw ChannelClosed("cannot send: the receiver at ucx://" + peer_address() + " is gone (" +
                         (failure_.empty() ? status_text(send_failure_) : failure_) + ")");
   };
   // Back-pressure: a receiver that does not read holds the frames sent to it.
-  const bool room = wait_until(lock, deadline, [&] {
+  const bool room = wait_until(lock, deadline, [&]() FERRY_REQUIRES(mutex_) {
     reap_locked();
     return failed_ || send_failure_ != UCS_OK ||
            (outgoing_.size() < kMaxFramesInFlight && outgoing_bytes_locked() < kMaxBytesInFlight);
@@ -398,7 +402,7 @@ bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iov
   // sender progresses too: wait until the frame left (the receiver took its large copies),
   // or until `deadline`. A frame still in flight then stays started (its storages kept by
   // `owners`): later sends and flush() move it on, and a send waits for room first.
-  wait_until(lock, deadline, [&] {
+  wait_until(lock, deadline, [&]() FERRY_REQUIRES(mutex_) {
     reap_locked();
     return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
   });
@@ -406,7 +410,7 @@ bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iov
 }
 
 void UcxConnection::send_delivered(std::uint64_t sequence) noexcept {
-  std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   if (failed_ || ep_ == nullptr || owner_ != ::getpid()) return;
   try {
     // Queued with the frames sent, so that its buffer lives until UCX is done with it.
@@ -423,7 +427,7 @@ void UcxConnection::send_delivered(std::uint64_t sequence) noexcept {
 }
 
 std::uint64_t UcxConnection::delivered() {
-  std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   if (worker_ != nullptr && owner_ == ::getpid()) {
     progress_locked();
     reap_locked();
@@ -584,8 +588,8 @@ std::optional<std::vector<std::byte>> UcxConnection::poll_control() {
 }
 
 std::optional<std::vector<std::byte>> UcxConnection::receive_control(const ferry::detail::Deadline& deadline) {
-  std::unique_lock lock(mutex_);
-  wait_until(lock, deadline, [&] {
+  ferry::detail::MutexLock lock(mutex_);
+  wait_until(lock, deadline, [&]() FERRY_REQUIRES(mutex_) {
     reap_locked();
     return !controls_.empty() || failed_ || !broken_.empty() || send_failure_ != UCS_OK;
   });
@@ -601,9 +605,9 @@ std::optional<std::vector<std::byte>> UcxConnection::receive_control(const ferry
 }
 
 std::optional<IncomingFrame> UcxConnection::receive_frame(const ferry::detail::Deadline& deadline) {
-  std::unique_lock lock(mutex_);
+  ferry::detail::MutexLock lock(mutex_);
   refuse_after_fork(owner_, "receiving");
-  const auto ready = [&] {
+  const auto ready = [&]() FERRY_REQUIRES(mutex_) {
     reap_locked();  // the handshake's last messages, sent without waiting
     return (!frames_.empty() && frames_.front().complete()) || failed_ || !broken_.empty();
   };
@@ -622,7 +626,7 @@ std::optional<IncomingFrame> UcxConnection::receive_frame(const ferry::detail::D
 }
 
 bool UcxConnection::frame_ready() {
-  std::unique_lock lock(mutex_);
+  ferry::detail::MutexLock lock(mutex_);
   for (;;) {
     progress_locked();
     if ((!frames_.empty() && frames_.front().complete()) || failed_ || !broken_.empty()) return true;
@@ -631,7 +635,7 @@ bool UcxConnection::frame_ready() {
 }
 
 bool UcxConnection::control_ready() {
-  std::unique_lock lock(mutex_);
+  ferry::detail::MutexLock lock(mutex_);
   for (;;) {
     progress_locked();
     if (!controls_.empty() || failed_ || !broken_.empty()) return true;
@@ -642,7 +646,7 @@ bool UcxConnection::control_ready() {
 std::string UcxConnection::peer_address() { return peer_name_; }
 
 void UcxConnection::close(std::chrono::milliseconds linger, bool force) noexcept {
-  std::unique_lock lock(mutex_);
+  ferry::detail::MutexLock lock(mutex_);
   if (ep_ == nullptr || ::getpid() != owner_) return;
   // Flush what was sent (the end-of-stream frame) onto the wire, then close at once: a
   // flushing close would wait for the peer to progress its worker, that is for a receiver
@@ -651,7 +655,7 @@ void UcxConnection::close(std::chrono::milliseconds linger, bool force) noexcept
   const ferry::detail::Deadline until = ferry::detail::Deadline::after(linger);
   if (!force && !failed_) {
     try {
-      wait_until(lock, until, [&] {
+      wait_until(lock, until, [&]() FERRY_REQUIRES(mutex_) {
         reap_locked();
         return outgoing_.empty() || failed_;
       });
@@ -662,7 +666,8 @@ void UcxConnection::close(std::chrono::milliseconds linger, bool force) noexcept
     ucs_status_ptr_t flush = ucp_ep_flush_nbx(ep_, &params);
     if (flush != nullptr && !UCS_PTR_IS_ERR(flush)) {
       try {
-        wait_until(lock, until, [&] { return ucp_request_check_status(flush) != UCS_INPROGRESS; });
+        wait_until(lock, until,
+                   [&]() FERRY_REQUIRES(mutex_) { return ucp_request_check_status(flush) != UCS_INPROGRESS; });
       } catch (...) {
       }
       ucp_request_free(flush);
@@ -675,7 +680,7 @@ void UcxConnection::close(std::chrono::milliseconds linger, bool force) noexcept
   if (request == nullptr || UCS_PTR_IS_ERR(request)) return;
   try {
     wait_until(lock, ferry::detail::Deadline::after(std::chrono::seconds(1)),
-               [&] { return ucp_request_check_status(request) != UCS_INPROGRESS; });
+               [&]() FERRY_REQUIRES(mutex_) { return ucp_request_check_status(request) != UCS_INPROGRESS; });
   } catch (...) {
   }
   ucp_request_free(request);  // a close still in progress completes inside UCX

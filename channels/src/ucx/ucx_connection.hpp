@@ -17,7 +17,6 @@
 #include <functional>
 #include <list>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -27,6 +26,7 @@
 
 #include "ferry/detail/deadline.hpp"
 #include "ferry/detail/frame.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/storage.hpp"
 #include "ucx_am_wire.hpp"
 #include "ucx_context.hpp"
@@ -136,19 +136,20 @@ class UcxConnection {
   void create_worker();
   void create_endpoint(const ucp_ep_params_t& params);
   // Progresses the worker until it has nothing more to do (mutex_ held).
-  void progress_locked();
+  void progress_locked() FERRY_REQUIRES(mutex_);
   // Progress, then arm the wake-up fd; true when something may have arrived meanwhile.
-  bool arm_locked();
+  bool arm_locked() FERRY_REQUIRES(mutex_);
   // Waits until `ready()` (checked under the lock after progress) or `deadline`; false on timeout.
   template <class Ready>
-  bool wait_until(std::unique_lock<std::mutex>& lock, const ferry::detail::Deadline& deadline, Ready ready);
+  bool wait_until(ferry::detail::MutexLock& lock, const ferry::detail::Deadline& deadline, Ready ready)
+      FERRY_REQUIRES(mutex_);
   // How long one sleep of wait_until lasts at most (mutex_ held): until `deadline`, or the
   // next host check while frames sent wait for a watched host (keep_alive()).
   ferry::detail::Deadline sleep_until(const ferry::detail::Deadline& deadline) const;
   // A sleep of wait_until ended without news: when a host check is due (every kHostCheck,
   // across waits), fails the connection if its host answered nothing for the keepalive
   // bound while data waited for it (mutex_ held).
-  void check_host_locked();
+  void check_host_locked() FERRY_REQUIRES(mutex_);
   // `memh`: the registration of `data`'s segment, or nullptr.
   void send_am(unsigned id, const void* header, std::size_t header_bytes, const void* data, std::size_t bytes,
                bool rendezvous, std::vector<void*>& requests, ucp_mem_h memh = nullptr);
@@ -176,7 +177,7 @@ class UcxConnection {
   std::shared_ptr<UcxContext> context_;
   FrameLimits limits_;
   pid_t owner_;
-  std::mutex mutex_;
+  ferry::detail::Mutex mutex_;
   ucp_worker_h worker_ = nullptr;
   ucp_ep_h ep_ = nullptr;
   int wake_fd_ = -1;
@@ -209,8 +210,8 @@ class UcxConnection {
     std::size_t bytes = 0;
   };
   // Frees completed requests and drops frames that left; records a failed one.
-  void reap_locked();
-  std::size_t outgoing_bytes_locked() const noexcept;
+  void reap_locked() FERRY_REQUIRES(mutex_);
+  std::size_t outgoing_bytes_locked() const noexcept FERRY_REQUIRES(mutex_);
   std::deque<Outgoing> outgoing_;
   ucs_status_t send_failure_ = UCS_OK;
 };

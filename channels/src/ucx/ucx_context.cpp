@@ -12,21 +12,22 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include <ucs/config/global_opts.h>
 
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::ucx::detail {
 namespace {
 
-std::mutex context_mutex;
+ferry::detail::Mutex context_mutex;
 std::array<std::weak_ptr<UcxContext>, 2> live_contexts;  // [0]: IPv4, [1]: IPv6
 
 // Sets `name` unless the user already did (their setting wins).
 void default_env(const char* name, const std::string& value) {
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): UCX reads its configuration only from the environment
   if (::setenv(name, value.c_str(), 0) != 0) throw Error(std::string("setenv(") + name + ") failed");
 }
 
@@ -35,9 +36,11 @@ void default_env(const char* name, const std::string& value) {
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name), set_(std::getenv(name) == nullptr) {
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): UCX reads its configuration only from the environment
     if (set_ && ::setenv(name, value, 0) != 0) throw Error(std::string("setenv(") + name + ") failed");
   }
   ~ScopedEnv() {
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): UCX reads its configuration only from the environment
     if (set_) (void)::unsetenv(name_);  // cannot fail for a valid name
   }
   ScopedEnv(const ScopedEnv&) = delete;
@@ -195,7 +198,7 @@ bool shut_down_unanswering_sockets(const sockaddr_storage& peer, std::span<const
 bool UcxContext::in_owner() const noexcept { return owner_ == ::getpid(); }
 
 std::shared_ptr<UcxContext> UcxContext::get(const KeepaliveSettings& keepalive, int family) {
-  const std::lock_guard lock(context_mutex);
+  const ferry::detail::MutexLock lock(context_mutex);
   std::weak_ptr<UcxContext>& live_context = live_contexts[family == AF_INET6 ? 1 : 0];
   if (auto context = live_context.lock()) {
     // A context alive in the parent when this process was forked is the parent's: a fresh

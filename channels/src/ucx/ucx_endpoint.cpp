@@ -48,7 +48,7 @@ void check_transport(const EndpointOptions& options, std::string_view address) {
 
 // This side's ends for a client of `kind` over `connection`; `peer_limits`: what the peer
 // enforces on what it receives (this side's sender keeps to them).
-ConnectionEnds ends_for(const EndKind& kind, std::shared_ptr<UcxConnection> connection, const ChannelOptions& channel,
+ConnectionEnds ends_for(const EndKind& kind, const std::shared_ptr<UcxConnection>& connection, const ChannelOptions& channel,
                         const FrameLimits& peer_limits, bool client_side) {
   ConnectionEnds ends;
   ends.transport = Transport::Ucx;
@@ -413,7 +413,7 @@ std::optional<ConnectionEnds> UcxListenerCore::accept(const EndKind& kind, const
       // Handed out even if the client went away meanwhile: it was told it was accepted when
       // its handshake ended, so it may have sent frames and closed before this call; its
       // ends read those, then see it gone (as a local listener's do with a closed client).
-      return ends_for(kind, std::move(taken.connection), options_.channel, taken.limits, false);
+      return ends_for(kind, taken.connection, options_.channel, taken.limits, false);
     }
     if (deadline.expired()) return std::nullopt;
     wait(deadline);
@@ -444,7 +444,7 @@ class UcxScheme final : public ferry::detail::Scheme {
       try {
         const FrameLimits listener_limits = client_handshake(*connection, kind, options.channel.limits, secret, deadline);
         connection->keep_alive(parsed.socket);
-        return ends_for(kind, std::move(connection), options.channel, listener_limits, true);
+        return ends_for(kind, connection, options.channel, listener_limits, true);
       } catch (const PeerDied&) {
         throw;
       } catch (const ChannelClosed& error) {

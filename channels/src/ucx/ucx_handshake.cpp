@@ -3,9 +3,9 @@
 #include <sodium.h>
 
 #include <cstdlib>
-#include <mutex>
 #include <vector>
 
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::ucx::detail {
@@ -30,13 +30,13 @@ SecretKey client_key(const std::string& secret, const Salt& salt) {
   // One derivation at a time (each takes 64 MiB and a fifth of a second): clients that
   // connect at once to one listener wait for the first one's key instead of each deriving
   // it (64 at once would need 4 GiB and outlast their connect timeout).
-  static std::mutex mutex;
+  static ferry::detail::Mutex mutex;
   static std::vector<Entry> cache;  // the most recent few
   constexpr std::size_t kKept = 8;
   std::array<unsigned char, 32> hash{};
   crypto_generichash(hash.data(), hash.size(), reinterpret_cast<const unsigned char*>(secret.data()), secret.size(),
                      nullptr, 0);
-  const std::lock_guard lock(mutex);
+  const ferry::detail::MutexLock lock(mutex);
   for (const Entry& entry : cache) {
     if (entry.secret_hash == hash && entry.salt == salt) return entry.key;
   }

@@ -1,6 +1,8 @@
 #include "ucx_registrations.hpp"
 
 #include "ferry/allocation.hpp"
+#include "ferry/detail/shared_segment.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry::ucx::detail {
@@ -16,7 +18,7 @@ ucp_mem_h UcxRegistrations::handle_for(const Storage& storage) {
   const SharedBlock* block = allocation != nullptr ? allocation->shared_block() : nullptr;
   if (block == nullptr) return nullptr;
   const std::shared_ptr<ferry::detail::SharedSegment>& segment = block->segment();
-  const std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   if (const auto found = entries_.find(segment->id()); found != entries_.end()) return found->second.handle;
   drop_dead_locked();
   ucp_mem_map_params_t params{};
@@ -30,7 +32,7 @@ ucp_mem_h UcxRegistrations::handle_for(const Storage& storage) {
 }
 
 std::size_t UcxRegistrations::size() {
-  const std::lock_guard lock(mutex_);
+  const ferry::detail::MutexLock lock(mutex_);
   return entries_.size();
 }
 

@@ -8,10 +8,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 
 #include <ucp/api/ucp.h>
+
+#include "ferry/detail/thread_annotations.hpp"
 
 namespace ferry {
 class Storage;
@@ -43,11 +44,11 @@ class UcxRegistrations {
     std::weak_ptr<ferry::detail::SharedSegment> segment;
     ucp_mem_h handle = nullptr;  // nullptr: UCX refused it
   };
-  void drop_dead_locked() noexcept;
+  void drop_dead_locked() noexcept FERRY_REQUIRES(mutex_);
 
   ucp_context_h context_;
-  std::mutex mutex_;
-  std::unordered_map<std::uint64_t, Entry> entries_;  // by SharedSegment::id()
+  ferry::detail::Mutex mutex_;
+  std::unordered_map<std::uint64_t, Entry> entries_ FERRY_GUARDED_BY(mutex_);  // by SharedSegment::id()
 };
 
 }  // namespace ferry::ucx::detail

@@ -3,10 +3,10 @@
 
 #include <cstddef>
 #include <memory>
-#include <mutex>
 #include <unordered_map>
 
 #include "ferry/detail/shared_memory.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 
 namespace ferry::detail {
 class SharedSegment;
@@ -41,11 +41,12 @@ class HandleCache {
   void purge();
 
  private:
-  void purge_locked();
+  void purge_locked() FERRY_REQUIRES(mutex_);
 
-  mutable std::mutex mutex_;
-  std::unordered_map<detail::FileIdentity, std::weak_ptr<detail::SharedSegment>, detail::FileIdentityHash> entries_;
-  std::size_t limit_ = 128;
+  mutable detail::Mutex mutex_;
+  std::unordered_map<detail::FileIdentity, std::weak_ptr<detail::SharedSegment>, detail::FileIdentityHash> entries_
+      FERRY_GUARDED_BY(mutex_);
+  std::size_t limit_ FERRY_GUARDED_BY(mutex_) = 128;
 };
 
 }  // namespace ferry

@@ -33,7 +33,7 @@ class Shape {
   /// Entries held inside the object; more go to the heap.
   static constexpr std::uint32_t kInlineDims = 6;
 
-  Shape() noexcept {}
+  Shape() noexcept = default;
   /// `count` entries equal to `value`.
   explicit Shape(size_type count, value_type value = 0) { assign(count, value); }
   Shape(std::initializer_list<value_type> values);

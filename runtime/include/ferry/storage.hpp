@@ -5,9 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 
 #include "ferry/allocation.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/device.hpp"
 
 namespace ferry {
@@ -112,7 +112,7 @@ class Storage {
   bool received_;
   std::atomic<bool> sent_{false};
   std::atomic<bool> shared_{false};  // set once the allocation is shared memory
-  std::mutex share_mutex_;
+  detail::Mutex share_mutex_;
 };
 
 /// Counts the deaths of storages that were ever sent. A channel compares it with the value

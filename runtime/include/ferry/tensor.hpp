@@ -162,6 +162,7 @@ class Tensor {
   Tensor& share_memory();
 
   /// Address of element 0 (nullptr for a tensor without elements).
+  // NOLINTNEXTLINE(bugprone-exception-escape): dtype_ is a valid DType (checked when made): dtype_size() cannot throw
   void* data_ptr() const noexcept {
     if (!storage_) return nullptr;
     std::byte* const base = storage_->data();  // once: a virtual call through the allocation

@@ -3,10 +3,12 @@
 #include <cerrno>
 #include <cstring>
 
+#include "ferry/detail/errno_text.hpp"
+
 namespace ferry {
 
 SystemError::SystemError(const std::string& what, int code)
-    : Error(what + ": " + std::strerror(code)), code_(code) {}
+    : Error(what + ": " + detail::errno_text(code)), code_(code) {}
 
 void throw_system_error(const std::string& what, int code) { throw SystemError(what, code); }
 

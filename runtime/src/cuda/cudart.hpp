@@ -10,6 +10,8 @@ namespace ferry::cuda {
 
 // The CUDA runtime functions ferry calls, by name. Add one here to call it (as
 // cudart().name(...)); its type is the one the headers ferry was built with declare.
+// (clang-format 14 cannot lay a macro list out the same way twice: it is left as written.)
+// clang-format off
 #define FERRY_CUDART_FUNCTIONS(X)                                                                                \
   X(cudaDeviceGetByPCIBusId) X(cudaDeviceGetPCIBusId) X(cudaEventCreateWithFlags) X(cudaEventDestroy)             \
   X(cudaEventRecord) X(cudaFree) X(cudaGetDevice) X(cudaGetDeviceCount) X(cudaGetDriverEntryPointByVersion)       \
@@ -17,9 +19,11 @@ namespace ferry::cuda {
   X(cudaIpcGetMemHandle) X(cudaIpcOpenEventHandle) X(cudaIpcOpenMemHandle) X(cudaMalloc) X(cudaMemcpyAsync)       \
   X(cudaMemset) X(cudaMemsetAsync) X(cudaSetDevice) X(cudaStreamCreateWithFlags) X(cudaStreamQuery)               \
   X(cudaStreamSynchronize) X(cudaStreamWaitEvent)
+// clang-format on
 
 /// Pointers to the loaded runtime's functions, one member per FERRY_CUDART_FUNCTIONS entry.
 struct Cudart {
+// NOLINTNEXTLINE(bugprone-macro-parentheses): `name` is a declarator's name, never an expression
 #define FERRY_CUDART_MEMBER(name) decltype(&::name) name = nullptr;
   FERRY_CUDART_FUNCTIONS(FERRY_CUDART_MEMBER)
 #undef FERRY_CUDART_MEMBER

@@ -1,4 +1,5 @@
 #include "ferry/detail/hold_ledger.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 
 #include <poll.h>
 #include <pthread.h>
@@ -18,9 +19,9 @@ namespace {
 // pinned any more; in a forked child, the inherited ledgers belong to the parent and are
 // dropped without being read (their returns are the parent's to take).
 struct Registry {
-  std::mutex mutex;
-  std::vector<std::shared_ptr<detail::HoldLedger>> ledgers;
-  std::uint64_t generation = 0;
+  detail::Mutex mutex;
+  std::vector<std::shared_ptr<detail::HoldLedger>> ledgers FERRY_GUARDED_BY(mutex);
+  std::uint64_t generation FERRY_GUARDED_BY(mutex) = 0;
 };
 
 Registry& registry() {
@@ -28,8 +29,9 @@ Registry& registry() {
   static auto* instance = [] {
     auto* created = new Registry();
     // A fork while another thread holds the lock would leave it locked in the child.
-    const int rc = ::pthread_atfork([] { registry().mutex.lock(); }, [] { registry().mutex.unlock(); },
-                                    [] { registry().mutex.unlock(); });
+    const int rc = ::pthread_atfork([]() FERRY_NO_THREAD_SAFETY_ANALYSIS { registry().mutex.lock(); },
+                                    []() FERRY_NO_THREAD_SAFETY_ANALYSIS { registry().mutex.unlock(); },
+                                    []() FERRY_NO_THREAD_SAFETY_ANALYSIS { registry().mutex.unlock(); });
     if (rc != 0) throw_system_error("pthread_atfork", rc);
     return created;
   }();
@@ -46,7 +48,7 @@ Registry& registry() {
     (install_returned_block_collector([](bool check_receivers) { detail::collect_returned_blocks(check_receivers); }), true);
 
 // Takes the ledgers a forked child inherited out of the registry (caller holds the lock).
-std::vector<std::shared_ptr<detail::HoldLedger>> take_inherited_locked(Registry& reg) {
+std::vector<std::shared_ptr<detail::HoldLedger>> take_inherited_locked(Registry& reg) FERRY_REQUIRES(reg.mutex) {
   std::vector<std::shared_ptr<detail::HoldLedger>> inherited;
   const std::uint64_t generation = detail::fork_generation();
   if (reg.generation != generation) {
@@ -106,7 +108,7 @@ std::shared_ptr<detail::HoldLedger> detail::HoldLedger::create() {
   Registry& reg = registry();
   std::vector<std::shared_ptr<detail::HoldLedger>> dropped;
   {
-    std::lock_guard lock(reg.mutex);
+    const detail::MutexLock lock(reg.mutex);
     dropped = take_inherited_locked(reg);
     // Forget ledgers of closed channels whose receivers gave everything back, so that a
     // program opening many channels keeps no stale boards mapped.
@@ -128,7 +130,7 @@ detail::HoldLedger::~HoldLedger() = default;
 bool detail::HoldLedger::belongs_to_this_process() const noexcept { return generation_ == detail::fork_generation(); }
 
 void detail::HoldLedger::pin(std::span<Pin> pins, std::uint64_t sequence) {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   for (Pin& pin : pins) {
     if (pin.slot >= pins_.size()) pins_.resize(std::size_t{pin.slot} + 1);
     Entry& entry = pins_[pin.slot];
@@ -147,13 +149,13 @@ void detail::HoldLedger::unpin_locked(std::uint32_t slot, std::vector<std::share
 void detail::HoldLedger::unpin(std::span<const std::uint32_t> slots) {
   const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
   std::vector<std::shared_ptr<Allocation>> dropped;
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   for (const std::uint32_t slot : slots) unpin_locked(slot, dropped);
   // `dropped` dies after the lock is released: a block's death may lock its allocator.
 }
 
 void detail::HoldLedger::take_returned(std::vector<std::uint32_t>& out) {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   out.insert(out.end(), returned_.begin(), returned_.end());
   returned_.clear();
 }
@@ -256,7 +258,7 @@ void detail::HoldLedger::collect(bool check_receivers) {
   const SharedAllocator::ReleaseBatch batch;  // gives the blocks back under one lock, after `dropped`
   std::vector<std::shared_ptr<Allocation>> dropped;
   ReleasedSegments released_segments;  // closed after the lock
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   release_resolved_segments_locked(released_segments);
   take_board_returns_locked(dropped);
   if (pinned_ == 0) {
@@ -281,7 +283,7 @@ bool detail::HoldLedger::idle() {
   // at all: MessageEncoder::finish), so this skips collect()'s allocations and
   // take_returned()'s second lock.
   if (!belongs_to_this_process()) return true;  // see collect()
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   if (pinned_ != 0 || !kept_segments_.empty() || probe_ || !returned_.empty()) return false;
   // Returns of slots pinned before must still be cleared from the board (a slot is
   // reused); none of them holds an allocation any more (pinned_ is 0), so that is all. A
@@ -297,7 +299,7 @@ bool detail::HoldLedger::idle() {
 void detail::HoldLedger::receiver_gone() {
   if (!belongs_to_this_process()) return;  // a forked child's copy: the pins are the parent's
   {
-    std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     receiver_ = ReceivingEnd::Gone;
   }
   collect(true);
@@ -312,7 +314,7 @@ void detail::HoldLedger::channel_closed(detail::UniqueFd probe, bool probe_by_se
     return;
   }
   {
-    std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     channel_ = ChannelState::Closed;
     if (pinned_ > 0 && receiver_ == ReceivingEnd::Reachable) probe_ = ReceiverProbe{std::move(probe), probe_by_send};
     // No frame will carry the board any more; a receiver may still have to open it by fd
@@ -331,13 +333,13 @@ void detail::HoldLedger::release_kept_segments_locked(ReleasedSegments& released
 
 void detail::HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments) {
   if (!belongs_to_this_process()) return;  // a forked child's copy: the segments are the parent's to keep
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   for (auto& kept : segments) kept_segments_.push_back(std::move(kept));
 }
 
 void detail::HoldLedger::hand_over() {
   if (!belongs_to_this_process()) return;
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   board_reader_ = BoardReader::HandedOver;
 }
 
@@ -345,20 +347,20 @@ void detail::HoldLedger::adopt_in_child(const std::shared_ptr<detail::HoldLedger
   if (!ledger || ledger->belongs_to_this_process()) return;
   {
     // A forked process that adopts an end runs no other thread yet.
-    std::lock_guard lock(ledger->mutex_);
+    const detail::MutexLock lock(ledger->mutex_);
     ledger->generation_ = detail::fork_generation();
   }
   Registry& reg = registry();
   std::vector<std::shared_ptr<detail::HoldLedger>> dropped;
   {
-    std::lock_guard lock(reg.mutex);
+    const detail::MutexLock lock(reg.mutex);
     dropped = take_inherited_locked(reg);
     reg.ledgers.push_back(ledger);
   }
 }
 
 std::shared_ptr<Allocation> detail::HoldLedger::find_pinned(const detail::SharedSegment* segment, std::size_t offset) const {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   for (const Entry& entry : pins_) {
     const SharedBlock* block = entry.allocation ? entry.allocation->shared_block() : nullptr;
     if (block != nullptr && block->segment().get() == segment && block->offset() == offset) return entry.allocation;
@@ -367,12 +369,12 @@ std::shared_ptr<Allocation> detail::HoldLedger::find_pinned(const detail::Shared
 }
 
 std::size_t detail::HoldLedger::pinned() const {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return pinned_;
 }
 
 bool detail::HoldLedger::finished() const {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return channel_ == ChannelState::Closed && pinned_ == 0;
 }
 
@@ -381,14 +383,14 @@ void detail::collect_returned_blocks(bool check_receivers) {
   std::vector<std::shared_ptr<detail::HoldLedger>> inherited;
   std::vector<std::shared_ptr<detail::HoldLedger>> ledgers;
   {
-    std::lock_guard lock(reg.mutex);
+    const detail::MutexLock lock(reg.mutex);
     inherited = take_inherited_locked(reg);
     ledgers = reg.ledgers;
   }
   for (const auto& ledger : ledgers) ledger->collect(check_receivers);
   std::vector<std::shared_ptr<detail::HoldLedger>> finished;
   {
-    std::lock_guard lock(reg.mutex);
+    const detail::MutexLock lock(reg.mutex);
     for (auto it = reg.ledgers.begin(); it != reg.ledgers.end();) {
       if ((*it)->finished()) {
         finished.push_back(std::move(*it));
@@ -403,7 +405,7 @@ void detail::collect_returned_blocks(bool check_receivers) {
 
 std::shared_ptr<detail::HoldLedger> detail::own_ledger_of_board(const detail::FileIdentity& identity) {
   Registry& reg = registry();
-  std::lock_guard lock(reg.mutex);
+  const detail::MutexLock lock(reg.mutex);
   if (reg.generation != detail::fork_generation()) return nullptr;  // the inherited ledgers are the parent's
   const auto it = std::find_if(reg.ledgers.begin(), reg.ledgers.end(),
                                [&identity](const auto& ledger) { return ledger->board()->identity() == identity; });
@@ -412,7 +414,7 @@ std::shared_ptr<detail::HoldLedger> detail::own_ledger_of_board(const detail::Fi
 
 std::size_t detail::live_hold_ledgers() {
   Registry& reg = registry();
-  std::lock_guard lock(reg.mutex);
+  const detail::MutexLock lock(reg.mutex);
   return reg.generation == detail::fork_generation() ? reg.ledgers.size() : 0;
 }
 

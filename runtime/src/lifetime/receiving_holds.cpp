@@ -1,4 +1,5 @@
 #include "ferry/detail/connection_holds.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -92,35 +93,35 @@ namespace detail {
 
 void ReturnPath::append_boards(std::vector<std::shared_ptr<detail::ReturnBoard>>& out) const {
   out.push_back(board);
-  const std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   out.insert(out.end(), upstream_.begin(), upstream_.end());
 }
 
 void ReturnPath::add_upstream(std::shared_ptr<detail::ReturnBoard> upstream_board) {
-  const std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   upstream_.push_back(std::move(upstream_board));
 }
 
 void ReturnPath::retire_upstream(const detail::FileIdentity& identity) {
-  const std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   std::erase_if(upstream_, [&identity](const auto& upstream) { return upstream->identity() == identity; });
 }
 
 bool ReturnPath::knows(const detail::FileIdentity& identity) const {
   if (board->identity() == identity) return true;
-  const std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return std::any_of(upstream_.begin(), upstream_.end(),
                      [&identity](const auto& upstream) { return upstream->identity() == identity; });
 }
 
 void ReturnPath::keep_registrations() noexcept {
   board->keep_registration();
-  const std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   for (const auto& upstream : upstream_) upstream->keep_registration();
 }
 
 std::vector<std::shared_ptr<detail::ReturnBoard>> ReturnPath::upstream_boards() const {
-  const std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return upstream_;
 }
 
@@ -145,7 +146,7 @@ void detail::ReceivingHolds::add_upstream_board(detail::SharedMemory memory, std
       const auto ledger = weak.lock();
       return !ledger || ledger == own;
     });
-    own_upstream_ledgers_.push_back(std::move(own));
+    own_upstream_ledgers_.emplace_back(own);
   } else {
     hold_forwarded(*upstream, reclaims_when_forwarded, index);  // before resolving anything
   }

@@ -1,4 +1,5 @@
 #include "ferry/detail/return_board.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 
 #include <linux/futex.h>
 #include <pthread.h>
@@ -8,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 
@@ -65,12 +65,12 @@ struct Registrations {
     bool downstream = false;
     bool kept = false;
   };
-  std::mutex mutex;
-  std::uint64_t generation = 0;
-  std::unordered_map<detail::FileIdentity, Registration, detail::FileIdentityHash> boards;
+  detail::Mutex mutex;
+  std::uint64_t generation FERRY_GUARDED_BY(mutex) = 0;
+  std::unordered_map<detail::FileIdentity, Registration, detail::FileIdentityHash> boards FERRY_GUARDED_BY(mutex);
 
-  // Call with `mutex` held.
-  std::unordered_map<detail::FileIdentity, Registration, detail::FileIdentityHash>& of_this_generation() {
+  std::unordered_map<detail::FileIdentity, Registration, detail::FileIdentityHash>& of_this_generation()
+      FERRY_REQUIRES(mutex) {
     if (const std::uint64_t now = detail::fork_generation(); generation != now) {
       boards.clear();
       generation = now;
@@ -84,9 +84,9 @@ Registrations& registrations() {
   static auto* made = [] {
     auto* created = new Registrations();
     // A fork while another thread holds the lock would leave it locked in the child.
-    if (const int rc = ::pthread_atfork([] { registrations().mutex.lock(); },
-                                        [] { registrations().mutex.unlock(); },
-                                        [] { registrations().mutex.unlock(); });
+    if (const int rc = ::pthread_atfork([]() FERRY_NO_THREAD_SAFETY_ANALYSIS { registrations().mutex.lock(); },
+                                        []() FERRY_NO_THREAD_SAFETY_ANALYSIS { registrations().mutex.unlock(); },
+                                        []() FERRY_NO_THREAD_SAFETY_ANALYSIS { registrations().mutex.unlock(); });
         rc != 0) {
       throw_system_error("pthread_atfork", rc);
     }
@@ -230,7 +230,7 @@ void detail::ReturnBoard::unregister_holder(const detail::ProcessIdentity& proce
 bool detail::ReturnBoard::hold_registration(HolderRole role) {
   const detail::ProcessIdentity self = detail::current_process();
   Registrations& all = registrations();
-  const std::lock_guard lock(all.mutex);
+  const detail::MutexLock lock(all.mutex);
   auto& boards = all.of_this_generation();
   const std::uint64_t generation = detail::fork_generation();
   auto& registration = boards[identity()];
@@ -249,7 +249,7 @@ bool detail::ReturnBoard::hold_registration(HolderRole role) {
 
 void detail::ReturnBoard::keep_registration() noexcept {
   Registrations& all = registrations();
-  const std::lock_guard lock(all.mutex);
+  const detail::MutexLock lock(all.mutex);
   if (!holds_registration_ || registration_generation_ != detail::fork_generation()) return;
   all.of_this_generation().find(identity())->second.kept = true;  // present: this object holds a share
 }
@@ -257,7 +257,7 @@ void detail::ReturnBoard::keep_registration() noexcept {
 detail::ReturnBoard::~ReturnBoard() {
   if (!holds_registration_) return;
   Registrations& all = registrations();
-  const std::lock_guard lock(all.mutex);
+  const detail::MutexLock lock(all.mutex);
   if (registration_generation_ != detail::fork_generation()) return;  // the parent's, inherited by fork
   auto& boards = all.of_this_generation();
   const auto it = boards.find(identity());

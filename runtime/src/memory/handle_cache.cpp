@@ -6,6 +6,7 @@
 
 #include "ferry/error.hpp"
 #include "ferry/allocation.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 
 namespace ferry {
 namespace {
@@ -18,8 +19,9 @@ HandleCache& HandleCache::global() {
     auto* created = new HandleCache();
     // A fork while another thread holds the lock would leave it locked in the child, whose
     // first new or received segment would then wait for ever.
-    if (const int rc = ::pthread_atfork([] { global().mutex_.lock(); }, [] { global().mutex_.unlock(); },
-                                        [] { global().mutex_.unlock(); });
+    if (const int rc = ::pthread_atfork([]() FERRY_NO_THREAD_SAFETY_ANALYSIS { global().mutex_.lock(); },
+                                        []() FERRY_NO_THREAD_SAFETY_ANALYSIS { global().mutex_.unlock(); },
+                                        []() FERRY_NO_THREAD_SAFETY_ANALYSIS { global().mutex_.unlock(); });
         rc != 0) {
       throw_system_error("pthread_atfork", rc);
     }
@@ -35,14 +37,14 @@ namespace {
 }  // namespace
 
 std::shared_ptr<detail::SharedSegment> HandleCache::find(const detail::FileIdentity& identity) {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   const auto it = entries_.find(identity);
   return it == entries_.end() ? nullptr : it->second.lock();
 }
 
 std::shared_ptr<detail::SharedSegment> HandleCache::insert(const detail::FileIdentity& identity,
                                                    const std::shared_ptr<detail::SharedSegment>& segment) {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   auto [it, inserted] = entries_.try_emplace(identity, segment);
   if (!inserted) {
     if (auto existing = it->second.lock()) return existing;
@@ -53,17 +55,17 @@ std::shared_ptr<detail::SharedSegment> HandleCache::insert(const detail::FileIde
 }
 
 std::size_t HandleCache::size() const {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return entries_.size();
 }
 
 std::size_t HandleCache::limit() const {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   return limit_;
 }
 
 void HandleCache::purge() {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   purge_locked();
 }
 

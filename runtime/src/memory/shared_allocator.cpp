@@ -16,13 +16,14 @@
 #include <unordered_set>
 #include <vector>
 
-#include "ferry/error.hpp"
-#include "ferry/handle_cache.hpp"
 #include "ferry/detail/object_pool.hpp"
 #include "ferry/detail/process_identity.hpp"
+#include "ferry/detail/size_classes.hpp"
+#include "ferry/detail/thread_annotations.hpp"
+#include "ferry/error.hpp"
+#include "ferry/handle_cache.hpp"
 #include "memory/prefetch_for_write.hpp"
 #include "memory/returned_blocks_hook.hpp"
-#include "ferry/detail/size_classes.hpp"
 
 namespace ferry {
 namespace {
@@ -84,46 +85,49 @@ class SharedAllocator::Core {
   std::size_t release_many(std::span<ReleaseBatch::Pending> blocks) noexcept;
   void handles_gone() noexcept;
   void release_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
-                      std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept;
+                      std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept FERRY_REQUIRES(mutex);
   // release_locked() once sync_fork_locked() ran under this lock. (This and the other
   // steps of a cached allocation or a release are inlined: a call's saving and restoring
   // of registers costs as much as their work.)
   [[gnu::always_inline]] void release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
-                             std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept;
+                                                    std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept
+      FERRY_REQUIRES(mutex);
   SharedMemoryStats stats();
   SharedAllocatorSettings settings();
   void configure(const SharedAllocatorSettings& settings);
   void trim();
 
   // Locked around fork() so that the child never inherits a locked pool.
-  std::mutex mutex;
+  detail::Mutex mutex;
 
  private:
   struct Taken {
     Segment* segment = nullptr;
     std::uint32_t index = 0;
     bool fresh = false;
+    std::uint64_t generation = 0;  // the pool's fork generation when taken (under the lock)
   };
-  [[gnu::always_inline]] Taken take_cached_locked(std::size_t nbytes);
-  [[gnu::always_inline]] Taken carve_locked(Segment& segment);
+  [[gnu::always_inline]] Taken take_cached_locked(std::size_t nbytes) FERRY_REQUIRES(mutex);
+  [[gnu::always_inline]] Taken carve_locked(Segment& segment) FERRY_REQUIRES(mutex);
   std::shared_ptr<SharedBlock> hand_out(const Taken& taken, std::size_t nbytes, bool zeroed);
-  [[gnu::always_inline]] void make_available_locked(Segment& segment);
-  void move_to_front_locked(Segment& segment);
-  void enforce_limit_locked(std::vector<std::shared_ptr<detail::SharedSegment>>& released);
-  void release_idle_locked(std::vector<std::shared_ptr<detail::SharedSegment>>& released);
-  void release_segment_locked(Segment& segment, std::vector<std::shared_ptr<detail::SharedSegment>>& released);
+  [[gnu::always_inline]] void make_available_locked(Segment& segment) FERRY_REQUIRES(mutex);
+  void move_to_front_locked(Segment& segment) FERRY_REQUIRES(mutex);
+  void enforce_limit_locked(std::vector<std::shared_ptr<detail::SharedSegment>>& released) FERRY_REQUIRES(mutex);
+  void release_idle_locked(std::vector<std::shared_ptr<detail::SharedSegment>>& released) FERRY_REQUIRES(mutex);
+  void release_segment_locked(Segment& segment, std::vector<std::shared_ptr<detail::SharedSegment>>& released)
+      FERRY_REQUIRES(mutex);
   // Every call under the lock starts with this: a plain comparison, except in a forked
   // child's first call, which forgets the parent's segments.
-  void sync_fork_locked() {
+  void sync_fork_locked() FERRY_REQUIRES(mutex) {
     if (detail::fork_generation() != generation_) [[unlikely]] forget_parent_locked();
   }
-  void forget_parent_locked();
+  void forget_parent_locked() FERRY_REQUIRES(mutex);
   // A small segment's key is its size class, a large one's its size (at least 64 KiB, so
   // never a class index).
   static std::size_t segment_key(const Segment& segment) noexcept {
     return segment.class_index == kLargeClass ? segment.bytes : segment.class_index;
   }
-  void count_miss_locked(std::size_t key) {
+  void count_miss_locked(std::size_t key) FERRY_REQUIRES(mutex) {
     ++misses_;
     const auto it = released_keys_.find(key);
     if (it == released_keys_.end()) return;
@@ -132,33 +136,33 @@ class SharedAllocator::Core {
   }
   static constexpr std::size_t kMaxReleasedKeys = 1024;
 
-  SharedAllocatorSettings settings_;
-  std::size_t small_limit_;  // small_block_limit(settings_.segment_bytes)
-  std::uint64_t generation_;
-  std::list<Segment> segments_;
-  std::list<Segment> abandoned_;  // inherited from the parent across fork(): never carved
-  std::vector<std::list<Segment*>> available_;  // small class -> slabs with a free block
-  std::unordered_map<std::size_t, std::vector<Segment*>> large_free_;  // by segment size
-  std::list<Segment*> idle_;  // no block in use; least recently idle first
-  std::size_t total_bytes_ = 0;
-  std::size_t bytes_in_use_ = 0;
-  std::size_t blocks_in_use_ = 0;
-  std::uint64_t hits_ = 0;
-  std::uint64_t misses_ = 0;
-  std::uint64_t misses_after_release_ = 0;
-  std::uint64_t segments_released_ = 0;
+  SharedAllocatorSettings settings_ FERRY_GUARDED_BY(mutex);
+  std::size_t small_limit_ FERRY_GUARDED_BY(mutex);  // small_block_limit(settings_.segment_bytes)
+  std::uint64_t generation_ FERRY_GUARDED_BY(mutex);
+  std::list<Segment> segments_ FERRY_GUARDED_BY(mutex);
+  std::list<Segment> abandoned_ FERRY_GUARDED_BY(mutex);  // inherited from the parent across fork(): never carved
+  std::vector<std::list<Segment*>> available_ FERRY_GUARDED_BY(mutex);  // small class -> slabs with a free block
+  std::unordered_map<std::size_t, std::vector<Segment*>> large_free_ FERRY_GUARDED_BY(mutex);  // by segment size
+  std::list<Segment*> idle_ FERRY_GUARDED_BY(mutex);  // no block in use; least recently idle first
+  std::size_t total_bytes_ FERRY_GUARDED_BY(mutex) = 0;
+  std::size_t bytes_in_use_ FERRY_GUARDED_BY(mutex) = 0;
+  std::size_t blocks_in_use_ FERRY_GUARDED_BY(mutex) = 0;
+  std::uint64_t hits_ FERRY_GUARDED_BY(mutex) = 0;
+  std::uint64_t misses_ FERRY_GUARDED_BY(mutex) = 0;
+  std::uint64_t misses_after_release_ FERRY_GUARDED_BY(mutex) = 0;
+  std::uint64_t segments_released_ FERRY_GUARDED_BY(mutex) = 0;
   // Segments given back to the kernel, by size key (segment_key()), not yet missed again:
   // a miss of such a key counts as misses_after_release_.
-  std::unordered_map<std::size_t, std::uint64_t> released_keys_;
-  std::size_t live_blocks_ = 0;  // OwnedBlocks alive, of every fork generation
-  bool handles_gone_ = false;
+  std::unordered_map<std::size_t, std::uint64_t> released_keys_ FERRY_GUARDED_BY(mutex);
+  std::size_t live_blocks_ FERRY_GUARDED_BY(mutex) = 0;  // OwnedBlocks alive, of every fork generation
+  bool handles_gone_ FERRY_GUARDED_BY(mutex) = false;
 };
 
 namespace {
 
 // Every pool of the process, so that fork() can lock them all.
 struct Pools {
-  std::mutex mutex;
+  detail::Mutex mutex;
   std::unordered_set<SharedAllocator::Core*> cores;
 };
 
@@ -167,12 +171,12 @@ Pools& pools() {
   return *instance;
 }
 
-void lock_pools_for_fork() {
+void lock_pools_for_fork() FERRY_NO_THREAD_SAFETY_ANALYSIS {  // held across fork()
   pools().mutex.lock();
   for (auto* core : pools().cores) core->mutex.lock();
 }
 
-void unlock_pools_after_fork() {
+void unlock_pools_after_fork() FERRY_NO_THREAD_SAFETY_ANALYSIS {
   for (auto* core : pools().cores) core->mutex.unlock();
   pools().mutex.unlock();
 }
@@ -222,12 +226,12 @@ SharedAllocator::Core::Core(const SharedAllocatorSettings& settings)
     : settings_(settings), small_limit_(detail::small_block_limit(settings.segment_bytes)), generation_(detail::fork_generation()) {
   validate(settings);
   register_fork_handlers();
-  std::lock_guard lock(pools().mutex);
+  const detail::MutexLock lock(pools().mutex);
   pools().cores.insert(this);
 }
 
 SharedAllocator::Core::~Core() {
-  std::lock_guard lock(pools().mutex);
+  const detail::MutexLock lock(pools().mutex);
   pools().cores.erase(this);
 }
 
@@ -238,7 +242,7 @@ std::shared_ptr<SharedAllocator::Core> SharedAllocator::Core::create(const Share
 void SharedAllocator::Core::handles_gone() noexcept {
   bool unused = false;
   {
-    std::lock_guard lock(mutex);
+    const detail::MutexLock lock(mutex);
     handles_gone_ = true;
     unused = live_blocks_ == 0;
   }
@@ -272,7 +276,7 @@ void prefetch_first_line(const Segment& segment, std::uint32_t index) noexcept {
 }  // namespace
 
 inline SharedAllocator::Core::Taken SharedAllocator::Core::carve_locked(Segment& segment) {
-  Taken taken{&segment, 0, false};
+  Taken taken{&segment, 0, false, generation_};
   if (!segment.free.empty()) {
     taken.index = segment.free.back();
     segment.free.pop_back();
@@ -321,9 +325,9 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::hand_out(const Taken& taken,
   std::shared_ptr<OwnedBlock> block;
   try {
     block = std::allocate_shared<OwnedBlock>(detail::PoolAllocator<OwnedBlock>(), this, taken.segment, taken.index,
-                                             generation_, nbytes);
+                                             taken.generation, nbytes);
   } catch (...) {
-    release(taken.segment, taken.index, generation_);  // no block: the carved one goes back
+    release(taken.segment, taken.index, taken.generation);  // no block: the carved one goes back
     throw;
   }
   if (zeroed && !taken.fresh) std::memset(block->data(), 0, nbytes);
@@ -333,7 +337,7 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::hand_out(const Taken& taken,
 std::shared_ptr<SharedBlock> SharedAllocator::Core::allocate(std::size_t nbytes, bool zeroed) {
   if (nbytes == 0) throw Error("SharedAllocator::allocate: a block needs at least one byte");
   {
-    std::unique_lock lock(mutex);
+    detail::MutexLock lock(mutex);
     if (const Taken taken = take_cached_locked(nbytes); taken.segment != nullptr) {
       ++hits_;
       lock.unlock();
@@ -344,7 +348,7 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::allocate(std::size_t nbytes,
   // what receivers that died still held; only then create a segment.
   for (const bool check_receivers : {false, true}) {
     collect_returned_blocks_through_hook(check_receivers);
-    std::unique_lock lock(mutex);
+    detail::MutexLock lock(mutex);
     if (const Taken taken = take_cached_locked(nbytes); taken.segment != nullptr) {
       ++hits_;
       lock.unlock();
@@ -356,7 +360,7 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::allocate(std::size_t nbytes,
   detail::SizeClass size_class{};
   bool small = false;
   {
-    std::lock_guard lock(mutex);
+    const detail::MutexLock lock(mutex);
     small = nbytes <= small_limit_;
     if (small) {
       size_class = detail::small_size_class(nbytes);
@@ -369,7 +373,7 @@ std::shared_ptr<SharedBlock> SharedAllocator::Core::allocate(std::size_t nbytes,
   std::shared_ptr<detail::SharedSegment> memory = detail::SharedSegment::create(segment_bytes, this);
   HandleCache::global().insert(memory->identity(), memory);
 
-  std::unique_lock lock(mutex);
+  detail::MutexLock lock(mutex);
   sync_fork_locked();
   Segment& segment = segments_.emplace_back();
   segment.self = std::prev(segments_.end());
@@ -413,7 +417,7 @@ void SharedAllocator::Core::release(Segment* segment, std::uint32_t index, std::
   std::vector<std::shared_ptr<detail::SharedSegment>> released;
   bool unused = false;
   {
-    std::lock_guard lock(mutex);
+    const detail::MutexLock lock(mutex);
     unused = --live_blocks_ == 0 && handles_gone_;
     release_locked(segment, index, generation, released);
   }
@@ -427,7 +431,7 @@ std::size_t SharedAllocator::Core::release_many(std::span<ReleaseBatch::Pending>
   std::size_t others = 0;
   bool unused = false;
   {
-    std::lock_guard lock(mutex);
+    const detail::MutexLock lock(mutex);
     sync_fork_locked();
     for (const ReleaseBatch::Pending& block : blocks) {
       if (block.core != this) {
@@ -498,7 +502,7 @@ void SharedAllocator::Core::release_segment_locked(Segment& segment,
 }
 
 SharedMemoryStats SharedAllocator::Core::stats() {
-  std::lock_guard lock(mutex);
+  const detail::MutexLock lock(mutex);
   sync_fork_locked();
   SharedMemoryStats stats;
   stats.segments = segments_.size();
@@ -515,14 +519,14 @@ SharedMemoryStats SharedAllocator::Core::stats() {
 }
 
 SharedAllocatorSettings SharedAllocator::Core::settings() {
-  std::lock_guard lock(mutex);
+  const detail::MutexLock lock(mutex);
   return settings_;
 }
 
 void SharedAllocator::Core::configure(const SharedAllocatorSettings& settings) {
   validate(settings);
   std::vector<std::shared_ptr<detail::SharedSegment>> released;
-  std::lock_guard lock(mutex);
+  const detail::MutexLock lock(mutex);
   sync_fork_locked();
   settings_ = settings;
   small_limit_ = detail::small_block_limit(settings.segment_bytes);
@@ -532,7 +536,7 @@ void SharedAllocator::Core::configure(const SharedAllocatorSettings& settings) {
 void SharedAllocator::Core::trim() {
   collect_returned_blocks_through_hook(true);
   std::vector<std::shared_ptr<detail::SharedSegment>> released;
-  std::lock_guard lock(mutex);
+  const detail::MutexLock lock(mutex);
   sync_fork_locked();
   while (!idle_.empty()) release_segment_locked(*idle_.front(), released);
 }

@@ -1,4 +1,5 @@
 #include "ferry/allocation.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -48,7 +49,7 @@ inline detail::SharedSegment::Remembered& detail::SharedSegment::remembered_at(s
 }
 
 void detail::SharedSegment::remember_storages(std::span<const std::shared_ptr<Storage>* const> storages) {
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   if (2 * (remembered_count_ + storages.size()) > remembered_.size()) {
     // Grow to a load of at most one half, for every storage of this call being new.
     std::vector<Remembered> old = std::exchange(
@@ -75,7 +76,7 @@ void detail::SharedSegment::remember_storages(std::span<const std::shared_ptr<St
 std::shared_ptr<Storage> detail::SharedSegment::find_storage(std::uint64_t offset, std::uint64_t nbytes) {
   // A process that never sent a block of this segment has nothing to find: skip the lock.
   if (!any_remembered_.load(std::memory_order_acquire)) return nullptr;
-  std::lock_guard lock(mutex_);
+  const detail::MutexLock lock(mutex_);
   if (remembered_.empty()) return nullptr;
   const Remembered& entry = remembered_at(offset);
   if (entry.offset != offset || entry.nbytes != nbytes) return nullptr;

@@ -62,7 +62,7 @@ detail::ChildProcess::ChildProcess(pid_t pid) : pid_(pid), owner_(::getpid()) {
 }
 
 detail::ChildProcess::ChildProcess(detail::ChildProcess&& other) noexcept
-    : pid_(other.pid_), owner_(other.owner_), pidfd_(std::move(other.pidfd_)), status_(std::move(other.status_)) {
+    : pid_(other.pid_), owner_(other.owner_), pidfd_(std::move(other.pidfd_)), status_(other.status_) {
   other.pid_ = -1;
   other.status_.reset();
 }
@@ -73,7 +73,7 @@ detail::ChildProcess& detail::ChildProcess::operator=(detail::ChildProcess&& oth
     pid_ = other.pid_;
     owner_ = other.owner_;
     pidfd_ = std::move(other.pidfd_);
-    status_ = std::move(other.status_);
+    status_ = other.status_;
     other.pid_ = -1;
     other.status_.reset();
   }

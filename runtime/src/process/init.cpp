@@ -32,7 +32,7 @@ void set_close_on_exec(int fd) {
   if (!spec) {
     std::fprintf(stderr, "ferry: %s=\"%s\" is malformed; this variable is for ferry's own use\n",
                  detail::kWorkerVariable, text.c_str());
-    std::exit(2);
+    std::exit(2);  // NOLINT(concurrency-mt-unsafe): an exec'd worker's start, before any thread
   }
   // PR_SET_PDEATHSIG survived exec; the parent may have died since it was set.
   if (detail::bind_to_parent(spec->parent, spec->parent_death_signal) != 0) std::_Exit(1);
@@ -45,7 +45,7 @@ void set_close_on_exec(int fd) {
     WorkerContext context(spec->rank, spec->world_size, StartMethod::Spawn, spec->parent);
     worker.run_exec(context, std::move(payload));
   });
-  std::exit(status);
+  std::exit(status);  // NOLINT(concurrency-mt-unsafe): the worker's end, as a return from main()
 }
 
 }  // namespace
@@ -67,7 +67,7 @@ void init(int argc, char** argv) {
   if (worker == nullptr) return;
   std::string text = worker;
   // Programs this worker starts itself are not ferry workers (unless spawned as such).
-  ::unsetenv(detail::kWorkerVariable);
+  ::unsetenv(detail::kWorkerVariable);  // NOLINT(concurrency-mt-unsafe): init() runs first in main()
   run_exec_worker(text);
 }
 

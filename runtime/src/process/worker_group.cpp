@@ -276,9 +276,11 @@ void WorkerGroup::start_exec(int rank, std::string_view name, int payload_fd, st
   if (introspected) environment.push_back(std::string(kIntrospect) + "1");
   environment.push_back(prefix + detail::encode_spec(spec));
   std::vector<char*> argv;
+  argv.reserve(arguments->size() + 1);
   for (const std::string& argument : *arguments) argv.push_back(const_cast<char*>(argument.c_str()));
   argv.push_back(nullptr);
   std::vector<char*> envp;
+  envp.reserve(environment.size() + 1);
   for (const std::string& variable : environment) envp.push_back(const_cast<char*>(variable.c_str()));
   envp.push_back(nullptr);
   const int report_fd = report_write.get();

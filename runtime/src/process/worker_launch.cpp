@@ -57,6 +57,7 @@ int bind_to_parent(pid_t parent, int signal) noexcept {
 void unblock_all_signals() noexcept {
   sigset_t none;
   ::sigemptyset(&none);
+  // NOLINTNEXTLINE(concurrency-mt-unsafe): runs in a forked child (one thread), where sigprocmask is async-signal-safe
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
 }
 

@@ -2,19 +2,19 @@
 
 #include <functional>
 #include <map>
-#include <mutex>
 #include <set>
 
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/worker_error.hpp"
 
 namespace ferry::detail {
 namespace {
 
 struct Registry {
-  std::mutex mutex;
-  std::map<std::string, RegisteredWorker, std::less<>> by_name;
-  std::set<std::string, std::less<>> conflicting;
-  std::map<FunctionIdentity, std::string> shadowed;  // functions that came second to a name
+  detail::Mutex mutex;
+  std::map<std::string, RegisteredWorker, std::less<>> by_name FERRY_GUARDED_BY(mutex);
+  std::set<std::string, std::less<>> conflicting FERRY_GUARDED_BY(mutex);
+  std::map<FunctionIdentity, std::string> shadowed FERRY_GUARDED_BY(mutex);  // functions that came second to a name
 };
 
 Registry& registry() {
@@ -33,7 +33,7 @@ bool register_worker_entry(std::string_view name, FunctionIdentity identity, std
                            WorkerEntry entry, WorkerInvoke invoke) noexcept {
   RegisteredWorker worker{std::string(name), identity, std::string(signature), entry, invoke};
   Registry& r = registry();
-  std::lock_guard lock(r.mutex);
+  const detail::MutexLock lock(r.mutex);
   auto it = r.by_name.find(worker.name);
   if (it == r.by_name.end()) {
     std::string name = worker.name;
@@ -47,7 +47,7 @@ bool register_worker_entry(std::string_view name, FunctionIdentity identity, std
 
 const RegisteredWorker& find_worker(std::string_view name) {
   Registry& r = registry();
-  std::lock_guard lock(r.mutex);
+  const detail::MutexLock lock(r.mutex);
   if (r.conflicting.count(name) != 0) throw_conflict(name);
   auto it = r.by_name.find(name);
   if (it == r.by_name.end()) {
@@ -63,7 +63,7 @@ const RegisteredWorker& find_worker(std::string_view name) {
 
 const RegisteredWorker* find_worker(FunctionIdentity identity) {
   Registry& r = registry();
-  std::lock_guard lock(r.mutex);
+  const detail::MutexLock lock(r.mutex);
   // A worker started by exec looks its function up by name: a name shared with another
   // function would fail there, after the process started.
   const std::string* conflict = nullptr;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <typeinfo>
 
+#include "ferry/detail/errno_text.hpp"
 #include "ferry/detail/sigpipe_blocked.hpp"
 
 namespace ferry::detail {
@@ -18,7 +19,7 @@ namespace {
 
 // A report is read after the worker exited; keep it within a default pipe's capacity so
 // that writing it never waits for the parent.
-constexpr std::size_t kMaxReportText = 24 * 1024;
+constexpr std::size_t kMaxReportText = std::size_t{24} * 1024;
 
 void write_all(int fd, const void* data, std::size_t size) noexcept {
   const auto* bytes = static_cast<const char*>(data);
@@ -60,7 +61,7 @@ std::string describe_start_failure(StartStep step, int error) {
     case StartStep::Exec: what = "exec of /proc/self/exe failed"; break;
     default: what = "step " + std::to_string(static_cast<int>(step)) + " failed"; break;
   }
-  return what + ": " + std::strerror(error);
+  return what + ": " + detail::errno_text(error);
 }
 
 }  // namespace

@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/error.hpp"
 
 namespace ferry::detail {
@@ -19,8 +19,8 @@ struct WorkerTableEntry {
 };
 
 struct WorkerTable {
-  std::mutex mutex;
-  std::vector<WorkerTableEntry> entries;
+  detail::Mutex mutex;
+  std::vector<WorkerTableEntry> entries FERRY_GUARDED_BY(mutex);
 };
 
 WorkerTable& worker_table() {
@@ -28,8 +28,10 @@ WorkerTable& worker_table() {
     auto* created = new WorkerTable();  // never destroyed: groups may outlive static destruction
     // A fork() while another thread (introspection's) reads the table must not leave the
     // child's copy of the mutex locked.
-    const int rc = ::pthread_atfork([] { worker_table().mutex.lock(); }, [] { worker_table().mutex.unlock(); },
-                                    [] { worker_table().mutex.unlock(); });
+    // (The analysis cannot follow a lock taken in one handler and released in another.)
+    const int rc = ::pthread_atfork([]() FERRY_NO_THREAD_SAFETY_ANALYSIS { worker_table().mutex.lock(); },
+                                    []() FERRY_NO_THREAD_SAFETY_ANALYSIS { worker_table().mutex.unlock(); },
+                                    []() FERRY_NO_THREAD_SAFETY_ANALYSIS { worker_table().mutex.unlock(); });
     if (rc != 0) throw_system_error("pthread_atfork", rc);
     return created;
   }();
@@ -53,14 +55,14 @@ std::uint64_t new_worker_group_key() noexcept {
 
 void record_worker_started(std::uint64_t group, int rank, pid_t pid) {
   WorkerTable& table = worker_table();
-  std::lock_guard lock(table.mutex);
+  const detail::MutexLock lock(table.mutex);
   table.entries.push_back(WorkerTableEntry{group, ::getpid(), StartedWorker{rank, pid, std::nullopt}});
 }
 
 void record_child_ended(pid_t pid, const ExitStatus& status) noexcept {
   WorkerTable& table = worker_table();
   const pid_t self = ::getpid();
-  std::lock_guard lock(table.mutex);
+  const detail::MutexLock lock(table.mutex);
   for (WorkerTableEntry& entry : table.entries) {
     if (entry.owner == self && entry.worker.pid == pid && !entry.worker.status) entry.worker.status = status;
   }
@@ -68,7 +70,7 @@ void record_child_ended(pid_t pid, const ExitStatus& status) noexcept {
 
 void forget_worker_group(std::uint64_t group) noexcept {
   WorkerTable& table = worker_table();
-  std::lock_guard lock(table.mutex);
+  const detail::MutexLock lock(table.mutex);
   std::erase_if(table.entries, [&](const WorkerTableEntry& entry) { return entry.group == group; });
 }
 
@@ -76,7 +78,7 @@ std::vector<StartedWorker> recorded_workers() {
   WorkerTable& table = worker_table();
   const pid_t self = ::getpid();
   std::vector<StartedWorker> workers;
-  std::lock_guard lock(table.mutex);
+  const detail::MutexLock lock(table.mutex);
   for (const WorkerTableEntry& entry : table.entries) {
     if (entry.owner == self) workers.push_back(entry.worker);
   }

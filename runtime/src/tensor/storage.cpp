@@ -4,8 +4,9 @@
 #include <new>
 
 #include "cuda/memory.hpp"
-#include "ferry/error.hpp"
 #include "ferry/detail/object_pool.hpp"
+#include "ferry/detail/thread_annotations.hpp"
+#include "ferry/error.hpp"
 #include "ferry/shared_allocator.hpp"
 
 namespace ferry {
@@ -96,7 +97,7 @@ std::shared_ptr<Storage> Storage::adopt(std::shared_ptr<Allocation> allocation, 
 }
 
 void Storage::share_memory_slow(const SharedAllocator* pool) {
-  std::lock_guard lock(share_mutex_);
+  const detail::MutexLock lock(share_mutex_);
   if (device_.kind == DeviceKind::SharedCpu) return;
   if (device_.kind == DeviceKind::Cuda) return;  // device memory is shared through CUDA IPC as it is
   if (device_.kind != DeviceKind::Cpu) {

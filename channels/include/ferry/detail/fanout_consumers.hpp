@@ -12,7 +12,6 @@
 #include <deque>
 #include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -22,6 +21,7 @@
 #include "ferry/channel.hpp"
 #include "ferry/detail/fanout_registry.hpp"
 #include "ferry/detail/fanout_wait.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/error.hpp"
 #include "ferry/fanout.hpp"
 #include "ferry/wait_interruption.hpp"
@@ -241,9 +241,11 @@ class FanoutConsumers {
   /// sleeps until any one of them takes a message (a consumer that took fewer than half
   /// and stalled has its room used). Ends without a board (InProcess) are polled
   /// instead (FanoutWait::pause).
+  // Gives `lock` up while it sleeps and takes it back, which the analysis cannot follow
+  // through a lock passed by reference.
   template <class Select>
-  void wait_for_room(std::unique_lock<std::mutex>& lock, const Select& waited_for, const Deadline& deadline,
-                     FanoutWait& wait) {
+  void wait_for_room(detail::MutexLock& lock, const Select& waited_for, const Deadline& deadline,
+                     FanoutWait& wait) FERRY_NO_THREAD_SAFETY_ANALYSIS {
     const bool for_half = !wait.waited_for_half();
     // This call's own requests: several threads may send at once, and each waits on its own.
     std::vector<ReturnBoard::DeliveryWake> wakes;
@@ -440,9 +442,9 @@ class FanoutBase {
 
   /// Adds a consumer (any open Sender<T>), with FanoutOptions::max_in_flight, or `bound`,
   /// messages in flight at most. Throws ChannelClosed for a closed or empty end.
-  ConsumerId add(Sender<T> end) { return add(std::move(end), consumers_.options().max_in_flight); }
+  ConsumerId add(Sender<T> end) { return add(std::move(end), default_bound_); }
   ConsumerId add(Sender<T> end, std::size_t bound) {
-    std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     if (closed_) {
       end.close();  // its receiver gets end of stream (not the PeerDied of an end lost to an exception)
       throw ChannelClosed("cannot add a consumer: this fan-out was closed (close()); its end was closed too");
@@ -460,7 +462,7 @@ class FanoutBase {
   void close() {
     std::vector<typename FanoutConsumers<T, Copy>::Consumer> consumers;
     {
-      std::lock_guard lock(mutex_);
+      const detail::MutexLock lock(mutex_);
       closed_ = true;
       consumers = consumers_.take_all();
     }
@@ -485,37 +487,39 @@ class FanoutBase {
   /// Per consumer (those not removed): messages sent, delivered, in flight (and, for a
   /// Broadcast, skipped).
   std::vector<ConsumerStats> stats() {
-    std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     return consumers_.stats();
   }
   /// stats(), or std::nullopt when another thread holds the fan-out's lock (introspection).
   std::optional<std::vector<ConsumerStats>> try_stats() {
-    std::unique_lock lock(mutex_, std::try_to_lock);
-    if (!lock) return std::nullopt;
+    if (!mutex_.try_lock()) return std::nullopt;
+    const detail::MutexLock lock(mutex_, std::adopt_lock);
     return consumers_.stats();
   }
   /// Consumers not removed so far.
   std::size_t size() {
-    std::lock_guard lock(mutex_);
+    const detail::MutexLock lock(mutex_);
     return consumers_.all().size();
   }
 
  protected:
   explicit FanoutBase(const FanoutOptions& options)
       : consumers_(options),
+        default_bound_(options.max_in_flight),
         registration_(Copy ? "distributor" : "broadcast", this,
                       [](void* self) { return static_cast<FanoutBase*>(self)->try_stats(); }, options.name) {}
   /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
   ~FanoutBase() = default;
 
   /// Throws ChannelClosed once close() was called (the lock held).
-  void throw_if_closed(const char* what) const {
+  void throw_if_closed(const char* what) const FERRY_REQUIRES(mutex_) {
     if (closed_) throw ChannelClosed(std::string("cannot send: this ") + what + " was closed (close())");
   }
 
-  std::mutex mutex_;
-  FanoutConsumers<T, Copy> consumers_;
-  bool closed_ = false;
+  detail::Mutex mutex_;
+  FanoutConsumers<T, Copy> consumers_ FERRY_GUARDED_BY(mutex_);
+  bool closed_ FERRY_GUARDED_BY(mutex_) = false;
+  const std::size_t default_bound_;  // FanoutOptions::max_in_flight
   // Last: registered once the rest is made, unregistered before it goes. (A Distributor
   // keeps copies of what it sent, to resend them: Copy.)
   FanoutRegistration registration_;

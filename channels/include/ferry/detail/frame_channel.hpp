@@ -19,6 +19,7 @@
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/return_board.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/tensor_wire.hpp"
 #include "ferry/detail/transport.hpp"
@@ -123,30 +124,30 @@ class SenderCore final : public LiveEnd {
   // process owns it; takes a fresh end for this process.
   void ensure_usable();
   // detach(), with the lock held.
-  void detach_locked() noexcept;
+  void detach_locked() noexcept FERRY_REQUIRES(mutex_);
   // Throws Error when the frame just encoded breaks the channel's FrameLimits, which the
   // receiver enforces (it shares them): refused here, it is not sent and breaks nothing.
-  void check_limits() const;
+  void check_limits() const FERRY_REQUIRES(mutex_);
   // Lets go of storages whose /proc path the receiver has opened (before encoding, so that
   // their release is announced in this very frame).
-  void collect_acknowledgements();
-  bool write_locked(const EncodedFrame& frame, const Deadline& deadline);
+  void collect_acknowledgements() FERRY_REQUIRES(mutex_);
+  bool write_locked(const EncodedFrame& frame, const Deadline& deadline) FERRY_REQUIRES(mutex_);
   // send(), with the end's lock held (or every use serialized by its owner).
-  bool send_locked(const void* message, const SentType& type, const Deadline& deadline);
+  bool send_locked(const void* message, const SentType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
   // send_locked(), without introspection's counters / with them (while it is on).
-  bool send_uncounted(const void* message, const SentType& type, const Deadline& deadline);
-  bool send_counted(const void* message, const SentType& type, const Deadline& deadline);
+  bool send_uncounted(const void* message, const SentType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
+  bool send_counted(const void* message, const SentType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
 
-  std::mutex mutex_;
+  detail::Mutex mutex_;
   std::unique_ptr<FrameWriter> writer_;
-  std::unique_ptr<MessageEncoder> encoder_;  // never null
+  std::unique_ptr<MessageEncoder> encoder_ FERRY_PT_GUARDED_BY(mutex_);  // never null
   Transport transport_;
   ChannelOptions options_;
   EndClaim claim_;  // which process may send (end_claim.hpp)
   std::atomic<bool> open_{true};  // atomic: the long-wait release (live_ends.hpp) clears it from any thread
   bool used_ = false;
-  std::uint64_t delivered_ = 0;  // the board's last word, read before the ledger goes
-  UniqueFd gone_probe_;          // receiver_gone()'s liveness probe, made at its first call
+  std::uint64_t delivered_ FERRY_GUARDED_BY(mutex_) = 0;  // the board's last word, read before the ledger goes
+  UniqueFd gone_probe_ FERRY_GUARDED_BY(mutex_);          // receiver_gone()'s liveness probe, made at its first call
   EndStats stats_;               // introspection's counters (end_stats.hpp)
   std::shared_ptr<PairPids> pair_;  // which process holds each end (pair_pids.hpp); may be null
 };
@@ -220,33 +221,33 @@ class ReceiverCore final : public LiveEnd {
 
  private:
   // receive(), with the lock held: without introspection's counters / with them.
-  ReadStatus receive_uncounted(void* out, const ReceivedType& type, const Deadline& deadline);
-  ReadStatus receive_counted(void* out, const ReceivedType& type, const Deadline& deadline);
-  ReadStatus next_locked(const Deadline& deadline);
-  void mark_broken(const std::string& reason);
+  ReadStatus receive_uncounted(void* out, const ReceivedType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
+  ReadStatus receive_counted(void* out, const ReceivedType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
+  ReadStatus next_locked(const Deadline& deadline) FERRY_REQUIRES(mutex_);
+  void mark_broken(const std::string& reason) FERRY_REQUIRES(mutex_);
   // Closes the end; `ending_the_stream` also shuts a duplex socket's direction down.
   void close_as(bool ending_the_stream) noexcept;
-  void close_locked(bool ending_the_stream) noexcept;
+  void close_locked(bool ending_the_stream) noexcept FERRY_REQUIRES(mutex_);
   // Closes the transport's end (its readiness descriptor and futex word go with it).
   void close_reader() noexcept;
   // Whether closing here ends the stream for every process: this process owns the end,
   // or made it and nobody took it yet.
   bool closes_for_everyone() const noexcept { return claim_.held() || claim_.fresh_here(); }
 
-  std::mutex mutex_;
+  detail::Mutex mutex_;
   std::unique_ptr<FrameReader> reader_;
-  std::unique_ptr<MessageDecoder> decoder_;  // never null
+  std::unique_ptr<MessageDecoder> decoder_ FERRY_PT_GUARDED_BY(mutex_);  // never null
   Transport transport_;
   ChannelOptions options_;
   EndClaim claim_;  // which process may receive (end_claim.hpp)
   std::atomic<bool> open_{true};  // atomic: the long-wait release (live_ends.hpp) clears it from any thread
   bool reader_open_ = true;        // reader_ not closed yet (a broken end closes it while open_)
   bool used_ = false;
-  std::string broken_;
-  std::string dead_;  // why the peer is known dead (PeerDied is reported again)
-  FrameHeader header_;
-  std::vector<std::byte> payload_;
-  std::deque<UniqueFd> fds_;
+  std::string broken_ FERRY_GUARDED_BY(mutex_);
+  std::string dead_ FERRY_GUARDED_BY(mutex_);  // why the peer is known dead (PeerDied is reported again)
+  FrameHeader header_ FERRY_GUARDED_BY(mutex_);
+  std::vector<std::byte> payload_ FERRY_GUARDED_BY(mutex_);
+  std::deque<UniqueFd> fds_ FERRY_GUARDED_BY(mutex_);
   EndStats stats_;  // introspection's counters (end_stats.hpp)
   std::shared_ptr<PairPids> pair_;  // which process holds each end (pair_pids.hpp); may be null
 };

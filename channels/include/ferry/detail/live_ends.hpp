@@ -26,6 +26,8 @@ class LiveEnd {
   /// connection open for a peer waiting on the owner. Skips an end another thread is using.
   /// (A listener has no owner to yield to: nothing.)
   virtual void release_if_owned_elsewhere() noexcept {}
+  LiveEnd(const LiveEnd&) = delete;
+  LiveEnd& operator=(const LiveEnd&) = delete;
   /// Appends what introspection reports of this end to `out` (ferry/introspection.hpp).
   /// Called from any thread while the end lives: reads only atomics and what never changes
   /// after construction, and takes none of the end's locks.
@@ -33,8 +35,6 @@ class LiveEnd {
 
  protected:
   LiveEnd() = default;
-  LiveEnd(const LiveEnd&) = delete;
-  LiveEnd& operator=(const LiveEnd&) = delete;
   ~LiveEnd() = default;
   /// Adds this end to the list (call at the end of the derived constructor).
   void track();

@@ -5,12 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <vector>
 
-#include "ferry/device.hpp"
 #include "ferry/detail/shared_memory.hpp"
+#include "ferry/detail/thread_annotations.hpp"
+#include "ferry/device.hpp"
 
 namespace ferry {
 class Storage;
@@ -72,7 +72,7 @@ class SharedSegment {
   };
   static constexpr std::uint64_t kNoOffset = ~std::uint64_t{0};
   // The entry for `offset` (the empty one where it would go if there is none). Locked.
-  inline Remembered& remembered_at(std::uint64_t offset) noexcept;
+  inline Remembered& remembered_at(std::uint64_t offset) noexcept FERRY_REQUIRES(mutex_);
 
   SharedMemory memory_;
   const void* owner_;
@@ -80,12 +80,12 @@ class SharedSegment {
   std::uint64_t id_;
   std::atomic<bool> sent_{false};
   std::atomic<bool> any_remembered_{false};
-  std::mutex mutex_;
+  detail::Mutex mutex_;
   // Open addressing by block offset (a power of two of entries, at most half full). A
   // recycled block overwrites its entry, so the table never holds more entries than the
   // segment has blocks, and entries are never removed.
-  std::vector<Remembered> remembered_;
-  std::size_t remembered_count_ = 0;
+  std::vector<Remembered> remembered_ FERRY_GUARDED_BY(mutex_);
+  std::size_t remembered_count_ FERRY_GUARDED_BY(mutex_) = 0;
 };
 
 /// Counts the deaths of segments that were ever sent. A channel compares it with the value

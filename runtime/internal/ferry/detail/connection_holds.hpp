@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <utility>
@@ -26,6 +25,7 @@
 #include "ferry/detail/return_board.hpp"
 #include "ferry/detail/shared_memory.hpp"
 #include "ferry/allocation.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
 namespace ferry::detail {
@@ -52,8 +52,8 @@ struct ReturnPath {
 
  private:
   // Boards are added while blocks of the connection, on any thread, read them.
-  mutable std::mutex mutex_;
-  std::vector<std::shared_ptr<ReturnBoard>> upstream_;
+  mutable detail::Mutex mutex_;
+  std::vector<std::shared_ptr<ReturnBoard>> upstream_ FERRY_GUARDED_BY(mutex_);
 };
 
 /// One connection's holds, receiver side. Not thread-safe (the decoder's); the blocks it

@@ -8,13 +8,13 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "ferry/detail/return_board.hpp"
 #include "ferry/allocation.hpp"
+#include "ferry/detail/thread_annotations.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
 namespace ferry::detail {
@@ -111,33 +111,33 @@ class HoldLedger {
   // collect() makes one for every frame it is asked about).
   using ReleasedSegments = std::vector<std::pair<std::uint64_t, std::shared_ptr<const void>>>;
 
-  void unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped);
-  void reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
-  void reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
+  void unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped) FERRY_REQUIRES(mutex_);
+  void reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped) FERRY_REQUIRES(mutex_);
+  void reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped) FERRY_REQUIRES(mutex_);
   // Moves the kept segments whose frames the receiver resolved into `released`.
-  void release_resolved_segments_locked(ReleasedSegments& released);
+  void release_resolved_segments_locked(ReleasedSegments& released) FERRY_REQUIRES(mutex_);
   // Unpins the slots the receiver posted on the board (not when handed over).
-  void take_board_returns_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
+  void take_board_returns_locked(std::vector<std::shared_ptr<Allocation>>& dropped) FERRY_REQUIRES(mutex_);
   // Reclaims what no living holder can use any more (see collect()).
-  Reclaimed check_holders_locked(std::vector<std::shared_ptr<Allocation>>& dropped);
+  Reclaimed check_holders_locked(std::vector<std::shared_ptr<Allocation>>& dropped) FERRY_REQUIRES(mutex_);
   // Moves every kept segment into `released` (to close after the lock): nobody will open
   // them any more. Closes the board's fd too once the channel closed.
-  void release_kept_segments_locked(ReleasedSegments& released);
-  std::uint64_t newest_pinned_sequence_locked() const;
+  void release_kept_segments_locked(ReleasedSegments& released) FERRY_REQUIRES(mutex_);
+  std::uint64_t newest_pinned_sequence_locked() const FERRY_REQUIRES(mutex_);
   bool belongs_to_this_process() const noexcept;
 
-  mutable std::mutex mutex_;
+  mutable detail::Mutex mutex_;
   std::shared_ptr<ReturnBoard> board_;
   std::uint64_t generation_;
-  std::vector<Entry> pins_;  // by slot
-  std::size_t pinned_ = 0;
-  std::vector<std::uint32_t> returned_;
-  std::vector<std::uint32_t> scratch_;
-  ChannelState channel_ = ChannelState::Open;
-  ReceivingEnd receiver_ = ReceivingEnd::Reachable;
-  BoardReader board_reader_ = BoardReader::ThisProcess;
-  ReceiverProbe probe_;             // kept while frames are unresolved after the close
-  KeptSegments kept_segments_;      // by sequence
+  std::vector<Entry> pins_ FERRY_GUARDED_BY(mutex_);  // by slot
+  std::size_t pinned_ FERRY_GUARDED_BY(mutex_) = 0;
+  std::vector<std::uint32_t> returned_ FERRY_GUARDED_BY(mutex_);
+  std::vector<std::uint32_t> scratch_ FERRY_GUARDED_BY(mutex_);
+  ChannelState channel_ FERRY_GUARDED_BY(mutex_) = ChannelState::Open;
+  ReceivingEnd receiver_ FERRY_GUARDED_BY(mutex_) = ReceivingEnd::Reachable;
+  BoardReader board_reader_ FERRY_GUARDED_BY(mutex_) = BoardReader::ThisProcess;
+  ReceiverProbe probe_ FERRY_GUARDED_BY(mutex_);         // kept while frames are unresolved after the close
+  KeptSegments kept_segments_ FERRY_GUARDED_BY(mutex_);  // by sequence
 };
 
 /// Collects what receivers gave back on every channel of this process (see

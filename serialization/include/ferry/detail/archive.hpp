@@ -33,7 +33,7 @@ class FrameOutputArchive : public cereal::OutputArchive<FrameOutputArchive, cere
   // archive state (hash tables, maps) is built and torn down there, not in every
   // translation unit that sends.
   FrameOutputArchive(FrameBody& body, MessageEncoder& encoder);
-  ~FrameOutputArchive();
+  ~FrameOutputArchive() override;
 
   void save_bytes(const void* data, std::size_t size) { body_.append(data, size); }
   /// Saves an array's bytes (cereal's binary_data): the bytes offered by offer_borrow()
@@ -82,7 +82,7 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
   static constexpr std::size_t kReadOutFrom = std::size_t{4} << 10;
 
   FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages);
-  ~FrameInputArchive();
+  ~FrameInputArchive() override;
   /// Starts over on another body, for an archive that is reusable().
   void restart(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages) noexcept {
     body_ = body;

@@ -29,7 +29,7 @@ struct Walkable<cereal::virtual_base_class<B>> : cereal::traits::is_output_seria
 class StorageCollector : public cereal::OutputArchive<StorageCollector, cereal::AllowEmptyClassElision> {
  public:
   StorageCollector();  // out of line (archive.cpp), as FrameOutputArchive's
-  ~StorageCollector();
+  ~StorageCollector() override;
   /// Walks `values` (what serialize()/save() functions call on their archive).
   template <class... T>
   StorageCollector& operator()(T&&... values) {
