@@ -25,6 +25,7 @@
 #include "support/address_pipe.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
+#include "support/ucx_test_endpoints.hpp"
 #include "ucx/ucx_address.hpp"
 #include "ucx/ucx_am_wire.hpp"
 #include "ucx/ucx_context.hpp"
@@ -37,22 +38,10 @@ using test::AddressPipe;
 using test::fork_child;
 using test::wait_child;
 
-struct Batch {
-  std::int64_t index = 0;
-  template <class Archive>
-  void serialize(Archive& ar) {
-    ar(index);
-  }
-};
+using Batch = test::UcxBatch;
 
-EndpointOptions quiet_options() {
-  EndpointOptions options;
-  options.secret = "attack test secret";
-  options.connect_timeout = 10s;
-  options.on_refusal = [](const std::string&) {};
-  options.channel.close_linger = 500ms;
-  return options;
-}
+// Connecting waits longer than in ucx_test.cpp: floods of peers load the listener.
+EndpointOptions quiet_options() { return test::quiet_ucx_options("attack test secret", 10s, 500ms); }
 
 // A line of /proc/self/status in kB ("VmHWM", "VmRSS").
 std::size_t status_kib(const std::string& field) {
@@ -179,7 +168,7 @@ TEST_F(UcxAttackTest, FramesBeforeTheHandshakeAllocateNothingAndTheListenerServe
     address_pipe.put(listener.address());
     auto sender = listener.accept_sender_for<Batch>(30s);
     CHILD_CHECK(sender.has_value());
-    sender->send(Batch{5});
+    sender->send(Batch{5, {}});
     CHILD_CHECK(sender->flush(10s));
     const std::size_t grown_kib = status_kib("VmHWM") - peak_before;
     std::fprintf(stderr, "listener peak memory grew by %zu KiB\n", grown_kib);
@@ -315,7 +304,7 @@ TEST_F(UcxAttackTest, AFloodOfSilentPeersIsCappedAndAGoodClientIsServedMeanwhile
   client.join();
   ASSERT_TRUE(sender.has_value());
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s) << "the flood delayed the good client";
-  sender->send(Batch{9});
+  sender->send(Batch{9, {}});
   auto batch = good->recv_for(5s);
   EXPECT_TRUE(batch.has_value() && batch->index == 9);
   EXPECT_LE(most_pending, kCap);

@@ -36,6 +36,7 @@
 #include "ucx/ucx_context.hpp"
 #include "support/address_pipe.hpp"
 #include "support/process.hpp"
+#include "support/ucx_test_endpoints.hpp"
 
 namespace ferry {
 namespace {
@@ -43,16 +44,10 @@ namespace {
 using namespace std::chrono_literals;
 using test::AddressPipe;
 using test::fork_child;
+using test::quiet_ucx_options;
 using test::wait_child;
 
-struct Batch {
-  std::int64_t index = 0;
-  std::vector<Tensor> tensors;
-  template <class Archive>
-  void serialize(Archive& ar) {
-    ar(index, tensors);
-  }
-};
+using Batch = test::UcxBatch;
 struct Other {
   std::int32_t value = 0;
   template <class Archive>
@@ -87,15 +82,6 @@ bool has_pattern(const Tensor& tensor, std::size_t bytes, std::uint8_t seed) {
   return true;
 }
 
-EndpointOptions quiet_options(std::string secret = "test secret") {
-  EndpointOptions options;
-  options.secret = std::move(secret);
-  options.connect_timeout = 5s;
-  options.on_refusal = [](const std::string&) {};
-  options.channel.close_linger = 700ms;
-  return options;
-}
-
 const std::vector<std::size_t> kSizes = {0, 1, 7, 4096, (16u << 10), (16u << 10) + 1, 1u << 20, 8u << 20};
 
 class UcxEndpointTest : public test::LeakCheckedTest {};
@@ -105,7 +91,7 @@ class UcxEndpointTest : public test::LeakCheckedTest {};
 TEST_F(UcxEndpointTest, TensorsOfEverySizeTravelBothWaysWithTheirContents) {
   AddressPipe pipe;
   const pid_t child = fork_child([&] {
-    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
     pipe.put(listener.address());
     listener.serve_sender<Batch>();
     auto in = listener.accept_receiver_for<Batch>(10s);
@@ -125,8 +111,8 @@ TEST_F(UcxEndpointTest, TensorsOfEverySizeTravelBothWaysWithTheirContents) {
   });
   {
     const std::string address = pipe.get();
-    Sender<Batch> to_child = connect_sender<Batch>(address, quiet_options());
-    Receiver<Batch> from_child = connect_receiver<Batch>(address, quiet_options());
+    Sender<Batch> to_child = connect_sender<Batch>(address, quiet_ucx_options());
+    Receiver<Batch> from_child = connect_receiver<Batch>(address, quiet_ucx_options());
     EXPECT_EQ(to_child.transport(), Transport::Ucx);
     for (std::size_t round = 0; round < kSizes.size(); ++round) {
       Batch batch;
@@ -153,14 +139,14 @@ TEST_F(UcxEndpointTest, TensorsOfEverySizeTravelBothWaysWithTheirContents) {
 TEST_F(UcxEndpointTest, SharedSegmentsAreRegisteredWithUcxOncePerSegment) {
   AddressPipe pipe;
   const pid_t child = fork_child([&] {
-    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
     pipe.put(listener.address());
     auto endpoint = listener.accept_duplex_for<Batch, Batch>(10s);
     CHILD_CHECK(endpoint.has_value());
     while (auto batch = endpoint->recv()) endpoint->send(*batch);  // the received storages themselves
   });
   {
-    auto endpoint = connect_duplex<Batch, Batch>(pipe.get(), quiet_options());
+    auto endpoint = connect_duplex<Batch, Batch>(pipe.get(), quiet_ucx_options());
     ucx::detail::UcxRegistrations& registrations = ucx::detail::UcxContext::get({}, AF_INET)->registrations();
     std::size_t after_two = 0;
     for (int round = 0; round < 20; ++round) {
@@ -205,7 +191,7 @@ TEST_F(UcxEndpointTest, AReceiverThatStopsReadingLongerThanTheKeepaliveBoundKeep
   constexpr int kMessages = 96;  // 96 MiB: more than the sockets and the frames in flight hold
   AddressPipe pipe;
   const pid_t child = fork_child([&] {
-    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
     pipe.put(listener.address());
     auto rx = listener.accept_receiver_for<Bulk>(10s);
     CHILD_CHECK(rx.has_value());
@@ -218,7 +204,7 @@ TEST_F(UcxEndpointTest, AReceiverThatStopsReadingLongerThanTheKeepaliveBoundKeep
     CHILD_CHECK(!rx->recv_for(20s).has_value());
   });
   {
-    Sender<Bulk> tx = connect_sender<Bulk>(pipe.get(), quiet_options());
+    Sender<Bulk> tx = connect_sender<Bulk>(pipe.get(), quiet_ucx_options());
     const auto since = std::chrono::steady_clock::now();
     for (int index = 0; index < kMessages; ++index) {
       tx.send(Bulk{index, std::vector<std::uint8_t>(1u << 20, static_cast<std::uint8_t>(index))});
@@ -257,7 +243,7 @@ TEST_F(UcxEndpointTest, KeepaliveIsSetOnTheConnectionsOwnSocketsOnly) {
 
   AddressPipe pipe;
   const pid_t child = fork_child([&] {
-    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
     pipe.put(listener.address());
     auto rx = listener.accept_receiver_for<Batch>(10s);
     CHILD_CHECK(rx.has_value());
@@ -266,7 +252,7 @@ TEST_F(UcxEndpointTest, KeepaliveIsSetOnTheConnectionsOwnSocketsOnly) {
     CHILD_CHECK(!rx->recv_for(10s).has_value());
   });
   {
-    Sender<Batch> tx = connect_sender<Batch>(pipe.get(), quiet_options());
+    Sender<Batch> tx = connect_sender<Batch>(pipe.get(), quiet_ucx_options());
     tx.send(Batch{1, {pattern(64, 1)}});
     EXPECT_EQ(keepalive_of(mine.get()), 0);
     EXPECT_EQ(keepalive_of(accepted.get()), 0);
@@ -286,13 +272,13 @@ TEST_F(UcxEndpointTest, KeepaliveIsSetOnTheConnectionsOwnSocketsOnly) {
 }
 
 TEST_F(UcxEndpointTest, TypeAndDirectionMismatchesAreRefusedAndTheListenerGoesOn) {
-  auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+  auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
   listener.serve_sender<Batch>();
   const std::string address = listener.address();
   std::thread clients([&] {
-    EXPECT_THROW(connect_receiver<Other>(address, quiet_options()), TypeMismatch);   // type
-    EXPECT_THROW(connect_sender<Batch>(address, quiet_options()), TypeMismatch);     // direction
-    Receiver<Batch> good = connect_receiver<Batch>(address, quiet_options());
+    EXPECT_THROW(connect_receiver<Other>(address, quiet_ucx_options()), TypeMismatch);   // type
+    EXPECT_THROW(connect_sender<Batch>(address, quiet_ucx_options()), TypeMismatch);     // direction
+    Receiver<Batch> good = connect_receiver<Batch>(address, quiet_ucx_options());
     auto batch = good.recv_for(5s);
     EXPECT_TRUE(batch.has_value() && batch->index == 7);
   });
@@ -309,14 +295,14 @@ TEST_F(UcxEndpointTest, TypeAndDirectionMismatchesAreRefusedAndTheListenerGoesOn
 TEST_F(UcxEndpointTest, AWrongOrMissingSecretIsRefused) {
   ::unsetenv("FERRY_SECRET");
   std::vector<std::string> refusals;
-  EndpointOptions options = quiet_options("right");
+  EndpointOptions options = quiet_ucx_options("right");
   options.on_refusal = [&](const std::string& why) { refusals.push_back(why); };
   auto listener = listen("ucx://127.0.0.1:0", options);
   const std::string address = listener.address();
   std::thread clients([&] {
-    EndpointOptions none = quiet_options("");
+    EndpointOptions none = quiet_ucx_options("");
     none.allow_no_secret = true;
-    for (const EndpointOptions& wrong : {quiet_options("wrong"), none}) {
+    for (const EndpointOptions& wrong : {quiet_ucx_options("wrong"), none}) {
       try {
         connect_receiver<Batch>(address, wrong);
         ADD_FAILURE() << "a wrong secret was accepted";
@@ -325,7 +311,7 @@ TEST_F(UcxEndpointTest, AWrongOrMissingSecretIsRefused) {
             << error.what();
       }
     }
-    Receiver<Batch> good = connect_receiver<Batch>(address, quiet_options("right"));
+    Receiver<Batch> good = connect_receiver<Batch>(address, quiet_ucx_options("right"));
     // Stays until accepted (a client gone before its accept is reported and skipped).
     auto batch = good.recv_for(10s);
     EXPECT_TRUE(batch.has_value() && batch->index == 3);
@@ -341,7 +327,7 @@ TEST_F(UcxEndpointTest, AWrongOrMissingSecretIsRefused) {
 // IPv4-mapped ones name no device: each is a clear Error, at listen and at connect, before
 // UCX starts. A bracketed address that is not IPv6 is malformed.
 TEST_F(UcxEndpointTest, IPv6AddressesUcxCannotCarryAreRefusedClearly) {
-  EndpointOptions quick = quiet_options();
+  EndpointOptions quick = quiet_ucx_options();
   quick.connect_timeout = 100ms;
   for (const char* address : {"ucx://[::1]:0", "ucx://[fe80::1]:7000", "ucx://[::ffff:127.0.0.1]:7000"}) {
     try {
@@ -374,19 +360,19 @@ TEST_F(UcxEndpointTest, NoSecretIsRefusedAtListenAndConnectUnlessAllowed) {
   ::unsetenv("FERRY_SECRET");
   for (const char* address : {"ucx://127.0.0.1:0", "ucx://0.0.0.0:0"}) {
     try {
-      listen(address, quiet_options(""));
+      listen(address, quiet_ucx_options(""));
       ADD_FAILURE() << "listened without a secret at " << address;
     } catch (const Error& error) {
       EXPECT_NE(std::string(error.what()).find("allow_no_secret"), std::string::npos) << error.what();
     }
   }
   try {
-    connect_receiver<Batch>("ucx://127.0.0.1:7000", quiet_options(""));
+    connect_receiver<Batch>("ucx://127.0.0.1:7000", quiet_ucx_options(""));
     ADD_FAILURE() << "connected without a secret";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("refusing to connect"), std::string::npos) << error.what();
   }
-  EndpointOptions open = quiet_options("");
+  EndpointOptions open = quiet_ucx_options("");
   open.allow_no_secret = true;
   auto listener = listen("ucx://127.0.0.1:0", open);
   std::optional<Receiver<Batch>> rx;
@@ -402,7 +388,7 @@ TEST_F(UcxEndpointTest, NoSecretIsRefusedAtListenAndConnectUnlessAllowed) {
 TEST_F(UcxEndpointTest, MalformedAddressesNameTheAcceptedForms) {
   for (const char* address : {"ucx://127.0.0.1", "ucx://::1:7000", "tcp://127.0.0.1:1", "ucx://127.0.0.1:99999"}) {
     try {
-      listen(address, quiet_options());
+      listen(address, quiet_ucx_options());
       ADD_FAILURE() << address;
     } catch (const Error& error) {
       EXPECT_NE(std::string(error.what()).find("accepted forms"), std::string::npos) << error.what();
@@ -428,7 +414,7 @@ TEST_F(UcxEndpointTest, AnAddressFamilyOrderTheUserSetReachesUcx) {
                                              : std::nullopt};
   ASSERT_EQ(::setenv("UCX_TCP_AF_PRIO", "no_such_family", 1), 0);
   try {
-    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
     ADD_FAILURE() << "UCX started with ferry's address family order, not the user's";
   } catch (const Error& error) {
     EXPECT_NE(std::string(error.what()).find("UCX"), std::string::npos) << error.what();
@@ -438,7 +424,7 @@ TEST_F(UcxEndpointTest, AnAddressFamilyOrderTheUserSetReachesUcx) {
 }
 
 TEST_F(UcxEndpointTest, SilentAndGarbageClientsDelayNoOther) {
-  EndpointOptions options = quiet_options();
+  EndpointOptions options = quiet_ucx_options();
   options.handshake_timeout = 3s;
   std::vector<std::string> refusals;
   options.on_refusal = [&](const std::string& why) { refusals.push_back(why); };
@@ -463,7 +449,7 @@ TEST_F(UcxEndpointTest, SilentAndGarbageClientsDelayNoOther) {
   ferry::detail::UniqueFd garbage = raw_client(true);
   const auto start = std::chrono::steady_clock::now();
   std::optional<Receiver<Batch>> rx;  // kept until accepted (a client gone before is skipped)
-  std::thread good([&] { rx = connect_receiver<Batch>(address, quiet_options()); });
+  std::thread good([&] { rx = connect_receiver<Batch>(address, quiet_ucx_options()); });
   auto sender = listener.accept_sender_for<Batch>(10s);
   good.join();
   EXPECT_TRUE(sender.has_value());
@@ -474,12 +460,12 @@ TEST_F(UcxEndpointTest, SilentAndGarbageClientsDelayNoOther) {
 TEST_F(UcxEndpointTest, ASenderKilledIsPeerDiedWithin100ms) {
   AddressPipe pipe;
   const pid_t child = fork_child([&] {
-    Sender<Batch> tx = connect_sender<Batch>(pipe.get(), quiet_options());
+    Sender<Batch> tx = connect_sender<Batch>(pipe.get(), quiet_ucx_options());
     tx.send(Batch{1, {pattern(1 << 20, 1)}});
     ::pause();  // until killed
   });
   {
-    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
     pipe.put(listener.address());
     auto accepted = listener.accept_receiver_for<Batch>(10s);
     ASSERT_TRUE(accepted.has_value());
@@ -497,10 +483,10 @@ TEST_F(UcxEndpointTest, ASenderKilledIsPeerDiedWithin100ms) {
 }
 
 TEST_F(UcxEndpointTest, AReceiverGoneIsChannelClosedForTheSender) {
-  auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+  auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
   const std::string address = listener.address();
   std::optional<Receiver<Batch>> rx;
-  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_options()); });
+  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_ucx_options()); });
   Sender<Batch> tx = listener.accept_sender<Batch>();
   client.join();
   tx.send(Batch{1, {}});
@@ -520,10 +506,10 @@ TEST_F(UcxEndpointTest, AReceiverGoneIsChannelClosedForTheSender) {
 }
 
 TEST_F(UcxEndpointTest, SelectorWakesForAUcxReceiver) {
-  auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+  auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
   const std::string address = listener.address();
   std::optional<Receiver<Batch>> rx;
-  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_options()); });
+  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_ucx_options()); });
   Sender<Batch> tx = listener.accept_sender<Batch>();
   client.join();
   auto [local_tx, local_rx] = channel<Other>(Transport::UnixSocket);
@@ -546,10 +532,10 @@ TEST_F(UcxEndpointTest, SelectorWakesForAUcxReceiver) {
 }
 
 TEST_F(UcxEndpointTest, AUcxEndIsRefusedBySpawn) {
-  auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+  auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
   const std::string address = listener.address();
   std::optional<Receiver<Batch>> rx;
-  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_options()); });
+  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_ucx_options()); });
   Sender<Batch> tx = listener.accept_sender<Batch>();
   client.join();
   try {
@@ -574,7 +560,7 @@ TEST_F(UcxEndpointTest, SixtyFourClientsConnectAtOnceAndEachGetsItsOwnStream) {
     for (int i = 0; i < kClients; ++i) {
       clients.emplace_back([&] {
         try {
-          Receiver<Batch> rx = connect_receiver<Batch>(address, quiet_options());
+          Receiver<Batch> rx = connect_receiver<Batch>(address, quiet_ucx_options());
           const auto batch = rx.recv_for(30s);
           if (batch && batch->tensors.size() == 1 &&
               has_pattern(batch->tensors[0], 4096, static_cast<std::uint8_t>(batch->index))) {
@@ -589,7 +575,7 @@ TEST_F(UcxEndpointTest, SixtyFourClientsConnectAtOnceAndEachGetsItsOwnStream) {
     CHILD_CHECK(good == kClients);
   });
   {
-    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
     pipe.put(listener.address());
     std::vector<Sender<Batch>> senders;
     for (int i = 0; i < kClients; ++i) {
@@ -620,7 +606,7 @@ TEST_F(UcxEndpointTest, ADistributorBalancesUcxConsumers) {
     std::vector<std::thread> consumers;
     for (int c = 0; c < 2; ++c) {
       consumers.emplace_back([&] {
-        Receiver<Batch> rx = connect_receiver<Batch>(address, quiet_options());
+        Receiver<Batch> rx = connect_receiver<Batch>(address, quiet_ucx_options());
         while (auto batch = rx.recv_for(20s)) {
           CHILD_CHECK(batch->tensors.size() == 1 &&
                       has_pattern(batch->tensors[0], 64, static_cast<std::uint8_t>(batch->index)));
@@ -633,7 +619,7 @@ TEST_F(UcxEndpointTest, ADistributorBalancesUcxConsumers) {
     report.put(std::to_string(count.load()) + " " + std::to_string(sum.load()));
   });
   {
-    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
     pipe.put(listener.address());
     Distributor<Batch> pool;
     for (int c = 0; c < 2; ++c) {
@@ -661,10 +647,10 @@ TEST_F(UcxEndpointTest, ADistributorBalancesUcxConsumers) {
 }
 
 TEST_F(UcxEndpointTest, DuplexEndsCarryTensorsBothWays) {
-  auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+  auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
   const std::string address = listener.address();
   std::thread client([&] {
-    DuplexEnd<Batch, Other> end = connect_duplex<Batch, Other>(address, quiet_options());
+    DuplexEnd<Batch, Other> end = connect_duplex<Batch, Other>(address, quiet_ucx_options());
     for (int round = 0; round < 3; ++round) {
       end.send(Batch{round, {pattern(1 << 20, static_cast<std::uint8_t>(round))}});
       auto answer = end.recv_for(10s);
@@ -685,7 +671,7 @@ TEST_F(UcxEndpointTest, DuplexEndsCarryTensorsBothWays) {
 }
 
 TEST_F(UcxEndpointTest, AListenerInASelectorIsReadyWhenAClientCompletedItsHandshake) {
-  auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+  auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
   listener.serve_sender<Batch>();
   const std::string address = listener.address();
   auto [local_tx, local_rx] = channel<Other>(Transport::UnixSocket);
@@ -694,7 +680,7 @@ TEST_F(UcxEndpointTest, AListenerInASelectorIsReadyWhenAClientCompletedItsHandsh
   const std::size_t index = selector.add(listener);
   EXPECT_FALSE(selector.wait_for(20ms).has_value());
   std::optional<Receiver<Batch>> rx;
-  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_options()); });
+  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_ucx_options()); });
   // The Selector advances the handshake while it waits; the client completes it only then.
   const auto ready = selector.wait_for(10s);
   ASSERT_TRUE(ready.has_value());
@@ -712,13 +698,13 @@ TEST_F(UcxEndpointTest, AListenerInASelectorIsReadyWhenAClientCompletedItsHandsh
 // The listener tells a client it is accepted when their handshake ends, before accept():
 // what the client sends then, and closes, waits for accept() like a local client's bytes.
 TEST_F(UcxEndpointTest, WhatAClientSentBeforeClosingReachesTheEndAcceptedAfterIt) {
-  auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+  auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
   listener.serve_receiver<Batch>();
   const std::string address = listener.address();
   Selector selector;
   selector.add(listener);
   std::thread client([&] {
-    Sender<Batch> tx = connect_sender<Batch>(address, quiet_options());
+    Sender<Batch> tx = connect_sender<Batch>(address, quiet_ucx_options());
     tx.send(Batch{7, {pattern(4096, 7)}});
     tx.close();
   });
@@ -749,7 +735,7 @@ TEST_F(UcxEndpointTest, ASilentUcxClientDelaysNoOtherAndIsDroppedAtItsHandshakeT
     ::pause();  // silent until killed
   });
   constexpr auto kHandshakeTimeout = 1500ms;
-  EndpointOptions options = quiet_options();
+  EndpointOptions options = quiet_ucx_options();
   options.handshake_timeout = kHandshakeTimeout;
   std::vector<std::string> refusals;
   options.on_refusal = [&](const std::string& why) { refusals.push_back(why); };
@@ -769,7 +755,7 @@ TEST_F(UcxEndpointTest, ASilentUcxClientDelaysNoOtherAndIsDroppedAtItsHandshakeT
   }
   (void)connected_pipe.get();
   std::optional<Receiver<Batch>> rx;
-  std::thread good([&] { rx = connect_receiver<Batch>(listener.address(), quiet_options()); });
+  std::thread good([&] { rx = connect_receiver<Batch>(listener.address(), quiet_ucx_options()); });
   auto tx = listener.accept_sender_for<Batch>(10s);
   good.join();
   ASSERT_TRUE(tx.has_value());
@@ -800,7 +786,7 @@ TEST_F(UcxEndpointTest, SendForTimesOutWhileARendezvousIsStuckAtAStoppedReceiver
   AddressPipe address_pipe;
   AddressPipe report_pipe;
   const pid_t child = fork_child([&] {
-    Receiver<Batch> rx = connect_receiver<Batch>(address_pipe.get(), quiet_options());
+    Receiver<Batch> rx = connect_receiver<Batch>(address_pipe.get(), quiet_ucx_options());
     CHILD_CHECK(rx.recv_for(10s).has_value());
     report_pipe.put("ready");
     std::size_t good = 0;
@@ -810,7 +796,7 @@ TEST_F(UcxEndpointTest, SendForTimesOutWhileARendezvousIsStuckAtAStoppedReceiver
     }
     report_pipe.put(std::to_string(good));
   });
-  EndpointOptions options = quiet_options();
+  EndpointOptions options = quiet_ucx_options();
   options.channel.close_linger = 20s;  // close waits for the frames in flight to arrive
   auto listener = listen("ucx://127.0.0.1:0", options);
   address_pipe.put(listener.address());
@@ -935,7 +921,7 @@ class UcxTwoHostsTest : public test::LeakCheckedTest {
   }
   void expect_a_link_set_down_seen_by_a_sender(bool timed);
   static EndpointOptions options() {
-    EndpointOptions options = quiet_options("two hosts");
+    EndpointOptions options = quiet_ucx_options("two hosts");
     options.connect_timeout = 10s;
     return options;
   }
@@ -1164,10 +1150,10 @@ std::size_t count_threads() {
 TEST_F(UcxEndpointTest, ThreadsAreBackToTheirStartCountAfterTheLastEnd) {
   const std::size_t threads_before = count_threads();
   {
-    auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+    auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
     const std::string address = listener.address();
     std::optional<Receiver<Batch>> rx;
-    std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_options()); });
+    std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_ucx_options()); });
     Sender<Batch> tx = listener.accept_sender<Batch>();
     client.join();
     EXPECT_GT(count_threads(), threads_before);  // UCX runs a thread while it is in use
@@ -1180,10 +1166,10 @@ TEST_F(UcxEndpointTest, ThreadsAreBackToTheirStartCountAfterTheLastEnd) {
 }
 
 TEST_F(UcxEndpointTest, AUcxEndCarriedAcrossForkIsRefusedInTheChild) {
-  auto listener = listen("ucx://127.0.0.1:0", quiet_options());
+  auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
   const std::string address = listener.address();
   std::optional<Receiver<Batch>> rx;
-  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_options()); });
+  std::thread client([&] { rx = connect_receiver<Batch>(address, quiet_ucx_options()); });
   Sender<Batch> tx = listener.accept_sender<Batch>();
   client.join();
   // The parent owns its ends (it used them), so the child's copy is refused before UCX

@@ -33,9 +33,7 @@ Usage: PYTHONPATH=build/release/python /usr/bin/python3 bench/peers/python_train
 """
 import argparse
 import os
-import pickle
 import socket
-import struct
 import statistics
 import subprocess
 import sys
@@ -45,6 +43,7 @@ import torch
 import torch.multiprocessing as mp
 
 import ferry
+from raw_floor import produce_raw, raw_batches
 
 SHAPE = (64, 3, 224, 224)
 
@@ -135,23 +134,6 @@ def run_mp_queue(steps, pace, step=0.0):
     done.set()
     producer.join()
     return result
-
-
-def produce_raw(sock, steps, pace):
-    for step in range(steps):
-        time.sleep(pace)
-        body = pickle.dumps({"step": step, "images": None, "small": [bytes(256) for _ in range(10)],
-                             "names": [f"train/{step}/{i}.jpg" for i in range(64)], "sent_ns": time.monotonic_ns()})
-        sock.sendall(struct.pack("<Q", len(body)) + body)
-    sock.sendall(struct.pack("<Q", 0))
-
-
-def raw_batches(sock):
-    while True:
-        size = struct.unpack("<Q", sock.recv(8, socket.MSG_WAITALL))[0]
-        if size == 0:
-            return
-        yield pickle.loads(sock.recv(size, socket.MSG_WAITALL))
 
 
 def run_raw_floor(steps, pace, step=0.0):
