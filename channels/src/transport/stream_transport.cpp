@@ -543,8 +543,11 @@ void StreamFrameReader::release() noexcept {
   if (!viewed_) return;
   viewed_ = false;
   if (pending_) {
-    // Reads of the pending frame stopped at its end: the buffer holds nothing after it.
+    // Reads of the pending frame stopped at its end: the buffer holds nothing after it,
+    // and whether the pipe does is unknown. Waiting first costs a ppoll when it does; not
+    // waiting costs a read that meets EAGAIN when it does not (a ping-pong's next frame).
     pending_ = false;
+    pipe_emptied_ = true;
     skip_ = frame_end_ - end_;  // what the decoder did not read (it gave up on the body)
     begin_ = end_ = 0;
     return;
