@@ -95,7 +95,8 @@ void InProcessQueue::describe(Snapshot& out) const {
   // was taken plus what the queue holds.
   std::uint64_t sent = taken + s.queue.size_approx();
   bool sender_closed = false;
-  if (std::unique_lock lock(s.mutex, std::try_to_lock); lock.owns_lock()) {
+  if (s.mutex.try_lock()) {
+    const MutexLock lock(s.mutex, std::adopt_lock);
     sent = s.sent;
     sender_closed = s.sender_closed;
   }
