@@ -16,13 +16,13 @@ namespace ferry::detail {
 
 class Described {
  public:
+  Described(const Described&) = delete;
+  Described& operator=(const Described&) = delete;
   /// Appends this object's figures to `out`.
   virtual void describe(Snapshot& out) const = 0;
 
  protected:
   Described() = default;
-  Described(const Described&) = delete;
-  Described& operator=(const Described&) = delete;
   ~Described() = default;
   void list();
   void unlist() noexcept;
