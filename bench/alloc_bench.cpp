@@ -37,9 +37,9 @@
 #include <new>
 #include <stdexcept>
 
+#include "ferry/detail/unique_fd.hpp"
 #include "ferry/ferry.hpp"
 #include "ring/ring_end.hpp"
-#include "ferry/detail/unique_fd.hpp"
 #include "support/child_process.hpp"
 
 namespace {
@@ -53,7 +53,9 @@ constexpr int kWarmupSteps = 5;
 struct Message {
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(tensors); }
+  void serialize(Archive& ar) {
+    ar(tensors);
+  }
 };
 
 // The receiver's answer: what it read, and the CPU time it has used so far (so that the
@@ -62,7 +64,9 @@ struct Reply {
   std::int64_t sum = 0;
   std::int64_t cpu_ns = 0;
   template <class Archive>
-  void serialize(Archive& ar) { ar(sum, cpu_ns); }
+  void serialize(Archive& ar) {
+    ar(sum, cpu_ns);
+  }
 };
 
 std::int64_t thread_cpu_ns() {
@@ -98,19 +102,19 @@ class Pair {
     auto [tx, rx] = ferry::channel<Message>(transport);
     auto [reply_tx, reply_rx] = ferry::channel<Reply>(transport);
     // Structured bindings are named explicitly: clang 14 cannot capture them implicitly.
-    child_ = std::make_unique<ferry::bench::ChildProcess>([&tx = tx, &rx = rx, &reply_tx = reply_tx,
-                                                           &reply_rx = reply_rx] {
-      ::prctl(PR_SET_NAME, "alloc-receiver");  // tells the processes apart in profiles (perf --comm)
-      tx.detach();
-      reply_rx.close();
-      reply_tx.adopt();
-      while (auto message = rx.recv()) {
-        const std::int64_t sum = touch(*message);
-        message.reset();  // the receiver's whole cost of the message, before the reply
-        reply_tx.send(Reply{sum, thread_cpu_ns()});
-      }
-      reply_tx.close();
-    });
+    child_ =
+        std::make_unique<ferry::bench::ChildProcess>([&tx = tx, &rx = rx, &reply_tx = reply_tx, &reply_rx = reply_rx] {
+          ::prctl(PR_SET_NAME, "alloc-receiver");  // tells the processes apart in profiles (perf --comm)
+          tx.detach();
+          reply_rx.close();
+          reply_tx.adopt();
+          while (auto message = rx.recv()) {
+            const std::int64_t sum = touch(*message);
+            message.reset();  // the receiver's whole cost of the message, before the reply
+            reply_tx.send(Reply{sum, thread_cpu_ns()});
+          }
+          reply_tx.close();
+        });
     rx.close();
     reply_tx.detach();
     tx_ = std::move(tx);
@@ -145,7 +149,8 @@ class Pair {
 };
 
 Tensor new_large_tensor(int step) {
-  Tensor tensor = Tensor::empty({static_cast<std::int64_t>(kLargeBytes)}, ferry::DType::UInt8, ferry::Device::SharedCpu);
+  Tensor tensor =
+      Tensor::empty({static_cast<std::int64_t>(kLargeBytes)}, ferry::DType::UInt8, ferry::Device::SharedCpu);
   std::memset(tensor.data_ptr(), step & 0xff, kLargeBytes);  // written by the producer
   return tensor;
 }
@@ -248,7 +253,6 @@ void AllocPingPong(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(pair.round_trip(Message{}));
   pair.report(state);
 }
-
 
 // ---- raw baseline of SmallTensors ------------------------------------------------------------
 //
@@ -408,21 +412,74 @@ void AllocSmallBlocksRaw(benchmark::State& state) {
 }
 
 // Medians of 5 repetitions; real time, since the receiver's work is in another process.
-BENCHMARK(AllocNewLargeTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
-    ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(AllocNewLargeTensorUncached)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
-    ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(AllocResendOneTensor)->ArgName("transport")->Arg(0)->Arg(1)->Iterations(40)->Repetitions(5)
-    ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMillisecond);
-BENCHMARK(AllocSmallTensors)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
-    ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(AllocSmallTensorsOneStorage)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
-    ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(AllocSmallTensorsResent)->ArgNames({"transport", "tensors"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
-    ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(AllocSmallBlocksRaw)->ArgNames({"transport", "blocks"})->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
-    ->Iterations(2000)->Repetitions(5)->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
-BENCHMARK(AllocPingPong)->ArgName("transport")->Arg(0)->Arg(1)->Arg(2)->Iterations(2000)->Repetitions(5)
-    ->ReportAggregatesOnly(true)->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(AllocNewLargeTensor)
+    ->ArgName("transport")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(40)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(AllocNewLargeTensorUncached)
+    ->ArgName("transport")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(40)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(AllocResendOneTensor)
+    ->ArgName("transport")
+    ->Arg(0)
+    ->Arg(1)
+    ->Iterations(40)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK(AllocSmallTensors)
+    ->ArgNames({"transport", "tensors"})
+    ->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
+    ->Iterations(2000)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(AllocSmallTensorsOneStorage)
+    ->ArgNames({"transport", "tensors"})
+    ->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
+    ->Iterations(2000)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(AllocSmallTensorsResent)
+    ->ArgNames({"transport", "tensors"})
+    ->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
+    ->Iterations(2000)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(AllocSmallBlocksRaw)
+    ->ArgNames({"transport", "blocks"})
+    ->ArgsProduct({{0, 1, 2}, {1, 10, 100}})
+    ->Iterations(2000)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(AllocPingPong)
+    ->ArgName("transport")
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Iterations(2000)
+    ->Repetitions(5)
+    ->ReportAggregatesOnly(true)
+    ->UseRealTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

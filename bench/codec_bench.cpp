@@ -8,9 +8,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "ferry/ferry.hpp"
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
+#include "ferry/ferry.hpp"
 #include "support/tensor_message.hpp"
 
 namespace ferry::bench {
@@ -84,7 +84,9 @@ void codec_new_tensors(benchmark::State& state) {
 // per-tensor cost that remains when the storage is shared (compare with new_tensors/N).
 void codec_views_of_one_new_storage(benchmark::State& state) {
   const std::int64_t count = state.range(0);
-  encode_decode_made(state, [count] { return Tensor::empty({count, 1024}, DType::Float32, Device::SharedCpu).unbind(); });
+  encode_decode_made(state, [count] {
+    return Tensor::empty({count, 1024}, DType::Float32, Device::SharedCpu).unbind();
+  });
   state.SetItemsProcessed(state.iterations() * state.range(0));
 }
 

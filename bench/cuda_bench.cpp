@@ -34,7 +34,9 @@ struct Command {
   std::int64_t bytes = 0;
   bool new_tensor = false;
   template <class Archive>
-  void serialize(Archive& ar) { ar(bytes, new_tensor); }
+  void serialize(Archive& ar) {
+    ar(bytes, new_tensor);
+  }
 };
 
 // The producer's answer: the round trip's duration, or why it could not run.
@@ -42,7 +44,9 @@ struct Report {
   std::int64_t nanoseconds = 0;
   std::string error;
   template <class Archive>
-  void serialize(Archive& ar) { ar(nanoseconds, error); }
+  void serialize(Archive& ar) {
+    ar(nanoseconds, error);
+  }
 };
 
 // The producer: answers commands until the command channel closes.
@@ -97,30 +101,30 @@ class CudaPair {
     auto [ping_tx, ping_rx] = channel<TensorMessage>(transport);
     auto [pong_tx, pong_rx] = channel<std::uint8_t>(transport);
     producer_.emplace(
-        [&, &command_tx = command_tx, &command_rx = command_rx, &report_tx = report_tx,
-                              &report_rx = report_rx, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx,
-                              &pong_rx = pong_rx] {
-      command_tx.detach();
-      report_rx.close();
-      report_tx.adopt();
-      ping_rx.close();
-      pong_tx.detach();
-      ping_tx.adopt();
-      produce(command_rx, report_tx, ping_tx, pong_rx);
-    }, Placement::FirstCpu, kGrace);
+        [&, &command_tx = command_tx, &command_rx = command_rx, &report_tx = report_tx, &report_rx = report_rx,
+         &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
+          command_tx.detach();
+          report_rx.close();
+          report_tx.adopt();
+          ping_rx.close();
+          pong_tx.detach();
+          ping_tx.adopt();
+          produce(command_rx, report_tx, ping_tx, pong_rx);
+        },
+        Placement::FirstCpu, kGrace);
     consumer_.emplace(
-        [&, &command_tx = command_tx, &command_rx = command_rx, &report_tx = report_tx,
-                              &report_rx = report_rx, &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx,
-                              &pong_rx = pong_rx] {
-      command_tx.detach();
-      command_rx.close();
-      report_tx.detach();
-      report_rx.close();
-      ping_tx.detach();
-      pong_rx.close();
-      pong_tx.adopt();
-      consume(ping_rx, pong_tx);
-    }, Placement::LastCpu, kGrace);
+        [&, &command_tx = command_tx, &command_rx = command_rx, &report_tx = report_tx, &report_rx = report_rx,
+         &ping_tx = ping_tx, &ping_rx = ping_rx, &pong_tx = pong_tx, &pong_rx = pong_rx] {
+          command_tx.detach();
+          command_rx.close();
+          report_tx.detach();
+          report_rx.close();
+          ping_tx.detach();
+          pong_rx.close();
+          pong_tx.adopt();
+          consume(ping_rx, pong_tx);
+        },
+        Placement::LastCpu, kGrace);
     command_rx.close();
     report_tx.detach();
     ping_tx.detach();

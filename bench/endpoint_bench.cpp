@@ -16,11 +16,11 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <optional>
-#include <tuple>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "ferry/ferry.hpp"
@@ -172,27 +172,29 @@ void accepts(benchmark::State& state, std::optional<Transport> transport) {
   for (auto _ : state) {
     state.PauseTiming();
     {
-      bench::ChildProcess child([&] {
-        listener.close();
-        raw_listening.reset();
-        std::vector<std::thread> threads;
-        std::atomic<int> failed{0};
-        for (int i = 0; i < kClients; ++i) {
-          threads.emplace_back([&] {
-            try {
-              if (transport) {
-                if (!connect_receiver<int>(address, endpoint_options(*transport)).recv()) ++failed;
-              } else if (!raw_connect_and_read(address)) {
-                ++failed;
-              }
-            } catch (const std::exception&) {
-              ++failed;
+      bench::ChildProcess child(
+          [&] {
+            listener.close();
+            raw_listening.reset();
+            std::vector<std::thread> threads;
+            std::atomic<int> failed{0};
+            for (int i = 0; i < kClients; ++i) {
+              threads.emplace_back([&] {
+                try {
+                  if (transport) {
+                    if (!connect_receiver<int>(address, endpoint_options(*transport)).recv()) ++failed;
+                  } else if (!raw_connect_and_read(address)) {
+                    ++failed;
+                  }
+                } catch (const std::exception&) {
+                  ++failed;
+                }
+              });
             }
-          });
-        }
-        for (auto& thread : threads) thread.join();
-        if (failed != 0) throw std::runtime_error("a client failed");
-      }, bench::Placement::Anywhere, 10s);
+            for (auto& thread : threads) thread.join();
+            if (failed != 0) throw std::runtime_error("a client failed");
+          },
+          bench::Placement::Anywhere, 10s);
       state.ResumeTiming();
       for (int i = 0; i < kClients; ++i) {
         if (transport) {

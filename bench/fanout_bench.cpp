@@ -44,8 +44,8 @@
 #include <memory>
 #include <vector>
 
-#include "ferry/ferry.hpp"
 #include "ferry/detail/live_ends.hpp"
+#include "ferry/ferry.hpp"
 #include "support/child_process.hpp"
 #include "support/tensor_message.hpp"
 
@@ -203,7 +203,8 @@ void send_only_distributor(benchmark::State& state) {
   auto [tx, rx] = channel<Message>(Transport::ShmRing);
   Distributor<Message> pool(bounded(state.range(0)));
   pool.add(std::move(tx));
-  timed_sends(state, messages, [&pool](Message&& message) { pool.send(std::move(message)); }, rx);
+  timed_sends(
+      state, messages, [&pool](Message&& message) { pool.send(std::move(message)); }, rx);
 }
 
 template <class Messages>
@@ -211,7 +212,8 @@ void send_only_plain(benchmark::State& state) {
   const Messages messages;
   using Message = typename Messages::Message;
   auto [tx, rx] = channel<Message>(Transport::ShmRing);
-  timed_sends(state, messages, [&tx = tx](const Message& message) { tx.send(message); }, rx);
+  timed_sends(
+      state, messages, [&tx = tx](const Message& message) { tx.send(message); }, rx);
 }
 
 // A Distributor's batch and a plain Sender's batch in every iteration, in alternating order.
@@ -300,7 +302,9 @@ const bool registered = [] {
       ->Arg(128)
       ->UseManualTime()
       ->MinTime(0.05);
-  benchmark::RegisterBenchmark("fanout/send_only/plain_tensor", send_only_plain<Tensors>)->UseManualTime()->MinTime(0.05);
+  benchmark::RegisterBenchmark("fanout/send_only/plain_tensor", send_only_plain<Tensors>)
+      ->UseManualTime()
+      ->MinTime(0.05);
   benchmark::RegisterBenchmark("fanout/send_only/paired", send_only_paired<Counted>)
       ->Arg(128)
       ->UseManualTime()

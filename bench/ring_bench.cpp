@@ -32,9 +32,9 @@
 #include <thread>
 #include <vector>
 
-#include "ferry/ferry.hpp"
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/transport.hpp"
+#include "ferry/ferry.hpp"
 #include "ring/ring_end.hpp"
 #include "support/round_trip_times.hpp"
 #include "support/tensor_message.hpp"
@@ -142,20 +142,20 @@ void ping_pong(benchmark::State& state, Transport transport, const ChannelOption
   const ScopedPin pin;
   auto [to_child, child_in] = channel<T>(transport, options);
   auto [child_out, from_child] = channel<T>(transport, options);
-  const pid_t child = fork_peer([&, &to_child = to_child, &child_in = child_in, &child_out = child_out,
-                                 &from_child = from_child] {
-    to_child.detach();
-    from_child.close();
-    child_out.adopt();
-    // The echo holds each message until the next one arrives, as a worker holds its
-    // current batch: a storage it sends back then stays the same Storage (a lease hit).
-    std::optional<T> previous;
-    while (auto message = child_in.recv()) {
-      child_out.send(*message);
-      previous = std::move(message);
-    }
-    child_out.close();
-  });
+  const pid_t child =
+      fork_peer([&, &to_child = to_child, &child_in = child_in, &child_out = child_out, &from_child = from_child] {
+        to_child.detach();
+        from_child.close();
+        child_out.adopt();
+        // The echo holds each message until the next one arrives, as a worker holds its
+        // current batch: a storage it sends back then stays the same Storage (a lease hit).
+        std::optional<T> previous;
+        while (auto message = child_in.recv()) {
+          child_out.send(*message);
+          previous = std::move(message);
+        }
+        child_out.close();
+      });
   child_in.close();
   child_out.detach();
   // Warm-up: maps, the first type-name frame, and every block a steady loop keeps in flight
@@ -234,15 +234,17 @@ class RingFrame {
 void BM_RingFrameRoundTrip(benchmark::State& state) {
   const ScopedPin pin;
   const RingTiming timing{.spin = std::chrono::seconds(1)};
-  auto [to_child, child_in] = detail::make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
-  auto [child_out, from_child] = detail::make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
-  const pid_t child = fork_peer([&, &to_child = to_child, &child_in = child_in, &child_out = child_out,
-                                 &from_child = from_child] {
-    to_child->close();
-    from_child->close();
-    RingFrame echo;
-    while (echo.read(*child_in)) echo.write(*child_out);
-  });
+  auto [to_child, child_in] =
+      detail::make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
+  auto [child_out, from_child] =
+      detail::make_transport(Transport::ShmRing, FrameLimits{}, ChannelOptions{}.ring_capacity, timing);
+  const pid_t child =
+      fork_peer([&, &to_child = to_child, &child_in = child_in, &child_out = child_out, &from_child = from_child] {
+        to_child->close();
+        from_child->close();
+        RingFrame echo;
+        while (echo.read(*child_in)) echo.write(*child_out);
+      });
   child_in->close();
   child_out->close();
   RingFrame frame;
@@ -279,8 +281,8 @@ BENCHMARK(BM_RingRoundTripBytesDefaultSpin)
 // BM_RingRoundTripBytes/bytes:64/spinning:0, where it waits in recv().
 void BM_RingRoundTripViaSelector(benchmark::State& state) {
   const Bytes message(64, 7);
-  ping_pong<Bytes>(state, Transport::ShmRing, ring_options(false, message.size()),
-                   [&]() -> const Bytes& { return message; }, true);
+  ping_pong<Bytes>(
+      state, Transport::ShmRing, ring_options(false, message.size()), [&]() -> const Bytes& { return message; }, true);
 }
 BENCHMARK(BM_RingRoundTripViaSelector)->UseRealTime()->Repetitions(kRepetitions)->ReportAggregatesOnly(true);
 
@@ -324,18 +326,18 @@ void BM_RingStreamBytes(benchmark::State& state) {
   options.ring_capacity = std::max(options.ring_capacity, 4 * size);
   auto [to_child, child_in] = channel<Bytes>(Transport::ShmRing, options);
   auto [child_out, from_child] = channel<int>(Transport::ShmRing, options);
-  const pid_t child = fork_peer([&, &to_child = to_child, &child_in = child_in, &child_out = child_out,
-                                 &from_child = from_child] {
-    to_child.detach();
-    from_child.close();
-    child_out.adopt();
-    int received = 0;
-    while (auto got = child_in.recv()) {
-      benchmark::DoNotOptimize(got->data());
-      if (++received % batch == 0) child_out.send(received);
-    }
-    child_out.close();
-  });
+  const pid_t child =
+      fork_peer([&, &to_child = to_child, &child_in = child_in, &child_out = child_out, &from_child = from_child] {
+        to_child.detach();
+        from_child.close();
+        child_out.adopt();
+        int received = 0;
+        while (auto got = child_in.recv()) {
+          benchmark::DoNotOptimize(got->data());
+          if (++received % batch == 0) child_out.send(received);
+        }
+        child_out.close();
+      });
   child_in.close();
   child_out.detach();
   for (auto _ : state) {
@@ -432,7 +434,9 @@ class SharedPage {
   SharedPage(const SharedPage&) = delete;
   SharedPage& operator=(const SharedPage&) = delete;
   template <class T>
-  T* at(std::size_t offset) const { return reinterpret_cast<T*>(static_cast<char*>(data_) + offset); }
+  T* at(std::size_t offset) const {
+    return reinterpret_cast<T*>(static_cast<char*>(data_) + offset);
+  }
 
  private:
   static constexpr std::size_t kSize = 4096;

@@ -43,7 +43,9 @@ struct Message {
   std::int64_t sequence = 0;
   ferry::Tensor tensor;
   template <class Archive>
-  void serialize(Archive& ar) { ar(sequence, tensor); }
+  void serialize(Archive& ar) {
+    ar(sequence, tensor);
+  }
 };
 
 struct Sample {
@@ -96,10 +98,14 @@ Options parse(int argc, char** argv) {
     } else if (flag == "--samples") {
       options.samples = std::max(2, std::stoi(value));
     } else if (flag == "--transport") {
-      if (value == "pipe") options.transports = {ferry::Transport::Pipe};
-      else if (value == "unix_socket") options.transports = {ferry::Transport::UnixSocket};
-      else if (value == "shm_ring") options.transports = {ferry::Transport::ShmRing};
-      else if (value != "all") usage(("unknown transport " + value).c_str());
+      if (value == "pipe")
+        options.transports = {ferry::Transport::Pipe};
+      else if (value == "unix_socket")
+        options.transports = {ferry::Transport::UnixSocket};
+      else if (value == "shm_ring")
+        options.transports = {ferry::Transport::ShmRing};
+      else if (value != "all")
+        usage(("unknown transport " + value).c_str());
     } else {
       usage(("unknown option " + flag).c_str());
     }
@@ -154,17 +160,20 @@ bool soak(ferry::Transport transport, const Options& options) {
   processed_tx.detach();
   auto wait_processed = [&processed_rx = processed_rx](std::int64_t sequence) {
     auto done = processed_rx.recv();
-    if (!done || *done != sequence) throw ferry::Error("the receiver did not report message " + std::to_string(sequence));
+    if (!done || *done != sequence)
+      throw ferry::Error("the receiver did not report message " + std::to_string(sequence));
   };
 
-  std::printf("\n%s: %lld messages, 1 in %lld with a new 4 KiB shared tensor, 1 in 16 a heap tensor, the rest "
-              "re-sent from 16 live ones\n",
-              std::string(ferry::transport_name(transport)).c_str(), static_cast<long long>(options.messages),
-              static_cast<long long>(options.new_every));
+  std::printf(
+      "\n%s: %lld messages, 1 in %lld with a new 4 KiB shared tensor, 1 in 16 a heap tensor, the rest "
+      "re-sent from 16 live ones\n",
+      std::string(ferry::transport_name(transport)).c_str(), static_cast<long long>(options.messages),
+      static_cast<long long>(options.new_every));
   std::printf("%10s %15s %11s %17s %13s %10s\n", "messages", "sender_rss_kb", "sender_fds", "receiver_rss_kb",
               "receiver_fds", "msg/s");
   std::vector<ferry::Tensor> live;
-  for (int i = 0; i < 16; ++i) live.push_back(ferry::Tensor::zeros({512}, ferry::DType::Int64, ferry::Device::SharedCpu));
+  for (int i = 0; i < 16; ++i)
+    live.push_back(ferry::Tensor::zeros({512}, ferry::DType::Int64, ferry::Device::SharedCpu));
   std::vector<Sample> samples;
   auto window_start = Clock::now();
   const auto start = window_start;
@@ -213,12 +222,13 @@ bool soak(ferry::Transport transport, const Options& options) {
   const long slack_kb = static_cast<long>(options.rss_slack_mb * 1024);
   const bool fds_flat = last.sender_fds == warm.sender_fds && last.receiver_fds == warm.receiver_fds;
   const bool rss_flat = sender_growth < slack_kb && receiver_growth < slack_kb;
-  std::printf("%s: %.1f s, %.0f msg/s; after warm-up: RSS %+ld KiB (sender) %+ld KiB (receiver), fds %+ld / %+ld; "
-              "receiver %s -> %s\n",
-              std::string(ferry::transport_name(transport)).c_str(), total_seconds,
-              static_cast<double>(options.messages) / total_seconds, sender_growth, receiver_growth,
-              last.sender_fds - warm.sender_fds, last.receiver_fds - warm.receiver_fds,
-              receiver_ok ? "ok" : "FAILED", fds_flat && rss_flat && receiver_ok ? "FLAT" : "NOT FLAT");
+  std::printf(
+      "%s: %.1f s, %.0f msg/s; after warm-up: RSS %+ld KiB (sender) %+ld KiB (receiver), fds %+ld / %+ld; "
+      "receiver %s -> %s\n",
+      std::string(ferry::transport_name(transport)).c_str(), total_seconds,
+      static_cast<double>(options.messages) / total_seconds, sender_growth, receiver_growth,
+      last.sender_fds - warm.sender_fds, last.receiver_fds - warm.receiver_fds, receiver_ok ? "ok" : "FAILED",
+      fds_flat && rss_flat && receiver_ok ? "FLAT" : "NOT FLAT");
   return fds_flat && rss_flat && receiver_ok;
 }
 

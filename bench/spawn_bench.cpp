@@ -50,7 +50,9 @@ struct Batch {
   std::int64_t step = 0;
   ferry::Tensor data;
   template <class Archive>
-  void serialize(Archive& ar) { ar(step, data); }
+  void serialize(Archive& ar) {
+    ar(step, data);
+  }
 };
 
 // The transform stage: stamps each batch in place (first element := step) and passes it on.

@@ -36,8 +36,8 @@
 #include <string>
 #include <vector>
 
-#include "ferry/ferry.hpp"
 #include "ferry/detail/mapping.hpp"
+#include "ferry/ferry.hpp"
 #include "support/child_process.hpp"
 #include "support/round_trip_times.hpp"
 
@@ -218,7 +218,9 @@ void raw_fd_mmap_round_trip(benchmark::State& state, std::size_t size, bool fres
 struct TensorMessage {
   Tensor tensor;
   template <class Archive>
-  void serialize(Archive& ar) { ar(tensor); }
+  void serialize(Archive& ar) {
+    ar(tensor);
+  }
 };
 
 // The two ends of a ping-pong: the parent's (sends Out, receives In) and the child's. Two
@@ -336,9 +338,9 @@ const bool registered = [] {
         ->Iterations(new_storage_iterations(size));
     // Not a goal's baseline: the same with a socketpair per direction, to tell how much of a
     // difference to ferry (two channels) is the link's shape.
-    benchmark::RegisterBenchmark(("roundtrip/raw/unix_socket/fd_mmap_new_pair_per_direction/" + std::to_string(size)).c_str(),
-                                 raw_fd_mmap_round_trip, static_cast<std::size_t>(size), true,
-                                 RawShape::SocketpairPerDirection)
+    benchmark::RegisterBenchmark(
+        ("roundtrip/raw/unix_socket/fd_mmap_new_pair_per_direction/" + std::to_string(size)).c_str(),
+        raw_fd_mmap_round_trip, static_cast<std::size_t>(size), true, RawShape::SocketpairPerDirection)
         ->Iterations(new_storage_iterations(size));
   }
   // Ping and pong over two channels (pipe, unix_socket), or over one duplex connection

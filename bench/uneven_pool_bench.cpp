@@ -23,9 +23,9 @@
 #include <thread>
 #include <vector>
 
-#include "ferry/ferry.hpp"
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "ferry/ferry.hpp"
 #include "support/child_process.hpp"
 
 namespace ferry::bench::uneven_pool {
@@ -113,7 +113,8 @@ void distributor(benchmark::State& state, bool paced) {
     pool.close();
     children.clear();
   }
-  state.counters["slow_jobs"] = benchmark::Counter(static_cast<double>(slow_jobs) / static_cast<double>(state.iterations()));
+  state.counters["slow_jobs"] =
+      benchmark::Counter(static_cast<double>(slow_jobs) / static_cast<double>(state.iterations()));
 }
 
 void raw_queue(benchmark::State& state) {
@@ -144,7 +145,8 @@ void raw_queue(benchmark::State& state) {
     for (int w = 0; w < kWorkers; ++w) write_all(jobs.write.get(), &kStop, sizeof kStop);
     children.clear();
   }
-  state.counters["slow_jobs"] = benchmark::Counter(static_cast<double>(slow_jobs) / static_cast<double>(state.iterations()));
+  state.counters["slow_jobs"] =
+      benchmark::Counter(static_cast<double>(slow_jobs) / static_cast<double>(state.iterations()));
 }
 
 [[maybe_unused]] const bool registered = [] {

@@ -31,7 +31,9 @@ struct Config {
   std::int64_t batches = 0;
   std::int64_t pool = 0;
   template <class Archive>
-  void serialize(Archive& ar) { ar(elements, batches, pool); }
+  void serialize(Archive& ar) {
+    ar(elements, batches, pool);
+  }
 };
 
 struct Batch {
@@ -42,7 +44,9 @@ struct Batch {
   std::int64_t transform_in_ns = 0;  // transform received it
   std::int64_t transformed_ns = 0;   // transform sent it on
   template <class Archive>
-  void serialize(Archive& ar) { ar(step, data, fill_start_ns, sent_ns, transform_in_ns, transformed_ns); }
+  void serialize(Archive& ar) {
+    ar(step, data, fill_start_ns, sent_ns, transform_in_ns, transformed_ns);
+  }
 };
 
 std::int32_t expected(std::int64_t step, std::int64_t i) { return static_cast<std::int32_t>((step + i) & 0x3fffffff); }
@@ -116,7 +120,9 @@ struct Samples {
   void print(const char* name) {
     std::sort(us.begin(), us.end());
     const double mean = std::accumulate(us.begin(), us.end(), 0.0) / static_cast<double>(us.size());
-    auto at = [&](double q) { return us[std::min(us.size() - 1, static_cast<std::size_t>(q * static_cast<double>(us.size())))]; };
+    auto at = [&](double q) {
+      return us[std::min(us.size() - 1, static_cast<std::size_t>(q * static_cast<double>(us.size())))];
+    };
     std::printf("    %-24s %10.1f %10.1f %10.1f\n", name, mean, at(0.5), at(0.99));
   }
 };

@@ -14,9 +14,12 @@
 struct Batch {
   std::int64_t step = 0;
   std::string tag;
-  ferry::Tensor images;               // tensors can sit anywhere inside a message
+  ferry::Tensor images;  // tensors can sit anywhere inside a message
   std::vector<ferry::Tensor> extra;
-  template <class Archive> void serialize(Archive& ar) { ar(step, tag, images, extra); }
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(step, tag, images, extra);
+  }
 };
 
 // A worker: receives batches until the stream ends. Its writes land in the sender's memory.

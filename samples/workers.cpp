@@ -24,7 +24,9 @@ struct Job {
   std::int64_t id = 0;
   ferry::Tensor input;  // a slice of the dispatcher's shared data
   template <class Archive>
-  void serialize(Archive& ar) { ar(id, input); }
+  void serialize(Archive& ar) {
+    ar(id, input);
+  }
 };
 
 struct Result {
@@ -32,7 +34,9 @@ struct Result {
   int rank = 0;
   double sum_of_squares = 0;
   template <class Archive>
-  void serialize(Archive& ar) { ar(id, rank, sum_of_squares); }
+  void serialize(Archive& ar) {
+    ar(id, rank, sum_of_squares);
+  }
 };
 
 double sum_of_squares(const ferry::Tensor& input) {
@@ -121,8 +125,8 @@ int run(int argc, char** argv) {
       }
       const double expected = sum_of_squares(data.select(0, result->id));
       wrong += result->sum_of_squares == expected ? 0 : 1;
-      std::printf("  job %3lld -> worker %d: sum of squares %.1f%s\n", static_cast<long long>(result->id),
-                  result->rank, result->sum_of_squares, result->sum_of_squares == expected ? "" : "  (WRONG)");
+      std::printf("  job %3lld -> worker %d: sum of squares %.1f%s\n", static_cast<long long>(result->id), result->rank,
+                  result->sum_of_squares, result->sum_of_squares == expected ? "" : "  (WRONG)");
       ++completed;
       dispatch(rank);
     }

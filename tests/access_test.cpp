@@ -12,9 +12,9 @@
 #include <cstring>
 #include <string>
 
-#include "ferry/ferry.hpp"
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/detail/return_board.hpp"
+#include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 

@@ -35,7 +35,9 @@ struct Batch {
   std::int64_t step = 0;
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(step, tensors); }
+  void serialize(Archive& ar) {
+    ar(step, tensors);
+  }
 };
 
 class AllocChannelTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
@@ -98,7 +100,7 @@ TEST_P(AllocChannelTest, NewTensorsInRecycledBlocksNeedNoNewSegments) {
   SharedMemoryStats warm;
   for (int step = 0; step < kSteps; ++step) {
     if (step == 10) warm = pool.stats();
-    Batch batch{step, {filled(pool, kMiB / 4, step)}};  // 1 MiB: a segment of its own
+    Batch batch{step, {filled(pool, kMiB / 4, step)}};                               // 1 MiB: a segment of its own
     for (int i = 0; i < 10; ++i) batch.tensors.push_back(filled(pool, 1024, step));  // 4 KiB blocks
     data.tx.send(batch);
     ASSERT_EQ(reply.rx.recv().value(), step);
@@ -119,7 +121,8 @@ TEST_P(AllocChannelTest, HundredSmallTensorsShareOneSegment) {
     for (int round = 0; round < 3; ++round) {
       auto batch = data.rx.recv();
       CHILD_CHECK(batch.has_value() && batch->tensors.size() == 100);
-      for (std::size_t i = 0; i < 100; ++i) CHILD_CHECK(all_equal(batch->tensors[i], round * 100 + static_cast<int>(i)));
+      for (std::size_t i = 0; i < 100; ++i)
+        CHILD_CHECK(all_equal(batch->tensors[i], round * 100 + static_cast<int>(i)));
       CHILD_CHECK(detail::EndAccess::core(data.rx).leased_segments() == 1);
       CHILD_CHECK(test::count_ferry_mappings() == 1);
     }
@@ -212,7 +215,7 @@ TEST_P(AllocChannelTest, ReceivedStorageKeepsItsIdentityWhileLeasedAndItsBlockCo
       CHILD_CHECK(t.data_ptr() == first_data);
       CHILD_CHECK(detail::EndAccess::core(data.rx).leased() == 1);
       reply.tx.send(round);
-    }  // every tensor of the storage is dropped here, after each round
+    }                            // every tensor of the storage is dropped here, after each round
     auto last = data.rx.recv();  // releases the first storage's slot before resolving its own
     CHILD_CHECK(last.has_value() && last->step == kRounds && all_equal(last->tensors.at(0), 6));
     CHILD_CHECK(detail::EndAccess::core(data.rx).leased() == 1);
@@ -227,7 +230,8 @@ TEST_P(AllocChannelTest, ReceivedStorageKeepsItsIdentityWhileLeasedAndItsBlockCo
       data.tx.send(Batch{round, {shared}});
       ASSERT_EQ(reply.rx.recv().value(), round);
     }
-    EXPECT_EQ(detail::EndAccess::core(data.tx).storages_passed(), 1u) << "a storage the receiver leases travels as its slot";
+    EXPECT_EQ(detail::EndAccess::core(data.tx).storages_passed(), 1u)
+        << "a storage the receiver leases travels as its slot";
   }  // the sender's last reference dies: the next frame announces the release
   const Tensor next = filled(pool, 1024, 6);
   data.tx.send(Batch{kRounds, {next}});
@@ -394,7 +398,9 @@ struct Stamped {
   std::vector<std::int64_t> stamps;
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(step, stamps, tensors); }
+  void serialize(Archive& ar) {
+    ar(step, stamps, tensors);
+  }
 };
 
 bool stamped(const Tensor& t, std::int64_t stamp) { return all_equal<std::int64_t>(t, stamp); }
@@ -424,7 +430,8 @@ TEST_P(AllocChannelTest, RandomSendsDropsAndEchoesNeverShowARecycledBlock) {
         if (random() % 3 == 0) held.emplace_back(message->stamps[i], message->tensors[i]);
       }
       for (const auto& [stamp, t] : held) CHILD_CHECK(stamped(t, stamp));
-      while (!held.empty() && random() % 4 == 0) held.erase(held.begin() + static_cast<std::ptrdiff_t>(random() % held.size()));
+      while (!held.empty() && random() % 4 == 0)
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(random() % held.size()));
       if (message->step < 0) {  // a sync: echo some held tensors back
         Stamped echo{message->step, {}, {}};
         for (const auto& [stamp, t] : held) {
@@ -466,8 +473,10 @@ TEST_P(AllocChannelTest, RandomSendsDropsAndEchoesNeverShowARecycledBlock) {
         message.tensors.push_back(t);
       }
       data.tx.send(message);
-      while (!live.empty() && random() % 3 == 0) live.erase(live.begin() + static_cast<std::ptrdiff_t>(random() % live.size()));
-      while (!echoed.empty() && random() % 3 == 0) echoed.erase(echoed.begin() + static_cast<std::ptrdiff_t>(random() % echoed.size()));
+      while (!live.empty() && random() % 3 == 0)
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(random() % live.size()));
+      while (!echoed.empty() && random() % 3 == 0)
+        echoed.erase(echoed.begin() + static_cast<std::ptrdiff_t>(random() % echoed.size()));
     }
     data.tx.send(Stamped{-1 - round, {}, {}});
     auto echo = back.rx.recv();
@@ -661,7 +670,6 @@ TEST_P(AllocChannelTest, IsolatedChannelPassesOnlyItsPoolsSegments) {
   EXPECT_TRUE(child_succeeded(child));
 }
 
-
 // Forwarding. A sends a block to B, B forwards it to C (the same storage, passed on), and B
 // dies while C still views it: C registered as a holder on A's connection too, so A keeps
 // the block while C lives and holds what came through B, and C never sees it change.
@@ -731,7 +739,7 @@ TEST_P(AllocChannelTest, ForwarderKilledWhileAThirdProcessHoldsTheBlockLeavesItI
   bc.rx.close();
   held.tx.detach();
   go.rx.close();
-  const Tensor anchor = filled(pool, 1024, 1);  // keeps the slab from going idle
+  const Tensor anchor = filled(pool, 1024, 1);    // keeps the slab from going idle
   ab.tx.send(Batch{0, {filled(pool, 1024, 7)}});  // A's own tensor dies here: only the pins keep it
   ASSERT_EQ(held.rx.recv().value(), 1);
   ::kill(b, SIGKILL);
@@ -742,7 +750,8 @@ TEST_P(AllocChannelTest, ForwarderKilledWhileAThirdProcessHoldsTheBlockLeavesItI
   go.tx.send(1);
   ASSERT_EQ(held.rx.recv().value(), 2);
   pool.trim();  // C let go: it unregistered from A's connection
-  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 0u) << "A kept the dead forwarder's block after C let go of it";
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 0u)
+      << "A kept the dead forwarder's block after C let go of it";
   go.tx.send(2);
   EXPECT_TRUE(child_succeeded(c)) << "C saw its block recycled by A after B died";
   ab.tx.close();
@@ -750,7 +759,8 @@ TEST_P(AllocChannelTest, ForwarderKilledWhileAThirdProcessHoldsTheBlockLeavesItI
 
 // The same with A's board reaching C on two connections from B: C stays registered while
 // it still holds a block of either, and A reclaims once C let go of both.
-TEST_P(AllocChannelTest, ProcessDownstreamStaysRegisteredUpstreamWhileItHoldsABlockOfEitherConnectionThatBroughtTheBoard) {
+TEST_P(AllocChannelTest,
+       ProcessDownstreamStaysRegisteredUpstreamWhileItHoldsABlockOfEitherConnectionThatBroughtTheBoard) {
   SharedAllocator pool;
   Ends<Batch> ab(GetParam());
   Ends<Batch> bc1(GetParam());
@@ -804,7 +814,8 @@ TEST_P(AllocChannelTest, ProcessDownstreamStaysRegisteredUpstreamWhileItHoldsABl
   go.tx.send(1);
   ASSERT_EQ(held.rx.recv().value(), 2);
   pool.trim();
-  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 2u) << "C still holds a block that came on the second connection";
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 2u)
+      << "C still holds a block that came on the second connection";
   const std::vector<Tensor> reuse = allocate_over(pool);
   go.tx.send(2);
   ASSERT_EQ(held.rx.recv().value(), 3);
@@ -843,7 +854,7 @@ TEST_P(AllocChannelTest, ProcessThatHandedAForwardedBlockToAForkedWorkerStaysReg
         result.tx.send(all_equal(got.tensors.at(0), 7) ? 1 : 0);
       });
       bc.rx.detach();  // handed over to W
-    }  // C's copy of the block dies: nothing that came through A's board lives in C any more
+    }                  // C's copy of the block dies: nothing that came through A's board lives in C any more
     detach_each(go.rx, result.tx);
     held.tx.send(1);
     CHILD_CHECK(done.rx.recv().value() == 1);
@@ -871,7 +882,8 @@ TEST_P(AllocChannelTest, ProcessThatHandedAForwardedBlockToAForkedWorkerStaysReg
   ::kill(b, SIGKILL);
   ASSERT_EQ(test::wait_child(b).signal, SIGKILL);
   pool.trim();  // B is dead; C lives, registered for W
-  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 1u) << "C let go of A's board before W took the block over";
+  EXPECT_EQ(detail::EndAccess::core(ab.tx).pinned_storages(), 1u)
+      << "C let go of A's board before W took the block over";
   const std::vector<Tensor> reuse = allocate_over(pool);
   go.tx.send(1);
   EXPECT_EQ(result.rx.recv().value(), 1) << "W saw its block recycled by A";
@@ -1107,7 +1119,8 @@ TEST_P(AllocChannelTest, FrameThatIntroducesOnlyAnUpstreamBoardIsReadableAfterIt
     CHILD_CHECK(go.rx.recv().value() == 1);
     ba.tx.send(a2.rx.recv().value());
     // The receiver has not read the second frame yet: its board is what close() waits for.
-    CHILD_CHECK(detail::EndAccess::core(ba.tx).writer().capabilities().passes_fds || detail::EndAccess::core(ba.tx).segments_awaiting_acknowledgement() == 1);
+    CHILD_CHECK(detail::EndAccess::core(ba.tx).writer().capabilities().passes_fds ||
+                detail::EndAccess::core(ba.tx).segments_awaiting_acknowledgement() == 1);
     sent.tx.send(1);
     ba.tx.close();
   });
@@ -1243,10 +1256,10 @@ TEST_P(AllocChannelTest, LongLivedForwardingConnectionLetsGoOfTheBoardsOfUpstrea
 // D passes on to E is not held on A's connection for E, and once B, C and D are gone A
 // recycles it under E. `when`: when C forwards the second block.
 enum class SecondBlock {
-  BeforeTheFirstDied,    // before D dropped the first
-  WhileTheFirstDies,     // in the frame whose encoding collects D's return of the first (the
-                         // object of X that C passed dies while that frame is encoded)
-  AfterXWasRetired,      // once C retired X (it died with the first): C passes X again
+  BeforeTheFirstDied,  // before D dropped the first
+  WhileTheFirstDies,   // in the frame whose encoding collects D's return of the first (the
+                       // object of X that C passed dies while that frame is encoded)
+  AfterXWasRetired,    // once C retired X (it died with the first): C passes X again
 };
 void forward_a_board_that_came_on_two_connections(Transport transport, SecondBlock when) {
   SharedAllocator pool;

@@ -31,7 +31,9 @@ namespace {
 struct Message {
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(tensors); }
+  void serialize(Archive& ar) {
+    ar(tensors);
+  }
 };
 
 // A frame as a transport would carry it: bytes, plus duplicates of the fds passed with it.
@@ -55,8 +57,8 @@ struct CapturedFrame {
   // The handle table starts after the type name and the segment table.
   void edit_handle(std::size_t index, const std::function<void(detail::HandleEntry&)>& change) {
     edit<detail::HandleEntry>(header.type_name_bytes + header.segment_count * sizeof(detail::SegmentEntry) +
-                          index * sizeof(detail::HandleEntry),
-                      change);
+                                  index * sizeof(detail::HandleEntry),
+                              change);
   }
   detail::HandleEntry handle(std::size_t index) {
     detail::HandleEntry entry;
@@ -68,7 +70,7 @@ struct CapturedFrame {
 class FrameLoopback {
  public:
   explicit FrameLoopback(detail::HandlePassing passing = detail::HandlePassing::FdPassing,
-                    std::optional<SharedAllocator> pool = std::nullopt)
+                         std::optional<SharedAllocator> pool = std::nullopt)
       : encoder_(passing, std::move(pool)) {}
 
   CapturedFrame send(const Message& message) {
@@ -346,7 +348,8 @@ std::shared_ptr<detail::ReturnBoard> another_object_of(const detail::ReturnBoard
   detail::UniqueFd fd(::fcntl(board.fd(), F_DUPFD_CLOEXEC, 0));
   if (!fd) throw std::runtime_error("F_DUPFD_CLOEXEC failed");
   const detail::SharedMemory::Received file = detail::SharedMemory::inspect_received(fd.get());
-  return detail::ReturnBoard::open_received(detail::SharedMemory::map_received(std::move(fd), file, detail::ReturnBoard::bytes()));
+  return detail::ReturnBoard::open_received(
+      detail::SharedMemory::map_received(std::move(fd), file, detail::ReturnBoard::bytes()));
 }
 
 // How many places of `board` hold `process`.
@@ -514,20 +517,28 @@ void expect_refused(const std::function<void(CapturedFrame&)>& tamper, const std
 TEST_F(BlockWireTest, HostileBlockEntriesAreProtocolErrorsNamingTheField) {
   const std::uint64_t segment_bytes = SharedAllocator::global().settings().segment_bytes;
   // A block reaching past the end of its segment.
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [&](detail::HandleEntry& e) { e.offset = segment_bytes - 16; }); }, "offset");
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [&](detail::HandleEntry& e) { e.nbytes = segment_bytes + 1; }); }, "nbytes");
+  expect_refused(
+      [&](CapturedFrame& w) { w.edit_handle(0, [&](detail::HandleEntry& e) { e.offset = segment_bytes - 16; }); },
+      "offset");
+  expect_refused(
+      [&](CapturedFrame& w) { w.edit_handle(0, [&](detail::HandleEntry& e) { e.nbytes = segment_bytes + 1; }); },
+      "nbytes");
   // offset + nbytes overflowing 64 bits must not wrap around into the segment.
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.offset = ~std::uint64_t{0} - 8; }); },
-                 "offset");
+  expect_refused(
+      [&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.offset = ~std::uint64_t{0} - 8; }); },
+      "offset");
   expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.nbytes = 0; }); }, "nbytes");
-  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.segment_slot = 7; }); }, "segment_slot");
+  expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.segment_slot = 7; }); },
+                 "segment_slot");
   expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.kind = 9; }); }, "kind");
   // A block smaller than the tensor that views it: the view check refuses it.
   expect_refused([&](CapturedFrame& w) { w.edit_handle(0, [](detail::HandleEntry& e) { e.nbytes = 64; }); },
                  "storage has only 64 bytes");
   // A segment entry claiming another size than its memfd has (entry 0 is the return board).
-  expect_refused([&](CapturedFrame& w) { w.edit_segment(1, [](detail::SegmentEntry& e) { e.size += 4096; }); }, "bytes");
-  expect_refused([&](CapturedFrame& w) { w.edit_segment(0, [](detail::SegmentEntry& e) { e.size += 4096; }); }, "return board");
+  expect_refused([&](CapturedFrame& w) { w.edit_segment(1, [](detail::SegmentEntry& e) { e.size += 4096; }); },
+                 "bytes");
+  expect_refused([&](CapturedFrame& w) { w.edit_segment(0, [](detail::SegmentEntry& e) { e.size += 4096; }); },
+                 "return board");
 }
 
 TEST_F(BlockWireTest, LeasedEntryWithAnotherSizeIsRefused) {

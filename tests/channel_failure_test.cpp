@@ -27,7 +27,9 @@ struct IndexedTensor {
   std::int64_t index = 0;
   Tensor data;
   template <class Archive>
-  void serialize(Archive& ar) { ar(index, data); }
+  void serialize(Archive& ar) {
+    ar(index, data);
+  }
 };
 
 class PeerDeathTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
@@ -98,7 +100,8 @@ TEST_P(PeerDeathTest, SenderToABrokenReceiverFailsInsteadOfBlocking) {
   options.peer_check_interval = 20ms;
   ChannelOptions strict = options;
   strict.limits.max_body_bytes = 1024;
-  auto [writer, reader] = detail::make_transport(GetParam(), strict.limits, options.ring_capacity, options.ring_timing());
+  auto [writer, reader] =
+      detail::make_transport(GetParam(), strict.limits, options.ring_capacity, options.ring_timing());
   auto tx = detail::sender_over<std::vector<std::uint8_t>>(std::move(writer), GetParam(), options);
   auto rx = detail::receiver_over<std::vector<std::uint8_t>>(std::move(reader), GetParam(), strict);
   auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
@@ -261,23 +264,23 @@ TEST_P(PeerDeathTest, SenderWithPinnedTensorsDroppedByAnExceptionIsPeerDiedWhile
   auto [tx, rx] = channel<IndexedTensor>(GetParam());
   auto [ack_tx, ack_rx] = channel<int>(Transport::Pipe);
   auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
-  const pid_t child = fork_child([&, &rx = rx, &tx = tx, &ack_tx = ack_tx, &ack_rx = ack_rx, &done_tx = done_tx,
-                                  &done_rx = done_rx] {
-    rx.close();
-    ack_tx.detach();
-    done_tx.detach();
-    tx.adopt();
-    const Tensor kept = Tensor::zeros({1024}, DType::Float32, Device::SharedCpu);
-    try {
-      Sender<IndexedTensor> stage = std::move(tx);
-      stage.send(IndexedTensor{1, kept});
-      CHILD_CHECK(ack_rx.recv().has_value());  // the receiver holds the storage now
-      stage.send(IndexedTensor{2, kept});
-      throw std::runtime_error("the stage failed");
-    } catch (const std::runtime_error&) {
-    }
-    (void)done_rx.recv();  // lives on until the parent saw the failure
-  });
+  const pid_t child =
+      fork_child([&, &rx = rx, &tx = tx, &ack_tx = ack_tx, &ack_rx = ack_rx, &done_tx = done_tx, &done_rx = done_rx] {
+        rx.close();
+        ack_tx.detach();
+        done_tx.detach();
+        tx.adopt();
+        const Tensor kept = Tensor::zeros({1024}, DType::Float32, Device::SharedCpu);
+        try {
+          Sender<IndexedTensor> stage = std::move(tx);
+          stage.send(IndexedTensor{1, kept});
+          CHILD_CHECK(ack_rx.recv().has_value());  // the receiver holds the storage now
+          stage.send(IndexedTensor{2, kept});
+          throw std::runtime_error("the stage failed");
+        } catch (const std::runtime_error&) {
+        }
+        (void)done_rx.recv();  // lives on until the parent saw the failure
+      });
   tx.detach();
   ack_rx.close();
   done_rx.close();

@@ -2,16 +2,16 @@
 // dtype, views, zero copy, the cache hit, end of stream and timeouts.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <sys/socket.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <fstream>
-#include <numeric>
 #include <limits>
+#include <numeric>
 #include <thread>
 
 #include "ferry/detail/frame_channel.hpp"
@@ -34,7 +34,9 @@ struct TrainingBatch {
   Tensor images;
   std::vector<Tensor> extra;
   template <class Archive>
-  void serialize(Archive& ar) { ar(step, tag, images, extra); }
+  void serialize(Archive& ar) {
+    ar(step, tag, images, extra);
+  }
 };
 
 class ChannelTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
@@ -50,16 +52,56 @@ Tensor patterned(DType dtype, const Shape& shape, int seed) {
     const int v = static_cast<int>((i * 7 + seed) % 100);
     std::byte* at = bytes + static_cast<std::size_t>(i) * t.element_size();
     switch (dtype) {
-      case DType::Bool: { const bool b = v % 2; std::memcpy(at, &b, 1); break; }
-      case DType::UInt8: { const auto x = static_cast<std::uint8_t>(v); std::memcpy(at, &x, 1); break; }
-      case DType::Int8: { const auto x = static_cast<std::int8_t>(v); std::memcpy(at, &x, 1); break; }
-      case DType::Int16: { const auto x = static_cast<std::int16_t>(v); std::memcpy(at, &x, 2); break; }
-      case DType::Int32: { const auto x = static_cast<std::int32_t>(v); std::memcpy(at, &x, 4); break; }
-      case DType::Int64: { const auto x = static_cast<std::int64_t>(v); std::memcpy(at, &x, 8); break; }
-      case DType::Float16: { const Half x(static_cast<float>(v)); std::memcpy(at, &x, 2); break; }
-      case DType::BFloat16: { const BFloat16 x(static_cast<float>(v)); std::memcpy(at, &x, 2); break; }
-      case DType::Float32: { const auto x = static_cast<float>(v); std::memcpy(at, &x, 4); break; }
-      case DType::Float64: { const auto x = static_cast<double>(v); std::memcpy(at, &x, 8); break; }
+      case DType::Bool: {
+        const bool b = v % 2;
+        std::memcpy(at, &b, 1);
+        break;
+      }
+      case DType::UInt8: {
+        const auto x = static_cast<std::uint8_t>(v);
+        std::memcpy(at, &x, 1);
+        break;
+      }
+      case DType::Int8: {
+        const auto x = static_cast<std::int8_t>(v);
+        std::memcpy(at, &x, 1);
+        break;
+      }
+      case DType::Int16: {
+        const auto x = static_cast<std::int16_t>(v);
+        std::memcpy(at, &x, 2);
+        break;
+      }
+      case DType::Int32: {
+        const auto x = static_cast<std::int32_t>(v);
+        std::memcpy(at, &x, 4);
+        break;
+      }
+      case DType::Int64: {
+        const auto x = static_cast<std::int64_t>(v);
+        std::memcpy(at, &x, 8);
+        break;
+      }
+      case DType::Float16: {
+        const Half x(static_cast<float>(v));
+        std::memcpy(at, &x, 2);
+        break;
+      }
+      case DType::BFloat16: {
+        const BFloat16 x(static_cast<float>(v));
+        std::memcpy(at, &x, 2);
+        break;
+      }
+      case DType::Float32: {
+        const auto x = static_cast<float>(v);
+        std::memcpy(at, &x, 4);
+        break;
+      }
+      case DType::Float64: {
+        const auto x = static_cast<double>(v);
+        std::memcpy(at, &x, 8);
+        break;
+      }
     }
   }
   return t;
@@ -98,9 +140,9 @@ TEST_P(ChannelTest, EveryDTypeAndViewRoundTripsAcrossProcesses) {
   TrainingBatch batch{3, "dtypes", patterned(DType::Float32, {4, 6, 8}, 99), {}};
   for (const Tensor& t : originals) {
     batch.extra.push_back(t);
-    batch.extra.push_back(t.transpose(0, 1));         // non-contiguous
-    batch.extra.push_back(t.slice(0, 1, 5, 2));       // offset and step
-    batch.extra.push_back(t.select(1, 3));            // offset, dimension removed
+    batch.extra.push_back(t.transpose(0, 1));    // non-contiguous
+    batch.extra.push_back(t.slice(0, 1, 5, 2));  // offset and step
+    batch.extra.push_back(t.select(1, 3));       // offset, dimension removed
   }
   batch.extra.push_back(batch.images.slice(2, 1, 7).transpose(0, 2));
   const TrainingBatch expected = batch;
@@ -133,23 +175,23 @@ TEST_P(ChannelTest, SharedTensorIsZeroCopyInBothDirections) {
   auto [to_parent, from_child] = channel<int>(GetParam());
   Tensor shared = Tensor::zeros({1024}, DType::Int32, Device::SharedCpu);
 
-  const pid_t child = fork_child([&, &to_child = to_child, &from_parent = from_parent, &to_parent = to_parent,
-                                  &from_child = from_child] {
-    to_child.detach();
-    from_child.close();
-    to_parent.adopt();
-    auto batch = from_parent.recv();
-    CHILD_CHECK(batch.has_value());
-    Tensor view_a = batch->extra.at(0);
-    Tensor view_b = batch->extra.at(1);
-    CHILD_CHECK(view_a.shares_storage_with(view_b));
-    view_a.at<std::int32_t>({10}) = 77;                  // write through one view ...
-    CHILD_CHECK(view_b.at<std::int32_t>({5}) == 77);     // ... seen through the other (offset 5)
-    to_parent.send(1);                                    // parent: read 77, then write 42
-    CHILD_CHECK(from_parent.recv().value().step == 2);    // parent wrote
-    CHILD_CHECK(batch->images.at<std::int32_t>({1000}) == 42);
-    to_parent.close();
-  });
+  const pid_t child = fork_child(
+      [&, &to_child = to_child, &from_parent = from_parent, &to_parent = to_parent, &from_child = from_child] {
+        to_child.detach();
+        from_child.close();
+        to_parent.adopt();
+        auto batch = from_parent.recv();
+        CHILD_CHECK(batch.has_value());
+        Tensor view_a = batch->extra.at(0);
+        Tensor view_b = batch->extra.at(1);
+        CHILD_CHECK(view_a.shares_storage_with(view_b));
+        view_a.at<std::int32_t>({10}) = 77;                 // write through one view ...
+        CHILD_CHECK(view_b.at<std::int32_t>({5}) == 77);    // ... seen through the other (offset 5)
+        to_parent.send(1);                                  // parent: read 77, then write 42
+        CHILD_CHECK(from_parent.recv().value().step == 2);  // parent wrote
+        CHILD_CHECK(batch->images.at<std::int32_t>({1000}) == 42);
+        to_parent.close();
+      });
   from_parent.close();
   to_parent.detach();
   to_child.send(TrainingBatch{1, "", shared, {shared.slice(0, 0, 512), shared.slice(0, 5, 600)}});
@@ -392,8 +434,9 @@ TEST_P(ChannelTest, SendRefusesABodyAboveTheChannelsLimitAndStaysUsable) {
   } catch (const ChannelClosed& error) {
     ADD_FAILURE() << "the sender's own oversized message was blamed on the receiver: " << error.what();
   } catch (const Error& error) {
-    EXPECT_NE(std::string(error.what()).find("above the channel's limit of 1024 (ChannelOptions::limits.max_body_bytes"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(error.what()).find("above the channel's limit of 1024 (ChannelOptions::limits.max_body_bytes"),
+        std::string::npos)
         << error.what();
   }
   ASSERT_TRUE(tx.is_open());
@@ -408,7 +451,9 @@ template <class T>
 struct NestedInATemplateWhoseLongNameMakesTheTypeNameGrowQuickly {
   T inner{};
   template <class Archive>
-  void serialize(Archive& ar) { ar(inner); }
+  void serialize(Archive& ar) {
+    ar(inner);
+  }
 };
 template <class T, int Levels>
 struct Nesting {
@@ -422,9 +467,13 @@ using LongNamed = Nesting<int, 100>::type;
 using OtherLongNamed = Nesting<long, 100>::type;  // the same name up to its last few bytes
 
 template <class T>
-T& innermost(T& value) { return value; }
+T& innermost(T& value) {
+  return value;
+}
 template <class T>
-auto& innermost(NestedInATemplateWhoseLongNameMakesTheTypeNameGrowQuickly<T>& value) { return innermost(value.inner); }
+auto& innermost(NestedInATemplateWhoseLongNameMakesTheTypeNameGrowQuickly<T>& value) {
+  return innermost(value.inner);
+}
 
 TEST_P(ChannelTest, ATypeWhoseNameIsLongerThanTheLimitIsStillSendable) {
   ASSERT_GT(detail::type_name<LongNamed>().size(), FrameLimits{}.max_type_name_bytes);
@@ -603,7 +652,9 @@ struct Bulky {
   std::vector<std::uint8_t> bytes;  // larger than a pipe's buffer: writes block part way
   Tensor tensor;
   template <class Archive>
-  void serialize(Archive& ar) { ar(step, bytes, tensor); }
+  void serialize(Archive& ar) {
+    ar(step, bytes, tensor);
+  }
 };
 
 TEST_P(ChannelTest, SignalsThatInterruptSystemCallsLoseNothing) {
@@ -677,7 +728,6 @@ TEST_P(ChannelTest, ChannelsWorkBetweenThreadsOfOneProcess) {
   EXPECT_EQ(received, 200);
 }
 
-
 // ---- streams grow to hold a large frame whole ------------------------------------
 
 using Bytes = std::vector<std::uint8_t>;
@@ -696,7 +746,8 @@ struct StreamEnds {
 
 StreamEnds stream_ends(Transport transport) {
   ChannelOptions options;
-  auto [writer, reader] = detail::make_transport(transport, options.limits, options.ring_capacity, options.ring_timing());
+  auto [writer, reader] =
+      detail::make_transport(transport, options.limits, options.ring_capacity, options.ring_timing());
   const int writer_fd = writer->descriptors().at(0);
   return {detail::sender_over<Bytes>(std::move(writer), transport, options),
           detail::receiver_over<Bytes>(std::move(reader), transport, options), writer_fd};

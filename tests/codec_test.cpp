@@ -20,7 +20,9 @@ using namespace ferry::detail;  // the codecs and their wire types
 struct CodecTensors {
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(tensors); }
+  void serialize(Archive& ar) {
+    ar(tensors);
+  }
 };
 
 Tensor filled(std::int64_t n, float value) {
@@ -98,7 +100,7 @@ TEST_F(CodecTest, AFrameNotSentGivesItsSlotsBackAndKeepsItsReleasesForTheNext) {
   EXPECT_EQ(loop.encoder.pinned_storages(), 1u);  // the first storage's, until its slot comes back
   const test::WireFrame next = loop.send({{b}});
   EXPECT_EQ(next.releases(), std::vector<std::uint32_t>{0});  // still announced
-  EXPECT_EQ(next.handle(0).slot, 1u);  // slot 0 waits for its release and return
+  EXPECT_EQ(next.handle(0).slot, 1u);                         // slot 0 waits for its release and return
   EXPECT_EQ(loop.deliver(test::WireFrame{next.bytes, {}}).tensors[0].at<float>({3}), 2.0f);
   EXPECT_EQ(loop.decoder.leased(), 1u);
 }
@@ -152,7 +154,8 @@ TEST_F(CodecTest, ALeaseOfAnEmptySlotOrAnotherSizeIsRefused) {
   ASSERT_EQ(entry.kind, static_cast<std::uint32_t>(HandleKind::Leased));
   entry.slot = 5;
   frame.set_handle(0, entry);
-  EXPECT_EQ(protocol_error_of(loop, test::WireFrame{frame.bytes, {}}), "handle 0 refers to slot 5 which holds no lease");
+  EXPECT_EQ(protocol_error_of(loop, test::WireFrame{frame.bytes, {}}),
+            "handle 0 refers to slot 5 which holds no lease");
   entry.slot = 0;
   entry.nbytes = 4;
   frame.set_handle(0, entry);

@@ -146,17 +146,17 @@ template <class End>
 void exchange_as_listener(End& end) {
   std::optional<Tensor> first = end.recv();  // new from the client
   CHILD_CHECK(first && holds(*first, 100));
-  add_to(*first, 1);  // the client sees it: one storage for both
-  end.send(*first);   // back: a storage the client made
+  add_to(*first, 1);                         // the client sees it: one storage for both
+  end.send(*first);                          // back: a storage the client made
   std::optional<Tensor> again = end.recv();  // the client's tensor once more (repeated)
   CHILD_CHECK(again && holds(*again, 102));
   CHILD_CHECK(again->data_ptr() == first->data_ptr());  // mapped once
-  Tensor mine = numbered(kElements, 500);  // new from the listener
+  Tensor mine = numbered(kElements, 500);               // new from the listener
   end.send(mine);
   end.send(mine);  // and repeated
   std::optional<Tensor> answer = end.recv();
   CHILD_CHECK(answer && answer->data_ptr() == mine.data_ptr());  // its own storage came home
-  CHILD_CHECK(holds(mine, 507));  // the client's write reached this process's storage
+  CHILD_CHECK(holds(mine, 507));                                 // the client's write reached this process's storage
 }
 
 template <class End>

@@ -43,8 +43,8 @@ TEST_F(CopiedStorageTest, StoragesTravelAsTheirBytesReadInPlace) {
   EXPECT_EQ(received.tensors[1].at<float>({0}), 0.5f);
   EXPECT_EQ(received.tensors[0].storage(), received.tensors[2].storage());
   EXPECT_NE(received.tensors[0].data_ptr(), a.data_ptr());  // the receiver's own memory
-  EXPECT_EQ(a.device(), Device::Cpu);                        // not moved into shared memory
-  EXPECT_EQ(encoder.pinned_storages(), 0u);                  // nothing to give back
+  EXPECT_EQ(a.device(), Device::Cpu);                       // not moved into shared memory
+  EXPECT_EQ(encoder.pinned_storages(), 0u);                 // nothing to give back
 }
 
 TEST_F(CopiedStorageTest, AFrameWhoseDeliveriesDoNotMatchItsEntriesIsAProtocolError) {

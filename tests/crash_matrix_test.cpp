@@ -37,9 +37,9 @@ using test::count_open_fds;
 using test::fork_child;
 using test::wait_child;
 
-constexpr auto kColumnBudget = 1500ms;      // rounds per column stop starting after this
+constexpr auto kColumnBudget = 1500ms;  // rounds per column stop starting after this
 constexpr int kMaxRounds = 100;
-constexpr auto kDetectionBound = 10s;       // generous: a dead peer is seen in well under 1 s
+constexpr auto kDetectionBound = 10s;  // generous: a dead peer is seen in well under 1 s
 
 struct Item {
   std::int64_t sequence = 0;
@@ -47,12 +47,15 @@ struct Item {
   Tensor main;
   std::vector<Tensor> views;
   template <class Archive>
-  void serialize(Archive& ar) { ar(sequence, note, main, views); }
+  void serialize(Archive& ar) {
+    ar(sequence, note, main, views);
+  }
 };
 
 std::uint64_t base_seed() {
   static const std::uint64_t seed = [] {
-    if (const char* text = std::getenv("FERRY_CRASH_SEED")) return static_cast<std::uint64_t>(std::strtoull(text, nullptr, 10));
+    if (const char* text = std::getenv("FERRY_CRASH_SEED"))
+      return static_cast<std::uint64_t>(std::strtoull(text, nullptr, 10));
     return static_cast<std::uint64_t>(Clock::now().time_since_epoch().count());
   }();
   return seed;
@@ -125,8 +128,8 @@ class CrashMatrixTest : public test::LeakCheckedTest, public ::testing::WithPara
     int rounds = 0;
     for (; rounds < kMaxRounds && Clock::now() - start < kColumnBudget; ++rounds) {
       const std::uint64_t seed = base_seed() + static_cast<std::uint64_t>(rounds);
-      SCOPED_TRACE(std::string(column) + " round " + std::to_string(rounds) + ", FERRY_CRASH_SEED=" +
-                   std::to_string(base_seed()));
+      SCOPED_TRACE(std::string(column) + " round " + std::to_string(rounds) +
+                   ", FERRY_CRASH_SEED=" + std::to_string(base_seed()));
       round(seed);
       release_cached_shared_memory();
       ASSERT_EQ(count_open_fds(), fds) << "fds leaked in round " << rounds << " (seed " << seed << ")";
@@ -134,8 +137,7 @@ class CrashMatrixTest : public test::LeakCheckedTest, public ::testing::WithPara
       if (HasFatalFailure()) return;
     }
     std::fprintf(stderr, "%s over %s: %d rounds (FERRY_CRASH_SEED=%llu)\n", column,
-                 std::string(transport_name(GetParam())).c_str(), rounds,
-                 static_cast<unsigned long long>(base_seed()));
+                 std::string(transport_name(GetParam())).c_str(), rounds, static_cast<unsigned long long>(base_seed()));
     EXPECT_GE(rounds, 3) << "too few rounds to mean anything";
   }
 };

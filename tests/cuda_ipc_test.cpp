@@ -19,12 +19,12 @@
 #include <thread>
 
 #include "ferry/cuda.hpp"
-#include "ferry/detail/cuda/hold_counter_board.hpp"
 #include "ferry/cuda/runtime.hpp"
-#include "ferry/ferry.hpp"
+#include "ferry/detail/cuda/hold_counter_board.hpp"
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "ferry/ferry.hpp"
 #include "support/copied_frame.hpp"
 #include "support/cuda_kernels.hpp"
 #include "support/cuda_probe.hpp"
@@ -42,7 +42,9 @@ struct CudaMessage {
   std::int64_t step = 0;
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(step, tensors); }
+  void serialize(Archive& ar) {
+    ar(step, tensors);
+  }
 };
 
 // Both directions between a producer and a consumer process.
@@ -236,8 +238,8 @@ TEST_F(CudaIpcFixture, StoragesAreOffsetsInsideOneBlock) {
   run(
       link,
       [&] {
-        Tensor a = Tensor::from(iota(1024, 0.0f), {1024}, Device::Cuda(0));      // 4 KiB
-        Tensor b = Tensor::from(iota(1024, 5000.0f), {1024}, Device::Cuda(0));   // the next 4 KiB of the block
+        Tensor a = Tensor::from(iota(1024, 0.0f), {1024}, Device::Cuda(0));     // 4 KiB
+        Tensor b = Tensor::from(iota(1024, 5000.0f), {1024}, Device::Cuda(0));  // the next 4 KiB of the block
         CHILD_CHECK(static_cast<const std::byte*>(b.data_ptr()) - static_cast<const std::byte*>(a.data_ptr()) == 4096);
         CHILD_CHECK(cuda_memory_stats(0).blocks == 1);
         link.tx.send(CudaMessage{1, {b}});     // an offset of 4096 in the block
@@ -272,8 +274,8 @@ TEST_F(CudaIpcFixture, ViewsOfOneStorageArriveAsViewsOfOneStorage) {
       link,
       [&] {
         Tensor tensor = host.clone(Device::Cuda(0));
-        link.tx.send(CudaMessage{1, {tensor, tensor.slice(1, 2, 6), tensor.transpose(0, 1), tensor.select(0, 3),
-                                     tensor.slice(0, 1, 4, 2)}});
+        link.tx.send(CudaMessage{
+            1, {tensor, tensor.slice(1, 2, 6), tensor.transpose(0, 1), tensor.select(0, 3), tensor.slice(0, 1, 4, 2)}});
         CHILD_CHECK(link.back_rx.recv().has_value());
         link.tx.close();
       },
@@ -411,7 +413,8 @@ void check_dead_producer_releases_the_consumer(bool through_ferry) {
     CHILD_CHECK(static_cast<bool>(pidfd));
     const auto killed_at = std::chrono::steady_clock::now();
     auto since_kill = [&] {
-      return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - killed_at).count();
+      return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - killed_at)
+          .count();
     };
     CHILD_CHECK(::kill(producer, SIGKILL) == 0);
     if (through_ferry) {
@@ -429,7 +432,8 @@ void check_dead_producer_releases_the_consumer(bool through_ferry) {
         CHILD_CHECK(status == cudaSuccess || status == cudaErrorNotReady);
         std::this_thread::sleep_for(1ms);
       }
-      std::fprintf(stderr, "consumer: after the kill (ms): producer exited %lld, fence released %lld, stream done %lld\n",
+      std::fprintf(stderr,
+                   "consumer: after the kill (ms): producer exited %lld, fence released %lld, stream done %lld\n",
                    exited, released, done);
       CHILD_CHECK(done >= 0);
     }
@@ -480,8 +484,8 @@ TEST_P(CudaIpcTest, ProducerKeepsMemoryInLimboUntilTheConsumerLetsGo) {
         CHILD_CHECK(stats.limbo_bytes == kBytes);
         CHILD_CHECK(cuda_collect() == 0);
         Tensor other = Tensor::zeros({kCount}, DType::Float32, Device::Cuda(0));
-        CHILD_CHECK(other.data_ptr() != address);  // held memory is not handed out again
-        link.tx.send(CudaMessage{2, {}});          // also announces that slot's release
+        CHILD_CHECK(other.data_ptr() != address);      // held memory is not handed out again
+        link.tx.send(CudaMessage{2, {}});              // also announces that slot's release
         CHILD_CHECK(link.back_rx.recv().has_value());  // the consumer dropped it
         std::size_t freed = 0;
         for (int i = 0; i < 500 && freed == 0; ++i, std::this_thread::sleep_for(10ms)) freed = cuda_collect();
@@ -540,7 +544,8 @@ TEST_F(CudaIpcFixture, ConsumerKilledWithSigkillDoesNotPinTheProducer) {
     CHILD_CHECK(cuda::outstanding_holds().counters == 0);
     // Sending to the dead consumer fails instead of hanging.
     try {
-      for (int i = 0; i < 1000; ++i) link.tx.send(CudaMessage{2, {Tensor::zeros({16}, DType::Float32, Device::Cuda(0))}});
+      for (int i = 0; i < 1000; ++i)
+        link.tx.send(CudaMessage{2, {Tensor::zeros({16}, DType::Float32, Device::Cuda(0))}});
       CHILD_CHECK(false);
     } catch (const ChannelClosed&) {
     }

@@ -13,16 +13,16 @@
 #include <new>
 #include <thread>
 
-#include "ferry/detail/frame_channel.hpp"
+#include "cuda_frame.hpp"
 #include "ferry/cuda.hpp"
 #include "ferry/detail/cuda/block_pool.hpp"
-#include "ferry/detail/cuda_records.hpp"
-#include "ferry/detail/cuda/ipc.hpp"
 #include "ferry/detail/cuda/hold_counter_board.hpp"
-#include "cuda_frame.hpp"
-#include "ferry/ferry.hpp"
+#include "ferry/detail/cuda/ipc.hpp"
+#include "ferry/detail/cuda_records.hpp"
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
+#include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 
@@ -172,12 +172,12 @@ class HostBlocks final : public cuda::BlockSource {
     if (bytes > budget_ - in_use_) return nullptr;
     in_use_ += bytes;
     ++blocks_;
-    return ::operator new(bytes, std::align_val_t{512});
+    return ::operator new (bytes, std::align_val_t{512});
   }
   void release(void* base, std::size_t bytes) noexcept override {
     in_use_ -= bytes;
     --blocks_;
-    ::operator delete(base, std::align_val_t{512});
+    ::operator delete (base, std::align_val_t{512});
   }
   std::size_t blocks() const { return blocks_; }
   std::size_t in_use() const { return in_use_; }
@@ -312,7 +312,7 @@ TEST(BlockPoolTest, RunningShortCollectsThenEmptiesTheCacheThenReports) {
     EXPECT_NE(std::string(error.what()).find("out of memory on cuda:0"), std::string::npos) << error.what();
     EXPECT_NE(std::string(error.what()).find("other processes still hold"), std::string::npos) << error.what();
   }
-  board->add(counter, -1);  // released, but not collected yet
+  board->add(counter, -1);                          // released, but not collected yet
   auto c = f.pool->allocate(std::size_t{8} << 20);  // collects, then fits
   EXPECT_EQ(f.source->blocks(), 1u);
   // A different size class needs a new block: the pool gives free blocks back first.
@@ -365,7 +365,9 @@ TEST(CudaAvailabilityTest, ABuildWithoutCudaRefusesCudaTensors) {
 struct Payload {
   Tensor tensor;
   template <class Archive>
-  void serialize(Archive& ar) { ar(tensor); }
+  void serialize(Archive& ar) {
+    ar(tensor);
+  }
 };
 
 // A hand-made frame for a Receiver<Payload>: handle 0 is a hold-counter board (a real memfd passed
@@ -406,7 +408,8 @@ struct CudaFrame {
     for (const int fd : encoded.fds) fds.emplace_back(::fcntl(fd, F_DUPFD_CLOEXEC, 0));
     detail::FrameHeader header;
     std::memcpy(&header, plain.data(), sizeof header);
-    const std::size_t table_at = sizeof header + header.type_name_bytes + header.segment_count * sizeof(detail::SegmentEntry);
+    const std::size_t table_at =
+        sizeof header + header.type_name_bytes + header.segment_count * sizeof(detail::SegmentEntry);
     const std::size_t table_end = table_at + header.handle_count * sizeof(detail::HandleEntry);
     const std::size_t body_at =
         table_end + (std::size_t{header.release_count} + header.segment_release_count) * sizeof(std::uint32_t);
@@ -511,13 +514,14 @@ TEST_F(CudaHandleCheckTest, EveryFieldIsCheckedBeforeCudaIsCalled) {
     frame.entry.slot = detail::MessageDecoder::kMaxSlots;
     expect_refused(frame, "above the limit");
   }
-  for (const std::uint32_t flags : {detail::kCudaRecordHasEvent | detail::kCudaRecordHasFence, std::uint32_t{4}, std::uint32_t{1} << 31}) {
+  for (const std::uint32_t flags :
+       {detail::kCudaRecordHasEvent | detail::kCudaRecordHasFence, std::uint32_t{4}, std::uint32_t{1} << 31}) {
     CudaFrame frame;
     frame.record.flags = flags;
     expect_refused(frame, "expected at most one of event (1) and fence (2)");
   }
-  for (const std::uint64_t offset : {std::uint64_t{4}, cuda::kFenceBufferBytes, cuda::kFenceBufferBytes - 4,
-                                     ~std::uint64_t{0}}) {
+  for (const std::uint64_t offset :
+       {std::uint64_t{4}, cuda::kFenceBufferBytes, cuda::kFenceBufferBytes - 4, ~std::uint64_t{0}}) {
     CudaFrame frame;
     frame.record.flags = detail::kCudaRecordHasFence;
     frame.record.fence_offset = offset;

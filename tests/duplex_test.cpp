@@ -26,14 +26,18 @@ struct Request {
   std::int64_t id = 0;
   Tensor data;
   template <class Archive>
-  void serialize(Archive& ar) { ar(id, data); }
+  void serialize(Archive& ar) {
+    ar(id, data);
+  }
 };
 
 struct Reply {
   std::int64_t id = 0;
   double sum = 0;
   template <class Archive>
-  void serialize(Archive& ar) { ar(id, sum); }
+  void serialize(Archive& ar) {
+    ar(id, sum);
+  }
 };
 
 Tensor filled(std::int64_t count, float value) {
@@ -281,28 +285,28 @@ TEST_F(DuplexSocketTest, ARequestSentBeforeTheSendingHalfFailsIsStillRead) {
   auto [a, b] = duplex<Request, int>(Transport::UnixSocket);
   auto [go_tx, go_rx] = channel<int>(Transport::Pipe);
   auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
-  const pid_t child = fork_child([&, &a = a, &b = b, &go_tx = go_tx, &go_rx = go_rx, &done_tx = done_tx,
-                                  &done_rx = done_rx] {
-    b.detach();
-    a.adopt();
-    go_rx.detach();
-    done_tx.detach();
-    SharedAllocator pool;
-    try {
-      Sender<Request> stage = std::move(a.sender);
-      Tensor data = Tensor::zeros({1024}, DType::Float32, pool);
-      data.fill(1.0f);
-      stage.send(Request{1, data});
-      throw std::runtime_error("the stage failed");
-    } catch (const std::runtime_error&) {
-    }
-    pool.trim();  // takes back what no reader can resolve any more
-    CHILD_CHECK(pool.stats().blocks_in_use == 1);
-    Tensor other = Tensor::zeros({1024}, DType::Float32, pool);
-    other.fill(9.0f);  // would overwrite the request's memory had it been taken back
-    go_tx.send(1);
-    (void)done_rx.recv();  // a.receiver stays open meanwhile
-  });
+  const pid_t child =
+      fork_child([&, &a = a, &b = b, &go_tx = go_tx, &go_rx = go_rx, &done_tx = done_tx, &done_rx = done_rx] {
+        b.detach();
+        a.adopt();
+        go_rx.detach();
+        done_tx.detach();
+        SharedAllocator pool;
+        try {
+          Sender<Request> stage = std::move(a.sender);
+          Tensor data = Tensor::zeros({1024}, DType::Float32, pool);
+          data.fill(1.0f);
+          stage.send(Request{1, data});
+          throw std::runtime_error("the stage failed");
+        } catch (const std::runtime_error&) {
+        }
+        pool.trim();  // takes back what no reader can resolve any more
+        CHILD_CHECK(pool.stats().blocks_in_use == 1);
+        Tensor other = Tensor::zeros({1024}, DType::Float32, pool);
+        other.fill(9.0f);  // would overwrite the request's memory had it been taken back
+        go_tx.send(1);
+        (void)done_rx.recv();  // a.receiver stays open meanwhile
+      });
   a.detach();
   go_tx.detach();
   done_rx.close();

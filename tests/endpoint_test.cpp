@@ -4,10 +4,9 @@
 // hostile clients, a listener that dies, fd exhaustion, Selector, and no leaks.
 #include <gtest/gtest.h>
 
-#include <fstream>
-#include <iterator>
-#include <signal.h>
+#include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -15,8 +14,9 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
-#include <fcntl.h>
 #include <unistd.h>
+#include <fstream>
+#include <iterator>
 
 #include <atomic>
 #include <chrono>
@@ -27,8 +27,8 @@
 #include <thread>
 #include <vector>
 
-#include "ferry/detail/frame_channel.hpp"
 #include "endpoints/handshake.hpp"
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
@@ -64,7 +64,8 @@ std::string abstract_address(const std::string& tag) {
   return "unix:@ferry-endpoint-test-" + std::to_string(::getpid()) + "-" + tag;
 }
 std::string path_for(const std::string& tag) {
-  return (std::filesystem::temp_directory_path() / ("ferry-endpoint-" + std::to_string(::getpid()) + "-" + tag + ".sock"))
+  return (std::filesystem::temp_directory_path() /
+          ("ferry-endpoint-" + std::to_string(::getpid()) + "-" + tag + ".sock"))
       .string();
 }
 
@@ -178,7 +179,7 @@ TEST_P(EndpointTest, SegmentsTravelAsDescriptorsNeverByProcEvenFromANonDumpableP
     for (int round = 0; round < 3; ++round) {
       auto batch = end.recv();
       CHILD_CHECK(batch.has_value() && counts(batch->images, 4096, round));
-      Tensor fresh = counting(2048, round + 10);  // a new segment each round
+      Tensor fresh = counting(2048, round + 10);       // a new segment each round
       end.send(Batch{round, fresh, {batch->images}});  // and the loader's own tensor back
     }
     CHILD_CHECK(fds_taken_by_pid() == taken_before);
@@ -337,9 +338,8 @@ TEST_F(EndpointHostileTest, SilentGarbageAndKilledClientsDelayNoOne) {
   UnrelatedProcess half_hello([&] {
     listener.close();
     detail::UniqueFd fd = raw_connect(address);
-    const std::vector<std::byte> hello =
-        detail::encode_hello(detail::Hello{detail::kEndpointWireVersion, detail::client_receiver_kind<int>(),
-                                           Transport::UnixSocket, FrameLimits{}});
+    const std::vector<std::byte> hello = detail::encode_hello(detail::Hello{
+        detail::kEndpointWireVersion, detail::client_receiver_kind<int>(), Transport::UnixSocket, FrameLimits{}});
     CHILD_CHECK(::send(fd.get(), hello.data(), 20, MSG_NOSIGNAL) == 20);
     std::this_thread::sleep_for(30s);  // killed mid-handshake
   });
@@ -407,7 +407,8 @@ TEST_F(EndpointHostileTest, RefusalsOnStderrAreRateLimited) {
     }
     for (const detail::UniqueFd& fd : garbage) {  // every one was refused (with a reply), logged or not
       std::vector<detail::UniqueFd> fds;
-      EXPECT_TRUE(detail::receive_message(fd.get(), detail::kMaxReplyBytes, fds, detail::Deadline::after(5s)).has_value());
+      EXPECT_TRUE(
+          detail::receive_message(fd.get(), detail::kMaxReplyBytes, fds, detail::Deadline::after(5s)).has_value());
     }
   };
   refuse_garbage(200);
@@ -436,7 +437,8 @@ TEST_F(EndpointHostileTest, SilentClientIsDroppedAtItsDeadline) {
   char byte = 0;
   std::vector<detail::UniqueFd> fds;
   // Refused with a reply, then closed.
-  EXPECT_TRUE(detail::receive_message(silent.get(), detail::kMaxReplyBytes, fds, detail::Deadline::after(1s)).has_value());
+  EXPECT_TRUE(
+      detail::receive_message(silent.get(), detail::kMaxReplyBytes, fds, detail::Deadline::after(1s)).has_value());
   EXPECT_EQ(::recv(silent.get(), &byte, 1, 0), 0);
 }
 
@@ -448,8 +450,8 @@ TEST_F(EndpointHostileTest, VersionMismatchNamesBothVersionsOnBothSides) {
   Listener listener = listen(address, options);
   // A client of another version: the listener's refusal names both.
   detail::UniqueFd client = raw_connect(address);
-  std::vector<std::byte> hello = detail::encode_hello(
-      detail::Hello{detail::kEndpointWireVersion, detail::client_receiver_kind<int>(), Transport::UnixSocket, FrameLimits{}});
+  std::vector<std::byte> hello = detail::encode_hello(detail::Hello{
+      detail::kEndpointWireVersion, detail::client_receiver_kind<int>(), Transport::UnixSocket, FrameLimits{}});
   const std::uint32_t future = 99;
   std::memcpy(hello.data() + 8, &future, sizeof future);
   ASSERT_EQ(::send(client.get(), hello.data(), hello.size(), MSG_NOSIGNAL), static_cast<ssize_t>(hello.size()));
@@ -586,7 +588,11 @@ TEST_F(EndpointAddressTest, StaleSocketFileOfAKilledListenerIsReplaced) {
 
 TEST_F(EndpointAddressTest, AFileThatIsNotASocketIsNeverReplaced) {
   const std::string path = path_for("regular");
-  { std::FILE* file = std::fopen(path.c_str(), "w"); ASSERT_NE(file, nullptr); std::fclose(file); }
+  {
+    std::FILE* file = std::fopen(path.c_str(), "w");
+    ASSERT_NE(file, nullptr);
+    std::fclose(file);
+  }
   try {
     (void)listen("unix:" + path);
     ADD_FAILURE() << "listened over a regular file";
@@ -632,8 +638,8 @@ TEST_F(EndpointAddressTest, ASymlinkSwappedInForTheSocketFileIsNeverFollowed) {
   // socket file appears, renames a symlink to a file of the listener's user over it. Both
   // run on one CPU, the listener at the lowest priority, so the attacker runs between any
   // two of the listener's system calls. A chmod of the path would make the file 0666.
-  const std::filesystem::path dir = std::filesystem::temp_directory_path() /
-                                    ("ferry-endpoint-" + std::to_string(::getpid()) + "-symlink");
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("ferry-endpoint-" + std::to_string(::getpid()) + "-symlink");
   std::filesystem::create_directory(dir);
   const std::string socket = (dir / "sock").string();
   const std::string victim = (dir / "victim").string();
@@ -860,7 +866,8 @@ TEST_F(EndpointHostileTest, OutOfDescriptorsTheListenerRefusesWithItsReserveAndL
   // No exception: the listener takes the client off its backlog with the descriptor it
   // keeps in reserve, tells it, and reports it.
   const auto until = std::chrono::steady_clock::now() + 10s;
-  while (refusals.all().find("out of file descriptors") == std::string::npos && std::chrono::steady_clock::now() < until) {
+  while (refusals.all().find("out of file descriptors") == std::string::npos &&
+         std::chrono::steady_clock::now() < until) {
     EXPECT_FALSE(listener.accept_sender_for<int>(50ms).has_value());
   }
   fillers.clear();

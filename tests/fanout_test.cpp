@@ -52,7 +52,8 @@ SpawnOptions forked() {
   for (std::uint64_t id = 0; id < count; ++id) {
     const auto it = seen.find(id);
     if (it == seen.end()) return ::testing::AssertionFailure() << "message " << id << " was lost";
-    if (it->second != 1) return ::testing::AssertionFailure() << "message " << id << " arrived " << it->second << " times";
+    if (it->second != 1)
+      return ::testing::AssertionFailure() << "message " << id << " arrived " << it->second << " times";
   }
   if (seen.size() != count) return ::testing::AssertionFailure() << "ids outside 0.." << count - 1 << " arrived";
   return ::testing::AssertionSuccess();
@@ -183,7 +184,9 @@ struct Counted {
   Counted(Counted&&) noexcept = default;
   Counted& operator=(Counted&&) noexcept = default;
   template <class Archive>
-  void serialize(Archive& ar) { ar(id, payload); }
+  void serialize(Archive& ar) {
+    ar(id, payload);
+  }
 };
 
 // send(T&&) keeps the message itself in flight (no copy but the one an InProcess queue
@@ -236,8 +239,8 @@ TEST_P(FanoutTest, DistributorKeepsAnRvalueInFlightWithoutCopyingIt) {
 TEST_P(FanoutTest, DistributorOffersAnRvalueARemovedConsumerRefusedToTheNextOneIntact) {
   const int queue_copies = GetParam() == Transport::InProcess ? 2 : 0;  // an InProcess queue's, per try
   FanoutOptions options;
-  options.max_in_flight = 2;                          // counts read at every send
-  options.work_ahead = {};  // a fixed bound (no pace)
+  options.max_in_flight = 2;                                // counts read at every send
+  options.work_ahead = {};                                  // a fixed bound (no pace)
   options.liveness_check_interval = std::chrono::hours(1);  // only the send finds the closed one
   Distributor<Counted> pool(options);
   auto [first_tx, first_rx] = channel<Counted>(GetParam());
@@ -551,9 +554,8 @@ TEST(FanoutThreadsTest, UnevenWorkersInThreadsShareTheWorkOnce) {
     for (int w = 0; w < kWorkers; ++w) {
       auto [tx, rx] = channel<std::uint64_t>(Transport::InProcess);
       pool.add(std::move(tx));
-      threads.emplace_back([&reports, w, rx = std::move(rx)]() mutable {
-        reports[w] = take_jobs(rx, w == kWorkers - 1 ? 10ms : 1ms);
-      });
+      threads.emplace_back(
+          [&reports, w, rx = std::move(rx)]() mutable { reports[w] = take_jobs(rx, w == kWorkers - 1 ? 10ms : 1ms); });
     }
     for (std::uint64_t id = 0; id < kJobs; ++id) pool.send(id);
   }  // closes every consumer's end
@@ -699,9 +701,9 @@ TEST_P(FanoutProcessTest, ADefaultDistributorSharesABurstAmongUnevenWorkersBySpe
     busy.push_back(std::move(busy_rx));
     work_us.push_back(w == 0 ? 5'000 : 500);  // the first is ten times slower
   }
-  WorkerGroup workers = spawn(forked(), kWorkers, timed_pool_worker, per_rank(std::move(worker_jobs)),
-                              per_rank(std::move(worker_reports)), per_rank(std::move(worker_busy)),
-                              per_rank(std::move(work_us)));
+  WorkerGroup workers =
+      spawn(forked(), kWorkers, timed_pool_worker, per_rank(std::move(worker_jobs)),
+            per_rank(std::move(worker_reports)), per_rank(std::move(worker_busy)), per_rank(std::move(work_us)));
   for (std::uint64_t id = 0; id < kJobs; ++id) pool.send(id);
   const auto stats = pool.stats();
   pool.close();
@@ -710,7 +712,8 @@ TEST_P(FanoutProcessTest, ADefaultDistributorSharesABurstAmongUnevenWorkersBySpe
   double slow_speed = 0;
   for (int w = 0; w < kWorkers; ++w) {
     received.push_back(reports[w].recv().value());
-    const double speed = static_cast<double>(received[w].size()) / static_cast<double>(std::max<std::uint64_t>(1, busy[w].recv().value()));
+    const double speed = static_cast<double>(received[w].size()) /
+                         static_cast<double>(std::max<std::uint64_t>(1, busy[w].recv().value()));
     speed_sum += speed;
     if (w == 0) slow_speed = speed;
   }

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "fd_passing/segment_fd_channel.hpp"
-#include "ferry/ferry.hpp"
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/detail/transport.hpp"
+#include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/transports.hpp"
@@ -89,7 +89,8 @@ TEST_F(SegmentFdChannelTest, MoreFdsThanOneMessageCarriesArriveInOrder) {
   EXPECT_EQ(SegmentFdChannel(pair.b.get()).receive(files.size(), got), files.size());
   ASSERT_EQ(got.size(), files.size());
   for (std::size_t i = 0; i < files.size(); ++i) {
-    struct stat sent {}, received {};
+    struct stat sent {
+    }, received{};
     ASSERT_EQ(::fstat(files[i].get(), &sent), 0);
     ASSERT_EQ(::fstat(got[i].get(), &received), 0);
     EXPECT_EQ(sent.st_ino, received.st_ino) << "fd " << i;
@@ -160,7 +161,9 @@ struct Batch {
   std::int64_t index = 0;
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(index, tensors); }
+  void serialize(Archive& ar) {
+    ar(index, tensors);
+  }
 };
 
 // Larger than the largest slab block: every such tensor gets a segment of its own.
@@ -231,7 +234,6 @@ TEST(FdsTakeableByPeers, FollowsTheDumpableFlag) {
   EXPECT_TRUE(child_succeeded(child));
 }
 
-
 // ---- more fds than one sendmsg carries --------------------------------------------------
 
 // Tensors of 16 KiB from segments of 64 KiB: each has a segment of its own (larger than an
@@ -292,8 +294,7 @@ TEST(UnixSocketFdBound, ALyingPeerCannotMakeTheReceiverHoldMoreThanAFrameDeclare
   try {
     // The body never comes: a reader that does not refuse the fds as they arrive waits.
     const ReadStatus status = reader->read(got, payload, fds, detail::Deadline::after(std::chrono::seconds(2)));
-    ADD_FAILURE() << "not refused: read() returned " << static_cast<int>(status) << " holding " << fds.size()
-                  << " fds";
+    ADD_FAILURE() << "not refused: read() returned " << static_cast<int>(status) << " holding " << fds.size() << " fds";
   } catch (const ProtocolError& error) {
     EXPECT_NE(std::string(error.what()).find("refusing fds that no frame accounts for"), std::string::npos)
         << error.what();

@@ -224,14 +224,18 @@ TEST(FrameBodyTest, AByteMessagesElementsAreWrittenFromWhereItHoldsThem) {
 struct Holder {
   std::vector<std::uint8_t> bytes;
   template <class Archive>
-  void serialize(Archive& ar) { ar(bytes); }
+  void serialize(Archive& ar) {
+    ar(bytes);
+  }
 };
 
 // Its save() serializes a vector made for the moment: gone before the frame is written.
 struct Packed {
   std::size_t size = 0;
   template <class Archive>
-  void save(Archive& ar) const { ar(std::vector<std::uint8_t>(size, 3)); }
+  void save(Archive& ar) const {
+    ar(std::vector<std::uint8_t>(size, 3));
+  }
   template <class Archive>
   void load(Archive& ar) {
     std::vector<std::uint8_t> bytes;
@@ -276,7 +280,9 @@ struct Mixed {
   std::vector<std::int64_t> empty;
   std::vector<double> doubles;
   template <class Archive>
-  void serialize(Archive& ar) { ar(tag, floats, bytes, text, empty, doubles); }
+  void serialize(Archive& ar) {
+    ar(tag, floats, bytes, text, empty, doubles);
+  }
   bool operator==(const Mixed&) const = default;
 };
 

@@ -74,8 +74,8 @@ TEST_F(FuzzCorpusTest, ValueSeedsDecodeAndHostileOnesAreRefused) {
   fuzz::ValueHarness harness;
   EXPECT_TRUE(harness.run(read_bytes(kFuzzDir / "corpus/value/batch")));
   EXPECT_TRUE(harness.run(read_bytes(kFuzzDir / "corpus/value/depth_limit")));
-  for (const char* hostile : {"too_deep", "truncated", "huge_list", "huge_map", "huge_string", "bad_utf8", "bad_utf8_key",
-                              "duplicate_key", "bad_bool", "bad_kind"}) {
+  for (const char* hostile : {"too_deep", "truncated", "huge_list", "huge_map", "huge_string", "bad_utf8",
+                              "bad_utf8_key", "duplicate_key", "bad_bool", "bad_kind"}) {
     EXPECT_FALSE(harness.run(read_bytes(kFuzzDir / "corpus/value" / hostile))) << hostile << " must be refused";
   }
 }

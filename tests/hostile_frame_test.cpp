@@ -19,10 +19,10 @@
 #include <vector>
 
 #include "ferry/detail/frame_channel.hpp"
-#include "ferry/ferry.hpp"
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
 #include "ferry/detail/size_classes.hpp"
+#include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/transports.hpp"
@@ -33,13 +33,17 @@ namespace {
 struct OneTensor {
   Tensor tensor;
   template <class Archive>
-  void serialize(Archive& ar) { ar(tensor); }
+  void serialize(Archive& ar) {
+    ar(tensor);
+  }
 };
 
 struct Other {
   std::int32_t value = 0;
   template <class Archive>
-  void serialize(Archive& ar) { ar(value); }
+  void serialize(Archive& ar) {
+    ar(value);
+  }
 };
 
 // A raw writer connected to a typed Receiver<T>: the test writes whatever bytes it likes.
@@ -250,7 +254,8 @@ TEST_P(HostileFrameTest, HeaderCountsAboveTheirLimits) {
     std::function<void(detail::FrameHeader&)> apply;
   };
   const std::vector<Lie> lies = {
-      {"handle_count", limits.max_handles, "max_handles", [&](detail::FrameHeader& h) { h.handle_count = limits.max_handles + 1; }},
+      {"handle_count", limits.max_handles, "max_handles",
+       [&](detail::FrameHeader& h) { h.handle_count = limits.max_handles + 1; }},
       {"segment_count", limits.max_segments, "max_segments",
        [&](detail::FrameHeader& h) { h.segment_count = limits.max_segments + 1; }},
       {"fd_count", limits.max_fds, "max_fds", [&](detail::FrameHeader& h) { h.fd_count = limits.max_fds + 1; }},
@@ -410,8 +415,8 @@ void expect_unknown_release(Wire<OneTensor>& wire, Frame frame, bool segment_slo
   const auto* raw = reinterpret_cast<const std::byte*>(&slot);
   frame.bytes.insert(frame.bytes.begin() + static_cast<std::ptrdiff_t>(frame.body_offset), raw, raw + sizeof slot);
   wire.send(frame.bytes, frame.fds);
-  expect_protocol_error(wire.rx, segment_slot ? "releases segment slot 7 which holds no lease"
-                                              : "releases slot 7 which holds no lease");
+  expect_protocol_error(
+      wire.rx, segment_slot ? "releases segment slot 7 which holds no lease" : "releases slot 7 which holds no lease");
 }
 
 TEST_P(HostileFrameTest, ReleaseOfASlotThatHoldsNoLease) {
@@ -671,7 +676,8 @@ std::shared_ptr<detail::ReturnBoard> upstream_board_of(const OneTensor& tensor) 
     detail::UniqueFd fd(::fcntl(entry.fd, F_DUPFD_CLOEXEC, 0));
     if (!fd) throw std::runtime_error("F_DUPFD_CLOEXEC failed");
     const detail::SharedMemory::Received file = detail::SharedMemory::inspect_received(fd.get());
-    return detail::ReturnBoard::open_received(detail::SharedMemory::map_received(std::move(fd), file, detail::ReturnBoard::bytes()));
+    return detail::ReturnBoard::open_received(
+        detail::SharedMemory::map_received(std::move(fd), file, detail::ReturnBoard::bytes()));
   }
   return nullptr;
 }
@@ -990,8 +996,8 @@ TEST_F(HostileFdTest, HeaderClaimsMoreFdsThanHandles) {
   std::vector<int> fds = frame.fds;
   fds.push_back(frame.fds.at(kDataSegment));
   wire.send(frame.bytes, fds);
-  expect_protocol_error(wire.rx, "claims " + std::to_string(segments + 1) + " fds for only " +
-                                     std::to_string(segments) + " segments");
+  expect_protocol_error(
+      wire.rx, "claims " + std::to_string(segments + 1) + " fds for only " + std::to_string(segments) + " segments");
 }
 
 TEST_F(HostileFdTest, FdsWithAFrameThatDeclaresNone) {
@@ -1081,7 +1087,7 @@ TEST_F(HostileFdTest, SenderCannotShrinkASegmentAfterSendingIt) {
     tx.detach();
     go_tx.detach();
     OneTensor got = rx.recv().value();
-    CHILD_CHECK(go_rx.recv().value() == 1);  // the sender has tried its worst
+    CHILD_CHECK(go_rx.recv().value() == 1);                    // the sender has tried its worst
     const auto values = got.tensor.to_vector<std::int32_t>();  // reads every byte: no SIGBUS
     CHILD_CHECK(static_cast<std::int64_t>(values.size()) == count);
     for (const std::int32_t v : values) CHILD_CHECK(v == 7 || v == 0);
@@ -1153,7 +1159,9 @@ class HostileProcPathTest : public HostileFdTest {
     frame.set_segment(kDataSegment, e);
     return frame;
   }
-  std::uint64_t claimed_size() { return encode(OneTensor{tensor_}, detail::HandlePassing::ProcFd).segment(kDataSegment).size; }
+  std::uint64_t claimed_size() {
+    return encode(OneTensor{tensor_}, detail::HandlePassing::ProcFd).segment(kDataSegment).size;
+  }
 };
 
 TEST_F(HostileProcPathTest, UnsealedMemfdIsRefused) {
@@ -1215,7 +1223,8 @@ TEST_F(HostileProcPathTest, SenderOfAnotherUserCannotNameASegmentMappedHere) {
   detail::UniqueFd go_read(go[0]), go_write(go[1]);
   const pid_t child = test::fork_child([&] {
     if (::setgid(kNobody) != 0 || ::setuid(kNobody) != 0) throw std::runtime_error("cannot become nobody");
-    Frame frame = encode(OneTensor{Tensor::zeros({1024}, DType::Int32, Device::SharedCpu)}, detail::HandlePassing::ProcFd);
+    Frame frame =
+        encode(OneTensor{Tensor::zeros({1024}, DType::Int32, Device::SharedCpu)}, detail::HandlePassing::ProcFd);
     detail::SegmentEntry e = frame.segment(kDataSegment);
     CHILD_CHECK(e.kind == static_cast<std::uint32_t>(detail::SegmentKind::NewProcFd));
     e.device = mapped.device;

@@ -37,7 +37,9 @@ struct Tracked {
   Tracked(Tracked&&) noexcept = default;
   Tracked& operator=(Tracked&&) noexcept = default;
   template <class Archive>
-  void serialize(Archive& ar) { ar(value, tensor); }
+  void serialize(Archive& ar) {
+    ar(value, tensor);
+  }
 };
 
 ChannelOptions queue_of(std::size_t capacity) {
@@ -348,7 +350,8 @@ TEST_F(InProcessTest, MisusesOfAnInProcessEndAreNamedNotReportedAsClosed) {
   expect_misuse([&tx = tx] { (void)detail::EndAccess::core(tx); }, "frame core");
   expect_misuse([&rx = rx] { (void)detail::EndAccess::core(rx); }, "frame core");
   expect_misuse([&tx = tx] { (void)describe_end(tx); }, "cannot describe an InProcess Sender<int> for another process");
-  expect_misuse([&rx = rx] { (void)describe_end(rx); }, "cannot describe an InProcess Receiver<int> for another process");
+  expect_misuse([&rx = rx] { (void)describe_end(rx); },
+                "cannot describe an InProcess Receiver<int> for another process");
   EXPECT_TRUE(tx.is_open());
   EXPECT_TRUE(rx.is_open());
   tx.send(3);

@@ -92,7 +92,8 @@ TEST(ObjectPoolTest, SharedPointersUseThePool) {
   std::thread worker([] {
     std::vector<std::shared_ptr<Payload>> payloads;
     for (int i = 0; i < 500; ++i) payloads.push_back(std::allocate_shared<Payload>(PoolAllocator<Payload>()));
-    std::shared_ptr<int> custom(new int(5), [](int* value) { delete value; }, PoolAllocator<int>());
+    std::shared_ptr<int> custom(
+        new int(5), [](int* value) { delete value; }, PoolAllocator<int>());
     EXPECT_EQ(*custom, 5);
   });
   worker.join();

@@ -16,8 +16,8 @@
 #include <thread>
 
 #include "ferry/detail/frame_channel.hpp"
-#include "ferry/ferry.hpp"
 #include "ferry/detail/peer_fd.hpp"
+#include "ferry/ferry.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/syscall_fault.hpp"
@@ -212,7 +212,9 @@ struct Payload {
   std::int64_t index = 0;
   Tensor data;
   template <class Archive>
-  void serialize(Archive& ar) { ar(index, data); }
+  void serialize(Archive& ar) {
+    ar(index, data);
+  }
 };
 
 // Larger than the largest slab block: every tensor gets a segment of its own.
@@ -326,8 +328,7 @@ TEST_P(FdNamingTransportTest, SenderThatClosesAndExitsRightAfterSendingWaitsForT
   }
   EXPECT_FALSE(rx.recv().has_value());
   std::uint64_t acknowledged = 0;
-  ASSERT_EQ(::read(report_read.get(), &acknowledged, sizeof acknowledged),
-            static_cast<ssize_t>(sizeof acknowledged));
+  ASSERT_EQ(::read(report_read.get(), &acknowledged, sizeof acknowledged), static_cast<ssize_t>(sizeof acknowledged));
   EXPECT_EQ(acknowledged, 3u) << "close() learned of the last frame through the transport";
   EXPECT_TRUE(child_succeeded(child));
   rx.close();

@@ -57,7 +57,8 @@ TEST_F(ProcessHandleTest, AnIdentityWhosePidNowNamesAnotherProcessReadsAsExited)
   EXPECT_EQ(handle.identity(), self);
   EXPECT_FALSE(handle.exited());
 
-  const detail::ProcessHandle earlier = detail::ProcessHandle::open(detail::ProcessIdentity{self.pid, self.start_time + 1});
+  const detail::ProcessHandle earlier =
+      detail::ProcessHandle::open(detail::ProcessIdentity{self.pid, self.start_time + 1});
   EXPECT_FALSE(earlier) << "the pid now names a later process";
   EXPECT_EQ(earlier.error(), ESRCH);
   EXPECT_TRUE(earlier.exited());

@@ -38,7 +38,9 @@ struct IndexedTensor {
   std::int64_t index = 0;
   Tensor data;
   template <class Archive>
-  void serialize(Archive& ar) { ar(index, data); }
+  void serialize(Archive& ar) {
+    ar(index, data);
+  }
 };
 
 // The RLIMIT_NOFILE value that leaves exactly `free` descriptor numbers for new fds: the

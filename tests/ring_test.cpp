@@ -2,12 +2,12 @@
 // frames of random sizes (around the wrap point and the capacity, and larger than the
 // ring), large bodies serialized into lent ring space, back-pressure, corrupted shared
 // state, dead peers, idle CPU use, and rebuilding an end from its descriptors.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -21,8 +21,8 @@
 #include <thread>
 
 #include "ferry/detail/frame_channel.hpp"
-#include "ferry/ferry.hpp"
 #include "ferry/detail/mapping.hpp"
+#include "ferry/ferry.hpp"
 #include "ring/ring_transport.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
@@ -88,10 +88,10 @@ Bytes patterned(std::uint64_t index, std::size_t size) {
 // Message sizes that put frames around the capacity and the wrap point, and beyond the ring.
 std::size_t pick_size(std::mt19937_64& rng, std::size_t capacity) {
   const auto roll = rng() % 100;
-  if (roll < 60) return rng() % 200;                                 // small frames
-  if (roll < 80) return capacity - 128 + rng() % 256;                // around the capacity
-  if (roll < 95) return rng() % capacity;                            // anywhere inside
-  return capacity + rng() % (2 * capacity);                          // larger than the ring
+  if (roll < 60) return rng() % 200;                   // small frames
+  if (roll < 80) return capacity - 128 + rng() % 256;  // around the capacity
+  if (roll < 95) return rng() % capacity;              // anywhere inside
+  return capacity + rng() % (2 * capacity);            // larger than the ring
 }
 
 // The receiving child regenerates the sender's sizes from the same seed and checks every byte.
@@ -193,9 +193,7 @@ struct ClosedFullRing {
 ClosedFullRing close_a_ring_filled_to(Sender<Bytes>& tx, Receiver<Bytes>& rx, std::size_t capacity,
                                       std::size_t leftover) {
   MappedHeader mapped(detail::EndAccess::core(rx).reader(), capacity);
-  const auto free_bytes = [&] {
-    return capacity - (mapped.header().tail.load() - mapped.header().head.load());
-  };
+  const auto free_bytes = [&] { return capacity - (mapped.header().tail.load() - mapped.header().head.load()); };
   ClosedFullRing result;
   tx.send(Bytes{});  // the first frame also carries the type name
   const std::size_t before = free_bytes();
@@ -301,7 +299,8 @@ LentFrame lent_frame(std::size_t name_bytes, std::size_t body_bytes) {
 }
 
 // Reads one frame and checks its type name and body (pattern `seed`).
-void expect_lent_frame(detail::FrameReader& reader, std::size_t name_bytes, std::size_t body_bytes, std::uint64_t seed) {
+void expect_lent_frame(detail::FrameReader& reader, std::size_t name_bytes, std::size_t body_bytes,
+                       std::uint64_t seed) {
   detail::FrameHeader header;
   std::span<const std::byte> payload;
   std::vector<std::byte> buffer;
@@ -343,9 +342,15 @@ TEST_F(RingTest, HeaderAndTablesOfAnySizeGoInFrontOfALentBodyAcrossTheWrapPoint)
   constexpr std::size_t kCapacity = 64 << 10;
   auto [writer, reader] = detail::make_transport(Transport::ShmRing, FrameLimits{}, kCapacity);
   const std::size_t header = sizeof(detail::FrameHeader);
-  const std::size_t names[] = {0,   1,   kRingBodyOffset - header - 16, kRingBodyOffset - header - 15,
-                               kRingBodyOffset - header - 8, kRingBodyOffset - header - 1,
-                               kRingBodyOffset - header, kRingBodyOffset - header + 1, 3000};
+  const std::size_t names[] = {0,
+                               1,
+                               kRingBodyOffset - header - 16,
+                               kRingBodyOffset - header - 15,
+                               kRingBodyOffset - header - 8,
+                               kRingBodyOffset - header - 1,
+                               kRingBodyOffset - header,
+                               kRingBodyOffset - header + 1,
+                               3000};
   std::uint64_t seed = 0;
   for (int round = 0; round < 6; ++round) {
     for (const std::size_t name : names) {
@@ -458,7 +463,9 @@ struct DiesWhileSerialized {
     ar(end);
   }
   template <class Archive>
-  void load(Archive& ar) { ar(payload, end); }
+  void load(Archive& ar) {
+    ar(payload, end);
+  }
 };
 
 TEST_F(RingTest, SenderKilledWhileSerializingIntoTheRingIsPeerDiedNeverAMessage) {
@@ -883,8 +890,9 @@ struct SleepingEnd {
     int pair[2];
     if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) throw std::runtime_error("socketpair");
     other_side = detail::UniqueFd(pair[1]);
-    end.emplace(segment, detail::UniqueFd(pair[0]),
-                RingTiming{.spin = std::chrono::nanoseconds::zero(), .peer_check_interval = std::chrono::milliseconds::max()});
+    end.emplace(
+        segment, detail::UniqueFd(pair[0]),
+        RingTiming{.spin = std::chrono::nanoseconds::zero(), .peer_check_interval = std::chrono::milliseconds::max()});
   }
   RingHeader& header() const { return segment->header(); }
   std::shared_ptr<const RingSegment> segment;
@@ -899,7 +907,8 @@ TEST_F(RingTest, AnEndAsleepIsWokenByAPositionPublishedWithoutTheFence) {
   RingHeader& header = sleeping.header();
   detail::WaitOutcome outcome = detail::WaitOutcome::Timeout;
   std::thread waiter([&] {
-    outcome = sleeping.end->wait(header.writer_sleeping, [&] { return header.head.load() >= 1; }, detail::Deadline::never());
+    outcome = sleeping.end->wait(
+        header.writer_sleeping, [&] { return header.head.load() >= 1; }, detail::Deadline::never());
   });
   const bool slept = wait_until_sleeping(header.writer_sleeping);
   const bool owed = detail::RingEnd::publish_unfenced(header.head, 1, header.writer_sleeping);
@@ -919,8 +928,8 @@ TEST_F(RingTest, AWaitWhoseWakeUpWasMissedEndsAfterItsFirstSleep) {
   SleepingEnd sleeping;
   RingHeader& header = sleeping.header();
   int checks = 0;
-  const detail::WaitOutcome outcome =
-      sleeping.end->wait(header.writer_sleeping, [&] { return ++checks > 2; }, detail::Deadline::never(), kRingRoomFirstSleep);
+  const detail::WaitOutcome outcome = sleeping.end->wait(
+      header.writer_sleeping, [&] { return ++checks > 2; }, detail::Deadline::never(), kRingRoomFirstSleep);
   EXPECT_EQ(outcome, detail::WaitOutcome::Ready);
   EXPECT_EQ(checks, 3);  // before spinning, after announcing, after the first sleep
   EXPECT_EQ(header.writer_sleeping.load(), 0u);
@@ -954,8 +963,9 @@ TEST_F(RingTest, AnEndRebuiltFromItsDescriptorsReadsTheStream) {
   ASSERT_EQ(fds.size(), 2u);  // the segment and the companion socket
   EXPECT_EQ(writer->descriptors().size(), 2u);
   // What an exec'd process would do with inherited copies of the descriptors.
-  RingFrameReader rebuilt(std::make_shared<const RingSegment>(RingSegment::attach(detail::UniqueFd(::fcntl(fds[0], F_DUPFD_CLOEXEC, 0)))),
-                          detail::UniqueFd(::fcntl(fds[1], F_DUPFD_CLOEXEC, 0)), RingTiming{}, FrameLimits{});
+  RingFrameReader rebuilt(
+      std::make_shared<const RingSegment>(RingSegment::attach(detail::UniqueFd(::fcntl(fds[0], F_DUPFD_CLOEXEC, 0)))),
+      detail::UniqueFd(::fcntl(fds[1], F_DUPFD_CLOEXEC, 0)), RingTiming{}, FrameLimits{});
   reader->close();
   detail::FrameHeader header;
   header.kind = static_cast<std::uint8_t>(detail::FrameKind::Message);

@@ -32,7 +32,9 @@ struct Tagged {
   int rank = 0;
   int sequence = 0;
   template <class Archive>
-  void serialize(Archive& ar) { ar(rank, sequence); }
+  void serialize(Archive& ar) {
+    ar(rank, sequence);
+  }
 };
 
 constexpr int kMessagesPerWorker = 200;
@@ -297,7 +299,8 @@ class QuietHintReader final : public detail::FrameReader {
  public:
   explicit QuietHintReader(std::shared_ptr<std::atomic<bool>> arrived)
       : QuietHintReader(std::move(arrived), detail::UniqueFd(::eventfd(0, EFD_CLOEXEC))) {}
-  ReadStatus read(detail::FrameHeader&, std::vector<std::byte>&, std::deque<detail::UniqueFd>&, const detail::Deadline&) override {
+  ReadStatus read(detail::FrameHeader&, std::vector<std::byte>&, std::deque<detail::UniqueFd>&,
+                  const detail::Deadline&) override {
     return ReadStatus::Closed;
   }
   bool has_buffered_frame() const override { return arrived_->load(); }
@@ -440,14 +443,14 @@ class FanInTest : public test::LeakCheckedTest,
   }
 };
 
-INSTANTIATE_TEST_SUITE_P(
-    StartMethodsAndTransports, FanInTest,
-    ::testing::Combine(::testing::Values(StartMethod::Fork, StartMethod::Spawn),
-                       ::testing::ValuesIn(test::interprocess_transports())),
-    [](const auto& info) {
-      return std::string(std::get<0>(info.param) == StartMethod::Fork ? "Fork" : "Spawn") + "_" +
-             test::transport_test_name(::testing::TestParamInfo<Transport>(std::get<1>(info.param), info.index));
-    });
+INSTANTIATE_TEST_SUITE_P(StartMethodsAndTransports, FanInTest,
+                         ::testing::Combine(::testing::Values(StartMethod::Fork, StartMethod::Spawn),
+                                            ::testing::ValuesIn(test::interprocess_transports())),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) == StartMethod::Fork ? "Fork" : "Spawn") + "_" +
+                                  test::transport_test_name(
+                                      ::testing::TestParamInfo<Transport>(std::get<1>(info.param), info.index));
+                         });
 
 TEST_P(FanInTest, ParentFansInFromFourWorkers) {
   std::vector<Sender<Tagged>> senders;

@@ -21,7 +21,9 @@ struct Inner {
   std::string name;
   Tensor weights;
   template <class Archive>
-  void serialize(Archive& ar) { ar(name, weights); }
+  void serialize(Archive& ar) {
+    ar(name, weights);
+  }
 };
 
 struct Batch {
@@ -34,7 +36,9 @@ struct Batch {
   std::variant<int, Tensor> either;
   Inner inner;
   template <class Archive>
-  void serialize(Archive& ar) { ar(step, tag, images, extra, named, maybe, either, inner); }
+  void serialize(Archive& ar) {
+    ar(step, tag, images, extra, named, maybe, either, inner);
+  }
 };
 
 // Moves a frame from an encoder to a decoder as a transport would, duplicating the fds
@@ -93,7 +97,9 @@ struct WithArchiveState {
   std::shared_ptr<std::string> second;
   Versioned versioned;
   template <class Archive>
-  void serialize(Archive& ar) { ar(first, second, versioned); }
+  void serialize(Archive& ar) {
+    ar(first, second, versioned);
+  }
 };
 
 class SerializationTest : public test::LeakCheckedTest {};

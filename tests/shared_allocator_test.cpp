@@ -15,13 +15,13 @@
 #include <thread>
 #include <vector>
 
-#include "ferry/handle_cache.hpp"
 #include "ferry/detail/process_identity.hpp"
-#include "ferry/shared_allocator.hpp"
 #include "ferry/detail/size_classes.hpp"
+#include "ferry/detail/unique_fd.hpp"
+#include "ferry/handle_cache.hpp"
+#include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor.hpp"
-#include "ferry/detail/unique_fd.hpp"
 #include "memory/prefetch_for_write.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
@@ -163,7 +163,7 @@ TEST_F(SharedAllocatorTest, StatsCountSegmentsBytesHitsAndMisses) {
   EXPECT_EQ(pool.stats().segments, 0u);
   std::vector<std::shared_ptr<SharedBlock>> blocks;
   for (int i = 0; i < 3; ++i) blocks.push_back(pool.allocate(1000));  // class 1 KiB, one slab
-  blocks.push_back(pool.allocate(3 * MiB));                          // a segment of its own
+  blocks.push_back(pool.allocate(3 * MiB));                           // a segment of its own
   SharedMemoryStats stats = pool.stats();
   EXPECT_EQ(stats.segments, 2u);
   EXPECT_EQ(stats.segment_bytes, 2 * MiB + 3 * MiB);
@@ -184,10 +184,10 @@ TEST_F(SharedAllocatorTest, StatsTellMissesAfterAReleaseFromColdOnes) {
   SharedAllocatorSettings settings;
   settings.max_cached_bytes = 0;  // every idle segment goes back to the kernel at once
   SharedAllocator pool(settings);
-  pool.allocate(1 * MiB).reset();   // cold: the first of its size; released when freed
-  auto again = pool.allocate(1 * MiB);  // its segment was given back: a miss after a release
+  pool.allocate(1 * MiB).reset();        // cold: the first of its size; released when freed
+  auto again = pool.allocate(1 * MiB);   // its segment was given back: a miss after a release
   auto second = pool.allocate(1 * MiB);  // one more in use than ever before: cold
-  pool.allocate(1000).reset();     // a small size class, first time: cold
+  pool.allocate(1000).reset();           // a small size class, first time: cold
   SharedMemoryStats stats = pool.stats();
   EXPECT_EQ(stats.misses, 4u);
   EXPECT_EQ(stats.misses_after_release, 1u);
@@ -207,7 +207,8 @@ TEST_F(SharedAllocatorTest, StatsTellMissesAfterAReleaseFromColdOnes) {
 }
 
 TEST_F(SharedAllocatorTest, TheDefaultCacheLimitIsAShareOfTheMachinesMemory) {
-  const std::size_t physical = static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  const std::size_t physical =
+      static_cast<std::size_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   const std::size_t limit = SharedAllocatorSettings{}.max_cached_bytes;
   EXPECT_EQ(limit, default_max_cached_bytes());
   EXPECT_GE(limit, 256 * MiB);
@@ -341,7 +342,7 @@ TEST_F(SharedAllocatorTest, ZerosClearsARecycledBlock) {
     address = dirty.data_ptr();
   }
   Tensor clean = Tensor::zeros({1024}, DType::Int32, pool);
-  ASSERT_EQ(clean.data_ptr(), address);  // the same block ...
+  ASSERT_EQ(clean.data_ptr(), address);                                            // the same block ...
   for (std::int32_t value : clean.to_vector<std::int32_t>()) ASSERT_EQ(value, 0);  // ... cleared
   EXPECT_TRUE(clean.is_shared());
   EXPECT_EQ(clean.device(), Device::SharedCpu);
@@ -542,7 +543,6 @@ TEST_F(SharedAllocatorTest, AForkedChildNeverCarvesTheParentsSegments) {
   EXPECT_EQ(pool.stats().blocks_in_use, 1u);
   EXPECT_EQ(pool.stats().segments, 1u);
 }
-
 
 TEST_F(SharedAllocatorTest, AForkedChildCreatesSegmentsWhileAnotherThreadUsedTheHandleCache) {
   // Every new segment is recorded in the process's handle cache, and every received one is

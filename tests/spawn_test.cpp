@@ -1,8 +1,8 @@
 // Worker processes with both start methods: arguments and channel ends reach the workers,
 // failures are reported with rank, cause and message, siblings are terminated, workers
 // die with their parent, and nothing (process, fd) is left behind.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -12,12 +12,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <functional>
-#include <map>
-#include <memory>
 #include <cstdlib>
+#include <functional>
 #include <future>
 #include <iostream>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -49,7 +49,9 @@ struct Greeting {
   int start_method = -1;
   bool worker_variable_set = true;  // FERRY_WORKER in the worker's environment
   template <class Archive>
-  void serialize(Archive& ar) { ar(rank, world_size, text, number, pid, start_method, worker_variable_set); }
+  void serialize(Archive& ar) {
+    ar(rank, world_size, text, number, pid, start_method, worker_variable_set);
+  }
 };
 
 void greet(WorkerContext& context, Sender<Greeting> out, std::string text, std::int64_t number) {
@@ -290,7 +292,9 @@ struct Sevens {
   std::string name;
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(name, tensors); }
+  void serialize(Archive& ar) {
+    ar(name, tensors);
+  }
 };
 
 // Waits for `go`, then says whether every element of every tensor is still 7.
@@ -311,27 +315,27 @@ FERRY_WORKER(check_sevens_after_go);
 TEST_P(SpawnTest, TensorArgumentsStayIntactAfterTheParentDropsItsCopies) {
   auto [from_origin, to_parent] = channel<Tensor>(Transport::UnixSocket);
   auto [done_tx, done_rx] = channel<int>(Transport::Pipe);
-  const pid_t origin = test::fork_child([&, &from_origin = from_origin, &to_parent = to_parent,
-                                         &done_tx = done_tx, &done_rx = done_rx] {
-    to_parent.close();
-    done_tx.detach();
-    from_origin.adopt();
-    Tensor sent = Tensor::empty({1024}, DType::Int32, Device::SharedCpu);
-    sent.fill(7);
-    from_origin.send(sent);
-    sent = Tensor();
-    CHILD_CHECK(done_rx.recv().value() == 1);  // the parent dropped its copy
-    from_origin.send(Tensor());  // tells the parent that this process dropped `sent` too
-    CHILD_CHECK(done_rx.recv().value() == 2);  // the parent read that: its block is free there
-    from_origin.send(Tensor());  // a send takes back the blocks the receiver gave back
-    std::vector<Tensor> others;  // what a recycled block would be handed to
-    for (int i = 0; i < 64; ++i) {
-      others.push_back(Tensor::empty({1024}, DType::Int32, Device::SharedCpu));
-      others.back().fill(9);
-    }
-    from_origin.close();
-    CHILD_CHECK(done_rx.recv().value() == 3);
-  });
+  const pid_t origin =
+      test::fork_child([&, &from_origin = from_origin, &to_parent = to_parent, &done_tx = done_tx, &done_rx = done_rx] {
+        to_parent.close();
+        done_tx.detach();
+        from_origin.adopt();
+        Tensor sent = Tensor::empty({1024}, DType::Int32, Device::SharedCpu);
+        sent.fill(7);
+        from_origin.send(sent);
+        sent = Tensor();
+        CHILD_CHECK(done_rx.recv().value() == 1);  // the parent dropped its copy
+        from_origin.send(Tensor());                // tells the parent that this process dropped `sent` too
+        CHILD_CHECK(done_rx.recv().value() == 2);  // the parent read that: its block is free there
+        from_origin.send(Tensor());                // a send takes back the blocks the receiver gave back
+        std::vector<Tensor> others;                // what a recycled block would be handed to
+        for (int i = 0; i < 64; ++i) {
+          others.push_back(Tensor::empty({1024}, DType::Int32, Device::SharedCpu));
+          others.back().fill(9);
+        }
+        from_origin.close();
+        CHILD_CHECK(done_rx.recv().value() == 3);
+      });
   from_origin.detach();
   done_rx.close();
   auto [go_tx, go_rx] = channel<int>(Transport::Pipe);
@@ -476,7 +480,8 @@ TEST_P(SpawnTest, ExitCodeIsReported) {
 }
 
 TEST_P(SpawnTest, SignalIsReportedByName) {
-  for (const auto& [how, signal, name] : {std::tuple{Segfault, SIGSEGV, "SIGSEGV"}, std::tuple{KillSelf, SIGKILL, "SIGKILL"}}) {
+  for (const auto& [how, signal, name] :
+       {std::tuple{Segfault, SIGSEGV, "SIGSEGV"}, std::tuple{KillSelf, SIGKILL, "SIGKILL"}}) {
     auto workers = spawn(options(), 2, fail_on_rank, 1, static_cast<int>(how));
     const WorkerFailed failure = join_failure(workers);
     EXPECT_EQ(failure.failure(), WorkerFailure::Signal);
@@ -586,8 +591,11 @@ TEST_P(SpawnTest, BadRequestsFailBeforeAnyProcessStarts) {
   expect_spawn_error([&] { (void)spawn(opts, -2, fail_on_rank, 0, 0); }, "must be at least 1");
   expect_spawn_error([&] { (void)spawn(opts, 1, "no_such_worker", 1); }, "no worker is registered as 'no_such_worker'");
   expect_spawn_error([&] { (void)spawn(opts, 1, "fail_on_rank", std::string("x")); }, "takes the arguments");
-  expect_spawn_error([&] { (void)spawn(opts, 3, fail_on_rank, per_rank(std::vector<int>{1, 2}), 0); },
-                     "per_rank needs exactly one value per worker");
+  expect_spawn_error(
+      [&] {
+        (void)spawn(opts, 3, fail_on_rank, per_rank(std::vector<int>{1, 2}), 0);
+      },
+      "per_rank needs exactly one value per worker");
   {
     auto [tx, rx] = channel<int>(Transport::Pipe);
     expect_spawn_error([&, &rx = rx] { (void)spawn(opts, 2, wait_for_message, std::move(rx)); },
@@ -618,7 +626,12 @@ TEST(SpawnMethodTest, RequiresRegisteredFunctionsAndFreshEnds) {
   SpawnOptions opts;
   opts.start_method = StartMethod::Spawn;
   expect_spawn_error([&] { (void)spawn(opts, 1, never_registered, 1); }, "this function is not registered");
-  expect_spawn_error([&] { (void)spawn(opts, 1, [](WorkerContext&, int) {}, 1); }, "cannot run a lambda");
+  expect_spawn_error(
+      [&] {
+        (void)spawn(
+            opts, 1, [](WorkerContext&, int) {}, 1);
+      },
+      "cannot run a lambda");
   auto [tx, rx] = channel<int>(Transport::Pipe);
   tx.send(1);
   (void)rx.recv();
@@ -752,9 +765,12 @@ TEST(EndDescriptionTest, EveryOptionSurvivesTheTripToAnExecdWorker) {
 TEST(SpawnForkTest, RunsLambdasWithCaptures) {
   const std::string prefix = "from a lambda";
   auto [senders, receivers] = channels<std::string>(2);
-  auto workers = spawn(2, [&prefix](WorkerContext& context, Sender<std::string> out) {
-    out.send(prefix + " " + std::to_string(context.rank()));
-  }, per_rank(std::move(senders)));
+  auto workers = spawn(
+      2,
+      [&prefix](WorkerContext& context, Sender<std::string> out) {
+        out.send(prefix + " " + std::to_string(context.rank()));
+      },
+      per_rank(std::move(senders)));
   EXPECT_EQ(receivers[0].recv().value(), "from a lambda 0");
   EXPECT_EQ(receivers[1].recv().value(), "from a lambda 1");
   workers.join();
@@ -809,9 +825,8 @@ TEST(SpawnForkTest, TakesContainersOfTypesCerealCannotSave) {
   auto workers = spawn(
       1,
       [](WorkerContext&, std::vector<NotSerializable> values, std::shared_ptr<NotSerializable> shared,
-         std::map<int, std::function<int()>> calls, Sender<int> out) {
-        out.send(values.at(0).value + shared->value + calls.at(1)());
-      },
+         std::map<int, std::function<int()>> calls,
+         Sender<int> out) { out.send(values.at(0).value + shared->value + calls.at(1)()); },
       std::vector<NotSerializable>{{1}}, std::make_shared<NotSerializable>(NotSerializable{2}), functions,
       std::move(tx));
   EXPECT_EQ(rx.recv().value(), 6);

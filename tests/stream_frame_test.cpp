@@ -14,11 +14,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <stdexcept>
-#include <thread>
 #include <deque>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/detail/frame_channel.hpp"
@@ -159,13 +159,13 @@ TEST_P(StreamFrameTest, FramesOfEverySizeSplitAroundTheHeaderAndTheBufferArriveW
     const std::vector<std::byte> frame = make_frame(body, seed++);
     const std::size_t header = sizeof(FrameHeader);
     const std::vector<std::vector<std::size_t>> cut_sets = {
-        {},                                              // in 16 KiB pieces
-        {1},                                             // one byte of the header first
-        {header - 1},                                    // all but one byte of the header
-        {header},                                        // the header alone
-        {header + 1},                                    // the header and one byte of the body
-        {64 * 1024 - 1, 64 * 1024, 64 * 1024 + 1},       // around the initial buffer
-        {frame.size() - 1},                              // all but the last byte
+        {},                                         // in 16 KiB pieces
+        {1},                                        // one byte of the header first
+        {header - 1},                               // all but one byte of the header
+        {header},                                   // the header alone
+        {header + 1},                               // the header and one byte of the body
+        {64 * 1024 - 1, 64 * 1024, 64 * 1024 + 1},  // around the initial buffer
+        {frame.size() - 1},                         // all but the last byte
     };
     for (const auto& cuts : cut_sets) {
       SCOPED_TRACE("body of " + std::to_string(body) + " bytes, first cut at " +
@@ -191,7 +191,8 @@ TEST_P(StreamFrameTest, ReadCopiesWhatReadViewHandsOutInPlace) {
 }
 
 TEST_P(StreamFrameTest, AFrameUpToTheLargestReadInPlaceIsNotCopiedOutOfTheReadersBuffer) {
-  for (const std::size_t body : {std::size_t{100}, std::size_t{300 * 1024}, kMaxStagedFrameBytes - sizeof(FrameHeader)}) {
+  for (const std::size_t body :
+       {std::size_t{100}, std::size_t{300 * 1024}, kMaxStagedFrameBytes - sizeof(FrameHeader)}) {
     const std::vector<std::byte> frame = make_frame(body, 8);
     deliver_in_pieces(frame, {});
     std::span<const std::byte> payload;
@@ -360,16 +361,16 @@ bool read_pending_body(PendingBody& pending, std::span<const std::byte> payload,
 TEST_P(StreamFrameTest, AnUntimedReadHandsOutALargeByteMessageBeforeItsBodyAndReadsItThrough) {
   const std::size_t header = sizeof(FrameHeader);
   unsigned seed = 40;
-  for (const std::size_t body : {kFirstReadBytes + kPendingBodyFrom, std::size_t{64 * 1024}, std::size_t{200 * 1024 + 3},
-                                 kMaxStagedFrameBytes - sizeof(FrameHeader)}) {
+  for (const std::size_t body : {kFirstReadBytes + kPendingBodyFrom, std::size_t{64 * 1024},
+                                 std::size_t{200 * 1024 + 3}, kMaxStagedFrameBytes - sizeof(FrameHeader)}) {
     const std::vector<std::vector<std::size_t>> cut_sets = {
-        {},                                                                 // all at once
-        {1},                                                                // one byte of the header first
-        {header},                                                           // the header alone
-        {header + 1},                                                       // and one byte of the body
-        {kFirstReadBytes - 1, kFirstReadBytes, kFirstReadBytes + 1},        // around the first read
-        {header + body / 2},                                                // half the body
-        {header + body - 1},                                                // all but the last byte
+        {},                                                           // all at once
+        {1},                                                          // one byte of the header first
+        {header},                                                     // the header alone
+        {header + 1},                                                 // and one byte of the body
+        {kFirstReadBytes - 1, kFirstReadBytes, kFirstReadBytes + 1},  // around the first read
+        {header + body / 2},                                          // half the body
+        {header + body - 1},                                          // all but the last byte
     };
     for (const auto& cuts : cut_sets) {
       SCOPED_TRACE("body of " + std::to_string(body) + " bytes, first cut at " +
@@ -594,7 +595,6 @@ std::vector<std::uint8_t> numbered(std::size_t size, unsigned seed) {
   return out;
 }
 
-
 // A large vector followed by more fields: the archive reads the vector's elements out of
 // the stream and the fields after them into place. load() refuses the message when asked to,
 // before reading the vector, leaving most of the body in the stream.
@@ -604,7 +604,9 @@ struct BytesThenFields {
   std::uint64_t tail = 0;
   std::string name;
   template <class Archive>
-  void save(Archive& ar) const { ar(refuse, bytes, tail, name); }
+  void save(Archive& ar) const {
+    ar(refuse, bytes, tail, name);
+  }
   template <class Archive>
   void load(Archive& ar) {
     ar(refuse);
@@ -614,8 +616,12 @@ struct BytesThenFields {
 };
 
 TEST_P(StreamFrameTest, ByteMessagesReadStraightIntoTheirStorageArriveWhole) {
-  const std::vector<std::size_t> sizes = {100,        kFirstReadBytes - 100, kFirstReadBytes + kPendingBodyFrom,
-                                          64 * 1024,  1 << 20,               kMaxStagedFrameBytes - 100,
+  const std::vector<std::size_t> sizes = {100,
+                                          kFirstReadBytes - 100,
+                                          kFirstReadBytes + kPendingBodyFrom,
+                                          64 * 1024,
+                                          1 << 20,
+                                          kMaxStagedFrameBytes - 100,
                                           kMaxStagedFrameBytes + 1};
   auto [bytes_tx, bytes_rx] = channel<std::vector<std::uint8_t>>(GetParam());
   auto [floats_tx, floats_rx] = channel<std::vector<float>>(GetParam());
@@ -681,7 +687,9 @@ struct BytesAndTensors {
   std::vector<std::uint8_t> bytes;
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(bytes, tensors); }
+  void serialize(Archive& ar) {
+    ar(bytes, tensors);
+  }
 };
 
 TEST_P(StreamFrameTest, LargeBodiesTravelWithNewTensorsAndTheirFds) {

@@ -4,10 +4,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <string>
-#include <vector>
 #include <numeric>
 #include <random>
+#include <string>
+#include <vector>
 
 #include "ferry/detail/view_bounds.hpp"
 #include "ferry/tensor.hpp"
@@ -209,7 +209,8 @@ void expect_overflow(DType dtype, auto value) {
     EXPECT_NE(std::string(error.what()).find(dtype_name(dtype)), std::string::npos) << error.what();
   }
   const auto* bytes = static_cast<const std::uint8_t*>(t.data_ptr());
-  EXPECT_EQ(std::count(bytes, bytes + t.nbytes(), 0), static_cast<std::ptrdiff_t>(t.nbytes())) << "a refused fill wrote";
+  EXPECT_EQ(std::count(bytes, bytes + t.nbytes(), 0), static_cast<std::ptrdiff_t>(t.nbytes()))
+      << "a refused fill wrote";
 }
 
 TEST_F(TensorTest, FillConvertsItsValueToTheTensorsDTypeAsTorchDoes) {
@@ -345,8 +346,8 @@ TEST_F(TensorTest, HalfElements) {
 // overflows, negative entries and extents at the edge of the storage.
 TEST(ViewBoundsTest, TheFastCheckAndTheExplainingCheckAgree) {
   std::mt19937_64 random(7);
-  const std::int64_t edges[] = {0, 1, 2, 3, 7, 64, -1, std::int64_t{1} << 40, std::int64_t{1} << 62,
-                                std::numeric_limits<std::int64_t>::max()};
+  const std::int64_t edges[] = {
+      0, 1, 2, 3, 7, 64, -1, std::int64_t{1} << 40, std::int64_t{1} << 62, std::numeric_limits<std::int64_t>::max()};
   const auto pick = [&] {
     return random() % 2 == 0 ? edges[random() % std::size(edges)] : static_cast<std::int64_t>(random() % 9);
   };
@@ -365,8 +366,8 @@ TEST(ViewBoundsTest, TheFastCheckAndTheExplainingCheckAgree) {
     const auto problem = detail::view_bounds_problem(bytes, dtype, shape, strides, offset);
     std::string layout;
     for (std::size_t d = 0; d < ndim; ++d) layout += std::to_string(shape[d]) + "/" + std::to_string(strides[d]) + " ";
-    ASSERT_EQ(fast, !problem.has_value()) << "sizes/strides " << layout << "offset " << offset << " bytes " << bytes
-                                          << ": " << problem.value_or("valid");
+    ASSERT_EQ(fast, !problem.has_value())
+        << "sizes/strides " << layout << "offset " << offset << " bytes " << bytes << ": " << problem.value_or("valid");
     valid += fast;
   }
   EXPECT_GT(valid, 1000);  // both outcomes were exercised

@@ -115,8 +115,7 @@ class RawUcpPeer {
     return controls_ > 0;
   }
   // An active message `id` with `header`, whose data `bytes` of `data` go by rendezvous.
-  void send_rendezvous(unsigned id, const void* header, std::size_t header_bytes, const void* data,
-                       std::size_t bytes) {
+  void send_rendezvous(unsigned id, const void* header, std::size_t header_bytes, const void* data, std::size_t bytes) {
     ucp_request_param_t params{};
     params.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     params.flags = UCP_AM_SEND_FLAG_RNDV;
@@ -256,10 +255,13 @@ TEST_F(UcxAttackTest, SilentPeersThatConnectAndVanishGiveBackEveryFdAndByte) {
   for (int round = 0; round < 2; ++round) {
     go[round].put(listener.address());
     bool child_gone = false;
-    EXPECT_TRUE(pump_until(listener, 30s, [&] {
-      child_gone = child_gone || exited(rounds[round]);
-      return child_gone && detail::EndAccess::core(listener).pending_count() == 0 && test::count_open_fds() == fds_before;
-    })) << "round " << round << ": " << test::count_open_fds() << " fds open, " << fds_before << " before; "
+    EXPECT_TRUE(pump_until(listener, 30s,
+                           [&] {
+                             child_gone = child_gone || exited(rounds[round]);
+                             return child_gone && detail::EndAccess::core(listener).pending_count() == 0 &&
+                                    test::count_open_fds() == fds_before;
+                           }))
+        << "round " << round << ": " << test::count_open_fds() << " fds open, " << fds_before << " before; "
         << detail::EndAccess::core(listener).pending_count() << " handshakes pending";
     if (round == 0) rss_after_first = status_kib("VmRSS");
   }
@@ -312,9 +314,10 @@ TEST_F(UcxAttackTest, AFloodOfSilentPeersIsCappedAndAGoodClientIsServedMeanwhile
   sender.reset();
   ASSERT_EQ(::kill(flood, SIGKILL), 0);
   EXPECT_EQ(wait_child(flood).signal, SIGKILL);
-  EXPECT_TRUE(pump_until(listener, 20s, [&] {
-    return detail::EndAccess::core(listener).pending_count() == 0 && test::count_open_fds() == fds_before;
-  })) << test::count_open_fds() << " fds open, " << fds_before << " before";
+  EXPECT_TRUE(pump_until(
+      listener, 20s,
+      [&] { return detail::EndAccess::core(listener).pending_count() == 0 && test::count_open_fds() == fds_before; }))
+      << test::count_open_fds() << " fds open, " << fds_before << " before";
 }
 
 }  // namespace

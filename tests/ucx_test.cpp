@@ -6,22 +6,22 @@
 //
 // A process forked after it used UCX must not touch UCX, so every test forks its child
 // before the parent's first UCX call and passes the listener's port through a pipe.
-#include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <sched.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstring>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -30,13 +30,13 @@
 
 #include "ferry/detail/frame_channel.hpp"
 #include "ferry/ferry.hpp"
+#include "support/address_pipe.hpp"
 #include "support/leak_check.hpp"
+#include "support/process.hpp"
+#include "support/ucx_test_endpoints.hpp"
 #include "ucx/ucx_address.hpp"
 #include "ucx/ucx_connection.hpp"
 #include "ucx/ucx_context.hpp"
-#include "support/address_pipe.hpp"
-#include "support/process.hpp"
-#include "support/ucx_test_endpoints.hpp"
 
 namespace ferry {
 namespace {
@@ -124,7 +124,8 @@ TEST_F(UcxEndpointTest, TensorsOfEverySizeTravelBothWaysWithTheirContents) {
       ASSERT_TRUE(reply.has_value()) << "no reply for round " << round;
       ASSERT_EQ(reply->tensors.size(), 2u);
       EXPECT_TRUE(has_pattern(reply->tensors[0], kSizes[round], static_cast<std::uint8_t>(round + 1)));
-      EXPECT_TRUE(has_pattern(reply->tensors[1], kSizes[kSizes.size() - 1 - round], static_cast<std::uint8_t>(round + 1)));
+      EXPECT_TRUE(
+          has_pattern(reply->tensors[1], kSizes[kSizes.size() - 1 - round], static_cast<std::uint8_t>(round + 1)));
     }
     to_child.close();
     EXPECT_FALSE(from_child.recv_for(10s).has_value());  // the child's end of stream
@@ -276,8 +277,8 @@ TEST_F(UcxEndpointTest, TypeAndDirectionMismatchesAreRefusedAndTheListenerGoesOn
   listener.serve_sender<Batch>();
   const std::string address = listener.address();
   std::thread clients([&] {
-    EXPECT_THROW(connect_receiver<Other>(address, quiet_ucx_options()), TypeMismatch);   // type
-    EXPECT_THROW(connect_sender<Batch>(address, quiet_ucx_options()), TypeMismatch);     // direction
+    EXPECT_THROW(connect_receiver<Other>(address, quiet_ucx_options()), TypeMismatch);  // type
+    EXPECT_THROW(connect_sender<Batch>(address, quiet_ucx_options()), TypeMismatch);    // direction
     Receiver<Batch> good = connect_receiver<Batch>(address, quiet_ucx_options());
     auto batch = good.recv_for(5s);
     EXPECT_TRUE(batch.has_value() && batch->index == 7);
@@ -307,8 +308,7 @@ TEST_F(UcxEndpointTest, AWrongOrMissingSecretIsRefused) {
         connect_receiver<Batch>(address, wrong);
         ADD_FAILURE() << "a wrong secret was accepted";
       } catch (const UntrustedPeer& error) {
-        EXPECT_NE(std::string(error.what()).find("did not prove the shared secret"), std::string::npos)
-            << error.what();
+        EXPECT_NE(std::string(error.what()).find("did not prove the shared secret"), std::string::npos) << error.what();
       }
     }
     Receiver<Batch> good = connect_receiver<Batch>(address, quiet_ucx_options("right"));
@@ -411,7 +411,7 @@ TEST_F(UcxEndpointTest, AnAddressFamilyOrderTheUserSetReachesUcx) {
       }
     }
   } restored{std::getenv("UCX_TCP_AF_PRIO") ? std::optional<std::string>(std::getenv("UCX_TCP_AF_PRIO"))
-                                             : std::nullopt};
+                                            : std::nullopt};
   ASSERT_EQ(::setenv("UCX_TCP_AF_PRIO", "no_such_family", 1), 0);
   try {
     auto listener = listen("ucx://127.0.0.1:0", quiet_ucx_options());
@@ -541,7 +541,8 @@ TEST_F(UcxEndpointTest, AUcxEndIsRefusedBySpawn) {
   try {
     SpawnOptions options;
     options.fork_with_threads = true;  // UCX runs a thread of its own
-    auto group = spawn(options, 1, [](WorkerContext&, Sender<Batch>) {}, std::move(tx));
+    auto group = spawn(
+        options, 1, [](WorkerContext&, Sender<Batch>) {}, std::move(tx));
     ADD_FAILURE() << "spawn took a ucx end";
   } catch (const SpawnError& error) {
     EXPECT_NE(std::string(error.what()).find("ucx"), std::string::npos) << error.what();
@@ -730,7 +731,8 @@ TEST_F(UcxEndpointTest, ASilentUcxClientDelaysNoOtherAndIsDroppedAtItsHandshakeT
     const ucx::detail::UcxAddress parsed = ucx::detail::parse_ucx_address(address);
     auto context = ucx::detail::UcxContext::get({}, AF_INET);
     auto connection = ucx::detail::UcxConnection::connect(context, parsed.socket, parsed.length, FrameLimits{});
-    CHILD_CHECK(connection->receive_control(ferry::detail::Deadline::after(10s)).has_value());  // the listener's challenge
+    CHILD_CHECK(
+        connection->receive_control(ferry::detail::Deadline::after(10s)).has_value());  // the listener's challenge
     connected_pipe.put("connected");
     ::pause();  // silent until killed
   });
@@ -863,8 +865,9 @@ class UcxTwoHostsTest : public test::LeakCheckedTest {
     const std::string vb = "fvb" + tag;
     for (const std::string& command :
          {"ip netns add " + b_, "ip link add " + va + " netns " + a_ + " type veth peer name " + vb + " netns " + b_,
-          "ip -n " + a_ + " addr add " + kHostA + "/24 dev " + va, "ip -n " + b_ + " addr add " + kHostB + "/24 dev " + vb,
-          "ip -n " + a_ + " link set lo up", "ip -n " + b_ + " link set lo up", "ip -n " + a_ + " link set " + va + " up",
+          "ip -n " + a_ + " addr add " + kHostA + "/24 dev " + va,
+          "ip -n " + b_ + " addr add " + kHostB + "/24 dev " + vb, "ip -n " + a_ + " link set lo up",
+          "ip -n " + b_ + " link set lo up", "ip -n " + a_ + " link set " + va + " up",
           "ip -n " + b_ + " link set " + vb + " up"}) {
       ASSERT_EQ(shell(command), 0) << command;
     }
@@ -902,7 +905,8 @@ class UcxTwoHostsTest : public test::LeakCheckedTest {
       const std::string name = entry.path().filename();
       if (name.rfind(kNetnsPrefix, 0) != 0) continue;
       const std::string pid = name.substr(std::strlen(kNetnsPrefix), name.size() - std::strlen(kNetnsPrefix) - 1);
-      if (::kill(static_cast<pid_t>(std::atoi(pid.c_str())), 0) != 0 && errno == ESRCH) (void)shell("ip netns del " + name);
+      if (::kill(static_cast<pid_t>(std::atoi(pid.c_str())), 0) != 0 && errno == ESRCH)
+        (void)shell("ip netns del " + name);
     }
   }
   // Forks a child that runs `body` inside namespace `name`. Like `ip netns exec`, it also

@@ -10,9 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "ferry/detail/frame_channel.hpp"
-#include "ferry/detail/body_reader.hpp"
 #include "ferry/channel.hpp"
+#include "ferry/detail/body_reader.hpp"
+#include "ferry/detail/frame_channel.hpp"
 #include "ferry/value.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
@@ -83,14 +83,16 @@ TEST(ValueTest, ItsWireNameIsTheSameForEveryCompiler) {
 TEST(ValueTest, Utf8Validation) {
   EXPECT_TRUE(is_valid_utf8("plain ascii"));
   EXPECT_TRUE(is_valid_utf8("\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80"));  // é € 😀
-  EXPECT_FALSE(is_valid_utf8("\xc3"));                                // truncated
-  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));                            // overlong '/'
-  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));                        // a surrogate
-  EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));                    // above U+10FFFF
+  EXPECT_FALSE(is_valid_utf8("\xc3"));                                 // truncated
+  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));                             // overlong '/'
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));                         // a surrogate
+  EXPECT_FALSE(is_valid_utf8("\xf4\x90\x80\x80"));                     // above U+10FFFF
   EXPECT_FALSE(is_valid_utf8("\xff"));
   // Past the 8-byte ASCII steps: a character across a step's edge, a bad byte after several.
   EXPECT_TRUE(is_valid_utf8("train/12/3456\xc3\xa9.jpg and more ascii"));
-  EXPECT_TRUE(is_valid_utf8("1234567\xe2\x82\xac" "890123456"));
+  EXPECT_TRUE(
+      is_valid_utf8("1234567\xe2\x82\xac"
+                    "890123456"));
   EXPECT_FALSE(is_valid_utf8("0123456789abcdef0123\xff"));
   EXPECT_FALSE(is_valid_utf8("01234567\xc3"));
 }
@@ -114,7 +116,9 @@ struct Step {
   Value metadata;
   Tensor images;
   template <class Archive>
-  void serialize(Archive& ar) { ar(index, metadata, images); }
+  void serialize(Archive& ar) {
+    ar(index, metadata, images);
+  }
 };
 
 TEST_P(ValueChannelTest, ValueMembersMixWithCppFields) {
@@ -129,7 +133,8 @@ TEST_P(ValueChannelTest, ValueMembersMixWithCppFields) {
 
 TEST_P(ValueChannelTest, AValueReceiverRefusesAStructSenderWithTypeMismatch) {
   const ChannelOptions options;
-  auto [writer, reader] = detail::make_transport(GetParam(), options.limits, options.ring_capacity, options.ring_timing());
+  auto [writer, reader] =
+      detail::make_transport(GetParam(), options.limits, options.ring_capacity, options.ring_timing());
   auto tx = detail::sender_over<Step>(std::move(writer), GetParam(), options);
   auto rx = detail::receiver_over<Value>(std::move(reader), GetParam(), options);
   tx.send(Step{1, Value(), Tensor()});
@@ -207,15 +212,11 @@ TEST(ValueWireTest, LyingCountsAndBadBytesAreProtocolErrors) {
   EXPECT_NE(decode_error(BodyBuilder().kind(ValueKind::String).text("\xc0\xaf")).find("UTF-8"), std::string::npos);
   EXPECT_NE(decode_error(BodyBuilder().kind(ValueKind::Map).u64(1).text("\xff").kind(ValueKind::None)).find("UTF-8"),
             std::string::npos);
-  EXPECT_NE(decode_error(BodyBuilder()
-                             .kind(ValueKind::Map)
-                             .u64(2)
-                             .text("k")
-                             .kind(ValueKind::None)
-                             .text("k")
-                             .kind(ValueKind::None))
-                .find("key 'k' twice"),
-            std::string::npos);
+  EXPECT_NE(
+      decode_error(
+          BodyBuilder().kind(ValueKind::Map).u64(2).text("k").kind(ValueKind::None).text("k").kind(ValueKind::None))
+          .find("key 'k' twice"),
+      std::string::npos);
   EXPECT_NE(decode_error(BodyBuilder().kind(ValueKind::Int).u8(1)).find("truncated"), std::string::npos)
       << decode_error(BodyBuilder().kind(ValueKind::Int).u8(1));
   // A tensor naming a storage the frame does not have.

@@ -173,8 +173,8 @@ void interrupt_when_signalled(void*) {
 }
 
 TEST(WaitInterruption, ASignalHandledInTheWaitingThreadRunsTheCheckAtOnce) {
-  struct sigaction action{};
-  struct sigaction previous{};
+  struct sigaction action {};
+  struct sigaction previous {};
   action.sa_handler = &on_signal;  // no SA_RESTART: the wait's system call ends with EINTR
   ASSERT_EQ(::sigaction(SIGUSR1, &action, &previous), 0);
   g_signalled = false;

@@ -14,7 +14,10 @@
 struct PlainTensor {
   std::vector<std::int64_t> shape;
   std::vector<float> data;
-  template <class Archive> void serialize(Archive& ar) { ar(shape, data); }
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(shape, data);
+  }
 };
 
 struct Batch {
@@ -22,7 +25,10 @@ struct Batch {
   std::string tag;
   PlainTensor images;
   std::vector<PlainTensor> extra;
-  template <class Archive> void serialize(Archive& ar) { ar(step, tag, images, extra); }
+  template <class Archive>
+  void serialize(Archive& ar) {
+    ar(step, tag, images, extra);
+  }
 };
 
 int main() {

@@ -17,10 +17,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <thread>
 #include <functional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -365,9 +365,9 @@ void measure_costs(int iterations) {
         (ping.kind == 'o' ? waits_own : waits_default).push_back(since(start));
       }
       if (uses_flag(ping.kind)) {
-        check_driver(driver.wait_value64(nullptr, reinterpret_cast<CUdeviceptr>(flag), ping.sequence,
-                                         CU_STREAM_WAIT_VALUE_GEQ),
-                     "cuStreamWaitValue64");
+        check_driver(
+            driver.wait_value64(nullptr, reinterpret_cast<CUdeviceptr>(flag), ping.sequence, CU_STREAM_WAIT_VALUE_GEQ),
+            "cuStreamWaitValue64");
         waits_value.push_back(since(start));
       }
       if (ping.kind == 'E' || ping.kind == 'S' || ping.kind == 'V') {
@@ -388,9 +388,8 @@ void measure_costs(int iterations) {
       print("cuStreamWaitValue64 on the producer's flag", median_us(waits_value));
       print("cudaStreamSynchronize after waiting for a flag value", median_us(syncs_after_value));
     }
-    print("cudaStreamWaitEvent, local event, default stream", time_call(iterations, [&] {
-            check(cudaStreamWaitEvent(nullptr, local_event, 0), "cudaStreamWaitEvent");
-          }));
+    print("cudaStreamWaitEvent, local event, default stream",
+          time_call(iterations, [&] { check(cudaStreamWaitEvent(nullptr, local_event, 0), "cudaStreamWaitEvent"); }));
     std::fflush(stdout);
     const char done = 1;
     write_all(pipes.to_producer[1], &done, 1);
@@ -483,7 +482,8 @@ void study_dead_producer(bool fence) {
       const auto start = std::chrono::steady_clock::now();
       for (;;) {
         const cudaError_t status = cudaStreamQuery(stream);
-        const auto waited = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+        const auto waited =
+            std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
         if (status == cudaSuccess) return "completed after " + std::to_string(waited.count()) + " ms";
         if (status != cudaErrorNotReady) return std::string("failed: ") + cudaGetErrorName(status);
         if (waited > limit) return "STILL BLOCKED after " + std::to_string(waited.count()) + " ms";

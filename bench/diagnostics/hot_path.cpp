@@ -33,10 +33,10 @@
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
 #define FERRY_MEASURE_START() CALLGRIND_START_INSTRUMENTATION
-#define FERRY_MEASURE_STOP() \
-  do {                       \
+#define FERRY_MEASURE_STOP()        \
+  do {                              \
     CALLGRIND_STOP_INSTRUMENTATION; \
-    CALLGRIND_DUMP_STATS;    \
+    CALLGRIND_DUMP_STATS;           \
   } while (false)
 #else
 #define FERRY_MEASURE_START() ((void)0)
@@ -53,7 +53,9 @@ constexpr std::int64_t kSmallElements = 1024;  // 4 KiB of float32
 struct Message {
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(tensors); }
+  void serialize(Archive& ar) {
+    ar(tensors);
+  }
 };
 
 ferry::ChannelOptions sleeping() {

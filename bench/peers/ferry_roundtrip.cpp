@@ -67,8 +67,8 @@ int main(int argc, char** argv) try {
   ping_rx.close();
   pong_tx.detach();
 
-  auto measure = [&, &ping_tx = ping_tx, &pong_rx = pong_rx](const std::string& name, const std::function<Message()>& make,
-                                                               int count) {
+  auto measure = [&, &ping_tx = ping_tx, &pong_rx = pong_rx](const std::string& name,
+                                                             const std::function<Message()>& make, int count) {
     std::vector<double> samples;
     for (int i = 0; i < kWarmUp + count; ++i) {
       const auto start = Clock::now();
@@ -83,20 +83,23 @@ int main(int argc, char** argv) try {
     results[prefix + name] = std::move(samples);
   };
 
-  for (const std::int64_t size : {std::int64_t{4096}, std::int64_t{1} << 20, std::int64_t{64} << 20,
-                                  std::int64_t{256} << 20}) {
+  for (const std::int64_t size :
+       {std::int64_t{4096}, std::int64_t{1} << 20, std::int64_t{64} << 20, std::int64_t{256} << 20}) {
     const int count = iterations_for(size, scale);
     const std::string bytes = std::to_string(size);
     Tensor same = Tensor::zeros({size / 4}, DType::Float32, Device::SharedCpu);
-    measure("same/" + bytes, [&] { return Message{same}; }, count);
-    measure("new_shared/" + bytes, [&] { return Message{Tensor::empty({size / 4}, DType::Float32, Device::SharedCpu)}; },
-            count);
-    measure("new_private/" + bytes, [&] { return Message{Tensor::empty({size / 4}, DType::Float32, Device::Cpu)}; },
-            count);
+    measure(
+        "same/" + bytes, [&] { return Message{same}; }, count);
+    measure(
+        "new_shared/" + bytes, [&] { return Message{Tensor::empty({size / 4}, DType::Float32, Device::SharedCpu)}; },
+        count);
+    measure(
+        "new_private/" + bytes, [&] { return Message{Tensor::empty({size / 4}, DType::Float32, Device::Cpu)}; }, count);
   }
   Message small;
   for (int i = 0; i < 10; ++i) small.push_back(Tensor::zeros({1024}, DType::Float32, Device::SharedCpu));
-  measure("ten_small/40960", [&] { return small; }, iterations_for(4096, scale));
+  measure(
+      "ten_small/40960", [&] { return small; }, iterations_for(4096, scale));
 
   ping_tx.close();  // the child's loop ends; ChildProcess reaps it when main returns
 

@@ -10,10 +10,10 @@
 namespace {
 
 [[maybe_unused]] const bool registered = [] {
-  benchmark::AddCustomContext(
-      "ferry_build", std::string(FERRY_BENCH_BUILD_TYPE) + " (" + FERRY_BENCH_CXX_FLAGS +
-                         "); a \"Library was built as DEBUG\" warning below is about Google Benchmark's "
-                         "library (Debian's libbenchmark), not ferry");
+  benchmark::AddCustomContext("ferry_build",
+                              std::string(FERRY_BENCH_BUILD_TYPE) + " (" + FERRY_BENCH_CXX_FLAGS +
+                                  "); a \"Library was built as DEBUG\" warning below is about Google Benchmark's "
+                                  "library (Debian's libbenchmark), not ferry");
   return true;
 }();
 

@@ -9,7 +9,9 @@ namespace ferry::bench {
 struct TensorMessage {
   Tensor tensor;
   template <class Archive>
-  void serialize(Archive& ar) { ar(tensor); }
+  void serialize(Archive& ar) {
+    ar(tensor);
+  }
 };
 
 }  // namespace ferry::bench

@@ -66,7 +66,8 @@ sockaddr_in ipv4(const std::string& host, std::uint16_t port) {
   sockaddr_in where{};
   where.sin_family = AF_INET;
   where.sin_port = htons(port);
-  if (::inet_pton(AF_INET, host.c_str(), &where.sin_addr) != 1) throw std::runtime_error("not an IPv4 address: " + host);
+  if (::inet_pton(AF_INET, host.c_str(), &where.sin_addr) != 1)
+    throw std::runtime_error("not an IPv4 address: " + host);
   return where;
 }
 
@@ -195,11 +196,16 @@ int run_peer(int argc, char** argv) {
   };
   pin_to(last_cpu());
   try {
-    if (mode == "raw-echo") serve_raw_echo(host, bytes, print_port);
-    else if (mode == "raw-sink") serve_raw_sink(host, bytes, print_port);
-    else if (mode == "ferry-echo64") serve_ferry_echo<Bytes64>(host, print_port);
-    else if (mode == "ferry-echo") serve_ferry_echo<TensorMessage>(host, print_port);
-    else if (mode == "ferry-sink") serve_ferry_sink(host, print_port);
+    if (mode == "raw-echo")
+      serve_raw_echo(host, bytes, print_port);
+    else if (mode == "raw-sink")
+      serve_raw_sink(host, bytes, print_port);
+    else if (mode == "ferry-echo64")
+      serve_ferry_echo<Bytes64>(host, print_port);
+    else if (mode == "ferry-echo")
+      serve_ferry_echo<TensorMessage>(host, print_port);
+    else if (mode == "ferry-sink")
+      serve_ferry_sink(host, print_port);
     else {
       std::fprintf(stderr, "ferry_ucx_bench --peer: no mode '%s'\n", mode.c_str());
       return 2;

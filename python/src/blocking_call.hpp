@@ -53,7 +53,8 @@ inline constexpr std::chrono::milliseconds kPythonCheckPeriod{250};
 /// Runs `wait()` without the GIL, interruptible as the contract above says. `abandoned_message`
 /// is the message of Abandoned.
 template <class Wait>
-auto call_blocking(const Wait& wait, const std::atomic<bool>* abandoned, const char* abandoned_message) -> decltype(wait()) {
+auto call_blocking(const Wait& wait, const std::atomic<bool>* abandoned, const char* abandoned_message)
+    -> decltype(wait()) {
   BlockingCallState state;
   state.abandoned = abandoned;
   state.main_thread = in_main_thread();

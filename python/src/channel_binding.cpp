@@ -33,8 +33,9 @@ std::size_t count_option(const py::handle value, const char* what) {
 
 FrameLimits limits_option(const py::handle value) {
   if (!py::isinstance<py::dict>(value)) {
-    throw py::type_error("limits must be a dict such as {'max_body_bytes': 1 << 20} (keys: max_body_bytes, "
-                         "max_handles, max_segments, max_fds, max_releases, max_type_name_bytes)");
+    throw py::type_error(
+        "limits must be a dict such as {'max_body_bytes': 1 << 20} (keys: max_body_bytes, "
+        "max_handles, max_segments, max_fds, max_releases, max_type_name_bytes)");
   }
   FrameLimits limits;
   for (const auto& [key, limit] : value.cast<py::dict>()) {
@@ -57,7 +58,8 @@ FrameLimits limits_option(const py::handle value) {
     } else if (name == "max_type_name_bytes") {
       limits.max_type_name_bytes = as_u32();
     } else {
-      throw py::type_error("limits has no '" + name + "'; use max_body_bytes, max_handles, max_segments, max_fds, "
+      throw py::type_error("limits has no '" + name +
+                           "'; use max_body_bytes, max_handles, max_segments, max_fds, "
                            "max_releases or max_type_name_bytes");
     }
   }
@@ -84,7 +86,8 @@ py::object call_for(PySender& sender, PyReceiver& receiver, py::handle request, 
       "was not sent");
   if (!sent) {
     PyErr_SetString(PyExc_TimeoutError, ("Duplex.call_for(): the request found no room within " +
-                                         std::to_string(py::cast<double>(timeout)) + " s").c_str());
+                                         std::to_string(py::cast<double>(timeout)) + " s")
+                                            .c_str());
     throw py::error_already_set();
   }
   if (!limit) return receiver.recv();
@@ -177,8 +180,9 @@ void bind_channels(py::module_& module) {
 
   // Ends and listeners are bound elsewhere; what they show of their channel is added here.
   const py::object property = py::module_::import("builtins").attr("property");
-  const char* transport_doc = "The channel's transport, named as C++'s transport_name() ('shm_ring', 'unix_socket', "
-                              "'pipe', 'in_process').";
+  const char* transport_doc =
+      "The channel's transport, named as C++'s transport_name() ('shm_ring', 'unix_socket', "
+      "'pipe', 'in_process').";
   module.attr("Sender").attr("transport") =
       property(py::cpp_function([](PySender& end) { return std::string(transport_name(end.end().transport())); }),
                py::none(), py::none(), transport_doc);

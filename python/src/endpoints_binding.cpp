@@ -32,8 +32,8 @@ EndpointOptions endpoint_options(const std::string& transport, const py::object&
   }
   // None: no limit, as everywhere in the package (C++'s default is 10 s).
   const auto limit = timeout_from_python(connect_timeout, "connect_sender()/connect_receiver()");
-  options.connect_timeout = limit ? std::chrono::duration_cast<std::chrono::milliseconds>(*limit)
-                                  : std::chrono::milliseconds::max();
+  options.connect_timeout =
+      limit ? std::chrono::duration_cast<std::chrono::milliseconds>(*limit) : std::chrono::milliseconds::max();
   return options;
 }
 
@@ -175,8 +175,8 @@ void bind_endpoints(py::module_& module) {
       "connect_receiver",
       [](const std::string& address, const py::object& timeout, const std::string& transport) {
         const EndpointOptions options = endpoint_options(transport, timeout);
-        return std::make_unique<PyReceiver>(call_blocking(
-            [&] { return ferry::connect_receiver<PyValue>(address, options); }, nullptr, ""));
+        return std::make_unique<PyReceiver>(
+            call_blocking([&] { return ferry::connect_receiver<PyValue>(address, options); }, nullptr, ""));
       },
       py::arg("address"), py::arg("timeout") = py::none(), py::arg("transport") = "unix",
       "Connects to the listener at `address` (a C++ accept_sender<ferry::Value>() or a Python "
@@ -186,8 +186,8 @@ void bind_endpoints(py::module_& module) {
       "connect_sender",
       [](const std::string& address, const py::object& timeout, const std::string& transport) {
         const EndpointOptions options = endpoint_options(transport, timeout);
-        return std::make_unique<PySender>(call_blocking(
-            [&] { return ferry::connect_sender<PyValue>(address, options); }, nullptr, ""));
+        return std::make_unique<PySender>(
+            call_blocking([&] { return ferry::connect_sender<PyValue>(address, options); }, nullptr, ""));
       },
       py::arg("address"), py::arg("timeout") = py::none(), py::arg("transport") = "unix",
       "Connects as a Sender (the listener's accept_receiver); see connect_receiver.");
@@ -195,8 +195,8 @@ void bind_endpoints(py::module_& module) {
       "connect_duplex",
       [](const std::string& address, const py::object& timeout, const std::string& transport) {
         const EndpointOptions options = endpoint_options(transport, timeout);
-        auto halves = std::make_unique<DuplexHalves>(call_blocking(
-            [&] { return ferry::connect_duplex<PyValue, PyValue>(address, options); }, nullptr, ""));
+        auto halves = std::make_unique<DuplexHalves>(
+            call_blocking([&] { return ferry::connect_duplex<PyValue, PyValue>(address, options); }, nullptr, ""));
         return python_duplex(std::move(halves));
       },
       py::arg("address"), py::arg("timeout") = py::none(), py::arg("transport") = "unix",

@@ -30,7 +30,6 @@ Transport transport_from_name(const std::string& name) {
   throw py::value_error("ferry has no transport '" + name + "'; use pipe, unix, shm_ring or in_process");
 }
 
-
 }  // namespace
 
 // A description written by cereal's binary archive (how a C++ parent hands ends to a
@@ -120,8 +119,9 @@ py::object PyReceiver::recv_for(const py::object& timeout) {
   std::optional<PyValue> value = receive_within(timeout_or_forever(limit), ended);
   if (value) return value->take();
   if (ended) throw ChannelClosed("the stream ended: the sender closed it (or this Receiver was closed)");
-  PyErr_SetString(PyExc_TimeoutError,
-                  ("Receiver.recv_for(): no message within " + std::to_string(py::cast<double>(timeout)) + " s").c_str());
+  PyErr_SetString(
+      PyExc_TimeoutError,
+      ("Receiver.recv_for(): no message within " + std::to_string(py::cast<double>(timeout)) + " s").c_str());
   throw py::error_already_set();
 }
 

@@ -68,7 +68,7 @@ class PyReceiver {
   std::optional<PyValue> receive_within(std::chrono::nanoseconds timeout, bool& ended);
 
   Receiver<PyValue> end_;
-  detail::Mutex mutex_;  // Receiver<T> is for one thread at a time: recv() against recv()
+  detail::Mutex mutex_;               // Receiver<T> is for one thread at a time: recv() against recv()
   std::atomic<bool> closing_{false};  // close() was called: a waiting recv gives up
 };
 

@@ -3,10 +3,10 @@
 #include <exception>
 #include <string>
 
+#include "error_text.hpp"
 #include "ferry/endpoint.hpp"
 #include "ferry/error.hpp"
 #include "ferry/peer_credentials.hpp"
-#include "error_text.hpp"
 
 namespace py = pybind11;
 
@@ -16,8 +16,7 @@ namespace {
 // EndOwnedElsewhere with a message in Python's terms (the C++ one names detach()/adopt()
 // and ferry::spawn) and the owner's pid as attributes.
 void raise_end_owned_elsewhere(PyObject* type, const EndOwnedElsewhere& e) {
-  const std::string process =
-      "process " + std::to_string(e.owner()) + (e.owner_alive() ? "" : " (which has exited)");
+  const std::string process = "process " + std::to_string(e.owner()) + (e.owner_alive() ? "" : " (which has exited)");
   const std::string end = "this " + e.role();
   std::string what;
   switch (e.reason()) {
@@ -34,10 +33,11 @@ void raise_end_owned_elsewhere(PyObject* type, const EndOwnedElsewhere& e) {
              "processes using one end would corrupt its stream";
       break;
   }
-  what += ". An end belongs to one process: hand it over instead of sharing it (pass it to "
-          "multiprocessing.Process as an argument, or through a multiprocessing Queue or Pool; after os.fork(), "
-          "call end.detach() in the process that gives it up and end.adopt() in the one that takes it), or give "
-          "each process a channel of its own";
+  what +=
+      ". An end belongs to one process: hand it over instead of sharing it (pass it to "
+      "multiprocessing.Process as an argument, or through a multiprocessing Queue or Pool; after os.fork(), "
+      "call end.detach() in the process that gives it up and end.adopt() in the one that takes it), or give "
+      "each process a channel of its own";
   py::object error = py::reinterpret_steal<py::object>(PyObject_CallFunction(type, "s", what.c_str()));
   if (!error) return;  // the call set an error of its own (memory)
   PyObject_SetAttrString(error.ptr(), "owner", py::int_(e.owner()).ptr());

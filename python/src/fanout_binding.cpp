@@ -61,7 +61,8 @@ class PySelector {
     return selector_.size();
   }
   py::object receiver(std::size_t index) {
-    if (index >= members_.size() || !members_[index]) throw py::key_error("no receiver " + std::to_string(index) + " in this Selector");
+    if (index >= members_.size() || !members_[index])
+      throw py::key_error("no receiver " + std::to_string(index) + " in this Selector");
     return members_[index];
   }
 
@@ -76,7 +77,8 @@ class PySelector {
           const detail::MutexLock lock(mutex_);
           throw_if_closed(api);
           if (selector_.empty()) {
-            throw ChannelClosed(std::string("Selector.") + api + ": the Selector is empty: add() receivers to it (each one is "
+            throw ChannelClosed(std::string("Selector.") + api +
+                                ": the Selector is empty: add() receivers to it (each one is "
                                 "removed with remove() once its stream ended)");
           }
           return selector_.wait_for(Timeout(timeout_or_forever(limit)));
@@ -126,7 +128,8 @@ class PySelector {
 
 FanoutOptions fanout_options(std::size_t max_in_flight, double liveness_check_interval, std::string name) {
   if (max_in_flight < 1) throw py::value_error("max_in_flight must be at least 1");
-  if (!(liveness_check_interval >= 0)) throw py::value_error("liveness_check_interval must be a number of seconds >= 0");
+  if (!(liveness_check_interval >= 0))
+    throw py::value_error("liveness_check_interval must be a number of seconds >= 0");
   FanoutOptions options;
   options.max_in_flight = max_in_flight;
   options.name = std::move(name);
@@ -304,7 +307,6 @@ void bind_common(C& cls) {
 }  // namespace
 
 void bind_fanout(py::module_& module) {
-
   py::class_<PySelector>(module, "Selector",
                          "A set of Receivers waited on at once from one thread: wait() returns the index of one "
                          "whose recv() will not wait for the peer to begin a message. Ready receivers are served "

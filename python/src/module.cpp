@@ -7,10 +7,10 @@
 #include "ends_binding.hpp"
 #include "errors.hpp"
 #include "fanout_binding.hpp"
-#include "share_binding.hpp"
-#include "spawn_binding.hpp"
 #include "handover_binding.hpp"
 #include "introspection_binding.hpp"
+#include "share_binding.hpp"
+#include "spawn_binding.hpp"
 #include "tensor_binding.hpp"
 
 PYBIND11_MODULE(_ferry, module) {

@@ -18,10 +18,10 @@
 #include "error_text.hpp"
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/thread_annotations.hpp"
-#include "ferry/worker_group.hpp"
 #include "ferry/detail/worker_registry.hpp"
 #include "ferry/end_description.hpp"
 #include "ferry/init.hpp"
+#include "ferry/worker_group.hpp"
 
 namespace py = pybind11;
 
@@ -161,8 +161,9 @@ class PyWorkerGroup {
     } catch (const WorkerFailed& failure) {
       return failure_details(failure);
     } catch (const Abandoned&) {
-      throw Error("WorkerGroup.join(): terminate() was called in another thread while join() waited; the workers "
-                  "were terminated");
+      throw Error(
+          "WorkerGroup.join(): terminate() was called in another thread while join() waited; the workers "
+          "were terminated");
     }
   }
 
@@ -231,9 +232,9 @@ std::string encode_description(const EndDescription& description) {
 }  // namespace
 
 void bind_spawn(py::module_& module) {
-  static const bool registered = detail::register_worker_entry(
-      kPythonWorker, reinterpret_cast<detail::FunctionIdentity>(&python_marker), "python", &python_entry,
-      &python_invoke);
+  static const bool registered =
+      detail::register_worker_entry(kPythonWorker, reinterpret_cast<detail::FunctionIdentity>(&python_marker), "python",
+                                    &python_entry, &python_invoke);
   (void)registered;
   static py::exception<SpawnError> spawn_error(module, "SpawnError", module.attr("Error").ptr());
   spawn_error.doc() = "ferry.spawn cannot start the workers as asked (raised before any worker starts).";
@@ -321,9 +322,8 @@ void bind_spawn(py::module_& module) {
   module.def(
       "_describe_end",
       [](py::handle end) {
-        const EndDescription description = py::isinstance<PySender>(end)
-                                               ? describe_end(end.cast<PySender&>().end())
-                                               : describe_end(end.cast<PyReceiver&>().end());
+        const EndDescription description = py::isinstance<PySender>(end) ? describe_end(end.cast<PySender&>().end())
+                                                                         : describe_end(end.cast<PyReceiver&>().end());
         return py::make_tuple(py::bytes(encode_description(description)), description.fds);
       },
       py::arg("end"), "(cereal EndDescription bytes, descriptors) of an end, for a worker started by exec.");

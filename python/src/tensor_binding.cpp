@@ -28,7 +28,8 @@ void release_unconsumed_capsule(PyObject* capsule) {
 
 py::capsule dlpack_capsule(const Tensor& tensor, const py::object& stream) {
   if (!stream.is_none() && tensor.device().is_cpu()) {
-    throw py::value_error("__dlpack__: a CPU tensor takes no stream (got " + py::repr(stream).cast<std::string>() + ")");
+    throw py::value_error("__dlpack__: a CPU tensor takes no stream (got " + py::repr(stream).cast<std::string>() +
+                          ")");
   }
   ExportRegistry::instance().add(tensor.storage());
   DLManagedTensor* managed = to_dlpack(tensor);
@@ -114,8 +115,7 @@ Shape shape_from(const std::vector<std::int64_t>& extents) {
 namespace {
 
 struct TensorObject {
-  PyObject_HEAD
-  Tensor tensor;
+  PyObject_HEAD Tensor tensor;
 };
 
 PyTypeObject* tensor_type = nullptr;  // made by bind_tensor; one reference kept for the process
@@ -192,35 +192,48 @@ void bind_tensor(py::module_& module) {
                                py::none(), py::none(), doc);
   };
   const auto add_method = [&](const char* name, auto&& method, auto&&... extra) {
-    type.attr(name) = py::cpp_function(std::forward<decltype(method)>(method), py::name(name), py::is_method(type),
-                                       py::sibling(py::getattr(type, name, py::none())),
-                                       std::forward<decltype(extra)>(extra)...);
+    type.attr(name) =
+        py::cpp_function(std::forward<decltype(method)>(method), py::name(name), py::is_method(type),
+                         py::sibling(py::getattr(type, name, py::none())), std::forward<decltype(extra)>(extra)...);
   };
-  add_property("shape", [](const Tensor& t) { return to_tuple(t.shape()); }, "The extent of each dimension (a tuple).");
-  add_property("strides", [](const Tensor& t) { return to_tuple(t.strides()); },
-               "Strides in elements (not bytes, unlike NumPy).");
-  add_property("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); },
-               "The element type's name, such as 'float32'.");
-  add_property("device", [](const Tensor& t) { return t.device().to_string(); },
-               "Where the elements live: 'cpu' (private memory), 'shared_cpu' (ferry shared memory) or 'cuda:N'.");
-  add_property("storage_offset", [](const Tensor& t) { return t.storage_offset(); },
-               "Index of element 0 in its storage, in elements.");
-  add_property("nbytes", [](const Tensor& t) { return t.nbytes(); }, "Bytes of the elements (numel() * element size).");
-  add_property("is_shared", [](const Tensor& t) { return t.is_shared(); },
-               "True when the elements are in shared memory: sending copies no bytes.");
-  add_property("data_ptr", [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()); },
-               "The address of element 0 in this process.");
+  add_property(
+      "shape", [](const Tensor& t) { return to_tuple(t.shape()); }, "The extent of each dimension (a tuple).");
+  add_property(
+      "strides", [](const Tensor& t) { return to_tuple(t.strides()); },
+      "Strides in elements (not bytes, unlike NumPy).");
+  add_property(
+      "dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); },
+      "The element type's name, such as 'float32'.");
+  add_property(
+      "device", [](const Tensor& t) { return t.device().to_string(); },
+      "Where the elements live: 'cpu' (private memory), 'shared_cpu' (ferry shared memory) or 'cuda:N'.");
+  add_property(
+      "storage_offset", [](const Tensor& t) { return t.storage_offset(); },
+      "Index of element 0 in its storage, in elements.");
+  add_property(
+      "nbytes", [](const Tensor& t) { return t.nbytes(); }, "Bytes of the elements (numel() * element size).");
+  add_property(
+      "is_shared", [](const Tensor& t) { return t.is_shared(); },
+      "True when the elements are in shared memory: sending copies no bytes.");
+  add_property(
+      "data_ptr", [](const Tensor& t) { return reinterpret_cast<std::uintptr_t>(t.data_ptr()); },
+      "The address of element 0 in this process.");
   add_property("__array_interface__", [](const Tensor& t) { return array_interface(t); });
-  add_method("numel", [](py::handle self) { return tensor_of(self).numel(); }, "The number of elements.");
-  add_method("dim", [](py::handle self) { return tensor_of(self).dim(); }, "The number of dimensions.");
-  add_method("is_contiguous", [](py::handle self) { return tensor_of(self).is_contiguous(); },
-             "True when the elements are dense in row-major order.");
-  add_method("shares_storage_with",
-             [](py::handle self, py::handle other) { return tensor_of(self).shares_storage_with(tensor_of(other)); },
-             py::arg("other"), "True when `other` views the same storage (the same memory).");
-  add_method("__dlpack__", [](py::handle self, const py::object& stream) { return dlpack_capsule(tensor_of(self), stream); },
-             py::arg("stream") = py::none(),
-             "A DLPack capsule viewing the elements (data at element 0); bool tensors are refused (DLPack 0.6).");
+  add_method(
+      "numel", [](py::handle self) { return tensor_of(self).numel(); }, "The number of elements.");
+  add_method(
+      "dim", [](py::handle self) { return tensor_of(self).dim(); }, "The number of dimensions.");
+  add_method(
+      "is_contiguous", [](py::handle self) { return tensor_of(self).is_contiguous(); },
+      "True when the elements are dense in row-major order.");
+  add_method(
+      "shares_storage_with",
+      [](py::handle self, py::handle other) { return tensor_of(self).shares_storage_with(tensor_of(other)); },
+      py::arg("other"), "True when `other` views the same storage (the same memory).");
+  add_method(
+      "__dlpack__", [](py::handle self, const py::object& stream) { return dlpack_capsule(tensor_of(self), stream); },
+      py::arg("stream") = py::none(),
+      "A DLPack capsule viewing the elements (data at element 0); bool tensors are refused (DLPack 0.6).");
   add_method("__dlpack_device__", [](py::handle self) { return dlpack_device(tensor_of(self)); });
   add_method("__repr__", [](py::handle self) { return tensor_of(self).to_string(); });
   module.add_object("Tensor", type);

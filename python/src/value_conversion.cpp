@@ -6,9 +6,9 @@
 #include <string>
 
 #include "export_registry.hpp"
-#include "tensor_binding.hpp"
 #include "ferry/dlpack.hpp"
 #include "ferry/tensor.hpp"
+#include "tensor_binding.hpp"
 
 namespace py = pybind11;
 
@@ -76,18 +76,21 @@ Tensor tensor_from_array_interface(py::handle object, const py::dict& interface)
     throw py::type_error("ferry cannot send " + py::repr(py::type::of(object)).cast<std::string>() +
                          ": its __array_interface__ gives no data pointer");
   }
-  if (interface.contains("mask") && !interface["mask"].is_none()) throw py::type_error("ferry cannot send a masked array");
+  if (interface.contains("mask") && !interface["mask"].is_none())
+    throw py::type_error("ferry cannot send a masked array");
   ForeignView view;
   view.dtype = *dtype;
   // NOLINTNEXTLINE(performance-no-int-to-ptr): the array interface gives the address as an integer
   view.element0 = reinterpret_cast<const std::byte*>(interface["data"].cast<py::tuple>()[0].cast<std::uintptr_t>());
   if (interface.contains("offset")) view.element0 += interface["offset"].cast<std::int64_t>();
-  for (const py::handle extent : interface["shape"].cast<py::tuple>()) view.shape.push_back(extent.cast<std::int64_t>());
+  for (const py::handle extent : interface["shape"].cast<py::tuple>())
+    view.shape.push_back(extent.cast<std::int64_t>());
   const auto element = static_cast<std::int64_t>(dtype_size(*dtype));
   if (interface.contains("strides") && !interface["strides"].is_none()) {
     for (const py::handle stride : interface["strides"].cast<py::tuple>()) {
       const auto bytes = stride.cast<std::int64_t>();
-      if (bytes % element != 0) throw py::value_error("ferry cannot send an array whose strides are not whole elements");
+      if (bytes % element != 0)
+        throw py::value_error("ferry cannot send an array whose strides are not whole elements");
       view.strides.push_back(bytes / element);
     }
   } else {
@@ -190,7 +193,8 @@ Value convert(py::handle object, std::size_t depth) {
     int overflow = 0;
     const long long integer = PyLong_AsLongLongAndOverflow(object.ptr(), &overflow);
     if (overflow != 0) {
-      const std::string message = "ferry sends ints of 64 bits; " + py::repr(object).cast<std::string>() + " does not fit";
+      const std::string message =
+          "ferry sends ints of 64 bits; " + py::repr(object).cast<std::string>() + " does not fit";
       PyErr_SetString(PyExc_OverflowError, message.c_str());
       throw py::error_already_set();
     }
@@ -201,7 +205,8 @@ Value convert(py::handle object, std::size_t depth) {
   if (PyUnicode_Check(object.ptr())) return Value(utf8_of(object));  // fails for lone surrogates
   if (PyBytes_Check(object.ptr())) return Value(Bytes{std::string(py::reinterpret_borrow<py::bytes>(object))});
   if (PyByteArray_Check(object.ptr())) {
-    return Value(Bytes{std::string(PyByteArray_AsString(object.ptr()), static_cast<std::size_t>(PyByteArray_Size(object.ptr())))});
+    return Value(Bytes{
+        std::string(PyByteArray_AsString(object.ptr()), static_cast<std::size_t>(PyByteArray_Size(object.ptr())))});
   }
   if (is_tensor(object)) return Value(tensor_of(object));
   if (PyDict_Check(object.ptr())) {
@@ -243,7 +248,8 @@ Value convert(py::handle object, std::size_t depth) {
   }
   if (py::hasattr(object, "__array_interface__")) {
     if (const py::object item = numpy_scalar_item(object)) {
-      if (PyBool_Check(item.ptr()) || PyLong_Check(item.ptr()) || PyFloat_Check(item.ptr())) return convert(item, depth);
+      if (PyBool_Check(item.ptr()) || PyLong_Check(item.ptr()) || PyFloat_Check(item.ptr()))
+        return convert(item, depth);
     }
     return Value(tensor_from_array_interface(object, object.attr("__array_interface__").cast<py::dict>()));
   }

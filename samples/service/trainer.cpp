@@ -1,8 +1,8 @@
 // A trainer: connects to the loader service, trains on the batches of its own stream and
-// reports stats back over the same connection (a DuplexEnd). Started on its own, in any order with the loader (connect waits up
-// to EndpointOptions::connect_timeout for the loader to appear). When the loader dies the
-// next recv() raises PeerDied and the trainer reconnects: the reconnect pattern. A
-// trainer killed mid-run is simply started again; the loader accepts it as a new stream.
+// reports stats back over the same connection (a DuplexEnd). Started on its own, in any order with the loader (connect
+// waits up to EndpointOptions::connect_timeout for the loader to appear). When the loader dies the next recv() raises
+// PeerDied and the trainer reconnects: the reconnect pattern. A trainer killed mid-run is simply started again; the
+// loader accepts it as a new stream.
 //
 //   service_trainer --address unix:@ferry-loader --name a --steps 50
 #include <chrono>

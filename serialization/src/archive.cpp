@@ -29,15 +29,34 @@ struct CerealMember {
 
 using Out = cereal::OutputArchive<detail::FrameOutputArchive, cereal::AllowEmptyClassElision>;
 using In = cereal::InputArchive<detail::FrameInputArchive, cereal::AllowEmptyClassElision>;
-using BaseClassSet = std::unordered_set<cereal::traits::detail::base_class_id, cereal::traits::detail::base_class_id_hash>;
+using BaseClassSet =
+    std::unordered_set<cereal::traits::detail::base_class_id, cereal::traits::detail::base_class_id_hash>;
 using Deferments = std::vector<std::function<void(void)>>;
 
-struct OutBases { using type = BaseClassSet Out::*; friend type member_of(OutBases) noexcept; };
-struct OutPointers { using type = std::unordered_map<void const*, std::uint32_t> Out::*; friend type member_of(OutPointers) noexcept; };
-struct OutPointerStorage { using type = std::vector<std::shared_ptr<const void>> Out::*; friend type member_of(OutPointerStorage) noexcept; };
-struct OutPolymorphic { using type = std::unordered_map<char const*, std::uint32_t> Out::*; friend type member_of(OutPolymorphic) noexcept; };
-struct OutVersions { using type = std::unordered_set<cereal::size_type> Out::*; friend type member_of(OutVersions) noexcept; };
-struct OutDeferments { using type = Deferments Out::*; friend type member_of(OutDeferments) noexcept; };
+struct OutBases {
+  using type = BaseClassSet Out::*;
+  friend type member_of(OutBases) noexcept;
+};
+struct OutPointers {
+  using type = std::unordered_map<void const*, std::uint32_t> Out::*;
+  friend type member_of(OutPointers) noexcept;
+};
+struct OutPointerStorage {
+  using type = std::vector<std::shared_ptr<const void>> Out::*;
+  friend type member_of(OutPointerStorage) noexcept;
+};
+struct OutPolymorphic {
+  using type = std::unordered_map<char const*, std::uint32_t> Out::*;
+  friend type member_of(OutPolymorphic) noexcept;
+};
+struct OutVersions {
+  using type = std::unordered_set<cereal::size_type> Out::*;
+  friend type member_of(OutVersions) noexcept;
+};
+struct OutDeferments {
+  using type = Deferments Out::*;
+  friend type member_of(OutDeferments) noexcept;
+};
 template struct CerealMember<OutBases, &Out::itsBaseClassSet>;
 template struct CerealMember<OutPointers, &Out::itsSharedPointerMap>;
 template struct CerealMember<OutPointerStorage, &Out::itsSharedPointerStorage>;
@@ -45,11 +64,26 @@ template struct CerealMember<OutPolymorphic, &Out::itsPolymorphicTypeMap>;
 template struct CerealMember<OutVersions, &Out::itsVersionedTypes>;
 template struct CerealMember<OutDeferments, &Out::itsDeferments>;
 
-struct InBases { using type = BaseClassSet In::*; friend type member_of(InBases) noexcept; };
-struct InPointers { using type = std::unordered_map<std::uint32_t, std::shared_ptr<void>> In::*; friend type member_of(InPointers) noexcept; };
-struct InPolymorphic { using type = std::unordered_map<std::uint32_t, std::string> In::*; friend type member_of(InPolymorphic) noexcept; };
-struct InVersions { using type = std::unordered_map<std::size_t, std::uint32_t> In::*; friend type member_of(InVersions) noexcept; };
-struct InDeferments { using type = Deferments In::*; friend type member_of(InDeferments) noexcept; };
+struct InBases {
+  using type = BaseClassSet In::*;
+  friend type member_of(InBases) noexcept;
+};
+struct InPointers {
+  using type = std::unordered_map<std::uint32_t, std::shared_ptr<void>> In::*;
+  friend type member_of(InPointers) noexcept;
+};
+struct InPolymorphic {
+  using type = std::unordered_map<std::uint32_t, std::string> In::*;
+  friend type member_of(InPolymorphic) noexcept;
+};
+struct InVersions {
+  using type = std::unordered_map<std::size_t, std::uint32_t> In::*;
+  friend type member_of(InVersions) noexcept;
+};
+struct InDeferments {
+  using type = Deferments In::*;
+  friend type member_of(InDeferments) noexcept;
+};
 template struct CerealMember<InBases, &In::itsBaseClassSet>;
 template struct CerealMember<InPointers, &In::itsSharedPointerMap>;
 template struct CerealMember<InPolymorphic, &In::itsPolymorphicTypeMap>;
@@ -63,7 +97,8 @@ detail::FrameOutputArchive::FrameOutputArchive(detail::FrameBody& body, detail::
     : OutputArchive(this), body_(body), encoder_(encoder) {}
 detail::FrameOutputArchive::~FrameOutputArchive() = default;
 
-detail::FrameInputArchive::FrameInputArchive(std::span<const std::byte> body, std::span<const std::shared_ptr<Storage>> storages)
+detail::FrameInputArchive::FrameInputArchive(std::span<const std::byte> body,
+                                             std::span<const std::shared_ptr<Storage>> storages)
     : InputArchive(this), body_(body), storages_(storages), ready_(body.size()) {}
 detail::FrameInputArchive::~FrameInputArchive() = default;
 

@@ -55,8 +55,8 @@ std::shared_ptr<Storage> detail::MessageDecoder::resolve_cuda(const HandleEntry&
   Lease* leased = connection_.leases.find(entry.slot);
   Lease fresh;
   Lease& lease = leased != nullptr ? *leased : fresh;
-  std::shared_ptr<Storage> storage =
-      connection_.cuda->resolve(entry, index, record, body_, storages_, {leased != nullptr, lease.allocation, lease.handle});
+  std::shared_ptr<Storage> storage = connection_.cuda->resolve(entry, index, record, body_, storages_,
+                                                               {leased != nullptr, lease.allocation, lease.handle});
   if (leased == nullptr) connection_.leases.place(entry.slot, std::move(fresh));
   return storage;
 }

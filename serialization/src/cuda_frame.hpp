@@ -23,19 +23,19 @@ inline constexpr std::uint32_t kCudaRecordHasFence = 2;  ///< wait until the fen
 
 /// Everything about a CUDA storage that does not fit a HandleEntry.
 struct CudaHandleRecord {
-  std::byte memory_handle[64];  ///< cudaIpcMemHandle_t of the whole cudaMalloc block
-  std::byte signal_handle[64];  ///< kCudaRecordHasFence: cudaIpcMemHandle_t of the sender's fence buffer;
-                                ///< kCudaRecordHasEvent: cudaIpcEventHandle_t recorded after its last write
-  char pci_bus_id[16];          ///< the GPU (cudaDeviceGetPCIBusId), NUL-terminated
-  std::uint64_t block_id;       ///< the producer's name of the block, never reused by that process
-  std::uint64_t block_bytes;    ///< size of the block
-  std::uint64_t offset;         ///< the storage's byte offset in the block
-  std::uint32_t board_index;    ///< index, in the handle table, of the hold-counter board (a shared storage)
-  std::uint32_t counter;        ///< the counter of that board that this storage's holds are counted on
-  std::uint32_t flags;          ///< kCudaRecordHasEvent or kCudaRecordHasFence
-  std::int32_t pid;             ///< the producer's pid (the process that allocated the block)
-  std::int32_t device;          ///< the producer's ordinal of the GPU (informative: pci_bus_id rules)
-  std::uint32_t reserved;       ///< zero (a receiver refuses anything else)
+  std::byte memory_handle[64];   ///< cudaIpcMemHandle_t of the whole cudaMalloc block
+  std::byte signal_handle[64];   ///< kCudaRecordHasFence: cudaIpcMemHandle_t of the sender's fence buffer;
+                                 ///< kCudaRecordHasEvent: cudaIpcEventHandle_t recorded after its last write
+  char pci_bus_id[16];           ///< the GPU (cudaDeviceGetPCIBusId), NUL-terminated
+  std::uint64_t block_id;        ///< the producer's name of the block, never reused by that process
+  std::uint64_t block_bytes;     ///< size of the block
+  std::uint64_t offset;          ///< the storage's byte offset in the block
+  std::uint32_t board_index;     ///< index, in the handle table, of the hold-counter board (a shared storage)
+  std::uint32_t counter;         ///< the counter of that board that this storage's holds are counted on
+  std::uint32_t flags;           ///< kCudaRecordHasEvent or kCudaRecordHasFence
+  std::int32_t pid;              ///< the producer's pid (the process that allocated the block)
+  std::int32_t device;           ///< the producer's ordinal of the GPU (informative: pci_bus_id rules)
+  std::uint32_t reserved;        ///< zero (a receiver refuses anything else)
   std::uint64_t fence_block_id;  ///< the producer's block id of its fence buffer (on the storage's GPU)
   std::uint64_t fence_offset;    ///< the fence word's byte offset in that buffer (a multiple of 8)
   std::uint64_t fence_value;     ///< the receiver's stream waits until the word is at least this

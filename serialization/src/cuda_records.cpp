@@ -21,11 +21,11 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_frame.hpp"
 #include "ferry/cuda.hpp"
 #include "ferry/detail/cuda/block_pool.hpp"
 #include "ferry/detail/cuda/ipc.hpp"
 #include "ferry/detail/return_board.hpp"
-#include "cuda_frame.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -102,10 +102,10 @@ class CudaIpcRecordWriter final : public CudaRecordWriter {
   cuda::HoldCounterBoardSet boards_;
 
   // The frame being encoded.
-  std::vector<Pending> pending_;            // CUDA storages held for the frame
-  std::vector<CudaHandleRecord> records_;   // one per CudaIpc entry, in table order
+  std::vector<Pending> pending_;           // CUDA storages held for the frame
+  std::vector<CudaHandleRecord> records_;  // one per CudaIpc entry, in table order
   std::vector<std::pair<std::shared_ptr<cuda::HoldCounterBoard>, std::uint32_t>> counted_;  // +1s of this frame
-  std::vector<std::pair<int, cuda::SendSignal>> signalled_;  // by device
+  std::vector<std::pair<int, cuda::SendSignal>> signalled_;                                 // by device
 };
 
 const CudaIpcRecordWriter::Pending& CudaIpcRecordWriter::pending_of(const Storage& storage) const {
@@ -144,8 +144,7 @@ void CudaIpcRecordWriter::write_record(const Storage& storage) {
       std::memcpy(record.signal_handle, signal.handle.data(), sizeof record.signal_handle);
       record.flags |= kCudaRecordHasEvent;
       break;
-    case cuda::SignalKind::None:
-      break;  // the sending stream was synchronized (the last fallback): nothing to wait for
+    case cuda::SignalKind::None: break;  // the sending stream was synchronized (the last fallback): nothing to wait for
   }
   records_.push_back(record);
   // This frame is one more hold until the receiver resolves it (taken back if not sent).
@@ -193,7 +192,8 @@ void check_cuda_record(const HandleEntry& entry, const CudaHandleRecord& record,
 
 // The hold-counter board the record names: an earlier storage of the frame, checked.
 cuda::HoldCounterView hold_counter_board_of(const CudaHandleRecord& record,
-                                            std::span<const std::shared_ptr<Storage>> earlier, const std::string& handle) {
+                                            std::span<const std::shared_ptr<Storage>> earlier,
+                                            const std::string& handle) {
   if (record.board_index >= earlier.size()) {
     throw ProtocolError(handle + " refers to hold-counter board " + std::to_string(record.board_index) +
                         ", which is not an earlier handle of the frame");
@@ -219,8 +219,8 @@ cuda::BlockExport block_export_of(const CudaHandleRecord& record) {
 class CudaIpcRecordReader final : public CudaRecordReader {
  public:
   std::shared_ptr<Storage> resolve(const HandleEntry& entry, std::uint32_t index, std::size_t record_number,
-                                   std::span<const std::byte> records, std::span<const std::shared_ptr<Storage>> earlier,
-                                   Lease lease) override;
+                                   std::span<const std::byte> records,
+                                   std::span<const std::shared_ptr<Storage>> earlier, Lease lease) override;
 
  private:
   // The `record_number`-th record of `records`, after checking that they hold it.

@@ -10,7 +10,8 @@ namespace {
 
 // Finds the field of an invalid header and throws; out of line, so that the check of a valid
 // header (every frame) is a few compares.
-[[noreturn, gnu::noinline, gnu::cold]] void throw_invalid_header(const detail::FrameHeader& header, const FrameLimits& limits) {
+[[noreturn, gnu::noinline, gnu::cold]] void throw_invalid_header(const detail::FrameHeader& header,
+                                                                 const FrameLimits& limits) {
   if (header.magic != detail::kFrameMagic) {
     throw ProtocolError("frame has a wrong magic number (0x" + [&] {
       char text[9];
@@ -34,15 +35,16 @@ namespace {
                         "was built with larger limits or is not a ferry channel)");
   }
   if (header.fd_count > header.segment_count) {
-    throw ProtocolError("frame header field fd_count claims " + std::to_string(header.fd_count) +
-                        " fds for only " + std::to_string(header.segment_count) + " segments");
+    throw ProtocolError("frame header field fd_count claims " + std::to_string(header.fd_count) + " fds for only " +
+                        std::to_string(header.segment_count) + " segments");
   }
   throw ProtocolError("frame header is invalid");  // not reached: one of the checks above throws
 }
 
 }  // namespace
 
-std::optional<detail::LimitBreach> detail::describe_limit_breach(const detail::FrameHeader& header, const FrameLimits& limits) noexcept {
+std::optional<detail::LimitBreach> detail::describe_limit_breach(const detail::FrameHeader& header,
+                                                                 const FrameLimits& limits) noexcept {
   using Limit = detail::LimitBreach::Limit;
   const detail::LimitBreach checks[] = {
       {Limit::BodyBytes, "body_bytes", "max_body_bytes", header.body_bytes, limits.max_body_bytes},

@@ -8,11 +8,11 @@
 #include "cuda_frame.hpp"
 #include "ferry/detail/body_reader.hpp"
 #include "ferry/detail/errno_text.hpp"
-#include "ferry/handle_cache.hpp"
 #include "ferry/detail/object_pool.hpp"
 #include "ferry/detail/peer_fd.hpp"
 #include "ferry/detail/process_identity.hpp"
 #include "ferry/detail/size_classes.hpp"
+#include "ferry/handle_cache.hpp"
 
 namespace ferry {
 namespace {
@@ -68,16 +68,18 @@ void detail::MessageDecoder::check_type(const detail::FrameHeader& header, std::
   }
   if (header.type_fingerprint == expected_fingerprint_) return;
   // A truncated name cannot be checked against the fingerprint; it only ever names the type.
-  const bool named = !connection_.peer_type_name.empty() &&
-                     (connection_.peer_type_name_truncated || detail::fnv1a64(connection_.peer_type_name) == header.type_fingerprint);
+  const bool named =
+      !connection_.peer_type_name.empty() &&
+      (connection_.peer_type_name_truncated || detail::fnv1a64(connection_.peer_type_name) == header.type_fingerprint);
   const std::string sent = named ? shown_type_name(connection_.peer_type_name, connection_.peer_type_name_truncated)
                                  : "an unknown type (fingerprint " + hex(header.type_fingerprint) + ")";
   throw TypeMismatch("type mismatch: the sender sends " + sent + " but this Receiver expects " +
                      shown_type_name(expected_type_name_, false) + "; connect a Sender<T> only to a Receiver<T>");
 }
 
-void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span<const std::byte> payload, std::deque<detail::UniqueFd>& fds,
-                            std::deque<std::shared_ptr<Storage>>* copied, PendingBody* pending) {
+void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span<const std::byte> payload,
+                                    std::deque<detail::UniqueFd>& fds, std::deque<std::shared_ptr<Storage>>* copied,
+                                    PendingBody* pending) {
   copied_ = copied;
   pending_ = nullptr;
   wants_acknowledgement_ = false;
@@ -124,7 +126,8 @@ void detail::MessageDecoder::decode(const detail::FrameHeader& header, std::span
   {
     // Blocks whose last user was the lease give their slots back together, when the batch ends.
     const auto batch = connection_.holds.batch_returns();
-    for (std::uint32_t i = 0; i < header.release_count; ++i) connection_.leases.release(entry_at<std::uint32_t>(releases, i));
+    for (std::uint32_t i = 0; i < header.release_count; ++i)
+      connection_.leases.release(entry_at<std::uint32_t>(releases, i));
   }
   for (std::uint32_t i = 0; i < header.segment_release_count; ++i) {
     connection_.segments.release(entry_at<std::uint32_t>(segment_releases, i));
@@ -171,7 +174,8 @@ void detail::MessageDecoder::give_back_unresolved(std::span<const std::byte> tab
 }
 
 void detail::MessageDecoder::resolve_tables(const detail::FrameHeader& header, std::span<const std::byte> segment_table,
-                                    std::span<const std::byte> table, std::vector<detail::UniqueFd>& frame_fds) {
+                                            std::span<const std::byte> table,
+                                            std::vector<detail::UniqueFd>& frame_fds) {
   std::size_t next_fd = 0;
   for (std::uint32_t i = 0; i < header.segment_count; ++i) {
     add_segment(entry_at<detail::SegmentEntry>(segment_table, i), i, frame_fds, next_fd);
@@ -251,8 +255,10 @@ std::shared_ptr<Storage> detail::MessageDecoder::take_copied(const HandleEntry& 
   return storage;
 }
 
-detail::MessageDecoder::SegmentFd detail::MessageDecoder::open_segment(const detail::SegmentEntry& entry, std::size_t index,
-                                                       std::vector<detail::UniqueFd>& frame_fds, std::size_t& next_fd) {
+detail::MessageDecoder::SegmentFd detail::MessageDecoder::open_segment(const detail::SegmentEntry& entry,
+                                                                       std::size_t index,
+                                                                       std::vector<detail::UniqueFd>& frame_fds,
+                                                                       std::size_t& next_fd) {
   if (static_cast<detail::SegmentKind>(entry.kind) == detail::SegmentKind::NewFd) {
     if (next_fd >= frame_fds.size()) {
       throw ProtocolError("frame has more fd segments than the " + std::to_string(frame_fds.size()) +
@@ -302,8 +308,8 @@ detail::MessageDecoder::SegmentFd detail::MessageDecoder::open_segment(const det
   return SegmentFd{std::move(fd), file};
 }
 
-void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std::size_t index, std::vector<detail::UniqueFd>& frame_fds,
-                                 std::size_t& next_fd) {
+void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std::size_t index,
+                                         std::vector<detail::UniqueFd>& frame_fds, std::size_t& next_fd) {
   if (static_cast<detail::SegmentRole>(entry.role) == detail::SegmentRole::RetiredUpstreamBoard) {
     retire_upstream_board(entry, index);
     return;
@@ -315,10 +321,12 @@ void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std:
   if (kind == detail::SegmentKind::NewProcFd) wants_acknowledgement_ = true;
   const auto role = static_cast<detail::SegmentRole>(entry.role);
   if (role == detail::SegmentRole::ReturnBoard) {
-    if (connection_.holds.has_board()) throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
+    if (connection_.holds.has_board())
+      throw ProtocolError("segment " + std::to_string(index) + " is a second return board");
     if (entry.size != detail::ReturnBoard::bytes()) {
       throw ProtocolError("segment " + std::to_string(index) + " is a return board whose field size claims " +
-                          std::to_string(entry.size) + " bytes instead of " + std::to_string(detail::ReturnBoard::bytes()));
+                          std::to_string(entry.size) + " bytes instead of " +
+                          std::to_string(detail::ReturnBoard::bytes()));
     }
     SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
     connection_.holds.adopt_board(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size));
@@ -349,31 +357,32 @@ void detail::MessageDecoder::add_segment(const detail::SegmentEntry& entry, std:
     // Already mapped: a passed fd just closes (with `opened`).
   } else {
     const detail::FileIdentity identity = opened.file.identity;
-    segment = HandleCache::global().insert(
-        identity, detail::SharedSegment::adopt(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size)));
+    segment = HandleCache::global().insert(identity, detail::SharedSegment::adopt(detail::SharedMemory::map_received(
+                                                         std::move(opened.fd), opened.file, entry.size)));
   }
   connection_.segments.place(slot, std::move(segment));
 }
 
-void detail::MessageDecoder::add_upstream_board(const detail::SegmentEntry& entry, std::size_t index, std::vector<detail::UniqueFd>& frame_fds,
-                                        std::size_t& next_fd) {
+void detail::MessageDecoder::add_upstream_board(const detail::SegmentEntry& entry, std::size_t index,
+                                                std::vector<detail::UniqueFd>& frame_fds, std::size_t& next_fd) {
   if (!connection_.holds.has_board()) {
     throw ProtocolError("segment " + std::to_string(index) +
                         " is an upstream return board but the sender never sent its own return board");
   }
   if (entry.size != detail::ReturnBoard::bytes()) {
     throw ProtocolError("segment " + std::to_string(index) + " is an upstream return board whose field size claims " +
-                        std::to_string(entry.size) + " bytes instead of " + std::to_string(detail::ReturnBoard::bytes()));
+                        std::to_string(entry.size) + " bytes instead of " +
+                        std::to_string(detail::ReturnBoard::bytes()));
   }
   SegmentFd opened = open_segment(entry, index, frame_fds, next_fd);
   if (connection_.holds.knows(opened.file.identity)) return;  // a cycle brought it back: the fd just closes
-  connection_.holds.add_upstream_board(detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size),
-                            entry.slot_or_reclaims, index);
+  connection_.holds.add_upstream_board(
+      detail::SharedMemory::map_received(std::move(opened.fd), opened.file, entry.size), entry.slot_or_reclaims, index);
 }
 
 void detail::MessageDecoder::retire_upstream_board(const detail::SegmentEntry& entry, std::size_t index) {
-  if (static_cast<detail::SegmentKind>(entry.kind) != detail::SegmentKind::NoFd || entry.slot_or_reclaims != 0 || entry.pid != 0 ||
-      entry.size != 0 || entry.fd != -1 || entry.reserved != 0) {
+  if (static_cast<detail::SegmentKind>(entry.kind) != detail::SegmentKind::NoFd || entry.slot_or_reclaims != 0 ||
+      entry.pid != 0 || entry.size != 0 || entry.fd != -1 || entry.reserved != 0) {
     throw ProtocolError("segment " + std::to_string(index) +
                         " retires an upstream return board but has fields other than its identity set");
   }
@@ -417,7 +426,8 @@ std::shared_ptr<Storage> detail::MessageDecoder::resolve_new_block(const HandleE
   // misaligned for their type (reading one through a typed pointer is undefined behaviour).
   if (entry.offset % detail::kBlockAlignment != 0) {
     throw ProtocolError("handle " + std::to_string(index) + " field offset " + std::to_string(entry.offset) +
-                        " is not a multiple of the block alignment of " + std::to_string(detail::kBlockAlignment) + " bytes");
+                        " is not a multiple of the block alignment of " + std::to_string(detail::kBlockAlignment) +
+                        " bytes");
   }
   // A block this process sent (and someone forwarded back) resolves to the storage it sent;
   // the lease then holds only the block and a weak handle (see Lease).

@@ -212,8 +212,8 @@ bool detail::MessageEncoder::passes_fd_now() {
   return !*takeable_this_frame_;
 }
 
-bool detail::MessageEncoder::add_segment_entry(detail::SegmentRole role, std::uint32_t slot_or_reclaims, int fd, std::size_t size,
-                                       const detail::FileIdentity& identity) {
+bool detail::MessageEncoder::add_segment_entry(detail::SegmentRole role, std::uint32_t slot_or_reclaims, int fd,
+                                               std::size_t size, const detail::FileIdentity& identity) {
   detail::SegmentEntry entry;
   entry.role = static_cast<std::uint32_t>(role);
   entry.slot_or_reclaims = slot_or_reclaims;
@@ -263,15 +263,16 @@ void detail::MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
     // We hold the block (its frame on `board` is resolved and we registered there), so the
     // count read now is one no reclaim of this block can have moved.
     // Like a segment's: the frame may introduce no segment that makes close() wait for it.
-    if (add_segment_entry(detail::SegmentRole::UpstreamBoard, board->reclaims(), board->fd(), detail::ReturnBoard::bytes(),
-                          board->identity())) {
+    if (add_segment_entry(detail::SegmentRole::UpstreamBoard, board->reclaims(), board->fd(),
+                          detail::ReturnBoard::bytes(), board->identity())) {
       connection_.holds.keep_until_acknowledged(connection_.next_sequence, board);
     }
   }
   upstream_scratch_.clear();
 }
 
-const detail::EncodedFrame& detail::MessageEncoder::encode(const void* message, const detail::SentType& type, detail::BodySpace* space) {
+const detail::EncodedFrame& detail::MessageEncoder::encode(const void* message, const detail::SentType& type,
+                                                           detail::BodySpace* space) {
   begin();
   body_.reset(space);
   detail::FrameOutputArchive& archive = output_archive();
@@ -285,7 +286,8 @@ const detail::EncodedFrame& detail::MessageEncoder::encode(const void* message, 
   return finish(detail::FrameKind::Message, type.fingerprint, type.name);
 }
 
-const detail::EncodedFrame& detail::MessageEncoder::finish(detail::FrameKind kind, std::uint64_t fingerprint, std::string_view name) {
+const detail::EncodedFrame& detail::MessageEncoder::finish(detail::FrameKind kind, std::uint64_t fingerprint,
+                                                           std::string_view name) {
   // Each step is skipped when it has nothing to do (no ledger yet, no storage ever sent, no
   // storage in the frame, no death since the last frame), so that a small message pays for
   // none of them. Every pin, kept segment and passed board of the ledger came with a storage
@@ -298,7 +300,8 @@ const detail::EncodedFrame& detail::MessageEncoder::finish(detail::FrameKind kin
   if (!storages_.empty()) fill_handle_table();
   pin_new_storages(kind);
   // The CUDA records lie at the front of the body.
-  const std::span<const std::byte> cuda_records = connection_.cuda ? connection_.cuda->records() : std::span<const std::byte>();
+  const std::span<const std::byte> cuda_records =
+      connection_.cuda ? connection_.cuda->records() : std::span<const std::byte>();
   fill_header(kind, fingerprint, name, cuda_records.size());
   return assemble_frame(cuda_records);
 }
@@ -365,14 +368,16 @@ void detail::MessageEncoder::pin_new_storages(detail::FrameKind kind) {
   if (!new_pins_.empty()) connection_.holds.pin(new_pins_, connection_.next_sequence);
   // Without shared memory (Copying) there is no board: the reader reports deliveries on
   // its transport (FrameReader::frame_delivered()).
-  const bool tracked = connection_.delivery_tracked && kind == detail::FrameKind::Message && passing_ != detail::HandlePassing::Copying;
+  const bool tracked =
+      connection_.delivery_tracked && kind == detail::FrameKind::Message && passing_ != detail::HandlePassing::Copying;
   if (connection_.holds.board_sent() || (new_pins_.empty() && !tracked)) return;
   // The board goes first in the table, so that the receiver can give blocks back even when
   // a later entry fails. A frame sent for delivery tracking alone may be the first to need it.
   const std::shared_ptr<detail::ReturnBoard>& board = connection_.holds.ensure_board();
   const std::size_t segments = segment_entries_.size();
   const std::size_t fds = fds_.size();
-  const bool by_path = add_segment_entry(detail::SegmentRole::ReturnBoard, 0, board->fd(), detail::ReturnBoard::bytes(), board->identity());
+  const bool by_path = add_segment_entry(detail::SegmentRole::ReturnBoard, 0, board->fd(), detail::ReturnBoard::bytes(),
+                                         board->identity());
   std::rotate(segment_entries_.begin(), segment_entries_.begin() + static_cast<std::ptrdiff_t>(segments),
               segment_entries_.end());
   std::rotate(fds_.begin(), fds_.begin() + static_cast<std::ptrdiff_t>(fds), fds_.end());
@@ -384,7 +389,7 @@ void detail::MessageEncoder::pin_new_storages(detail::FrameKind kind) {
 }
 
 void detail::MessageEncoder::fill_header(detail::FrameKind kind, std::uint64_t fingerprint, std::string_view name,
-                                 std::size_t cuda_bytes) {
+                                         std::size_t cuda_bytes) {
   header_ = detail::FrameHeader{};
   header_.kind = static_cast<std::uint8_t>(kind);
   header_.type_fingerprint = fingerprint;
@@ -392,8 +397,9 @@ void detail::MessageEncoder::fill_header(detail::FrameKind kind, std::uint64_t f
   const bool with_name = kind == detail::FrameKind::Message && !connection_.type_name_sent;
   type_name_ = with_name ? name.substr(0, std::min(name.size(), max_type_name_bytes_)) : std::string_view{};
   const bool truncated = with_name && type_name_.size() < name.size();
-  header_.flags = static_cast<std::uint8_t>((with_name ? detail::kFrameHasTypeName : 0) | (truncated ? detail::kFrameTypeNameTruncated : 0) |
-                                            (connection_.delivery_tracked && kind == detail::FrameKind::Message ? detail::kFrameTracksDelivery : 0));
+  header_.flags = static_cast<std::uint8_t>(
+      (with_name ? detail::kFrameHasTypeName : 0) | (truncated ? detail::kFrameTypeNameTruncated : 0) |
+      (connection_.delivery_tracked && kind == detail::FrameKind::Message ? detail::kFrameTracksDelivery : 0));
   header_.type_name_bytes = static_cast<std::uint32_t>(type_name_.size());
   header_.segment_count = static_cast<std::uint32_t>(segment_entries_.size());
   header_.handle_count = static_cast<std::uint32_t>(entries_.size());
@@ -427,7 +433,7 @@ const detail::EncodedFrame& detail::MessageEncoder::assemble_frame(std::span<con
   frame_.fds = fds_;
   frame_.copies = copies_;
   frame_.copy_owners = passing_ == detail::HandlePassing::Copying ? std::span<const std::shared_ptr<Storage>>(storages_)
-                                                          : std::span<const std::shared_ptr<Storage>>();
+                                                                  : std::span<const std::shared_ptr<Storage>>();
   frame_.sequence = connection_.next_sequence;
   return frame_;
 }
@@ -442,7 +448,8 @@ void detail::MessageEncoder::commit() {
   if (!announced_releases_.empty() || !announced_segment_releases_.empty()) commit_releases();
   connection_.holds.commit_frame();
   // Passed with the frame, the board's fd is the kernel's now; ours is no longer needed.
-  if (board_in_frame_) connection_.holds.board_sent(connection_.next_sequence, passing_ == detail::HandlePassing::FdPassing);
+  if (board_in_frame_)
+    connection_.holds.board_sent(connection_.next_sequence, passing_ == detail::HandlePassing::FdPassing);
   ++connection_.next_sequence;
   if (tables_filled_) {
     storages_.clear();
@@ -485,7 +492,9 @@ void detail::MessageEncoder::rollback() {
 
 void detail::MessageEncoder::acknowledge(std::uint64_t sequence) { connection_.holds.acknowledged(sequence); }
 
-void detail::MessageEncoder::add_holder(const detail::ProcessIdentity& process) { connection_.holds.add_holder(process); }
+void detail::MessageEncoder::add_holder(const detail::ProcessIdentity& process) {
+  connection_.holds.add_holder(process);
+}
 
 void detail::MessageEncoder::receiver_gone() { connection_.holds.receiver_gone(); }
 

@@ -100,8 +100,8 @@ void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const Tensor
   const auto device = static_cast<std::uint8_t>(tensor.device().kind);
   // The handle index before the record: add_storage() appends nothing to the body, but it may throw.
   const std::uint32_t handle = stored ? archive.encoder().add_storage(tensor.storage()) : 0;
-  const std::size_t bytes =
-      1 + kAfterStateBytes + ndim * sizeof(std::int64_t) + (stored ? ndim * sizeof(std::int64_t) + kStorageTailBytes : 0);
+  const std::size_t bytes = 1 + kAfterStateBytes + ndim * sizeof(std::int64_t) +
+                            (stored ? ndim * sizeof(std::int64_t) + kStorageTailBytes : 0);
   std::byte* at = archive.extend(bytes);  // the record is written in place
   at = put(at, static_cast<std::uint8_t>(stored ? TensorState::Stored : TensorState::NoStorage));
   at = put(at, static_cast<std::uint8_t>(tensor.dtype()));
@@ -121,7 +121,8 @@ void CEREAL_LOAD_FUNCTION_NAME(detail::FrameInputArchive& archive, Tensor& tenso
     tensor = Tensor();
     return;
   }
-  if (state != static_cast<std::uint8_t>(TensorState::NoStorage) && state != static_cast<std::uint8_t>(TensorState::Stored)) {
+  if (state != static_cast<std::uint8_t>(TensorState::NoStorage) &&
+      state != static_cast<std::uint8_t>(TensorState::Stored)) {
     throw ProtocolError("tensor has an invalid state byte " + std::to_string(state));
   }
   const std::byte* at = archive.take(kAfterStateBytes);
@@ -144,7 +145,8 @@ void CEREAL_LOAD_FUNCTION_NAME(detail::FrameInputArchive& archive, Tensor& tenso
       if (__builtin_mul_overflow(count, extent, &count)) throw ProtocolError("tensor element count overflows");
     }
     if (count != 0) throw ProtocolError("tensor without storage claims " + std::to_string(count) + " elements");
-    const Device device = raw_device == static_cast<std::uint8_t>(DeviceKind::SharedCpu) ? Device::SharedCpu : Device::Cpu;
+    const Device device =
+        raw_device == static_cast<std::uint8_t>(DeviceKind::SharedCpu) ? Device::SharedCpu : Device::Cpu;
     try {
       tensor = Tensor::empty(shape, dtype, device);  // no elements: allocates nothing
     } catch (const Error& error) {

@@ -85,9 +85,7 @@ const Value& Value::operator[](std::size_t index) const {
   return list[index];
 }
 
-Value& Value::operator[](std::size_t index) {
-  return const_cast<Value&>(static_cast<const Value&>(*this)[index]);
-}
+Value& Value::operator[](std::size_t index) { return const_cast<Value&>(static_cast<const Value&>(*this)[index]); }
 
 void Value::throw_wrong_kind(ValueKind wanted) const {
   throw Error("the Value holds " + std::string(value_kind_name(kind())) + ", not " +

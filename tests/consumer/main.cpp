@@ -10,7 +10,9 @@ struct Message {
   std::string text;
   ferry::Tensor values;
   template <class Archive>
-  void serialize(Archive& ar) { ar(text, values); }
+  void serialize(Archive& ar) {
+    ar(text, values);
+  }
 };
 
 int main() {

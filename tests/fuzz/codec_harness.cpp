@@ -24,7 +24,9 @@ struct CodecMessage {
   std::uint64_t tag = 0;
   std::vector<Tensor> tensors;
   template <class Archive>
-  void serialize(Archive& ar) { ar(tag, tensors); }
+  void serialize(Archive& ar) {
+    ar(tag, tensors);
+  }
 };
 
 // Reads the script: one byte at a time, zero past its end.

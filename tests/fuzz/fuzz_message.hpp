@@ -24,7 +24,9 @@ struct FuzzInner {
   std::optional<ferry::Tensor> maybe;
   std::vector<std::int32_t> values;
   template <class Archive>
-  void serialize(Archive& ar) { ar(name, maybe, values); }
+  void serialize(Archive& ar) {
+    ar(name, maybe, values);
+  }
 };
 
 struct FuzzMessage {
@@ -37,7 +39,9 @@ struct FuzzMessage {
   std::variant<std::int32_t, ferry::Tensor, std::string> either;
   std::vector<FuzzInner> inner;
   template <class Archive>
-  void serialize(Archive& ar) { ar(step, flag, tag, tensor, tensors, named, either, inner); }
+  void serialize(Archive& ar) {
+    ar(step, flag, tag, tensor, tensors, named, either, inner);
+  }
 };
 
 }  // namespace ferry_fuzz

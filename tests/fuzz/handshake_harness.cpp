@@ -75,7 +75,8 @@ class ScriptedPoint final : public detail::ListeningPoint {
   }
   void abandon() noexcept override {}
   void queue(detail::UniqueFd listener_end) {
-    backlog_.push_back(detail::AcceptedSocket{std::move(listener_end), PeerCredentials{::getpid(), ::geteuid(), ::getegid()}});
+    backlog_.push_back(
+        detail::AcceptedSocket{std::move(listener_end), PeerCredentials{::getpid(), ::geteuid(), ::getegid()}});
   }
 
  private:
@@ -183,7 +184,8 @@ int run_listener(std::span<const std::uint8_t> input) {
           if (!index || !length) break;
           const std::size_t count = std::min<std::size_t>(*length, input.size() - at);
           if (!clients.empty() && clients[*index % clients.size()].fd) {
-            (void)::send(clients[*index % clients.size()].fd.get(), input.data() + at, count, MSG_NOSIGNAL | MSG_DONTWAIT);
+            (void)::send(clients[*index % clients.size()].fd.get(), input.data() + at, count,
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
           }
           at += count;
           break;
@@ -207,7 +209,8 @@ int run_listener(std::span<const std::uint8_t> input) {
           for (Client& client : clients) read_reply(client);
           break;
       }
-      if (listener.pending_count() > options.max_pending_handshakes) handshake_failure("more pending handshakes than the cap");
+      if (listener.pending_count() > options.max_pending_handshakes)
+        handshake_failure("more pending handshakes than the cap");
     }
     for (Client& client : clients) read_reply(client);
     int accepted_replies = 0;

@@ -1,5 +1,5 @@
-#include "ferry/detail/frame_channel.hpp"
 #include "harness.hpp"
+#include "ferry/detail/frame_channel.hpp"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -38,7 +38,10 @@ void check_view(const Tensor& tensor) {
   Wide last = first;
   for (std::int64_t d = 0; d < tensor.dim(); ++d) {
     const Wide reach = static_cast<Wide>(tensor.size(d) - 1) * tensor.stride(d);
-    if (reach < 0) first += reach; else last += reach;
+    if (reach < 0)
+      first += reach;
+    else
+      last += reach;
   }
   const auto item = static_cast<Wide>(tensor.element_size());
   if (first < 0 || (last + 1) * item > static_cast<Wide>(storage->nbytes())) {
@@ -180,7 +183,6 @@ std::size_t FrameHarness::run(std::span<const std::uint8_t> input) {
         const Segment& segment = segments_[(header.sequence + i) % segments_.size()];
         fds.emplace_back(checked(::fcntl(segment.fd.get(), F_DUPFD_CLOEXEC, 0), "dup of a segment"));
         handed.push_back(fds.back().get());
-
       }
       try {
         decoder.decode(header, std::span<const std::byte>(frame).subspan(sizeof header), fds);

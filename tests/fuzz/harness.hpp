@@ -16,8 +16,8 @@
 
 #include "ferry/detail/return_board.hpp"
 #include "ferry/detail/shared_memory.hpp"
-#include "ferry/storage.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "ferry/storage.hpp"
 
 namespace ferry::fuzz {
 
@@ -34,12 +34,12 @@ class FrameHarness {
 
  private:
   struct Segment {
-    detail::UniqueFd fd;                       // what the harness duplicates into a frame
+    detail::UniqueFd fd;  // what the harness duplicates into a frame
     detail::FileIdentity identity;
     std::shared_ptr<Storage> storage;  // keeps cached segments in the handle cache
     std::unique_ptr<detail::SharedMemory> uncached;
     std::shared_ptr<detail::ReturnBoard> board;
-    detail::UniqueFd extra;                    // the write end of the pipe segment
+    detail::UniqueFd extra;  // the write end of the pipe segment
   };
   void rewrite_proc_entries(std::vector<std::byte>& payload) const;
   std::vector<Segment> segments_;

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "endpoints/handshake.hpp"
 #include "codec_harness.hpp"
+#include "endpoints/handshake.hpp"
 #include "ferry/detail/message_encoder.hpp"
 #include "ferry/value.hpp"
 #include "fuzz_message.hpp"
@@ -23,7 +23,9 @@ namespace {
 
 using Bytes = std::vector<std::byte>;
 
-Tensor shared_bytes(std::size_t bytes) { return Tensor::zeros({static_cast<std::int64_t>(bytes)}, DType::UInt8, Device::SharedCpu); }
+Tensor shared_bytes(std::size_t bytes) {
+  return Tensor::zeros({static_cast<std::int64_t>(bytes)}, DType::UInt8, Device::SharedCpu);
+}
 
 // Appends one encoded frame to `stream`. Segment entries named by /proc path are made
 // deterministic and point at the harness segment the i-th fd of the frame would be (the
@@ -257,32 +259,32 @@ void write_handshake_seeds(const std::filesystem::path& dir) {
   const Bytes garbage{std::byte{'G'}, std::byte{'E'}, std::byte{'T'}, std::byte{' '}, std::byte{'/'}};
   write_file(dir / "listener" / "accept_both_kinds",
              Script().connect(2).send(0, receiver).send(1, sender).pump().accept(false).accept(true).read().bytes());
-  write_file(dir / "listener" / "refusals",
-             Script()
-                 .connect(4)
-                 .send(0, garbage)
-                 .send(1, Bytes(receiver.begin(), receiver.begin() + 20))
-                 .close(1)
-                 .send(2, other_version)
-                 .send(3, duplex)
-                 .pump()
-                 .read()
-                 .bytes());
-  write_file(dir / "listener" / "split_hello",
-             Script()
-                 .connect()
-                 .send(0, Bytes(receiver.begin(), receiver.begin() + 10))
-                 .pump()
-                 .send(0, Bytes(receiver.begin() + 10, receiver.end()))
-                 .pump()
-                 .accept(false)
-                 .read()
-                 .bytes());
-  write_file(dir / "listener" / "pending_cap", Script().connect(8).pump().read().send(7, receiver).pump().read().bytes());
+  write_file(dir / "listener" / "refusals", Script()
+                                                .connect(4)
+                                                .send(0, garbage)
+                                                .send(1, Bytes(receiver.begin(), receiver.begin() + 20))
+                                                .close(1)
+                                                .send(2, other_version)
+                                                .send(3, duplex)
+                                                .pump()
+                                                .read()
+                                                .bytes());
+  write_file(dir / "listener" / "split_hello", Script()
+                                                   .connect()
+                                                   .send(0, Bytes(receiver.begin(), receiver.begin() + 10))
+                                                   .pump()
+                                                   .send(0, Bytes(receiver.begin() + 10, receiver.end()))
+                                                   .pump()
+                                                   .accept(false)
+                                                   .read()
+                                                   .bytes());
+  write_file(dir / "listener" / "pending_cap",
+             Script().connect(8).pump().read().send(7, receiver).pump().read().bytes());
   Script waiting;
   waiting.connect(4);
   for (std::uint8_t i = 0; i < 4; ++i) waiting.send(i, receiver);
-  write_file(dir / "listener" / "waiting_cap", waiting.pump().read().close(0).pump().accept(false).accept(false).read().bytes());
+  write_file(dir / "listener" / "waiting_cap",
+             waiting.pump().read().close(0).pump().accept(false).accept(false).read().bytes());
 }
 
 // Codec scripts (see codec_harness.hpp): a connection's life, then each way a frame or an
@@ -337,14 +339,26 @@ int main(int argc, char** argv) {
   // Hostile seeds (each refused): the fuzzer starts next to every check of the decoder.
   using ferry::ValueKind;
   write_file(dir / "value" / "too_deep", too_deep());
-  write_file(dir / "value" / "truncated", Bytes(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(batch.size() / 2)));
-  write_file(dir / "value" / "huge_list", RawBody().kind(ValueKind::List).u64(std::uint64_t{1} << 62).kind(ValueKind::None).bytes);
-  write_file(dir / "value" / "huge_map", RawBody().kind(ValueKind::Map).u64(~std::uint64_t{0}).text("k").kind(ValueKind::None).bytes);
-  write_file(dir / "value" / "huge_string", RawBody().kind(ValueKind::String).u64(std::uint64_t{1} << 40).raw("ab", 2).bytes);
+  write_file(dir / "value" / "truncated",
+             Bytes(batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(batch.size() / 2)));
+  write_file(dir / "value" / "huge_list",
+             RawBody().kind(ValueKind::List).u64(std::uint64_t{1} << 62).kind(ValueKind::None).bytes);
+  write_file(dir / "value" / "huge_map",
+             RawBody().kind(ValueKind::Map).u64(~std::uint64_t{0}).text("k").kind(ValueKind::None).bytes);
+  write_file(dir / "value" / "huge_string",
+             RawBody().kind(ValueKind::String).u64(std::uint64_t{1} << 40).raw("ab", 2).bytes);
   write_file(dir / "value" / "bad_utf8", RawBody().kind(ValueKind::String).text("ok \xed\xa0\x80 surrogate").bytes);
-  write_file(dir / "value" / "bad_utf8_key", RawBody().kind(ValueKind::Map).u64(1).text("\xc0\xaf").kind(ValueKind::Int).u64(1).bytes);
-  write_file(dir / "value" / "duplicate_key",
-             RawBody().kind(ValueKind::Map).u64(2).text("k").kind(ValueKind::None).text("k").kind(ValueKind::Bool).u8(1).bytes);
+  write_file(dir / "value" / "bad_utf8_key",
+             RawBody().kind(ValueKind::Map).u64(1).text("\xc0\xaf").kind(ValueKind::Int).u64(1).bytes);
+  write_file(dir / "value" / "duplicate_key", RawBody()
+                                                  .kind(ValueKind::Map)
+                                                  .u64(2)
+                                                  .text("k")
+                                                  .kind(ValueKind::None)
+                                                  .text("k")
+                                                  .kind(ValueKind::Bool)
+                                                  .u8(1)
+                                                  .bytes);
   write_file(dir / "value" / "bad_bool", RawBody().kind(ValueKind::Bool).u8(2).bytes);
   write_file(dir / "value" / "bad_kind", RawBody().kind(ValueKind::List).u64(1).u8(9).bytes);
   write_handshake_seeds(dir);

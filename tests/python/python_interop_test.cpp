@@ -32,7 +32,8 @@ namespace {
 std::string missing_python_modules(const std::string& required) {
   const std::string command = std::string(FERRY_TEST_PYTHON_EXECUTABLE) +
                               " -c \"import importlib.util, sys; print(' '.join(m for m in sys.argv[1:] if "
-                              "importlib.util.find_spec(m) is None))\" " + required;
+                              "importlib.util.find_spec(m) is None))\" " +
+                              required;
   const std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), &::pclose);
   if (!pipe) return "(the interpreter did not start)";
   std::string output;
@@ -55,15 +56,16 @@ class PythonModules : public ::testing::Environment {
     }
   }
 };
-[[maybe_unused]] ::testing::Environment* const kPythonModules =
-    ::testing::AddGlobalTestEnvironment(new PythonModules);
+[[maybe_unused]] ::testing::Environment* const kPythonModules = ::testing::AddGlobalTestEnvironment(new PythonModules);
 
 // A C++ message type that is not Value.
 struct Batch {
   std::int64_t step = 0;
   Tensor images;
   template <class Archive>
-  void serialize(Archive& ar) { ar(step, images); }
+  void serialize(Archive& ar) {
+    ar(step, images);
+  }
 };
 
 // A message that claims to be a Value and nests `depth` one-element lists: what a hostile
@@ -150,9 +152,10 @@ void CEREAL_SAVE_FUNCTION_NAME(detail::FrameOutputArchive& archive, const Hostil
 struct LoaderEnds {
   pid_t start(const std::string& scenario) {
     static int counter = 0;
-    const std::string address = "unix:@ferry-python-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
+    const std::string address =
+        "unix:@ferry-python-test-" + std::to_string(::getpid()) + "-" + std::to_string(++counter);
     Listener listener = listen(address);
-    listener.serve_sender<Value>();    // both kinds connect: neither is refused for coming first
+    listener.serve_sender<Value>();  // both kinds connect: neither is refused for coming first
     listener.serve_receiver<Value>();
     const pid_t pid = test::start_python_trainer(scenario, {}, address);
     auto tx = listener.accept_sender_for<Value>(std::chrono::seconds(60));
@@ -260,7 +263,9 @@ TEST(PythonTrainerTest, ThePoolDoesNotReuseABlockWhileATorchTensorViewsItAndDoes
 }
 
 // Element i of a dtype pattern tensor: i, or i % 2 for bool.
-double pattern(DType dtype, std::int64_t i) { return dtype == DType::Bool ? static_cast<double>(i % 2) : static_cast<double>(i); }
+double pattern(DType dtype, std::int64_t i) {
+  return dtype == DType::Bool ? static_cast<double>(i % 2) : static_cast<double>(i);
+}
 
 double element_as_double(const Tensor& t, std::int64_t row, std::int64_t column) {
   const auto* base = static_cast<const std::byte*>(t.data_ptr()) +
@@ -276,11 +281,21 @@ double element_as_double(const Tensor& t, std::int64_t row, std::int64_t column)
     case DType::Int8: return read(std::int8_t{});
     case DType::Int16: return read(std::int16_t{});
     case DType::Int32: return read(std::int32_t{});
-    case DType::Int64: return static_cast<double>([base] { std::int64_t v; std::memcpy(&v, base, 8); return v; }());
+    case DType::Int64:
+      return static_cast<double>([base] {
+        std::int64_t v;
+        std::memcpy(&v, base, 8);
+        return v;
+      }());
     case DType::Float16: return read(Half{});
     case DType::BFloat16: return read(BFloat16{});
     case DType::Float32: return read(float{});
-    case DType::Float64: return [base] { double v; std::memcpy(&v, base, 8); return v; }();
+    case DType::Float64:
+      return [base] {
+        double v;
+        std::memcpy(&v, base, 8);
+        return v;
+      }();
   }
   return NAN;
 }
@@ -355,8 +370,8 @@ TEST(PythonTrainerTest, EveryDtypeAndNonContiguousViewsArriveRightBothWays) {
 TEST(PythonTrainerTest, ACppBatchAgainstAPythonValueIsTypeMismatchBothWays) {
   // As if a handshake had let a mismatched pair through: the descriptions claim Value, and
   // the frames' type fingerprints are what must refuse.
-  auto [batch_tx, batch_rx] = channel<Batch>(Transport::UnixSocket);   // C++ Batch -> Python Value
-  auto [value_tx, value_rx] = channel<Batch>(Transport::UnixSocket);   // Python Value -> C++ Batch
+  auto [batch_tx, batch_rx] = channel<Batch>(Transport::UnixSocket);  // C++ Batch -> Python Value
+  auto [value_tx, value_rx] = channel<Batch>(Transport::UnixSocket);  // Python Value -> C++ Batch
   EndDescription to_python = describe_end(batch_rx);
   EndDescription from_python = describe_end(value_tx);
   for (EndDescription* description : {&to_python, &from_python}) {
@@ -418,13 +433,13 @@ TEST(PythonTrainerTest, ADuplicateMapKeyIsAProtocolErrorInPython) {
 TEST(PythonTrainerTest, InvalidUtf8InAStringOrKeyIsAProtocolErrorInPython) {
   const std::string long_ascii(60, 'k');
   const std::vector<std::string> texts = {
-      "\xc3",                                   // truncated
-      "train/\xc0\xaf.jpg",                     // overlong '/'
-      "train/0/\xed\xa0\x80.jpg",              // a surrogate
-      "\xf4\x90\x80\x80",                     // above U+10FFFF
-      "01234567\xff",                           // after a whole ASCII word
-      long_ascii + "\xc3" + long_ascii,         // long, truncated in the middle
-      "st\xffp",                                // one byte off a cached key
+      "\xc3",                            // truncated
+      "train/\xc0\xaf.jpg",              // overlong '/'
+      "train/0/\xed\xa0\x80.jpg",        // a surrogate
+      "\xf4\x90\x80\x80",                // above U+10FFFF
+      "01234567\xff",                    // after a whole ASCII word
+      long_ascii + "\xc3" + long_ascii,  // long, truncated in the middle
+      "st\xffp",                         // one byte off a cached key
   };
   std::vector<std::pair<Sender<HostileText>, Receiver<HostileText>>> channels;
   std::vector<EndDescription> descriptions;

@@ -64,7 +64,8 @@ cudaError_t count_mismatches_on_device(const float* data, std::int64_t count, fl
     count_kernel<<<blocks_for(count), kThreads, 0, stream>>>(data, count, expected, counter);
     status = cudaGetLastError();
   }
-  if (status == cudaSuccess) status = cudaMemcpyAsync(mismatches, counter, sizeof *counter, cudaMemcpyDeviceToHost, stream);
+  if (status == cudaSuccess)
+    status = cudaMemcpyAsync(mismatches, counter, sizeof *counter, cudaMemcpyDeviceToHost, stream);
   if (status == cudaSuccess) status = cudaStreamSynchronize(stream);
   const cudaError_t freed = cudaFree(counter);
   return status != cudaSuccess ? status : freed;

@@ -15,9 +15,9 @@ std::string gpu_unavailable_reason();
 }  // namespace ferry::test
 
 /// Skips the current test, naming the reason, when no GPU can be used.
-#define FERRY_SKIP_WITHOUT_GPU()                                                         \
-  do {                                                                                   \
+#define FERRY_SKIP_WITHOUT_GPU()                                                               \
+  do {                                                                                         \
     if (const std::string reason = ::ferry::test::gpu_unavailable_reason(); !reason.empty()) { \
-      GTEST_SKIP() << "needs a CUDA device: " << reason;                                 \
-    }                                                                                    \
+      GTEST_SKIP() << "needs a CUDA device: " << reason;                                       \
+    }                                                                                          \
   } while (false)

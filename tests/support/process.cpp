@@ -211,7 +211,8 @@ bool UnrelatedProcess::succeeded(std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string outcome;
   while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     pollfd entry{outcome_.get(), POLLIN, 0};
     const int rc = ::poll(&entry, 1, static_cast<int>(std::max<long>(0, left.count())));
     if (rc == 0) {

@@ -23,8 +23,8 @@ struct ChildCheckFailed : std::runtime_error {
 [[noreturn]] void child_check_failed(const char* file, int line, const char* condition);
 
 /// Checks `condition` in a forked child (gtest assertions do not reach the parent).
-#define CHILD_CHECK(condition)                                                   \
-  do {                                                                           \
+#define CHILD_CHECK(condition)                                                           \
+  do {                                                                                   \
     if (!(condition)) ::ferry::test::child_check_failed(__FILE__, __LINE__, #condition); \
   } while (false)
 
@@ -34,8 +34,8 @@ pid_t fork_child(const std::function<void()>& body);
 /// How a child ended.
 struct ChildExit {
   bool exited = false;
-  int code = -1;    ///< exit status when exited
-  int signal = 0;   ///< terminating signal otherwise
+  int code = -1;   ///< exit status when exited
+  int signal = 0;  ///< terminating signal otherwise
   std::string describe() const;
 };
 

@@ -33,9 +33,9 @@ std::string syscall_faults_unavailable_reason();
 }  // namespace ferry::test
 
 /// Skips the current test, naming the reason, when system calls cannot be made to fail.
-#define FERRY_SKIP_WITHOUT_SYSCALL_FAULTS()                                                          \
-  do {                                                                                               \
+#define FERRY_SKIP_WITHOUT_SYSCALL_FAULTS()                                                               \
+  do {                                                                                                    \
     if (const std::string reason = ::ferry::test::syscall_faults_unavailable_reason(); !reason.empty()) { \
-      GTEST_SKIP() << "needs a seccomp filter to make fallocate fail: " << reason;                   \
-    }                                                                                                \
+      GTEST_SKIP() << "needs a seccomp filter to make fallocate fail: " << reason;                        \
+    }                                                                                                     \
   } while (false)

@@ -11,7 +11,9 @@
 namespace ferry::test {
 
 /// Every inter-process transport this build offers.
-inline std::vector<Transport> interprocess_transports() { return {Transport::Pipe, Transport::UnixSocket, Transport::ShmRing}; }
+inline std::vector<Transport> interprocess_transports() {
+  return {Transport::Pipe, Transport::UnixSocket, Transport::ShmRing};
+}
 
 /// Test-name suffix for a transport ("Pipe", "UnixSocket", ...).
 inline std::string transport_test_name(const ::testing::TestParamInfo<Transport>& info) {

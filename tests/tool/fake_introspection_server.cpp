@@ -19,8 +19,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <string>
@@ -55,7 +55,8 @@ std::string json_string(const std::string& text) {
   return out + "\"";
 }
 
-std::string snapshot(long pid, std::uint64_t request, std::uint64_t started_ns, bool stalled, const std::string& label) {
+std::string snapshot(long pid, std::uint64_t request, std::uint64_t started_ns, bool stalled,
+                     const std::string& label) {
   std::uint64_t now = monotonic_ns();
   std::uint64_t messages = 1000 + 100 * request;
   std::string blocked = stalled ? std::to_string(now - started_ns) : "0";
@@ -63,13 +64,13 @@ std::string snapshot(long pid, std::uint64_t request, std::uint64_t started_ns, 
          ",\"program\":\"fake_server\",\"role\":\"worker\",\"rank\":2,\"monotonic_ns\":" + std::to_string(now) +
          ",\"ends\":[{\"id\":0,\"direction\":\"send\",\"label\":" + json_string(label) +
          ",\"transport\":\"shm_ring\",\"peer_pid\":1,\"state\":\"open\",\"messages\":" + std::to_string(messages) +
-         ",\"bytes\":" + std::to_string(messages * 64) +
-         ",\"tensors\":" + std::to_string(messages) +
+         ",\"bytes\":" + std::to_string(messages * 64) + ",\"tensors\":" + std::to_string(messages) +
          ",\"new_segments\":3,\"in_flight\":2,\"blocked_ns\":0,\"blocked_now\":false,\"last_activity_ns\":" +
          std::to_string(now) +
          "},{\"id\":1,\"direction\":\"send\",\"label\":\"results\",\"transport\":\"pipe\",\"peer_pid\":null,"
          "\"state\":\"open\",\"messages\":7,\"bytes\":448,\"tensors\":0,\"new_segments\":0,\"in_flight\":0,"
-         "\"blocked_ns\":" + blocked + ",\"blocked_now\":" + (stalled ? "true" : "false") +
+         "\"blocked_ns\":" +
+         blocked + ",\"blocked_now\":" + (stalled ? "true" : "false") +
          ",\"last_activity_ns\":" + std::to_string(started_ns) +
          "}],\"listeners\":[{\"address\":\"unix:/tmp/fake.sock\",\"accepted\":4,"
          "\"refused\":{\"bad_handshake\":2},\"handshakes_in_progress\":1}],"

@@ -34,9 +34,15 @@ TEST(FerryTool, HelpDocumentsEveryCommandAndExitCode) {
 }
 
 TEST(FerryTool, BadCommandLinesExitWithTwo) {
-  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
-           {}, {"frobnicate"}, {"show"}, {"show", "abc"}, {"show", "-5"}, {"ps", "extra"}, {"top", "-n", "0"},
-           {"--timeout", "-1", "ps"}, {"top", "--interval"}}) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{{},
+                                                                                    {"frobnicate"},
+                                                                                    {"show"},
+                                                                                    {"show", "abc"},
+                                                                                    {"show", "-5"},
+                                                                                    {"ps", "extra"},
+                                                                                    {"top", "-n", "0"},
+                                                                                    {"--timeout", "-1", "ps"},
+                                                                                    {"top", "--interval"}}) {
     ToolRun run = run_tool(args);
     EXPECT_EQ(run.exit_code, 2) << (args.empty() ? "(none)" : args[0]) << ": " << run.err;
     EXPECT_NE(run.err.find("ferry --help"), std::string::npos) << run.err;
@@ -71,10 +77,10 @@ TEST(FerryTool, ShowPrintsEverySection) {
   FakeServer server({"serve"});
   ToolRun run = run_tool({"show", pid_text(server.pid())});
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  for (const char* text : {"program fake_server", "role worker 2", "ends (2)", "batches", "results", "shm_ring",
-                           "listeners (1)", "unix:/tmp/fake.sock", "bad_handshake 2", "bytes_in_use", "16.0 MiB",
-                           "cuda: none", "workers (1)", "4242", "exited", "fan-outs (1)", "distributor \"work\"",
-                           "delivered"}) {
+  for (const char* text :
+       {"program fake_server", "role worker 2", "ends (2)", "batches", "results", "shm_ring", "listeners (1)",
+        "unix:/tmp/fake.sock", "bad_handshake 2", "bytes_in_use", "16.0 MiB", "cuda: none", "workers (1)", "4242",
+        "exited", "fan-outs (1)", "distributor \"work\"", "delivered"}) {
     EXPECT_NE(run.out.find(text), std::string::npos) << text << " missing from\n" << run.out;
   }
 }
@@ -83,8 +89,9 @@ TEST(FerryTool, MetricsLabelEachProcessAndEnd) {
   FakeServer server({"serve", "--label", "say \"hi\""});
   ToolRun run = run_tool({"metrics"});
   ASSERT_EQ(run.exit_code, 0) << run.err;
-  std::string end = "{pid=\"" + pid_text(server.pid()) + "\",end=\"0\",label=\"say \\\"hi\\\"\",transport=\"shm_ring\","
-                                                        "direction=\"send\"}";
+  std::string end = "{pid=\"" + pid_text(server.pid()) +
+                    "\",end=\"0\",label=\"say \\\"hi\\\"\",transport=\"shm_ring\","
+                    "direction=\"send\"}";
   EXPECT_NE(run.out.find("\nferry_end_messages_total" + end + " 1000\n"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("\nferry_end_bytes_total" + end + " 64000\n"), std::string::npos) << run.out;
   EXPECT_NE(run.out.find("ferry_listener_refused_total{pid=\"" + pid_text(server.pid()) +
@@ -108,8 +115,8 @@ TEST(FerryTool, TopOnceMarksAStalledEnd) {
 
 TEST(FerryTool, ServerTextNeverReachesTheTerminalAsControlCharacters) {
   FakeServer server({"serve", "--label", "\x1b]0;owned\x07\x1b[2J"});
-  for (const std::vector<std::string>& args :
-       std::vector<std::vector<std::string>>{{"ps"}, {"show", pid_text(server.pid())}, {"top", "--once", "--interval", "0.1"}}) {
+  for (const std::vector<std::string>& args : std::vector<std::vector<std::string>>{
+           {"ps"}, {"show", pid_text(server.pid())}, {"top", "--once", "--interval", "0.1"}}) {
     ToolRun run = run_tool(args);
     EXPECT_EQ(run.exit_code, 0) << run.err;
     EXPECT_EQ(run.out.find('\x1b'), std::string::npos) << args[0];
@@ -166,7 +173,8 @@ TEST(FerryTool, BadRepliesAreReported) {
     const char* mode;
     const char* says;
   };
-  for (const Case& c : {Case{"garbage", "not JSON"}, Case{"error", "unknown request"}, Case{"close", "without a reply"}}) {
+  for (const Case& c :
+       {Case{"garbage", "not JSON"}, Case{"error", "unknown request"}, Case{"close", "without a reply"}}) {
     FakeServer server({c.mode});
     ToolRun show = run_tool({"show", pid_text(server.pid())});
     EXPECT_EQ(show.exit_code, 5) << c.mode;

@@ -2,8 +2,8 @@
 // (introspected_pipeline.cpp: source -> relay -> sink, FERRY_INTROSPECT=1): ps, show --json
 // and metrics report its channels with the counts that were sent; a stalled sink shows as
 // the relay's send end blocked (STALLED in top); a killed process leaves the list.
-#include <gtest/gtest.h>
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -165,8 +165,8 @@ TEST(FerryToolPipeline, AStalledSinkShowsAsBlocked) {
   EXPECT_TRUE(std::regex_search(show.out, std::regex("send [^\n]*unix_socket [^\n]* blocked "))) << show.out;
   ToolRun top = run_tool({"top", "--once", "--interval", "0.5"});
   ASSERT_EQ(top.exit_code, 0) << top.err;
-  EXPECT_TRUE(std::regex_search(top.out, std::regex("\n *" + std::to_string(pipeline.relay) +
-                                                    " [^\n]* send [^\n]*unix_socket[^\n]* STALLED\n")))
+  EXPECT_TRUE(std::regex_search(
+      top.out, std::regex("\n *" + std::to_string(pipeline.relay) + " [^\n]* send [^\n]*unix_socket[^\n]* STALLED\n")))
       << top.out;
   // Stalled ends come first.
   std::smatch first;

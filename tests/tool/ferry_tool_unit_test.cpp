@@ -49,7 +49,7 @@ TEST(ToolDiscovery, FindsListeningIntrospectionSocketsOnly) {
   std::string table =
       "Num       RefCount Protocol Flags    Type St Inode Path\n"
       "0000000000000000: 00000002 00000000 00010000 0001 01 100 @ferry-introspect.456\n"
-      "0000000000000000: 00000003 00000000 00000000 0001 03 101 @ferry-introspect.456\n"   // accepted connection
+      "0000000000000000: 00000003 00000000 00000000 0001 03 101 @ferry-introspect.456\n"  // accepted connection
       "0000000000000000: 00000002 00000000 00010000 0001 01 102 @ferry-introspect.123\n"
       "0000000000000000: 00000002 00000000 00010000 0001 01 103 @ferry-introspect.0123\n"  // leading zero
       "0000000000000000: 00000002 00000000 00010000 0001 01 104 @ferry-introspect.12x\n"
@@ -57,7 +57,7 @@ TEST(ToolDiscovery, FindsListeningIntrospectionSocketsOnly) {
       "0000000000000000: 00000002 00000000 00010000 0001 01 106 /tmp/ferry-introspect.9\n"  // a file, not abstract
       "0000000000000000: 00000002 00000000 00010000 0002 01 107 @ferry-introspect.99\n"     // datagram
       "0000000000000000: 00000002 00000000 00010000 0001 01 108 @other.7\n"
-      "0000000000000000: 00000002 00000000 00010000 0001 01 109\n"                          // unnamed
+      "0000000000000000: 00000002 00000000 00010000 0001 01 109\n"  // unnamed
       "garbage line\n"
       "0000000000000000: 00000002 00000000 00010000 0001 01 110 @ferry-introspect.99999999999\n";
   EXPECT_EQ(parse_introspectable_pids(table), (std::vector<pid_t>{123, 456}));
@@ -191,9 +191,8 @@ TEST(ToolMetrics, EscapesLabelValues) {
 }
 
 TEST(ToolMetrics, FollowsTheTextExpositionFormat) {
-  std::vector<Snapshot> snapshots{
-      parse_snapshot(12, document(12, 10, 5, 640, 2500000000, true, R"("say \"hi\"\\\n")")),
-      parsed(13, 10, 6, 700, 0, false)};
+  std::vector<Snapshot> snapshots{parse_snapshot(12, document(12, 10, 5, 640, 2500000000, true, R"("say \"hi\"\\\n")")),
+                                  parsed(13, 10, 6, 700, 0, false)};
   std::string out = render_metrics(snapshots);
   EXPECT_NE(out.find("# TYPE ferry_end_messages_total counter\n"), std::string::npos) << out;
   EXPECT_NE(out.find("ferry_end_messages_total{pid=\"12\",end=\"3\",label=\"say \\\"hi\\\"\\\\\\n\","

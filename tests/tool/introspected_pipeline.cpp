@@ -29,7 +29,9 @@ struct Message {
   std::int32_t relay_pid = 0;
   std::vector<std::uint8_t> payload;
   template <class Archive>
-  void serialize(Archive& ar) { ar(sequence, relay_pid, payload); }
+  void serialize(Archive& ar) {
+    ar(sequence, relay_pid, payload);
+  }
 };
 
 struct Ack {
@@ -37,7 +39,9 @@ struct Ack {
   std::int32_t relay_pid = 0;
   std::int32_t sink_pid = 0;
   template <class Archive>
-  void serialize(Archive& ar) { ar(received, relay_pid, sink_pid); }
+  void serialize(Archive& ar) {
+    ar(received, relay_pid, sink_pid);
+  }
 };
 
 void relay(ferry::WorkerContext&, ferry::Receiver<Message> in, ferry::Sender<Message> out) {

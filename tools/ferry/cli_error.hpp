@@ -11,11 +11,11 @@ namespace ferry::cli {
 /// The tool's exit codes (stable: scripts test them).
 enum class ExitCode : int {
   ok = 0,
-  failure = 1,           ///< anything else: /proc/net/unix unreadable, terminal error, ...
-  usage = 2,             ///< bad command line
-  no_such_process = 3,   ///< no process with that pid has introspection on
-  permission = 4,        ///< the process belongs to another user (run as that user or root)
-  bad_reply = 5,         ///< the process did not answer properly: timed out, garbage, squatted name
+  failure = 1,          ///< anything else: /proc/net/unix unreadable, terminal error, ...
+  usage = 2,            ///< bad command line
+  no_such_process = 3,  ///< no process with that pid has introspection on
+  permission = 4,       ///< the process belongs to another user (run as that user or root)
+  bad_reply = 5,        ///< the process did not answer properly: timed out, garbage, squatted name
 };
 
 class CliError : public std::runtime_error {

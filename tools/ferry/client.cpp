@@ -96,7 +96,8 @@ Pending start(FetchResult& result) {
     return pending;
   }
   // 9 bytes into an empty socket buffer: a single send never blocks or splits.
-  if (::send(pending.socket.get(), request.data(), request.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(request.size())) {
+  if (::send(pending.socket.get(), request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
     result.problem = problem(ExitCode::bad_reply, result.pid,
                              std::string("closed the connection without a reply (") + std::strerror(errno) + ")");
     pending.socket.reset();
@@ -135,7 +136,8 @@ void read_some(Pending& pending) {
       pending.done = true;
       return;
     }
-    result.problem = problem(ExitCode::bad_reply, result.pid, std::string("reading its reply failed: ") + std::strerror(errno));
+    result.problem =
+        problem(ExitCode::bad_reply, result.pid, std::string("reading its reply failed: ") + std::strerror(errno));
     pending.done = true;
     return;
   }

@@ -20,8 +20,6 @@ Collection collect(const std::vector<pid_t>& pids, std::chrono::milliseconds tim
   return collection;
 }
 
-Collection collect_all(std::chrono::milliseconds timeout) {
-  return collect(discover_introspectable_pids(), timeout);
-}
+Collection collect_all(std::chrono::milliseconds timeout) { return collect(discover_introspectable_pids(), timeout); }
 
 }  // namespace ferry::cli

@@ -67,8 +67,8 @@ std::vector<pid_t> parse_introspectable_pids(std::string_view proc_net_unix) {
 std::vector<pid_t> discover_introspectable_pids() {
   std::ifstream file("/proc/net/unix");
   if (!file) {
-    throw CliError(ExitCode::failure, std::string("cannot read /proc/net/unix (") + std::strerror(errno) +
-                                          "): is /proc mounted?");
+    throw CliError(ExitCode::failure,
+                   std::string("cannot read /proc/net/unix (") + std::strerror(errno) + "): is /proc mounted?");
   }
   std::ostringstream text;
   text << file.rdbuf();

@@ -86,28 +86,33 @@ std::string seconds_text(std::uint64_t nanoseconds) {
 
 // Fields of SharedMemoryStats and ConsumerStats that only grow: exposed as counters.
 bool is_counter_field(const std::string& name) {
-  static const std::set<std::string> counters{"hits", "misses", "misses_after_release", "misses_cold",
-                                              "segments_released", "sent", "delivered", "skipped"};
+  static const std::set<std::string> counters{
+      "hits", "misses", "misses_after_release", "misses_cold", "segments_released", "sent", "delivered", "skipped"};
   return counters.count(name) != 0;
 }
 
 void add_process(Exposition& out, const Snapshot& s) {
   std::string pid = std::to_string(s.pid);
   out.add("ferry_process_info", "gauge", "A process with introspection on: its program, role and rank (always 1).",
-          {{"pid", pid}, {"program", s.program}, {"role", s.role}, {"rank", s.rank ? std::to_string(*s.rank) : ""}}, "1");
+          {{"pid", pid}, {"program", s.program}, {"role", s.role}, {"rank", s.rank ? std::to_string(*s.rank) : ""}},
+          "1");
 }
 
 void add_end(Exposition& out, const Snapshot& s, const EndSnapshot& end) {
-  Labels labels{{"pid", std::to_string(s.pid)}, {"end", std::to_string(end.id)}, {"label", end.label},
-                {"transport", end.transport}, {"direction", end.direction}};
+  Labels labels{{"pid", std::to_string(s.pid)},
+                {"end", std::to_string(end.id)},
+                {"label", end.label},
+                {"transport", end.transport},
+                {"direction", end.direction}};
   out.add("ferry_end_messages_total", "counter", "Messages sent or received through a channel end.", labels,
           std::to_string(end.messages));
   out.add("ferry_end_bytes_total", "counter", "Bytes sent or received through a channel end.", labels,
           std::to_string(end.bytes));
   out.add("ferry_end_tensors_total", "counter", "Tensors sent or received through a channel end.", labels,
           std::to_string(end.tensors));
-  out.add("ferry_end_new_segments_total", "counter", "Shared-memory segments a channel end passed or mapped for the first time.",
-          labels, std::to_string(end.new_segments));
+  out.add("ferry_end_new_segments_total", "counter",
+          "Shared-memory segments a channel end passed or mapped for the first time.", labels,
+          std::to_string(end.new_segments));
   out.add("ferry_end_blocked_seconds_total", "counter",
           "Time a channel end spent blocked waiting for room or for a message.", labels, seconds_text(end.blocked_ns));
   if (end.in_flight) {  // absent where not known
@@ -116,8 +121,10 @@ void add_end(Exposition& out, const Snapshot& s, const EndSnapshot& end) {
   }
   out.add("ferry_end_blocked", "gauge", "1 while a channel end is blocked waiting, 0 otherwise.", labels,
           end.blocked_now ? "1" : "0");
-  std::uint64_t idle = end.last_activity_ns > 0 && end.last_activity_ns <= s.monotonic_ns ? s.monotonic_ns - end.last_activity_ns : 0;
-  out.add("ferry_end_idle_seconds", "gauge", "Time since a channel end last sent or received.", labels, seconds_text(idle));
+  std::uint64_t idle =
+      end.last_activity_ns > 0 && end.last_activity_ns <= s.monotonic_ns ? s.monotonic_ns - end.last_activity_ns : 0;
+  out.add("ferry_end_idle_seconds", "gauge", "Time since a channel end last sent or received.", labels,
+          seconds_text(idle));
   Labels with_state = labels;
   with_state.emplace_back("state", end.state);
   out.add("ferry_end_state", "gauge", "A channel end's state (open, closed, peer_died) as a label (always 1).",
@@ -152,15 +159,20 @@ void add_numbers(Exposition& out, const std::string& prefix, const std::string& 
 
 void add_worker(Exposition& out, const Snapshot& s, const WorkerSnapshot& worker) {
   out.add("ferry_worker_state", "gauge", "A spawned worker's state (running, exited, failed) as a label (always 1).",
-          {{"pid", std::to_string(s.pid)}, {"rank", worker.rank ? std::to_string(*worker.rank) : ""},
-           {"worker_pid", std::to_string(worker.pid)}, {"state", worker.state}},
+          {{"pid", std::to_string(s.pid)},
+           {"rank", worker.rank ? std::to_string(*worker.rank) : ""},
+           {"worker_pid", std::to_string(worker.pid)},
+           {"state", worker.state}},
           "1");
 }
 
 void add_fanout(Exposition& out, const Snapshot& s, std::size_t index, const FanoutSnapshot& fanout) {
   for (const ConsumerSnapshot& consumer : fanout.consumers) {
-    Labels labels{{"pid", std::to_string(s.pid)}, {"fanout", std::to_string(index)}, {"kind", fanout.kind},
-                  {"label", fanout.label}, {"consumer", std::to_string(consumer.index)}};
+    Labels labels{{"pid", std::to_string(s.pid)},
+                  {"fanout", std::to_string(index)},
+                  {"kind", fanout.kind},
+                  {"label", fanout.label},
+                  {"consumer", std::to_string(consumer.index)}};
     add_numbers(out, "ferry_fanout_consumer_", "A fan-out consumer's", labels, consumer.numbers);
   }
 }

@@ -17,27 +17,33 @@ std::string indented(const Table& table) {
   return out;
 }
 
-std::string optional_number(const std::optional<std::int64_t>& value) {
-  return value ? std::to_string(*value) : "-";
-}
+std::string optional_number(const std::optional<std::int64_t>& value) { return value ? std::to_string(*value) : "-"; }
 
 std::string ends_section(const Snapshot& snapshot) {
   std::string out = "ends (" + std::to_string(snapshot.ends.size()) + "):\n";
   if (snapshot.ends.empty()) return out + "  none\n";
-  Table table({{"ID", Align::right},      {"DIR"},
-               {"LABEL"},                 {"TRANSPORT"},
-               {"PEER", Align::right},    {"STATE"},
-               {"MESSAGES", Align::right}, {"BYTES", Align::right},
-               {"TENSORS", Align::right}, {"NEW SEGS", Align::right},
-               {"IN FLIGHT", Align::right}, {"BLOCKED", Align::right},
-               {"NOW"},                   {"IDLE", Align::right}});
+  Table table({{"ID", Align::right},
+               {"DIR"},
+               {"LABEL"},
+               {"TRANSPORT"},
+               {"PEER", Align::right},
+               {"STATE"},
+               {"MESSAGES", Align::right},
+               {"BYTES", Align::right},
+               {"TENSORS", Align::right},
+               {"NEW SEGS", Align::right},
+               {"IN FLIGHT", Align::right},
+               {"BLOCKED", Align::right},
+               {"NOW"},
+               {"IDLE", Align::right}});
   for (const EndSnapshot& end : snapshot.ends) {
     std::string idle = end.last_activity_ns == 0 || end.last_activity_ns > snapshot.monotonic_ns
                            ? "-"
                            : human_duration_ns(static_cast<double>(snapshot.monotonic_ns - end.last_activity_ns));
     table.add_row({std::to_string(end.id), end.direction, end.label.empty() ? "-" : end.label, end.transport,
-                   optional_number(end.peer_pid), end.state, std::to_string(end.messages), human_bytes(static_cast<double>(end.bytes)),
-                   std::to_string(end.tensors), std::to_string(end.new_segments), optional_number(end.in_flight),
+                   optional_number(end.peer_pid), end.state, std::to_string(end.messages),
+                   human_bytes(static_cast<double>(end.bytes)), std::to_string(end.tensors),
+                   std::to_string(end.new_segments), optional_number(end.in_flight),
                    human_duration_ns(static_cast<double>(end.blocked_ns)), end.blocked_now ? "blocked" : "-", idle});
   }
   return out + indented(table);
@@ -52,8 +58,8 @@ std::string listeners_section(const Snapshot& snapshot) {
     for (const auto& [reason, count] : listener.refused) {
       refused += (refused.empty() ? "" : ", ") + reason + " " + std::to_string(count);
     }
-    table.add_row({listener.address, std::to_string(listener.accepted),
-                   std::to_string(listener.handshakes_in_progress), refused.empty() ? "-" : refused});
+    table.add_row({listener.address, std::to_string(listener.accepted), std::to_string(listener.handshakes_in_progress),
+                   refused.empty() ? "-" : refused});
   }
   return out + indented(table);
 }
@@ -75,7 +81,8 @@ std::string numbers_section(const std::string& title, const std::vector<NamedNum
 std::string workers_section(const Snapshot& snapshot) {
   std::string out = "workers (" + std::to_string(snapshot.workers.size()) + "):\n";
   if (snapshot.workers.empty()) return out + "  none\n";
-  Table table({{"RANK", Align::right}, {"PID", Align::right}, {"STATE"}, {"EXIT", Align::right}, {"SIGNAL", Align::right}});
+  Table table(
+      {{"RANK", Align::right}, {"PID", Align::right}, {"STATE"}, {"EXIT", Align::right}, {"SIGNAL", Align::right}});
   for (const WorkerSnapshot& worker : snapshot.workers) {
     table.add_row({optional_number(worker.rank), std::to_string(worker.pid), worker.state,
                    optional_number(worker.exit_code), optional_number(worker.signal)});

@@ -19,8 +19,8 @@ class Reader {
   Reader(pid_t pid, const Json& object, std::string path) : pid_(pid), object_(object), path_(std::move(path)) {}
 
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw CliError(ExitCode::bad_reply, "pid " + std::to_string(pid_) + " sent a malformed snapshot: " + path_ +
-                                            field + " " + what);
+    throw CliError(ExitCode::bad_reply,
+                   "pid " + std::to_string(pid_) + " sent a malformed snapshot: " + path_ + field + " " + what);
   }
   const Json* find(const char* field) const {
     auto member = object_.FindMember(field);
@@ -200,7 +200,8 @@ Snapshot parse_snapshot(pid_t pid, const std::string& reply) {
   if (snapshot.version != snapshot_schema_version) {
     throw CliError(ExitCode::bad_reply, "pid " + std::to_string(pid) + " sent a snapshot of schema version " +
                                             std::to_string(snapshot.version) + "; this ferry reads version " +
-                                            std::to_string(snapshot_schema_version) + " (use the ferry tool of the same release)");
+                                            std::to_string(snapshot_schema_version) +
+                                            " (use the ferry tool of the same release)");
   }
   auto claimed = in.optional_i64("pid");
   if (!claimed || *claimed != pid) in.fail("pid", "does not name the process asked (" + std::to_string(pid) + ")");
@@ -211,7 +212,8 @@ Snapshot parse_snapshot(pid_t pid, const std::string& reply) {
   snapshot.monotonic_ns = in.u64("monotonic_ns");
   in.each_object("ends", [&](const Reader& end) { snapshot.ends.push_back(read_end(end)); });
   in.each_object("listeners", [&](const Reader& listener) { snapshot.listeners.push_back(read_listener(listener)); });
-  if (const Json* shared = in.find("shared_memory"); shared != nullptr) collect_numbers(*shared, "", snapshot.shared_memory);
+  if (const Json* shared = in.find("shared_memory"); shared != nullptr)
+    collect_numbers(*shared, "", snapshot.shared_memory);
   if (const Json* cuda = in.find("cuda"); cuda != nullptr && !cuda->IsNull()) {
     snapshot.cuda.emplace();
     collect_numbers(*cuda, "", *snapshot.cuda);

@@ -24,11 +24,11 @@ struct NamedNumber {
 
 struct EndSnapshot {
   std::uint64_t id = 0;
-  std::string direction;   ///< "send" or "recv"
+  std::string direction;  ///< "send" or "recv"
   std::string label;
   std::string transport;
   std::optional<std::int64_t> peer_pid;
-  std::string state;       ///< "open", "closed", "peer_died"
+  std::string state;  ///< "open", "closed", "peer_died"
   std::uint64_t messages = 0;
   std::uint64_t bytes = 0;
   std::uint64_t tensors = 0;
@@ -56,7 +56,7 @@ struct WorkerSnapshot {
 
 struct ConsumerSnapshot {
   std::uint64_t index = 0;
-  std::vector<NamedNumber> numbers;  ///< the other numeric fields
+  std::vector<NamedNumber> numbers;                        ///< the other numeric fields
   std::vector<std::pair<std::string, std::string>> texts;  ///< the string fields (transport, ...)
 };
 

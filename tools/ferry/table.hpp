@@ -2,8 +2,8 @@
 // one line per row, columns separated by two spaces, each as wide as its widest cell, left-
 // or right-aligned; no line ends in spaces. Given a width, shrinkable columns are cut (with
 // "~") down to their minimum, widest slack first; then droppable columns are left out,
-// highest drop rank first; lines still too long are cut at the width. Widths count UTF-8 code points. Cells are shown through printable(): text from
-// another process never reaches the terminal as control characters.
+// highest drop rank first; lines still too long are cut at the width. Widths count UTF-8 code points. Cells are shown
+// through printable(): text from another process never reaches the terminal as control characters.
 #pragma once
 
 #include <cstddef>

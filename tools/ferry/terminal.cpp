@@ -82,7 +82,8 @@ std::vector<int> SignalPipe::take() {
 
 ScreenSession::ScreenSession(int input, int output) : input_(input), output_(output) {
   if (!::isatty(input) || !::isatty(output)) {
-    throw CliError(ExitCode::usage, "ferry top needs a terminal; in scripts use `ferry top --once` or `ferry top -n N`");
+    throw CliError(ExitCode::usage,
+                   "ferry top needs a terminal; in scripts use `ferry top --once` or `ferry top -n N`");
   }
   if (::tcgetattr(input, &saved_) != 0) {
     throw CliError(ExitCode::failure, std::string("tcgetattr() failed: ") + std::strerror(errno));

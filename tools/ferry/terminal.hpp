@@ -8,12 +8,12 @@
 
 #include <signal.h>
 
+#include <termios.h>
 #include <chrono>
 #include <cstddef>
 #include <initializer_list>
 #include <optional>
 #include <string>
-#include <termios.h>
 #include <vector>
 
 #include "unique_fd.hpp"

@@ -76,7 +76,8 @@ Event wait_event(SignalPipe& signals, Clock::time_point until) {
       ssize_t got = ::read(STDIN_FILENO, keys, sizeof keys);
       if (got == 0) return Event::quit;
       for (ssize_t i = 0; i < got; ++i) {
-        if (keys[i] == 'q' || keys[i] == 'Q' || keys[i] == 3 /* Ctrl-C */ || keys[i] == 4 /* Ctrl-D */) return Event::quit;
+        if (keys[i] == 'q' || keys[i] == 'Q' || keys[i] == 3 /* Ctrl-C */ || keys[i] == 4 /* Ctrl-D */)
+          return Event::quit;
       }
     }
   }

@@ -20,7 +20,8 @@ void derive_rates(TopRow& row, const EndSnapshot& before, std::uint64_t interval
   row.has_rates = true;
   row.messages_per_second = per_second(before.messages, row.end.messages, seconds);
   row.bytes_per_second = per_second(before.bytes, row.end.bytes, seconds);
-  double blocked = row.end.blocked_ns >= before.blocked_ns ? static_cast<double>(row.end.blocked_ns - before.blocked_ns) : 0;
+  double blocked =
+      row.end.blocked_ns >= before.blocked_ns ? static_cast<double>(row.end.blocked_ns - before.blocked_ns) : 0;
   row.blocked_percent = std::clamp(100.0 * blocked / static_cast<double>(interval_ns), 0.0, 100.0);
   row.stalled = row.end.direction == "send" && row.end.blocked_now && row.end.messages == before.messages;
 }
@@ -77,9 +78,9 @@ Table rows_table(const std::vector<TopRow>& rows) {
                    end.label.empty() ? "-" : end.label, end.transport,
                    end.peer_pid ? std::to_string(*end.peer_pid) : "-",
                    row.has_rates ? human_count(row.messages_per_second) : "-",
-                   row.has_rates ? human_byte_rate(row.bytes_per_second) : "-", human_count(static_cast<double>(end.messages)),
-                   end.in_flight ? std::to_string(*end.in_flight) : "-", row.has_rates ? human_percent(row.blocked_percent) : "-",
-                   state_text(row)});
+                   row.has_rates ? human_byte_rate(row.bytes_per_second) : "-",
+                   human_count(static_cast<double>(end.messages)), end.in_flight ? std::to_string(*end.in_flight) : "-",
+                   row.has_rates ? human_percent(row.blocked_percent) : "-", state_text(row)});
   }
   return table;
 }

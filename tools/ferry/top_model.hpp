@@ -33,15 +33,15 @@ std::vector<TopRow> top_rows(const std::vector<Snapshot>& previous, const std::v
 
 struct TopFrame {
   std::vector<std::string> lines;
-  std::size_t header_line = 0;               ///< the table's header (shown highlighted)
-  std::vector<std::size_t> stalled_lines;    ///< lines of stalled ends (shown highlighted)
+  std::size_t header_line = 0;             ///< the table's header (shown highlighted)
+  std::vector<std::size_t> stalled_lines;  ///< lines of stalled ends (shown highlighted)
 };
 
 struct TopSummary {
-  std::string clock;              ///< wall time "HH:MM:SS"
+  std::string clock;  ///< wall time "HH:MM:SS"
   std::size_t processes = 0;
-  std::size_t unreadable = 0;     ///< processes that did not answer properly
-  std::string first_problem;      ///< one of their messages
+  std::size_t unreadable = 0;  ///< processes that did not answer properly
+  std::string first_problem;   ///< one of their messages
 };
 
 TopFrame render_top_frame(const std::vector<TopRow>& rows, const TopSummary& summary, std::size_t width,

@@ -44,7 +44,9 @@ class Broadcast : public detail::FanoutBase<T, false> {
   std::size_t send(const T& message) { return send_until(message, detail::Deadline::never()); }
   /// Like send(), but a consumer still full (or whose transport is) after `timeout` misses
   /// this message; returns how many consumers it reached.
-  std::size_t send_for(const T& message, Timeout timeout) { return send_until(message, detail::Deadline::after(timeout)); }
+  std::size_t send_for(const T& message, Timeout timeout) {
+    return send_until(message, detail::Deadline::after(timeout));
+  }
 
  private:
   std::size_t send_until(const T& message, const detail::Deadline& deadline) {

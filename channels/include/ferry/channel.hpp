@@ -205,6 +205,7 @@ class Receiver {
   bool is_open() const noexcept { return end_.is_open(); }
   /// The channel's transport; ChannelClosed for an empty end (moved from or default-constructed).
   Transport transport() const { return end_.transport(); }
+
  private:
   friend class Selector;            // waits on end_'s core or queue
   friend struct detail::EndAccess;  // ferry's own code reaches the core through it

@@ -51,17 +51,13 @@ class Distributor : public detail::FanoutBase<T, true> {
   /// (no copy of its strings, containers or tensors' shapes). After a send that threw,
   /// `message` holds the message again. (For a T whose moves may throw, an rvalue is
   /// copied as by send(const T&).)
-  void send(T&& message)
-    requires detail::NothrowMovable<T>
-  {
+  void send(T&& message) requires detail::NothrowMovable<T> {
     (void)send_until(std::move(message), detail::Deadline::never());
   }
   /// Like send(), but gives up when every consumer stayed full for `timeout`; returns
   /// whether a consumer took the message (an rvalue that none took is left in `message`).
   bool send_for(const T& message, Timeout timeout) { return send_until(message, detail::Deadline::after(timeout)); }
-  bool send_for(T&& message, Timeout timeout)
-    requires detail::NothrowMovable<T>
-  {
+  bool send_for(T&& message, Timeout timeout) requires detail::NothrowMovable<T> {
     return send_until(std::move(message), detail::Deadline::after(timeout));
   }
 
@@ -86,8 +82,9 @@ class Distributor : public detail::FanoutBase<T, true> {
     while (true) {
       this->throw_if_closed("Distributor");
       if (consumers.empty()) {
-        throw ChannelClosed("cannot send: the Distributor has no consumer (add() one; removed consumers' "
-                            "messages are in take_undelivered())");
+        throw ChannelClosed(
+            "cannot send: the Distributor has no consumer (add() one; removed consumers' "
+            "messages are in take_undelivered())");
       }
       if (const std::size_t chosen = least_loaded(); chosen != kNone) {
         auto& consumer = consumers.all()[chosen];
@@ -104,7 +101,8 @@ class Distributor : public detail::FanoutBase<T, true> {
       if (consumers.remove_gone_if_due(&undelivered_)) continue;
       if (consumers.reopen_stalled_windows()) continue;
       if (deadline.expired()) return false;
-      consumers.wait_for_room(lock, [](const auto&) { return true; }, deadline, wait);
+      consumers.wait_for_room(
+          lock, [](const auto&) { return true; }, deadline, wait);
     }
   }
 

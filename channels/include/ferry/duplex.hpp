@@ -95,8 +95,9 @@ class DuplexEnd {
 /// InProcess gives two queues. `options` apply to both directions.
 template <class A, class B>
 std::pair<DuplexEnd<A, B>, DuplexEnd<B, A>> duplex(Transport transport, const ChannelOptions& options = {}) {
-  detail::DuplexEnds ends = detail::make_duplex_ends(transport, options, detail::type_fingerprint<A>(), detail::type_name<A>(),
-                                                     detail::type_fingerprint<B>(), detail::type_name<B>());
+  detail::DuplexEnds ends =
+      detail::make_duplex_ends(transport, options, detail::type_fingerprint<A>(), detail::type_name<A>(),
+                               detail::type_fingerprint<B>(), detail::type_name<B>());
   return {DuplexEnd<A, B>(Sender<A>(std::move(ends.a_sender)), Receiver<B>(std::move(ends.a_receiver))),
           DuplexEnd<B, A>(Sender<B>(std::move(ends.b_sender)), Receiver<A>(std::move(ends.b_receiver)))};
 }

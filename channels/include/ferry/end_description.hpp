@@ -28,7 +28,7 @@ struct EndDescription {
   Transport transport = Transport::Pipe;
   std::uint64_t type_fingerprint = 0;
   std::string type_name;
-  std::vector<std::int32_t> fds;  ///< FrameWriter/FrameReader::descriptors(), in order
+  std::vector<std::int32_t> fds;   ///< FrameWriter/FrameReader::descriptors(), in order
   bool shares_connection = false;  ///< a duplex socket's end (FrameWriter::shares_connection())
   ChannelOptions options;
 
@@ -58,8 +58,8 @@ struct EndDescription {
     const SharedAllocatorSettings pool_settings = isolated ? options.pool->settings() : SharedAllocatorSettings{};
     auto pool_segment_bytes = static_cast<std::uint64_t>(pool_settings.segment_bytes);
     auto pool_cached_bytes = static_cast<std::uint64_t>(pool_settings.max_cached_bytes);
-    ar(role, transport, type_fingerprint, type_name, fds, shares_connection, options.limits.max_body_bytes, options.limits.max_handles,
-       options.limits.max_segments, options.limits.max_fds, options.limits.max_releases,
+    ar(role, transport, type_fingerprint, type_name, fds, shares_connection, options.limits.max_body_bytes,
+       options.limits.max_handles, options.limits.max_segments, options.limits.max_fds, options.limits.max_releases,
        options.limits.max_type_name_bytes, ring, spin, peer_check, linger, isolated, pool_segment_bytes,
        pool_cached_bytes);
     options.close_linger = std::chrono::milliseconds(linger);
@@ -86,8 +86,7 @@ namespace detail {
 EndDescription describe_sender(SenderCore& core, std::uint64_t fingerprint, std::string_view type_name);
 EndDescription describe_receiver(ReceiverCore& core, std::uint64_t fingerprint, std::string_view type_name);
 SenderEnd rebuild_sender(const EndDescription& description, std::uint64_t fingerprint, std::string_view type_name);
-ReceiverEnd rebuild_receiver(const EndDescription& description, std::uint64_t fingerprint,
-                             std::string_view type_name);
+ReceiverEnd rebuild_receiver(const EndDescription& description, std::uint64_t fingerprint, std::string_view type_name);
 }  // namespace detail
 
 namespace detail {
@@ -103,7 +102,8 @@ EndDescription describe_end(Sender<T>& sender) {
   if (sender.transport() == Transport::InProcess && sender.is_open()) {
     detail::throw_in_process_not_describable("Sender", detail::type_name<T>());
   }
-  return detail::describe_sender(detail::EndAccess::core(sender), detail::type_fingerprint<T>(), detail::type_name<T>());
+  return detail::describe_sender(detail::EndAccess::core(sender), detail::type_fingerprint<T>(),
+                                 detail::type_name<T>());
 }
 
 /// Describes `receiver` (which must be open; see describe_end(Sender<T>&)).
@@ -112,7 +112,8 @@ EndDescription describe_end(Receiver<T>& receiver) {
   if (receiver.transport() == Transport::InProcess && receiver.is_open()) {
     detail::throw_in_process_not_describable("Receiver", detail::type_name<T>());
   }
-  return detail::describe_receiver(detail::EndAccess::core(receiver), detail::type_fingerprint<T>(), detail::type_name<T>());
+  return detail::describe_receiver(detail::EndAccess::core(receiver), detail::type_fingerprint<T>(),
+                                   detail::type_name<T>());
 }
 
 /// Rebuilds a Sender<T> from `description` in a process that inherited its descriptors;

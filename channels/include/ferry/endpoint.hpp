@@ -192,6 +192,7 @@ class Listener {
     if (core_) core_->close();
   }
   bool is_open() const noexcept { return core_ && core_->is_open(); }
+
  private:
   friend struct detail::EndAccess;  // Selector reaches the core through it
 

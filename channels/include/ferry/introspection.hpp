@@ -30,22 +30,22 @@ namespace ferry {
 
 /// One channel end alive in this process.
 struct EndSnapshot {
-  std::uint64_t id = 0;        ///< unique among this process's ends while they live
-  bool sends = true;           ///< direction: "send" or "recv"
-  std::string label;           ///< ChannelOptions::name
-  std::string transport;       ///< transport_name(): "shm_ring", "pipe", "unix_socket", "ucx", "in_process"
-  std::optional<pid_t> peer_pid;  ///< when known (endpoint connections)
-  std::string state;           ///< "open", "closed" or "peer_died"
-  std::uint64_t messages = 0;  ///< sent or received
-  std::uint64_t bytes = 0;     ///< frame bytes on the wire (tensor data in shared memory not counted)
-  std::uint64_t tensors = 0;   ///< tensor storages named by those messages
+  std::uint64_t id = 0;            ///< unique among this process's ends while they live
+  bool sends = true;               ///< direction: "send" or "recv"
+  std::string label;               ///< ChannelOptions::name
+  std::string transport;           ///< transport_name(): "shm_ring", "pipe", "unix_socket", "ucx", "in_process"
+  std::optional<pid_t> peer_pid;   ///< when known (endpoint connections)
+  std::string state;               ///< "open", "closed" or "peer_died"
+  std::uint64_t messages = 0;      ///< sent or received
+  std::uint64_t bytes = 0;         ///< frame bytes on the wire (tensor data in shared memory not counted)
+  std::uint64_t tensors = 0;       ///< tensor storages named by those messages
   std::uint64_t new_segments = 0;  ///< shared-memory segments they introduced to the receiver
   /// Sender: messages its receiver has not returned from recv() yet, where the receiver
   /// records deliveries on the connection's return board (Sender::track_delivery(), which
   /// fan-outs call); nullopt (not known) otherwise, and for a receiver.
   std::optional<std::uint64_t> in_flight;
-  std::uint64_t blocked_ns = 0;    ///< total time waiting for room or for a message
-  bool blocked_now = false;        ///< inside such a wait right now
+  std::uint64_t blocked_ns = 0;       ///< total time waiting for room or for a message
+  bool blocked_now = false;           ///< inside such a wait right now
   std::int64_t last_activity_ns = 0;  ///< CLOCK_MONOTONIC of the last message (0: none seen)
 };
 
@@ -89,10 +89,10 @@ struct IntrospectionServerStats {
 struct Snapshot {
   int version = 1;
   pid_t pid = 0;
-  std::string program;             ///< /proc/self/comm
-  std::string role;                ///< "main" or "worker"
-  std::optional<int> rank;         ///< a worker's rank
-  std::int64_t monotonic_ns = 0;   ///< CLOCK_MONOTONIC when taken
+  std::string program;            ///< /proc/self/comm
+  std::string role;               ///< "main" or "worker"
+  std::optional<int> rank;        ///< a worker's rank
+  std::int64_t monotonic_ns = 0;  ///< CLOCK_MONOTONIC when taken
   std::vector<EndSnapshot> ends;
   std::vector<ListenerSnapshot> listeners;
   SharedMemoryStats shared_memory;

@@ -2,10 +2,10 @@
 // of a collector that reads from many workers without a thread per channel.
 #pragma once
 
+#include <poll.h>
 #include <chrono>
 #include <cstddef>
 #include <optional>
-#include <poll.h>
 #include <vector>
 
 #include "ferry/channel.hpp"
@@ -93,7 +93,7 @@ class Selector {
   std::vector<detail::SelectorMember> members_;  // empty once removed
   std::size_t listener_count_ = 0;
   std::size_t active_ = 0;
-  std::size_t next_ = 0;  // where the round-robin scan starts
+  std::size_t next_ = 0;      // where the round-robin scan starts
   bool futexes_work_ = true;  // false once futex_waitv turned out to be missing
 };
 

@@ -85,7 +85,7 @@ bool register_worker(std::string_view name, R (*function)(WorkerContext&, P...))
 #define FERRY_WORKER(function) FERRY_WORKER_NAMED(#function, function)
 
 /// Registers a worker function (or a captureless lambda, with a leading +) as `name`.
-#define FERRY_WORKER_NAMED(name, function)                                                         \
+#define FERRY_WORKER_NAMED(name, function)                                                        \
   [[maybe_unused]] static const bool FERRY_DETAIL_CONCAT(ferry_registered_worker_, __COUNTER__) = \
       ::ferry::register_worker(name, function)
 

@@ -7,9 +7,9 @@
 #include "endpoints/address.hpp"
 #include "endpoints/connection_ends.hpp"
 #include "endpoints/handshake.hpp"
+#include "endpoints/scheme_registry.hpp"
 #include "ferry/endpoint.hpp"
 #include "ferry/wait_interruption.hpp"
-#include "endpoints/scheme_registry.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -78,9 +78,9 @@ namespace {
 // One connection and handshake: this side's ends, or std::nullopt when the listener
 // answered Unavailable (too busy, out of descriptors: worth another try), with its reply
 // in `busy`. Throws for every other refusal and failure.
-std::optional<ConnectionEnds> try_handshake(const SocketScheme& scheme, std::string_view address,
-                                            std::string_view rest, const EndKind& kind,
-                                            const EndpointOptions& options, const Deadline& deadline, Reply& busy) {
+std::optional<ConnectionEnds> try_handshake(const SocketScheme& scheme, std::string_view address, std::string_view rest,
+                                            const EndKind& kind, const EndpointOptions& options,
+                                            const Deadline& deadline, Reply& busy) {
   UniqueFd connection = reach_listener(scheme, address, rest, options, deadline);
   const PeerCredentials listener = peer_credentials(connection.get());
   if (!options.allowed_peers.allows(listener)) {

@@ -79,8 +79,8 @@ ListenerSide make_listener_side(const EndKind& kind, const FrameLimits& client_l
   return side;
 }
 
-ConnectionEnds make_client_side(const EndKind& kind, const Reply& reply, UniqueFd connection,
-                                std::vector<UniqueFd> fds, const EndpointOptions& options) {
+ConnectionEnds make_client_side(const EndKind& kind, const Reply& reply, UniqueFd connection, std::vector<UniqueFd> fds,
+                                const EndpointOptions& options) {
   ConnectionEnds ends;
   ends.transport = options.transport;
   set_options(ends, options.channel, reply.limits);

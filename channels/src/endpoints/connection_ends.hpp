@@ -9,8 +9,8 @@
 #include <memory>
 #include <vector>
 
-#include "ferry/detail/endpoint_core.hpp"
 #include "endpoints/handshake.hpp"
+#include "ferry/detail/endpoint_core.hpp"
 #include "ferry/endpoint.hpp"
 
 namespace ferry::detail {
@@ -31,7 +31,7 @@ ListenerSide make_listener_side(const EndKind& kind, const FrameLimits& client_l
 
 /// Makes the client's side from `connection` and the descriptors the Reply carried.
 /// Throws ProtocolError when they do not fit the kind and transport.
-ConnectionEnds make_client_side(const EndKind& kind, const Reply& reply, UniqueFd connection,
-                                std::vector<UniqueFd> fds, const EndpointOptions& options);
+ConnectionEnds make_client_side(const EndKind& kind, const Reply& reply, UniqueFd connection, std::vector<UniqueFd> fds,
+                                const EndpointOptions& options);
 
 }  // namespace ferry::detail

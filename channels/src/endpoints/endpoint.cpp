@@ -21,7 +21,8 @@ std::string AllowedPeers::describe() const {
   };
   std::string text;
   if (!uids.empty()) text = (uids.size() == 1 ? "user " : "users ") + list(uids);
-  if (!gids.empty()) text += (text.empty() ? "" : " and ") + std::string(gids.size() == 1 ? "group " : "groups ") + list(gids);
+  if (!gids.empty())
+    text += (text.empty() ? "" : " and ") + std::string(gids.size() == 1 ? "group " : "groups ") + list(gids);
   return text.empty() ? "nobody" : text;
 }
 

@@ -96,7 +96,9 @@ class ByteReader {
   std::size_t at_ = 0;
 };
 
-std::string clipped(const std::string& text, std::size_t most) { return text.size() <= most ? text : text.substr(0, most); }
+std::string clipped(const std::string& text, std::size_t most) {
+  return text.size() <= most ? text : text.substr(0, most);
+}
 
 Transport checked_transport(std::uint8_t raw, const char* what) {
   if (raw > static_cast<std::uint8_t>(Transport::InProcess)) {
@@ -230,7 +232,8 @@ bool send_now(int fd, const std::vector<std::byte>& bytes, const std::vector<int
   message.msg_iov = &part;
   message.msg_iovlen = 1;
   if (!fds.empty()) {
-    if (fds.size() > kMaxReplyFds) throw Error("an endpoint reply cannot carry " + std::to_string(fds.size()) + " descriptors");
+    if (fds.size() > kMaxReplyFds)
+      throw Error("an endpoint reply cannot carry " + std::to_string(fds.size()) + " descriptors");
     attach_fds(message, control, fds);
   }
   ssize_t sent = 0;
@@ -248,7 +251,8 @@ bool send_all(int fd, const std::vector<std::byte>& bytes, const Deadline& deadl
       continue;
     }
     if (errno == EINTR) continue;
-    if (errno == EPIPE || errno == ECONNRESET) throw PeerDied("the listener closed the connection during the handshake");
+    if (errno == EPIPE || errno == ECONNRESET)
+      throw PeerDied("the listener closed the connection during the handshake");
     if (errno != EAGAIN) throw_errno("send on an endpoint connection");
     if (!wait_for_fd(fd, POLLOUT, deadline)) return false;
   }

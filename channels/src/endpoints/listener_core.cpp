@@ -10,10 +10,10 @@
 
 #include "endpoints/connection_ends.hpp"
 #include "endpoints/handshake.hpp"
-#include "ferry/wait_interruption.hpp"
-#include "ferry/endpoint.hpp"
 #include "endpoints/refusal_log.hpp"
 #include "endpoints/scheme_registry.hpp"
+#include "ferry/endpoint.hpp"
+#include "ferry/wait_interruption.hpp"
 
 namespace ferry::detail {
 
@@ -46,7 +46,8 @@ constexpr std::uint8_t status_byte(ReplyStatus status) { return static_cast<std:
 
 }  // namespace
 
-StreamListenerCore::StreamListenerCore(std::unique_ptr<ListeningPoint> point, std::string address, const EndpointOptions& options)
+StreamListenerCore::StreamListenerCore(std::unique_ptr<ListeningPoint> point, std::string address,
+                                       const EndpointOptions& options)
     : point_(std::move(point)),
       address_(std::move(address)),
       options_(std::make_unique<EndpointOptions>(options)),
@@ -208,7 +209,8 @@ bool StreamListenerCore::advance(Pending& pending) {
       return true;
     }
     if (!fds.empty()) {
-      refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::Malformed), "it sent descriptors during its handshake");
+      refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::Malformed),
+             "it sent descriptors during its handshake");
       return true;
     }
     if (got < 0) return false;  // more later
@@ -254,8 +256,8 @@ bool StreamListenerCore::advance(Pending& pending) {
                " (set the same EndpointOptions::transport on both sides)");
     return true;
   }
-  const bool served = std::any_of(served_.begin(), served_.end(),
-                                  [&](const EndKind& kind) { return kind.matches(hello.kind); });
+  const bool served =
+      std::any_of(served_.begin(), served_.end(), [&](const EndKind& kind) { return kind.matches(hello.kind); });
   if (!served) {
     refuse(pending.connection, static_cast<std::uint8_t>(ReplyStatus::TypeMismatch),
            "it connects as " + hello.kind.describe() + ", and this listener serves " + served_kinds());
@@ -263,8 +265,10 @@ bool StreamListenerCore::advance(Pending& pending) {
   }
   // Counted per kind: clients of one kind the program is not accepting now cannot keep
   // out those of the kind it is.
-  const auto waiting_alike = static_cast<std::size_t>(std::count_if(
-      ready_.begin(), ready_.end(), [&](const std::unique_ptr<Waiting>& other) { return other->hello.kind.matches(hello.kind); }));
+  const auto waiting_alike =
+      static_cast<std::size_t>(std::count_if(ready_.begin(), ready_.end(), [&](const std::unique_ptr<Waiting>& other) {
+        return other->hello.kind.matches(hello.kind);
+      }));
   if (waiting_alike >= options_->max_waiting_connections) {
     refuse(pending.connection, status_byte(ReplyStatus::Unavailable),
            "already " + std::to_string(waiting_alike) + " clients connected as " + hello.kind.describe() +
@@ -353,8 +357,8 @@ std::optional<ConnectionEnds> StreamListenerCore::complete(Waiting& waiting) {
   const PeerCredentials peer = waiting.connection.peer;
   UniqueFd connection = waiting.connection.socket.duplicate();
   try {
-    side = make_listener_side(waiting.hello.kind, waiting.hello.limits, std::move(waiting.connection.socket),
-                              *options_);
+    side =
+        make_listener_side(waiting.hello.kind, waiting.hello.limits, std::move(waiting.connection.socket), *options_);
   } catch (const Error& error) {
     AcceptedSocket failed{std::move(connection), peer};
     refuse(failed, status_byte(ReplyStatus::Unavailable),

@@ -1,7 +1,7 @@
 #include "endpoints/scheme_registry.hpp"
 
-#include "ferry/error.hpp"
 #include "endpoints/address.hpp"
+#include "ferry/error.hpp"
 
 // Defined by ferry_ucx (ucx/ucx_scheme.cpp). A weak reference: null in a program that
 // does not link ferry_ucx. A static library's object that nothing references is not linked

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "ferry/detail/deadline.hpp"
-#include "ferry/peer_credentials.hpp"
-#include "ferry/detail/unique_fd.hpp"
 #include "ferry/detail/endpoint_core.hpp"
+#include "ferry/detail/unique_fd.hpp"
+#include "ferry/peer_credentials.hpp"
 
 namespace ferry {
 struct EndpointOptions;

@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <cstring>
 
-#include "ferry/endpoint.hpp"
 #include "endpoints/scheme_registry.hpp"
+#include "ferry/endpoint.hpp"
 
 namespace ferry::detail {
 namespace {
@@ -37,8 +37,8 @@ sockaddr_un socket_address(std::string_view address, std::string_view rest, sock
                 std::to_string(name.size()));
   }
   std::memcpy(where.sun_path + (abstract ? 1 : 0), name.data(), name.size());
-  length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + (abstract ? 1 : 0) + name.size() +
-                                  (abstract ? 0 : 1));
+  length =
+      static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + (abstract ? 1 : 0) + name.size() + (abstract ? 0 : 1));
   return where;
 }
 
@@ -145,8 +145,7 @@ class UnixListeningPoint final : public ListeningPoint {
       }
     } else {
       // Before listen(): until then nobody can connect, so the mode is in place first.
-      place_socket_file(address, std::string(rest), where, length,
-                        only_own_user(options.allowed_peers) ? 0600 : 0666);
+      place_socket_file(address, std::string(rest), where, length, only_own_user(options.allowed_peers) ? 0600 : 0666);
     }
     if (::listen(socket_.get(), SOMAXCONN) != 0) {
       const int error = errno;
@@ -202,7 +201,8 @@ class UnixListeningPoint final : public ListeningPoint {
       socklen_t length = 0;
       const sockaddr_un inside = address_in(scratch.fd(), ScratchDirectory::kSocket, length);
       if (!bind_to(inside, length)) throw_errno("bind of endpoint " + std::string(address));
-      if (::fchmodat(scratch.fd(), ScratchDirectory::kSocket, mode, AT_SYMLINK_NOFOLLOW) != 0) throw_errno("chmod of socket file " + path);
+      if (::fchmodat(scratch.fd(), ScratchDirectory::kSocket, mode, AT_SYMLINK_NOFOLLOW) != 0)
+        throw_errno("chmod of socket file " + path);
       struct stat status {};
       if (::fstatat(scratch.fd(), ScratchDirectory::kSocket, &status, AT_SYMLINK_NOFOLLOW) != 0) {
         throw_errno("stat of socket file " + path);
@@ -237,8 +237,9 @@ class UnixListeningPoint final : public ListeningPoint {
       throw_errno("stat of " + std::string(address));
     }
     if (!S_ISSOCK(status.st_mode)) {
-      throw AddressInUse("endpoint address " + std::string(address) +
-                         ": the file exists and is not a socket; refusing to replace it (remove it or pick another path)");
+      throw AddressInUse(
+          "endpoint address " + std::string(address) +
+          ": the file exists and is not a socket; refusing to replace it (remove it or pick another path)");
     }
     UniqueFd probe = new_socket();
     const int error = connect_once(probe.get(), where, length);
@@ -246,7 +247,8 @@ class UnixListeningPoint final : public ListeningPoint {
       throw AddressInUse("endpoint address " + std::string(address) +
                          " is in use: a live listener accepts connections there; stop it or pick another address");
     }
-    if (error != ECONNREFUSED) throw_system_error("connect to the existing socket file of " + std::string(address), error);
+    if (error != ECONNREFUSED)
+      throw_system_error("connect to the existing socket file of " + std::string(address), error);
     if (::unlinkat(directory, name.c_str(), 0) != 0 && errno != ENOENT) {
       throw_errno("unlink of the stale socket file of " + std::string(address));
     }

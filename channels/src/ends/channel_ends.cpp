@@ -99,9 +99,7 @@ std::uint64_t SenderEnd::last_sequence() { return queue_ ? queue_->sent() : core
 
 std::uint64_t SenderEnd::delivered() { return queue_ ? queue_->taken() : core().delivered(); }
 
-std::shared_ptr<const ReturnBoard> SenderEnd::delivery_board() {
-  return core_ ? core_->delivery_board() : nullptr;
-}
+std::shared_ptr<const ReturnBoard> SenderEnd::delivery_board() { return core_ ? core_->delivery_board() : nullptr; }
 
 std::optional<ReturnBoard::DeliveryWake> SenderEnd::request_delivery_wake(std::uint64_t sequence) {
   if (!core_) return std::nullopt;
@@ -228,11 +226,11 @@ DuplexEnds make_duplex_ends(Transport transport, const ChannelOptions& options, 
   auto a_to_b = std::make_shared<PairPids>();
   auto b_to_a = std::make_shared<PairPids>();
   ends.a_sender = SenderEnd(std::make_unique<SenderCore>(std::move(made.a_writer), transport, options, a_to_b));
-  ends.a_receiver = ReceiverEnd(std::make_unique<ReceiverCore>(std::move(made.a_reader), transport, b_fingerprint,
-                                                               b_type_name, options, b_to_a));
+  ends.a_receiver = ReceiverEnd(
+      std::make_unique<ReceiverCore>(std::move(made.a_reader), transport, b_fingerprint, b_type_name, options, b_to_a));
   ends.b_sender = SenderEnd(std::make_unique<SenderCore>(std::move(made.b_writer), transport, options, b_to_a));
-  ends.b_receiver = ReceiverEnd(std::make_unique<ReceiverCore>(std::move(made.b_reader), transport, a_fingerprint,
-                                                               a_type_name, options, a_to_b));
+  ends.b_receiver = ReceiverEnd(
+      std::make_unique<ReceiverCore>(std::move(made.b_reader), transport, a_fingerprint, a_type_name, options, a_to_b));
   return ends;
 }
 

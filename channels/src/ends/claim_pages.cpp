@@ -22,9 +22,9 @@ constexpr std::size_t kWordsPerPage = kPageBytes / sizeof(std::atomic<std::uint6
 
 // A page of claim words, as this process sees it.
 struct ClaimPage {
-  std::atomic<std::uint64_t>* words = nullptr;  // kWordsPerPage words, MAP_SHARED
-  std::size_t live = 0;                         // handed out, not given back
-  std::size_t never_used = 0;                   // words [never_used, kWordsPerPage) never handed out
+  std::atomic<std::uint64_t>* words = nullptr;          // kWordsPerPage words, MAP_SHARED
+  std::size_t live = 0;                                 // handed out, not given back
+  std::size_t never_used = 0;                           // words [never_used, kWordsPerPage) never handed out
   std::array<std::uint16_t, kWordsPerPage> reusable{};  // given back before any fork since taken
   std::size_t reusable_count = 0;
   bool inherited = false;  // mapped by the parent before this process was forked: hands out nothing

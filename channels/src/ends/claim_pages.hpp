@@ -18,7 +18,6 @@
 
 namespace ferry::detail {
 
-
 /// A word, set to `initial`. Throws SystemError when a new page cannot be mapped.
 ClaimWord take_claim_word(std::uint64_t initial);
 /// Gives `word` back (it must come from take_claim_word() in this process or its parent).

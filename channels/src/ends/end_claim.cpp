@@ -50,8 +50,7 @@ bool process_alive(pid_t pid) noexcept { return pid > 0 && (::kill(pid, 0) == 0 
 
 pid_t read_current_process_id() noexcept { return ::getpid(); }
 
-EndClaim::EndClaim()
-    : slot_(take_claim_word(make_word(current_process_id(), Standing::Fresh))) {}
+EndClaim::EndClaim() : slot_(take_claim_word(make_word(current_process_id(), Standing::Fresh))) {}
 
 EndClaim::~EndClaim() { give_back_claim_word(slot_); }
 
@@ -87,7 +86,8 @@ bool EndClaim::take_for_closing(bool take_fresh_of_others) noexcept {
   while (word != mine) {
     if (standing_of(word) != Standing::Fresh) return false;
     if (!take_fresh_of_others && pid_of(word) != me) return false;
-    if (slot_.word->compare_exchange_weak(word, mine, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
+    if (slot_.word->compare_exchange_weak(word, mine, std::memory_order_acq_rel, std::memory_order_acquire))
+      return true;
   }
   return true;
 }
@@ -118,7 +118,8 @@ void EndClaim::throw_elsewhere(const char* role, std::uint64_t word) const {
   switch (standing_of(word)) {
     case Standing::Closed:
       reason = EndOwnedElsewhere::Reason::Closed;
-      what = end + " was closed by " + process + ", which owned it; this process only holds a copy inherited "
+      what = end + " was closed by " + process +
+             ", which owned it; this process only holds a copy inherited "
              "through fork()";
       break;
     case Standing::HandedAway:
@@ -127,13 +128,15 @@ void EndClaim::throw_elsewhere(const char* role, std::uint64_t word) const {
              "; this copy can no longer be used";
       break;
     default:
-      what = end + " belongs to " + process + ", which used or adopted it first; this process only holds a copy "
+      what = end + " belongs to " + process +
+             ", which used or adopted it first; this process only holds a copy "
              "inherited through fork(), and two processes using one end would corrupt its stream";
       break;
   }
-  what += ". An end belongs to one process: hand it over instead of sharing it (ferry::spawn does; after a plain "
-          "fork(), call detach() in the process that gives it up and adopt() in the one that takes it), or give "
-          "each process a channel of its own (per_rank) and fan them in with a Selector";
+  what +=
+      ". An end belongs to one process: hand it over instead of sharing it (ferry::spawn does; after a plain "
+      "fork(), call detach() in the process that gives it up and adopt() in the one that takes it), or give "
+      "each process a channel of its own (per_rank) and fan them in with a Selector";
   throw EndOwnedElsewhere(what, role, owner, alive, reason);
 }
 

@@ -43,8 +43,7 @@ EndDescription describe(EndRole role, Core& core, const End& end, std::uint64_t 
     throw ChannelClosed("cannot describe a closed " + name + ": only an open end can be handed to another process");
   }
   if (core.used()) {
-    throw Error("cannot hand a " + name +
-                " that has already " + (role == EndRole::Sender ? "sent" : "received") +
+    throw Error("cannot hand a " + name + " that has already " + (role == EndRole::Sender ? "sent" : "received") +
                 " to a process started by exec: its protocol state (leases, buffered bytes) lives in this process; "
                 "hand over a fresh end, or use the fork start method");
   }
@@ -92,15 +91,15 @@ std::vector<detail::UniqueFd> take_descriptors(const EndDescription& description
 // Takes the description's descriptors (closed again if anything below throws), checks the
 // description against the end being rebuilt, and marks the descriptors close-on-exec.
 std::vector<detail::UniqueFd> claim(const EndDescription& description, EndRole role, std::uint64_t fingerprint,
-                            std::string_view type_name) {
+                                    std::string_view type_name) {
   const std::string name = std::string(role_name(role)) + "<" + std::string(type_name) + ">";
   std::vector<detail::UniqueFd> fds = take_descriptors(description, name);
   if (description.role != EndRole::Sender && description.role != EndRole::Receiver) {
     throw ProtocolError("a channel end description names no valid role; its descriptors were closed");
   }
   if (description.role != role || description.type_fingerprint != fingerprint) {
-    throw TypeMismatch("cannot rebuild a " + name + " from the description of a " + role_name(description.role) +
-                       "<" + description.type_name + ">; its descriptors were closed");
+    throw TypeMismatch("cannot rebuild a " + name + " from the description of a " + role_name(description.role) + "<" +
+                       description.type_name + ">; its descriptors were closed");
   }
   for (const detail::UniqueFd& fd : fds) {
     // The end is ours now; programs we start later must not inherit it.
@@ -133,17 +132,16 @@ SenderEnd rebuild_sender(const EndDescription& description, std::uint64_t finger
   const ChannelOptions& options = description.options;
   return SenderEnd(std::make_unique<SenderCore>(
       detail::writer_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
-                              options.ring_timing(), description.shares_connection),
+                                      options.ring_timing(), description.shares_connection),
       description.transport, options));
 }
 
-ReceiverEnd rebuild_receiver(const EndDescription& description, std::uint64_t fingerprint,
-                             std::string_view type_name) {
+ReceiverEnd rebuild_receiver(const EndDescription& description, std::uint64_t fingerprint, std::string_view type_name) {
   std::vector<detail::UniqueFd> fds = claim(description, EndRole::Receiver, fingerprint, type_name);
   const ChannelOptions& options = description.options;
   return ReceiverEnd(std::make_unique<ReceiverCore>(
       detail::reader_from_descriptors(description.transport, std::move(fds), options.limits, options.ring_capacity,
-                              options.ring_timing(), description.shares_connection),
+                                      options.ring_timing(), description.shares_connection),
       description.transport, fingerprint, type_name, options));
 }
 

@@ -1,9 +1,9 @@
 #include "ferry/detail/frame_channel.hpp"
 #include "ferry/detail/thread_annotations.hpp"
 
+#include "ends/pair_pids.hpp"
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
-#include "ends/pair_pids.hpp"
 #include "ferry/wait_interruption.hpp"
 #include "introspection/describe_end.hpp"
 
@@ -35,8 +35,7 @@ HandlePassing handle_passing(const TransportCapabilities& capabilities) noexcept
 SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport, const ChannelOptions& options,
                        std::shared_ptr<PairPids> pair)
     : writer_(std::move(writer)),
-      encoder_(std::make_unique<MessageEncoder>(handle_passing(writer_->capabilities()),
-                                                options.pool)),
+      encoder_(std::make_unique<MessageEncoder>(handle_passing(writer_->capabilities()), options.pool)),
       transport_(transport),
       options_(options) {
   encoder_->limit_type_name(options.limits.max_type_name_bytes);
@@ -57,8 +56,9 @@ void SenderCore::describe(Snapshot& out) const {
     const std::uint64_t resolved = stats_.resolved.load(relaxed);
     in_flight = resolved < sent ? sent - resolved : 0;
   }
-  describe_end(out, stats_,
-               EndFacts{true, transport_, options_.name, open_.load(relaxed), in_flight, pair_ ? pair_->get(false) : 0});
+  describe_end(
+      out, stats_,
+      EndFacts{true, transport_, options_.name, open_.load(relaxed), in_flight, pair_ ? pair_->get(false) : 0});
 }
 
 // In a forked child, before any other thread of it can use the end: the inherited lock may
@@ -101,7 +101,8 @@ bool SenderCore::send_serialized_by_owner(const void* message, const SentType& t
 // Inlined into send_locked() (and the counted copy), so that the plain path gains no call.
 [[gnu::always_inline]] inline bool SenderCore::send_uncounted(const void* message, const SentType& type,
                                                               const Deadline& deadline) {
-  if (!open_.load(std::memory_order_relaxed) || !claim_.owned_by_caller()) [[unlikely]] ensure_usable();
+  if (!open_.load(std::memory_order_relaxed) || !claim_.owned_by_caller()) [[unlikely]]
+    ensure_usable();
   collect_acknowledgements();
   const EncodedFrame* frame = nullptr;
   try {
@@ -115,7 +116,8 @@ bool SenderCore::send_serialized_by_owner(const void* message, const SentType& t
 }
 
 bool SenderCore::send_locked(const void* message, const SentType& type, const Deadline& deadline) {
-  if (introspecting()) [[unlikely]] return send_counted(message, type, deadline);
+  if (introspecting()) [[unlikely]]
+    return send_counted(message, type, deadline);
   return send_uncounted(message, type, deadline);
 }
 
@@ -186,12 +188,12 @@ void SenderCore::check_limits() const {
   const char* needs = "";
   const char* advice = "raise the limit";
   switch (breach->limit_kind) {
-    case Limit::Releases:
-      return;  // the connection's own bookkeeping, not something the message decided
+    case Limit::Releases: return;  // the connection's own bookkeeping, not something the message decided
     case Limit::Handles:
       needs = "tensor storages";
-      advice = "send fewer storages per message (views of one storage count once, e.g. the rows of one tensor "
-               "from Tensor::unbind()) or raise the limit";
+      advice =
+          "send fewer storages per message (views of one storage count once, e.g. the rows of one tensor "
+          "from Tensor::unbind()) or raise the limit";
       break;
     case Limit::Segments:
       needs = "shared-memory segments";
@@ -205,9 +207,7 @@ void SenderCore::check_limits() const {
       needs = "bytes of serialized body";
       advice = "put large data into tensors, which travel as handles, or raise the limit";
       break;
-    case Limit::TypeNameBytes:
-      needs = "bytes of type name";
-      break;
+    case Limit::TypeNameBytes: needs = "bytes of type name"; break;
   }
   throw Error("cannot send: this message needs " + std::to_string(breach->value) + " " + needs +
               " in one frame, above the channel's limit of " + std::to_string(breach->limit) +
@@ -227,8 +227,9 @@ bool SenderCore::write_locked(const EncodedFrame& frame, const Deadline& deadlin
   used_ = true;
   bool written = false;
   try {
-    written = !writer_->capabilities().carries_copies ? writer_->write(frame.iovecs(), frame.fds, deadline)
-                                   : writer_->write_copies(frame.iovecs(), frame.copies, frame.copy_owners, deadline);
+    written = !writer_->capabilities().carries_copies
+                  ? writer_->write(frame.iovecs(), frame.fds, deadline)
+                  : writer_->write_copies(frame.iovecs(), frame.copies, frame.copy_owners, deadline);
   } catch (const ChannelClosed&) {
     encoder_->rollback();
     open_ = false;
@@ -414,8 +415,7 @@ std::size_t SenderCore::segments_awaiting_acknowledgement() {
 // ---- receiver ----------------------------------------------------------------
 
 ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transport, std::uint64_t fingerprint,
-                           std::string_view type_name, const ChannelOptions& options,
-                           std::shared_ptr<PairPids> pair)
+                           std::string_view type_name, const ChannelOptions& options, std::shared_ptr<PairPids> pair)
     : reader_(std::move(reader)),
       decoder_(std::make_unique<MessageDecoder>(fingerprint, type_name)),
       transport_(transport),
@@ -474,7 +474,8 @@ void ReceiverCore::adopt() noexcept FERRY_NO_THREAD_SAFETY_ANALYSIS {
 
 ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Deadline& deadline) {
   const detail::MutexLock lock(mutex_);
-  if (introspecting()) [[unlikely]] return receive_counted(out, type, deadline);
+  if (introspecting()) [[unlikely]]
+    return receive_counted(out, type, deadline);
   return receive_uncounted(out, type, deadline);
 }
 

@@ -64,7 +64,7 @@ struct InProcessQueue::State {
   // Every value goes in through this one token, under `mutex`: the queue keeps the order of
   // one producer only, and the n-th value taken must be the n-th sent (taken() counts them).
   moodycamel::ProducerToken producer FERRY_GUARDED_BY(mutex){queue};
-  std::atomic<std::uint64_t> taken{0};    // values the receiver took
+  std::atomic<std::uint64_t> taken{0};  // values the receiver took
   moodycamel::LightweightSemaphore room;
   mutable detail::Mutex mutex;  // orders sends against close_sender() and close_receiver()
   std::uint64_t sent FERRY_GUARDED_BY(mutex) = 0;
@@ -177,10 +177,9 @@ ReadStatus InProcessQueue::receive(std::unique_ptr<Parcel>& out, const Deadline&
     std::unique_ptr<Parcel> parcel;
     if (deadline.is_never() && !wait_interruptible()) {
       s.queue.wait_dequeue(parcel);
-    } else if (is_poll(deadline) ? !s.queue.try_dequeue(parcel)
-                                 : !wait_in_slices(deadline, [&](std::int64_t micros) {
-                                     return s.queue.wait_dequeue_timed(parcel, micros);
-                                   })) {
+    } else if (is_poll(deadline) ? !s.queue.try_dequeue(parcel) : !wait_in_slices(deadline, [&](std::int64_t micros) {
+                 return s.queue.wait_dequeue_timed(parcel, micros);
+               })) {
       return ReadStatus::Timeout;
     }
     if (!parcel) {  // the end marker: values from other threads may still be on their way
@@ -219,8 +218,6 @@ std::uint64_t InProcessQueue::sent() const noexcept {
 
 std::uint64_t InProcessQueue::taken() const noexcept { return state_->taken.load(std::memory_order_acquire); }
 
-bool InProcessQueue::receiver_open() const noexcept {
-  return !state_->receiver_closed.load(std::memory_order_acquire);
-}
+bool InProcessQueue::receiver_open() const noexcept { return !state_->receiver_closed.load(std::memory_order_acquire); }
 
 }  // namespace ferry::detail

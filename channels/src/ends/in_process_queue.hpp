@@ -39,7 +39,8 @@ class InProcessQueue final : public Described {
   /// Throws EndOwnedElsewhere in any process but the one that made the queue: a child of
   /// fork() holds a private copy, which no other process ever reads (`role` names the end).
   void check_process(const char* role) const {
-    if (current_process_id() != creator_) [[unlikely]] throw_other_process(role);
+    if (current_process_id() != creator_) [[unlikely]]
+      throw_other_process(role);
   }
   /// Takes one free place, waiting until `deadline`; false on timeout. Throws
   /// ChannelClosed when the receiver closed.
@@ -82,7 +83,7 @@ class InProcessQueue final : public Described {
   std::unique_ptr<State> state_;
   pid_t creator_ = current_process_id();
   std::string label_;
-  std::uint64_t sender_id_;    // introspection's ids of the two ends (next_end_id())
+  std::uint64_t sender_id_;  // introspection's ids of the two ends (next_end_id())
   std::uint64_t receiver_id_;
 };
 

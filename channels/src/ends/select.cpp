@@ -40,13 +40,13 @@ bool has_buffered_frame(const detail::SelectorMember& member) {
 struct detail::SelectorWaitPlan {
   std::vector<bool> ready;
   std::vector<pollfd> fds;
-  std::vector<std::size_t> owners;  // fds[i] belongs to members_[owners[i]]
-  std::vector<std::size_t> silent;  // receivers whose arriving data no descriptor reports
-  std::vector<std::size_t> hinted;  // receivers whose descriptor is a hint that may be missed
-  std::vector<std::atomic<std::uint32_t>*> words;  // the futex words of silent receivers that have one
-  std::vector<std::size_t> word_owners;            // words[i] belongs to members_[word_owners[i]]
-  bool any_buffered = false;        // a member is ready without waiting
-  bool stream_fds = false;          // a descriptor reports data (futexes cannot wait with it)
+  std::vector<std::size_t> owners;                          // fds[i] belongs to members_[owners[i]]
+  std::vector<std::size_t> silent;                          // receivers whose arriving data no descriptor reports
+  std::vector<std::size_t> hinted;                          // receivers whose descriptor is a hint that may be missed
+  std::vector<std::atomic<std::uint32_t>*> words;           // the futex words of silent receivers that have one
+  std::vector<std::size_t> word_owners;                     // words[i] belongs to members_[word_owners[i]]
+  bool any_buffered = false;                                // a member is ready without waiting
+  bool stream_fds = false;                                  // a descriptor reports data (futexes cannot wait with it)
   detail::Deadline poll_until = detail::Deadline::never();  // earlier than the caller's when a handshake expires first
 
   void reset(std::size_t count, const detail::Deadline& deadline) {
@@ -203,9 +203,9 @@ bool wait_on_futexes(const std::vector<detail::SelectorMember>& members, detail:
   look();
   if (any || deadline.expired()) return true;
   // Wake up at the deadline, and every kHangUpCheckInterval to look for dead writers.
-  const auto until = std::min(deadline.time_point(),
-                              Clock::now() + std::min<std::chrono::nanoseconds>(kHangUpCheckInterval,
-                                                                                detail::wait_interruption_slice()));
+  const auto until = std::min(
+      deadline.time_point(),
+      Clock::now() + std::min<std::chrono::nanoseconds>(kHangUpCheckInterval, detail::wait_interruption_slice()));
   if (!futex_wait_any(words, kRingSleeping, until)) return false;
   look();
   return true;
@@ -215,8 +215,9 @@ bool wait_on_futexes(const std::vector<detail::SelectorMember>& members, detail:
 
 std::size_t Selector::add_member(const detail::SelectorMember& member) {
   if (!member) {
-    throw Error("Selector::add(): this Receiver is empty (moved from or default-constructed); add the Receiver "
-                "that channel() or duplex() made, or the one it was moved into");
+    throw Error(
+        "Selector::add(): this Receiver is empty (moved from or default-constructed); add the Receiver "
+        "that channel() or duplex() made, or the one it was moved into");
   }
   members_.push_back(member);
   ++active_;
@@ -263,9 +264,7 @@ std::size_t Selector::wait() {
   return *wait_until(detail::Deadline::never());
 }
 
-std::optional<std::size_t> Selector::wait_for(Timeout timeout) {
-  return wait_until(detail::Deadline::after(timeout));
-}
+std::optional<std::size_t> Selector::wait_for(Timeout timeout) { return wait_until(detail::Deadline::after(timeout)); }
 
 std::optional<std::size_t> Selector::try_wait() { return wait_until(detail::Deadline::now()); }
 

@@ -63,7 +63,8 @@ void FanoutWait::pause(std::chrono::steady_clock::time_point until) {
   // 5, 10, 20, ... 100 us: a consumer that frees a place is seen within about 100 us at worst.
   const unsigned doublings = std::min(5u, sleeps_++ / 4);
   auto sleep = std::min<std::chrono::nanoseconds>(kFirstSleep * (1u << doublings), kLongestSleep);
-  sleep = std::min<std::chrono::nanoseconds>(sleep, std::max<std::chrono::nanoseconds>(until - now, std::chrono::nanoseconds(0)));
+  sleep = std::min<std::chrono::nanoseconds>(
+      sleep, std::max<std::chrono::nanoseconds>(until - now, std::chrono::nanoseconds(0)));
   std::this_thread::sleep_for(sleep);
 }
 

@@ -71,7 +71,7 @@ std::size_t SegmentFdChannel::receive(std::size_t count, std::deque<UniqueFd>& i
     if (got < 0 && (errno == EAGAIN || errno == ECONNRESET)) break;  // nothing (more) came
     if (got < 0) throw_errno("recvmsg of segment fds on a channel's side socket");
     std::vector<UniqueFd> taken = take_descriptors(message);  // closed on every error below
-    if (got == 0) break;  // the writer is gone
+    if (got == 0) break;                                      // the writer is gone
     if (message.msg_flags & MSG_CTRUNC) {
       throw ProtocolError(
           "file descriptors sent with a frame were dropped by the kernel (MSG_CTRUNC): this process has reached "

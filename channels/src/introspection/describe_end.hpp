@@ -23,7 +23,7 @@ struct EndFacts {
   const std::string& label;
   bool open = true;
   std::optional<std::uint64_t> in_flight;  ///< nullopt: not known
-  pid_t pair_peer = 0;  ///< the peer's process from the pair's word (pair_pids.hpp); 0: not known
+  pid_t pair_peer = 0;                     ///< the peer's process from the pair's word (pair_pids.hpp); 0: not known
 };
 
 /// Appends one end to out.ends.

@@ -58,7 +58,7 @@ struct Server {
   UniqueFd listener;
   UniqueFd wake;  // an eventfd: written to stop the thread
   std::unique_ptr<std::thread> thread;
-  bool enabled = false;          // on in this process
+  bool enabled = false;            // on in this process
   bool restart_in_worker = false;  // on in the parent of a freshly forked process
   std::atomic<std::uint64_t> served{0};
   std::atomic<std::uint64_t> refused_other_user{0};
@@ -227,7 +227,7 @@ void serve(Server& s, int listener, int wake) {
     const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(earliest - now).count() + 1;
     const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(wait, 0)));
     g_activity_clock.store(monotonic_ns(), std::memory_order_relaxed);
-    if (rc < 0 && errno != EINTR) return;  // cannot happen with valid descriptors
+    if (rc < 0 && errno != EINTR) return;       // cannot happen with valid descriptors
     if (rc > 0 && fds[0].revents != 0) return;  // disable_introspection()
     now = std::chrono::steady_clock::now();
     std::vector<bool> done(clients.size(), false);

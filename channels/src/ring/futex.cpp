@@ -72,7 +72,8 @@ bool futex_wait_any(std::span<const FutexExpectation> words, std::chrono::steady
     until.tv_nsec = static_cast<long>(since_epoch.count() % 1'000'000'000);
     limit = &until;
   }
-  if (::syscall(SYS_futex_waitv, waiters.data(), static_cast<unsigned>(words.size()), 0u, limit, CLOCK_MONOTONIC) >= 0) {
+  if (::syscall(SYS_futex_waitv, waiters.data(), static_cast<unsigned>(words.size()), 0u, limit, CLOCK_MONOTONIC) >=
+      0) {
     return true;
   }
   if (errno == ENOSYS || errno == EPERM) return false;  // before Linux 5.16, or refused by a seccomp filter

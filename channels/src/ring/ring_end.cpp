@@ -65,8 +65,7 @@ RingEnd::RingEnd(std::shared_ptr<const RingSegment> segment, UniqueFd companion,
 bool RingEnd::peer_gone() {
   if (peer_gone_) return true;
   if (!companion_) return peer_gone_ = true;
-  next_peer_check_ =
-      coarse_now() + std::chrono::duration_cast<std::chrono::nanoseconds>(peer_check_interval_).count();
+  next_peer_check_ = coarse_now() + std::chrono::duration_cast<std::chrono::nanoseconds>(peer_check_interval_).count();
   pollfd entry{companion_.get(), POLLRDHUP, 0};
   while (true) {
     const int rc = ::poll(&entry, 1, 0);

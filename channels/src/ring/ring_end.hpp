@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "ferry/detail/deadline.hpp"
-#include "ring/ring_segment.hpp"
-#include "ring/spin_policy.hpp"
 #include "ferry/detail/transport.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "ring/ring_segment.hpp"
+#include "ring/spin_policy.hpp"
 
 namespace ferry::detail {
 

@@ -192,8 +192,8 @@ void RingFrameReader::release() noexcept {
   publish_head();
 }
 
-ReadStatus RingFrameReader::read(detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<detail::UniqueFd>& fds,
-                                 const detail::Deadline& deadline) {
+ReadStatus RingFrameReader::read(detail::FrameHeader& header, std::vector<std::byte>& payload,
+                                 std::deque<detail::UniqueFd>& fds, const detail::Deadline& deadline) {
   std::span<const std::byte> view;
   const ReadStatus status = read_view(header, view, payload, fds, deadline);
   if (status == ReadStatus::Frame && view.data() != payload.data()) payload.assign(view.begin(), view.end());

@@ -11,8 +11,8 @@
 #include <new>
 #include <string>
 
-#include "ferry/error.hpp"
 #include "ferry/detail/shared_memory.hpp"
+#include "ferry/error.hpp"
 
 namespace ferry {
 namespace {
@@ -74,8 +74,8 @@ RingSegment& RingSegment::operator=(RingSegment&& other) noexcept {
 RingSegment RingSegment::create(std::size_t requested_capacity) {
   const std::size_t capacity = ring_capacity_for(requested_capacity);
   const std::size_t size = kRingHeaderBytes + capacity;
-  detail::UniqueFd fd = detail::create_reserved_memfd(size, kSegmentName, "a ring",
-                                      "ask for a smaller ChannelOptions::ring_capacity");
+  detail::UniqueFd fd =
+      detail::create_reserved_memfd(size, kSegmentName, "a ring", "ask for a smaller ChannelOptions::ring_capacity");
   // Neither end may ever shrink the segment under the other's mapping (SIGBUS).
   if (::fcntl(fd.get(), F_ADD_SEALS, kRequiredSeals | F_SEAL_SEAL) != 0) throw_errno("fcntl(F_ADD_SEALS) on a ring");
   detail::Mapping mapping = map_twice(fd.get(), capacity);
@@ -91,8 +91,9 @@ RingSegment RingSegment::create(std::size_t requested_capacity) {
 RingSegment RingSegment::attach(detail::UniqueFd fd) {
   const int seals = ::fcntl(fd.get(), F_GET_SEALS);
   if (seals < 0 || (seals & kRequiredSeals) != kRequiredSeals) {
-    throw ProtocolError("the fd given as a ring segment is not a memfd sealed against shrinking and growing; "
-                        "pass the descriptors of a ferry ring channel");
+    throw ProtocolError(
+        "the fd given as a ring segment is not a memfd sealed against shrinking and growing; "
+        "pass the descriptors of a ferry ring channel");
   }
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) throw_errno("fstat of a ring segment");
@@ -105,8 +106,9 @@ RingSegment RingSegment::attach(detail::UniqueFd fd) {
     const detail::Mapping probe = detail::Mapping::map_shared(fd.get(), kRingHeaderBytes);
     const auto* header = static_cast<const RingHeader*>(probe.data());
     if (header->magic != kRingMagic || header->version != kRingVersion || header->header_bytes != kRingHeaderBytes) {
-      throw ProtocolError("the ring segment has a wrong magic number, version or header size; it is corrupted or "
-                          "was made by another ferry build");
+      throw ProtocolError(
+          "the ring segment has a wrong magic number, version or header size; it is corrupted or "
+          "was made by another ferry build");
     }
     capacity = header->capacity;
   }

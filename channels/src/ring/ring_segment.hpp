@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "ferry/detail/mapping.hpp"
-#include "ring/ring_layout.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "ring/ring_layout.hpp"
 
 namespace ferry {
 

@@ -47,8 +47,8 @@
 #include <utility>
 #include <vector>
 
-#include "ring/ring_end.hpp"
 #include "ferry/detail/transport.hpp"
+#include "ring/ring_end.hpp"
 
 namespace ferry {
 
@@ -104,8 +104,8 @@ class RingFrameWriter final : public detail::FrameWriter, private detail::BodySp
   std::vector<std::byte> pending_;  // unwritten rest of a frame accepted by a timed write
   std::size_t pending_done_ = 0;
   detail::Deadline lend_deadline_ = detail::Deadline::never();  // of the send whose body may be lent space
-  std::byte* lent_ = nullptr;                   // where a lent body starts; null when none
-  std::span<const int> fds_to_send_;            // of the frame being written, until published
+  std::byte* lent_ = nullptr;                                   // where a lent body starts; null when none
+  std::span<const int> fds_to_send_;                            // of the frame being written, until published
 };
 
 /// The reading end of a ring. Enforces FrameLimits on every header before taking the
@@ -139,8 +139,8 @@ class RingFrameReader final : public detail::FrameReader {
 
  private:
   // read_view() without the frame's fds.
-  ReadStatus read_frame(detail::FrameHeader& header, std::span<const std::byte>& payload, std::vector<std::byte>& buffer,
-                        const detail::Deadline& deadline);
+  ReadStatus read_frame(detail::FrameHeader& header, std::span<const std::byte>& payload,
+                        std::vector<std::byte>& buffer, const detail::Deadline& deadline);
   // Bytes published and not yet consumed; throws ProtocolError when the shared tail
   // breaks the ring's invariant.
   std::uint64_t available();

@@ -21,8 +21,7 @@ namespace {
 [[noreturn, gnu::noinline, gnu::cold]] void throw_scribbled_head(std::uint64_t head, std::uint64_t from,
                                                                  std::uint64_t to) {
   throw ProtocolError("the ring's shared read position (" + std::to_string(head) + ") is outside what was written (" +
-                      std::to_string(from) + ".." + std::to_string(to) +
-                      "); another process scribbled in the segment");
+                      std::to_string(from) + ".." + std::to_string(to) + "); another process scribbled in the segment");
 }
 
 // Walks the parts of a frame, copying them into the ring piece by piece.
@@ -64,8 +63,7 @@ detail::TransportCapabilities ring_writer_capabilities() noexcept {
 
 RingFrameWriter::RingFrameWriter(std::shared_ptr<const RingSegment> segment, detail::UniqueFd companion,
                                  const RingTiming& timing)
-    : FrameWriter(ring_writer_capabilities()),
-      end_(std::move(segment), std::move(companion), timing) {
+    : FrameWriter(ring_writer_capabilities()), end_(std::move(segment), std::move(companion), timing) {
   // A writer rebuilt from inherited descriptors continues where the stream is.
   tail_ = end_.header().tail.load(std::memory_order_acquire);
   head_seen_ = end_.header().head.load(std::memory_order_acquire);
@@ -99,8 +97,7 @@ std::span<std::byte> RingFrameWriter::lend(std::size_t bytes) {
   const std::uint64_t wanted = kRingBodyOffset + bytes;
   if (room(false) < wanted && room(true) < wanted &&
       end_.wait(
-          end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, lend_deadline_,
-          kRingRoomFirstSleep) !=
+          end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, lend_deadline_, kRingRoomFirstSleep) !=
           detail::WaitOutcome::Ready) {
     return {};  // the body stays private; write() then reports the timeout or the dead reader
   }
@@ -164,7 +161,8 @@ void RingFrameWriter::publish() {
   detail::RingEnd::publish(header.tail, tail_, header.reader_sleeping);  // pairs with a sleeping reader
 }
 
-bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline) {
+bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds,
+                                  const detail::Deadline& deadline) {
   std::byte* const lent = std::exchange(lent_, nullptr);
   if (!pending_.empty() && !flush(deadline)) return false;
   fds_to_send_ = fds;  // after the rest of the frame before it

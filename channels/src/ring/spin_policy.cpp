@@ -37,8 +37,7 @@ void SpinPolicy::slept(nanoseconds spun, nanoseconds waited, Waker waker) noexce
     case Waker::OtherCpu:
       if (waited <= setting_ * kRestoreWithin) budget_ = std::clamp(waited, setting_, setting_ * kLongestProbe);
       break;
-    case Waker::SameCpu:
-      break;
+    case Waker::SameCpu: break;
     case Waker::Unknown:
       if (waited <= setting_) budget_ = setting_;
       break;

@@ -23,7 +23,8 @@ std::chrono::nanoseconds detail::Deadline::remaining() const {
 
 timespec detail::Deadline::remaining_timespec() const { return detail::to_timespec(remaining()); }
 
-std::chrono::nanoseconds detail::sleep_limit(const detail::Deadline& deadline, bool& sliced, detail::SignalWake wake) noexcept {
+std::chrono::nanoseconds detail::sleep_limit(const detail::Deadline& deadline, bool& sliced,
+                                             detail::SignalWake wake) noexcept {
   const std::chrono::nanoseconds left = deadline.is_never() ? std::chrono::nanoseconds::max() : deadline.remaining();
   const std::chrono::nanoseconds slice = detail::wait_interruption_slice(wake);
   sliced = slice < left;

@@ -9,8 +9,8 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstring>
 #include <optional>
@@ -62,7 +62,8 @@ detail::TransportCapabilities stream_reader_capabilities(int stream, bool is_soc
 
 }  // namespace
 
-StreamFrameWriter::StreamFrameWriter(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, bool shares_connection)
+StreamFrameWriter::StreamFrameWriter(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket,
+                                     bool shares_connection)
     : FrameWriter(stream_writer_capabilities(is_socket, side.valid(), shares_connection)),
       stream_(std::move(stream)),
       side_(std::move(side)),
@@ -117,7 +118,8 @@ bool StreamFrameWriter::flush_pending(const detail::Deadline& deadline) {
   return pending_.empty();
 }
 
-bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline) {
+bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds,
+                              const detail::Deadline& deadline) {
   if (!stream_) throw ChannelClosed("cannot send: this end of the channel is closed");
   if (!pending_.empty() && !flush_pending(deadline)) return false;
   if (is_socket_ || fds.empty()) return write_frame(parts, fds, deadline, false);
@@ -175,8 +177,8 @@ void StreamFrameWriter::grow_for(std::size_t frame_bytes) noexcept {
   growth_refused_ = true;
 }
 
-bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds, const detail::Deadline& deadline,
-                                    bool must_start) {
+bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<const int> fds,
+                                    const detail::Deadline& deadline, bool must_start) {
   std::array<iovec, 16> remaining{};
   if (parts.size() > remaining.size()) throw Error("a frame has too many parts");
   std::size_t frame_bytes = 0;
@@ -298,8 +300,8 @@ std::vector<int> StreamFrameWriter::descriptors() const {
 
 // ---- reader ------------------------------------------------------------------
 
-StreamFrameReader::StreamFrameReader(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket, const FrameLimits& limits,
-                                     bool shares_connection)
+StreamFrameReader::StreamFrameReader(detail::UniqueFd stream, detail::UniqueFd side, bool is_socket,
+                                     const FrameLimits& limits, bool shares_connection)
     : FrameReader(stream_reader_capabilities(stream.get(), is_socket, shares_connection)),
       stream_(std::move(stream)),
       side_(std::move(side)),
@@ -397,8 +399,8 @@ void StreamFrameReader::make_room(std::size_t frame_bytes) {
   buffer_.resize(std::max(frame_bytes, std::min(2 * buffer_.size(), kMaxStagedFrameBytes)));
 }
 
-ReadStatus StreamFrameReader::read(detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<detail::UniqueFd>& fds,
-                                   const detail::Deadline& deadline) {
+ReadStatus StreamFrameReader::read(detail::FrameHeader& header, std::vector<std::byte>& payload,
+                                   std::deque<detail::UniqueFd>& fds, const detail::Deadline& deadline) {
   std::span<const std::byte> view;
   const ReadStatus status = read_view(header, view, payload, fds, deadline);
   if (pending_) fill(frame_end_ - body_begin_);  // the whole body, to copy it out
@@ -461,8 +463,7 @@ ReadStatus StreamFrameReader::read_view(detail::FrameHeader& header, std::span<c
   }
   while (frame_filled_ < frame_payload_.size()) {
     if (!await_bytes(timed, deadline)) return ReadStatus::Timeout;
-    const std::size_t got =
-        receive(frame_payload_.data() + frame_filled_, frame_payload_.size() - frame_filled_, fds);
+    const std::size_t got = receive(frame_payload_.data() + frame_filled_, frame_payload_.size() - frame_filled_, fds);
     bound_queued_fds(frame_header_.fd_count, fds);
     if (got == 0) throw PeerDied(detail::kSenderGoneMidFrame);
     frame_filled_ += got;
@@ -576,7 +577,8 @@ void StreamFrameReader::bound_queued_fds(std::uint64_t declared, const std::dequ
   }
 }
 
-void StreamFrameReader::check_queued_fds(const detail::FrameHeader& header, const std::deque<detail::UniqueFd>& fds) const {
+void StreamFrameReader::check_queued_fds(const detail::FrameHeader& header,
+                                         const std::deque<detail::UniqueFd>& fds) const {
   // The kernel delivers a frame's fds with the first byte of the sendmsg that carried them,
   // and a recvmsg stops after the first message with fds. So once a frame is complete, the
   // queue holds its own fds plus, when bytes of later frames are buffered, at most one more

@@ -11,13 +11,12 @@ namespace ferry {
 
 /// Writes frames to a pipe or a stream socket. With a socket, the frame's fds travel as
 /// SCM_RIGHTS with its first byte, or, above 253 (SCM_MAX_FD), in batches of 253 with
-/// its first bytes, one byte each, and the last batch with the rest of the frame. With a pipe, `side` is this end of a Unix socket pair
-/// next to the pipe: a frame's fds (there are some only when this process does not let
-/// peers take its fds, see HandlePassing::ProcFdWhileTakeable) go out on it just before
-/// the frame (SegmentFdChannel), and acknowledgements come back on it, read only while
-/// wait_acknowledged() waits: a sender learns acknowledgements from the return board, and
-/// the reader sends them only when asked to (ReturnBoard::request_acknowledgements()) or
-/// when it could not record a frame on the board.
+/// its first bytes, one byte each, and the last batch with the rest of the frame. With a pipe, `side` is this end of a
+/// Unix socket pair next to the pipe: a frame's fds (there are some only when this process does not let peers take its
+/// fds, see HandlePassing::ProcFdWhileTakeable) go out on it just before the frame (SegmentFdChannel), and
+/// acknowledgements come back on it, read only while wait_acknowledged() waits: a sender learns acknowledgements from
+/// the return board, and the reader sends them only when asked to (ReturnBoard::request_acknowledgements()) or when it
+/// could not record a frame on the board.
 ///
 /// With `shares_connection`, the socket also carries the opposite direction (a duplex
 /// connection: this process's reader holds the same socket), so closing the end does not
@@ -81,7 +80,7 @@ class StreamFrameWriter final : public detail::FrameWriter {
   detail::UniqueFd stream_;
   detail::UniqueFd side_;  // a pipe's side socket (segment fds out, acknowledgements in)
   bool is_socket_;
-  bool shut_down_ = false;  // this process ended the direction (shutdown(SHUT_WR))
+  bool shut_down_ = false;          // this process ended the direction (shutdown(SHUT_WR))
   std::vector<std::byte> pending_;  // unwritten tail of the last frame
   std::uint64_t acknowledged_ = 0;
   bool reader_gone_ = false;
@@ -193,15 +192,15 @@ class StreamFrameReader final : public detail::FrameReader, private detail::Pend
   bool shares_connection_;
   FrameLimits limits_;
   bool peer_closed_ = false;
-  bool in_frame_ = false;             // header read, payload incomplete
+  bool in_frame_ = false;  // header read, payload incomplete
   detail::FrameHeader frame_header_{};
   std::vector<std::byte> frame_payload_;
   std::size_t frame_filled_ = 0;
   std::vector<std::byte> buffer_;
   std::size_t begin_ = 0;
   std::size_t end_ = 0;
-  bool viewed_ = false;  // a frame's payload lies in buffer_ before begin_ until release()
-  bool pipe_emptied_ = true;  // a pipe: the last read took all it held
+  bool viewed_ = false;         // a frame's payload lies in buffer_ before begin_ until release()
+  bool pipe_emptied_ = true;    // a pipe: the last read took all it held
   bool pending_ = false;        // the frame viewed was handed out before its body arrived
   std::size_t body_begin_ = 0;  // pending_: where its body starts in buffer_
   std::size_t frame_end_ = 0;   // pending_: where it ends in buffer_ (end_ <= frame_end_)

@@ -29,12 +29,14 @@ void expect_descriptors(Transport transport, const std::vector<detail::UniqueFd>
 
 [[noreturn]] void throw_cannot_cross(Transport transport) {
   if (transport == Transport::InProcess) {
-    throw Error("an in_process channel moves values between threads of one process and cannot reach another "
-                "process; create the channel with Transport::Pipe, UnixSocket or ShmRing");
+    throw Error(
+        "an in_process channel moves values between threads of one process and cannot reach another "
+        "process; create the channel with Transport::Pipe, UnixSocket or ShmRing");
   }
   if (transport == Transport::Ucx) {
-    throw Error("a ucx end cannot be handed to another process (spawn, fork): UCX state must not cross fork; "
-                "let the worker connect to the ucx:// address itself");
+    throw Error(
+        "a ucx end cannot be handed to another process (spawn, fork): UCX state must not cross fork; "
+        "let the worker connect to the ucx:// address itself");
   }
   throw Error("transport " + std::string(transport_name(transport)) +
               " cannot be rebuilt in another process in this build");
@@ -96,14 +98,15 @@ std::pair<std::unique_ptr<detail::FrameWriter>, std::unique_ptr<detail::FrameRea
     case Transport::InProcess:
       throw Error("Transport::InProcess moves values, not frames: create it with ferry::channel<T>()");
     case Transport::Ucx:
-      throw Error("Transport::Ucx connects processes by address: use ferry::listen and ferry::connect_* with a "
-                  "ucx://HOST:PORT address (in a program that links ferry::ucx)");
+      throw Error(
+          "Transport::Ucx connects processes by address: use ferry::listen and ferry::connect_* with a "
+          "ucx://HOST:PORT address (in a program that links ferry::ucx)");
   }
   throw Error("unknown transport " + std::to_string(static_cast<int>(transport)));
 }
 
-detail::DuplexTransport detail::make_duplex_transport(Transport transport, const FrameLimits& limits, std::size_t ring_capacity,
-                                      const RingTiming& ring_timing) {
+detail::DuplexTransport detail::make_duplex_transport(Transport transport, const FrameLimits& limits,
+                                                      std::size_t ring_capacity, const RingTiming& ring_timing) {
   if (transport != Transport::UnixSocket) {
     auto [a_writer, b_reader] = detail::make_transport(transport, limits, ring_capacity, ring_timing);
     auto [b_writer, a_reader] = detail::make_transport(transport, limits, ring_capacity, ring_timing);
@@ -123,9 +126,9 @@ detail::DuplexTransport detail::make_duplex_transport(Transport transport, const
           std::make_unique<StreamFrameReader>(std::move(b_read_end), detail::UniqueFd(), true, limits, true)};
 }
 
-std::unique_ptr<detail::FrameWriter> detail::writer_from_descriptors(Transport transport, std::vector<detail::UniqueFd> fds,
-                                                     const FrameLimits& /*limits*/, std::size_t /*ring_capacity*/,
-                                                     const RingTiming& ring_timing, bool shares_connection) {
+std::unique_ptr<detail::FrameWriter> detail::writer_from_descriptors(
+    Transport transport, std::vector<detail::UniqueFd> fds, const FrameLimits& /*limits*/,
+    std::size_t /*ring_capacity*/, const RingTiming& ring_timing, bool shares_connection) {
   switch (transport) {
     case Transport::Pipe:  // data pipe's write end, the writer's side socket
       expect_descriptors(transport, fds, 2, "writer");
@@ -144,16 +147,17 @@ std::unique_ptr<detail::FrameWriter> detail::writer_from_descriptors(Transport t
   throw_cannot_cross(transport);
 }
 
-std::unique_ptr<detail::FrameReader> detail::reader_from_descriptors(Transport transport, std::vector<detail::UniqueFd> fds,
-                                                     const FrameLimits& limits, std::size_t /*ring_capacity*/,
-                                                     const RingTiming& ring_timing, bool shares_connection) {
+std::unique_ptr<detail::FrameReader> detail::reader_from_descriptors(
+    Transport transport, std::vector<detail::UniqueFd> fds, const FrameLimits& limits, std::size_t /*ring_capacity*/,
+    const RingTiming& ring_timing, bool shares_connection) {
   switch (transport) {
     case Transport::Pipe:  // data pipe's read end, the reader's side socket
       expect_descriptors(transport, fds, 2, "reader");
       return std::make_unique<StreamFrameReader>(std::move(fds[0]), std::move(fds[1]), false, limits);
     case Transport::UnixSocket:
       expect_descriptors(transport, fds, 1, "reader");
-      return std::make_unique<StreamFrameReader>(std::move(fds[0]), detail::UniqueFd(), true, limits, shares_connection);
+      return std::make_unique<StreamFrameReader>(std::move(fds[0]), detail::UniqueFd(), true, limits,
+                                                 shares_connection);
     case Transport::ShmRing: {  // the ring's memfd, this end's companion socket
       expect_descriptors(transport, fds, 2, "reader");
       auto segment = std::make_shared<const RingSegment>(RingSegment::attach(std::move(fds[0])));

@@ -38,8 +38,8 @@ std::optional<FrameAmPlan> parse_frame_am(std::span<const std::byte> header, std
     *why = "a frame message whose header is not the size its storage count says";
     return std::nullopt;
   }
-  if (plan.header.frame_bytes < sizeof(ferry::detail::FrameHeader) || plan.header.frame_bytes > max_frame_bytes(limits) ||
-      plan.header.frame_bytes > data_length) {
+  if (plan.header.frame_bytes < sizeof(ferry::detail::FrameHeader) ||
+      plan.header.frame_bytes > max_frame_bytes(limits) || plan.header.frame_bytes > data_length) {
     *why = "a frame message whose frame size is outside the limits or its data";
     return std::nullopt;
   }

@@ -1,5 +1,5 @@
-#include "ferry/wait_interruption.hpp"
 #include "ucx_connection.hpp"
+#include "ferry/wait_interruption.hpp"
 
 #include <poll.h>
 #include <unistd.h>
@@ -38,9 +38,10 @@ void UcxConnection::create_worker() {
   params.thread_mode = UCS_THREAD_MODE_SINGLE;  // every call is under mutex_
   check_ucs(ucp_worker_create(context_->handle(), &params, &worker_), "ucp_worker_create");
   check_ucs(ucp_worker_get_efd(worker_, &wake_fd_), "ucp_worker_get_efd");
-  const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {
-      {kControlAm, &UcxConnection::on_control}, {kFrameAm, &UcxConnection::on_frame}, {kCopyAm, &UcxConnection::on_copy},
-      {kDeliveredAm, &UcxConnection::on_delivered}};
+  const std::pair<unsigned, ucp_am_recv_callback_t> handlers[] = {{kControlAm, &UcxConnection::on_control},
+                                                                  {kFrameAm, &UcxConnection::on_frame},
+                                                                  {kCopyAm, &UcxConnection::on_copy},
+                                                                  {kDeliveredAm, &UcxConnection::on_delivered}};
   for (const auto& [id, callback] : handlers) {
     ucp_am_handler_param_t handler{};
     handler.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -159,12 +160,14 @@ bool UcxConnection::wait_until(ferry::detail::MutexLock& lock, const ferry::deta
 }
 
 ferry::detail::Deadline UcxConnection::sleep_until(const ferry::detail::Deadline& deadline) const {
-  const ferry::detail::Deadline longest = ferry::detail::Deadline::after(kLongestWakeFdSleep);  // a wake-up UCX failed to give
+  const ferry::detail::Deadline longest =
+      ferry::detail::Deadline::after(kLongestWakeFdSleep);  // a wake-up UCX failed to give
   const ferry::detail::Deadline until = longest.time_point() < deadline.time_point() ? longest : deadline;
   if (!watched_host_ || outgoing_.empty()) return until;
   const auto now = std::chrono::steady_clock::now();
   if (next_host_check_ <= now) return ferry::detail::Deadline::now();
-  const ferry::detail::Deadline check = ferry::detail::Deadline::after(std::chrono::duration_cast<std::chrono::nanoseconds>(next_host_check_ - now));
+  const ferry::detail::Deadline check =
+      ferry::detail::Deadline::after(std::chrono::duration_cast<std::chrono::nanoseconds>(next_host_check_ - now));
   return check.time_point() < until.time_point() ? check : until;
 }
 
@@ -330,7 +333,8 @@ bool UcxConnection::flush(const ferry::detail::Deadline& deadline) {
 }
 
 bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iovec> copies,
-                               std::span<const std::shared_ptr<Storage>> owners, const ferry::detail::Deadline& deadline) {
+                               std::span<const std::shared_ptr<Storage>> owners,
+                               const ferry::detail::Deadline& deadline) {
   if (copies.size() > kMaxCopies) {
     throw Error("a message over ucx:// carries at most " + std::to_string(kMaxCopies) + " tensor storages, not " +
                 std::to_string(copies.size()) + "; send fewer per message");
@@ -437,8 +441,8 @@ std::uint64_t UcxConnection::delivered() {
 
 // ---- receiving -----------------------------------------------------------------
 
-ucs_status_t UcxConnection::on_delivered(void* self, const void* /*header*/, std::size_t /*header_length*/,
-                                         void* data, std::size_t length, const ucp_am_recv_param_t* param) {
+ucs_status_t UcxConnection::on_delivered(void* self, const void* /*header*/, std::size_t /*header_length*/, void* data,
+                                         std::size_t length, const ucp_am_recv_param_t* param) {
   return guarded(self, [&](UcxConnection& connection) {
     if (connection.refuse_unauthenticated(kDeliveredAm)) return UCS_OK;
     const bool rendezvous = (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0;
@@ -560,8 +564,8 @@ ucs_status_t UcxConnection::on_copy(void* self, const void* /*header*/, std::siz
     }
     --frame.remote_expected;
     if (frame.descriptors[index].nbytes != length) {
-      connection.break_protocol("a storage message of " + std::to_string(length) +
-                                " bytes where the frame announced " + std::to_string(frame.descriptors[index].nbytes));
+      connection.break_protocol("a storage message of " + std::to_string(length) + " bytes where the frame announced " +
+                                std::to_string(frame.descriptors[index].nbytes));
       return UCS_OK;
     }
     std::shared_ptr<Storage> storage;

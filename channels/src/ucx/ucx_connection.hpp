@@ -161,8 +161,8 @@ class UcxConnection {
                                std::size_t length, const ucp_am_recv_param_t* param);
   static ucs_status_t on_delivered(void* self, const void* header, std::size_t header_length, void* data,
                                    std::size_t length, const ucp_am_recv_param_t* param);
-  static ucs_status_t on_copy(void* self, const void* header, std::size_t header_length, void* data,
-                              std::size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t on_copy(void* self, const void* header, std::size_t header_length, void* data, std::size_t length,
+                              const ucp_am_recv_param_t* param);
   // Starts receiving a rendezvous message of `length` into `into`; `frame` counts it in flight.
   void receive_rendezvous(void* descriptor, void* into, std::size_t length, IncomingFrame& frame, ucp_mem_h memh);
   // Records the first protocol breach (noexcept: called inside UCX callbacks).
@@ -183,14 +183,14 @@ class UcxConnection {
   int wake_fd_ = -1;
   bool failed_ = false;
   std::string failure_;
-  std::string broken_;  // a protocol error in what arrived
-  bool authenticated_ = false;  // the handshake proved the peer: frames are taken
+  std::string broken_;                                             // a protocol error in what arrived
+  bool authenticated_ = false;                                     // the handshake proved the peer: frames are taken
   std::function<bool(std::span<const std::byte>)> authenticator_;  // authenticate_if()
   std::string peer_name_;
-  std::vector<ino_t> sockets_before_;             // sockets() before the endpoint was made
-  std::optional<sockaddr_storage> watched_host_;  // keep_alive(): the peer, whose host is watched
-  std::vector<ino_t> own_sockets_;                // keep_alive(): the sockets UCX made for this connection
-  std::chrono::milliseconds host_silence_{0};     // keepalive_bound() of the context
+  std::vector<ino_t> sockets_before_;                        // sockets() before the endpoint was made
+  std::optional<sockaddr_storage> watched_host_;             // keep_alive(): the peer, whose host is watched
+  std::vector<ino_t> own_sockets_;                           // keep_alive(): the sockets UCX made for this connection
+  std::chrono::milliseconds host_silence_{0};                // keepalive_bound() of the context
   std::chrono::steady_clock::time_point next_host_check_{};  // check_host_locked() runs again then
   std::uint64_t delivered_ = 0;  // the highest sequence the peer's reader reported delivered
   std::deque<std::vector<std::byte>> controls_;

@@ -55,8 +55,6 @@ class UcxContext {
   KeepaliveSettings keepalive_;
 };
 
-
-
 /// How long a host may stay silent before its connections count as gone: the keepalive's
 /// idle time plus its probes (idle + interval x count).
 std::chrono::milliseconds keepalive_bound(const KeepaliveSettings& keepalive) noexcept;

@@ -14,10 +14,10 @@
 #include <utility>
 #include <vector>
 
-#include "ferry/wait_interruption.hpp"
 #include "endpoints/scheme_registry.hpp"
 #include "ferry/endpoint.hpp"
 #include "ferry/error.hpp"
+#include "ferry/wait_interruption.hpp"
 #include "ucx_address.hpp"
 #include "ucx_connection.hpp"
 #include "ucx_context.hpp"
@@ -48,8 +48,8 @@ void check_transport(const EndpointOptions& options, std::string_view address) {
 
 // This side's ends for a client of `kind` over `connection`; `peer_limits`: what the peer
 // enforces on what it receives (this side's sender keeps to them).
-ConnectionEnds ends_for(const EndKind& kind, const std::shared_ptr<UcxConnection>& connection, const ChannelOptions& channel,
-                        const FrameLimits& peer_limits, bool client_side) {
+ConnectionEnds ends_for(const EndKind& kind, const std::shared_ptr<UcxConnection>& connection,
+                        const ChannelOptions& channel, const FrameLimits& peer_limits, bool client_side) {
   ConnectionEnds ends;
   ends.transport = Transport::Ucx;
   ends.receiver_options = ferry::detail::per_connection_options(channel);
@@ -122,7 +122,7 @@ class UcxListenerCore final : public ferry::detail::ListenerCore {
   void refuse_after_fork_here(const char* what) const;
 
   EndpointOptions options_;
-  Salt salt_{};     // drawn at listen: the key of this listener is its own
+  Salt salt_{};  // drawn at listen: the key of this listener is its own
   SecretKey key_;
   std::string address_;
   std::shared_ptr<UcxContext> context_;
@@ -144,8 +144,9 @@ UcxListenerCore::UcxListenerCore(std::string_view address, const EndpointOptions
   salt_ = random_salt();
   key_ = derive_key(shared_secret(options_, address, true), salt_);
   if (options_.max_pending_handshakes == 0) {
-    throw Error("EndpointOptions::max_pending_handshakes is 0: no client could ever connect; leave it at its default "
-                "(64) or set at least 1");
+    throw Error(
+        "EndpointOptions::max_pending_handshakes is 0: no client could ever connect; leave it at its default "
+        "(64) or set at least 1");
   }
   context_ = UcxContext::get(keepalive_of(options_), parsed.socket.ss_family);
   ucp_worker_params_t worker_params{};
@@ -370,7 +371,8 @@ void UcxListenerCore::wait(const ferry::detail::Deadline& deadline) {
   std::vector<pollfd> fds;
   if (arm()) return;
   fds.push_back(pollfd{wake_fd_, POLLIN, 0});
-  const ferry::detail::Deadline longest = ferry::detail::Deadline::after(kLongestWakeFdSleep);  // a wake-up UCX failed to give
+  const ferry::detail::Deadline longest =
+      ferry::detail::Deadline::after(kLongestWakeFdSleep);  // a wake-up UCX failed to give
   ferry::detail::Deadline until = longest.time_point() < deadline.time_point() ? longest : deadline;
   for (Pending& pending : pending_) {
     fds.push_back(pollfd{pending.connection->wake_fd(), POLLIN, 0});
@@ -442,7 +444,8 @@ class UcxScheme final : public ferry::detail::Scheme {
       auto connection = UcxConnection::connect(context, parsed.socket, parsed.length, options.channel.limits);
       connection->set_peer_address(parsed.text(parsed.port));
       try {
-        const FrameLimits listener_limits = client_handshake(*connection, kind, options.channel.limits, secret, deadline);
+        const FrameLimits listener_limits =
+            client_handshake(*connection, kind, options.channel.limits, secret, deadline);
         connection->keep_alive(parsed.socket);
         return ends_for(kind, connection, options.channel, listener_limits, true);
       } catch (const PeerDied&) {
@@ -453,9 +456,8 @@ class UcxScheme final : public ferry::detail::Scheme {
       connection->close(std::chrono::milliseconds(0), true);
       if (deadline.expired()) {
         throw Error("no listener at " + std::string(address) + ": nothing accepted this client there within " +
-                    std::to_string(options.connect_timeout.count()) +
-                    " ms (EndpointOptions::connect_timeout; last: " + last_failure +
-                    "); start the listening process or check the address");
+                    std::to_string(options.connect_timeout.count()) + " ms (EndpointOptions::connect_timeout; last: " +
+                    last_failure + "); start the listening process or check the address");
       }
       ferry::detail::interruptible_sleep_for(
           std::min<std::chrono::nanoseconds>(std::chrono::milliseconds(20), deadline.remaining()));

@@ -14,8 +14,7 @@ std::string shared_secret(const EndpointOptions& options, std::string_view addre
   if (!options.secret.empty()) return options.secret;
   if (const char* from_env = std::getenv("FERRY_SECRET"); from_env != nullptr && *from_env != '\0') return from_env;
   if (options.allow_no_secret) return {};
-  throw Error(std::string(listening ? "refusing to listen at \"" : "refusing to connect to \"") +
-              std::string(address) +
+  throw Error(std::string(listening ? "refusing to listen at \"" : "refusing to connect to \"") + std::string(address) +
               "\" without a shared secret: without one, anyone who can reach the port could connect, and a client "
               "would talk to whoever answers. Set EndpointOptions::secret (or FERRY_SECRET) to the same long random "
               "text on the listener and its clients; EndpointOptions::allow_no_secret = true accepts the risk");

@@ -66,8 +66,13 @@ struct VerdictWire {
 };
 
 WireLimits to_wire(const FrameLimits& limits) {
-  return WireLimits{limits.max_body_bytes, limits.max_handles, limits.max_segments, limits.max_fds,
-                    limits.max_releases, limits.max_type_name_bytes, 0};
+  return WireLimits{limits.max_body_bytes,
+                    limits.max_handles,
+                    limits.max_segments,
+                    limits.max_fds,
+                    limits.max_releases,
+                    limits.max_type_name_bytes,
+                    0};
 }
 FrameLimits from_wire(const WireLimits& wire) {
   FrameLimits limits;
@@ -205,9 +210,10 @@ ListenerHandshake::Step ListenerHandshake::receive(std::span<const std::byte> me
         return refusal(Outcome::Garbage, "a client sent a malformed handshake (not a ferry ucx:// client)");
       }
       if (!same_versions(*versions)) {
-        return refusal(Outcome::Version, "the listener speaks " + version_text(kHandshakeVersion, ferry::detail::kFrameVersion) +
-                                             ", the client " + version_text(versions->version, versions->frame_version) +
-                                             ": build both sides from the same ferry");
+        return refusal(Outcome::Version,
+                       "the listener speaks " + version_text(kHandshakeVersion, ferry::detail::kFrameVersion) +
+                           ", the client " + version_text(versions->version, versions->frame_version) +
+                           ": build both sides from the same ferry");
       }
       const auto challenge = fixed_part<ChallengeWire>(message);
       if (!challenge || message.size() != sizeof(ChallengeWire)) {
@@ -271,7 +277,10 @@ Bytes ListenerHandshake::refuse(Outcome outcome, std::string_view reason) {
 
 ClientHandshake::ClientHandshake(std::string where, EndKind kind, const FrameLimits& limits, const Nonce& nonce,
                                  std::function<SecretKey(const Salt&)> key_for)
-    : where_(std::move(where)), kind_(std::move(kind)), limits_(limits), key_for_(std::move(key_for)),
+    : where_(std::move(where)),
+      kind_(std::move(kind)),
+      limits_(limits),
+      key_for_(std::move(key_for)),
       client_nonce_(nonce) {}
 
 Bytes ClientHandshake::receive(std::span<const std::byte> message) {

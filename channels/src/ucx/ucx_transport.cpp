@@ -31,13 +31,15 @@ UcxFrameWriter::UcxFrameWriter(std::shared_ptr<UcxConnection> connection, std::c
 
 UcxFrameWriter::~UcxFrameWriter() { close(); }
 
-bool UcxFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds, const ferry::detail::Deadline& deadline) {
+bool UcxFrameWriter::write(std::span<const iovec> parts, std::span<const int> fds,
+                           const ferry::detail::Deadline& deadline) {
   if (!fds.empty()) throw Error("a ucx:// connection cannot pass file descriptors");
   return write_copies(parts, {}, {}, deadline);
 }
 
 bool UcxFrameWriter::write_copies(std::span<const iovec> parts, std::span<const iovec> copies,
-                                  std::span<const std::shared_ptr<Storage>> owners, const ferry::detail::Deadline& deadline) {
+                                  std::span<const std::shared_ptr<Storage>> owners,
+                                  const ferry::detail::Deadline& deadline) {
   if (!connection_) throw ChannelClosed("cannot send: this end of the ucx:// connection is closed");
   return connection_->send_frame(parts, copies, owners, deadline);
 }
@@ -55,12 +57,14 @@ void UcxFrameWriter::close() noexcept {
 }
 
 UcxFrameReader::UcxFrameReader(std::shared_ptr<UcxConnection> connection, const FrameLimits& limits)
-    : FrameReader(hinting_capabilities(connection.get(), &copies_)), connection_(std::move(connection)), limits_(limits) {}
+    : FrameReader(hinting_capabilities(connection.get(), &copies_)),
+      connection_(std::move(connection)),
+      limits_(limits) {}
 
 UcxFrameReader::~UcxFrameReader() { close(); }
 
-ReadStatus UcxFrameReader::read(ferry::detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<ferry::detail::UniqueFd>& /*fds*/,
-                                const ferry::detail::Deadline& deadline) {
+ReadStatus UcxFrameReader::read(ferry::detail::FrameHeader& header, std::vector<std::byte>& payload,
+                                std::deque<ferry::detail::UniqueFd>& /*fds*/, const ferry::detail::Deadline& deadline) {
   if (!connection_ || peer_closed_) return ReadStatus::Closed;
   copies_.clear();
   std::optional<IncomingFrame> frame = connection_->receive_frame(deadline);

@@ -35,8 +35,8 @@ class UcxFrameReader final : public ferry::detail::FrameReader {
  public:
   UcxFrameReader(std::shared_ptr<UcxConnection> connection, const FrameLimits& limits);
   ~UcxFrameReader() override;
-  ReadStatus read(ferry::detail::FrameHeader& header, std::vector<std::byte>& payload, std::deque<ferry::detail::UniqueFd>& fds,
-                  const ferry::detail::Deadline& deadline) override;
+  ReadStatus read(ferry::detail::FrameHeader& header, std::vector<std::byte>& payload,
+                  std::deque<ferry::detail::UniqueFd>& fds, const ferry::detail::Deadline& deadline) override;
   void frame_delivered(std::uint64_t sequence) override {
     if (connection_) connection_->send_delivered(sequence);
   }

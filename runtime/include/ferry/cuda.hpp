@@ -65,12 +65,12 @@ CudaMemoryStats cuda_memory_stats(int device);
 
 /// Counters of the receiving side of CUDA IPC in this process.
 struct CudaIpcStats {
-  std::uint64_t blocks_opened = 0;  ///< cudaIpcOpenMemHandle calls so far
-  std::uint64_t blocks_closed = 0;  ///< cudaIpcCloseMemHandle calls so far
-  std::uint64_t blocks_open = 0;    ///< blocks of other processes mapped now
-  std::uint64_t events_opened = 0;  ///< cudaIpcOpenEventHandle calls so far (the fallback signal)
+  std::uint64_t blocks_opened = 0;         ///< cudaIpcOpenMemHandle calls so far
+  std::uint64_t blocks_closed = 0;         ///< cudaIpcCloseMemHandle calls so far
+  std::uint64_t blocks_open = 0;           ///< blocks of other processes mapped now
+  std::uint64_t events_opened = 0;         ///< cudaIpcOpenEventHandle calls so far (the fallback signal)
   std::uint64_t fence_buffers_opened = 0;  ///< other processes' fence buffers opened so far (the usual signal)
-  std::uint64_t fences_released = 0;  ///< fences this process wrote itself because their producer died first
+  std::uint64_t fences_released = 0;       ///< fences this process wrote itself because their producer died first
 };
 
 /// The receiving side's IPC counters of this process.

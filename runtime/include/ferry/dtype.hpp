@@ -33,7 +33,8 @@ inline std::size_t dtype_size(DType dtype) {
   // Inline: every view check and data_ptr() asks.
   static constexpr std::uint8_t kSizes[kDTypeCount] = {1, 1, 1, 2, 4, 8, 2, 2, 4, 8};
   const auto raw = static_cast<std::uint8_t>(dtype);
-  if (raw >= kDTypeCount) [[unlikely]] detail::throw_invalid_dtype(dtype);
+  if (raw >= kDTypeCount) [[unlikely]]
+    detail::throw_invalid_dtype(dtype);
   return kSizes[raw];
 }
 
@@ -47,7 +48,7 @@ constexpr bool is_valid_dtype(std::uint8_t raw) { return raw < kDTypeCount; }
 struct Half {
   std::uint16_t bits = 0;
   Half() = default;
-  Half(float value);  // NOLINT(google-explicit-constructor): numeric conversion
+  Half(float value);       // NOLINT(google-explicit-constructor): numeric conversion
   operator float() const;  // NOLINT(google-explicit-constructor)
 };
 
@@ -55,23 +56,53 @@ struct Half {
 struct BFloat16 {
   std::uint16_t bits = 0;
   BFloat16() = default;
-  BFloat16(float value);  // NOLINT(google-explicit-constructor)
+  BFloat16(float value);   // NOLINT(google-explicit-constructor)
   operator float() const;  // NOLINT(google-explicit-constructor)
 };
 
 /// `dtype_of<T>` is the DType whose elements have C++ type T.
 template <class T>
 struct DTypeOf;
-template <> struct DTypeOf<bool> { static constexpr DType value = DType::Bool; };
-template <> struct DTypeOf<std::uint8_t> { static constexpr DType value = DType::UInt8; };
-template <> struct DTypeOf<std::int8_t> { static constexpr DType value = DType::Int8; };
-template <> struct DTypeOf<std::int16_t> { static constexpr DType value = DType::Int16; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::Int32; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::Int64; };
-template <> struct DTypeOf<Half> { static constexpr DType value = DType::Float16; };
-template <> struct DTypeOf<BFloat16> { static constexpr DType value = DType::BFloat16; };
-template <> struct DTypeOf<float> { static constexpr DType value = DType::Float32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::Float64; };
+template <>
+struct DTypeOf<bool> {
+  static constexpr DType value = DType::Bool;
+};
+template <>
+struct DTypeOf<std::uint8_t> {
+  static constexpr DType value = DType::UInt8;
+};
+template <>
+struct DTypeOf<std::int8_t> {
+  static constexpr DType value = DType::Int8;
+};
+template <>
+struct DTypeOf<std::int16_t> {
+  static constexpr DType value = DType::Int16;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::Int32;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::Int64;
+};
+template <>
+struct DTypeOf<Half> {
+  static constexpr DType value = DType::Float16;
+};
+template <>
+struct DTypeOf<BFloat16> {
+  static constexpr DType value = DType::BFloat16;
+};
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::Float32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::Float64;
+};
 
 template <class T>
 inline constexpr DType dtype_of = DTypeOf<T>::value;

@@ -31,7 +31,8 @@ class HandleCache {
   /// Records `segment` for `identity` unless a live segment is already recorded; returns
   /// the segment the cache holds afterwards (the existing one wins, so concurrent
   /// receivers of one segment end up sharing one mapping).
-  std::shared_ptr<detail::SharedSegment> insert(const detail::FileIdentity& identity, const std::shared_ptr<detail::SharedSegment>& segment);
+  std::shared_ptr<detail::SharedSegment> insert(const detail::FileIdentity& identity,
+                                                const std::shared_ptr<detail::SharedSegment>& segment);
 
   /// Entries held, live or dead (for tests and statistics).
   std::size_t size() const;

@@ -33,13 +33,13 @@ struct SharedAllocatorSettings {
 
 /// What an allocator holds, from its point of view.
 struct SharedMemoryStats {
-  std::size_t segments = 0;         ///< segments mapped now
-  std::size_t segment_bytes = 0;    ///< their total size
-  std::size_t bytes_in_use = 0;     ///< size of the blocks in use (by this process or a receiver)
-  std::size_t bytes_cached = 0;     ///< segment_bytes - bytes_in_use: free, kept for reuse
-  std::size_t blocks_in_use = 0;    ///< blocks in use
-  std::uint64_t hits = 0;           ///< allocations that needed no new segment (a freed or a never used block)
-  std::uint64_t misses = 0;         ///< allocations that had to create a segment (reuse: this stays flat)
+  std::size_t segments = 0;       ///< segments mapped now
+  std::size_t segment_bytes = 0;  ///< their total size
+  std::size_t bytes_in_use = 0;   ///< size of the blocks in use (by this process or a receiver)
+  std::size_t bytes_cached = 0;   ///< segment_bytes - bytes_in_use: free, kept for reuse
+  std::size_t blocks_in_use = 0;  ///< blocks in use
+  std::uint64_t hits = 0;         ///< allocations that needed no new segment (a freed or a never used block)
+  std::uint64_t misses = 0;       ///< allocations that had to create a segment (reuse: this stays flat)
   /// Misses whose size had a segment before, which the cache limit or trim() gave back to
   /// the kernel: a steady pipeline that shows these wants a higher max_cached_bytes.
   std::uint64_t misses_after_release = 0;
@@ -116,7 +116,8 @@ class SharedAllocator::ReleaseBatch {
   static bool gather(const Pending& block) noexcept {
     ReleaseBatch* batch = current_;
     if (batch == nullptr) return false;
-    if (batch->count_ == kCapacity) [[unlikely]] batch->flush();
+    if (batch->count_ == kCapacity) [[unlikely]]
+      batch->flush();
     batch->pending_[batch->count_++] = block;
     return true;
   }

@@ -204,8 +204,7 @@ class Tensor {
   // The message decoder writes a received view's shape and strides in place
   // (serialization/src/tensor_wire.cpp).
   friend struct detail::ReceivedView;
-  Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, std::int64_t offset,
-         Device device);
+  Tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Shape strides, std::int64_t offset, Device device);
   // A contiguous tensor of `shape` at offset 0: its shape and strides made in place.
   Tensor(std::shared_ptr<Storage>&& storage, DType dtype, const Shape& shape, Device device);
   std::size_t wrap_dim(std::int64_t d) const;

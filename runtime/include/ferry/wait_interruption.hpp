@@ -3,11 +3,10 @@
 // Contract: a thread installs a check with ScopedWaitInterruption; while it lives, every
 // blocking wait of ferry in that thread (a send on a full transport, recv, accept, connect,
 // Selector::wait, WorkerGroup::join, a close waiting for room) calls the check at least
-// every kWaitInterruptionPeriod (or the period the scope gives) while it sleeps, and at once when a signal handler ran in
-// the thread (the kernel wait ended with EINTR). The check returns to go on waiting, or
-// throws WaitInterrupted (or a class derived from it) to abandon the wait: ferry lets that
-// exception out of the blocking call unchanged, and the end stays usable (nothing was
-// sent or taken by the abandoned wait, or, for a message that had begun to go out, it is
+// every kWaitInterruptionPeriod (or the period the scope gives) while it sleeps, and at once when a signal handler ran
+// in the thread (the kernel wait ended with EINTR). The check returns to go on waiting, or throws WaitInterrupted (or a
+// class derived from it) to abandon the wait: ferry lets that exception out of the blocking call unchanged, and the end
+// stays usable (nothing was sent or taken by the abandoned wait, or, for a message that had begun to go out, it is
 // finished first: see docs/design/interruption.md). Waits that never sleep (data or room
 // already there, a spinning ring end) never call it, so an installed check costs nothing
 // on the hot path. Checks nest: the innermost runs first, then the ones around it.

@@ -32,15 +32,15 @@ class WorkerFailed : public Error {
  public:
   /// Everything known about the failure; what() is composed from it.
   struct Details {
-    int rank = -1;               ///< the failed worker's rank
-    int world_size = 0;          ///< the size of its group
-    pid_t pid = -1;              ///< its process id
+    int rank = -1;       ///< the failed worker's rank
+    int world_size = 0;  ///< the size of its group
+    pid_t pid = -1;      ///< its process id
     WorkerFailure failure = WorkerFailure::ExitCode;
-    int exit_code = 0;           ///< the exit status (ExitCode, also set for Exception)
-    int signal = 0;              ///< the signal (Signal)
-    std::string exception_type;  ///< demangled, e.g. "std::runtime_error" (Exception)
-    std::string message;         ///< the exception's what() (Exception) or what went wrong (StartFailed)
-    int terminated_siblings = 0; ///< how many other workers were still running and were terminated
+    int exit_code = 0;            ///< the exit status (ExitCode, also set for Exception)
+    int signal = 0;               ///< the signal (Signal)
+    std::string exception_type;   ///< demangled, e.g. "std::runtime_error" (Exception)
+    std::string message;          ///< the exception's what() (Exception) or what went wrong (StartFailed)
+    int terminated_siblings = 0;  ///< how many other workers were still running and were terminated
   };
 
   /// Builds the error and its message ("worker 2 of 4 (pid 1234) failed: ...").

@@ -83,9 +83,9 @@ class WorkerGroup {
  private:
   struct Worker {
     detail::ChildProcess process;
-    detail::UniqueFd report;          // read end of the worker's report pipe (non-blocking)
+    detail::UniqueFd report;  // read end of the worker's report pipe (non-blocking)
     std::string report_bytes;
-    bool started = false;     // start_forked/start_exec succeeded
+    bool started = false;  // start_forked/start_exec succeeded
     StartMethod method = StartMethod::Fork;
     std::vector<std::shared_ptr<const void>> kept;  // until reaped (keep_until_exit)
   };

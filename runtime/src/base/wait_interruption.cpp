@@ -72,7 +72,8 @@ void interruptible_sleep_for(std::chrono::nanoseconds duration) {
     const auto now = std::chrono::steady_clock::now();
     if (now >= until) return;
     // sleep_for sleeps on through a signal (it retries nanosleep after EINTR).
-    std::this_thread::sleep_for(std::min<std::chrono::nanoseconds>(until - now, wait_interruption_slice(SignalWake::Deaf)));
+    std::this_thread::sleep_for(
+        std::min<std::chrono::nanoseconds>(until - now, wait_interruption_slice(SignalWake::Deaf)));
     wait_interruption_point(false, SignalWake::Deaf);
   }
 }

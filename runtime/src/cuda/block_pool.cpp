@@ -63,8 +63,9 @@ std::shared_ptr<Allocation> BlockPool::allocate(std::size_t bytes) {
     if (auto allocation = carve_locked(bytes, rounded)) return allocation;
   }
   const bool small = rounded <= kSmallRequest;
-  const std::size_t block_bytes =
-      small ? kSmallBlock : rounded <= kMediumRequest ? kMediumBlock : round_up(rounded, kLargeRounding);
+  const std::size_t block_bytes = small                       ? kSmallBlock
+                                  : rounded <= kMediumRequest ? kMediumBlock
+                                                              : round_up(rounded, kLargeRounding);
   void* base = source_->allocate(block_bytes);
   if (base == nullptr && empty_cache_locked() > 0) base = source_->allocate(block_bytes);
   if (base == nullptr) throw_out_of_memory_locked(bytes, block_bytes);
@@ -199,9 +200,10 @@ CudaMemoryStats BlockPool::stats() const {
 void BlockPool::throw_out_of_memory_locked(std::size_t requested, std::size_t block_bytes) {
   std::size_t reserved = 0;
   for (const auto& block : blocks_) reserved += block->bytes;
-  throw CudaError("out of memory on cuda:" + std::to_string(device_) + ": cannot allocate " + std::to_string(requested) +
-                      " bytes (a new block of " + mib(block_bytes) + "). ferry's allocator there holds " +
-                      mib(reserved) + ": " + mib(allocated_bytes_) + " in live storages and " + mib(limbo_bytes_) +
+  throw CudaError("out of memory on cuda:" + std::to_string(device_) + ": cannot allocate " +
+                      std::to_string(requested) + " bytes (a new block of " + mib(block_bytes) +
+                      "). ferry's allocator there holds " + mib(reserved) + ": " + mib(allocated_bytes_) +
+                      " in live storages and " + mib(limbo_bytes_) +
                       " in storages this process dropped but other processes still hold (they come back when those "
                       "drop the tensors they received). Free tensors, or allocate less",
                   kCudaErrorMemoryAllocation);

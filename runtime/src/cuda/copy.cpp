@@ -2,8 +2,8 @@
 // through host memory for strided ones.
 #include <string>
 
-#include "cuda/memory.hpp"
 #include "cuda/cudart.hpp"
+#include "cuda/memory.hpp"
 #include "ferry/cuda/runtime.hpp"
 #include "ferry/tensor.hpp"
 

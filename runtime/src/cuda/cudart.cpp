@@ -38,11 +38,11 @@ Loaded load() {
       return loaded;
     }
   }
-#define FERRY_CUDART_LOAD(name)                                                                         \
+#define FERRY_CUDART_LOAD(name)                                                                           \
   loaded.functions.name = reinterpret_cast<decltype(&::name)>(::dlsym(library, FERRY_CUDART_NAME(name))); \
-  if (loaded.functions.name == nullptr && loaded.error.empty()) {                                       \
-    loaded.error = "the CUDA runtime " FERRY_CUDART_SONAME " has no " FERRY_CUDART_NAME(name)           \
-                   ": it is older than the one this ferry was built with; install a newer CUDA runtime";  \
+  if (loaded.functions.name == nullptr && loaded.error.empty()) {                                         \
+    loaded.error = "the CUDA runtime " FERRY_CUDART_SONAME " has no " FERRY_CUDART_NAME(                  \
+        name) ": it is older than the one this ferry was built with; install a newer CUDA runtime";       \
   }
   FERRY_CUDART_FUNCTIONS(FERRY_CUDART_LOAD)
 #undef FERRY_CUDART_LOAD

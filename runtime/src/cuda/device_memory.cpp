@@ -5,10 +5,10 @@
 #include <string>
 #include <vector>
 
-#include "ferry/detail/cuda/block_pool.hpp"
-#include "cuda/memory.hpp"
 #include "cuda/cudart.hpp"
+#include "cuda/memory.hpp"
 #include "ferry/cuda/runtime.hpp"
+#include "ferry/detail/cuda/block_pool.hpp"
 
 namespace ferry {
 namespace cuda {

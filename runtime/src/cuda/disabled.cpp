@@ -2,9 +2,9 @@
 // device says so.
 #include <string>
 
+#include "cuda/memory.hpp"
 #include "ferry/cuda.hpp"
 #include "ferry/detail/cuda/ipc.hpp"
-#include "cuda/memory.hpp"
 
 namespace ferry {
 namespace {
@@ -41,9 +41,8 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& /*expo
                                                        std::size_t /*bytes*/, pid_t /*producer*/, bool /*counted*/) {
   throw_not_built("cannot receive a CUDA tensor");
 }
-std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> /*range*/,
-                                                HoldCounterView /*board*/, std::uint32_t /*counter*/,
-                                                std::shared_ptr<const void> /*signal*/) {
+std::shared_ptr<Allocation> hold_received_range(std::shared_ptr<ReceivedCudaRange> /*range*/, HoldCounterView /*board*/,
+                                                std::uint32_t /*counter*/, std::shared_ptr<const void> /*signal*/) {
   throw_not_built("cannot receive a CUDA tensor");
 }
 std::uint64_t ipc_events_opened() noexcept { return 0; }

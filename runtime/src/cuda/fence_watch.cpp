@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/memory_operations.hpp"
 #include "ferry/detail/process_handle.hpp"
 #include "ferry/detail/unique_fd.hpp"
-#include "cuda/memory_operations.hpp"
 
 namespace ferry::cuda {
 namespace {
@@ -157,7 +157,8 @@ class FenceWatch {
         const auto address = reinterpret_cast<CUdeviceptr>(buffer->data() + fence.offset);
         check_driver(operations.write_value(stream, address, kDeadProducerFence, 0),
                      "cuStreamWriteValue64 for a dead producer's fence");
-        check_cuda(cuda::cudart().cudaStreamSynchronize(stream), "cudaStreamSynchronize after writing a dead producer's fence");
+        check_cuda(cuda::cudart().cudaStreamSynchronize(stream),
+                   "cudaStreamSynchronize after writing a dead producer's fence");
         g_released.fetch_add(1, std::memory_order_relaxed);
       } catch (const std::exception& error) {
         std::fprintf(stderr, "ferry: warning: cannot free a stream waiting for a dead producer: %s\n", error.what());
@@ -172,7 +173,8 @@ class FenceWatch {
     if (it != streams_.end()) return it->second;
     DeviceGuard guard(device);
     cudaStream_t stream = nullptr;
-    check_cuda(cuda::cudart().cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate for the fence watch");
+    check_cuda(cuda::cudart().cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+               "cudaStreamCreate for the fence watch");
     return streams_.emplace(device, stream).first->second;
   }
 

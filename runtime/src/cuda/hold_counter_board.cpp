@@ -4,15 +4,15 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
-#include "ferry/error.hpp"
 #include "ferry/detail/process_handle.hpp"
+#include "ferry/error.hpp"
 #include "ferry/storage.hpp"
 
 namespace ferry::cuda {
@@ -20,14 +20,13 @@ namespace {
 
 static_assert(std::atomic_ref<std::int64_t>::is_always_lock_free, "board counters must be lock-free in shared memory");
 static_assert(std::atomic_ref<std::int32_t>::is_always_lock_free, "board pids must be lock-free in shared memory");
-static_assert(sizeof(std::uint64_t) + kHoldCounterBoardConsumers * sizeof(std::int32_t) == kHoldCounterBoardHeaderBytes);
+static_assert(sizeof(std::uint64_t) + kHoldCounterBoardConsumers * sizeof(std::int32_t) ==
+              kHoldCounterBoardHeaderBytes);
 
 // Header layout: magic, then the consumer pids (0 = free entry).
 constexpr std::size_t kConsumersAt = sizeof(std::uint64_t);
 
-std::int32_t* consumer_slots(std::byte* segment) {
-  return reinterpret_cast<std::int32_t*>(segment + kConsumersAt);
-}
+std::int32_t* consumer_slots(std::byte* segment) { return reinterpret_cast<std::int32_t*>(segment + kConsumersAt); }
 
 // Every live board of this process (for the exit warning).
 struct BoardRegistry {
@@ -45,7 +44,7 @@ BoardRegistry& registry() {
 // ---- producer side -------------------------------------------------------------------
 
 HoldCounterBoard::HoldCounterBoard(std::shared_ptr<Storage> storage, std::uint32_t capacity,
-                           std::shared_ptr<const void> keepalive)
+                                   std::shared_ptr<const void> keepalive)
     : storage_(std::move(storage)), capacity_(capacity), keepalive_(std::move(keepalive)) {
   free_counters_.reserve(capacity);
   for (std::uint32_t i = capacity; i-- > 0;) free_counters_.push_back(i);  // hand out 0, 1, 2 ... first
@@ -53,15 +52,17 @@ HoldCounterBoard::HoldCounterBoard(std::shared_ptr<Storage> storage, std::uint32
 
 HoldCounterBoard::~HoldCounterBoard() = default;
 
-std::shared_ptr<HoldCounterBoard> HoldCounterBoard::create(std::uint32_t capacity, std::shared_ptr<const void> keepalive,
-                                                   const std::optional<SharedAllocator>& pool) {
+std::shared_ptr<HoldCounterBoard> HoldCounterBoard::create(std::uint32_t capacity,
+                                                           std::shared_ptr<const void> keepalive,
+                                                           const std::optional<SharedAllocator>& pool) {
   if (capacity == 0) throw Error("HoldCounterBoard::create: a board needs at least one counter");
   const std::size_t bytes = kHoldCounterBoardHeaderBytes + std::size_t{capacity} * sizeof(std::int64_t);
   // Zeroed: a recycled block keeps old contents, and every counter and consumer entry must
   // start at 0.
   auto storage = Storage::allocate(bytes, pool ? *pool : SharedAllocator::global(), true);
   std::memcpy(storage->data(), &kHoldCounterBoardMagic, sizeof kHoldCounterBoardMagic);
-  auto board = std::shared_ptr<HoldCounterBoard>(new HoldCounterBoard(std::move(storage), capacity, std::move(keepalive)));
+  auto board =
+      std::shared_ptr<HoldCounterBoard>(new HoldCounterBoard(std::move(storage), capacity, std::move(keepalive)));
   BoardRegistry& boards = registry();
   std::lock_guard lock(boards.mutex);
   std::erase_if(boards.boards, [](const auto& weak) { return weak.expired(); });
@@ -108,14 +109,16 @@ bool HoldCounterBoard::consumers_all_dead_locked() {
   for (std::size_t i = 0; i < kHoldCounterBoardConsumers; ++i) {
     const pid_t pid = std::atomic_ref<std::int32_t>(slots[i]).load(std::memory_order_acquire);
     if (pid <= 0) continue;
-    const bool known = std::any_of(consumers_.begin(), consumers_.end(), [pid](const auto& c) { return c.pid() == pid; });
+    const bool known =
+        std::any_of(consumers_.begin(), consumers_.end(), [pid](const auto& c) { return c.pid() == pid; });
     if (known) continue;
     // Without pidfd support, the handle asks /proc (ProcessHandle::exited()).
     consumers_.push_back(ferry::detail::ProcessHandle::open(pid));
   }
   // Nobody registered yet: the frames are still in flight, or were never read.
   if (consumers_.empty()) return false;
-  return std::all_of(consumers_.begin(), consumers_.end(), [](const ferry::detail::ProcessHandle& consumer) { return consumer.exited(); });
+  return std::all_of(consumers_.begin(), consumers_.end(),
+                     [](const ferry::detail::ProcessHandle& consumer) { return consumer.exited(); });
 }
 
 std::vector<pid_t> HoldCounterBoard::live_consumers() {
@@ -146,7 +149,8 @@ HoldCounterView::HoldCounterView(std::shared_ptr<Allocation> segment) : segment_
   }
   std::uint64_t magic = 0;
   std::memcpy(&magic, segment_->data(), sizeof magic);
-  if (magic != kHoldCounterBoardMagic) throw ProtocolError("the hold-counter board of a CUDA storage has a wrong magic number");
+  if (magic != kHoldCounterBoardMagic)
+    throw ProtocolError("the hold-counter board of a CUDA storage has a wrong magic number");
   const std::size_t counters = (bytes - kHoldCounterBoardHeaderBytes) / sizeof(std::int64_t);
   capacity_ = static_cast<std::uint32_t>(std::min<std::size_t>(counters, UINT32_MAX));
   // Register this process, so that the producer can tell when it died holding counters.
@@ -184,7 +188,7 @@ ConsumerHold::~ConsumerHold() {
 }
 
 HoldCounterBoardSet::HoldCounterBoardSet(std::shared_ptr<const void> keepalive, std::uint32_t capacity,
-                                 std::optional<SharedAllocator> pool)
+                                         std::optional<SharedAllocator> pool)
     : keepalive_(std::move(keepalive)), capacity_(capacity), pool_(std::move(pool)) {}
 
 ConsumerHold HoldCounterBoardSet::acquire() {

@@ -12,12 +12,12 @@
 #include <string>
 #include <utility>
 
-#include "ferry/detail/cuda/block_pool.hpp"
-#include "ferry/detail/cuda/ipc.hpp"
 #include "cuda/cudart.hpp"
-#include "ferry/cuda/runtime.hpp"
 #include "cuda/fence_watch.hpp"
 #include "cuda/memory_operations.hpp"
+#include "ferry/cuda/runtime.hpp"
+#include "ferry/detail/cuda/block_pool.hpp"
+#include "ferry/detail/cuda/ipc.hpp"
 
 namespace ferry {
 namespace cuda {
@@ -29,7 +29,9 @@ std::atomic<std::uint64_t> g_blocks_opened{0};
 std::atomic<std::uint64_t> g_blocks_closed{0};
 std::atomic<std::uint64_t> g_fence_buffers_opened{0};
 
-std::string bus_text(const PciBusId& bus_id) { return std::string(bus_id.data(), ::strnlen(bus_id.data(), bus_id.size())); }
+std::string bus_text(const PciBusId& bus_id) {
+  return std::string(bus_id.data(), ::strnlen(bus_id.data(), bus_id.size()));
+}
 
 // The driver's cuMemGetAddressRange.
 PFN_cuMemGetAddressRange_v3020 address_range_function() {
@@ -142,8 +144,9 @@ BlockExport export_allocation(const CudaAllocation& allocation) {
     if (!block.ipc_handle) {
       DeviceGuard guard(device);
       cudaIpcMemHandle_t handle{};
-      check_cuda(cuda::cudart().cudaIpcGetMemHandle(&handle, block.base),
-                 "cudaIpcGetMemHandle of a " + std::to_string(block.bytes) + "-byte block on cuda:" + std::to_string(device));
+      check_cuda(
+          cuda::cudart().cudaIpcGetMemHandle(&handle, block.base),
+          "cudaIpcGetMemHandle of a " + std::to_string(block.bytes) + "-byte block on cuda:" + std::to_string(device));
       IpcHandle bytes{};
       std::memcpy(bytes.data(), &handle, sizeof handle);
       block.ipc_handle = bytes;
@@ -213,7 +216,8 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
                         cudaErrorInvalidValue);
       }
       if (open.producer != producer || open.block_id != exported.block_id || open.block_bytes != exported.block_bytes) {
-        throw CudaError("process " + std::to_string(producer) + " sent CUDA block " + std::to_string(exported.block_id) +
+        throw CudaError("process " + std::to_string(producer) + " sent CUDA block " +
+                            std::to_string(exported.block_id) +
                             " with the IPC handle of a block this process still has open (block " +
                             std::to_string(open.block_id) + " of process " + std::to_string(open.producer) +
                             "): a producer freed a block that another channel's receiver still maps",
@@ -226,8 +230,8 @@ std::shared_ptr<ReceivedCudaRange> open_received_range(const BlockExport& export
       cudaIpcMemHandle_t handle{};
       std::memcpy(&handle, exported.memory_handle.data(), sizeof handle);
       check_cuda(cuda::cudart().cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
-                 "cudaIpcOpenMemHandle of a block of process " + std::to_string(producer) + " on cuda:" +
-                     std::to_string(device));
+                 "cudaIpcOpenMemHandle of a block of process " + std::to_string(producer) +
+                     " on cuda:" + std::to_string(device));
       // A block smaller than claimed would let the sender make this process fault on the device.
       if (const std::optional<std::size_t> real_bytes = real_block_bytes(base);
           real_bytes && *real_bytes < exported.block_bytes) {

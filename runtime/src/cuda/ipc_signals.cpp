@@ -25,12 +25,12 @@
 #include <utility>
 #include <vector>
 
-#include "ferry/detail/cuda/block_pool.hpp"
-#include "ferry/detail/cuda/ipc.hpp"
 #include "cuda/cudart.hpp"
-#include "ferry/cuda/runtime.hpp"
 #include "cuda/fence_watch.hpp"
 #include "cuda/memory_operations.hpp"
+#include "ferry/cuda/runtime.hpp"
+#include "ferry/detail/cuda/block_pool.hpp"
+#include "ferry/detail/cuda/ipc.hpp"
 
 namespace ferry::cuda {
 namespace {
@@ -71,7 +71,8 @@ FenceBuffer& buffer_of(FenceBuffers& buffers, int device) {
   if (it != buffers.by_device.end()) return it->second;
   DeviceGuard guard(device);
   FenceBuffer buffer;
-  check_cuda(cuda::cudart().cudaMalloc(&buffer.base, kFenceBufferBytes), "cudaMalloc of the fence buffer on cuda:" + std::to_string(device));
+  check_cuda(cuda::cudart().cudaMalloc(&buffer.base, kFenceBufferBytes),
+             "cudaMalloc of the fence buffer on cuda:" + std::to_string(device));
   try {
     // Zeroed before any stream may write or wait on it. The legacy default stream is polled
     // (see wait_for_stream), not the device synchronized: a stream of this process may be
@@ -208,7 +209,8 @@ struct SendSignals::Impl {
 
   void create_event(PerDevice& slot, int device) {
     cudaEvent_t event = nullptr;
-    cudaError_t status = cuda::cudart().cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming);
+    cudaError_t status =
+        cuda::cudart().cudaEventCreateWithFlags(&event, cudaEventInterprocess | cudaEventDisableTiming);
     if (status == cudaSuccess) {
       cudaIpcEventHandle_t handle{};
       status = cuda::cudart().cudaIpcGetEventHandle(&handle, event);
@@ -224,8 +226,8 @@ struct SendSignals::Impl {
     }
     ignore_cuda_error(status);
     static std::once_flag once;
-    warn_once(once, std::string("cannot create an interprocess CUDA event (") + cuda::cudart().cudaGetErrorName(status) + ": " +
-                        cuda::cudart().cudaGetErrorString(status) +
+    warn_once(once, std::string("cannot create an interprocess CUDA event (") +
+                        cuda::cudart().cudaGetErrorName(status) + ": " + cuda::cudart().cudaGetErrorString(status) +
                         "); sends of CUDA tensors synchronize the sending stream instead (slower, still correct)");
     slot.kind = SignalKind::None;
   }
@@ -245,7 +247,8 @@ SendSignal SendSignals::signal(int device) {
   signal.kind = slot.kind;
   switch (slot.kind) {
     case SignalKind::None:
-      check_cuda(cuda::cudart().cudaStreamSynchronize(stream), "cudaStreamSynchronize before sending a CUDA tensor (no signal)");
+      check_cuda(cuda::cudart().cudaStreamSynchronize(stream),
+                 "cudaStreamSynchronize before sending a CUDA tensor (no signal)");
       return signal;
     case SignalKind::Fence: {
       FenceWord& fence = *slot.fence;
@@ -273,7 +276,8 @@ SendSignal SendSignals::signal(int device) {
     case SignalKind::Event:
       // As for fences: a new stream first waits for the previous record.
       if (slot.signalled && stream != slot.last_stream) {
-        check_cuda(cuda::cudart().cudaStreamWaitEvent(stream, slot.event, 0), "cudaStreamWaitEvent chaining a send's IPC event");
+        check_cuda(cuda::cudart().cudaStreamWaitEvent(stream, slot.event, 0),
+                   "cudaStreamWaitEvent chaining a send's IPC event");
       }
       check_cuda(cuda::cudart().cudaEventRecord(slot.event, stream),
                  "cudaEventRecord of a send's IPC event on cuda:" + std::to_string(device));

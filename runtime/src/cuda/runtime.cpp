@@ -1,6 +1,6 @@
 // Checked CUDA calls, device and stream selection, and whether CUDA is usable at all.
-#include "cuda/cudart.hpp"
 #include "ferry/cuda/runtime.hpp"
+#include "cuda/cudart.hpp"
 
 #include <chrono>
 #include <mutex>
@@ -21,10 +21,8 @@ std::string hint(cudaError_t status) {
              "fork the workers before the parent touches CUDA";
     case cudaErrorInvalidDevice:
       return "; the device ordinal does not exist in this process (see CUDA_VISIBLE_DEVICES)";
-    case cudaErrorMemoryAllocation:
-      return "; the device is out of memory";
-    default:
-      return "";
+    case cudaErrorMemoryAllocation: return "; the device is out of memory";
+    default: return "";
   }
 }
 
@@ -74,8 +72,8 @@ namespace cuda {
 void check_cuda(cudaError_t status, std::string_view what) {
   if (status == cudaSuccess) return;
   (void)cuda::cudart().cudaGetLastError();  // clear a non-sticky error so that the next call does not report it again
-  throw CudaError(std::string(what) + " failed: " + cuda::cudart().cudaGetErrorName(status) + " (" + cuda::cudart().cudaGetErrorString(status) +
-                      ")" + hint(status),
+  throw CudaError(std::string(what) + " failed: " + cuda::cudart().cudaGetErrorName(status) + " (" +
+                      cuda::cudart().cudaGetErrorString(status) + ")" + hint(status),
                   static_cast<int>(status));
 }
 

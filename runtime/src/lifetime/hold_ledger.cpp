@@ -7,10 +7,10 @@
 
 #include <algorithm>
 
-#include "ferry/error.hpp"
 #include "ferry/detail/process_identity.hpp"
-#include "memory/returned_blocks_hook.hpp"
+#include "ferry/error.hpp"
 #include "ferry/shared_allocator.hpp"
+#include "memory/returned_blocks_hook.hpp"
 
 namespace ferry {
 namespace {
@@ -45,7 +45,8 @@ Registry& registry() {
 // The allocator collects through this hook (memory/ does not depend on lifetime/). Linked
 // with the ledgers: a program that makes none has nothing to collect.
 [[maybe_unused]] const bool g_collector_installed =
-    (install_returned_block_collector([](bool check_receivers) { detail::collect_returned_blocks(check_receivers); }), true);
+    (install_returned_block_collector([](bool check_receivers) { detail::collect_returned_blocks(check_receivers); }),
+     true);
 
 // Takes the ledgers a forked child inherited out of the registry (caller holds the lock).
 std::vector<std::shared_ptr<detail::HoldLedger>> take_inherited_locked(Registry& reg) FERRY_REQUIRES(reg.mutex) {
@@ -217,7 +218,8 @@ void detail::HoldLedger::take_board_returns_locked(std::vector<std::shared_ptr<A
   }
 }
 
-detail::HoldLedger::Reclaimed detail::HoldLedger::check_holders_locked(std::vector<std::shared_ptr<Allocation>>& dropped) {
+detail::HoldLedger::Reclaimed detail::HoldLedger::check_holders_locked(
+    std::vector<std::shared_ptr<Allocation>>& dropped) {
   // Marked on the board while it runs: a process that registers as a holder meanwhile (a
   // receiver of a block forwarded from this connection) waits for its end and then sees
   // whether it reclaimed (ReturnBoard::reclaims_after_checks()). The mark ends however this
@@ -331,7 +333,8 @@ void detail::HoldLedger::release_kept_segments_locked(ReleasedSegments& released
   if (channel_ == ChannelState::Closed) board_->close_fd();  // kept for them (channel_closed())
 }
 
-void detail::HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments) {
+void detail::HoldLedger::keep_until_resolved(
+    std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments) {
   if (!belongs_to_this_process()) return;  // a forked child's copy: the segments are the parent's to keep
   const detail::MutexLock lock(mutex_);
   for (auto& kept : segments) kept_segments_.push_back(std::move(kept));
@@ -359,7 +362,8 @@ void detail::HoldLedger::adopt_in_child(const std::shared_ptr<detail::HoldLedger
   }
 }
 
-std::shared_ptr<Allocation> detail::HoldLedger::find_pinned(const detail::SharedSegment* segment, std::size_t offset) const {
+std::shared_ptr<Allocation> detail::HoldLedger::find_pinned(const detail::SharedSegment* segment,
+                                                            std::size_t offset) const {
   const detail::MutexLock lock(mutex_);
   for (const Entry& entry : pins_) {
     const SharedBlock* block = entry.allocation ? entry.allocation->shared_block() : nullptr;

@@ -10,7 +10,6 @@
 #include <cerrno>
 #include <cstdlib>
 
-
 #ifndef SYS_pidfd_getfd
 #define SYS_pidfd_getfd 438  // the same number on every architecture (Linux 5.6)
 #endif
@@ -138,7 +137,9 @@ void detail::PeerFdOpener::reset() noexcept {
   refused_ = false;
 }
 
-void detail::PeerFdOpener::allow_pidfd_getfd(bool allowed) noexcept { g_allowed.store(allowed, std::memory_order_relaxed); }
+void detail::PeerFdOpener::allow_pidfd_getfd(bool allowed) noexcept {
+  g_allowed.store(allowed, std::memory_order_relaxed);
+}
 
 std::uint64_t detail::PeerFdOpener::taken_count(Method method) noexcept {
   return (method == Method::PidfdGetfd ? g_taken_by_pidfd : g_taken_by_proc).load(std::memory_order_relaxed);

@@ -6,15 +6,15 @@
 #include <unistd.h>
 
 #include <array>
-#include <exception>
 #include <atomic>
 #include <cerrno>
+#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
 
-#include "ferry/error.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "ferry/error.hpp"
 
 namespace ferry {
 
@@ -98,11 +98,12 @@ detail::ProcessIdentity detail::current_process() {
   const std::uint64_t generation = detail::fork_generation();
   if (cached_generation.load(std::memory_order_acquire) == generation) {
     return detail::ProcessIdentity{cached_pid.load(std::memory_order_relaxed),
-                           cached_start_time.load(std::memory_order_relaxed)};
+                                   cached_start_time.load(std::memory_order_relaxed)};
   }
   const std::int32_t pid = ::getpid();
   const auto fields = read_stat(pid);
-  if (!fields) throw Error("cannot read /proc/self/stat; ferry needs /proc to track the processes holding shared memory");
+  if (!fields)
+    throw Error("cannot read /proc/self/stat; ferry needs /proc to track the processes holding shared memory");
   cached_pid.store(pid, std::memory_order_relaxed);
   cached_start_time.store(fields->start_time, std::memory_order_relaxed);
   cached_generation.store(generation, std::memory_order_release);
@@ -130,7 +131,7 @@ bool detail::process_alive(const detail::ProcessIdentity& process) noexcept {
   // first is a death, and a second kill() tells them apart.
   if (!fields) return !(::kill(process.pid, 0) != 0 && errno == ESRCH);
   if (fields->start_time != process.start_time) return false;  // the pid was reused
-  return fields->state != 'Z' && fields->state != 'X';           // zombie or dead: its memory is gone
+  return fields->state != 'Z' && fields->state != 'X';         // zombie or dead: its memory is gone
 }
 
 }  // namespace ferry

@@ -6,8 +6,8 @@
 #include <optional>
 #include <string>
 
-#include "ferry/error.hpp"
 #include "ferry/detail/object_pool.hpp"
+#include "ferry/error.hpp"
 
 namespace ferry {
 namespace {
@@ -58,7 +58,8 @@ class ReceivedBlock final : public SharedBlock {
 void hold_or_refuse(detail::ReturnBoard& board, detail::ReturnBoard::HolderRole role) {
   if (board.hold_registration(role)) return;
   throw TooManyHolders(
-      "this process cannot register as a holder of what it receives: " + std::to_string(detail::ReturnBoard::kMaxHolders) +
+      "this process cannot register as a holder of what it receives: " +
+      std::to_string(detail::ReturnBoard::kMaxHolders) +
       " other living processes hold blocks that came through the same connection (its receiver, processes that "
       "took it over, and every process its blocks were forwarded to), so the process they came from could recycle "
       "them under this one; the frame is refused. Let fewer processes hold that connection's tensors at once (copy "
@@ -80,10 +81,11 @@ void hold_forwarded(detail::ReturnBoard& upstream, std::uint32_t reclaims_when_f
                         std::to_string(*reclaims) + ")");
   }
   if (!reclaims || *reclaims != reclaims_when_forwarded) {
-    throw PeerDied("the tensors of this frame were forwarded by a process that exited before this receiver "
-                   "could register as their holder, and the process they came from " +
-                   std::string(reclaims ? "has reclaimed their memory since" : "did not finish checking its holders") +
-                   " (it may hold other data now); the frame cannot be read");
+    throw PeerDied(
+        "the tensors of this frame were forwarded by a process that exited before this receiver "
+        "could register as their holder, and the process they came from " +
+        std::string(reclaims ? "has reclaimed their memory since" : "did not finish checking its holders") +
+        " (it may hold other data now); the frame cannot be read");
   }
 }
 
@@ -134,7 +136,7 @@ void detail::ReceivingHolds::adopt_board(detail::SharedMemory memory) {
 }
 
 void detail::ReceivingHolds::add_upstream_board(detail::SharedMemory memory, std::uint32_t reclaims_when_forwarded,
-                                        std::size_t index) {
+                                                std::size_t index) {
   const detail::FileIdentity identity = memory.identity();
   auto upstream = detail::ReturnBoard::open_received(std::move(memory));
   // A board of this process: a block it sent came back through forwarders. Registering
@@ -165,19 +167,21 @@ void detail::ReceivingHolds::register_in_this_generation() {
   hold_or_refuse(*returns_->board, detail::ReturnBoard::HolderRole::Receiver);
   // A forked process that took the receiver over holds forwarded blocks too.
   for (const auto& upstream : returns_->upstream_boards()) {
-    if (!detail::own_ledger_of_board(upstream->identity())) hold_or_refuse(*upstream, detail::ReturnBoard::HolderRole::Downstream);
+    if (!detail::own_ledger_of_board(upstream->identity()))
+      hold_or_refuse(*upstream, detail::ReturnBoard::HolderRole::Downstream);
   }
   registered_generation_ = generation;
 }
 
-std::shared_ptr<SharedBlock> detail::ReceivingHolds::make_block(std::shared_ptr<detail::SharedSegment> segment, std::size_t offset,
-                                                        std::size_t nbytes, std::uint32_t slot,
-                                                        std::shared_ptr<Allocation> own) {
-  return std::allocate_shared<ReceivedBlock>(detail::PoolAllocator<ReceivedBlock>(), std::move(segment), offset,
-                                             nbytes, returns_, slot, std::move(own));
+std::shared_ptr<SharedBlock> detail::ReceivingHolds::make_block(std::shared_ptr<detail::SharedSegment> segment,
+                                                                std::size_t offset, std::size_t nbytes,
+                                                                std::uint32_t slot, std::shared_ptr<Allocation> own) {
+  return std::allocate_shared<ReceivedBlock>(detail::PoolAllocator<ReceivedBlock>(), std::move(segment), offset, nbytes,
+                                             returns_, slot, std::move(own));
 }
 
-std::shared_ptr<Allocation> detail::ReceivingHolds::find_own_pinned(const detail::SharedSegment* segment, std::size_t offset) const {
+std::shared_ptr<Allocation> detail::ReceivingHolds::find_own_pinned(const detail::SharedSegment* segment,
+                                                                    std::size_t offset) const {
   // Its storage died here: the pin of the connection it left on keeps it (a forwarder
   // holds it, so that pin stays until the block is given back along the way).
   for (const auto& weak_ledger : own_upstream_ledgers_) {

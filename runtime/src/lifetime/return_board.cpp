@@ -29,7 +29,7 @@ constexpr std::size_t kSummaryWords = kBitmapWords / 64;
 
 // Byte offsets of the fields.
 constexpr std::size_t kMagicAt = 0;
-constexpr std::size_t kVersionAt = 8;    // version << 32 | slot capacity
+constexpr std::size_t kVersionAt = 8;  // version << 32 | slot capacity
 constexpr std::size_t kResolvedAt = 16;
 constexpr std::size_t kPostedAt = 24;
 constexpr std::size_t kAcknowledgementsAt = 32;  // non-zero: the sender asked for acknowledgements
@@ -44,7 +44,7 @@ constexpr std::size_t kWakeAtAt = 48;
 // Low 32 bits: the doorbell, a futex word the receiver bumps and wakes when it resolves
 // the frame kWakeAtAt asks for.
 constexpr std::size_t kDoorbellAt = 56;
-constexpr std::size_t kHoldersAt = 64;   // kMaxHolders x {pid word, start time}
+constexpr std::size_t kHoldersAt = 64;  // kMaxHolders x {pid word, start time}
 constexpr std::size_t kSummaryAt = kPage;
 constexpr std::size_t kBitmapAt = 2 * kPage;
 static_assert(kHoldersAt + detail::ReturnBoard::kMaxHolders * 16 == kPage, "the holders fill the header page");
@@ -107,7 +107,8 @@ std::uint64_t* detail::ReturnBoard::word(std::size_t byte_offset) const noexcept
 }
 
 std::shared_ptr<detail::ReturnBoard> detail::ReturnBoard::create() {
-  auto board = std::shared_ptr<detail::ReturnBoard>(new detail::ReturnBoard(detail::SharedMemory::create(bytes(), "ferry-returns")));
+  auto board = std::shared_ptr<detail::ReturnBoard>(
+      new detail::ReturnBoard(detail::SharedMemory::create(bytes(), "ferry-returns")));
   *board->word(kMagicAt) = kMagic;
   *board->word(kVersionAt) = kVersion << 32 | kSlots;
   return board;  // the rest of a new memfd reads as zero
@@ -121,8 +122,9 @@ std::shared_ptr<detail::ReturnBoard> detail::ReturnBoard::open_received(detail::
   auto board = std::shared_ptr<detail::ReturnBoard>(new detail::ReturnBoard(std::move(memory)));
   if (Atomic(*board->word(kMagicAt)).load(std::memory_order_relaxed) != kMagic ||
       Atomic(*board->word(kVersionAt)).load(std::memory_order_relaxed) != (kVersion << 32 | kSlots)) {
-    throw ProtocolError("received return board has a wrong magic number or version; build both sides from the "
-                        "same ferry");
+    throw ProtocolError(
+        "received return board has a wrong magic number or version; build both sides from the "
+        "same ferry");
   }
   return board;
 }
@@ -206,7 +208,7 @@ bool detail::ReturnBoard::register_holder(const detail::ProcessIdentity& process
     std::uint64_t current = Atomic(*word(kHoldersAt + i * 16)).load(std::memory_order_seq_cst);
     if (current == 0 || (current & kRegistering) != 0) continue;  // a registration in progress: skip it
     const detail::ProcessIdentity holder{static_cast<std::int32_t>(current & 0x7fffffff),
-                                 Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed)};
+                                         Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed)};
     if (!detail::process_alive(holder) && claim(i, current)) return true;
   }
   return false;
@@ -217,7 +219,8 @@ void detail::ReturnBoard::unregister_holder(const detail::ProcessIdentity& proce
   for (std::size_t i = 0; i < kMaxHolders; ++i) {
     Atomic pid_word(*word(kHoldersAt + i * 16));
     std::uint64_t current = pid_word.load(std::memory_order_seq_cst);
-    if (current != pid || Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed) != process.start_time) {
+    if (current != pid ||
+        Atomic(*word(kHoldersAt + i * 16 + 8)).load(std::memory_order_relaxed) != process.start_time) {
       continue;
     }
     // Nobody else changes a living process's place: only free places are claimed, and only
@@ -279,7 +282,8 @@ std::uint32_t detail::ReturnBoard::reclaims() const noexcept {
   return static_cast<std::uint32_t>(Atomic(*word(kReclaimsAt)).load(std::memory_order_seq_cst) / kReclaim);
 }
 
-std::optional<std::uint32_t> detail::ReturnBoard::reclaims_after_checks(std::chrono::milliseconds patience) const noexcept {
+std::optional<std::uint32_t> detail::ReturnBoard::reclaims_after_checks(
+    std::chrono::milliseconds patience) const noexcept {
   const auto deadline = std::chrono::steady_clock::now() + patience;
   Atomic reclaims_word(*word(kReclaimsAt));
   while (true) {

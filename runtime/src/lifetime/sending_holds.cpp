@@ -46,7 +46,8 @@ void detail::SendingHolds::retire_passed_upstream_boards(std::vector<detail::Fil
   }
 }
 
-void detail::SendingHolds::upstream_boards_to_pass(const SharedBlock& block, std::vector<std::shared_ptr<detail::ReturnBoard>>& out) {
+void detail::SendingHolds::upstream_boards_to_pass(const SharedBlock& block,
+                                                   std::vector<std::shared_ptr<detail::ReturnBoard>>& out) {
   scratch_.clear();
   block.append_return_boards(scratch_);  // nothing for a block of our own allocator
   for (std::shared_ptr<detail::ReturnBoard>& board : scratch_) {

@@ -4,9 +4,9 @@
 
 #include <algorithm>
 
-#include "ferry/error.hpp"
 #include "ferry/allocation.hpp"
 #include "ferry/detail/thread_annotations.hpp"
+#include "ferry/error.hpp"
 
 namespace ferry {
 namespace {
@@ -43,7 +43,7 @@ std::shared_ptr<detail::SharedSegment> HandleCache::find(const detail::FileIdent
 }
 
 std::shared_ptr<detail::SharedSegment> HandleCache::insert(const detail::FileIdentity& identity,
-                                                   const std::shared_ptr<detail::SharedSegment>& segment) {
+                                                           const std::shared_ptr<detail::SharedSegment>& segment) {
   const detail::MutexLock lock(mutex_);
   auto [it, inserted] = entries_.try_emplace(identity, segment);
   if (!inserted) {

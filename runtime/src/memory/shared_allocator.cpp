@@ -39,7 +39,8 @@ void validate(const SharedAllocatorSettings& settings) {
   if (settings.segment_bytes < kMinimumSegmentBytes || settings.segment_bytes > kMaximumSegmentBytes ||
       settings.segment_bytes % 4096 != 0) {
     throw Error("SharedAllocatorSettings::segment_bytes must be a multiple of 4096 between 64 KiB and 64 GiB, not " +
-                std::to_string(settings.segment_bytes) + " (tensors larger than an eighth of it get segments of their own)");
+                std::to_string(settings.segment_bytes) +
+                " (tensors larger than an eighth of it get segments of their own)");
   }
 }
 
@@ -52,12 +53,12 @@ struct Segment {
   std::uint32_t class_index = kLargeClass;
   std::uint32_t block_count = 1;
   std::uint32_t used = 0;
-  std::uint32_t fresh_next = 0;       // blocks from here on were never handed out (still zero)
-  std::vector<std::uint32_t> free;    // handed out before and freed: reused last-in first-out
+  std::uint32_t fresh_next = 0;     // blocks from here on were never handed out (still zero)
+  std::vector<std::uint32_t> free;  // handed out before and freed: reused last-in first-out
   std::list<Segment>::iterator self;
   std::list<Segment*>::iterator available_at;  // in the class's list while a block is free
   bool available = false;
-  std::list<Segment*>::iterator idle_at;        // in the idle list while no block is in use
+  std::list<Segment*>::iterator idle_at;  // in the idle list while no block is in use
   bool idle = false;
 
   bool has_free_block() const noexcept { return !free.empty() || fresh_next < block_count; }
@@ -89,9 +90,9 @@ class SharedAllocator::Core {
   // release_locked() once sync_fork_locked() ran under this lock. (This and the other
   // steps of a cached allocation or a release are inlined: a call's saving and restoring
   // of registers costs as much as their work.)
-  [[gnu::always_inline]] void release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
-                                                    std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept
-      FERRY_REQUIRES(mutex);
+  [[gnu::always_inline]] void release_synced_locked(
+      Segment* segment, std::uint32_t index, std::uint64_t generation,
+      std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept FERRY_REQUIRES(mutex);
   SharedMemoryStats stats();
   SharedAllocatorSettings settings();
   void configure(const SharedAllocatorSettings& settings);
@@ -119,7 +120,8 @@ class SharedAllocator::Core {
   // Every call under the lock starts with this: a plain comparison, except in a forked
   // child's first call, which forgets the parent's segments.
   void sync_fork_locked() FERRY_REQUIRES(mutex) {
-    if (detail::fork_generation() != generation_) [[unlikely]] forget_parent_locked();
+    if (detail::fork_generation() != generation_) [[unlikely]]
+      forget_parent_locked();
   }
   void forget_parent_locked() FERRY_REQUIRES(mutex);
   // A small segment's key is its size class, a large one's its size (at least 64 KiB, so
@@ -223,7 +225,9 @@ class OwnedBlock final : public SharedBlock {
 }  // namespace
 
 SharedAllocator::Core::Core(const SharedAllocatorSettings& settings)
-    : settings_(settings), small_limit_(detail::small_block_limit(settings.segment_bytes)), generation_(detail::fork_generation()) {
+    : settings_(settings),
+      small_limit_(detail::small_block_limit(settings.segment_bytes)),
+      generation_(detail::fork_generation()) {
   validate(settings);
   register_fork_handlers();
   const detail::MutexLock lock(pools().mutex);
@@ -398,7 +402,8 @@ inline void SharedAllocator::Core::make_available_locked(Segment& segment) {
   if (segment.class_index == kLargeClass) return;
   // Most recently freed first, so that a block freed and allocated again comes back. The
   // common case, a block of the segment that is at the front already, changes nothing.
-  if (segment.available && segment.available_at == available_[segment.class_index].begin()) [[likely]] return;
+  if (segment.available && segment.available_at == available_[segment.class_index].begin()) [[likely]]
+    return;
   move_to_front_locked(segment);
 }
 
@@ -454,8 +459,9 @@ void SharedAllocator::Core::release_locked(Segment* segment, std::uint32_t index
   release_synced_locked(segment, index, generation, released);
 }
 
-inline void SharedAllocator::Core::release_synced_locked(Segment* segment, std::uint32_t index, std::uint64_t generation,
-                                                  std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept {
+inline void SharedAllocator::Core::release_synced_locked(
+    Segment* segment, std::uint32_t index, std::uint64_t generation,
+    std::vector<std::shared_ptr<detail::SharedSegment>>& released) noexcept {
   if (generation != generation_) return;  // a block of the parent's pool, in a forked child
   --segment->used;
   bytes_in_use_ -= segment->block_bytes;
@@ -604,10 +610,12 @@ namespace {
 std::size_t usable_memory_bytes() noexcept {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page_bytes = ::sysconf(_SC_PAGESIZE);
-  std::size_t bytes = pages > 0 && page_bytes > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_bytes) : 0;
+  std::size_t bytes =
+      pages > 0 && page_bytes > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_bytes) : 0;
   std::ifstream cgroup_limit("/sys/fs/cgroup/memory.max");
   unsigned long long limit = 0;
-  if (cgroup_limit >> limit && limit > 0) bytes = bytes == 0 ? limit : std::min<std::size_t>(bytes, limit);  // "max" reads as no number
+  if (cgroup_limit >> limit && limit > 0)
+    bytes = bytes == 0 ? limit : std::min<std::size_t>(bytes, limit);  // "max" reads as no number
   return bytes;
 }
 

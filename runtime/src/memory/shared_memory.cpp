@@ -38,17 +38,20 @@ std::uint64_t file_size_limit() {
   if (error == EFBIG) throw_file_size_limit(size, what, remedy);
   const std::string segment = "cannot create " + std::string(what) + " of " + std::to_string(size) + " bytes: ";
   if (error == ENOSPC) {
-    throw OutOfSharedMemory(segment + "no space left for shared memory (ENOSPC: the kernel will not commit more "
-                                      "memory to shared memory); free memory or " + std::string(remedy),
+    throw OutOfSharedMemory(segment +
+                                "no space left for shared memory (ENOSPC: the kernel will not commit more "
+                                "memory to shared memory); free memory or " +
+                                std::string(remedy),
                             error);
   }
   if (error == ENOMEM) {
-    throw OutOfSharedMemory(segment + "out of memory for shared memory (ENOMEM; a memory cgroup may be at its "
-                                      "limit); free memory or " + std::string(remedy),
+    throw OutOfSharedMemory(segment +
+                                "out of memory for shared memory (ENOMEM; a memory cgroup may be at its "
+                                "limit); free memory or " +
+                                std::string(remedy),
                             error);
   }
-  throw_system_error("posix_fallocate of " + std::to_string(size) + " bytes of shared memory for " +
-                         std::string(what),
+  throw_system_error("posix_fallocate of " + std::to_string(size) + " bytes of shared memory for " + std::string(what),
                      error);
 }
 
@@ -60,7 +63,8 @@ detail::FileIdentity detail::identify_fd(int fd) {
   return detail::FileIdentity{static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
 }
 
-detail::UniqueFd detail::create_reserved_memfd(std::size_t size, const char* name, std::string_view what, std::string_view remedy) {
+detail::UniqueFd detail::create_reserved_memfd(std::size_t size, const char* name, std::string_view what,
+                                               std::string_view remedy) {
   if (size == 0) throw Error("cannot create " + std::string(what) + " of 0 bytes: a segment needs at least one byte");
   // A memfd counts as a file for RLIMIT_FSIZE: growing it past the limit fails with EFBIG
   // *and* sends SIGXFSZ, whose default action kills the process. Check first, so that the
@@ -100,18 +104,21 @@ detail::SharedMemory::Received detail::SharedMemory::inspect_received(int fd) {
   // shrinks the file under our mapping makes us SIGBUS); once sealed, it cannot.
   const int seals = ::fcntl(fd, F_GET_SEALS);
   if (seals < 0) {
-    throw ProtocolError("received storage fd is not a memfd (F_GET_SEALS failed); the sender must "
-                        "share tensors allocated by ferry");
+    throw ProtocolError(
+        "received storage fd is not a memfd (F_GET_SEALS failed); the sender must "
+        "share tensors allocated by ferry");
   }
   if ((seals & kRequiredSeals) != kRequiredSeals) {
-    throw ProtocolError("received memfd is not sealed against shrinking and growing; refusing to map "
-                        "it (a peer could shrink it and crash this process)");
+    throw ProtocolError(
+        "received memfd is not sealed against shrinking and growing; refusing to map "
+        "it (a peer could shrink it and crash this process)");
   }
   // Every segment (and the return board) is mapped read-write, which the kernel refuses for
   // a memfd sealed against writing: a lie about what ferry sends, not a failed system call.
   if ((seals & (F_SEAL_WRITE | F_SEAL_FUTURE_WRITE)) != 0) {
-    throw ProtocolError("received memfd is sealed against writing; ferry maps segments read-write and never "
-                        "seals them so");
+    throw ProtocolError(
+        "received memfd is sealed against writing; ferry maps segments read-write and never "
+        "seals them so");
   }
   struct stat st {};
   if (::fstat(fd, &st) != 0) throw_errno("fstat of a received memfd");
@@ -119,7 +126,8 @@ detail::SharedMemory::Received detail::SharedMemory::inspect_received(int fd) {
                   static_cast<std::uint64_t>(st.st_size)};
 }
 
-detail::SharedMemory detail::SharedMemory::map_received(detail::UniqueFd fd, const Received& received, std::size_t expected_size) {
+detail::SharedMemory detail::SharedMemory::map_received(detail::UniqueFd fd, const Received& received,
+                                                        std::size_t expected_size) {
   if (received.size != expected_size) {
     throw ProtocolError("received memfd has " + std::to_string(received.size) + " bytes but the frame claims " +
                         std::to_string(expected_size));

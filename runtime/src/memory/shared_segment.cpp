@@ -53,8 +53,8 @@ void detail::SharedSegment::remember_storages(std::span<const std::shared_ptr<St
   if (2 * (remembered_count_ + storages.size()) > remembered_.size()) {
     // Grow to a load of at most one half, for every storage of this call being new.
     std::vector<Remembered> old = std::exchange(
-        remembered_, std::vector<Remembered>(std::bit_ceil(std::max<std::size_t>(
-                         4, 4 * (remembered_count_ + storages.size())))));
+        remembered_,
+        std::vector<Remembered>(std::bit_ceil(std::max<std::size_t>(4, 4 * (remembered_count_ + storages.size())))));
     for (Remembered& entry : old) {
       if (entry.offset != kNoOffset) remembered_at(entry.offset) = std::move(entry);
     }

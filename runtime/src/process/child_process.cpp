@@ -9,8 +9,8 @@
 #include <csignal>
 #include <cstring>
 
-#include "ferry/error.hpp"
 #include "ferry/detail/process_handle.hpp"
+#include "ferry/error.hpp"
 
 namespace ferry {
 namespace {
@@ -54,9 +54,9 @@ detail::ChildProcess::ChildProcess(pid_t pid) : pid_(pid), owner_(::getpid()) {
     ::kill(pid, SIGKILL);
     int ignored = 0;
     ::waitpid(pid, &ignored, 0);
-    throw_system_error("pidfd_open of child process " + std::to_string(pid) +
-                           " (ferry needs Linux 5.4 or newer to supervise workers)",
-                       error);
+    throw_system_error(
+        "pidfd_open of child process " + std::to_string(pid) + " (ferry needs Linux 5.4 or newer to supervise workers)",
+        error);
   }
   pidfd_ = handle.release_fd();
 }

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "ferry/error.hpp"
 #include "ferry/detail/worker_registry.hpp"
 #include "ferry/detail/worker_table.hpp"
+#include "ferry/error.hpp"
 #include "process/worker_launch.hpp"
 #include "process/worker_report.hpp"
 
@@ -23,7 +23,8 @@ std::vector<std::string> g_arguments;
 
 void set_close_on_exec(int fd) {
   const int flags = ::fcntl(fd, F_GETFD);
-  if (flags < 0 || ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC) != 0) throw_errno("fcntl(FD_CLOEXEC) on fd " + std::to_string(fd));
+  if (flags < 0 || ::fcntl(fd, F_SETFD, flags | FD_CLOEXEC) != 0)
+    throw_errno("fcntl(FD_CLOEXEC) on fd " + std::to_string(fd));
 }
 
 // Runs the worker this re-executed process was started for, then ends the process.

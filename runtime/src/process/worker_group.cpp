@@ -130,7 +130,8 @@ constexpr std::size_t kSanitizerThreads = 0;
 void check_no_other_threads(const SpawnOptions& options) {
   if (options.fork_with_threads) return;
   // ferry's background threads (introspection's server) hold no lock a worker needs.
-  const std::size_t allowed = 1 + kSanitizerThreads + static_cast<std::size_t>(std::max(0, detail::background_threads()));
+  const std::size_t allowed =
+      1 + kSanitizerThreads + static_cast<std::size_t>(std::max(0, detail::background_threads()));
   std::size_t threads = thread_count();
   // A thread whose function returned (joined, or detached) stays listed until the kernel has
   // released it, a moment after join() returned: only a thread still listed a while later runs.
@@ -161,7 +162,8 @@ std::string_view start_method_name(StartMethod method) {
 WorkerGroup::WorkerGroup(int world_size, const SpawnOptions& options)
     : options_(options), parent_(::getpid()), table_key_(detail::new_worker_group_key()) {
   if (world_size <= 0) {
-    throw SpawnError("cannot spawn " + std::to_string(world_size) + " workers: the number of workers must be at least 1");
+    throw SpawnError("cannot spawn " + std::to_string(world_size) +
+                     " workers: the number of workers must be at least 1");
   }
   if (options.termination_grace.count() < 0) throw SpawnError("SpawnOptions::termination_grace must not be negative");
   if (options.parent_death_signal <= 0 || options.parent_death_signal >= NSIG) {
@@ -328,8 +330,8 @@ void WorkerGroup::keep_until_exit(int rank, std::vector<std::shared_ptr<const vo
 }
 
 int WorkerGroup::running() const noexcept {
-  return static_cast<int>(std::count_if(workers_.begin(), workers_.end(),
-                                        [](const Worker& w) { return w.process.running(); }));
+  return static_cast<int>(
+      std::count_if(workers_.begin(), workers_.end(), [](const Worker& w) { return w.process.running(); }));
 }
 
 pid_t WorkerGroup::pid(int rank) const {
@@ -378,8 +380,9 @@ std::optional<WorkerFailed::Details> WorkerGroup::evaluate(int rank, Worker& wor
     details.failure = WorkerFailure::StartFailed;
     details.message = status.describe() + " before running its worker function";
     if (worker.method == StartMethod::Spawn) {
-      details.message += "; a program that uses the spawn start method must call ferry::init(argc, argv) first "
-                         "thing in main()";
+      details.message +=
+          "; a program that uses the spawn start method must call ferry::init(argc, argv) first "
+          "thing in main()";
     }
   } else if (status.code != 0) {
     details.failure = WorkerFailure::ExitCode;
@@ -450,9 +453,8 @@ int WorkerGroup::stop_all() noexcept {
     }
   }
   // Compared in milliseconds: milliseconds::max() ("for ever") overflows in nanoseconds.
-  const Clock::time_point grace_end = options_.termination_grace > kForever
-                                          ? Clock::time_point::max()
-                                          : Clock::now() + options_.termination_grace;
+  const Clock::time_point grace_end =
+      options_.termination_grace > kForever ? Clock::time_point::max() : Clock::now() + options_.termination_grace;
   std::vector<pollfd> fds;
   while (true) {
     fds.clear();

@@ -20,9 +20,7 @@ struct ExportedTensor {
   DLManagedTensor managed{};
 };
 
-void delete_exported(DLManagedTensor* managed) {
-  delete static_cast<ExportedTensor*>(managed->manager_ctx);
-}
+void delete_exported(DLManagedTensor* managed) { delete static_cast<ExportedTensor*>(managed->manager_ctx); }
 
 // Runs a foreign tensor's deleter exactly once.
 struct ForeignDeleter {
@@ -98,8 +96,9 @@ DLManagedTensor* to_dlpack(const Tensor& tensor) {
   if (!tensor.defined()) throw Error("to_dlpack: the tensor is undefined (default-constructed); nothing to export");
   const std::optional<DLDataType> type = dlpack_dtype(tensor.dtype());
   if (!type) {
-    throw Error("to_dlpack: a bool tensor cannot be exported, DLPack 0.6 has no bool type; "
-                "export a uint8 tensor of the same bytes, or read it through __array_interface__ (NumPy)");
+    throw Error(
+        "to_dlpack: a bool tensor cannot be exported, DLPack 0.6 has no bool type; "
+        "export a uint8 tensor of the same bytes, or read it through __array_interface__ (NumPy)");
   }
   auto exported = std::make_unique<ExportedTensor>();
   exported->tensor = tensor;

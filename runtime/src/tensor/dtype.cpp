@@ -8,9 +8,7 @@
 namespace ferry {
 
 namespace detail {
-void throw_invalid_dtype(DType dtype) {
-  throw Error("invalid dtype value " + std::to_string(static_cast<int>(dtype)));
-}
+void throw_invalid_dtype(DType dtype) { throw Error("invalid dtype value " + std::to_string(static_cast<int>(dtype))); }
 }  // namespace detail
 
 std::string_view dtype_name(DType dtype) {

@@ -54,7 +54,11 @@ HeapAllocation::~HeapAllocation() {
 
 template <class A>
 Storage::Storage(std::shared_ptr<A>&& allocation, Device device, bool received, bool shared)
-    : allocation_(std::move(allocation)), device_(device), id_(next_storage_id()), received_(received), shared_(shared) {}
+    : allocation_(std::move(allocation)),
+      device_(device),
+      id_(next_storage_id()),
+      received_(received),
+      shared_(shared) {}
 
 Storage::~Storage() {
   if (sent_.load(std::memory_order_relaxed)) g_sent_storage_deaths.fetch_add(1, std::memory_order_release);

@@ -59,7 +59,7 @@ Shape contiguous_strides(const Shape& shape) {
 }
 
 std::optional<std::string> detail::view_bounds_problem(std::size_t storage_bytes, DType dtype, const Shape& shape,
-                                               const Shape& strides, std::int64_t offset) {
+                                                       const Shape& strides, std::int64_t offset) {
   if (shape.size() > kMaxDims) {
     return "tensor has " + std::to_string(shape.size()) + " dimensions, more than the limit of " +
            std::to_string(kMaxDims);
@@ -69,7 +69,8 @@ std::optional<std::string> detail::view_bounds_problem(std::size_t storage_bytes
   std::int64_t count = 1;
   std::int64_t last_index = offset;
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    if (shape[i] < 0) return "tensor size " + std::to_string(shape[i]) + " of dim " + std::to_string(i) + " is negative";
+    if (shape[i] < 0)
+      return "tensor size " + std::to_string(shape[i]) + " of dim " + std::to_string(i) + " is negative";
     if (strides[i] < 0) {
       return "tensor stride " + std::to_string(strides[i]) + " of dim " + std::to_string(i) + " is negative";
     }
@@ -116,7 +117,6 @@ std::size_t contiguous_bytes(const char* function, const Shape& shape, DType dty
   return bytes;
 }
 
-
 // ---- Tensor::fill: the conversion of a value to a dtype, as torch's fill_() does it --------
 
 using FillKind = detail::FillValue::Kind;
@@ -136,7 +136,8 @@ std::string fill_value_text(const detail::FillValue& value) {
 
 [[noreturn]] void throw_fill_overflow(const detail::FillValue& value, DType dtype) {
   throw Error("Tensor::fill: the value " + fill_value_text(value) + " cannot be converted to " +
-              std::string(dtype_name(dtype)) + " without overflow (torch's fill_() refuses it too); pass a value "
+              std::string(dtype_name(dtype)) +
+              " without overflow (torch's fill_() refuses it too); pass a value "
               "in the dtype's range, or fill a tensor of a wider dtype");
 }
 
@@ -163,7 +164,8 @@ To fill_as_integer(const detail::FillValue& value, DType dtype) {
       if constexpr (Limits::is_signed) {
         fits = x >= std::int64_t{Limits::min()} && x <= std::int64_t{Limits::max()};
       } else {
-        const std::uint64_t magnitude = x < 0 ? static_cast<std::uint64_t>(-(x + 1)) + 1 : static_cast<std::uint64_t>(x);
+        const std::uint64_t magnitude =
+            x < 0 ? static_cast<std::uint64_t>(-(x + 1)) + 1 : static_cast<std::uint64_t>(x);
         fits = magnitude <= std::uint64_t{Limits::max()};
       }
       if (!fits) throw_fill_overflow(value, dtype);
@@ -267,9 +269,7 @@ Tensor& Tensor::fill_with(const detail::FillValue& value) {
     case DType::Int32: put(fill_as_integer<std::int32_t>(value, dtype_)); break;
     case DType::Int64: put(fill_as_integer<std::int64_t>(value, dtype_)); break;
     case DType::Float16: put(Half(static_cast<float>(fill_as_floating(value, kLargestHalf, dtype_)))); break;
-    case DType::BFloat16:
-      put(BFloat16(static_cast<float>(fill_as_floating(value, kLargestBFloat16, dtype_))));
-      break;
+    case DType::BFloat16: put(BFloat16(static_cast<float>(fill_as_floating(value, kLargestBFloat16, dtype_)))); break;
     case DType::Float32:
       put(static_cast<float>(fill_as_floating(value, std::numeric_limits<float>::max(), dtype_)));
       break;
@@ -277,7 +277,8 @@ Tensor& Tensor::fill_with(const detail::FillValue& value) {
     default: detail::throw_invalid_dtype(dtype_);
   }
   if (numel() == 0) return *this;
-  if (!device().is_cpu()) throw Error("Tensor::fill of a " + device().to_string() + " tensor; fill a CPU tensor and copy_from() it");
+  if (!device().is_cpu())
+    throw Error("Tensor::fill of a " + device().to_string() + " tensor; fill a CPU tensor and copy_from() it");
   // Broadcast the single element through a zero-stride view.
   const Shape zero_strides(shape_.size(), 0);
   copy_strided(static_cast<std::byte*>(data_ptr()), strides_, element, zero_strides, shape_, element_size());

@@ -28,8 +28,8 @@ Tensor Tensor::select(std::int64_t dim, std::int64_t index) const {
   const std::size_t d = wrap_dim(dim);
   const std::int64_t wrapped = index < 0 ? index + shape_[d] : index;
   if (wrapped < 0 || wrapped >= shape_[d]) {
-    throw Error("select: index " + std::to_string(index) + " out of range for dim " + std::to_string(d) +
-                " of size " + std::to_string(shape_[d]));
+    throw Error("select: index " + std::to_string(index) + " out of range for dim " + std::to_string(d) + " of size " +
+                std::to_string(shape_[d]));
   }
   Tensor out = *this;
   out.offset_ = offset_ + wrapped * strides_[d];

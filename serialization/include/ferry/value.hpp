@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "ferry/detail/archive.hpp"
-#include "ferry/tensor.hpp"
 #include "ferry/detail/type_name.hpp"
+#include "ferry/tensor.hpp"
 
 namespace ferry {
 
@@ -100,20 +100,20 @@ class Value {
  public:
   /// None.
   Value() = default;
-  Value(std::nullptr_t) {}  // NOLINT(google-explicit-constructor): Value v = nullptr;
+  Value(std::nullptr_t) {}             // NOLINT(google-explicit-constructor): Value v = nullptr;
   Value(bool value) : data_(value) {}  // NOLINT(google-explicit-constructor)
   /// Any integer type but bool; throws Error when an unsigned value does not fit in int64.
   template <class I, std::enable_if_t<std::is_integral_v<I> && !std::is_same_v<I, bool>, int> = 0>
-  Value(I value) : data_(to_int64(value)) {}  // NOLINT(google-explicit-constructor)
-  Value(double value) : data_(value) {}  // NOLINT(google-explicit-constructor)
-  Value(float value) : data_(static_cast<double>(value)) {}  // NOLINT(google-explicit-constructor)
-  Value(const char* text) : data_(std::string(text)) {}  // NOLINT(google-explicit-constructor)
-  Value(std::string text) : data_(std::move(text)) {}  // NOLINT(google-explicit-constructor)
+  Value(I value) : data_(to_int64(value)) {}                  // NOLINT(google-explicit-constructor)
+  Value(double value) : data_(value) {}                       // NOLINT(google-explicit-constructor)
+  Value(float value) : data_(static_cast<double>(value)) {}   // NOLINT(google-explicit-constructor)
+  Value(const char* text) : data_(std::string(text)) {}       // NOLINT(google-explicit-constructor)
+  Value(std::string text) : data_(std::move(text)) {}         // NOLINT(google-explicit-constructor)
   Value(std::string_view text) : data_(std::string(text)) {}  // NOLINT(google-explicit-constructor)
-  Value(Bytes bytes) : data_(std::move(bytes)) {}  // NOLINT(google-explicit-constructor)
-  Value(Tensor tensor) : data_(std::move(tensor)) {}  // NOLINT(google-explicit-constructor)
-  Value(ValueList list) : data_(std::move(list)) {}  // NOLINT(google-explicit-constructor)
-  Value(ValueMap map) : data_(std::move(map)) {}  // NOLINT(google-explicit-constructor)
+  Value(Bytes bytes) : data_(std::move(bytes)) {}             // NOLINT(google-explicit-constructor)
+  Value(Tensor tensor) : data_(std::move(tensor)) {}          // NOLINT(google-explicit-constructor)
+  Value(ValueList list) : data_(std::move(list)) {}           // NOLINT(google-explicit-constructor)
+  Value(ValueMap map) : data_(std::move(map)) {}              // NOLINT(google-explicit-constructor)
 
   ValueKind kind() const noexcept { return static_cast<ValueKind>(data_.index()); }
   bool is_none() const noexcept { return kind() == ValueKind::None; }

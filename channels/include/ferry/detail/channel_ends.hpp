@@ -22,7 +22,6 @@ namespace ferry::detail {
 class FrameWriter;
 class FrameReader;
 
-
 class SenderCore;
 class ReceiverCore;
 class InProcessQueue;

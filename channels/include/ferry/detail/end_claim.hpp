@@ -2,9 +2,9 @@
 // - Every frame end (SenderCore, ReceiverCore) has one claim word in anonymous shared
 //   memory, so every process that holds a copy of the end through fork() sees the same
 //   word. Words share pages (claim_pages.hpp: a page holds 512, and a word stays with its
-//   end in every process that holds a copy of it). It names the owning process and the end's standing: fresh (made by that
-//   process, not used by anyone yet), owned, closed by its owner, or handed away (to a
-//   process that rebuilt it from its descriptors).
+//   end in every process that holds a copy of it). It names the owning process and the end's standing: fresh (made by
+//   that process, not used by anyone yet), owned, closed by its owner, or handed away (to a process that rebuilt it
+//   from its descriptors).
 // - A process may send or receive on an end only while the word says it owns it. A fresh
 //   end is taken by its first user, whichever process that is (one atomic exchange: of two
 //   forked processes racing for it exactly one wins). Any other use throws
@@ -62,7 +62,8 @@ class EndClaim {
   /// is fresh. Throws EndOwnedElsewhere otherwise; `role` ("Sender", "Receiver") names the
   /// end in the message.
   void claim_for_use(const char* role) {
-    if (!owned_by_caller()) [[unlikely]] claim_slow(role);
+    if (!owned_by_caller()) [[unlikely]]
+      claim_slow(role);
   }
   /// Throws EndOwnedElsewhere when another process owns, closed or handed away the end;
   /// unlike claim_for_use(), never takes a fresh end.

@@ -43,12 +43,12 @@ struct EndStats {
   std::uint64_t id = 0;  ///< next_end_id(), set as the end is made
   std::atomic<std::uint64_t> messages{0};
   std::atomic<std::uint64_t> bytes{0};
-  std::atomic<std::uint64_t> tensors{0};       ///< tensor storages the frames named
-  std::atomic<std::uint64_t> new_segments{0};  ///< shared-memory segments the frames introduced
-  std::atomic<std::uint64_t> blocked_ns{0};    ///< total time waiting for room or for a message
+  std::atomic<std::uint64_t> tensors{0};          ///< tensor storages the frames named
+  std::atomic<std::uint64_t> new_segments{0};     ///< shared-memory segments the frames introduced
+  std::atomic<std::uint64_t> blocked_ns{0};       ///< total time waiting for room or for a message
   std::atomic<std::int64_t> blocked_since_ns{0};  ///< monotonic_ns() the current wait began; 0: none
   std::atomic<std::int64_t> last_activity_ns{0};  ///< monotonic time of the last message, to kActivityTick; 0: unknown
-  std::atomic<std::uint64_t> sequence{0};  ///< sender: the sequence number of the last frame counted
+  std::atomic<std::uint64_t> sequence{0};         ///< sender: the sequence number of the last frame counted
   std::atomic<std::uint64_t> resolved{0};  ///< sender: the last frame the receiver delivered, on the return board
   std::atomic<bool> board{false};          ///< sender: deliveries are tracked on a return board (in flight is known)
   std::atomic<std::int32_t> peer_pid{0};   ///< 0: unknown
@@ -92,7 +92,8 @@ class BlockedSpan {
  public:
   BlockedSpan() noexcept : stats_(introspecting() ? t_active_end : nullptr) {}
   ~BlockedSpan() {
-    if (since_ != 0) [[unlikely]] end_at(monotonic_ns());
+    if (since_ != 0) [[unlikely]]
+      end_at(monotonic_ns());
   }
   BlockedSpan(const BlockedSpan&) = delete;
   BlockedSpan& operator=(const BlockedSpan&) = delete;

@@ -20,10 +20,10 @@
 #include "ferry/detail/deadline.hpp"
 #include "ferry/detail/frame_channel.hpp"
 #include "ferry/detail/live_ends.hpp"
-#include "ferry/peer_credentials.hpp"
 #include "ferry/detail/transport.hpp"
 #include "ferry/detail/type_name.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "ferry/peer_credentials.hpp"
 
 namespace ferry {
 struct EndpointOptions;
@@ -183,8 +183,8 @@ class StreamListenerCore final : public ListenerCore {
   void drop_expired();
   // Sends a refusal (the reason, or `told` when the client should learn less), reports
   // the reason and closes the connection.
-  void refuse(AcceptedSocket& connection, std::uint8_t status, const std::string& reason,
-              const std::string& told = {}, std::optional<Refusal> counted_as = std::nullopt);
+  void refuse(AcceptedSocket& connection, std::uint8_t status, const std::string& reason, const std::string& told = {},
+              std::optional<Refusal> counted_as = std::nullopt);
   void report(const PeerCredentials& peer, const std::string& reason);
   std::string served_kinds() const;
   // Builds this side's ends for `waiting` and sends the client its reply; std::nullopt
@@ -198,8 +198,8 @@ class StreamListenerCore final : public ListenerCore {
   std::vector<EndKind> served_;
   std::vector<std::unique_ptr<Pending>> pending_;
   std::deque<std::unique_ptr<Waiting>> ready_;
-  std::unique_ptr<RefusalLog> log_;  // stderr, when options_->on_refusal is empty
-  UniqueFd reserve_;                 // freed to refuse a connection when out of descriptors
+  std::unique_ptr<RefusalLog> log_;                   // stderr, when options_->on_refusal is empty
+  UniqueFd reserve_;                                  // freed to refuse a connection when out of descriptors
   Deadline accept_paused_until_ = Deadline::never();  // out of descriptors, no reserve
 };
 

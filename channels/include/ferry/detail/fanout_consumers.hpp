@@ -359,8 +359,8 @@ class FanoutConsumers {
     const Clock::time_point now = Clock::now();
     const Clock::duration elapsed = std::max(now - consumer.sample_since, Clock::duration(1));
     consumer.per_message = elapsed / static_cast<Clock::rep>(delivered);
-    const double fits = static_cast<double>(delivered) * (static_cast<double>(work_ahead_.count()) /
-                                                           static_cast<double>(elapsed.count()));
+    const double fits = static_cast<double>(delivered) *
+                        (static_cast<double>(work_ahead_.count()) / static_cast<double>(elapsed.count()));
     const std::size_t target = fits >= static_cast<double>(consumer.bound)
                                    ? consumer.bound
                                    : std::max<std::size_t>(1, static_cast<std::size_t>(std::ceil(fits)));
@@ -506,8 +506,9 @@ class FanoutBase {
   explicit FanoutBase(const FanoutOptions& options)
       : consumers_(options),
         default_bound_(options.max_in_flight),
-        registration_(Copy ? "distributor" : "broadcast", this,
-                      [](void* self) { return static_cast<FanoutBase*>(self)->try_stats(); }, options.name) {}
+        registration_(
+            Copy ? "distributor" : "broadcast", this,
+            [](void* self) { return static_cast<FanoutBase*>(self)->try_stats(); }, options.name) {}
   /// Closes every consumer's end: each receives what was sent to it, then end-of-stream.
   ~FanoutBase() = default;
 

@@ -72,7 +72,7 @@ class LivenessSchedule {
   }
 
   std::chrono::milliseconds interval_;
-  bool coarse_;  // reads CLOCK_MONOTONIC_COARSE
+  bool coarse_;         // reads CLOCK_MONOTONIC_COARSE
   unsigned calls_ = 0;  // of due_every_few_calls()
   std::chrono::steady_clock::time_point next_check_;
 };

@@ -14,16 +14,16 @@
 #include <string_view>
 #include <vector>
 
+#include "ferry/channel_options.hpp"
 #include "ferry/detail/end_claim.hpp"
 #include "ferry/detail/end_stats.hpp"
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/return_board.hpp"
 #include "ferry/detail/thread_annotations.hpp"
+#include "ferry/detail/transport.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/tensor_wire.hpp"
-#include "ferry/detail/transport.hpp"
-#include "ferry/channel_options.hpp"
 
 namespace ferry::detail {
 
@@ -31,7 +31,6 @@ class MessageDecoder;
 class MessageEncoder;
 class PairPids;
 struct EncodedFrame;
-
 
 /// The sending end of a connection, without its message type.
 class SenderCore final : public LiveEnd {
@@ -143,13 +142,13 @@ class SenderCore final : public LiveEnd {
   std::unique_ptr<MessageEncoder> encoder_ FERRY_PT_GUARDED_BY(mutex_);  // never null
   Transport transport_;
   ChannelOptions options_;
-  EndClaim claim_;  // which process may send (end_claim.hpp)
+  EndClaim claim_;                // which process may send (end_claim.hpp)
   std::atomic<bool> open_{true};  // atomic: the long-wait release (live_ends.hpp) clears it from any thread
   bool used_ = false;
   std::uint64_t delivered_ FERRY_GUARDED_BY(mutex_) = 0;  // the board's last word, read before the ledger goes
   UniqueFd gone_probe_ FERRY_GUARDED_BY(mutex_);          // receiver_gone()'s liveness probe, made at its first call
-  EndStats stats_;               // introspection's counters (end_stats.hpp)
-  std::shared_ptr<PairPids> pair_;  // which process holds each end (pair_pids.hpp); may be null
+  EndStats stats_;                                        // introspection's counters (end_stats.hpp)
+  std::shared_ptr<PairPids> pair_;                        // which process holds each end (pair_pids.hpp); may be null
 };
 
 /// The receiving end of a connection, without its message type.
@@ -239,16 +238,16 @@ class ReceiverCore final : public LiveEnd {
   std::unique_ptr<MessageDecoder> decoder_ FERRY_PT_GUARDED_BY(mutex_);  // never null
   Transport transport_;
   ChannelOptions options_;
-  EndClaim claim_;  // which process may receive (end_claim.hpp)
+  EndClaim claim_;                // which process may receive (end_claim.hpp)
   std::atomic<bool> open_{true};  // atomic: the long-wait release (live_ends.hpp) clears it from any thread
-  bool reader_open_ = true;        // reader_ not closed yet (a broken end closes it while open_)
+  bool reader_open_ = true;       // reader_ not closed yet (a broken end closes it while open_)
   bool used_ = false;
   std::string broken_ FERRY_GUARDED_BY(mutex_);
   std::string dead_ FERRY_GUARDED_BY(mutex_);  // why the peer is known dead (PeerDied is reported again)
   FrameHeader header_ FERRY_GUARDED_BY(mutex_);
   std::vector<std::byte> payload_ FERRY_GUARDED_BY(mutex_);
   std::deque<UniqueFd> fds_ FERRY_GUARDED_BY(mutex_);
-  EndStats stats_;  // introspection's counters (end_stats.hpp)
+  EndStats stats_;                  // introspection's counters (end_stats.hpp)
   std::shared_ptr<PairPids> pair_;  // which process holds each end (pair_pids.hpp); may be null
 };
 

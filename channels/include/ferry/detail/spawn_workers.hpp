@@ -16,14 +16,14 @@
 #include <utility>
 #include <vector>
 
-#include "ferry/init.hpp"
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/storage_collector.hpp"
-#include "ferry/tensor_wire.hpp"
 #include "ferry/detail/worker_args.hpp"
-#include "ferry/worker_group.hpp"
 #include "ferry/detail/worker_registry.hpp"
+#include "ferry/init.hpp"
+#include "ferry/tensor_wire.hpp"
+#include "ferry/worker_group.hpp"
 
 #include "ferry/spawn.hpp"
 
@@ -86,9 +86,8 @@ WireTuple decode_payload(detail::UniqueFd payload) {
 template <class R, class... P>
 void call_registered(FunctionIdentity identity, WorkerContext& context, std::tuple<std::decay_t<P>...>& values) {
   const auto function = reinterpret_cast<R (*)(WorkerContext&, P...)>(identity);
-  [&]<std::size_t... I>(std::index_sequence<I...>) {
-    function(context, static_cast<P&&>(std::get<I>(values))...);
-  }(std::index_sequence_for<P...>{});
+  [&]<std::size_t... I>(std::index_sequence<I...>) { function(context, static_cast<P&&>(std::get<I>(values))...); }
+  (std::index_sequence_for<P...>{});
 }
 
 /// RegisteredWorker::entry of a worker taking P...: in a re-executed program, decodes the
@@ -99,8 +98,7 @@ void run_registered_entry(FunctionIdentity identity, WorkerContext& context, det
   using WireTuple = std::tuple<Wire<std::decay_t<P>>...>;
   WireTuple wire = decode_payload<WireTuple>(std::move(payload));
   Values values = std::apply(
-      [](auto&&... one) { return Values(WireTraits<std::decay_t<P>>::from_wire(std::move(one))...); },
-      std::move(wire));
+      [](auto&&... one) { return Values(WireTraits<std::decay_t<P>>::from_wire(std::move(one))...); }, std::move(wire));
   call_registered<R, P...>(identity, context, values);
   close_worker_ends(values);
 }
@@ -249,7 +247,8 @@ WorkerGroup spawn_workers(const SpawnOptions& options, int n, Fn&& fn, Args&&...
   detail::HandedEnds<Stored> release{stored, n};
   [&]<std::size_t... I>(std::index_sequence<I...>) {
     (detail::validate_argument(std::get<I>(stored), I, n, options.start_method), ...);
-  }(std::index_sequence_for<Args...>{});
+  }
+  (std::index_sequence_for<Args...>{});
 
   using WorkerValues = std::tuple<detail::WorkerValue<Args>...>;
   constexpr bool by_name = std::is_convertible_v<const F&, std::string_view>;
@@ -269,7 +268,8 @@ WorkerGroup spawn_workers(const SpawnOptions& options, int n, Fn&& fn, Args&&...
     } else if constexpr (kMayExec && detail::CrossesExec<WorkerValues>::value) {
       detail::start_exec_workers<WorkerValues>(group, stored, name);
     } else {
-      throw SpawnError("the arguments " + expected + " cannot be serialized, so they cannot reach a worker started "
+      throw SpawnError("the arguments " + expected +
+                       " cannot be serialized, so they cannot reach a worker started "
                        "by the spawn start method");
     }
   } else {
@@ -286,19 +286,22 @@ WorkerGroup spawn_workers(const SpawnOptions& options, int n, Fn&& fn, Args&&...
       const detail::RegisteredWorker* worker =
           detail::find_worker(reinterpret_cast<detail::FunctionIdentity>(static_cast<F>(fn)));
       if (worker == nullptr) {
-        throw SpawnError("the spawn start method runs workers by name, and this function is not registered; add "
-                         "FERRY_WORKER(function_name) at namespace scope in a source file of the program");
+        throw SpawnError(
+            "the spawn start method runs workers by name, and this function is not registered; add "
+            "FERRY_WORKER(function_name) at namespace scope in a source file of the program");
       }
       if constexpr (detail::CrossesExec<Values>::value) {
         detail::start_exec_workers<Values>(group, stored, worker->name);
       } else {
-        throw SpawnError("the worker's arguments cannot be serialized, so they cannot reach a worker started by the "
-                         "spawn start method");
+        throw SpawnError(
+            "the worker's arguments cannot be serialized, so they cannot reach a worker started by the "
+            "spawn start method");
       }
     } else {
-      throw SpawnError("the spawn start method runs workers by name, so it cannot run a lambda or function object; "
-                       "write the worker as a function, register it with FERRY_WORKER, and pass the function (or "
-                       "its name), or use StartMethod::Fork");
+      throw SpawnError(
+          "the spawn start method runs workers by name, so it cannot run a lambda or function object; "
+          "write the worker as a function, register it with FERRY_WORKER, and pass the function (or "
+          "its name), or use StartMethod::Fork");
     }
   }
   return group;

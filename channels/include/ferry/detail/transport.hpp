@@ -156,8 +156,8 @@ class FrameReader {
   /// the payload there: `payload` then views that memory, which the writer does not reuse
   /// until release() is called. Otherwise the payload is read into `buffer` and viewed
   /// there. Call release() when done with the payload, before the next read.
-  virtual ReadStatus read_view(FrameHeader& header, std::span<const std::byte>& payload,
-                               std::vector<std::byte>& buffer, std::deque<UniqueFd>& fds, const Deadline& deadline) {
+  virtual ReadStatus read_view(FrameHeader& header, std::span<const std::byte>& payload, std::vector<std::byte>& buffer,
+                               std::deque<UniqueFd>& fds, const Deadline& deadline) {
     const ReadStatus status = read(header, buffer, fds, deadline);
     payload = buffer;
     return status;

@@ -14,18 +14,17 @@
 #include <cereal/details/traits.hpp>
 #include <cereal/types/utility.hpp>
 
-#include "ferry/detail/archive.hpp"
 #include "ferry/channel.hpp"
+#include "ferry/detail/archive.hpp"
+#include "ferry/detail/live_ends.hpp"
+#include "ferry/detail/type_name.hpp"
 #include "ferry/duplex.hpp"
 #include "ferry/end_description.hpp"
 #include "ferry/per_rank.hpp"
-#include "ferry/detail/live_ends.hpp"
-#include "ferry/detail/type_name.hpp"
 #include "ferry/worker_context.hpp"
 #include "ferry/worker_error.hpp"
 
 namespace ferry::detail {
-
 
 template <class A>
 struct IsEnd : std::false_type {};
@@ -110,8 +109,7 @@ struct WireTraits<DuplexEnd<Out, In>> {
   }
 };
 template <class E>
-  requires(IsEnd<E>::value || IsDuplexEnd<E>::value)
-struct WireTraits<std::vector<E>> {
+requires(IsEnd<E>::value || IsDuplexEnd<E>::value) struct WireTraits<std::vector<E>> {
   using Wire = std::vector<typename WireTraits<E>::Wire>;  // an EndDescription or a duplex end's pair per end
   static Wire to_wire(std::vector<E>& ends) {
     Wire wire;
@@ -147,8 +145,7 @@ void append_end_descriptors(const W& value, std::vector<int>& fds) {
 /// Whether V can travel to a process started by exec (ferry's cereal archives can write
 /// and read its wire form).
 template <class V>
-inline constexpr bool crosses_exec =
-    cereal::traits::is_output_serializable<Wire<V>, FrameOutputArchive>::value &&
+inline constexpr bool crosses_exec = cereal::traits::is_output_serializable<Wire<V>, FrameOutputArchive>::value&&
     cereal::traits::is_input_serializable<Wire<V>, FrameInputArchive>::value;
 
 /// Throws SpawnError about argument `position` (from 0) of spawn(), of type `type`:
@@ -184,7 +181,8 @@ void validate_argument(A& arg, std::size_t position, int world_size, StartMethod
       for_each_end(Traits::for_rank(arg, rank), [&](auto& end) {
         const bool open = end.is_open();
         const bool frames = open && end.transport() != Transport::InProcess;  // a frame core to ask
-        check_handed_end(position, type_name<A>(), open, end.transport(), frames && core_used(EndAccess::core(end)), method);
+        check_handed_end(position, type_name<A>(), open, end.transport(), frames && core_used(EndAccess::core(end)),
+                         method);
       });
     }
   }

@@ -95,9 +95,9 @@ class ReturnBoard {
     void post_word() noexcept;
     ReturnBoard* board_;
     bool outermost_;
-    std::size_t word_ = 0;       // bitmap word being gathered
-    std::uint64_t bits_ = 0;     // its bits so far
-    std::uint64_t count_ = 0;    // slots gathered, for the board's count
+    std::size_t word_ = 0;     // bitmap word being gathered
+    std::uint64_t bits_ = 0;   // its bits so far
+    std::uint64_t count_ = 0;  // slots gathered, for the board's count
   };
   /// Registers `process` as a holder: the sender keeps what it pinned for this connection
   /// as long as any registered process lives. A process that exited gives its place to

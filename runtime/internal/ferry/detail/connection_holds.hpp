@@ -20,11 +20,11 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/allocation.hpp"
 #include "ferry/detail/hold_ledger.hpp"
 #include "ferry/detail/process_identity.hpp"
 #include "ferry/detail/return_board.hpp"
 #include "ferry/detail/shared_memory.hpp"
-#include "ferry/allocation.hpp"
 #include "ferry/detail/thread_annotations.hpp"
 #include "ferry/detail/unique_fd.hpp"
 
@@ -141,9 +141,7 @@ class SendingHolds {
   /// The connection's return board, or null before the first storage was pinned.
   ReturnBoard* board() const noexcept { return ledger_ ? ledger_->board().get() : nullptr; }
   /// The same, shared (null before the first storage was pinned or the board was sent).
-  std::shared_ptr<const ReturnBoard> shared_board() const noexcept {
-    return ledger_ ? ledger_->board() : nullptr;
-  }
+  std::shared_ptr<const ReturnBoard> shared_board() const noexcept { return ledger_ ? ledger_->board() : nullptr; }
   /// The connection's return board, created (with the ledger) when there is none yet.
   const std::shared_ptr<ReturnBoard>& ensure_board();
   /// Pins the allocations of the storages frame `sequence` introduces (see HoldLedger::pin);

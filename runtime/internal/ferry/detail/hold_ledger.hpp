@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "ferry/detail/return_board.hpp"
 #include "ferry/allocation.hpp"
+#include "ferry/detail/return_board.hpp"
 #include "ferry/detail/thread_annotations.hpp"
 #include "ferry/detail/unique_fd.hpp"
 

@@ -69,7 +69,7 @@ class PeerFdOpener {
   bool ensure_pidfd(pid_t pid, Taken& taken);
   Taken take_by_proc(pid_t pid, int fd);
 
-  pid_t pid_ = 0;        // the process pidfd_ names, or whose refusal is remembered
+  pid_t pid_ = 0;  // the process pidfd_ names, or whose refusal is remembered
   ProcessHandle pidfd_;
   bool refused_ = false;  // pidfd_getfd refused for pid_: use /proc
 };

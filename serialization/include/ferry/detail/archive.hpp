@@ -13,9 +13,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "ferry/error.hpp"
 #include "ferry/detail/frame_body.hpp"
 #include "ferry/detail/pending_body.hpp"
+#include "ferry/error.hpp"
 
 namespace ferry {
 class Storage;
@@ -112,7 +112,8 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
     if (count > remaining() / element_size) throw_truncated(count, element_size);
     const std::byte* bytes = body_.data() + position_;
     position_ += static_cast<std::size_t>(count) * element_size;
-    if (position_ > ready_) [[unlikely]] ready_ = pending_->fill(position_);
+    if (position_ > ready_) [[unlikely]]
+      ready_ = pending_->fill(position_);
     return bytes;
   }
   /// True when the next `count` elements of `element_size` bytes are in the body and at
@@ -157,12 +158,13 @@ namespace cereal {
 
 template <class T>
 inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(ferry::detail::FrameOutputArchive& ar,
-                                                                            const T& value) {
+                                                                           const T& value) {
   ar.save_bytes(std::addressof(value), sizeof(value));
 }
 
 template <class T>
-inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(ferry::detail::FrameInputArchive& ar, T& value) {
+inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_LOAD_FUNCTION_NAME(ferry::detail::FrameInputArchive& ar,
+                                                                           T& value) {
   ar.load_bytes(std::addressof(value), sizeof(value));
   if constexpr (std::is_same_v<T, bool>) {
     // A byte other than 0 or 1 is not a valid bool: reading it would be undefined behaviour.
@@ -235,7 +237,8 @@ inline std::enable_if_t<std::is_arithmetic_v<T> && !std::is_same_v<T, bool>> CER
 }
 
 template <class CharT, class Traits, class Alloc>
-inline void CEREAL_LOAD_FUNCTION_NAME(ferry::detail::FrameInputArchive& ar, std::basic_string<CharT, Traits, Alloc>& string) {
+inline void CEREAL_LOAD_FUNCTION_NAME(ferry::detail::FrameInputArchive& ar,
+                                      std::basic_string<CharT, Traits, Alloc>& string) {
   size_type count = 0;
   ar(make_size_tag(count));
   detail::assign_elements<CharT>(ar, string, count);

@@ -134,8 +134,8 @@ struct HandleEntry {
   std::uint32_t slot = 0;          ///< storage slot
   std::uint32_t segment_slot = 0;  ///< NewBlock: the segment's slot
   std::uint32_t reserved = 0;      ///< zero
-  std::uint64_t offset = 0;  ///< NewBlock: offset of the block in its segment
-  std::uint64_t nbytes = 0;  ///< size of the storage
+  std::uint64_t offset = 0;        ///< NewBlock: offset of the block in its segment
+  std::uint64_t nbytes = 0;        ///< size of the storage
 };
 static_assert(sizeof(HandleEntry) == 32);
 
@@ -163,7 +163,8 @@ inline bool within_limits(const FrameHeader& header, const FrameLimits& limits) 
 /// Inline up to the common answer (none).
 std::optional<LimitBreach> describe_limit_breach(const FrameHeader& header, const FrameLimits& limits) noexcept;
 inline std::optional<LimitBreach> find_limit_breach(const FrameHeader& header, const FrameLimits& limits) noexcept {
-  if (within_limits(header, limits)) [[likely]] return std::nullopt;
+  if (within_limits(header, limits)) [[likely]]
+    return std::nullopt;
   return describe_limit_breach(header, limits);
 }
 

@@ -93,7 +93,7 @@ class FrameBody {
   // The size up to which append() needs no decision: the capacity, or just below kLendFrom
   // while the body may still move into lent memory, or none while bytes are borrowed.
   void update_fast_end() noexcept {
-    fast_end_ = !borrowed_.empty()                                ? size_
+    fast_end_ = !borrowed_.empty()                                      ? size_
                 : space_ != nullptr && !lent_ && capacity_ >= kLendFrom ? kLendFrom - 1
                                                                         : capacity_;
   }

@@ -69,7 +69,8 @@ CEREAL_REGISTER_ARCHIVE(ferry::detail::StorageCollector)
 namespace cereal {
 
 template <class T>
-inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(ferry::detail::StorageCollector&, const T&) {}
+inline std::enable_if_t<std::is_arithmetic_v<T>> CEREAL_SAVE_FUNCTION_NAME(ferry::detail::StorageCollector&, const T&) {
+}
 
 template <class T>
 inline void CEREAL_SAVE_FUNCTION_NAME(ferry::detail::StorageCollector& collector, const NameValuePair<T>& pair) {

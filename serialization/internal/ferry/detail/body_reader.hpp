@@ -15,7 +15,6 @@ class Storage;
 
 namespace ferry::detail {
 
-
 /// Reads a message of `type` into `out` (a default-constructed value of it) from what
 /// `archive` reads (a FrameInputArchive over a whole body and its storages). Every way a body
 /// can lie is a ProtocolError: short reads, bytes left over, invalid tensors, and cereal's own

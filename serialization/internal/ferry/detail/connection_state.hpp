@@ -48,7 +48,7 @@ struct SendingConnection {
   IdSlotMap leased_ids;  // Storage::id() -> slot, of the Live storage slots
   SlotTable<LeasedSegment> segment_slots{kMaxSegmentSlots, kSegmentSlotNames};
   std::unordered_map<std::uint64_t, std::uint32_t> sent_segments;  // SharedSegment::id() -> slot
-  std::uint64_t last_segment_id = 0;  // the segment the encoder found last (0: none)
+  std::uint64_t last_segment_id = 0;                               // the segment the encoder found last (0: none)
   std::uint32_t last_segment_slot = 0;
 
   // The return path: pins, returns, the return board, what stays open until the receiver
@@ -57,9 +57,9 @@ struct SendingConnection {
   SendingHolds holds;
   std::unique_ptr<CudaRecordWriter> cuda;  // made with the first CUDA storage
 
-  std::uint64_t next_sequence = 1;  // of the next frame; frames count from 1
-  bool type_name_sent = false;      // a committed frame carried the type's name
-  bool delivery_tracked = false;    // MessageEncoder::track_delivery(): the board goes even without storages
+  std::uint64_t next_sequence = 1;    // of the next frame; frames count from 1
+  bool type_name_sent = false;        // a committed frame carried the type's name
+  bool delivery_tracked = false;      // MessageEncoder::track_delivery(): the board goes even without storages
   std::uint64_t storages_passed = 0;  // as new ones (see MessageEncoder::storages_passed())
 };
 
@@ -87,8 +87,8 @@ struct ReceivingConnection {
   // memory).
   struct Lease {
     std::shared_ptr<Allocation> allocation;  // leases without a core only
-    std::shared_ptr<Storage> core;   // received storages only
-    std::weak_ptr<Storage> handle;   // what the user holds, while it lives
+    std::shared_ptr<Storage> core;           // received storages only
+    std::weak_ptr<Storage> handle;           // what the user holds, while it lives
     explicit operator bool() const noexcept { return allocation != nullptr || core != nullptr; }
     const Allocation* memory() const noexcept { return core ? core->allocation() : allocation.get(); }
   };

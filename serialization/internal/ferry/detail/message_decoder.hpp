@@ -12,19 +12,19 @@
 #include <string_view>
 #include <vector>
 
+#include "ferry/allocation.hpp"
 #include "ferry/detail/archive.hpp"
+#include "ferry/detail/connection_state.hpp"
 #include "ferry/detail/erased_body.hpp"
 #include "ferry/detail/frame.hpp"
 #include "ferry/detail/peer_fd.hpp"
-#include "ferry/detail/connection_state.hpp"
 #include "ferry/detail/return_board.hpp"
 #include "ferry/detail/shared_segment.hpp"
 #include "ferry/detail/slot_table.hpp"
-#include "ferry/allocation.hpp"
-#include "ferry/storage.hpp"
-#include "ferry/tensor_wire.hpp"
 #include "ferry/detail/type_name.hpp"
 #include "ferry/detail/unique_fd.hpp"
+#include "ferry/storage.hpp"
+#include "ferry/tensor_wire.hpp"
 
 namespace ferry::detail {
 
@@ -78,8 +78,8 @@ class MessageDecoder {
   /// return board (which acknowledges without a system call), or the sender asked for
   /// acknowledgements because it waits for them (ReturnBoard::request_acknowledgements()).
   bool wants_acknowledgement() const noexcept { return wants_acknowledgement_; }
-  /// Drops every lease (the channel is closing), the return board, and the pidfd of the sender. Blocks still used by tensors of this
-  /// process stay mapped, and are given back to the sender when those tensors die.
+  /// Drops every lease (the channel is closing), the return board, and the pidfd of the sender. Blocks still used by
+  /// tensors of this process stay mapped, and are given back to the sender when those tensors die.
   void release_all() noexcept;
   /// This process lets go of a connection whose receiving state a forked process inherited
   /// (spawn handed it a used Receiver): drops every lease like release_all(), but no block
@@ -110,7 +110,8 @@ class MessageDecoder {
     } else {
       archive_->restart(body_, storages_);
     }
-    if (pending_ != nullptr) [[unlikely]] archive_->defer(pending_);
+    if (pending_ != nullptr) [[unlikely]]
+      archive_->defer(pending_);
     return *archive_;
   }
   // The check of the common frame (no name, the expected fingerprint) inline.
@@ -160,7 +161,7 @@ class MessageDecoder {
   std::unique_ptr<FrameInputArchive> archive_;
   std::deque<std::shared_ptr<Storage>>* copied_ = nullptr;  // decode()'s `copied`, while it runs
   bool wants_acknowledgement_ = false;
-  bool frame_claimed_ = false;  // the last frame was claimed on the board
+  bool frame_claimed_ = false;        // the last frame was claimed on the board
   std::uint64_t frame_sequence_ = 0;  // the sequence of the last frame decoded
   bool frame_tracked_ = false;        // it had kFrameTracksDelivery
 };

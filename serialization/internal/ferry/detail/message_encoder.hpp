@@ -21,14 +21,14 @@
 #include <vector>
 
 #include "ferry/detail/archive.hpp"
-#include "ferry/detail/frame.hpp"
 #include "ferry/detail/connection_state.hpp"
 #include "ferry/detail/erased_body.hpp"
+#include "ferry/detail/frame.hpp"
+#include "ferry/detail/type_name.hpp"
+#include "ferry/detail/unique_fd.hpp"
 #include "ferry/shared_allocator.hpp"
 #include "ferry/storage.hpp"
 #include "ferry/tensor_wire.hpp"
-#include "ferry/detail/type_name.hpp"
-#include "ferry/detail/unique_fd.hpp"
 
 namespace ferry::detail {
 
@@ -125,7 +125,8 @@ class MessageEncoder {
   /// track_delivery() and the first message frame); null before, and for a connection
   /// that copies its storages (its transport reports deliveries itself).
   std::shared_ptr<const ReturnBoard> delivery_board() const noexcept {
-    return connection_.delivery_tracked && passing_ != HandlePassing::Copying ? connection_.holds.shared_board() : nullptr;
+    return connection_.delivery_tracked && passing_ != HandlePassing::Copying ? connection_.holds.shared_board()
+                                                                              : nullptr;
   }
   /// Whether delivery_board() would give a board (without copying its pointer).
   bool has_delivery_board() const noexcept {
@@ -143,7 +144,9 @@ class MessageEncoder {
   bool awaiting_acknowledgement() const noexcept { return connection_.holds.awaiting_acknowledgement(); }
   /// Segments (upstream return boards too) kept open until the receiver acknowledges their
   /// frames (for tests and statistics).
-  std::size_t segments_awaiting_acknowledgement() const noexcept { return connection_.holds.kept_for_acknowledgement(); }
+  std::size_t segments_awaiting_acknowledgement() const noexcept {
+    return connection_.holds.kept_for_acknowledgement();
+  }
   /// The newest sequence whose acknowledgement is awaited (0: none).
   std::uint64_t newest_awaited_sequence() const noexcept { return connection_.holds.newest_awaited_sequence(); }
   /// Storages the receiver currently leases from this sender, as far as it knows.
@@ -239,19 +242,19 @@ class MessageEncoder {
   SendingConnection connection_;
   std::vector<std::uint32_t> returned_scratch_;
   std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;  // boards the frame passes
-  std::vector<FileIdentity> retired_scratch_;                    // boards the frame retires
+  std::vector<FileIdentity> retired_scratch_;                   // boards the frame retires
 
   // The frame being encoded.
   FrameHeader header_;
   std::string_view type_name_;
   FrameBody body_;
-  std::unique_ptr<FrameOutputArchive> archive_;  // writes into body_; kept while reusable()
+  std::unique_ptr<FrameOutputArchive> archive_;     // writes into body_; kept while reusable()
   std::vector<std::shared_ptr<Storage>> storages_;  // what travels (a copy, for isolation)
   std::vector<const Storage*> sources_;             // what the message named, by index
   // Open-addressing index of sources_ (pointer -> table index), for frames with many
   // storages; slots hold index + 1, 0 is empty.
   std::vector<std::pair<const Storage*, std::uint32_t>> source_index_;
-  std::vector<std::uint32_t> source_index_used_;  // entries of source_index_ this frame filled
+  std::vector<std::uint32_t> source_index_used_;                 // entries of source_index_ this frame filled
   std::vector<const std::shared_ptr<Storage>*> remember_batch_;  // new storages (in storages_) of one segment
   std::vector<SegmentEntry> segment_entries_;
   std::vector<HandleEntry> entries_;

@@ -37,10 +37,10 @@ namespace ferry::detail {
 
 /// How a SlotTable names its slots in error messages.
 struct SlotNames {
-  const char* slot;     ///< a slot: "slot", "segment slot"
-  const char* entry;    ///< the frame entry that names one: "handle", "segment"
-  const char* leased;   ///< what the slots hold, plural: "storages", "segments"
-  const char* advice;   ///< what a sender out of slots can do (may be empty)
+  const char* slot;    ///< a slot: "slot", "segment slot"
+  const char* entry;   ///< the frame entry that names one: "handle", "segment"
+  const char* leased;  ///< what the slots hold, plural: "storages", "segments"
+  const char* advice;  ///< what a sender out of slots can do (may be empty)
 };
 
 /// The slots of a connection's storages (capacity: ReturnBoard::kSlots) and segments.
@@ -210,12 +210,12 @@ class SlotTable {
 
   std::uint32_t capacity_;
   SlotNames names_;
-  std::vector<Slot> slots_;               // by slot number
-  std::vector<std::uint32_t> live_;       // the Live slots
-  std::vector<std::uint32_t> free_;       // numbers to reuse (the sending end)
+  std::vector<Slot> slots_;                 // by slot number
+  std::vector<std::uint32_t> live_;         // the Live slots
+  std::vector<std::uint32_t> free_;         // numbers to reuse (the sending end)
   std::vector<std::uint32_t> unannounced_;  // Dying slots, in the order they died
-  std::size_t announced_ = 0;             // the first of unannounced_ that the frame announces
-  std::uint32_t next_ = 0;                // the lowest number never used
+  std::size_t announced_ = 0;               // the first of unannounced_ that the frame announces
+  std::uint32_t next_ = 0;                  // the lowest number never used
   std::uint64_t seen_deaths_ = 0;
 };
 

@@ -56,15 +56,18 @@ T read_value_scalar(FrameInputArchive& archive) {
 
 /// Counts one more value at `depth`; ProtocolError past kMaxValueDepth or kMaxValueElements.
 inline void enter_received_value(std::size_t depth, ValueBudget& budget) {
-  if (depth > kMaxValueDepth) [[unlikely]] throw_value_too_deep();
-  if (++budget.elements > kMaxValueElements) [[unlikely]] throw_too_many_value_elements();
+  if (depth > kMaxValueDepth) [[unlikely]]
+    throw_value_too_deep();
+  if (++budget.elements > kMaxValueElements) [[unlikely]]
+    throw_too_many_value_elements();
 }
 
 /// A count of elements that each take at least `min_bytes`; ProtocolError for a count
 /// above what the body still holds (a lie that would make the decoder allocate without bound).
 inline std::size_t read_value_count(FrameInputArchive& archive, std::size_t min_bytes, const char* what) {
   const auto count = read_value_scalar<std::uint64_t>(archive);
-  if (count > archive.remaining() / min_bytes) [[unlikely]] throw_value_count_above_body(what, count, archive.remaining());
+  if (count > archive.remaining() / min_bytes) [[unlikely]]
+    throw_value_count_above_body(what, count, archive.remaining());
   return static_cast<std::size_t>(count);
 }
 
@@ -75,7 +78,8 @@ inline std::size_t read_value_children(FrameInputArchive& archive, std::size_t m
                                        ValueBudget& budget) {
   const std::size_t count = read_value_count(archive, min_bytes, what);
   // The root is the one value no container claims.
-  if (count > kMaxValueElements - 1 - budget.claimed) [[unlikely]] throw_value_children_above_budget(what, count);
+  if (count > kMaxValueElements - 1 - budget.claimed) [[unlikely]]
+    throw_value_children_above_budget(what, count);
   budget.claimed += count;
   return count;
 }
@@ -84,7 +88,8 @@ inline std::size_t read_value_children(FrameInputArchive& archive, std::size_t m
 inline std::string_view read_value_text(FrameInputArchive& archive, bool utf8, const char* what) {
   const std::size_t length = read_value_count(archive, 1, what);
   const std::string_view text(reinterpret_cast<const char*>(archive.take(length)), length);
-  if (utf8 && !is_valid_utf8(text)) [[unlikely]] throw_invalid_value_utf8(what);
+  if (utf8 && !is_valid_utf8(text)) [[unlikely]]
+    throw_invalid_value_utf8(what);
   return text;
 }
 

@@ -17,12 +17,12 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
-#include <utility>
 #include <optional>
+#include <utility>
 #include <vector>
 
-#include "ferry/shared_allocator.hpp"
 #include "ferry/detail/process_handle.hpp"
+#include "ferry/shared_allocator.hpp"
 
 namespace ferry {
 class Allocation;
@@ -49,7 +49,7 @@ class HoldCounterBoard {
   /// connection's signals (fences or events), which receivers may still wait on while any of the
   /// board's counters is held).
   static std::shared_ptr<HoldCounterBoard> create(std::uint32_t capacity, std::shared_ptr<const void> keepalive = {},
-                                              const std::optional<SharedAllocator>& pool = std::nullopt);
+                                                  const std::optional<SharedAllocator>& pool = std::nullopt);
   ~HoldCounterBoard();
   HoldCounterBoard(const HoldCounterBoard&) = delete;
   HoldCounterBoard& operator=(const HoldCounterBoard&) = delete;
@@ -132,8 +132,9 @@ class ConsumerHold {
 class HoldCounterBoardSet {
  public:
   /// `keepalive` and `pool` are given to every board (see HoldCounterBoard::create).
-  explicit HoldCounterBoardSet(std::shared_ptr<const void> keepalive = {}, std::uint32_t capacity = kHoldCounterBoardCapacity,
-                           std::optional<SharedAllocator> pool = std::nullopt);
+  explicit HoldCounterBoardSet(std::shared_ptr<const void> keepalive = {},
+                               std::uint32_t capacity = kHoldCounterBoardCapacity,
+                               std::optional<SharedAllocator> pool = std::nullopt);
   /// A new hold: a zeroed counter on one of this connection's boards.
   ConsumerHold acquire();
   /// True when `board` belongs to this connection.

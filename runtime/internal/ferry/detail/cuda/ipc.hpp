@@ -30,8 +30,8 @@ using PciBusId = std::array<char, 16>;
 
 /// What a receiver needs to map a producer's storage.
 struct BlockExport {
-  IpcHandle memory_handle{};  ///< of the whole cudaMalloc block
-  PciBusId pci_bus_id{};      ///< the GPU
+  IpcHandle memory_handle{};      ///< of the whole cudaMalloc block
+  PciBusId pci_bus_id{};          ///< the GPU
   std::uint64_t block_id = 0;     ///< the producer's name for the block (never reused in that process)
   std::uint64_t block_bytes = 0;  ///< size of the block
   std::uint64_t offset = 0;       ///< of the storage in the block
@@ -104,7 +104,7 @@ enum class SignalKind : std::uint8_t {
 /// What a sender hands a receiver for one device and frame.
 struct SendSignal {
   SignalKind kind = SignalKind::None;
-  IpcHandle handle{};               ///< Fence: the fence buffer's cudaIpcMemHandle_t; Event: cudaIpcEventHandle_t
+  IpcHandle handle{};                ///< Fence: the fence buffer's cudaIpcMemHandle_t; Event: cudaIpcEventHandle_t
   std::uint64_t fence_block_id = 0;  ///< Fence: the producer's block id of its fence buffer
   std::uint64_t fence_offset = 0;    ///< Fence: the byte offset of the word in the buffer
   std::uint64_t fence_value = 0;     ///< Fence: the value the word reaches after the sender's work
@@ -156,9 +156,9 @@ class ReceiveSignals {
 
   /// Makes the calling thread's current stream on the local `device` wait until the fence
   /// reaches its value (no host synchronization). The caller checked that the fence's offset
-  /// is a multiple of 8 inside kFenceBufferBytes (the decoder does, before any CUDA call). Returns the fence buffer's mapping, which
-  /// must outlive the wait: the storages of the frame keep it (see hold_received_range), since
-  /// they may outlive the connection while the stream still waits. Throws CudaError.
+  /// is a multiple of 8 inside kFenceBufferBytes (the decoder does, before any CUDA call). Returns the fence buffer's
+  /// mapping, which must outlive the wait: the storages of the frame keep it (see hold_received_range), since they may
+  /// outlive the connection while the stream still waits. Throws CudaError.
   std::shared_ptr<const void> wait_fence(int device, const FenceExport& fence, pid_t producer);
   /// Makes the calling thread's current stream on the local `device` wait for the sender's
   /// interprocess event `handle` (no host synchronization). Throws CudaError.
