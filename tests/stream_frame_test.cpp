@@ -18,6 +18,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -100,6 +101,28 @@ class StreamFrameTest : public test::LeakCheckedTest, public ::testing::WithPara
     writer_.reset();
     reader_.reset();
     test::LeakCheckedTest::TearDown();
+  }
+
+  // A writer in a child process that writes `prefix` of a frame and waits to be killed,
+  // with the rest unwritten. `written` (a pipe's read end, the caller closes it) gets one
+  // byte once the prefix is out. The test's own writer end is let go of.
+  struct StoppedWriter {
+    pid_t pid;
+    int written;
+  };
+  StoppedWriter fork_writer_stopping_after(std::span<const std::byte> prefix) {
+    int ready[2];
+    if (::pipe(ready) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
+    const pid_t child = test::fork_child([&] {
+      reader_.reset();
+      write_raw(fd_, prefix);
+      const char byte = 'w';
+      CHILD_CHECK(::write(ready[1], &byte, 1) == 1);
+      ::pause();  // killed here, with the rest of the frame unwritten
+    });
+    ::close(ready[1]);
+    writer_.reset();
+    return {child, ready[0]};
   }
 
   // A read that finds less than a whole frame: it keeps what it read and times out.
@@ -240,25 +263,15 @@ TEST_P(StreamFrameTest, AWriterKilledInTheMiddleOfABodyIsPeerDeathMidFrame) {
     connect();
     const std::vector<std::byte> frame = make_frame(body, 3);
     const std::size_t sent = sizeof(FrameHeader) + body / 2;
-    int ready[2];
-    ASSERT_EQ(::pipe(ready), 0);
-    const pid_t child = test::fork_child([&] {
-      reader_.reset();
-      write_raw(fd_, std::span(frame).first(sent));
-      const char byte = 'w';
-      CHILD_CHECK(::write(ready[1], &byte, 1) == 1);
-      ::pause();  // killed here, with the rest of the frame unwritten
-    });
-    ::close(ready[1]);
-    writer_.reset();
+    const auto [child, written] = fork_writer_stopping_after(std::span(frame).first(sent));
     // What the writer sends is read (each read times out waiting for the rest) until it
     // says it sent all it will, and once more after that.
     std::span<const std::byte> payload;
-    pollfd done{ready[0], POLLIN, 0};
+    pollfd done{written, POLLIN, 0};
     while (::poll(&done, 1, 0) == 0) {
       ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(10ms)), ReadStatus::Timeout);
     }
-    ::close(ready[0]);
+    ::close(written);
     EXPECT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::after(10ms)), ReadStatus::Timeout);
     ASSERT_EQ(::kill(child, SIGKILL), 0);
     EXPECT_EQ(test::wait_child(child).signal, SIGKILL);
@@ -452,25 +465,15 @@ TEST_P(StreamFrameTest, AWriterKilledInTheMiddleOfAPendingBodyIsPeerDeathMidFram
     connect();
     const std::size_t body = 500 * 1024;
     const std::vector<std::byte> frame = make_frame(body, 70);
-    int ready[2];
-    ASSERT_EQ(::pipe(ready), 0);
-    const pid_t child = test::fork_child([&] {
-      reader_.reset();
-      // Less than a pipe holds (64 KiB), so that it all goes out before anything is read.
-      write_raw(fd_, std::span(frame).first(sizeof(FrameHeader) + 40 * 1024));
-      const char byte = 'w';
-      CHILD_CHECK(::write(ready[1], &byte, 1) == 1);
-      ::pause();  // killed here, with the rest of the frame unwritten
-    });
-    ::close(ready[1]);
-    writer_.reset();
+    // Less than a pipe holds (64 KiB), so that it all goes out before anything is read.
+    const auto [child, written] = fork_writer_stopping_after(std::span(frame).first(sizeof(FrameHeader) + 40 * 1024));
     std::span<const std::byte> payload;
     ASSERT_EQ(reader_->read_view(header_, payload, buffer_, fds_, Deadline::never()), ReadStatus::Frame);
     PendingBody* pending = reader_->pending_body();
     ASSERT_NE(pending, nullptr);
     char byte = 0;
-    ASSERT_EQ(::read(ready[0], &byte, 1), 1);
-    ::close(ready[0]);
+    ASSERT_EQ(::read(written, &byte, 1), 1);
+    ::close(written);
     ASSERT_EQ(::kill(child, SIGKILL), 0);
     EXPECT_EQ(test::wait_child(child).signal, SIGKILL);
     try {
