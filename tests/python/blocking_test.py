@@ -136,6 +136,7 @@ def fill(tx):
     return sent
 
 
+
 class SendForTest(unittest.TestCase):
     def test_send_for_returns_false_at_its_deadline_and_true_once_there_is_room(self):
         for transport in TRANSPORTS:
@@ -164,7 +165,32 @@ class SendForTest(unittest.TestCase):
             rx.recv_for("soon")
 
 
-class CloseFromAnotherThreadTest(unittest.TestCase):
+class BlockedCallTest(unittest.TestCase):
+    """What the tests of calls ended from another thread share."""
+
+    def ends_within(self, call, closer, exception, drain=None):
+        """`call()` raises `exception` within PROMPT_S once `closer()` ran in another thread.
+        `drain`, a Receiver, is read to its end once the call ended (a close() waits for
+        its receiver to take what was sent, at most its linger): what it received."""
+        timer = threading.Timer(0.2, closer)
+        timer.start()
+        started = time.monotonic()
+        drained = []
+        reader = threading.Thread(target=lambda: drained.extend(drain or ()))
+        try:
+            with self.assertRaises(exception) as raised:
+                call()
+            ended = time.monotonic() - started
+        finally:
+            reader.start()
+            timer.join(10)
+            reader.join(10)
+        self.assertFalse(timer.is_alive() or reader.is_alive(), "close() or the receiver is still waiting")
+        self.assertLess(ended, PROMPT_S)
+        return raised.exception, drained
+
+
+class CloseFromAnotherThreadTest(BlockedCallTest):
     """close() in one thread ends a call blocked in another within ferry's 250 ms check."""
 
     def close_later(self, what, delay=0.2):
@@ -177,20 +203,9 @@ class CloseFromAnotherThreadTest(unittest.TestCase):
             with self.subTest(transport=transport):
                 tx, rx = ferry._channel(transport)
                 sent = fill(tx)
-                drained = []
                 # The receiver makes room only after the close began: close() waits for room
                 # for the end of the stream (at most 10 s), not for the peer to die.
-                timer = self.close_later(tx)
-                started = time.monotonic()
-                with self.assertRaises(ferry.ChannelClosed):
-                    tx.send(b"N" * len(MESSAGE))
-                ended = time.monotonic() - started
-                drain = threading.Thread(target=lambda: drained.extend(rx))
-                drain.start()
-                timer.join(10)
-                drain.join(10)
-                self.assertFalse(timer.is_alive() or drain.is_alive(), "close() or the receiver is still waiting")
-                self.assertLess(ended, PROMPT_S)
+                _, drained = self.ends_within(lambda: tx.send(b"N" * len(MESSAGE)), tx.close, ferry.ChannelClosed, rx)
                 self.assertEqual(len(drained), sent)
                 self.assertEqual(set(drained), {MESSAGE})
                 self.assertFalse(tx.is_open)
@@ -236,7 +251,7 @@ def sleep_for_ever(rank):
         time.sleep(60)
 
 
-class FanInOutFromAnotherThreadTest(unittest.TestCase):
+class FanInOutFromAnotherThreadTest(BlockedCallTest):
     """Selector.wait, the fan-outs' sends, WorkerGroup.join and Duplex.call_for: close()
     (terminate() for a group) in another thread ends the call with the documented exception
     within ferry's 50 ms check, their timed forms return at the deadline, and nothing is
@@ -257,27 +272,6 @@ class FanInOutFromAnotherThreadTest(unittest.TestCase):
             time.sleep(0.01)
         self.assertEqual(running_threads(), self.threads, "a thread was left running")
         self.assertEqual(open_fds(), self.fds, "a descriptor was left open")
-
-    def ends_within(self, call, closer, exception, drain=None):
-        """`call()` raises `exception` within 1 s once `closer()` ran in another thread.
-        `drain`, a Receiver, is read to its end once the call ended (a close() waits for
-        its receiver to take what was sent, at most its linger): what it received."""
-        timer = threading.Timer(0.2, closer)
-        timer.start()
-        started = time.monotonic()
-        drained = []
-        reader = threading.Thread(target=lambda: drained.extend(drain or ()))
-        try:
-            with self.assertRaises(exception) as raised:
-                call()
-            ended = time.monotonic() - started
-        finally:
-            reader.start()
-            timer.join(10)
-            reader.join(10)
-        self.assertFalse(timer.is_alive() or reader.is_alive(), "close() or the receiver is still waiting")
-        self.assertLess(ended, PROMPT_S)
-        return raised.exception, drained
 
     def returns_at_deadline(self, call, timeout=0.2):
         started = time.monotonic()
@@ -341,19 +335,7 @@ class FanInOutFromAnotherThreadTest(unittest.TestCase):
                 self.assertEqual(self.returns_at_deadline(lambda t: fan.send_for(MESSAGE, t)), 0)
                 # close() waits for room for the end of the stream: the receiver reads only
                 # after the send was abandoned, so that the send cannot finish by itself.
-                timer = threading.Timer(0.2, fan.close)
-                timer.start()
-                started = time.monotonic()
-                with self.assertRaises(ferry.ChannelClosed):
-                    fan.send(b"N" * len(MESSAGE))
-                ended = time.monotonic() - started
-                drained = []
-                drain = threading.Thread(target=lambda: drained.extend(rx))
-                drain.start()
-                timer.join(10)
-                drain.join(10)
-                self.assertFalse(timer.is_alive() or drain.is_alive(), "close() or the receiver is still waiting")
-                self.assertLess(ended, PROMPT_S)
+                _, drained = self.ends_within(lambda: fan.send(b"N" * len(MESSAGE)), fan.close, ferry.ChannelClosed, rx)
                 self.assertEqual(len(drained), sent)
                 self.assertEqual(set(drained), {MESSAGE})
 
