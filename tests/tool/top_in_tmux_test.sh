@@ -17,10 +17,18 @@ if ! command -v tmux >/dev/null; then
 fi
 
 work=$(mktemp -d)
-socket="ferry-top-test-$$"
+# Each tmux server gets a socket of its own: `kill-server` returns before the server has
+# gone, and a new session on the same socket can reach the dying one ("server exited
+# unexpectedly").
+socket=
+sockets=()
+use_socket() {
+  socket="ferry-top-test-$$-$1"
+  sockets+=("$socket")
+}
 server_pids=()
 cleanup() {
-  tmux -L "$socket" kill-server 2>/dev/null || true
+  for used in "${sockets[@]}"; do tmux -L "$used" kill-server 2>/dev/null || true; done
   for pid in "${server_pids[@]}"; do
     kill -KILL "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
@@ -66,6 +74,7 @@ ferry_pid() { ps -o pid= --ppid "$(tmux -L "$socket" display -p -t top '#{pane_p
 # run_top HOW: runs `ferry top` in a fresh pane, checks its screen, quits it HOW (q, C-c, TERM).
 run_top() {
   local how=$1
+  use_socket "$how"
   rm -f "$work/rc" "$work/before" "$work/after"
   cat >"$work/inner.sh" <<INNER
 stty -g >"$work/before"
@@ -147,6 +156,7 @@ if [[ -n $pipeline ]]; then
     sleep 0.05
   done
   read -r _ source_pid relay_pid sink_pid <"$work/pipeline.out" || fail "the pipeline did not start"
+  use_socket pipeline
   tmux -L "$socket" -f /dev/null new-session -d -s top -x 120 -y 30 "$ferry top --interval 0.5; sleep 60"
   wait_for_screen "^ *${relay_pid} .* send .*unix_socket.* STALLED"
   screen=$(tmux -L "$socket" capture-pane -p -t top)
