@@ -1,7 +1,13 @@
 // Round-trip latency over the pipe and Unix socket transports, next to raw baselines
 // written here: a plain pipe / socket ping-pong of the same size, and a plain "pass one
 // memfd with SCM_RIGHTS, mmap it, munmap it" round trip. Names:
-//   roundtrip/raw/<transport>/bytes/<n>       plain write/read of n bytes and back
+//   roundtrip/raw/<transport>/bytes/<n>       plain write/read of n bytes and back (a socket:
+//                                             one socketpair used both ways), the streams
+//                                             sized to hold a message, as ferry sizes them
+//   roundtrip/raw/unix_socket_pair_per_direction/bytes/<n>  the same over one socketpair per
+//                                             direction, the shape of a ping-pong over two
+//                                             ferry channels (the baseline of the two-channel
+//                                             socket rows of 64 KiB and 1 MiB, see below)
 //   roundtrip/raw/unix_socket/fd_mmap/<n>     memfd of n bytes passed, mapped, unmapped
 //   roundtrip/raw/unix_socket/fd_mmap_new/<n> the same with a different memfd each time, all
 //                                             made before the loop as tensor_new's storages
@@ -20,6 +26,14 @@
 // Rows that pass a storage also report the median time of the parent's send alone
 // (send_p50_ns): on a VM, waking a peer whose virtual CPU went idle makes the send itself
 // slow (about 13 us against 1.3 us), and whether it does depends on the link's shape.
+// A socket used both ways wakes the side waiting for the reply early: the peer's read of the
+// request frees its buffers, and the kernel then wakes whoever sleeps on the sending socket
+// (unix_write_space), which is that side, waiting in recv on the same socket. It finds
+// nothing, sleeps again, and the reply meets a CPU still awake. With one socketpair per
+// direction nobody sleeps on the sending socket, and the reply wakes an idle CPU: on a VM,
+// whose idle virtual CPUs wake slowly, that costs a 64 KiB round trip up to twice as much.
+// So two-channel rows are compared with the per-direction raw rows, duplex rows with the
+// one-socketpair raw rows.
 // Every row also reports its median single round trip (counter rtt_p50_ns, see
 // support/round_trip_times.hpp): rows that pass a new storage each time time every round
 // trip (they run only 10 to 40 iterations at 64 MiB and more, whose mean one scheduler
@@ -32,6 +46,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -110,8 +125,33 @@ RawLink make_raw_link(RawShape shape) {
   return link;
 }
 
-void raw_bytes_round_trip(benchmark::State& state, bool socket, std::size_t size) {
-  RawLink link = make_raw_link(socket ? RawShape::Socketpair : RawShape::Pipes);
+// Lets a pipe or a socket's send buffer hold a message of `size` bytes, as ferry's writer
+// does for a frame larger than the stream holds (a pipe: F_SETPIPE_SZ; a socket: SO_SNDBUF,
+// which the kernel doubles); a stream that holds it already keeps its size. A program that
+// sends large messages sizes its streams so; without it a 1 MiB message goes out in pieces,
+// each a wake-up of both sides. Best effort, as ferry's: a refused size is kept.
+void hold_message(int fd, bool socket, std::size_t size) {
+  const int wanted = static_cast<int>(size);
+  if (!socket) {
+    const int capacity = ::fcntl(fd, F_GETPIPE_SZ);
+    if (capacity < 0) throw std::runtime_error("F_GETPIPE_SZ");
+    if (capacity < wanted && ::fcntl(fd, F_SETPIPE_SZ, wanted) < 0 && errno != EPERM) {
+      throw std::runtime_error("F_SETPIPE_SZ");
+    }
+    return;
+  }
+  int doubled = 0;
+  socklen_t length = sizeof doubled;
+  if (::getsockopt(fd, SOL_SOCKET, SO_SNDBUF, &doubled, &length) != 0) throw std::runtime_error("SO_SNDBUF");
+  if (doubled / 2 < wanted && ::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &wanted, sizeof wanted) != 0) {
+    throw std::runtime_error("SO_SNDBUF");
+  }
+}
+
+void raw_bytes_round_trip(benchmark::State& state, RawShape shape, std::size_t size) {
+  RawLink link = make_raw_link(shape);
+  hold_message(link.parent_out.get(), shape != RawShape::Pipes, size);
+  hold_message(link.child_out.get(), shape != RawShape::Pipes, size);
   std::vector<char> buffer(size, 'x');
   {
     RoundTripTimes times(state);
@@ -130,7 +170,7 @@ void raw_bytes_round_trip(benchmark::State& state, bool socket, std::size_t size
     }
     // EOF ends the child: a socketpair used both ways is shut down for writing, since the
     // parent's other descriptor of it (parent_in) would keep it open.
-    if (socket) ::shutdown(link.parent_out.get(), SHUT_WR);
+    if (shape == RawShape::Socketpair) ::shutdown(link.parent_out.get(), SHUT_WR);
     link.parent_out.reset();
     times.report(state);
   }
@@ -323,11 +363,14 @@ std::int64_t new_storage_iterations(std::int64_t size) {
 
 const bool registered = [] {
   raise_fd_limit();
-  for (const bool socket : {false, true}) {
-    const std::string name = socket ? "unix_socket" : "pipe";
+  const std::pair<RawShape, const char*> raw_links[] = {{RawShape::Pipes, "pipe"},
+                                                        {RawShape::Socketpair, "unix_socket"},
+                                                        {RawShape::SocketpairPerDirection, "unix_socket_pair_per_direction"}};
+  for (const auto& [shape, name] : raw_links) {
     for (const std::int64_t size : {64, 4096, 65536, 1 << 20}) {
-      benchmark::RegisterBenchmark(("roundtrip/raw/" + name + "/bytes/" + std::to_string(size)).c_str(),
-                                   raw_bytes_round_trip, socket, static_cast<std::size_t>(size));
+      if (shape == RawShape::SocketpairPerDirection && size == 4096) continue;
+      benchmark::RegisterBenchmark(("roundtrip/raw/" + std::string(name) + "/bytes/" + std::to_string(size)).c_str(),
+                                   raw_bytes_round_trip, shape, static_cast<std::size_t>(size));
     }
   }
   for (const std::int64_t size : {4096, 1 << 20, 64 << 20, 256 << 20}) {
