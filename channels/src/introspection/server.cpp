@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ferry/detail/end_stats.hpp"
+#include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/thread_annotations.hpp"
 #include "ferry/detail/unique_fd.hpp"
 #include "ferry/detail/worker_table.hpp"
