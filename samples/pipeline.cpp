@@ -17,6 +17,7 @@
 
 #include "ferry/ferry.hpp"
 #include "sample_flags.hpp"
+#include "sample_main.hpp"
 
 namespace {
 
@@ -213,12 +214,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  ferry::init(argc, argv);
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "pipeline: %s\n", error.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return samples::main_of("pipeline", run, argc, argv); }

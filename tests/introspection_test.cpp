@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/detail/end_stats.hpp"
 #include "ferry/ferry.hpp"
 #include "ferry/introspection.hpp"
 #include "support/leak_check.hpp"
@@ -219,6 +220,26 @@ TEST_P(IntrospectionTest, NothingIsCountedWhileOffAndCountsStartWhenTurnedOn) {
   ASSERT_TRUE(receiver.recv().has_value());
   EXPECT_EQ(find_end(ferry::snapshot(), "late", true)->messages, 3u);
   EXPECT_EQ(find_end(ferry::snapshot(), "late", false)->messages, 3u);
+}
+
+TEST_P(IntrospectionTest, LastActivityIsWhenTheEndLastMovedAMessageToATick) {
+  ferry::enable_introspection();
+  ferry::ChannelOptions options;
+  options.name = "ticking";
+  auto [sender, receiver] = ferry::channel<Item>(GetParam(), options);
+  EXPECT_EQ(find_end(ferry::snapshot(), "ticking", true)->last_activity_ns, 0);  // no message yet
+  const std::int64_t before = ferry::snapshot().monotonic_ns;
+  sender.send(Item{1, "one"});
+  ASSERT_TRUE(receiver.recv().has_value());
+  const ferry::Snapshot first = ferry::snapshot();
+  const std::int64_t sent_at = find_end(first, "ticking", true)->last_activity_ns;
+  EXPECT_GE(sent_at, before);
+  EXPECT_LE(sent_at, first.monotonic_ns);
+  EXPECT_GE(find_end(first, "ticking", false)->last_activity_ns, before);
+  std::this_thread::sleep_for(3 * ferry::detail::kActivityTick);  // ticks pass over the idle end
+  EXPECT_EQ(find_end(ferry::snapshot(), "ticking", true)->last_activity_ns, sent_at);
+  sender.send(Item{2, "two"});
+  EXPECT_GT(find_end(ferry::snapshot(), "ticking", true)->last_activity_ns, sent_at);
 }
 
 TEST_P(IntrospectionTest, InFlightIsExactWhereDeliveriesAreTracked) {

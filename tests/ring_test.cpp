@@ -908,7 +908,7 @@ TEST_F(RingTest, AnEndAsleepIsWokenByAPositionPublishedWithoutTheFence) {
   detail::WaitOutcome outcome = detail::WaitOutcome::Timeout;
   std::thread waiter([&] {
     outcome = sleeping.end->wait(
-        header.writer_sleeping, [&] { return header.head.load() >= 1; }, detail::Deadline::never());
+        header.writer_sleeping, [&] { return header.head.load() >= 1; }, detail::Deadline::never(), nullptr);
   });
   const bool slept = wait_until_sleeping(header.writer_sleeping);
   const bool owed = detail::RingEnd::publish_unfenced(header.head, 1, header.writer_sleeping);
@@ -929,7 +929,8 @@ TEST_F(RingTest, AWaitWhoseWakeUpWasMissedEndsAfterItsFirstSleep) {
   RingHeader& header = sleeping.header();
   int checks = 0;
   const detail::WaitOutcome outcome = sleeping.end->wait(
-      header.writer_sleeping, [&] { return ++checks > 2; }, detail::Deadline::never(), kRingRoomFirstSleep);
+      header.writer_sleeping, [&] { return ++checks > 2; }, detail::Deadline::never(), nullptr,
+      kRingRoomFirstSleep);
   EXPECT_EQ(outcome, detail::WaitOutcome::Ready);
   EXPECT_EQ(checks, 3);  // before spinning, after announcing, after the first sleep
   EXPECT_EQ(header.writer_sleeping.load(), 0u);
@@ -949,7 +950,7 @@ TEST_F(RingTest, AWaitReChecksOnceAfterItsFirstSleepNotEveryMillisecond) {
         ++checks;
         return false;
       },
-      detail::Deadline::after(60ms), kRingRoomFirstSleep);
+      detail::Deadline::after(60ms), nullptr, kRingRoomFirstSleep);
   EXPECT_EQ(outcome, detail::WaitOutcome::Timeout);
   EXPECT_GE(checks, 5);  // the first sleep was cut and re-checked (uncut: 4)
   EXPECT_LE(checks, 12);

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "sample_main.hpp"  // samples/
 
 namespace {
 
@@ -130,12 +131,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  ferry::init(argc, argv);
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "introspected_pipeline: %s\n", error.what());
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return samples::main_of("introspected_pipeline", run, argc, argv); }

@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "discovery.hpp"
-#include "unique_fd.hpp"
+#include "ferry/detail/unique_fd.hpp"
 
 namespace ferry::cli {
 namespace {
@@ -27,13 +27,13 @@ FetchProblem problem(ExitCode code, pid_t pid, const std::string& what) {
 // A request under way: its socket and what came back so far.
 struct Pending {
   FetchResult* result = nullptr;
-  UniqueFd socket;
+  detail::UniqueFd socket;
   bool done = false;
 };
 
 // Connects to pid's abstract socket; on failure, sets result.problem and returns no socket.
-UniqueFd connect_to(pid_t pid, FetchResult& result) {
-  UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+detail::UniqueFd connect_to(pid_t pid, FetchResult& result) {
+  detail::UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) {
     result.problem = problem(ExitCode::failure, pid, std::string("socket() failed: ") + std::strerror(errno));
     return {};

@@ -52,8 +52,8 @@ SignalPipe::SignalPipe(std::initializer_list<int> signals) {
   if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) {
     throw CliError(ExitCode::failure, std::string("pipe2() failed: ") + std::strerror(errno));
   }
-  read_end_ = UniqueFd(fds[0]);
-  write_end_ = UniqueFd(fds[1]);
+  read_end_ = detail::UniqueFd(fds[0]);
+  write_end_ = detail::UniqueFd(fds[1]);
   signal_write_fd = write_end_.get();
   for (int signal : signals) {
     struct sigaction action {};

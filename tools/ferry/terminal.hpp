@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "unique_fd.hpp"
+#include "ferry/detail/unique_fd.hpp"
 
 namespace ferry::cli {
 
@@ -39,8 +39,8 @@ class SignalPipe {
   std::vector<int> take();
 
  private:
-  UniqueFd read_end_;
-  UniqueFd write_end_;
+  detail::UniqueFd read_end_;
+  detail::UniqueFd write_end_;
   std::vector<std::pair<int, struct sigaction>> previous_;
 };
 

@@ -17,6 +17,7 @@ class FdPassingWriter final : public FrameWriter {
  public:
   explicit FdPassingWriter(std::unique_ptr<FrameWriter> inner)
       : FrameWriter(passing_fds(inner->capabilities())), inner_(std::move(inner)) {}
+  void charge_waits_to(EndStats* stats) noexcept override { inner_->charge_waits_to(stats); }
   BodySpace* body_space(const Deadline& deadline) override { return inner_->body_space(deadline); }
   bool write(std::span<const iovec> parts, std::span<const int> fds, const Deadline& deadline) override {
     return inner_->write(parts, fds, deadline);

@@ -254,7 +254,7 @@ bool send_all(int fd, const std::vector<std::byte>& bytes, const Deadline& deadl
     if (errno == EPIPE || errno == ECONNRESET)
       throw PeerDied("the listener closed the connection during the handshake");
     if (errno != EAGAIN) throw_errno("send on an endpoint connection");
-    if (!wait_for_fd(fd, POLLOUT, deadline)) return false;
+    if (!wait_for_fd(fd, POLLOUT, deadline, nullptr)) return false;
   }
   return true;
 }
@@ -266,7 +266,7 @@ std::optional<std::vector<std::byte>> receive_message(int fd, std::size_t max_by
   while (bytes.size() < wanted) {
     const long got = receive_some(fd, wanted - bytes.size(), bytes, fds);
     if (got == 0) throw PeerDied("the connection ended during the handshake");
-    if (got < 0 && !wait_for_fd(fd, POLLIN, deadline)) return std::nullopt;
+    if (got < 0 && !wait_for_fd(fd, POLLIN, deadline, nullptr)) return std::nullopt;
     if (wanted == kHandshakePrefixBytes && bytes.size() == kHandshakePrefixBytes) {
       const Prefix prefix = decode_prefix(bytes.data());
       if (!prefix.magic_ok) throw ProtocolError("the peer does not speak ferry's endpoint handshake (bad magic)");

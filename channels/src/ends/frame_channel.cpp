@@ -44,6 +44,7 @@ SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport,
   // start, so a forked child's use is refused (EndOwnedElsewhere) and never takes it over.
   if (transport == Transport::Ucx) claim_.adopt();
   stats_.id = next_end_id();
+  writer_->charge_waits_to(&stats_);
   pair_ = std::move(pair);
   track();
 }
@@ -98,9 +99,22 @@ bool SenderCore::send_serialized_by_owner(const void* message, const SentType& t
   return send_locked(message, type, deadline);
 }
 
-// Inlined into send_locked() (and the counted copy), so that the plain path gains no call.
-[[gnu::always_inline]] inline bool SenderCore::send_uncounted(const void* message, const SentType& type,
-                                                              const Deadline& deadline) {
+// Inlined into the cold tail of send_locked(), which has `this` and the frame at hand.
+[[gnu::always_inline]] inline void SenderCore::count_sent(const EncodedFrame& frame) noexcept {
+  const FrameHeader& header = encoder_->header();
+  stats_.count(frame.bytes, header.handle_count, header.segment_count);
+  // In flight is known where the receiver records every delivery on the return board
+  // (track_delivery(), as fan-outs do): the board's other claims (frames with new blocks)
+  // say nothing of the frames between them.
+  constexpr auto relaxed = std::memory_order_relaxed;
+  stats_.sequence.store(header.sequence, relaxed);
+  if (encoder_->has_delivery_board()) [[unlikely]] {
+    stats_.resolved.store(encoder_->resolved_on_board(), relaxed);
+    stats_.board.store(true, relaxed);
+  }
+}
+
+bool SenderCore::send_locked(const void* message, const SentType& type, const Deadline& deadline) {
   if (!open_.load(std::memory_order_relaxed) || !claim_.owned_by_caller()) [[unlikely]]
     ensure_usable();
   collect_acknowledgements();
@@ -112,30 +126,11 @@ bool SenderCore::send_serialized_by_owner(const void* message, const SentType& t
     encoder_->rollback();
     throw;
   }
-  return write_locked(*frame, deadline);
-}
-
-bool SenderCore::send_locked(const void* message, const SentType& type, const Deadline& deadline) {
+  if (!write_locked(*frame, deadline)) return false;
+  // A tail of one load and a branch while introspection is off (the waits learnt whom to
+  // charge when the end was made: FrameWriter::charge_waits_to()).
   if (introspecting()) [[unlikely]]
-    return send_counted(message, type, deadline);
-  return send_uncounted(message, type, deadline);
-}
-
-// Out of line: while introspection is off, the send path carries none of this.
-[[gnu::noinline]] bool SenderCore::send_counted(const void* message, const SentType& type, const Deadline& deadline) {
-  const ActiveEnd active(stats_);
-  if (!send_uncounted(message, type, deadline)) return false;
-  const FrameHeader& header = encoder_->header();
-  stats_.count(sizeof(FrameHeader) + payload_bytes(header), header.handle_count, header.segment_count);
-  // In flight is known where the receiver records every delivery on the return board
-  // (track_delivery(), as fan-outs do): the board's other claims (frames with new blocks)
-  // say nothing of the frames between them.
-  constexpr auto relaxed = std::memory_order_relaxed;
-  stats_.sequence.store(header.sequence, relaxed);
-  if (stats_.board.load(relaxed) || encoder_->has_delivery_board()) [[unlikely]] {
-    stats_.resolved.store(encoder_->resolved_on_board(), relaxed);
-    stats_.board.store(true, relaxed);
-  }
+    count_sent(*frame);
   return true;
 }
 
@@ -422,6 +417,7 @@ ReceiverCore::ReceiverCore(std::unique_ptr<FrameReader> reader, Transport transp
       options_(options) {
   if (transport == Transport::Ucx) claim_.adopt();  // as SenderCore's: UCX never crosses fork
   stats_.id = next_end_id();
+  reader_->charge_waits_to(&stats_);
   pair_ = std::move(pair);
   track();
 }
@@ -451,9 +447,8 @@ void ReceiverCore::adopt() noexcept FERRY_NO_THREAD_SAFETY_ANALYSIS {
   }
 }
 
-// Inlined into receive() (and the counted copy), so that the plain path gains no call.
-[[gnu::always_inline]] inline ReadStatus ReceiverCore::receive_uncounted(void* out, const ReceivedType& type,
-                                                                         const Deadline& deadline) {
+ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Deadline& deadline) {
+  const detail::MutexLock lock(mutex_);
   const ReadStatus status = next_locked(deadline);
   if (status != ReadStatus::Frame) return status;
   try {
@@ -472,22 +467,9 @@ void ReceiverCore::adopt() noexcept FERRY_NO_THREAD_SAFETY_ANALYSIS {
   return status;
 }
 
-ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Deadline& deadline) {
-  const detail::MutexLock lock(mutex_);
-  if (introspecting()) [[unlikely]]
-    return receive_counted(out, type, deadline);
-  return receive_uncounted(out, type, deadline);
-}
-
-// Out of line: while introspection is off, the receive path carries none of this.
-[[gnu::noinline]] ReadStatus ReceiverCore::receive_counted(void* out, const ReceivedType& type,
-                                                           const Deadline& deadline) {
-  const ActiveEnd active(stats_);
-  const ReadStatus status = receive_uncounted(out, type, deadline);
-  if (status == ReadStatus::Frame) {
-    stats_.count(sizeof(FrameHeader) + payload_bytes(header_), header_.handle_count, header_.segment_count);
-  }
-  return status;
+// Inlined into the cold tail of next_locked(), which has `this` and the payload at hand.
+[[gnu::always_inline]] inline void ReceiverCore::count_received(std::size_t payload) noexcept {
+  stats_.count(sizeof(FrameHeader) + payload, header_.handle_count, header_.segment_count);
 }
 
 void ReceiverCore::mark_broken(const std::string& reason) {
@@ -529,6 +511,9 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
       throw;
     }
     if (decoder_->wants_acknowledgement()) reader_->acknowledge(header_.sequence);
+    // A tail of one load and a branch while introspection is off (see SenderCore::send_locked).
+    if (introspecting()) [[unlikely]]
+      count_received(payload.size());
     return status;
   } catch (const ProtocolError& error) {
     mark_broken(error.what());

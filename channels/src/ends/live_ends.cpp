@@ -103,6 +103,12 @@ void describe_live_ends(Snapshot& out) {
   for (const LiveEnd* end : list.ends) end->describe(out);
 }
 
+void sample_live_ends_activity(std::int64_t now) noexcept {
+  LiveEnds& list = live_ends();
+  const detail::MutexLock lock(list.mutex);
+  for (LiveEnd* end : list.ends) end->sample_activity(now);
+}
+
 std::uint64_t next_end_id() noexcept {
   static std::atomic<std::uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);

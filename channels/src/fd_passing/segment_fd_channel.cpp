@@ -46,7 +46,7 @@ bool SegmentFdChannel::send(std::span<const int> fds, const Deadline& deadline) 
       if (errno != EAGAIN) throw_errno("sendmsg of segment fds on a channel's side socket");
       // Full: the reader takes fds as it reads their frames. A frame whose first fds went
       // out must get the rest.
-      if (!wait_for_fd(socket_, POLLOUT, started ? Deadline::never() : deadline)) return false;
+      if (!wait_for_fd(socket_, POLLOUT, started ? Deadline::never() : deadline, nullptr)) return false;
       continue;
     }
     started = true;

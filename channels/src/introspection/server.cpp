@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "ferry/detail/end_stats.hpp"
+#include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/thread_annotations.hpp"
 #include "ferry/detail/unique_fd.hpp"
 #include "ferry/detail/worker_table.hpp"
@@ -83,7 +84,6 @@ void reset_after_fork_in_child() FERRY_NO_THREAD_SAFETY_ANALYSIS {
   }
   s.restart_in_worker = s.enabled;
   s.enabled = false;
-  g_activity_clock.store(0, std::memory_order_relaxed);  // nothing ticks here
   set_introspection_for_workers(false);
   g_serving.store(false, std::memory_order_relaxed);
   // g_introspecting stays as it was: the child goes on measuring (its snapshot() shows it).
@@ -211,8 +211,7 @@ void serve(Server& s, int listener, int wake) {
   auto next_tick = std::chrono::steady_clock::now();
   while (true) {
     if (std::chrono::steady_clock::now() >= next_tick) {
-      // The clock the ends copy as their last activity (end_stats.hpp).
-      g_activity_clock.store(monotonic_ns(), std::memory_order_relaxed);
+      sample_live_ends_activity(monotonic_ns());  // each end's last activity (end_stats.hpp)
       next_tick = std::chrono::steady_clock::now() + kActivityTick;
     }
     fds.clear();
@@ -226,7 +225,6 @@ void serve(Server& s, int listener, int wake) {
     }
     const auto wait = std::chrono::duration_cast<std::chrono::milliseconds>(earliest - now).count() + 1;
     const int rc = ::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(wait, 0)));
-    g_activity_clock.store(monotonic_ns(), std::memory_order_relaxed);
     if (rc < 0 && errno != EINTR) return;       // cannot happen with valid descriptors
     if (rc > 0 && fds[0].revents != 0) return;  // disable_introspection()
     now = std::chrono::steady_clock::now();
@@ -273,7 +271,6 @@ void start_locked(Server& s) FERRY_REQUIRES(s.control) {
   s.listener = std::move(listener);
   s.wake = std::move(wake);
   s.enabled = true;
-  g_activity_clock.store(monotonic_ns(), std::memory_order_relaxed);
   g_introspecting.store(true, std::memory_order_relaxed);
   g_serving.store(true, std::memory_order_relaxed);
   set_introspection_for_workers(true);

@@ -215,6 +215,9 @@ Snapshot snapshot() {
   out.monotonic_ns = detail::monotonic_ns();
   // One lock at a time (each list's, then the allocator's): a fork() in another thread,
   // whose handlers take these locks one by one, never waits on this thread in a cycle.
+  // Where the server samples last activity every tick, a snapshot samples too: an end that
+  // moved a message since the last tick shows as active now.
+  if (introspection_enabled()) detail::sample_live_ends_activity(out.monotonic_ns);
   detail::describe_live_ends(out);
   detail::describe_listed(out);
   std::sort(out.ends.begin(), out.ends.end(), [](const EndSnapshot& a, const EndSnapshot& b) { return a.id < b.id; });

@@ -88,7 +88,7 @@ bool RingEnd::peer_gone_lately() {
 }
 
 WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline,
-                          std::chrono::nanoseconds first_sleep) {
+                          EndStats* charged, std::chrono::nanoseconds first_sleep) {
   if (ready()) return WaitOutcome::Ready;
   if (peer_gone_) return WaitOutcome::PeerGone;
   if (deadline.expired()) {  // a poll (try_recv, a zero timeout) or a deadline already past
@@ -99,7 +99,7 @@ WaitOutcome RingEnd::wait(std::atomic<std::uint32_t>& word, Condition ready, con
   std::optional<Clock::time_point> start;
   // Blocked from the first clock reading (after 16 rounds) or the sleep: a peer that
   // answers sooner costs nothing here either.
-  BlockedSpan blocked;
+  BlockedSpan blocked(charged);
   const std::chrono::nanoseconds budget = spin_.budget();
   if (budget > std::chrono::nanoseconds::zero()) {
     // The clock is read every 16 rounds only, the first time after 16 of them: a peer that

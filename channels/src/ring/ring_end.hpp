@@ -86,7 +86,8 @@ class RingEnd {
   /// read every 16 spins and never between `ready()` turning true and the return: a wait
   /// that ends within its first 16 spins reads no clock, and a longer catch counts the time
   /// spun up to the last reading. A wait that slept reads it once more to time the wake-up.
-  WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline,
+  /// The time blocked is charged to `charged` (the transport end's waits_charged_to()).
+  WaitOutcome wait(std::atomic<std::uint32_t>& word, Condition ready, const Deadline& deadline, EndStats* charged,
                    std::chrono::nanoseconds first_sleep = std::chrono::nanoseconds::max());
 
   /// Wakes the peer if it sleeps on `word`, leaving in the word the CPU this thread runs

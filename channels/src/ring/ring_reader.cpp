@@ -119,7 +119,7 @@ ReadStatus RingFrameReader::read_frame(detail::FrameHeader& header, std::span<co
             __builtin_prefetch(next_frame);
             return available() > 0;
           },
-          deadline);
+          deadline, waits_charged_to());
       if (outcome == detail::WaitOutcome::Timeout) return ReadStatus::Timeout;
       count = available();
       if (count == 0) {  // PeerGone, and nothing left to drain

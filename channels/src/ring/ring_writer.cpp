@@ -82,7 +82,8 @@ std::uint64_t RingFrameWriter::room(bool refresh) {
 detail::WaitOutcome RingFrameWriter::wait_for_room(std::uint64_t wanted, const detail::Deadline& deadline) {
   wanted = std::min(wanted, end_.capacity() / 4);
   return end_.wait(
-      end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, deadline, kRingRoomFirstSleep);
+      end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, deadline, waits_charged_to(),
+      kRingRoomFirstSleep);
 }
 
 detail::BodySpace* RingFrameWriter::body_space(const detail::Deadline& deadline) {
@@ -97,7 +98,8 @@ std::span<std::byte> RingFrameWriter::lend(std::size_t bytes) {
   const std::uint64_t wanted = kRingBodyOffset + bytes;
   if (room(false) < wanted && room(true) < wanted &&
       end_.wait(
-          end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, lend_deadline_, kRingRoomFirstSleep) !=
+          end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, lend_deadline_, waits_charged_to(),
+          kRingRoomFirstSleep) !=
           detail::WaitOutcome::Ready) {
     return {};  // the body stays private; write() then reports the timeout or the dead reader
   }
@@ -179,7 +181,8 @@ bool RingFrameWriter::write_frame(std::span<const iovec> parts, std::span<const 
   if (total <= end_.capacity()) {
     if (total > room(false) && total > room(true)) {
       const detail::WaitOutcome outcome = end_.wait(
-          end_.header().writer_sleeping, [&] { return room(true) >= total; }, deadline, kRingRoomFirstSleep);
+          end_.header().writer_sleeping, [&] { return room(true) >= total; }, deadline, waits_charged_to(),
+          kRingRoomFirstSleep);
       if (outcome == detail::WaitOutcome::PeerGone) detail::throw_receiver_gone();
       if (outcome == detail::WaitOutcome::Timeout) return false;
     }
@@ -272,7 +275,7 @@ std::uint64_t RingFrameWriter::acknowledged() {
 bool RingFrameWriter::wait_acknowledged(std::uint64_t sequence, const detail::Deadline& deadline) {
   if (!end_.is_open()) return acknowledged_ >= sequence;
   return end_.wait(
-             end_.header().writer_sleeping, [&] { return acknowledged() >= sequence; }, deadline) ==
+             end_.header().writer_sleeping, [&] { return acknowledged() >= sequence; }, deadline, waits_charged_to()) ==
          detail::WaitOutcome::Ready;
 }
 

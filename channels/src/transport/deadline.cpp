@@ -38,9 +38,9 @@ timespec detail::to_timespec(std::chrono::nanoseconds duration) noexcept {
   return ts;
 }
 
-bool detail::wait_for_fd(int fd, short events, const detail::Deadline& deadline) {
+bool detail::wait_for_fd(int fd, short events, const detail::Deadline& deadline, detail::EndStats* charged) {
   pollfd entry{fd, events, 0};
-  detail::BlockedSpan blocked;  // charged to the channel end waiting here, if introspected
+  detail::BlockedSpan blocked(charged);
   if (blocked.active() && !deadline.expired()) blocked.begin_now();
   while (true) {
     // At most kReleaseCheck at a time while ends were copied by fork(): a long wait lets go

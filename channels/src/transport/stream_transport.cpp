@@ -82,7 +82,7 @@ ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std
       // which lets go of copies of ends owned elsewhere while it waits (live_ends.hpp).
       written = ::sendmsg(stream_.get(), &message, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (written < 0 && errno == EAGAIN && wait) {
-        detail::wait_for_fd(stream_.get(), POLLOUT, detail::Deadline::never());
+        detail::wait_for_fd(stream_.get(), POLLOUT, detail::Deadline::never(), waits_charged_to());
         continue;
       }
     } else {
@@ -91,7 +91,7 @@ ssize_t StreamFrameWriter::write_some(const iovec* parts, std::size_t count, std
       written = ::writev(stream_.get(), parts, static_cast<int>(count));
       if (written < 0 && errno == EPIPE) blocked.consume();
       if (written < 0 && errno == EAGAIN && wait) {
-        detail::wait_for_fd(stream_.get(), POLLOUT, detail::Deadline::never());
+        detail::wait_for_fd(stream_.get(), POLLOUT, detail::Deadline::never(), waits_charged_to());
         continue;
       }
     }
@@ -110,7 +110,7 @@ bool StreamFrameWriter::flush_pending(const detail::Deadline& deadline) {
     const iovec part{pending_.data(), pending_.size()};
     const ssize_t written = write_some(&part, 1, {}, may_block(deadline));
     if (written < 0) {
-      if (!detail::wait_for_fd(stream_.get(), POLLOUT, deadline)) break;
+      if (!detail::wait_for_fd(stream_.get(), POLLOUT, deadline, waits_charged_to())) break;
       continue;
     }
     pending_.erase(pending_.begin(), pending_.begin() + written);
@@ -128,7 +128,7 @@ bool StreamFrameWriter::write(std::span<const iovec> parts, std::span<const int>
   // there once it has the frame), and only when the frame's first byte is sure to follow:
   // the pipe has room, and nothing else writes to it. Once the fds begin to go out, the
   // frame must follow: no interruption check runs any more.
-  if (!detail::wait_for_fd(stream_.get(), POLLOUT, deadline)) return false;
+  if (!detail::wait_for_fd(stream_.get(), POLLOUT, deadline, waits_charged_to())) return false;
   const detail::WaitInterruptionSuspended committed;
   if (!detail::SegmentFdChannel(side_.get()).send(fds, deadline)) return false;
   return write_frame(parts, {}, deadline, true);
@@ -211,7 +211,7 @@ bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<cons
     const ssize_t written = write_some(&one, 1, fds.first(kMaxFdsPerRead), wait);
     if (written < 0) {
       // Once a batch went out, the frame must go out whole: fds cannot wait in pending_.
-      if (detail::wait_for_fd(stream_.get(), POLLOUT, started ? detail::Deadline::never() : deadline)) continue;
+      if (detail::wait_for_fd(stream_.get(), POLLOUT, started ? detail::Deadline::never() : deadline, waits_charged_to())) continue;
       return false;
     }
     if (!started) committed.emplace();
@@ -225,7 +225,7 @@ bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<cons
       // A frame whose fds went out ahead of it must start, and one whose first batch of
       // fds went out must send the last one, whatever the deadline.
       const bool must_wait = started ? !fds.empty() : must_start;
-      if (detail::wait_for_fd(stream_.get(), POLLOUT, must_wait ? detail::Deadline::never() : deadline)) continue;
+      if (detail::wait_for_fd(stream_.get(), POLLOUT, must_wait ? detail::Deadline::never() : deadline, waits_charged_to())) continue;
       if (!started) return false;
       // Deadline passed mid-frame: keep the tail, so the stream never holds half a frame.
       for (std::size_t i = 0; i < count; ++i) {
@@ -269,7 +269,7 @@ bool StreamFrameWriter::wait_acknowledged(std::uint64_t sequence, const detail::
   while (true) {
     read_acknowledgements();
     if (acknowledged_ >= sequence) return true;
-    if (reader_gone_ || !detail::wait_for_fd(side_.get(), POLLIN, deadline)) return false;
+    if (reader_gone_ || !detail::wait_for_fd(side_.get(), POLLIN, deadline, waits_charged_to())) return false;
   }
 }
 
@@ -360,7 +360,7 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
       if (is_socket_) {
         detail::release_ends_owned_elsewhere();
       } else {
-        detail::wait_for_fd(stream_.get(), POLLIN, detail::Deadline::never());
+        detail::wait_for_fd(stream_.get(), POLLIN, detail::Deadline::never(), waits_charged_to());
       }
       continue;
     }
@@ -370,10 +370,10 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
 }
 
 bool StreamFrameReader::await_bytes(bool timed, const detail::Deadline& deadline) {
-  if (timed) return detail::wait_for_fd(stream_.get(), POLLIN, deadline);
+  if (timed) return detail::wait_for_fd(stream_.get(), POLLIN, deadline, waits_charged_to());
   // An untimed read of a pipe that the last read emptied waits first: reading it now would
   // only report EAGAIN (a system call for nothing on every frame of a ping-pong).
-  if (!is_socket_ && pipe_emptied_) detail::wait_for_fd(stream_.get(), POLLIN, detail::Deadline::never());
+  if (!is_socket_ && pipe_emptied_) detail::wait_for_fd(stream_.get(), POLLIN, detail::Deadline::never(), waits_charged_to());
   return true;
 }
 

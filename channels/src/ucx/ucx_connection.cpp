@@ -134,8 +134,8 @@ bool UcxConnection::arm_locked() {
 // Gives `lock` up while it sleeps and takes it back, which the analysis cannot follow through
 // a lock passed by reference: its callers are checked (FERRY_REQUIRES), its body is not.
 template <class Ready>
-bool UcxConnection::wait_until(ferry::detail::MutexLock& lock, const ferry::detail::Deadline& deadline,
-                               Ready ready) FERRY_NO_THREAD_SAFETY_ANALYSIS {
+bool UcxConnection::wait_until(ferry::detail::MutexLock& lock, const ferry::detail::Deadline& deadline, Ready ready,
+                               ferry::detail::EndStats* charged) FERRY_NO_THREAD_SAFETY_ANALYSIS {
   // Requests in flight point into the caller's memory: a wait is never abandoned midway.
   const ferry::detail::WaitInterruptionSuspended uninterrupted;
   for (int round = 0;; ++round) {
@@ -147,7 +147,7 @@ bool UcxConnection::wait_until(ferry::detail::MutexLock& lock, const ferry::deta
     if (ready()) return true;
     const ferry::detail::Deadline sleep = sleep_until(deadline);
     lock.unlock();
-    const bool woke = ferry::detail::wait_for_fd(wake_fd_, POLLIN, sleep);
+    const bool woke = ferry::detail::wait_for_fd(wake_fd_, POLLIN, sleep, charged);
     lock.lock();
     if (!woke) {
       check_host_locked();
@@ -318,12 +318,15 @@ std::size_t UcxConnection::outgoing_bytes_locked() const noexcept {
   return bytes;
 }
 
-bool UcxConnection::flush(const ferry::detail::Deadline& deadline) {
+bool UcxConnection::flush(const ferry::detail::Deadline& deadline, ferry::detail::EndStats* charged) {
   ferry::detail::MutexLock lock(mutex_);
-  const bool done = wait_until(lock, deadline, [&]() FERRY_REQUIRES(mutex_) {
-    reap_locked();
-    return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
-  });
+  const bool done = wait_until(
+      lock, deadline,
+      [&]() FERRY_REQUIRES(mutex_) {
+        reap_locked();
+        return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
+      },
+      charged);
   if (send_failure_ != UCS_OK || (failed_ && !outgoing_.empty())) {
     throw ChannelClosed("the receiver at ucx://" + peer_address() + " is gone (" +
                         (failure_.empty() ? status_text(send_failure_) : failure_) +
@@ -334,7 +337,7 @@ bool UcxConnection::flush(const ferry::detail::Deadline& deadline) {
 
 bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iovec> copies,
                                std::span<const std::shared_ptr<Storage>> owners,
-                               const ferry::detail::Deadline& deadline) {
+                               const ferry::detail::Deadline& deadline, ferry::detail::EndStats* charged) {
   if (copies.size() > kMaxCopies) {
     throw Error("a message over ucx:// carries at most " + std::to_string(kMaxCopies) + " tensor storages, not " +
                 std::to_string(copies.size()) + "; send fewer per message");
@@ -346,11 +349,14 @@ bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iov
                         (failure_.empty() ? status_text(send_failure_) : failure_) + ")");
   };
   // Back-pressure: a receiver that does not read holds the frames sent to it.
-  const bool room = wait_until(lock, deadline, [&]() FERRY_REQUIRES(mutex_) {
-    reap_locked();
-    return failed_ || send_failure_ != UCS_OK ||
-           (outgoing_.size() < kMaxFramesInFlight && outgoing_bytes_locked() < kMaxBytesInFlight);
-  });
+  const bool room = wait_until(
+      lock, deadline,
+      [&]() FERRY_REQUIRES(mutex_) {
+        reap_locked();
+        return failed_ || send_failure_ != UCS_OK ||
+               (outgoing_.size() < kMaxFramesInFlight && outgoing_bytes_locked() < kMaxBytesInFlight);
+      },
+      charged);
   if (failed_ || send_failure_ != UCS_OK) gone();
   if (!room) return false;
 
@@ -406,10 +412,13 @@ bool UcxConnection::send_frame(std::span<const iovec> parts, std::span<const iov
   // sender progresses too: wait until the frame left (the receiver took its large copies),
   // or until `deadline`. A frame still in flight then stays started (its storages kept by
   // `owners`): later sends and flush() move it on, and a send waits for room first.
-  wait_until(lock, deadline, [&]() FERRY_REQUIRES(mutex_) {
-    reap_locked();
-    return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
-  });
+  wait_until(
+      lock, deadline,
+      [&]() FERRY_REQUIRES(mutex_) {
+        reap_locked();
+        return outgoing_.empty() || failed_ || send_failure_ != UCS_OK;
+      },
+      charged);
   return true;
 }
 
@@ -608,14 +617,15 @@ std::optional<std::vector<std::byte>> UcxConnection::receive_control(const ferry
   return std::nullopt;
 }
 
-std::optional<IncomingFrame> UcxConnection::receive_frame(const ferry::detail::Deadline& deadline) {
+std::optional<IncomingFrame> UcxConnection::receive_frame(const ferry::detail::Deadline& deadline,
+                                                          ferry::detail::EndStats* charged) {
   ferry::detail::MutexLock lock(mutex_);
   refuse_after_fork(owner_, "receiving");
   const auto ready = [&]() FERRY_REQUIRES(mutex_) {
     reap_locked();  // the handshake's last messages, sent without waiting
     return (!frames_.empty() && frames_.front().complete()) || failed_ || !broken_.empty();
   };
-  wait_until(lock, deadline, ready);
+  wait_until(lock, deadline, ready, charged);
   if (!frames_.empty() && frames_.front().complete()) {
     IncomingFrame frame = std::move(frames_.front());
     frames_.pop_front();

@@ -90,15 +90,17 @@ class UcxConnection {
   /// bytes in the kernel). Returns false, sending nothing, when the frames in flight were
   /// still above their cap (kMaxFramesInFlight, kMaxBytesInFlight) at `deadline`. Throws
   /// ChannelClosed when the peer is gone (then also for a frame whose send it had started).
+  /// These three charge their time blocked to `charged` (FrameWriter::waits_charged_to()).
   bool send_frame(std::span<const iovec> parts, std::span<const iovec> copies,
-                  std::span<const std::shared_ptr<Storage>> owners, const ferry::detail::Deadline& deadline);
+                  std::span<const std::shared_ptr<Storage>> owners, const ferry::detail::Deadline& deadline,
+                  ferry::detail::EndStats* charged);
   /// Waits until every frame sent has left (false: `deadline` passed first). Throws
   /// ChannelClosed when the peer is gone.
-  bool flush(const ferry::detail::Deadline& deadline);
+  bool flush(const ferry::detail::Deadline& deadline, ferry::detail::EndStats* charged);
   /// The oldest complete frame, waiting until `deadline`; nullopt on timeout. Throws
   /// PeerDied when the peer vanished (no complete frame left), ProtocolError for a frame
   /// message that breaks the protocol.
-  std::optional<IncomingFrame> receive_frame(const ferry::detail::Deadline& deadline);
+  std::optional<IncomingFrame> receive_frame(const ferry::detail::Deadline& deadline, ferry::detail::EndStats* charged);
   /// True when a complete frame is queued, the connection failed, or it broke (after
   /// progressing the worker and arming its wake-up fd, so that a poll on wake_fd() after
   /// false wakes for the next event).
@@ -139,10 +141,11 @@ class UcxConnection {
   void progress_locked() FERRY_REQUIRES(mutex_);
   // Progress, then arm the wake-up fd; true when something may have arrived meanwhile.
   bool arm_locked() FERRY_REQUIRES(mutex_);
-  // Waits until `ready()` (checked under the lock after progress) or `deadline`; false on timeout.
+  // Waits until `ready()` (checked under the lock after progress) or `deadline`; false on
+  // timeout. Its sleeps are charged to `charged` as blocked time.
   template <class Ready>
-  bool wait_until(ferry::detail::MutexLock& lock, const ferry::detail::Deadline& deadline, Ready ready)
-      FERRY_REQUIRES(mutex_);
+  bool wait_until(ferry::detail::MutexLock& lock, const ferry::detail::Deadline& deadline, Ready ready,
+                  ferry::detail::EndStats* charged = nullptr) FERRY_REQUIRES(mutex_);
   // How long one sleep of wait_until lasts at most (mutex_ held): until `deadline`, or the
   // next host check while frames sent wait for a watched host (keep_alive()).
   ferry::detail::Deadline sleep_until(const ferry::detail::Deadline& deadline) const;

@@ -41,12 +41,12 @@ bool UcxFrameWriter::write_copies(std::span<const iovec> parts, std::span<const 
                                   std::span<const std::shared_ptr<Storage>> owners,
                                   const ferry::detail::Deadline& deadline) {
   if (!connection_) throw ChannelClosed("cannot send: this end of the ucx:// connection is closed");
-  return connection_->send_frame(parts, copies, owners, deadline);
+  return connection_->send_frame(parts, copies, owners, deadline, waits_charged_to());
 }
 
 bool UcxFrameWriter::flush(const ferry::detail::Deadline& deadline) {
   if (!connection_) return true;
-  return connection_->flush(deadline);
+  return connection_->flush(deadline, waits_charged_to());
 }
 
 void UcxFrameWriter::close() noexcept {
@@ -67,7 +67,7 @@ ReadStatus UcxFrameReader::read(ferry::detail::FrameHeader& header, std::vector<
                                 std::deque<ferry::detail::UniqueFd>& /*fds*/, const ferry::detail::Deadline& deadline) {
   if (!connection_ || peer_closed_) return ReadStatus::Closed;
   copies_.clear();
-  std::optional<IncomingFrame> frame = connection_->receive_frame(deadline);
+  std::optional<IncomingFrame> frame = connection_->receive_frame(deadline, waits_charged_to());
   if (!frame) return ReadStatus::Timeout;
   // The frame's bytes, then its inline storages (UcxConnection::send_frame).
   std::memcpy(&header, frame->bytes.data(), sizeof header);

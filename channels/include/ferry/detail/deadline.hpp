@@ -9,6 +9,8 @@
 
 namespace ferry::detail {
 
+struct EndStats;
+
 /// When a blocking operation stops waiting: never, now (poll once), or at a time point.
 class Deadline {
  public:
@@ -54,7 +56,8 @@ timespec to_timespec(std::chrono::nanoseconds duration) noexcept;
 /// Returns false on timeout; true when ready or when the fd reports an error or hang-up
 /// (the next read/write then says which). Honours the thread's wait-interruption check
 /// (its exception leaves this function), retries on other EINTRs; throws SystemError on
-/// other failures.
-bool wait_for_fd(int fd, short events, const Deadline& deadline);
+/// other failures. The time blocked is charged to `charged` (a transport end's
+/// waits_charged_to(); nullptr: nobody).
+bool wait_for_fd(int fd, short events, const Deadline& deadline, EndStats* charged);
 
 }  // namespace ferry::detail

@@ -3,18 +3,21 @@
 //
 // Contract:
 // - Kept only while introspection is on (introspecting()): a send or recv reads the flag
-//   once and, while it is off, touches nothing here (one predictable branch; a transport's
-//   wait reads the flag before anything else too). Counts therefore start when
-//   introspection is turned on.
+//   once, after the frame moved, and while it is off touches nothing here (one predictable
+//   branch; a transport's wait reads the flag before anything else too). Counts therefore
+//   start when introspection is turned on.
 // - Each counter has one writer: the thread inside the end's send or recv (they run under
-//   the end's lock, or under a fan-out's, which owns the end). It adds with a relaxed load
-//   and store, no locked instruction; readers see each counter tear-free, the counters
-//   together only roughly consistent.
-// - Per message: four additions and the time of the last activity, copied from a word the
-//   introspection server's thread sets every kActivityTick (no clock read per message).
-//   The time blocked is measured on the waiting path only (a ring end that spun 16 rounds
-//   without its peer answering, a pipe or socket end about to poll): an end that finds
-//   room or a message at once reads no clock.
+//   the end's lock, or under a fan-out's, which owns the end); last activity's is the
+//   introspection server's thread. It adds with a relaxed load and store, no locked
+//   instruction; readers see each counter tear-free, the counters together only roughly
+//   consistent. What a message writes shares one cache line, the end's own.
+// - Per message: two additions (four for a frame with tensors) and, for a sender, the
+//   frame's sequence number; no clock read. Last activity is sampled: every kActivityTick
+//   the server marks an end whose message count moved as active then. The time blocked is
+//   measured on the waiting path only (a ring end that spun 16 rounds without its peer
+//   answering, a pipe or socket end about to poll), charged to the end its transport end
+//   serves (FrameWriter::charge_waits_to()): an end that finds room or a message at once
+//   reads no clock.
 #pragma once
 
 #include <atomic>
@@ -33,25 +36,27 @@ inline std::int64_t monotonic_ns() noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-/// monotonic_ns() as of the introspection server's last tick (every kActivityTick); 0 where
-/// no server runs in this process (a child forked without one): last activity is then not
-/// known. Reading it is a plain load: a clock read costs 10-50 ns, too much per message.
-inline std::atomic<std::int64_t> g_activity_clock{0};
+/// How often the introspection server samples each end's last activity (sample_activity()).
+/// A clock read per message would cost 10-50 ns on a VM; a sample every tick costs nothing
+/// on the message path.
 inline constexpr std::chrono::milliseconds kActivityTick{20};
 
-struct EndStats {
-  std::uint64_t id = 0;  ///< next_end_id(), set as the end is made
+struct alignas(64) EndStats {
+  // Written per message, first: one cache line.
   std::atomic<std::uint64_t> messages{0};
   std::atomic<std::uint64_t> bytes{0};
-  std::atomic<std::uint64_t> tensors{0};          ///< tensor storages the frames named
-  std::atomic<std::uint64_t> new_segments{0};     ///< shared-memory segments the frames introduced
-  std::atomic<std::uint64_t> blocked_ns{0};       ///< total time waiting for room or for a message
-  std::atomic<std::int64_t> blocked_since_ns{0};  ///< monotonic_ns() the current wait began; 0: none
-  std::atomic<std::int64_t> last_activity_ns{0};  ///< monotonic time of the last message, to kActivityTick; 0: unknown
-  std::atomic<std::uint64_t> sequence{0};         ///< sender: the sequence number of the last frame counted
+  std::atomic<std::uint64_t> sequence{0};      ///< sender: the sequence number of the last frame counted
+  std::atomic<std::uint64_t> tensors{0};       ///< tensor storages the frames named
+  std::atomic<std::uint64_t> new_segments{0};  ///< shared-memory segments the frames introduced
   std::atomic<std::uint64_t> resolved{0};  ///< sender: the last frame the receiver delivered, on the return board
   std::atomic<bool> board{false};          ///< sender: deliveries are tracked on a return board (in flight is known)
-  std::atomic<std::int32_t> peer_pid{0};   ///< 0: unknown
+  // Written while waiting, by the server's tick, or once.
+  std::uint64_t id = 0;                           ///< next_end_id(), set as the end is made
+  std::atomic<std::uint64_t> blocked_ns{0};       ///< total time waiting for room or for a message
+  std::atomic<std::int64_t> blocked_since_ns{0};  ///< monotonic_ns() the current wait began; 0: none
+  std::atomic<std::int64_t> last_activity_ns{0};  ///< when the last message moved, to kActivityTick; 0: unknown
+  std::uint64_t messages_sampled = 0;             ///< messages at the last sample_activity()
+  std::atomic<std::int32_t> peer_pid{0};          ///< 0: unknown
   std::atomic<bool> peer_died{false};
 
   /// One message moved: `frame_bytes` on the wire, naming `storages` and introducing
@@ -59,38 +64,32 @@ struct EndStats {
   void count(std::uint64_t frame_bytes, std::uint32_t storages, std::uint32_t segments) noexcept {
     add(messages, 1);
     add(bytes, frame_bytes);
-    if (storages != 0) add(tensors, storages);
-    if (segments != 0) add(new_segments, segments);
-    last_activity_ns.store(g_activity_clock.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    if ((storages | segments) != 0) [[unlikely]] {
+      add(tensors, storages);
+      add(new_segments, segments);
+    }
+  }
+  /// The server's tick, every kActivityTick (under the list of live ends' lock, its only
+  /// caller): the end was last active `now` if it moved a message since the last tick. A
+  /// process without a server (a child forked without one) does not know it (0).
+  void sample_activity(std::int64_t now) noexcept {
+    const std::uint64_t moved = messages.load(std::memory_order_relaxed);
+    if (moved == messages_sampled) return;
+    messages_sampled = moved;
+    last_activity_ns.store(now, std::memory_order_relaxed);
   }
   static void add(std::atomic<std::uint64_t>& counter, std::uint64_t amount) noexcept {
     counter.store(counter.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);
   }
 };
 
-/// The end whose counted send or recv this thread is in (else nullptr): the transports'
-/// waits charge their blocked time to it.
-inline constinit thread_local EndStats* t_active_end = nullptr;
-
-/// Makes `stats` the thread's active end for its lifetime (a send or recv counted because
-/// introspection is on).
-class ActiveEnd {
- public:
-  explicit ActiveEnd(EndStats& stats) noexcept : previous_(t_active_end) { t_active_end = &stats; }
-  ~ActiveEnd() { t_active_end = previous_; }
-  ActiveEnd(const ActiveEnd&) = delete;
-  ActiveEnd& operator=(const ActiveEnd&) = delete;
-
- private:
-  EndStats* previous_;
-};
-
-/// A transport's wait, charged to the thread's active end (if any): blocked from begin()
-/// until end() or destruction. While introspection is off it reads the flag only (not the
-/// thread-local, which costs a call in a shared library), and never a clock.
+/// A transport's wait, charged to `charged` (the end the transport serves, see
+/// FrameWriter::charge_waits_to(); nullptr: nobody, as a handshake's): blocked from begin()
+/// until end() or destruction. While introspection is off it reads the flag only, and
+/// never a clock.
 class BlockedSpan {
  public:
-  BlockedSpan() noexcept : stats_(introspecting() ? t_active_end : nullptr) {}
+  explicit BlockedSpan(EndStats* charged) noexcept : stats_(introspecting() ? charged : nullptr) {}
   ~BlockedSpan() {
     if (since_ != 0) [[unlikely]]
       end_at(monotonic_ns());

@@ -108,6 +108,7 @@ class SenderCore final : public LiveEnd {
   void abandon_in_child() noexcept override;
   void release_if_owned_elsewhere() noexcept override;
   void describe(Snapshot& out) const override;
+  void sample_activity(std::int64_t now) noexcept override { stats_.sample_activity(now); }
   /// The end's counters (introspection).
   EndStats& stats() noexcept { return stats_; }
   /// Storages pinned because the receiver may still hold them (for tests and statistics).
@@ -133,9 +134,8 @@ class SenderCore final : public LiveEnd {
   bool write_locked(const EncodedFrame& frame, const Deadline& deadline) FERRY_REQUIRES(mutex_);
   // send(), with the end's lock held (or every use serialized by its owner).
   bool send_locked(const void* message, const SentType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
-  // send_locked(), without introspection's counters / with them (while it is on).
-  bool send_uncounted(const void* message, const SentType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
-  bool send_counted(const void* message, const SentType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
+  // Introspection's counters for `frame`, just written (only while introspection is on).
+  void count_sent(const EncodedFrame& frame) noexcept FERRY_REQUIRES(mutex_);
 
   detail::Mutex mutex_;
   std::unique_ptr<FrameWriter> writer_;
@@ -211,6 +211,7 @@ class ReceiverCore final : public LiveEnd {
   void abandon_in_child() noexcept override;
   void release_if_owned_elsewhere() noexcept override;
   void describe(Snapshot& out) const override;
+  void sample_activity(std::int64_t now) noexcept override { stats_.sample_activity(now); }
   /// The end's counters (introspection).
   EndStats& stats() noexcept { return stats_; }
   /// See SenderCore::hand_away().
@@ -219,10 +220,10 @@ class ReceiverCore final : public LiveEnd {
   std::size_t leased_segments();
 
  private:
-  // receive(), with the lock held: without introspection's counters / with them.
-  ReadStatus receive_uncounted(void* out, const ReceivedType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
-  ReadStatus receive_counted(void* out, const ReceivedType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
   ReadStatus next_locked(const Deadline& deadline) FERRY_REQUIRES(mutex_);
+  // Introspection's counters for the frame just taken, `payload` bytes after its header
+  // (only while introspection is on).
+  void count_received(std::size_t payload) noexcept FERRY_REQUIRES(mutex_);
   void mark_broken(const std::string& reason) FERRY_REQUIRES(mutex_);
   // Closes the end; `ending_the_stream` also shuts a duplex socket's direction down.
   void close_as(bool ending_the_stream) noexcept;

@@ -32,6 +32,9 @@ class LiveEnd {
   /// Called from any thread while the end lives: reads only atomics and what never changes
   /// after construction, and takes none of the end's locks.
   virtual void describe(Snapshot& /*out*/) const {}
+  /// Marks the end active at `now` (monotonic ns) if it moved a message since the last
+  /// call (EndStats::sample_activity()); only the introspection server's tick calls it.
+  virtual void sample_activity(std::int64_t /*now*/) noexcept {}
 
  protected:
   LiveEnd() = default;
@@ -74,6 +77,10 @@ std::size_t live_end_count();
 
 /// Calls describe(out) on every live end (introspection), under the list's lock.
 void describe_live_ends(Snapshot& out);
+
+/// Calls sample_activity(now) on every live end, under the list's lock (the introspection
+/// server's tick, every kActivityTick).
+void sample_live_ends_activity(std::int64_t now) noexcept;
 
 /// A new id for an end or listener, unique in this process.
 std::uint64_t next_end_id() noexcept;

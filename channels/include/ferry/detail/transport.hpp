@@ -25,6 +25,25 @@
 
 namespace ferry::detail {
 
+struct EndStats;
+
+/// Whom a transport end's waits (for room, for a frame, for an acknowledgement) are charged
+/// to as blocked time (BlockedSpan, end_stats.hpp): the counters of the channel end that
+/// owns it, which sets them once as it takes the transport end over; none before. A
+/// wrapper around another transport end passes them on.
+class ChargesWaits {
+ public:
+  virtual void charge_waits_to(EndStats* stats) noexcept { waits_charged_to_ = stats; }
+  EndStats* waits_charged_to() const noexcept { return waits_charged_to_; }
+
+ protected:
+  ChargesWaits() = default;
+  ~ChargesWaits() = default;
+
+ private:
+  EndStats* waits_charged_to_ = nullptr;
+};
+
 /// What one end of a transport can do, and where a reading end is watched: plain data
 /// that the transport fills in once, when it makes the end, and that the channel core reads
 /// (it never changes afterwards; the descriptor and the futex word are the end's, valid
@@ -76,7 +95,7 @@ struct TransportCapabilities {
 };
 
 /// The sending half of a transport.
-class FrameWriter {
+class FrameWriter : public ChargesWaits {
  public:
   explicit FrameWriter(const TransportCapabilities& capabilities) noexcept : capabilities_(capabilities) {}
   virtual ~FrameWriter() = default;
@@ -138,7 +157,7 @@ class FrameWriter {
 };
 
 /// The receiving half of a transport.
-class FrameReader {
+class FrameReader : public ChargesWaits {
  public:
   explicit FrameReader(const TransportCapabilities& capabilities) noexcept : capabilities_(capabilities) {}
   virtual ~FrameReader() = default;

@@ -1,5 +1,8 @@
-// RAII owner of a file descriptor.
+// RAII owner of a file descriptor. Everything but duplicate() is inline, so that a program
+// that does not link the ferry library (the `ferry` tool) can use it too.
 #pragma once
+
+#include <unistd.h>
 
 #include <utility>
 
@@ -26,7 +29,14 @@ class UniqueFd {
   /// Gives up ownership without closing; returns the descriptor.
   int release() noexcept { return std::exchange(fd_, -1); }
   /// Closes the owned descriptor (if any) and takes ownership of `fd`.
-  void reset(int fd = -1) noexcept;
+  void reset(int fd = -1) noexcept {
+    if (fd_ >= 0) {
+      // close() may report EINTR/EIO, but the descriptor is released on Linux either way,
+      // and a destructor has no one to report to.
+      (void)::close(fd_);
+    }
+    fd_ = fd;
+  }
   /// A new descriptor for the same open file (F_DUPFD_CLOEXEC); throws SystemError.
   UniqueFd duplicate() const;
 
