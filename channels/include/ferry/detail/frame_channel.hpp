@@ -124,6 +124,9 @@ class SenderCore final : public LiveEnd {
   void ensure_usable();
   // detach(), with the lock held.
   void detach_locked() noexcept FERRY_REQUIRES(mutex_);
+  // True when the receiving end belongs to this process (pair_pids.hpp): its close() does
+  // not wait for acknowledgements the receiver can give only after it returns.
+  bool receiver_in_this_process() const noexcept;
   // Throws Error when the frame just encoded breaks the channel's FrameLimits, which the
   // receiver enforces (it shares them): refused here, it is not sent and breaks nothing.
   void check_limits() const FERRY_REQUIRES(mutex_);
@@ -229,6 +232,9 @@ class ReceiverCore final : public LiveEnd {
   void close_locked(bool ending_the_stream) noexcept FERRY_REQUIRES(mutex_);
   // Closes the transport's end (its readiness descriptor and futex word go with it).
   void close_reader() noexcept;
+  // After end of stream or close: lets a sender of this process that closed without
+  // waiting for its receiver go of what it kept (closed_ledgers_keep_segments()).
+  static void let_go_of_kept_segments() noexcept;
   // Whether closing here ends the stream for every process: this process owns the end,
   // or made it and nobody took it yet.
   bool closes_for_everyone() const noexcept { return claim_.held() || claim_.fresh_here(); }
