@@ -2,8 +2,11 @@
 // receiver belongs to this process (a single-threaded program closes before it reads),
 // and the receiver still gets every message, then end of stream; a forked receiver that
 // reads late, or that took the end over and is slow, gets its data too. Plain Senders,
-// Distributors and Broadcasts, over every inter-process transport; nothing leaks.
+// Distributors and Broadcasts, over every inter-process transport; nothing leaks. Also: a
+// sender that dies while a large body is being read leaves the receiving end marked dead
+// at once (its state, introspection's "peer_died").
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +19,7 @@
 #include <vector>
 
 #include "ferry/ferry.hpp"
+#include "ferry/introspection.hpp"
 #include "support/leak_check.hpp"
 #include "support/process.hpp"
 #include "support/transports.hpp"
@@ -165,6 +169,46 @@ TEST_P(CloseBeforeReadTest, ForkedReceiverThatIsSlowGetsEverything) {
   for (std::int64_t i = 0; i < 2; ++i) tx.send(Numbered{i, shared_tensor(i)});
   EXPECT_LT(timed([&tx = tx] { tx.close(); }), 9s);  // waits for the child (the linger is 10 s)
   EXPECT_TRUE(test::child_succeeded(child));
+}
+
+// ---- a sender that dies while a large body is read ----------------------------------------
+
+class DeathMidBodyTest : public test::LeakCheckedTest, public ::testing::WithParamInterface<Transport> {};
+
+// Stream transports read a large byte message's body as the decoder gets to it; a pipe is
+// the one that holds less than such a body (a Unix socket's send buffer grows to the frame).
+INSTANTIATE_TEST_SUITE_P(Transports, DeathMidBodyTest, ::testing::Values(Transport::Pipe), test::transport_test_name);
+
+std::optional<EndSnapshot> receiving_end_named(const std::string& label) {
+  for (const EndSnapshot& end : snapshot().ends) {
+    if (!end.sends && end.label == label) return end;
+  }
+  return std::nullopt;
+}
+
+TEST_P(DeathMidBodyTest, TheEndIsDeadAsSoonAsTheReceiveThrows) {
+  ChannelOptions options;
+  options.name = "death-mid-body";
+  auto [tx, rx] = channel<std::vector<std::uint8_t>>(GetParam(), options);
+  const pid_t child = test::fork_child([&, &rx = rx, &tx = tx] {
+    rx.close();
+    tx.adopt();
+    tx.send(std::vector<std::uint8_t>(1 << 20, 5));  // read as it comes (pending); blocks when full
+  });
+  tx.detach();
+  std::this_thread::sleep_for(200ms);  // the child fills the transport
+  ASSERT_EQ(::kill(child, SIGSTOP), 0);
+  std::thread killer([child] {
+    std::this_thread::sleep_for(300ms);  // the receive below is in the body by then
+    ::kill(child, SIGKILL);
+  });
+  EXPECT_THROW(rx.recv(), PeerDied);
+  killer.join();
+  const std::optional<EndSnapshot> end = receiving_end_named("death-mid-body");
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->state, "peer_died");
+  EXPECT_THROW(rx.recv(), PeerDied);  // stays dead
+  EXPECT_EQ(test::wait_child(child).signal, SIGKILL);
 }
 
 }  // namespace

@@ -478,6 +478,12 @@ void ReceiverCore::adopt() noexcept FERRY_NO_THREAD_SAFETY_ANALYSIS {
     reader_->release();
     mark_broken(error.what());
     throw;
+  } catch (const PeerDied& error) {
+    // A pending body whose sender died while it was read: the end is dead from now on,
+    // as when decode() found it dead (next_locked()), not only from the next receive.
+    reader_->release();
+    mark_dead(error.what());
+    throw;
   } catch (...) {
     reader_->release();
     throw;
@@ -513,6 +519,16 @@ void ReceiverCore::mark_broken(const std::string& reason) {
   // Nothing will ever read the rest of the stream: let the transport go, so that the
   // sender gets ChannelClosed instead of blocking on a stream that nobody drains.
   reader_->shut_down();
+  close_reader();
+}
+
+void ReceiverCore::mark_dead(const std::string& reason) {
+  // The stream may still hold frames of the dead sender (a decode found it dead): never
+  // read them, and let the transport's fds go now.
+  dead_ = reason;
+  stats_.peer_died.store(true, std::memory_order_relaxed);
+  decoder_->release_all();
+  fds_.clear();
   close_reader();
 }
 
@@ -555,13 +571,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   } catch (const WaitInterrupted&) {
     throw;  // the thread's check abandoned the wait: the stream is where it was
   } catch (const PeerDied& error) {
-    // The stream may still hold frames of the dead sender (a decode found it dead): never
-    // read them, and let the transport's fds go now.
-    dead_ = error.what();
-    stats_.peer_died.store(true, std::memory_order_relaxed);
-    decoder_->release_all();
-    fds_.clear();
-    close_reader();
+    mark_dead(error.what());
     throw;
   } catch (const std::exception& error) {
     // Out of memory for a mapping, a failed system call: the frame is half consumed and

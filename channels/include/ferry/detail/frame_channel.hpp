@@ -227,6 +227,8 @@ class ReceiverCore final : public LiveEnd {
   ReadStatus receive_counted(void* out, const ReceivedType& type, const Deadline& deadline) FERRY_REQUIRES(mutex_);
   ReadStatus next_locked(const Deadline& deadline) FERRY_REQUIRES(mutex_);
   void mark_broken(const std::string& reason) FERRY_REQUIRES(mutex_);
+  // The sender died: later receives throw PeerDied(`reason`) without reading on.
+  void mark_dead(const std::string& reason) FERRY_REQUIRES(mutex_);
   // Closes the end; `ending_the_stream` also shuts a duplex socket's direction down.
   void close_as(bool ending_the_stream) noexcept;
   void close_locked(bool ending_the_stream) noexcept FERRY_REQUIRES(mutex_);
