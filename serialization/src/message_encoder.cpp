@@ -502,8 +502,8 @@ void detail::MessageEncoder::hand_over() { connection_.holds.hand_over(); }
 
 void detail::MessageEncoder::adopt() { connection_.holds.adopt(); }
 
-void detail::MessageEncoder::closed(detail::UniqueFd probe, bool probe_by_send) {
-  connection_.holds.closed(std::move(probe), probe_by_send);
+void detail::MessageEncoder::closed(detail::UniqueFd probe, bool probe_by_send, std::chrono::milliseconds exit_linger) {
+  connection_.holds.closed(std::move(probe), probe_by_send, exit_linger);
 }
 
 }  // namespace ferry

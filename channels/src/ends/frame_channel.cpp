@@ -2,6 +2,7 @@
 #include "ferry/detail/thread_annotations.hpp"
 
 #include "ends/pair_pids.hpp"
+#include "ferry/detail/hold_ledger.hpp"
 #include "ferry/detail/message_decoder.hpp"
 #include "ferry/detail/message_encoder.hpp"
 #include "ferry/wait_interruption.hpp"
@@ -280,15 +281,24 @@ void SenderCore::close() {
     // Storages named by /proc path must outlive the receiver's open() of them.
     // The receiver acknowledges on the transport (what wakes a waiting writer) only when
     // asked: ask, look at the board once more, and wait only for what is still missing.
+    // A receiver of this process may read only after this close() returned (the same
+    // thread's next call): the ledger keeps what it must still open instead, and this
+    // process's exit waits for it, for a forked process that took the end over and reads late.
+    std::chrono::milliseconds exit_linger = std::chrono::milliseconds::zero();
     if (encoder_->awaiting_acknowledgement()) {
-      const std::uint64_t awaited = encoder_->newest_awaited_sequence();
-      encoder_->acknowledge(std::max(encoder_->request_acknowledgements(), writer_->acknowledged()));
-      if (encoder_->awaiting_acknowledgement()) writer_->wait_acknowledged(awaited, linger);
+      if (receiver_in_this_process()) {
+        encoder_->acknowledge(std::max(encoder_->resolved_on_board(), writer_->acknowledged()));
+        exit_linger = options_.close_linger;
+      } else {
+        const std::uint64_t awaited = encoder_->newest_awaited_sequence();
+        encoder_->acknowledge(std::max(encoder_->request_acknowledgements(), writer_->acknowledged()));
+        if (encoder_->awaiting_acknowledgement()) writer_->wait_acknowledged(awaited, linger);
+      }
     }
     delivered_ = std::max(delivered_, encoder_->resolved_on_board());  // the ledger goes below
     // What the receiver holds stays pinned until it gives it back or exits; the probe
     // tells when the receiving end is gone while frames are still unresolved.
-    encoder_->closed(writer_->liveness_probe(), writer_->capabilities().probe_by_send && !shut_down);
+    encoder_->closed(writer_->liveness_probe(), writer_->capabilities().probe_by_send && !shut_down, exit_linger);
   } catch (const ChannelClosed&) {
     // The receiver already left: the stream is over either way.
     delivered_ = std::max(delivered_, encoder_->resolved_on_board());
@@ -301,6 +311,12 @@ void SenderCore::close() {
     throw;
   }
   writer_->close();
+}
+
+// The pair's word names this process as the receiving end's (it made the pair and no other
+// process took the receiver over, or this one did): unknown (0) counts as elsewhere.
+bool SenderCore::receiver_in_this_process() const noexcept {
+  return pair_ && pair_->get(false) == current_process_id();
 }
 
 bool SenderCore::flush(const Deadline& deadline) {
@@ -457,6 +473,12 @@ ReadStatus ReceiverCore::receive(void* out, const ReceivedType& type, const Dead
     reader_->release();
     mark_broken(error.what());
     throw;
+  } catch (const PeerDied& error) {
+    // A pending body whose sender died while it was read: the end is dead from now on,
+    // as when decode() found it dead (next_locked()), not only from the next receive.
+    reader_->release();
+    mark_dead(error.what());
+    throw;
   } catch (...) {
     reader_->release();
     throw;
@@ -482,6 +504,16 @@ void ReceiverCore::mark_broken(const std::string& reason) {
   close_reader();
 }
 
+void ReceiverCore::mark_dead(const std::string& reason) {
+  // The stream may still hold frames of the dead sender (a decode found it dead): never
+  // read them, and let the transport's fds go now.
+  dead_ = reason;
+  stats_.peer_died.store(true, std::memory_order_relaxed);
+  decoder_->release_all();
+  fds_.clear();
+  close_reader();
+}
+
 ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   if (!broken_.empty()) {
     throw ProtocolError("this Receiver is broken after an earlier error: " + broken_);
@@ -502,7 +534,10 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
     decoder_->register_as_holder();
     std::span<const std::byte> payload;
     const ReadStatus status = reader_->read_view(header_, payload, payload_, fds_, deadline);
-    if (status == ReadStatus::Closed) decoder_->release_all();
+    if (status == ReadStatus::Closed) {
+      decoder_->release_all();
+      let_go_of_kept_segments();
+    }
     if (status != ReadStatus::Frame) return status;
     try {
       decoder_->decode(header_, payload, fds_, reader_->capabilities().copied_storages, reader_->pending_body());
@@ -521,13 +556,7 @@ ReadStatus ReceiverCore::next_locked(const Deadline& deadline) {
   } catch (const WaitInterrupted&) {
     throw;  // the thread's check abandoned the wait: the stream is where it was
   } catch (const PeerDied& error) {
-    // The stream may still hold frames of the dead sender (a decode found it dead): never
-    // read them, and let the transport's fds go now.
-    dead_ = error.what();
-    stats_.peer_died.store(true, std::memory_order_relaxed);
-    decoder_->release_all();
-    fds_.clear();
-    close_reader();
+    mark_dead(error.what());
     throw;
   } catch (const std::exception& error) {
     // Out of memory for a mapping, a failed system call: the frame is half consumed and
@@ -564,8 +593,11 @@ void ReceiverCore::detach() noexcept {
 }
 
 void ReceiverCore::close_as(bool ending_the_stream) noexcept {
-  const detail::MutexLock lock(mutex_);
-  close_locked(ending_the_stream);
+  {
+    const detail::MutexLock lock(mutex_);
+    close_locked(ending_the_stream);
+  }
+  let_go_of_kept_segments();
 }
 
 void ReceiverCore::close_locked(bool ending_the_stream) noexcept {
@@ -574,6 +606,18 @@ void ReceiverCore::close_locked(bool ending_the_stream) noexcept {
   fds_.clear();
   if (ending_the_stream) reader_->shut_down();
   close_reader();
+}
+
+// A sender of this process whose close() did not wait for this end (or any other end of
+// this process) kept what the receiver had still to open: once this end read the end of the
+// stream or closed, that can go (hold_ledger.hpp). Off the per-message path.
+void ReceiverCore::let_go_of_kept_segments() noexcept {
+  if (!closed_ledgers_keep_segments()) return;
+  try {
+    collect_returned_blocks(true);
+  } catch (...) {
+    // /proc unreadable or out of memory: the next collection (an allocation, trim()) lets go.
+  }
 }
 
 bool ReceiverCore::has_buffered_frame() {

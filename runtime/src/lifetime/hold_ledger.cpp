@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
 
 #include "ferry/detail/process_identity.hpp"
 #include "ferry/error.hpp"
@@ -37,6 +40,9 @@ Registry& registry() {
   }();
   return *instance;
 }
+
+// Closed ledgers of this process that keep segments (HoldLedger::count_keeping_locked()).
+std::atomic<std::size_t> g_ledgers_keeping_segments{0};
 
 // Made before main(): a fork() while another thread is still making it would leave the child
 // waiting for ever on the static's initialization guard.
@@ -126,7 +132,20 @@ std::shared_ptr<detail::HoldLedger> detail::HoldLedger::create() {
   return ledger;  // `dropped` dies here, outside the lock
 }
 
-detail::HoldLedger::~HoldLedger() = default;
+detail::HoldLedger::~HoldLedger() {
+  if (counted_keeping_.load(std::memory_order_relaxed)) g_ledgers_keeping_segments.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void detail::HoldLedger::count_keeping_locked() {
+  const bool keeping = channel_ == ChannelState::Closed && !kept_segments_.empty();
+  if (counted_keeping_.load(std::memory_order_relaxed) == keeping) return;
+  counted_keeping_.store(keeping, std::memory_order_relaxed);
+  if (keeping) {
+    g_ledgers_keeping_segments.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    g_ledgers_keeping_segments.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
 
 bool detail::HoldLedger::belongs_to_this_process() const noexcept { return generation_ == detail::fork_generation(); }
 
@@ -261,10 +280,22 @@ void detail::HoldLedger::collect(bool check_receivers) {
   std::vector<std::shared_ptr<Allocation>> dropped;
   ReleasedSegments released_segments;  // closed after the lock
   const detail::MutexLock lock(mutex_);
+  collect_locked(check_receivers, dropped, released_segments);
+  count_keeping_locked();
+}
+
+void detail::HoldLedger::collect_locked(bool check_receivers, std::vector<std::shared_ptr<Allocation>>& dropped,
+                                        ReleasedSegments& released_segments) {
   release_resolved_segments_locked(released_segments);
   take_board_returns_locked(dropped);
   if (pinned_ == 0) {
-    // Nothing pinned: every frame was given back or reclaimed, so nobody opens a segment any more.
+    // Nothing pinned: every frame with a storage was given back or reclaimed. What is still
+    // kept belongs to frames without one (a delivery-tracking frame's return board): kept
+    // while the probe says a receiver may still open it, let go of once it cannot.
+    if (!kept_segments_.empty() && probe_ && receiver_ == ReceivingEnd::Reachable &&
+        !(check_receivers && probe_.reader_gone())) {
+      return;
+    }
     probe_ = ReceiverProbe{};
     release_kept_segments_locked(released_segments);
     return;
@@ -274,7 +305,7 @@ void detail::HoldLedger::collect(bool check_receivers) {
   if (receiver_ == ReceivingEnd::Gone || reclaimed == Reclaimed::Everything) {
     release_kept_segments_locked(released_segments);
   }
-  if (probe_ && board_->resolved() >= newest_pinned_sequence_locked()) {
+  if (probe_ && kept_segments_.empty() && board_->resolved() >= newest_pinned_sequence_locked()) {
     probe_ = ReceiverProbe{};  // every pinned frame is resolved: the holders decide from now on
   }
 }
@@ -318,10 +349,13 @@ void detail::HoldLedger::channel_closed(detail::UniqueFd probe, bool probe_by_se
   {
     const detail::MutexLock lock(mutex_);
     channel_ = ChannelState::Closed;
-    if (pinned_ > 0 && receiver_ == ReceivingEnd::Reachable) probe_ = ReceiverProbe{std::move(probe), probe_by_send};
+    if ((pinned_ > 0 || !kept_segments_.empty()) && receiver_ == ReceivingEnd::Reachable) {
+      probe_ = ReceiverProbe{std::move(probe), probe_by_send};
+    }
     // No frame will carry the board any more; a receiver may still have to open it by fd
     // number, like the segments kept for it (then collect() closes it with the last one).
     if (kept_segments_.empty()) board_->close_fd();
+    count_keeping_locked();
   }
   collect(false);
 }
@@ -334,10 +368,28 @@ void detail::HoldLedger::release_kept_segments_locked(ReleasedSegments& released
 }
 
 void detail::HoldLedger::keep_until_resolved(
-    std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments) {
+    std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments, std::chrono::milliseconds exit_linger) {
   if (!belongs_to_this_process()) return;  // a forked child's copy: the segments are the parent's to keep
+  {
+    const detail::MutexLock lock(mutex_);
+    for (auto& kept : segments) kept_segments_.push_back(std::move(kept));
+    exit_linger_ = std::max(exit_linger_, exit_linger);
+    count_keeping_locked();
+  }
+  if (exit_linger > std::chrono::milliseconds::zero()) {
+    // Once per process (a forked child inherits the registration, and the flag with it).
+    // Should the registration fail (no room), an exit does not wait: a receiver in a
+    // forked process that reads after this process exited gets PeerDied.
+    static std::once_flag registered;
+    std::call_once(registered, [] { (void)std::atexit([] { detail::wait_for_kept_segments_at_exit(); }); });
+  }
+}
+
+std::chrono::milliseconds detail::HoldLedger::exit_linger() const {
+  if (!belongs_to_this_process()) return std::chrono::milliseconds::zero();
   const detail::MutexLock lock(mutex_);
-  for (auto& kept : segments) kept_segments_.push_back(std::move(kept));
+  const bool keeping = channel_ == ChannelState::Closed && !kept_segments_.empty();
+  return keeping ? exit_linger_ : std::chrono::milliseconds::zero();
 }
 
 void detail::HoldLedger::hand_over() {
@@ -379,7 +431,7 @@ std::size_t detail::HoldLedger::pinned() const {
 
 bool detail::HoldLedger::finished() const {
   const detail::MutexLock lock(mutex_);
-  return channel_ == ChannelState::Closed && pinned_ == 0;
+  return channel_ == ChannelState::Closed && pinned_ == 0 && kept_segments_.empty();
 }
 
 void detail::collect_returned_blocks(bool check_receivers) {
@@ -405,6 +457,32 @@ void detail::collect_returned_blocks(bool check_receivers) {
     }
   }
   // `finished`, `ledgers` and `inherited` die here, outside the registry's lock.
+}
+
+bool detail::closed_ledgers_keep_segments() noexcept {
+  return g_ledgers_keeping_segments.load(std::memory_order_relaxed) != 0;
+}
+
+void detail::wait_for_kept_segments_at_exit() noexcept {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  try {
+    while (true) {
+      collect_returned_blocks(true);
+      std::vector<std::shared_ptr<detail::HoldLedger>> ledgers;
+      {
+        Registry& reg = registry();
+        const detail::MutexLock lock(reg.mutex);
+        if (reg.generation == detail::fork_generation()) ledgers = reg.ledgers;
+      }
+      std::chrono::milliseconds longest = std::chrono::milliseconds::zero();
+      for (const auto& ledger : ledgers) longest = std::max(longest, ledger->exit_linger());
+      if (longest == std::chrono::milliseconds::zero() || Clock::now() - start >= longest) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  } catch (...) {
+    // Out of memory or /proc unreadable at exit: exit without waiting.
+  }
 }
 
 std::shared_ptr<detail::HoldLedger> detail::own_ledger_of_board(const detail::FileIdentity& identity) {

@@ -114,9 +114,9 @@ void detail::SendingHolds::hand_over() {
 
 void detail::SendingHolds::adopt() { detail::HoldLedger::adopt_in_child(ledger_); }
 
-void detail::SendingHolds::closed(detail::UniqueFd probe, bool probe_by_send) {
+void detail::SendingHolds::closed(detail::UniqueFd probe, bool probe_by_send, std::chrono::milliseconds exit_linger) {
   if (!ledger_) return;
-  if (!kept_.empty()) ledger_->keep_until_resolved(std::exchange(kept_, {}));
+  if (!kept_.empty()) ledger_->keep_until_resolved(std::exchange(kept_, {}), exit_linger);
   ledger_->channel_closed(std::move(probe), probe_by_send);
   ledger_.reset();  // the process's registry keeps it while the receiver holds blocks
 }

@@ -125,6 +125,9 @@ class SenderCore final : public LiveEnd {
   void ensure_usable();
   // detach(), with the lock held.
   void detach_locked() noexcept FERRY_REQUIRES(mutex_);
+  // True when the receiving end belongs to this process (pair_pids.hpp): its close() does
+  // not wait for acknowledgements the receiver can give only after it returns.
+  bool receiver_in_this_process() const noexcept;
   // Throws Error when the frame just encoded breaks the channel's FrameLimits, which the
   // receiver enforces (it shares them): refused here, it is not sent and breaks nothing.
   void check_limits() const FERRY_REQUIRES(mutex_);
@@ -225,11 +228,16 @@ class ReceiverCore final : public LiveEnd {
   // (only while introspection is on).
   void count_received(std::size_t payload) noexcept FERRY_REQUIRES(mutex_);
   void mark_broken(const std::string& reason) FERRY_REQUIRES(mutex_);
+  // The sender died: later receives throw PeerDied(`reason`) without reading on.
+  void mark_dead(const std::string& reason) FERRY_REQUIRES(mutex_);
   // Closes the end; `ending_the_stream` also shuts a duplex socket's direction down.
   void close_as(bool ending_the_stream) noexcept;
   void close_locked(bool ending_the_stream) noexcept FERRY_REQUIRES(mutex_);
   // Closes the transport's end (its readiness descriptor and futex word go with it).
   void close_reader() noexcept;
+  // After end of stream or close: lets a sender of this process that closed without
+  // waiting for its receiver go of what it kept (closed_ledgers_keep_segments()).
+  static void let_go_of_kept_segments() noexcept;
   // Whether closing here ends the stream for every process: this process owns the end,
   // or made it and nobody took it yet.
   bool closes_for_everyone() const noexcept { return claim_.held() || claim_.fresh_here(); }

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -222,8 +223,10 @@ class SendingHolds {
   /// receiver resolved them (HoldLedger::keep_until_resolved()), `probe` watches the
   /// receiving end (HoldLedger::channel_closed()); the ledger lives on in the registry.
   /// Segments named by fd number stay open with the pins (a Sender dropped by an exception,
-  /// or a close whose linger ran out, did not wait for their acknowledgements).
-  void closed(UniqueFd probe, bool probe_by_send);
+  /// a close whose linger ran out, or one whose receiver is in this process, did not wait
+  /// for their acknowledgements); `exit_linger`: see HoldLedger::keep_until_resolved().
+  void closed(UniqueFd probe, bool probe_by_send,
+              std::chrono::milliseconds exit_linger = std::chrono::milliseconds::zero());
 
  private:
   void take_returned_from_ledger(std::vector<std::uint32_t>& out);

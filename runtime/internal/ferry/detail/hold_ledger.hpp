@@ -4,6 +4,8 @@
 // that received from the connection is alive any more.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -65,8 +67,13 @@ class HoldLedger {
   /// fd number (Transport::Pipe, ShmRing; each held by an owner of its fd), from a channel
   /// that closed before the receiver acknowledged them (a Sender
   /// dropped by an exception does not wait): kept open until the return board says their
-  /// frame is resolved, or until the receiver is gone, so that it can still open them.
-  void keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments);
+  /// frame is resolved, or until the receiver is gone, so that it can still open them; also
+  /// when nothing is pinned (a delivery-tracking frame's return board), as long as the
+  /// channel's probe says the receiving end is there. `exit_linger` (a close that did not wait
+  /// because its receiver is in this process): this process's exit waits at most that long
+  /// for them (wait_for_kept_segments_at_exit()), for a forked process that reads late.
+  void keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments,
+                           std::chrono::milliseconds exit_linger = std::chrono::milliseconds::zero());
   /// This process handed the channel to a forked process that goes on with it (see
   /// adopt_in_child()): the return board is that process's to read from now on. What this
   /// process pinned stays pinned until every holder has exited.
@@ -82,8 +89,10 @@ class HoldLedger {
   std::shared_ptr<Allocation> find_pinned(const SharedSegment* segment, std::size_t offset) const;
   /// Storages pinned now.
   std::size_t pinned() const;
-  /// True when the channel closed and nothing is pinned: the ledger can go.
+  /// True when the channel closed and nothing is pinned or kept: the ledger can go.
   bool finished() const;
+  /// How long this process's exit still waits for this ledger's kept segments (zero: not).
+  std::chrono::milliseconds exit_linger() const;
 
  private:
   HoldLedger();
@@ -111,6 +120,8 @@ class HoldLedger {
   // collect() makes one for every frame it is asked about).
   using ReleasedSegments = std::vector<std::pair<std::uint64_t, std::shared_ptr<const void>>>;
 
+  void collect_locked(bool check_receivers, std::vector<std::shared_ptr<Allocation>>& dropped,
+                      ReleasedSegments& released_segments) FERRY_REQUIRES(mutex_);
   void unpin_locked(std::uint32_t slot, std::vector<std::shared_ptr<Allocation>>& dropped) FERRY_REQUIRES(mutex_);
   void reclaim_unresolved_locked(std::vector<std::shared_ptr<Allocation>>& dropped) FERRY_REQUIRES(mutex_);
   void reclaim_all_locked(std::vector<std::shared_ptr<Allocation>>& dropped) FERRY_REQUIRES(mutex_);
@@ -123,6 +134,9 @@ class HoldLedger {
   // Moves every kept segment into `released` (to close after the lock): nobody will open
   // them any more. Closes the board's fd too once the channel closed.
   void release_kept_segments_locked(ReleasedSegments& released) FERRY_REQUIRES(mutex_);
+  // Updates the process's count of closed ledgers that keep segments (see
+  // closed_ledgers_keep_segments()) after kept_segments_ or channel_ changed.
+  void count_keeping_locked() FERRY_REQUIRES(mutex_);
   std::uint64_t newest_pinned_sequence_locked() const FERRY_REQUIRES(mutex_);
   bool belongs_to_this_process() const noexcept;
 
@@ -138,6 +152,8 @@ class HoldLedger {
   BoardReader board_reader_ FERRY_GUARDED_BY(mutex_) = BoardReader::ThisProcess;
   ReceiverProbe probe_ FERRY_GUARDED_BY(mutex_);         // kept while frames are unresolved after the close
   KeptSegments kept_segments_ FERRY_GUARDED_BY(mutex_);  // by sequence
+  std::chrono::milliseconds exit_linger_ FERRY_GUARDED_BY(mutex_){0};  // see keep_until_resolved()
+  std::atomic<bool> counted_keeping_{false};  // counted in closed_ledgers_keep_segments()
 };
 
 /// Collects what receivers gave back on every channel of this process (see
@@ -145,6 +161,17 @@ class HoldLedger {
 /// it before it creates a segment; `SharedAllocator::trim()` calls it with
 /// `check_receivers`.
 void collect_returned_blocks(bool check_receivers);
+
+/// True while a ledger of a closed channel of this process keeps segments for frames its
+/// receiver has not resolved (one relaxed load): a receiver in this process that reached
+/// end of stream or closed then calls collect_returned_blocks(true), so that they go as
+/// soon as nobody can open them any more.
+bool closed_ledgers_keep_segments() noexcept;
+
+/// Waits, at most the longest exit linger of them, until no ledger of this process keeps
+/// segments for a close that did not wait (HoldLedger::keep_until_resolved()): resolved, or
+/// the receiving end gone. Registered with std::atexit by the first such ledger.
+void wait_for_kept_segments_at_exit() noexcept;
 
 /// The ledger of this process whose return board is `identity`, or null (a block this
 /// process sent came back to it through forwarders, with the board it left on).

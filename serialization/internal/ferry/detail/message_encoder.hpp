@@ -11,6 +11,7 @@
 #include <sys/uio.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -169,7 +170,10 @@ class MessageEncoder {
   /// The channel closed. `probe` (may be empty) polls POLLERR/POLLHUP once the receiving
   /// end is gone (and with `probe_by_send`, see HoldLedger::channel_closed, fails a
   /// zero-length send); the pins outlive the encoder until the receiver gives them back or exits.
-  void closed(UniqueFd probe, bool probe_by_send = false);
+  /// `exit_linger`: how long this process's exit waits, at most, for the receiver to open
+  /// what is still kept for unacknowledged frames (see HoldLedger::keep_until_resolved()).
+  void closed(UniqueFd probe, bool probe_by_send = false,
+              std::chrono::milliseconds exit_linger = std::chrono::milliseconds::zero());
   /// This process lets go of a connection that a forked process took over (adopt()): what
   /// it sent stays pinned until every receiving process exited, and the receiver's returns
   /// are left to the other process. Call closed() after it.
