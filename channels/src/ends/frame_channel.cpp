@@ -107,7 +107,8 @@ bool SenderCore::send_serialized_by_owner(const void* message, const SentType& t
   const EncodedFrame* frame = nullptr;
   try {
     frame = &encoder_->encode(message, type, writer_->body_space(deadline));
-    check_limits();
+    if (!within_limits(encoder_->header(), options_.limits)) [[unlikely]]
+      check_limits();  // out of line: builds the error
   } catch (...) {
     encoder_->rollback();
     throw;
