@@ -10,6 +10,8 @@
 //
 // Modes (the ring with both ends sleeping at once, so that no spinning is counted):
 //   ring64             a 64-byte message sent and received in one thread (BM_RingSendRecvOneThread)
+//   ring-frame         the ring alone: the frame of such a message (a header and a 72-byte body)
+//                      written and read in place in one thread, no channel (BM_RingFrameRoundTrip)
 //   ping               an empty message to a forked receiver and its reply (AllocPingPong/transport:2)
 //   tensors N          N new 4 KiB tensors per message, round trip (AllocSmallTensors/transport:2/tensors:N)
 //   views N            N views of one new storage per message (AllocSmallTensorsOneStorage/transport:2)
@@ -23,10 +25,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <array>
 #include <cstring>
+#include <deque>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "ferry/detail/frame.hpp"
+#include "ferry/detail/transport.hpp"
 #include "ferry/ferry.hpp"
 #include "support/child_process.hpp"
 
@@ -94,6 +101,36 @@ void one_thread(int messages) {
   FERRY_MEASURE_STOP();
 }
 
+// The frame of a 64-byte message (a header and a 72-byte body) written with a ring's writer
+// and read in place with its reader, what a channel adds left out (as BM_RingFrameRoundTrip).
+void ring_frames(int messages) {
+  ferry::RingTiming timing;
+  timing.spin = std::chrono::nanoseconds::zero();
+  auto [writer, reader] = ferry::detail::make_transport(ferry::Transport::ShmRing, ferry::FrameLimits{},
+                                                        ferry::ChannelOptions{}.ring_capacity, timing);
+  ferry::detail::FrameHeader header;
+  std::array<std::byte, 72> body{};
+  header.body_bytes = body.size();
+  const std::array<iovec, 2> parts{iovec{&header, sizeof header}, iovec{body.data(), body.size()}};
+  std::vector<std::byte> buffer;
+  std::deque<ferry::detail::UniqueFd> fds;
+  const auto round = [&] {
+    writer->write(parts, {}, ferry::detail::Deadline::never());
+    ferry::detail::FrameHeader read_header;
+    std::span<const std::byte> payload;
+    if (reader->read_view(read_header, payload, buffer, fds, ferry::detail::Deadline::never()) !=
+        ferry::ReadStatus::Frame) {
+      std::abort();
+    }
+    std::memcpy(body.data(), payload.data(), std::min(payload.size(), body.size()));
+    reader->release();
+  };
+  for (int i = 0; i < kWarmup; ++i) round();
+  FERRY_MEASURE_START();
+  for (int i = 0; i < messages; ++i) round();
+  FERRY_MEASURE_STOP();
+}
+
 // An 8-byte message sent (through a Distributor of one consumer, or not) and received in one thread.
 void one_thread_sends(bool distributed, int messages) {
   auto [tx, rx] = ferry::channel<std::uint64_t>(ferry::Transport::ShmRing, sleeping());
@@ -156,7 +193,7 @@ void round_trips(const std::string& mode, std::int64_t count, int messages) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s ring64|ping|send-plain|send-distributor|tensors N|views N [MESSAGES]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ring64|ring-frame|ping|send-plain|send-distributor|tensors N|views N [MESSAGES]\n", argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
@@ -167,6 +204,8 @@ int main(int argc, char** argv) {
   try {
     if (mode == "ring64") {
       one_thread(messages);
+    } else if (mode == "ring-frame") {
+      ring_frames(messages);
     } else if (mode == "send-plain" || mode == "send-distributor") {
       one_thread_sends(mode == "send-distributor", messages);
     } else if (mode == "ping" || counted) {

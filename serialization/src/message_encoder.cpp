@@ -289,14 +289,16 @@ const detail::EncodedFrame& detail::MessageEncoder::encode(const void* message, 
 const detail::EncodedFrame& detail::MessageEncoder::finish(detail::FrameKind kind, std::uint64_t fingerprint,
                                                            std::string_view name) {
   // Each step is skipped when it has nothing to do (no ledger yet, no storage ever sent, no
-  // storage in the frame, no death since the last frame), so that a small message pays for
+  // storage in the frame, no slot ever used, no death since the last frame), so that a small message pays for
   // none of them. Every pin, kept segment and passed board of the ledger came with a storage
   // slot: a connection that never had one (a Distributor's channel of plain values, whose
   // board only counts deliveries) has no returns to collect.
   if (connection_.holds.board() != nullptr && !connection_.storage_slots.never_used()) collect_returned_slots();
   if (!storages_.empty()) refresh_leased_storages();
-  collect_dead_storages();
-  collect_dead_segments();
+  // A table that never held a slot has nothing to collect (nor a death count worth asking
+  // the runtime for: the first frame that fills it looks at every death since).
+  if (!connection_.storage_slots.never_used()) collect_dead_storages();
+  if (!connection_.segment_slots.never_used()) collect_dead_segments();
   if (!storages_.empty()) fill_handle_table();
   pin_new_storages(kind);
   // The CUDA records lie at the front of the body.

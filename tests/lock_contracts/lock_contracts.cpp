@@ -1,11 +1,14 @@
 // The lock contracts of ferry/detail/thread_annotations.hpp, both ways. Built as it is, it
 // is a program that exercises Mutex and MutexLock (a scope, unlock() and lock() within it,
-// a try-lock adopted, a wait of std::condition_variable_any on the MutexLock) and exits 0.
+// a try-lock adopted, a wait of std::condition_variable_any on the MutexLock, a lock asked
+// for while held, threads contending for one Mutex) and exits 0.
 // Built by clang with -Wthread-safety -Werror and one of the FERRY_BREAK_* macros, it must
 // not compile: each is a use the analysis has to refuse (tests/CMakeLists.txt).
+#include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <thread>
+#include <vector>
 
 #include "ferry/detail/thread_annotations.hpp"
 
@@ -37,6 +40,20 @@ class Counter {
     std::this_thread::yield();
     lock.lock();
     add_locked(value);
+    return total_;
+  }
+  // Holds the mutex while another thread adds: that thread sleeps on the Mutex (its
+  // contended path) until the unlock wakes it. Returns the total the other thread left.
+  int add_from_a_thread_while_held() {
+    std::thread other;
+    {
+      const MutexLock lock(mutex_);
+      other = std::thread([this] { add(1); });
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      if (total_ != 0) return -1;  // the other thread got in while the mutex was held
+    }
+    other.join();
+    const MutexLock lock(mutex_);
     return total_;
   }
   bool try_add(int value) {
@@ -86,5 +103,23 @@ int main() {
   const int taken = counter.take_when(10);
   adder.join();
   if (taken != 10) return std::printf("the wait returned at %d, not 10\n", taken), 1;
+  if (const int total = counter.add_from_a_thread_while_held(); total != 1) {
+    return std::printf("a thread that asked for a held Mutex left %d, not 1 after the unlock\n", total), 1;
+  }
+  // Threads taking one Mutex in turn, more of them than CPUs: waiters sleep and are woken.
+  // A lost wake-up hangs here (ctest's timeout); a broken exclusion loses additions.
+  Counter contended;
+  constexpr int kThreads = 4;
+  constexpr int kAdds = 20000;
+  std::vector<std::thread> adders;
+  for (int t = 0; t < kThreads; ++t) {
+    adders.emplace_back([&] {
+      for (int i = 0; i < kAdds; ++i) contended.add(1);
+    });
+  }
+  for (std::thread& thread : adders) thread.join();
+  if (const int total = contended.take_when(0); total != kThreads * kAdds) {
+    return std::printf("%d threads adding %d each under one Mutex left %d\n", kThreads, kAdds, total), 1;
+  }
   return 0;
 }

@@ -122,7 +122,8 @@ bool SenderCore::send_locked(const void* message, const SentType& type, const De
   const EncodedFrame* frame = nullptr;
   try {
     frame = &encoder_->encode(message, type, writer_->body_space(deadline));
-    check_limits();
+    if (!within_limits(encoder_->header(), options_.limits)) [[unlikely]]
+      check_limits();  // out of line: builds the error
   } catch (...) {
     encoder_->rollback();
     throw;
