@@ -363,9 +363,10 @@ std::int64_t new_storage_iterations(std::int64_t size) {
 
 const bool registered = [] {
   raise_fd_limit();
-  const std::pair<RawShape, const char*> raw_links[] = {{RawShape::Pipes, "pipe"},
-                                                        {RawShape::Socketpair, "unix_socket"},
-                                                        {RawShape::SocketpairPerDirection, "unix_socket_pair_per_direction"}};
+  const std::pair<RawShape, const char*> raw_links[] = {
+      {RawShape::Pipes, "pipe"},
+      {RawShape::Socketpair, "unix_socket"},
+      {RawShape::SocketpairPerDirection, "unix_socket_pair_per_direction"}};
   for (const auto& [shape, name] : raw_links) {
     for (const std::int64_t size : {64, 4096, 65536, 1 << 20}) {
       if (shape == RawShape::SocketpairPerDirection && size == 4096) continue;

@@ -929,8 +929,7 @@ TEST_F(RingTest, AWaitWhoseWakeUpWasMissedEndsAfterItsFirstSleep) {
   RingHeader& header = sleeping.header();
   int checks = 0;
   const detail::WaitOutcome outcome = sleeping.end->wait(
-      header.writer_sleeping, [&] { return ++checks > 2; }, detail::Deadline::never(), nullptr,
-      kRingRoomFirstSleep);
+      header.writer_sleeping, [&] { return ++checks > 2; }, detail::Deadline::never(), nullptr, kRingRoomFirstSleep);
   EXPECT_EQ(outcome, detail::WaitOutcome::Ready);
   EXPECT_EQ(checks, 3);  // before spinning, after announcing, after the first sleep
   EXPECT_EQ(header.writer_sleeping.load(), 0u);

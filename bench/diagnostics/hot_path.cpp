@@ -21,11 +21,11 @@
 // CALLGRIND_* client requests (valgrind/callgrind.h); without callgrind the program just runs.
 #include <sys/prctl.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <array>
 #include <cstring>
 #include <deque>
 #include <span>
@@ -193,7 +193,8 @@ void round_trips(const std::string& mode, std::int64_t count, int messages) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s ring64|ring-frame|ping|send-plain|send-distributor|tensors N|views N [MESSAGES]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s ring64|ring-frame|ping|send-plain|send-distributor|tensors N|views N [MESSAGES]\n",
+                 argv[0]);
     return 2;
   }
   const std::string mode = argv[1];

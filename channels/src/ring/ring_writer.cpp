@@ -99,8 +99,7 @@ std::span<std::byte> RingFrameWriter::lend(std::size_t bytes) {
   if (room(false) < wanted && room(true) < wanted &&
       end_.wait(
           end_.header().writer_sleeping, [&] { return room(true) >= wanted; }, lend_deadline_, waits_charged_to(),
-          kRingRoomFirstSleep) !=
-          detail::WaitOutcome::Ready) {
+          kRingRoomFirstSleep) != detail::WaitOutcome::Ready) {
     return {};  // the body stays private; write() then reports the timeout or the dead reader
   }
   lent_ = end_.at(tail_) + kRingBodyOffset;

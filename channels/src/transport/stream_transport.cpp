@@ -211,7 +211,9 @@ bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<cons
     const ssize_t written = write_some(&one, 1, fds.first(kMaxFdsPerRead), wait);
     if (written < 0) {
       // Once a batch went out, the frame must go out whole: fds cannot wait in pending_.
-      if (detail::wait_for_fd(stream_.get(), POLLOUT, started ? detail::Deadline::never() : deadline, waits_charged_to())) continue;
+      if (detail::wait_for_fd(stream_.get(), POLLOUT, started ? detail::Deadline::never() : deadline,
+                              waits_charged_to()))
+        continue;
       return false;
     }
     if (!started) committed.emplace();
@@ -225,7 +227,9 @@ bool StreamFrameWriter::write_frame(std::span<const iovec> parts, std::span<cons
       // A frame whose fds went out ahead of it must start, and one whose first batch of
       // fds went out must send the last one, whatever the deadline.
       const bool must_wait = started ? !fds.empty() : must_start;
-      if (detail::wait_for_fd(stream_.get(), POLLOUT, must_wait ? detail::Deadline::never() : deadline, waits_charged_to())) continue;
+      if (detail::wait_for_fd(stream_.get(), POLLOUT, must_wait ? detail::Deadline::never() : deadline,
+                              waits_charged_to()))
+        continue;
       if (!started) return false;
       // Deadline passed mid-frame: keep the tail, so the stream never holds half a frame.
       for (std::size_t i = 0; i < count; ++i) {
@@ -373,7 +377,8 @@ bool StreamFrameReader::await_bytes(bool timed, const detail::Deadline& deadline
   if (timed) return detail::wait_for_fd(stream_.get(), POLLIN, deadline, waits_charged_to());
   // An untimed read of a pipe that the last read emptied waits first: reading it now would
   // only report EAGAIN (a system call for nothing on every frame of a ping-pong).
-  if (!is_socket_ && pipe_emptied_) detail::wait_for_fd(stream_.get(), POLLIN, detail::Deadline::never(), waits_charged_to());
+  if (!is_socket_ && pipe_emptied_)
+    detail::wait_for_fd(stream_.get(), POLLIN, detail::Deadline::never(), waits_charged_to());
   return true;
 }
 

@@ -133,7 +133,8 @@ std::shared_ptr<detail::HoldLedger> detail::HoldLedger::create() {
 }
 
 detail::HoldLedger::~HoldLedger() {
-  if (counted_keeping_.load(std::memory_order_relaxed)) g_ledgers_keeping_segments.fetch_sub(1, std::memory_order_relaxed);
+  if (counted_keeping_.load(std::memory_order_relaxed))
+    g_ledgers_keeping_segments.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void detail::HoldLedger::count_keeping_locked() {
@@ -367,8 +368,8 @@ void detail::HoldLedger::release_kept_segments_locked(ReleasedSegments& released
   if (channel_ == ChannelState::Closed) board_->close_fd();  // kept for them (channel_closed())
 }
 
-void detail::HoldLedger::keep_until_resolved(
-    std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments, std::chrono::milliseconds exit_linger) {
+void detail::HoldLedger::keep_until_resolved(std::deque<std::pair<std::uint64_t, std::shared_ptr<const void>>> segments,
+                                             std::chrono::milliseconds exit_linger) {
   if (!belongs_to_this_process()) return;  // a forked child's copy: the segments are the parent's to keep
   {
     const detail::MutexLock lock(mutex_);

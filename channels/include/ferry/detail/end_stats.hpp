@@ -48,8 +48,8 @@ struct alignas(64) EndStats {
   std::atomic<std::uint64_t> sequence{0};      ///< sender: the sequence number of the last frame counted
   std::atomic<std::uint64_t> tensors{0};       ///< tensor storages the frames named
   std::atomic<std::uint64_t> new_segments{0};  ///< shared-memory segments the frames introduced
-  std::atomic<std::uint64_t> resolved{0};  ///< sender: the last frame the receiver delivered, on the return board
-  std::atomic<bool> board{false};          ///< sender: deliveries are tracked on a return board (in flight is known)
+  std::atomic<std::uint64_t> resolved{0};      ///< sender: the last frame the receiver delivered, on the return board
+  std::atomic<bool> board{false};  ///< sender: deliveries are tracked on a return board (in flight is known)
   // Written while waiting, by the server's tick, or once.
   std::uint64_t id = 0;                           ///< next_end_id(), set as the end is made
   std::atomic<std::uint64_t> blocked_ns{0};       ///< total time waiting for room or for a message

@@ -17,9 +17,9 @@
 // a Mutex of ferry's own. It is a word (0 free, 1 held, 2 held with waiters) whose
 // uncontended lock and unlock are one atomic instruction each, inline: a std::mutex costs a
 // call into the C library and about 25 instructions each way, which every send and receive
-// pays twice. A contended lock sleeps on the word (std::atomic::wait, a futex on Linux). MutexLock holds a Mutex for its scope and may be unlocked and locked
-// again within it (lock.unlock(); poll(); lock.lock();), which the analysis follows. To wait
-// on a condition, use std::condition_variable_any with the MutexLock itself as its lock:
+// pays twice. A contended lock sleeps on the word (std::atomic::wait, a futex on Linux). MutexLock holds a Mutex for
+// its scope and may be unlocked and locked again within it (lock.unlock(); poll(); lock.lock();), which the analysis
+// follows. To wait on a condition, use std::condition_variable_any with the MutexLock itself as its lock:
 // `ready_.wait(lock, [&]() FERRY_REQUIRES(mutex_) { return done_; })` (a lambda's body is
 // analysed on its own, so a predicate that reads guarded members says that it runs with the
 // mutex held). FERRY_NO_THREAD_SAFETY_ANALYSIS is for the few functions whose locking the

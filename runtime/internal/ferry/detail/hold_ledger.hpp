@@ -153,7 +153,7 @@ class HoldLedger {
   ReceiverProbe probe_ FERRY_GUARDED_BY(mutex_);         // kept while frames are unresolved after the close
   KeptSegments kept_segments_ FERRY_GUARDED_BY(mutex_);  // by sequence
   std::chrono::milliseconds exit_linger_ FERRY_GUARDED_BY(mutex_){0};  // see keep_until_resolved()
-  std::atomic<bool> counted_keeping_{false};  // counted in closed_ledgers_keep_segments()
+  std::atomic<bool> counted_keeping_{false};                           // counted in closed_ledgers_keep_segments()
 };
 
 /// Collects what receivers gave back on every channel of this process (see
