@@ -70,7 +70,10 @@ struct ChannelOptions {
   /// frame) when the pipe, socket or ring has no room even for that (a receiver that
   /// stopped reading then gets PeerDied instead of end-of-stream; with room for it, close()
   /// does not wait for that), and for the receiver to map storages it was sent by /proc
-  /// path (Transport::Pipe and ShmRing: the sender's fds must stay open until then).
+  /// path (Transport::Pipe and ShmRing: the sender's fds must stay open until then). A
+  /// receiver in the sender's own process is not waited for: close() returns at once and
+  /// keeps those fds until it has read them, and the process's normal exit waits for them,
+  /// at most this long, in case a forked child took the receiver over.
   std::chrono::milliseconds close_linger{10'000};
   /// Memory isolation between peers. Empty (the default): a storage travels from whatever
   /// segment it lives in (usually one of the process-wide caching allocator's), so the
