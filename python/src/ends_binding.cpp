@@ -30,6 +30,32 @@ Transport transport_from_name(const std::string& name) {
   throw py::value_error("ferry has no transport '" + name + "'; use pipe, unix, shm_ring or in_process");
 }
 
+// Receiver's tp_iternext, the trainer's `for batch in receiver` and next(receiver): straight
+// from CPython's iteration to PyReceiver::next_or_end, without pybind11's generic dispatcher
+// (its argument loading and call machinery are code a cold trainer reads from memory on
+// every batch). Errors are translated as the dispatcher translates them.
+PyObject* receiver_iternext(PyObject* self) noexcept {
+  try {
+    const py::detail::value_and_holder holder = reinterpret_cast<py::detail::instance*>(self)->get_value_and_holder();
+    auto* receiver = holder ? holder.value_ptr<PyReceiver>() : nullptr;
+    if (receiver == nullptr || !holder.holder_constructed()) {
+      PyErr_SetString(PyExc_TypeError, "this ferry.Receiver was not made by ferry; use ferry.connect_receiver()");
+      return nullptr;
+    }
+    return receiver->next_or_end();
+  } catch (py::error_already_set& error) {
+    error.restore();
+    return nullptr;
+  } catch (...) {
+    if (py::detail::apply_exception_translators(py::detail::get_local_internals().registered_exception_translators) ||
+        py::detail::apply_exception_translators(py::detail::get_internals().registered_exception_translators)) {
+      return nullptr;
+    }
+    PyErr_SetString(PyExc_SystemError, "ferry.Receiver.__next__: an error escaped every exception translator");
+    return nullptr;
+  }
+}
+
 }  // namespace
 
 // A description written by cereal's binary archive (how a C++ parent hands ends to a
@@ -132,6 +158,13 @@ py::object PyReceiver::next() {
   return value->take();
 }
 
+PyObject* PyReceiver::next_or_end() {
+  bool ended = false;
+  std::optional<PyValue> value = receive_within(std::chrono::nanoseconds::max(), ended);
+  if (!value) return nullptr;
+  return value->take().release().ptr();
+}
+
 void PyReceiver::close() {
   closing_.store(true, std::memory_order_release);  // a recv waiting in another thread gives up
   py::gil_scoped_release release;
@@ -160,7 +193,9 @@ void bind_ends(py::module_& module) {
         return false;
       });
 
-  py::class_<PyReceiver>(module, "Receiver", "The receiving end of a channel of ferry.Value messages; iterable.")
+  py::class_<PyReceiver> receiver(module, "Receiver",
+                                  "The receiving end of a channel of ferry.Value messages; iterable.");
+  receiver
       .def("recv", &PyReceiver::recv,
            "The next message; waits without the GIL. Raises ChannelClosed at the end of the stream, "
            "PeerDied when the sender vanished, ProtocolError/TypeMismatch for a bad message.")
@@ -177,6 +212,10 @@ void bind_ends(py::module_& module) {
         self.close();
         return false;
       });
+  // Iteration goes straight to receiver_iternext (Receiver.__next__ stays, for explicit calls).
+  auto* receiver_type = reinterpret_cast<PyTypeObject*>(receiver.ptr());
+  receiver_type->tp_iternext = &receiver_iternext;
+  PyType_Modified(receiver_type);
 
   module.def(
       "_channel",

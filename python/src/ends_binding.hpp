@@ -58,6 +58,9 @@ class PyReceiver {
   pybind11::object recv_for(const pybind11::object& timeout);
   /// For iteration: the next message; StopIteration once the sender closed the stream.
   pybind11::object next();
+  /// next() for tp_iternext: a new reference, or nullptr with no Python error set once the
+  /// stream ended (what tp_iternext returns for StopIteration, without making one).
+  PyObject* next_or_end();
   void close();
   bool is_open() const noexcept { return end_.is_open(); }
   Receiver<PyValue>& end() noexcept { return end_; }

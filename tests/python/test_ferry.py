@@ -182,6 +182,10 @@ class EndsTest(unittest.TestCase):
             for step in range(3):
                 tx.send({"step": step})
         self.assertEqual([message["step"] for message in ends.rx], [0, 1, 2])
+        with self.assertRaises(StopIteration):  # and again, once ended
+            next(ends.rx)
+        with self.assertRaises(StopIteration):
+            ends.rx.__next__()
         with self.assertRaisesRegex(ferry.ChannelClosed, "stream ended"):
             ends.rx.recv()
         with self.assertRaises(ferry.ChannelClosed):
@@ -214,13 +218,14 @@ class EndsTest(unittest.TestCase):
     def test_python_out_of_memory_while_building_a_message_is_a_ferry_error_and_the_next_one_arrives(self):
         ends = Ends()
         message = {f"key {i}": f"value {i}" for i in range(2000)}
-        for start in (5, 500):  # the start-th allocation from now fails: while building the dict
-            with self.subTest(start=start):
+        receives = {"recv": ends.rx.recv, "next": lambda: next(ends.rx)}  # next(): the type's own tp_iternext
+        for (how, receive), start in [(way, start) for way in receives.items() for start in (5, 500)]:
+            with self.subTest(start=start, receive=how):
                 ends.tx.send(message)
                 failure = None
-                _testcapi.set_nomemory(start, start + 1)  # nothing else between here and recv()
+                _testcapi.set_nomemory(start, start + 1)  # nothing else between here and the receive
                 try:
-                    ends.rx.recv()
+                    receive()
                 except ferry.Error as error:
                     failure = error
                 except MemoryError:  # the failed allocation was made outside the message's building
