@@ -30,6 +30,21 @@ Transport transport_from_name(const std::string& name) {
   throw py::value_error("ferry has no transport '" + name + "'; use pipe, unix, shm_ring or in_process");
 }
 
+// Sets the Python error for the C++ exception being handled, as pybind11's dispatcher does
+// (through the registered translators); returns nullptr, for a CPython slot to return.
+PyObject* translate_current_exception() noexcept {
+  try {
+    if (py::detail::apply_exception_translators(py::detail::get_local_internals().registered_exception_translators) ||
+        py::detail::apply_exception_translators(py::detail::get_internals().registered_exception_translators)) {
+      return nullptr;
+    }
+    PyErr_SetString(PyExc_SystemError, "ferry.Receiver.__next__: an error escaped every exception translator");
+  } catch (...) {
+    PyErr_SetString(PyExc_SystemError, "ferry.Receiver.__next__: translating a C++ error failed");
+  }
+  return nullptr;
+}
+
 // Receiver's tp_iternext, the trainer's `for batch in receiver` and next(receiver): straight
 // from CPython's iteration to PyReceiver::next_or_end, without pybind11's generic dispatcher
 // (its argument loading and call machinery are code a cold trainer reads from memory on
@@ -43,16 +58,8 @@ PyObject* receiver_iternext(PyObject* self) noexcept {
       return nullptr;
     }
     return receiver->next_or_end();
-  } catch (py::error_already_set& error) {
-    error.restore();
-    return nullptr;
-  } catch (...) {
-    if (py::detail::apply_exception_translators(py::detail::get_local_internals().registered_exception_translators) ||
-        py::detail::apply_exception_translators(py::detail::get_internals().registered_exception_translators)) {
-      return nullptr;
-    }
-    PyErr_SetString(PyExc_SystemError, "ferry.Receiver.__next__: an error escaped every exception translator");
-    return nullptr;
+  } catch (...) {  // a py::error_already_set too: pybind11's own translator restores it
+    return translate_current_exception();
   }
 }
 
