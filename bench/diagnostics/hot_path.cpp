@@ -106,8 +106,11 @@ void one_thread(int messages) {
 void ring_frames(int messages) {
   ferry::RingTiming timing;
   timing.spin = std::chrono::nanoseconds::zero();
-  auto [writer, reader] = ferry::detail::make_transport(ferry::Transport::ShmRing, ferry::FrameLimits{},
-                                                        ferry::ChannelOptions{}.ring_capacity, timing);
+  // Named ends, not a structured binding: clang 14 cannot capture a binding in a lambda.
+  auto ends = ferry::detail::make_transport(ferry::Transport::ShmRing, ferry::FrameLimits{},
+                                            ferry::ChannelOptions{}.ring_capacity, timing);
+  auto& writer = ends.first;
+  auto& reader = ends.second;
   ferry::detail::FrameHeader header;
   std::array<std::byte, 72> body{};
   header.body_bytes = body.size();
