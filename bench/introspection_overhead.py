@@ -14,16 +14,32 @@ recv reads the on/off flag once and touches no counter). Run it on an idle machi
 the load average exceeds the CPUs, the rows whose ends sleep (pipe, socket, a
 futex-sleeping ring) vary between runs by more than these goals.
 
+Timings on a shared machine move by more than 1-2% between runs; --instructions counts
+instead, with callgrind (valgrind), the instructions per message of the latency table's
+sends and receives, each in one thread without its waits (ferry_hot_path one-thread
+TRANSPORT PAYLOAD), on and off: a count that load does not move. A pipe's or a socket's
+count stops at the kernel, whose time the round trip pays on top, so its on / off bounds
+the row's share from above.
+
 Usage: bench/introspection_overhead.py [--rounds N] [--filter REGEX] [--min-time S]
                                        [--bench PATH] [--baseline PATH]
-  --baseline  a ferry_bench built without introspection's per-message code (for example
+       bench/introspection_overhead.py --instructions [--messages N] [--hot-path PATH]
+                                       [--baseline PATH] [--rows LATENCY_JSON]
+  --rows      with --instructions: for each ferry row of a latency table's results
+              (docs/latency.json), what introspection adds to it: the counted instructions
+              of its counterpart at the rate this machine runs the one-thread ring rows of
+              the same results, plus two clock readings per blocking wait, as a share of
+              the row's time; judged against the goals instead of the one-thread counts
+  --baseline  a ferry_bench (with --instructions: a ferry_hot_path) built without introspection's per-message code (for example
               with the introspecting() branches of channels/src/ends/frame_channel.cpp
               taken out), run with introspection off as a third side: off / baseline
 """
 import argparse
+import glob
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -36,6 +52,12 @@ DEFAULT_BENCH = os.path.join(ROOT, "build", "release", "bench", "ferry_bench")
 DEFAULT_FILTER = (r"^(BM_RingRoundTripBytes/bytes:64/spinning:[01]|BM_RingRoundTripSharedTensor/bytes:4096/same_storage:1"
                   r"|roundtrip/ferry/(pipe|unix_socket|shm_ring)/(bytes/64|tensor_same/4096))(/|$)")
 RING_64 = "BM_RingRoundTripBytes/bytes:64/spinning:1"
+DEFAULT_HOT_PATH = os.path.join(ROOT, "build", "release", "bench", "ferry_hot_path")
+# ferry_hot_path one-thread TRANSPORT PAYLOAD: the sends and receives of the table's rows
+# (the ring's 64 B rows carry the 2% goal, every other row 1%).
+ONE_THREAD_MODES = [("ring", "64"), ("ring", "4096"), ("ring", "65536"), ("ring", "tensor"),
+                    ("in-process", "64"), ("in-process", "tensor"), ("pipe", "64"), ("pipe", "tensor"),
+                    ("socket", "64"), ("socket", "tensor")]
 
 
 def base_name(name):
@@ -81,6 +103,136 @@ def ratio_text(numerator, denominator, goal):
     return f"{ratio:8.3f}{'  over' if over else ''}", over
 
 
+def instructions_per_message(hot_path, transport, payload, messages, introspect):
+    """Instructions per message sent and received, counted by callgrind between
+    ferry_hot_path's start and stop of its measured loop."""
+    environment = dict(os.environ)
+    environment.pop("FERRY_INTROSPECT", None)
+    if introspect:
+        environment["FERRY_INTROSPECT"] = "1"
+    with tempfile.TemporaryDirectory() as folder:
+        command = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                   f"--callgrind-out-file={folder}/out", hot_path, "one-thread", transport, payload, str(messages)]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=environment)
+        counted = 0
+        for dump in glob.glob(f"{folder}/out.*"):  # the measured loop's dump (out.1)
+            with open(dump) as text:
+                counted += sum(int(line.split()[1]) for line in text if line.startswith("totals:"))
+        if counted == 0:
+            sys.exit(f"introspection_overhead: callgrind counted nothing in {hot_path} (built without valgrind/callgrind.h?)")
+        return counted / messages
+
+
+# The latency table's ferry rows, each with its one-thread counterpart: (row pattern, transport,
+# payload (a byte size: the counted size at or below it), messages per iteration, blocking
+# waits per iteration (each reads the clock twice while introspection is on)). A ring
+# stream's iteration is a batch (4096 messages up to 4 KiB, 64 above) and its
+# acknowledgement; a ring end that spins reads no clock of its own.
+ROW_COUNTERPARTS = [
+    (r"^BM_RingRoundTripBytes(DefaultSpin)?/bytes:(?P<n>\d+)/spinning:1", "ring", "{n}", 2, 0),
+    (r"^BM_RingRoundTripBytesDefaultSpin/bytes:(?P<n>\d+)", "ring", "{n}", 2, 0),
+    (r"^BM_RingRoundTripBytes/bytes:(?P<n>\d+)/spinning:0", "ring", "{n}", 2, 2),
+    (r"^BM_RingRoundTripViaSelector", "ring", "64", 2, 2),
+    (r"^BM_RingRoundTripSharedTensor/", "ring", "tensor", 2, 0),
+    (r"^BM_RingSendRecvOneThread/bytes:(?P<n>\d+)", "ring", "{n}", 1, 0),
+    (r"^BM_RingSendRecvOneThreadSharedTensor/", "ring", "tensor", 1, 0),
+    (r"^BM_RingStreamBytes/bytes:(?P<n>\d{1,4})/spinning:1", "ring", "{n}", 4097, 0),
+    (r"^BM_RingStreamBytes/bytes:(?P<n>\d{1,4})/spinning:0", "ring", "{n}", 4097, 2),
+    (r"^BM_RingStreamBytes/bytes:(?P<n>\d{5,})/spinning:1", "ring", "{n}", 65, 0),
+    (r"^BM_RingStreamBytes/bytes:(?P<n>\d{5,})/spinning:0", "ring", "{n}", 65, 2),
+    (r"^BM_InProcessRoundTripBytes/", "in-process", "64", 2, 0),
+    (r"^BM_UnixSocketRoundTripBytes/", "socket", "64", 2, 2),
+    (r"^roundtrip/ferry/pipe/bytes/", "pipe", "64", 2, 2),
+    (r"^roundtrip/ferry/pipe/tensor_(same|new)/", "pipe", "tensor", 2, 2),
+    (r"^roundtrip/ferry/unix_socket(_duplex)?/bytes/", "socket", "64", 2, 2),
+    (r"^roundtrip/ferry/unix_socket(_duplex)?/tensor_(same|new)/", "socket", "tensor", 2, 2),
+]
+RING_64_ROWS = r"^BM_Ring(RoundTripBytes(DefaultSpin)?|SendRecvOneThread|StreamBytes)/bytes:64(/|$)"
+# The rows that time a counted mode's own loop: they rate its instructions (ns per instruction).
+RATING_ROWS = {("ring", "64"): "BM_RingSendRecvOneThread/bytes:64",
+               ("ring", "tensor"): "BM_RingSendRecvOneThreadSharedTensor/bytes:4096"}
+
+
+def counted_payload(transport, payload):
+    """The counted mode for a row's payload: `tensor`, or the largest counted size at or below it."""
+    if payload == "tensor":
+        return payload
+    sizes = sorted(int(p) for t, p in ONE_THREAD_MODES if t == transport and p != "tensor")
+    return str(max([n for n in sizes if n <= int(payload)] or sizes[:1]))
+
+
+def clock_read_ns(hot_path):
+    output = subprocess.run([hot_path, "clock"], check=True, capture_output=True, text=True).stdout
+    return float(re.search(r"clock: ([0-9.]+) ns", output).group(1))
+
+
+def row_estimates(counts, latency_json, hot_path):
+    """Per latency-table row of `latency_json`: what introspection adds to its iteration,
+    the counted instructions at the rate this machine runs ferry's one-thread send and
+    receive (from the same results) plus two clock readings per blocking wait, as a share
+    of the row's time (its median single round trip where reported)."""
+    times = figures(latency_json)
+    rates = {mode: times[row] / counts[mode][0] for mode, row in RATING_ROWS.items() if row in times}
+    if not rates:
+        sys.exit(f"introspection_overhead: {latency_json} has no BM_RingSendRecvOneThread rows to rate instructions by")
+    slowest = max(rates.values())
+    clock = clock_read_ns(hot_path)
+    print(f"\nrows of {os.path.relpath(latency_json)}: ns per instruction "
+          + ", ".join(f"{t} {p} {rate:.3f}" for (t, p), rate in rates.items())
+          + f" (other modes: the slower, {slowest:.3f}); {clock:.1f} ns per clock reading")
+    print(f"{'row':62} {'time (ns)':>11} {'added (ns)':>10} {'share':>7} {'goal':>5}")
+    failed = False
+    for name in sorted(times):
+        rule = next((r for r in ROW_COUNTERPARTS if re.match(r[0], name)), None)
+        if rule is None or times[name] <= 0:
+            continue
+        pattern, transport, payload, messages, waits = rule
+        mode = (transport, counted_payload(transport, payload.format(**re.match(pattern, name).groupdict())))
+        off, on = counts[mode]
+        # A one-thread row is its mode's own loop: rated by its own time (its share is then
+        # its instructions' on / off); another row at its mode's rate, or the slower one.
+        per_instruction = times[name] / off if name.startswith("BM_RingSendRecvOneThread") else rates.get(mode, slowest)
+        added = messages * (on - off) * per_instruction + waits * 2 * clock
+        share = added / times[name]
+        goal = 0.02 if re.match(RING_64_ROWS, name) else 0.01
+        over = share > goal
+        failed |= over
+        print(f"{name:62} {times[name]:11.0f} {added:10.1f} {share:6.2%} {goal:5.0%}{'  over' if over else ''}")
+    return failed
+
+
+def count_instructions(args):
+    """--instructions: per one-thread mode, instructions per message off, on (and baseline)."""
+    if shutil.which("valgrind") is None:
+        sys.exit("introspection_overhead: --instructions needs valgrind (apt-get install valgrind)")
+    for path in (args.hot_path, args.baseline):
+        if path is not None and not os.path.exists(path):
+            sys.exit(f"introspection_overhead: {path} is missing; build ferry_hot_path first")
+    header = f"{'one-thread send + recv (instructions)':40} {'off':>8} {'on':>8} {'on-off':>7} {'on/off':>8} {'goal':>5}"
+    if args.baseline:
+        header += f" {'baseline':>8} {'off/base':>8}"
+    print(header)
+    failed = False
+    counts = {}
+    for transport, payload in ONE_THREAD_MODES:
+        off = instructions_per_message(args.hot_path, transport, payload, args.messages, False)
+        on = instructions_per_message(args.hot_path, transport, payload, args.messages, True)
+        counts[(transport, payload)] = (off, on)
+        goal = 1.02 if (transport, payload) == ("ring", "64") else 1.01
+        on_off, over = ratio_text(on, off, goal)
+        failed |= over
+        line = f"{transport + ' ' + payload:40} {off:8.0f} {on:8.0f} {on - off:7.0f} {on_off} {goal:5.2f}"
+        if args.baseline:
+            base = instructions_per_message(args.baseline, transport, payload, args.messages, False)
+            off_base, _ = ratio_text(off, base, None)
+            line += f" {base:8.0f} {off_base}"
+        print(line, flush=True)
+    if args.rows:
+        # Judged on the rows: a pipe's or a socket's instructions are a small part of its time.
+        failed = row_estimates(counts, args.rows, args.hot_path)
+    return 1 if failed else 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=6)
@@ -88,7 +240,13 @@ def main():
     parser.add_argument("--min-time", default="0.2")
     parser.add_argument("--bench", default=DEFAULT_BENCH)
     parser.add_argument("--baseline", default=None)
+    parser.add_argument("--instructions", action="store_true")
+    parser.add_argument("--messages", type=int, default=2000)
+    parser.add_argument("--hot-path", default=DEFAULT_HOT_PATH)
+    parser.add_argument("--rows", default=None)
     args = parser.parse_args()
+    if args.instructions:
+        return count_instructions(args)
     for path in (args.bench, args.baseline):
         if path is not None and not os.path.exists(path):
             sys.exit(f"introspection_overhead: {path} is missing; build ferry_bench first")

@@ -17,10 +17,21 @@
 //   views N            N views of one new storage per message (AllocSmallTensorsOneStorage/transport:2)
 //   send-plain         an 8-byte message sent and received in one thread (fanout/send/plain/shm_ring)
 //   send-distributor   the same through a Distributor with that one consumer (fanout/send/distributor)
+//   one-thread TRANSPORT PAYLOAD
+//                      a message sent and received in one thread over TRANSPORT (in-process,
+//                      pipe, socket, ring), PAYLOAD a byte message of that many bytes or tensor
+//                      (the same 4 KiB shared tensor each time): the sends and receives of the
+//                      latency table's rows
+//                      without their waits; a pipe's or a socket's system calls are counted
+//                      up to the kernel (what introspection's cost is compared with,
+//                      bench/introspection_overhead.py --instructions)
+//   clock              prints the time of one steady_clock reading (median of 9 runs of 100,000),
+//                      what a blocking wait pays twice with introspection on
 // Each process prints its instruction count per message when run under callgrind's
 // CALLGRIND_* client requests (valgrind/callgrind.h); without callgrind the program just runs.
 #include <sys/prctl.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
@@ -29,6 +40,7 @@
 #include <cstring>
 #include <deque>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -36,6 +48,7 @@
 #include "ferry/detail/transport.hpp"
 #include "ferry/ferry.hpp"
 #include "support/child_process.hpp"
+#include "support/tensor_message.hpp"
 
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
@@ -99,6 +112,60 @@ void one_thread(int messages) {
     if (!back || back->size() != 64) std::abort();
   }
   FERRY_MEASURE_STOP();
+}
+
+ferry::Transport transport_named(const std::string& name) {
+  if (name == "in-process") return ferry::Transport::InProcess;
+  if (name == "pipe") return ferry::Transport::Pipe;
+  if (name == "socket") return ferry::Transport::UnixSocket;
+  if (name == "ring") return ferry::Transport::ShmRing;
+  throw std::invalid_argument("unknown transport " + name + " (in-process, pipe, socket or ring)");
+}
+
+template <class Message>
+void sent_and_received(ferry::Transport transport, const Message& message, int messages) {
+  auto [tx, rx] = ferry::channel<Message>(transport, sleeping());
+  for (int i = 0; i < kWarmup; ++i) {
+    tx.send(message);
+    (void)rx.recv();
+  }
+  FERRY_MEASURE_START();
+  for (int i = 0; i < messages; ++i) {
+    tx.send(message);
+    if (!rx.recv()) std::abort();
+  }
+  FERRY_MEASURE_STOP();
+}
+
+// One message at a time over `transport`, sent and received in one thread: `payload`
+// bytes, or the same 4 KiB shared tensor each time.
+void one_thread_over(const std::string& transport_name, const std::string& payload, int messages) {
+  const ferry::Transport transport = transport_named(transport_name);
+  if (payload == "tensor") {
+    const ferry::bench::TensorMessage message{Tensor::empty({4096}, ferry::DType::UInt8, ferry::Device::SharedCpu)};
+    sent_and_received(transport, message, messages);
+    return;
+  }
+  const long long bytes = std::atoll(payload.c_str());
+  if (bytes <= 0 || std::to_string(bytes) != payload) {
+    throw std::invalid_argument("unknown payload " + payload + " (a size in bytes, or tensor)");
+  }
+  sent_and_received(transport, std::vector<std::uint8_t>(static_cast<std::size_t>(bytes), 7), messages);
+}
+
+// The time of one steady_clock reading, in ns: the median of 9 runs of 100,000 readings.
+double clock_read_ns() {
+  using Clock = std::chrono::steady_clock;
+  constexpr int kReads = 100'000;
+  std::vector<double> runs;
+  for (int run = 0; run < 9; ++run) {
+    const Clock::time_point start = Clock::now();
+    Clock::time_point last = start;
+    for (int i = 0; i < kReads; ++i) last = Clock::now();
+    runs.push_back(std::chrono::duration<double, std::nano>(last - start).count() / kReads);
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[runs.size() / 2];
 }
 
 // The frame of a 64-byte message (a header and a 72-byte body) written with a ring's writer
@@ -196,14 +263,21 @@ void round_trips(const std::string& mode, std::int64_t count, int messages) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: %s ring64|ring-frame|ping|send-plain|send-distributor|tensors N|views N [MESSAGES]\n",
+    std::fprintf(stderr,
+                 "usage: %s ring64|ring-frame|ping|send-plain|send-distributor|tensors N|views N"
+                 "|one-thread TRANSPORT PAYLOAD|clock [MESSAGES]\n",
                  argv[0]);
     return 2;
   }
   const std::string mode = argv[1];
   const bool counted = mode == "tensors" || mode == "views";
   const std::int64_t count = counted && argc > 2 ? std::atoll(argv[2]) : 0;
-  const int messages_at = counted ? 3 : 2;
+  const bool over = mode == "one-thread";
+  if (over && argc < 4) {
+    std::fprintf(stderr, "usage: %s one-thread in-process|pipe|socket|ring BYTES|tensor [MESSAGES]\n", argv[0]);
+    return 2;
+  }
+  const int messages_at = over ? 4 : counted ? 3 : 2;
   const int messages = argc > messages_at ? std::atoi(argv[messages_at]) : 1000;
   try {
     if (mode == "ring64") {
@@ -212,6 +286,11 @@ int main(int argc, char** argv) {
       ring_frames(messages);
     } else if (mode == "send-plain" || mode == "send-distributor") {
       one_thread_sends(mode == "send-distributor", messages);
+    } else if (mode == "clock") {
+      std::printf("clock: %.1f ns per steady_clock reading\n", clock_read_ns());
+      return 0;
+    } else if (over) {
+      one_thread_over(argv[2], argv[3], messages);
     } else if (mode == "ping" || counted) {
       round_trips(mode, count, messages);
     } else {
