@@ -93,7 +93,8 @@ struct alignas(64) EndStats {
   static void add(std::atomic<std::uint64_t>& counter, std::uint64_t amount) noexcept {
 #if defined(__x86_64__) && !defined(FERRY_THREAD_SANITIZER)
     static_assert(sizeof(counter) == sizeof(std::uint64_t) && std::atomic<std::uint64_t>::is_always_lock_free);
-    asm("addq %1, %0" : "+m"(counter) : "er"(amount));
+    // volatile: kept and in order even where this thread never reads the counter again.
+    asm volatile("addq %1, %0" : "+m"(counter) : "er"(amount));
 #else
     counter.store(counter.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);
 #endif
