@@ -322,6 +322,26 @@ TEST_P(IntrospectionTest, StalledReceiverShowsTheSenderBlocked) {
   EXPECT_LE(ferry::snapshot().monotonic_ns - end->last_activity_ns, std::int64_t{2'000'000'000});
 }
 
+TEST_P(IntrospectionTest, AnIdleSenderShowsTheReceiverBlocked) {
+  ferry::enable_introspection();
+  ferry::ChannelOptions options;
+  options.name = "idle";
+  auto [sender, receiver] = ferry::channel<int>(GetParam(), options);
+  std::thread reader([&, &receiver = receiver] { EXPECT_EQ(receiver.recv(), std::optional<int>(7)); });
+  EXPECT_TRUE(eventually([] {
+    const std::optional<ferry::EndSnapshot> end = find_end(ferry::snapshot(), "idle", false);
+    return end.has_value() && end->blocked_now;
+  }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  sender.send(7);
+  reader.join();
+  const std::optional<ferry::EndSnapshot> end = find_end(ferry::snapshot(), "idle", false);
+  ASSERT_TRUE(end.has_value());
+  EXPECT_FALSE(end->blocked_now);
+  EXPECT_GE(end->blocked_ns, 20'000'000u);  // at least the 20 ms it waited for the send
+  EXPECT_EQ(end->messages, 1u);
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, IntrospectionTest,
                          ::testing::Values(ferry::Transport::ShmRing, ferry::Transport::Pipe,
                                            ferry::Transport::UnixSocket),

@@ -36,7 +36,7 @@ void describe_end(Snapshot& out, const EndStats& stats, const EndFacts& facts) {
   }
   end.state = stats.peer_died.load(relaxed) ? "peer_died" : facts.open ? "open" : "closed";
   end.messages = stats.messages.load(relaxed);
-  end.bytes = stats.bytes.load(relaxed);
+  end.bytes = stats.bytes_moved();
   end.tensors = stats.tensors.load(relaxed);
   end.new_segments = stats.new_segments.load(relaxed);
   end.in_flight = facts.in_flight;

@@ -16,6 +16,7 @@
 #include <optional>
 
 #include "fd_passing/segment_fd_channel.hpp"
+#include "ferry/detail/end_stats.hpp"
 #include "ferry/detail/live_ends.hpp"
 #include "ferry/detail/sigpipe_blocked.hpp"
 #include "ferry/error.hpp"
@@ -334,6 +335,10 @@ StreamFrameReader::StreamFrameReader(detail::UniqueFd stream, detail::UniqueFd s
 }
 
 std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, std::deque<detail::UniqueFd>& fds) {
+  // A socket's blocking recvmsg is where an untimed receive sleeps: charged as blocked
+  // while introspection is on (its copy of the bytes too; off, the flag is read only). A
+  // pipe sleeps in wait_for_fd(), which charges itself.
+  detail::BlockedSpan blocked(is_socket_ ? waits_charged_to() : nullptr);
   while (true) {
     ssize_t got = 0;
     if (is_socket_) {
@@ -344,6 +349,7 @@ std::size_t StreamFrameReader::receive(std::byte* into, std::size_t capacity, st
       message.msg_iovlen = 1;
       message.msg_control = control.data();
       message.msg_controllen = control.size();
+      blocked.begin_now();  // from the first call to the return, the timeouts' slices included
       got = ::recvmsg(stream_.get(), &message, MSG_CMSG_CLOEXEC);
       if (got >= 0) {
         detail::take_fds(message, fds);

@@ -12,13 +12,15 @@
 //   relaxed load and store elsewhere), no locked instruction; readers see each counter
 //   tear-free, the counters together only roughly consistent. What a message writes
 //   shares one cache line, the end's own.
-// - Per message: four additions, no branch, and for a sender the frame's sequence number;
-//   no clock read. Last activity is sampled: every kActivityTick
-//   the server marks an end whose message count moved as active then. The time blocked is
-//   measured on the waiting path only (a ring end that spun 16 rounds without its peer
-//   answering, a pipe or socket end about to poll), charged to the end its transport end
-//   serves (FrameWriter::charge_waits_to()): an end that finds room or a message at once
-//   reads no clock.
+// - Per message: four additions, no branch, and for a sender whose receiver records its
+//   deliveries on a return board (in flight is known) the frame's sequence number;
+//   no clock read. Last activity is sampled: every kActivityTick the server marks an end
+//   whose message count moved as active then.
+// - The time blocked is measured on the waiting path only (a ring end that spun 16 rounds
+//   without its peer answering, a pipe or socket end about to poll, a socket's untimed
+//   receive in its blocking recvmsg), charged to the end its transport end serves
+//   (FrameWriter::charge_waits_to()): an end that finds room or a message at once reads no
+//   clock, except a socket's untimed receive, which cannot tell before its recvmsg.
 #pragma once
 
 #include <atomic>
@@ -26,10 +28,10 @@
 #include <cstdint>
 
 #if defined(__SANITIZE_THREAD__)
-#define FERRY_THREAD_SANITIZER 1
+#define FERRY_DETAIL_END_STATS_TSAN 1
 #elif defined(__has_feature)
 #if __has_feature(thread_sanitizer)
-#define FERRY_THREAD_SANITIZER 1
+#define FERRY_DETAIL_END_STATS_TSAN 1
 #endif
 #endif
 
@@ -54,13 +56,16 @@ struct alignas(64) EndStats {
   // Written per message, first: one cache line.
   std::atomic<std::uint64_t> messages{0};
   std::atomic<std::uint64_t> bytes{0};
-  std::atomic<std::uint64_t> sequence{0};      ///< sender: the sequence number of the last frame counted
+  std::atomic<std::uint64_t> sequence{0};      ///< sender with a board: the sequence number of the last frame counted
   std::atomic<std::uint64_t> tensors{0};       ///< tensor storages the frames named
   std::atomic<std::uint64_t> new_segments{0};  ///< shared-memory segments the frames introduced
   std::atomic<std::uint64_t> resolved{0};      ///< sender: the last frame the receiver delivered, on the return board
   std::atomic<bool> board{false};  ///< sender: deliveries are tracked on a return board (in flight is known)
   // Written while waiting, by the server's tick, or once.
-  std::uint64_t id = 0;                           ///< next_end_id(), set as the end is made
+  std::uint64_t id = 0;  ///< next_end_id(), set as the end is made
+  /// Bytes of each message that `bytes` leaves out, added when it is read (bytes_moved()):
+  /// a receiver counts the frame's payload per message, its fixed-size header here.
+  std::uint32_t header_bytes = 0;
   std::atomic<std::uint64_t> blocked_ns{0};       ///< total time waiting for room or for a message
   std::atomic<std::int64_t> blocked_since_ns{0};  ///< monotonic_ns() the current wait began; 0: none
   std::atomic<std::int64_t> last_activity_ns{0};  ///< when the last message moved, to kActivityTick; 0: unknown
@@ -77,6 +82,10 @@ struct alignas(64) EndStats {
     add(tensors, storages);
     add(new_segments, segments);
   }
+  /// Bytes on the wire so far (`bytes`, and each message's header where counted apart).
+  std::uint64_t bytes_moved() const noexcept {
+    return bytes.load(std::memory_order_relaxed) + messages.load(std::memory_order_relaxed) * header_bytes;
+  }
   /// The server's tick, every kActivityTick (under the list of live ends' lock, its only
   /// caller): the end was last active `now` if it moved a message since the last tick. A
   /// process without a server (a child forked without one) does not know it (0).
@@ -91,7 +100,7 @@ struct alignas(64) EndStats {
   /// torn there), where a relaxed load and store cost three instructions; elsewhere, and
   /// under ThreadSanitizer (which must see the write), the relaxed load and store.
   static void add(std::atomic<std::uint64_t>& counter, std::uint64_t amount) noexcept {
-#if defined(__x86_64__) && !defined(FERRY_THREAD_SANITIZER)
+#if defined(__x86_64__) && !defined(FERRY_DETAIL_END_STATS_TSAN)
     static_assert(sizeof(counter) == sizeof(std::uint64_t) && std::atomic<std::uint64_t>::is_always_lock_free);
     // volatile: kept and in order even where this thread never reads the counter again.
     asm volatile("addq %1, %0" : "+m"(counter) : "er"(amount));
@@ -143,3 +152,5 @@ inline std::int64_t to_ns(std::chrono::steady_clock::time_point at) noexcept {
 }
 
 }  // namespace ferry::detail
+
+#undef FERRY_DETAIL_END_STATS_TSAN
