@@ -19,8 +19,9 @@
 //   send-distributor   the same through a Distributor with that one consumer (fanout/send/distributor)
 //   one-thread TRANSPORT PAYLOAD
 //                      a message sent and received in one thread over TRANSPORT (in-process,
-//                      pipe, socket, ring), PAYLOAD a byte message of that many bytes or tensor
-//                      (the same 4 KiB shared tensor each time): the sends and receives of the
+//                      pipe, socket, ring), PAYLOAD a byte message of that many bytes (a pipe
+//                      or a socket holds 64 KiB), tensor (the same 4 KiB shared tensor each
+//                      time) or tensor-new (a new one each time): the sends and receives of the
 //                      latency table's rows
 //                      without their waits; a pipe's or a socket's system calls are counted
 //                      up to the kernel (what introspection's cost is compared with,
@@ -122,35 +123,57 @@ ferry::Transport transport_named(const std::string& name) {
   throw std::invalid_argument("unknown transport " + name + " (in-process, pipe, socket or ring)");
 }
 
-template <class Message>
-void sent_and_received(ferry::Transport transport, const Message& message, int messages) {
-  auto [tx, rx] = ferry::channel<Message>(transport, sleeping());
+// `make()` gives each message (a reference to the same one, or a new one); the receiver's
+// copy is dropped at once.
+template <class Message, class Make>
+void sent_and_received(ferry::Transport transport, const ferry::ChannelOptions& options, Make make, int messages) {
+  auto [tx, rx] = ferry::channel<Message>(transport, options);
   for (int i = 0; i < kWarmup; ++i) {
-    tx.send(message);
+    tx.send(make());
     (void)rx.recv();
   }
   FERRY_MEASURE_START();
   for (int i = 0; i < messages; ++i) {
-    tx.send(message);
+    tx.send(make());
     if (!rx.recv()) std::abort();
   }
   FERRY_MEASURE_STOP();
 }
 
+// The largest byte message a pipe or a socket holds while its one thread has not read it.
+constexpr long long kMostBufferedBytes = 64 << 10;
+
 // One message at a time over `transport`, sent and received in one thread: `payload`
-// bytes, or the same 4 KiB shared tensor each time.
+// bytes, the same 4 KiB shared tensor each time (tensor), or a new one (tensor-new).
 void one_thread_over(const std::string& transport_name, const std::string& payload, int messages) {
   const ferry::Transport transport = transport_named(transport_name);
+  ferry::ChannelOptions options = sleeping();
+  using ferry::bench::TensorMessage;
   if (payload == "tensor") {
-    const ferry::bench::TensorMessage message{Tensor::empty({4096}, ferry::DType::UInt8, ferry::Device::SharedCpu)};
-    sent_and_received(transport, message, messages);
+    const TensorMessage same{Tensor::empty({4096}, ferry::DType::UInt8, ferry::Device::SharedCpu)};
+    sent_and_received<TensorMessage>(
+        transport, options, [&]() -> const TensorMessage& { return same; }, messages);
+    return;
+  }
+  if (payload == "tensor-new") {
+    sent_and_received<TensorMessage>(
+        transport, options,
+        [] { return TensorMessage{Tensor::empty({4096}, ferry::DType::UInt8, ferry::Device::SharedCpu)}; }, messages);
     return;
   }
   const long long bytes = std::atoll(payload.c_str());
   if (bytes <= 0 || std::to_string(bytes) != payload) {
-    throw std::invalid_argument("unknown payload " + payload + " (a size in bytes, or tensor)");
+    throw std::invalid_argument("unknown payload " + payload + " (a size in bytes, tensor or tensor-new)");
   }
-  sent_and_received(transport, std::vector<std::uint8_t>(static_cast<std::size_t>(bytes), 7), messages);
+  if (transport == ferry::Transport::ShmRing) {
+    options.ring_capacity = std::max(options.ring_capacity, 4 * static_cast<std::size_t>(bytes));
+  } else if (transport != ferry::Transport::InProcess && bytes > kMostBufferedBytes) {
+    throw std::invalid_argument("a pipe or a socket holds at most " + std::to_string(kMostBufferedBytes) +
+                                " bytes for a thread that has not read them yet");
+  }
+  const std::vector<std::uint8_t> message(static_cast<std::size_t>(bytes), 7);
+  sent_and_received<std::vector<std::uint8_t>>(
+      transport, options, [&]() -> const std::vector<std::uint8_t>& { return message; }, messages);
 }
 
 // The time of one steady_clock reading, in ns: the median of 9 runs of 100,000 readings.
@@ -274,11 +297,16 @@ int main(int argc, char** argv) {
   const std::int64_t count = counted && argc > 2 ? std::atoll(argv[2]) : 0;
   const bool over = mode == "one-thread";
   if (over && argc < 4) {
-    std::fprintf(stderr, "usage: %s one-thread in-process|pipe|socket|ring BYTES|tensor [MESSAGES]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s one-thread in-process|pipe|socket|ring BYTES|tensor|tensor-new [MESSAGES]\n",
+                 argv[0]);
     return 2;
   }
   const int messages_at = over ? 4 : counted ? 3 : 2;
   const int messages = argc > messages_at ? std::atoi(argv[messages_at]) : 1000;
+  if (messages <= 0) {
+    std::fprintf(stderr, "MESSAGES must be a positive number (got %s)\n", argv[messages_at]);
+    return 2;
+  }
   try {
     if (mode == "ring64") {
       one_thread(messages);
