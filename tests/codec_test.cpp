@@ -142,6 +142,25 @@ TEST_F(CodecTest, AStorageSentAgainThroughANewReferenceStaysLeasedAfterTheOldOne
   EXPECT_EQ(loop.decoder.leased(), 0u);
 }
 
+TEST_F(CodecTest, ViewsOfOneStorageShareItWhenTheLastTakesTheFramesReference) {
+  test::CodecLoop<CodecTensors> loop;
+  Tensor whole = Tensor::zeros({3, 4}, DType::Float32, Device::SharedCpu);
+  for (std::int64_t i = 0; i < 3; ++i) whole.at<float>({i, 0}) = static_cast<float>(i + 1);
+  for (int round = 0; round < 2; ++round) {  // a new block, then a lease
+    CodecTensors got = loop.round_trip({whole.unbind()});
+    ASSERT_EQ(got.tensors.size(), 3u);
+    // The last record's tensor took the frame's reference; the others share the storage.
+    for (std::int64_t i = 0; i < 3; ++i) {
+      ASSERT_NE(got.tensors[i].storage(), nullptr);
+      EXPECT_EQ(got.tensors[i].storage(), got.tensors[0].storage());
+      EXPECT_EQ(got.tensors[i].at<float>({0}), static_cast<float>(i + 1));
+    }
+    got.tensors.erase(got.tensors.begin(), got.tensors.begin() + 2);  // the last one lives on
+    EXPECT_EQ(got.tensors[0].at<float>({0}), 3.0f);
+  }
+  EXPECT_EQ(loop.decoder.leased(), 1u);
+}
+
 TEST_F(CodecTest, AFrameNotSentGivesItsSlotsBackAndKeepsItsReleasesForTheNext) {
   test::CodecLoop<CodecTensors> loop;
   { loop.round_trip({{filled(4, 1)}}); }

@@ -56,9 +56,10 @@ namespace detail {
 // tensor's own Shapes (no temporaries to make, move and destroy per tensor), checked, and
 // only then joined to the storage. A view that fails the check leaves the tensor undefined.
 struct ReceivedView {
-  // `layout`: the ndim sizes, then the ndim strides, as on the wire.
-  static void assign(Tensor& tensor, const std::shared_ptr<Storage>& storage, DType dtype, std::uint32_t ndim,
-                     const std::byte* layout, std::int64_t offset) {
+  // `layout`: the ndim sizes, then the ndim strides, as on the wire. `take`: null, or the
+  // reference `storage` is, which the tensor then takes over (moved from: no count changes).
+  static void assign(Tensor& tensor, const std::shared_ptr<Storage>& storage, std::shared_ptr<Storage>* take,
+                     DType dtype, std::uint32_t ndim, const std::byte* layout, std::int64_t offset) {
     // Undefined until the view passed its check (a Shape that must grow may throw bad_alloc).
     tensor.storage_.reset();
     tensor.defined_ = false;
@@ -74,10 +75,14 @@ struct ReceivedView {
       tensor = Tensor();
       throw ProtocolError("received " + problem);
     }
-    tensor.storage_ = storage;
+    tensor.device_ = storage->device();
+    if (take != nullptr) {
+      tensor.storage_ = std::move(*take);
+    } else {
+      tensor.storage_ = storage;
+    }
     tensor.dtype_ = dtype;
     tensor.offset_ = offset;
-    tensor.device_ = storage->device();
     tensor.defined_ = true;
   }
 };
@@ -164,7 +169,9 @@ void CEREAL_LOAD_FUNCTION_NAME(detail::FrameInputArchive& archive, Tensor& tenso
     throw ProtocolError("tensor handle index " + std::to_string(handle) + " is out of range: the frame has " +
                         std::to_string(storages.size()) + " storages");
   }
-  detail::ReceivedView::assign(tensor, storages[handle], dtype, ndim, layout, offset);
+  // The record that ends the body takes the frame's reference over: a message of one tensor
+  // changes no reference count here.
+  detail::ReceivedView::assign(tensor, storages[handle], archive.storage_to_take(handle), dtype, ndim, layout, offset);
 }
 
 }  // namespace ferry
