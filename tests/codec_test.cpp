@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cereal/types/vector.hpp>
 #include <string>
 #include <vector>
@@ -88,6 +89,76 @@ TEST_F(CodecTest, ADeadStorageIsReleasedOnceAndItsSlotReusedAfterTheReturn) {
   EXPECT_EQ(reusing.handle(0).slot, 0u);
   EXPECT_EQ(loop.deliver(test::WireFrame{reusing.bytes, {}}).tensors[0].at<float>({0}), 3.0f);
   EXPECT_EQ(loop.encoder.pinned_storages(), 1u);  // c's only: a's pin went with its return
+}
+
+// A new reference on the same Storage object, with its own control block (as a receiver's
+// handle on a storage it leases): the sender's slot records one reference at a time.
+Tensor through_new_reference(const Tensor& tensor) {
+  const std::shared_ptr<Storage>& storage = tensor.storage();
+  // The deleter lets go at once: its object lives on with the control block while weak
+  // references (the sender's slot) remain.
+  std::shared_ptr<Storage> handle(storage.get(), [keep = storage](Storage*) mutable { keep.reset(); });
+  return Tensor::from_storage(std::move(handle), tensor.dtype(), tensor.shape(), tensor.strides(),
+                              tensor.storage_offset());
+}
+
+TEST_F(CodecTest, AStorageSentAgainThroughANewReferenceStaysLeasedAfterTheOldOneDied) {
+  test::CodecLoop<CodecTensors> loop;
+  Tensor a = filled(8, 1), other = filled(8, 2);
+  loop.round_trip({{through_new_reference(a), other}});  // slots 0 and 1; slot 0 records the first reference
+  other = Tensor();                                      // a death: the next frame looks for dead slots
+  // The first reference died, the Storage did not: sent through a second one, `a` keeps its
+  // slot (the frame records the new reference before it looks for dead ones).
+  const test::WireFrame again = loop.send({{through_new_reference(a)}});
+  EXPECT_EQ(again.releases(), std::vector<std::uint32_t>{1});
+  ASSERT_EQ(again.header().handle_count, 1u);
+  EXPECT_EQ(again.handle(0).kind, static_cast<std::uint32_t>(HandleKind::Leased));
+  EXPECT_EQ(again.handle(0).slot, 0u);
+  EXPECT_EQ(loop.deliver(test::WireFrame{again.bytes, {}}).tensors[0].at<float>({7}), 1.0f);
+  // Sent again and again through one reference, the slot keeps recording it: once that
+  // reference dies, its release is announced once.
+  {
+    const Tensor held = through_new_reference(a);
+    for (int i = 0; i < 3; ++i) {
+      const test::WireFrame leased = loop.send({{held}});
+      EXPECT_EQ(leased.handle(0).kind, static_cast<std::uint32_t>(HandleKind::Leased));
+      EXPECT_TRUE(leased.releases().empty());
+      EXPECT_EQ(loop.deliver(test::WireFrame{leased.bytes, {}}).tensors[0].at<float>({0}), 1.0f);
+    }
+  }
+  // A death to make the next frame look (dropping a reference to a Storage that lives counts as
+  // none).
+  Tensor dying = filled(8, 3);
+  const test::WireFrame introducing = loop.send({{dying}});
+  const std::uint32_t dying_slot = introducing.handle(0).slot;
+  loop.deliver(test::WireFrame{introducing.bytes, {}});
+  dying = Tensor();
+  const test::WireFrame releasing = loop.send({});
+  std::vector<std::uint32_t> released = releasing.releases();
+  std::sort(released.begin(), released.end());
+  EXPECT_EQ(released, (std::vector<std::uint32_t>{0, dying_slot}));
+  loop.deliver(test::WireFrame{releasing.bytes, {}});
+  EXPECT_EQ(loop.encoder.tracked_storages(), 0u);
+  EXPECT_EQ(loop.decoder.leased(), 0u);
+}
+
+TEST_F(CodecTest, ViewsOfOneStorageShareItWhenTheLastTakesTheFramesReference) {
+  test::CodecLoop<CodecTensors> loop;
+  Tensor whole = Tensor::zeros({3, 4}, DType::Float32, Device::SharedCpu);
+  for (std::int64_t i = 0; i < 3; ++i) whole.at<float>({i, 0}) = static_cast<float>(i + 1);
+  for (int round = 0; round < 2; ++round) {  // a new block, then a lease
+    CodecTensors got = loop.round_trip({whole.unbind()});
+    ASSERT_EQ(got.tensors.size(), 3u);
+    // The last record's tensor took the frame's reference; the others share the storage.
+    for (std::int64_t i = 0; i < 3; ++i) {
+      ASSERT_NE(got.tensors[i].storage(), nullptr);
+      EXPECT_EQ(got.tensors[i].storage(), got.tensors[0].storage());
+      EXPECT_EQ(got.tensors[i].at<float>({0}), static_cast<float>(i + 1));
+    }
+    got.tensors.erase(got.tensors.begin(), got.tensors.begin() + 2);  // the last one lives on
+    EXPECT_EQ(got.tensors[0].at<float>({0}), 3.0f);
+  }
+  EXPECT_EQ(loop.decoder.leased(), 1u);
 }
 
 TEST_F(CodecTest, AFrameNotSentGivesItsSlotsBackAndKeepsItsReleasesForTheNext) {

@@ -319,7 +319,11 @@ void detail::MessageEncoder::refresh_leased_storages() {
     // Only a storage marked sent can be leased (a new one skips the lookup).
     const auto slot = storages_[i]->was_sent() ? connection_.leased_ids.find(storages_[i]->id()) : std::nullopt;
     leased_slots_[i] = slot.value_or(kNoSlot);
-    if (slot) connection_.storage_slots.at(*slot).storage = storages_[i];
+    if (!slot) continue;
+    // Mostly the slot still names this very reference (the same control block): assigning it
+    // again would change two reference counts, locked operations in a threaded process.
+    std::weak_ptr<Storage>& recorded = connection_.storage_slots.at(*slot).storage;
+    if (recorded.owner_before(storages_[i]) || storages_[i].owner_before(recorded)) recorded = storages_[i];
   }
 }
 

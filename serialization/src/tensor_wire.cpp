@@ -1,6 +1,7 @@
 #include "ferry/tensor_wire.hpp"
 
 #include <cstring>
+#include <type_traits>
 
 #include "ferry/detail/message_encoder.hpp"
 #include "ferry/detail/view_bounds.hpp"
@@ -56,9 +57,12 @@ namespace detail {
 // tensor's own Shapes (no temporaries to make, move and destroy per tensor), checked, and
 // only then joined to the storage. A view that fails the check leaves the tensor undefined.
 struct ReceivedView {
-  // `layout`: the ndim sizes, then the ndim strides, as on the wire.
-  static void assign(Tensor& tensor, const std::shared_ptr<Storage>& storage, DType dtype, std::uint32_t ndim,
-                     const std::byte* layout, std::int64_t offset) {
+  // `layout`: the ndim sizes, then the ndim strides, as on the wire. `Take`: the tensor takes
+  // `storage` over (moved from: no count changes) instead of sharing it.
+  template <bool Take>
+  static void assign(Tensor& tensor,
+                     std::conditional_t<Take, std::shared_ptr<Storage>&, const std::shared_ptr<Storage>&> storage,
+                     DType dtype, std::uint32_t ndim, const std::byte* layout, std::int64_t offset) {
     // Undefined until the view passed its check (a Shape that must grow may throw bad_alloc).
     tensor.storage_.reset();
     tensor.defined_ = false;
@@ -74,10 +78,14 @@ struct ReceivedView {
       tensor = Tensor();
       throw ProtocolError("received " + problem);
     }
-    tensor.storage_ = storage;
+    tensor.device_ = storage->device();
+    if constexpr (Take) {
+      tensor.storage_ = std::move(storage);
+    } else {
+      tensor.storage_ = storage;
+    }
     tensor.dtype_ = dtype;
     tensor.offset_ = offset;
-    tensor.device_ = storage->device();
     tensor.defined_ = true;
   }
 };
@@ -164,7 +172,13 @@ void CEREAL_LOAD_FUNCTION_NAME(detail::FrameInputArchive& archive, Tensor& tenso
     throw ProtocolError("tensor handle index " + std::to_string(handle) + " is out of range: the frame has " +
                         std::to_string(storages.size()) + " storages");
   }
-  detail::ReceivedView::assign(tensor, storages[handle], dtype, ndim, layout, offset);
+  // The record that ends the body takes the frame's reference over: a message of one tensor
+  // changes no reference count here.
+  if (std::shared_ptr<Storage>* frames = archive.storage_to_take(handle)) [[unlikely]] {
+    detail::ReceivedView::assign<true>(tensor, *frames, dtype, ndim, layout, offset);
+  } else {
+    detail::ReceivedView::assign<false>(tensor, storages[handle], dtype, ndim, layout, offset);
+  }
 }
 
 }  // namespace ferry

@@ -88,8 +88,15 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
     body_ = body;
     position_ = 0;
     storages_ = storages;
+    takeable_ = nullptr;
     pending_ = nullptr;
     ready_ = body.size();
+  }
+  /// restart(), on `storages` that are a frame's own references, dropped after the body:
+  /// the tensor whose record ends the body may take its storage's over (storage_to_take()).
+  void restart_on_frame(std::span<const std::byte> body, std::span<std::shared_ptr<Storage>> storages) noexcept {
+    restart(body, storages);
+    takeable_ = storages.data();
   }
   /// The body's bytes after pending->ready() are still in the transport: read them from
   /// `pending` as the archive gets to them (for the body last given; null: none are).
@@ -134,6 +141,12 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
   }
   std::size_t remaining() const noexcept { return body_.size() - position_; }
   std::span<const std::shared_ptr<Storage>> storages() const noexcept { return storages_; }
+  /// The reference to storages()[index] (index in range) that a tensor may take over
+  /// (moved from): for the record that ends the body, as no later record can name the
+  /// storage, of a frame's own storages (restart_on_frame()). Null otherwise.
+  std::shared_ptr<Storage>* storage_to_take(std::size_t index) const noexcept {
+    return takeable_ != nullptr && remaining() == 0 ? takeable_ + index : nullptr;
+  }
 
  private:
   // Out of line (archive.cpp), so that take() stays small enough to inline everywhere.
@@ -142,6 +155,7 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
   std::span<const std::byte> body_;
   std::size_t position_ = 0;
   std::span<const std::shared_ptr<Storage>> storages_;
+  std::shared_ptr<Storage>* takeable_ = nullptr;  // storages_, when they are the frame's own
   PendingBody* pending_ = nullptr;  // defer(); null when the whole body is in place
   std::size_t ready_ = 0;           // bytes of the body in place (or read out); position_ <= ready_
 };

@@ -105,11 +105,8 @@ class MessageDecoder {
   // The archive over the body of the frame last decoded: the last frame's while it is
   // reusable() (FrameOutputArchive::reusable() says why), a new one otherwise.
   FrameInputArchive& input_archive() {
-    if (!archive_) {
-      archive_ = std::make_unique<FrameInputArchive>(body_, storages_);
-    } else {
-      archive_->restart(body_, storages_);
-    }
+    if (!archive_) archive_ = std::make_unique<FrameInputArchive>(body_, storages_);
+    archive_->restart_on_frame(body_, storages_);  // read() drops the storages after the body
     if (pending_ != nullptr) [[unlikely]]
       archive_->defer(pending_);
     return *archive_;
