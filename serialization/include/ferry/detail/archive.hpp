@@ -156,8 +156,8 @@ class FrameInputArchive : public cereal::InputArchive<FrameInputArchive, cereal:
   std::size_t position_ = 0;
   std::span<const std::shared_ptr<Storage>> storages_;
   std::shared_ptr<Storage>* takeable_ = nullptr;  // storages_, when they are the frame's own
-  PendingBody* pending_ = nullptr;  // defer(); null when the whole body is in place
-  std::size_t ready_ = 0;           // bytes of the body in place (or read out); position_ <= ready_
+  PendingBody* pending_ = nullptr;                // defer(); null when the whole body is in place
+  std::size_t ready_ = 0;                         // bytes of the body in place (or read out); position_ <= ready_
 };
 
 /// The check of a received container's size (cereal's SizeTag, below) failed: out of line,
