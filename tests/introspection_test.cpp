@@ -28,6 +28,16 @@
 
 namespace {
 
+// Whether ThreadSanitizer instruments this build (g++ says so with __SANITIZE_THREAD__,
+// clang with __has_feature).
+#if defined(__SANITIZE_THREAD__)
+constexpr bool kThreadSanitizer = true;
+#elif defined(__has_feature)
+constexpr bool kThreadSanitizer = __has_feature(thread_sanitizer);
+#else
+constexpr bool kThreadSanitizer = false;
+#endif
+
 using namespace std::chrono_literals;
 
 struct Item {
@@ -507,10 +517,10 @@ TEST_F(IntrospectionServerTest, EnableAndDisableLeaveNoDescriptorOrThread) {
 }
 
 TEST_F(IntrospectionServerTest, ForkedWorkersAreListedAndServeTheirOwn) {
-#if defined(__SANITIZE_THREAD__)
-  GTEST_SKIP() << "TSan cannot start a thread in a child forked from a multi-threaded process "
-                  "(die_after_fork), and a forked worker restarts its introspection server";
-#endif
+  if (kThreadSanitizer) {
+    GTEST_SKIP() << "TSan cannot start a thread in a child forked from a multi-threaded process "
+                    "(die_after_fork), and a forked worker restarts its introspection server";
+  }
   ferry::enable_introspection();
   ferry::ChannelOptions options;
   options.name = "to worker";
