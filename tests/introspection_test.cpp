@@ -266,11 +266,18 @@ TEST_P(IntrospectionTest, InFlightIsExactWhereDeliveriesAreTracked) {
   EXPECT_EQ(*sent->in_flight, 7u);
   EXPECT_EQ(sent->messages, 3u);
   for (int i = 0; i < 5; ++i) ASSERT_EQ(receiver.recv(), i);
-  sender.send(7);  // the sender reads the board as it sends
-  sent = find_end(ferry::snapshot(), "tracked", true);
-  ASSERT_TRUE(sent.has_value() && sent->in_flight.has_value());
-  EXPECT_EQ(*sent->in_flight, 3u);  // 5, 6 and 7
+  // Read off the board as the snapshot is taken: the sender need not send again.
+  EXPECT_EQ(find_end(ferry::snapshot(), "tracked", true)->in_flight, std::optional<std::uint64_t>(2));
+  sender.send(7);
+  EXPECT_EQ(find_end(ferry::snapshot(), "tracked", true)->in_flight, std::optional<std::uint64_t>(3));  // 5, 6, 7
   EXPECT_FALSE(find_end(ferry::snapshot(), "tracked", false)->in_flight.has_value());
+  // The end-of-stream frame is no message in flight.
+  sender.close();
+  EXPECT_EQ(find_end(ferry::snapshot(), "tracked", true)->in_flight, std::optional<std::uint64_t>(3));
+  for (int i = 5; i < 8; ++i) ASSERT_EQ(receiver.recv(), i);
+  EXPECT_EQ(find_end(ferry::snapshot(), "tracked", true)->in_flight, std::optional<std::uint64_t>(0));
+  EXPECT_FALSE(receiver.recv().has_value());
+  EXPECT_EQ(find_end(ferry::snapshot(), "tracked", true)->in_flight, std::optional<std::uint64_t>(0));
 }
 
 TEST_P(IntrospectionTest, PeerPidOfAChannelPairFollowsTheProcessThatTookTheEnd) {
@@ -314,18 +321,22 @@ TEST_P(IntrospectionTest, StalledReceiverShowsTheSenderBlocked) {
   options.name = "stalled";
   options.ring_capacity = 4096;
   auto [sender, receiver] = ferry::channel<std::vector<char>>(GetParam(), options);
+  sender.track_delivery();  // in flight is known too
   std::thread filler([&, &sender = sender] {
     // Far more than any pipe, socket or 4 KiB ring holds: blocks until the receiver reads.
     for (int i = 0; i < 64; ++i) sender.send(std::vector<char>(64 * 1024, 'x'));
   });
   EXPECT_TRUE(eventually([] {
     const std::optional<ferry::EndSnapshot> end = find_end(ferry::snapshot(), "stalled", true);
-    return end.has_value() && end->blocked_now && end->blocked_ns > 0;
+    // Described while its send() waits, holding the end's lock (in flight counts whole
+    // messages: through a 4 KiB ring, none has gone whole yet).
+    return end.has_value() && end->blocked_now && end->blocked_ns > 0 && end->in_flight.has_value();
   }));
   for (int i = 0; i < 64; ++i) ASSERT_TRUE(receiver.recv().has_value());
   filler.join();
   const std::optional<ferry::EndSnapshot> end = find_end(ferry::snapshot(), "stalled", true);
   ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->in_flight, std::optional<std::uint64_t>(0));
   EXPECT_FALSE(end->blocked_now);
   EXPECT_GT(end->blocked_ns, 0u);
   EXPECT_GT(end->last_activity_ns, 0);

@@ -68,7 +68,16 @@ void detail::MessageEncoder::retire_dead_upstream_boards() {
   }
 }
 
-void detail::MessageEncoder::track_delivery() { connection_.delivery_tracked = true; }
+void detail::MessageEncoder::track_delivery() {
+  connection_.delivery_tracked = true;
+  publish_delivery_board();  // a board made before (for storages) counts deliveries from now
+}
+
+void detail::MessageEncoder::publish_delivery_board() {
+  if (board_published_.load(std::memory_order_relaxed) || !has_delivery_board()) return;
+  published_board_ = connection_.holds.shared_board();
+  board_published_.store(true, std::memory_order_release);
+}
 
 std::optional<std::uint32_t> detail::MessageEncoder::find_source(const Storage* storage) {
   if (sources_.size() <= kLinearSearchLimit) {
@@ -251,7 +260,7 @@ std::uint32_t detail::MessageEncoder::lease_segment(const std::shared_ptr<Shared
   // /proc/<pid>/fd/<n> only works while our fd is open: keep the segment until the receiver
   // acknowledges that it opened it.
   if (add_segment_entry(detail::SegmentRole::Data, slot, segment->fd(), segment->size(), segment->identity())) {
-    connection_.holds.keep_until_acknowledged(connection_.next_sequence, segment);
+    connection_.holds.keep_until_acknowledged(sequence(), segment);
   }
   return slot;
 }
@@ -265,7 +274,7 @@ void detail::MessageEncoder::pass_upstream_boards(const SharedBlock& block) {
     // Like a segment's: the frame may introduce no segment that makes close() wait for it.
     if (add_segment_entry(detail::SegmentRole::UpstreamBoard, board->reclaims(), board->fd(),
                           detail::ReturnBoard::bytes(), board->identity())) {
-      connection_.holds.keep_until_acknowledged(connection_.next_sequence, board);
+      connection_.holds.keep_until_acknowledged(sequence(), board);
     }
   }
   upstream_scratch_.clear();
@@ -371,7 +380,7 @@ void detail::MessageEncoder::fill_new_block_entry(const std::shared_ptr<Storage>
 }
 
 void detail::MessageEncoder::pin_new_storages(detail::FrameKind kind) {
-  if (!new_pins_.empty()) connection_.holds.pin(new_pins_, connection_.next_sequence);
+  if (!new_pins_.empty()) connection_.holds.pin(new_pins_, sequence());
   // Without shared memory (Copying) there is no board: the reader reports deliveries on
   // its transport (FrameReader::frame_delivered()).
   const bool tracked =
@@ -391,7 +400,8 @@ void detail::MessageEncoder::pin_new_storages(detail::FrameKind kind) {
   // Named by /proc path, the board's fd must stay open until the receiver opened it (close()
   // waits for what the holds keep). A frame with new pins and no board yet introduces a
   // segment, which is kept for the frame; one sent for delivery tracking alone does not.
-  if (by_path && new_pins_.empty()) connection_.holds.keep_until_acknowledged(connection_.next_sequence, board);
+  if (by_path && new_pins_.empty()) connection_.holds.keep_until_acknowledged(sequence(), board);
+  publish_delivery_board();  // made now for a tracked connection
 }
 
 void detail::MessageEncoder::fill_header(detail::FrameKind kind, std::uint64_t fingerprint, std::string_view name,
@@ -399,7 +409,7 @@ void detail::MessageEncoder::fill_header(detail::FrameKind kind, std::uint64_t f
   header_ = detail::FrameHeader{};
   header_.kind = static_cast<std::uint8_t>(kind);
   header_.type_fingerprint = fingerprint;
-  header_.sequence = connection_.next_sequence;
+  header_.sequence = sequence();
   const bool with_name = kind == detail::FrameKind::Message && !connection_.type_name_sent;
   type_name_ = with_name ? name.substr(0, std::min(name.size(), max_type_name_bytes_)) : std::string_view{};
   const bool truncated = with_name && type_name_.size() < name.size();
@@ -440,7 +450,7 @@ const detail::EncodedFrame& detail::MessageEncoder::assemble_frame(std::span<con
   frame_.copies = copies_;
   frame_.copy_owners = passing_ == detail::HandlePassing::Copying ? std::span<const std::shared_ptr<Storage>>(storages_)
                                                                   : std::span<const std::shared_ptr<Storage>>();
-  frame_.sequence = connection_.next_sequence;
+  frame_.sequence = sequence();
   return frame_;
 }
 
@@ -454,9 +464,10 @@ void detail::MessageEncoder::commit() {
   if (!announced_releases_.empty() || !announced_segment_releases_.empty()) commit_releases();
   connection_.holds.commit_frame();
   // Passed with the frame, the board's fd is the kernel's now; ours is no longer needed.
-  if (board_in_frame_)
-    connection_.holds.board_sent(connection_.next_sequence, passing_ == detail::HandlePassing::FdPassing);
-  ++connection_.next_sequence;
+  if (board_in_frame_) connection_.holds.board_sent(sequence(), passing_ == detail::HandlePassing::FdPassing);
+  // Release: a thread that reads the new count (frames_committed()) sees what the
+  // sending end stored before committing (SenderCore::close()'s end-of-stream number).
+  connection_.next_sequence.store(sequence() + 1, std::memory_order_release);
   if (tables_filled_) {
     storages_.clear();
     sources_.clear();
@@ -487,7 +498,7 @@ void detail::MessageEncoder::rollback() {
       connection_.sent_segments.erase(it);
     }
   }
-  connection_.holds.rollback_frame(connection_.next_sequence);
+  connection_.holds.rollback_frame(sequence());
   board_in_frame_ = false;
   new_slots_.clear();
   new_segment_ids_.clear();

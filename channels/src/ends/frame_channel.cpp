@@ -50,13 +50,21 @@ SenderCore::SenderCore(std::unique_ptr<FrameWriter> writer, Transport transport,
   track();
 }
 
-void SenderCore::describe(Snapshot& out) const {
+// From the introspection server's thread: reads only what the encoder publishes for other
+// threads (its frame count and its delivery board), never its state under the lock, so that
+// a sender blocked inside send() is described as it waits.
+void SenderCore::describe(Snapshot& out) const FERRY_NO_THREAD_SAFETY_ANALYSIS {
   constexpr auto relaxed = std::memory_order_relaxed;
-  std::optional<std::uint64_t> in_flight;  // known only where the connection has a return board
-  if (stats_.board.load(relaxed)) {
-    const std::uint64_t sent = stats_.sequence.load(relaxed);
-    const std::uint64_t resolved = stats_.resolved.load(relaxed);
-    in_flight = resolved < sent ? sent - resolved : 0;
+  std::optional<std::uint64_t> in_flight;     // known only where the receiver records deliveries on a board
+  const MessageEncoder& encoder = *encoder_;  // set once, in the constructor
+  if (const std::shared_ptr<const ReturnBoard> board = encoder.published_delivery_board()) {
+    // The frame count first: where it counts the end-of-stream frame, its number (stored
+    // before that frame's commit) is visible too, and that frame is no message.
+    const std::uint64_t frames = encoder.frames_committed();
+    const std::uint64_t end_of_stream = end_of_stream_sequence_.load(relaxed);
+    const std::uint64_t sent = end_of_stream != 0 && frames >= end_of_stream ? end_of_stream - 1 : frames;
+    const std::uint64_t delivered = board->resolved();
+    in_flight = delivered < sent ? sent - delivered : 0;
   }
   describe_end(
       out, stats_,
@@ -104,17 +112,9 @@ bool SenderCore::send_serialized_by_owner(const void* message, const SentType& t
 [[gnu::always_inline]] inline void SenderCore::count_sent(const EncodedFrame& frame) noexcept {
   const MessageEncoder& encoder = *encoder_;
   const FrameHeader& header = encoder.header();
+  // In flight needs nothing more here: describe() reads the encoder's frame count and the
+  // return board.
   stats_.count(frame.bytes, header.handle_count, header.segment_count);
-  // In flight is known where the receiver records every delivery on the return board
-  // (track_delivery(), as fan-outs do), and only there is the frame's sequence number
-  // kept: the board's other claims (frames with new blocks) say nothing of the frames
-  // between them.
-  if (encoder.has_delivery_board()) [[unlikely]] {
-    constexpr auto relaxed = std::memory_order_relaxed;
-    stats_.sequence.store(header.sequence, relaxed);
-    stats_.resolved.store(encoder.resolved_on_board(), relaxed);
-    stats_.board.store(true, relaxed);
-  }
 }
 
 bool SenderCore::send_locked(const void* message, const SentType& type, const Deadline& deadline) {
@@ -132,9 +132,9 @@ bool SenderCore::send_locked(const void* message, const SentType& type, const De
   }
   if (!write_locked(*frame, deadline)) return false;
   // A tail of one load and a branch while introspection is off (the waits learnt whom to
-  // charge when the end was made: FrameWriter::charge_waits_to()).
-  if (introspecting()) [[unlikely]]
-    count_sent(*frame);
+  // charge when the end was made: FrameWriter::charge_waits_to()). In line, like the
+  // receiver's: the branch skips the counts, which need no jump back.
+  if (introspecting()) count_sent(*frame);
   return true;
 }
 
@@ -271,6 +271,7 @@ void SenderCore::close() {
     // send to this process) must not keep close() waiting for room for ever. Without the
     // end-of-stream frame it sees the end dropped (PeerDied) after what was sent before.
     if (writer_->write(frame.iovecs(), frame.fds, linger)) {
+      end_of_stream_sequence_.store(encoder_->last_sequence() + 1, std::memory_order_relaxed);  // describe()
       encoder_->commit();
     } else {
       encoder_->rollback();

@@ -12,10 +12,10 @@
 //   relaxed load and store elsewhere), no locked instruction; readers see each counter
 //   tear-free, the counters together only roughly consistent. What a message writes
 //   shares one cache line, the end's own.
-// - Per message: four additions, no branch, and for a sender whose receiver records its
-//   deliveries on a return board (in flight is known) the frame's sequence number;
-//   no clock read. Last activity is sampled: every kActivityTick the server marks an end
-//   whose message count moved as active then.
+// - Per message: four additions, no branch, no clock read. Messages in flight are not kept
+//   here: a sender's describe() reads them off its encoder's frame count and the return
+//   board. Last activity is sampled: every kActivityTick the server marks an end whose
+//   message count moved as active then.
 // - The time blocked is measured on the waiting path only (a ring end that spun 16 rounds
 //   without its peer answering, a pipe or socket end about to poll, a socket's untimed
 //   receive in its blocking recvmsg), charged to the end its transport end serves
@@ -56,11 +56,8 @@ struct alignas(64) EndStats {
   // Written per message, first: one cache line.
   std::atomic<std::uint64_t> messages{0};
   std::atomic<std::uint64_t> bytes{0};
-  std::atomic<std::uint64_t> sequence{0};      ///< sender with a board: the sequence number of the last frame counted
   std::atomic<std::uint64_t> tensors{0};       ///< tensor storages the frames named
   std::atomic<std::uint64_t> new_segments{0};  ///< shared-memory segments the frames introduced
-  std::atomic<std::uint64_t> resolved{0};      ///< sender: the last frame the receiver delivered, on the return board
-  std::atomic<bool> board{false};  ///< sender: deliveries are tracked on a return board (in flight is known)
   // Written while waiting, by the server's tick, or once.
   std::uint64_t id = 0;  ///< next_end_id(), set as the end is made
   /// Bytes of each message that `bytes` leaves out, added when it is read (bytes_moved()):

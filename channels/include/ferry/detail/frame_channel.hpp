@@ -151,7 +151,10 @@ class SenderCore final : public LiveEnd {
   std::uint64_t delivered_ FERRY_GUARDED_BY(mutex_) = 0;  // the board's last word, read before the ledger goes
   UniqueFd gone_probe_ FERRY_GUARDED_BY(mutex_);          // receiver_gone()'s liveness probe, made at its first call
   EndStats stats_;                                        // introspection's counters (end_stats.hpp)
-  std::shared_ptr<PairPids> pair_;                        // which process holds each end (pair_pids.hpp); may be null
+  // The end-of-stream frame's sequence number once it went (0: not yet), for describe():
+  // stored before the frame's commit, which publishes it with the frame count.
+  std::atomic<std::uint64_t> end_of_stream_sequence_{0};
+  std::shared_ptr<PairPids> pair_;  // which process holds each end (pair_pids.hpp); may be null
 };
 
 /// The receiving end of a connection, without its message type.

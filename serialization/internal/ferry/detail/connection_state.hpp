@@ -8,9 +8,11 @@
 // (connection_holds.hpp: pins, returns, acknowledgements, the return board, upstream
 // boards); the CUDA strategy (cuda_records.hpp; none until the first CUDA storage, and none
 // in a build without CUDA); and what the type check remembers. Not thread-safe: each is its
-// codec's. See docs/design/leases-and-returns.md.
+// codec's (the sender's next sequence number alone may be read from another thread). See
+// docs/design/leases-and-returns.md.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -57,7 +59,9 @@ struct SendingConnection {
   SendingHolds holds;
   std::unique_ptr<CudaRecordWriter> cuda;  // made with the first CUDA storage
 
-  std::uint64_t next_sequence = 1;    // of the next frame; frames count from 1
+  // Of the next frame; frames count from 1. Atomic, with this encoder's thread its one
+  // writer: introspection reads it from its own thread (MessageEncoder::frames_committed()).
+  std::atomic<std::uint64_t> next_sequence{1};
   bool type_name_sent = false;        // a committed frame carried the type's name
   bool delivery_tracked = false;      // MessageEncoder::track_delivery(): the board goes even without storages
   std::uint64_t storages_passed = 0;  // as new ones (see MessageEncoder::storages_passed())

@@ -11,6 +11,7 @@
 #include <sys/uio.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -139,7 +140,20 @@ class MessageEncoder {
   /// blocks. Idempotent.
   void track_delivery();
   /// The sequence of the last frame committed (0: none yet); frames count from 1.
-  std::uint64_t last_sequence() const noexcept { return connection_.next_sequence - 1; }
+  std::uint64_t last_sequence() const noexcept { return sequence() - 1; }
+
+  // For another thread (introspection), without the encoder's owner's lock: these read only
+  // what the encoding thread publishes for them, and cost it nothing per frame.
+  /// Frames committed so far, the end-of-stream frame included (last_sequence()).
+  std::uint64_t frames_committed() const noexcept {
+    return connection_.next_sequence.load(std::memory_order_acquire) - 1;
+  }
+  /// delivery_board(), published as it appears (after track_delivery() and the board's
+  /// creation, in either order); null before, for a connection that copies its storages,
+  /// and once the board is gone (the connection ended and the receiver gave everything back).
+  std::shared_ptr<const ReturnBoard> published_delivery_board() const noexcept {
+    return board_published_.load(std::memory_order_acquire) ? published_board_.lock() : nullptr;
+  }
   /// True while segments (or upstream return boards) are kept open for frames the receiver
   /// has not acknowledged.
   bool awaiting_acknowledgement() const noexcept { return connection_.holds.awaiting_acknowledgement(); }
@@ -236,6 +250,11 @@ class MessageEncoder {
   void place_source(const Storage* storage, std::uint32_t index);
   void flush_remember_batch();
 
+  // The sequence number of the frame being encoded.
+  std::uint64_t sequence() const noexcept { return connection_.next_sequence.load(std::memory_order_relaxed); }
+  // Publishes delivery_board() for published_delivery_board(), once, when it exists.
+  void publish_delivery_board();
+
   HandlePassing passing_;
   std::optional<bool> takeable_this_frame_;  // ProcFdWhileTakeable: asked this frame
   std::optional<SharedAllocator> pool_;
@@ -244,6 +263,10 @@ class MessageEncoder {
   // What this end keeps from frame to frame: the leases, the return path, the CUDA
   // strategy, the sequence (connection_state.hpp). The rest is the frame and scratch space.
   SendingConnection connection_;
+  // published_delivery_board(): written once by the encoding thread, then board_published_
+  // set (release); read only after board_published_ (acquire). Weak: it keeps no fd open.
+  std::weak_ptr<const ReturnBoard> published_board_;
+  std::atomic<bool> board_published_{false};
   std::vector<std::uint32_t> returned_scratch_;
   std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;  // boards the frame passes
   std::vector<FileIdentity> retired_scratch_;                   // boards the frame retires
