@@ -21,8 +21,16 @@ TRANSPORT PAYLOAD), on and off: a count that load does not move. A pipe's or a s
 count stops at the kernel, whose time the round trip pays on top, so its on / off bounds
 the row's share from above.
 
+--alternated times instead in one process, with blocks of messages alternated between on
+and off (ferry_introspection_alternated): the ring's 64 B and 4 KiB round trips (an echo
+thread) and its one-thread rows. Pairs of neighbouring blocks share the machine's drift,
+which whole runs alternated do not; a process's own placement (its CPUs, its addresses)
+still moves its ratio by about 1%, so each row is judged by the median over --runs
+processes of each one's median ratio on / off.
+
 Usage: bench/introspection_overhead.py [--rounds N] [--filter REGEX] [--min-time S]
                                        [--bench PATH] [--baseline PATH]
+       bench/introspection_overhead.py --alternated [--runs N] [--pairs N] [--alternated-bench PATH]
        bench/introspection_overhead.py --instructions [--messages N] [--hot-path PATH]
                                        [--baseline PATH] [--rows LATENCY_JSON]
   --rows      with --instructions: for each ferry row of a latency table's results
@@ -51,6 +59,14 @@ DEFAULT_BENCH = os.path.join(ROOT, "build", "release", "bench", "ferry_bench")
 # transports' 64 B and tensor round trips.
 DEFAULT_FILTER = (r"^(BM_RingRoundTripBytes/bytes:64/spinning:[01]|BM_RingRoundTripSharedTensor/bytes:4096/same_storage:1"
                   r"|roundtrip/ferry/(pipe|unix_socket|shm_ring)/(bytes/64|tensor_same/4096))(/|$)")
+
+DEFAULT_ALTERNATED = os.path.join(ROOT, "build", "release", "bench", "ferry_introspection_alternated")
+# ferry_introspection_alternated's rows, with the latency-table row each stands for and its goal.
+ALTERNATED_ROWS = [(["round-trip", "64"], "BM_RingRoundTripBytes/bytes:64/spinning:1", 0.02),
+                   (["round-trip", "4096"], "BM_RingRoundTripBytes/bytes:4096/spinning:1", 0.01),
+                   (["one-thread", "ring", "64"], "BM_RingSendRecvOneThread/bytes:64", 0.01),
+                   (["one-thread", "ring", "tensor"], "BM_RingSendRecvOneThreadSharedTensor/bytes:4096", 0.01)]
+ALTERNATED_LINE = re.compile(r"on/off ([0-9.]+) \[([0-9.]+), ([0-9.]+)\]")
 
 DEFAULT_HOT_PATH = os.path.join(ROOT, "build", "release", "bench", "ferry_hot_path")
 # ferry_hot_path one-thread TRANSPORT PAYLOAD: the sends and receives of the table's rows
@@ -260,6 +276,32 @@ def count_instructions(args):
     return 1 if row_estimates(counts, args.rows, args.hot_path) else 0
 
 
+def alternated(args):
+    """--alternated: each row's on / off from blocks alternated in one process, over several
+    processes (rows in turn, so that a drift of the machine hits every row alike)."""
+    if not os.path.exists(args.alternated_bench):
+        sys.exit(f"introspection_overhead: {args.alternated_bench} is missing; build ferry_introspection_alternated")
+    ratios = {row: [] for _, row, _ in ALTERNATED_ROWS}
+    for run in range(args.runs):
+        for arguments, row, _ in ALTERNATED_ROWS:
+            command = [args.alternated_bench, *arguments, str(args.pairs)]
+            output = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600).stdout
+            match = ALTERNATED_LINE.search(output)
+            if match is None:
+                sys.exit(f"introspection_overhead: {' '.join(command)} printed no ratio: {output!r}")
+            ratios[row].append(float(match.group(1)))
+        print(f"run {run + 1}/{args.runs} done", file=sys.stderr)
+    print(f"{'row':30} {'stands for':50} {'on/off':>7} {'runs from-to':>15} {'goal':>5}")
+    failed = False
+    for arguments, row, goal in ALTERNATED_ROWS:
+        ratio = statistics.median(ratios[row])
+        over = ratio > 1 + goal
+        failed |= over
+        print(f"{' '.join(arguments):30} {row:50} {ratio:7.4f} {min(ratios[row]):7.4f}-{max(ratios[row]):.4f}"
+              f" {goal:5.0%}{'  over' if over else ''}")
+    return 1 if failed else 0
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=6)
@@ -271,7 +313,15 @@ def main():
     parser.add_argument("--messages", type=int, default=2000)
     parser.add_argument("--hot-path", default=DEFAULT_HOT_PATH)
     parser.add_argument("--rows", default=None)
+    parser.add_argument("--alternated", action="store_true")
+    parser.add_argument("--pairs", type=int, default=100)
+    parser.add_argument("--runs", type=int, default=9)
+    parser.add_argument("--alternated-bench", default=DEFAULT_ALTERNATED)
     args = parser.parse_args()
+    if args.alternated:
+        if args.pairs < 2 or args.runs < 1:
+            parser.error("--pairs must be 2 or more, --runs 1 or more")
+        return alternated(args)
     if args.instructions:
         if args.messages <= 0:
             parser.error("--messages must be positive")
