@@ -280,6 +280,63 @@ TEST_P(IntrospectionTest, InFlightIsExactWhereDeliveriesAreTracked) {
   EXPECT_EQ(find_end(ferry::snapshot(), "tracked", true)->in_flight, std::optional<std::uint64_t>(0));
 }
 
+std::optional<std::uint64_t> in_flight_of(const std::string& label) {
+  const std::optional<ferry::EndSnapshot> end = find_end(ferry::snapshot(), label, true);
+  return end.has_value() ? end->in_flight : std::nullopt;
+}
+
+// Frames sent before track_delivery() carry no delivery mark: the board's word says nothing
+// of them (frames with new blocks move it, others do not), and they are not in flight.
+TEST_P(IntrospectionTest, InFlightCountsTheMessagesSentSinceDeliveriesWereTracked) {
+  ferry::enable_introspection();
+  ferry::ChannelOptions options;
+  options.name = "late";
+  auto [sender, receiver] = ferry::channel<int>(GetParam(), options);
+  for (int i = 0; i < 3; ++i) sender.send(i);
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(receiver.recv(), i);
+  sender.track_delivery();
+  sender.send(3);
+  EXPECT_EQ(in_flight_of("late"), std::optional<std::uint64_t>(1));
+  ASSERT_EQ(receiver.recv(), 3);
+  EXPECT_EQ(in_flight_of("late"), std::optional<std::uint64_t>(0));
+
+  // A tensor's frames made the board before tracking began, and moved its word.
+  options.name = "late tensors";
+  auto [tensors, tensors_received] = ferry::channel<ferry::Tensor>(GetParam(), options);
+  const ferry::Tensor tensor = ferry::Tensor::zeros({64}, ferry::DType::Float32);
+  for (int i = 0; i < 5; ++i) tensors.send(tensor);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(tensors_received.recv().has_value());
+  tensors.track_delivery();
+  EXPECT_EQ(in_flight_of("late tensors"), std::optional<std::uint64_t>(0));
+  tensors.send(tensor);
+  EXPECT_EQ(in_flight_of("late tensors"), std::optional<std::uint64_t>(1));
+  ASSERT_TRUE(tensors_received.recv().has_value());
+  EXPECT_EQ(in_flight_of("late tensors"), std::optional<std::uint64_t>(0));
+}
+
+// A closed end's connection lets go of its board; the end still tells what was not delivered.
+TEST_P(IntrospectionTest, AClosedSenderStillTellsWhatItsReceiverHasNotTaken) {
+  ferry::enable_introspection();
+  ferry::ChannelOptions options;
+  options.name = "closing";
+  auto [sender, receiver] = ferry::channel<int>(GetParam(), options);
+  sender.track_delivery();
+  for (int i = 0; i < 3; ++i) sender.send(i);
+  ASSERT_EQ(receiver.recv(), 0);
+  sender.close();
+  EXPECT_EQ(in_flight_of("closing"), std::optional<std::uint64_t>(2));
+  {
+    // Another connection's first storage: the process looks over its finished ledgers.
+    auto [other, other_received] = ferry::channel<ferry::Tensor>(GetParam());
+    other.send(ferry::Tensor::zeros({64}, ferry::DType::Float32));
+    ASSERT_TRUE(other_received.recv().has_value());
+  }
+  EXPECT_EQ(in_flight_of("closing"), std::optional<std::uint64_t>(2));
+  for (int i = 1; i < 3; ++i) ASSERT_EQ(receiver.recv(), i);
+  EXPECT_FALSE(receiver.recv().has_value());
+  EXPECT_EQ(in_flight_of("closing"), std::optional<std::uint64_t>(0));
+}
+
 TEST_P(IntrospectionTest, PeerPidOfAChannelPairFollowsTheProcessThatTookTheEnd) {
   ferry::ChannelOptions options;
   options.name = "pair";

@@ -69,8 +69,10 @@ void detail::MessageEncoder::retire_dead_upstream_boards() {
 }
 
 void detail::MessageEncoder::track_delivery() {
+  if (connection_.delivery_tracked) return;
   connection_.delivery_tracked = true;
-  publish_delivery_board();  // a board made before (for storages) counts deliveries from now
+  tracked_from_ = sequence();  // every message frame from the next one on is tracked
+  publish_delivery_board();    // a board made before (for storages) counts deliveries from now
 }
 
 void detail::MessageEncoder::publish_delivery_board() {

@@ -4,9 +4,10 @@
 //
 // Contract:
 // - snapshot() works whether introspection is on or off. The per-end counters (messages,
-//   bytes, tensors, new segments, in flight, blocked time, last activity) are kept only
-//   while it is on, so that a process that does not look pays nothing per message: they
-//   count from when it was turned on.
+//   bytes, tensors, new segments, blocked time, last activity) are kept only while it is
+//   on, so that a process that does not look pays nothing per message: they count from
+//   when it was turned on. In flight is read off the connection as the snapshot is taken,
+//   on or off.
 // - Introspection is off by default. It is on when the environment variable
 //   FERRY_INTROSPECT=1 is set as ferry starts in the process (read once), or after
 //   enable_introspection(). While on, one background thread serves snapshots on the
@@ -40,9 +41,10 @@ struct EndSnapshot {
   std::uint64_t bytes = 0;         ///< frame bytes on the wire (tensor data in shared memory not counted)
   std::uint64_t tensors = 0;       ///< tensor storages named by those messages
   std::uint64_t new_segments = 0;  ///< shared-memory segments they introduced to the receiver
-  /// Sender: messages its receiver has not returned from recv() yet, where the receiver
-  /// records deliveries on the connection's return board (Sender::track_delivery(), which
-  /// fan-outs call); nullopt (not known) otherwise, and for a receiver.
+  /// Sender: messages sent since Sender::track_delivery() (which fan-outs call) that its
+  /// receiver has not returned from recv() yet, where the receiver records deliveries on
+  /// the connection's return board (one host); nullopt (not known) otherwise, and for a
+  /// receiver. Still told once the sender is closed.
   std::optional<std::uint64_t> in_flight;
   std::uint64_t blocked_ns = 0;       ///< total time waiting for room or for a message
   bool blocked_now = false;           ///< inside such a wait right now

@@ -63,7 +63,9 @@ void SenderCore::describe(Snapshot& out) const FERRY_NO_THREAD_SAFETY_ANALYSIS {
     const std::uint64_t frames = encoder.frames_committed();
     const std::uint64_t end_of_stream = end_of_stream_sequence_.load(relaxed);
     const std::uint64_t sent = end_of_stream != 0 && frames >= end_of_stream ? end_of_stream - 1 : frames;
-    const std::uint64_t delivered = board->resolved();
+    // Frames sent before deliveries were tracked count as delivered: the board tells
+    // nothing of them.
+    const std::uint64_t delivered = std::max(board->resolved(), encoder.delivery_tracked_from() - 1);
     in_flight = delivered < sent ? sent - delivered : 0;
   }
   describe_end(

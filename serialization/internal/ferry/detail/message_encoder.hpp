@@ -149,11 +149,15 @@ class MessageEncoder {
     return connection_.next_sequence.load(std::memory_order_acquire) - 1;
   }
   /// delivery_board(), published as it appears (after track_delivery() and the board's
-  /// creation, in either order); null before, for a connection that copies its storages,
-  /// and once the board is gone (the connection ended and the receiver gave everything back).
+  /// creation, in either order); null before, and for a connection that copies its
+  /// storages. Kept once published, the connection closed too.
   std::shared_ptr<const ReturnBoard> published_delivery_board() const noexcept {
-    return board_published_.load(std::memory_order_acquire) ? published_board_.lock() : nullptr;
+    return board_published_.load(std::memory_order_acquire) ? published_board_ : nullptr;
   }
+  /// The first frame the receiver records as delivered on the board (the first after
+  /// track_delivery()): the board says nothing of the frames before it. Read after
+  /// published_delivery_board() gave a board.
+  std::uint64_t delivery_tracked_from() const noexcept { return tracked_from_; }
   /// True while segments (or upstream return boards) are kept open for frames the receiver
   /// has not acknowledged.
   bool awaiting_acknowledgement() const noexcept { return connection_.holds.awaiting_acknowledgement(); }
@@ -263,9 +267,13 @@ class MessageEncoder {
   // What this end keeps from frame to frame: the leases, the return path, the CUDA
   // strategy, the sequence (connection_state.hpp). The rest is the frame and scratch space.
   SendingConnection connection_;
-  // published_delivery_board(): written once by the encoding thread, then board_published_
-  // set (release); read only after board_published_ (acquire). Weak: it keeps no fd open.
-  std::weak_ptr<const ReturnBoard> published_board_;
+  // published_delivery_board() and delivery_tracked_from(): written once by the encoding
+  // thread, then board_published_ set (release); read only after board_published_ (acquire).
+  // A closed connection drops its ledger and board; this reference keeps the board's mapping
+  // (its fd is closed by then) until the encoder goes, so that a closed end still tells
+  // what it sent that was not delivered.
+  std::shared_ptr<const ReturnBoard> published_board_;
+  std::uint64_t tracked_from_ = 0;
   std::atomic<bool> board_published_{false};
   std::vector<std::uint32_t> returned_scratch_;
   std::vector<std::shared_ptr<ReturnBoard>> upstream_scratch_;  // boards the frame passes
