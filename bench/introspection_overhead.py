@@ -285,7 +285,12 @@ def alternated(args):
     for run in range(args.runs):
         for arguments, row, _ in ALTERNATED_ROWS:
             command = [args.alternated_bench, *arguments, str(args.pairs)]
-            output = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600).stdout
+            try:
+                output = subprocess.run(command, check=True, capture_output=True, text=True, timeout=600).stdout
+            except subprocess.CalledProcessError as error:
+                sys.exit(f"introspection_overhead: {' '.join(command)} failed:\n{error.stderr[-2000:]}")
+            except subprocess.TimeoutExpired:
+                sys.exit(f"introspection_overhead: {' '.join(command)} did not finish in 600 s")
             match = ALTERNATED_LINE.search(output)
             if match is None:
                 sys.exit(f"introspection_overhead: {' '.join(command)} printed no ratio: {output!r}")
@@ -314,13 +319,13 @@ def main():
     parser.add_argument("--hot-path", default=DEFAULT_HOT_PATH)
     parser.add_argument("--rows", default=None)
     parser.add_argument("--alternated", action="store_true")
-    parser.add_argument("--pairs", type=int, default=100)
+    parser.add_argument("--pairs", type=int, default=100)  # even: as many of each order
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--alternated-bench", default=DEFAULT_ALTERNATED)
     args = parser.parse_args()
     if args.alternated:
-        if args.pairs < 2 or args.runs < 1:
-            parser.error("--pairs must be 2 or more, --runs 1 or more")
+        if args.pairs < 2 or args.pairs % 2 != 0 or args.runs < 1:
+            parser.error("--pairs must be even, from 2, and --runs 1 or more")
         return alternated(args)
     if args.instructions:
         if args.messages <= 0:
