@@ -39,6 +39,7 @@
 
 #include "ferry/ferry.hpp"
 #include "support/tensor_message.hpp"
+#include "support/transport_named.hpp"
 
 namespace {
 
@@ -153,14 +154,6 @@ void round_trip(std::size_t bytes, int pairs, double block_ms) {
   echo.join();
 }
 
-ferry::Transport transport_named(const std::string& name) {
-  if (name == "in-process") return ferry::Transport::InProcess;
-  if (name == "pipe") return ferry::Transport::Pipe;
-  if (name == "socket") return ferry::Transport::UnixSocket;
-  if (name == "ring") return ferry::Transport::ShmRing;
-  throw std::invalid_argument("unknown transport " + name + " (in-process, pipe, socket or ring)");
-}
-
 template <class Message>
 void one_thread_of(const std::string& row, ferry::Transport transport, const ferry::ChannelOptions& options,
                    const Message& message, int pairs, double block_ms) {
@@ -175,7 +168,7 @@ void one_thread_of(const std::string& row, ferry::Transport transport, const fer
 // ferry_hot_path's one-thread mode (the sends and receives of BM_RingSendRecvOneThread and
 // the latency table's other rows, without their waits).
 void one_thread(const std::string& transport_name, const std::string& payload, int pairs, double block_ms) {
-  const ferry::Transport transport = transport_named(transport_name);
+  const ferry::Transport transport = ferry::bench::transport_named(transport_name);
   ferry::ChannelOptions options;
   options.ring_spin = std::chrono::nanoseconds::zero();
   const std::string row = "one-thread " + transport_name + " " + payload;

@@ -50,6 +50,7 @@
 #include "ferry/ferry.hpp"
 #include "support/child_process.hpp"
 #include "support/tensor_message.hpp"
+#include "support/transport_named.hpp"
 
 #if __has_include(<valgrind/callgrind.h>)
 #include <valgrind/callgrind.h>
@@ -115,14 +116,6 @@ void one_thread(int messages) {
   FERRY_MEASURE_STOP();
 }
 
-ferry::Transport transport_named(const std::string& name) {
-  if (name == "in-process") return ferry::Transport::InProcess;
-  if (name == "pipe") return ferry::Transport::Pipe;
-  if (name == "socket") return ferry::Transport::UnixSocket;
-  if (name == "ring") return ferry::Transport::ShmRing;
-  throw std::invalid_argument("unknown transport " + name + " (in-process, pipe, socket or ring)");
-}
-
 // `make()` gives each message (a reference to the same one, or a new one); the receiver's
 // copy is dropped at once.
 template <class Message, class Make>
@@ -146,7 +139,7 @@ constexpr long long kMostBufferedBytes = 64 << 10;
 // One message at a time over `transport`, sent and received in one thread: `payload`
 // bytes, the same 4 KiB shared tensor each time (tensor), or a new one (tensor-new).
 void one_thread_over(const std::string& transport_name, const std::string& payload, int messages) {
-  const ferry::Transport transport = transport_named(transport_name);
+  const ferry::Transport transport = ferry::bench::transport_named(transport_name);
   ferry::ChannelOptions options = sleeping();
   using ferry::bench::TensorMessage;
   if (payload == "tensor") {
