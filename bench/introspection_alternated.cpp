@@ -53,10 +53,12 @@ using Step = std::function<void()>;
 constexpr std::chrono::milliseconds kSettle{2};  // after each switch, before the block
 constexpr int kRewarm = 100;                     // steps after the pause, untimed
 
+// The median (of an even count, the mean of the two middle values).
 double median(std::vector<double> values) {
-  const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
-  std::nth_element(values.begin(), middle, values.end());
-  return *middle;
+  const auto upper = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+  std::nth_element(values.begin(), upper, values.end());
+  if (values.size() % 2 != 0) return *upper;
+  return (*std::max_element(values.begin(), upper) + *upper) / 2;
 }
 
 // ns per step over `steps` steps, with introspection on or off. The switch starts or stops
@@ -203,8 +205,10 @@ int main(int argc, char** argv) {
     const long long pairs = argc > arguments ? positive_number(argv[arguments], "PAIRS") : 200;
     // Even: as many pairs off-first as on-first.
     if (pairs < 2 || pairs % 2 != 0 || pairs > 1'000'000) throw std::invalid_argument("PAIRS must be even, from 2");
-    const double block_ms = argc > arguments + 1 ? std::strtod(argv[arguments + 1], nullptr) : 20.0;
-    if (!std::isfinite(block_ms) || block_ms <= 0 || block_ms > 10'000) {
+    const char* block_text = argc > arguments + 1 ? argv[arguments + 1] : "20";
+    char* block_end = nullptr;
+    const double block_ms = std::strtod(block_text, &block_end);
+    if (*block_end != '\0' || !std::isfinite(block_ms) || block_ms <= 0 || block_ms > 10'000) {
       throw std::invalid_argument("BLOCK_MS must be a number of milliseconds above 0, at most 10000");
     }
     if (row == "round-trip") {

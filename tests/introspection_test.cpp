@@ -314,6 +314,23 @@ TEST_P(IntrospectionTest, InFlightCountsTheMessagesSentSinceDeliveriesWereTracke
   EXPECT_EQ(in_flight_of("late tensors"), std::optional<std::uint64_t>(0));
 }
 
+// In flight is read off the connection as the snapshot is taken: no counter keeps it, so it
+// is told with introspection off too (while the counters stand still).
+TEST_P(IntrospectionTest, InFlightIsToldWithIntrospectionOff) {
+  ferry::disable_introspection();
+  ferry::ChannelOptions options;
+  options.name = "unwatched";
+  auto [sender, receiver] = ferry::channel<int>(GetParam(), options);
+  sender.track_delivery();
+  for (int i = 0; i < 2; ++i) sender.send(i);
+  const std::optional<ferry::EndSnapshot> end = find_end(ferry::snapshot(), "unwatched", true);
+  ASSERT_TRUE(end.has_value());
+  EXPECT_EQ(end->in_flight, std::optional<std::uint64_t>(2));
+  EXPECT_EQ(end->messages, 0u);  // counted only while introspection is on
+  ASSERT_EQ(receiver.recv(), 0);
+  EXPECT_EQ(in_flight_of("unwatched"), std::optional<std::uint64_t>(1));
+}
+
 // A closed end's connection lets go of its board; the end still tells what was not delivered.
 TEST_P(IntrospectionTest, AClosedSenderStillTellsWhatItsReceiverHasNotTaken) {
   ferry::enable_introspection();
