@@ -356,7 +356,8 @@ def spawn(fn, args=(), nprocs=1, join=True, start_method="fork", *, termination_
     through ``per_rank``. Anything else is the same value for every worker.
 
     ``start_method="fork"`` forks this process (fast; ``fn`` may be any callable; refused
-    while this process runs other threads unless ``fork_with_threads=True``);
+    while this process runs other threads unless ``fork_with_threads=True``; a thread whose
+    function has returned, joined or not, gets 100 ms to end before it counts);
     ``"spawn"`` starts a fresh interpreter, to which ``fn`` and the arguments are pickled
     (``fn`` must be importable; ends must not have carried messages yet).
 

@@ -249,8 +249,10 @@ void bind_spawn(py::module_& module) {
   });
 
   py::class_<PyWorkerGroup>(module, "_WorkerGroup")
+      // Without the GIL: the check for other threads waits a moment for threads that are ending,
+      // and a Python thread cannot end while this one holds the lock.
       .def(py::init<int, const std::string&, double, bool>(), py::arg("world_size"), py::arg("start_method"),
-           py::arg("termination_grace"), py::arg("fork_with_threads"))
+           py::arg("termination_grace"), py::arg("fork_with_threads"), py::call_guard<py::gil_scoped_release>())
       .def("start_forked", &PyWorkerGroup::start_forked, py::arg("rank"), py::arg("body"))
       .def("start_exec", &PyWorkerGroup::start_exec, py::arg("rank"), py::arg("payload_fd"), py::arg("inherited"))
       .def("join", &PyWorkerGroup::join, py::arg("timeout") = py::none())

@@ -38,7 +38,8 @@ struct SpawnOptions {
   /// threads: the worker is a copy of the whole process taken while one of them may hold a
   /// lock (inside malloc, iostreams, a logger, a mutex of yours), and the worker hangs the
   /// first time it takes that lock. Set this when no other thread can hold a lock a worker
-  /// needs; otherwise use StartMethod::Spawn, or start the threads after spawning.
+  /// needs; otherwise use StartMethod::Spawn, or start the threads after spawning. A thread
+  /// that has returned (joined or not) gets 100 ms to leave the process before it counts.
   bool fork_with_threads = false;
 };
 

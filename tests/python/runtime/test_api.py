@@ -243,6 +243,14 @@ class ErrorTextTest(unittest.TestCase):
         self.assertIn("fork_with_threads=True", text)
         self.assertNotRegex(text, r"\w::\w")
 
+    def test_a_thread_ending_as_spawn_starts_is_not_counted(self):
+        # The thread wakes while spawn checks for threads: it must get the GIL to end.
+        thread = threading.Thread(target=time.sleep, args=(0.02,))
+        thread.start()
+        group = ferry.spawn(print, start_method="fork", join=False)
+        group.join(timeout=60)
+        thread.join()
+
 
 class PackageTest(unittest.TestCase):
     def test_version(self):

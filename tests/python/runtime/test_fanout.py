@@ -40,10 +40,12 @@ class SelectTest(unittest.TestCase):
     def test_select_mixes_threads_and_duplex_ends(self):
         local_tx, local_rx = ferry.channel("in_process")
         mine, theirs = ferry.duplex("unix_socket")
-        threading.Thread(target=lambda: (local_tx.send("thread"), local_tx.close())).start()
+        thread = threading.Thread(target=lambda: (local_tx.send("thread"), local_tx.close()))
+        thread.start()
         theirs.send("duplex")
         theirs.close()
         self.assertEqual(sorted(ferry.select([local_rx, mine])), [(0, "thread"), (1, "duplex")])
+        thread.join()
 
     def test_select_raises_peer_died_for_a_killed_sender(self):
         tx, rx = ferry.channel()
